@@ -1,0 +1,25 @@
+"""The ``corral`` command. Each command group lives in its own module and is added here."""
+
+from __future__ import annotations
+
+import typer
+
+from corral import __version__
+
+app = typer.Typer(
+    name="corral",
+    help="corral: throw GPU work into a pile; it runs in the right order on the right GPU.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print corral's version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,114 @@
+"""Resource requests and their arithmetic.
+
+GPU compute is counted in milli-GPUs (``MILLI`` = one whole GPU) so that
+shared-GPU jobs (half a card, a tenth of a card) add up exactly, with no
+float drift. VRAM is counted in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from corral.core.errors import InvalidSpec
+
+MILLI = 1000
+"""Milli-GPUs in one whole GPU."""
+
+GIB = 1024**3
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str | int | float, *, field_name: str = "size") -> int:
+    """Parse ``"24GiB"``, ``"512 MiB"``, ``"8G"`` or a plain number into bytes."""
+    if isinstance(text, int | float):
+        if text < 0:
+            raise InvalidSpec(field_name, f"must not be negative, got {text}")
+        return int(text)
+    match = _SIZE.match(text)
+    if not match:
+        raise InvalidSpec(field_name, f"not a size: {text!r} (try '24GiB' or '512MiB')")
+    number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    letter = unit[0]
+    if letter == "B":
+        return int(number)
+    base = 1024 if "I" in unit else 1000
+    scale = base ** ("KMGT".index(letter) + 1)
+    return int(number * scale)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """What ONE replica of a job needs.
+
+    Three shapes:
+      * whole GPUs: ``gpus >= 1``; ``vram_bytes`` is the minimum VRAM of each GPU;
+      * a shared GPU: ``gpus == 0`` with ``gpu_milli`` (a compute share of one card,
+        0 < x < 1000) and/or ``vram_bytes`` (VRAM reserved on that card);
+      * CPU only: no GPU at all.
+    ``cpu_fallback`` lets a GPU job run on CPU slots when no GPU is free and
+    its priority class allows CPU offload.
+    """
+
+    gpus: int = 0
+    gpu_milli: int = 0
+    vram_bytes: int = 0
+    cpus: int = 1
+    gpu_models: frozenset[str] = field(default_factory=frozenset)
+    cpu_fallback: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0:
+            raise InvalidSpec("resources.gpus", f"must be >= 0, got {self.gpus}")
+        if not 0 <= self.gpu_milli < MILLI:
+            raise InvalidSpec(
+                "resources.gpu_milli", f"must be in [0, {MILLI}) (a share of one GPU)"
+            )
+        if self.gpus and self.gpu_milli:
+            raise InvalidSpec(
+                "resources.gpu_milli", "a job takes whole GPUs or a share of one, not both"
+            )
+        if self.vram_bytes < 0:
+            raise InvalidSpec("resources.vram_bytes", "must be >= 0")
+        if self.cpus < 0:
+            raise InvalidSpec("resources.cpus", "must be >= 0")
+
+    @property
+    def shared(self) -> bool:
+        """True when the job reserves a share of one GPU rather than whole cards."""
+        return self.gpus == 0 and (self.gpu_milli > 0 or self.vram_bytes > 0)
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpus > 0 or self.shared
+
+    def milli_on(self, gpu_vram_bytes: int) -> int:
+        """Milli-GPUs this replica occupies on a GPU with ``gpu_vram_bytes`` of VRAM.
+
+        A shared job takes the larger of its compute share and its VRAM share,
+        so a job reserving 12 GiB of a 24 GiB card counts as half a GPU.
+        """
+        if self.gpus:
+            return self.gpus * MILLI
+        if not self.shared:
+            return 0
+        vram_share = math.ceil(self.vram_bytes * MILLI / gpu_vram_bytes) if gpu_vram_bytes else 0
+        return max(self.gpu_milli, min(vram_share, MILLI), 1)
+
+    def nominal_milli(self) -> int:
+        """Milli-GPUs counted against quotas when the card is not known yet."""
+        if self.gpus:
+            return self.gpus * MILLI
+        return self.gpu_milli if self.gpu_milli else (1 if self.shared else 0)
+
+    @staticmethod
+    def from_gpus(gpus: float, **kwargs: object) -> ResourceRequest:
+        """Build from a float GPU count: ``2`` whole GPUs, ``0.25`` a quarter of one."""
+        if gpus < 0:
+            raise InvalidSpec("gpus", f"must be >= 0, got {gpus}")
+        if gpus >= 1:
+            if gpus != int(gpus):
+                raise InvalidSpec("gpus", f"{gpus}: use a whole number, or a share below 1")
+            return ResourceRequest(gpus=int(gpus), **kwargs)  # type: ignore[arg-type]
+        return ResourceRequest(gpu_milli=round(gpus * MILLI), **kwargs)  # type: ignore[arg-type]

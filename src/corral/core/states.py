@@ -1,0 +1,160 @@
+"""Lifecycles as transition tables (STYLE.md habit 4).
+
+Every entity with a lifecycle has one table: an edge per allowed change and
+a comment saying when it happens. ``transition`` is the only gate: it checks
+the edge and appends a ``Transition`` to the entity's history, so every
+change is explained and recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableSequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from corral.core.errors import IllegalTransition
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    PLACED = "placed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    LOST = "lost"
+
+
+class AllocDesired(StrEnum):
+    """What the server wants an allocation to do."""
+
+    RUN = "run"
+    STOP = "stop"  # cancel, interrupt or timeout
+    PREEMPT = "preempt"  # stop with a grace period so it can checkpoint, then requeue
+
+
+class AllocObserved(StrEnum):
+    """What the agent last reported about an allocation."""
+
+    PENDING = "pending"  # assigned, not yet started
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended because it was told to
+    LOST = "lost"  # its node vanished
+
+
+S = TypeVar("S", bound=StrEnum)
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle(Generic[S]):
+    """A named transition table. ``edges`` maps (from, to) to why that edge exists."""
+
+    name: str
+    edges: Mapping[tuple[S, S], str]
+    terminal: frozenset[S]
+
+    def allows(self, current: S, target: S) -> bool:
+        return (current, target) in self.edges
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One recorded change of state."""
+
+    lifecycle: str
+    entity: str
+    current: str
+    target: str
+    at: float
+    why: str
+
+
+def transition(
+    lifecycle: Lifecycle[S],
+    entity: str,
+    current: S,
+    target: S,
+    *,
+    at: float,
+    why: str,
+    history: MutableSequence[Transition] | None = None,
+) -> S:
+    """The gate: check ``current -> target`` against the table, record it, return ``target``.
+
+    Raises ``IllegalTransition`` for an edge the table lacks: that is a bug in
+    the caller, never a normal outcome.
+    """
+    if not lifecycle.allows(current, target):
+        raise IllegalTransition(lifecycle.name, current.value, target.value)
+    if history is not None:
+        history.append(Transition(lifecycle.name, entity, current.value, target.value, at, why))
+    return target
+
+
+Q, P, R = JobState.QUEUED, JobState.PLACED, JobState.RUNNING
+JOB: Lifecycle[JobState] = Lifecycle(
+    "job",
+    {
+        (Q, P): "the scheduler placed it on a node (an allocation exists)",
+        (Q, JobState.CANCELLED): "the client cancelled it before it was placed",
+        (Q, JobState.FAILED): "it can never run: attempts exhausted while it waited, or rejected",
+        (P, R): "the agent reported that it started",
+        (P, Q): "the assignment never started: node lost or preempted first (attempt + 1)",
+        (P, JobState.CANCELLED): "the client cancelled it before it started",
+        (P, JobState.FAILED): "the agent refused it and another attempt would not help",
+        (R, JobState.SUCCEEDED): "it finished and its result was accepted",
+        (R, JobState.FAILED): "it failed for good: not retryable, or out of attempts",
+        (R, JobState.CANCELLED): "the client cancelled it while it ran",
+        (R, Q): "node lost, preempted or a retryable failure: requeued, attempt + 1",
+    },
+    terminal=frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+)
+
+NODE: Lifecycle[NodeState] = Lifecycle(
+    "node",
+    {
+        (NodeState.READY, NodeState.LOST): "not heard from for node_timeout",
+        (NodeState.LOST, NodeState.READY): "its agent reconnected and resynced",
+    },
+    terminal=frozenset(),
+)
+
+_PEND, _RUN = AllocObserved.PENDING, AllocObserved.RUNNING
+ALLOCATION: Lifecycle[AllocObserved] = Lifecycle(
+    "allocation",
+    {
+        (_PEND, _RUN): "the agent started it",
+        (_PEND, AllocObserved.STOPPED): "stopped (cancel, preempt) before it started",
+        (_PEND, AllocObserved.FAILED): "the agent could not start it",
+        (_PEND, AllocObserved.LOST): "its node was lost before it started",
+        (_RUN, AllocObserved.SUCCEEDED): "it finished and reported its result",
+        (_RUN, AllocObserved.FAILED): "it reported an error",
+        (_RUN, AllocObserved.STOPPED): "it obeyed a stop (cancel, interrupt, timeout, preempt)",
+        (_RUN, AllocObserved.LOST): "its node was lost while it ran",
+    },
+    terminal=frozenset(
+        {
+            AllocObserved.SUCCEEDED,
+            AllocObserved.FAILED,
+            AllocObserved.STOPPED,
+            AllocObserved.LOST,
+        }
+    ),
+)
+
+DESIRED: Lifecycle[AllocDesired] = Lifecycle(
+    "allocation-desired",
+    {
+        (AllocDesired.RUN, AllocDesired.STOP): "cancel, interrupt or timeout asked for",
+        (AllocDesired.RUN, AllocDesired.PREEMPT): "the scheduler chose it as a preemption victim",
+        (AllocDesired.PREEMPT, AllocDesired.STOP): "a cancel overrides a pending preemption",
+    },
+    terminal=frozenset({AllocDesired.STOP}),
+)

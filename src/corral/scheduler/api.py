@@ -1,0 +1,147 @@
+"""The scheduler's contract: ``schedule(snapshot, config, now, seed) -> Plan``.
+
+Pure: no I/O, no clock reads, no global random, no asyncio. The server and
+the simulator both call it; every behaviour is testable in microseconds.
+
+This module holds the types only; ``corral.scheduler.pipeline`` implements
+``schedule`` (re-exported by ``corral.scheduler``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from corral.core.model import (
+    DEFAULT_PRIORITY_CLASSES,
+    EMPTY,
+    Allocation,
+    Job,
+    Node,
+    PriorityClass,
+    Team,
+    frozen_map,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A frozen view of what the scheduler decides about.
+
+    ``queued`` are jobs in state ``queued`` (some may wait for ``not_before``);
+    ``allocations`` are the active ones (they hold resources on their nodes).
+    """
+
+    nodes: tuple[Node, ...] = ()
+    queued: tuple[Job, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    teams: tuple[Team, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Policy knobs. Defaults are what a home user wants without reading docs."""
+
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    user_weights: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    max_batch_size: int = 8  # sample jobs coalesced into one allocation, at most
+    preemption: bool = True
+    min_runtime_before_preemption_s: float = 60.0  # do not thrash work that just began
+    max_placements_per_cycle: int | None = None  # None: as many as fit
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
+
+
+class Remedy(StrEnum):
+    """What could let an unplaced job run."""
+
+    WAIT = "wait"  # capacity exists in the cluster; it is busy now
+    PREEMPT = "preempt"  # evicting lower-priority or borrowed work would make room
+    NONE = "none"  # no node could ever run it as it is (unresolvable)
+
+
+class ReasonCode(StrEnum):
+    NODE_NOT_READY = "node_not_ready"  # lost
+    NODE_PAUSED = "node_paused"
+    NODE_DRAINING = "node_draining"
+    SELECTOR_MISMATCH = "selector_mismatch"
+    GPU_MODEL_MISMATCH = "gpu_model_mismatch"
+    BACKEND_MISSING = "backend_missing"
+    TOO_FEW_GPUS = "too_few_gpus"  # the node has fewer GPUs than asked, ever
+    INSUFFICIENT_GPUS = "insufficient_gpus"  # not enough free right now
+    INSUFFICIENT_VRAM = "insufficient_vram"
+    INSUFFICIENT_CPUS = "insufficient_cpus"
+    MODEL_MISSING = "model_missing"  # informational: will be downloaded
+    QUOTA_EXCEEDED = "quota_exceeded"  # team at quota + borrow limit
+    GANG_INCOMPLETE = "gang_incomplete"  # not all replicas fit at once
+    NOT_BEFORE = "not_before"  # retry backoff not yet over
+    CYCLE_LIMIT = "cycle_limit"  # max placements per cycle reached
+    UNKNOWN_PRIORITY = "unknown_priority"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """``nodes`` nodes ruled the job out for ``code``."""
+
+    code: ReasonCode
+    nodes: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Run ``job_ids`` (one job, or a batch of sample jobs) on ``node``."""
+
+    allocation_id: str
+    job_ids: tuple[str, ...]
+    node: str
+    replica: int = 0
+    gpu_indices: tuple[int, ...] = ()
+    gpu_milli: int = 0  # per listed GPU
+    vram_bytes: int = 0  # reserved per listed GPU
+    cpus: int = 0
+    on_cpu: bool = False
+    borrowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Evict ``allocation_id`` (with a grace period) to make room for ``for_job``."""
+
+    allocation_id: str
+    job_ids: tuple[str, ...]
+    node: str
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    """A job left queued, at ``position`` in the order, with why and what could help."""
+
+    job_id: str
+    position: int
+    reasons: tuple[Reason, ...]
+    remedy: Remedy
+
+    def summary(self) -> str:
+        """``"4 nodes: insufficient VRAM; 1 node: paused"``."""
+        return "; ".join(
+            f"{r.nodes} node{'s' if r.nodes != 1 else ''}: {r.message}" if r.nodes else r.message
+            for r in self.reasons
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decision of one cycle. Appliers verify it against the latest state."""
+
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    unplaced: tuple[Unplaced, ...] = ()
+
+    @property
+    def batches(self) -> tuple[Placement, ...]:
+        return tuple(p for p in self.placements if len(p.job_ids) > 1)

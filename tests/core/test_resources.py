@@ -1,0 +1,66 @@
+import pytest
+
+from corral.core import GIB, MILLI, InvalidSpec, ResourceRequest, parse_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("24GiB", 24 * GIB),
+        ("512 MiB", 512 * 1024**2),
+        ("8G", 8 * 1000**3),
+        ("1.5GiB", int(1.5 * GIB)),
+        ("100", 100),
+        ("100B", 100),
+        (4096, 4096),
+    ],
+)
+def test_parse_bytes_understands_binary_and_decimal_units(text: str | int, want: int) -> None:
+    assert parse_bytes(text) == want
+
+
+@pytest.mark.parametrize("bad", ["", "lots", "12 parsecs", "-3GiB", -1])
+def test_parse_bytes_names_the_field_on_bad_input(bad: str | int) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_bytes(bad, field_name="resources.vram")
+    assert info.value.field == "resources.vram"
+
+
+def test_a_shared_job_counts_the_larger_of_compute_and_vram_share() -> None:
+    half_by_vram = ResourceRequest(vram_bytes=12 * GIB)
+    assert half_by_vram.shared
+    assert half_by_vram.milli_on(24 * GIB) == MILLI // 2
+    quarter_compute = ResourceRequest(gpu_milli=250, vram_bytes=2 * GIB)
+    assert quarter_compute.milli_on(24 * GIB) == 250
+
+
+def test_whole_gpus_count_whole_cards_and_cpu_only_counts_nothing() -> None:
+    assert ResourceRequest(gpus=3).milli_on(80 * GIB) == 3 * MILLI
+    cpu = ResourceRequest(cpus=4)
+    assert not cpu.wants_gpu
+    assert cpu.milli_on(80 * GIB) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"gpus": -1}, "resources.gpus"),
+        ({"gpu_milli": 1000}, "resources.gpu_milli"),
+        ({"gpus": 1, "gpu_milli": 500}, "resources.gpu_milli"),
+        ({"vram_bytes": -5}, "resources.vram_bytes"),
+        ({"cpus": -1}, "resources.cpus"),
+    ],
+)
+def test_impossible_requests_are_refused_naming_the_field(
+    kwargs: dict[str, int], field: str
+) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        ResourceRequest(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_from_gpus_turns_fractions_into_shares() -> None:
+    assert ResourceRequest.from_gpus(2).gpus == 2
+    assert ResourceRequest.from_gpus(0.25).gpu_milli == 250
+    with pytest.raises(InvalidSpec):
+        ResourceRequest.from_gpus(1.5)

@@ -1,0 +1,63 @@
+import pytest
+
+from corral.core import (
+    ALLOCATION,
+    JOB,
+    NODE,
+    AllocObserved,
+    IllegalTransition,
+    JobState,
+    Transition,
+    transition,
+)
+from corral.core.states import DESIRED
+
+
+def test_every_edge_of_every_lifecycle_is_explained() -> None:
+    for lifecycle in (JOB, NODE, ALLOCATION, DESIRED):
+        for edge, why in lifecycle.edges.items():
+            assert why.strip(), f"{lifecycle.name} edge {edge} has no comment"
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    for lifecycle in (JOB, ALLOCATION):
+        for current, _ in lifecycle.edges:
+            assert current not in lifecycle.terminal
+
+
+def test_the_gate_records_history_in_order() -> None:
+    history: list[Transition] = []
+    state = transition(
+        JOB, "j1", JobState.QUEUED, JobState.PLACED, at=1.0, why="placed", history=history
+    )
+    state = transition(JOB, "j1", state, JobState.RUNNING, at=2.0, why="started", history=history)
+    state = transition(JOB, "j1", state, JobState.QUEUED, at=3.0, why="node lost", history=history)
+    assert state is JobState.QUEUED
+    assert [(h.current, h.target, h.at) for h in history] == [
+        ("queued", "placed", 1.0),
+        ("placed", "running", 2.0),
+        ("running", "queued", 3.0),
+    ]
+    assert history[-1].why == "node lost"
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (JobState.SUCCEEDED, JobState.RUNNING),
+        (JobState.QUEUED, JobState.RUNNING),
+        (JobState.CANCELLED, JobState.QUEUED),
+    ],
+)
+def test_the_gate_refuses_edges_the_table_lacks(current: JobState, target: JobState) -> None:
+    history: list[Transition] = []
+    with pytest.raises(IllegalTransition) as info:
+        transition(JOB, "j1", current, target, at=0.0, why="x", history=history)
+    assert info.value.current == current.value
+    assert history == []
+
+
+def test_allocation_lifecycle_allows_loss_from_pending_and_running() -> None:
+    assert ALLOCATION.allows(AllocObserved.PENDING, AllocObserved.LOST)
+    assert ALLOCATION.allows(AllocObserved.RUNNING, AllocObserved.LOST)
+    assert not ALLOCATION.allows(AllocObserved.SUCCEEDED, AllocObserved.LOST)
