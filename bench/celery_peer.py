@@ -20,7 +20,6 @@ class CeleryPeer:
 
     def __init__(self, workers: int) -> None:
         import redis
-
         from celery_app import REDIS, app, noop
 
         self._app, self._noop = app, noop
