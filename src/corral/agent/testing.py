@@ -1,0 +1,208 @@
+"""The executor conformance suite: one set of checks every executor passes.
+
+Each executor's tests build a ``Harness`` (the executor, the clock it runs on,
+and how to make a quick, a failing and a long assignment for it) and run every
+check in ``CHECKS`` against it, so the scripted stub, the Python handler, the
+subprocess command and the HTTP backends all keep the same contract (see
+``corral.agent.executors.base``). The checks are plain async functions that
+raise ``AssertionError``; they need no test framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from corral.agent.executors.base import (
+    Assignment,
+    Checkpoint,
+    Executor,
+    Failed,
+    Finished,
+    Preview,
+    Progress,
+    Started,
+    StopReason,
+    StopSignal,
+    Update,
+    is_terminal,
+)
+from corral.agent.executors.runner import execute
+from corral.core import Clock, VirtualClock
+
+Scenario = Literal["quick", "failing", "long"]
+"""quick: succeeds in a moment; failing: fails on its own; long: runs until stopped."""
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Harness:
+    """One executor under test and the assignments that exercise it."""
+
+    executor: Executor
+    clock: Clock
+    make: Callable[[Scenario, str], Assignment]  # (scenario, allocation id) -> assignment
+    failure_retryable: bool = False  # what the "failing" scenario's Failed says
+    previews: bool = True  # the quick scenario shows at least one preview
+    partial_results: bool = True  # an interrupted long run keeps at least one result
+    checkpoints_on_preempt: bool = False  # a preempted long run reports a checkpoint
+    grace_s: float = 5.0  # grace given with stops
+    timeout_s: float = 0.5  # timeout given to a long run in the timeout check
+
+
+OnUpdate = Callable[[Update, StopSignal], None]
+
+
+async def run_to_end(
+    harness: Harness,
+    assignment: Assignment,
+    on_update: OnUpdate | None = None,
+    stop: StopSignal | None = None,
+) -> list[Update]:
+    """Run ``assignment`` through ``execute`` and return every update.
+
+    On a ``VirtualClock`` time jumps to the next timer whenever everything
+    waits, so scripted hours pass at once.
+    """
+    stop = stop or StopSignal()
+    updates: list[Update] = []
+
+    async def consume() -> None:
+        async for update in execute(harness.executor, assignment, stop, harness.clock):
+            updates.append(update)
+            if on_update is not None:
+                on_update(update, stop)
+
+    task = asyncio.create_task(consume())
+    if isinstance(harness.clock, VirtualClock):
+        await _autojump(harness.clock, task)
+    await task
+    return updates
+
+
+async def _autojump(clock: VirtualClock, task: asyncio.Task[None]) -> None:
+    while not task.done():
+        for _ in range(20):  # let every runnable callback run before jumping
+            await asyncio.sleep(0)
+        deadline = clock.next_deadline()
+        if deadline is not None and not task.done():
+            clock.advance(max(0.0, deadline - clock.now()))
+        elif not task.done():
+            await asyncio.wait({task}, timeout=0.001)  # waiting on real I/O
+
+
+def new_id(prefix: str = "alloc") -> str:
+    return f"{prefix}-{next(_ids)}"
+
+
+def stop_on_first_progress(reason: StopReason, grace_s: float) -> OnUpdate:
+    def on_update(update: Update, stop: StopSignal) -> None:
+        if isinstance(update, Progress):
+            stop.request(reason, grace_s)
+
+    return on_update
+
+
+def assert_well_formed(updates: Sequence[Update]) -> Finished | Failed:
+    """Started first, one terminal last, progress within 0..1 and never falling."""
+    assert updates, "no updates at all"
+    assert isinstance(updates[0], Started), f"first update is {updates[0]!r}, not Started"
+    terminals = [u for u in updates if is_terminal(u)]
+    assert len(terminals) == 1, f"want exactly one terminal update, got {terminals!r}"
+    assert updates[-1] is terminals[0], "the terminal update must be the last"
+    fractions = [u.fraction for u in updates if isinstance(u, Progress)]
+    assert all(0.0 <= f <= 1.0 for f in fractions), f"progress out of 0..1: {fractions}"
+    assert fractions == sorted(fractions), f"progress went backwards: {fractions}"
+    last = updates[-1]
+    assert isinstance(last, Finished | Failed)
+    return last
+
+
+# ---- the checks ------------------------------------------------------------
+
+
+async def check_quick_run_finishes_with_results(h: Harness) -> None:
+    updates = await run_to_end(h, h.make("quick", new_id()))
+    terminal = assert_well_formed(updates)
+    assert isinstance(terminal, Finished), f"quick run did not finish: {terminal!r}"
+    assert not terminal.interrupted
+    assert terminal.results, "a finished run returns at least one result"
+    assert all(r.name and r.data for r in terminal.results), "results need a name and data"
+    assert any(isinstance(u, Progress) for u in updates), "no progress reported"
+    if h.previews:
+        previews = [u for u in updates if isinstance(u, Preview)]
+        assert previews, "no preview reported"
+        images = all(p.image.startswith((b"\x89PNG", b"\xff\xd8\xff")) for p in previews)
+        assert images, "a preview is not a PNG or JPEG image"
+
+
+async def check_failing_run_says_why(h: Harness) -> None:
+    terminal = assert_well_formed(await run_to_end(h, h.make("failing", new_id())))
+    assert isinstance(terminal, Failed), f"failing run did not fail: {terminal!r}"
+    assert terminal.error.strip(), "a failure needs an error message"
+    assert terminal.retryable == h.failure_retryable, terminal
+    assert terminal.stopped is None, "a failure of its own is not a stop"
+
+
+async def check_interrupt_keeps_partial_results(h: Harness) -> None:
+    on = stop_on_first_progress(StopReason.INTERRUPT, h.grace_s)
+    terminal = assert_well_formed(await run_to_end(h, h.make("long", new_id()), on))
+    assert isinstance(terminal, Finished), f"an interrupt finishes: {terminal!r}"
+    assert terminal.interrupted, "an interrupted run says so"
+    if h.partial_results:
+        assert terminal.results, "an interrupt keeps what was produced"
+
+
+async def check_cancel_fails_for_good(h: Harness) -> None:
+    on = stop_on_first_progress(StopReason.CANCEL, h.grace_s)
+    terminal = assert_well_formed(await run_to_end(h, h.make("long", new_id()), on))
+    assert isinstance(terminal, Failed), terminal
+    assert terminal.stopped is StopReason.CANCEL and not terminal.retryable, terminal
+
+
+async def check_preempt_fails_retryably(h: Harness) -> None:
+    on = stop_on_first_progress(StopReason.PREEMPT, h.grace_s)
+    updates = await run_to_end(h, h.make("long", new_id()), on)
+    terminal = assert_well_formed(updates)
+    assert isinstance(terminal, Failed), terminal
+    assert terminal.stopped is StopReason.PREEMPT and terminal.retryable, terminal
+    if h.checkpoints_on_preempt:
+        assert any(isinstance(u, Checkpoint) for u in updates), "no checkpoint before preempt"
+
+
+async def check_timeout_stops_a_long_run(h: Harness) -> None:
+    assignment = replace(h.make("long", new_id()), timeout_s=h.timeout_s)
+    terminal = assert_well_formed(await run_to_end(h, assignment))
+    assert isinstance(terminal, Failed), terminal
+    assert terminal.stopped is StopReason.TIMEOUT and not terminal.retryable, terminal
+    assert "timed out" in terminal.error, terminal.error
+
+
+async def check_stop_before_start_ends_promptly(h: Harness) -> None:
+    stop = StopSignal()
+    stop.request(StopReason.CANCEL, 0.0)
+    terminal = assert_well_formed(await run_to_end(h, h.make("long", new_id()), stop=stop))
+    assert isinstance(terminal, Failed) and terminal.stopped is StopReason.CANCEL, terminal
+
+
+async def check_two_runs_at_once_each_finish(h: Harness) -> None:
+    runs = [run_to_end(h, h.make("quick", new_id())) for _ in range(2)]
+    for updates in await asyncio.gather(*runs):
+        terminal = assert_well_formed(updates)
+        assert isinstance(terminal, Finished) and terminal.results, terminal
+
+
+CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
+    check_quick_run_finishes_with_results,
+    check_failing_run_says_why,
+    check_interrupt_keeps_partial_results,
+    check_cancel_fails_for_good,
+    check_preempt_fails_retryably,
+    check_timeout_stops_a_long_run,
+    check_stop_before_start_ends_promptly,
+    check_two_runs_at_once_each_finish,
+)
