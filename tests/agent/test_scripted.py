@@ -53,7 +53,8 @@ def test_filled_in_default_model_is_reported_as_a_modification() -> None:
     assert isinstance(updates[-1], Finished)
     assert dict(updates[-1].modified) == {"model": "scripted-model"}
     named = asyncio.run(run_to_end(h, Assignment("a2", 1, ("j2",), model="sdxl")))
-    assert isinstance(named[-1], Finished) and dict(named[-1].modified) == {}
+    assert isinstance(named[-1], Finished)
+    assert dict(named[-1].modified) == {}
 
 
 def test_preempted_run_resumes_from_its_checkpoint_on_the_next_attempt(tmp_path: Path) -> None:
@@ -69,7 +70,8 @@ def test_preempted_run_resumes_from_its_checkpoint_on_the_next_attempt(tmp_path:
 
     updates = asyncio.run(run_to_end(h, first, preempt_at_step_5))
     checkpoint = next(u for u in updates if isinstance(u, Checkpoint))
-    assert checkpoint.step == 5 and checkpoint.path.startswith(str(tmp_path))
+    assert checkpoint.step == 5
+    assert checkpoint.path.startswith(str(tmp_path))
     second = Assignment(
         "a2", 2, ("j1",), payload={"steps": 8}, resume_from=checkpoint.path, resume_step=5
     )
@@ -90,7 +92,8 @@ def test_retryable_failures_say_so() -> None:
     h = scripted_harness()
     job = Assignment("a1", 1, ("j1",), payload={"fail_at": 1, "retryable": True})
     terminal = asyncio.run(run_to_end(h, job))[-1]
-    assert isinstance(terminal, Failed) and terminal.retryable
+    assert isinstance(terminal, Failed)
+    assert terminal.retryable
     assert terminal.error == "scripted failure at step 1"
 
 
@@ -99,7 +102,8 @@ def test_a_stop_with_a_grace_is_obeyed_at_once_by_the_stub() -> None:
     job = Assignment("a1", 1, ("j1",), payload={"steps": 100, "step_s": 10.0})
     updates = asyncio.run(run_to_end(h, job, stop_on_first_progress(StopReason.INTERRUPT, 600)))
     assert h.clock.now() == pytest.approx(10.0)  # stopped right after step 1, not after grace
-    assert isinstance(updates[-1], Finished) and updates[-1].results[0].data == b"j1: partial 1/100"
+    assert isinstance(updates[-1], Finished)
+    assert updates[-1].results[0].data == b"j1: partial 1/100"
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,13 @@ def assert_well_formed(updates: Sequence[Update]) -> Finished | Failed:
     return last
 
 
+def assert_stopped(terminal: Finished | Failed, reason: StopReason, *, retryable: bool) -> None:
+    """``terminal`` is the failure that obeys a ``reason`` stop."""
+    assert isinstance(terminal, Failed), f"a {reason} stop fails, got {terminal!r}"
+    assert terminal.stopped is reason, terminal
+    assert terminal.retryable is retryable, terminal
+
+
 # ---- the checks ------------------------------------------------------------
 
 
@@ -160,16 +167,14 @@ async def check_interrupt_keeps_partial_results(h: Harness) -> None:
 async def check_cancel_fails_for_good(h: Harness) -> None:
     on = stop_on_first_progress(StopReason.CANCEL, h.grace_s)
     terminal = assert_well_formed(await run_to_end(h, h.make("long", new_id()), on))
-    assert isinstance(terminal, Failed), terminal
-    assert terminal.stopped is StopReason.CANCEL and not terminal.retryable, terminal
+    assert_stopped(terminal, StopReason.CANCEL, retryable=False)
 
 
 async def check_preempt_fails_retryably(h: Harness) -> None:
     on = stop_on_first_progress(StopReason.PREEMPT, h.grace_s)
     updates = await run_to_end(h, h.make("long", new_id()), on)
     terminal = assert_well_formed(updates)
-    assert isinstance(terminal, Failed), terminal
-    assert terminal.stopped is StopReason.PREEMPT and terminal.retryable, terminal
+    assert_stopped(terminal, StopReason.PREEMPT, retryable=True)
     if h.checkpoints_on_preempt:
         assert any(isinstance(u, Checkpoint) for u in updates), "no checkpoint before preempt"
 
@@ -177,23 +182,23 @@ async def check_preempt_fails_retryably(h: Harness) -> None:
 async def check_timeout_stops_a_long_run(h: Harness) -> None:
     assignment = replace(h.make("long", new_id()), timeout_s=h.timeout_s)
     terminal = assert_well_formed(await run_to_end(h, assignment))
-    assert isinstance(terminal, Failed), terminal
-    assert terminal.stopped is StopReason.TIMEOUT and not terminal.retryable, terminal
-    assert "timed out" in terminal.error, terminal.error
+    assert_stopped(terminal, StopReason.TIMEOUT, retryable=False)
+    assert "timed out" in terminal.error, terminal
 
 
 async def check_stop_before_start_ends_promptly(h: Harness) -> None:
     stop = StopSignal()
     stop.request(StopReason.CANCEL, 0.0)
     terminal = assert_well_formed(await run_to_end(h, h.make("long", new_id()), stop=stop))
-    assert isinstance(terminal, Failed) and terminal.stopped is StopReason.CANCEL, terminal
+    assert_stopped(terminal, StopReason.CANCEL, retryable=False)
 
 
 async def check_two_runs_at_once_each_finish(h: Harness) -> None:
     runs = [run_to_end(h, h.make("quick", new_id())) for _ in range(2)]
     for updates in await asyncio.gather(*runs):
         terminal = assert_well_formed(updates)
-        assert isinstance(terminal, Finished) and terminal.results, terminal
+        assert isinstance(terminal, Finished), terminal
+        assert terminal.results, terminal
 
 
 CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (

@@ -62,7 +62,7 @@ class Script:
         changes = {k: v for k, v in payload.items() if k in _FIELD_TYPES}
         for key, value in changes.items():
             want = _FIELD_TYPES[key]
-            if isinstance(value, bool) and bool not in want or not isinstance(value, want):
+            if (isinstance(value, bool) and bool not in want) or not isinstance(value, want):
                 names = " or ".join(t.__name__ for t in want)
                 raise InvalidSpec(f"payload.{key}", f"must be {names}, got {value!r}")
         return replace(self, **changes)
