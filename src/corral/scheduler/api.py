@@ -49,9 +49,13 @@ class Config:
     preemption: bool = True
     min_runtime_before_preemption_s: float = 60.0  # do not thrash work that just began
     max_placements_per_cycle: int | None = None  # None: as many as fit
+    # Added by the scheduler (all optional, defaults keep the contract above):
+    candidates_per_tier: int = 2  # fits scored per locality level: bounded search, O(log) cost
+    scorer_weights: Mapping[str, float] = field(default_factory=lambda: EMPTY)  # by scorer name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
+        object.__setattr__(self, "scorer_weights", frozen_map(self.scorer_weights))
 
 
 class Remedy(StrEnum):
@@ -104,6 +108,7 @@ class Placement:
     cpus: int = 0
     on_cpu: bool = False
     borrowed: bool = False
+    preempts: tuple[str, ...] = ()  # allocation ids that must stop before this one starts
 
 
 @dataclass(frozen=True, slots=True)

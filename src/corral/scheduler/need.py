@@ -1,0 +1,71 @@
+"""``Need``: what one replica of a job asks of a node, as a hashable key.
+
+Two jobs with equal needs are treated alike by every filter and by the fit
+search, so the scheduler caches per need rather than per job: static filter
+verdicts per node class, and "did not fit" until capacity is given back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.core.model import Job
+from corral.core.resources import MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """One replica's demand. ``on_cpu`` is the CPU-offload variant of a GPU job."""
+
+    gpus: int = 0  # whole cards
+    milli: int = 0  # compute share of one card (shared jobs)
+    vram: int = 0  # bytes: minimum per card (whole) or reserved on the card (shared)
+    cpus: int = 0
+    gpu_models: frozenset[str] = frozenset()
+    selector: tuple[tuple[str, str], ...] = ()
+    backend: str | None = None
+    on_cpu: bool = False
+
+    @property
+    def shared(self) -> bool:
+        return self.gpus == 0 and not self.on_cpu and (self.milli > 0 or self.vram > 0)
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.on_cpu or (self.gpus == 0 and not self.shared)
+
+    def nominal_milli(self) -> int:
+        """Milli-GPUs before the card is known (a lower bound for shared jobs)."""
+        if self.on_cpu:
+            return 0
+        if self.gpus:
+            return self.gpus * MILLI
+        return max(self.milli, 1) if self.shared else 0
+
+    def describe(self) -> str:
+        """``"2 GPUs"``, ``"0.25 GPU + 12 GiB VRAM"``, ``"4 CPUs"``: for messages."""
+        if self.cpu_only:
+            return f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}"
+        if self.gpus:
+            return f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        parts = [f"{self.milli / MILLI:g} GPU"] if self.milli else []
+        if self.vram:
+            parts.append(f"{self.vram / 1024**3:g} GiB VRAM")
+        return " + ".join(parts)
+
+
+def need_of(job: Job, *, on_cpu: bool = False) -> Need:
+    """The ``Need`` of one replica of ``job`` (on CPU slots when ``on_cpu``)."""
+    r = job.resources
+    selector = tuple(sorted(job.node_selector.items()))
+    if on_cpu:
+        return Need(cpus=r.cpus, selector=selector, backend=job.backend, on_cpu=True)
+    return Need(
+        gpus=r.gpus,
+        milli=r.gpu_milli,
+        vram=r.vram_bytes,
+        cpus=r.cpus,
+        gpu_models=r.gpu_models,
+        selector=selector,
+        backend=job.backend,
+    )
