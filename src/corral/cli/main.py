@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from corral import __version__
+from corral.cli import sim_cmd
 
 app = typer.Typer(
     name="corral",
@@ -18,6 +19,9 @@ app = typer.Typer(
 def version() -> None:
     """Print corral's version."""
     typer.echo(__version__)
+
+
+sim_cmd.register(app)
 
 
 def main() -> None:

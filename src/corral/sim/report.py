@@ -1,0 +1,188 @@
+"""What a simulation measured: per-job records and the summary.
+
+``Metrics`` is fed by the world as things happen, in O(1) per event, and
+keeps only what the summary needs (waits as packed float arrays), so a
+1,000,000-job run does not keep a million job records: each record is handed
+to a sink as soon as its job is finished. Definitions (all in ``docs/sim.md``):
+
+* wait: first placement time minus submission time, for jobs ever placed;
+* percentiles: nearest rank (p95 of 20 values is the 19th smallest);
+* ``gpu_allocation_ratio``: GPU-seconds allocated / (GPUs x (end - start)),
+  with ``start`` the first submission and ``end`` the end of the simulation;
+* ``jain_fairness``: Jain's index over the teams that asked for GPUs, of
+  each team's allocated GPU-seconds divided by its weight (1.0: every team
+  got GPU time in proportion to its weight).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.core.model import Job
+from corral.core.resources import MILLI
+from corral.core.states import JobState
+
+
+@dataclass(slots=True)
+class PlacementRecord:
+    """One allocation of a job: where, how many GPUs, from when to when."""
+
+    node: str
+    gpus: float
+    start: float
+    end: float | None = None
+    preempted: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "gpus": self.gpus,
+            "start": self.start,
+            "end": self.end,
+            "preempted": self.preempted,
+        }
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """A job's outcome, emitted once: when it finished, or at the end of the run."""
+
+    id: str
+    state: JobState
+    team: str
+    user: str
+    priority: str
+    submit_at: float
+    wait_s: float | None
+    attempts: int
+    placements: list[PlacementRecord] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "team": self.team,
+            "user": self.user,
+            "priority": self.priority,
+            "submit_at": self.submit_at,
+            "wait_s": self.wait_s,
+            "attempts": self.attempts,
+            "placements": [p.as_dict() for p in self.placements],
+        }
+
+
+class Metrics:
+    """Counters and integrals for the summary, updated in O(1) per event."""
+
+    def __init__(self) -> None:
+        self.jobs_total = 0
+        self.states: dict[JobState, int] = dict.fromkeys(JobState, 0)
+        self.never_placed = 0
+        self.preemptions = 0
+        self.quota_violations = 0
+        self.cycles = 0
+        self.start: float | None = None
+        self.gpu_milli_s = 0.0
+        self.team_milli_s: dict[str, float] = {}
+        self.gpu_teams: set[str] = set()
+        self.waits = array("d")
+        self.waits_by: dict[str, dict[str, array[float]]] = {"priority": {}, "team": {}, "user": {}}
+
+    def arrived(self, job: Job) -> None:
+        self.jobs_total += 1
+        if self.start is None:
+            self.start = job.submitted_at
+        if job.resources.wants_gpu:
+            self.gpu_teams.add(job.team)
+
+    def first_placed(self, job: Job, now: float) -> None:
+        wait = now - job.submitted_at
+        self.waits.append(wait)
+        for group, key in (("priority", job.priority), ("team", job.team), ("user", job.user)):
+            bucket = self.waits_by[group]
+            values = bucket.get(key)
+            if values is None:
+                values = bucket[key] = array("d")
+            values.append(wait)
+
+    def allocation_ended(self, team: str, milli: int, seconds: float) -> None:
+        used = milli * seconds
+        self.gpu_milli_s += used
+        self.team_milli_s[team] = self.team_milli_s.get(team, 0.0) + used
+
+    def job_done(self, state: JobState, *, placed: bool) -> None:
+        """A job left the simulation (finished, or still there at the end)."""
+        self.states[state] += 1
+        if not placed:
+            self.never_placed += 1
+
+    def summary(self, end: float, total_gpus: int, weights: Mapping[str, float]) -> dict[str, Any]:
+        """The ``summary`` object of the report (see the module docstring)."""
+        start = self.start if self.start is not None else end
+        capacity = total_gpus * MILLI * (end - start)
+        fairness = jain(
+            [self.team_milli_s.get(t, 0.0) / weights.get(t, 1.0) for t in sorted(self.gpu_teams)]
+        )
+        return {
+            "jobs_total": self.jobs_total,
+            "jobs_completed": self.states[JobState.SUCCEEDED],
+            "jobs_running": self.states[JobState.RUNNING] + self.states[JobState.PLACED],
+            "jobs_queued": self.states[JobState.QUEUED],
+            "jobs_never_placed": self.never_placed,
+            "preemptions": self.preemptions,
+            "quota_violations": self.quota_violations,
+            "gpu_allocation_ratio": round(self.gpu_milli_s / capacity, 6) if capacity else 0.0,
+            "wait_p50_s": percentile(self.waits, 50),
+            "wait_p95_s": percentile(self.waits, 95),
+            "wait_mean_s": _mean(self.waits),
+            "wait_by_priority": _groups(self.waits_by["priority"]),
+            "wait_by_team": _groups(self.waits_by["team"]),
+            "wait_by_user": _groups(self.waits_by["user"]),
+            "jain_fairness": None if fairness is None else round(fairness, 6),
+            "gpu_seconds_by_team": {
+                t: round(v / MILLI, 3) for t, v in sorted(self.team_milli_s.items())
+            },
+            "gpus_total": total_gpus,
+            "start_s": start,
+            "end_s": end,
+            "cycles": self.cycles,
+        }
+
+
+def percentile(values: array[float] | list[float], pct: float) -> float | None:
+    """Nearest-rank percentile: the smallest value with ``pct`` % of values at or below it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n * sum x^2): 1.0 all equal, 1/n one takes all."""
+    if not values:
+        return None
+    squares = sum(v * v for v in values)
+    if squares == 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * squares)
+
+
+def _mean(values: array[float]) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None
+
+
+def _groups(groups: Mapping[str, array[float]]) -> dict[str, dict[str, Any]]:
+    return {
+        key: {
+            "jobs": len(values),
+            "p50_s": percentile(values, 50),
+            "p95_s": percentile(values, 95),
+            "mean_s": _mean(values),
+        }
+        for key, values in sorted(groups.items())
+    }

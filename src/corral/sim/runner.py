@@ -1,0 +1,178 @@
+"""The discrete-event loop: replay a scenario through a ``schedule`` function.
+
+Time jumps to the next thing that happens (an arrival, a completion, a due
+scheduling cycle); nothing sleeps. Everything due at one instant is handled
+together and then, if anything changed, one scheduling cycle runs: the
+policy gets the world's snapshot and its plan is applied. A cycle whose plan
+preempted something (or stopped at the per-cycle placement limit) is
+followed by another at the same instant, so freed room is used at once.
+
+With ``Scenario.cycle_interval_s`` > 0, cycles run only at multiples of the
+interval, like a server whose scheduling loop ticks at that period; changes
+in between are coalesced into the next tick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot
+from corral.sim.clock import EventClock
+from corral.sim.errors import PlanRejected, SimInputError
+from corral.sim.report import Metrics
+from corral.sim.scenario import Scenario, SimJob
+from corral.sim.world import Sink, World
+
+ScheduleFn = Callable[[Snapshot, Config, float, int], Plan]
+"""The shape of ``corral.scheduler.schedule`` and of the baselines."""
+
+MAX_CYCLES_PER_INSTANT = 100  # a scheduler still preempting after this many is thrashing
+PROGRESS_EVERY = 20_000  # arrivals between progress reports
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a run is, for a progress display."""
+
+    now: float
+    arrived: int
+    queued: int
+    running: int
+    cycles: int
+    done: bool = False
+
+
+def simulate(
+    scenario: Scenario,
+    policy: ScheduleFn,
+    *,
+    until: float | None = None,
+    seed: int | None = None,
+    sink: Sink | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``scenario`` through ``policy``; return the report's ``summary``.
+
+    ``until`` and ``seed`` override the scenario's. Job records go to ``sink``
+    as jobs finish (and for the jobs still in the world at the end).
+    """
+    run = _Run(scenario, policy, sink, progress)
+    stop = scenario.until if until is None else until
+    return run.loop(stop, scenario.seed if seed is None else seed)
+
+
+class _Run:
+    """One simulation's mutable state; ``loop`` drives it."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: ScheduleFn,
+        sink: Sink | None,
+        progress: Callable[[Progress], None] | None,
+    ) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.clock = EventClock()
+        self.metrics = Metrics()
+        self.world = World(scenario, self.clock, self.metrics, sink=sink)
+        self.progress = progress
+        self.arrived = 0
+
+    def loop(self, until: float | None, seed: int) -> dict[str, Any]:
+        arrivals = self.scenario.jobs()
+        nxt = next(arrivals, None)
+        cycle_at: float | None = None
+        while True:
+            t = _earliest(nxt, self.clock.next_time(), cycle_at)
+            if t is None or (until is not None and t > until):
+                break
+            self.clock.advance_to(t)
+            changed, nxt = self._arrive(nxt, arrivals, t)
+            for job_id, token in self.clock.pop_due():
+                changed = self.world.complete(job_id, token, t) or changed
+            if changed and cycle_at is None:
+                cycle_at = _next_tick(t, self.scenario.cycle_interval_s)
+            if cycle_at == t:
+                cycle_at = None
+                self._cycles(t, seed)
+        end = self.clock.now if until is None else until
+        self.clock.advance_to(max(end, self.clock.now))
+        self.world.finish(end)
+        self._report(done=True)
+        weights = {name: team.weight for name, team in self.world.teams.items()}
+        return self.metrics.summary(end, self.scenario.total_gpus, weights)
+
+    def _arrive(
+        self, nxt: SimJob | None, arrivals: Iterator[SimJob], t: float
+    ) -> tuple[bool, SimJob | None]:
+        """Submit every job due at ``t``; return whether any came, and the next one."""
+        changed = False
+        while nxt is not None and nxt.submit_at <= t:
+            self.world.submit(nxt)
+            changed = True
+            self.arrived += 1
+            if self.progress is not None and self.arrived % PROGRESS_EVERY == 0:
+                self._report()
+            nxt = next(arrivals, None)
+            if nxt is not None and nxt.submit_at < t:
+                raise SimInputError(
+                    "submit_at",
+                    f"jobs must come in submit_at order ({nxt.submit_at:g} < {t:g})",
+                    nxt.where,
+                )
+        return changed, nxt
+
+    def _cycles(self, now: float, seed: int) -> None:
+        """Schedule until the plan neither preempts nor hits the per-cycle limit."""
+        world, config = self.world, self.scenario.config
+        for _ in range(MAX_CYCLES_PER_INSTANT):
+            if not world.queued:
+                return
+            plan = self.policy(world.snapshot(), config, now, seed + self.metrics.cycles)
+            self.metrics.cycles += 1
+            world.apply(plan, now)
+            again = bool(plan.preemptions) or _hit_limit(plan, config)
+            if not again or not (plan.placements or plan.preemptions):
+                return
+        raise PlanRejected(
+            f"the scheduler did not settle at t={now:g}: still preempting after "
+            f"{MAX_CYCLES_PER_INSTANT} cycles"
+        )
+
+    def _report(self, *, done: bool = False) -> None:
+        if self.progress is None:
+            return
+        world = self.world
+        self.progress(
+            Progress(
+                now=self.clock.now,
+                arrived=self.arrived,
+                queued=len(world.queued),
+                running=len(world.runs) - len(world.queued),
+                cycles=self.metrics.cycles,
+                done=done,
+            )
+        )
+
+
+def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:
+    times = [t for t in (None if nxt is None else nxt.submit_at, timer, cycle_at) if t is not None]
+    return min(times) if times else None
+
+
+def _next_tick(t: float, interval: float) -> float:
+    """The first scheduling tick at or after ``t``."""
+    if interval <= 0:
+        return t
+    tick = math.ceil(t / interval) * interval
+    return tick if tick >= t else tick + interval  # float rounding
+
+
+def _hit_limit(plan: Plan, config: Config) -> bool:
+    if config.max_placements_per_cycle is None:
+        return False
+    return any(r.code is ReasonCode.CYCLE_LIMIT for u in plan.unplaced for r in u.reasons)

@@ -1,0 +1,71 @@
+"""What the simulator replays: a cluster, its teams, a stream of jobs, and settings.
+
+A ``Scenario`` is built by the loaders (``corral.sim.loaders`` for YAML/JSON,
+``corral.sim.traces`` for CSV/JSONL) or by the generators
+(``corral.sim.generate``). Jobs are a *stream*: ``Scenario.jobs()`` returns a
+fresh iterator each call, so a 1,000,000-job trace is read row by row and
+never held in memory, and a benchmark can replay the same trace through
+several policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from corral.core.model import Job, Node, Team
+from corral.scheduler.api import Config
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """One job of a trace: the job as submitted, and how much work it is.
+
+    ``duration`` is seconds of running time; ``None`` runs until the end of the
+    simulation. ``where`` says where the job was read (``line 12``), for
+    errors found later (a duplicate id).
+    """
+
+    job: Job
+    duration: float | None
+    where: str = ""
+
+    @property
+    def submit_at(self) -> float:
+        return self.job.submitted_at
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A cluster, its teams and a job stream, with the simulation's settings.
+
+    ``until``: stop at this simulated time (None: when nothing more can happen).
+    ``cycle_interval_s``: 0 runs a scheduling cycle at every instant where
+    something changed; a positive value runs cycles only at multiples of it,
+    as a server whose scheduling loop ticks at that period.
+    ``auto_teams``: a job naming a team that ``teams`` lacks gets a team
+    without quota (True when the scenario declares no teams).
+    """
+
+    nodes: tuple[Node, ...]
+    jobs: Callable[[], Iterator[SimJob]]
+    teams: tuple[Team, ...] = ()
+    config: Config = field(default_factory=Config)
+    until: float | None = None
+    seed: int = 0
+    cycle_interval_s: float = 0.0
+    auto_teams: bool = True
+    name: str = ""
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+
+def fixed_jobs(jobs: tuple[SimJob, ...]) -> Callable[[], Iterator[SimJob]]:
+    """A job stream over jobs already in memory (small scenarios, tests)."""
+
+    def stream() -> Iterator[SimJob]:
+        return iter(jobs)
+
+    return stream

@@ -1,0 +1,321 @@
+"""The simulated cluster: what is queued, what runs where, and applying plans.
+
+The world is the simulator's imperative shell, playing the part the server
+plays in production: it keeps the state the scheduler decides about, hands
+``schedule`` a ``Snapshot`` of it, and applies the returned ``Plan``.
+State is kept incrementally (queued jobs and active allocations in
+insertion-ordered dicts, free capacity per GPU in lists), so a snapshot costs
+two tuple copies and applying a placement is O(GPUs it takes); no node is
+rebuilt per event.
+
+Applying checks the plan as the server's verifier would: a placement that
+over-commits a GPU, names a job that is not queued, or places part of a gang
+raises ``PlanRejected`` (a scheduler bug) instead of being half applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from corral.core.model import DEFAULT_TEAM, Allocation, Job, Team
+from corral.core.resources import MILLI
+from corral.core.states import JOB, AllocObserved, JobState, transition
+from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
+from corral.sim.clock import EventClock
+from corral.sim.errors import PlanRejected, SimInputError
+from corral.sim.report import JobRecord, Metrics, PlacementRecord
+from corral.sim.scenario import Scenario, SimJob
+
+Sink = Callable[[JobRecord], None]
+QUEUED, PLACED, RUNNING = JobState.QUEUED, JobState.PLACED, JobState.RUNNING
+
+
+@dataclass(slots=True)
+class JobRun:
+    """A job while it is in the world (queued or running)."""
+
+    job: Job  # the latest frozen view; replaced when requeued (attempt changes)
+    remaining: float | None  # seconds of work left at the start of this attempt
+    where: str
+    state: JobState = QUEUED
+    attempts: int = 0
+    first_start: float | None = None
+    started_at: float = 0.0
+    token: int = 0  # bumped per attempt: a completion timer of an old attempt is stale
+    allocs: list[str] = field(default_factory=list)
+    placements: list[PlacementRecord] | None = None
+
+
+class World:
+    """State of a simulated cluster; see the module docstring."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        clock: EventClock,
+        metrics: Metrics,
+        *,
+        sink: Sink | None = None,
+    ) -> None:
+        self.nodes = scenario.nodes
+        self._clock = clock
+        self._metrics = metrics
+        self._sink = sink
+        self._index = {n.name: i for i, n in enumerate(self.nodes)}
+        self._gpu_free = [[MILLI] * len(n.gpus) for n in self.nodes]
+        self._vram_free = [[g.vram_bytes for g in n.gpus] for n in self.nodes]
+        self._cpu_free = [n.cpus for n in self.nodes]
+        self.teams: dict[str, Team] = {t.name: t for t in scenario.teams}
+        self._teams_view = tuple(self.teams.values())
+        self._auto_teams = scenario.auto_teams
+        self._team_milli: dict[str, int] = {}
+        self._team_cap = {t.name: _cap_milli(t) for t in scenario.teams}
+        self.queued: dict[str, Job] = {}
+        self.allocations: dict[str, Allocation] = {}
+        self.runs: dict[str, JobRun] = {}
+        self._records: dict[str, PlacementRecord] = {}
+        self._batch_left: dict[str, int] = {}
+
+    def snapshot(self) -> Snapshot:
+        """The frozen view ``schedule`` gets: two tuple copies, nothing rebuilt."""
+        return Snapshot(
+            nodes=self.nodes,
+            queued=tuple(self.queued.values()),
+            allocations=tuple(self.allocations.values()),
+            teams=self._teams_view,
+        )
+
+    def submit(self, sim_job: SimJob) -> None:
+        """A job arrives: it is queued."""
+        job = sim_job.job
+        if job.id in self.runs:
+            raise SimInputError(
+                "id", f"job id {job.id!r} is still queued or running", sim_job.where
+            )
+        if job.team not in self.teams:
+            self._add_team(job.team, sim_job.where)
+        run = JobRun(job, sim_job.duration, sim_job.where)
+        if self._sink is not None:
+            run.placements = []
+        self.runs[job.id] = run
+        self.queued[job.id] = job
+        self._metrics.arrived(job)
+
+    def apply(self, plan: Plan, now: float) -> None:
+        """Apply a plan: preemptions first (they free room), then placements."""
+        ended: set[str] = set()
+        for preemption in plan.preemptions:
+            self._preempt(preemption, now, ended)
+        placed: dict[str, int] = {}
+        for p in plan.placements:
+            for job_id in p.job_ids:
+                placed[job_id] = placed.get(job_id, 0) + 1
+        for job_id, count in placed.items():
+            self._check_placeable(job_id, count)
+        for p in plan.placements:
+            self._allocate(p, now)
+        for job_id in placed:
+            self._start(job_id, now)
+
+    def complete(self, job_id: str, token: int, now: float) -> bool:
+        """A completion timer fired; False when it was stale (the job was preempted)."""
+        run = self.runs.get(job_id)
+        if run is None or run.token != token or run.state is not RUNNING:
+            return False
+        for alloc_id in run.allocs:
+            self._leave(alloc_id, now)
+        run.state = transition(JOB, job_id, RUNNING, JobState.SUCCEEDED, at=now, why="done")
+        self._emit(run)
+        return True
+
+    def finish(self, end: float) -> None:
+        """The simulation ends: count running allocations up to ``end``, emit every job."""
+        for alloc_id in list(self.allocations):
+            self._release(alloc_id, end, preempted=False, still_running=True)
+        for run in list(self.runs.values()):
+            self._emit(run)
+
+    # -- applying a plan -------------------------------------------------------------
+
+    def _check_placeable(self, job_id: str, count: int) -> None:
+        run = self.runs.get(job_id)
+        if run is None or run.state is not QUEUED:
+            raise PlanRejected(f"the plan places job {job_id!r}, which is not queued")
+        if count != run.job.replicas:
+            raise PlanRejected(
+                f"the plan places {count} of the {run.job.replicas} replicas of job "
+                f"{job_id!r}: a gang is all or nothing, a job is placed once"
+            )
+
+    def _allocate(self, p: Placement, now: float) -> None:
+        i = self._index.get(p.node)
+        if i is None:
+            raise PlanRejected(f"placement {p.allocation_id}: no node {p.node!r}")
+        if p.allocation_id in self.allocations:
+            raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
+        self._take(i, p)
+        job = self.runs[p.job_ids[0]].job
+        alloc = Allocation(
+            id=p.allocation_id,
+            job_ids=p.job_ids,
+            node=p.node,
+            team=job.team,
+            user=job.user,
+            priority=job.priority,
+            replica=p.replica,
+            gpu_indices=p.gpu_indices,
+            gpu_milli=p.gpu_milli,
+            vram_bytes=p.vram_bytes,
+            cpus=p.cpus,
+            on_cpu=p.on_cpu,
+            preemptible=job.preemptible,
+            borrowed=p.borrowed,
+            attempt=self.runs[job.id].attempts + 1,
+            started_at=now,
+            observed=AllocObserved.RUNNING,
+        )
+        self.allocations[p.allocation_id] = alloc
+        if len(p.job_ids) > 1:
+            self._batch_left[p.allocation_id] = len(p.job_ids)
+        for job_id in p.job_ids:
+            run = self.runs[job_id]
+            run.allocs.append(p.allocation_id)
+            if run.placements is not None:
+                record = PlacementRecord(p.node, alloc.milli / MILLI, now)
+                run.placements.append(record)
+                self._records[p.allocation_id] = record
+        self._count_team(job.team, alloc.milli)
+
+    def _take(self, i: int, p: Placement) -> None:
+        """Reserve the placement's GPUs and CPUs on node ``i``, refusing over-commit."""
+        free, vram = self._gpu_free[i], self._vram_free[i]
+        if p.gpu_indices and p.gpu_milli <= 0:
+            raise PlanRejected(f"placement {p.allocation_id}: GPUs listed with gpu_milli 0")
+        for g in p.gpu_indices:
+            if not 0 <= g < len(free):
+                raise PlanRejected(f"placement {p.allocation_id}: {p.node} has no GPU {g}")
+            if free[g] < p.gpu_milli or vram[g] < p.vram_bytes:
+                raise PlanRejected(
+                    f"placement {p.allocation_id}: GPU {g} of {p.node} is over-committed"
+                )
+            free[g] -= p.gpu_milli
+            vram[g] -= p.vram_bytes
+        self._cpu_free[i] -= p.cpus
+        if self._cpu_free[i] < 0:
+            raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
+
+    def _count_team(self, team: str, milli: int) -> None:
+        used = self._team_milli.get(team, 0) + milli
+        self._team_milli[team] = used
+        cap = self._team_cap.get(team)
+        if milli > 0 and cap is not None and used > cap:
+            self._metrics.quota_violations += 1
+
+    def _start(self, job_id: str, now: float) -> None:
+        run = self.runs[job_id]
+        transition(JOB, job_id, QUEUED, PLACED, at=now, why="placed by the plan")
+        run.state = transition(JOB, job_id, PLACED, RUNNING, at=now, why="started at once")
+        run.attempts += 1
+        run.token += 1
+        run.started_at = now
+        del self.queued[job_id]
+        if run.first_start is None:
+            run.first_start = now
+            self._metrics.first_placed(run.job, now)
+        if run.remaining is not None:
+            self._clock.set_timer(now + run.remaining, job_id, run.token)
+
+    def _preempt(self, preemption: Preemption, now: float, ended: set[str]) -> None:
+        alloc = self.allocations.get(preemption.allocation_id)
+        if alloc is None:
+            if preemption.allocation_id in ended:
+                return  # another replica of the same gang was preempted already
+            raise PlanRejected(f"the plan preempts {preemption.allocation_id!r}, not active")
+        if not alloc.preemptible:
+            raise PlanRejected(f"the plan preempts {alloc.id!r}, which is not preemptible")
+        for job_id in alloc.job_ids:
+            run = self.runs[job_id]
+            if run.state is RUNNING:
+                ended.update(run.allocs)
+                self._requeue(run, now)
+
+    def _requeue(self, run: JobRun, now: float) -> None:
+        """End every allocation of the job; it queues again and keeps the work it did."""
+        for alloc_id in run.allocs:
+            if alloc_id in self.allocations:
+                self._release(alloc_id, now, preempted=True)
+        run.allocs = []
+        if run.remaining is not None:
+            run.remaining = max(0.0, run.remaining - (now - run.started_at))
+        job_id = run.job.id
+        run.state = transition(JOB, job_id, RUNNING, QUEUED, at=now, why="preempted")
+        run.token += 1
+        run.job = replace(run.job, attempt=run.attempts)
+        self.queued[job_id] = run.job
+        self._metrics.preemptions += 1
+
+    # -- releasing -------------------------------------------------------------------
+
+    def _leave(self, alloc_id: str, now: float) -> None:
+        """A finished job leaves its allocation; a batch allocation ends with its last job."""
+        left = self._batch_left.get(alloc_id)
+        if left is not None and left > 1:
+            self._batch_left[alloc_id] = left - 1
+            return
+        self._release(alloc_id, now, preempted=False)
+
+    def _release(
+        self, alloc_id: str, now: float, *, preempted: bool, still_running: bool = False
+    ) -> None:
+        alloc = self.allocations.pop(alloc_id)
+        self._batch_left.pop(alloc_id, None)
+        i = self._index[alloc.node]
+        free, vram = self._gpu_free[i], self._vram_free[i]
+        for g in alloc.gpu_indices:
+            free[g] += alloc.gpu_milli
+            vram[g] += alloc.vram_bytes
+        self._cpu_free[i] += alloc.cpus
+        milli = alloc.milli
+        self._team_milli[alloc.team] -= milli
+        self._metrics.allocation_ended(alloc.team, milli, now - alloc.started_at)
+        record = self._records.pop(alloc_id, None)
+        if record is not None and not still_running:
+            record.end = now
+            record.preempted = preempted
+
+    def _emit(self, run: JobRun) -> None:
+        job = run.job
+        del self.runs[job.id]
+        wait = None if run.first_start is None else run.first_start - job.submitted_at
+        self._metrics.job_done(run.state, placed=wait is not None)
+        if self._sink is None:
+            return
+        self._sink(
+            JobRecord(
+                id=job.id,
+                state=run.state,
+                team=job.team,
+                user=job.user,
+                priority=job.priority,
+                submit_at=job.submitted_at,
+                wait_s=wait,
+                attempts=run.attempts,
+                placements=run.placements or [],
+            )
+        )
+
+    def _add_team(self, name: str, where: str) -> None:
+        if not self._auto_teams and name != DEFAULT_TEAM:
+            raise SimInputError("team", f"unknown team {name!r}", where)
+        team = Team(name)
+        self.teams[name] = team
+        self._teams_view = tuple(self.teams.values())
+        self._team_cap[name] = _cap_milli(team)
+
+
+def _cap_milli(team: Team) -> int | None:
+    """The most a team may hold, in milli-GPUs: quota + borrow limit (None: no limit)."""
+    if team.borrow_limit_gpus is None:
+        return None
+    return round((team.quota_gpus + team.borrow_limit_gpus) * MILLI)
