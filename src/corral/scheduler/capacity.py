@@ -8,9 +8,10 @@ goes through ``reserve``/``release`` and is written to a journal, so a what-if
 transaction: ``mark = cap.checkpoint()`` ... ``cap.rollback(mark)`` restores
 the exact state (STYLE.md habit 6, after KAI-Scheduler's ``Statement``).
 
-Nodes are indexed by *equivalence class* (nodes that every static filter
-treats alike) and, inside a class, by free whole GPUs, so best-fit search
-walks a few buckets instead of every node (the reason the scheduler reaches
+Nodes are indexed by free whole cards (and by the room on their partly used
+cards, and by free CPUs), overall, per *equivalence class* (nodes that every
+static filter treats alike) and per model they hold, so best-fit search walks
+a few buckets instead of every node (the reason the scheduler reaches
 tens of thousands of placements per second on 10,000 nodes). The candidate
 iterators walk live buckets: finish iterating before you reserve or release.
 """
@@ -21,6 +22,11 @@ from collections.abc import Iterable, Sequence
 
 from corral.core.model import Node
 from corral.core.resources import MILLI
+
+LOADED = 2
+ON_DISK = 1
+ABSENT = 0
+"""Model locality of a node for a job's model (``ABSENT`` also when there is no model)."""
 
 PARTIAL_STEP = 50
 """Width, in milli-GPUs, of a bucket of the shared-card index (20 buckets per card)."""
@@ -39,6 +45,7 @@ class NodeCap:
         "gpu_model",
         "gpu_vram",
         "gpu_vram_free",
+        "groups",
         "idx",
         "node",
         "partial_level",
@@ -58,6 +65,7 @@ class NodeCap:
         self.cpus_free = node.cpus
         self.whole_free = len(node.gpus)
         self.partial_level = -1  # bucket of the roomiest partly used card; -1: none
+        self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
 
     @property
     def name(self) -> str:
@@ -111,68 +119,74 @@ class NodeCap:
         self.partial_level = level
 
 
-class Capacity:
-    """Working copy of all nodes' free capacity, with an index and an undo journal."""
+class Index:
+    """Nodes of one group (all, one class, or holders of one model) by free capacity."""
 
-    def __init__(self, nodes: Sequence[Node], classes: Sequence[int]) -> None:
+    __slots__ = ("cpu", "partial", "size", "whole")
+
+    def __init__(self, max_gpus: int) -> None:
+        self.whole: list[dict[NodeCap, None]] = [{} for _ in range(max_gpus + 1)]
+        self.partial: list[dict[NodeCap, None]] = [{} for _ in range(MILLI // PARTIAL_STEP)]
+        self.cpu: dict[NodeCap, None] = {}
+        self.size = 0  # schedulable members
+
+    def add(self, nc: NodeCap) -> None:
+        self.whole[nc.whole_free][nc] = None
+        if nc.partial_level >= 0:
+            self.partial[nc.partial_level][nc] = None
+        if nc.cpus_free > 0:
+            self.cpu[nc] = None
+
+    def remove(self, nc: NodeCap) -> None:
+        del self.whole[nc.whole_free][nc]
+        if nc.partial_level >= 0:
+            del self.partial[nc.partial_level][nc]
+        self.cpu.pop(nc, None)
+
+
+class Capacity:
+    """Working copy of all nodes' free capacity, with indexes and an undo journal.
+
+    Indexes: ``everywhere`` (every schedulable node), ``by_class`` (one per node
+    class) and ``by_model`` (``(model, LOADED | ON_DISK)``: nodes holding a model
+    some queued job needs). A node sits in one index of each kind it belongs to.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        classes: Sequence[int],
+        models: Iterable[str] = (),
+    ) -> None:
         self.nodes: list[NodeCap] = [
             NodeCap(i, n, c) for i, (n, c) in enumerate(zip(nodes, classes, strict=True))
         ]
         self.by_name: dict[str, NodeCap] = {nc.name: nc for nc in self.nodes}
         self.max_gpus = max((nc.gpu_count for nc in self.nodes), default=0)
-        # index[cls][whole_free] -> ordered set of schedulable nodes
-        self._whole: dict[int, list[dict[NodeCap, None]]] = {}
-        self._partial: dict[int, list[dict[NodeCap, None]]] = {}
-        self._cpu: dict[int, dict[NodeCap, None]] = {}
-        self._class_gpus: dict[int, int] = {}
+        self.everywhere = Index(self.max_gpus)
+        self.by_class: dict[int, Index] = {}
+        self.by_model: dict[tuple[str, int], Index] = {}
         self._journal: list[tuple[int, NodeCap, tuple[int, ...], int, int, int]] = []
         self.generation = 0  # grows whenever capacity is given back (a failed fit may now work)
+        wanted = frozenset(models)
         for nc in self.nodes:
             if nc.schedulable:
-                self._index(nc)
+                nc.groups = self._groups_of(nc, wanted)
+                for index in nc.groups:
+                    index.add(nc)
+                    index.size += 1
 
-    # -- index ------------------------------------------------------------
+    def _groups_of(self, nc: NodeCap, models: frozenset[str]) -> list[Index]:
+        groups = [self.everywhere, self.by_class.setdefault(nc.cls, Index(self.max_gpus))]
+        node = nc.node
+        for model in sorted(models & (node.models_loaded | node.models_on_disk)):
+            level = LOADED if model in node.models_loaded else ON_DISK
+            groups.append(self.by_model.setdefault((model, level), Index(self.max_gpus)))
+        return groups
 
     def classes(self) -> list[int]:
         """Class ids that have at least one schedulable node."""
-        return list(self._whole)
-
-    def class_gpus(self, cls: int) -> int:
-        """Cards per node of class ``cls`` (0 for CPU-only classes)."""
-        return self._class_gpus.get(cls, 0)
-
-    def whole_bucket(self, cls: int, level: int) -> Iterable[NodeCap]:
-        """Schedulable nodes of ``cls`` with exactly ``level`` wholly free cards."""
-        buckets = self._whole.get(cls)
-        return buckets[level] if buckets and level < len(buckets) else ()
-
-    def partial_bucket(self, cls: int, level: int) -> Iterable[NodeCap]:
-        """Nodes of ``cls`` whose roomiest partly used card has ``level`` * PARTIAL_STEP free."""
-        buckets = self._partial.get(cls)
-        return buckets[level] if buckets else ()
-
-    def cpu_nodes(self, cls: int) -> Iterable[NodeCap]:
-        """Schedulable nodes of ``cls`` with any free CPU slot."""
-        return self._cpu.get(cls, ())
-
-    def _index(self, nc: NodeCap) -> None:
-        whole = self._whole.get(nc.cls)
-        if whole is None:
-            whole = self._whole[nc.cls] = [{} for _ in range(self.max_gpus + 1)]
-            self._partial[nc.cls] = [{} for _ in range(MILLI // PARTIAL_STEP)]
-            self._cpu[nc.cls] = {}
-            self._class_gpus[nc.cls] = nc.gpu_count
-        whole[nc.whole_free][nc] = None
-        if nc.partial_level >= 0:
-            self._partial[nc.cls][nc.partial_level][nc] = None
-        if nc.cpus_free > 0:
-            self._cpu[nc.cls][nc] = None
-
-    def _unindex(self, nc: NodeCap) -> None:
-        self._whole[nc.cls][nc.whole_free].pop(nc, None)
-        if nc.partial_level >= 0:
-            self._partial[nc.cls][nc.partial_level].pop(nc, None)
-        self._cpu[nc.cls].pop(nc, None)
+        return list(self.by_class)
 
     # -- changes ----------------------------------------------------------
 
@@ -197,6 +211,8 @@ class Capacity:
     def rollback(self, mark: int) -> None:
         """Undo every change after ``mark``, newest first. Exact: tested by property."""
         journal = self._journal
+        if len(journal) <= mark:
+            return
         while len(journal) > mark:
             op, nc, gpus, milli, vram, cpus = journal.pop()
             sign = 1 if op == _RESERVE else -1
@@ -208,9 +224,9 @@ class Capacity:
         self._journal.clear()
 
     def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
-        indexed = nc.schedulable
-        if indexed:
-            self._unindex(nc)
+        groups = nc.groups
+        for index in groups:
+            index.remove(nc)
         whole = milli in (MILLI, -MILLI)  # a whole card: all its VRAM goes with it
         for g in gpus:
             if 0 <= g < nc.gpu_count:
@@ -221,5 +237,5 @@ class Capacity:
                     nc.gpu_vram_free[g] += vram
         nc.cpus_free += cpus
         nc._recount()
-        if indexed:
-            self._index(nc)
+        for index in groups:
+            index.add(nc)

@@ -12,14 +12,15 @@ from collections.abc import Hashable, Sequence
 
 from corral.core.model import Allocation, Job, Node
 from corral.scheduler.api import Config, Snapshot
-from corral.scheduler.capacity import Capacity, NodeCap
+from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
-from corral.scheduler.fit import Fit, search
+from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
-from corral.scheduler.scorers import ABSENT, DEFAULT_SCORERS, LOADED, ON_DISK, Scorer, choose
+from corral.scheduler.scorers import DEFAULT_SCORERS, Scorer, choose
 
-Tier = tuple[int, list[int]]
-"""A locality level and the node classes at that level."""
+FEW_CLASSES = 8
+"""Up to this many feasible classes, walk their own indexes; past it, walk the
+overall index and skip other classes (cheaper than many nearly empty buckets)."""
 
 
 class Cycle:
@@ -40,9 +41,11 @@ class Cycle:
         self.class_members: list[list[int]] = [[] for _ in self.representatives]
         for i, cls in enumerate(classes):
             self.class_members[cls].append(i)
-        self.cap = Capacity(snapshot.nodes, classes)
+        models = {job.model for job in snapshot.queued if job.model}
+        self.cap = Capacity(snapshot.nodes, classes, models)
         self.checks = StaticChecks(self.representatives, filters)
-        self._tiers: dict[tuple[Need, str | None], list[Tier]] = {}
+        self._sources: dict[tuple[Need, str | None], list[list[Source]]] = {}
+        self._feasible: dict[Need, list[int]] = {}
         self._failed: dict[Need, int] = {}
         for alloc in snapshot.allocations:
             if alloc.active:
@@ -63,29 +66,17 @@ class Cycle:
             gpus = () if alloc.on_cpu else alloc.gpu_indices
             self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
 
-    def tiers(self, need: Need, model: str | None) -> list[Tier]:
-        """Statically feasible classes grouped by locality of ``model``, best first."""
-        key = (need, model)
-        cached = self._tiers.get(key)
-        if cached is not None:
-            return cached
-        levels: dict[int, list[int]] = {}
-        for cls in self.cap.classes():
-            if self.checks.reason(need, cls) is None:
-                levels.setdefault(self._locality(cls, model), []).append(cls)
-        tiers = [(level, levels[level]) for level in sorted(levels, reverse=True)]
-        self._tiers[key] = tiers
-        return tiers
-
     def find(self, need: Need, model: str | None) -> Fit | None:
         """The best place for ``need`` now, or ``None`` (cached until capacity grows)."""
-        failed_at = self._failed.get(need)
-        if failed_at == self.cap.generation:
+        if self._failed.get(need) == self.cap.generation:
             return None
         limit = max(1, self.config.candidates_per_tier)
+        seen: set[int] = set()
         fits: list[tuple[Fit, int]] = []
-        for locality, classes in self.tiers(need, model):
-            fits.extend((fit, locality) for fit in search(self.cap, need, classes, limit))
+        for sources in self._tiers(need, model):
+            fits.extend(
+                (fit, locality(fit.node, model)) for fit in search(need, sources, limit, seen)
+            )
         if not fits:
             self._failed[need] = self.cap.generation
             return None
@@ -95,27 +86,66 @@ class Cycle:
         """Reserve ``fit`` on the working copy."""
         self.cap.reserve(fit.node, fit.gpus, fit.milli, fit.vram, fit.cpus)
 
-    def node(self, name: str) -> NodeCap | None:
-        return self.cap.by_name.get(name)
+    def feasible_classes(self, need: Need) -> list[int]:
+        """Classes of schedulable nodes that pass every static filter for ``need``."""
+        cached = self._feasible.get(need)
+        if cached is None:
+            cached = [c for c in self.cap.classes() if self.checks.reason(need, c) is None]
+            self._feasible[need] = cached
+        return cached
 
-    def _locality(self, cls: int, model: str | None) -> int:
-        if model is None:
-            return ABSENT
-        rep = self.representatives[cls]
-        if model in rep.models_loaded:
-            return LOADED
-        return ON_DISK if model in rep.models_on_disk else ABSENT
+    def _tiers(self, need: Need, model: str | None) -> list[list[Source]]:
+        """Where to look, best locality first: model holders, then everything feasible."""
+        key = (need, model)
+        cached = self._sources.get(key)
+        if cached is not None:
+            return cached
+        feasible = self.feasible_classes(need)
+        tiers: list[list[Source]] = []
+        if feasible:
+            every = len(feasible) == len(self.cap.by_class)
+            allowed = None if every else frozenset(feasible)
+            if model is not None and not need.cpu_only:
+                for level in (LOADED, ON_DISK):
+                    holders = self.cap.by_model.get((model, level))
+                    if holders is not None:
+                        tiers.append([(holders, allowed)])
+            tiers.append(self._main_sources(need, feasible, allowed))
+        self._sources[key] = tiers
+        return tiers
+
+    def _main_sources(
+        self, need: Need, feasible: list[int], allowed: frozenset[int] | None
+    ) -> list[Source]:
+        by_class = self.cap.by_class
+        if need.cpu_only:  # GPU-less nodes first, then nodes with fewer cards
+            ordered = sorted(feasible, key=lambda c: (self.representatives[c].gpus.__len__(), c))
+            return [(by_class[c], None) for c in ordered]
+        if allowed is None:
+            return [(self.cap.everywhere, None)]
+        if len(feasible) <= FEW_CLASSES:
+            return [(by_class[c], None) for c in feasible]
+        return [(self.cap.everywhere, allowed)]
+
+
+def locality(nc: NodeCap, model: str | None) -> int:
+    """How close ``nc`` is to having ``model`` ready: loaded, on disk, or absent."""
+    if model is None:
+        return ABSENT
+    node = nc.node
+    if model in node.models_loaded:
+        return LOADED
+    return ON_DISK if model in node.models_on_disk else ABSENT
 
 
 def _classify(nodes: Sequence[Node], queued: Sequence[Job]) -> tuple[list[int], list[Node]]:
     """Class id per node, and one representative node per class."""
     label_keys = frozenset(k for job in queued for k in job.node_selector)
-    models = frozenset(job.model for job in queued if job.model)
     ids: dict[Hashable, int] = {}
     reps: list[Node] = []
     classes: list[int] = []
     for node in nodes:
-        key = class_key(node, label_keys, models)
+        key = class_key(node, label_keys)
         cls = ids.get(key)
         if cls is None:
             cls = ids[key] = len(reps)

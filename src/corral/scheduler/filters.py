@@ -120,11 +120,12 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
 """Cheapest first; the first failure is the reason reported for a node."""
 
 
-def class_key(node: Node, label_keys: frozenset[str], models: frozenset[str]) -> Hashable:
-    """What static filters and locality can see of ``node``: equal keys, equal verdicts.
+def class_key(node: Node, label_keys: frozenset[str]) -> Hashable:
+    """What static filters can see of ``node``: equal keys, equal verdicts.
 
-    Only labels some queued job selects on and models some queued job needs
-    are part of the key, so per-node labels (hostnames) do not split classes.
+    Only labels some queued job selects on are part of the key, so per-node
+    labels (hostnames) do not split classes. Models are not part of it:
+    locality is a preference, indexed separately (``Capacity.by_model``).
     """
     return (
         node.state,
@@ -134,8 +135,6 @@ def class_key(node: Node, label_keys: frozenset[str], models: frozenset[str]) ->
         tuple((g.model, g.vram_bytes) for g in node.gpus),
         node.backends,
         node.cpus,
-        node.models_loaded & models,
-        node.models_on_disk & models,
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corral.core.resources import MILLI
-from corral.scheduler.capacity import PARTIAL_STEP, Capacity, NodeCap
+from corral.scheduler.capacity import PARTIAL_STEP, Index, NodeCap
 from corral.scheduler.need import Need
 
 
@@ -53,58 +53,70 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
 
 
-def search(cap: Capacity, need: Need, classes: Sequence[int], limit: int) -> list[Fit]:
-    """Up to ``limit`` fits in best-fit order over nodes of ``classes``."""
-    if need.cpu_only:
-        return _search_cpu(cap, need, classes, limit)
+Source = tuple[Index, frozenset[int] | None]
+"""An index to walk and the node classes allowed in it (``None``: all of them)."""
+
+
+def search(need: Need, sources: Sequence[Source], limit: int, seen: set[int]) -> list[Fit]:
+    """Up to ``limit`` fits in best-fit order over ``sources``, skipping nodes in ``seen``.
+
+    Nodes found are added to ``seen`` so that later tiers do not list them twice.
+    """
     found: list[Fit] = []
+    if need.cpu_only:
+        _search_cpu(need, sources, limit, seen, found)
+        return found
     if need.shared:
-        _search_partial(cap, need, classes, limit, found)
-        if len(found) >= limit:
-            return found
-    _search_whole(cap, need, classes, limit, found)
+        _search_partial(need, sources, limit, seen, found)
+    if len(found) < limit:
+        _search_whole(need, sources, limit, seen, found)
     return found
 
 
 def _search_whole(
-    cap: Capacity, need: Need, classes: Sequence[int], limit: int, found: list[Fit]
+    need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
-    seen = {f.node.idx for f in found}
-    for level in range(max(need.gpus, 1), cap.max_gpus + 1):
-        for cls in classes:
-            for nc in cap.whole_bucket(cls, level):
-                if nc.idx in seen:
+    top = max((len(index.whole) for index, _ in sources), default=0)
+    for level in range(max(need.gpus, 1), top):
+        for index, allowed in sources:
+            for nc in index.whole[level]:
+                if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
                 if fit is not None:
+                    seen.add(nc.idx)
                     found.append(fit)
                     if len(found) >= limit:
                         return
 
 
 def _search_partial(
-    cap: Capacity, need: Need, classes: Sequence[int], limit: int, found: list[Fit]
+    need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
-        for cls in classes:
-            for nc in cap.partial_bucket(cls, level):
+        for index, allowed in sources:
+            for nc in index.partial[level]:
+                if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
+                    continue
                 fit = fit_on(nc, need)
                 if fit is not None and nc.gpu_free[fit.gpus[0]] < MILLI:
+                    seen.add(nc.idx)
                     found.append(fit)
                     if len(found) >= limit:
                         return
 
 
-def _search_cpu(cap: Capacity, need: Need, classes: Sequence[int], limit: int) -> list[Fit]:
-    """CPU work goes to GPU-less nodes first, then to nodes with the fewest free cards."""
-    found: list[Fit] = []
-    ordered = sorted(classes, key=lambda c: cap.class_gpus(c))
-    for cls in ordered:
-        for nc in cap.cpu_nodes(cls):
+def _search_cpu(
+    need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
+) -> None:
+    for index, allowed in sources:
+        for nc in index.cpu:
+            if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
+                continue
             fit = fit_on(nc, need)
             if fit is not None:
+                seen.add(nc.idx)
                 found.append(fit)
                 if len(found) >= limit:
-                    return found
-    return found
+                    return

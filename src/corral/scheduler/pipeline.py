@@ -66,6 +66,9 @@ class _Run:
         self.placements: list[Placement] = []
         self.unplaced: list[Unplaced] = []
         self.position = 0
+        self._explained: dict[
+            tuple[Need, str | None], tuple[int, tuple[tuple[Reason, ...], Remedy]]
+        ] = {}
 
     def admit(self, queued: tuple[Job, ...]) -> dict[str, list[Job]]:
         """Jobs that may be placed now, by class; the others become unplaced."""
@@ -123,7 +126,7 @@ class _Run:
             fits = self.fit_replicas(job, need_of(job, on_cpu=True))
             on_cpu = fits is not None
         if fits is None:
-            self.leave(job, *explain(self.cycle, need, job.model))
+            self.leave(job, *self.explain(need, job.model))
             return
         self.record(job, fits, on_cpu)
 
@@ -158,6 +161,16 @@ class _Run:
                 )
             )
         self.position += 1
+
+    def explain(self, need: Need, model: str | None) -> tuple[tuple[Reason, ...], Remedy]:
+        """Reasons for a need that fits nowhere; reused until capacity is given back."""
+        key = (need, model)
+        cached = self._explained.get(key)
+        if cached is not None and cached[0] == self.cycle.cap.generation:
+            return cached[1]
+        result = explain(self.cycle, need, model)
+        self._explained[key] = (self.cycle.cap.generation, result)
+        return result
 
     def leave(self, job: Job, reasons: tuple[Reason, ...], remedy: Remedy) -> None:
         self.unplaced.append(Unplaced(job.id, self.position, reasons, remedy))

@@ -16,13 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from corral.scheduler.capacity import LOADED
 from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
-
-LOADED = 2
-ON_DISK = 1
-ABSENT = 0
-"""Model locality levels of a node for a job's model (``ABSENT`` also: no model)."""
 
 
 class Scorer(Protocol):
