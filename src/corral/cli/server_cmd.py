@@ -1,0 +1,151 @@
+"""``corral server``: run the control plane (HTTP API, scheduling loop, node liveness).
+
+Options override ``CORRAL_*`` environment variables (see docs/server.md,
+"Settings"). The server binds its socket first, so the banner shows the
+real address even with ``--port 0``.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from corral.server.plane import StartReport
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``corral server`` to the ``corral`` command."""
+    app.command("server")(server)
+
+
+def server(
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help="Where state lives: a SQLite file path or sqlite:///path "
+            "(default ~/.corral/corral.db), or postgresql://user@host:5432/db "
+            "(add ?schema=name to use a schema).",
+            show_default=False,
+        ),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on. [default: 127.0.0.1]")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port to listen on; 0 picks a free one. [default: 8470]", min=0, max=65535
+        ),
+    ] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(help="Directory for the default database and blobs. [default: ~/.corral]"),
+    ] = None,
+    blob_dir: Annotated[
+        Path | None,
+        typer.Option(help="Directory for results and previews. [default: <home>/blobs]"),
+    ] = None,
+    node_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds without a heartbeat before a node is lost. [default: 30]", min=0.1
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning or error. [default: info]")
+    ] = None,
+) -> None:
+    """Run the corral control plane.
+
+    Clients (SDK, CLI, web apps) use its HTTP API (OpenAPI at /docs); agents
+    join with an agent token. The first start prints an admin token once:
+    store it, it cannot be shown again.
+    """
+    from pydantic import ValidationError
+
+    from corral.core.errors import InvalidSpec
+    from corral.server.settings import Settings
+
+    overrides = _overrides(db, host, port, home, blob_dir, node_timeout, log_level)
+    try:
+        settings = Settings(**overrides)
+        _serve(settings)
+    except (ValidationError, InvalidSpec) as exc:
+        typer.echo(f"corral server: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        typer.echo(f"corral server: cannot listen: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _overrides(
+    db: str | None,
+    host: str | None,
+    port: int | None,
+    home: Path | None,
+    blob_dir: Path | None,
+    node_timeout: float | None,
+    log_level: str | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if db is not None:
+        out["store"] = {"db": db}
+    api = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if api:
+        out["api"] = api
+    if node_timeout is not None:
+        out["scheduling"] = {"node_timeout_s": node_timeout}
+    for key, value in (("home", home), ("blob_dir", blob_dir), ("log_level", log_level)):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _serve(settings: Any) -> None:
+    import uvicorn
+
+    from corral.server.app import create_app, create_plane
+    from corral.server.store.db import parse_db
+
+    parse_db(settings.db_url())  # a bad --db fails here, before anything starts
+    sock = _bind(settings.api.host, settings.api.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+
+    def banner(report: StartReport) -> None:
+        lines = [
+            f"corral server listening on http://{shown}:{port}  (API docs: /docs)",
+            f"  database: {report.db}",
+            f"  blobs:    {report.blobs}",
+        ]
+        if report.admin_token:
+            lines += [
+                f"  admin token: {report.admin_token}",
+                "  (shown once, only its hash is stored: keep it now)",
+            ]
+        print("\n".join(lines), flush=True)
+
+    app = create_app(plane=create_plane(settings), on_started=banner)
+    config = uvicorn.Config(
+        app,
+        log_level=settings.log_level,
+        access_log=settings.log_level == "debug",
+        timeout_graceful_shutdown=3,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+    sys.stdout.flush()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock

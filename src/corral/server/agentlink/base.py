@@ -1,0 +1,190 @@
+"""The agent link seam: what the server tells agents, and what agents tell the server.
+
+Two small protocols meet here:
+
+* ``AgentLink`` (outbound, server -> agent): assign an allocation, stop one
+  (with a reason and a grace period), pause or resume a node's intake. The
+  gRPC implementation lives next to this module; ``inprocess.InProcessLink``
+  is the stub tests use. Methods raise ``LinkError`` when the node is not
+  connected: the server keeps the intent in the store and the agent gets it
+  again when it says hello.
+* ``AgentInbound`` (inbound, agent -> server): hello with the inventory and
+  what it runs, heartbeats, and allocation updates. ``services.agents``
+  implements it; every update names the allocation *and its attempt*, and the
+  server accepts work only from the current attempt (the fencing token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from corral.core.model import EMPTY, Gpu, JobKind
+
+
+class StopReason(StrEnum):
+    CANCEL = "cancel"  # the client cancelled: stop now, results are not wanted
+    INTERRUPT = "interrupt"  # stop early, report what was produced so far as the result
+    PREEMPT = "preempt"  # checkpoint within the grace period, then stop; the job requeues
+    TIMEOUT = "timeout"  # ran past its timeout: stop; the job fails
+
+
+class Ack(StrEnum):
+    """The server's answer to an allocation update."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # already recorded (a retried upload): harmless
+    STALE = "stale"  # not the current attempt (fenced out) or already ended: dropped
+    UNKNOWN = "unknown"  # no such allocation on this node
+
+
+@dataclass(frozen=True, slots=True)
+class JobWork:
+    """One job inside an assignment: what the executor needs to run it."""
+
+    job_id: str
+    kind: JobKind
+    payload: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    model: str | None = None
+    backend: str | None = None
+    timeout_s: float | None = None
+    checkpoint: str | None = None  # resume from here (reported by an earlier attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Run ``jobs`` (one, a batch of samples, or one gang replica) as ``allocation_id``."""
+
+    allocation_id: str
+    attempt: int
+    node: str
+    jobs: tuple[JobWork, ...]
+    replica: int = 0
+    replicas: int = 1
+    gpu_indices: tuple[int, ...] = ()
+    gpu_milli: int = 0
+    vram_bytes: int = 0
+    cpus: int = 0
+    on_cpu: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopOrder:
+    allocation_id: str
+    reason: StopReason
+    grace_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What an agent says about its machine when it (re)connects."""
+
+    node: str
+    gpus: tuple[Gpu, ...] = ()
+    cpus: int = 0
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    models_on_disk: frozenset[str] = frozenset()
+    models_loaded: frozenset[str] = frozenset()
+    backends: frozenset[str] = frozenset()
+    agent_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An allocation the agent runs (or holds) at hello time."""
+
+    allocation_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    """What a (re)connecting agent must do to match the server's intent."""
+
+    assign: tuple[Assignment, ...] = ()
+    stop: tuple[StopOrder, ...] = ()
+    intake_open: bool = True
+    heartbeat_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ResultBlob:
+    """One result file of one job in a finished allocation."""
+
+    job_id: str
+    name: str
+    data: bytes
+    content_type: str = "application/octet-stream"
+
+
+class AgentLink(Protocol):
+    """Server -> agents. Raises ``LinkError`` if ``node`` is not connected."""
+
+    async def assign(self, node: str, assignment: Assignment) -> None: ...
+
+    async def stop(self, node: str, order: StopOrder) -> None: ...
+
+    async def set_intake(self, node: str, *, open: bool) -> None: ...
+
+
+class AgentInbound(Protocol):
+    """Agents -> server. ``node`` is the authenticated sender; updates name allocation + attempt."""
+
+    async def authenticate(self, token: str) -> None:
+        """Accept an agent join token or raise ``Unauthenticated`` / ``Forbidden``."""
+        ...
+
+    async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply: ...
+
+    async def heartbeat(self, node: str, gpus: Sequence[Gpu] | None = None) -> None: ...
+
+    async def started(self, node: str, allocation_id: str, attempt: int) -> Ack: ...
+
+    async def progress(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        fraction: float,
+        *,
+        job_id: str | None = None,
+        message: str | None = None,
+    ) -> Ack: ...
+
+    async def preview(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        job_id: str,
+        data: bytes,
+        content_type: str = "image/png",
+    ) -> Ack: ...
+
+    async def log(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        lines: Sequence[str],
+        *,
+        job_id: str | None = None,
+    ) -> Ack: ...
+
+    async def checkpoint(
+        self, node: str, allocation_id: str, attempt: int, ref: str, *, job_id: str | None = None
+    ) -> Ack: ...
+
+    async def finished(
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+    ) -> Ack: ...
+
+    async def failed(
+        self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
+    ) -> Ack: ...
+
+    async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
+        """The allocation obeyed a stop order (after checkpointing, for a preemption)."""
+        ...

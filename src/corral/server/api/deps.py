@@ -1,0 +1,42 @@
+"""Dependencies every router uses: the control plane and the caller's principal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from corral.server.api.schemas import ErrorOut
+from corral.server.plane import ControlPlane
+from corral.server.services.auth import Principal
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An admin, team or agent token: `Authorization: Bearer <token>`",
+)
+
+
+def get_plane(request: Request) -> ControlPlane:
+    plane: ControlPlane = request.app.state.plane
+    return plane
+
+
+async def get_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    return await get_plane(request).auth.authenticate(
+        credentials.credentials if credentials else None
+    )
+
+
+Plane = Annotated[ControlPlane, Depends(get_plane)]
+Caller = Annotated[Principal, Depends(get_principal)]
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorOut, "description": "missing, unknown or revoked token"},
+    403: {"model": ErrorOut, "description": "the token may not do this"},
+    404: {"model": ErrorOut, "description": "no such thing (or not visible to this token)"},
+    422: {"model": ErrorOut, "description": "a field is invalid (the message names it)"},
+}

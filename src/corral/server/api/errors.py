@@ -1,0 +1,104 @@
+"""One error shape for every failure: ``{"error", "message", "field"?, "fields"?}``.
+
+corral's exception tree maps to status codes here, and FastAPI's validation
+errors are rewritten so the message names the field in the caller's terms
+(``resources.gpus``, ``jobs[3].priority``, ``limit``, ``Idempotency-Key``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from corral.core.errors import (
+    AuthError,
+    Conflict,
+    CorralError,
+    Forbidden,
+    InvalidSpec,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+)
+
+log = logging.getLogger("corral.server.api")
+
+_STATUS: tuple[tuple[type[CorralError], int, str], ...] = (
+    (InvalidSpec, 422, "invalid"),
+    (NotFound, 404, "not_found"),
+    (Conflict, 409, "conflict"),
+    (Unauthenticated, 401, "unauthenticated"),
+    (Forbidden, 403, "forbidden"),
+    (AuthError, 401, "unauthenticated"),
+    (Unavailable, 503, "unavailable"),
+)
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 400: "bad_request"}
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    body = {"error": code, "message": message} | {k: v for k, v in extra.items() if v is not None}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers on ``app``."""
+
+    @app.exception_handler(CorralError)
+    async def corral_error(_: Request, exc: CorralError) -> JSONResponse:
+        for kind, status, code in _STATUS:
+            if isinstance(exc, kind):
+                field = exc.field if isinstance(exc, InvalidSpec) else None
+                message = exc.message if isinstance(exc, InvalidSpec) else str(exc)
+                if field:
+                    message = f"{field}: {message}"
+                return error_response(status, code, message, field=field)
+        log.error("unexpected corral error: %r", exc)
+        return error_response(500, "internal", "internal error (see the server log)")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [_field_error(e) for e in exc.errors()]
+        message = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
+        first = fields[0]["field"] if fields else None
+        return error_response(422, "invalid", message, field=first, fields=fields)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, "internal", "internal error (see the server log)")
+
+
+def _field_error(error: Any) -> dict[str, str]:
+    loc: Sequence[Any] = error.get("loc", ())
+    where = loc[0] if loc else "body"
+    path = _dotted(loc[1:])
+    if where == "header":
+        path = "-".join(p.capitalize() for p in str(path).split("-")) + " header"
+    if error.get("type") == "json_invalid":
+        return {
+            "field": "body",
+            "message": f"not valid JSON ({error.get('ctx', {}).get('error', '')})",
+        }
+    return {"field": path or str(where), "message": str(error.get("msg", "invalid"))}
+
+
+def _dotted(parts: Sequence[Any]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out

@@ -1,0 +1,55 @@
+"""``/v1/events``: every event as SSE, and the whole log as a JSONL trace."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.server.api.jobs import SSE_HEADERS, _resume_point, sse
+from corral.server.api.render import event_json
+from corral.server.services.auth import Principal
+from corral.server.services.feed import EventFeed
+
+router = APIRouter(prefix="/v1/events", tags=["events"], responses=ERRORS)
+
+
+@router.get(
+    "",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+)
+async def all_events(
+    request: Request,
+    plane: Plane,
+    who: Caller,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> StreamingResponse:
+    """Every event (a team token: its team's job events), live. Resumable with Last-Event-ID."""
+    who.require_client()
+    start = _resume_point(last_event_id, after)
+    stream = plane.feed.follow(who, start, disconnected=request.is_disconnected)
+    return StreamingResponse(sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.get(
+    "/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "one event per line"}},
+)
+async def export(
+    plane: Plane, who: Caller, after: Annotated[int, Query(ge=0)] = 0
+) -> StreamingResponse:
+    """The event log as JSON lines, oldest first: a trace for audit and ``corral sim`` (admin)."""
+    who.require_admin("export the event trace")
+    return StreamingResponse(_lines(plane.feed, who, after), media_type="application/x-ndjson")
+
+
+async def _lines(feed: EventFeed, who: Principal, after: int) -> AsyncIterator[str]:
+    async for event, team in feed.export(who, after):
+        yield json.dumps(event_json(event, team)) + "\n"

@@ -1,0 +1,204 @@
+"""``/v1/jobs``: submit (one or a batch), read, list, follow, cancel, interrupt, results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from corral.core.errors import InvalidSpec
+from corral.core.events import Event
+from corral.core.states import JobState
+from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.server.api.render import event_json, job_out
+from corral.server.api.schemas import (
+    BatchIn,
+    BatchOut,
+    ErrorOut,
+    JobIn,
+    JobOut,
+    JobPage,
+    ResultOut,
+)
+from corral.server.services.auth import Principal
+from corral.server.services.jobs import Draft, new_job_id
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        description="the same key (per team) returns the same job, never a second one",
+    ),
+]
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
+    team = spec.team or who.team or "default"
+    return Draft(spec.to_job(new_job_id(), team=team, idempotency_key=key), spec.request_hash(team))
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobOut,
+    responses={
+        200: {"model": JobOut, "description": "a replay of an Idempotency-Key"},
+        409: {"model": ErrorOut},
+    },
+)
+async def submit(
+    spec: JobIn, plane: Plane, who: Caller, response: Response, key: IdempotencyKey = None
+) -> JobOut:
+    """Submit a job. 201 with the job; 200 with the same job when the Idempotency-Key was seen."""
+    records, created = await plane.jobs.submit(who, [_draft(who, spec, key)])
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return job_out(records[0], plane.schedule.unplaced.get(records[0].job.id))
+
+
+@router.post(
+    "/batch",
+    status_code=201,
+    response_model=BatchOut,
+    responses={200: {"model": BatchOut, "description": "a replay"}, 409: {"model": ErrorOut}},
+)
+async def submit_batch(
+    batch: BatchIn, plane: Plane, who: Caller, response: Response, key: IdempotencyKey = None
+) -> BatchOut:
+    """Submit many jobs in one request and one transaction: all are created, or none.
+
+    With an Idempotency-Key header, job ``i`` gets the key ``<key>/<i>``.
+    """
+    limit = plane.rt.settings.api.max_batch_jobs
+    if len(batch.jobs) > limit:
+        raise InvalidSpec("jobs", f"at most {limit} jobs per batch, got {len(batch.jobs)}")
+    drafts = [_draft(who, s, f"{key}/{i}" if key else None) for i, s in enumerate(batch.jobs)]
+    records, created = await plane.jobs.submit(who, drafts)
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return BatchOut(jobs=[job_out(r) for r in records])
+
+
+@router.get("", response_model=JobPage)
+async def list_jobs(
+    plane: Plane,
+    who: Caller,
+    state: Annotated[list[JobState] | None, Query(description="repeat for several")] = None,
+    team: Annotated[str | None, Query(max_length=64)] = None,
+    user: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=100)] = None,
+) -> JobPage:
+    """Jobs newest first. Follow ``next_cursor`` for older ones."""
+    page = await plane.jobs.page(
+        who, states=state or (), team=team, user=user, limit=limit, cursor=cursor
+    )
+    unplaced = plane.schedule.unplaced
+    return JobPage(
+        jobs=[job_out(r, unplaced.get(r.job.id)) for r in page.jobs], next_cursor=page.next_cursor
+    )
+
+
+@router.get("/{job_id}", response_model=JobOut)
+async def get_job(job_id: str, plane: Plane, who: Caller) -> JobOut:
+    """One job; a queued one carries the scheduler's reasons in ``queue``."""
+    rec = await plane.jobs.get(who, job_id)
+    return job_out(rec, plane.schedule.unplaced.get(job_id))
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+)
+async def job_events(
+    job_id: str,
+    request: Request,
+    plane: Plane,
+    who: Caller,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    after: Annotated[int, Query(ge=0, description="like Last-Event-ID")] = 0,
+) -> StreamingResponse:
+    """Server-Sent Events of one job: state changes, progress, previews (as URLs), logs.
+
+    Each event has ``id:`` (its sequence number) and ``event:`` (its kind).
+    Reconnect with ``Last-Event-ID`` to resume; the stream ends after the
+    job's final event.
+    """
+    start = _resume_point(last_event_id, after)
+    await plane.jobs.get(who, job_id)  # 404 now, not inside the stream
+    stream = plane.feed.follow(who, start, job_id=job_id, disconnected=request.is_disconnected)
+    return StreamingResponse(sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _resume_point(last_event_id: str | None, after: int) -> int:
+    if last_event_id is None:
+        return after
+    if not last_event_id.isdigit():
+        raise InvalidSpec("Last-Event-ID", "must be the id of an event from this stream")
+    return int(last_event_id)
+
+
+async def sse(stream: AsyncIterator[Event | None]) -> AsyncIterator[str]:
+    """Frame events as SSE; ``None`` from the feed becomes a keep-alive comment."""
+    async for event in stream:
+        if event is None:
+            yield ": keep-alive\n\n"
+            continue
+        body = event_json(event)
+        yield f"id: {body['seq']}\nevent: {body['kind']}\ndata: {json.dumps(body)}\n\n"
+
+
+@router.get("/{job_id}/result", response_model=ResultOut)
+async def result(job_id: str, plane: Plane, who: Caller) -> ResultOut:
+    """The job's state and its result files (download each from its ``url``)."""
+    out = job_out(await plane.jobs.get(who, job_id))
+    return ResultOut(id=job_id, state=out.state, error=out.error, files=out.result)
+
+
+@router.get(
+    "/{job_id}/result/{name}",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+async def result_file(job_id: str, name: str, plane: Plane, who: Caller) -> Response:
+    """The bytes of one result file."""
+    f, data = await plane.jobs.result_file(who, job_id, name)
+    return Response(data, media_type=f.content_type, headers={"ETag": f'"{f.sha256}"'})
+
+
+@router.get(
+    "/{job_id}/previews/{key}",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}}},
+)
+async def preview(job_id: str, key: str, plane: Plane, who: Caller) -> Response:
+    """A preview image an agent sent while the job ran (URLs come in ``job.preview`` events)."""
+    data = await plane.jobs.preview(who, job_id, key)
+    media = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp", "gif": "image/gif"}
+    return Response(data, media_type=media.get(key.rsplit(".", 1)[-1], "application/octet-stream"))
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses={409: {"model": ErrorOut}})
+async def cancel(job_id: str, plane: Plane, who: Caller) -> JobOut:
+    """Cancel: the job ends now; running work is told to stop. Cancelling twice is harmless."""
+    return job_out(await plane.jobs.cancel(who, job_id))
+
+
+@router.post("/{job_id}/interrupt", response_model=JobOut, responses={409: {"model": ErrorOut}})
+async def interrupt(job_id: str, plane: Plane, who: Caller) -> JobOut:
+    """Stop early and keep what was produced so far (the agent reports it as the result).
+
+    A job that has not started yet is cancelled.
+    """
+    return job_out(await plane.jobs.interrupt(who, job_id))

@@ -1,0 +1,85 @@
+"""``/v1/nodes``, ``/v1/teams`` and ``/v1/queue``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from corral.core.model import Team
+from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.server.api.render import (
+    NodeOut,
+    QueueEntryOut,
+    QueueOut,
+    TeamIn,
+    TeamOut,
+    job_out,
+    node_out,
+    queue_info,
+    team_out,
+)
+from corral.server.api.schemas import Name
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+@router.get("/nodes", response_model=list[NodeOut], tags=["nodes"])
+async def list_nodes(plane: Plane, who: Caller) -> list[NodeOut]:
+    """Every node with its GPUs, state and the allocations it holds."""
+    return [node_out(v) for v in await plane.nodes.listing(who)]
+
+
+@router.get("/nodes/{name}", response_model=NodeOut, tags=["nodes"])
+async def get_node(name: str, plane: Plane, who: Caller) -> NodeOut:
+    return node_out(await plane.nodes.get(who, name))
+
+
+@router.post("/nodes/{name}/pause", response_model=NodeOut, tags=["nodes"])
+async def pause_node(name: str, plane: Plane, who: Caller) -> NodeOut:
+    """No new work on this node; what runs keeps running (admin)."""
+    return node_out(await plane.nodes.pause(who, name))
+
+
+@router.post("/nodes/{name}/resume", response_model=NodeOut, tags=["nodes"])
+async def resume_node(name: str, plane: Plane, who: Caller) -> NodeOut:
+    """Take new work again; clears paused and draining (admin)."""
+    return node_out(await plane.nodes.resume(who, name))
+
+
+@router.post("/nodes/{name}/drain", response_model=NodeOut, tags=["nodes"])
+async def drain_node(name: str, plane: Plane, who: Caller) -> NodeOut:
+    """No new work; the node can be removed once its allocations end (admin)."""
+    return node_out(await plane.nodes.drain(who, name))
+
+
+@router.get("/teams", response_model=list[TeamOut], tags=["teams"])
+async def list_teams(plane: Plane, who: Caller) -> list[TeamOut]:
+    """Teams with their quota (admin: all; a team token: its own)."""
+    return [team_out(t) for t in await plane.nodes.teams(who)]
+
+
+@router.put("/teams/{name}", response_model=TeamOut, tags=["teams"])
+async def put_team(name: Name, body: TeamIn, plane: Plane, who: Caller) -> TeamOut:
+    """Create or change a team's guaranteed GPUs, borrowing limit and weight (admin)."""
+    team = Team(name, body.quota_gpus, body.borrow_limit_gpus, body.weight)
+    return team_out(await plane.nodes.put_team(who, team))
+
+
+@router.get("/queue", response_model=QueueOut, tags=["queue"])
+async def queue(
+    plane: Plane, who: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> QueueOut:
+    """Queued jobs in the order the scheduler considers them, each with why it waits."""
+    entries, total = await plane.queue.queue(who, limit)
+    return QueueOut(
+        total=total,
+        entries=[
+            QueueEntryOut(
+                job=job_out(e.job, queued=False),
+                position=e.position,
+                queue=queue_info(e.unplaced, e.position),
+            )
+            for e in entries
+        ],
+    )

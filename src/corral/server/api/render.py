@@ -1,0 +1,242 @@
+"""Store records -> response models, and the node/team/token/queue shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from corral.core.events import Event
+from corral.core.model import Team
+from corral.scheduler.api import Unplaced
+from corral.server.api.schemas import (
+    JobOut,
+    QueueInfo,
+    ReasonOut,
+    ResourcesOut,
+    ResultFileOut,
+)
+from corral.server.services.auth import TokenInfo
+from corral.server.services.nodes import NodeView
+from corral.server.store.records import JobRecord
+
+
+def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
+    if u is None:
+        return QueueInfo(position=position or 0, summary="not considered by a scheduling cycle yet")
+    return QueueInfo(
+        position=u.position if position is None else position,
+        remedy=u.remedy.value,
+        summary=u.summary(),
+        reasons=[ReasonOut(code=r.code.value, nodes=r.nodes, message=r.message) for r in u.reasons],
+    )
+
+
+def job_out(rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True) -> JobOut:
+    j, r = rec.job, rec.job.resources
+    return JobOut(
+        id=j.id,
+        kind=j.kind.value,
+        state=j.state.value,
+        priority=j.priority,
+        team=j.team,
+        user=j.user,
+        resources=ResourcesOut(
+            gpus=r.gpus,
+            gpu_milli=r.gpu_milli,
+            vram_bytes=r.vram_bytes,
+            cpus=r.cpus,
+            gpu_models=sorted(r.gpu_models),
+            cpu_fallback=r.cpu_fallback,
+        ),
+        payload=dict(j.payload),
+        node_selector=dict(j.node_selector),
+        replicas=j.replicas,
+        gang_label=j.gang_label,
+        model=j.model,
+        backend=j.backend,
+        batch_key=j.batch_key,
+        preemptible=j.preemptible,
+        timeout_s=j.timeout_s,
+        max_attempts=j.max_attempts,
+        idempotency_key=j.idempotency_key,
+        submitted_at=j.submitted_at,
+        not_before=j.not_before,
+        started_at=rec.started_at,
+        finished_at=rec.finished_at,
+        attempt=j.attempt,
+        failures=rec.failures,
+        node=rec.node,
+        allocations=list(rec.allocation_ids),
+        progress=rec.progress,
+        checkpoint=rec.checkpoint,
+        error=rec.error,
+        result=[
+            ResultFileOut(
+                name=f.name,
+                size=f.size,
+                content_type=f.content_type,
+                sha256=f.sha256,
+                url=f"/v1/jobs/{j.id}/result/{f.name}",
+            )
+            for f in rec.result
+        ],
+        queue=queue_info(unplaced) if queued and j.state.value == "queued" else None,
+    )
+
+
+class GpuOut(BaseModel):
+    index: int
+    model: str
+    vram_bytes: int
+    vram_free_bytes: int | None = None
+    utilization: float | None = None
+
+
+class AllocationOut(BaseModel):
+    id: str
+    job_ids: list[str]
+    replica: int
+    attempt: int
+    gpu_indices: list[int]
+    gpu_milli: int
+    vram_bytes: int
+    cpus: int
+    on_cpu: bool
+    borrowed: bool
+    desired: str
+    observed: str
+    progress: float
+
+
+class NodeOut(BaseModel):
+    name: str
+    state: str
+    paused: bool
+    draining: bool
+    schedulable: bool
+    gpus: list[GpuOut]
+    cpus: int
+    labels: dict[str, str]
+    models_on_disk: list[str]
+    models_loaded: list[str]
+    backends: list[str]
+    last_seen: float
+    joined_at: float
+    allocations: list[AllocationOut]
+
+
+def node_out(view: NodeView) -> NodeOut:
+    n = view.record.node
+    return NodeOut(
+        name=n.name,
+        state=n.state.value,
+        paused=n.paused,
+        draining=n.draining,
+        schedulable=n.schedulable,
+        gpus=[GpuOut(**_fields(g)) for g in n.gpus],
+        cpus=n.cpus,
+        labels=dict(n.labels),
+        models_on_disk=sorted(n.models_on_disk),
+        models_loaded=sorted(n.models_loaded),
+        backends=sorted(n.backends),
+        last_seen=n.last_seen,
+        joined_at=view.record.joined_at,
+        allocations=[
+            AllocationOut(
+                id=a.id,
+                job_ids=list(a.job_ids),
+                replica=a.replica,
+                attempt=a.attempt,
+                gpu_indices=list(a.gpu_indices),
+                gpu_milli=a.gpu_milli,
+                vram_bytes=a.vram_bytes,
+                cpus=a.cpus,
+                on_cpu=a.on_cpu,
+                borrowed=a.borrowed,
+                desired=a.desired.value,
+                observed=a.observed.value,
+                progress=a.progress,
+            )
+            for a in view.allocations
+        ],
+    )
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+class TeamIn(BaseModel):
+    quota_gpus: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
+    borrow_limit_gpus: float | None = Field(
+        None, ge=0, le=1_000_000, allow_inf_nan=False, description="null: may borrow any idle GPU"
+    )
+    weight: float = Field(1.0, gt=0, le=1_000_000, allow_inf_nan=False)
+
+
+class TeamOut(TeamIn):
+    name: str
+
+
+def team_out(t: Team) -> TeamOut:
+    return TeamOut(
+        name=t.name, quota_gpus=t.quota_gpus, borrow_limit_gpus=t.borrow_limit_gpus, weight=t.weight
+    )
+
+
+class TokenIn(BaseModel):
+    kind: str = Field(pattern="^(team|agent)$", description="team or agent")
+    name: str = Field(min_length=1, max_length=128)
+    team: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+    )
+
+
+class TokenOut(BaseModel):
+    id: str
+    kind: str
+    name: str
+    team: str | None
+    created_at: float
+    revoked: bool
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="the secret: shown once, store it now")
+
+
+def token_out(t: TokenInfo) -> TokenOut:
+    return TokenOut(
+        id=t.id,
+        kind=t.kind.value,
+        name=t.name,
+        team=t.team,
+        created_at=t.created_at,
+        revoked=t.revoked,
+    )
+
+
+class QueueEntryOut(BaseModel):
+    job: JobOut
+    position: int
+    queue: QueueInfo
+
+
+class QueueOut(BaseModel):
+    total: int = Field(description="queued jobs visible to this token")
+    entries: list[QueueEntryOut]
+
+
+def event_json(event: Event, team: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "seq": event.seq,
+        "kind": event.kind.value,
+        "at": event.at,
+        "job_id": event.job_id,
+        "node": event.node,
+        "data": dict(event.data),
+    }
+    if team is not None:
+        out["team"] = team
+    return out

@@ -1,0 +1,216 @@
+"""The JSON shapes of the HTTP API (request and response models).
+
+Input models validate ranges and formats so a bad field gets a 422 naming
+it; ``to_job`` turns a submission into the core ``Job`` (whose own checks
+also name the field). Output models are built from store records by the
+``*_out`` functions, so routers stay thin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from corral.core.errors import InvalidSpec
+from corral.core.model import DEFAULT_TEAM, Job, JobKind
+from corral.core.resources import ResourceRequest, parse_bytes
+
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+Label = Annotated[str, Field(min_length=1, max_length=255)]
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+
+
+class ResourcesIn(BaseModel):
+    """What one replica needs: ``gpus`` 1, 2, ... whole cards; 0 < gpus < 1 a share of one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: float = Field(0, ge=0, le=1024, allow_inf_nan=False, examples=[1, 0.5])
+    vram: int | str | None = Field(
+        None,
+        description="VRAM per GPU, bytes or '12GiB': the minimum for whole GPUs, "
+        "the reservation for a share of one GPU",
+        examples=["12GiB"],
+    )
+    cpus: int = Field(1, ge=0, le=4096)
+    gpu_models: list[Label] = Field(default_factory=list, max_length=32)
+    cpu_fallback: bool = False
+
+    def to_request(self) -> ResourceRequest:
+        try:
+            vram = parse_bytes(self.vram, field_name="vram") if self.vram is not None else 0
+            return ResourceRequest.from_gpus(
+                self.gpus,
+                vram_bytes=vram,
+                cpus=self.cpus,
+                gpu_models=frozenset(self.gpu_models),
+                cpu_fallback=self.cpu_fallback,
+            )
+        except InvalidSpec as e:
+            field = e.field if e.field.startswith("resources.") else f"resources.{e.field}"
+            raise InvalidSpec(field, e.message) from None
+
+
+class JobIn(BaseModel):
+    """A job to submit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: JobKind = JobKind.CUSTOM
+    payload: dict[str, Any] = Field(default_factory=dict, description="handed to the executor")
+    resources: ResourcesIn = Field(default_factory=lambda: ResourcesIn.model_validate({}))
+    priority: Name = Field("free", description="a priority class: interactive, paid, free, batch")
+    team: Name | None = Field(None, description="default: the token's team, or 'default'")
+    user: Annotated[str, Field(min_length=1, max_length=128)] = "anonymous"
+    node_selector: dict[Label, Label] = Field(default_factory=dict, max_length=32)
+    replicas: int = Field(1, ge=1, le=1024, description="> 1: a gang, placed all or nothing")
+    gang_label: Label | None = None
+    model: Label | None = None
+    backend: Name | None = None
+    batch_key: Label | None = None
+    preemptible: bool = True
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    max_attempts: int = Field(3, ge=1, le=100)
+    estimated_runtime_s: float | None = Field(None, ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    idempotency_key: Label | None = Field(
+        None, description="batch items: the same key returns the same job (or use the header)"
+    )
+
+    @field_validator("payload")
+    @classmethod
+    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise ValueError("NaN and Infinity are not JSON numbers") from None
+        return value
+
+    def to_job(self, job_id: str, *, team: str | None, idempotency_key: str | None) -> Job:
+        """The core Job; ``team`` is the resolved team (token's or default)."""
+        return Job(
+            id=job_id,
+            resources=self.resources.to_request(),
+            kind=self.kind,
+            priority=self.priority,
+            team=self.team or team or DEFAULT_TEAM,
+            user=self.user,
+            node_selector=self.node_selector,
+            replicas=self.replicas,
+            gang_label=self.gang_label,
+            model=self.model,
+            backend=self.backend,
+            batch_key=self.batch_key,
+            preemptible=self.preemptible,
+            payload=self.payload,
+            timeout_s=self.timeout_s,
+            max_attempts=self.max_attempts,
+            idempotency_key=idempotency_key or self.idempotency_key,
+            estimated_runtime_s=self.estimated_runtime_s,
+        )
+
+    def request_hash(self, team: str) -> str:
+        """What makes two submissions "the same request" for idempotency."""
+        body = self.model_dump(mode="json", exclude={"idempotency_key"}) | {"team": team}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class BatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn] = Field(min_length=1, description="submitted together: all or none")
+
+
+class ResourcesOut(BaseModel):
+    gpus: int
+    gpu_milli: int
+    vram_bytes: int
+    cpus: int
+    gpu_models: list[str]
+    cpu_fallback: bool
+
+
+class ResultFileOut(BaseModel):
+    name: str
+    size: int
+    content_type: str
+    sha256: str
+    url: str
+
+
+class ResultOut(BaseModel):
+    id: str
+    state: str
+    error: str | None
+    files: list[ResultFileOut] = Field(description="empty until the job succeeded")
+
+
+class ReasonOut(BaseModel):
+    code: str
+    nodes: int
+    message: str
+
+
+class QueueInfo(BaseModel):
+    """Why a queued job waits (from the last scheduling cycle)."""
+
+    position: int
+    remedy: str | None = None
+    summary: str = ""
+    reasons: list[ReasonOut] = Field(default_factory=list)
+
+
+class JobOut(BaseModel):
+    id: str
+    kind: str
+    state: str
+    priority: str
+    team: str
+    user: str
+    resources: ResourcesOut
+    payload: dict[str, Any]
+    node_selector: dict[str, str]
+    replicas: int
+    gang_label: str | None
+    model: str | None
+    backend: str | None
+    batch_key: str | None
+    preemptible: bool
+    timeout_s: float | None
+    max_attempts: int
+    idempotency_key: str | None
+    submitted_at: float
+    not_before: float
+    started_at: float | None
+    finished_at: float | None
+    attempt: int
+    failures: int
+    node: str | None
+    allocations: list[str]
+    progress: float
+    checkpoint: str | None
+    error: str | None
+    result: list[ResultFileOut]
+    queue: QueueInfo | None = None
+
+
+class JobPage(BaseModel):
+    jobs: list[JobOut]
+    next_cursor: str | None = Field(
+        description="pass as ?cursor= for the next page; null at the end"
+    )
+
+
+class BatchOut(BaseModel):
+    jobs: list[JobOut]
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx/5xx body."""
+
+    error: str = Field(description="a short code: invalid, unauthenticated, forbidden, ...")
+    message: str
+    field: str | None = None
+    fields: list[dict[str, str]] | None = None

@@ -1,0 +1,114 @@
+"""The composition root: settings in, a running FastAPI app out.
+
+This is the only place that picks the real implementations of the seams
+(wall clock, local blob directory, the database from ``--db``, the agent
+link, the scheduler). Tests pass their own (a stub link, a virtual clock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+
+from corral import __version__
+from corral.core.clock import Clock, WallClock
+from corral.core.model import DEFAULT_PRIORITY_CLASSES
+from corral.scheduler import schedule as default_schedule
+from corral.server.agentlink.base import AgentLink
+from corral.server.agentlink.inprocess import InProcessLink
+from corral.server.api import errors, events, health, jobs, nodes, tokens
+from corral.server.api.limits import BodyLimit
+from corral.server.blobs import BlobStore, LocalBlobStore
+from corral.server.loops.schedule import ScheduleFn
+from corral.server.plane import ControlPlane, StartReport
+from corral.server.services.metrics import Metrics
+from corral.server.services.unit import Runtime
+from corral.server.settings import Settings
+from corral.server.store.db import Database, parse_db
+
+log = logging.getLogger("corral.server")
+
+DESCRIPTION = """
+The corral control plane. Submit jobs, follow them (Server-Sent Events), fetch
+their results; see nodes, teams and the queue with the scheduler's reasons.
+
+Authenticate with `Authorization: Bearer <token>`: the admin token (printed at
+the first start), or a team token the admin created (`POST /v1/tokens`).
+Errors are `{"error": code, "message": text, "field": name}`.
+"""
+
+
+def build_runtime(
+    settings: Settings,
+    *,
+    link: AgentLink | None = None,
+    clock: Clock | None = None,
+    blobs: BlobStore | None = None,
+) -> Runtime:
+    """The shared runtime with real implementations for every seam not given."""
+    target = parse_db(settings.db_url())
+    db = Database(
+        target,
+        sqlite_synchronous=settings.store.sqlite_synchronous,
+        pool_size=settings.store.pool_size,
+    )
+    return Runtime(
+        settings=settings,
+        db=db,
+        blobs=blobs or LocalBlobStore(settings.blob_path()),
+        clock=clock or WallClock(),
+        link=link or InProcessLink(),
+        metrics=Metrics(),
+        priority_classes=DEFAULT_PRIORITY_CLASSES,
+    )
+
+
+def create_plane(
+    settings: Settings,
+    *,
+    link: AgentLink | None = None,
+    clock: Clock | None = None,
+    blobs: BlobStore | None = None,
+    schedule: ScheduleFn | None = None,
+    run_loops: bool = True,
+) -> ControlPlane:
+    rt = build_runtime(settings, link=link, clock=clock, blobs=blobs)
+    return ControlPlane(rt, schedule or default_schedule, run_loops=run_loops)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    plane: ControlPlane | None = None,
+    on_started: Callable[[StartReport], None] | None = None,
+) -> FastAPI:
+    """The HTTP app. Starting it (its lifespan) migrates the store and starts the loops."""
+    plane = plane or create_plane(settings or Settings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        report = await plane.start()
+        if on_started is not None:
+            on_started(report)
+        try:
+            yield
+        finally:
+            await plane.stop()
+
+    app = FastAPI(
+        title="corral",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.plane = plane
+    errors.install(app)
+    for module in (jobs, nodes, tokens, events, health):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
+    return app

@@ -1,0 +1,86 @@
+"""The blob store seam: result files and preview images.
+
+``LocalBlobStore`` keeps them under one directory. A blob is written to a
+temporary file, flushed to disk and renamed into place, so a reader never
+sees half a file and a crash leaves at most an orphan temp file. Blobs are
+written before the database row that refers to them is committed: an
+accepted result therefore always has its bytes on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from corral.core.errors import InvalidSpec, NotFound
+
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    key: str
+    size: int
+    sha256: str
+
+
+class BlobStore(Protocol):
+    """Where bytes live. Keys are ``/``-separated safe names (no ``..``)."""
+
+    async def put(self, key: str, data: bytes) -> StoredBlob: ...
+
+    async def get(self, key: str) -> bytes: ...
+
+    def path(self, key: str) -> Path | None:
+        """A local file for ``key`` (to stream it), or None when the store is remote."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could escape the store (``..``, absolute paths, odd characters)."""
+    if not _KEY.match(key) or ".." in key.split("/"):
+        raise InvalidSpec("name", f"not a safe blob name: {key!r}")
+    return key
+
+
+class LocalBlobStore:
+    """Blobs as files under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def put(self, key: str, data: bytes) -> StoredBlob:
+        path = self.root / check_key(key)
+        await asyncio.to_thread(_write_atomically, path, data)
+        return StoredBlob(key, len(data), hashlib.sha256(data).hexdigest())
+
+    async def get(self, key: str) -> bytes:
+        path = self.root / check_key(key)
+        try:
+            return await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            raise NotFound(f"blob {key} not found") from None
+
+    def path(self, key: str) -> Path | None:
+        path = self.root / check_key(key)
+        return path if path.is_file() else None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,123 @@
+"""The liveness loop: lost nodes, unanswered stops and job timeouts.
+
+Every ``liveness_tick_s`` it looks for
+
+* nodes not heard from for ``node_timeout_s``: marked lost; their
+  allocations end as lost and their jobs are requeued (attempt + 1, resuming
+  from the last checkpoint) or fail when out of attempts;
+* allocations told to stop that have not answered within grace + slack: the
+  stop is taken as done, so a silent agent cannot hold a job forever;
+* running allocations past their deadline (the jobs' ``timeout_s``): told to
+  stop with reason ``timeout``.
+
+``tick`` decides from one read and acts in one short transaction per item,
+re-checking the condition inside it (the state may have moved on).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from corral.core.events import EventKind
+from corral.core.states import NODE, AllocDesired, NodeState, transition
+from corral.server.agentlink.base import StopReason
+from corral.server.services.outcomes import Ending
+from corral.server.services.settling import end_allocation, request_stop
+from corral.server.services.unit import Runtime
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import nodes as node_repo
+from corral.server.store.records import AllocRecord
+
+log = logging.getLogger("corral.server.liveness")
+
+
+@dataclass
+class TickReport:
+    lost_nodes: list[str] = field(default_factory=list)
+    forced_stops: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
+
+
+class LivenessLoop:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def run(self) -> None:
+        while True:
+            await self.rt.clock.sleep(self.rt.settings.scheduling.liveness_tick_s)
+            try:
+                await self.tick()
+            except Exception:  # keep watching even if one tick hits a bad row
+                log.exception("liveness tick failed")
+
+    async def tick(self) -> TickReport:
+        s = self.rt.settings.scheduling
+        now = self.rt.clock.now()
+        report = TickReport()
+        async with self.rt.db.read() as conn:
+            nodes = await node_repo.all_nodes(conn)
+            active = await alloc_repo.active(conn)
+        for n in nodes:
+            stale = now - n.node.last_seen > s.node_timeout_s
+            if n.node.state is NodeState.READY and stale and await self.mark_lost(n.node.name):
+                report.lost_nodes.append(n.node.name)
+        lost = set(report.lost_nodes)
+        for rec in active:
+            if rec.alloc.node in lost:
+                continue
+            if _stop_overdue(rec, now, s.stop_slack_s) and await self._force_end(rec.alloc.id):
+                report.forced_stops.append(rec.alloc.id)
+            elif _past_deadline(rec, now) and await self._time_out(rec.alloc.id):
+                report.timed_out.append(rec.alloc.id)
+        return report
+
+    async def mark_lost(self, name: str) -> bool:
+        """Mark ``name`` lost and end its allocations as lost. False if it came back meanwhile."""
+        timeout = self.rt.settings.scheduling.node_timeout_s
+        async with self.rt.tx(reschedule=True) as tx:
+            rec = await node_repo.get(tx.conn, name)
+            if rec is None or rec.node.state is not NodeState.READY:
+                return False
+            if tx.now - rec.node.last_seen <= timeout:
+                return False
+            state = transition(NODE, name, rec.node.state, NodeState.LOST, at=tx.now, why="timeout")
+            if not await node_repo.update(tx.conn, rec, state=state.value):
+                return False
+            tx.emit(EventKind.NODE_LOST, team=None, node=name, last_seen=rec.node.last_seen)
+            for alloc in await alloc_repo.active(tx.conn, node=name):
+                await end_allocation(self.rt, tx, alloc, Ending.LOST, error=f"node {name} was lost")
+        log.warning("node %s lost: not heard from for %.0fs", name, timeout)
+        return True
+
+    async def _force_end(self, alloc_id: str) -> bool:
+        slack = self.rt.settings.scheduling.stop_slack_s
+        async with self.rt.tx() as tx:
+            rec = await alloc_repo.get(tx.conn, alloc_id)
+            if rec is None or not rec.alloc.active or not _stop_overdue(rec, tx.now, slack):
+                return False
+            log.warning("allocation %s did not answer its stop; taking it as stopped", alloc_id)
+            await end_allocation(self.rt, tx, rec, Ending.STOPPED)
+        return True
+
+    async def _time_out(self, alloc_id: str) -> bool:
+        grace = self.rt.settings.scheduling.stop_grace_s
+        async with self.rt.tx() as tx:
+            rec = await alloc_repo.get(tx.conn, alloc_id)
+            if rec is None or not rec.alloc.active or not _past_deadline(rec, tx.now):
+                return False
+            return await request_stop(self.rt, tx, rec, StopReason.TIMEOUT, grace)
+
+
+def _stop_overdue(rec: AllocRecord, now: float, slack: float) -> bool:
+    if rec.alloc.desired is AllocDesired.RUN or rec.stop_at is None:
+        return False
+    return now > rec.stop_at + (rec.stop_grace_s or 0.0) + slack
+
+
+def _past_deadline(rec: AllocRecord, now: float) -> bool:
+    return (
+        rec.alloc.desired is AllocDesired.RUN
+        and rec.deadline_at is not None
+        and now > rec.deadline_at
+    )

@@ -1,0 +1,79 @@
+"""The control plane without HTTP: runtime, services and loops, started and stopped together.
+
+``app.py`` wraps it in a FastAPI app; tests may drive it directly (call
+``schedule.cycle()`` and ``liveness.tick()`` instead of running the loops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from corral.server.agentlink.base import AgentLink
+from corral.server.loops.liveness import LivenessLoop
+from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
+from corral.server.services.agents import AgentService
+from corral.server.services.auth import AuthService
+from corral.server.services.feed import EventFeed, QueueService
+from corral.server.services.jobs import JobService
+from corral.server.services.nodes import NodeService
+from corral.server.services.unit import Runtime
+
+log = logging.getLogger("corral.server")
+
+
+@dataclass(frozen=True, slots=True)
+class StartReport:
+    """What the banner prints: where state lives and, on first start, the admin token."""
+
+    db: str
+    blobs: str
+    admin_token: str | None
+
+
+class ControlPlane:
+    def __init__(self, rt: Runtime, schedule: ScheduleFn, *, run_loops: bool = True) -> None:
+        self.rt = rt
+        self.run_loops = run_loops
+        self.auth = AuthService(rt)
+        self.jobs = JobService(rt)
+        self.nodes = NodeService(rt)
+        self.agents = AgentService(rt, self.auth)
+        self.feed = EventFeed(rt)
+        self.schedule = SchedulingLoop(rt, schedule)
+        self.liveness = LivenessLoop(rt)
+        self.queue = QueueService(rt, lambda: self.schedule.unplaced)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.report: StartReport | None = None
+
+    @property
+    def link(self) -> AgentLink:
+        return self.rt.link
+
+    async def start(self) -> StartReport:
+        """Migrate the store, make sure an admin token exists, start the loops."""
+        if self.report is not None:
+            return self.report
+        await self.rt.db.prepare()
+        token = await self.auth.bootstrap_admin()
+        if self.run_loops:
+            self._tasks = [
+                asyncio.create_task(self.schedule.run(), name="corral-schedule"),
+                asyncio.create_task(self.liveness.run(), name="corral-liveness"),
+            ]
+            self.rt.schedule_needed.fire()  # work may be waiting from before a restart
+        self.report = StartReport(
+            self.rt.db.target.display(), str(self.rt.settings.blob_path()), token
+        )
+        return self.report
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.rt.db.close()

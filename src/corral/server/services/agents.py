@@ -1,0 +1,381 @@
+"""The inbound side of the agent link: what agents tell the server (``AgentInbound``).
+
+Every allocation update names the allocation and its attempt. An update is
+applied only when the allocation is on the sender's node, its attempt is the
+one the server knows, and (for anything touching a job) the job still points
+at it: the fencing rule of ``settling.is_current``. Late messages from an
+older attempt (a node that came back after its work was requeued) are
+answered ``STALE`` and change nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+
+from corral.core.errors import Forbidden, LinkError
+from corral.core.events import EventKind
+from corral.core.model import Gpu, Node
+from corral.core.states import (
+    ALLOCATION,
+    JOB,
+    NODE,
+    AllocDesired,
+    AllocObserved,
+    JobState,
+    NodeState,
+    transition,
+)
+from corral.server.agentlink.base import (
+    Ack,
+    HelloReply,
+    Inventory,
+    ResultBlob,
+    Running,
+    StopOrder,
+    StopReason,
+)
+from corral.server.services.auth import AuthService, TokenKind
+from corral.server.services.outcomes import Ending
+from corral.server.services.placement import assignment
+from corral.server.services.settling import end_allocation, is_current
+from corral.server.services.unit import Runtime, Tx
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import jobs as job_repo
+from corral.server.store import nodes as node_repo
+from corral.server.store.records import AllocRecord, JobRecord, ResultFile, inventory_to_json
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_LOG_LINES = 200
+MAX_LOG_LINE = 4096
+_EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
+
+
+class AgentService:
+    """Implements ``corral.server.agentlink.base.AgentInbound``."""
+
+    def __init__(self, rt: Runtime, auth: AuthService) -> None:
+        self.rt = rt
+        self.auth = auth
+        self._written_seen: dict[str, float] = {}  # last heartbeat written, per node
+
+    async def authenticate(self, token: str) -> None:
+        who = await self.auth.authenticate(token)
+        if who.kind is TokenKind.TEAM:
+            raise Forbidden(
+                "a team token cannot join an agent: ask the admin for an agent join token"
+            )
+
+    @property
+    def heartbeat_s(self) -> float:
+        return min(5.0, self.rt.settings.scheduling.node_timeout_s / 3)
+
+    async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
+        """Register or refresh the node, then reconcile what it runs with what the server wants."""
+        name = inventory.node
+        async with self.rt.tx(reschedule=True) as tx:
+            node = await self._upsert_node(tx, inventory)
+            assign, stop = await self._reconcile(
+                tx, name, {r.allocation_id: r.attempt for r in running}
+            )
+        self._written_seen[name] = tx.now
+        return HelloReply(
+            assign=tuple(assign),
+            stop=tuple(stop),
+            intake_open=not (node.paused or node.draining),
+            heartbeat_s=self.heartbeat_s,
+        )
+
+    async def _upsert_node(self, tx: Tx, inv: Inventory) -> Node:
+        probe = Node(
+            inv.node,
+            inv.gpus,
+            inv.cpus,
+            inv.labels,
+            inv.models_on_disk,
+            inv.models_loaded,
+            inv.backends,
+        )
+        values = {"inventory": inventory_to_json(probe), "last_seen": tx.now}
+        rec = await node_repo.get(tx.conn, inv.node)
+        if rec is None:
+            await node_repo.insert(
+                tx.conn,
+                name=inv.node,
+                state=NodeState.READY.value,
+                paused=False,
+                draining=False,
+                joined_at=tx.now,
+                **values,
+            )
+            tx.emit(
+                EventKind.NODE_JOINED,
+                team=None,
+                node=inv.node,
+                gpus=len(inv.gpus),
+                agent_version=inv.agent_version,
+            )
+            return probe
+        state = rec.node.state
+        if state is NodeState.LOST:
+            state = transition(NODE, inv.node, state, NodeState.READY, at=tx.now, why="hello")
+        if not await node_repo.update(tx.conn, rec, state=state.value, **values):
+            raise LinkError(f"node {inv.node} changed during hello; reconnect")
+        tx.emit(EventKind.NODE_JOINED, team=None, node=inv.node, gpus=len(inv.gpus), rejoined=True)
+        return rec.node
+
+    async def _reconcile(
+        self, tx: Tx, node: str, reported: dict[str, int]
+    ) -> tuple[list, list[StopOrder]]:  # type: ignore[type-arg]
+        assign, stop = [], []
+        server_side = await alloc_repo.active(tx.conn, node=node)
+        for rec in server_side:
+            a = rec.alloc
+            if reported.get(a.id) == a.attempt:
+                if a.desired is not AllocDesired.RUN:
+                    stop.append(
+                        StopOrder(
+                            a.id, StopReason(rec.stop_reason or "cancel"), rec.stop_grace_s or 0.0
+                        )
+                    )
+            elif a.observed is AllocObserved.PENDING and a.desired is AllocDesired.RUN:
+                jobs = await job_repo.get_many(tx.conn, a.job_ids)
+                assign.append(assignment(a, list(jobs.values()), replicas=_replicas(jobs)))
+            elif a.observed is AllocObserved.PENDING:
+                await end_allocation(self.rt, tx, rec, Ending.STOPPED)
+            else:
+                await end_allocation(
+                    self.rt, tx, rec, Ending.LOST, error="the agent restarted and lost it"
+                )
+        known = {r.alloc.id for r in server_side}
+        stop.extend(StopOrder(i, StopReason.CANCEL) for i in reported if i not in known)
+        return assign, stop
+
+    async def heartbeat(self, node: str, gpus: Sequence[Gpu] | None = None) -> None:
+        """Note that ``node`` is alive. Written at most every few seconds per node."""
+        now = self.rt.clock.now()
+        if now - self._written_seen.get(node, 0.0) < min(
+            5.0, self.rt.settings.scheduling.node_timeout_s / 4
+        ):
+            return
+        async with self.rt.db.write(ordered_events=False) as conn:
+            rec = await node_repo.get(conn, node)
+            if rec is None or rec.node.state is NodeState.LOST:
+                raise LinkError(f"node {node} is unknown or was marked lost: say hello again")
+            await node_repo.touch(conn, node, now)
+        self._written_seen[node] = now
+
+    async def started(self, node: str, allocation_id: str, attempt: int) -> Ack:
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt)
+            if isinstance(rec, Ack):
+                return rec
+            if rec.alloc.observed is not AllocObserved.PENDING:
+                return Ack.DUPLICATE
+            jobs = await job_repo.get_many(tx.conn, rec.alloc.job_ids)
+            timeouts = [j.job.timeout_s for j in jobs.values() if j.job.timeout_s]
+            observed = transition(
+                ALLOCATION,
+                allocation_id,
+                rec.alloc.observed,
+                AllocObserved.RUNNING,
+                at=tx.now,
+                why="started",
+            )
+            deadline = tx.now + min(timeouts) if timeouts else None
+            await alloc_repo.update(
+                tx.conn, rec, observed=observed.value, started_at=tx.now, deadline_at=deadline
+            )
+            for job in jobs.values():
+                if is_current(job, rec.alloc) and job.state is JobState.PLACED:
+                    await self._start_job(tx, job)
+        return Ack.ACCEPTED
+
+    async def _start_job(self, tx: Tx, job: JobRecord) -> None:
+        target = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
+        await job_repo.update(tx.conn, job, state=target.value, started_at=tx.now)
+        tx.emit(
+            EventKind.JOB_STARTED,
+            team=job.job.team,
+            job_id=job.job.id,
+            node=job.node,
+            state="running",
+            attempt=job.job.attempt,
+        )
+        self.rt.metrics.wait_seconds.observe(max(0.0, tx.now - job.job.submitted_at))
+
+    async def progress(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        fraction: float,
+        *,
+        job_id: str | None = None,
+        message: str | None = None,
+    ) -> Ack:
+        fraction = min(1.0, max(0.0, fraction))
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt)
+            if isinstance(rec, Ack):
+                return rec
+            await alloc_repo.update(tx.conn, rec, progress=fraction)
+            for job in await self._current_jobs(tx, rec, job_id):
+                await job_repo.update(tx.conn, job, progress=fraction)
+                data = {"progress": fraction} | (
+                    {"message": message[:MAX_LOG_LINE]} if message else {}
+                )
+                tx.emit(EventKind.JOB_PROGRESS, team=job.job.team, job_id=job.job.id, data=data)
+        return Ack.ACCEPTED
+
+    async def preview(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        job_id: str,
+        data: bytes,
+        content_type: str = "image/png",
+    ) -> Ack:
+        key = f"{attempt}-{secrets.token_hex(4)}{_EXT.get(content_type, '.bin')}"
+        async with self.rt.db.read() as conn:
+            pre = await self._fenced_read(conn, node, allocation_id, attempt)
+        if isinstance(pre, Ack):
+            return pre
+        await self.rt.blobs.put(f"previews/{job_id}/{key}", data)
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt)
+            if isinstance(rec, Ack):
+                return rec
+            for job in await self._current_jobs(tx, rec, job_id):
+                url = f"/v1/jobs/{job.job.id}/previews/{key}"
+                tx.emit(
+                    EventKind.JOB_PREVIEW,
+                    team=job.job.team,
+                    job_id=job.job.id,
+                    url=url,
+                    content_type=content_type,
+                )
+        return Ack.ACCEPTED
+
+    async def log(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        lines: Sequence[str],
+        *,
+        job_id: str | None = None,
+    ) -> Ack:
+        kept = [line[:MAX_LOG_LINE] for line in lines[:MAX_LOG_LINES]]
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt)
+            if isinstance(rec, Ack):
+                return rec
+            for job in await self._current_jobs(tx, rec, job_id):
+                tx.emit(EventKind.JOB_LOG, team=job.job.team, job_id=job.job.id, lines=kept)
+        return Ack.ACCEPTED
+
+    async def checkpoint(
+        self, node: str, allocation_id: str, attempt: int, ref: str, *, job_id: str | None = None
+    ) -> Ack:
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt)
+            if isinstance(rec, Ack):
+                return rec
+            await alloc_repo.update(tx.conn, rec, last_checkpoint_at=tx.now)
+            for job in await self._current_jobs(tx, rec, job_id):
+                await job_repo.update(tx.conn, job, checkpoint=ref[:1024])
+                tx.emit(
+                    EventKind.JOB_CHECKPOINT, team=job.job.team, job_id=job.job.id, ref=ref[:1024]
+                )
+        return Ack.ACCEPTED
+
+    async def finished(
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+    ) -> Ack:
+        """Store the result blobs, then end the allocation; only the current attempt counts."""
+        async with self.rt.db.read() as conn:
+            pre = await self._fenced_read(
+                conn, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED
+            )
+        if isinstance(pre, Ack):
+            return pre
+        files = await self._store_results(pre, results)
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
+            if isinstance(rec, Ack):
+                return rec
+            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files)
+        return Ack.ACCEPTED
+
+    async def _store_results(
+        self, rec: AllocRecord, results: Sequence[ResultBlob]
+    ) -> dict[str, list[ResultFile]]:
+        files: dict[str, list[ResultFile]] = {}
+        prefix = f"r{rec.alloc.replica}-" if rec.alloc.replica else ""
+        for blob in results:
+            if blob.job_id not in rec.alloc.job_ids:
+                continue  # an agent cannot write results for work it was not given
+            name = prefix + (_UNSAFE.sub("_", blob.name).strip("._") or "result")
+            key = f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"
+            stored = await self.rt.blobs.put(key, blob.data)
+            files.setdefault(blob.job_id, []).append(
+                ResultFile(name, key, stored.size, blob.content_type, stored.sha256)
+            )
+        return files
+
+    async def failed(
+        self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
+    ) -> Ack:
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.FAILED)
+            if isinstance(rec, Ack):
+                return rec
+            # An allocation told to stop may report its end as a failure: it still obeyed the stop.
+            ending = Ending.FAILED if rec.alloc.desired is AllocDesired.RUN else Ending.STOPPED
+            await end_allocation(
+                self.rt, tx, rec, ending, retryable=retryable, error=error[:MAX_LOG_LINE]
+            )
+        return Ack.ACCEPTED
+
+    async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
+        async with self.rt.tx() as tx:
+            rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.STOPPED)
+            if isinstance(rec, Ack):
+                return rec
+            await end_allocation(self.rt, tx, rec, Ending.STOPPED)
+        return Ack.ACCEPTED
+
+    async def _fenced(
+        self, tx: Tx, node: str, allocation_id: str, attempt: int, done: AllocObserved | None = None
+    ) -> AllocRecord | Ack:
+        return await self._fenced_read(tx.conn, node, allocation_id, attempt, done=done)
+
+    async def _fenced_read(
+        self,
+        conn: object,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        done: AllocObserved | None = None,
+    ) -> AllocRecord | Ack:
+        """The allocation if this update may change it, else the Ack that explains why not."""
+        rec = await alloc_repo.get(conn, allocation_id)  # type: ignore[arg-type]
+        if rec is None or rec.alloc.node != node:
+            return Ack.UNKNOWN
+        if rec.alloc.attempt != attempt:
+            return Ack.STALE
+        if not rec.alloc.active:
+            return Ack.DUPLICATE if done is not None and rec.alloc.observed is done else Ack.STALE
+        return rec
+
+    async def _current_jobs(self, tx: Tx, rec: AllocRecord, job_id: str | None) -> list[JobRecord]:
+        ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
+        jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
+        return [j for j in jobs.values() if is_current(j, rec.alloc)]
+
+
+def _replicas(jobs: dict[str, JobRecord]) -> int:
+    return max((j.job.replicas for j in jobs.values()), default=1)

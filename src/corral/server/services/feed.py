@@ -1,0 +1,129 @@
+"""Reading the event table: SSE streams (resumable by ``seq``), the queue view, trace export."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from corral.core.errors import NotFound
+from corral.core.events import TERMINAL_JOB_EVENTS, Event
+from corral.core.states import JOB
+from corral.scheduler.api import Unplaced
+from corral.server.services.auth import Principal
+from corral.server.services.unit import Runtime
+from corral.server.store import events as event_repo
+from corral.server.store import jobs as job_repo
+from corral.server.store.records import JobRecord
+
+PAGE = 500
+
+
+class EventFeed:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def follow(
+        self,
+        who: Principal,
+        after: int,
+        *,
+        job_id: str | None = None,
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> AsyncIterator[Event | None]:
+        """Events after ``after``, then new ones as they commit. ``None`` means "idle a while".
+
+        A job's stream ends after the job's terminal event (or at once, when
+        resuming past it); the all-events stream runs until the client leaves.
+        """
+        who.require_client()
+        team = None if who.is_admin else who.team
+        if job_id is not None:
+            await self._visible_job(who, job_id)
+        last = after
+        signal = self.rt.events_committed
+        api = self.rt.settings.api
+        idle = 0.0
+        while disconnected is None or not await disconnected():
+            ticket = signal.ticket()
+            # Read the job's state before its events: both commit together, so an
+            # ended job's terminal event is in (or before) the batch read next.
+            ended = job_id is not None and await self._ended(job_id)
+            async with self.rt.db.read() as conn:
+                batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
+            for event, _team in batch:
+                last = event.seq
+                yield event
+                if job_id is not None and event.kind in TERMINAL_JOB_EVENTS:
+                    return
+            if len(batch) == PAGE:
+                continue
+            if ended:
+                return
+            fired = await signal.wait(ticket, api.sse_poll_s)
+            idle = 0.0 if fired or batch else idle + api.sse_poll_s
+            if idle >= api.sse_keepalive_s:
+                idle = 0.0
+                yield None
+
+    async def _visible_job(self, who: Principal, job_id: str) -> JobRecord:
+        async with self.rt.db.read() as conn:
+            rec = await job_repo.get(conn, job_id)
+        if rec is None or not who.sees(rec.job.team):
+            raise NotFound(f"job {job_id} not found")
+        return rec
+
+    async def _ended(self, job_id: str) -> bool:
+        async with self.rt.db.read() as conn:
+            rec = await job_repo.get(conn, job_id)
+        return rec is None or rec.state in JOB.terminal
+
+    async def export(
+        self, who: Principal, after: int = 0
+    ) -> AsyncIterator[tuple[Event, str | None]]:
+        """Every event after ``after`` in order, with its team: a trace for ``corral sim``."""
+        who.require_admin("export the event trace")
+        last = after
+        while True:
+            async with self.rt.db.read() as conn:
+                batch = await event_repo.after(conn, last, limit=PAGE)
+            for event, team in batch:
+                last = event.seq
+                yield event, team
+            if len(batch) < PAGE:
+                return
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    job: JobRecord
+    position: int
+    unplaced: Unplaced | None  # None: not considered by a cycle yet
+
+
+class QueueService:
+    """Queued jobs in the scheduler's order, with its reasons."""
+
+    def __init__(self, rt: Runtime, reasons: Callable[[], Mapping[str, Unplaced]]) -> None:
+        self.rt = rt
+        self.reasons = reasons
+
+    async def queue(self, who: Principal, limit: int) -> tuple[list[QueueEntry], int]:
+        """The first ``limit`` visible entries, and how many jobs are queued in all (visible)."""
+        who.require_client()
+        async with self.rt.db.read() as conn:
+            queued = await job_repo.queued(conn)
+        unplaced = self.reasons()
+        fallback = len(unplaced)
+
+        def order(item: tuple[int, JobRecord]) -> tuple[int, int]:
+            seq, rec = item
+            u = unplaced.get(rec.job.id)
+            return (u.position, 0) if u else (fallback, seq)
+
+        ranked = sorted(enumerate(queued), key=order)
+        entries = [
+            QueueEntry(rec, pos, unplaced.get(rec.job.id))
+            for pos, (_, rec) in enumerate(ranked)
+            if who.sees(rec.job.team)
+        ]
+        return entries[:limit], len(entries)

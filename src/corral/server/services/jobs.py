@@ -1,0 +1,241 @@
+"""Jobs as clients see them: submit, read, list, cancel, interrupt, results.
+
+Every method takes the ``Principal`` and enforces what it may see: a team
+token never learns that another team's job exists (it gets 404, as for an
+unknown id).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from corral.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
+from corral.core.events import EventKind
+from corral.core.model import Job
+from corral.core.states import JOB, JobState, transition
+from corral.server.agentlink.base import StopReason
+from corral.server.services.auth import Principal
+from corral.server.services.settling import request_stop
+from corral.server.services.unit import Runtime, Tx
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import jobs as job_repo
+from corral.server.store import nodes as node_repo
+from corral.server.store.records import JobRecord, ResultFile
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(10)
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A validated job to submit and a hash of the request that produced it."""
+
+    job: Job
+    request_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    jobs: list[JobRecord]
+    next_cursor: str | None
+
+
+class JobService:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._classes = {c.name for c in rt.priority_classes}
+
+    async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
+        """Create the jobs in one transaction; all or none.
+
+        Returns the jobs and whether they were created (False: every job was
+        already there under the same idempotency keys: a replay).
+        """
+        who.require_client()
+        self._check(who, drafts)
+        async with self.rt.tx(reschedule=True) as tx:
+            existing = await self._replays(tx, drafts)
+            if existing is not None:
+                return existing, False
+            now = tx.now
+            records = [
+                JobRecord(job=replace(d.job, submitted_at=now), request_hash=d.request_hash)
+                for d in drafts
+            ]
+            await job_repo.insert_many(tx.conn, records)
+            await node_repo.ensure_teams(tx.conn, {r.job.team for r in records}, now)
+            for r in records:
+                tx.emit(EventKind.JOB_SUBMITTED, team=r.job.team, job_id=r.job.id, state="queued")
+        for r in records:
+            self.rt.metrics.submitted.labels(r.job.priority, r.job.team).inc()
+        return records, True
+
+    def _check(self, who: Principal, drafts: Sequence[Draft]) -> None:
+        many = len(drafts) > 1
+        for i, d in enumerate(drafts):
+            prefix = f"jobs[{i}]." if many else ""
+            if not who.sees(d.job.team):
+                raise Forbidden(
+                    f"a token of team {who.team!r} cannot submit jobs for team {d.job.team!r}"
+                )
+            if d.job.priority not in self._classes:
+                known = ", ".join(sorted(self._classes))
+                raise InvalidSpec(
+                    f"{prefix}priority", f"unknown class {d.job.priority!r} (known: {known})"
+                )
+
+    async def _replays(self, tx: Tx, drafts: Sequence[Draft]) -> list[JobRecord] | None:
+        """The jobs already submitted under these idempotency keys, if every one was."""
+        by_team: dict[str, list[str]] = defaultdict(list)
+        for d in drafts:
+            if d.job.idempotency_key:
+                by_team[d.job.team].append(d.job.idempotency_key)
+        found: dict[tuple[str, str], JobRecord] = {}
+        for team, keys in by_team.items():
+            for key, rec in (await job_repo.by_idempotency_keys(tx.conn, team, keys)).items():
+                found[(team, key)] = rec
+        if not found:
+            return None
+        replayed = [found.get((d.job.team, d.job.idempotency_key or "")) for d in drafts]
+        for d, hit in zip(drafts, replayed, strict=True):
+            if hit is None or hit.request_hash != d.request_hash:
+                raise Conflict(
+                    f"Idempotency-Key {d.job.idempotency_key!r} was already used for a different "
+                    "request; use a new key for new work"
+                )
+        return [r for r in replayed if r is not None]
+
+    async def get(self, who: Principal, job_id: str) -> JobRecord:
+        who.require_client()
+        async with self.rt.db.read() as conn:
+            rec = await job_repo.get(conn, job_id)
+        if rec is None or not who.sees(rec.job.team):
+            raise NotFound(f"job {job_id} not found")
+        return rec
+
+    async def page(
+        self,
+        who: Principal,
+        *,
+        states: Sequence[JobState] = (),
+        team: str | None = None,
+        user: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Jobs newest first, ``limit`` at a time; ``next_cursor`` fetches the next page."""
+        who.require_client()
+        if not who.is_admin:
+            if team is not None and team != who.team:
+                raise Forbidden(f"a token of team {who.team!r} cannot list team {team!r}")
+            team = who.team
+        before = decode_cursor(cursor) if cursor else None
+        async with self.rt.db.read() as conn:
+            recs = await job_repo.page(
+                conn, states=states, team=team, user=user, before_seq=before, limit=limit + 1
+            )
+        more = len(recs) > limit
+        recs = recs[:limit]
+        return Page(recs, encode_cursor(recs[-1].seq) if more and recs else None)
+
+    async def cancel(self, who: Principal, job_id: str) -> JobRecord:
+        """Cancel: the job ends now; if it was placed or running, its work is told to stop."""
+        return await self._stop(who, job_id, StopReason.CANCEL)
+
+    async def interrupt(self, who: Principal, job_id: str) -> JobRecord:
+        """Stop early and keep what was produced: a running job ends when the agent reports."""
+        return await self._stop(who, job_id, StopReason.INTERRUPT)
+
+    async def _stop(self, who: Principal, job_id: str, reason: StopReason) -> JobRecord:
+        await self.get(who, job_id)  # visibility and 404 before taking the write lock
+        async with self.rt.tx(reschedule=True) as tx:
+            rec = await job_repo.get(tx.conn, job_id)
+            assert rec is not None  # jobs are never deleted
+            if rec.state in JOB.terminal:
+                if rec.state is JobState.CANCELLED:
+                    return rec  # cancelling twice is harmless
+                raise Conflict(f"job {job_id} already {rec.state.value}; nothing to stop")
+            if reason is StopReason.INTERRUPT and rec.state is JobState.RUNNING:
+                await self._interrupt_running(tx, rec)
+            else:
+                await self._cancel_now(tx, rec, reason)
+            updated = await job_repo.get(tx.conn, job_id)
+        assert updated is not None
+        return updated
+
+    async def _cancel_now(self, tx: Tx, rec: JobRecord, reason: StopReason) -> None:
+        target = transition(
+            JOB, rec.job.id, rec.state, JobState.CANCELLED, at=tx.now, why=reason.value
+        )
+        error = "interrupted before it started" if reason is StopReason.INTERRUPT else "cancelled"
+        ok = await job_repo.update(
+            tx.conn,
+            rec,
+            state=target.value,
+            finished_at=tx.now,
+            error=error,
+            stop_request=reason.value,
+        )
+        if not ok:
+            raise Conflict(f"job {rec.job.id} changed while cancelling it; retry")
+        self.rt.metrics.finished.labels(target.value).inc()
+        tx.emit(
+            EventKind.JOB_CANCELLED,
+            team=rec.job.team,
+            job_id=rec.job.id,
+            state=target.value,
+            error=error,
+        )
+        await self._stop_allocations(tx, rec, StopReason.CANCEL)
+
+    async def _interrupt_running(self, tx: Tx, rec: JobRecord) -> None:
+        if not await job_repo.update(tx.conn, rec, stop_request=StopReason.INTERRUPT.value):
+            raise Conflict(f"job {rec.job.id} changed while interrupting it; retry")
+        tx.emit(
+            EventKind.JOB_LOG, team=rec.job.team, job_id=rec.job.id, lines=["interrupt requested"]
+        )
+        await self._stop_allocations(tx, rec, StopReason.INTERRUPT)
+
+    async def _stop_allocations(self, tx: Tx, rec: JobRecord, reason: StopReason) -> None:
+        """Stop each allocation of ``rec`` whose every job now wants to stop (batches share one)."""
+        grace = self.rt.settings.scheduling.stop_grace_s
+        for alloc_id in rec.allocation_ids:
+            alloc = await alloc_repo.get(tx.conn, alloc_id)
+            if alloc is None or not alloc.alloc.active:
+                continue
+            others = await job_repo.get_many(
+                tx.conn, [j for j in alloc.alloc.job_ids if j != rec.job.id]
+            )
+            if all(o.state in JOB.terminal or o.stop_request for o in others.values()):
+                await request_stop(self.rt, tx, alloc, reason, grace)
+
+    async def result_file(self, who: Principal, job_id: str, name: str) -> tuple[ResultFile, bytes]:
+        rec = await self.get(who, job_id)
+        for f in rec.result:
+            if f.name == name:
+                return f, await self.rt.blobs.get(f.key)
+        raise NotFound(f"job {job_id} has no result file {name!r}")
+
+    async def preview(self, who: Principal, job_id: str, key: str) -> bytes:
+        await self.get(who, job_id)
+        return await self.rt.blobs.get(f"previews/{job_id}/{key}")
+
+
+def encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"s{seq}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not text.startswith("s"):
+            raise ValueError(text)
+        return int(text[1:])
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidSpec("cursor", "not a cursor returned by this API") from None

@@ -1,0 +1,64 @@
+"""Prometheus metrics, one registry per server instance (never the global one).
+
+Two servers in one process (tests) therefore never share counters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from corral.core.model import Job, Node
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.submitted = Counter(
+            "corral_jobs_submitted", "Jobs accepted", ["priority", "team"], registry=r
+        )
+        self.finished = Counter("corral_jobs_finished", "Jobs that ended", ["state"], registry=r)
+        self.placements = Counter("corral_placements", "Allocations created", registry=r)
+        self.preemptions = Counter("corral_preemptions", "Allocations preempted", registry=r)
+        self.requeues = Counter("corral_requeues", "Jobs requeued", ["why"], registry=r)
+        self.queue_depth = Gauge(
+            "corral_queue_depth", "Queued jobs", ["priority", "team"], registry=r
+        )
+        self.nodes = Gauge("corral_nodes", "Nodes by state", ["state"], registry=r)
+        self.wait_seconds = Histogram(
+            "corral_job_wait_seconds", "Submit to start", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.run_seconds = Histogram(
+            "corral_job_run_seconds", "Start to end", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.cycle_seconds = Histogram(
+            "corral_schedule_cycle_seconds", "One scheduling cycle", registry=r
+        )
+
+    def observe_queue(self, queued: Iterable[Job]) -> None:
+        """Replace the queue-depth gauges with the counts in ``queued``."""
+        counts = Tally((j.priority, j.team) for j in queued)
+        self.queue_depth.clear()
+        for (priority, team), n in counts.items():
+            self.queue_depth.labels(priority, team).set(n)
+
+    def observe_nodes(self, nodes: Iterable[Node]) -> None:
+        counts = Tally(_node_state(n) for n in nodes)
+        for state in ("ready", "paused", "draining", "lost"):
+            self.nodes.labels(state).set(counts.get(state, 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _node_state(node: Node) -> str:
+    if node.state.value != "ready":
+        return node.state.value
+    if node.draining:
+        return "draining"
+    return "paused" if node.paused else "ready"

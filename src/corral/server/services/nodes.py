@@ -1,0 +1,103 @@
+"""Nodes (pause, resume, drain) and teams (quota, borrow limit, weight) as admins manage them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.core.errors import Conflict, NotFound
+from corral.core.events import EventKind
+from corral.core.model import Allocation, Team
+from corral.server.services.auth import Principal
+from corral.server.services.unit import Runtime
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import nodes as node_repo
+from corral.server.store.records import NodeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    record: NodeRecord
+    allocations: tuple[Allocation, ...]
+
+
+class NodeService:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def listing(self, who: Principal) -> list[NodeView]:
+        who.require_client()
+        async with self.rt.db.read() as conn:
+            nodes = await node_repo.all_nodes(conn)
+            active = await alloc_repo.active(conn)
+        by_node: dict[str, list[Allocation]] = {}
+        for a in active:
+            by_node.setdefault(a.alloc.node, []).append(a.alloc)
+        return [NodeView(n, tuple(by_node.get(n.node.name, ()))) for n in nodes]
+
+    async def get(self, who: Principal, name: str) -> NodeView:
+        who.require_client()
+        async with self.rt.db.read() as conn:
+            rec = await node_repo.get(conn, name)
+            active = await alloc_repo.active(conn, node=name)
+        if rec is None:
+            raise NotFound(f"node {name} not found")
+        return NodeView(rec, tuple(a.alloc for a in active))
+
+    async def pause(self, who: Principal, name: str) -> NodeView:
+        """No new work; what runs keeps running."""
+        return await self._set(who, name, "pause this node", paused=True)
+
+    async def resume(self, who: Principal, name: str) -> NodeView:
+        """Take work again (clears both paused and draining)."""
+        return await self._set(who, name, "resume this node", paused=False, draining=False)
+
+    async def drain(self, who: Principal, name: str) -> NodeView:
+        """No new work; the node becomes removable once its allocations end."""
+        return await self._set(who, name, "drain this node", draining=True)
+
+    async def _set(self, who: Principal, name: str, action: str, **flags: bool) -> NodeView:
+        who.require_admin(action)
+        async with self.rt.tx(reschedule=True) as tx:
+            rec = await node_repo.get(tx.conn, name)
+            if rec is None:
+                raise NotFound(f"node {name} not found")
+            if not await node_repo.update(tx.conn, rec, **flags):
+                raise Conflict(f"node {name} changed meanwhile; retry")
+            kind = _event_for(flags)
+            tx.emit(kind, team=None, node=name, data=flags)
+            intake_open = not (
+                flags.get("paused", rec.node.paused) or flags.get("draining", rec.node.draining)
+            )
+
+            async def tell_agent() -> None:
+                await self.rt.link.set_intake(name, open=intake_open)
+
+            tx.then(tell_agent)
+        return await self.get(who, name)
+
+    async def teams(self, who: Principal) -> list[Team]:
+        who.require_client()
+        async with self.rt.db.read() as conn:
+            teams = await node_repo.all_teams(conn)
+        return teams if who.is_admin else [t for t in teams if t.name == who.team]
+
+    async def put_team(self, who: Principal, team: Team) -> Team:
+        who.require_admin("change team quotas")
+        async with self.rt.tx(reschedule=True) as tx:
+            await node_repo.put_team(tx.conn, team, tx.now)
+            tx.emit(
+                EventKind.TEAM_UPDATED,
+                team=team.name,
+                quota_gpus=team.quota_gpus,
+                borrow_limit_gpus=team.borrow_limit_gpus,
+                weight=team.weight,
+            )
+        return team
+
+
+def _event_for(flags: dict[str, bool]) -> EventKind:
+    if flags.get("draining"):
+        return EventKind.NODE_DRAINING
+    if flags.get("paused"):
+        return EventKind.NODE_PAUSED
+    return EventKind.NODE_RESUMED

@@ -1,0 +1,190 @@
+"""Verify a Plan against the latest state and apply the accepted part (STYLE.md habit 3).
+
+The scheduler decided on a snapshot; by the time the plan arrives, a job may
+have been cancelled, a node paused or lost. ``apply_plan`` re-reads what each
+decision depends on inside one short transaction, applies every placement
+group (one batch, or all replicas of a gang) inside a savepoint so a gang is
+all or nothing, and skips what went stale: it is retried next cycle, never
+forced. Messages to agents go out after the commit.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from corral.core.events import EventKind
+from corral.core.model import Allocation
+from corral.core.states import JOB, JobState, transition
+from corral.scheduler.api import Placement, Plan
+from corral.server.agentlink.base import Assignment, JobWork, StopReason
+from corral.server.services.settling import request_stop
+from corral.server.services.unit import Runtime, Tx
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import jobs as job_repo
+from corral.server.store import nodes as node_repo
+from corral.server.store.records import AllocRecord, JobRecord
+
+
+@dataclass
+class Applied:
+    """What one plan changed."""
+
+    placed: list[Assignment] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    stale: int = 0  # placement groups or preemptions skipped because the state moved on
+
+
+async def apply_plan(rt: Runtime, plan: Plan, versions: dict[str, int]) -> Applied:
+    """Apply ``plan``; ``versions`` are the job versions the scheduler's snapshot saw."""
+    applied = Applied()
+    if not plan.placements and not plan.preemptions:
+        return applied
+    async with rt.tx() as tx:
+        for group in _groups(plan.placements):
+            async with tx.conn.begin_nested() as savepoint:
+                assignments = await _place_group(rt, tx, group, versions)
+                if assignments is None:
+                    await savepoint.rollback()
+                    applied.stale += 1
+                    continue
+            applied.placed.extend(assignments)
+        for p in plan.preemptions:
+            rec = await alloc_repo.get(tx.conn, p.allocation_id)
+            if rec is None or not rec.alloc.active:
+                applied.stale += 1
+                continue
+            grace = rt.settings.scheduling.preemption_grace_s
+            if await request_stop(rt, tx, rec, StopReason.PREEMPT, grace):
+                applied.preempted.append(p.allocation_id)
+                for job_id in rec.alloc.job_ids:
+                    tx.emit(
+                        EventKind.JOB_PREEMPTED,
+                        team=rec.alloc.team,
+                        job_id=job_id,
+                        node=rec.alloc.node,
+                        for_job=p.for_job,
+                        why=p.reason,
+                    )
+        for a in applied.placed:
+            tx.then(_sender(rt, a))
+    rt.metrics.placements.inc(len(applied.placed))
+    rt.metrics.preemptions.inc(len(applied.preempted))
+    return applied
+
+
+def _groups(placements: Sequence[Placement]) -> list[list[Placement]]:
+    """Placements that stand or fall together: same job ids (a gang's replicas, or one batch)."""
+    groups: dict[tuple[str, ...], list[Placement]] = defaultdict(list)
+    for p in placements:
+        groups[p.job_ids].append(p)
+    return list(groups.values())
+
+
+async def _place_group(
+    rt: Runtime, tx: Tx, group: list[Placement], versions: dict[str, int]
+) -> list[Assignment] | None:
+    """Insert the allocations and move the jobs to placed; None when anything is stale."""
+    job_ids = group[0].job_ids
+    jobs = await job_repo.get_many(tx.conn, job_ids)
+    if len(jobs) != len(job_ids):
+        return None
+    for rec in jobs.values():
+        if rec.state is not JobState.QUEUED or versions.get(rec.job.id) != rec.version:
+            return None
+    for p in group:
+        node = await node_repo.get(tx.conn, p.node)
+        if node is None or not node.node.schedulable:
+            return None
+    attempt = max(r.job.attempt for r in jobs.values()) + 1
+    first = jobs[job_ids[0]].job
+    allocs = [
+        _allocation(p, first.team, first.user, first.priority, first.preemptible, attempt)
+        for p in group
+    ]
+    for alloc in allocs:
+        await alloc_repo.insert(tx.conn, AllocRecord(alloc=alloc, created_at=tx.now))
+    alloc_ids = [a.id for a in allocs]
+    for rec in jobs.values():
+        target = transition(JOB, rec.job.id, rec.state, JobState.PLACED, at=tx.now, why="placed")
+        ok = await job_repo.update(
+            tx.conn,
+            rec,
+            state=target.value,
+            attempt=attempt,
+            allocation_ids=alloc_ids,
+            node=group[0].node,
+        )
+        if not ok:
+            return None
+        tx.emit(
+            EventKind.JOB_PLACED,
+            team=rec.job.team,
+            job_id=rec.job.id,
+            node=group[0].node,
+            state="placed",
+            attempt=attempt,
+            allocations=alloc_ids,
+        )
+    return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
+
+
+def _allocation(
+    p: Placement, team: str, user: str, priority: str, preemptible: bool, attempt: int
+) -> Allocation:
+    # The scheduler's ids are only unique within one plan; the store needs them unique forever.
+    return Allocation(
+        id="al_" + secrets.token_hex(8),
+        job_ids=p.job_ids,
+        node=p.node,
+        team=team,
+        user=user,
+        priority=priority,
+        replica=p.replica,
+        gpu_indices=p.gpu_indices,
+        gpu_milli=p.gpu_milli,
+        vram_bytes=p.vram_bytes,
+        cpus=p.cpus,
+        on_cpu=p.on_cpu,
+        preemptible=preemptible,
+        borrowed=p.borrowed,
+        attempt=attempt,
+    )
+
+
+def assignment(alloc: Allocation, jobs: Sequence[JobRecord], *, replicas: int = 1) -> Assignment:
+    """The message that tells an agent to run ``alloc``."""
+    work = tuple(
+        JobWork(
+            job_id=r.job.id,
+            kind=r.job.kind,
+            payload=r.job.payload,
+            model=r.job.model,
+            backend=r.job.backend,
+            timeout_s=r.job.timeout_s,
+            checkpoint=r.checkpoint,
+        )
+        for r in sorted(jobs, key=lambda r: alloc.job_ids.index(r.job.id))
+    )
+    return Assignment(
+        allocation_id=alloc.id,
+        attempt=alloc.attempt,
+        node=alloc.node,
+        jobs=work,
+        replica=alloc.replica,
+        replicas=replicas,
+        gpu_indices=alloc.gpu_indices,
+        gpu_milli=alloc.gpu_milli,
+        vram_bytes=alloc.vram_bytes,
+        cpus=alloc.cpus,
+        on_cpu=alloc.on_cpu,
+    )
+
+
+def _sender(rt: Runtime, a: Assignment) -> Callable[[], Awaitable[None]]:
+    async def send() -> None:
+        await rt.link.assign(a.node, a)
+
+    return send

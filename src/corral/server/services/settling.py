@@ -1,0 +1,224 @@
+"""Ending allocations and settling their jobs, inside one unit of work.
+
+Shared by the agent service (an agent reports an ending), the liveness loop
+(a node is lost, a stop went unanswered) and the job service (cancel). The
+decision itself is ``outcomes.settle``; this module applies it to the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from corral.core.errors import Conflict
+from corral.core.model import Allocation
+from corral.core.states import (
+    ALLOCATION,
+    DESIRED,
+    JOB,
+    AllocDesired,
+    AllocObserved,
+    JobState,
+    transition,
+)
+from corral.server.agentlink.base import StopOrder, StopReason
+from corral.server.services.outcomes import Ending, Settlement, backoff_s, settle
+from corral.server.services.unit import Runtime, Tx
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import jobs as job_repo
+from corral.server.store.records import AllocRecord, JobRecord, ResultFile
+
+_OBSERVED = {
+    Ending.SUCCEEDED: AllocObserved.SUCCEEDED,
+    Ending.FAILED: AllocObserved.FAILED,
+    Ending.STOPPED: AllocObserved.STOPPED,
+    Ending.LOST: AllocObserved.LOST,
+}
+LIVE = (JobState.PLACED, JobState.RUNNING)
+
+
+def is_current(job: JobRecord, alloc: Allocation) -> bool:
+    """The fencing rule: only the job's current attempt may change the job."""
+    return alloc.id in job.allocation_ids and job.state in LIVE and job.job.attempt == alloc.attempt
+
+
+async def end_allocation(
+    rt: Runtime,
+    tx: Tx,
+    rec: AllocRecord,
+    ending: Ending,
+    *,
+    retryable: bool = True,
+    error: str | None = None,
+    results: dict[str, list[ResultFile]] | None = None,
+) -> None:
+    """Record that ``rec`` ended, free its resources, and settle the jobs it still owns."""
+    alloc = rec.alloc
+    observed = alloc.observed
+    if observed is AllocObserved.PENDING and ending is Ending.SUCCEEDED:
+        observed = transition(
+            ALLOCATION,
+            alloc.id,
+            observed,
+            AllocObserved.RUNNING,
+            at=tx.now,
+            why="implied by finished",
+        )
+    observed = transition(
+        ALLOCATION, alloc.id, observed, _OBSERVED[ending], at=tx.now, why=ending.value
+    )
+    if not await alloc_repo.update(
+        tx.conn, rec, observed=observed.value, active=False, ended_at=tx.now
+    ):
+        raise Conflict(f"allocation {alloc.id} changed while it was being ended")
+    tx.reschedule = True
+    jobs = await job_repo.get_many(tx.conn, alloc.job_ids)
+    stop_reason = StopReason(rec.stop_reason) if rec.stop_reason else None
+    for job_id in alloc.job_ids:
+        job = jobs.get(job_id)
+        if job is None or not is_current(job, alloc):
+            continue
+        how = How(ending, stop_reason, retryable, error)
+        await _settle_job(rt, tx, job, alloc, how, (results or {}).get(job_id, []))
+
+
+@dataclass(frozen=True, slots=True)
+class How:
+    """How an allocation ended, as ``outcomes.settle`` needs it."""
+
+    ending: Ending
+    stop_reason: StopReason | None
+    retryable: bool
+    error: str | None
+
+
+async def _settle_job(
+    rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation, how: How, files: list[ResultFile]
+) -> None:
+    gang = job.job.replicas > 1
+    if how.ending is Ending.SUCCEEDED and gang and await _gang_still_running(tx, job, alloc):
+        await _record_partial_result(tx, job, files)
+        return
+    decision = settle(
+        ending=how.ending,
+        stop_reason=how.stop_reason,
+        failures=job.failures,
+        max_attempts=job.job.max_attempts,
+        retryable=how.retryable,
+        error=how.error,
+    )
+    await apply_settlement(
+        rt, tx, job, decision, files=files, interrupted=job.stop_request == "interrupt"
+    )
+    if decision.state is not JobState.SUCCEEDED and job.job.replicas > 1:
+        await stop_siblings(rt, tx, job, alloc)
+
+
+async def apply_settlement(
+    rt: Runtime,
+    tx: Tx,
+    job: JobRecord,
+    decision: Settlement,
+    *,
+    files: Sequence[ResultFile] = (),
+    interrupted: bool = False,
+) -> None:
+    """Move ``job`` to the decided state with its bookkeeping and event."""
+    state = job.state
+    if state is JobState.PLACED and decision.state is JobState.SUCCEEDED:
+        state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="implied")
+    target = transition(JOB, job.job.id, state, decision.state, at=tx.now, why=decision.event.value)
+    failures = job.failures + (1 if decision.count_failure else 0)
+    values: dict[str, object] = {"state": target.value, "failures": failures}
+    data: dict[str, object] = {"attempt": job.job.attempt}
+    if target is JobState.QUEUED:
+        delay = (
+            backoff_s(rt.settings.scheduling.retry_backoff_s, failures) if decision.backoff else 0.0
+        )
+        values |= {
+            "allocation_ids": None,
+            "node": None,
+            "not_before": tx.now + delay,
+            "stop_request": None,
+        }
+        data |= {
+            "why": decision.error,
+            "next_attempt": job.job.attempt + 1,
+            "not_before": tx.now + delay,
+        }
+        rt.metrics.requeues.labels(decision.error or "requeued").inc()
+    else:
+        result = [*job.result, *files]
+        values |= {
+            "finished_at": tx.now,
+            "error": decision.error,
+            "result": [f.to_json() for f in result],
+        }
+        data |= {"error": decision.error} if decision.error else {"files": [f.name for f in result]}
+        if interrupted and target is JobState.SUCCEEDED:
+            data["interrupted"] = True
+        _observe_finish(rt, job, target, tx.now)
+    if not await job_repo.update(tx.conn, job, **values):
+        raise Conflict(f"job {job.job.id} changed while it was being settled")
+    tx.emit(decision.event, team=job.job.team, job_id=job.job.id, state=target.value, data=data)
+
+
+def _observe_finish(rt: Runtime, job: JobRecord, state: JobState, now: float) -> None:
+    rt.metrics.finished.labels(state.value).inc()
+    if job.started_at is not None:
+        rt.metrics.run_seconds.observe(max(0.0, now - job.started_at))
+
+
+async def _gang_still_running(tx: Tx, job: JobRecord, alloc: Allocation) -> bool:
+    for other_id in job.allocation_ids:
+        if other_id == alloc.id:
+            continue
+        other = await alloc_repo.get(tx.conn, other_id)
+        if other is not None and other.alloc.active:
+            return True
+    return False
+
+
+async def _record_partial_result(tx: Tx, job: JobRecord, files: list[ResultFile]) -> None:
+    if files:
+        result = [f.to_json() for f in (*job.result, *files)]
+        if not await job_repo.update(tx.conn, job, result=result):
+            raise Conflict(f"job {job.job.id} changed while recording a replica's result")
+
+
+async def stop_siblings(rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation) -> None:
+    """A gang is all or nothing: when one replica ends badly, stop the others."""
+    for other_id in job.allocation_ids:
+        other = await alloc_repo.get(tx.conn, other_id) if other_id != alloc.id else None
+        if other is not None and other.alloc.active:
+            await request_stop(
+                rt, tx, other, StopReason.CANCEL, rt.settings.scheduling.stop_grace_s
+            )
+
+
+async def request_stop(
+    rt: Runtime, tx: Tx, rec: AllocRecord, reason: StopReason, grace_s: float
+) -> bool:
+    """Ask the agent to stop ``rec`` (after the commit). False if it was already told to."""
+    alloc = rec.alloc
+    target = AllocDesired.PREEMPT if reason is StopReason.PREEMPT else AllocDesired.STOP
+    if not DESIRED.allows(alloc.desired, target):
+        return False
+    transition(DESIRED, alloc.id, alloc.desired, target, at=tx.now, why=reason.value)
+    changed = await alloc_repo.update(
+        tx.conn,
+        rec,
+        desired=target.value,
+        stop_reason=reason.value,
+        stop_at=tx.now,
+        stop_grace_s=grace_s,
+    )
+    if not changed:
+        raise Conflict(f"allocation {alloc.id} changed while stopping it")
+    order = StopOrder(alloc.id, reason, grace_s)
+
+    async def send() -> None:
+        await rt.link.stop(alloc.node, order)
+
+    tx.then(send)
+    return True

@@ -1,0 +1,149 @@
+"""The runtime the services share, and the unit of work every change goes through.
+
+``Runtime`` is built once by the composition root (``app.py``). ``Runtime.tx()``
+opens one write transaction, collects the events the change produces, appends
+them in the same transaction, and after the commit wakes SSE readers and runs
+the follow-ups (messages to agents, a scheduling trigger). Nothing is sent
+over the network inside a transaction. A later group-commit writer can batch
+several units into one transaction behind this same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.clock import Clock
+from corral.core.errors import LinkError
+from corral.core.events import Event, EventKind
+from corral.core.model import PriorityClass
+from corral.server.agentlink.base import AgentLink
+from corral.server.blobs import BlobStore
+from corral.server.services.metrics import Metrics
+from corral.server.settings import Settings
+from corral.server.store import events as event_repo
+from corral.server.store.db import Database
+from corral.server.store.events import TeamEvent
+
+log = logging.getLogger("corral.server")
+
+
+class Signal:
+    """A broadcast wake-up for readers (SSE streams).
+
+    Take a ``ticket()`` *before* reading, then ``wait(ticket)``: a fire that
+    happens between the read and the wait is not lost.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    def ticket(self) -> asyncio.Event:
+        return self._event
+
+    async def wait(self, ticket: asyncio.Event, timeout: float) -> bool:
+        """True when fired since ``ticket`` was taken, False when ``timeout`` passed first."""
+        try:
+            await asyncio.wait_for(ticket.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+class Trigger:
+    """A level-triggered wake-up for one loop: a poke during a cycle is never lost."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    @property
+    def fired(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when poked, False when ``timeout`` passed first. Does not clear."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    db: Database
+    blobs: BlobStore
+    clock: Clock
+    link: AgentLink
+    metrics: Metrics
+    priority_classes: tuple[PriorityClass, ...]
+    events_committed: Signal = field(default_factory=Signal)  # SSE readers wait on it
+    schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
+
+    @contextlib.asynccontextmanager
+    async def tx(self, *, reschedule: bool = False) -> AsyncIterator[Tx]:
+        """One unit of work. ``reschedule`` pokes the scheduling loop after the commit."""
+        tx = Tx(self.clock.now())
+        async with self.db.write() as conn:
+            tx.conn = conn
+            yield tx
+            await event_repo.append(conn, tx.events)
+        if tx.events:
+            self.events_committed.fire()
+        if reschedule or tx.reschedule:
+            self.schedule_needed.fire()
+        for action in tx.after_commit:
+            await self._run_follow_up(action)
+
+    async def _run_follow_up(self, action: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await action()
+        except LinkError as exc:
+            # The intent is stored; the agent gets it again when it says hello.
+            log.info("agent link: %s (will resend on reconnect)", exc)
+
+
+@dataclass
+class Tx:
+    """What one unit of work collects while its transaction is open."""
+
+    now: float
+    conn: AsyncConnection = field(init=False)
+    events: list[TeamEvent] = field(default_factory=list)
+    after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    reschedule: bool = False
+
+    def emit(
+        self,
+        kind: EventKind,
+        *,
+        team: str | None,
+        job_id: str | None = None,
+        node: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
+        """Record an event (appended in this transaction); ``data`` and ``fields`` are its data."""
+        payload = {**(data or {}), **fields}
+        self.events.append(TeamEvent(Event(kind, self.now, job_id, node, payload), team))
+
+    def then(self, action: Callable[[], Awaitable[None]]) -> None:
+        """Run ``action`` after the commit (never inside the transaction)."""
+        self.after_commit.append(action)

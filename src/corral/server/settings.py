@@ -1,0 +1,119 @@
+"""The server's one typed settings tree (STYLE.md habit 10).
+
+Built once in the composition root (``corral server`` or a test) and passed
+down; nothing reads the environment at import time. Every field can be set
+from the environment with the ``CORRAL_`` prefix and ``__`` for nesting, e.g.
+``CORRAL_STORE__DB=postgresql://db/corral`` or ``CORRAL_API__PORT=9000``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_HOME = Path("~/.corral")
+DEFAULT_PORT = 8470
+
+
+class StoreSettings(BaseModel):
+    """Where state lives."""
+
+    db: str = Field(
+        default="",
+        description=(
+            "Database URL: a SQLite path or sqlite:///path (default ~/.corral/corral.db), "
+            "or postgresql://user@host:port/db (add ?schema=name to use a schema)."
+        ),
+    )
+    sqlite_synchronous: str = Field(
+        default="FULL",
+        pattern="^(OFF|NORMAL|FULL|EXTRA)$",
+        description="SQLite PRAGMA synchronous. FULL survives power loss; NORMAL survives kill -9.",
+    )
+    pool_size: int = Field(default=10, ge=1, le=200, description="PostgreSQL connections")
+
+
+class ApiSettings(BaseModel):
+    """The HTTP API."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="0 picks a free port")
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="requests larger than this get 413"
+    )
+    max_batch_jobs: int = Field(default=1000, ge=1, description="jobs in one batch submission")
+    max_page: int = Field(default=500, ge=1, description="largest ?limit= on list endpoints")
+    sse_poll_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="SSE streams re-read the event table at least this often (other replicas)",
+    )
+    sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
+    token_cache_s: float = Field(
+        default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
+    )
+
+
+class SchedulingSettings(BaseModel):
+    """The scheduling loop and the liveness loop."""
+
+    debounce_s: float = Field(
+        default=0.005,
+        ge=0,
+        description="after a trigger, wait this long so a burst of changes is one cycle",
+    )
+    idle_cycle_s: float = Field(
+        default=2.0, gt=0, description="a cycle runs at least this often, even with no trigger"
+    )
+    node_timeout_s: float = Field(
+        default=30.0, gt=0, description="a node not heard from for this long is lost"
+    )
+    liveness_tick_s: float = Field(default=1.0, gt=0, description="how often timeouts are checked")
+    preemption_grace_s: float = Field(
+        default=30.0, ge=0, description="time a preempted allocation gets to checkpoint"
+    )
+    stop_grace_s: float = Field(default=10.0, ge=0, description="grace for cancel and timeout")
+    stop_slack_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="after grace + slack without an answer, a stop is taken as done",
+    )
+    retry_backoff_s: float = Field(
+        default=2.0, ge=0, description="first retry delay after a retryable failure; doubles"
+    )
+    max_batch_size: int = Field(default=8, ge=1, description="sample jobs per allocation")
+    preemption: bool = True
+    seed: int = Field(default=0, description="seed handed to the scheduler for tie-breaks")
+
+
+class Settings(BaseSettings):
+    """Everything ``corral server`` can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CORRAL_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    home: Path = Field(default=DEFAULT_HOME, description="default place for the DB and blobs")
+    blob_dir: Path | None = Field(
+        default=None, description="results and previews (default <home>/blobs)"
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="use this admin token instead of generating one at first start",
+    )
+    log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
+
+    def resolved_home(self) -> Path:
+        return self.home.expanduser()
+
+    def db_url(self) -> str:
+        """The DB URL as given, or the default SQLite file under ``home``."""
+        return self.store.db or str(self.resolved_home() / "corral.db")
+
+    def blob_path(self) -> Path:
+        return (self.blob_dir or self.resolved_home() / "blobs").expanduser()

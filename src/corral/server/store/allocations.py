@@ -1,0 +1,34 @@
+"""Queries on the ``allocations`` table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.server.store.guard import guarded_update
+from corral.server.store.records import AllocRecord, alloc_from_row, alloc_row
+from corral.server.store.tables import allocations
+
+
+async def insert(conn: AsyncConnection, rec: AllocRecord) -> None:
+    await conn.execute(sa.insert(allocations).values(**alloc_row(rec)))
+
+
+async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
+    row = (await conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id))).first()
+    return alloc_from_row(row) if row else None
+
+
+async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRecord]:
+    """Allocations holding resources (pending or running), optionally on one node."""
+    query = sa.select(allocations).where(allocations.c.active.is_(True))
+    if node is not None:
+        query = query.where(allocations.c.node == node)
+    return [alloc_from_row(r) for r in await conn.execute(query.order_by(allocations.c.id))]
+
+
+async def update(conn: AsyncConnection, rec: AllocRecord, **values: Any) -> bool:
+    """Guarded by ``rec.version``: False when the allocation changed since it was read."""
+    return await guarded_update(conn, allocations, ("id", rec.alloc.id), rec.version, values)

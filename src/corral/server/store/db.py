@@ -1,0 +1,158 @@
+"""Connecting to the store: URL mapping, SQLite pragmas, the write gate, migrations.
+
+Two databases are supported with the same tables and code:
+
+* SQLite (one file, WAL): one process; writes are serialised by an asyncio
+  lock in this process (SQLite allows one writer anyway; the lock avoids
+  ``database is locked`` retries).
+* PostgreSQL (asyncpg): several replicas may share it. Every write
+  transaction that appends events first takes a transaction-scoped advisory
+  lock, so events become visible in ``seq`` order and an SSE reader resuming
+  after ``seq`` N can never miss an event with a smaller ``seq`` that commits
+  later. Transactions are short, so this costs little; group commits
+  (several requests per transaction) are the way to more throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from corral.core.errors import InvalidSpec
+
+EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
+
+
+@dataclass(frozen=True, slots=True)
+class DbTarget:
+    """A parsed ``--db``: the SQLAlchemy URL, the dialect and an optional PG schema."""
+
+    url: URL
+    dialect: str  # "sqlite" or "postgresql"
+    schema: str | None = None
+
+    def display(self) -> str:
+        """The URL without a password, for banners and logs."""
+        shown = self.url.render_as_string(hide_password=True)
+        return f"{shown} (schema {self.schema})" if self.schema else shown
+
+
+def parse_db(text: str) -> DbTarget:
+    """Map a ``--db`` to a driver URL: paths and sqlite:// to aiosqlite, postgresql to asyncpg."""
+    if "://" not in text:
+        path = Path(text).expanduser().resolve()
+        return DbTarget(make_url(f"sqlite+aiosqlite:///{path}"), "sqlite")
+    scheme = text.split("://", 1)[0].split("+", 1)[0]
+    if scheme == "sqlite":
+        url = make_url(text).set(drivername="sqlite+aiosqlite")
+        if url.database and url.database != ":memory:":
+            url = url.set(database=str(Path(url.database).expanduser()))
+        return DbTarget(url, "sqlite")
+    if scheme in ("postgresql", "postgres"):
+        rest, schema = _pop_schema(text.split("://", 1)[1])
+        url = make_url(f"postgresql+asyncpg://{rest}")
+        return DbTarget(url, "postgresql", schema)
+    raise InvalidSpec("db", f"unsupported database {scheme!r}: use a SQLite path or postgresql://")
+
+
+def _pop_schema(rest: str) -> tuple[str, str | None]:
+    """Take ``schema=`` out of the query string (asyncpg does not know it)."""
+    parts = urlsplit("x://" + rest)
+    query = parse_qsl(parts.query)
+    schema = next((v for k, v in query if k == "schema"), None)
+    if schema is not None and not schema.replace("_", "").isalnum():
+        raise InvalidSpec("db", f"schema must be letters, digits and _, got {schema!r}")
+    kept = urlencode([(k, v) for k, v in query if k != "schema"])
+    return urlunsplit(parts._replace(query=kept))[len("x://") :], schema
+
+
+class Database:
+    """The engine plus the rules for reading and writing through it."""
+
+    def __init__(self, target: DbTarget, *, sqlite_synchronous: str = "FULL", pool_size: int = 10):
+        self.target = target
+        self.engine = _make_engine(target, sqlite_synchronous, pool_size)
+        self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.target.dialect == "postgresql"
+
+    @contextlib.asynccontextmanager
+    async def write(self, *, ordered_events: bool = True) -> AsyncIterator[AsyncConnection]:
+        """One write transaction; commits on exit, rolls back on error.
+
+        ``ordered_events=False`` is for writes that append no events (heartbeats),
+        which then do not queue behind the event-ordering lock on PostgreSQL.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            if self._write_lock is not None:
+                await stack.enter_async_context(self._write_lock)
+            conn = await stack.enter_async_context(self.engine.begin())
+            if self.is_postgres and ordered_events:
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(EVENT_ORDER_LOCK)))
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for reads (autocommit-free; nothing is written through it)."""
+        async with self.engine.connect() as conn:
+            yield conn
+
+    async def prepare(self) -> None:
+        """Create the directory or schema, then bring the tables to the latest migration."""
+        from corral.server.store.migrate import upgrade
+
+        if self.target.dialect == "sqlite" and self.target.url.database not in (None, ":memory:"):
+            Path(str(self.target.url.database)).parent.mkdir(parents=True, exist_ok=True)
+        if self.target.schema:
+            async with self.engine.begin() as conn:
+                await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"'))
+        async with self.engine.begin() as conn:
+            await conn.run_sync(upgrade)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+
+def _make_engine(target: DbTarget, synchronous: str, pool_size: int) -> AsyncEngine:
+    if target.dialect == "postgresql":
+        connect_args: dict[str, Any] = {}
+        if target.schema:
+            connect_args["server_settings"] = {"search_path": target.schema}
+        return create_async_engine(
+            target.url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args
+        )
+    engine = create_async_engine(target.url, connect_args={"timeout": 30})
+    sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
+    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _sqlite_begin(conn: Any) -> None:
+    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT)."""
+    conn.exec_driver_sql("BEGIN")
+
+
+def _sqlite_pragmas(synchronous: str) -> Any:
+    """WAL (readers never block the writer), a busy timeout, foreign keys on."""
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # autocommit at the driver; _sqlite_begin opens txs
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return on_connect

@@ -1,0 +1,80 @@
+"""Queries on the ``jobs`` table."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.states import JobState
+from corral.server.store.guard import guarded_update
+from corral.server.store.records import JobRecord, job_from_row, job_row
+from corral.server.store.tables import jobs
+
+
+async def insert(conn: AsyncConnection, rec: JobRecord) -> None:
+    await conn.execute(sa.insert(jobs).values(**job_row(rec)))
+
+
+async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
+    if recs:
+        await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
+
+
+async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
+    row = (await conn.execute(sa.select(jobs).where(jobs.c.id == job_id))).first()
+    return job_from_row(row) if row else None
+
+
+async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, JobRecord]:
+    if not ids:
+        return {}
+    rows = await conn.execute(sa.select(jobs).where(jobs.c.id.in_(list(ids))))
+    return {r.id: job_from_row(r) for r in rows}
+
+
+async def by_idempotency_keys(
+    conn: AsyncConnection, team: str, keys: Collection[str]
+) -> dict[str, JobRecord]:
+    """Existing jobs of ``team`` submitted with any of ``keys``, by key."""
+    if not keys:
+        return {}
+    rows = await conn.execute(
+        sa.select(jobs).where(jobs.c.team == team, jobs.c.idempotency_key.in_(list(keys)))
+    )
+    return {r.idempotency_key: job_from_row(r) for r in rows}
+
+
+async def page(
+    conn: AsyncConnection,
+    *,
+    states: Collection[JobState] = (),
+    team: str | None = None,
+    user: str | None = None,
+    before_seq: int | None = None,
+    limit: int = 50,
+) -> list[JobRecord]:
+    """Newest first; ``before_seq`` continues a previous page (the cursor)."""
+    query = sa.select(jobs).order_by(jobs.c.seq.desc()).limit(limit)
+    if states:
+        query = query.where(jobs.c.state.in_([s.value for s in states]))
+    if team is not None:
+        query = query.where(jobs.c.team == team)
+    if user is not None:
+        query = query.where(jobs.c.user == user)
+    if before_seq is not None:
+        query = query.where(jobs.c.seq < before_seq)
+    return [job_from_row(r) for r in await conn.execute(query)]
+
+
+async def queued(conn: AsyncConnection) -> list[JobRecord]:
+    """Every queued job, in submission order."""
+    query = sa.select(jobs).where(jobs.c.state == JobState.QUEUED.value).order_by(jobs.c.seq)
+    return [job_from_row(r) for r in await conn.execute(query)]
+
+
+async def update(conn: AsyncConnection, rec: JobRecord, **values: Any) -> bool:
+    """Guarded by ``rec.version``: False when the job changed since ``rec`` was read."""
+    return await guarded_update(conn, jobs, ("id", rec.job.id), rec.version, values)

@@ -1,0 +1,73 @@
+"""Queries on the ``nodes`` and ``teams`` tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.model import Team
+from corral.server.store.guard import guarded_update
+from corral.server.store.records import NodeRecord, node_from_row, team_from_row
+from corral.server.store.tables import nodes, teams
+
+
+async def get(conn: AsyncConnection, name: str) -> NodeRecord | None:
+    row = (await conn.execute(sa.select(nodes).where(nodes.c.name == name))).first()
+    return node_from_row(row) if row else None
+
+
+async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
+    return [node_from_row(r) for r in await conn.execute(sa.select(nodes).order_by(nodes.c.name))]
+
+
+async def insert(conn: AsyncConnection, **values: Any) -> None:
+    await conn.execute(sa.insert(nodes).values(**values, version=1))
+
+
+async def update(conn: AsyncConnection, rec: NodeRecord, **values: Any) -> bool:
+    """Guarded by ``rec.version``."""
+    return await guarded_update(conn, nodes, ("name", rec.node.name), rec.version, values)
+
+
+async def touch(conn: AsyncConnection, name: str, at: float) -> bool:
+    """Record a heartbeat. Unguarded on purpose: ``last_seen`` only moves forward."""
+    result = await conn.execute(
+        sa.update(nodes).where(nodes.c.name == name, nodes.c.last_seen < at).values(last_seen=at)
+    )
+    return bool(result.rowcount == 1)
+
+
+async def all_teams(conn: AsyncConnection) -> list[Team]:
+    return [team_from_row(r) for r in await conn.execute(sa.select(teams).order_by(teams.c.name))]
+
+
+async def get_team(conn: AsyncConnection, name: str) -> Team | None:
+    row = (await conn.execute(sa.select(teams).where(teams.c.name == name))).first()
+    return team_from_row(row) if row else None
+
+
+async def put_team(conn: AsyncConnection, team: Team, at: float) -> None:
+    """Create or replace a team's quota, borrow limit and weight."""
+    values = {
+        "quota_gpus": team.quota_gpus,
+        "borrow_limit_gpus": team.borrow_limit_gpus,
+        "weight": team.weight,
+        "updated_at": at,
+    }
+    changed = await conn.execute(sa.update(teams).where(teams.c.name == team.name).values(values))
+    if changed.rowcount == 0:
+        await conn.execute(sa.insert(teams).values(name=team.name, **values))
+
+
+async def ensure_teams(conn: AsyncConnection, names: set[str], at: float) -> None:
+    """Create default rows for teams first named by a submission or a token."""
+    if not names:
+        return
+    rows = await conn.execute(sa.select(teams.c.name).where(teams.c.name.in_(sorted(names))))
+    missing = names - {r.name for r in rows}
+    for name in sorted(missing):
+        await conn.execute(
+            sa.insert(teams).values(name=name, quota_gpus=0.0, weight=1.0, updated_at=at)
+        )

@@ -1,0 +1,294 @@
+"""What the store returns: the core vocabulary plus the server's bookkeeping.
+
+``JobRecord.job`` is the ``corral.core.Job`` the scheduler sees; the other
+fields are what only the server needs (versions, the fencing token, results).
+Row <-> record conversion lives here so repos stay a list of queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from corral.core.model import Allocation, Gpu, Job, JobKind, Node, Team
+from corral.core.resources import ResourceRequest
+from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class ResultFile:
+    """One result blob of a job: what a client downloads from ``/v1/jobs/{id}/result/{name}``."""
+
+    name: str
+    key: str  # blob store key
+    size: int
+    content_type: str
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "key": self.key,
+            "size": self.size,
+            "content_type": self.content_type,
+            "sha256": self.sha256,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> ResultFile:
+        return ResultFile(
+            data["name"], data["key"], data["size"], data["content_type"], data["sha256"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job: Job
+    seq: int = 0
+    version: int = 1
+    failures: int = 0
+    allocation_ids: tuple[str, ...] = ()  # current allocations: results only from them
+    node: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    progress: float = 0.0
+    checkpoint: str | None = None
+    stop_request: str | None = None  # "cancel" | "interrupt" while the agent winds down
+    error: str | None = None
+    result: tuple[ResultFile, ...] = ()
+    request_hash: str | None = None
+
+    @property
+    def state(self) -> JobState:
+        return self.job.state
+
+
+@dataclass(frozen=True, slots=True)
+class AllocRecord:
+    alloc: Allocation
+    created_at: float
+    ended_at: float | None = None
+    stop_reason: str | None = None
+    stop_at: float | None = None
+    stop_grace_s: float | None = None
+    deadline_at: float | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    node: Node
+    joined_at: float
+    version: int = 1
+
+
+def resources_to_json(r: ResourceRequest) -> dict[str, Any]:
+    return {
+        "gpus": r.gpus,
+        "gpu_milli": r.gpu_milli,
+        "vram_bytes": r.vram_bytes,
+        "cpus": r.cpus,
+        "gpu_models": sorted(r.gpu_models),
+        "cpu_fallback": r.cpu_fallback,
+    }
+
+
+def resources_from_json(d: Mapping[str, Any]) -> ResourceRequest:
+    return ResourceRequest(
+        gpus=d.get("gpus", 0),
+        gpu_milli=d.get("gpu_milli", 0),
+        vram_bytes=d.get("vram_bytes", 0),
+        cpus=d.get("cpus", 1),
+        gpu_models=frozenset(d.get("gpu_models", ())),
+        cpu_fallback=d.get("cpu_fallback", False),
+    )
+
+
+def job_row(rec: JobRecord) -> dict[str, Any]:
+    """The column values of a new job row."""
+    j = rec.job
+    return {
+        "id": j.id,
+        "kind": j.kind.value,
+        "state": j.state.value,
+        "priority": j.priority,
+        "team": j.team,
+        "user": j.user,
+        "spec": {
+            "resources": resources_to_json(j.resources),
+            "node_selector": dict(j.node_selector),
+            "gang_label": j.gang_label,
+            "model": j.model,
+            "backend": j.backend,
+            "batch_key": j.batch_key,
+            "preemptible": j.preemptible,
+            "payload": dict(j.payload),
+            "estimated_runtime_s": j.estimated_runtime_s,
+        },
+        "replicas": j.replicas,
+        "max_attempts": j.max_attempts,
+        "timeout_s": j.timeout_s,
+        "idempotency_key": j.idempotency_key,
+        "request_hash": rec.request_hash,
+        "submitted_at": j.submitted_at,
+        "not_before": j.not_before,
+        "attempt": j.attempt,
+        "failures": rec.failures,
+        "progress": rec.progress,
+        "version": rec.version,
+    }
+
+
+def job_from_row(row: Any) -> JobRecord:
+    spec = row.spec
+    job = Job(
+        id=row.id,
+        resources=resources_from_json(spec["resources"]),
+        kind=JobKind(row.kind),
+        priority=row.priority,
+        team=row.team,
+        user=row.user,
+        node_selector=spec.get("node_selector") or {},
+        replicas=row.replicas,
+        gang_label=spec.get("gang_label"),
+        model=spec.get("model"),
+        backend=spec.get("backend"),
+        batch_key=spec.get("batch_key"),
+        preemptible=spec.get("preemptible", True),
+        payload=spec.get("payload") or {},
+        timeout_s=row.timeout_s,
+        max_attempts=row.max_attempts,
+        idempotency_key=row.idempotency_key,
+        submitted_at=row.submitted_at,
+        not_before=row.not_before,
+        estimated_runtime_s=spec.get("estimated_runtime_s"),
+        state=JobState(row.state),
+        attempt=row.attempt,
+    )
+    return JobRecord(
+        job=job,
+        seq=row.seq,
+        version=row.version,
+        failures=row.failures,
+        allocation_ids=tuple(row.allocation_ids or ()),
+        node=row.node,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        progress=row.progress,
+        checkpoint=row.checkpoint,
+        stop_request=row.stop_request,
+        error=row.error,
+        result=tuple(ResultFile.from_json(f) for f in row.result or ()),
+        request_hash=row.request_hash,
+    )
+
+
+def alloc_row(rec: AllocRecord) -> dict[str, Any]:
+    a = rec.alloc
+    return {
+        "id": a.id,
+        "job_ids": list(a.job_ids),
+        "node": a.node,
+        "team": a.team,
+        "user": a.user,
+        "priority": a.priority,
+        "replica": a.replica,
+        "gpu_indices": list(a.gpu_indices),
+        "gpu_milli": a.gpu_milli,
+        "vram_bytes": a.vram_bytes,
+        "cpus": a.cpus,
+        "on_cpu": a.on_cpu,
+        "preemptible": a.preemptible,
+        "borrowed": a.borrowed,
+        "attempt": a.attempt,
+        "created_at": rec.created_at,
+        "started_at": a.started_at or None,
+        "progress": a.progress,
+        "desired": a.desired.value,
+        "observed": a.observed.value,
+        "active": a.active,
+        "version": rec.version,
+    }
+
+
+def alloc_from_row(row: Any) -> AllocRecord:
+    alloc = Allocation(
+        id=row.id,
+        job_ids=tuple(row.job_ids),
+        node=row.node,
+        team=row.team,
+        user=row.user,
+        priority=row.priority,
+        replica=row.replica,
+        gpu_indices=tuple(row.gpu_indices),
+        gpu_milli=row.gpu_milli,
+        vram_bytes=row.vram_bytes,
+        cpus=row.cpus,
+        on_cpu=row.on_cpu,
+        preemptible=row.preemptible,
+        borrowed=row.borrowed,
+        attempt=row.attempt,
+        started_at=row.started_at or 0.0,
+        last_checkpoint_at=row.last_checkpoint_at,
+        progress=row.progress,
+        desired=AllocDesired(row.desired),
+        observed=AllocObserved(row.observed),
+    )
+    return AllocRecord(
+        alloc=alloc,
+        created_at=row.created_at,
+        ended_at=row.ended_at,
+        stop_reason=row.stop_reason,
+        stop_at=row.stop_at,
+        stop_grace_s=row.stop_grace_s,
+        deadline_at=row.deadline_at,
+        version=row.version,
+    )
+
+
+def inventory_to_json(node: Node) -> dict[str, Any]:
+    return {
+        "gpus": [
+            {
+                "index": g.index,
+                "model": g.model,
+                "vram_bytes": g.vram_bytes,
+                "vram_free_bytes": g.vram_free_bytes,
+                "utilization": g.utilization,
+            }
+            for g in node.gpus
+        ],
+        "cpus": node.cpus,
+        "labels": dict(node.labels),
+        "models_on_disk": sorted(node.models_on_disk),
+        "models_loaded": sorted(node.models_loaded),
+        "backends": sorted(node.backends),
+    }
+
+
+def node_from_row(row: Any) -> NodeRecord:
+    inv = row.inventory
+    node = Node(
+        name=row.name,
+        gpus=tuple(Gpu(**g) for g in inv.get("gpus", ())),
+        cpus=inv.get("cpus", 0),
+        labels=inv.get("labels") or {},
+        models_on_disk=frozenset(inv.get("models_on_disk", ())),
+        models_loaded=frozenset(inv.get("models_loaded", ())),
+        backends=frozenset(inv.get("backends", ())),
+        state=NodeState(row.state),
+        paused=row.paused,
+        draining=row.draining,
+        last_seen=row.last_seen,
+    )
+    return NodeRecord(node=node, joined_at=row.joined_at, version=row.version)
+
+
+def team_from_row(row: Any) -> Team:
+    return Team(
+        name=row.name,
+        quota_gpus=row.quota_gpus,
+        borrow_limit_gpus=row.borrow_limit_gpus,
+        weight=row.weight,
+    )

@@ -1,0 +1,132 @@
+"""The tables. The alembic migrations in ``migrations/`` create exactly these.
+
+Conventions: times are epoch seconds (float); structured values are JSON;
+every mutable row has a ``version`` that guarded updates compare and bump
+(STYLE.md habit 3), so a stale writer changes nothing instead of clobbering.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY, not a BIGINT one.
+BigSerial = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("seq", BigSerial, primary_key=True, autoincrement=True),  # submit order, cursors
+    sa.Column("id", sa.String(40), nullable=False, unique=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("priority", sa.String(64), nullable=False),
+    sa.Column("team", sa.String(64), nullable=False),
+    sa.Column("user", sa.String(128), nullable=False),
+    sa.Column("spec", sa.JSON, nullable=False),  # resources, selector, payload, ... (see convert)
+    sa.Column("replicas", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("timeout_s", sa.Double, nullable=True),
+    sa.Column("idempotency_key", sa.String(255), nullable=True),
+    sa.Column("request_hash", sa.String(64), nullable=True),
+    sa.Column("submitted_at", sa.Double, nullable=False),
+    sa.Column("not_before", sa.Double, nullable=False, default=0.0),
+    sa.Column("attempt", sa.Integer, nullable=False, default=0),  # of the latest allocation
+    sa.Column("failures", sa.Integer, nullable=False, default=0),  # count against max_attempts
+    sa.Column("allocation_ids", sa.JSON, nullable=True),  # current ones (a gang has several)
+    sa.Column("node", sa.String(255), nullable=True),
+    sa.Column("started_at", sa.Double, nullable=True),
+    sa.Column("finished_at", sa.Double, nullable=True),
+    sa.Column("progress", sa.Double, nullable=False, default=0.0),
+    sa.Column("checkpoint", sa.String(1024), nullable=True),  # last reported, resumed from
+    sa.Column("stop_request", sa.String(16), nullable=True),  # cancel | interrupt asked for
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("result", sa.JSON, nullable=True),  # list of result blob descriptors
+    sa.Column("version", sa.Integer, nullable=False, default=1),
+    sa.UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+    sa.Index("ix_jobs_state_seq", "state", "seq"),
+    sa.Index("ix_jobs_team_seq", "team", "seq"),
+)
+
+allocations = sa.Table(
+    "allocations",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("job_ids", sa.JSON, nullable=False),
+    sa.Column("node", sa.String(255), nullable=False),
+    sa.Column("team", sa.String(64), nullable=False),
+    sa.Column("user", sa.String(128), nullable=False),
+    sa.Column("priority", sa.String(64), nullable=False),
+    sa.Column("replica", sa.Integer, nullable=False, default=0),
+    sa.Column("gpu_indices", sa.JSON, nullable=False),
+    sa.Column("gpu_milli", sa.Integer, nullable=False, default=0),
+    sa.Column("vram_bytes", sa.BigInteger, nullable=False, default=0),
+    sa.Column("cpus", sa.Integer, nullable=False, default=0),
+    sa.Column("on_cpu", sa.Boolean, nullable=False, default=False),
+    sa.Column("preemptible", sa.Boolean, nullable=False, default=True),
+    sa.Column("borrowed", sa.Boolean, nullable=False, default=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=True),
+    sa.Column("ended_at", sa.Double, nullable=True),
+    sa.Column("last_checkpoint_at", sa.Double, nullable=True),
+    sa.Column("progress", sa.Double, nullable=False, default=0.0),
+    sa.Column("desired", sa.String(16), nullable=False),
+    sa.Column("observed", sa.String(16), nullable=False),
+    sa.Column("active", sa.Boolean, nullable=False),  # observed in (pending, running)
+    sa.Column("stop_reason", sa.String(16), nullable=True),
+    sa.Column("stop_at", sa.Double, nullable=True),  # when the stop was sent
+    sa.Column("stop_grace_s", sa.Double, nullable=True),
+    sa.Column("deadline_at", sa.Double, nullable=True),  # started_at + the jobs' timeout
+    sa.Column("version", sa.Integer, nullable=False, default=1),
+    sa.Index("ix_allocations_active_node", "active", "node"),
+)
+
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("paused", sa.Boolean, nullable=False, default=False),
+    sa.Column("draining", sa.Boolean, nullable=False, default=False),
+    sa.Column("inventory", sa.JSON, nullable=False),  # gpus, cpus, labels, models, backends
+    sa.Column("joined_at", sa.Double, nullable=False),
+    sa.Column("last_seen", sa.Double, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False, default=1),
+)
+
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("quota_gpus", sa.Double, nullable=False, default=0.0),
+    sa.Column("borrow_limit_gpus", sa.Double, nullable=True),
+    sa.Column("weight", sa.Double, nullable=False, default=1.0),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # admin | team | agent
+    sa.Column("team", sa.String(64), nullable=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False, unique=True),  # sha256 of the secret
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("revoked_at", sa.Double, nullable=True),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("seq", BigSerial, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("job_id", sa.String(40), nullable=True),
+    sa.Column("node", sa.String(255), nullable=True),
+    sa.Column("team", sa.String(64), nullable=True),  # lets team tokens read their events
+    sa.Column("data", sa.JSON, nullable=False),
+    sa.Index("ix_events_job_seq", "job_id", "seq"),
+)
