@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -62,6 +62,7 @@ class SchedulingLoop:
         self.rt = rt
         self.schedule = schedule
         self.unplaced: dict[str, Unplaced] = {}
+        self.awaiting: dict[str, frozenset[str]] = {}  # job -> victims still stopping
         self.cycles = 0
         self._next_timer: float | None = None
 
@@ -101,16 +102,27 @@ class SchedulingLoop:
         async with self.rt.db.read() as conn:
             loaded = await load_snapshot(conn)
         now = self.rt.clock.now()
+        snapshot = self._without_awaiting(loaded.snapshot)
         plan = await asyncio.to_thread(
-            self.schedule, loaded.snapshot, self.config(), now, self.rt.settings.scheduling.seed
+            self.schedule, snapshot, self.config(), now, self.rt.settings.scheduling.seed
         )
         applied = await apply_plan(self.rt, plan, loaded.versions)
+        self.awaiting.update(applied.awaiting)
         self._remember(loaded, plan, now)
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
             self.rt.schedule_needed.fire()  # something moved on, or more fits: go again
         self.cycles += 1
         self.rt.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return applied
+
+    def _without_awaiting(self, snapshot: Snapshot) -> Snapshot:
+        """Hide jobs whose preemption victims are still stopping; forget those whose are gone."""
+        active = {a.id for a in snapshot.allocations}
+        self.awaiting = {j: v for j, v in self.awaiting.items() if v & active}
+        if not self.awaiting:
+            return snapshot
+        queued = tuple(j for j in snapshot.queued if j.id not in self.awaiting)
+        return replace(snapshot, queued=queued)
 
     def _remember(self, loaded: Loaded, plan: Plan, now: float) -> None:
         self.unplaced = {u.job_id: u for u in plan.unplaced}

@@ -48,8 +48,10 @@ def settle(
     if ending is Ending.STOPPED and stop_reason is not None:
         return _stopped(stop_reason)
     if ending is Ending.LOST:
-        error = error or "its node was lost"
-    elif ending is Ending.STOPPED:
+        # Not the job's fault as far as we know, but it counts: a job that kills nodes must end.
+        # No backoff: the work should resume elsewhere at once.
+        return _failed(error or "its node was lost", True, failures, max_attempts, backoff=False)
+    if ending is Ending.STOPPED:
         error = "the agent stopped it unasked"
     return _failed(error or "failed", retryable, failures, max_attempts)
 
@@ -65,10 +67,12 @@ def _stopped(reason: StopReason) -> Settlement:
     return Settlement(JobState.CANCELLED, EventKind.JOB_CANCELLED, error="cancelled")
 
 
-def _failed(error: str, retryable: bool, failures: int, max_attempts: int) -> Settlement:
+def _failed(
+    error: str, retryable: bool, failures: int, max_attempts: int, *, backoff: bool = True
+) -> Settlement:
     if retryable and failures + 1 < max_attempts:
         return Settlement(
-            JobState.QUEUED, EventKind.JOB_REQUEUED, error=error, count_failure=True, backoff=True
+            JobState.QUEUED, EventKind.JOB_REQUEUED, error=error, count_failure=True, backoff=backoff
         )
     if retryable:
         error = f"{error} (gave up after {failures + 1} attempts)"

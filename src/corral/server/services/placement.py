@@ -6,6 +6,11 @@ decision depends on inside one short transaction, applies every placement
 group (one batch, or all replicas of a gang) inside a savepoint so a gang is
 all or nothing, and skips what went stale: it is retried next cycle, never
 forced. Messages to agents go out after the commit.
+
+A placement that ``preempts`` others is not applied yet: its victims get
+their stop (with a grace period to checkpoint) and the job stays queued
+until they have ended; the scheduling loop keeps it out of the next
+snapshots meanwhile, so the same room is not bought twice.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class Applied:
 
     placed: list[Assignment] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    # job id -> allocation ids that must end before it is placed (see the module doc)
+    awaiting: dict[str, frozenset[str]] = field(default_factory=dict)
     stale: int = 0  # placement groups or preemptions skipped because the state moved on
 
 
@@ -44,6 +51,10 @@ async def apply_plan(rt: Runtime, plan: Plan, versions: dict[str, int]) -> Appli
         return applied
     async with rt.tx() as tx:
         for group in _groups(plan.placements):
+            victims = frozenset(v for p in group for v in p.preempts)
+            if victims:
+                applied.awaiting.update(dict.fromkeys(group[0].job_ids, victims))
+                continue
             async with tx.conn.begin_nested() as savepoint:
                 assignments = await _place_group(rt, tx, group, versions)
                 if assignments is None:
