@@ -167,7 +167,10 @@ class Capacity:
         self.by_class: dict[int, Index] = {}
         self.by_model: dict[tuple[str, int], Index] = {}
         self._journal: list[tuple[int, NodeCap, tuple[int, ...], int, int, int]] = []
-        self.generation = 0  # grows whenever capacity is given back (a failed fit may now work)
+        # A new, never reused value whenever capacity is given back: "did not fit at
+        # generation g" stays true while the generation is still g (capacity only shrank).
+        self.generation = 0
+        self._generations = 0
         wanted = frozenset(models)
         for nc in self.nodes:
             if nc.schedulable:
@@ -202,22 +205,27 @@ class Capacity:
         """Give back what ``reserve`` took (a preemption what-if, or undo)."""
         self._apply(nc, gpus, milli, vram, cpus)
         self._journal.append((_RELEASE, nc, gpus, milli, vram, cpus))
-        self.generation += 1
+        self._generations += 1
+        self.generation = self._generations
 
-    def checkpoint(self) -> int:
+    def checkpoint(self) -> tuple[int, int]:
         """A mark to roll back to."""
-        return len(self._journal)
+        return (len(self._journal), self.generation)
 
-    def rollback(self, mark: int) -> None:
-        """Undo every change after ``mark``, newest first. Exact: tested by property."""
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Undo every change after ``mark``, newest first. Exact: tested by property.
+
+        The generation returns to the mark's: the state is the same as then.
+        Callers that cached "did not fit" *during* the what-if must drop those
+        entries (``Cycle.rollback`` does, through its memo log).
+        """
+        length, generation = mark
         journal = self._journal
-        if len(journal) <= mark:
-            return
-        while len(journal) > mark:
+        while len(journal) > length:
             op, nc, gpus, milli, vram, cpus = journal.pop()
             sign = 1 if op == _RESERVE else -1
             self._apply(nc, gpus, sign * milli, sign * vram, sign * cpus)
-        self.generation += 1
+        self.generation = generation
 
     def forget_journal(self) -> None:
         """Commit: drop the journal (used once the snapshot's allocations are loaded)."""

@@ -9,6 +9,7 @@ copy of capacity, which supports checkpoint/rollback for what-ifs.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 from corral.core.model import Allocation, Job, Node
 from corral.scheduler.api import Config, Snapshot
@@ -17,6 +18,28 @@ from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, clas
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
 from corral.scheduler.scorers import DEFAULT_SCORERS, Scorer, choose
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+_MISSING = object()
+Mark = tuple[tuple[int, int], int]
+"""A capacity mark and a memo-log length: what ``Cycle.rollback`` returns to."""
+
+
+class Memo(Generic[K, V]):
+    """A cache whose writes are undone by ``Cycle.rollback`` (what-ifs leave no trace)."""
+
+    def __init__(self, log: list[tuple[dict[Any, Any], Any, Any]]) -> None:
+        self._data: dict[K, V] = {}
+        self._log = log
+
+    def get(self, key: K) -> V | None:
+        return self._data.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        self._log.append((self._data, key, self._data.get(key, _MISSING)))
+        self._data[key] = value
+
 
 FEW_CLASSES = 8
 """Up to this many feasible classes, walk their own indexes; past it, walk the
@@ -46,7 +69,8 @@ class Cycle:
         self.checks = StaticChecks(self.representatives, filters)
         self._sources: dict[tuple[Need, str | None], list[list[Source]]] = {}
         self._feasible: dict[Need, list[int]] = {}
-        self._failed: dict[Need, int] = {}
+        self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
+        self._failed: Memo[Need, int] = self.memo()
         for alloc in snapshot.allocations:
             if alloc.active:
                 self.hold(alloc)
@@ -78,9 +102,31 @@ class Cycle:
                 (fit, locality(fit.node, model)) for fit in search(need, sources, limit, seen)
             )
         if not fits:
-            self._failed[need] = self.cap.generation
+            self._failed.put(need, self.cap.generation)
             return None
         return choose(need, fits, self.scorers, self.config.scorer_weights)
+
+    def memo(self) -> Memo[Any, Any]:
+        """A new cache that rolls back with the working copy."""
+        return Memo(self._memo_log)
+
+    def checkpoint(self) -> Mark:
+        """Start a what-if: capacity and every memo can return here."""
+        return (self.cap.checkpoint(), len(self._memo_log))
+
+    def rollback(self, mark: Mark) -> None:
+        """Undo capacity changes and memo writes made since ``mark``."""
+        self.cap.rollback(mark[0])
+        log = self._memo_log
+        while len(log) > mark[1]:
+            data, key, old = log.pop()
+            if old is _MISSING:
+                del data[key]
+            else:
+                data[key] = old
+
+    def node(self, name: str) -> NodeCap | None:
+        return self.cap.by_name.get(name)
 
     def take(self, fit: Fit) -> None:
         """Reserve ``fit`` on the working copy."""

@@ -120,3 +120,21 @@ def _search_cpu(
                 found.append(fit)
                 if len(found) >= limit:
                     return
+
+
+def slots(nc: NodeCap, need: Need, most: int) -> int:
+    """How many replicas of ``need`` fit on ``nc`` at once now (at most ``most``)."""
+    count = most if need.cpus == 0 else min(most, nc.cpus_free // need.cpus)
+    if need.cpu_only or count == 0:
+        return count
+    if need.gpus:
+        return min(count, len(nc.whole_free_cards(need.vram, need.gpu_models)) // need.gpus)
+    room = 0
+    for card, free in enumerate(nc.gpu_free):
+        if not nc.usable(card, 0, need.gpu_models):
+            continue
+        per_card = free // nc.milli_for(card, need.vram, need.milli)
+        if need.vram:
+            per_card = min(per_card, nc.gpu_vram_free[card] // need.vram)
+        room += max(per_card, 0)
+    return min(count, room)

@@ -1,35 +1,29 @@
 """``schedule``: the placement pipeline of one cycle.
 
-    admit      unknown priority class -> unplaced (none); future not_before -> (wait)
-    order      classes by rank; inside a class, fair round robin across users
-    place      static filters (per node class, cached) -> best-fit search over the
-               capacity index -> scorers choose among a few fits -> reserve
-    fallback   CPU offload when the class allows it and the job says cpu_fallback
-    explain    what is left gets reasons with node counts and a remedy
+    admit       unknown priority class -> unplaced (none); future not_before -> (wait)
+    guaranteed  classes by rank; inside a class, fair round robin across users;
+                only work that keeps its team within quota (may reclaim by preemption)
+    borrowing   what was over quota, classes by rank; inside a class the team that
+                borrows least per weight goes next, then fair across its users
+    per job     (planner.py) static filters per node class -> best-fit search over
+                the capacity index -> scorers choose among a few fits -> reserve;
+                gangs all or nothing; preemption; CPU offload; batching; reasons
 
 Pure: the snapshot is read, never changed; the same inputs give the same plan.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
+from collections.abc import Iterator
 
 from corral.core.model import Job, PriorityClass
-from corral.scheduler.api import (
-    Config,
-    Placement,
-    Plan,
-    Reason,
-    ReasonCode,
-    Remedy,
-    Snapshot,
-    Unplaced,
-)
-from corral.scheduler.cycle import Cycle
-from corral.scheduler.explain import explain, simple
-from corral.scheduler.fit import Fit
-from corral.scheduler.need import Need, need_of
+from corral.scheduler.api import Config, Plan, ReasonCode, Remedy, Snapshot
+from corral.scheduler.explain import simple
 from corral.scheduler.ordering import FairQueue, by_rank
+from corral.scheduler.planner import Planner
+from corral.scheduler.quota import Ledger
 
 DEFAULT_CONFIG = Config()
 
@@ -37,144 +31,77 @@ DEFAULT_CONFIG = Config()
 def schedule(
     snapshot: Snapshot, config: Config = DEFAULT_CONFIG, now: float = 0.0, seed: int = 0
 ) -> Plan:
-    """Decide which queued jobs run where now. Deterministic for equal inputs.
+    """Decide which queued jobs run where now, and what to preempt for them.
 
-    ``seed`` is accepted for the contract; the current policies need no
-    randomness (ties are broken by order), so equal inputs give equal plans.
+    Deterministic: ties are broken by order (submission time, ids, names), so
+    equal inputs give equal plans. ``seed`` is part of the contract for
+    policies that randomise; none of the current ones needs it.
     """
-    run = _Run(snapshot, config, now)
-    ready = run.admit(snapshot.queued)
+    classes = {c.name: c for c in config.priority_classes}
+    planner = Planner(snapshot, config, now, classes)
+    ready = _admit(planner, snapshot.queued, classes, now)
+    deferred: dict[str, list[Job]] = defaultdict(list)
     for pclass in by_rank(config.priority_classes):
         jobs = ready.get(pclass.name)
         if not jobs:
             continue
-        running = run.running_by_user(pclass.name)
+        running = _running_by_user(snapshot, pclass.name)
         for job in FairQueue(jobs, config.user_weights, running):
-            run.consider(job, pclass)
-    return run.plan()
+            if not planner.consider(job, pclass, guaranteed=True):
+                deferred[pclass.name].append(job)
+    for pclass in by_rank(config.priority_classes):
+        jobs = deferred.get(pclass.name)
+        if not jobs:
+            continue
+        running = _running_by_user(snapshot, pclass.name)
+        for job in borrowing_order(jobs, planner.ledger, config, running):
+            planner.consider(job, pclass, guaranteed=False)
+    return planner.plan()
 
 
-class _Run:
-    """Collects one cycle's decisions."""
+def borrowing_order(
+    jobs: list[Job], ledger: Ledger, config: Config, running: dict[str, float]
+) -> Iterator[Job]:
+    """Teams that borrow least per weight first; fair across users inside a team.
 
-    def __init__(self, snapshot: Snapshot, config: Config, now: float) -> None:
-        self.snapshot = snapshot
-        self.config = config
-        self.now = now
-        self.cycle = Cycle(snapshot, config, now)
-        self.classes = {c.name: c for c in config.priority_classes}
-        self.placements: list[Placement] = []
-        self.unplaced: list[Unplaced] = []
-        self.position = 0
-        self._explained: dict[
-            tuple[Need, str | None], tuple[int, tuple[tuple[Reason, ...], Remedy]]
-        ] = {}
+    A generator: each team's key is recomputed after the caller has decided
+    the job just yielded, so a team that just borrowed more waits its turn.
+    """
+    per_team: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs:
+        per_team[job.team].append(job)
+    queues = {t: FairQueue(js, config.user_weights, running) for t, js in per_team.items()}
+    heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t in queues]
+    heapq.heapify(heap)
+    while heap:
+        _, team = heapq.heappop(heap)
+        queue = queues[team]
+        yield queue.pop()
+        if queue:
+            heapq.heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
 
-    def admit(self, queued: tuple[Job, ...]) -> dict[str, list[Job]]:
-        """Jobs that may be placed now, by class; the others become unplaced."""
-        ready: dict[str, list[Job]] = defaultdict(list)
-        for job in queued:
-            if job.priority not in self.classes:
-                self.leave(
-                    job,
-                    *simple(
-                        ReasonCode.UNKNOWN_PRIORITY,
-                        f"unknown priority class {job.priority!r}",
-                        Remedy.NONE,
-                    ),
-                )
-            elif job.not_before > self.now:
-                wait = job.not_before - self.now
-                self.leave(
-                    job,
-                    *simple(
-                        ReasonCode.NOT_BEFORE,
-                        f"retry backoff: not before {wait:.0f}s from now",
-                        Remedy.WAIT,
-                    ),
-                )
-            else:
-                ready[job.priority].append(job)
-        return ready
 
-    def running_by_user(self, pclass: str) -> dict[str, float]:
-        counts: dict[str, float] = defaultdict(float)
-        for alloc in self.snapshot.allocations:
-            if alloc.active and alloc.priority == pclass:
-                counts[alloc.user] += 1
-        return counts
+def _admit(
+    planner: Planner, queued: tuple[Job, ...], classes: dict[str, PriorityClass], now: float
+) -> dict[str, list[Job]]:
+    """Jobs that may be placed now, by class; the others are left with a reason."""
+    ready: dict[str, list[Job]] = defaultdict(list)
+    for job in queued:
+        if job.priority not in classes:
+            text = f"unknown priority class {job.priority!r}"
+            planner.leave(job, simple(ReasonCode.UNKNOWN_PRIORITY, text, Remedy.NONE))
+        elif job.not_before > now:
+            text = f"retry backoff: not before {job.not_before - now:.0f}s from now"
+            planner.leave(job, simple(ReasonCode.NOT_BEFORE, text, Remedy.WAIT))
+        else:
+            ready[job.priority].append(job)
+    return ready
 
-    def consider(self, job: Job, pclass: PriorityClass) -> None:
-        limit = self.config.max_placements_per_cycle
-        if limit is not None and len(self.placements) >= limit:
-            self.leave(
-                job,
-                *simple(
-                    ReasonCode.CYCLE_LIMIT, "placement limit of this cycle reached", Remedy.WAIT
-                ),
-            )
-            return
-        need = need_of(job)
-        fits = self.fit_replicas(job, need)
-        on_cpu = False
-        if (
-            fits is None
-            and pclass.cpu_offload
-            and job.resources.cpu_fallback
-            and job.resources.wants_gpu
-        ):
-            fits = self.fit_replicas(job, need_of(job, on_cpu=True))
-            on_cpu = fits is not None
-        if fits is None:
-            self.leave(job, *self.explain(need, job.model))
-            return
-        self.record(job, fits, on_cpu)
 
-    def fit_replicas(self, job: Job, need: Need) -> list[Fit] | None:
-        """All replicas placed on the working copy, or none (rolled back)."""
-        mark = self.cycle.cap.checkpoint()
-        fits: list[Fit] = []
-        for _ in range(job.replicas):
-            fit = self.cycle.find(need, job.model)
-            if fit is None:
-                self.cycle.cap.rollback(mark)
-                return None
-            self.cycle.take(fit)
-            fits.append(fit)
-        return fits
-
-    def record(self, job: Job, fits: list[Fit], on_cpu: bool) -> None:
-        attempt = job.attempt + 1
-        for replica, fit in enumerate(fits):
-            alloc_id = f"{job.id}/{attempt}" + (f"/r{replica}" if job.gang else "")
-            self.placements.append(
-                Placement(
-                    allocation_id=alloc_id,
-                    job_ids=(job.id,),
-                    node=fit.node.name,
-                    replica=replica,
-                    gpu_indices=fit.gpus,
-                    gpu_milli=fit.milli,
-                    vram_bytes=fit.vram,
-                    cpus=fit.cpus,
-                    on_cpu=on_cpu,
-                )
-            )
-        self.position += 1
-
-    def explain(self, need: Need, model: str | None) -> tuple[tuple[Reason, ...], Remedy]:
-        """Reasons for a need that fits nowhere; reused until capacity is given back."""
-        key = (need, model)
-        cached = self._explained.get(key)
-        if cached is not None and cached[0] == self.cycle.cap.generation:
-            return cached[1]
-        result = explain(self.cycle, need, model)
-        self._explained[key] = (self.cycle.cap.generation, result)
-        return result
-
-    def leave(self, job: Job, reasons: tuple[Reason, ...], remedy: Remedy) -> None:
-        self.unplaced.append(Unplaced(job.id, self.position, reasons, remedy))
-        self.position += 1
-
-    def plan(self) -> Plan:
-        return Plan(placements=tuple(self.placements), unplaced=tuple(self.unplaced))
+def _running_by_user(snapshot: Snapshot, pclass: str) -> dict[str, float]:
+    """Active allocations per user in a class: the tie-break that carries fairness over cycles."""
+    counts: dict[str, float] = defaultdict(float)
+    for alloc in snapshot.allocations:
+        if alloc.active and alloc.priority == pclass:
+            counts[alloc.user] += 1
+    return counts

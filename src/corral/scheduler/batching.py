@@ -1,0 +1,52 @@
+"""Batching: compatible queued ``sample`` jobs share one allocation.
+
+Image generation batches well: one model load, one pass over a batch of
+prompts. Jobs are compatible when they are ``sample`` jobs with the same
+``batch_key`` (the client's promise that backend, model and batchable
+parameters agree), and the same priority class, team, resources, model and
+backend (so quotas, placement and accounting stay exact). When the first of
+them is placed, up to ``max_batch_size - 1`` others join its allocation,
+oldest first; the plan lists them in ``Placement.job_ids``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Iterable
+
+from corral.core.model import Job, JobKind
+from corral.scheduler.ordering import job_key
+
+
+def batch_key(job: Job) -> Hashable | None:
+    """The compatibility key of ``job``, or ``None`` when it never batches."""
+    if job.kind is not JobKind.SAMPLE or job.batch_key is None or job.gang:
+        return None
+    return (job.batch_key, job.priority, job.team, job.resources, job.model, job.backend)
+
+
+class Batcher:
+    """Queued batchable jobs by compatibility key, oldest first."""
+
+    def __init__(self, jobs: Iterable[Job], max_size: int) -> None:
+        self._max = max(1, max_size)
+        self._groups: dict[Hashable, list[Job]] = defaultdict(list)
+        for job in jobs:
+            key = batch_key(job)
+            if key is not None:
+                self._groups[key].append(job)
+        for group in self._groups.values():
+            group.sort(key=job_key, reverse=True)  # pop() takes the oldest
+
+    def followers(self, leader: Job, decided: set[str]) -> list[Job]:
+        """Up to ``max_size - 1`` undecided jobs that may share ``leader``'s allocation."""
+        key = batch_key(leader)
+        if key is None or self._max == 1:
+            return []
+        group = self._groups.get(key, [])
+        taken: list[Job] = []
+        while group and len(taken) < self._max - 1:
+            job = group.pop()
+            if job.id != leader.id and job.id not in decided:
+                taken.append(job)
+        return taken

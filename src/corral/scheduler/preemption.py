@@ -1,0 +1,237 @@
+"""Preemption: evict running work so that a job that is owed capacity can run.
+
+Two kinds, both decided here and never by chance:
+
+* **reclaim** - a team under its quota takes back capacity that other teams
+  borrow: victims are allocations of teams *over* their quota (marked
+  ``borrowed``, or plainly in excess), of a class no higher than the job's;
+* **priority** - inside one team, a class that ``can_preempt`` evicts work of
+  lower, preemptible classes.
+
+Never evicted: non-preemptible allocations (the allocation's flag or its
+class), work younger than ``min_runtime_before_preemption_s``, work already
+being stopped, work placed in this cycle. A gang's allocations go together.
+
+For each node that could run the job, victims are released on the working
+copy cheapest first (least work lost since the last checkpoint, then least
+progress) until the job fits; victims that turn out not to be needed are
+reprieved; the copy is rolled back. The node with the fewest victims, then
+the least work lost, wins, and only then is anything committed: there is no
+preemption that does not let the preemptor run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from corral.core.model import Allocation, PriorityClass
+from corral.core.states import AllocDesired
+from corral.scheduler.capacity import NodeCap
+from corral.scheduler.cycle import Cycle
+from corral.scheduler.fit import Fit, fit_on
+from corral.scheduler.need import Need
+from corral.scheduler.quota import Ledger
+
+NODES_TO_TRY = 64
+"""Nodes evaluated per attempt at most (those with most reclaimable room first):
+bounds the cost in a full cluster; one-victim options stop the search early."""
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """What one eviction removes: an allocation, or all allocations of a gang."""
+
+    allocs: tuple[Allocation, ...]
+    team: str
+    rank: int
+    milli: int
+    lost_s: float  # work since the last checkpoint (or start): what eviction throws away
+    progress: float
+
+    @property
+    def cost(self) -> tuple[float, float, str]:
+        return (self.lost_s, self.progress, self.allocs[0].id)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Who wants room, and which kinds of preemption it may use."""
+
+    team: str
+    rank: int
+    reclaim: bool  # the team is under quota: it may take back borrowed capacity
+    priority: bool  # its class can_preempt: it may evict lower classes of its team
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    fit: Fit
+    victims: tuple[Victim, ...]
+
+
+class Preemptor:
+    """Victims of one cycle, by node, and the what-if search."""
+
+    def __init__(
+        self,
+        allocations: Iterable[Allocation],
+        classes: Mapping[str, PriorityClass],
+        now: float,
+        min_runtime_s: float,
+    ) -> None:
+        self._now = now
+        self._min_runtime_s = min_runtime_s
+        self._by_node: dict[str, list[Victim]] = defaultdict(list)
+        self.evicted: set[str] = set()
+        for victim in _units(allocations, classes, now):
+            for node in {a.node for a in victim.allocs}:
+                self._by_node[node].append(victim)
+        for victims in self._by_node.values():
+            victims.sort(key=lambda v: v.cost)
+
+    def make_room(
+        self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, *, patient: bool = False
+    ) -> Room | None:
+        """Evict on the working copy so ``need`` fits; ``None`` (and no change) if it cannot.
+
+        ``patient`` ignores the minimum run time: "would preemption help once
+        the victims have run long enough?" (for the ``preempt`` remedy).
+        """
+        best: tuple[tuple[int, float, int], Room] | None = None
+        tried = 0
+        for nc in self._candidates(cycle, ledger, need, ask, patient):
+            room = self._try_node(cycle, ledger, nc, need, ask, patient)
+            if room is None:
+                continue
+            tried += 1
+            key = (
+                sum(len(v.allocs) for v in room.victims),
+                sum(v.lost_s for v in room.victims),
+                nc.idx,
+            )
+            if best is None or key < best[0]:
+                best = (key, room)
+            if key[0] == 1 or tried >= NODES_TO_TRY:
+                break
+        if best is None:
+            return None
+        for victim in best[1].victims:
+            self._release(cycle, victim)
+        fit = fit_on(best[1].fit.node, need)
+        assert fit is not None  # the what-if just showed it fits
+        cycle.take(fit)
+        return Room(fit, best[1].victims)
+
+    def commit(self, ledger: Ledger, room: Room) -> None:
+        """Record the evictions of a ``Room`` that was placed."""
+        for victim in room.victims:
+            ledger.add(victim.team, -victim.milli)
+            self.evicted.update(a.id for a in victim.allocs)
+
+    def _candidates(
+        self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, patient: bool
+    ) -> list[NodeCap]:
+        """Feasible nodes with victims, most reclaimable room (free + evictable) first."""
+        feasible = set(cycle.feasible_classes(need))
+        scored = []
+        for node, victims in self._by_node.items():
+            nc = cycle.node(node)
+            if nc is None or nc.cls not in feasible:
+                continue
+            room = sum(v.milli for v in victims if self._eligible(v, ledger, ask, patient, {}))
+            if room > 0:
+                scored.append((-(room + sum(nc.gpu_free)), nc.idx, nc))
+        scored.sort(key=lambda item: (item[0], item[1]))
+        return [nc for _, _, nc in scored]
+
+    def _try_node(
+        self, cycle: Cycle, ledger: Ledger, nc: NodeCap, need: Need, ask: Ask, patient: bool
+    ) -> Room | None:
+        mark = cycle.checkpoint()
+        spent: dict[str, int] = {}
+        chosen: list[Victim] = []
+        fit = None
+        for victim in self._by_node[nc.name]:
+            if not self._eligible(victim, ledger, ask, patient, spent):
+                continue
+            self._release(cycle, victim)
+            spent[victim.team] = spent.get(victim.team, 0) + victim.milli
+            chosen.append(victim)
+            fit = fit_on(nc, need)
+            if fit is not None:
+                break
+        if fit is not None:
+            chosen = self._reprieve(cycle, nc, need, chosen)
+            fit = fit_on(nc, need)
+        cycle.rollback(mark)
+        return Room(fit, tuple(chosen)) if fit is not None else None
+
+    def _reprieve(
+        self, cycle: Cycle, nc: NodeCap, need: Need, chosen: list[Victim]
+    ) -> list[Victim]:
+        """Put back, most expensive first, victims the job does not need gone."""
+        kept = list(chosen)
+        for victim in sorted(chosen[:-1], key=lambda v: v.cost, reverse=True):
+            for alloc in victim.allocs:
+                cycle.hold(alloc)
+            if fit_on(nc, need) is not None:
+                kept.remove(victim)
+            else:
+                self._release(cycle, victim)
+        return kept
+
+    def _eligible(
+        self, victim: Victim, ledger: Ledger, ask: Ask, patient: bool, spent: Mapping[str, int]
+    ) -> bool:
+        if victim.allocs[0].id in self.evicted or victim.rank > ask.rank:
+            return False
+        if (
+            not patient
+            and self._now - min(a.started_at for a in victim.allocs) < self._min_runtime_s
+        ):
+            return False
+        if victim.team == ask.team:
+            return ask.priority and victim.rank < ask.rank
+        if not ask.reclaim:
+            return False
+        used = ledger.used(victim.team) - spent.get(victim.team, 0)
+        quota = ledger.quota(victim.team)
+        excess = all(a.borrowed for a in victim.allocs) or used - victim.milli >= quota
+        return used > quota and excess
+
+    @staticmethod
+    def _release(cycle: Cycle, victim: Victim) -> None:
+        for alloc in victim.allocs:
+            cycle.unhold(alloc)
+
+
+def _units(
+    allocations: Iterable[Allocation], classes: Mapping[str, PriorityClass], now: float
+) -> list[Victim]:
+    """Preemptible active allocations, grouped so a gang is one victim."""
+    groups: dict[tuple[str, ...], list[Allocation]] = defaultdict(list)
+    for alloc in allocations:
+        if alloc.active and alloc.desired is AllocDesired.RUN:
+            groups[alloc.job_ids].append(alloc)
+    units = []
+    for allocs in groups.values():
+        pclass = classes.get(allocs[0].priority)
+        if not all(a.preemptible for a in allocs) or (
+            pclass is not None and not pclass.preemptible
+        ):
+            continue
+        first = allocs[0]
+        saved = max(first.last_checkpoint_at or first.started_at, first.started_at)
+        units.append(
+            Victim(
+                allocs=tuple(sorted(allocs, key=lambda a: a.id)),
+                team=first.team,
+                rank=pclass.rank if pclass is not None else 0,
+                milli=sum(a.milli for a in allocs if not a.on_cpu),
+                lost_s=max(0.0, now - saved),
+                progress=first.progress,
+            )
+        )
+    return units

@@ -1,0 +1,66 @@
+"""Team quotas: guaranteed GPUs, borrowing limits and weights, in milli-GPUs.
+
+A team's *usage* is the milli-GPUs its active allocations hold (CPU-offloaded
+work counts nothing). Its *quota* is guaranteed; past it the team borrows
+idle capacity, up to ``quota + borrow_limit`` (no limit when unset). The
+pipeline serves every team's within-quota work before anyone's borrowing
+(two passes), and only within-quota work may reclaim borrowed capacity by
+preemption. Teams missing from the snapshot get no quota and no limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from corral.core.model import Allocation, Team
+from corral.core.resources import MILLI
+
+
+class Ledger:
+    """Usage per team during one cycle, updated as placements and evictions are decided."""
+
+    def __init__(self, teams: Iterable[Team], allocations: Iterable[Allocation]) -> None:
+        self._teams = {t.name: t for t in teams}
+        self.usage: dict[str, int] = {}
+        for alloc in allocations:
+            if alloc.active and not alloc.on_cpu:
+                self.usage[alloc.team] = self.usage.get(alloc.team, 0) + alloc.milli
+
+    def quota(self, team: str) -> int:
+        """Guaranteed milli-GPUs of ``team``."""
+        known = self._teams.get(team)
+        return round(known.quota_gpus * MILLI) if known else 0
+
+    def limit(self, team: str) -> int | None:
+        """Most milli-GPUs ``team`` may hold, borrowing included; ``None``: no limit."""
+        known = self._teams.get(team)
+        if known is None or known.borrow_limit_gpus is None:
+            return None
+        return round((known.quota_gpus + known.borrow_limit_gpus) * MILLI)
+
+    def weight(self, team: str) -> float:
+        known = self._teams.get(team)
+        return known.weight if known else 1.0
+
+    def used(self, team: str) -> int:
+        return self.usage.get(team, 0)
+
+    def borrowed(self, team: str) -> int:
+        """Milli-GPUs held past the quota."""
+        return max(0, self.used(team) - self.quota(team))
+
+    def within_quota(self, team: str, charge: int) -> bool:
+        """``charge`` more keeps ``team`` at or under its guaranteed quota."""
+        return self.used(team) + charge <= self.quota(team)
+
+    def within_limit(self, team: str, charge: int) -> bool:
+        """``charge`` more keeps ``team`` at or under quota + borrowing limit."""
+        limit = self.limit(team)
+        return limit is None or self.used(team) + charge <= limit
+
+    def over_quota(self, team: str) -> bool:
+        return self.used(team) > self.quota(team)
+
+    def add(self, team: str, milli: int) -> None:
+        """Charge (positive) or refund (negative) ``team``."""
+        self.usage[team] = self.used(team) + milli
