@@ -13,10 +13,10 @@ class), work younger than ``min_runtime_before_preemption_s``, work already
 being stopped, work placed in this cycle. A gang's allocations go together.
 
 For each node that could run the job, victims are released on the working
-copy cheapest first (least work lost since the last checkpoint, then least
-progress) until the job fits; victims that turn out not to be needed are
-reprieved; the copy is rolled back. The node with the fewest victims, then
-the least work lost, wins, and only then is anything committed: there is no
+copy cheapest first (borrowed before not, then least work lost since the
+last checkpoint, then least progress) until the job fits; victims that turn out not to be needed are
+reprieved; the copy is rolled back. The node with the fewest victims, then the fewest
+not borrowed, then the least work lost, wins, and only then is anything committed: there is no
 preemption that does not let the preemptor run.
 """
 
@@ -49,10 +49,12 @@ class Victim:
     milli: int
     lost_s: float  # work since the last checkpoint (or start): what eviction throws away
     progress: float
+    borrowed: bool  # placed beyond its team's quota: the first to give back
 
     @property
-    def cost(self) -> tuple[float, float, str]:
-        return (self.lost_s, self.progress, self.allocs[0].id)
+    def cost(self) -> tuple[bool, float, float, str]:
+        """Borrowed work first, then least work lost, then least progress."""
+        return (not self.borrowed, self.lost_s, self.progress, self.allocs[0].id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,21 +101,17 @@ class Preemptor:
         ``patient`` ignores the minimum run time: "would preemption help once
         the victims have run long enough?" (for the ``preempt`` remedy).
         """
-        best: tuple[tuple[int, float, int], Room] | None = None
+        best: tuple[tuple[int, int, float, int], Room] | None = None
         tried = 0
         for nc in self._candidates(cycle, ledger, need, ask, patient):
             room = self._try_node(cycle, ledger, nc, need, ask, patient)
             if room is None:
                 continue
             tried += 1
-            key = (
-                sum(len(v.allocs) for v in room.victims),
-                sum(v.lost_s for v in room.victims),
-                nc.idx,
-            )
+            key = _badness(room, nc.idx)
             if best is None or key < best[0]:
                 best = (key, room)
-            if key[0] == 1 or tried >= NODES_TO_TRY:
+            if key[:2] == (1, 0) or tried >= NODES_TO_TRY:
                 break
         if best is None:
             return None
@@ -198,13 +196,24 @@ class Preemptor:
             return False
         used = ledger.used(victim.team) - spent.get(victim.team, 0)
         quota = ledger.quota(victim.team)
-        excess = all(a.borrowed for a in victim.allocs) or used - victim.milli >= quota
+        excess = victim.borrowed or used - victim.milli >= quota
         return used > quota and excess
 
     @staticmethod
     def _release(cycle: Cycle, victim: Victim) -> None:
         for alloc in victim.allocs:
             cycle.unhold(alloc)
+
+
+def _badness(room: Room, idx: int) -> tuple[int, int, float, int]:
+    """Fewest evicted allocations, then fewest not borrowed, then least work lost."""
+    victims = room.victims
+    return (
+        sum(len(v.allocs) for v in victims),
+        sum(len(v.allocs) for v in victims if not v.borrowed),
+        sum(v.lost_s for v in victims),
+        idx,
+    )
 
 
 def _units(
@@ -232,6 +241,7 @@ def _units(
                 milli=sum(a.milli for a in allocs if not a.on_cpu),
                 lost_s=max(0.0, now - saved),
                 progress=first.progress,
+                borrowed=all(a.borrowed for a in allocs),
             )
         )
     return units
