@@ -33,7 +33,8 @@ def test_greedy_team_submitting_together_gets_only_its_quota() -> None:
     assert world.gpus_of("b") == 20
     assert world.gpus_of("a") == 20
     assert not plan.preemptions
-    assert len(plan.unplaced) == 10 and all(u.job_id.startswith("a") for u in plan.unplaced)
+    assert len(plan.unplaced) == 10
+    assert all(u.job_id.startswith("a") for u in plan.unplaced)
 
 
 def test_greedy_team_that_came_first_gives_back_its_borrowed_gpus() -> None:
