@@ -1,0 +1,241 @@
+"""The HTTP API over real HTTP (uvicorn on loopback), on SQLite and PostgreSQL.
+
+The control plane's loops run for real; agents are stub agents in the same
+process, so placement -> start -> progress -> preview -> finish is seen
+through the API exactly as a web app would see it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from http_harness import Served, eventually, serve, sse_events
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def served(db_url: str, tmp_path: Path) -> AsyncIterator[Served]:
+    async with serve(db_url, tmp_path, max_body_bytes=64 * 1024, max_batch_jobs=10) as s:
+        yield s
+
+
+async def submit(s: Served, **spec: Any) -> dict[str, Any]:
+    r = await s.admin.post("/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+async def test_submit_get_and_the_scheduler_s_reasons(served: Served) -> None:
+    job = await submit(served, kind="sample", resources={"gpus": 1, "vram": "12GiB"}, user="ana")
+    assert job["state"] == "queued" and job["resources"]["vram_bytes"] == 12 * 1024**3
+
+    async def reasons() -> dict[str, Any] | None:
+        got = (await served.admin.get(f"/v1/jobs/{job['id']}")).json()
+        return got if got["queue"]["remedy"] else None
+
+    got = await eventually(reasons)
+    assert got["queue"]["reasons"][0]["code"] and got["queue"]["summary"]
+    queue = (await served.admin.get("/v1/queue")).json()
+    assert queue["total"] == 1 and queue["entries"][0]["job"]["id"] == job["id"]
+
+
+async def test_idempotency_key_returns_the_same_job(served: Served) -> None:
+    body = {"kind": "sample", "payload": {"prompt": "x"}}
+    headers = {"Idempotency-Key": "req-1"}
+    first = await served.admin.post("/v1/jobs", json=body, headers=headers)
+    again = await served.admin.post("/v1/jobs", json=body, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    other = await served.admin.post("/v1/jobs", json={**body, "payload": {"prompt": "y"}}, headers=headers)
+    assert other.status_code == 409 and "Idempotency-Key" in other.json()["message"]
+    listed = (await served.admin.get("/v1/jobs")).json()["jobs"]
+    assert len(listed) == 1
+
+
+async def test_batch_is_all_or_nothing(served: Served) -> None:
+    good = {"jobs": [{"kind": "sample"} for _ in range(3)]}
+    r = await served.admin.post("/v1/jobs/batch", json=good, headers={"Idempotency-Key": "b1"})
+    assert r.status_code == 201 and len(r.json()["jobs"]) == 3
+    replay = await served.admin.post("/v1/jobs/batch", json=good, headers={"Idempotency-Key": "b1"})
+    assert replay.status_code == 200
+    assert [j["id"] for j in replay.json()["jobs"]] == [j["id"] for j in r.json()["jobs"]]
+
+    bad = {"jobs": [{"kind": "sample"}, {"kind": "sample"}, {"priority": "nope"}]}
+    r = await served.admin.post("/v1/jobs/batch", json=bad)
+    assert r.status_code == 422 and r.json()["field"] == "jobs[2].priority"
+    too_many = {"jobs": [{} for _ in range(11)]}
+    r = await served.admin.post("/v1/jobs/batch", json=too_many)
+    assert r.status_code == 422 and r.json()["field"] == "jobs"
+    assert len((await served.admin.get("/v1/jobs")).json()["jobs"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "want_field"),
+    [
+        ({"resources": {"gpus": -1}}, "resources.gpus"),
+        ({"resources": {"gpus": 1.5}}, "resources.gpus"),
+        ({"resources": {"vram": "12 potatoes"}}, "resources.vram"),
+        ({"kind": "dance"}, "kind"),
+        ({"replicas": 0}, "replicas"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"colour": "red"}, "colour"),
+        ({"priority": "urgent"}, "priority"),
+        ({"team": "../etc"}, "team"),
+    ],
+    ids=["negative-gpus", "fractional-gpus-above-one", "bad-vram", "unknown-kind", "no-replicas", "zero-timeout", "unknown-field", "unknown-priority", "bad-team-name"],
+)
+async def test_bad_input_is_a_422_naming_the_field(served: Served, body: dict[str, Any], want_field: str) -> None:
+    r = await served.admin.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == want_field
+    assert want_field in r.json()["message"]
+
+
+async def test_malformed_json_and_bad_query_are_422(served: Served) -> None:
+    r = await served.admin.post("/v1/jobs", content=b'{"payload": {"x": NaN}}', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["field"] == "payload"
+    r = await served.admin.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["field"] == "body"
+    r = await served.admin.get("/v1/jobs", params={"limit": 0})
+    assert r.status_code == 422 and r.json()["field"] == "limit"
+    r = await served.admin.get("/v1/jobs", params={"cursor": "garbage!"})
+    assert r.status_code == 422 and r.json()["field"] == "cursor"
+
+
+async def test_oversize_bodies_get_413_and_leave_nothing(served: Served) -> None:
+    big = {"payload": {"blob": "x" * 70_000}}
+    r = await served.admin.post("/v1/jobs", json=big)
+    assert r.status_code == 413 and "limit" in r.json()["message"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"payload": {"blob": "'
+        for _ in range(10):
+            yield b"y" * 10_000
+        yield b'"}}'
+
+    r = await served.admin.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert (await served.admin.get("/v1/jobs")).json()["jobs"] == []
+
+
+async def test_list_pages_with_cursors_and_filters(served: Served) -> None:
+    ids = [(await submit(served, user=f"u{i % 2}"))["id"] for i in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = (await served.admin.get("/v1/jobs", params=params)).json()
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    u1 = (await served.admin.get("/v1/jobs", params={"user": "u1"})).json()["jobs"]
+    assert [j["id"] for j in u1] == [ids[3], ids[1]]
+    queued = (await served.admin.get("/v1/jobs", params={"state": ["queued", "running"]})).json()
+    assert len(queued["jobs"]) == 5
+    none = (await served.admin.get("/v1/jobs", params={"state": "succeeded"})).json()
+    assert none["jobs"] == []
+
+
+async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served) -> None:
+    job = await submit(served, kind="sample", resources={"gpus": 1})
+    frames: list[dict[str, Any]] = []
+    async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        agent = await served.agent("gpu-1")
+        a = await agent.next_assignment()
+        await agent.start(a)
+        await agent.progress(a, 0.5, "halfway")
+        await agent.preview(a, job["id"], b"\x89PNG preview")
+        await agent.log(a, "sampling")
+        await agent.finish(a, {job["id"]: {"image.png": b"\x89PNG final"}})
+        async for frame in sse_events(stream):
+            frames.append(frame)
+    kinds = [f["event"] for f in frames]
+    assert kinds == ["job.submitted", "job.placed", "job.started", "job.progress", "job.preview", "job.log", "job.succeeded"]
+    assert [int(f["id"]) for f in frames] == sorted(int(f["id"]) for f in frames)
+    preview_url = frames[4]["data"]["data"]["url"]
+    preview = await served.admin.get(preview_url)
+    assert preview.status_code == 200 and preview.content == b"\x89PNG preview"
+    assert preview.headers["content-type"] == "image/png"
+
+    result = (await served.admin.get(f"/v1/jobs/{job['id']}/result")).json()
+    assert result["state"] == "succeeded" and [f["name"] for f in result["files"]] == ["image.png"]
+    blob = await served.admin.get(result["files"][0]["url"])
+    assert blob.content == b"\x89PNG final"
+
+    # Resuming after the "started" event replays only what came after it.
+    started_id = frames[2]["id"]
+    async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": started_id}) as stream:
+        resumed = [f["event"] async for f in sse_events(stream)]
+    assert resumed == kinds[3:]
+
+
+async def test_cancel_and_interrupt_over_http(served: Served) -> None:
+    queued = await submit(served, resources={"gpus": 1})
+    r = await served.admin.post(f"/v1/jobs/{queued['id']}/cancel")
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    running = await submit(served, resources={"gpus": 1})
+    agent = await served.agent("gpu-1")
+    a = await agent.next_assignment()
+    await agent.start(a)
+    r = await served.admin.post(f"/v1/jobs/{running['id']}/interrupt")
+    assert r.status_code == 200 and r.json()["state"] == "running"
+    stop = await agent.receive()
+    assert stop.reason.value == "interrupt"  # type: ignore[union-attr]
+    await agent.finish(a, {running["id"]: {"partial.png": b"half"}})
+    done = (await served.admin.get(f"/v1/jobs/{running['id']}")).json()
+    assert done["state"] == "succeeded" and done["result"][0]["name"] == "partial.png"
+    r = await served.admin.post(f"/v1/jobs/{running['id']}/cancel")
+    assert r.status_code == 409
+    r = await served.admin.post("/v1/jobs/job_nope/cancel")
+    assert r.status_code == 404
+
+
+async def test_nodes_pause_resume_drain(served: Served) -> None:
+    await served.agent("gpu-1", gpus=2)
+    nodes = (await served.admin.get("/v1/nodes")).json()
+    assert [(n["name"], n["state"], len(n["gpus"])) for n in nodes] == [("gpu-1", "ready", 2)]
+    r = await served.admin.post("/v1/nodes/gpu-1/pause")
+    assert r.json()["paused"] is True and r.json()["schedulable"] is False
+    r = await served.admin.post("/v1/nodes/gpu-1/drain")
+    assert r.json()["draining"] is True
+    r = await served.admin.post("/v1/nodes/gpu-1/resume")
+    assert (r.json()["paused"], r.json()["draining"]) == (False, False)
+    assert served.link.sent.intake == [("gpu-1", False), ("gpu-1", False), ("gpu-1", True)]
+    assert (await served.admin.post("/v1/nodes/nope/pause")).status_code == 404
+
+
+async def test_teams_put_and_get(served: Served) -> None:
+    r = await served.admin.put("/v1/teams/vision", json={"quota_gpus": 4, "borrow_limit_gpus": 2, "weight": 2})
+    assert r.status_code == 200
+    teams = {t["name"]: t for t in (await served.admin.get("/v1/teams")).json()}
+    assert teams["vision"] == {"name": "vision", "quota_gpus": 4.0, "borrow_limit_gpus": 2.0, "weight": 2.0}
+    r = await served.admin.put("/v1/teams/vision", json={"weight": 0})
+    assert r.status_code == 422 and r.json()["field"] == "weight"
+
+
+async def test_health_metrics_and_trace_export(served: Served) -> None:
+    assert (await served.admin.get("/healthz")).json() == {"status": "ok"}
+    await submit(served, priority="paid", team="vision")
+    metrics = (await served.admin.get("/metrics")).text
+    assert 'corral_jobs_submitted_total{priority="paid",team="vision"} 1.0' in metrics
+    lines = (await served.admin.get("/v1/events/export")).text.splitlines()
+    import json
+
+    events = [json.loads(line) for line in lines]
+    assert events[0]["kind"] == "job.submitted" and events[0]["team"] == "vision"
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+
+
+async def test_openapi_documents_every_route(served: Served) -> None:
+    spec = (await served.admin.get("/openapi.json")).json()
+    paths = set(spec["paths"])
+    assert {"/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{job_id}/events", "/v1/queue", "/v1/nodes/{name}/drain", "/v1/teams/{name}", "/v1/tokens", "/v1/events/export", "/healthz", "/metrics"} <= paths
+    assert (await served.admin.get("/docs")).status_code == 200
