@@ -15,11 +15,13 @@ from corral.scheduler.api import (
     Snapshot,
     Unplaced,
 )
+from corral.scheduler.fragmentation import Fragmentation, fragmentation
 from corral.scheduler.pipeline import DEFAULT_CONFIG, schedule
 
 __all__ = [
     "DEFAULT_CONFIG",
     "Config",
+    "Fragmentation",
     "Placement",
     "Plan",
     "Preemption",
@@ -28,5 +30,6 @@ __all__ = [
     "Remedy",
     "Snapshot",
     "Unplaced",
+    "fragmentation",
     "schedule",
 ]

@@ -94,7 +94,7 @@ def _message(code: ReasonCode, need: Need) -> str:
     if code is ReasonCode.INSUFFICIENT_VRAM:
         return f"insufficient VRAM for {need.describe()}"
     if code is ReasonCode.INSUFFICIENT_CPUS:
-        return f"not enough free CPUs for {need.describe()}"
+        return f"not enough free CPUs for {need.cpus} CPU{'s' if need.cpus != 1 else ''}"
     return STATIC_MESSAGES.get(code, code.value)
 
 

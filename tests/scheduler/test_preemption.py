@@ -1,0 +1,116 @@
+"""Preemption: who may evict whom, how few, and never in vain."""
+
+from __future__ import annotations
+
+from scheduler_builders import alloc, job, node, snapshot, team
+
+from corral.scheduler import Config, Remedy, schedule
+
+NOW = 10_000.0
+
+
+def busy(node_name: str, cards: int, **fields: object) -> list:
+    """One allocation per card of ``node_name``."""
+    return [
+        alloc(f"{node_name}-{c}", node_name).cards(c).set(started_at=0.0, **fields)
+        for c in range(cards)
+    ]
+
+
+def test_a_class_that_can_preempt_evicts_a_lower_class_of_its_own_team() -> None:
+    allocs = busy("n", 2, team="t", priority="free")
+    plan = schedule(
+        snapshot([node("n").gpus(2)], [job("p").gpus(1).set(team="t", priority="paid")], allocs),
+        now=NOW,
+    )
+    assert [p.job_ids for p in plan.placements] == [("p",)]
+    assert len(plan.preemptions) == 1
+    assert plan.placements[0].preempts == (plan.preemptions[0].allocation_id,)
+    assert plan.preemptions[0].for_job == "p"
+
+
+def test_priority_preemption_stays_inside_the_team() -> None:
+    allocs = busy("n", 2, team="other", priority="free")
+    plan = schedule(
+        snapshot([node("n").gpus(2)], [job("p").gpus(1).set(team="t", priority="paid")], allocs),
+        now=NOW,
+    )
+    assert not plan.placements
+    assert not plan.preemptions
+
+
+def test_non_preemptible_work_is_never_evicted() -> None:
+    allocs = busy("n", 1, team="t", priority="free", preemptible=False)
+    allocs += busy("m", 1, team="t", priority="interactive")  # a non-preemptible class
+    jobs = [job("p").gpus(1).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("n").gpus(1), node("m").gpus(1)], jobs, allocs), now=NOW)
+    assert not plan.preemptions
+    assert plan.unplaced[0].remedy is Remedy.WAIT
+
+
+def test_reclaim_never_evicts_a_higher_class_for_a_lower_one() -> None:
+    allocs = busy("n", 4, team="a", priority="paid", borrowed=True)
+    jobs = [job("b1").gpus(1).set(team="b", priority="free")]
+    teams = [team("a", 0), team("b", 4)]
+    plan = schedule(snapshot([node("n").gpus(4)], jobs, allocs, teams), now=NOW)
+    assert not plan.preemptions
+
+
+def test_young_work_is_protected_by_the_minimum_run_time() -> None:
+    allocs = busy("n", 2, team="t", priority="free")
+    jobs = [job("p").gpus(1).set(team="t", priority="paid")]
+    config = Config(min_runtime_before_preemption_s=600)
+    plan = schedule(snapshot([node("n").gpus(2)], jobs, allocs), config, now=300.0)
+    assert not plan.preemptions
+    assert plan.unplaced[0].remedy is Remedy.PREEMPT  # it would help once they are older
+    plan = schedule(snapshot([node("n").gpus(2)], jobs, allocs), config, now=601.0)
+    assert len(plan.preemptions) == 1
+
+
+def test_the_victim_that_loses_least_work_goes_first() -> None:
+    allocs = [
+        alloc("old-ckpt", "n").cards(0).set(team="t", started_at=0.0, last_checkpoint_at=100.0),
+        alloc("fresh-ckpt", "n").cards(1).set(team="t", started_at=0.0, last_checkpoint_at=9_990.0),
+        alloc("never", "n").cards(2).set(team="t", started_at=0.0),
+    ]
+    jobs = [job("p").gpus(1).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("n").gpus(3)], jobs, allocs), now=NOW)
+    assert [p.allocation_id for p in plan.preemptions] == ["fresh-ckpt"]
+
+
+def test_fewest_victims_win_over_cheaper_but_more_numerous_ones() -> None:
+    allocs = [
+        alloc("small1", "a").cards(0).set(team="t", started_at=0.0, last_checkpoint_at=9_999.0),
+        alloc("small2", "a").cards(1).set(team="t", started_at=0.0, last_checkpoint_at=9_999.0),
+        alloc("big", "b").cards(0, 1).set(team="t", started_at=0.0),
+    ]
+    jobs = [job("p").gpus(2).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("a").gpus(2), node("b").gpus(2)], jobs, allocs), now=NOW)
+    assert [p.allocation_id for p in plan.preemptions] == ["big"]
+
+
+def test_no_preemption_when_the_job_still_would_not_fit() -> None:
+    allocs = busy("n", 2, team="t", priority="free")
+    allocs += [alloc("vip", "n").cards(2, 3).set(team="t", priority="interactive")]
+    jobs = [job("p").gpus(4).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("n").gpus(4)], jobs, allocs), now=NOW)
+    assert not plan.preemptions
+    assert not plan.placements
+
+
+def test_evicting_one_replica_of_a_gang_evicts_the_whole_gang() -> None:
+    allocs = [
+        alloc(f"g/r{i}", f"n{i}").cards(0).set(job_ids=("g",), replica=i, team="t", started_at=0.0)
+        for i in range(2)
+    ]
+    jobs = [job("p").gpus(1).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("n0").gpus(1), node("n1").gpus(1)], jobs, allocs), now=NOW)
+    assert sorted(p.allocation_id for p in plan.preemptions) == ["g/r0", "g/r1"]
+
+
+def test_preemption_can_be_switched_off() -> None:
+    allocs = busy("n", 1, team="t", priority="free")
+    jobs = [job("p").gpus(1).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("n").gpus(1)], jobs, allocs), Config(preemption=False), now=NOW)
+    assert not plan.preemptions
+    assert not plan.placements
