@@ -19,7 +19,7 @@ from corral.core.model import DEFAULT_PRIORITY_CLASSES
 from corral.scheduler import schedule as default_schedule
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.inprocess import InProcessLink
-from corral.server.api import errors, events, health, jobs, nodes, tokens
+from corral.server.api import errors, events, health, jobs, nodes, tokens, web
 from corral.server.api.limits import BodyLimit
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
@@ -110,5 +110,6 @@ def create_app(
     errors.install(app)
     for module in (jobs, nodes, tokens, events, health):
         app.include_router(module.router)
+    web.install(app)
     app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
     return app

@@ -1,0 +1,237 @@
+// corral dashboard: plain JavaScript, no build step. It reads the public HTTP
+// API with the token the user logs in with, and follows /v1/events (SSE over
+// fetch, so the token travels in a header, never in a URL) for live updates.
+"use strict";
+
+const TOKEN_KEY = "corral.token";
+const $ = (id) => document.getElementById(id);
+const state = { token: localStorage.getItem(TOKEN_KEY), lastEventId: 0, previews: {}, abort: null };
+
+// ---- API -------------------------------------------------------------------
+
+async function api(path, options = {}) {
+  const headers = { Authorization: `Bearer ${state.token}`, ...(options.headers || {}) };
+  const response = await fetch(path, { ...options, headers });
+  if (response.status === 401) { logout("Your token was not accepted. Log in again."); throw new Error("401"); }
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    throw new Error(body.message || `${response.status} ${response.statusText}`);
+  }
+  return response;
+}
+const getJson = async (path) => (await api(path)).json();
+
+async function imageUrl(path) {
+  if (state.previews[path]) return state.previews[path];
+  const blob = await (await api(path)).blob();
+  state.previews[path] = URL.createObjectURL(blob);
+  return state.previews[path];
+}
+
+// ---- login -----------------------------------------------------------------
+
+function logout(message = "") {
+  localStorage.removeItem(TOKEN_KEY);
+  state.token = null;
+  if (state.abort) state.abort.abort();
+  $("board").hidden = true; $("logout").hidden = true; $("login").hidden = false;
+  $("login-error").textContent = message;
+}
+
+async function login(token) {
+  state.token = token;
+  try {
+    await api("/v1/queue");
+  } catch (e) {
+    if (e.message !== "401") logout(`Could not reach the server: ${e.message}`);
+    return;
+  }
+  localStorage.setItem(TOKEN_KEY, token);
+  $("login").hidden = true; $("board").hidden = false; $("logout").hidden = false;
+  await refresh();
+  follow();
+}
+
+// ---- rendering -------------------------------------------------------------
+
+const el = (tag, attrs = {}, ...children) => {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v; else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+};
+const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+const bar = (parts) => el("div", { class: "bar" }, parts.map(([frac, cls]) =>
+  el("span", { class: cls || "", style: `width:${Math.max(0, Math.min(100, frac * 100)).toFixed(1)}%` })));
+const ago = (t) => t ? `${Math.max(0, Math.round(Date.now() / 1000 - t))}s ago` : "never";
+
+function nodeState(n) {
+  if (n.state === "lost") return "lost";
+  if (n.draining) return "draining";
+  return n.paused ? "paused" : "ready";
+}
+
+function renderNode(n) {
+  const used = {};  // GPU index -> reserved VRAM bytes, from allocations
+  for (const a of n.allocations) for (const i of a.gpu_indices) used[i] = (used[i] || 0) + (a.vram_bytes || 0);
+  const gpus = n.gpus.map((g) => {
+    const reserved = g.vram_free_bytes != null ? g.vram_bytes - g.vram_free_bytes : used[g.index] || 0;
+    const util = g.utilization != null ? ` · ${Math.round(g.utilization * 100)}% util` : "";
+    return el("div", { class: "gpu" }, `GPU ${g.index} ${g.model}: ${gib(reserved)} / ${gib(g.vram_bytes)}${util}`,
+      bar([[g.vram_bytes ? reserved / g.vram_bytes : 0]]));
+  });
+  const st = nodeState(n);
+  const toggle = el("button", {
+    class: "toggle", "aria-pressed": String(n.paused), "data-node": n.name,
+    title: n.paused ? "resume: accept new work" : "pause: no new work, running work continues",
+    onclick: () => api(`/v1/nodes/${encodeURIComponent(n.name)}/${n.paused ? "resume" : "pause"}`, { method: "POST" })
+      .then(refresh).catch((e) => alert(e.message)),
+  }, n.paused ? "resume" : "pause");
+  return el("div", { class: "card node", "data-node": n.name },
+    el("h3", {}, n.name, el("span", { class: `badge ${st}`, "data-state": st }, st), toggle),
+    n.gpus.length ? gpus : el("div", { class: "muted" }, `CPU only · ${n.cpus} slots`),
+    el("div", { class: "muted" }, `models loaded: ${n.models_loaded.join(", ") || "none"}`),
+    el("div", { class: "muted" }, `${n.allocations.length} running · last seen ${ago(n.last_seen)}`));
+}
+
+function renderRunning(job) {
+  const card = el("div", { class: "card job", "data-job": job.id },
+    el("h3", {}, job.id, el("span", { class: "badge" }, job.state)),
+    el("div", { class: "muted" }, `${job.kind} · ${job.team}/${job.user} · ${job.priority} · ${job.node || "placing"}`),
+    bar([[job.progress]]),
+    el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`));
+  const preview = state.previews["job:" + job.id];
+  if (preview) showPreview(card, preview);
+  return card;
+}
+
+async function showPreview(card, path) {
+  const url = await imageUrl(path).catch(() => null);
+  if (!url) return;
+  let img = card.querySelector("img.preview");
+  if (!img) { img = el("img", { class: "preview", alt: "preview" }); card.append(img); }
+  img.src = url;
+}
+
+function renderFinished(job) {
+  const card = el("div", { class: "card job", "data-job": job.id },
+    el("h3", {}, job.id, el("span", { class: `badge ${job.state}` }, job.state)),
+    el("div", { class: "muted" }, `${job.team}/${job.user} · ${job.error || `${job.result.length} result file(s)`}`));
+  for (const f of job.result.filter((f) => f.content_type.startsWith("image/")).slice(0, 2)) {
+    imageUrl(f.url).then((u) => card.append(el("img", { class: "preview", alt: f.name, src: u }))).catch(() => {});
+  }
+  for (const f of job.result.filter((f) => !f.content_type.startsWith("image/"))) {
+    card.append(el("div", { class: "muted" }, `${f.name} (${f.size} bytes)`));
+  }
+  return card;
+}
+
+function renderTeams(teams, nodes, running) {
+  const teamOfJob = Object.fromEntries(running.map((j) => [j.id, j.team]));
+  const usage = {};  // team -> {guaranteed, borrowed} in GPUs
+  for (const n of nodes) for (const a of n.allocations) {
+    const team = teamOfJob[a.job_ids[0]] || "?";
+    const gpus = (a.gpu_milli * a.gpu_indices.length) / 1000;
+    usage[team] = usage[team] || { guaranteed: 0, borrowed: 0 };
+    usage[team][a.borrowed ? "borrowed" : "guaranteed"] += gpus;
+  }
+  const total = Math.max(1, nodes.reduce((s, n) => s + n.gpus.length, 0));
+  return teams.map((t) => {
+    const u = usage[t.name] || { guaranteed: 0, borrowed: 0 };
+    return el("div", { class: "team", "data-team": t.name }, el("strong", {}, t.name),
+      bar([[u.guaranteed / total], [u.borrowed / total, "borrowed"]]),
+      el("span", { class: "muted" }, `${u.guaranteed.toFixed(1)} of ${t.quota_gpus} guaranteed + ${u.borrowed.toFixed(1)} borrowed`));
+  });
+}
+
+async function refresh() {
+  const [nodes, queue, teams, running, finished] = await Promise.all([
+    getJson("/v1/nodes"), getJson("/v1/queue"), getJson("/v1/teams").catch(() => []),
+    getJson("/v1/jobs?state=running&state=placed&limit=100"),
+    getJson("/v1/jobs?state=succeeded&state=failed&state=cancelled&limit=12"),
+  ]);
+  $("nodes-count").textContent = `(${nodes.length})`;
+  $("nodes").replaceChildren(...(nodes.length ? nodes.map(renderNode) : [el("p", { class: "muted" }, "No agent has connected yet.")]));
+  $("running").replaceChildren(...(running.jobs.length ? running.jobs.map(renderRunning) : [el("p", { class: "muted" }, "Nothing running.")]));
+  $("queue-count").textContent = `(${queue.total})`;
+  $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
+    el("strong", {}, e.job.id), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
+    el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"))));
+  $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
+  $("finished").replaceChildren(...finished.jobs.map(renderFinished));
+}
+
+// ---- live updates ----------------------------------------------------------
+
+let refreshTimer = null;
+function refreshSoon() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(() => refresh().catch(() => {}), 200);
+}
+
+function onEvent(kind, data) {
+  const card = document.querySelector(`#running [data-job="${CSS.escape(data.job_id || "")}"]`);
+  if (kind === "job.progress" && card) {
+    const frac = data.data.fraction ?? data.data.progress ?? 0;
+    card.querySelector(".bar > span").style.width = `${(frac * 100).toFixed(1)}%`;
+    card.querySelector(".progress-text").textContent = `${Math.round(frac * 100)}%`;
+    return;
+  }
+  if (kind === "job.preview") {
+    state.previews["job:" + data.job_id] = data.data.url;
+    if (card) showPreview(card, data.data.url);
+    return;
+  }
+  if (kind !== "job.log") refreshSoon();
+}
+
+async function follow() {
+  state.abort = new AbortController();
+  for (let delay = 500; state.token; delay = Math.min(delay * 2, 10000)) {
+    try {
+      const headers = { Authorization: `Bearer ${state.token}` };
+      if (state.lastEventId) headers["Last-Event-ID"] = String(state.lastEventId);
+      const response = await fetch("/v1/events", { headers, signal: state.abort.signal });
+      if (response.status === 401) return logout("Your token was not accepted.");
+      $("live").textContent = "live"; $("live").className = "badge on";
+      delay = 500;
+      await readSse(response.body.getReader());
+    } catch (e) {
+      if (e.name === "AbortError") return;
+    }
+    $("live").textContent = "reconnecting"; $("live").className = "badge off";
+    await new Promise((r) => setTimeout(r, delay));
+  }
+}
+
+async function readSse(reader) {
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, end); buffer = buffer.slice(end + 2);
+      let kind = "message", data = "";
+      for (const line of frame.split("\n")) {
+        if (line.startsWith("id:")) state.lastEventId = Number(line.slice(3).trim());
+        else if (line.startsWith("event:")) kind = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (data) onEvent(kind, JSON.parse(data));
+    }
+  }
+}
+
+// ---- start -----------------------------------------------------------------
+
+$("login-form").addEventListener("submit", (e) => { e.preventDefault(); login($("token").value.trim()); });
+$("logout").addEventListener("click", () => logout());
+const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromHash) { history.replaceState(null, "", location.pathname); login(fromHash); }
+else if (state.token) login(state.token); else logout();
