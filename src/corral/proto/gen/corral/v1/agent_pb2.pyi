@@ -173,7 +173,7 @@ class RunningAllocation(_message.Message):
     allocation_id: _builtins.str
     attempt: _builtins.int
     observed: _builtins.str
-    """"pending" | "running" """
+    """"pending" | "running" | "finished" (its end is not yet acknowledged)"""
     progress: _builtins.float
     def __init__(
         self,
@@ -450,12 +450,15 @@ class Result(_message.Message):
     MIME_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     BLOB_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     mime: _builtins.str
     data: _builtins.bytes
     """small results inline"""
     blob_id: _builtins.str
     """large results uploaded first"""
+    job_id: _builtins.str
+    """the job (of a batch) this result belongs to"""
     def __init__(
         self,
         *,
@@ -463,10 +466,11 @@ class Result(_message.Message):
         mime: _builtins.str = ...,
         data: _builtins.bytes = ...,
         blob_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob_id", b"blob_id", "data", b"data", "mime", b"mime", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob_id", b"blob_id", "data", b"data", "job_id", b"job_id", "mime", b"mime", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -572,9 +576,12 @@ class AllocationUpdate(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     """fencing token: updates from an old attempt are refused"""
+    job_id: _builtins.str
+    """the job of a batched allocation this update is about; empty: all"""
     @_builtins.property
     def started(self) -> Global___Started: ...
     @_builtins.property
@@ -601,10 +608,11 @@ class AllocationUpdate(_message.Message):
         checkpoint: Global___Checkpoint | None = ...,
         finished: Global___Finished | None = ...,
         failed: Global___Failed | None = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "log", b"log", "preview", b"preview", "progress", b"progress", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "log", b"log", "preview", b"preview", "progress", b"progress", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "job_id", b"job_id", "log", b"log", "preview", b"preview", "progress", b"progress", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["started", "progress", "preview", "log", "checkpoint", "finished", "failed"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
@@ -622,6 +630,7 @@ class ServerMessage(_message.Message):
     ASSIGN_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     INTAKE_FIELD_NUMBER: _builtins.int
+    ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -630,6 +639,8 @@ class ServerMessage(_message.Message):
     def stop(self) -> Global___Stop: ...
     @_builtins.property
     def intake(self) -> Global___Intake: ...
+    @_builtins.property
+    def ack(self) -> Global___UpdateAck: ...
     def __init__(
         self,
         *,
@@ -637,16 +648,49 @@ class ServerMessage(_message.Message):
         assign: Global___Assign | None = ...,
         stop: Global___Stop | None = ...,
         intake: Global___Intake | None = ...,
+        ack: Global___UpdateAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assign", b"assign", "body", b"body", "intake", b"intake", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assign", b"assign", "body", b"body", "intake", b"intake", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
+
+@_typing.final
+class UpdateAck(_message.Message):
+    """The server's answer to an update the agent must not lose (started, checkpoint,
+    finished, failed): until it arrives the agent keeps the update and resends it after
+    a reconnect. ``status`` is "accepted", "duplicate", "stale" (an old attempt: fenced
+    out) or "unknown"; all of them mean "do not send it again".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    ALLOCATION_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """the AgentMessage.seq answered"""
+    allocation_id: _builtins.str
+    status: _builtins.str
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        allocation_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateAck: _TypeAlias = UpdateAck  # noqa: Y015
 
 @_typing.final
 class Welcome(_message.Message):
@@ -695,6 +739,9 @@ class Assign(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     RESUME_FROM_FIELD_NUMBER: _builtins.int
     RESUME_STEP_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     kind: _builtins.str
@@ -711,10 +758,18 @@ class Assign(_message.Message):
     resume_from: _builtins.str
     """checkpoint path or blob URL, empty for a first attempt"""
     resume_step: _builtins.int
+    replica: _builtins.int
+    """which replica of a gang, 0-based"""
+    replicas: _builtins.int
+    """gang size; 1 for a single job or a batch"""
     @_builtins.property
     def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Work]:
+        """every job, in order (the fields above repeat the first job's)"""
+
     def __init__(
         self,
         *,
@@ -733,14 +788,62 @@ class Assign(_message.Message):
         timeout_s: _builtins.float = ...,
         resume_from: _builtins.str = ...,
         resume_step: _builtins.int = ...,
+        jobs: _abc.Iterable[Global___Work] | None = ...,
+        replica: _builtins.int = ...,
+        replicas: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "backend", b"backend", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "job_ids", b"job_ids", "kind", b"kind", "model", b"model", "on_cpu", b"on_cpu", "payload_json", b"payload_json", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "backend", b"backend", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "job_ids", b"job_ids", "jobs", b"jobs", "kind", b"kind", "model", b"model", "on_cpu", b"on_cpu", "payload_json", b"payload_json", "replica", b"replica", "replicas", b"replicas", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assign: _TypeAlias = Assign  # noqa: Y015
+
+@_typing.final
+class Work(_message.Message):
+    """One job inside an assignment."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    RESUME_FROM_FIELD_NUMBER: _builtins.int
+    RESUME_STEP_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    kind: _builtins.str
+    payload_json: _builtins.str
+    """a JSON object"""
+    model: _builtins.str
+    backend: _builtins.str
+    timeout_s: _builtins.float
+    """0: none"""
+    resume_from: _builtins.str
+    """checkpoint reported by an earlier attempt, empty for a first"""
+    resume_step: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        payload_json: _builtins.str = ...,
+        model: _builtins.str = ...,
+        backend: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+        resume_from: _builtins.str = ...,
+        resume_step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "job_id", b"job_id", "kind", b"kind", "model", b"model", "payload_json", b"payload_json", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Work: _TypeAlias = Work  # noqa: Y015
 
 @_typing.final
 class Stop(_message.Message):
