@@ -118,9 +118,12 @@ def _serve(settings: Any) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
 
+    plane = create_plane(settings)
+
     def banner(report: StartReport) -> None:
         lines = [
             f"corral server listening on http://{shown}:{port}  (API docs: /docs)",
+            *_agents_line(getattr(plane.link, "address", None)),
             f"  database: {report.db}",
             f"  blobs:    {report.blobs}",
         ]
@@ -131,7 +134,7 @@ def _serve(settings: Any) -> None:
             ]
         print("\n".join(lines), flush=True)
 
-    app = create_app(plane=create_plane(settings), on_started=banner)
+    app = create_app(plane=plane, on_started=banner)
     config = uvicorn.Config(
         app,
         log_level=settings.log_level,
@@ -140,6 +143,12 @@ def _serve(settings: Any) -> None:
     )
     uvicorn.Server(config).run(sockets=[sock])
     sys.stdout.flush()
+
+
+def _agents_line(address: str | None) -> list[str]:
+    if not address:
+        return []
+    return [f"  agents join with: corral agent --server {address} --token <agent token>"]
 
 
 def _bind(host: str, port: int) -> socket.socket:

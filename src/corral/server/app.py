@@ -18,6 +18,7 @@ from corral.core.clock import Clock, WallClock
 from corral.core.model import DEFAULT_PRIORITY_CLASSES
 from corral.scheduler import schedule as default_schedule
 from corral.server.agentlink.base import AgentLink
+from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
 from corral.server.api import errors, events, health, jobs, nodes, tokens, web
 from corral.server.api.limits import BodyLimit
@@ -60,10 +61,17 @@ def build_runtime(
         db=db,
         blobs=blobs or LocalBlobStore(settings.blob_path()),
         clock=clock or WallClock(),
-        link=link or InProcessLink(),
+        link=link or default_link(settings),
         metrics=Metrics(),
         priority_classes=DEFAULT_PRIORITY_CLASSES,
     )
+
+
+def default_link(settings: Settings) -> AgentLink:
+    """The gRPC agent link (started with the app), or the in-process stub when it is off."""
+    if settings.agents.enabled:
+        return GrpcLink(settings.agents, settings.api.host)
+    return InProcessLink()
 
 
 def create_plane(
@@ -91,11 +99,15 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         report = await plane.start()
-        if on_started is not None:
-            on_started(report)
         try:
+            if isinstance(plane.link, GrpcLink):  # agents may dial in once the store is ready
+                await plane.link.start(plane.agents, plane.rt.blobs, plane.rt.clock)
+            if on_started is not None:
+                on_started(report)
             yield
         finally:
+            if isinstance(plane.link, GrpcLink):
+                await plane.link.close()
             await plane.stop()
 
     app = FastAPI(

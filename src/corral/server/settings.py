@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_HOME = Path("~/.corral")
 DEFAULT_PORT = 8470
+DEFAULT_AGENT_PORT = 8471
 
 
 class StoreSettings(BaseModel):
@@ -88,6 +89,32 @@ class SchedulingSettings(BaseModel):
     seed: int = Field(default=0, description="seed handed to the scheduler for tie-breaks")
 
 
+class AgentLinkSettings(BaseModel):
+    """The gRPC port agents dial (docs/agent-link.md)."""
+
+    enabled: bool = Field(
+        default=True, description="serve the gRPC agent link (off: agents cannot join)"
+    )
+    host: str | None = Field(default=None, description="address to listen on (default: api.host)")
+    port: int = Field(default=DEFAULT_AGENT_PORT, ge=0, le=65535, description="0 picks a free port")
+    max_message_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=64 * 1024,
+        description="largest stream message; larger results go through chunked uploads",
+    )
+    max_blob_bytes: int = Field(
+        default=512 * 1024 * 1024, ge=1024, description="largest uploaded result blob"
+    )
+    upload_idle_s: float = Field(
+        default=600.0, gt=0, description="a partial upload with no chunk for this long is dropped"
+    )
+    hello_timeout_s: float = Field(
+        default=10.0, gt=0, description="an agent must say hello this soon after connecting"
+    )
+    tls_cert: Path | None = Field(default=None, description="PEM certificate: serve TLS (grpcs)")
+    tls_key: Path | None = Field(default=None, description="PEM private key for tls_cert")
+
+
 class Settings(BaseSettings):
     """Everything ``corral server`` can be told."""
 
@@ -107,6 +134,7 @@ class Settings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
+    agents: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
 
     def resolved_home(self) -> Path:
         return self.home.expanduser()

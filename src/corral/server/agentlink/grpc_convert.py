@@ -1,0 +1,179 @@
+"""Wire <-> domain translation for the gRPC agent link (pure functions, no I/O).
+
+The protobuf messages of ``proto/corral/v1/agent.proto`` meet the server's own
+types of ``agentlink.base`` here and nowhere else, so the servicer and the
+link stay about flow, not field copying.
+
+A checkpoint the agent reports is a path (or an uploaded blob id) and a step;
+the server stores one opaque reference per job. ``checkpoint_ref`` writes
+them as ``path#step=N`` and ``split_ref`` reads that back when the job is
+assigned again, so a resumed attempt knows where to start.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+from corral.core.model import Gpu
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+from corral.server.agentlink.base import (
+    Assignment,
+    HelloReply,
+    Inventory,
+    JobWork,
+    Running,
+    StopOrder,
+    StopReason,
+)
+
+_STOP_TO_WIRE = {
+    StopReason.CANCEL: pb.STOP_REASON_CANCEL,
+    StopReason.INTERRUPT: pb.STOP_REASON_INTERRUPT,
+    StopReason.PREEMPT: pb.STOP_REASON_PREEMPT,
+    StopReason.TIMEOUT: pb.STOP_REASON_TIMEOUT,
+}
+_REF_STEP = re.compile(r"^(?P<path>.*)#step=(?P<step>\d+)$")
+
+
+def inventory_from(msg: pb.Inventory, agent_version: str = "") -> Inventory:
+    """The server's ``Inventory`` from a hello; models loaded by any backend count as loaded."""
+    loaded = {m for models in msg.loaded_by_backend.values() for m in models.models}
+    return Inventory(
+        node=msg.node,
+        gpus=gpus_from(msg.gpus),
+        cpus=msg.cpus,
+        labels=dict(msg.labels),
+        models_on_disk=frozenset(msg.models_on_disk),
+        models_loaded=frozenset(loaded),
+        backends=frozenset(msg.backends),
+        agent_version=msg.agent_version or agent_version,
+    )
+
+
+def running_from(msg: pb.Inventory) -> list[Running]:
+    """What the agent holds: running work and finished work whose end is not yet acknowledged."""
+    return [Running(r.allocation_id, r.attempt) for r in msg.running]
+
+
+def gpus_from(gpus: Iterable[pb.Gpu]) -> tuple[Gpu, ...]:
+    return tuple(
+        Gpu(
+            index=g.index,
+            model=g.model,
+            vram_bytes=g.vram_total_bytes,
+            vram_free_bytes=g.vram_free_bytes,
+            utilization=g.utilization,
+        )
+        for g in gpus
+    )
+
+
+def welcome_messages(node: str, reply: HelloReply) -> list[pb.ServerMessage]:
+    """Welcome first, then what the agent must run and stop, then the intake state."""
+    out = [
+        pb.ServerMessage(
+            welcome=pb.Welcome(
+                node=node,
+                heartbeat_interval_s=reply.heartbeat_s,
+                stop_allocations=[s.allocation_id for s in reply.stop],
+            )
+        )
+    ]
+    out += [assign_message(a) for a in reply.assign]
+    out += [stop_message(s) for s in reply.stop]
+    out.append(intake_message(reply.intake_open))
+    return out
+
+
+def assign_message(a: Assignment) -> pb.ServerMessage:
+    jobs = [_work(w) for w in a.jobs]
+    first = jobs[0] if jobs else pb.Work()
+    payloads = [json.loads(w.payload_json) for w in jobs]
+    payload_json = jobs[0].payload_json if len(jobs) == 1 else json.dumps(payloads)
+    return pb.ServerMessage(
+        assign=pb.Assign(
+            allocation_id=a.allocation_id,
+            attempt=a.attempt,
+            job_ids=[w.job_id for w in a.jobs],
+            kind=first.kind,
+            payload_json=payload_json,
+            gpu_indices=list(a.gpu_indices),
+            gpu_milli=a.gpu_milli,
+            vram_bytes=a.vram_bytes,
+            cpus=a.cpus,
+            on_cpu=a.on_cpu,
+            model=first.model,
+            backend=first.backend,
+            timeout_s=first.timeout_s,
+            resume_from=first.resume_from,
+            resume_step=first.resume_step,
+            jobs=jobs,
+            replica=a.replica,
+            replicas=a.replicas,
+        )
+    )
+
+
+def _work(w: JobWork) -> pb.Work:
+    path, step = split_ref(w.checkpoint)
+    return pb.Work(
+        job_id=w.job_id,
+        kind=w.kind.value,
+        payload_json=json.dumps(dict(w.payload)),
+        model=w.model or "",
+        backend=w.backend or "",
+        timeout_s=w.timeout_s or 0.0,
+        resume_from=path,
+        resume_step=step,
+    )
+
+
+def stop_message(order: StopOrder) -> pb.ServerMessage:
+    return pb.ServerMessage(
+        stop=pb.Stop(
+            allocation_id=order.allocation_id,
+            reason=_STOP_TO_WIRE[order.reason],
+            grace_s=order.grace_s,
+        )
+    )
+
+
+def intake_message(open_: bool) -> pb.ServerMessage:
+    return pb.ServerMessage(intake=pb.Intake(paused=not open_))
+
+
+def ack_message(seq: int, allocation_id: str, status: str) -> pb.ServerMessage:
+    return pb.ServerMessage(ack=pb.UpdateAck(seq=seq, allocation_id=allocation_id, status=status))
+
+
+def checkpoint_ref(path: str, step: int) -> str:
+    """One reference for a checkpoint: ``path`` alone, or ``path#step=N``."""
+    return f"{path}#step={step}" if step > 0 else path
+
+
+def split_ref(ref: str | None) -> tuple[str, int]:
+    """``checkpoint_ref`` read back: (path, step); ("", 0) for no checkpoint."""
+    if not ref:
+        return "", 0
+    match = _REF_STEP.match(ref)
+    if match is None:
+        return ref, 0
+    return match.group("path"), int(match.group("step"))
+
+
+def progress_message(p: pb.Progress) -> str | None:
+    """The words shown with a progress figure: the agent's, or "step 3/20"."""
+    if p.message:
+        return p.message
+    if p.total > 0:
+        return f"step {p.step}/{p.total}"
+    return None
+
+
+def log_line(line: pb.LogLine) -> str:
+    """stdout lines as they are; other streams tagged (``[stderr] ...``)."""
+    if line.stream in ("", "stdout"):
+        return line.line
+    return f"[{line.stream}] {line.line}"

@@ -1,0 +1,191 @@
+"""``AgentLink`` over gRPC: the server's end of the agents' Connect streams.
+
+Each connected agent has one ``Session``: the queue of messages its open
+Connect stream writes out. ``GrpcLink.assign`` / ``stop`` / ``set_intake``
+put a message on that queue, or raise ``LinkError`` when the node has no
+stream (the intent is in the store; the agent gets it again at its next
+hello). A node whose stream ends is *not* lost here: the liveness loop
+decides that after ``node_timeout_s`` without a heartbeat.
+
+A session is registered *before* the server answers the agent's hello, and
+holds back what the scheduler sends meanwhile until the Welcome has gone
+out. Registering after the hello would lose an assignment placed in
+between; sending it before the Welcome would break the protocol's order.
+A second stream for the same node (the agent restarted, or its old
+connection is half-open) replaces the first, which is ended.
+
+``start`` binds the port and serves ``grpc_service.AgentLinkService``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from corral.core.clock import Clock
+from corral.core.errors import LinkError
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
+from corral.server.agentlink import grpc_convert as convert
+from corral.server.agentlink.base import AgentInbound, Assignment, StopOrder
+from corral.server.agentlink.grpc_service import AgentLinkService
+from corral.server.agentlink.grpc_uploads import Uploads
+from corral.server.blobs import BlobStore
+from corral.server.settings import AgentLinkSettings
+
+log = logging.getLogger("corral.server.agentlink")
+
+KEEPALIVE_MS = 20_000
+"""Ping an idle connection this often, so a half-open one (a NAT that forgot it) is found."""
+
+KEEPALIVE_TIMEOUT_MS = 10_000
+"""A ping unanswered this long ends the connection."""
+
+
+class Session:
+    """One agent's open Connect stream, as the rest of the server sees it."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
+        self.ended: tuple[str, str] | None = None  # (gRPC status name, details)
+        self._held: list[pb.ServerMessage] | None = []  # None once welcomed
+
+    def send(self, msg: pb.ServerMessage) -> None:
+        if self.ended is not None:
+            raise LinkError(f"node {self.node}: its stream has ended")
+        if self._held is not None:
+            self._held.append(msg)
+        else:
+            self.outbox.put_nowait(msg)
+
+    def welcome(self, messages: list[pb.ServerMessage]) -> None:
+        """Queue the Welcome and the hello's reconciliation, then what was held back."""
+        sent = {m.assign.allocation_id for m in messages if m.HasField("assign")}
+        for msg in messages:
+            self.outbox.put_nowait(msg)
+        for msg in self._held or []:
+            if msg.HasField("assign") and msg.assign.allocation_id in sent:
+                continue  # already in the hello's answer
+            self.outbox.put_nowait(msg)
+        self._held = None
+
+    def end(self, code: str = "OK", details: str = "") -> None:
+        """Close the stream (the first reason given wins)."""
+        if self.ended is None:
+            self.ended = (code, details)
+            self.outbox.put_nowait(None)
+
+
+@dataclass
+class LinkStats:
+    """Figures for benchmarks and logs."""
+
+    connects: int = 0
+    heartbeats: int = 0
+    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+
+
+class GrpcLink:
+    """Implements ``corral.server.agentlink.base.AgentLink`` over agents' gRPC streams."""
+
+    def __init__(self, settings: AgentLinkSettings, api_host: str = "127.0.0.1") -> None:
+        self.settings = settings
+        self.host = settings.host or api_host
+        self.sessions: dict[str, Session] = {}
+        self.stats = LinkStats()
+        self.address: str | None = None  # grpc://host:port once started
+        self._server: Any = None
+
+    async def assign(self, node: str, assignment: Assignment) -> None:
+        self._session(node).send(convert.assign_message(assignment))
+
+    async def stop(self, node: str, order: StopOrder) -> None:
+        self._session(node).send(convert.stop_message(order))
+
+    async def set_intake(self, node: str, *, open: bool) -> None:
+        self._session(node).send(convert.intake_message(open))
+
+    def _session(self, node: str) -> Session:
+        session = self.sessions.get(node)
+        if session is None:
+            raise LinkError(f"node {node} is not connected")
+        return session
+
+    def open(self, node: str) -> Session:
+        """A new session for ``node``; an older one is ended (the newest connection wins)."""
+        old = self.sessions.get(node)
+        if old is not None:
+            old.end("ABORTED", f"node {node} connected again; this stream is replaced")
+        session = Session(node)
+        self.sessions[node] = session
+        self.stats.connects += 1
+        return session
+
+    def release(self, session: Session) -> None:
+        session.end()
+        if self.sessions.get(session.node) is session:
+            del self.sessions[session.node]
+
+    async def start(self, inbound: AgentInbound, blobs: BlobStore, clock: Clock) -> str:
+        """Listen for agents; returns the address they dial (``grpc://host:port``)."""
+        s = self.settings
+        uploads = Uploads(blobs, clock, max_bytes=s.max_blob_bytes, idle_s=s.upload_idle_s)
+        server = grpc.aio.server(options=server_options(s.max_message_bytes))
+        pb_grpc.add_AgentLinkServicer_to_server(
+            AgentLinkService(self, inbound, uploads, s, clock), server
+        )
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        port = self._bind(server, f"{shown}:{s.port}")
+        await server.start()
+        self._server = server
+        scheme = "grpcs" if s.tls_cert else "grpc"
+        self.address = f"{scheme}://{shown}:{port}"
+        log.info("agent link listening on %s", self.address)
+        return self.address
+
+    def _bind(self, server: Any, where: str) -> int:
+        s = self.settings
+        try:
+            if s.tls_cert and s.tls_key:
+                creds = grpc.ssl_server_credentials([(_read(s.tls_key), _read(s.tls_cert))])
+                port = server.add_secure_port(where, creds)
+            elif s.tls_cert or s.tls_key:
+                raise LinkError("agents.tls_cert and agents.tls_key must be given together")
+            else:
+                port = server.add_insecure_port(where)
+        except RuntimeError as exc:
+            raise OSError(f"agent link cannot listen on {where}: {exc}") from None
+        if not port:
+            raise OSError(f"agent link cannot listen on {where}")
+        return int(port)
+
+    async def close(self, grace_s: float = 1.0) -> None:
+        """End every stream and stop listening; agents reconnect to another replica or later."""
+        for session in list(self.sessions.values()):
+            session.end("UNAVAILABLE", "the server is shutting down")
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+def _read(path: Path) -> bytes:
+    return path.expanduser().read_bytes()

@@ -1,0 +1,252 @@
+"""The gRPC servicer: agents' Connect streams and blob uploads, handed to ``AgentInbound``.
+
+One Connect stream per agent: the agent authenticates with its join token
+(``authorization: Bearer <token>`` metadata), says hello with its inventory
+and what it holds, and gets a Welcome followed by the reconciliation (what to
+run again, what to stop). Then a reader task feeds heartbeats and allocation
+updates to the inbound side, one at a time in the order sent, while the
+stream writes out what the server sends (see ``grpc_link.Session``).
+
+Updates the agent must not lose (started, checkpoint, finished, failed) are
+answered with an ``UpdateAck`` carrying the server's verdict; the agent keeps
+them until then and resends after a reconnect, which the inbound side
+answers ``duplicate`` when it already has them. A heartbeat from a node the
+server declared lost ends the stream with FAILED_PRECONDITION: the agent
+reconnects and says hello, and the server reconciles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+
+from corral.core.clock import Clock
+from corral.core.errors import Forbidden, LinkError, Unauthenticated
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
+from corral.server.agentlink import grpc_convert as convert
+from corral.server.agentlink.base import Ack, AgentInbound, ResultBlob
+from corral.server.agentlink.grpc_uploads import UploadError, Uploads
+from corral.server.settings import AgentLinkSettings
+
+if TYPE_CHECKING:
+    from corral.server.agentlink.grpc_link import GrpcLink, Session
+
+log = logging.getLogger("corral.server.agentlink")
+
+RELIABLE = frozenset({"started", "checkpoint", "finished", "failed"})
+"""Update kinds the agent keeps until acknowledged; progress, previews and logs are lossy."""
+
+
+class Refused(Exception):
+    """End the stream with gRPC status ``code`` (a ``grpc.StatusCode`` name)."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class AgentLinkService(pb_grpc.AgentLinkServicer):
+    def __init__(
+        self,
+        link: GrpcLink,
+        inbound: AgentInbound,
+        uploads: Uploads,
+        settings: AgentLinkSettings,
+        clock: Clock,
+    ) -> None:
+        self.link = link
+        self.inbound = inbound
+        self.uploads = uploads
+        self.settings = settings
+        self.clock = clock
+        self._updates: dict[str, Callable[[str, pb.AllocationUpdate], Awaitable[Ack]]] = {
+            "started": self._started,
+            "progress": self._progress,
+            "preview": self._preview,
+            "log": self._log,
+            "checkpoint": self._checkpoint,
+            "finished": self._finished,
+            "failed": self._failed,
+        }
+
+    async def Connect(  # the generated servicer names it
+        self, requests: AsyncIterator[pb.AgentMessage], context: Any
+    ) -> AsyncIterator[pb.ServerMessage]:
+        await self._authenticate(context)
+        hello = await self._first_hello(requests, context)
+        inventory = convert.inventory_from(hello.inventory)
+        session = self.link.open(inventory.node)
+        reader: asyncio.Task[None] | None = None
+        try:
+            try:
+                reply = await self.inbound.hello(inventory, convert.running_from(hello.inventory))
+            except LinkError as exc:
+                await abort(context, grpc.StatusCode.UNAVAILABLE, f"hello failed: {exc}")
+            session.welcome(convert.welcome_messages(inventory.node, reply))
+            log.info("agent %s connected (%d GPUs)", inventory.node, len(inventory.gpus))
+            reader = asyncio.create_task(self._read(session, requests))
+            while (msg := await session.outbox.get()) is not None:
+                yield msg
+            code, details = session.ended or ("OK", "")
+            if code != "OK":
+                await abort(context, getattr(grpc.StatusCode, code), details)
+        finally:
+            if reader is not None:
+                reader.cancel()
+            self.link.release(session)
+            log.info("agent %s stream ended", inventory.node)
+
+    async def UploadBlob(self, requests: AsyncIterator[pb.BlobChunk], context: Any) -> pb.BlobAck:
+        await self._authenticate(context)
+        try:
+            return await self.uploads.receive(requests)
+        except UploadError as exc:
+            await abort(context, getattr(grpc.StatusCode, exc.code), str(exc))
+
+    async def _authenticate(self, context: Any) -> None:
+        token = bearer(context.invocation_metadata())
+        if token is None:
+            await abort(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing agent join token: send the metadata 'authorization: Bearer <token>' "
+                "(corral agent --token)",
+            )
+        try:
+            await self.inbound.authenticate(token)
+        except Unauthenticated as exc:
+            await abort(context, grpc.StatusCode.UNAUTHENTICATED, f"agent token rejected: {exc}")
+        except Forbidden as exc:
+            await abort(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
+
+    async def _first_hello(
+        self, requests: AsyncIterator[pb.AgentMessage], context: Any
+    ) -> pb.Hello:
+        try:
+            first = await asyncio.wait_for(anext(requests), self.settings.hello_timeout_s)
+        except (TimeoutError, StopAsyncIteration):
+            first = None
+        if first is None or not first.HasField("hello"):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first message on a stream must be a hello",
+            )
+        if not first.hello.inventory.node:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "hello.inventory.node is empty")
+        hello: pb.Hello = first.hello
+        return hello
+
+    async def _read(self, session: Session, requests: AsyncIterator[pb.AgentMessage]) -> None:
+        """Feed the agent's messages to the inbound side until the stream ends."""
+        try:
+            async for msg in requests:
+                await self._handle(session, msg)
+            session.end()  # the agent closed its side
+        except Refused as exc:
+            session.end(exc.code, exc.details)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("agent %s: message handling failed", session.node)
+            session.end("UNAVAILABLE", "the server failed to handle a message; reconnect")
+
+    async def _handle(self, session: Session, msg: pb.AgentMessage) -> None:
+        body = msg.WhichOneof("body")
+        if body == "heartbeat":
+            await self._heartbeat(session.node, msg.heartbeat)
+        elif body == "update":
+            update = msg.update
+            kind = update.WhichOneof("body")
+            if kind is None:
+                raise Refused("INVALID_ARGUMENT", "an allocation update without a body")
+            ack = await self._updates[kind](session.node, update)
+            if kind in RELIABLE:
+                session.send(convert.ack_message(msg.seq, update.allocation_id, ack.value))
+        elif body == "hello":
+            raise Refused("INVALID_ARGUMENT", "hello twice on one stream: reconnect to resync")
+
+    async def _heartbeat(self, node: str, hb: pb.Heartbeat) -> None:
+        stats = self.link.stats
+        stats.heartbeats += 1
+        if hb.sent_at:
+            stats.lag_s.append(self.clock.now() - hb.sent_at)
+        try:
+            await self.inbound.heartbeat(node, convert.gpus_from(hb.gpus) or None)
+        except LinkError as exc:
+            raise Refused("FAILED_PRECONDITION", str(exc)) from None
+
+    async def _started(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        return await self.inbound.started(node, u.allocation_id, u.attempt)
+
+    async def _progress(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        return await self.inbound.progress(
+            node,
+            u.allocation_id,
+            u.attempt,
+            u.progress.fraction,
+            job_id=u.job_id or None,
+            message=convert.progress_message(u.progress),
+        )
+
+    async def _preview(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        if not u.job_id or not u.preview.image:
+            return Ack.UNKNOWN
+        image, mime = u.preview.image, u.preview.mime or "image/png"
+        return await self.inbound.preview(node, u.allocation_id, u.attempt, u.job_id, image, mime)
+
+    async def _log(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        line = convert.log_line(u.log)
+        return await self.inbound.log(
+            node, u.allocation_id, u.attempt, [line], job_id=u.job_id or None
+        )
+
+    async def _checkpoint(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        ref = convert.checkpoint_ref(u.checkpoint.path or u.checkpoint.blob_id, u.checkpoint.step)
+        return await self.inbound.checkpoint(
+            node, u.allocation_id, u.attempt, ref, job_id=u.job_id or None
+        )
+
+    async def _finished(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        blobs = []
+        for r in u.finished.results:
+            try:
+                data = r.data
+                if r.blob_id:
+                    data = await self.uploads.read_for(u.allocation_id, u.attempt, r.blob_id)
+            except UploadError as exc:
+                raise Refused("FAILED_PRECONDITION", f"result {r.name}: {exc}") from None
+            mime = r.mime or "application/octet-stream"
+            blobs.append(ResultBlob(r.job_id, r.name, data, mime))
+        if u.finished.modified:
+            changes = ", ".join(f"{k}={v}" for k, v in sorted(u.finished.modified.items()))
+            line = f"[agent] the agent changed the request: {changes}"
+            await self.inbound.log(node, u.allocation_id, u.attempt, [line])
+        return await self.inbound.finished(node, u.allocation_id, u.attempt, blobs)
+
+    async def _failed(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        return await self.inbound.failed(
+            node, u.allocation_id, u.attempt, u.failed.error, retryable=u.failed.retryable
+        )
+
+
+async def abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
+    """End the call with ``code`` (``context.abort`` raises; this says so to the type checker)."""
+    await context.abort(code, details)
+    raise AssertionError("context.abort returned")
+
+
+def bearer(metadata: Any) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` metadata entry, if any."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            scheme, _, token = str(value).partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
