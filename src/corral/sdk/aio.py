@@ -1,0 +1,266 @@
+"""The asyncio client: ``AsyncClient`` has the same methods as ``Client``, awaited.
+
+::
+
+    async with AsyncClient(url, token) as corral:
+        job = await corral.submit(kind="sample", payload={"prompt": "a red fox"}, gpus=1)
+        async for event in job.events():
+            print(event.kind, event.progress)
+        png = (await job.result()).files[0]
+
+Requests are the same ``calls.Call`` objects the sync client sends, so both
+clients speak the API identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from corral import __version__
+from corral.sdk import calls
+from corral.sdk.aio_job import AsyncEventStream, AsyncJob
+from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
+from corral.sdk.client import BATCH_CHUNK, DEFAULT_TIMEOUT
+from corral.sdk.config import resolve
+from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
+from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.models import (
+    JobSpec,
+    JobStatus,
+    NewToken,
+    NodeStatus,
+    QueueStatus,
+    ResultStatus,
+    TeamQuota,
+)
+from corral.sdk.retry import RETRYABLE, Follow, Retry, describe
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """A connection to one corral server for asyncio code. Close it (or ``async with``)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retry: Retry | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        target = resolve(url, token)
+        self.url = target.url
+        self.url_from = target.url_from
+        self.token = target.token
+        self.retry = retry or Retry()
+        headers = {"User-Agent": f"corral-sdk/{__version__}"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.url!r})"
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        spec: JobSpec | Mapping[str, Any] | None = None,
+        /,
+        *,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> AsyncJob:
+        """Submit one job (see ``Client.submit``)."""
+        job_spec = calls.make_spec(spec, fields)
+        key = idempotency_key or job_spec.idempotency_key or calls.new_key()
+        return AsyncJob(self, await self.run(calls.submit(job_spec, key)))
+
+    async def submit_many(
+        self,
+        specs: Iterable[JobSpec | Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        chunk: int = BATCH_CHUNK,
+    ) -> list[AsyncJob]:
+        """Submit many jobs through the batch endpoint, ``chunk`` per request."""
+        checked = [calls.make_spec(s, {}, f"jobs[{i}].") for i, s in enumerate(specs)]
+        base = idempotency_key or calls.new_key()
+        jobs: list[AsyncJob] = []
+        for n, start in enumerate(range(0, len(checked), max(1, chunk))):
+            part = checked[start : start + max(1, chunk)]
+            key = base if n == 0 and len(checked) <= chunk else f"{base}.{n}"
+            jobs += [AsyncJob(self, s) for s in await self.run(calls.submit_batch(part, key))]
+        return jobs
+
+    async def job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, await self.run(calls.get_job(job_id)))
+
+    async def jobs(
+        self,
+        *,
+        state: str | Sequence[str] | None = None,
+        team: str | None = None,
+        user: str | None = None,
+        limit: int = 50,
+    ) -> list[JobStatus]:
+        """Jobs newest first, filtered; follows pages until ``limit`` jobs are read."""
+        states = [state] if isinstance(state, str) else list(state or ())
+        out: list[JobStatus] = []
+        cursor: str | None = None
+        while len(out) < limit:
+            call = calls.list_jobs(
+                states=states, team=team, user=user, limit=limit - len(out), cursor=cursor
+            )
+            page = await self.run(call)
+            out += page.jobs
+            cursor = page.next_cursor
+            if not cursor or not page.jobs:
+                break
+        return out
+
+    async def queue(self, limit: int = 100) -> QueueStatus:
+        return await self.run(calls.queue(limit))
+
+    # -- nodes, teams, tokens ------------------------------------------------------------
+
+    async def nodes(self) -> list[NodeStatus]:
+        return await self.run(calls.list_nodes())
+
+    async def node(self, name: str) -> NodeStatus:
+        return await self.run(calls.get_node(name))
+
+    async def pause_node(self, name: str) -> NodeStatus:
+        return await self.run(calls.node_action(name, "pause"))
+
+    async def resume_node(self, name: str) -> NodeStatus:
+        return await self.run(calls.node_action(name, "resume"))
+
+    async def drain_node(self, name: str) -> NodeStatus:
+        return await self.run(calls.node_action(name, "drain"))
+
+    async def teams(self) -> list[TeamQuota]:
+        return await self.run(calls.list_teams())
+
+    async def set_team(
+        self,
+        name: str,
+        *,
+        quota: float | None = None,
+        borrow_limit: float | Unchanged | None = UNCHANGED,
+        weight: float | None = None,
+    ) -> TeamQuota:
+        """Create or change a team (admin); settings not given keep their value."""
+        current = next((t for t in await self.teams() if t.name == name), None)
+        return await self.run(
+            calls.put_team(merge_team(name, current, quota, borrow_limit, weight))
+        )
+
+    async def create_token(self, kind: str, name: str, team: str | None = None) -> NewToken:
+        return await self.run(calls.create_token(kind, name, team))
+
+    async def health(self) -> dict[str, Any]:
+        return await self.run(calls.health())
+
+    # -- plumbing used by AsyncJob -------------------------------------------------------
+
+    async def result_status(self, job_id: str) -> ResultStatus:
+        return await self.run(calls.result(job_id))
+
+    async def stop_job(self, job_id: str, how: str) -> JobStatus:
+        return await self.run(calls.stop(job_id, how))
+
+    async def download(self, path: str) -> bytes:
+        return (await self.request("GET", path)).content
+
+    def events(
+        self, job_id: str, *, after: int = 0, idle_timeout: float | None = None
+    ) -> AsyncEventStream:
+        follow = Follow(job_id, self.url, self.retry, last=after, idle_timeout=idle_timeout)
+        return AsyncEventStream(self.stream_events(follow), follow)
+
+    async def run(self, call: calls.Call[T]) -> T:
+        response = await self.request(
+            call.method, call.path, params=call.params, json=call.json, headers=call.headers
+        )
+        return call.parse(response.json() if response.content else None)
+
+    async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request, retried on connection errors and 502/503/504; errors raise."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self._http.request(method, path, **kw)
+            except httpx.UnsupportedProtocol as exc:
+                raise ClientError(f"bad server URL {self.url!r}: {exc}") from None
+            except RETRYABLE as exc:
+                delay = self.retry.delay(attempt)
+                if delay is None:
+                    raise self._unreachable(exc, attempt) from exc
+                await asyncio.sleep(delay)
+                continue
+            if response.status_code in RETRY_STATUSES:
+                delay = self.retry.delay(attempt)
+                if delay is not None:
+                    await asyncio.sleep(delay)
+                    continue
+            if response.status_code >= 400:
+                raise api_error(response)
+            return response
+
+    def _unreachable(self, exc: BaseException, attempts: int) -> ServerUnreachable:
+        where = "" if self.url_from in ("--url", "default") else f" (from {self.url_from})"
+        return ServerUnreachable(self.url + where, describe(exc), attempts=attempts)
+
+    async def stream_events(self, follow: Follow) -> AsyncGenerator[JobEvent, None]:
+        """Events of one job across reconnections, until its final event."""
+        while True:
+            try:
+                async for event in self._stream_once(follow):
+                    follow.seen(event.seq, time.monotonic())
+                    yield event
+                    if event.terminal:
+                        return
+            except RETRYABLE as exc:
+                delay = follow.broken(exc, time.monotonic())
+                if delay is None:
+                    return
+                await asyncio.sleep(delay)
+                continue
+            if (await self.run(calls.get_job(follow.job_id))).done:
+                return
+            await asyncio.sleep(follow.ended_early())
+
+    async def _stream_once(self, follow: Follow) -> AsyncIterator[JobEvent]:
+        timeout = httpx.Timeout(10.0, read=follow.read_timeout(time.monotonic()))
+        path = calls.events_path(follow.job_id)
+        async with self._http.stream(
+            "GET", path, headers=follow.headers(), timeout=timeout
+        ) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise api_error(resp)
+            decoder = SseDecoder()
+            async for line in resp.aiter_lines():
+                event = decoder.feed(line)
+                if event is not None and event.seq > follow.last:
+                    yield event

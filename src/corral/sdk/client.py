@@ -1,0 +1,297 @@
+"""The synchronous client: ``Client(url, token)`` and everything a person or a web app does.
+
+::
+
+    from corral.sdk import Client
+
+    with Client("http://127.0.0.1:8470", token="corral_...") as corral:
+        job = corral.submit(kind="sample", payload={"prompt": "a red fox"}, gpus=1)
+        for event in job.events():
+            print(event.kind, event.progress)
+        job.result().save("out/")
+
+Connection failures are retried with backoff (``Retry``); every submission
+carries an Idempotency-Key, so a retry can never create a second job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from corral import __version__
+from corral.sdk import calls
+from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
+from corral.sdk.config import resolve
+from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
+from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.job import EventStream, Job
+from corral.sdk.models import (
+    JobSpec,
+    JobStatus,
+    NewToken,
+    NodeStatus,
+    QueueStatus,
+    ResultStatus,
+    TeamQuota,
+)
+from corral.sdk.retry import RETRYABLE, Follow, Retry, describe
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 30.0
+BATCH_CHUNK = 500  # jobs per batch request; the server accepts up to api.max_batch_jobs
+
+
+class Client:
+    """A connection to one corral server. Thread-safe; close it (or use ``with``) when done.
+
+    ``url`` and ``token`` default to ``CORRAL_URL`` / ``CORRAL_TOKEN``, then
+    ``~/.corral/config.toml``, then ``http://127.0.0.1:8470``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retry: Retry | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        target = resolve(url, token)
+        self.url = target.url
+        self.url_from = target.url_from
+        self.token = target.token
+        self.retry = retry or Retry()
+        headers = {"User-Agent": f"corral-sdk/{__version__}"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: JobSpec | Mapping[str, Any] | None = None,
+        /,
+        *,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Submit one job: a ``JobSpec``, a mapping, or keyword fields (or a mix).
+
+        ``gpus=``, ``vram=``, ``cpus=``, ``gpu_models=`` are shortcuts for
+        ``resources={...}``. Pass ``idempotency_key`` to make a submission
+        safe to repeat across processes; one is generated otherwise.
+        """
+        job_spec = calls.make_spec(spec, fields)
+        key = idempotency_key or job_spec.idempotency_key or calls.new_key()
+        return Job(self, self.run(calls.submit(job_spec, key)))
+
+    def submit_many(
+        self,
+        specs: Iterable[JobSpec | Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        chunk: int = BATCH_CHUNK,
+    ) -> list[Job]:
+        """Submit many jobs through the batch endpoint, ``chunk`` per request (each all or none)."""
+        checked = [calls.make_spec(s, {}, f"jobs[{i}].") for i, s in enumerate(specs)]
+        base = idempotency_key or calls.new_key()
+        jobs: list[Job] = []
+        for n, start in enumerate(range(0, len(checked), max(1, chunk))):
+            part = checked[start : start + max(1, chunk)]
+            key = base if n == 0 and len(checked) <= chunk else f"{base}.{n}"
+            jobs += [Job(self, s) for s in self.run(calls.submit_batch(part, key))]
+        return jobs
+
+    def job(self, job_id: str) -> Job:
+        """A handle on an existing job (raises ``NotFound`` if the token cannot see it)."""
+        return Job(self, self.run(calls.get_job(job_id)))
+
+    def jobs(
+        self,
+        *,
+        state: str | Sequence[str] | None = None,
+        team: str | None = None,
+        user: str | None = None,
+        limit: int = 50,
+    ) -> list[JobStatus]:
+        """Jobs newest first, filtered; follows pages until ``limit`` jobs are read."""
+        return list(self.iter_jobs(state=state, team=team, user=user, limit=limit))
+
+    def iter_jobs(
+        self,
+        *,
+        state: str | Sequence[str] | None = None,
+        team: str | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[JobStatus]:
+        """Like ``jobs`` but lazy, page by page; ``limit=None`` reads them all."""
+        states = [state] if isinstance(state, str) else list(state or ())
+        cursor: str | None = None
+        left = limit
+        while left is None or left > 0:
+            size = calls.MAX_PAGE if left is None else left
+            page = self.run(
+                calls.list_jobs(states=states, team=team, user=user, limit=size, cursor=cursor)
+            )
+            yield from page.jobs
+            if left is not None:
+                left -= len(page.jobs)
+            cursor = page.next_cursor
+            if not cursor or not page.jobs:
+                return
+
+    def queue(self, limit: int = 100) -> QueueStatus:
+        """Queued jobs in the scheduler's order, each with why it waits."""
+        return self.run(calls.queue(limit))
+
+    # -- nodes, teams, tokens ------------------------------------------------------------
+
+    def nodes(self) -> list[NodeStatus]:
+        return self.run(calls.list_nodes())
+
+    def node(self, name: str) -> NodeStatus:
+        return self.run(calls.get_node(name))
+
+    def pause_node(self, name: str) -> NodeStatus:
+        """No new work on ``name``; what runs there keeps running (admin)."""
+        return self.run(calls.node_action(name, "pause"))
+
+    def resume_node(self, name: str) -> NodeStatus:
+        """Take new work again; clears paused and draining (admin)."""
+        return self.run(calls.node_action(name, "resume"))
+
+    def drain_node(self, name: str) -> NodeStatus:
+        """No new work; the node can go once its work ends (admin)."""
+        return self.run(calls.node_action(name, "drain"))
+
+    def teams(self) -> list[TeamQuota]:
+        return self.run(calls.list_teams())
+
+    def set_team(
+        self,
+        name: str,
+        *,
+        quota: float | None = None,
+        borrow_limit: float | Unchanged | None = UNCHANGED,
+        weight: float | None = None,
+    ) -> TeamQuota:
+        """Create or change a team (admin). Settings not given keep their current value;
+        ``borrow_limit=None`` means "may borrow any idle GPU"."""
+        current = next((t for t in self.teams() if t.name == name), None)
+        team = merge_team(name, current, quota, borrow_limit, weight)
+        return self.run(calls.put_team(team))
+
+    def create_token(self, kind: str, name: str, team: str | None = None) -> NewToken:
+        """A new ``team`` or ``agent`` token (admin); the secret is in ``.token``, once."""
+        return self.run(calls.create_token(kind, name, team))
+
+    def health(self) -> dict[str, Any]:
+        return self.run(calls.health())
+
+    # -- plumbing used by Job ------------------------------------------------------------
+
+    def result_status(self, job_id: str) -> ResultStatus:
+        return self.run(calls.result(job_id))
+
+    def stop_job(self, job_id: str, how: str) -> JobStatus:
+        return self.run(calls.stop(job_id, how))
+
+    def download(self, path: str) -> bytes:
+        """The bytes at an API path (a result file's or a preview's ``url``)."""
+        return self.request("GET", path).content
+
+    def events(
+        self, job_id: str, *, after: int = 0, idle_timeout: float | None = None
+    ) -> EventStream:
+        """Follow a job's events (see ``Job.events``)."""
+        follow = Follow(job_id, self.url, self.retry, last=after, idle_timeout=idle_timeout)
+        return EventStream(self.stream_events(follow), follow)
+
+    def run(self, call: calls.Call[T]) -> T:
+        """Send one ``Call`` (with retries) and parse its answer."""
+        response = self.request(
+            call.method, call.path, params=call.params, json=call.json, headers=call.headers
+        )
+        return call.parse(response.json() if response.content else None)
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request, retried on connection errors and 502/503/504; errors raise."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(method, path, **kw)
+            except httpx.UnsupportedProtocol as exc:
+                raise ClientError(f"bad server URL {self.url!r}: {exc}") from None
+            except RETRYABLE as exc:
+                delay = self.retry.delay(attempt)
+                if delay is None:
+                    raise self._unreachable(exc, attempt) from exc
+                time.sleep(delay)
+                continue
+            if response.status_code in RETRY_STATUSES:
+                delay = self.retry.delay(attempt)
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
+            if response.status_code >= 400:
+                raise api_error(response)
+            return response
+
+    def _unreachable(self, exc: BaseException, attempts: int) -> ServerUnreachable:
+        where = "" if self.url_from in ("--url", "default") else f" (from {self.url_from})"
+        return ServerUnreachable(self.url + where, describe(exc), attempts=attempts)
+
+    def stream_events(self, follow: Follow) -> Generator[JobEvent, None, None]:
+        """Events of one job across reconnections, until its final event."""
+        while True:
+            try:
+                for event in self._stream_once(follow):
+                    follow.seen(event.seq, time.monotonic())
+                    yield event
+                    if event.terminal:
+                        return
+            except RETRYABLE as exc:
+                delay = follow.broken(exc, time.monotonic())
+                if delay is None:
+                    return
+                time.sleep(delay)
+                continue
+            # A clean end without the final event: resumed past it, or the server went away.
+            if self.run(calls.get_job(follow.job_id)).done:
+                return
+            time.sleep(follow.ended_early())
+
+    def _stream_once(self, follow: Follow) -> Iterator[JobEvent]:
+        timeout = httpx.Timeout(10.0, read=follow.read_timeout(time.monotonic()))
+        path = calls.events_path(follow.job_id)
+        with self._http.stream("GET", path, headers=follow.headers(), timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise api_error(resp)
+            decoder = SseDecoder()
+            for line in resp.iter_lines():
+                event = decoder.feed(line)
+                if event is not None and event.seq > follow.last:
+                    yield event

@@ -1,0 +1,106 @@
+"""Where the server is and which token to use: flags, then environment, then the config file.
+
+``~/.corral/config.toml`` (or the file named by ``CORRAL_CONFIG``) holds::
+
+    url = "http://127.0.0.1:8470"
+    token = "corral_..."
+
+``corral login URL --token T`` writes it (``save``). Each setting is taken
+from the first of: the argument (a CLI flag), ``CORRAL_URL`` /
+``CORRAL_TOKEN``, the file, the default; ``Target.url_from`` remembers which,
+so an error can say where the URL came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.sdk.errors import ClientError
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_PATH = Path("~/.corral/config.toml")
+
+
+class ConfigError(ClientError):
+    """The config file exists but cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    url: str
+    token: str | None
+    url_from: str  # "--url", "CORRAL_URL", the config file's path, or "default"
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("CORRAL_CONFIG") or DEFAULT_PATH).expanduser()
+
+
+def resolve(
+    url: str | None = None,
+    token: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    path: Path | None = None,
+) -> Target:
+    """The URL and token to use, each from the first place that sets it."""
+    env = os.environ if env is None else env
+    path = path or config_path(env)
+    file = load(path)
+    url_choices = (
+        (url, "--url"),
+        (env.get("CORRAL_URL"), "CORRAL_URL"),
+        (file.get("url"), str(path)),
+        (DEFAULT_URL, "default"),
+    )
+    chosen, source = next((v, s) for v, s in url_choices if v)
+    token = token or env.get("CORRAL_TOKEN") or file.get("token") or None
+    return Target(normalize_url(chosen), token, source)
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` gets ``http://``; a trailing slash goes."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+def load(path: Path) -> dict[str, str]:
+    """The file's string settings; an absent file is empty, a broken one an error naming it."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read the corral config file {path}: {exc}") from None
+    return {k: v for k, v in data.items() if isinstance(v, str)}
+
+
+def save(url: str, token: str | None, path: Path | None = None) -> Path:
+    """Write ``url`` and ``token`` (other keys in the file are kept); readable by you only."""
+    path = path or config_path()
+    data: dict[str, str] = load(path)
+    data["url"] = normalize_url(url)
+    if token:
+        data["token"] = token
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # JSON string escapes are valid TOML basic strings (ensure_ascii keeps them so).
+    text = "".join(f"{_key(k)} = {json.dumps(v)}\n" for k, v in sorted(data.items()))
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)

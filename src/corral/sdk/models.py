@@ -1,0 +1,240 @@
+"""Typed views of the API's JSON: what a client submits (``JobSpec``) and what it reads back.
+
+The output models ignore fields they do not know, so an SDK keeps working
+against a newer server; the input model forbids unknown fields, so a typo
+(``gpu=1``) fails here, naming the field, before anything is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.core.states import JobState
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Resources(BaseModel):
+    """What one replica needs: ``gpus`` whole cards (or 0 < gpus < 1: a share of one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: float = 0
+    vram: int | str | None = Field(default=None, description="bytes or '12GiB'")
+    cpus: int = 1
+    gpu_models: list[str] = Field(default_factory=list)
+    cpu_fallback: bool = False
+
+
+class JobSpec(BaseModel):
+    """A job to submit (the body of ``POST /v1/jobs``); defaults are the server's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "custom"
+    payload: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=lambda: Resources())
+    priority: str = "free"
+    team: str | None = None
+    user: str = "anonymous"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    replicas: int = 1
+    gang_label: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    batch_key: str | None = None
+    preemptible: bool = True
+    timeout_s: float | None = None
+    max_attempts: int = 3
+    estimated_runtime_s: float | None = None
+    idempotency_key: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: only what was set, so the server's defaults apply to the rest."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ResourcesStatus(_Out):
+    gpus: int
+    gpu_milli: int
+    vram_bytes: int
+    cpus: int
+    gpu_models: list[str] = Field(default_factory=list)
+    cpu_fallback: bool = False
+
+    def describe(self) -> str:
+        """``"1 GPU"``, ``"0.5 GPU"``, ``"2 GPU × 24GiB"``, or ``"cpu"``."""
+        share = self.gpus or self.gpu_milli / 1000
+        if not share:
+            return f"{self.cpus} cpu"
+        text = f"{share:g} GPU"
+        if self.vram_bytes:
+            text += f" × {self.vram_bytes / 2**30:g}GiB"
+        if self.gpu_models:
+            text += f" ({', '.join(self.gpu_models)})"
+        return text
+
+
+class ResultFile(_Out):
+    name: str
+    size: int
+    content_type: str
+    sha256: str
+    url: str
+
+
+class Reason(_Out):
+    """One reason a job cannot be placed, and on how many nodes it holds."""
+
+    code: str
+    nodes: int
+    message: str
+
+
+class WaitInfo(_Out):
+    """Why a queued job waits, from the scheduler's last cycle."""
+
+    position: int
+    remedy: str | None = None
+    summary: str = ""
+    reasons: list[Reason] = Field(default_factory=list)
+
+
+class JobStatus(_Out):
+    """A job as the server last saw it."""
+
+    id: str
+    kind: str
+    state: JobState
+    priority: str
+    team: str
+    user: str
+    resources: ResourcesStatus
+    payload: dict[str, Any] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    replicas: int = 1
+    gang_label: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    batch_key: str | None = None
+    preemptible: bool = True
+    timeout_s: float | None = None
+    max_attempts: int = 3
+    idempotency_key: str | None = None
+    submitted_at: float
+    not_before: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempt: int = 0
+    failures: int = 0
+    node: str | None = None
+    allocations: list[str] = Field(default_factory=list)
+    progress: float = 0.0
+    checkpoint: str | None = None
+    error: str | None = None
+    result: list[ResultFile] = Field(default_factory=list)
+    queue: WaitInfo | None = None
+
+    @property
+    def done(self) -> bool:
+        """The job has ended (succeeded, failed or cancelled)."""
+        return self.state in TERMINAL_STATES
+
+
+class JobPage(_Out):
+    jobs: list[JobStatus]
+    next_cursor: str | None = None
+
+
+class ResultStatus(_Out):
+    id: str
+    state: JobState
+    error: str | None = None
+    files: list[ResultFile] = Field(default_factory=list)
+
+
+class GpuStatus(_Out):
+    index: int
+    model: str
+    vram_bytes: int
+    vram_free_bytes: int | None = None
+    utilization: float | None = Field(default=None, description="0..1, as the agent last measured")
+
+
+class AllocationStatus(_Out):
+    id: str
+    job_ids: list[str]
+    replica: int = 0
+    attempt: int = 0
+    gpu_indices: list[int] = Field(default_factory=list)
+    gpu_milli: int = 0
+    vram_bytes: int = 0
+    cpus: int = 0
+    on_cpu: bool = False
+    borrowed: bool = False
+    desired: str = "run"
+    observed: str = "pending"
+    progress: float = 0.0
+
+
+class NodeStatus(_Out):
+    name: str
+    state: str
+    paused: bool = False
+    draining: bool = False
+    schedulable: bool = True
+    gpus: list[GpuStatus] = Field(default_factory=list)
+    cpus: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    models_on_disk: list[str] = Field(default_factory=list)
+    models_loaded: list[str] = Field(default_factory=list)
+    backends: list[str] = Field(default_factory=list)
+    last_seen: float = 0.0
+    joined_at: float = 0.0
+    allocations: list[AllocationStatus] = Field(default_factory=list)
+
+    @property
+    def condition(self) -> str:
+        """One word for people: ``lost``, ``draining``, ``paused`` or ``ready``."""
+        if self.state != "ready":
+            return self.state
+        if self.draining:
+            return "draining"
+        return "paused" if self.paused else "ready"
+
+
+class TeamQuota(_Out):
+    name: str
+    quota_gpus: float = 0.0
+    borrow_limit_gpus: float | None = None
+    weight: float = 1.0
+
+
+class QueueEntry(_Out):
+    job: JobStatus
+    position: int
+    queue: WaitInfo
+
+
+class QueueStatus(_Out):
+    total: int
+    entries: list[QueueEntry] = Field(default_factory=list)
+
+
+class TokenStatus(_Out):
+    id: str
+    kind: str
+    name: str
+    team: str | None = None
+    created_at: float = 0.0
+    revoked: bool = False
+
+
+class NewToken(TokenStatus):
+    token: str = Field(description="the secret, shown once")
