@@ -183,6 +183,7 @@ async def check_timeout_stops_a_long_run(h: Harness) -> None:
     assignment = replace(h.make("long", new_id()), timeout_s=h.timeout_s)
     terminal = assert_well_formed(await run_to_end(h, assignment))
     assert_stopped(terminal, StopReason.TIMEOUT, retryable=False)
+    assert isinstance(terminal, Failed)
     assert "timed out" in terminal.error, terminal
 
 

@@ -1,0 +1,284 @@
+"""The Python handler executor: ``--handler module:function``.
+
+The handler is called with one argument, a ``HandlerContext``, and may be
+
+* a function or ``async`` function that returns the results;
+* a generator that yields updates and ``return``s the results;
+* an ``async`` generator that yields updates (and ``Result``s).
+
+It yields a ``float`` (progress 0..1) or any of ``Progress``, ``Preview``,
+``LogLine``, ``Checkpoint`` and ``Result``. Results are ``bytes``, a ``Path``
+(or a ``str`` path) to a file, a ``Result``, or a dict or list of those. It
+reads ``ctx.stopping`` to notice a stop: once one is asked for, it has the
+stop's grace period to return what it has (an interrupt keeps every result
+yielded or returned, a preempt may yield a ``Checkpoint`` first); after that
+it is abandoned. Sync handlers run in a worker thread so they never block the
+agent's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import mimetypes
+import os
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.agent.executors.base import (
+    Assignment,
+    Checkpoint,
+    Finished,
+    LogLine,
+    Preview,
+    Progress,
+    Result,
+    StopReason,
+    StopSignal,
+    Update,
+    sniff_mime,
+    stopped_terminal,
+)
+from corral.core import Clock, ExecutorError, InvalidSpec
+
+Handler = Callable[["HandlerContext"], Any]
+
+
+@dataclass
+class HandlerContext:
+    """What a handler knows about its job, and how it hears of a stop."""
+
+    assignment: Assignment
+    _stop: StopSignal
+    modified: dict[str, str] = field(default_factory=dict)  # report request changes here
+
+    @property
+    def stopping(self) -> StopReason | None:
+        """The reason the handler is asked to stop, or None while it should go on."""
+        request = self._stop.requested
+        return request.reason if request else None
+
+    @property
+    def job_id(self) -> str:
+        return self.assignment.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.assignment.attempt
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        return self.assignment.payload
+
+    @property
+    def model(self) -> str | None:
+        return self.assignment.model
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.assignment.gpu_indices
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        return self.assignment.checkpoint_dir
+
+    @property
+    def resume_from(self) -> str | None:
+        return self.assignment.resume_from
+
+
+def load_handler(spec: str) -> Handler:
+    """Import ``"package.module:function"``; a bad spec names the ``handler`` option."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidSpec("handler", f"{spec!r}: write it as 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidSpec("handler", f"cannot import {module_name!r}: {exc}") from exc
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise InvalidSpec("handler", f"{module_name!r} has no function {attr!r}")
+    return handler  # type: ignore[no-any-return]
+
+
+class PythonExecutor:
+    """Runs a Python handler in this process."""
+
+    def __init__(self, handler: Handler | str, clock: Clock, name: str = "python") -> None:
+        self._handler = load_handler(handler) if isinstance(handler, str) else handler
+        self._label = getattr(self._handler, "__qualname__", repr(self._handler))
+        self._clock = clock
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+        ctx = HandlerContext(assignment, stop)
+        results: list[Result] = []
+        last_fraction = 0.0
+        try:
+            async for item in self._obedient(_items(self._handler, ctx), stop):
+                if isinstance(item, _Returned):
+                    results += to_results(item.value)
+                elif isinstance(item, Result):
+                    results.append(item)
+                else:
+                    update = _as_update(item, self._label)
+                    if isinstance(update, Progress):
+                        update = _monotone(update, last_fraction)
+                        last_fraction = update.fraction
+                    yield update
+        except (ExecutorError, InvalidSpec):
+            raise
+        except Exception as exc:
+            message = f"handler {self._label} raised {type(exc).__name__}: {exc}"
+            raise ExecutorError(message, retryable=False) from exc
+        request = stop.requested
+        if request is not None:
+            yield stopped_terminal(request, tuple(results), ctx.modified)
+            return
+        yield Finished(tuple(results), ctx.modified)
+
+    async def _obedient(
+        self, items: AsyncIterator[object], stop: StopSignal
+    ) -> AsyncIterator[object]:
+        """``items``, until they end or a stop's grace runs out (then abandon them)."""
+        deadline: float | None = None
+        pending: asyncio.Future[object] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(items))
+                request = stop.requested
+                if request is not None and deadline is None:
+                    deadline = self._clock.now() + request.grace_s
+                wake = (
+                    stop.wait()
+                    if deadline is None
+                    else self._clock.sleep(deadline - self._clock.now())
+                )
+                timer: asyncio.Future[Any] = asyncio.ensure_future(wake)
+                await asyncio.wait({pending, timer}, return_when=asyncio.FIRST_COMPLETED)
+                timer.cancel()
+                if not pending.done():
+                    if deadline is not None:
+                        return  # the grace ran out: abandon the handler
+                    continue  # a stop arrived: start the grace clock
+                try:
+                    item = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                yield item
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _Returned:
+    value: object
+
+
+async def _items(handler: Handler, ctx: HandlerContext) -> AsyncIterator[object]:
+    """Every kind of handler as one async stream of yielded items, then ``_Returned``."""
+    if inspect.isasyncgenfunction(handler):
+        async for item in handler(ctx):
+            yield item
+        yield _Returned(None)
+    elif inspect.isgeneratorfunction(handler):
+        gen: Iterator[object] = handler(ctx)
+        try:
+            while True:
+                item = await asyncio.to_thread(_next, gen)
+                yield item
+                if isinstance(item, _Returned):
+                    return
+        finally:
+            _close_quietly(gen)
+    elif inspect.iscoroutinefunction(handler):
+        yield _Returned(await handler(ctx))
+    else:
+        yield _Returned(await asyncio.to_thread(handler, ctx))
+
+
+def _next(gen: Iterator[object]) -> object:
+    """``next(gen)``, with the generator's return value as ``_Returned``.
+
+    StopIteration must not cross into a future (asyncio refuses it), so it is
+    turned into a value inside the worker thread.
+    """
+    try:
+        return next(gen)
+    except StopIteration as done:
+        return _Returned(done.value)
+
+
+def _close_quietly(gen: Iterator[object]) -> None:
+    close = getattr(gen, "close", None)
+    if close is None:
+        return
+    with contextlib.suppress(ValueError):  # still running in its abandoned thread
+        close()
+
+
+def _as_update(item: object, label: str) -> Update:
+    if isinstance(item, int | float) and not isinstance(item, bool):
+        return Progress(float(item))
+    if isinstance(item, Progress | Preview | LogLine | Checkpoint):
+        return item
+    raise ExecutorError(
+        f"handler {label} yielded {type(item).__name__}; yield a float (progress) "
+        "or a Progress, Preview, LogLine, Checkpoint or Result",
+        retryable=False,
+    )
+
+
+def _monotone(progress: Progress, last: float) -> Progress:
+    """Progress clamped to 0..1 and never below what was already reported."""
+    fraction = max(last, min(1.0, max(0.0, progress.fraction)))
+    return Progress(fraction, progress.step, progress.total, progress.message)
+
+
+def to_results(value: object) -> list[Result]:
+    """A handler's return value as results (see the module docstring for the shapes)."""
+    if value is None:
+        return []
+    if isinstance(value, Result):
+        return [value]
+    if isinstance(value, bytes | bytearray):
+        data = bytes(value)
+        mime = sniff_mime(data)
+        return [Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)]
+    if isinstance(value, str | os.PathLike):
+        return [_file_result(Path(value))]
+    if isinstance(value, Mapping):
+        return [_named(str(name), item) for name, item in value.items()]
+    if isinstance(value, list | tuple):
+        return [r for item in value for r in to_results(item)]
+    raise ExecutorError(
+        f"a handler returned {type(value).__name__}; return bytes, a file path, a Result, "
+        "or a dict or list of those",
+        retryable=False,
+    )
+
+
+def _named(name: str, item: object) -> Result:
+    [result] = to_results(item) or [Result(name, b"")]
+    return Result(name, result.data, result.mime)
+
+
+def _file_result(path: Path) -> Result:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ExecutorError(f"result file {path} cannot be read: {exc}", retryable=False) from exc
+    mime = mimetypes.guess_type(path.name)[0] or sniff_mime(data)
+    return Result(path.name, data, mime)
