@@ -68,7 +68,9 @@ async def serve(db_url: str, home: Path, **api: Any) -> AsyncIterator[Served]:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     await eventually(lambda: _started(server), timeout=20)
     base = f"http://127.0.0.1:{port}"
-    admin = httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+    admin = httpx.AsyncClient(
+        base_url=base, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    )
     try:
         yield Served(base, plane, link, admin)
     finally:

@@ -46,14 +46,18 @@ class World:
     async def open(cls, db_url: str, home: Path, **scheduling: Any) -> World:
         clock = VirtualClock(START)
         link = InProcessLink()
-        plane = create_plane(settings_for(db_url, home, **scheduling), link=link, clock=clock, run_loops=False)
+        plane = create_plane(
+            settings_for(db_url, home, **scheduling), link=link, clock=clock, run_loops=False
+        )
         await plane.start()
         return cls(plane, clock, link)
 
     async def close(self) -> None:
         await self.plane.stop()
 
-    async def submit(self, who: Principal = ADMIN, key: str | None = None, **spec: Any) -> JobRecord:
+    async def submit(
+        self, who: Principal = ADMIN, key: str | None = None, **spec: Any
+    ) -> JobRecord:
         records = await self.submit_many([spec], who=who, key=key)
         return records[0]
 
@@ -64,7 +68,12 @@ class World:
         for s in specs:
             body = JobIn.model_validate(s)
             team = body.team or who.team or "default"
-            drafts.append(Draft(body.to_job(new_job_id(), team=team, idempotency_key=key), body.request_hash(team)))
+            drafts.append(
+                Draft(
+                    body.to_job(new_job_id(), team=team, idempotency_key=key),
+                    body.request_hash(team),
+                )
+            )
         records, _ = await self.plane.jobs.submit(who, drafts)
         return records
 

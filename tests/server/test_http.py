@@ -31,16 +31,19 @@ async def submit(s: Served, **spec: Any) -> dict[str, Any]:
 
 async def test_submit_get_and_the_scheduler_s_reasons(served: Served) -> None:
     job = await submit(served, kind="sample", resources={"gpus": 1, "vram": "12GiB"}, user="ana")
-    assert job["state"] == "queued" and job["resources"]["vram_bytes"] == 12 * 1024**3
+    assert job["state"] == "queued"
+    assert job["resources"]["vram_bytes"] == 12 * 1024**3
 
     async def reasons() -> dict[str, Any] | None:
         got = (await served.admin.get(f"/v1/jobs/{job['id']}")).json()
         return got if got["queue"]["remedy"] else None
 
     got = await eventually(reasons)
-    assert got["queue"]["reasons"][0]["code"] and got["queue"]["summary"]
+    assert got["queue"]["reasons"][0]["code"]
+    assert got["queue"]["summary"]
     queue = (await served.admin.get("/v1/queue")).json()
-    assert queue["total"] == 1 and queue["entries"][0]["job"]["id"] == job["id"]
+    assert queue["total"] == 1
+    assert queue["entries"][0]["job"]["id"] == job["id"]
 
 
 async def test_idempotency_key_returns_the_same_job(served: Served) -> None:
@@ -51,8 +54,11 @@ async def test_idempotency_key_returns_the_same_job(served: Served) -> None:
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
     assert again.headers["Idempotent-Replayed"] == "true"
-    other = await served.admin.post("/v1/jobs", json={**body, "payload": {"prompt": "y"}}, headers=headers)
-    assert other.status_code == 409 and "Idempotency-Key" in other.json()["message"]
+    other = await served.admin.post(
+        "/v1/jobs", json={**body, "payload": {"prompt": "y"}}, headers=headers
+    )
+    assert other.status_code == 409
+    assert "Idempotency-Key" in other.json()["message"]
     listed = (await served.admin.get("/v1/jobs")).json()["jobs"]
     assert len(listed) == 1
 
@@ -60,17 +66,20 @@ async def test_idempotency_key_returns_the_same_job(served: Served) -> None:
 async def test_batch_is_all_or_nothing(served: Served) -> None:
     good = {"jobs": [{"kind": "sample"} for _ in range(3)]}
     r = await served.admin.post("/v1/jobs/batch", json=good, headers={"Idempotency-Key": "b1"})
-    assert r.status_code == 201 and len(r.json()["jobs"]) == 3
+    assert r.status_code == 201
+    assert len(r.json()["jobs"]) == 3
     replay = await served.admin.post("/v1/jobs/batch", json=good, headers={"Idempotency-Key": "b1"})
     assert replay.status_code == 200
     assert [j["id"] for j in replay.json()["jobs"]] == [j["id"] for j in r.json()["jobs"]]
 
     bad = {"jobs": [{"kind": "sample"}, {"kind": "sample"}, {"priority": "nope"}]}
     r = await served.admin.post("/v1/jobs/batch", json=bad)
-    assert r.status_code == 422 and r.json()["field"] == "jobs[2].priority"
+    assert r.status_code == 422
+    assert r.json()["field"] == "jobs[2].priority"
     too_many = {"jobs": [{} for _ in range(11)]}
     r = await served.admin.post("/v1/jobs/batch", json=too_many)
-    assert r.status_code == 422 and r.json()["field"] == "jobs"
+    assert r.status_code == 422
+    assert r.json()["field"] == "jobs"
     assert len((await served.admin.get("/v1/jobs")).json()["jobs"]) == 3
 
 
@@ -86,10 +95,28 @@ async def test_batch_is_all_or_nothing(served: Served) -> None:
         ({"colour": "red"}, "colour"),
         ({"priority": "urgent"}, "priority"),
         ({"team": "../etc"}, "team"),
+        ({"user": "a\x00b"}, "user"),
+        ({"payload": {"k": ["\x00"]}}, "payload"),
+        ({"resources": {"vram": "9000000 TiB"}}, "resources.vram"),
     ],
-    ids=["negative-gpus", "fractional-gpus-above-one", "bad-vram", "unknown-kind", "no-replicas", "zero-timeout", "unknown-field", "unknown-priority", "bad-team-name"],
+    ids=[
+        "negative-gpus",
+        "fractional-gpus-above-one",
+        "bad-vram",
+        "unknown-kind",
+        "no-replicas",
+        "zero-timeout",
+        "unknown-field",
+        "unknown-priority",
+        "bad-team-name",
+        "nul-in-user",
+        "nul-in-payload",
+        "absurd-vram",
+    ],
 )
-async def test_bad_input_is_a_422_naming_the_field(served: Served, body: dict[str, Any], want_field: str) -> None:
+async def test_bad_input_is_a_422_naming_the_field(
+    served: Served, body: dict[str, Any], want_field: str
+) -> None:
     r = await served.admin.post("/v1/jobs", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["field"] == want_field
@@ -97,20 +124,35 @@ async def test_bad_input_is_a_422_naming_the_field(served: Served, body: dict[st
 
 
 async def test_malformed_json_and_bad_query_are_422(served: Served) -> None:
-    r = await served.admin.post("/v1/jobs", content=b'{"payload": {"x": NaN}}', headers={"content-type": "application/json"})
-    assert r.status_code == 422 and r.json()["field"] == "payload"
-    r = await served.admin.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 422 and r.json()["field"] == "body"
+    r = await served.admin.post(
+        "/v1/jobs", content=b'{"payload": {"x": NaN}}', headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["field"] == "payload"
+    r = await served.admin.post(
+        "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["field"] == "body"
     r = await served.admin.get("/v1/jobs", params={"limit": 0})
-    assert r.status_code == 422 and r.json()["field"] == "limit"
+    assert r.status_code == 422
+    assert r.json()["field"] == "limit"
     r = await served.admin.get("/v1/jobs", params={"cursor": "garbage!"})
-    assert r.status_code == 422 and r.json()["field"] == "cursor"
+    assert r.status_code == 422
+    assert r.json()["field"] == "cursor"
+    r = await served.admin.get("/v1/jobs/a%00b")
+    assert r.status_code == 422
+    assert r.json()["field"] == "url"
+    r = await served.admin.get("/v1/events/export", params={"after": 2**63})
+    assert r.status_code == 422
+    assert r.json()["field"] == "after"
 
 
 async def test_oversize_bodies_get_413_and_leave_nothing(served: Served) -> None:
     big = {"payload": {"blob": "x" * 70_000}}
     r = await served.admin.post("/v1/jobs", json=big)
-    assert r.status_code == 413 and "limit" in r.json()["message"]
+    assert r.status_code == 413
+    assert "limit" in r.json()["message"]
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b'{"payload": {"blob": "'
@@ -118,7 +160,9 @@ async def test_oversize_bodies_get_413_and_leave_nothing(served: Served) -> None
             yield b"y" * 10_000
         yield b'"}}'
 
-    r = await served.admin.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+    r = await served.admin.post(
+        "/v1/jobs", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413
     assert (await served.admin.get("/v1/jobs")).json()["jobs"] == []
 
@@ -158,21 +202,33 @@ async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served)
         async for frame in sse_events(stream):
             frames.append(frame)
     kinds = [f["event"] for f in frames]
-    assert kinds == ["job.submitted", "job.placed", "job.started", "job.progress", "job.preview", "job.log", "job.succeeded"]
+    assert kinds == [
+        "job.submitted",
+        "job.placed",
+        "job.started",
+        "job.progress",
+        "job.preview",
+        "job.log",
+        "job.succeeded",
+    ]
     assert [int(f["id"]) for f in frames] == sorted(int(f["id"]) for f in frames)
     preview_url = frames[4]["data"]["data"]["url"]
     preview = await served.admin.get(preview_url)
-    assert preview.status_code == 200 and preview.content == b"\x89PNG preview"
+    assert preview.status_code == 200
+    assert preview.content == b"\x89PNG preview"
     assert preview.headers["content-type"] == "image/png"
 
     result = (await served.admin.get(f"/v1/jobs/{job['id']}/result")).json()
-    assert result["state"] == "succeeded" and [f["name"] for f in result["files"]] == ["image.png"]
+    assert result["state"] == "succeeded"
+    assert [f["name"] for f in result["files"]] == ["image.png"]
     blob = await served.admin.get(result["files"][0]["url"])
     assert blob.content == b"\x89PNG final"
 
     # Resuming after the "started" event replays only what came after it.
     started_id = frames[2]["id"]
-    async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": started_id}) as stream:
+    async with served.admin.stream(
+        "GET", f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": started_id}
+    ) as stream:
         resumed = [f["event"] async for f in sse_events(stream)]
     assert resumed == kinds[3:]
 
@@ -180,18 +236,21 @@ async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served)
 async def test_cancel_and_interrupt_over_http(served: Served) -> None:
     queued = await submit(served, resources={"gpus": 1})
     r = await served.admin.post(f"/v1/jobs/{queued['id']}/cancel")
-    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    assert r.status_code == 200
+    assert r.json()["state"] == "cancelled"
     running = await submit(served, resources={"gpus": 1})
     agent = await served.agent("gpu-1")
     a = await agent.next_assignment()
     await agent.start(a)
     r = await served.admin.post(f"/v1/jobs/{running['id']}/interrupt")
-    assert r.status_code == 200 and r.json()["state"] == "running"
+    assert r.status_code == 200
+    assert r.json()["state"] == "running"
     stop = await agent.receive()
     assert stop.reason.value == "interrupt"  # type: ignore[union-attr]
     await agent.finish(a, {running["id"]: {"partial.png": b"half"}})
     done = (await served.admin.get(f"/v1/jobs/{running['id']}")).json()
-    assert done["state"] == "succeeded" and done["result"][0]["name"] == "partial.png"
+    assert done["state"] == "succeeded"
+    assert done["result"][0]["name"] == "partial.png"
     r = await served.admin.post(f"/v1/jobs/{running['id']}/cancel")
     assert r.status_code == 409
     r = await served.admin.post("/v1/jobs/job_nope/cancel")
@@ -203,7 +262,8 @@ async def test_nodes_pause_resume_drain(served: Served) -> None:
     nodes = (await served.admin.get("/v1/nodes")).json()
     assert [(n["name"], n["state"], len(n["gpus"])) for n in nodes] == [("gpu-1", "ready", 2)]
     r = await served.admin.post("/v1/nodes/gpu-1/pause")
-    assert r.json()["paused"] is True and r.json()["schedulable"] is False
+    assert r.json()["paused"] is True
+    assert r.json()["schedulable"] is False
     r = await served.admin.post("/v1/nodes/gpu-1/drain")
     assert r.json()["draining"] is True
     r = await served.admin.post("/v1/nodes/gpu-1/resume")
@@ -213,12 +273,20 @@ async def test_nodes_pause_resume_drain(served: Served) -> None:
 
 
 async def test_teams_put_and_get(served: Served) -> None:
-    r = await served.admin.put("/v1/teams/vision", json={"quota_gpus": 4, "borrow_limit_gpus": 2, "weight": 2})
+    r = await served.admin.put(
+        "/v1/teams/vision", json={"quota_gpus": 4, "borrow_limit_gpus": 2, "weight": 2}
+    )
     assert r.status_code == 200
     teams = {t["name"]: t for t in (await served.admin.get("/v1/teams")).json()}
-    assert teams["vision"] == {"name": "vision", "quota_gpus": 4.0, "borrow_limit_gpus": 2.0, "weight": 2.0}
+    assert teams["vision"] == {
+        "name": "vision",
+        "quota_gpus": 4.0,
+        "borrow_limit_gpus": 2.0,
+        "weight": 2.0,
+    }
     r = await served.admin.put("/v1/teams/vision", json={"weight": 0})
-    assert r.status_code == 422 and r.json()["field"] == "weight"
+    assert r.status_code == 422
+    assert r.json()["field"] == "weight"
 
 
 async def test_health_metrics_and_trace_export(served: Served) -> None:
@@ -230,12 +298,24 @@ async def test_health_metrics_and_trace_export(served: Served) -> None:
     import json
 
     events = [json.loads(line) for line in lines]
-    assert events[0]["kind"] == "job.submitted" and events[0]["team"] == "vision"
+    assert events[0]["kind"] == "job.submitted"
+    assert events[0]["team"] == "vision"
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
 
 
 async def test_openapi_documents_every_route(served: Served) -> None:
     spec = (await served.admin.get("/openapi.json")).json()
     paths = set(spec["paths"])
-    assert {"/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{job_id}/events", "/v1/queue", "/v1/nodes/{name}/drain", "/v1/teams/{name}", "/v1/tokens", "/v1/events/export", "/healthz", "/metrics"} <= paths
+    assert {
+        "/v1/jobs",
+        "/v1/jobs/batch",
+        "/v1/jobs/{job_id}/events",
+        "/v1/queue",
+        "/v1/nodes/{name}/drain",
+        "/v1/teams/{name}",
+        "/v1/tokens",
+        "/v1/events/export",
+        "/healthz",
+        "/metrics",
+    } <= paths
     assert (await served.admin.get("/docs")).status_code == 200

@@ -40,7 +40,8 @@ async def test_job_runs_from_placement_to_result(world: World) -> None:
     assert done.state is JobState.SUCCEEDED
     assert [f.name for f in done.result] == ["image.png"]
     f, data = await world.plane.jobs.result_file(ADMIN, job.job.id, "image.png")
-    assert data == b"PNGDATA" and f.size == 7
+    assert data == b"PNGDATA"
+    assert f.size == 7
     kinds = await world.kinds(job.job.id)
     assert kinds == [
         "job.submitted",
@@ -63,7 +64,8 @@ async def test_without_agents_jobs_stay_queued_with_reasons(world: World) -> Non
     unplaced = world.plane.schedule.unplaced[job.job.id]
     assert unplaced.reasons, "an unplaced job must say why"
     entries, total = await world.plane.queue.queue(ADMIN, 10)
-    assert total == 1 and entries[0].unplaced is unplaced
+    assert total == 1
+    assert entries[0].unplaced is unplaced
 
 
 async def test_paused_node_gets_no_work_until_resumed(world: World) -> None:
@@ -96,12 +98,15 @@ async def test_lost_node_requeues_with_next_attempt_and_fences_the_old_one(world
     new = await world.agent("n2")
     await world.cycle()
     a2 = await new.next_assignment()
-    assert a2.attempt == 2 and a2.jobs[0].checkpoint == "ckpt/step-50"
+    assert a2.attempt == 2
+    assert a2.jobs[0].checkpoint == "ckpt/step-50"
 
     # The old node comes back and reports its stale attempt: fenced out.
     assert await old.finish(a1) is Ack.STALE
     reply = await old.connect(running=[a1])
-    assert [(s.allocation_id, s.reason) for s in reply.stop] == [(a1.allocation_id, StopReason.CANCEL)]
+    assert [(s.allocation_id, s.reason) for s in reply.stop] == [
+        (a1.allocation_id, StopReason.CANCEL)
+    ]
     assert await new.finish(a2, {job.job.id: {"out": b"v2"}}) is Ack.ACCEPTED
     done = await world.job(job.job.id)
     assert done.state is JobState.SUCCEEDED
@@ -143,7 +148,8 @@ async def test_retryable_failure_backs_off_then_gives_up(world: World) -> None:
     await agent.start(a1)
     await agent.fail(a1, "CUDA out of memory", retryable=True)
     waiting = await world.job(job.job.id)
-    assert waiting.state is JobState.QUEUED and waiting.job.not_before > world.clock.now()
+    assert waiting.state is JobState.QUEUED
+    assert waiting.job.not_before > world.clock.now()
 
     assert (await world.cycle()).placed == []  # still backing off
     world.clock.advance(waiting.job.not_before - world.clock.now() + 0.01)
@@ -154,7 +160,8 @@ async def test_retryable_failure_backs_off_then_gives_up(world: World) -> None:
     await agent.fail(a2, "CUDA out of memory", retryable=True)
     failed = await world.job(job.job.id)
     assert failed.state is JobState.FAILED
-    assert failed.error is not None and "gave up after 2 attempts" in failed.error
+    assert failed.error is not None
+    assert "gave up after 2 attempts" in failed.error
 
 
 async def test_non_retryable_failure_fails_at_once(world: World) -> None:
@@ -179,7 +186,8 @@ async def test_cancel_running_job_stops_it_and_drops_late_results(world: World) 
     assert order.reason is StopReason.CANCEL  # type: ignore[union-attr]
     assert await agent.finish(a) is Ack.ACCEPTED  # the allocation ends, its result is dropped
     rec = await world.job(job.job.id)
-    assert rec.state is JobState.CANCELLED and rec.result == ()
+    assert rec.state is JobState.CANCELLED
+    assert rec.result == ()
     assert (await world.plane.jobs.cancel(ADMIN, job.job.id)).state is JobState.CANCELLED
 
 
@@ -205,7 +213,8 @@ async def test_interrupt_keeps_what_was_produced(world: World) -> None:
     assert order.reason is StopReason.INTERRUPT  # type: ignore[union-attr]
     await agent.finish(a, {job.job.id: {"partial.png": b"half"}})
     rec = await world.job(job.job.id)
-    assert rec.state is JobState.SUCCEEDED and [f.name for f in rec.result] == ["partial.png"]
+    assert rec.state is JobState.SUCCEEDED
+    assert [f.name for f in rec.result] == ["partial.png"]
     last = (await world.events(job.job.id))[-1]
     assert last.data.get("interrupted") is True
 
@@ -273,11 +282,23 @@ async def test_preemption_checkpoints_requeues_and_resumes(world: World) -> None
     await agent.checkpoint(a, "ckpt/7")
     urgent = await world.submit(resources={"gpus": 1}, priority="interactive")
     plan = Plan(
-        placements=(Placement("p", (urgent.job.id,), "n1", gpu_indices=(0,), gpu_milli=1000, preempts=(a.allocation_id,)),),
-        preemptions=(Preemption(a.allocation_id, (victim.job.id,), "n1", urgent.job.id, "priority"),),
+        placements=(
+            Placement(
+                "p",
+                (urgent.job.id,),
+                "n1",
+                gpu_indices=(0,),
+                gpu_milli=1000,
+                preempts=(a.allocation_id,),
+            ),
+        ),
+        preemptions=(
+            Preemption(a.allocation_id, (victim.job.id,), "n1", urgent.job.id, "priority"),
+        ),
     )
     applied = await apply_plan(world.plane.rt, plan, {urgent.job.id: urgent.version})
-    assert applied.placed == [] and applied.preempted == [a.allocation_id]
+    assert applied.placed == []
+    assert applied.preempted == [a.allocation_id]
     order = await agent.receive()
     assert order.reason is StopReason.PREEMPT  # type: ignore[union-attr]
     assert order.grace_s == world.plane.rt.settings.scheduling.preemption_grace_s  # type: ignore[union-attr]
@@ -291,7 +312,8 @@ async def test_gang_is_all_or_nothing(world: World) -> None:
     n1, n2 = await world.agent("n1"), await world.agent("n2")
     await world.cycle()
     r1, r2 = await n1.next_assignment(), await n2.next_assignment()
-    assert {r1.replica, r2.replica} == {0, 1} and r1.replicas == 2
+    assert {r1.replica, r2.replica} == {0, 1}
+    assert r1.replicas == 2
     await n1.start(r1)
     await n2.start(r2)
     await n1.fail(r1, "NCCL timeout")
@@ -309,4 +331,5 @@ async def test_gang_is_all_or_nothing(world: World) -> None:
     assert (await world.job(job.job.id)).state is JobState.RUNNING  # waits for every replica
     await n2.finish(s2)
     done = await world.job(job.job.id)
-    assert done.state is JobState.SUCCEEDED and len(done.result) == 2
+    assert done.state is JobState.SUCCEEDED
+    assert len(done.result) == 2

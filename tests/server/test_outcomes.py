@@ -27,18 +27,78 @@ class Case:
 
 
 CASES = [
-    Case("finished-is-success", Ending.SUCCEEDED, want_state=JobState.SUCCEEDED, want_event=EventKind.JOB_SUCCEEDED),
-    Case("finished-after-preempt-order-still-success", Ending.SUCCEEDED, StopReason.PREEMPT, want_state=JobState.SUCCEEDED, want_event=EventKind.JOB_SUCCEEDED),
-    Case("retryable-failure-requeues-with-backoff", Ending.FAILED, want_counted=True, want_backoff=True),
-    Case("last-attempt-failure-fails", Ending.FAILED, failures=2, want_state=JobState.FAILED, want_event=EventKind.JOB_FAILED, want_counted=True),
-    Case("non-retryable-fails-at-once", Ending.FAILED, retryable=False, want_state=JobState.FAILED, want_event=EventKind.JOB_FAILED, want_counted=True),
+    Case(
+        "finished-is-success",
+        Ending.SUCCEEDED,
+        want_state=JobState.SUCCEEDED,
+        want_event=EventKind.JOB_SUCCEEDED,
+    ),
+    Case(
+        "finished-after-preempt-order-still-success",
+        Ending.SUCCEEDED,
+        StopReason.PREEMPT,
+        want_state=JobState.SUCCEEDED,
+        want_event=EventKind.JOB_SUCCEEDED,
+    ),
+    Case(
+        "retryable-failure-requeues-with-backoff",
+        Ending.FAILED,
+        want_counted=True,
+        want_backoff=True,
+    ),
+    Case(
+        "last-attempt-failure-fails",
+        Ending.FAILED,
+        failures=2,
+        want_state=JobState.FAILED,
+        want_event=EventKind.JOB_FAILED,
+        want_counted=True,
+    ),
+    Case(
+        "non-retryable-fails-at-once",
+        Ending.FAILED,
+        retryable=False,
+        want_state=JobState.FAILED,
+        want_event=EventKind.JOB_FAILED,
+        want_counted=True,
+    ),
     Case("lost-requeues-without-backoff", Ending.LOST, want_counted=True),
-    Case("lost-too-often-fails", Ending.LOST, failures=2, want_state=JobState.FAILED, want_event=EventKind.JOB_FAILED, want_counted=True),
+    Case(
+        "lost-too-often-fails",
+        Ending.LOST,
+        failures=2,
+        want_state=JobState.FAILED,
+        want_event=EventKind.JOB_FAILED,
+        want_counted=True,
+    ),
     Case("preempted-requeues-uncounted", Ending.STOPPED, StopReason.PREEMPT, failures=2),
-    Case("timeout-fails", Ending.STOPPED, StopReason.TIMEOUT, want_state=JobState.FAILED, want_event=EventKind.JOB_FAILED),
-    Case("interrupt-without-result-cancels", Ending.STOPPED, StopReason.INTERRUPT, want_state=JobState.CANCELLED, want_event=EventKind.JOB_CANCELLED),
-    Case("cancel-cancels", Ending.STOPPED, StopReason.CANCEL, want_state=JobState.CANCELLED, want_event=EventKind.JOB_CANCELLED),
-    Case("stopped-unasked-is-a-retryable-failure", Ending.STOPPED, want_counted=True, want_backoff=True),
+    Case(
+        "timeout-fails",
+        Ending.STOPPED,
+        StopReason.TIMEOUT,
+        want_state=JobState.FAILED,
+        want_event=EventKind.JOB_FAILED,
+    ),
+    Case(
+        "interrupt-without-result-cancels",
+        Ending.STOPPED,
+        StopReason.INTERRUPT,
+        want_state=JobState.CANCELLED,
+        want_event=EventKind.JOB_CANCELLED,
+    ),
+    Case(
+        "cancel-cancels",
+        Ending.STOPPED,
+        StopReason.CANCEL,
+        want_state=JobState.CANCELLED,
+        want_event=EventKind.JOB_CANCELLED,
+    ),
+    Case(
+        "stopped-unasked-is-a-retryable-failure",
+        Ending.STOPPED,
+        want_counted=True,
+        want_backoff=True,
+    ),
 ]
 
 

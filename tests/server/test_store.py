@@ -29,13 +29,17 @@ pytestmark = pytest.mark.anyio
     ],
     ids=["bare-path", "sqlite-url", "postgresql", "postgres-with-schema"],
 )
-def test_db_urls_map_to_async_drivers(given: str, want_driver: str, want_schema: str | None) -> None:
+def test_db_urls_map_to_async_drivers(
+    given: str, want_driver: str, want_schema: str | None
+) -> None:
     target = parse_db(given)
     assert (target.url.drivername, target.schema) == (want_driver, want_schema)
     assert "schema" not in str(target.url)
 
 
-@pytest.mark.parametrize("bad", ["mysql://h/d", "postgresql://h/d?schema=a;drop"], ids=["mysql", "schema-injection"])
+@pytest.mark.parametrize(
+    "bad", ["mysql://h/d", "postgresql://h/d?schema=a;drop"], ids=["mysql", "schema-injection"]
+)
 def test_bad_db_urls_name_the_field(bad: str) -> None:
     with pytest.raises(InvalidSpec) as err:
         parse_db(bad)
@@ -54,7 +58,9 @@ async def test_migrations_create_every_table_and_are_idempotent(db_url: str) -> 
         await db.prepare()  # a second start migrates nothing and breaks nothing
         async with db.read() as conn:
             names = await conn.run_sync(lambda c: set(sa.inspect(c).get_table_names()))
-            version = (await conn.execute(sa.text("SELECT version_num FROM alembic_version"))).scalar()
+            version = (
+                await conn.execute(sa.text("SELECT version_num FROM alembic_version"))
+            ).scalar()
         assert {"jobs", "allocations", "nodes", "teams", "tokens", "events"} <= names
         assert version == "0001"
     finally:
@@ -74,7 +80,8 @@ async def test_guarded_update_refuses_a_stale_version(db_url: str) -> None:
             assert not await job_repo.update(conn, fresh, progress=0.9)  # same old version
         async with db.read() as conn:
             final = await job_repo.get(conn, "j1")
-        assert final is not None and (final.progress, final.version) == (0.5, 2)
+        assert final is not None
+        assert (final.progress, final.version) == (0.5, 2)
     finally:
         await db.close()
 
@@ -101,7 +108,9 @@ async def test_events_come_back_in_order_filtered_by_job_and_team(db_url: str) -
                 [
                     TeamEvent(Event(EventKind.JOB_SUBMITTED, 1.0, "a"), "t1"),
                     TeamEvent(Event(EventKind.JOB_SUBMITTED, 2.0, "b"), "t2"),
-                    TeamEvent(Event(EventKind.JOB_PROGRESS, 3.0, "a", data={"progress": 0.5}), "t1"),
+                    TeamEvent(
+                        Event(EventKind.JOB_PROGRESS, 3.0, "a", data={"progress": 0.5}), "t1"
+                    ),
                 ],
             )
         async with db.read() as conn:
@@ -110,7 +119,8 @@ async def test_events_come_back_in_order_filtered_by_job_and_team(db_url: str) -
             of_t2 = await event_repo.after(conn, 0, team="t2")
             resumed = await event_repo.after(conn, all_events[0][0].seq)
         seqs = [e.seq for e, _ in all_events]
-        assert seqs == sorted(seqs) and len(seqs) == 3
+        assert seqs == sorted(seqs)
+        assert len(seqs) == 3
         assert [e.kind for e, _ in of_a] == [EventKind.JOB_SUBMITTED, EventKind.JOB_PROGRESS]
         assert of_a[1][0].data == {"progress": 0.5}
         assert [e.job_id for e, _ in of_t2] == ["b"]

@@ -91,7 +91,8 @@ def _field_error(error: Any) -> dict[str, str]:
             "field": "body",
             "message": f"not valid JSON ({error.get('ctx', {}).get('error', '')})",
         }
-    return {"field": path or str(where), "message": str(error.get("msg", "invalid"))}
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return {"field": path or str(where), "message": message}
 
 
 def _dotted(parts: Sequence[Any]) -> str:

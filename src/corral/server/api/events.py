@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from corral.server.api.deps import ERRORS, Caller, Plane
-from corral.server.api.jobs import SSE_HEADERS, _resume_point, sse
+from corral.server.api.jobs import MAX_SEQ, SSE_HEADERS, _resume_point, sse
 from corral.server.api.render import event_json
 from corral.server.services.auth import Principal
 from corral.server.services.feed import EventFeed
@@ -28,7 +28,7 @@ async def all_events(
     plane: Plane,
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
 ) -> StreamingResponse:
     """Every event (a team token: its team's job events), live. Resumable with Last-Event-ID."""
     who.require_client()
@@ -43,7 +43,7 @@ async def all_events(
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one event per line"}},
 )
 async def export(
-    plane: Plane, who: Caller, after: Annotated[int, Query(ge=0)] = 0
+    plane: Plane, who: Caller, after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0
 ) -> StreamingResponse:
     """The event log as JSON lines, oldest first: a trace for audit and ``corral sim`` (admin)."""
     who.require_admin("export the event trace")

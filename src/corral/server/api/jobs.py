@@ -37,6 +37,7 @@ IdempotencyKey = Annotated[
         description="the same key (per team) returns the same job, never a second one",
     ),
 ]
+MAX_SEQ = 2**63 - 1  # event ids are 64-bit
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -127,7 +128,7 @@ async def job_events(
     plane: Plane,
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
-    after: Annotated[int, Query(ge=0, description="like Last-Event-ID")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="like Last-Event-ID")] = 0,
 ) -> StreamingResponse:
     """Server-Sent Events of one job: state changes, progress, previews (as URLs), logs.
 
@@ -144,7 +145,7 @@ async def job_events(
 def _resume_point(last_event_id: str | None, after: int) -> int:
     if last_event_id is None:
         return after
-    if not last_event_id.isdigit():
+    if not last_event_id.isdigit() or int(last_event_id) > MAX_SEQ:
         raise InvalidSpec("Last-Event-ID", "must be the id of an event from this stream")
     return int(last_event_id)
 

@@ -1,4 +1,4 @@
-"""Refuse oversize request bodies with 413 before they are parsed or stored."""
+"""Refuse oversize request bodies (413) and NUL characters in URLs (422) before any parsing."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
+            message = "NUL characters are not allowed in URLs"
+            await error_response(422, "invalid", message, field="url")(scope, receive, send)
             return
         declared = dict(scope.get("headers", ())).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):

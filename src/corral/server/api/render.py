@@ -10,6 +10,7 @@ from corral.core.events import Event
 from corral.core.model import Team
 from corral.scheduler.api import Unplaced
 from corral.server.api.schemas import (
+    ApiModel,
     JobOut,
     QueueInfo,
     ReasonOut,
@@ -167,7 +168,7 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__slots__}
 
 
-class TeamIn(BaseModel):
+class TeamIn(ApiModel):
     quota_gpus: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
     borrow_limit_gpus: float | None = Field(
         None, ge=0, le=1_000_000, allow_inf_nan=False, description="null: may borrow any idle GPU"
@@ -185,7 +186,7 @@ def team_out(t: Team) -> TeamOut:
     )
 
 
-class TokenIn(BaseModel):
+class TokenIn(ApiModel):
     kind: str = Field(pattern="^(team|agent)$", description="team or agent")
     name: str = Field(min_length=1, max_length=128)
     team: str | None = Field(

@@ -21,12 +21,34 @@ from corral.core.resources import ResourceRequest, parse_bytes
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Label = Annotated[str, Field(min_length=1, max_length=255)]
 MAX_TIMEOUT_S = 30 * 24 * 3600.0
+MAX_VRAM = 2**50  # 1 PiB: far above any card, far below a 64-bit overflow
 
 
-class ResourcesIn(BaseModel):
-    """What one replica needs: ``gpus`` 1, 2, ... whole cards; 0 < gpus < 1 a share of one."""
+class ApiModel(BaseModel):
+    """Base of request bodies: no NUL characters anywhere (PostgreSQL cannot store them)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if _has_nul(value):
+            raise ValueError("must not contain NUL characters")
+        return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+class ResourcesIn(ApiModel):
+    """What one replica needs: ``gpus`` 1, 2, ... whole cards; 0 < gpus < 1 a share of one."""
 
     gpus: float = Field(0, ge=0, le=1024, allow_inf_nan=False, examples=[1, 0.5])
     vram: int | str | None = Field(
@@ -42,6 +64,8 @@ class ResourcesIn(BaseModel):
     def to_request(self) -> ResourceRequest:
         try:
             vram = parse_bytes(self.vram, field_name="vram") if self.vram is not None else 0
+            if vram > MAX_VRAM:
+                raise InvalidSpec("vram", f"{vram} bytes is more VRAM than any GPU has")
             return ResourceRequest.from_gpus(
                 self.gpus,
                 vram_bytes=vram,
@@ -54,10 +78,8 @@ class ResourcesIn(BaseModel):
             raise InvalidSpec(field, e.message) from None
 
 
-class JobIn(BaseModel):
+class JobIn(ApiModel):
     """A job to submit."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: JobKind = JobKind.CUSTOM
     payload: dict[str, Any] = Field(default_factory=dict, description="handed to the executor")
@@ -117,9 +139,7 @@ class JobIn(BaseModel):
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-class BatchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class BatchIn(ApiModel):
     jobs: list[JobIn] = Field(min_length=1, description="submitted together: all or none")
 
 

@@ -72,7 +72,11 @@ def _failed(
 ) -> Settlement:
     if retryable and failures + 1 < max_attempts:
         return Settlement(
-            JobState.QUEUED, EventKind.JOB_REQUEUED, error=error, count_failure=True, backoff=backoff
+            JobState.QUEUED,
+            EventKind.JOB_REQUEUED,
+            error=error,
+            count_failure=True,
+            backoff=backoff,
         )
     if retryable:
         error = f"{error} (gave up after {failures + 1} attempts)"
