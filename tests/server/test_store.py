@@ -89,10 +89,14 @@ async def test_guarded_update_refuses_a_stale_version(db_url: str) -> None:
 async def test_a_failed_transaction_leaves_nothing(db_url: str) -> None:
     db = await _db(db_url)
     try:
-        with pytest.raises(RuntimeError):
+
+        async def crash_mid_way() -> None:
             async with db.write() as conn:
                 await job_repo.insert(conn, JobRecord(job=Job(id="j1")))
                 raise RuntimeError("crash mid-way")
+
+        with pytest.raises(RuntimeError):
+            await crash_mid_way()
         async with db.read() as conn:
             assert await job_repo.get(conn, "j1") is None
     finally:
