@@ -205,6 +205,12 @@ class Executor(Protocol):
         ...
 
 
+def monotone(progress: Progress, last: float) -> Progress:
+    """``progress`` clamped to 0..1 and never below ``last`` (what was already reported)."""
+    fraction = max(last, min(1.0, max(0.0, progress.fraction)))
+    return Progress(fraction, progress.step, progress.total, progress.message)
+
+
 def sniff_mime(data: bytes) -> str:
     """The MIME type of common result bytes, by their magic numbers."""
     if data.startswith(b"\x89PNG\r\n\x1a\n"):

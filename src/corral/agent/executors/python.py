@@ -40,6 +40,7 @@ from corral.agent.executors.base import (
     StopReason,
     StopSignal,
     Update,
+    monotone,
     sniff_mime,
     stopped_terminal,
 )
@@ -132,7 +133,7 @@ class PythonExecutor:
                 else:
                     update = _as_update(item, self._label)
                     if isinstance(update, Progress):
-                        update = _monotone(update, last_fraction)
+                        update = monotone(update, last_fraction)
                         last_fraction = update.fraction
                     yield update
         except (ExecutorError, InvalidSpec):
@@ -239,12 +240,6 @@ def _as_update(item: object, label: str) -> Update:
         "or a Progress, Preview, LogLine, Checkpoint or Result",
         retryable=False,
     )
-
-
-def _monotone(progress: Progress, last: float) -> Progress:
-    """Progress clamped to 0..1 and never below what was already reported."""
-    fraction = max(last, min(1.0, max(0.0, progress.fraction)))
-    return Progress(fraction, progress.step, progress.total, progress.message)
 
 
 def to_results(value: object) -> list[Result]:

@@ -1,0 +1,249 @@
+"""The command executor: a subprocess per job (training runs, scripts).
+
+The process gets its job through the environment (``CORRAL_JOB_ID``,
+``CORRAL_ATTEMPT``, ``CUDA_VISIBLE_DEVICES``, ``CORRAL_CHECKPOINT_DIR``,
+``CORRAL_RESUME_FROM``, ``CORRAL_OUTPUT_DIR``, ... see ``job_env``) and talks
+back with plain lines on stdout or stderr (see ``corral.agent.executors.lines``);
+every other line is streamed as a log line. Files it leaves in
+``CORRAL_OUTPUT_DIR`` are its results. Its exit code decides: 0 succeeds,
+75 (``EX_TEMPFAIL``) or death by a signal nobody sent fails retryably, any other
+code fails for good. A stop sends SIGTERM to its whole process group, then
+SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+from corral.agent.executors.base import (
+    Assignment,
+    Failed,
+    Finished,
+    Progress,
+    Result,
+    StopSignal,
+    Update,
+    monotone,
+    stopped_terminal,
+)
+from corral.agent.executors.lines import ResultFile, parse_line, read_result
+from corral.core import Clock, ExecutorError, InvalidSpec
+
+EX_TEMPFAIL = 75
+"""sysexits.h "temporary failure": the conventional 'try again later' exit code."""
+
+LINE_LIMIT = 1 << 20
+"""Longest output line kept (1 MiB); longer ones are dropped with a note."""
+
+STDERR_TAIL = 10
+"""stderr lines quoted in the error of a failed command."""
+
+
+class CommandExecutor:
+    """Runs ``command`` (or the payload's ``command``) as a subprocess per job."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        command: Sequence[str] | None = None,
+        *,
+        allow_payload_command: bool = True,
+        workdir: Path | None = None,
+        name: str = "command",
+    ) -> None:
+        self._clock = clock
+        self._workdir = (workdir or Path.cwd()).resolve()
+        self._command = list(command) if command else None
+        self._allow_payload_command = allow_payload_command
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+        argv = self._argv(assignment.payload)
+        if stop.requested is not None:  # stopped before it began: do not even start it
+            yield stopped_terminal(stop.requested)
+            return
+        out_dir = Path(tempfile.mkdtemp(prefix=f"corral-{assignment.allocation_id}-"))
+        try:
+            env = job_env(assignment, out_dir, _payload_env(assignment.payload))
+            proc = await _spawn(argv, env, self._workdir)
+            async for update in self._supervise(proc, stop, out_dir):
+                yield update
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    def _argv(self, payload: Mapping[str, object]) -> list[str]:
+        """The command line: the configured command plus ``args``, or the payload's command."""
+        if self._command is not None:
+            return self._command + _strings(payload.get("args", []), "payload.args")
+        if not self._allow_payload_command:
+            raise InvalidSpec("payload.command", "this agent runs only its configured command")
+        command = payload.get("command")
+        if isinstance(command, str):
+            command = shlex.split(command)
+        argv = _strings(command, "payload.command")
+        if not argv:
+            raise InvalidSpec("payload.command", "missing: give the command line to run")
+        return argv
+
+    async def _supervise(
+        self, proc: asyncio.subprocess.Process, stop: StopSignal, out_dir: Path
+    ) -> AsyncIterator[Update]:
+        queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        readers = [
+            asyncio.create_task(_read_lines(proc.stdout, "stdout", queue)),
+            asyncio.create_task(_read_lines(proc.stderr, "stderr", queue)),
+        ]
+        killer = asyncio.create_task(self._kill_when_stopped(proc, stop))
+        tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        result_files: list[ResultFile] = []
+        last = 0.0
+        try:
+            async for stream, line in _until_closed(queue, len(readers)):
+                if stream == "stderr":
+                    tail.append(line)
+                update = parse_line(line, stream, self._workdir)
+                if isinstance(update, ResultFile):
+                    result_files.append(update)
+                    continue
+                if isinstance(update, Progress):
+                    update = monotone(update, last)
+                    last = update.fraction
+                yield update
+            code = await proc.wait()
+        finally:
+            killer.cancel()
+            _kill_group(proc, signal.SIGKILL)  # leftovers of a finished command, too
+            await proc.wait()
+            await asyncio.gather(*readers, killer, return_exceptions=True)
+        results = _collect_results(out_dir, result_files)
+        yield _terminal(code, stop, results, list(tail))
+
+    async def _kill_when_stopped(self, proc: asyncio.subprocess.Process, stop: StopSignal) -> None:
+        request = await stop.wait()
+        _kill_group(proc, signal.SIGTERM)
+        await self._clock.sleep(request.grace_s)
+        _kill_group(proc, signal.SIGKILL)
+
+
+def job_env(assignment: Assignment, out_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment a job's process runs with; corral's own variables win over ``extra``."""
+    env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
+    checkpoint_dir = assignment.checkpoint_dir
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    env.update(
+        CORRAL_JOB_ID=assignment.job_id,
+        CORRAL_JOB_IDS=",".join(assignment.job_ids),
+        CORRAL_ALLOCATION_ID=assignment.allocation_id,
+        CORRAL_ATTEMPT=str(assignment.attempt),
+        CUDA_VISIBLE_DEVICES=",".join(str(i) for i in assignment.gpu_indices),
+        CORRAL_CHECKPOINT_DIR=str(checkpoint_dir or ""),
+        CORRAL_RESUME_FROM=assignment.resume_from or "",
+        CORRAL_RESUME_STEP=str(assignment.resume_step),
+        CORRAL_OUTPUT_DIR=str(out_dir),
+        CORRAL_MODEL=assignment.model or "",
+        CORRAL_PAYLOAD=json.dumps(dict(assignment.payload)),
+    )
+    return env
+
+
+def _payload_env(payload: Mapping[str, object]) -> dict[str, str]:
+    extra = payload.get("env", {})
+    if not isinstance(extra, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in extra.items()
+    ):
+        raise InvalidSpec("payload.env", "must be an object of string values")
+    return dict(extra)
+
+
+def _strings(value: object, field: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise InvalidSpec(field, f"must be a list of strings, got {value!r}")
+    return list(value)
+
+
+async def _spawn(argv: list[str], env: dict[str, str], cwd: Path) -> asyncio.subprocess.Process:
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # its own process group: a stop reaches its children
+            limit=LINE_LIMIT,
+        )
+    except OSError as exc:  # not found, not executable
+        raise ExecutorError(f"cannot start {argv[0]!r}: {exc}", retryable=False) from exc
+
+
+async def _read_lines(
+    reader: asyncio.StreamReader, stream: str, queue: asyncio.Queue[tuple[str, str] | None]
+) -> None:
+    try:
+        while True:
+            try:
+                raw = await reader.readline()
+            except ValueError:  # a line over LINE_LIMIT: asyncio dropped it
+                queue.put_nowait(("agent", f"[{stream} line over {LINE_LIMIT} bytes dropped]"))
+                continue
+            if not raw:
+                return
+            queue.put_nowait((stream, raw.decode("utf-8", "replace").rstrip("\r\n")))
+    finally:
+        queue.put_nowait(None)
+
+
+async def _until_closed(
+    queue: asyncio.Queue[tuple[str, str] | None], streams: int
+) -> AsyncIterator[tuple[str, str]]:
+    while streams:
+        item = await queue.get()
+        if item is None:
+            streams -= 1
+            continue
+        yield item
+
+
+def _kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _collect_results(out_dir: Path, named: list[ResultFile]) -> tuple[Result, ...]:
+    """Files named by ``CORRAL_RESULT`` lines, then files left in the output directory."""
+    paths = [f.path for f in named] + sorted(p for p in out_dir.iterdir() if p.is_file())
+    unique = list(dict.fromkeys(p.resolve() for p in paths))
+    return tuple(r for r in map(read_result, unique) if r is not None)
+
+
+def _terminal(
+    code: int, stop: StopSignal, results: tuple[Result, ...], tail: list[str]
+) -> Finished | Failed:
+    request = stop.requested
+    if request is not None:
+        return stopped_terminal(request, results)
+    if code == 0:
+        return Finished(results)
+    reason = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    stderr = ("; last stderr: " + " | ".join(tail)) if tail else ""
+    return Failed(f"command {reason}{stderr}", retryable=code == EX_TEMPFAIL or code < 0)

@@ -1,0 +1,291 @@
+"""The supervisor: what the server wants run (desired) becomes what runs (observed).
+
+The link hands it ``Order``s (assignments) and stop orders; it runs each
+order as its own task through ``execute()`` with the executor the order asks
+for (its backend, else the one configured for its kind, else the default),
+and reports every update to ``sink`` as a ``Report`` tagged with allocation,
+attempt and job. It never starts work it was not given and never queues
+work locally: concurrency on this node is exactly what the scheduler
+assigned.
+
+An order with several jobs (a batch of samples) runs them one after another
+under one stop signal; their results are gathered into one ``Done``. A
+failure ends the whole order (the server requeues its jobs).
+
+An allocation that ended stays *held* until the link says the server
+acknowledged its end (``acknowledge``): the hello after a reconnect lists it,
+so the server waits for the resent result instead of declaring the work lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from corral.agent.executors.base import (
+    Assignment,
+    Executor,
+    Failed,
+    Finished,
+    Progress,
+    Result,
+    Started,
+    StopReason,
+    StopSignal,
+    Update,
+    stopped_terminal,
+)
+from corral.agent.executors.runner import TIMEOUT_GRACE_S, execute
+from corral.agent.fingerprint import GpuSnapshot
+from corral.agent.vram_guard import Reservation, VramGuard, process_tree
+from corral.core import Clock
+from corral.core.model import EMPTY
+
+log = logging.getLogger("corral.agent")
+
+SHUTDOWN_GRACE_S = 10.0
+"""On agent shutdown, running work gets this long to checkpoint before it is abandoned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """An allocation the server assigned: one job, a batch run in turn, or one gang replica."""
+
+    allocation_id: str
+    attempt: int
+    jobs: tuple[Assignment, ...]
+    kind: str = "custom"
+    backend: str = ""  # the executor the jobs asked for; "" lets the supervisor choose
+    gpu_indices: tuple[int, ...] = ()
+    vram_bytes: int = 0  # per GPU; 0: whole cards (the VRAM guard's allowance)
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job_id: str
+    result: Result
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """An order's successful end: every job's results (partial when interrupted)."""
+
+    results: tuple[JobResult, ...] = ()
+    modified: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    interrupted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One update of one allocation, for the link to send."""
+
+    allocation_id: str
+    attempt: int
+    update: Update | Done  # never ``Finished``: an order's success is one ``Done``
+    job_id: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return isinstance(self.update, Done | Failed)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """An allocation this agent holds, as the hello reports it."""
+
+    allocation_id: str
+    attempt: int
+    observed: str  # "running" | "finished" (its end not yet acknowledged)
+    progress: float = 0.0
+
+
+@runtime_checkable
+class OwnsProcesses(Protocol):
+    """Executors that run work in child processes say which, for the VRAM guard."""
+
+    def root_pid(self, allocation_id: str) -> int | None: ...
+
+
+@dataclass
+class _Slot:
+    order: Order
+    stop: StopSignal = field(default_factory=StopSignal)
+    executor: Executor | None = None
+    task: asyncio.Task[None] | None = None
+    finished: bool = False
+    progress: float = 0.0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        executors: Mapping[str, Executor],
+        clock: Clock,
+        *,
+        default: str,
+        by_kind: Mapping[str, str] | None = None,
+        timeout_grace_s: float = TIMEOUT_GRACE_S,
+        guard: VramGuard | None = None,
+    ) -> None:
+        if default not in executors:
+            raise ValueError(f"default executor {default!r} is not among {sorted(executors)}")
+        self.executors = dict(executors)
+        self.clock = clock
+        self.default = default
+        self.by_kind = dict(by_kind or {})
+        self.timeout_grace_s = timeout_grace_s
+        self.guard = guard or VramGuard()
+        self.sink: Callable[[Report], None] = lambda report: None
+        self.intake_open = True  # the server's word; it only affects what it sends
+        self._slots: dict[str, _Slot] = {}
+
+    @property
+    def backends(self) -> list[str]:
+        return sorted(self.executors)
+
+    def assign(self, order: Order) -> bool:
+        """Start ``order``. False when it is already held (a resent assignment)."""
+        if order.allocation_id in self._slots:
+            return False
+        slot = _Slot(order)
+        self._slots[order.allocation_id] = slot
+        name = order.backend or self.by_kind.get(order.kind) or self.default
+        slot.executor = self.executors.get(name)
+        if slot.executor is None:
+            error = f"this node has no {name!r} executor (it offers {', '.join(self.backends)})"
+            self._emit(slot, Started())
+            self._end(slot, Failed(error, retryable=True))
+            return True
+        slot.task = asyncio.get_running_loop().create_task(
+            self._run(slot), name=f"corral-alloc-{order.allocation_id}"
+        )
+        return True
+
+    def stop(self, allocation_id: str, reason: StopReason, grace_s: float, note: str = "") -> bool:
+        """Ask a running allocation to stop. False when it is not running here."""
+        slot = self._slots.get(allocation_id)
+        if slot is None or slot.finished:
+            return False
+        slot.stop.request(reason, max(0.0, grace_s), note)
+        return True
+
+    def held(self) -> list[Held]:
+        return [
+            Held(
+                s.order.allocation_id,
+                s.order.attempt,
+                "finished" if s.finished else "running",
+                s.progress,
+            )
+            for s in self._slots.values()
+        ]
+
+    def acknowledge(self, allocation_id: str) -> None:
+        """The server has this allocation's end: forget it."""
+        slot = self._slots.get(allocation_id)
+        if slot is not None and slot.finished:
+            del self._slots[allocation_id]
+
+    def running(self) -> list[str]:
+        return [a for a, s in self._slots.items() if not s.finished]
+
+    def check_vram(self, snapshot: GpuSnapshot) -> list[str]:
+        """Stop allocations over their VRAM reservation; returns their ids."""
+        owners: dict[int, str] = {}
+        reservations: list[Reservation] = []
+        for alloc_id, slot in self._slots.items():
+            root = (
+                slot.executor.root_pid(alloc_id)
+                if isinstance(slot.executor, OwnsProcesses) and not slot.finished
+                else None
+            )
+            if root is None:
+                continue
+            owners |= dict.fromkeys(process_tree(root), alloc_id)
+            reservations.append(
+                Reservation(alloc_id, slot.order.gpu_indices, slot.order.vram_bytes)
+            )
+        stopped = []
+        for v in self.guard.observe(snapshot, reservations, owners) if owners else []:
+            if self.stop(v.allocation_id, StopReason.CANCEL, 0.0, v.error):
+                log.warning("%s", v.error)
+                stopped.append(v.allocation_id)
+        return stopped
+
+    async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Preempt everything running (so it checkpoints) and wait for it to end."""
+        tasks = [s.task for s in self._slots.values() if s.task is not None and not s.finished]
+        for alloc_id in self.running():
+            self.stop(alloc_id, StopReason.PREEMPT, grace_s, "the agent is shutting down")
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s + 3.0)
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self, slot: _Slot) -> None:
+        try:
+            await self._run_jobs(slot)
+        except asyncio.CancelledError:
+            if not slot.finished:
+                self._end(slot, Failed("the agent abandoned the work", retryable=True))
+            raise
+        except Exception as exc:  # a bug here must still end the allocation
+            log.exception("allocation %s crashed", slot.order.allocation_id)
+            if not slot.finished:
+                self._end(slot, Failed(f"agent error: {type(exc).__name__}: {exc}", False))
+
+    async def _run_jobs(self, slot: _Slot) -> None:
+        assert slot.executor is not None
+        order, results, modified = slot.order, [], dict[str, str]()
+        started = False
+        for index, job in enumerate(order.jobs):
+            terminal: Finished | Failed | None = None
+            updates = execute(
+                slot.executor, job, slot.stop, self.clock, timeout_grace_s=self.timeout_grace_s
+            )
+            async for update in updates:
+                if isinstance(update, Started):
+                    if not started:
+                        self._emit(slot, update, job.job_id)
+                    started = True
+                elif isinstance(update, Finished | Failed):
+                    terminal = update
+                else:
+                    self._track(slot, update, index)
+                    self._emit(slot, update, job.job_id)
+            if not isinstance(terminal, Finished):
+                self._end(slot, terminal or Failed("no result (a bug)", retryable=False))
+                return
+            results += [JobResult(job.job_id, r) for r in terminal.results]
+            modified |= terminal.modified
+            request = slot.stop.requested
+            if request is not None and request.reason is not StopReason.INTERRUPT:
+                self._end(slot, _failed(stopped_terminal(request)))  # the batch was stopped
+                return
+            if terminal.interrupted or request is not None:
+                self._end(slot, Done(tuple(results), modified, interrupted=True))
+                return
+        self._end(slot, Done(tuple(results), modified))
+
+    def _track(self, slot: _Slot, update: Update, index: int) -> None:
+        if isinstance(update, Progress):
+            slot.progress = (index + update.fraction) / max(1, len(slot.order.jobs))
+
+    def _emit(self, slot: _Slot, update: Update | Done, job_id: str = "") -> None:
+        order = slot.order
+        self.sink(Report(order.allocation_id, order.attempt, update, job_id))
+
+    def _end(self, slot: _Slot, terminal: Done | Failed) -> None:
+        slot.finished = True
+        slot.progress = 1.0 if isinstance(terminal, Done) else slot.progress
+        self._emit(slot, terminal)
+
+
+def _failed(terminal: Finished | Failed) -> Failed:
+    return terminal if isinstance(terminal, Failed) else Failed("stopped", retryable=False)

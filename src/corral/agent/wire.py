@@ -1,0 +1,188 @@
+"""Wire <-> agent translation for the link (pure functions, no I/O).
+
+Server messages become supervisor ``Order``s and stop orders; supervisor
+``Report``s become ``AllocationUpdate``s; the machine's identity and GPU
+readings become the hello's ``Inventory`` and heartbeats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.agent.executors.base import (
+    Assignment,
+    Checkpoint,
+    Failed,
+    LogLine,
+    Preview,
+    Progress,
+    Started,
+    StopReason,
+)
+from corral.agent.fingerprint import GpuSnapshot
+from corral.agent.supervisor import Done, Held, Order, Report
+from corral.core.model import EMPTY
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+
+_STOP_FROM_WIRE = {
+    pb.STOP_REASON_CANCEL: StopReason.CANCEL,
+    pb.STOP_REASON_INTERRUPT: StopReason.INTERRUPT,
+    pb.STOP_REASON_PREEMPT: StopReason.PREEMPT,
+    pb.STOP_REASON_TIMEOUT: StopReason.TIMEOUT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What the agent says about itself besides its GPUs."""
+
+    node: str
+    cpus: int
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    backends: tuple[str, ...] = ()
+    models_on_disk: tuple[str, ...] = ()
+    version: str = ""
+
+
+def order_from(msg: pb.Assign, checkpoint_root: Path | None = None) -> Order:
+    """The supervisor's order for an assignment; each job gets its checkpoint directory."""
+    gpus = tuple(msg.gpu_indices)
+    jobs = tuple(_job(msg, w, gpus, checkpoint_root) for w in msg.jobs)
+    whole = msg.gpu_milli >= 1000 or msg.gpu_milli == 0
+    return Order(
+        allocation_id=msg.allocation_id,
+        attempt=msg.attempt,
+        jobs=jobs,
+        kind=msg.jobs[0].kind if msg.jobs else msg.kind or "custom",
+        backend=(msg.jobs[0].backend if msg.jobs else msg.backend) or "",
+        gpu_indices=gpus,
+        vram_bytes=0 if whole else msg.vram_bytes,
+    )
+
+
+def _job(msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None) -> Assignment:
+    checkpoint_dir = None
+    if root is not None:
+        checkpoint_dir = root / w.job_id
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return Assignment(
+        allocation_id=msg.allocation_id,
+        attempt=msg.attempt,
+        job_ids=(w.job_id,),
+        kind=w.kind or "custom",
+        payload=_payload(w.payload_json),
+        model=w.model or None,
+        gpu_indices=gpus,
+        checkpoint_dir=checkpoint_dir,
+        resume_from=w.resume_from or None,
+        resume_step=w.resume_step,
+        timeout_s=w.timeout_s or None,
+    )
+
+
+def _payload(text: str) -> Mapping[str, Any]:
+    value = json.loads(text) if text else {}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def stop_from(msg: pb.Stop) -> tuple[str, StopReason, float]:
+    """(allocation id, reason, grace); an unknown reason is taken as a cancel."""
+    return msg.allocation_id, _STOP_FROM_WIRE.get(msg.reason, StopReason.CANCEL), msg.grace_s
+
+
+def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -> pb.Inventory:
+    return pb.Inventory(
+        node=identity.node,
+        gpus=gpus(snapshot),
+        cpus=identity.cpus,
+        labels=dict(identity.labels),
+        models_on_disk=list(identity.models_on_disk),
+        backends=list(identity.backends),
+        running=[
+            pb.RunningAllocation(
+                allocation_id=h.allocation_id,
+                attempt=h.attempt,
+                observed=h.observed,
+                progress=h.progress,
+            )
+            for h in held
+        ],
+        agent_version=identity.version,
+    )
+
+
+def gpus(snapshot: GpuSnapshot) -> list[pb.Gpu]:
+    return [
+        pb.Gpu(
+            index=g.index,
+            model=g.model,
+            vram_total_bytes=g.vram_total_bytes,
+            vram_free_bytes=g.vram_free_bytes,
+            utilization=g.utilization or 0.0,
+        )
+        for g in snapshot.gpus
+    ]
+
+
+def heartbeat(snapshot: GpuSnapshot, owners: Mapping[int, str], now: float) -> pb.Heartbeat:
+    """Live GPU figures, and the VRAM each allocation's processes use."""
+    return pb.Heartbeat(
+        gpus=gpus(snapshot),
+        processes=[
+            pb.ProcessVram(
+                allocation_id=owners[p.pid], gpu_index=p.gpu_index, used_bytes=p.used_bytes
+            )
+            for p in snapshot.processes
+            if p.pid in owners
+        ],
+        sent_at=now,
+    )
+
+
+def update_message(
+    seq: int, report: Report, blob_ids: Mapping[int, str] | None = None
+) -> pb.AgentMessage:
+    """``report`` on the wire. ``blob_ids`` maps a result's index to its uploaded blob."""
+    u = pb.AllocationUpdate(
+        allocation_id=report.allocation_id, attempt=report.attempt, job_id=report.job_id
+    )
+    x = report.update
+    if isinstance(x, Started):
+        u.started.SetInParent()
+    elif isinstance(x, Progress):
+        u.progress.CopyFrom(
+            pb.Progress(fraction=x.fraction, step=x.step, total=x.total, message=x.message)
+        )
+    elif isinstance(x, Preview):
+        u.preview.CopyFrom(pb.Preview(image=x.image, mime=x.mime, step=x.step))
+    elif isinstance(x, LogLine):
+        u.log.CopyFrom(pb.LogLine(stream=x.stream, line=x.line))
+    elif isinstance(x, Checkpoint):
+        u.checkpoint.CopyFrom(pb.Checkpoint(path=x.path, step=x.step, progress=x.progress))
+    elif isinstance(x, Done):
+        u.finished.CopyFrom(_finished(x, blob_ids or {}))
+    elif isinstance(x, Failed):
+        u.failed.CopyFrom(pb.Failed(error=x.error, retryable=x.retryable))
+    else:
+        raise TypeError(f"cannot send {type(x).__name__}")  # Finished is folded into Done
+    return pb.AgentMessage(seq=seq, update=u)
+
+
+def _finished(done: Done, blob_ids: Mapping[int, str]) -> pb.Finished:
+    results = []
+    for i, jr in enumerate(done.results):
+        blob = blob_ids.get(i, "")
+        results.append(
+            pb.Result(
+                name=jr.result.name,
+                mime=jr.result.mime,
+                data=b"" if blob else jr.result.data,
+                blob_id=blob,
+                job_id=jr.job_id,
+            )
+        )
+    return pb.Finished(results=results, modified=dict(done.modified), interrupted=done.interrupted)
