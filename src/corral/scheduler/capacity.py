@@ -114,7 +114,7 @@ class NodeCap:
             if free == MILLI:
                 whole += 1
             elif free > 0:
-                level = max(level, free // PARTIAL_STEP)
+                level = max(level, min(free, MILLI - 1) // PARTIAL_STEP)
         self.whole_free = whole
         self.partial_level = level
 

@@ -187,7 +187,7 @@ class Preemptor:
             return False
         if (
             not patient
-            and self._now - min(a.started_at for a in victim.allocs) < self._min_runtime_s
+            and self._now - max(a.started_at for a in victim.allocs) < self._min_runtime_s
         ):
             return False
         if victim.team == ask.team:

@@ -1,0 +1,93 @@
+"""The working copy: reserve/release keep the index right; rollback is exact."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.core import GIB, Gpu, Node
+from corral.scheduler.capacity import Capacity, NodeCap
+from corral.scheduler.need import Need
+
+NODES = tuple(
+    Node(name=f"n{i}", gpus=tuple(Gpu(g, "A100", 24 * GIB) for g in range(4)), cpus=8)
+    for i in range(3)
+)
+
+
+def state(cap: Capacity) -> list[tuple[object, ...]]:
+    """Everything a rollback must restore, index membership included."""
+    out: list[tuple[object, ...]] = []
+    for nc in cap.nodes:
+        buckets = [
+            (level, nc in bucket)
+            for level, bucket in enumerate(cap.everywhere.whole)
+            if nc in bucket
+        ]
+        partial = [lv for lv, b in enumerate(cap.everywhere.partial) if nc in b]
+        out.append(
+            (
+                tuple(nc.gpu_free),
+                tuple(nc.gpu_vram_free),
+                nc.cpus_free,
+                tuple(buckets),
+                tuple(partial),
+                nc in cap.everywhere.cpu,
+            )
+        )
+    return out
+
+
+def consistent(cap: Capacity) -> None:
+    for nc in cap.nodes:
+        assert nc.whole_free == sum(1 for f in nc.gpu_free if f == 1000)
+        assert nc in cap.everywhere.whole[nc.whole_free]
+        assert (nc in cap.everywhere.cpu) == (nc.cpus_free > 0)
+
+
+Held = tuple[NodeCap, tuple[int, ...], int, int, int]
+
+op = st.tuples(
+    st.sampled_from(("whole", "share", "release", "checkpoint", "rollback")),
+    st.integers(0, 2),
+    st.integers(0, 3),
+    st.sampled_from((250, 500)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(op, max_size=30))
+def test_rollback_restores_the_exact_state_and_the_index_stays_consistent(
+    ops: list[tuple[str, int, int, int]],
+) -> None:
+    cap = Capacity(NODES, [0, 0, 0])
+    marks: list[tuple[tuple[int, int], list[tuple[object, ...]], list[Held]]] = []
+    held: list[Held] = []
+    for kind, n, card, milli in ops:
+        nc = cap.nodes[n]
+        if kind == "whole" and nc.gpu_free[card] == 1000 and nc.cpus_free >= 1:
+            held.append((nc, (card,), 1000, 0, 1))
+            cap.reserve(*held[-1])
+        elif kind == "share" and nc.gpu_free[card] >= milli:
+            held.append((nc, (card,), milli, milli * 24 * GIB // 1000, 0))
+            cap.reserve(*held[-1])
+        elif kind == "release" and held:
+            cap.release(*held.pop())
+        elif kind == "checkpoint":
+            marks.append((cap.checkpoint(), state(cap), list(held)))
+        elif kind == "rollback" and marks:
+            mark, before, held = marks.pop()
+            cap.rollback(mark)
+            assert state(cap) == before
+        consistent(cap)
+
+
+def test_a_need_that_failed_is_cached_until_capacity_is_given_back() -> None:
+    cap = Capacity(NODES[:1], [0])
+    nc = cap.nodes[0]
+    generation = cap.generation
+    cap.reserve(nc, (0, 1, 2, 3), 1000, 0, 0)
+    assert cap.generation == generation  # taking capacity never revives a failed fit
+    cap.release(nc, (0,), 1000, 0, 0)
+    assert cap.generation != generation
+    assert Need(gpus=1).nominal_milli() == 1000
