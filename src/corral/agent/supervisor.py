@@ -193,24 +193,28 @@ class Supervisor:
     def running(self) -> list[str]:
         return [a for a, s in self._slots.items() if not s.finished]
 
-    def check_vram(self, snapshot: GpuSnapshot) -> list[str]:
-        """Stop allocations over their VRAM reservation; returns their ids."""
+    def process_owners(self) -> dict[int, str]:
+        """pid -> allocation, for work running in child processes (see ``OwnsProcesses``)."""
         owners: dict[int, str] = {}
-        reservations: list[Reservation] = []
         for alloc_id, slot in self._slots.items():
-            root = (
-                slot.executor.root_pid(alloc_id)
-                if isinstance(slot.executor, OwnsProcesses) and not slot.finished
-                else None
-            )
-            if root is None:
+            if slot.finished or not isinstance(slot.executor, OwnsProcesses):
                 continue
-            owners |= dict.fromkeys(process_tree(root), alloc_id)
-            reservations.append(
-                Reservation(alloc_id, slot.order.gpu_indices, slot.order.vram_bytes)
-            )
+            root = slot.executor.root_pid(alloc_id)
+            if root is not None:
+                owners |= dict.fromkeys(process_tree(root), alloc_id)
+        return owners
+
+    def check_vram(self, snapshot: GpuSnapshot, owners: Mapping[int, str]) -> list[str]:
+        """Stop allocations over their VRAM reservation; returns their ids."""
+        if not owners:
+            return []
+        reservations = [
+            Reservation(a, s.order.gpu_indices, s.order.vram_bytes)
+            for a, s in self._slots.items()
+            if a in owners.values()
+        ]
         stopped = []
-        for v in self.guard.observe(snapshot, reservations, owners) if owners else []:
+        for v in self.guard.observe(snapshot, reservations, owners):
             if self.stop(v.allocation_id, StopReason.CANCEL, 0.0, v.error):
                 log.warning("%s", v.error)
                 stopped.append(v.allocation_id)
@@ -242,7 +246,7 @@ class Supervisor:
 
     async def _run_jobs(self, slot: _Slot) -> None:
         assert slot.executor is not None
-        order, results, modified = slot.order, [], dict[str, str]()
+        order, results, modified = slot.order, list[JobResult](), dict[str, str]()
         started = False
         for index, job in enumerate(order.jobs):
             terminal: Finished | Failed | None = None

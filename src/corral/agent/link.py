@@ -1,0 +1,345 @@
+"""The agent's end of the link: dial out, say hello, keep the stream, resync after a drop.
+
+The agent opens the connection (so a GPU behind NAT or a firewall works),
+authenticates with its join token and says hello with its full inventory and
+every allocation it holds. Then three tasks share the stream: a writer (the
+only one that writes), a reader (assignments, stops, intake, acks) and a
+heartbeat ticker (live GPU figures; also feeds the VRAM guard).
+
+Updates the server must not miss (started, checkpoint, finished, failed) stay
+in an outbox until the server acknowledges them, and are resent after a
+reconnect; progress, previews and logs are sent when connected and dropped
+otherwise (the next one supersedes them). Results too large for a stream
+message are uploaded first in chunks (resumable and idempotent: see the
+server's ``grpc_uploads``).
+
+When the stream breaks the client waits a jittered, exponentially growing
+delay and dials the next server URL in its list (several replicas behind one
+PostgreSQL, or one server). A refused token is fatal: retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+
+from corral.agent import wire
+from corral.agent.executors.base import Checkpoint, Preview, Started
+from corral.agent.fingerprint import GpuInventory
+from corral.agent.supervisor import Done, JobResult, Report, Supervisor
+from corral.core import Clock, CorralError, InvalidSpec, LinkError
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger("corral.agent.link")
+
+DEFAULT_AGENT_PORT = 8471
+_FATAL = ("UNAUTHENTICATED", "PERMISSION_DENIED")
+
+
+class LinkRefused(CorralError):
+    """The server refused this agent's token: reconnecting cannot help."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One server to dial."""
+
+    address: str  # host:port
+    tls: bool
+    url: str  # as given
+
+    def __str__(self) -> str:
+        return f"{'grpcs' if self.tls else 'grpc'}://{self.address}"
+
+
+def parse_server(url: str) -> Target:
+    """``grpc://h:p``, ``grpcs://h:p``, ``h:p`` or ``http(s)://h`` (then the default agent port)."""
+    text = url.strip()
+    if not text:
+        raise InvalidSpec("server", "empty server URL")
+    parts = urlsplit(text if "://" in text else f"grpc://{text}")
+    if parts.scheme not in ("grpc", "grpcs", "http", "https") or not parts.hostname:
+        raise InvalidSpec(
+            "server", f"{url!r}: write grpc://host:port (the address `corral server` prints)"
+        )
+    try:
+        given = parts.port
+    except ValueError:
+        raise InvalidSpec("server", f"{url!r}: the port is not a number") from None
+    web = parts.scheme in ("http", "https")  # the API's URL: agents use the agent port
+    port = DEFAULT_AGENT_PORT if web or given is None else given
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return Target(f"{host}:{port}", parts.scheme in ("grpcs", "https"), url)
+
+
+def backoff_s(failures: int, rng: random.Random, base_s: float = 0.5, cap_s: float = 30.0) -> float:
+    """Delay before the next dial: exponential in ``failures``, half of it random (equal jitter).
+
+    The jitter spreads a fleet's reconnects after a server restart, so a
+    thousand agents do not all dial in the same instant.
+    """
+    delay = min(cap_s, base_s * 2.0 ** max(0, failures - 1))
+    return delay / 2 + rng.uniform(0.0, delay / 2)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    token: str
+    inline_bytes: int = 1024 * 1024  # a result up to this size rides in the Finished message
+    inline_total_bytes: int = 4 * 1024 * 1024  # ... as long as the message stays below this
+    chunk_bytes: int = 256 * 1024  # upload chunk size for larger results
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_preview_bytes: int = 2 * 1024 * 1024  # larger previews are dropped, not sent
+    welcome_timeout_s: float = 15.0
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+
+
+Queued = tuple[int, Report | pb.Heartbeat]
+
+
+class LinkClient:
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        settings: LinkSettings,
+        supervisor: Supervisor,
+        identity: wire.Identity,
+        gpus: GpuInventory,
+        clock: Clock,
+        *,
+        checkpoint_root: Path | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not targets:
+            raise InvalidSpec("server", "give at least one server URL")
+        self.targets = list(targets)
+        self.settings = settings
+        self.supervisor = supervisor
+        self.identity = identity
+        self.gpus = gpus
+        self.clock = clock
+        self.checkpoint_root = checkpoint_root
+        self.rng = rng or random.Random()
+        self.connected = asyncio.Event()
+        self.server: Target | None = None  # the one connected to
+        self.sessions = 0  # welcomed sessions so far
+        self.heartbeat_s = 5.0  # until the server says
+        self._outbox: dict[int, Report] = {}
+        self._live: asyncio.Queue[Queued] | None = None
+        self._seq = itertools.count(1)
+        self._metadata = (("authorization", f"Bearer {settings.token}"),)
+        supervisor.sink = self.publish
+
+    def publish(self, report: Report) -> None:
+        """Send ``report`` (the supervisor's sink); keep it until acknowledged if it matters."""
+        update = report.update
+        if isinstance(update, Preview) and len(update.image) > self.settings.max_preview_bytes:
+            log.warning("dropping a %d-byte preview of %s", len(update.image), report.job_id)
+            return
+        seq = next(self._seq)
+        if report.terminal or isinstance(update, Started | Checkpoint):
+            self._outbox[seq] = report
+        if self._live is not None:
+            self._live.put_nowait((seq, report))
+
+    @property
+    def unacknowledged(self) -> int:
+        return len(self._outbox)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) until the server has acknowledged everything sent."""
+        deadline = self.clock.now() + timeout_s
+        while self._outbox and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
+        return not self._outbox
+
+    async def run(self) -> None:
+        """Stay connected until cancelled. Raises ``LinkRefused`` when the token is refused."""
+        failures, index = 0, 0
+        while True:
+            target = self.targets[index % len(self.targets)]
+            welcomed_before = self.sessions
+            try:
+                await self._session(target)
+                reason = "the server closed the stream"
+            except (LinkError, OSError, TimeoutError) as exc:
+                reason = str(exc) or type(exc).__name__
+            failures = 1 if self.sessions > welcomed_before else failures + 1
+            index += 1  # try the next server (the same one when there is only one)
+            delay = backoff_s(
+                failures, self.rng, self.settings.backoff_base_s, self.settings.backoff_cap_s
+            )
+            log.warning("link to %s: %s; dialling again in %.1fs", target, reason, delay)
+            await self.clock.sleep(delay)
+
+    async def _session(self, target: Target) -> None:
+        async with self._channel(target) as channel:
+            stub = pb_grpc.AgentLinkStub(channel)
+            call = stub.Connect(metadata=self._metadata)
+            try:
+                await self._hello(call)
+                live: asyncio.Queue[Queued] = asyncio.Queue()
+                for seq in sorted(self._outbox):  # resend what the server has not acknowledged
+                    live.put_nowait((seq, self._outbox[seq]))
+                self._live, self.server = live, target
+                self.sessions += 1
+                self.connected.set()
+                log.info("connected to %s as node %s", target, self.identity.node)
+                await _first_to_end(
+                    self._write(call, stub, live), self._read(call), self._beat(live)
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise _translate(exc) from None
+            finally:
+                self._live = None
+                self.connected.clear()
+                call.cancel()
+
+    def _channel(self, target: Target) -> Any:
+        size = self.settings.max_message_bytes
+        options = [
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+        if target.tls:
+            return grpc.aio.secure_channel(target.address, grpc.ssl_channel_credentials(), options)
+        return grpc.aio.insecure_channel(target.address, options)
+
+    async def _hello(self, call: Any) -> None:
+        snapshot = self.gpus.snapshot()
+        inventory = wire.inventory(self.identity, snapshot, self.supervisor.held())
+        await call.write(pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory)))
+        msg = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
+        if msg is grpc.aio.EOF or not msg.HasField("welcome"):
+            raise LinkError("the server did not answer the hello with a welcome")
+        if msg.welcome.heartbeat_interval_s > 0:
+            self.heartbeat_s = msg.welcome.heartbeat_interval_s
+
+    async def _write(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
+        while True:
+            seq, item = await live.get()
+            if isinstance(item, pb.Heartbeat):
+                await call.write(pb.AgentMessage(seq=seq, heartbeat=item))
+                continue
+            blob_ids = await self._upload_large(stub, item)
+            await call.write(wire.update_message(seq, item, blob_ids))
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            self._obey(msg)
+
+    def _obey(self, msg: pb.ServerMessage) -> None:
+        body = msg.WhichOneof("body")
+        if body == "assign":
+            self.supervisor.assign(wire.order_from(msg.assign, self.checkpoint_root))
+        elif body == "stop":
+            allocation_id, reason, grace_s = wire.stop_from(msg.stop)
+            self.supervisor.stop(allocation_id, reason, grace_s)
+        elif body == "intake":
+            self.supervisor.intake_open = not msg.intake.paused
+        elif body == "ack":
+            report = self._outbox.pop(msg.ack.seq, None)
+            if report is not None and report.terminal:
+                self.supervisor.acknowledge(report.allocation_id)
+            if msg.ack.status in ("stale", "unknown"):
+                log.info("server: update of %s was %s", msg.ack.allocation_id, msg.ack.status)
+
+    async def _beat(self, live: asyncio.Queue[Queued]) -> None:
+        while True:
+            await self.clock.sleep(self.heartbeat_s)
+            snapshot = self.gpus.snapshot()
+            owners = self.supervisor.process_owners()
+            self.supervisor.check_vram(snapshot, owners)
+            live.put_nowait((next(self._seq), wire.heartbeat(snapshot, owners, self.clock.now())))
+
+    async def _upload_large(self, stub: Any, report: Report) -> dict[int, str]:
+        """Upload the results too large to ride inline; their blob ids by result index."""
+        if not isinstance(report.update, Done):
+            return {}
+        s, inline, blob_ids = self.settings, 0, {}
+        for i, jr in enumerate(report.update.results):
+            size = len(jr.result.data)
+            if size > s.inline_bytes or inline + size > s.inline_total_bytes:
+                blob_ids[i] = await self._upload(stub, report, jr)
+            else:
+                inline += size
+        return blob_ids
+
+    async def _upload(self, stub: Any, report: Report, jr: JobResult) -> str:
+        data = jr.result.data
+        sha = hashlib.sha256(data).hexdigest()
+
+        def chunks(start: int | None) -> Iterator[pb.BlobChunk]:
+            base = pb.BlobChunk(
+                allocation_id=report.allocation_id,
+                attempt=report.attempt,
+                name=f"{jr.job_id}/{jr.result.name}",
+                mime=jr.result.mime,
+                sha256=sha,
+            )
+            if start is None:  # a probe: has the server got it, or how much of it?
+                yield base
+                return
+            step = self.settings.chunk_bytes
+            for offset in range(start, max(len(data), 1), step):
+                piece = data[offset : offset + step]
+                last = offset + step >= len(data)
+                yield pb.BlobChunk(**_fields(base), offset=offset, data=piece, last=last)
+
+        ack = await stub.UploadBlob(chunks(None), metadata=self._metadata)
+        for _ in range(3):
+            if ack.blob_id:
+                return str(ack.blob_id)
+            ack = await stub.UploadBlob(chunks(ack.received), metadata=self._metadata)
+        raise LinkError(f"upload of {jr.result.name} did not complete")
+
+
+def _fields(chunk: pb.BlobChunk) -> dict[str, Any]:
+    return {
+        "allocation_id": chunk.allocation_id,
+        "attempt": chunk.attempt,
+        "name": chunk.name,
+        "mime": chunk.mime,
+        "sha256": chunk.sha256,
+    }
+
+
+async def _first_to_end(*coroutines: Any) -> None:
+    """Run ``coroutines`` until one ends; cancel the others; re-raise its error."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _translate(exc: grpc.aio.AioRpcError) -> CorralError:
+    code, details = exc.code(), exc.details() or ""
+    if code.name in _FATAL:
+        return LinkRefused(details or code.name)
+    return LinkError(f"{code.name}: {details}" if details else code.name)

@@ -1,0 +1,163 @@
+"""The agent's composition root: options in, a connected agent out.
+
+This is the only place on the agent side that picks real implementations:
+the wall clock, the GPU inventory (NVML, ``--fake-gpus`` or none), the
+executors this node offers, the supervisor and the link. ``corral agent``
+and ``corral up`` both build their agent here.
+
+Executors offered: ``demo`` always (a CPU image generator, see ``demo.py``);
+``python`` with ``--handler module:function``; ``command`` with ``--command``.
+Jobs that name no backend go to the handler if there is one, else to
+``command`` for ``train`` jobs when configured, else to the demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral import __version__
+from corral.agent.demo import DemoExecutor
+from corral.agent.executors.base import Executor
+from corral.agent.executors.command import CommandExecutor
+from corral.agent.executors.python import PythonExecutor
+from corral.agent.fingerprint import GpuInventory, detect_inventory
+from corral.agent.link import LinkClient, LinkSettings, parse_server
+from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
+from corral.agent.wire import Identity
+from corral.core import Clock, InvalidSpec, WallClock
+from corral.core.model import EMPTY
+
+log = logging.getLogger("corral.agent")
+
+FLUSH_S = 3.0
+"""On shutdown, how long to wait for the server to acknowledge the last results."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    """Everything ``corral agent`` can be told."""
+
+    servers: tuple[str, ...]
+    token: str
+    name: str | None = None
+    fake_gpus: str | None = None
+    handler: str | None = None
+    command: str | None = None
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    cpus: int | None = None
+    work_dir: Path = Path("~/.corral/agent")
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S
+
+
+def parse_labels(items: Sequence[str]) -> dict[str, str]:
+    """``["gpu=4090", "zone=home,owner=me"]`` -> a dict; a bad item names the ``labels`` option."""
+    labels: dict[str, str] = {}
+    for item in items:
+        for pair in filter(None, (p.strip() for p in item.split(","))):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise InvalidSpec("labels", f"{pair!r}: write key=value")
+            labels[key.strip()] = value.strip()
+    return labels
+
+
+class Agent:
+    """One node's agent: supervisor + link, on one event loop."""
+
+    def __init__(
+        self, options: AgentOptions, clock: Clock | None = None, gpus: GpuInventory | None = None
+    ) -> None:
+        if not options.token:
+            raise InvalidSpec("token", "an agent join token is required (--token)")
+        self.options = options
+        self.clock = clock or WallClock()
+        self.gpus = gpus or detect_inventory(options.fake_gpus)
+        work_dir = options.work_dir.expanduser()
+        executors, default, by_kind = build_executors(options, self.clock, work_dir)
+        self.supervisor = Supervisor(executors, self.clock, default=default, by_kind=by_kind)
+        self.identity = Identity(
+            node=options.name or socket.gethostname(),
+            cpus=options.cpus if options.cpus is not None else os.cpu_count() or 1,
+            labels=options.labels,
+            backends=tuple(sorted(executors)),
+            version=__version__,
+        )
+        self.link = LinkClient(
+            [parse_server(url) for url in options.servers],
+            LinkSettings(token=options.token),
+            self.supervisor,
+            self.identity,
+            self.gpus,
+            self.clock,
+            checkpoint_root=work_dir / "checkpoints",
+        )
+
+    @property
+    def node(self) -> str:
+        return self.identity.node
+
+    async def run(self) -> None:
+        """Stay connected until cancelled; raises ``LinkRefused`` for a bad token."""
+        note = self.gpus.snapshot().note
+        if note:
+            log.info("%s", note)
+        await self.link.run()
+
+    async def shutdown(self) -> None:
+        """Let running work checkpoint and report, then give the server a moment to take it."""
+        await self.supervisor.shutdown(self.options.shutdown_grace_s)
+        await self.link.drain(FLUSH_S)
+
+
+def build_executors(
+    options: AgentOptions, clock: Clock, work_dir: Path
+) -> tuple[dict[str, Executor], str, dict[str, str]]:
+    """The executors this node offers, the default one, and defaults per job kind."""
+    executors: dict[str, Executor] = {"demo": DemoExecutor(clock)}
+    default, by_kind = "demo", {}
+    if options.command:
+        workdir = work_dir / "runs"
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = shlex.split(options.command)
+        executors["command"] = CommandExecutor(
+            clock, argv, allow_payload_command=False, workdir=workdir
+        )
+        by_kind["train"] = "command"
+    if options.handler:
+        executors["python"] = PythonExecutor(options.handler, clock)
+        default = "python"
+    return executors, default, by_kind
+
+
+async def run_agent(options: AgentOptions, agent: Agent | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then shut down cleanly. Raises ``LinkRefused`` on a bad token."""
+    agent = agent or Agent(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    link = asyncio.create_task(agent.run(), name="corral-agent-link")
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({link, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if link.done():
+            link.result()  # a refused token: raise it
+            return
+        log.info("shutting down: letting running work checkpoint and report")
+        await agent.shutdown()
+    finally:
+        for task in (link, waiter):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

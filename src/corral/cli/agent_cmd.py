@@ -1,0 +1,117 @@
+"""``corral agent``: run the agent on a GPU machine; it dials out to the server.
+
+The agent opens the connection itself, so it works behind NAT and firewalls.
+Give it the agent address the server prints (``grpc://host:8471``) and an
+agent join token (``POST /v1/tokens`` with ``{"kind": "agent"}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from corral.agent.main import AgentOptions
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``corral agent`` to the ``corral`` command."""
+    app.command("agent")(agent)
+
+
+def agent(  # noqa: PLR0913 (each option of the command is an argument)
+    server: Annotated[
+        list[str],
+        typer.Option(
+            "--server",
+            help="Agent address of the server, e.g. grpc://vps.example.com:8471 (grpcs:// for "
+            "TLS). Repeat it, or separate with commas, to list replicas: the agent moves on "
+            "when one dies. An http(s):// URL means that host on the default agent port 8471.",
+            show_default=False,
+        ),
+    ],
+    token: Annotated[
+        str,
+        typer.Option(envvar="CORRAL_AGENT_TOKEN", help="Agent join token.", show_default=False),
+    ],
+    name: Annotated[
+        str | None, typer.Option(help="Node name. [default: this machine's host name]")
+    ] = None,
+    fake_gpus: Annotated[
+        str | None,
+        typer.Option(help='Pretend to have GPUs, for tests and demos: "2x RTX 4090 24GiB".'),
+    ] = None,
+    handler: Annotated[
+        str | None,
+        typer.Option(help="Run jobs with this Python function: package.module:function."),
+    ] = None,
+    command: Annotated[
+        str | None,
+        typer.Option(help="Run train jobs as this command line (a subprocess per job)."),
+    ] = None,
+    labels: Annotated[
+        list[str] | None,
+        typer.Option("--labels", "--label", help="Node labels key=value (repeat or comma-join)."),
+    ] = None,
+    cpus: Annotated[
+        int | None, typer.Option(help="CPU slots offered. [default: CPU count]", min=0)
+    ] = None,
+    work_dir: Annotated[Path, typer.Option(help="Checkpoints and scratch space.")] = Path(
+        "~/.corral/agent"
+    ),
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the corral agent: take work from the server and run it on this machine.
+
+    Without NVML (no NVIDIA driver) and without --fake-gpus the node offers
+    CPU slots only and runs jobs with a demo executor.
+    """
+    from corral.agent.link import LinkRefused
+    from corral.agent.main import AgentOptions, parse_labels
+    from corral.core.errors import InvalidSpec
+
+    setup_logging(log_level)
+    try:
+        options = AgentOptions(
+            servers=tuple(u for item in server for u in item.split(",") if u.strip()),
+            token=token,
+            name=name,
+            fake_gpus=fake_gpus,
+            handler=handler,
+            command=command,
+            labels=parse_labels(labels or []),
+            cpus=cpus,
+            work_dir=work_dir,
+        )
+        asyncio.run(_run(options))
+    except InvalidSpec as exc:
+        typer.echo(f"corral agent: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except LinkRefused as exc:
+        typer.echo(f"corral agent: the server refused this agent: {exc}", err=True)
+        raise typer.Exit(3) from None
+
+
+async def _run(options: AgentOptions) -> None:
+    from corral.agent.main import Agent, run_agent
+
+    agent = Agent(options)
+    print(
+        f"corral agent {agent.node}: backends {', '.join(agent.identity.backends)}; "
+        f"dialling {', '.join(options.servers)}",
+        flush=True,
+    )
+    await run_agent(options, agent)
+
+
+def setup_logging(level: str) -> None:
+    if level not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter("debug, info, warning or error", param_hint="--log-level")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("grpc").setLevel(logging.WARNING)
