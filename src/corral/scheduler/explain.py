@@ -71,7 +71,9 @@ def dynamic_reason(nc: NodeCap, need: Need) -> ReasonCode:
         return ReasonCode.INSUFFICIENT_CPUS
     if nc.best_shared_gpu(need.vram, need.milli, need.gpu_models) is not None:
         return ReasonCode.INSUFFICIENT_CPUS
-    roomy = any(free >= max(need.milli, 1) for free in nc.gpu_free)
+    if need.vram and not need.milli:
+        return ReasonCode.INSUFFICIENT_VRAM  # VRAM is all it asks for
+    roomy = any(free >= need.milli for free in nc.gpu_free)
     return ReasonCode.INSUFFICIENT_VRAM if roomy and need.vram else ReasonCode.INSUFFICIENT_GPUS
 
 
