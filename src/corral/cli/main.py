@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from corral import __version__
-from corral.cli import agent_cmd, server_cmd, sim_cmd
+from corral.cli import agent_cmd, server_cmd, sim_cmd, up_cmd
 
 app = typer.Typer(
     name="corral",
@@ -24,6 +24,7 @@ def version() -> None:
 sim_cmd.register(app)
 server_cmd.register(app)
 agent_cmd.register(app)
+up_cmd.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,245 @@
+"""``corral up``: a server on SQLite and a local agent, in one process, in one command.
+
+The quick start: it serves the API, the dashboard and the agent link, and
+connects an agent for this machine (its GPUs if NVML finds them, otherwise
+CPU slots running the demo executor). ``--demo`` also submits a few jobs so
+there is work to watch. Ctrl-C lets running work checkpoint, stops the agent,
+then the server.
+
+The admin token is generated on the first run and kept in
+``<data-dir>/admin-token`` (readable by you only), so every run can print it;
+the local agent joins with it too. For a real deployment run ``corral
+server`` and ``corral agent`` separately and use agent join tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from corral.agent.main import Agent
+
+DEMO_PROMPTS = (
+    "a red barn at dawn",
+    "cattle under a storm sky",
+    "a lasso on a fence post",
+    "sunset over the prairie",
+    "a horse in tall grass",
+    "a windmill at night",
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``corral up`` to the ``corral`` command."""
+    app.command("up")(up)
+
+
+def up(
+    demo: Annotated[bool, typer.Option(help="Also submit a few demo jobs to watch.")] = False,
+    port: Annotated[
+        int, typer.Option(help="HTTP port (API and dashboard); 0 picks one.", min=0, max=65535)
+    ] = 8470,
+    agent_port: Annotated[
+        int, typer.Option(help="Port agents dial; 0 picks one.", min=0, max=65535)
+    ] = 8471,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the database, blobs and admin token live.")
+    ] = Path("~/.corral"),
+    fake_gpus: Annotated[
+        str | None, typer.Option(help='Give the local agent pretend GPUs: "1x RTX 4090 24GiB".')
+    ] = None,
+    handler: Annotated[
+        str | None, typer.Option(help="Run jobs with this Python function: module:function.")
+    ] = None,
+) -> None:
+    """Start a server on SQLite and a local agent; print the URL and the admin token."""
+    from corral.core.errors import InvalidSpec
+
+    home = data_dir.expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        token = admin_token(home)
+        asyncio.run(_up(home, token, host, port, agent_port, demo, fake_gpus, handler))
+    except InvalidSpec as exc:
+        typer.echo(f"corral up: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        typer.echo(f"corral up: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def admin_token(home: Path) -> str:
+    """The admin token kept in ``home/admin-token``; made (mode 0600) on the first run."""
+    path = home / "admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    token = f"corral_admin_{secrets.token_urlsafe(32)}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+async def _up(
+    home: Path,
+    token: str,
+    host: str,
+    port: int,
+    agent_port: int,
+    demo: bool,
+    fake_gpus: str | None,
+    handler: str | None,
+) -> None:
+    import uvicorn
+
+    from corral.agent.main import Agent, AgentOptions
+    from corral.server.app import create_app, create_plane
+    from corral.server.settings import Settings
+
+    settings = Settings(
+        home=home,
+        admin_token=token,  # type: ignore[arg-type]
+        api={"host": host, "port": port},  # type: ignore[arg-type]
+        agents={"port": agent_port},  # type: ignore[arg-type]
+        log_level="warning",
+    )
+    sock = _bind(host, port)
+    plane = create_plane(settings)
+    app = create_app(plane=plane)
+    server = _quiet_server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    served = asyncio.create_task(server.serve(sockets=[sock]))
+    with _signals() as stopping:
+        while not server.started and not served.done():
+            await asyncio.sleep(0.02)
+        if served.done():
+            served.result()  # startup failed: say why
+            return
+        base = _url(sock)
+        address = str(getattr(plane.link, "address", ""))
+        options = AgentOptions(
+            servers=(address,), token=token, fake_gpus=fake_gpus, handler=handler,
+            work_dir=home / "agent", shutdown_grace_s=3.0,
+        )  # fmt: skip
+        agent = Agent(options)
+        linked = asyncio.create_task(agent.run(), name="corral-up-agent")
+        _banner(base, address, token, home, agent)
+        extras = [asyncio.create_task(_demo(base, token))] if demo else []
+        await _until_stopped(stopping, served, linked)
+        print("\ncorral: stopping the agent, then the server ...", flush=True)
+        await agent.shutdown()
+        for task in (linked, *extras):
+            task.cancel()
+        await asyncio.gather(linked, *extras, return_exceptions=True)
+        server.should_exit = True
+        await served
+    print("corral: stopped", flush=True)
+
+
+def _quiet_server(config: Any) -> Any:
+    """uvicorn's server without its own signal handling (``corral up`` stops it in order)."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return QuietServer(config)
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[asyncio.Event]:
+    """An event set by the first SIGINT/SIGTERM; a second one exits at once."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+
+    def on_signal() -> None:
+        if stopping.is_set():
+            os._exit(130)  # a second Ctrl-C: the user does not want to wait
+        stopping.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        yield stopping
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _until_stopped(stopping: asyncio.Event, *tasks: asyncio.Task[Any]) -> None:
+    waiter = asyncio.create_task(stopping.wait())
+    await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            print(f"corral: {task.get_name()} failed: {task.exception()}", flush=True)
+
+
+def _banner(base: str, address: str, token: str, home: Path, agent: Agent) -> None:
+    gpus = agent.gpus.snapshot().gpus
+    what = f"{len(gpus)} GPU(s)" if gpus else "CPU only, demo executor"
+    body = '{"payload": {"prompt": "a red barn", "steps": 20}}'
+    print(
+        "\n".join(
+            [
+                "corral is up",
+                f"  dashboard:   {base}/",
+                f"  API:         {base}/v1   (docs: {base}/docs)",
+                f"  admin token: {token}",
+                f"               (kept in {home / 'admin-token'})",
+                f"  agents dial: {address}   (local agent {agent.node}: {what})",
+                "  submit a job:",
+                f"    curl -X POST {base}/v1/jobs -H 'Authorization: Bearer {token}' \\",
+                f"         -H 'Content-Type: application/json' -d '{body}'",
+                "Ctrl-C stops the agent and the server.",
+            ]
+        ),
+        flush=True,
+    )
+
+
+async def _demo(base: str, token: str) -> None:
+    """Submit one demo job per prompt and print each as it ends."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as client:
+        jobs = [{"payload": {"prompt": p, "steps": 25, "step_s": 0.12}} for p in DEMO_PROMPTS]
+        reply = await client.post("/v1/jobs/batch", json={"jobs": jobs})
+        reply.raise_for_status()
+        ids = [j["id"] for j in reply.json()["jobs"]]
+        print(f"demo: submitted {len(ids)} jobs; watch them at {base}/", flush=True)
+        pending = set(ids)
+        while pending:
+            await asyncio.sleep(0.5)
+            for job_id in sorted(pending):
+                job = (await client.get(f"/v1/jobs/{job_id}")).json()
+                if job["state"] in ("succeeded", "failed", "cancelled"):
+                    pending.discard(job_id)
+                    urls = ", ".join(base + f["url"] for f in job.get("result") or [])
+                    print(f"demo: {job_id} {job['state']} on {job['node']}  {urls}", flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
