@@ -1,0 +1,125 @@
+"""Real server processes for the SDK and CLI tests.
+
+``corral_server`` runs the ``corral server`` command itself (no agents: jobs
+stay queued); ``stub_server`` runs ``stub_server.py``, the same control plane
+with two in-process stub agents that play each job's payload as a script.
+Both listen on a free loopback port with a fresh SQLite database, print
+``corral server listening on URL`` when ready, and are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+ADMIN_TOKEN = "corral_admin_sdk-test-token"
+STUB_SCRIPT = Path(__file__).with_name("stub_server.py")
+READY = re.compile(r"listening on (http://\S+)")
+T = TypeVar("T")
+
+
+@dataclass
+class Running:
+    url: str
+    token: str
+    home: Path
+    proc: subprocess.Popen[str]
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return "".join(self.output)
+
+
+def corral_command() -> list[str]:
+    exe = shutil.which("corral", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-c", "from corral.cli.main import main; main()"]
+
+
+@contextmanager
+def corral_server(home: Path) -> Iterator[Running]:
+    """``corral server`` on a free port, SQLite in ``home``, a known admin token."""
+    cmd = [*corral_command(), "server", "--port", "0", "--home", str(home)]
+    with _process(cmd, home) as running:
+        yield running
+
+
+@contextmanager
+def stub_server(home: Path) -> Iterator[Running]:
+    with _process([sys.executable, str(STUB_SCRIPT), "--home", str(home)], home) as running:
+        yield running
+
+
+@contextmanager
+def _process(cmd: list[str], home: Path, timeout: float = 30.0) -> Iterator[Running]:
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CORRAL_ADMIN_TOKEN": ADMIN_TOKEN, "CORRAL_LOG_LEVEL": "warning"}
+    for name in ("CORRAL_URL", "CORRAL_TOKEN", "CORRAL_STORE__DB"):
+        env.pop(name, None)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    output: list[str] = []
+    ready = threading.Event()
+    found: list[str] = []
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+            match = READY.search(line)
+            if match and not found:
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        if not ready.wait(timeout) or not found:
+            raise RuntimeError(f"server did not start: {' '.join(cmd)}\n{''.join(output)}")
+        yield Running(found[0], ADMIN_TOKEN, home, proc, output)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def eventually(probe: Callable[[], T], timeout: float = 10.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
+        time.sleep(0.02)
+
+
+def free_port() -> int:
+    """A loopback port with nothing listening on it (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
