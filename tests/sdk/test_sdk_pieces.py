@@ -171,7 +171,9 @@ def test_connection_errors_give_up_after_the_attempts() -> None:
         tries.append(1)
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
-    with mock_client(httpx.MockTransport(handle), attempts=3) as client:
-        with pytest.raises(ServerUnreachable, match="after 3 attempts"):
-            client.teams()
+    with (
+        mock_client(httpx.MockTransport(handle), attempts=3) as client,
+        pytest.raises(ServerUnreachable, match="after 3 attempts"),
+    ):
+        client.teams()
     assert len(tries) == 3
