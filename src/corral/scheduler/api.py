@@ -31,12 +31,18 @@ class Snapshot:
 
     ``queued`` are jobs in state ``queued`` (some may wait for ``not_before``);
     ``allocations`` are the active ones (they hold resources on their nodes).
+    ``expected_ends`` (optional) maps allocation ids to when they should end
+    (start + estimated run time), for end-together placement.
     """
 
     nodes: tuple[Node, ...] = ()
     queued: tuple[Job, ...] = ()
     allocations: tuple[Allocation, ...] = ()
     teams: tuple[Team, ...] = ()
+    expected_ends: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "expected_ends", frozen_map(self.expected_ends))
 
 
 @dataclass(frozen=True, slots=True)

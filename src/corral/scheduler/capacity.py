@@ -180,11 +180,19 @@ class Capacity:
                     index.size += 1
 
     def _groups_of(self, nc: NodeCap, models: frozenset[str]) -> list[Index]:
-        groups = [self.everywhere, self.by_class.setdefault(nc.cls, Index(self.max_gpus))]
+        own = self.by_class.get(nc.cls)
+        if own is None:
+            own = self.by_class[nc.cls] = Index(self.max_gpus)
+        groups = [self.everywhere, own]
         node = nc.node
+        if not models:
+            return groups
         for model in sorted(models & (node.models_loaded | node.models_on_disk)):
-            level = LOADED if model in node.models_loaded else ON_DISK
-            groups.append(self.by_model.setdefault((model, level), Index(self.max_gpus)))
+            key = (model, LOADED if model in node.models_loaded else ON_DISK)
+            holders = self.by_model.get(key)
+            if holders is None:
+                holders = self.by_model[key] = Index(self.max_gpus)
+            groups.append(holders)
         return groups
 
     def classes(self) -> list[int]:

@@ -17,7 +17,7 @@ from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
-from corral.scheduler.scorers import DEFAULT_SCORERS, Scorer, choose
+from corral.scheduler.scorers import DEFAULT_SCORERS, Candidate, Scorer, choose
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -71,9 +71,14 @@ class Cycle:
         self._feasible: dict[Need, list[int]] = {}
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
+        self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         for alloc in snapshot.allocations:
             if alloc.active:
                 self.hold(alloc)
+                end = snapshot.expected_ends.get(alloc.id)
+                nc = self.cap.by_name.get(alloc.node)
+                if end is not None and nc is not None:
+                    self._expect_end(nc.idx, end)
         self.cap.forget_journal()
 
     def hold(self, alloc: Allocation) -> None:
@@ -90,21 +95,33 @@ class Cycle:
             gpus = () if alloc.on_cpu else alloc.gpu_indices
             self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
 
-    def find(self, need: Need, model: str | None) -> Fit | None:
-        """The best place for ``need`` now, or ``None`` (cached until capacity grows)."""
+    def find(self, need: Need, model: str | None, runtime: float | None = None) -> Fit | None:
+        """The best place for ``need`` now, or ``None`` (cached until capacity grows).
+
+        ``runtime``: the job's estimated run time, when known (end-together scoring).
+        """
         if self._failed.get(need) == self.cap.generation:
             return None
         limit = max(1, self.config.candidates_per_tier)
         seen: set[int] = set()
-        fits: list[tuple[Fit, int]] = []
+        candidates: list[Candidate] = []
         for sources in self._tiers(need, model):
-            fits.extend(
-                (fit, locality(fit.node, model)) for fit in search(need, sources, limit, seen)
-            )
-        if not fits:
+            for fit in search(need, sources, limit, seen):
+                gap = self._end_gap(fit.node, runtime)
+                candidates.append(Candidate(fit, locality(fit.node, model), gap))
+        if not candidates:
             self._failed.put(need, self.cap.generation)
             return None
-        return choose(need, fits, self.scorers, self.config.scorer_weights)
+        return choose(need, candidates, self.scorers, self.config.scorer_weights)
+
+    def _end_gap(self, nc: NodeCap, runtime: float | None) -> float | None:
+        """How far apart this job's end and the node's expected end are, in [0, 1]."""
+        node_end = self._ends.get(nc.idx)
+        if runtime is None or node_end is None:
+            return None
+        job_end = self.now + runtime
+        span = max(node_end, job_end) - self.now
+        return abs(node_end - job_end) / span if span > 0 else 0.0
 
     def memo(self) -> Memo[Any, Any]:
         """A new cache that rolls back with the working copy."""
@@ -128,9 +145,16 @@ class Cycle:
     def node(self, name: str) -> NodeCap | None:
         return self.cap.by_name.get(name)
 
-    def take(self, fit: Fit) -> None:
-        """Reserve ``fit`` on the working copy."""
+    def take(self, fit: Fit, runtime: float | None = None) -> None:
+        """Reserve ``fit`` on the working copy (and note when it should end, if known)."""
         self.cap.reserve(fit.node, fit.gpus, fit.milli, fit.vram, fit.cpus)
+        if runtime is not None:
+            self._expect_end(fit.node.idx, self.now + runtime)
+
+    def _expect_end(self, idx: int, end: float) -> None:
+        old = self._ends.get(idx)
+        if old is None or end > old:
+            self._ends.put(idx, end)
 
     def feasible_classes(self, need: Need) -> list[int]:
         """Classes of schedulable nodes that pass every static filter for ``need``."""

@@ -112,9 +112,10 @@ class Planner:
     def _fit_all(self, job: Job, need: Need) -> list[Fit] | None:
         """All replicas on the working copy, or none (rolled back)."""
         if not job.gang:
-            fit = self.cycle.find(need, job.model)
+            runtime = job.estimated_runtime_s
+            fit = self.cycle.find(need, job.model, runtime)
             if fit is not None:
-                self.cycle.take(fit)
+                self.cycle.take(fit, runtime)
             return None if fit is None else [fit]
         mark = self.cycle.checkpoint()
         fits = place_gang(self.cycle, need, job.replicas, job.gang_label)

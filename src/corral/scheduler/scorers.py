@@ -1,19 +1,23 @@
 """Scorers: among the nodes where a job fits, which is best (STYLE.md habit 5).
 
-A scorer is a tiny protocol: a ``name`` and ``score(need, fit, locality)``
-returning a number in [0, 1] (or [-1, 0] for a penalty). The pipeline sums
-``weight x score`` over the chain and takes the highest, ties going to the
-earlier candidate (the tighter fit), so the result is deterministic.
+A scorer is a tiny protocol: a ``name``, a default ``weight`` and
+``score(need, candidate)`` returning a number in [0, 1] (or [-1, 0] for a
+penalty). The pipeline sums ``weight x score`` over the chain and takes the
+highest, ties going to the earlier candidate (the tighter fit), so the result
+is deterministic. ``Config.scorer_weights`` overrides weights by name (0
+switches a scorer off).
 
 Default weights say what matters more: a model already loaded in VRAM saves
 a model swap (tens of seconds of a card), which beats a slightly tighter
 pack; a model on disk saves a download; breaking a whole free node is a
-cost, because big jobs and gangs need whole nodes.
+cost, because big jobs and gangs need whole nodes; with run-time estimates,
+work that ends together on a node frees the whole node together.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from corral.scheduler.capacity import LOADED
@@ -21,13 +25,22 @@ from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A fit and what scorers may want to know about its node."""
+
+    fit: Fit
+    locality: int  # LOADED, ON_DISK or ABSENT for the job's model
+    end_gap: float | None = None  # 0: ends with the node's other work; 1: far apart; None: unknown
+
+
 class Scorer(Protocol):
-    """Rates one candidate; higher is better. ``weight`` is its default weight."""
+    """Rates one candidate; higher is better."""
 
     name: str
     weight: float
 
-    def score(self, need: Need, fit: Fit, locality: int) -> float: ...
+    def score(self, need: Need, candidate: Candidate) -> float: ...
 
 
 class BestFit:
@@ -36,7 +49,8 @@ class BestFit:
     name = "best_fit"
     weight = 1.0
 
-    def score(self, need: Need, fit: Fit, locality: int) -> float:
+    def score(self, need: Need, candidate: Candidate) -> float:
+        fit = candidate.fit
         nc = fit.node
         if need.cpu_only:
             total = nc.node.cpus or 1
@@ -52,8 +66,8 @@ class Locality:
     name = "locality"
     weight = 2.0
 
-    def score(self, need: Need, fit: Fit, locality: int) -> float:
-        return locality / LOADED
+    def score(self, need: Need, candidate: Candidate) -> float:
+        return candidate.locality / LOADED
 
 
 class KeepWholeNodes:
@@ -62,28 +76,43 @@ class KeepWholeNodes:
     name = "keep_whole_nodes"
     weight = 0.5
 
-    def score(self, need: Need, fit: Fit, locality: int) -> float:
+    def score(self, need: Need, candidate: Candidate) -> float:
+        fit = candidate.fit
         nc = fit.node
         if need.cpu_only or nc.gpu_count == 0 or nc.whole_free < nc.gpu_count:
             return 0.0
         return 0.0 if len(fit.gpus) == nc.gpu_count else -1.0
 
 
-DEFAULT_SCORERS: tuple[Scorer, ...] = (BestFit(), Locality(), KeepWholeNodes())
+class EndTogether:
+    """With run-time estimates: prefer nodes whose work ends when this job would.
+
+    A node whose allocations all end at about the same time becomes a whole
+    free node at once, instead of staying fragmented by one straggler.
+    """
+
+    name = "end_together"
+    weight = 0.3
+
+    def score(self, need: Need, candidate: Candidate) -> float:
+        return 0.0 if candidate.end_gap is None else 1.0 - candidate.end_gap
+
+
+DEFAULT_SCORERS: tuple[Scorer, ...] = (BestFit(), Locality(), KeepWholeNodes(), EndTogether())
 
 
 def choose(
     need: Need,
-    fits: Sequence[tuple[Fit, int]],
+    candidates: Sequence[Candidate],
     scorers: Sequence[Scorer],
     weights: Mapping[str, float],
 ) -> Fit:
-    """The best of ``fits`` (each with its locality); earlier wins ties."""
-    best, best_score = fits[0][0], float("-inf")
-    for fit, locality in fits:
+    """The best of ``candidates``; the earlier wins ties."""
+    best, best_score = candidates[0].fit, float("-inf")
+    for candidate in candidates:
         total = 0.0
         for s in scorers:
-            total += weights.get(s.name, s.weight) * s.score(need, fit, locality)
+            total += weights.get(s.name, s.weight) * s.score(need, candidate)
         if total > best_score:
-            best, best_score = fit, total
+            best, best_score = candidate.fit, total
     return best
