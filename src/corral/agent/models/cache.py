@@ -168,8 +168,8 @@ class ModelCache:
 
     def reserve(self, spec: ModelSpec) -> None:
         """Promise ``spec.size`` bytes to a download, evicting what must go; or ``CacheFull``."""
-        if spec.sha256 in self._reserved:
-            return
+        if spec.sha256 in self._reserved or spec.sha256 in self._index.blobs:
+            return  # already promised, or already here: nothing more will be written
         self._make_room(spec.size, spec)
         self._reserved[spec.sha256] = (spec.name, spec.size)
 
