@@ -1,4 +1,4 @@
-"""Real processes on loopback: ``corral server`` and ``corral agent`` subprocesses, driven over HTTP.
+"""Real processes on loopback: `corral server` and `corral agent`, driven over HTTP.
 
 Each process's output is read by a thread into a list, so a test can wait
 for a line ("connected to ...") and a failure shows the process's log.

@@ -8,7 +8,7 @@ what is checked is exactly what a user runs.
 from __future__ import annotations
 
 import pytest
-from e2e_harness import Cluster, eventually, events, job, submit, wait_state
+from e2e_harness import Cluster, events, eventually, job, submit, wait_state
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +25,18 @@ def test_jobs_run_on_two_agents_with_progress_and_previews_over_sse(cluster: Clu
         done = [wait_state(http, i, "succeeded") for i in ids]
         assert {j["node"] for j in done} == {"a1", "a2"}  # one CPU slot each: both had to work
         kinds = [e["event"] for e in events(http, ids[0])]
-        assert kinds[0] == "job.submitted" and kinds[-1] == "job.succeeded", kinds
-        assert "job.started" in kinds and "job.progress" in kinds and "job.preview" in kinds
+        assert (kinds[0], kinds[-1]) == ("job.submitted", "job.succeeded"), kinds
+        assert "job.started" in kinds
+        assert "job.progress" in kinds
+        assert "job.preview" in kinds
         preview = next(e for e in events(http, ids[0]) if e["event"] == "job.preview")
         image = http.get(preview["data"]["data"]["url"])
-        assert image.status_code == 200 and image.content.startswith(b"\x89PNG")
+        assert image.status_code == 200
+        assert image.content.startswith(b"\x89PNG")
         [result] = done[0]["result"]
         data = http.get(result["url"]).content
-        assert data.startswith(b"\x89PNG") and len(data) == result["size"]
+        assert data.startswith(b"\x89PNG")
+        assert len(data) == result["size"]
 
 
 def test_interrupt_keeps_the_picture_so_far_and_cancel_frees_the_node(cluster: Cluster) -> None:
@@ -66,7 +70,7 @@ def test_kill_9_of_an_agent_requeues_its_job_on_the_other_agent(cluster: Cluster
         http.post("/v1/nodes/a2/resume").raise_for_status()
         doomed.kill9()
         done = wait_state(http, job_id, "succeeded", timeout=20)
-        assert done["node"] == "a2" and done["attempt"] == 2, done
+        assert (done["node"], done["attempt"]) == ("a2", 2), done
         kinds = [e["event"] for e in events(http, job_id)]
         assert "job.requeued" in kinds, kinds
         assert http.get("/v1/nodes/a1").json()["state"] == "lost"

@@ -63,7 +63,8 @@ def test_a_stale_attempt_is_fenced_out_and_results_count_once(cluster: Cluster) 
             with cluster.client() as http:
                 job_id = submit(http, payload={"steps": 1})["id"]
             first = await ghost.expect("assign")
-            assert first.attempt == 1 and list(first.job_ids) == [job_id]
+            assert first.attempt == 1
+            assert list(first.job_ids) == [job_id]
             assert await ghost.update(first.allocation_id, 1, started=pb.Started()) == "accepted"
             with cluster.client() as http:  # no heartbeats: ghost is lost, the job requeued
                 eventually(lambda: job(http, job_id)["state"] == "queued", what="requeue")
@@ -71,7 +72,8 @@ def test_a_stale_attempt_is_fenced_out_and_results_count_once(cluster: Cluster) 
             stop = await ghost.expect("stop")
             assert stop.allocation_id == first.allocation_id  # the server no longer wants it
             second = await ghost.expect("assign")
-            assert second.attempt == 2 and second.allocation_id != first.allocation_id
+            assert second.attempt == 2
+            assert second.allocation_id != first.allocation_id
 
             late = pb.Finished(results=[pb.Result(name="r.txt", data=b"old", job_id=job_id)])
             assert await ghost.update(first.allocation_id, 1, finished=late) == "stale"
@@ -92,15 +94,18 @@ def test_a_stale_attempt_is_fenced_out_and_results_count_once(cluster: Cluster) 
         done = wait_state(http, job_id, "succeeded")
         assert done["attempt"] == 2
         [file] = done["result"]  # one result, from attempt 2 only
-        assert file["sha256"] == sha and http.get(file["url"]).content == big
+        assert file["sha256"] == sha
+        assert http.get(file["url"]).content == big
 
 
 async def resumed_upload(ghost: RawAgent, allocation_id: str, data: bytes, sha: str) -> str:
     """Send the first half, then (as after a broken connection) probe and send the rest."""
     half = await ghost.upload(chunks(allocation_id, 2, data, sha256=sha, stop=150_000))
-    assert half.blob_id == "" and half.received == 150_000
+    assert half.blob_id == ""
+    assert half.received == 150_000
     probe = await ghost.upload(chunks(allocation_id, 2, data, sha256=sha, probe=True))
     assert probe.received == 150_000
     rest = await ghost.upload(chunks(allocation_id, 2, data, sha256=sha, start=150_000))
-    assert rest.blob_id.endswith(sha) and rest.received == len(data)
+    assert rest.blob_id.endswith(sha)
+    assert rest.received == len(data)
     return str(rest.blob_id)
