@@ -1,0 +1,35 @@
+"""`corral up`: one command brings up a server and a local agent; Ctrl-C stops both."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_harness import CLI, Proc, wait_state
+
+pytestmark = pytest.mark.slow
+
+
+def test_corral_up_serves_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", CLI, "up", "--port", "0", "--agent-port", "0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    up = Proc("corral up", [*argv, "--data-dir", str(tmp_path)], env | {"PYTHONUNBUFFERED": "1"})
+    try:
+        base = up.wait_for(r"dashboard:\s+(http://\S+)/").group(1)
+        token = up.wait_for(r"admin token: (\S+)").group(1)
+        assert (tmp_path / "admin-token").read_text().strip() == token  # kept for the next run
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=base, headers=headers, timeout=10) as http:
+            assert http.get("/").status_code == 200  # the dashboard
+            reply = http.post("/v1/jobs", json={"payload": {"steps": 5, "step_s": 0.05}})
+            assert reply.status_code == 201, reply.text
+            done = wait_state(http, reply.json()["id"], "succeeded")
+            assert done["result"][0]["content_type"] == "image/png"
+        assert up.interrupt() == 0
+        up.wait_for(r"corral: stopped")
+    finally:
+        up.stop()
+        print(up.log())
