@@ -5,7 +5,17 @@ from __future__ import annotations
 import typer
 
 from corral import __version__
-from corral.cli import agent_cmd, server_cmd, sim_cmd, up_cmd
+from corral.cli import (
+    agent_cmd,
+    jobs_cmd,
+    nodes_cmd,
+    server_cmd,
+    sim_cmd,
+    teams_cmd,
+    up_cmd,
+    watch_cmd,
+)
+from corral.cli import config as login_cmd
 
 app = typer.Typer(
     name="corral",
@@ -25,6 +35,12 @@ sim_cmd.register(app)
 server_cmd.register(app)
 agent_cmd.register(app)
 up_cmd.register(app)
+# client commands (talk to a server through corral.sdk)
+login_cmd.register(app)
+jobs_cmd.register(app)
+watch_cmd.register(app)
+teams_cmd.register(app)
+nodes_cmd.register(app)
 
 
 def main() -> None:

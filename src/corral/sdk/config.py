@@ -8,7 +8,9 @@
 ``corral login URL --token T`` writes it (``save``). Each setting is taken
 from the first of: the argument (a CLI flag), ``CORRAL_URL`` /
 ``CORRAL_TOKEN``, the file, the default; ``Target.url_from`` remembers which,
-so an error can say where the URL came from.
+so an error can say where the URL came from. With no token anywhere and a
+server on this machine, the admin token that ``corral up`` keeps in
+``~/.corral/admin-token`` is used, so ``corral up`` then ``corral jobs`` just works.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from corral.sdk.errors import ClientError
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 DEFAULT_PATH = Path("~/.corral/config.toml")
+ADMIN_TOKEN_FILE = "admin-token"  # written by `corral up` in its data dir (default ~/.corral)
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class ConfigError(ClientError):
@@ -61,8 +66,20 @@ def resolve(
         (DEFAULT_URL, "default"),
     )
     chosen, source = next((v, s) for v, s in url_choices if v)
-    token = token or env.get("CORRAL_TOKEN") or file.get("token") or None
-    return Target(normalize_url(chosen), token, source)
+    url = normalize_url(chosen)
+    token = token or env.get("CORRAL_TOKEN") or file.get("token") or _local_admin(url, path)
+    return Target(url, token, source)
+
+
+def _local_admin(url: str, path: Path) -> str | None:
+    """The admin token ``corral up`` keeps next to the config file, for a server on this
+    machine only: a local secret is never sent to another host."""
+    if urlsplit(url).hostname not in LOOPBACK:
+        return None
+    try:
+        return (path.parent / ADMIN_TOKEN_FILE).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def normalize_url(url: str) -> str:

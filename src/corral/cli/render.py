@@ -1,0 +1,192 @@
+"""Tables and short human forms (ages, sizes, GPU summaries) for the client commands.
+
+Pure: models in, ``rich`` renderables or strings out. ``now`` is an argument,
+so ages are testable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.markup import escape
+from rich.table import Table
+
+from corral.sdk import JobStatus, NodeStatus, QueueEntry, TeamQuota, WaitInfo
+
+STATE_STYLE = {
+    "queued": "yellow",
+    "placed": "cyan",
+    "running": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "ready": "green",
+    "paused": "yellow",
+    "draining": "yellow",
+    "lost": "red",
+}
+GIB = 2**30
+
+
+def styled(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{escape(state)}[/]"
+
+
+def age(then: float | None, now: float) -> str:
+    """``"4s"``, ``"12m"``, ``"3h"``, ``"2d"``; ``"-"`` for never."""
+    if not then:
+        return "-"
+    seconds = max(0.0, now - then)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.0f}" if n % GIB == 0 else f"{n / GIB:.1f}"
+
+
+def jobs_table(jobs: list[JobStatus], now: float) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for name in ("ID", "STATE", "KIND", "TEAM", "USER", "PRIORITY", "NEEDS", "NODE", "PROGRESS"):
+        table.add_column(name, no_wrap=name in ("ID", "STATE"))
+    table.add_column("AGE", justify="right")
+    for j in jobs:
+        table.add_row(
+            j.id,
+            styled(j.state.value),
+            j.kind,
+            escape(j.team),
+            escape(j.user),
+            j.priority,
+            escape(j.resources.describe()),
+            escape(j.node or "-"),
+            f"{j.progress:.0%}" if j.state.value == "running" else "",
+            age(j.submitted_at, now),
+        )
+    return table
+
+
+def why(info: WaitInfo | None) -> str:
+    """The scheduler's reason a job waits, in one line."""
+    if info is None:
+        return ""
+    text = info.summary or "; ".join(f"{r.nodes} nodes: {r.message}" for r in info.reasons)
+    if info.remedy and info.remedy != "none":
+        text += f" (could run after: {info.remedy})"
+    return text
+
+
+def queue_table(entries: list[QueueEntry], now: float) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for name in ("#", "ID", "TEAM", "USER", "PRIORITY", "NEEDS", "WAITING", "WHY"):
+        table.add_column(name, no_wrap=name in ("#", "ID"), overflow="fold")
+    for e in entries:
+        j = e.job
+        table.add_row(
+            str(e.position + 1),
+            j.id,
+            escape(j.team),
+            escape(j.user),
+            j.priority,
+            escape(j.resources.describe()),
+            age(j.submitted_at, now),
+            escape(why(e.queue)),
+        )
+    return table
+
+
+def gpus_summary(node: NodeStatus) -> str:
+    """``"2× RTX 4090"`` (mixed models listed each), ``"-"`` without GPUs."""
+    counts = Counter(g.model for g in node.gpus)
+    return ", ".join(f"{n}× {escape(model)}" for model, n in counts.items()) or "-"
+
+
+def vram_summary(node: NodeStatus) -> str:
+    """``"12/48 GiB"`` used of total when the agent measures free VRAM, else the total."""
+    total = sum(g.vram_bytes for g in node.gpus)
+    if not total:
+        return "-"
+    free = [g.vram_free_bytes for g in node.gpus]
+    if any(f is None for f in free):
+        return f"{gib(total)} GiB"
+    used = total - sum(f or 0 for f in free)
+    return f"{gib(used)}/{gib(total)} GiB"
+
+
+def utilization(node: NodeStatus) -> str:
+    values = [g.utilization for g in node.gpus if g.utilization is not None]
+    return f"{sum(values) / len(values):.0%}" if values else "-"
+
+
+def models_summary(node: NodeStatus) -> str:
+    """Loaded models in bold, then the others on disk."""
+    loaded = [f"[bold]{escape(m)}[/]" for m in node.models_loaded]
+    disk = [escape(m) for m in node.models_on_disk if m not in node.models_loaded]
+    return ", ".join(loaded + disk) or "-"
+
+
+def nodes_table(nodes: list[NodeStatus], now: float) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for name in ("NAME", "STATE", "GPUS", "VRAM", "UTIL", "CPUS", "MODELS", "JOBS"):
+        table.add_column(name, no_wrap=name in ("NAME", "STATE"))
+    table.add_column("LAST SEEN", justify="right")
+    for n in nodes:
+        table.add_row(
+            escape(n.name),
+            styled(n.condition),
+            gpus_summary(n),
+            vram_summary(n),
+            utilization(n),
+            str(n.cpus),
+            models_summary(n),
+            str(sum(len(a.job_ids) for a in n.allocations)),
+            age(n.last_seen, now) + " ago",
+        )
+    return table
+
+
+def teams_table(teams: list[TeamQuota]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for name in ("TEAM", "QUOTA GPUS", "BORROW LIMIT", "WEIGHT"):
+        table.add_column(name, no_wrap=True)
+    for t in teams:
+        limit = "any idle" if t.borrow_limit_gpus is None else f"{t.borrow_limit_gpus:g}"
+        table.add_row(escape(t.name), f"{t.quota_gpus:g}", limit, f"{t.weight:g}")
+    return table
+
+
+def job_details(j: JobStatus, now: float) -> Table:
+    """Two columns, field and value, for ``corral job ID``."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    rows: list[tuple[str, str]] = [
+        ("id", j.id),
+        ("state", styled(j.state.value)),
+        ("kind", j.kind),
+        ("team / user", f"{escape(j.team)} / {escape(j.user)}"),
+        ("priority", j.priority + ("" if j.preemptible else " (not preemptible)")),
+        ("needs", escape(j.resources.describe()) + (f", {j.replicas} replicas" * (j.replicas > 1))),
+        ("submitted", age(j.submitted_at, now) + " ago"),
+        (
+            "attempt",
+            f"{j.attempt} of {j.max_attempts}" + (f", {j.failures} failed" * bool(j.failures)),
+        ),
+    ]
+    optional = [
+        ("model", j.model and escape(j.model)),
+        ("node", j.node and escape(j.node)),
+        ("started", j.started_at and age(j.started_at, now) + " ago"),
+        ("finished", j.finished_at and age(j.finished_at, now) + " ago"),
+        ("progress", f"{j.progress:.0%}" if j.state.value == "running" else None),
+        ("checkpoint", j.checkpoint and escape(j.checkpoint)),
+        ("error", j.error and f"[red]{escape(j.error)}[/]"),
+        ("waiting because", escape(why(j.queue)) if j.queue else None),
+    ]
+    rows += [(k, str(v)) for k, v in optional if v]
+    rows += [(f"result {escape(f.name)}", f"{f.size} bytes, {f.content_type}") for f in j.result]
+    for key, value in rows:
+        grid.add_row(key, value)
+    return grid
