@@ -105,6 +105,7 @@ class LinkSettings:
     welcome_timeout_s: float = 15.0
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
+    heartbeat_s: float | None = None  # beat at least this often (default: as the server asks)
 
 
 Queued = tuple[int, Report | pb.Heartbeat]
@@ -230,6 +231,8 @@ class LinkClient:
             raise LinkError("the server did not answer the hello with a welcome")
         if msg.welcome.heartbeat_interval_s > 0:
             self.heartbeat_s = msg.welcome.heartbeat_interval_s
+        if self.settings.heartbeat_s is not None:
+            self.heartbeat_s = min(self.heartbeat_s, self.settings.heartbeat_s)
 
     async def _write(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
         while True:

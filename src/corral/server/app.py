@@ -101,7 +101,8 @@ def create_app(
         report = await plane.start()
         try:
             if isinstance(plane.link, GrpcLink):  # agents may dial in once the store is ready
-                await plane.link.start(plane.agents, plane.rt.blobs, plane.rt.clock)
+                rt = plane.rt
+                await plane.link.start(plane.agents, rt.blobs, rt.clock, rt.metrics.registry)
             if on_started is not None:
                 on_started(report)
             yield

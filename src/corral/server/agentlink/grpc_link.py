@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from corral.core.clock import Clock
 from corral.core.errors import LinkError
@@ -56,6 +58,7 @@ class Session:
         self.outbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
         self.ended: tuple[str, str] | None = None  # (gRPC status name, details)
         self._held: list[pb.ServerMessage] | None = []  # None once welcomed
+        self.beating: asyncio.Task[None] | None = None  # the heartbeat being recorded
 
     def send(self, msg: pb.ServerMessage) -> None:
         if self.ended is not None:
@@ -83,13 +86,39 @@ class Session:
             self.outbox.put_nowait(None)
 
 
+LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
 @dataclass
 class LinkStats:
-    """Figures for benchmarks and logs."""
+    """Figures for benchmarks and logs; also exported to Prometheus once ``export`` is called."""
 
     connects: int = 0
     heartbeats: int = 0
-    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    _lag: Any = None  # the Prometheus histogram, when exported
+    _beats: Any = None
+
+    def export(self, registry: CollectorRegistry, sessions: Callable[[], int]) -> None:
+        Gauge(
+            "corral_agent_streams", "Agents connected to this server", registry=registry
+        ).set_function(sessions)
+        self._beats = Counter("corral_agent_heartbeats", "Heartbeats received", registry=registry)
+        self._lag = Histogram(
+            "corral_agent_heartbeat_lag_seconds",
+            "From the agent sending a heartbeat to the server handling it",
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+
+    def heartbeat(self, lag_s: float | None) -> None:
+        self.heartbeats += 1
+        if self._beats is not None:
+            self._beats.inc()
+        if lag_s is not None:
+            self.lag_s.append(lag_s)
+            if self._lag is not None:
+                self._lag.observe(max(0.0, lag_s))
 
 
 class GrpcLink:
@@ -133,9 +162,17 @@ class GrpcLink:
         if self.sessions.get(session.node) is session:
             del self.sessions[session.node]
 
-    async def start(self, inbound: AgentInbound, blobs: BlobStore, clock: Clock) -> str:
+    async def start(
+        self,
+        inbound: AgentInbound,
+        blobs: BlobStore,
+        clock: Clock,
+        registry: CollectorRegistry | None = None,
+    ) -> str:
         """Listen for agents; returns the address they dial (``grpc://host:port``)."""
         s = self.settings
+        if registry is not None:
+            self.stats.export(registry, lambda: len(self.sessions))
         uploads = Uploads(blobs, clock, max_bytes=s.max_blob_bytes, idle_s=s.upload_idle_s)
         server = grpc.aio.server(options=server_options(s.max_message_bytes))
         pb_grpc.add_AgentLinkServicer_to_server(

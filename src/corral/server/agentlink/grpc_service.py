@@ -26,6 +26,7 @@ import grpc
 
 from corral.core.clock import Clock
 from corral.core.errors import Forbidden, LinkError, Unauthenticated
+from corral.core.model import Gpu
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
@@ -97,8 +98,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             if code != "OK":
                 await abort(context, getattr(grpc.StatusCode, code), details)
         finally:
-            if reader is not None:
-                reader.cancel()
+            for task in (reader, session.beating):
+                if task is not None:
+                    task.cancel()
             self.link.release(session)
             log.info("agent %s stream ended", inventory.node)
 
@@ -160,7 +162,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
     async def _handle(self, session: Session, msg: pb.AgentMessage) -> None:
         body = msg.WhichOneof("body")
         if body == "heartbeat":
-            await self._heartbeat(session.node, msg.heartbeat)
+            self._heartbeat(session, msg.heartbeat)
         elif body == "update":
             update = msg.update
             kind = update.WhichOneof("body")
@@ -172,15 +174,26 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         elif body == "hello":
             raise Refused("INVALID_ARGUMENT", "hello twice on one stream: reconnect to resync")
 
-    async def _heartbeat(self, node: str, hb: pb.Heartbeat) -> None:
-        stats = self.link.stats
-        stats.heartbeats += 1
-        if hb.sent_at:
-            stats.lag_s.append(self.clock.now() - hb.sent_at)
+    def _heartbeat(self, session: Session, hb: pb.Heartbeat) -> None:
+        """Note the heartbeat without making the stream wait for the store.
+
+        The write runs in the background, one at a time per node (a beat that
+        arrives while one is being written is covered by it), so a slow store
+        delays ``last_seen`` a little instead of stalling every agent's stream.
+        """
+        self.link.stats.heartbeat(self.clock.now() - hb.sent_at if hb.sent_at else None)
+        if session.beating is None or session.beating.done():
+            gpus = convert.gpus_from(hb.gpus) or None
+            session.beating = asyncio.create_task(self._beat(session, gpus))
+
+    async def _beat(self, session: Session, gpus: tuple[Gpu, ...] | None) -> None:
         try:
-            await self.inbound.heartbeat(node, convert.gpus_from(hb.gpus) or None)
-        except LinkError as exc:
-            raise Refused("FAILED_PRECONDITION", str(exc)) from None
+            await self.inbound.heartbeat(session.node, gpus)
+        except LinkError as exc:  # lost or unknown: the agent must say hello again
+            session.end("FAILED_PRECONDITION", str(exc))
+        except Exception:
+            log.exception("agent %s: heartbeat failed", session.node)
+            session.end("UNAVAILABLE", "the server failed to record a heartbeat; reconnect")
 
     async def _started(self, node: str, u: pb.AllocationUpdate) -> Ack:
         return await self.inbound.started(node, u.allocation_id, u.attempt)
