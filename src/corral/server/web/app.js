@@ -166,10 +166,12 @@ async function refresh() {
 
 // ---- live updates ----------------------------------------------------------
 
+// Throttle, not debounce: a job reporting progress every 50 ms must not
+// postpone the refresh forever.
 let refreshTimer = null;
 function refreshSoon() {
-  clearTimeout(refreshTimer);
-  refreshTimer = setTimeout(() => refresh().catch(() => {}), 200);
+  if (refreshTimer) return;
+  refreshTimer = setTimeout(() => { refreshTimer = null; refresh().catch(() => {}); }, 200);
 }
 
 function onEvent(kind, data) {
