@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from scheduler_builders import alloc, job, node, snapshot, team
+from scheduler_builders import AllocBuilder, alloc, job, node, snapshot, team
 
 from corral.scheduler import Config, Remedy, schedule
 
 NOW = 10_000.0
 
 
-def busy(node_name: str, cards: int, **fields: object) -> list:
+def busy(node_name: str, cards: int, **fields: object) -> list[AllocBuilder]:
     """One allocation per card of ``node_name``."""
     return [
         alloc(f"{node_name}-{c}", node_name).cards(c).set(started_at=0.0, **fields)

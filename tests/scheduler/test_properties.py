@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import crowded, situations
 
-from corral.core import MILLI, Gpu, Job, Node, ResourceRequest
-from corral.scheduler import Config, Plan, Snapshot, schedule
+from corral.core import MILLI, Allocation, Gpu, Job, Node, ResourceRequest
+from corral.scheduler import Config, Placement, Plan, Snapshot, schedule
 from corral.scheduler.quota import Ledger
 
 Case = tuple[Snapshot, Config, float]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(situations(), st.integers(0, 2**32))
 def test_every_plan_on_varied_clusters_keeps_every_invariant(case: Case, seed: int) -> None:
     check_all(case, seed)
@@ -49,7 +49,8 @@ def check_no_card_node_or_cpu_is_over_committed(snapshot: Snapshot, plan: Plan) 
     vram: Counter[tuple[str, int]] = Counter()
     cpus: Counter[str] = Counter()
     holders = [a for a in snapshot.allocations if a.active and a.id not in evicted]
-    for item in [*holders, *plan.placements]:
+    items: list[Allocation | Placement] = [*holders, *plan.placements]
+    for item in items:
         cpus[item.node] += item.cpus
         if item.on_cpu:
             continue
