@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from corral.server.agentlink.base import AgentLink
+from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
 from corral.server.services.agents import AgentService
@@ -20,6 +21,7 @@ from corral.server.services.feed import EventFeed, QueueService
 from corral.server.services.jobs import JobService
 from corral.server.services.nodes import NodeService
 from corral.server.services.unit import Runtime
+from corral.server.store.db import lock_key
 
 log = logging.getLogger("corral.server")
 
@@ -42,7 +44,10 @@ class ControlPlane:
         self.nodes = NodeService(rt)
         self.agents = AgentService(rt, self.auth)
         self.feed = EventFeed(rt)
-        self.schedule = SchedulingLoop(rt, schedule)
+        leader: Leadership = AlwaysLeader()
+        if rt.db.is_postgres:
+            leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
+        self.schedule = SchedulingLoop(rt, schedule, leader)
         self.liveness = LivenessLoop(rt)
         self.queue = QueueService(rt, lambda: self.schedule.unplaced)
         self._tasks: list[asyncio.Task[None]] = []
@@ -76,4 +81,5 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.schedule.leader.release()
         await self.rt.db.close()

@@ -17,7 +17,8 @@ _bearer = HTTPBearer(
 )
 
 
-def get_plane(request: Request) -> ControlPlane:
+async def get_plane(request: Request) -> ControlPlane:
+    """Async on purpose: FastAPI runs plain ``def`` dependencies in a thread pool."""
     plane: ControlPlane = request.app.state.plane
     return plane
 
@@ -26,9 +27,8 @@ async def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    return await get_plane(request).auth.authenticate(
-        credentials.credentials if credentials else None
-    )
+    plane: ControlPlane = request.app.state.plane
+    return await plane.auth.authenticate(credentials.credentials if credentials else None)
 
 
 Plane = Annotated[ControlPlane, Depends(get_plane)]

@@ -69,9 +69,12 @@ class JobService:
                 for d in drafts
             ]
             await job_repo.insert_many(tx.conn, records)
-            await node_repo.ensure_teams(tx.conn, {r.job.team for r in records}, now)
+            teams = {r.job.team for r in records}
+            if not teams <= self.rt.known_teams:
+                await node_repo.ensure_teams(tx.conn, teams - self.rt.known_teams, now)
             for r in records:
                 tx.emit(EventKind.JOB_SUBMITTED, team=r.job.team, job_id=r.job.id, state="queued")
+        self.rt.known_teams |= teams
         for r in records:
             self.rt.metrics.submitted.labels(r.job.priority, r.job.team).inc()
         return records, True

@@ -95,6 +95,7 @@ class Runtime:
     metrics: Metrics
     priority_classes: tuple[PriorityClass, ...]
     events_committed: Signal = field(default_factory=Signal)  # SSE readers wait on it
+    known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
 
     @contextlib.asynccontextmanager

@@ -29,6 +29,18 @@ async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRe
     return [alloc_from_row(r) for r in await conn.execute(query.order_by(allocations.c.id))]
 
 
+async def active_versions(conn: AsyncConnection) -> dict[str, int]:
+    query = sa.select(allocations.c.id, allocations.c.version).where(allocations.c.active.is_(True))
+    return {r.id: r.version for r in await conn.execute(query)}
+
+
+async def get_many(conn: AsyncConnection, ids: list[str]) -> list[AllocRecord]:
+    if not ids:
+        return []
+    rows = await conn.execute(sa.select(allocations).where(allocations.c.id.in_(ids)))
+    return [alloc_from_row(r) for r in rows]
+
+
 async def update(conn: AsyncConnection, rec: AllocRecord, **values: Any) -> bool:
     """Guarded by ``rec.version``: False when the allocation changed since it was read."""
     return await guarded_update(conn, allocations, ("id", rec.alloc.id), rec.version, values)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from corral.core.errors import InvalidSpec
 
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
+
+
+def lock_key(base: int, schema: str | None) -> int:
+    """An advisory-lock key per schema, so servers on different schemas never contend."""
+    if not schema:
+        return base
+    digest = int.from_bytes(hashlib.sha256(schema.encode()).digest()[:6], "big")
+    return (base ^ digest) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,7 @@ class Database:
         self.target = target
         self.engine = _make_engine(target, sqlite_synchronous, pool_size)
         self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
+        self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
 
     @property
     def is_postgres(self) -> bool:
@@ -99,7 +109,7 @@ class Database:
                 await stack.enter_async_context(self._write_lock)
             conn = await stack.enter_async_context(self.engine.begin())
             if self.is_postgres and ordered_events:
-                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(EVENT_ORDER_LOCK)))
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
             yield conn
 
     @contextlib.asynccontextmanager

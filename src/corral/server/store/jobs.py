@@ -75,6 +75,16 @@ async def queued(conn: AsyncConnection) -> list[JobRecord]:
     return [job_from_row(r) for r in await conn.execute(query)]
 
 
+async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
+    """(id, version) of every queued job in submission order: cheap, for the snapshot cache."""
+    query = (
+        sa.select(jobs.c.id, jobs.c.version)
+        .where(jobs.c.state == JobState.QUEUED.value)
+        .order_by(jobs.c.seq)
+    )
+    return [(r.id, r.version) for r in await conn.execute(query)]
+
+
 async def update(conn: AsyncConnection, rec: JobRecord, **values: Any) -> bool:
     """Guarded by ``rec.version``: False when the job changed since ``rec`` was read."""
     return await guarded_update(conn, jobs, ("id", rec.job.id), rec.version, values)

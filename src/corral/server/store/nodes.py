@@ -22,6 +22,17 @@ async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
     return [node_from_row(r) for r in await conn.execute(sa.select(nodes).order_by(nodes.c.name))]
 
 
+async def versions(conn: AsyncConnection) -> dict[str, int]:
+    return {r.name: r.version for r in await conn.execute(sa.select(nodes.c.name, nodes.c.version))}
+
+
+async def get_many(conn: AsyncConnection, names: list[str]) -> list[NodeRecord]:
+    if not names:
+        return []
+    rows = await conn.execute(sa.select(nodes).where(nodes.c.name.in_(names)))
+    return [node_from_row(r) for r in rows]
+
+
 async def insert(conn: AsyncConnection, **values: Any) -> None:
     await conn.execute(sa.insert(nodes).values(**values, version=1))
 

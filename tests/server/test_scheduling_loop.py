@@ -1,0 +1,56 @@
+"""The scheduling shell: triggers, the derived snapshot cache, leadership."""
+
+from __future__ import annotations
+
+import pytest
+from server_harness import ADMIN, World
+
+from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader
+from corral.server.store.db import Database, lock_key, parse_db
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_changes_trigger_a_cycle(world: World) -> None:
+    trigger = world.plane.rt.schedule_needed
+    trigger.clear()
+    await world.submit()
+    assert trigger.fired
+    trigger.clear()
+    await world.agent("n1")
+    assert trigger.fired
+
+
+async def test_the_snapshot_cache_decodes_only_what_changed(world: World) -> None:
+    jobs = [await world.submit(resources={"gpus": 4}) for _ in range(5)]
+    await world.cycle()
+    cache = world.plane.schedule.cache
+    assert cache.rows_read == 5
+    await world.cycle()
+    assert cache.rows_read == 0, "an unchanged store must cost no row decoding"
+
+    await world.plane.jobs.cancel(ADMIN, jobs[0].job.id)
+    await world.agent("n1", gpus=8)
+    await world.cycle()
+    assert cache.rows_read == 1  # the node; the cancelled job just leaves the snapshot
+    placed = {a.jobs[0].job_id for a in world.link.sent.assigned}
+    assert len(placed) == 2 and jobs[0].job.id not in placed
+    await world.cycle()
+    assert len(cache.jobs) == 2, "placed jobs leave the cached queue"
+
+
+async def test_only_one_replica_leads(pg_url: str) -> None:
+    a, b = Database(parse_db(pg_url)), Database(parse_db(pg_url))
+    key = lock_key(LEADER_LOCK, a.target.schema)  # per schema: parallel test runs never meet
+    first, second = AdvisoryLockLeader(a.engine, key), AdvisoryLockLeader(b.engine, key)
+    try:
+        assert await first.acquire()
+        assert not await second.acquire()
+        assert await first.acquire(), "the leader keeps leading"
+        await first.release()
+        assert await second.acquire()
+    finally:
+        await first.release()
+        await second.release()
+        await a.close()
+        await b.close()
