@@ -34,7 +34,8 @@ async def test_the_snapshot_cache_decodes_only_what_changed(world: World) -> Non
     await world.cycle()
     assert cache.rows_read == 1  # the node; the cancelled job just leaves the snapshot
     placed = {a.jobs[0].job_id for a in world.link.sent.assigned}
-    assert len(placed) == 2 and jobs[0].job.id not in placed
+    assert len(placed) == 2
+    assert jobs[0].job.id not in placed
     await world.cycle()
     assert len(cache.jobs) == 2, "placed jobs leave the cached queue"
 
