@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server"))
-from process_harness import ServerProcess  # noqa: E402
+from process_harness import ServerProcess
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -86,7 +86,8 @@ async def submit_batches(
         async def worker() -> None:
             for first in batches:
                 size = min(batch_size, jobs - first)
-                body = {"jobs": [{"kind": "sample", "payload": {"i": first + k}} for k in range(size)]}
+                jobs_in = [{"kind": "sample", "payload": {"i": first + k}} for k in range(size)]
+                body = {"jobs": jobs_in}
                 t0 = time.perf_counter()
                 r = await c.post("/v1/jobs/batch", json=body)
                 latencies.append((time.perf_counter() - t0) * 1000)
