@@ -1,0 +1,223 @@
+"""The AUTOMATIC1111 executor: txt2img, img2img and upscale through ``/sdapi/v1``.
+
+A job's payload is the webui's own request body plus ``"mode"``
+(``txt2img`` by default, ``img2img``, or ``upscale`` for
+``/extra-single-image``). While the request runs the executor polls
+``/progress`` for step counts and the live preview; a stop calls
+``/interrupt``, after which the webui answers the pending request with the
+partial image (kept on interrupt). The backend runs one generation at a time,
+and its progress endpoint is global, so the executor runs one job at a time.
+
+When the job names a model that is not loaded, the executor switches the
+checkpoint through ``/options`` first. When it names none, or asks for a random
+seed, the model and seed that were used are reported in ``Finished.modified``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from corral.agent.executors.base import (
+    Assignment,
+    Finished,
+    LogLine,
+    Preview,
+    Progress,
+    Result,
+    StopSignal,
+    Update,
+    monotone,
+    stopped_terminal,
+)
+from corral.agent.executors.http_common import backend_errors, check_response
+from corral.core import Clock, ExecutorError, InvalidSpec
+
+MODES = {
+    "txt2img": "/sdapi/v1/txt2img",
+    "img2img": "/sdapi/v1/img2img",
+    "upscale": "/sdapi/v1/extra-single-image",
+}
+LOAD_TIMEOUT_S = 600.0
+"""Loading a large checkpoint from a slow disk takes minutes."""
+
+
+class A1111Executor:
+    """Drives one AUTOMATIC1111 webui at ``base_url`` (started with ``--api``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        clock: Clock,
+        *,
+        poll_interval_s: float = 0.5,
+        request_timeout_s: float = 30.0,
+        name: str = "a1111",
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._clock = clock
+        self._poll_s = poll_interval_s
+        self._timeout = request_timeout_s
+        self._name = name
+        self._lock = asyncio.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+        mode, body = _request(assignment.payload)
+        async with self._lock:
+            if stop.requested is not None:
+                yield stopped_terminal(stop.requested)
+                return
+            with backend_errors(self._name, self._base_url):
+                async with httpx.AsyncClient(
+                    base_url=self._base_url, timeout=self._timeout
+                ) as client:
+                    async for update in self._generate(client, assignment, mode, body, stop):
+                        yield update
+
+    async def _generate(
+        self,
+        client: httpx.AsyncClient,
+        assignment: Assignment,
+        mode: str,
+        body: dict[str, Any],
+        stop: StopSignal,
+    ) -> AsyncIterator[Update]:
+        modified: dict[str, str] = {}
+        if mode != "upscale":
+            modified, switched = await self._ensure_model(client, assignment.model)
+            if switched:
+                yield LogLine(switched, "agent")
+        call = asyncio.create_task(client.post(MODES[mode], json=body, timeout=None))
+        try:
+            async for update in self._follow(client, call, stop):
+                yield update
+            response = await call
+        finally:
+            call.cancel()
+        check_response(response, self._name, MODES[mode])
+        images, info = _parse(response.json(), mode)
+        if mode != "upscale" and body.get("seed", -1) == -1 and "seed" in info:
+            modified["seed"] = str(info["seed"])
+        results = tuple(
+            Result(f"image-{i}.png", data, "image/png") for i, data in enumerate(images)
+        )
+        if stop.requested is not None:
+            yield stopped_terminal(stop.requested, results, modified)
+            return
+        yield Progress(1.0)
+        yield Finished(results, modified)
+
+    async def _ensure_model(
+        self, client: httpx.AsyncClient, wanted: str | None
+    ) -> tuple[dict[str, str], str]:
+        """Load ``wanted`` unless it is loaded; returns (modified, what was done)."""
+        options = check_response(await client.get("/sdapi/v1/options"), self._name, "/options")
+        current = str(options.json().get("sd_model_checkpoint", ""))
+        if wanted is None:
+            return {"model": current}, ""
+        models = check_response(await client.get("/sdapi/v1/sd-models"), self._name, "/sd-models")
+        title = _match_model(wanted, models.json())
+        if title is None:
+            names = ", ".join(m.get("model_name", "?") for m in models.json())
+            raise ExecutorError(
+                f"model {wanted!r} is not on this {self._name} backend (it has: {names})",
+                retryable=True,  # another node may have it
+            )
+        if title == current:
+            return {}, ""
+        response = await client.post(
+            "/sdapi/v1/options", json={"sd_model_checkpoint": title}, timeout=LOAD_TIMEOUT_S
+        )
+        check_response(response, self._name, "/options")
+        return {}, f"switched checkpoint from {current} to {title}"
+
+    async def _follow(
+        self, client: httpx.AsyncClient, call: asyncio.Task[httpx.Response], stop: StopSignal
+    ) -> AsyncIterator[Update]:
+        """Progress and previews from ``/progress`` until ``call`` answers; interrupt on stop."""
+        last, last_step, last_image, interrupted = 0.0, -1, "", False
+        while not call.done():
+            if stop.requested is not None and not interrupted:
+                interrupted = True
+                await client.post("/sdapi/v1/interrupt")
+            poll = await client.get("/sdapi/v1/progress", params={"skip_current_image": "false"})
+            if poll.status_code == 200:
+                data = poll.json()
+                state = data.get("state") or {}
+                if state.get("job_count") and state.get("sampling_steps"):
+                    fraction = float(data.get("progress") or 0.0)
+                    step, total = int(state["sampling_step"]), int(state["sampling_steps"])
+                    update = monotone(Progress(fraction, step, total), last)
+                    if (update.fraction, step) != (last, last_step):
+                        last, last_step = update.fraction, step
+                        yield update
+                image = data.get("current_image") or ""
+                if image and image != last_image:
+                    last_image = image
+                    yield Preview(_b64(image), "image/png", int(state.get("sampling_step", 0)))
+            waiters: set[asyncio.Future[Any]] = {
+                call,
+                asyncio.ensure_future(self._clock.sleep(self._poll_s)),
+            }
+            if stop.requested is None:
+                waiters.add(asyncio.ensure_future(stop.wait()))
+            _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending - {call}:
+                task.cancel()
+
+
+def _request(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The mode and the webui request body; bad payloads name the field."""
+    body = {k: v for k, v in payload.items() if k != "mode"}
+    mode = payload.get("mode", "txt2img")
+    if mode not in MODES:
+        raise InvalidSpec("payload.mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "img2img" and not body.get("init_images"):
+        raise InvalidSpec("payload.init_images", "img2img needs at least one base64 image")
+    if mode == "upscale" and not isinstance(body.get("image"), str):
+        raise InvalidSpec("payload.image", "upscale needs a base64 image")
+    return mode, body
+
+
+def _match_model(wanted: str, models: list[dict[str, Any]]) -> str | None:
+    """The checkpoint title the webui knows ``wanted`` by (title, name or file name)."""
+    for model in models:
+        title = str(model.get("title", ""))
+        filename = str(model.get("filename", "")).rsplit("/", 1)[-1]
+        names = {title, title.split(" [")[0], str(model.get("model_name", "")), filename}
+        if wanted in names or f"{wanted}.safetensors" in names:
+            return title
+    return None
+
+
+def _parse(data: dict[str, Any], mode: str) -> tuple[list[bytes], dict[str, Any]]:
+    """Images and the decoded ``info`` (a JSON string inside the JSON) of a response."""
+    if mode == "upscale":
+        return [_b64(data["image"])], {}
+    info_text = data.get("info") or "{}"
+    try:
+        info = json.loads(info_text) if isinstance(info_text, str) else dict(info_text)
+    except json.JSONDecodeError:
+        info = {}
+    return [_b64(image) for image in data.get("images", [])], info
+
+
+def _b64(text: str) -> bytes:
+    if text.startswith("data:"):
+        text = text.split(",", 1)[1]
+    try:
+        return base64.b64decode(text)
+    except binascii.Error as exc:
+        raise ExecutorError(
+            f"backend sent an image that is not base64: {exc}", retryable=False
+        ) from exc

@@ -1,0 +1,230 @@
+"""The AUTOMATIC1111 executor against the reference webui (real diffusers on CPU) over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from corral.agent.executors.base import (
+    Assignment,
+    Failed,
+    Finished,
+    LogLine,
+    Preview,
+    Progress,
+    Update,
+)
+from corral.agent.executors.http_a1111 import A1111Executor
+from corral.agent.reference.a1111 import ReferenceA1111
+from corral.agent.reference.serve import free_port, serving
+from corral.agent.testing import CHECKS, Harness, run_to_end
+from corral.core import WallClock
+
+SMALL = {"width": 32, "height": 32}
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "quick": {"prompt": "a red fox", "steps": 3, "seed": 7, **SMALL},
+    "failing": {"prompt": "a red fox", "steps": 3, "sampler_name": "No Such Sampler", **SMALL},
+    "long": {"prompt": "a slow fox", "steps": 500, "n_iter": 20, **SMALL},
+}
+
+
+def make(scenario: str, alloc: str) -> Assignment:
+    return Assignment(alloc, 1, (f"job-{alloc}",), kind="sample", payload=SCENARIOS[scenario])
+
+
+@asynccontextmanager
+async def webui(**kwargs: Any) -> AsyncIterator[tuple[ReferenceA1111, Harness]]:
+    server = ReferenceA1111(**kwargs)
+    async with serving(server.app) as url:
+        executor = A1111Executor(url, WallClock(), poll_interval_s=0.02)
+        yield server, Harness(executor, WallClock(), make)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_a1111_executor_passes_the_conformance_suite(
+    check: Callable[[Harness], Awaitable[None]],
+) -> None:
+    async def scenario() -> None:
+        async with webui() as (_, harness):
+            await check(harness)
+
+    asyncio.run(scenario())
+
+
+def run_against(job: Assignment, **server_kwargs: Any) -> tuple[ReferenceA1111, list[Update]]:
+    async def scenario() -> tuple[ReferenceA1111, list[Update]]:
+        async with webui(**server_kwargs) as (server, harness):
+            return server, await run_to_end(harness, job)
+
+    return asyncio.run(scenario())
+
+
+def png(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data))
+
+
+def test_live_progress_and_previews_come_from_real_diffusion_steps() -> None:
+    job = Assignment("a", 1, ("j",), payload={"prompt": "a fox", "steps": 4, "seed": 1, **SMALL})
+    _, updates = run_against(job, step_delay_s=0.05)
+    steps = [u.step for u in updates if isinstance(u, Progress) and u.step]
+    assert steps == sorted(steps)
+    assert set(steps) <= {1, 2, 3, 4}
+    assert len(set(steps)) >= 2, f"poll saw too few steps: {steps}"
+    previews = [u for u in updates if isinstance(u, Preview)]
+    assert previews, "no live preview"
+    assert png(previews[0].image).size == (32, 32)
+    terminal = updates[-1]
+    assert isinstance(terminal, Finished)
+    assert png(terminal.results[0].data).size == (32, 32)
+
+
+def test_the_same_seed_gives_the_same_image_and_a_random_seed_is_reported() -> None:
+    fixed = Assignment("a", 1, ("j",), payload={"prompt": "a fox", "steps": 2, "seed": 5, **SMALL})
+    _, first = run_against(fixed)
+    _, second = run_against(fixed)
+    assert isinstance(first[-1], Finished)
+    assert isinstance(second[-1], Finished)
+    assert first[-1].results[0].data == second[-1].results[0].data
+    assert "seed" not in first[-1].modified
+    drawn = Assignment("b", 1, ("k",), payload={"prompt": "a fox", "steps": 2, **SMALL})
+    _, updates = run_against(drawn)
+    assert isinstance(updates[-1], Finished)
+    assert updates[-1].modified["seed"].isdigit()
+
+
+def test_a_job_without_a_model_reports_the_loaded_one() -> None:
+    _, updates = run_against(make("quick", "a"))
+    assert isinstance(updates[-1], Finished)
+    assert updates[-1].modified["model"].startswith("tiny-sd.safetensors [")
+
+
+def test_a_job_naming_another_model_switches_the_checkpoint_first() -> None:
+    job = Assignment("a", 1, ("j",), model="tiny-sd-v2", payload=SCENARIOS["quick"])
+    server, updates = run_against(job)
+    assert server.loaded == "tiny-sd-v2"
+    switch = [u.line for u in updates if isinstance(u, LogLine)]
+    assert switch == [f"switched checkpoint from {title('tiny-sd')} to {title('tiny-sd-v2')}"]
+    assert isinstance(updates[-1], Finished)
+    assert "model" not in updates[-1].modified
+
+
+def title(model: str) -> str:
+    import hashlib
+
+    return f"{model}.safetensors [{hashlib.sha256(model.encode()).hexdigest()[:10]}]"
+
+
+def test_an_unknown_model_fails_saying_what_the_backend_has() -> None:
+    job = Assignment("a", 1, ("j",), model="sdxl-turbo", payload=SCENARIOS["quick"])
+    _, updates = run_against(job)
+    assert updates[-1] == Failed(
+        "model 'sdxl-turbo' is not on this a1111 backend (it has: tiny-sd, tiny-sd-v2)",
+        retryable=True,
+    )
+
+
+def test_img2img_and_upscale() -> None:
+    _, base = run_against(make("quick", "a"))
+    assert isinstance(base[-1], Finished)
+    image = base64.b64encode(base[-1].results[0].data).decode()
+    i2i = {
+        "mode": "img2img",
+        "init_images": [image],
+        "steps": 4,
+        "denoising_strength": 0.5,
+        **SMALL,
+    }
+    _, updates = run_against(Assignment("b", 1, ("k",), payload=i2i))
+    assert isinstance(updates[-1], Finished)
+    assert png(updates[-1].results[0].data).size == (32, 32)
+    up = {"mode": "upscale", "image": image, "upscaling_resize": 2, "upscaler_1": "Lanczos"}
+    _, upscaled = run_against(Assignment("c", 1, ("l",), payload=up))
+    assert isinstance(upscaled[-1], Finished)
+    assert png(upscaled[-1].results[0].data).size == (64, 64)
+
+
+def test_backend_down_is_a_retryable_failure_naming_the_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    harness = Harness(A1111Executor(url, WallClock()), WallClock(), make)
+    terminal = asyncio.run(run_to_end(harness, make("quick", "a")))[-1]
+    assert isinstance(terminal, Failed)
+    assert terminal.retryable
+    assert f"a1111 backend at {url} is unreachable" in terminal.error
+
+
+def test_backend_500_is_a_clear_retryable_failure() -> None:
+    async def scenario() -> Update:
+        async with webui() as (server, harness):
+            server.fail_next = "CUDA out of memory. Tried to allocate 2.00 GiB"
+            return (await run_to_end(harness, make("quick", "a")))[-1]
+
+    assert asyncio.run(scenario()) == Failed(
+        "a1111 answered HTTP 500 to /sdapi/v1/txt2img: OutOfMemoryError: "
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+        retryable=True,
+    )
+
+
+def test_bad_requests_fail_for_good_with_the_backends_message() -> None:
+    _, updates = run_against(Assignment("a", 1, ("j",), payload={"steps": "many", **SMALL}))
+    terminal = updates[-1]
+    assert isinstance(terminal, Failed)
+    assert not terminal.retryable
+    assert "HTTP 422 to /sdapi/v1/txt2img" in terminal.error
+    assert "steps" in terminal.error
+
+
+def test_a_slow_backend_hits_the_job_timeout_and_is_interrupted() -> None:
+    async def scenario() -> tuple[ReferenceA1111, list[Update]]:
+        async with webui(step_delay_s=0.05) as (server, harness):
+            job = Assignment("a", 1, ("j",), payload={"steps": 400, **SMALL}, timeout_s=0.5)
+            updates = await run_to_end(harness, job)
+            # the webui is free again: the interrupt reached it
+            async with httpx.AsyncClient() as client:
+                state = (await client.get(f"{harness.executor._base_url}/sdapi/v1/progress")).json()  # type: ignore[attr-defined]
+            assert state["state"]["job_count"] == 0
+            return server, updates
+
+    server, updates = asyncio.run(scenario())
+    terminal = updates[-1]
+    assert isinstance(terminal, Failed)
+    assert terminal.error == "timed out: after 0.5s"
+    assert server.generations == 1
+
+
+def test_a_slow_answer_to_a_small_call_is_a_retryable_timeout() -> None:
+    async def scenario() -> Update:
+        server = ReferenceA1111()
+        server.slow_calls_s = 1.0
+        async with serving(server.app) as url:
+            executor = A1111Executor(url, WallClock(), request_timeout_s=0.2)
+            return (await run_to_end(Harness(executor, WallClock(), make), make("quick", "a")))[-1]
+
+    terminal = asyncio.run(scenario())
+    assert isinstance(terminal, Failed)
+    assert terminal.retryable
+    assert "did not answer in time (ReadTimeout)" in terminal.error
+
+
+def test_info_is_json_inside_a_string_like_the_real_webui() -> None:
+    async def scenario() -> dict[str, Any]:
+        server = ReferenceA1111()
+        async with serving(server.app) as url, httpx.AsyncClient(base_url=url) as client:
+            response = await client.post("/sdapi/v1/txt2img", json={"steps": 1, "seed": 3, **SMALL})
+            return dict(response.json())
+
+    body = asyncio.run(scenario())
+    assert isinstance(body["info"], str)
+    info = json.loads(body["info"])
+    assert info["seed"] == 3
+    assert info["all_seeds"] == [3]
+    assert info["sd_model_name"] == "tiny-sd"
