@@ -112,9 +112,9 @@ class FileServer:
     def __init__(self) -> None:
         self.files: dict[str, Served] = {}
         self.log: list[Hit] = []
-        self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
+        self._lock = threading.Condition()
+        self._httpd = _Httpd(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
@@ -136,6 +136,17 @@ class FileServer:
     def record(self, hit: Hit) -> None:
         with self._lock:
             self.log.append(hit)
+            self._lock.notify_all()
+
+    async def arrived(self, path: str, count: int) -> None:
+        """Wait (at most 10 s) until ``count`` requests for ``path`` have arrived."""
+
+        def wait() -> bool:
+            with self._lock:
+                return self._lock.wait_for(lambda: len(self.hits(path)) >= count, timeout=10)
+
+        if not await asyncio.to_thread(wait):
+            raise TimeoutError(f"{count} requests for {path} never arrived: {self.hits(path)}")
 
     def start(self) -> None:
         self._thread.start()
@@ -157,74 +168,72 @@ def file_server() -> Iterator[FileServer]:
         server.stop()
 
 
-def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Httpd(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: FileServer
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
 
-        def do_GET(self) -> None:
-            path = self.path.lstrip("/")
-            served = server.files.get(path)
-            hit = Hit(path, self.headers.get("Range"), self.headers.get("X-Agent"))
-            server.record(hit)
-            hit.status = self._answer(served, hit.range)
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Httpd
 
-        def _answer(self, served: Served | None, range_header: str | None) -> int:
-            if served is None:
-                self.send_error(404)
-                return 404
-            if served.statuses:
-                status = served.statuses.pop(0)
-                self.send_error(status)
-                return status
-            data = bytearray(served.data)
-            if served.corrupt:
-                data[len(data) // 2] ^= 0xFF
-            match = None if served.ignore_range else _RANGE.match(range_header or "")
-            if match is None:
-                self._head(200, len(data), {})
-                self._body(served, bytes(data), 0)
-                return 200
-            start = int(match.group(1))
-            end = min(int(match.group(2) or len(data) - 1), len(data) - 1)
-            if start >= len(data):
-                self._head(416, 0, {"Content-Range": f"bytes */{len(data)}"})
-                return 416
-            self._head(206, end - start + 1, {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
-            self._body(served, bytes(data[start : end + 1]), start)
-            return 206
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
-        def _head(self, status: int, length: int, extra: dict[str, str]) -> None:
-            self.send_response(status)
-            self.send_header("Content-Length", str(length))
-            self.send_header("Content-Type", "application/octet-stream")
-            for key, value in extra.items():
-                self.send_header(key, value)
-            self.end_headers()
+    def do_GET(self) -> None:
+        path = self.path.lstrip("/")
+        hit = Hit(path, self.headers.get("Range"), self.headers.get("X-Agent"))
+        self.server.owner.record(hit)
+        hit.status = self._answer(self.server.owner.files.get(path), hit.range)
 
-        def _body(self, served: Served, body: bytes, start: int) -> None:
-            """Send ``body`` (file bytes from ``start``), misbehaving as ``served`` says."""
-            stop_at = len(body)
-            dropping = served.drop_at is not None and served.drops > 0
-            if dropping and start <= served.drop_at < start + len(body):  # type: ignore[operator]
-                served.drops -= 1
-                stop_at = served.drop_at - start  # type: ignore[operator]
-            try:
-                for i in range(0, stop_at, SEND_BLOCK):
-                    offset = start + i
-                    if served.hold_at is not None and offset >= served.hold_at:
-                        served.gate.wait(timeout=30)
-                    self.wfile.write(body[i : min(i + SEND_BLOCK, stop_at)])
-                    self.wfile.flush()
-                if stop_at < len(body):
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    self.close_connection = True
-            except OSError:  # the client went away (a paused download): fine
+    def _answer(self, served: Served | None, range_header: str | None) -> int:
+        if served is None or served.statuses:
+            status = served.statuses.pop(0) if served else 404
+            self.send_error(status)
+            return status
+        data = bytearray(served.data)
+        if served.corrupt:
+            data[len(data) // 2] ^= 0xFF
+        match = None if served.ignore_range else _RANGE.match(range_header or "")
+        if match is None:
+            self._head(200, len(data), {})
+            self._body(served, bytes(data), 0)
+            return 200
+        start = int(match.group(1))
+        end = min(int(match.group(2) or len(data) - 1), len(data) - 1)
+        if start >= len(data):
+            self._head(416, 0, {"Content-Range": f"bytes */{len(data)}"})
+            return 416
+        self._head(206, end - start + 1, {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
+        self._body(served, bytes(data[start : end + 1]), start)
+        return 206
+
+    def _head(self, status: int, length: int, extra: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Content-Type", "application/octet-stream")
+        for key, value in extra.items():
+            self.send_header(key, value)
+        self.end_headers()
+
+    def _body(self, served: Served, body: bytes, start: int) -> None:
+        """Send ``body`` (file bytes from ``start``), misbehaving as ``served`` says."""
+        stop_at = len(body)
+        drop = served.drop_at
+        if drop is not None and served.drops > 0 and start <= drop < start + len(body):
+            served.drops -= 1
+            stop_at = drop - start
+        try:
+            for i in range(0, stop_at, SEND_BLOCK):
+                if served.hold_at is not None and start + i >= served.hold_at:
+                    served.gate.wait(timeout=30)
+                self.wfile.write(body[i : min(i + SEND_BLOCK, stop_at)])
+                self.wfile.flush()
+            if stop_at < len(body):
+                self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
-
-    return Handler
+        except OSError:  # the client went away (a paused download): fine
+            self.close_connection = True
 
 
 @asynccontextmanager

@@ -97,7 +97,9 @@ def test_the_cache_survives_a_restart_with_its_lru_order(tmp_path: Path) -> None
     again = ModelCache(tmp_path, BUDGET, clock)
     assert again.on_disk() == ("a", "b", "c")
     assert [m.name for m in again.models()] == ["a", "c", "b"]
-    assert again.lookup("a") is not None and again.lookup("a").path.read_bytes() == DATA["a"]  # type: ignore[union-attr]
+    found = again.lookup("a")
+    assert found is not None
+    assert found.path.read_bytes() == DATA["a"]
     fill(again, "d")
     assert again.on_disk() == ("a", "c", "d")
 
@@ -134,7 +136,8 @@ async def test_verify_finds_a_corrupted_file_and_names_both_hashes(tmp_path: Pat
     bad = await cache.verify_all()
     assert [e.model for e in bad] == ["a"]
     assert isinstance(bad[0], IntegrityError)
-    assert SPECS["a"].sha256 in str(bad[0]) and bad[0].actual in str(bad[0])
+    assert SPECS["a"].sha256 in str(bad[0])
+    assert bad[0].actual in str(bad[0])
     assert bad[0].actual != SPECS["a"].sha256
     assert cache.on_disk() == ("b",)
     assert not path.exists()

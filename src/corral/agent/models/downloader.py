@@ -333,7 +333,7 @@ class Downloader:
             source=source,
             total=download.spec.size,
             chunk_bytes=self.settings.chunk_bytes,
-            on_bytes=lambda offset: self._on_bytes(download, offset),
+            on_bytes=lambda offset, settled: self._on_bytes(download, offset, settled),
             headers=self._headers_for(source),
         )
         failures = 0
@@ -358,10 +358,11 @@ class Downloader:
         delay *= 1 + self.settings.jitter * (2 * self._rng.random() - 1)
         return min(self.settings.backoff_max_s, max(delay, retry_after or 0.0))
 
-    def _on_bytes(self, download: _Download, offset: int) -> None:
-        download.bytes_done = offset
-        download.writes += 1
-        self._publish(download)
+    def _on_bytes(self, download: _Download, offset: int, settled: bool) -> None:
+        if offset != download.bytes_done:
+            download.writes += 1
+            download.bytes_done = offset
+        self._publish(download, force=settled)
 
     # ---- state and progress -----------------------------------------------------
 

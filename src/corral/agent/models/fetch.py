@@ -93,7 +93,9 @@ class FetchRequest:
     source: str
     total: int
     chunk_bytes: int
-    on_bytes: Callable[[int], None]  # called with the partial file's length after each write
+    # called after each write with the partial file's length, and whether a response just
+    # ended there (so a stalled download's last figure is published, not throttled away)
+    on_bytes: Callable[[int, bool], None]
     headers: Mapping[str, str] = field(default_factory=dict)  # e.g. auth for the corral server
 
 
@@ -136,7 +138,8 @@ async def _receive(
         if part.offset + len(data) > limit:
             raise _fail(request, f"sent more than the {limit} bytes asked for", transient=False)
         part.write(data)
-        request.on_bytes(part.offset)
+        request.on_bytes(part.offset, False)
+    request.on_bytes(part.offset, True)
     if part.offset < limit:
         raise _fail(request, f"closed the body at byte {part.offset} of {limit}", transient=True)
 
@@ -203,7 +206,7 @@ async def _fetch_file(request: FetchRequest, part: PartFile) -> None:
                 if not data:
                     raise _fail(request, f"ended at byte {part.offset}", transient=True)
                 part.write(data[: request.total - part.offset])
-                request.on_bytes(part.offset)
+                request.on_bytes(part.offset, part.offset == request.total)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         raise _fail(request, f"{type(exc).__name__}: {exc.strerror}", transient=False) from exc
     except OSError as exc:
