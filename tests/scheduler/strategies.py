@@ -200,6 +200,7 @@ def crowded(draw: st.DrawFn) -> tuple[Snapshot, Config, float]:
             resources=ResourceRequest(gpus=draw(st.sampled_from((1, 2, 3))), cpus=1),
             team=draw(st.sampled_from(("a", "b", "b"))),
             priority=draw(st.sampled_from(("paid", "free", "interactive", "batch"))),
+            replicas=draw(st.sampled_from((1, 1, 2, 3))),
             submitted_at=float(i),
         )
         for i in range(draw(st.integers(1, 6)))

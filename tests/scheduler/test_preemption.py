@@ -114,3 +114,20 @@ def test_preemption_can_be_switched_off() -> None:
     plan = schedule(snapshot([node("n").gpus(1)], jobs, allocs), Config(preemption=False), now=NOW)
     assert not plan.preemptions
     assert not plan.placements
+
+
+def test_a_gang_owed_its_quota_reclaims_room_for_every_replica_or_for_none() -> None:
+    nodes = [node("n0").gpus(4), node("n1").gpus(4)]
+    allocs = busy("n0", 4, team="a", borrowed=True) + busy("n1", 4, team="a", borrowed=True)
+    teams = [team("a", 0), team("b", 8)]
+    gang = job("g").gpus(4).set(team="b", replicas=2)
+    plan = schedule(snapshot(nodes, [gang], allocs, teams), now=NOW)
+    assert len(plan.placements) == 2
+    assert len(plan.preemptions) == 8
+    assert {p.node for p in plan.placements} == {"n0", "n1"}
+    assert all(len(p.preempts) == 4 for p in plan.placements)
+
+    too_big = job("g").gpus(4).set(team="b", replicas=3)
+    plan = schedule(snapshot(nodes, [too_big], allocs, [team("a", 0), team("b", 12)]), now=NOW)
+    assert not plan.preemptions
+    assert not plan.placements

@@ -47,9 +47,13 @@ class Planner:
         self.now = now
         self.classes = classes
         self.cycle = Cycle(snapshot, config, now)
-        self.ledger = Ledger(snapshot.teams, snapshot.allocations)
+        self.ledger = Ledger(snapshot.teams, snapshot.allocations, self.cycle.memo())
         self.preemptor = Preemptor(
-            snapshot.allocations, classes, now, config.min_runtime_before_preemption_s
+            snapshot.allocations,
+            classes,
+            now,
+            config.min_runtime_before_preemption_s,
+            gone=self.cycle.memo(),
         )
         self.batcher = Batcher(snapshot.queued, config.max_batch_size)
         self.placements: list[Placement] = []
@@ -59,7 +63,7 @@ class Planner:
         self.position = 0
         self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = self.cycle.memo()
         self._no_room: Memo[tuple[Need, Ask, bool], int] = self.cycle.memo()
-        self._patient: Memo[tuple[Need, Ask], tuple[int, bool]] = self.cycle.memo()
+        self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = self.cycle.memo()
 
     def consider(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> bool:
         """Decide ``job``; ``False`` means "not now: it is over quota" (try when borrowing)."""
@@ -83,10 +87,11 @@ class Planner:
     def _place(self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool) -> bool:
         mark = self.cycle.checkpoint()
         fits = self._fit_all(job, need)
-        room: Room | None = None
-        if fits is None and self.config.preemption and not job.gang:
-            room = self._make_room(job, pclass, need, guaranteed)
-            fits = [room.fit] if room is not None else None
+        rooms: list[Room] = []
+        if fits is None and self.config.preemption:
+            found = self._fit_with_preemption(job, pclass, need, guaranteed)
+            if found is not None:
+                fits, rooms = found
         if fits is not None:
             charge = sum(f.total_milli for f in fits)
             within = self.ledger.within_quota(job.team, charge)
@@ -97,17 +102,36 @@ class Planner:
                 self.cycle.rollback(mark)
                 self.leave(job, self._quota_reason(job))
                 return True
-            if room is not None:
-                self.preemptor.commit(self.ledger, room)
-            self._record(job, fits, on_cpu=False, borrowed=not within, room=room)
+            self._record(job, fits, on_cpu=False, borrowed=not within, rooms=rooms)
             return True
         cpu = pclass.cpu_offload and job.resources.cpu_fallback and job.resources.wants_gpu
         cpu_fits = self._fit_all(job, need_of(job, on_cpu=True)) if cpu else None
         if cpu_fits is not None:
-            self._record(job, cpu_fits, on_cpu=True, borrowed=False, room=None)
+            self._record(job, cpu_fits, on_cpu=True, borrowed=False, rooms=[])
             return True
         self.leave(job, self._explain(job, pclass, need, guaranteed))
         return True
+
+    def _fit_with_preemption(
+        self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
+    ) -> tuple[list[Fit], list[Room]] | None:
+        """Every replica where it fits, or where evictions make room; else none (rolled back)."""
+        mark = self.cycle.checkpoint()
+        fits: list[Fit] = []
+        rooms: list[Room] = []
+        for _ in range(job.replicas):
+            fit = self.cycle.find(need, job.model)
+            if fit is not None:
+                self.cycle.take(fit, job.estimated_runtime_s)
+                fits.append(fit)
+                continue
+            room = self._make_room(job, pclass, need, guaranteed, patient)
+            if room is None:
+                self.cycle.rollback(mark)
+                return None
+            fits.append(room.fit)
+            rooms.append(room)
+        return fits, rooms
 
     def _fit_all(self, job: Job, need: Need) -> list[Fit] | None:
         """All replicas on the working copy, or none (rolled back)."""
@@ -138,12 +162,15 @@ class Planner:
         return room
 
     def _record(
-        self, job: Job, fits: list[Fit], on_cpu: bool, borrowed: bool, room: Room | None
+        self, job: Job, fits: list[Fit], on_cpu: bool, borrowed: bool, rooms: list[Room]
     ) -> None:
         members = (job, *self.batcher.followers(job, self.decided)) if not job.gang else (job,)
         job_ids = tuple(j.id for j in members)
         self.decided.update(job_ids)
-        victims = tuple(a.id for v in room.victims for a in v.allocs) if room else ()
+        by_node: dict[str, tuple[str, ...]] = {}
+        for room in rooms:
+            ids = tuple(a.id for v in room.victims for a in v.allocs)
+            by_node[room.fit.node.name] = by_node.get(room.fit.node.name, ()) + ids
         for replica, fit in enumerate(fits):
             alloc_id = f"{job.id}/{job.attempt + 1}" + (f"/r{replica}" if job.gang else "")
             self.placements.append(
@@ -158,12 +185,12 @@ class Planner:
                     cpus=fit.cpus,
                     on_cpu=on_cpu,
                     borrowed=borrowed,
-                    preempts=victims,
+                    preempts=by_node.get(fit.node.name, ()),
                 )
             )
             if not on_cpu:
                 self.ledger.add(job.team, fit.total_milli)
-        for victim in room.victims if room else ():
+        for victim in (v for room in rooms for v in room.victims):
             for alloc in victim.allocs:
                 why = "reclaim borrowed capacity" if victim.team != job.team else "higher priority"
                 self.preemptions.append(
@@ -195,14 +222,15 @@ class Planner:
     ) -> bool:
         """Would evictions let the job fit once victims have run long enough? (a what-if)"""
         ask = Ask(job.team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)
-        cached = self._patient.get((need, ask))
+        key = (need, ask, job.replicas)
+        cached = self._patient.get(key)
         if cached is not None and cached[0] == self.cycle.cap.generation:
             return cached[1]
         mark = self.cycle.checkpoint()
-        room = self._make_room(job, pclass, need, guaranteed, patient=True)
+        found = self._fit_with_preemption(job, pclass, need, guaranteed, patient=True)
         self.cycle.rollback(mark)
-        self._patient.put((need, ask), (self.cycle.cap.generation, room is not None))
-        return room is not None
+        self._patient.put(key, (self.cycle.cap.generation, found is not None))
+        return found is not None
 
     def _quota_reason(self, job: Job) -> Explanation:
         limit = self.ledger.limit(job.team) or 0

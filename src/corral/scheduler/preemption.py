@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
 from corral.scheduler.capacity import NodeCap
-from corral.scheduler.cycle import Cycle
+from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
 from corral.scheduler.quota import Ledger
@@ -82,11 +82,12 @@ class Preemptor:
         classes: Mapping[str, PriorityClass],
         now: float,
         min_runtime_s: float,
+        gone: Memo[str, bool],
     ) -> None:
         self._now = now
+        self._gone = gone  # released on the working copy (rolls back with it)
         self._min_runtime_s = min_runtime_s
         self._by_node: dict[str, list[Victim]] = defaultdict(list)
-        self.evicted: set[str] = set()
         for victim in _units(allocations, classes, now):
             for node in {a.node for a in victim.allocs}:
                 self._by_node[node].append(victim)
@@ -117,16 +118,12 @@ class Preemptor:
             return None
         for victim in best[1].victims:
             self._release(cycle, victim)
+            self._gone.put(victim.allocs[0].id, True)
+            ledger.add(victim.team, -victim.milli)
         fit = fit_on(best[1].fit.node, need)
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
         return Room(fit, best[1].victims)
-
-    def commit(self, ledger: Ledger, room: Room) -> None:
-        """Record the evictions of a ``Room`` that was placed."""
-        for victim in room.victims:
-            ledger.add(victim.team, -victim.milli)
-            self.evicted.update(a.id for a in victim.allocs)
 
     def _candidates(
         self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, patient: bool
@@ -183,7 +180,7 @@ class Preemptor:
     def _eligible(
         self, victim: Victim, ledger: Ledger, ask: Ask, patient: bool, spent: Mapping[str, int]
     ) -> bool:
-        if victim.allocs[0].id in self.evicted or victim.rank > ask.rank:
+        if self._gone.get(victim.allocs[0].id) or victim.rank > ask.rank:
             return False
         if (
             not patient

@@ -11,20 +11,48 @@ preemption. Teams missing from the snapshot get no quota and no limit.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from corral.core.model import Allocation, Team
 from corral.core.resources import MILLI
 
 
+class Store(Protocol):
+    """Where usage lives: a dict, or a ``Cycle.memo()`` so what-ifs roll back."""
+
+    def get(self, key: str) -> int | None: ...
+
+    def put(self, key: str, value: int) -> None: ...
+
+
+class DictStore:
+    def __init__(self) -> None:
+        self._data: dict[str, int] = {}
+
+    def get(self, key: str) -> int | None:
+        return self._data.get(key)
+
+    def put(self, key: str, value: int) -> None:
+        self._data[key] = value
+
+
 class Ledger:
     """Usage per team during one cycle, updated as placements and evictions are decided."""
 
-    def __init__(self, teams: Iterable[Team], allocations: Iterable[Allocation]) -> None:
+    def __init__(
+        self,
+        teams: Iterable[Team],
+        allocations: Iterable[Allocation],
+        store: Store | None = None,
+    ) -> None:
         self._teams = {t.name: t for t in teams}
-        self.usage: dict[str, int] = {}
+        self._usage: Store = store if store is not None else DictStore()
+        totals: dict[str, int] = {}
         for alloc in allocations:
             if alloc.active and not alloc.on_cpu:
-                self.usage[alloc.team] = self.usage.get(alloc.team, 0) + alloc.milli
+                totals[alloc.team] = totals.get(alloc.team, 0) + alloc.milli
+        for team, milli in totals.items():
+            self._usage.put(team, milli)
 
     def quota(self, team: str) -> int:
         """Guaranteed milli-GPUs of ``team``."""
@@ -43,7 +71,7 @@ class Ledger:
         return known.weight if known else 1.0
 
     def used(self, team: str) -> int:
-        return self.usage.get(team, 0)
+        return self._usage.get(team) or 0
 
     def borrowed(self, team: str) -> int:
         """Milli-GPUs held past the quota."""
@@ -63,4 +91,4 @@ class Ledger:
 
     def add(self, team: str, milli: int) -> None:
         """Charge (positive) or refund (negative) ``team``."""
-        self.usage[team] = self.used(team) + milli
+        self._usage.put(team, self.used(team) + milli)
