@@ -65,7 +65,7 @@ def test_kill_9_of_an_agent_requeues_its_job_on_the_other_agent(cluster: Cluster
     cluster.start_agent("a2")
     with cluster.client() as http:
         http.post("/v1/nodes/a2/pause").raise_for_status()  # so the job lands on a1
-        job_id = submit(http, payload={"steps": 40, "step_s": 0.05})["id"]
+        job_id = submit(http, payload={"steps": 30, "step_s": 0.05})["id"]
         assert wait_state(http, job_id, "running")["node"] == "a1"
         http.post("/v1/nodes/a2/resume").raise_for_status()
         doomed.kill9()
@@ -80,7 +80,7 @@ def test_a_restarted_agent_reconnects_and_the_server_resyncs(cluster: Cluster) -
     cluster.start_server(node_timeout=30)  # the restart, not the timeout, must settle it
     first = cluster.start_agent("a1", "--cpus", "1")
     with cluster.client() as http:
-        job_id = submit(http, payload={"steps": 60, "step_s": 0.05})["id"]
+        job_id = submit(http, payload={"steps": 30, "step_s": 0.05})["id"]
         wait_state(http, job_id, "running")
         first.kill9()
         cluster.start_agent("a1", "--cpus", "1")  # same node, remembers nothing
@@ -96,7 +96,7 @@ def test_a_result_made_while_the_server_was_down_is_delivered_after_it_returns(
     server = cluster.start_server(node_timeout=30)
     agent = cluster.start_agent("a1", "--cpus", "1")
     with cluster.client() as http:
-        job_id = submit(http, payload={"steps": 30, "step_s": 0.05})["id"]
+        job_id = submit(http, payload={"steps": 20, "step_s": 0.05})["id"]
         wait_state(http, job_id, "running")
     server.kill9()
     mark = len(agent.lines)

@@ -1,0 +1,171 @@
+"""The supervisor runs exactly what it is given, reports every update, holds ends until acked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from corral.agent.executors.base import (
+    Assignment,
+    Checkpoint,
+    Failed,
+    Progress,
+    Started,
+    StopReason,
+)
+from corral.agent.executors.scripted import ScriptedExecutor
+from corral.agent.supervisor import Done, Order, Report, Supervisor
+from corral.core import VirtualClock
+
+
+def order(alloc: str, *jobs: str, steps: int = 3, backend: str = "", **payload: object) -> Order:
+    """An order of ``jobs`` (one each, run in turn) taking ``steps`` minute-long steps."""
+    work = tuple(
+        Assignment(alloc, 1, (j,), payload={"steps": steps, "step_s": 60.0, **payload})
+        for j in jobs
+    )
+    return Order(alloc, 1, work, backend=backend)
+
+
+class Bench:
+    """A supervisor on a virtual clock with the scripted executor; reports are collected."""
+
+    def __init__(self) -> None:
+        self.clock = VirtualClock()
+        self.sup = Supervisor(
+            {"scripted": ScriptedExecutor(self.clock)}, self.clock, default="scripted"
+        )
+        self.reports: list[Report] = []
+        self.sup.sink = self.reports.append
+
+    async def until(self, done: Callable[[], bool], limit: float = 100_000.0) -> None:
+        """Let time jump from timer to timer until ``done()`` (nothing really sleeps)."""
+        while not done():
+            for _ in range(20):
+                await asyncio.sleep(0)
+            deadline = self.clock.next_deadline()
+            if done():
+                return
+            assert deadline is not None, "stuck: nothing left to wait for"
+            assert deadline < limit, "ran past the time limit"
+            self.clock.advance(max(0.0, deadline - self.clock.now()))
+
+    def of(self, alloc: str) -> list[Report]:
+        return [r for r in self.reports if r.allocation_id == alloc]
+
+    def ended(self, alloc: str) -> bool:
+        return any(r.terminal for r in self.of(alloc))
+
+
+def test_an_order_runs_reports_and_stays_held_until_acknowledged() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        assert b.sup.assign(order("al-1", "job-1"))
+        await b.until(lambda: b.ended("al-1"))
+        kinds = [type(r.update).__name__ for r in b.of("al-1")]
+        assert kinds[0] == "Started"
+        assert kinds[-1] == "Done"
+        assert "Progress" in kinds
+        done = b.of("al-1")[-1].update
+        assert isinstance(done, Done)
+        assert [jr.job_id for jr in done.results] == ["job-1"]
+        assert dict(done.modified) == {"model": "scripted-model"}
+        assert [(h.allocation_id, h.observed) for h in b.sup.held()] == [("al-1", "finished")]
+        b.sup.acknowledge("al-1")
+        assert b.sup.held() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_runs_its_jobs_in_turn_and_ends_once() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-b", "j1", "j2", "j3", steps=2))
+        await b.until(lambda: b.ended("al-b"))
+        reports = b.of("al-b")
+        assert sum(isinstance(r.update, Started) for r in reports) == 1
+        progress_jobs = [r.job_id for r in reports if isinstance(r.update, Progress)]
+        assert progress_jobs == ["j1", "j1", "j2", "j2", "j3", "j3"]
+        done = reports[-1].update
+        assert isinstance(done, Done)
+        assert [jr.job_id for jr in done.results] == ["j1", "j2", "j3"]
+        assert b.clock.now() == pytest.approx(6 * 60.0)  # one after another, not at once
+
+    asyncio.run(scenario())
+
+
+def test_orders_run_at_once_exactly_as_assigned_and_a_resent_one_is_ignored() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        assert b.sup.assign(order("al-1", "j1", steps=5))
+        assert b.sup.assign(order("al-2", "j2", steps=5))
+        assert not b.sup.assign(order("al-1", "j1", steps=5))  # the same assignment again
+        await b.until(lambda: b.ended("al-1") and b.ended("al-2"))
+        assert b.clock.now() == pytest.approx(5 * 60.0)  # side by side
+        assert sum(isinstance(r.update, Started) for r in b.reports) == 2
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("reason", "want_done", "want_retryable", "want_checkpoint"),
+    [
+        pytest.param(StopReason.INTERRUPT, True, None, False, id="interrupt-keeps-partial"),
+        pytest.param(StopReason.CANCEL, False, False, False, id="cancel-fails-for-good"),
+        pytest.param(StopReason.PREEMPT, False, True, True, id="preempt-checkpoints-and-requeues"),
+    ],
+)
+def test_a_stop_order_ends_the_run_as_its_reason_says(
+    reason: StopReason, want_done: bool, want_retryable: bool | None, want_checkpoint: bool
+) -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-s", "j1", steps=100))
+        await b.until(lambda: any(isinstance(r.update, Progress) for r in b.reports))
+        assert b.sup.stop("al-s", reason, grace_s=30.0)
+        await b.until(lambda: b.ended("al-s"))
+        end = b.of("al-s")[-1].update
+        assert isinstance(end, Done) is want_done
+        if isinstance(end, Done):
+            assert end.interrupted
+            assert end.results
+        else:
+            assert isinstance(end, Failed)
+            assert end.retryable is want_retryable
+        checkpoints = [r for r in b.of("al-s") if isinstance(r.update, Checkpoint)]
+        assert bool(checkpoints) is want_checkpoint
+        assert not b.sup.stop("al-s", StopReason.CANCEL, 0.0)  # already over
+
+    asyncio.run(scenario())
+
+
+def test_an_order_for_a_backend_this_node_lacks_fails_retryably_and_says_which() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-x", "j1", backend="comfyui"))
+        kinds = [type(r.update) for r in b.of("al-x")]
+        assert kinds == [Started, Failed]
+        end = b.of("al-x")[-1].update
+        assert isinstance(end, Failed)
+        assert end.retryable
+        assert "no 'comfyui' executor" in end.error
+
+    asyncio.run(scenario())
+
+
+def test_shutdown_preempts_running_work_so_it_checkpoints() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-1", "j1", steps=100))
+        await b.until(lambda: any(isinstance(r.update, Progress) for r in b.reports))
+        stopping = asyncio.create_task(b.sup.shutdown(grace_s=30.0))
+        await b.until(stopping.done)
+        assert any(isinstance(r.update, Checkpoint) for r in b.of("al-1"))
+        end = b.of("al-1")[-1].update
+        assert isinstance(end, Failed)
+        assert end.retryable
+        assert b.sup.running() == []
+
+    asyncio.run(scenario())

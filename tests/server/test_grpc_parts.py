@@ -1,0 +1,135 @@
+"""The gRPC link's server-side pure parts: translation, checkpoint refs, chunked uploads."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import pytest
+
+from corral.core import VirtualClock
+from corral.core.model import JobKind
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+from corral.server.agentlink.base import Assignment, HelloReply, JobWork, StopOrder, StopReason
+from corral.server.agentlink.grpc_convert import (
+    assign_message,
+    checkpoint_ref,
+    split_ref,
+    welcome_messages,
+)
+from corral.server.agentlink.grpc_service import bearer
+from corral.server.agentlink.grpc_uploads import UploadError, Uploads
+from corral.server.blobs import LocalBlobStore
+
+
+@pytest.mark.parametrize(
+    ("path", "step", "ref"),
+    [("/ck/a.pt", 120, "/ck/a.pt#step=120"), ("/ck/a.pt", 0, "/ck/a.pt"), ("", 0, "")],
+)
+def test_checkpoint_refs_round_trip(path: str, step: int, ref: str) -> None:
+    assert checkpoint_ref(path, step) == ref
+    assert split_ref(ref) == (path, step)
+
+
+def test_a_batched_assignment_lists_every_job_and_resumes_from_its_checkpoint() -> None:
+    jobs = (
+        JobWork("j1", JobKind.SAMPLE, {"prompt": "a"}, model="sdxl", checkpoint="/ck#step=7"),
+        JobWork("j2", JobKind.SAMPLE, {"prompt": "b"}, timeout_s=30),
+    )
+    msg = assign_message(Assignment("al-1", 2, "n1", jobs, gpu_indices=(0,), vram_bytes=99))
+    a = msg.assign
+    assert list(a.job_ids) == ["j1", "j2"]
+    assert [(w.job_id, w.resume_from, w.resume_step) for w in a.jobs] == [
+        ("j1", "/ck", 7),
+        ("j2", "", 0),
+    ]
+    assert a.payload_json == '[{"prompt": "a"}, {"prompt": "b"}]'
+    assert (a.attempt, list(a.gpu_indices), a.vram_bytes, a.model) == (2, [0], 99, "sdxl")
+
+
+def test_the_welcome_comes_first_then_work_then_stops_then_intake() -> None:
+    reply = HelloReply(
+        assign=(Assignment("al-1", 1, "n1", (JobWork("j", JobKind.CUSTOM),)),),
+        stop=(StopOrder("al-0", StopReason.CANCEL),),
+        intake_open=False,
+        heartbeat_s=2.0,
+    )
+    msgs = welcome_messages("n1", reply)
+    assert [m.WhichOneof("body") for m in msgs] == ["welcome", "assign", "stop", "intake"]
+    assert msgs[0].welcome.heartbeat_interval_s == 2.0
+    assert msgs[-1].intake.paused
+
+
+def test_bearer_tokens_from_metadata() -> None:
+    assert bearer([("authorization", "Bearer abc")]) == "abc"
+    assert bearer([("Authorization", "bearer  abc ")]) == "abc"
+    assert bearer([("authorization", "Basic abc")]) is None
+    assert bearer(None) is None
+
+
+DATA = bytes(range(256)) * 40  # 10 KiB
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+def chunks(start: int = 0, stop: int | None = None, *, sha: str = SHA, alloc: str = "al_1",
+           size: int = 1000, probe: bool = False) -> list[pb.BlobChunk]:  # fmt: skip
+    base = {"allocation_id": alloc, "attempt": 1, "name": "j1/out.bin", "sha256": sha}
+    if probe:
+        return [pb.BlobChunk(**base)]
+    end = len(DATA) if stop is None else stop
+    return [
+        pb.BlobChunk(
+            **base, offset=o, data=DATA[o : min(o + size, end)], last=o + size >= len(DATA)
+        )
+        for o in range(start, end, size)
+    ]
+
+
+async def stream(items: Iterable[pb.BlobChunk]) -> AsyncIterator[pb.BlobChunk]:
+    for item in items:
+        yield item
+
+
+def uploads(tmp_path: Path, max_bytes: int = 1 << 20) -> Uploads:
+    return Uploads(LocalBlobStore(tmp_path), VirtualClock(), max_bytes=max_bytes, idle_s=60)
+
+
+def test_an_upload_resumes_overlaps_harmlessly_and_a_retry_is_the_same_blob(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        up = uploads(tmp_path)
+        half = await up.receive(stream(chunks(stop=4000)))
+        assert (half.blob_id, half.received) == ("", 4000)
+        assert (await up.receive(stream(chunks(probe=True)))).received == 4000
+        done = await up.receive(stream(chunks(start=3000)))  # overlaps what arrived
+        assert done.blob_id == f"uploads/al_1/1/{SHA}"
+        assert await up.read_for("al_1", 1, done.blob_id) == DATA
+        assert (await up.receive(stream(chunks(probe=True)))).blob_id == done.blob_id
+        assert (await up.receive(stream(chunks()))).blob_id == done.blob_id
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("case", "want_code"),
+    [
+        pytest.param("bad-checksum", "DATA_LOSS", id="bad-checksum"),
+        pytest.param("too-big", "RESOURCE_EXHAUSTED", id="too-big"),
+        pytest.param("not-its-blob", "PERMISSION_DENIED", id="not-its-blob"),
+        pytest.param("bad-id", "INVALID_ARGUMENT", id="bad-allocation-id"),
+    ],
+)
+def test_refused_uploads_say_why(tmp_path: Path, case: str, want_code: str) -> None:
+    async def scenario() -> None:
+        up = uploads(tmp_path, max_bytes=5000 if case == "too-big" else 1 << 20)
+        if case == "not-its-blob":
+            done = await up.receive(stream(chunks()))
+            await up.read_for("al_2", 1, done.blob_id)
+        sha = "0" * 64 if case == "bad-checksum" else SHA
+        alloc = "../etc" if case == "bad-id" else "al_1"
+        await up.receive(stream(chunks(sha=sha, alloc=alloc)))
+
+    with pytest.raises(UploadError) as caught:
+        asyncio.run(scenario())
+    assert caught.value.code == want_code
