@@ -44,7 +44,9 @@ class _Static:
     group: tuple[str | None, ...]  # the node's GPU model (None: mixed or no GPUs)
     card_vram: tuple[tuple[int, ...], ...]
     labels: tuple[Mapping[str, str], ...]
-    schedulable: tuple[bool, ...]
+    schedulable: tuple[int, ...]  # indices of the nodes that take new work
+    gpu_count: tuple[int, ...]
+    cpus: tuple[int, ...]
     max_gpus: int
 
 
@@ -62,7 +64,9 @@ def _static(nodes: tuple[Node, ...]) -> _Static:
         group=tuple(next(iter(m)) if len(m) == 1 else None for m in models),
         card_vram=tuple(tuple(g.vram_bytes for g in n.gpus) for n in nodes),
         labels=tuple(n.labels for n in nodes),
-        schedulable=tuple(n.schedulable for n in nodes),
+        schedulable=tuple(i for i, n in enumerate(nodes) if n.schedulable),
+        gpu_count=tuple(len(n.gpus) for n in nodes),
+        cpus=tuple(n.cpus for n in nodes),
         max_gpus=max((len(n.gpus) for n in nodes), default=0),
     )
     _cache.clear()
@@ -74,30 +78,45 @@ Pick = tuple[int, tuple[int, ...], int, int, int]  # node, GPUs, milli per GPU, 
 
 
 class _Greedy:
-    """Free capacity of one snapshot, indexed by whole free GPUs per node."""
+    """Free capacity of one snapshot, indexed by whole free GPUs per node.
+
+    Built in O(nodes + allocations) with cheap steps: only the nodes that hold
+    an allocation are recounted.
+    """
 
     def __init__(self, snapshot: Snapshot, *, best: bool) -> None:
         self.snapshot, self.best = snapshot, best
         st = self.st = _static(snapshot.nodes)
-        self.free = [[MILLI] * len(v) for v in st.card_vram]
-        self.vram = [list(v) for v in st.card_vram]
-        self.cpu = [n.cpus for n in snapshot.nodes]
+        free = self.free = [[MILLI] * n for n in st.gpu_count]
+        vram = self.vram = [list(v) for v in st.card_vram]
+        cpu = self.cpu = list(st.cpus)
+        index = st.index
+        touched, shared = set(), set()
         for a in snapshot.allocations:
-            i = st.index[a.node]
-            free, vram = self.free[i], self.vram[i]
+            i = index[a.node]
+            touched.add(i)
+            milli, reserved = a.gpu_milli, a.vram_bytes
+            if milli < MILLI:
+                shared.add(i)
+            node_free = free[i]
             for g in a.gpu_indices:
-                free[g] -= a.gpu_milli
-                vram[g] -= a.vram_bytes
-            self.cpu[i] -= a.cpus
-        self.whole = [f.count(MILLI) for f in self.free]
+                node_free[g] -= milli
+            if reserved:
+                for g in a.gpu_indices:
+                    vram[i][g] -= reserved
+            cpu[i] -= a.cpus
+        whole = self.whole = list(st.gpu_count)
+        partial = [i for i in sorted(shared) if _has_partial(free[i])]
+        self.partial = partial  # nodes with a partly used GPU, in cluster order
+        for i in touched:
+            whole[i] = free[i].count(MILLI)
         self.groups: dict[str | None, list[list[int]]] = {}
-        self.partial: list[int] = []  # nodes with a partly used GPU, in cluster order
-        for i, ok in enumerate(st.schedulable):
-            if ok:
-                buckets = self.groups.setdefault(st.group[i], [[] for _ in range(st.max_gpus + 1)])
-                buckets[self.whole[i]].append(i)
-                if _has_partial(self.free[i]):
-                    self.partial.append(i)
+        group = st.group
+        for i in st.schedulable:
+            buckets = self.groups.get(group[i])
+            if buckets is None:
+                buckets = self.groups[group[i]] = [[] for _ in range(st.max_gpus + 1)]
+            buckets[whole[i]].append(i)
 
     def plan(self, config: Config) -> Plan:
         ranks = {c.name: c.rank for c in config.priority_classes}
@@ -159,11 +178,15 @@ class _Greedy:
                 key = k * 1_000_000 + i if self.best else i
                 if best is None or key < best[0]:
                     best = (key, i)
-                break  # later buckets of this group hold only looser (or later) fits
+                if self.best:
+                    break  # later buckets of this group hold only looser fits
         if best is None:
             return None
         i = best[1]
-        cards = [g for g in range(len(self.free[i])) if self._card_free(i, g, r)]
+        if r.vram_bytes or r.gpu_models:
+            cards = [g for g in range(len(self.free[i])) if self._card_free(i, g, r)]
+        else:
+            cards = [g for g, f in enumerate(self.free[i]) if f == MILLI]
         return (i, tuple(cards[: r.gpus]), MILLI, 0, r.cpus)
 
     def _find_shared(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
@@ -193,8 +216,8 @@ class _Greedy:
     def _find_cpu(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
         fits = [
             (self.cpu[i] if self.best else i, i)
-            for i, ok in enumerate(self.st.schedulable)
-            if ok and self.cpu[i] >= r.cpus and _matches(self.st.labels[i], selector)
+            for i in self.st.schedulable
+            if self.cpu[i] >= r.cpus and _matches(self.st.labels[i], selector)
         ]
         return (min(fits)[1], (), 0, 0, r.cpus) if fits else None
 
@@ -207,7 +230,7 @@ class _Greedy:
         ]
 
     def _fits_whole(self, i: int, r: ResourceRequest, selector: Mapping[str, str]) -> bool:
-        if self.cpu[i] < r.cpus or not _matches(self.st.labels[i], selector):
+        if self.cpu[i] < r.cpus or (selector and not _matches(self.st.labels[i], selector)):
             return False
         if not r.vram_bytes and (not r.gpu_models or self.st.group[i] is not None):
             return True

@@ -102,12 +102,10 @@ class Metrics:
     def first_placed(self, job: Job, now: float) -> None:
         wait = now - job.submitted_at
         self.waits.append(wait)
-        for group, key in (("priority", job.priority), ("team", job.team), ("user", job.user)):
-            bucket = self.waits_by[group]
-            values = bucket.get(key)
-            if values is None:
-                values = bucket[key] = array("d")
-            values.append(wait)
+        by = self.waits_by
+        _bucket(by["priority"], job.priority).append(wait)
+        _bucket(by["team"], job.team).append(wait)
+        _bucket(by["user"], job.user).append(wait)
 
     def allocation_ended(self, team: str, milli: int, seconds: float) -> None:
         used = milli * seconds
@@ -170,6 +168,13 @@ def jain(values: list[float]) -> float | None:
     if squares == 0:
         return 1.0
     return sum(values) ** 2 / (len(values) * squares)
+
+
+def _bucket(groups: dict[str, array[float]], key: str) -> array[float]:
+    values = groups.get(key)
+    if values is None:
+        values = groups[key] = array("d")
+    return values
 
 
 def _mean(values: array[float]) -> float | None:

@@ -1,0 +1,136 @@
+"""Seeded synthetic clusters and traces, for benchmarks and tests.
+
+The trace imitates published GPU cluster traces (Microsoft Philly, Alibaba
+PAI) in shape: mostly 1-GPU jobs, a tail of 2/4/8-GPU jobs and a few 2x8
+gangs, some shared-GPU (half a card) jobs, log-normal run times (median 10
+minutes), Poisson arrivals at a rate that offers ``load`` x the cluster's
+GPUs on average, swinging over a day so that busy hours queue. Times are whole seconds, as in those traces. The same seed
+gives the same trace, job for job, and the trace is produced as a stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from bisect import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from corral.core.model import Gpu, Job, Node, Team
+from corral.core.resources import GIB, MILLI, ResourceRequest
+from corral.sim.scenario import Scenario, SimJob
+
+SHAPES: tuple[tuple[float, int, float], ...] = (
+    # (GPUs per replica, replicas, share of jobs)
+    (0.5, 1, 0.05),
+    (1, 1, 0.55),
+    (2, 1, 0.15),
+    (4, 1, 0.12),
+    (8, 1, 0.10),
+    (8, 2, 0.03),
+)
+PRIORITY_MIX = (("interactive", 0.05), ("paid", 0.25), ("free", 0.30), ("batch", 0.40))
+MEDIAN_RUN_S = 600.0  # log-normal run time: median 10 minutes ...
+RUN_SIGMA = 1.0  # ... mean about 16.5 minutes, a long tail
+MAX_RUN_S = 86_400.0  # one day
+_DAY_RAD = 2 * math.pi / 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class TraceShape:
+    """Knobs of a generated trace."""
+
+    jobs: int
+    total_gpus: int
+    load: float = 0.9  # offered GPU demand / cluster GPUs, on average over a day
+    daily_swing: float = 0.5  # arrival rate swings +-50% over a day (busy days, quiet nights)
+    teams: int = 4
+    users: int = 64
+    seed: int = 0
+
+
+def cluster(nodes: int, gpus_per_node: int = 8, *, model: str = "A100") -> tuple[Node, ...]:
+    """``nodes`` identical nodes ``node-1`` ... with 8 CPUs per GPU, 4 nodes a rack."""
+    cards = tuple(Gpu(i, model, 80 * GIB) for i in range(gpus_per_node))
+    return tuple(
+        Node(f"node-{i}", gpus=cards, cpus=8 * gpus_per_node, labels={"rack": f"r{i // 4}"})
+        for i in range(1, nodes + 1)
+    )
+
+
+def teams(count: int, total_gpus: int) -> tuple[Team, ...]:
+    """``count`` teams splitting the cluster's GPUs as equal quotas, free to borrow."""
+    return tuple(Team(f"team-{k}", quota_gpus=total_gpus / count) for k in range(count))
+
+
+def trace(shape: TraceShape) -> Iterator[SimJob]:
+    """A stream of ``shape.jobs`` jobs, sorted by submission time."""
+    rng = random.Random(shape.seed)
+    rand, expo, lognormal = rng.random, rng.expovariate, rng.lognormvariate
+    rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
+    kinds = [(_request(g), r) for g, r, _ in SHAPES]
+    kind_cdf = list(itertools.accumulate(w for _, _, w in SHAPES))
+    classes = [name for name, _ in PRIORITY_MIX]
+    class_cdf = list(itertools.accumulate(w for _, w in PRIORITY_MIX))
+    users = [(f"user-{u}", f"team-{u % shape.teams}") for u in range(shape.users)]
+    mu = math.log(MEDIAN_RUN_S)
+    peak = rate * (1 + shape.daily_swing)
+    clock = 0.0
+    for n in range(1, shape.jobs + 1):
+        clock += expo(peak)
+        while rand() * peak > rate * (1 + shape.daily_swing * math.sin(clock * _DAY_RAD)):
+            clock += expo(peak)  # thinning: fewer arrivals at night
+        request, replicas = kinds[bisect(kind_cdf, rand() * kind_cdf[-1])]
+        user, team = users[int(rand() * shape.users)]
+        run_s = min(MAX_RUN_S, max(1.0, round(lognormal(mu, RUN_SIGMA))))
+        job = Job(
+            id=f"g{n}",
+            resources=request,
+            priority=classes[bisect(class_cdf, rand() * class_cdf[-1])],
+            team=team,
+            user=user,
+            replicas=replicas,
+            submitted_at=float(round(clock)),
+        )
+        yield SimJob(job, run_s, "generated")
+
+
+def scenario(
+    nodes: int,
+    jobs: int,
+    *,
+    gpus_per_node: int = 8,
+    load: float = 0.9,
+    seed: int = 0,
+    cycle_interval_s: float = 0.0,
+) -> Scenario:
+    """A generated cluster with four equal-quota teams and a generated trace."""
+    machines = cluster(nodes, gpus_per_node)
+    shape = TraceShape(jobs=jobs, total_gpus=nodes * gpus_per_node, load=load, seed=seed)
+    return Scenario(
+        nodes=machines,
+        jobs=lambda: trace(shape),
+        teams=teams(shape.teams, shape.total_gpus),
+        seed=seed,
+        cycle_interval_s=cycle_interval_s,
+        auto_teams=False,
+        name=f"generated {nodes} nodes x {jobs} jobs (load {load:g}, seed {seed})",
+    )
+
+
+def _request(gpus: float) -> ResourceRequest:
+    if gpus < 1:
+        return ResourceRequest(gpu_milli=round(gpus * MILLI), vram_bytes=20 * GIB, cpus=2)
+    return ResourceRequest(gpus=int(gpus), cpus=4 * int(gpus))
+
+
+def _mean_gpus() -> float:
+    total = sum(w for _, _, w in SHAPES)
+    return sum(g * r * w for g, r, w in SHAPES) / total
+
+
+def _mean_run_s() -> float:
+    """Mean of the log-normal run time (the cap at one day changes it negligibly)."""
+    return MEDIAN_RUN_S * math.exp(RUN_SIGMA**2 / 2)
+
