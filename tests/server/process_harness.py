@@ -51,6 +51,8 @@ class ServerProcess:
             str(self.home),
             "--port",
             "0",
+            "--agent-port",
+            "0",
             "--log-level",
             "warning",
             *self.extra,

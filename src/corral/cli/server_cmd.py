@@ -43,6 +43,12 @@ def server(
             help="Port to listen on; 0 picks a free one. [default: 8470]", min=0, max=65535
         ),
     ] = None,
+    agent_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port agents dial (gRPC); 0 picks a free one. [default: 8471]", min=0, max=65535
+        ),
+    ] = None,
     home: Annotated[
         Path | None,
         typer.Option(help="Directory for the default database and blobs. [default: ~/.corral]"),
@@ -73,6 +79,8 @@ def server(
     from corral.server.settings import Settings
 
     overrides = _overrides(db, host, port, home, blob_dir, node_timeout, log_level)
+    if agent_port is not None:
+        overrides["agents"] = {"port": agent_port}
     try:
         settings = Settings(**overrides)
         _serve(settings)
