@@ -91,6 +91,14 @@ CASES = [
         want_on={"j": "disk"},
     ),
     Case(
+        "with locality weighted 0, the tighter node wins over the model's node",
+        nodes=[node("tight").gpus(4), node("disk").gpus(4).models(on_disk=("sdxl",))],
+        allocs=[alloc("x", "tight").cards(0)],
+        jobs=[job("j").gpus(1).set(model="sdxl")],
+        config=Config(scorer_weights={"locality": 0}),
+        want_on={"j": "tight"},
+    ),
+    Case(
         "a small job leaves the whole free node alone",
         nodes=[node("whole").gpus(8), node("part").gpus(8)],
         allocs=[alloc("x", "part").cards(0)],

@@ -81,6 +81,8 @@ class NodeCap:
 
     def whole_free_cards(self, vram: int, models: frozenset[str]) -> list[int]:
         """Indices of wholly free cards with at least ``vram`` bytes, of an accepted model."""
+        if not vram and not models:
+            return [i for i, free in enumerate(self.gpu_free) if free == MILLI]
         return [
             i
             for i, free in enumerate(self.gpu_free)

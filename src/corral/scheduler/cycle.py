@@ -17,7 +17,7 @@ from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
-from corral.scheduler.scorers import DEFAULT_SCORERS, Candidate, Scorer, choose
+from corral.scheduler.scorers import DEFAULT_SCORERS, Candidate, Scorer, choose, weighted
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -59,7 +59,7 @@ class Cycle:
     ) -> None:
         self.config = config
         self.now = now
-        self.scorers = scorers
+        self._chain = weighted(scorers, config.scorer_weights)
         classes, self.representatives = _classify(snapshot.nodes, snapshot.queued)
         self.class_members: list[list[int]] = [[] for _ in self.representatives]
         for i, cls in enumerate(classes):
@@ -112,7 +112,7 @@ class Cycle:
         if not candidates:
             self._failed.put(need, self.cap.generation)
             return None
-        return choose(need, candidates, self.scorers, self.config.scorer_weights)
+        return choose(need, candidates, self._chain)
 
     def _end_gap(self, nc: NodeCap, runtime: float | None) -> float | None:
         """How far apart this job's end and the node's expected end are, in [0, 1]."""

@@ -101,18 +101,23 @@ class EndTogether:
 DEFAULT_SCORERS: tuple[Scorer, ...] = (BestFit(), Locality(), KeepWholeNodes(), EndTogether())
 
 
+def weighted(scorers: Sequence[Scorer], weights: Mapping[str, float]) -> list[tuple[float, Scorer]]:
+    """The chain with its effective weights; scorers weighted 0 are dropped."""
+    chain = [(weights.get(s.name, s.weight), s) for s in scorers]
+    return [(w, s) for w, s in chain if w != 0]
+
+
 def choose(
-    need: Need,
-    candidates: Sequence[Candidate],
-    scorers: Sequence[Scorer],
-    weights: Mapping[str, float],
+    need: Need, candidates: Sequence[Candidate], chain: Sequence[tuple[float, Scorer]]
 ) -> Fit:
-    """The best of ``candidates``; the earlier wins ties."""
+    """The best of ``candidates`` by weighted score; the earlier wins ties."""
+    if len(candidates) == 1:
+        return candidates[0].fit
     best, best_score = candidates[0].fit, float("-inf")
     for candidate in candidates:
         total = 0.0
-        for s in scorers:
-            total += weights.get(s.name, s.weight) * s.score(need, candidate)
+        for weight, s in chain:
+            total += weight * s.score(need, candidate)
         if total > best_score:
             best, best_score = candidate.fit, total
     return best
