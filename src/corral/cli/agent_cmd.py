@@ -102,7 +102,7 @@ async def _run(options: AgentOptions) -> None:
     agent = Agent(options)
     print(
         f"corral agent {agent.node}: backends {', '.join(agent.identity.backends)}; "
-        f"dialling {', '.join(options.servers)}",
+        f"dialling {', '.join(str(t) for t in agent.link.targets)}",
         flush=True,
     )
     await run_agent(options, agent)
