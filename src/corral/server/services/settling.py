@@ -146,7 +146,7 @@ async def apply_settlement(
             "next_attempt": job.job.attempt + 1,
             "not_before": tx.now + delay,
         }
-        rt.metrics.requeues.labels(decision.error or "requeued").inc()
+        rt.metrics.requeues.labels(_requeue_why(decision)).inc()
     else:
         result = [*job.result, *files]
         values |= {
@@ -161,6 +161,13 @@ async def apply_settlement(
     if not await job_repo.update(tx.conn, job, **values):
         raise Conflict(f"job {job.job.id} changed while it was being settled")
     tx.emit(decision.event, team=job.job.team, job_id=job.job.id, state=target.value, data=data)
+
+
+def _requeue_why(decision: Settlement) -> str:
+    """A bounded label (never the error text): preempted, failed or lost."""
+    if not decision.count_failure:
+        return "preempted"
+    return "failed" if decision.backoff else "lost"
 
 
 def _observe_finish(rt: Runtime, job: JobRecord, state: JobState, now: float) -> None:
