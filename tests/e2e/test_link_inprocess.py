@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from corral.agent.executors.python import PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.fingerprint import FakeGpus
 from corral.agent.link import LinkClient, LinkSettings, parse_server
@@ -123,9 +124,10 @@ class Pair:
 async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     clock = WallClock()
     inbound = Inbound()
-    link = GrpcLink(AgentLinkSettings(port=0))
+    link = GrpcLink(AgentLinkSettings(port=0, max_blob_bytes=4096))
     address = await link.start(inbound, LocalBlobStore(tmp_path / "blobs"), clock)
-    supervisor = Supervisor({"scripted": ScriptedExecutor(clock)}, clock, default="scripted")
+    executors = {"scripted": ScriptedExecutor(clock), "python": PythonExecutor(huge, clock)}
+    supervisor = Supervisor(executors, clock, default="scripted")
     settings = LinkSettings(token=TOKEN, inline_bytes=64, backoff_base_s=0.02, backoff_cap_s=0.1)
     targets = [parse_server(f"127.0.0.1:{_dead_port()}"), parse_server(address)]  # one is down
     agent = LinkClient(targets, settings, supervisor, Identity("n1", 4, backends=("scripted",)),
@@ -150,9 +152,16 @@ def _dead_port() -> int:
         return int(s.getsockname()[1])
 
 
-def work(alloc: str, *jobs: str, **payload: object) -> Assignment:
+def huge(ctx: object) -> bytes:
+    """A handler whose result is larger than the server takes (``max_blob_bytes``)."""
+    return b"x" * 10_000
+
+
+def work(alloc: str, *jobs: str, backend: str | None = None, **payload: object) -> Assignment:
     body = {"steps": 2, "step_s": 0.01, **payload}
-    return Assignment(alloc, 1, "n1", tuple(JobWork(j, JobKind.SAMPLE, body) for j in jobs))
+    return Assignment(
+        alloc, 1, "n1", tuple(JobWork(j, JobKind.SAMPLE, body, backend=backend) for j in jobs)
+    )
 
 
 @pytest.mark.anyio
@@ -214,3 +223,16 @@ async def test_stop_orders_reach_the_running_work(pair: Pair) -> None:
 async def test_a_node_without_a_stream_is_a_link_error(pair: Pair) -> None:
     with pytest.raises(LinkError, match="not connected"):
         await pair.link.assign("nobody", work("al-4", "j5"))
+
+
+@pytest.mark.anyio
+async def test_a_result_the_server_refuses_becomes_a_failure_not_a_retry_loop(pair: Pair) -> None:
+    await pair.until(pair.agent.connected.is_set)
+    await pair.link.assign("n1", work("al-5", "j6", backend="python"))
+    await pair.until(lambda: "failed" in pair.inbound.kinds())
+    [(error, retryable)] = [v for k, v in pair.inbound.calls if k == "failed"]
+    assert "refused a result" in error
+    assert "larger than the limit" in error
+    assert retryable is False
+    assert pair.agent.sessions == 1  # no reconnect storm
+    await pair.until(lambda: pair.agent.supervisor.held() == [])

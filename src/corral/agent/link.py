@@ -35,8 +35,8 @@ from urllib.parse import urlsplit
 import grpc
 
 from corral.agent import wire
-from corral.agent.executors.base import Checkpoint, Preview, Started
-from corral.agent.fingerprint import GpuInventory
+from corral.agent.executors.base import Checkpoint, Failed, Preview, Started
+from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.supervisor import Done, JobResult, Report, Supervisor
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -46,6 +46,7 @@ log = logging.getLogger("corral.agent.link")
 
 DEFAULT_AGENT_PORT = 8471
 _FATAL = ("UNAUTHENTICATED", "PERMISSION_DENIED")
+_UPLOAD_REFUSED = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DATA_LOSS", "PERMISSION_DENIED")
 
 
 class LinkRefused(CorralError):
@@ -178,6 +179,11 @@ class LinkClient:
                 reason = "the server closed the stream"
             except (LinkError, OSError, TimeoutError) as exc:
                 reason = str(exc) or type(exc).__name__
+            except LinkRefused:
+                raise
+            except Exception as exc:  # a bug must not take the agent off the network
+                log.exception("link to %s failed", target)
+                reason = f"{type(exc).__name__}: {exc}"
             failures = 1 if self.sessions > welcomed_before else failures + 1
             index += 1  # try the next server (the same one when there is only one)
             delay = backoff_s(
@@ -240,8 +246,22 @@ class LinkClient:
             if isinstance(item, pb.Heartbeat):
                 await call.write(pb.AgentMessage(seq=seq, heartbeat=item))
                 continue
-            blob_ids = await self._upload_large(stub, item)
+            try:
+                blob_ids = await self._upload_large(stub, item)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code().name not in _UPLOAD_REFUSED:
+                    raise  # the connection broke: the result is resent after a reconnect
+                item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
+                blob_ids = {}
             await call.write(wire.update_message(seq, item, blob_ids))
+
+    def _replace(self, seq: int, report: Report, error: str) -> Report:
+        """A result the server will never take becomes a failure (also in the outbox)."""
+        log.error("allocation %s: %s", report.allocation_id, error)
+        failed = Report(report.allocation_id, report.attempt, Failed(error, retryable=False))
+        if seq in self._outbox:
+            self._outbox[seq] = failed
+        return failed
 
     async def _read(self, call: Any) -> None:
         while True:
@@ -269,7 +289,11 @@ class LinkClient:
     async def _beat(self, live: asyncio.Queue[Queued]) -> None:
         while True:
             await self.clock.sleep(self.heartbeat_s)
-            snapshot = self.gpus.snapshot()
+            try:
+                snapshot = self.gpus.snapshot()
+            except Exception as exc:  # a driver hiccup must not stop the heartbeats
+                log.warning("GPU reading failed: %s", exc)
+                snapshot = GpuSnapshot(note=str(exc))
             owners = self.supervisor.process_owners()
             self.supervisor.check_vram(snapshot, owners)
             live.put_nowait((next(self._seq), wire.heartbeat(snapshot, owners, self.clock.now())))

@@ -153,6 +153,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             session.end()  # the agent closed its side
         except Refused as exc:
             session.end(exc.code, exc.details)
+        except LinkError:
+            session.end("ABORTED", "this stream was replaced or ended")
         except asyncio.CancelledError:
             raise
         except Exception:
