@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from corral.core.errors import InvalidSpec
 from corral.core.model import (
     DEFAULT_PRIORITY_CLASSES,
     EMPTY,
@@ -62,6 +63,25 @@ class Config:
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
         object.__setattr__(self, "scorer_weights", frozen_map(self.scorer_weights))
+        _check_config(self)
+
+
+def _check_config(config: Config) -> None:
+    """Refuse a config that cannot work, naming the field."""
+    names = [c.name for c in config.priority_classes]
+    if len(set(names)) != len(names):
+        raise InvalidSpec("config.priority_classes", f"duplicate class names in {names}")
+    if config.max_batch_size < 1:
+        raise InvalidSpec("config.max_batch_size", "must be >= 1")
+    if config.min_runtime_before_preemption_s < 0:
+        raise InvalidSpec("config.min_runtime_before_preemption_s", "must be >= 0")
+    if config.max_placements_per_cycle is not None and config.max_placements_per_cycle < 0:
+        raise InvalidSpec("config.max_placements_per_cycle", "must be >= 0 or None")
+    if config.candidates_per_tier < 1:
+        raise InvalidSpec("config.candidates_per_tier", "must be >= 1")
+    for user, weight in config.user_weights.items():
+        if weight <= 0:
+            raise InvalidSpec(f"config.user_weights.{user}", "must be > 0")
 
 
 class Remedy(StrEnum):

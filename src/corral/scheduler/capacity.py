@@ -49,6 +49,7 @@ class NodeCap:
         "idx",
         "node",
         "partial_level",
+        "positions",
         "schedulable",
         "whole_free",
     )
@@ -66,6 +67,27 @@ class NodeCap:
         self.whole_free = len(node.gpus)
         self.partial_level = -1  # bucket of the roomiest partly used card; -1: none
         self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
+        # Cards are addressed by position here; ``Gpu.index`` (what agents and plans
+        # use) may differ when a node hides a card. None: they are the same.
+        indices = [g.index for g in node.gpus]
+        self.positions = (
+            None
+            if indices == list(range(len(indices)))
+            else {index: pos for pos, index in enumerate(indices)}
+        )
+
+    def to_positions(self, indices: tuple[int, ...]) -> tuple[int, ...]:
+        """Card positions of ``Gpu.index`` values (unknown indices are dropped)."""
+        if self.positions is None:
+            return indices
+        return tuple(self.positions[i] for i in indices if i in self.positions)
+
+    def to_indices(self, positions: tuple[int, ...]) -> tuple[int, ...]:
+        """``Gpu.index`` values of card positions."""
+        if self.positions is None:
+            return positions
+        gpus = self.node.gpus
+        return tuple(gpus[p].index for p in positions)
 
     @property
     def name(self) -> str:

@@ -85,14 +85,14 @@ class Cycle:
         """Count an existing allocation against its node's capacity."""
         nc = self.cap.by_name.get(alloc.node)
         if nc is not None:
-            gpus = () if alloc.on_cpu else alloc.gpu_indices
+            gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
             self.cap.reserve(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
 
     def unhold(self, alloc: Allocation) -> None:
         """Give an allocation's capacity back (a preemption, on the working copy)."""
         nc = self.cap.by_name.get(alloc.node)
         if nc is not None:
-            gpus = () if alloc.on_cpu else alloc.gpu_indices
+            gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
             self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
 
     def find(self, need: Need, model: str | None, runtime: float | None = None) -> Fit | None:

@@ -18,6 +18,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterator
 
+from corral.core.errors import InvalidSpec
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.api import Config, Plan, ReasonCode, Remedy, Snapshot
 from corral.scheduler.explain import simple
@@ -37,6 +38,7 @@ def schedule(
     equal inputs give equal plans. ``seed`` is part of the contract for
     policies that randomise; none of the current ones needs it.
     """
+    _check_unique(snapshot)
     classes = {c.name: c for c in config.priority_classes}
     planner = Planner(snapshot, config, now, classes)
     ready = _admit(planner, snapshot.queued, classes, now)
@@ -79,6 +81,28 @@ def borrowing_order(
         yield queue.pop()
         if queue:
             heapq.heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
+
+
+def _check_unique(snapshot: Snapshot) -> None:
+    """Names that identify things must do so: a duplicate is bad input, named."""
+    for field, names in (
+        ("snapshot.nodes", [n.name for n in snapshot.nodes]),
+        ("snapshot.queued", [j.id for j in snapshot.queued]),
+        ("snapshot.allocations", [a.id for a in snapshot.allocations]),
+        ("snapshot.teams", [t.name for t in snapshot.teams]),
+    ):
+        duplicate = _first_duplicate(names)
+        if duplicate is not None:
+            raise InvalidSpec(field, f"duplicate {duplicate!r}")
+
+
+def _first_duplicate(names: list[str]) -> str | None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 def _admit(

@@ -179,7 +179,7 @@ class Planner:
                     job_ids=job_ids,
                     node=fit.node.name,
                     replica=replica,
-                    gpu_indices=fit.gpus,
+                    gpu_indices=fit.node.to_indices(fit.gpus),
                     gpu_milli=fit.milli,
                     vram_bytes=fit.vram,
                     cpus=fit.cpus,

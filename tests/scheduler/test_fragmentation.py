@@ -1,0 +1,46 @@
+"""The fragmentation measure, and that packing keeps it low."""
+
+from __future__ import annotations
+
+import pytest
+from replay import World
+from scheduler_builders import alloc, job, node, snapshot
+
+from corral.scheduler import fragmentation
+
+
+def test_an_empty_cluster_is_not_fragmented() -> None:
+    report = fragmentation(snapshot([node("a").gpus(8), node("b").gpus(8)]))
+    assert report.free_gpus == report.free_in_whole_nodes == 16
+    assert report.score == 0.0
+    assert report.largest_block == 8
+    assert report.usable_for(8) == 2
+
+
+def test_scattered_free_cards_and_slivers_count_as_fragmentation() -> None:
+    allocs = [
+        alloc("x", "a").cards(0, 1, 2, 3, 4, 5),  # a: 2 free
+        alloc("y", "b").cards(0, milli=500),  # b: 7 free + half a card stranded
+    ]
+    report = fragmentation(snapshot([node("a").gpus(8), node("b").gpus(8)], allocs=allocs))
+    assert report.free_gpus == 9
+    assert report.free_in_whole_nodes == 0
+    assert report.stranded_milli == 500
+    assert report.score == pytest.approx(1.0)
+    assert report.blocks == {2: 1, 7: 1}
+    assert report.usable_for(4) == 1
+
+
+def test_paused_nodes_do_not_count() -> None:
+    report = fragmentation(snapshot([node("a").gpus(8).paused(), node("b").gpus(4)]))
+    assert report.total_gpus == 4
+
+
+def test_packing_small_jobs_keeps_whole_nodes_whole() -> None:
+    world = World([node(f"n{i}").gpus(8).build() for i in range(4)])
+    world.submit(*[job(f"j{i}").gpus(1 + i % 3).set(submitted_at=i).build() for i in range(10)])
+    world.cycle(now=0)
+    report = fragmentation(world.snapshot)
+    used = sum(1 + i % 3 for i in range(10))  # 19 cards: fits on 3 nodes
+    assert report.free_gpus == 32 - used
+    assert report.free_in_whole_nodes == 8  # one node left whole
