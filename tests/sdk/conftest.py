@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 from flaky_proxy import FlakyProxy
-from live_server import Running, corral_server, stub_server
+from live_server import FAST_RETRY, Running, corral_server, stub_server
 
-from corral.sdk import Client, Retry
-
-FAST_RETRY = Retry(attempts=4, base_s=0.05, max_s=0.2)
+from corral.sdk import Client
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from corral.sdk import Retry
+
 ADMIN_TOKEN = "corral_admin_sdk-test-token"
+FAST_RETRY = Retry(attempts=4, base_s=0.05, max_s=0.2)  # tests need not wait long
 STUB_SCRIPT = Path(__file__).with_name("stub_server.py")
 READY = re.compile(r"listening on (http://\S+)")
 T = TypeVar("T")

@@ -6,9 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from flaky_proxy import FlakyProxy
-from live_server import Running
+from live_server import FAST_RETRY, Running
 
 from corral.core.states import JobState
 from corral.sdk import AsyncClient, BadRequest, JobFailed, NotFound, WaitTimeout

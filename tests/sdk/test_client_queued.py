@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import FAST_RETRY
 from flaky_proxy import FlakyProxy
-from live_server import Running, eventually, free_port
+from live_server import FAST_RETRY, Running, eventually, free_port
 
 from corral.core.states import JobState
 from corral.sdk import (

@@ -7,9 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from flaky_proxy import FlakyProxy
-from live_server import Running, eventually
+from live_server import FAST_RETRY, Running, eventually
 
 from corral.core.states import JobState
 from corral.sdk import Client, JobFailed, WaitTimeout

@@ -23,6 +23,7 @@ from corral.sdk import (
     Client,
     ClientError,
     PermissionDenied,
+    Retry,
     ServerUnreachable,
     Unauthorized,
 )
@@ -31,6 +32,9 @@ EXIT_REFUSED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_JOB_FAILED = 4
+
+# A person is waiting: ride out a restart's blip (~0.6 s), then say what is wrong.
+CLI_RETRY = Retry(attempts=3, base_s=0.2)
 
 UrlOpt = Annotated[
     str | None,
@@ -69,12 +73,12 @@ def err() -> Console:
 
 def connect(url: str | None, token: str | None) -> Client:
     with cli_errors():
-        return Client(url, token)
+        return Client(url, token, retry=CLI_RETRY)
 
 
 def connect_async(url: str | None, token: str | None) -> AsyncClient:
     with cli_errors():
-        return AsyncClient(url, token)
+        return AsyncClient(url, token, retry=CLI_RETRY)
 
 
 @contextlib.contextmanager

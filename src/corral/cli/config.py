@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.common import cli_errors, out
-from corral.sdk import Client
+from corral.cli.common import cli_errors, connect, out
 from corral.sdk.config import config_path, normalize_url, save
 
 
@@ -30,7 +29,7 @@ def login(
     """
     url = normalize_url(url)
     if verify:
-        with Client(url, token) as client, cli_errors():
+        with connect(url, token) as client, cli_errors():
             token = client.token
             client.queue(limit=1)  # any client token may read the queue
     path = save(url, token, config_path())

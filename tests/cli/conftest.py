@@ -1,0 +1,68 @@
+"""Fixtures for the CLI tests: the same server processes as the SDK tests, and a runner.
+
+The server helpers live in ``tests/sdk`` (``live_server.py``, ``stub_server.py``);
+they are imported from there, not copied. Commands run in-process through
+typer's ``CliRunner`` (fast), with ``CORRAL_CONFIG`` pointing into a temp dir
+so no test ever reads or writes the real ``~/.corral``.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk"))
+
+from live_server import Running, corral_server, stub_server
+from typer.testing import CliRunner, Result
+
+from corral.cli.main import app
+
+
+@dataclass
+class Cli:
+    """Runs ``corral ARGS`` in-process with a controlled environment."""
+
+    env: dict[str, str | None] = field(default_factory=dict)
+
+    def __call__(self, *args: str, input: str | None = None) -> Result:
+        return CliRunner().invoke(app, list(args), env=self.env, input=input)
+
+    def against(self, server: Running) -> Cli:
+        """The same runner, pointed at ``server`` with its admin token."""
+        return Cli({**self.env, "CORRAL_URL": server.url, "CORRAL_TOKEN": server.token})
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    with corral_server(tmp_path_factory.mktemp("corral-server")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    with stub_server(tmp_path_factory.mktemp("stub-server")) as running:
+        yield running
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    """No server configured: only a private config file path and a wide terminal."""
+    return Cli(
+        {
+            "CORRAL_CONFIG": str(tmp_path / "home" / "config.toml"),
+            "CORRAL_URL": None,
+            "CORRAL_TOKEN": None,
+            "COLUMNS": "200",
+        }
+    )
+
+
+@pytest.fixture
+def team() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
