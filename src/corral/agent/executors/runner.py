@@ -30,7 +30,7 @@ from corral.agent.executors.base import (
     Update,
     stopped_terminal,
 )
-from corral.core import Clock, ExecutorError, Unavailable
+from corral.core import Clock, ExecutorError, InvalidSpec, Unavailable
 
 TIMEOUT_GRACE_S = 10.0
 """Grace a timed-out job gets to wrap up: long enough to write a small checkpoint."""
@@ -102,6 +102,8 @@ def failure_from(error: BaseException, executor: str) -> Failed:
     """Turn an exception into a ``Failed`` that says whether a retry may help."""
     if isinstance(error, ExecutorError):
         return Failed(str(error), retryable=error.retryable)
+    if isinstance(error, InvalidSpec):  # a bad payload is wrong everywhere: no retry
+        return Failed(str(error), retryable=False)
     if isinstance(error, Unavailable | ConnectionError | TimeoutError):
         return Failed(f"{executor}: {error}", retryable=True)
     return Failed(f"{executor}: {type(error).__name__}: {error}", retryable=False)

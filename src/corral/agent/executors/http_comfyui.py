@@ -1,0 +1,328 @@
+"""The ComfyUI executor: a workflow through ``/prompt``, followed on ``/ws``.
+
+A job's payload is ``{"workflow": {...}}``, a graph in ComfyUI's API format.
+The executor opens the websocket first (``/ws?clientId=...``, so no message is
+missed), submits with a ``prompt_id`` it chose itself (so it never depends on
+the answer to know its prompt), then turns ``progress`` messages and binary
+preview frames into updates until ``execution_success``, ``execution_error`` or
+``execution_interrupted``. The outputs come from ``/history/{id}`` and ``/view``.
+
+A websocket drop loses messages, so the executor then reconciles through
+``/history`` (which holds the outcome once the prompt ended) while it
+reconnects. A stop posts ``/interrupt`` for its prompt and deletes it from the
+queue if it had not started; an interrupt keeps the outputs already saved.
+
+When the job names a model, every ``CheckpointLoaderSimple`` loads it; when it
+names none, the checkpoint the workflow used is reported in ``modified``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from corral.agent.executors.base import (
+    Assignment,
+    Failed,
+    Finished,
+    LogLine,
+    Preview,
+    Progress,
+    Result,
+    StopSignal,
+    Update,
+    stopped_terminal,
+)
+from corral.agent.executors.http_common import backend_errors, check_response
+from corral.core import Clock, ExecutorError, InvalidSpec
+
+PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
+IMAGE_MIME = {1: "image/jpeg", 2: "image/png"}
+LOADERS = ("CheckpointLoaderSimple",)
+FINAL = ("execution_success", "execution_error", "execution_interrupted")
+
+
+@dataclass
+class _Watch:
+    """What one prompt's messages told so far."""
+
+    prompt_id: str
+    samplers: int
+    node_progress: dict[str, float] = field(default_factory=dict)
+    reported: float = 0.0
+    outcome: str | None = None  # "success" | "error" | "interrupted"
+    error: str = ""
+    ended: bool = False  # its history is written: outputs can be fetched
+
+    def progress(self, node: str, value: int, maximum: int) -> Progress | None:
+        self.node_progress[node] = value / maximum if maximum else 0.0
+        overall = sum(self.node_progress.values()) / max(self.samplers, len(self.node_progress))
+        fraction = min(0.99, max(self.reported, overall))  # 1.0 only once outputs are in
+        if fraction <= self.reported and value < maximum:
+            return None
+        self.reported = fraction
+        return Progress(fraction, value, maximum, f"node {node}")
+
+
+class ComfyUIExecutor:
+    """Drives one ComfyUI server at ``base_url``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        clock: Clock,
+        *,
+        request_timeout_s: float = 30.0,
+        reconcile_interval_s: float = 1.0,
+        name: str = "comfyui",
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._ws_url = "ws" + self._base_url.removeprefix("http") + "/ws"
+        self._clock = clock
+        self._timeout = request_timeout_s
+        self._reconcile_s = reconcile_interval_s
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+        workflow, modified = _workflow(assignment.payload, assignment.model)
+        if stop.requested is not None:
+            yield stopped_terminal(stop.requested)
+            return
+        client_id, prompt_id = uuid.uuid4().hex, str(uuid.uuid4())
+        watch = _Watch(prompt_id, samplers=_count_samplers(workflow))
+        with backend_errors(self._name, self._base_url):
+            async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
+                ws = await self._connect(client_id)  # before submitting: miss no message
+                body = {"prompt": workflow, "client_id": client_id, "prompt_id": prompt_id}
+                try:
+                    check_response(await client.post("/prompt", json=body), self._name, "/prompt")
+                except BaseException:
+                    await ws.close()
+                    raise
+                async for update in self._follow(ws, client, client_id, watch, stop):
+                    yield update
+                results = await self._outputs(client, prompt_id)
+        if watch.outcome == "success" and stop.requested is None:
+            yield Progress(1.0)
+        yield _terminal(watch, stop, results, modified)
+
+    async def _connect(self, client_id: str) -> ClientConnection:
+        try:
+            return await connect(
+                f"{self._ws_url}?clientId={client_id}",
+                max_size=64 << 20,
+                open_timeout=self._timeout,
+            )
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            raise ExecutorError(
+                f"{self._name} backend at {self._base_url} is unreachable ({exc}); is it running?",
+                retryable=True,
+            ) from exc
+
+    async def _follow(
+        self,
+        ws: ClientConnection | None,
+        client: httpx.AsyncClient,
+        client_id: str,
+        watch: _Watch,
+        stop: StopSignal,
+    ) -> AsyncIterator[Update]:
+        """Updates from the websocket until the prompt ends; reconcile after a drop."""
+        interrupted = False
+        try:
+            while not watch.ended and ws is not None:
+                if stop.requested is not None and not interrupted:
+                    interrupted = True
+                    await client.post("/interrupt", json={"prompt_id": watch.prompt_id})
+                    await client.post("/queue", json={"delete": [watch.prompt_id]})
+                try:
+                    quiet = interrupted or watch.outcome is not None
+                    message = await self._receive(ws, stop, quiet)
+                except ConnectionClosed:
+                    yield LogLine("websocket dropped; reconciling through /history", "agent")
+                    ws = await self._reconcile(client, client_id, watch)
+                    continue
+                if message is None:
+                    await self._settle(client, watch, interrupted)
+                    continue
+                update = _read(message, watch)
+                if update is not None:
+                    yield update
+        finally:
+            if ws is not None:
+                await ws.close()
+
+    async def _receive(
+        self, ws: ClientConnection, stop: StopSignal, quiet: bool
+    ) -> str | bytes | None:
+        """The next message; None when a stop arrives, or (``quiet``) when none came for a while.
+
+        Cancelling ``recv`` loses no message (websockets' asyncio client guarantees it).
+        """
+        receive = asyncio.ensure_future(ws.recv())
+        waiting = self._clock.sleep(self._reconcile_s) if quiet else stop.wait()
+        other = asyncio.ensure_future(waiting)
+        try:
+            await asyncio.wait({receive, other}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            other.cancel()
+            if not receive.done():
+                receive.cancel()
+        if receive.done() and not receive.cancelled():
+            return receive.result()
+        return None
+
+    async def _reconcile(
+        self, client: httpx.AsyncClient, client_id: str, watch: _Watch
+    ) -> ClientConnection | None:
+        """After a drop: the outcome from /history if it ended, else a new websocket."""
+        while True:
+            if _history_outcome(await self._history(client, watch.prompt_id), watch):
+                return None
+            try:
+                ws = await self._connect(client_id)
+            except ExecutorError:
+                await self._clock.sleep(self._reconcile_s)
+                continue
+            # it may have ended while we were away, its last messages lost: look again
+            if _history_outcome(await self._history(client, watch.prompt_id), watch):
+                await ws.close()
+                return None
+            return ws
+
+    async def _settle(self, client: httpx.AsyncClient, watch: _Watch, interrupted: bool) -> None:
+        """Things went quiet: it ended (history has it), or, interrupted, never started."""
+        if _history_outcome(await self._history(client, watch.prompt_id), watch):
+            return
+        if interrupted and not await self._queued_or_running(client, watch.prompt_id):
+            watch.outcome, watch.ended = "interrupted", True
+
+    async def _queued_or_running(self, client: httpx.AsyncClient, prompt_id: str) -> bool:
+        queue = check_response(await client.get("/queue"), self._name, "/queue").json()
+        entries = queue.get("queue_running", []) + queue.get("queue_pending", [])
+        return any(len(e) > 1 and e[1] == prompt_id for e in entries)
+
+    async def _history(self, client: httpx.AsyncClient, prompt_id: str) -> dict[str, Any]:
+        response = check_response(await client.get(f"/history/{prompt_id}"), self._name, "/history")
+        entry = response.json().get(prompt_id)
+        return entry if isinstance(entry, dict) else {}
+
+    async def _outputs(self, client: httpx.AsyncClient, prompt_id: str) -> tuple[Result, ...]:
+        """Every saved image of the prompt, fetched through /view."""
+        outputs = (await self._history(client, prompt_id)).get("outputs", {})
+        results = []
+        for node_id in sorted(outputs, key=str):
+            for image in outputs[node_id].get("images", []):
+                if image.get("type") == "temp":
+                    continue  # PreviewImage nodes: not results
+                params = {k: image.get(k, "") for k in ("filename", "subfolder", "type")}
+                response = check_response(
+                    await client.get("/view", params=params), self._name, "/view"
+                )
+                mime = response.headers.get("content-type", "image/png").split(";")[0]
+                results.append(Result(str(image["filename"]), response.content, mime))
+        return tuple(results)
+
+
+def _workflow(
+    payload: Mapping[str, Any], model: str | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    workflow = payload.get("workflow")
+    if not isinstance(workflow, Mapping) or not workflow:
+        raise InvalidSpec(
+            "payload.workflow", "must be a ComfyUI workflow in API format (an object of nodes)"
+        )
+    graph = json.loads(json.dumps(workflow))  # a private deep copy
+    loaders = [n for n in graph.values() if isinstance(n, dict) and n.get("class_type") in LOADERS]
+    if model is not None:
+        for node in loaders:
+            node.setdefault("inputs", {})["ckpt_name"] = model
+        return graph, {}
+    used = sorted({str(n.get("inputs", {}).get("ckpt_name")) for n in loaders})
+    return graph, ({"model": ",".join(used)} if used else {})
+
+
+def _count_samplers(workflow: Mapping[str, Any]) -> int:
+    kinds = [str(n.get("class_type", "")) for n in workflow.values() if isinstance(n, dict)]
+    return max(1, sum("Sampler" in k for k in kinds))
+
+
+def _read(message: str | bytes, watch: _Watch) -> Update | None:
+    """One websocket message as an update (or None), noting the outcome in ``watch``."""
+    if isinstance(message, bytes):
+        return _preview(message)
+    event = json.loads(message)
+    kind, data = event.get("type"), event.get("data") or {}
+    if data.get("prompt_id") not in (None, watch.prompt_id):
+        return None  # another client's prompt
+    if kind == "progress":
+        return watch.progress(str(data.get("node")), int(data["value"]), int(data["max"]))
+    if kind == "execution_error":
+        watch.outcome, watch.error = "error", _error_text(data)
+    elif kind == "execution_interrupted":
+        watch.outcome = "interrupted"
+    elif kind == "execution_success":
+        watch.outcome = "success"
+    elif kind == "executing" and data.get("node") is None and "prompt_id" in data:
+        watch.ended = True  # sent after the history entry is written
+        watch.outcome = watch.outcome or "success"
+    return None
+
+
+def _preview(frame: bytes) -> Preview | None:
+    if len(frame) < 8:
+        return None
+    (event,) = struct.unpack(">I", frame[:4])
+    if event == PREVIEW_IMAGE:
+        (image_type,) = struct.unpack(">I", frame[4:8])
+        return Preview(frame[8:], IMAGE_MIME.get(image_type, "image/jpeg"))
+    if event == PREVIEW_IMAGE_WITH_METADATA:
+        (size,) = struct.unpack(">I", frame[4:8])
+        meta = json.loads(frame[8 : 8 + size])
+        return Preview(frame[8 + size :], str(meta.get("image_type", "image/jpeg")))
+    return None
+
+
+def _history_outcome(entry: dict[str, Any], watch: _Watch) -> bool:
+    """Read a finished prompt's outcome from its history entry; False while it runs."""
+    status = entry.get("status")
+    if not entry or not isinstance(status, dict):
+        return False
+    for kind, data in status.get("messages", []):
+        if kind in FINAL:
+            _read(json.dumps({"type": kind, "data": {**data, "prompt_id": watch.prompt_id}}), watch)
+    watch.outcome = watch.outcome or (
+        "success" if status.get("status_str") == "success" else "error"
+    )
+    return True
+
+
+def _error_text(data: Mapping[str, Any]) -> str:
+    where = f"node {data.get('node_id')} ({data.get('node_type')})"
+    kind, message = data.get("exception_type", "error"), data.get("exception_message", "")
+    return f"{kind} in {where}: {message}".strip()
+
+
+def _terminal(
+    watch: _Watch, stop: StopSignal, results: tuple[Result, ...], modified: dict[str, str]
+) -> Update:
+    if stop.requested is not None:
+        return stopped_terminal(stop.requested, results, modified)
+    if watch.outcome == "error":
+        return Failed(f"comfyui: {watch.error or 'the prompt failed'}", retryable=False)
+    if watch.outcome == "interrupted":  # someone else interrupted it (the ComfyUI UI)
+        return Failed("comfyui: the prompt was interrupted on the backend", retryable=True)
+    return Finished(results, modified)

@@ -1,0 +1,346 @@
+"""A reference ComfyUI server: the API the agent uses, faithfully.
+
+What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
+
+* ``POST /prompt`` takes ``{"prompt", "client_id", "prompt_id"}``; a client-chosen
+  ``prompt_id`` is honoured; an invalid graph is a 400 with ``error`` and
+  ``node_errors``; prompts run one at a time from a queue;
+* ``/ws?clientId=...`` sends ``status`` on connect, then for the client's prompts
+  ``execution_start``, ``execution_cached``, ``executing``, ``progress``,
+  ``executed``, ``execution_success`` (or ``execution_error`` /
+  ``execution_interrupted``) and a final ``executing`` with ``node: null``;
+* binary preview frames (``>I`` event 1 = preview image, ``>I`` format 1 = JPEG,
+  then the JPEG) go to the running prompt's client, and only when the server was
+  started with a preview method (``preview_method != "none"``);
+* ``/history/{id}`` is filled when a prompt ends (outputs so far, status,
+  messages), ``/view`` serves saved files, ``POST /interrupt`` (optionally for
+  one ``prompt_id``) stops the running prompt, ``POST /queue`` deletes pending
+  ones, ``/object_info`` describes the nodes.
+
+Faults for tests: ``step_delay_s`` (slow sampling), ``fail_next`` (the next
+KSampler raises), ``drop_websockets()`` (every socket closes at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from corral.agent.reference import comfyui_nodes as nodes
+
+PREVIEW_IMAGE = 1  # binary event type
+JPEG = 1  # preview image format
+
+
+class ReferenceComfyUI:
+    """The server's state and routes. ``app`` is the ASGI application."""
+
+    def __init__(
+        self,
+        *,
+        preview_method: str = "none",
+        checkpoints: tuple[str, ...] = ("tiny.safetensors", "tiny-v2.safetensors"),
+        step_delay_s: float = 0.0,
+        output_dir: Path | None = None,
+    ) -> None:
+        self.preview_method = preview_method
+        self.checkpoints = checkpoints
+        self.step_delay_s = step_delay_s
+        self.fail_next: str | None = None
+        self.output_dir = output_dir or Path(tempfile.mkdtemp(prefix="comfyui-out-"))
+        self.history: dict[str, dict[str, Any]] = {}
+        self._queue: list[tuple[int, str, dict[str, Any], str]] = []
+        self._number = 0
+        self._running: str | None = None
+        self._interrupt = threading.Event()
+        self._sockets: dict[str, set[WebSocket]] = {}
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/prompt", self.post_prompt, methods=["POST"]),
+                Route("/queue", self.get_queue, methods=["GET"]),
+                Route("/queue", self.post_queue, methods=["POST"]),
+                Route("/interrupt", self.interrupt, methods=["POST"]),
+                Route("/history/{prompt_id}", self.get_history, methods=["GET"]),
+                Route("/view", self.view, methods=["GET"]),
+                Route("/object_info", self.object_info, methods=["GET"]),
+                WebSocketRoute("/ws", self.websocket),
+            ]
+        )
+
+    # ---- HTTP ----------------------------------------------------------------
+
+    async def post_prompt(self, request: Request) -> Response:
+        body = await request.json()
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(prompt, dict):
+            missing = {"type": "no_prompt", "message": "No prompt provided", "details": ""}
+            return JSONResponse({"error": missing, "node_errors": {}}, status_code=400)
+        error, node_errors = nodes.validate(prompt, self.checkpoints)
+        if error is not None:
+            return JSONResponse({"error": error, "node_errors": node_errors}, status_code=400)
+        prompt_id = str(body.get("prompt_id") or uuid.uuid4())
+        self._number += 1
+        self._queue.append((self._number, prompt_id, prompt, str(body.get("client_id", ""))))
+        self._wake.set()
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._work())
+        return JSONResponse({"prompt_id": prompt_id, "number": self._number, "node_errors": {}})
+
+    async def get_queue(self, request: Request) -> Response:
+        pending = [[n, pid, p, {"client_id": c}, []] for n, pid, p, c in self._queue]
+        running = [[0, self._running, {}, {}, []]] if self._running else []
+        return JSONResponse({"queue_running": running, "queue_pending": pending})
+
+    async def post_queue(self, request: Request) -> Response:
+        body = await request.json()
+        if body.get("clear"):
+            self._queue.clear()
+        doomed = set(body.get("delete", []))
+        self._queue = [item for item in self._queue if item[1] not in doomed]
+        return Response(status_code=200)
+
+    async def interrupt(self, request: Request) -> Response:
+        raw = await request.body()
+        wanted = (await request.json()).get("prompt_id") if raw else None
+        if self._running is not None and wanted in (None, self._running):
+            self._interrupt.set()
+        return Response(status_code=200)
+
+    async def get_history(self, request: Request) -> Response:
+        prompt_id = request.path_params["prompt_id"]
+        entry = self.history.get(prompt_id)
+        return JSONResponse({prompt_id: entry} if entry else {})
+
+    async def view(self, request: Request) -> Response:
+        name = request.query_params.get("filename", "")
+        path = (self.output_dir / request.query_params.get("subfolder", "") / name).resolve()
+        if not name or self.output_dir.resolve() not in path.parents or not path.is_file():
+            return Response(status_code=404)
+        return FileResponse(path, media_type="image/png")
+
+    async def object_info(self, request: Request) -> Response:
+        return JSONResponse(nodes.object_info(self.checkpoints))
+
+    # ---- websocket -----------------------------------------------------------
+
+    async def websocket(self, ws: WebSocket) -> None:
+        await ws.accept()
+        sid = ws.query_params.get("clientId") or uuid.uuid4().hex
+        self._sockets.setdefault(sid, set()).add(ws)
+        try:
+            status = {"status": {"exec_info": {"queue_remaining": len(self._queue)}}, "sid": sid}
+            await ws.send_json({"type": "status", "data": status})
+            while True:
+                await ws.receive_text()
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            self._sockets.get(sid, set()).discard(ws)
+
+    async def drop_websockets(self) -> None:
+        """Close every socket at once (a network blip, a proxy restart)."""
+        for sockets in list(self._sockets.values()):
+            for ws in list(sockets):
+                await ws.close(code=1012)
+
+    async def _send(self, sid: str, message: dict[str, Any] | bytes) -> None:
+        for ws in list(self._sockets.get(sid, ())):
+            try:
+                if isinstance(message, bytes):
+                    await ws.send_bytes(message)
+                else:
+                    await ws.send_json(message)
+            except (RuntimeError, OSError):
+                self._sockets[sid].discard(ws)
+
+    # ---- execution -----------------------------------------------------------
+
+    async def _work(self) -> None:
+        """Run queued prompts one at a time, forever."""
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            number, prompt_id, prompt, sid = self._queue.pop(0)
+            self._running = prompt_id
+            self._interrupt.clear()
+            try:
+                await self._execute(number, prompt_id, prompt, sid)
+            finally:
+                self._running = None
+
+    async def _execute(self, number: int, prompt_id: str, prompt: dict[str, Any], sid: str) -> None:
+        loop = asyncio.get_running_loop()
+        messages: list[list[Any]] = []
+        outbox: asyncio.Queue[dict[str, Any] | bytes | None] = asyncio.Queue()
+
+        def emit(kind: str, data: dict[str, Any] | bytes) -> None:
+            if isinstance(data, dict):
+                data = {**data, "prompt_id": prompt_id} if kind != "status" else data
+                message: dict[str, Any] | bytes = {"type": kind, "data": data}
+                if kind.startswith("execution_"):
+                    messages.append([kind, data])
+            else:
+                message = data
+            loop.call_soon_threadsafe(outbox.put_nowait, message)
+
+        sender = asyncio.create_task(self._drain(sid, outbox))
+        stamp = int(time.time() * 1000)
+        emit("execution_start", {"timestamp": stamp})
+        emit("execution_cached", {"nodes": [], "timestamp": stamp})
+        outputs: dict[str, Any] = {}
+        status = await asyncio.to_thread(self._run_graph, prompt, emit, outputs)
+        self.history[prompt_id] = {
+            "prompt": [number, prompt_id, prompt, {"client_id": sid}, list(outputs)],
+            "outputs": outputs,
+            "status": {
+                "status_str": status,
+                "completed": status == "success",
+                "messages": messages,
+            },
+            "meta": {
+                k: {"node_id": k, "display_node": k, "parent_node": None, "real_node_id": k}
+                for k in outputs
+            },
+        }
+        emit("executing", {"node": None, "display_node": None})  # after history, as ComfyUI does
+        loop.call_soon_threadsafe(outbox.put_nowait, None)
+        await sender
+
+    async def _drain(self, sid: str, outbox: asyncio.Queue[dict[str, Any] | bytes | None]) -> None:
+        while (message := await outbox.get()) is not None:
+            await self._send(sid, message)
+
+    def _run_graph(self, prompt: dict[str, Any], emit: Any, outputs: dict[str, Any]) -> str:
+        """Execute the output nodes and what they need (in a worker thread)."""
+        done: dict[str, tuple[Any, ...]] = {}
+        executed: list[str] = []
+        current = {"node": ""}
+
+        def on_progress(value: int, total: int, preview: Image.Image) -> None:
+            emit("progress", {"value": value, "max": total, "node": current["node"]})
+            if self.preview_method != "none":
+                emit("preview", _preview_frame(preview))
+
+        ctx = nodes.Context(
+            self.output_dir,
+            self.checkpoints,
+            on_progress,
+            self._interrupt.is_set,
+            self.step_delay_s,
+        )
+
+        def run(node_id: str) -> tuple[Any, ...]:
+            if node_id in done:
+                return done[node_id]
+            node = prompt[node_id]
+            inputs = {
+                k: run(str(v[0]))[int(v[1])] if isinstance(v, list) else v
+                for k, v in node.get("inputs", {}).items()
+            }
+            current["node"] = node_id
+            emit("executing", {"node": node_id, "display_node": node_id})
+            if node["class_type"] == "KSampler" and self.fail_next is not None:
+                message, self.fail_next = self.fail_next, None
+                raise RuntimeError(message)
+            done[node_id] = nodes.run_node(node["class_type"], inputs, ctx)
+            executed.append(node_id)
+            if nodes.NODES[node["class_type"]].output_node:
+                outputs[node_id] = done[node_id][0]
+                emit(
+                    "executed",
+                    {"node": node_id, "display_node": node_id, "output": done[node_id][0]},
+                )
+            return done[node_id]
+
+        try:
+            for node_id, node in prompt.items():
+                if nodes.NODES[node["class_type"]].output_node:
+                    run(node_id)
+        except nodes.Interrupted:
+            emit(
+                "execution_interrupted",
+                {
+                    "node_id": current["node"],
+                    "node_type": prompt[current["node"]]["class_type"],
+                    "executed": executed,
+                    "timestamp": int(time.time() * 1000),
+                },
+            )
+            return "error"
+        except Exception as exc:
+            emit(
+                "execution_error",
+                {
+                    "node_id": current["node"],
+                    "node_type": prompt[current["node"]]["class_type"],
+                    "executed": executed,
+                    "exception_message": str(exc),
+                    "exception_type": type(exc).__name__,
+                    "traceback": [],
+                    "current_inputs": {},
+                    "current_outputs": {},
+                    "timestamp": int(time.time() * 1000),
+                },
+            )
+            return "error"
+        emit("execution_success", {"timestamp": int(time.time() * 1000)})
+        return "success"
+
+
+def _preview_frame(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="JPEG", quality=95)
+    return struct.pack(">II", PREVIEW_IMAGE, JPEG) + buffer.getvalue()
+
+
+def txt2img_workflow(
+    prompt: str, *, steps: int = 4, seed: int = 1, size: int = 64, ckpt: str = "tiny.safetensors"
+) -> dict[str, Any]:
+    """The default ComfyUI txt2img graph in API format (node ids as in ComfyUI's example)."""
+    return {
+        "3": {
+            "class_type": "KSampler",
+            "inputs": {
+                "seed": seed,
+                "steps": steps,
+                "cfg": 8.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 1.0,
+                "model": ["4", 0],
+                "positive": ["6", 0],
+                "negative": ["7", 0],
+                "latent_image": ["5", 0],
+            },
+        },
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
+        "5": {
+            "class_type": "EmptyLatentImage",
+            "inputs": {"width": size, "height": size, "batch_size": 1},
+        },
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["4", 1]}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["4", 1]}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {
+            "class_type": "SaveImage",
+            "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]},
+        },
+    }

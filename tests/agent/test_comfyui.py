@@ -1,0 +1,226 @@
+"""The ComfyUI executor against the reference ComfyUI server over real HTTP and websockets."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+from websockets.asyncio.client import connect
+
+from corral.agent.executors.base import (
+    Assignment,
+    Failed,
+    Finished,
+    LogLine,
+    Preview,
+    Progress,
+    StopReason,
+    StopSignal,
+    Update,
+)
+from corral.agent.executors.http_comfyui import ComfyUIExecutor
+from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
+from corral.agent.reference.serve import free_port, serving
+from corral.agent.testing import CHECKS, Harness, run_to_end
+from corral.core import WallClock
+
+
+def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> Assignment:
+    payload = {"workflow": txt2img_workflow("a lighthouse at dusk", **kwargs)}
+    return Assignment(alloc, 1, (f"job-{alloc}",), kind="sample", payload=payload, model=model)
+
+
+def make(scenario: str, alloc: str) -> Assignment:
+    if scenario == "quick":
+        return workflow_job(alloc, steps=3)
+    if scenario == "failing":
+        return workflow_job(alloc, model="missing.safetensors")
+    return workflow_job(alloc, steps=100_000)
+
+
+@asynccontextmanager
+async def comfy(**kwargs: Any) -> AsyncIterator[tuple[ReferenceComfyUI, Harness]]:
+    kwargs.setdefault("preview_method", "auto")
+    kwargs.setdefault("step_delay_s", 0.005)
+    server = ReferenceComfyUI(**kwargs)
+    async with serving(server.app) as url:
+        executor = ComfyUIExecutor(url, WallClock(), reconcile_interval_s=0.05)
+        yield server, Harness(executor, WallClock(), make, partial_results=False)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_comfyui_executor_passes_the_conformance_suite(
+    check: Callable[[Harness], Awaitable[None]],
+) -> None:
+    async def scenario() -> None:
+        async with comfy() as (_, harness):
+            await check(harness)
+
+    asyncio.run(scenario())
+
+
+def run_against(job: Assignment, on_update: Any = None, **server: Any) -> list[Update]:
+    async def scenario() -> list[Update]:
+        async with comfy(**server) as (_, harness):
+            return await run_to_end(harness, job, on_update)
+
+    return asyncio.run(scenario())
+
+
+def test_progress_previews_and_outputs_of_a_workflow() -> None:
+    updates = run_against(workflow_job("a", steps=4, size=64))
+    steps = [(u.step, u.total) for u in updates if isinstance(u, Progress) and u.total]
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    previews = [u for u in updates if isinstance(u, Preview)]
+    assert len(previews) == 4
+    assert all(p.mime == "image/jpeg" for p in previews)
+    terminal = updates[-1]
+    assert isinstance(terminal, Finished)
+    [result] = terminal.results
+    assert result.name == "ComfyUI_00001_.png"
+    assert Image.open(io.BytesIO(result.data)).size == (64, 64)
+    assert dict(terminal.modified) == {"model": "tiny.safetensors"}
+
+
+def test_no_previews_unless_the_server_was_started_with_a_preview_method() -> None:
+    updates = run_against(workflow_job("a", steps=3), preview_method="none")
+    assert not [u for u in updates if isinstance(u, Preview)]
+    assert isinstance(updates[-1], Finished)
+
+
+def test_the_jobs_model_replaces_the_workflows_checkpoint() -> None:
+    good = run_against(workflow_job("a", model="tiny-v2.safetensors", steps=2))
+    assert isinstance(good[-1], Finished)
+    assert dict(good[-1].modified) == {}
+    bad = run_against(workflow_job("b", model="sdxl.safetensors", steps=2))[-1]
+    assert isinstance(bad, Failed)
+    assert not bad.retryable
+    assert "HTTP 400 to /prompt: Prompt outputs failed validation" in bad.error
+
+
+def test_an_error_during_execution_names_the_node() -> None:
+    async def scenario() -> Update:
+        async with comfy() as (server, harness):
+            server.fail_next = "CUDA out of memory"
+            return (await run_to_end(harness, workflow_job("a", steps=3)))[-1]
+
+    assert asyncio.run(scenario()) == Failed(
+        "comfyui: RuntimeError in node 3 (KSampler): CUDA out of memory", retryable=False
+    )
+
+
+def test_after_a_websocket_drop_the_outcome_comes_from_history() -> None:
+    async def scenario() -> list[Update]:
+        async with comfy(step_delay_s=0.02) as (server, harness):
+            dropped = False
+
+            def drop_once(update: Update, stop: StopSignal) -> None:
+                nonlocal dropped
+                if isinstance(update, Progress) and not dropped:
+                    dropped = True
+                    asyncio.get_running_loop().create_task(server.drop_websockets())
+
+            return await run_to_end(harness, workflow_job("a", steps=20), drop_once)
+
+    updates = asyncio.run(scenario())
+    assert LogLine("websocket dropped; reconciling through /history", "agent") in updates
+    terminal = updates[-1]
+    assert isinstance(terminal, Finished)
+    assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png"]
+
+
+def test_a_prompt_interrupted_before_it_started_is_taken_off_the_queue() -> None:
+    async def scenario() -> tuple[list[Update], list[Update]]:
+        async with comfy(step_delay_s=0.01) as (_, harness):
+            first = asyncio.create_task(run_to_end(harness, workflow_job("a", steps=60)))
+            await asyncio.sleep(0.05)
+            stop = StopSignal()
+            second = asyncio.create_task(run_to_end(harness, workflow_job("b", steps=3), stop=stop))
+            await asyncio.sleep(0.1)
+            stop.request(StopReason.CANCEL, 5.0)
+            return await first, await second
+
+    first, second = asyncio.run(scenario())
+    assert isinstance(first[-1], Finished)
+    assert isinstance(second[-1], Failed)
+    assert second[-1].stopped is StopReason.CANCEL
+
+
+def test_interrupt_keeps_the_outputs_already_saved() -> None:
+    workflow = txt2img_workflow("two pictures", steps=2)
+    workflow["10"] = {
+        "class_type": "KSampler",
+        "inputs": {**workflow["3"]["inputs"], "steps": 100_000},
+    }
+    workflow["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
+    workflow["12"] = {
+        "class_type": "SaveImage",
+        "inputs": {"filename_prefix": "late", "images": ["11", 0]},
+    }
+    job = Assignment("a", 1, ("j",), payload={"workflow": workflow})
+
+    def interrupt_in_second_sampler(update: Update, stop: StopSignal) -> None:
+        if isinstance(update, Progress) and update.message == "node 10":
+            stop.request(StopReason.INTERRUPT, 5.0)
+
+    terminal = run_against(job, interrupt_in_second_sampler)[-1]
+    assert isinstance(terminal, Finished)
+    assert terminal.interrupted
+    assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png"]
+
+
+def test_backend_down_is_a_retryable_failure() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    harness = Harness(ComfyUIExecutor(url, WallClock()), WallClock(), make)
+    terminal = asyncio.run(run_to_end(harness, make("quick", "a")))[-1]
+    assert isinstance(terminal, Failed)
+    assert terminal.retryable
+    assert f"comfyui backend at {url} is unreachable" in terminal.error
+
+
+def test_a_workflow_is_required() -> None:
+    harness = Harness(ComfyUIExecutor("http://127.0.0.1:9", WallClock()), WallClock(), make)
+    terminal = asyncio.run(run_to_end(harness, Assignment("a", 1, ("j",), payload={})))[-1]
+    assert isinstance(terminal, Failed)
+    assert terminal.error.startswith("payload.workflow: must be a ComfyUI workflow")
+
+
+def test_reference_server_speaks_comfyuis_protocol() -> None:
+    """The reference itself: client-chosen prompt_id, message order, history, object_info."""
+
+    async def scenario() -> tuple[list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        server = ReferenceComfyUI()
+        async with serving(server.app) as url, httpx.AsyncClient(base_url=url) as client:
+            async with connect(url.replace("http", "ws") + "/ws?clientId=me") as ws:
+                body = {
+                    "prompt": txt2img_workflow("x", steps=2),
+                    "client_id": "me",
+                    "prompt_id": "mine",
+                }
+                answer = (await client.post("/prompt", json=body)).json()
+                kinds = []
+                while True:
+                    message = json.loads(await ws.recv())
+                    kinds.append(message["type"])
+                    if message["type"] == "executing" and message["data"]["node"] is None:
+                        break
+            history = (await client.get("/history/mine")).json()
+            info = (await client.get("/object_info")).json()
+            return kinds, answer, history, info
+
+    kinds, answer, history, info = asyncio.run(scenario())
+    assert answer == {"prompt_id": "mine", "number": 1, "node_errors": {}}
+    assert kinds[0] == "status"
+    assert kinds[1:3] == ["execution_start", "execution_cached"]
+    assert kinds.count("progress") == 2
+    assert kinds[-3:] == ["executed", "execution_success", "executing"]
+    assert history["mine"]["status"]["status_str"] == "success"
+    assert history["mine"]["outputs"]["9"]["images"][0]["type"] == "output"
+    assert info["KSampler"]["input"]["required"]["sampler_name"][0][0] == "euler"
