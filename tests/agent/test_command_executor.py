@@ -18,6 +18,7 @@ from corral.agent.executors.base import (
     Preview,
     Progress,
     StopReason,
+    StopSignal,
     Update,
 )
 from corral.agent.executors.command import CommandExecutor
@@ -244,3 +245,17 @@ def test_interrupt_keeps_files_already_in_the_output_dir(tmp_path: Path) -> None
     assert isinstance(terminal, Finished)
     assert terminal.interrupted
     assert [(r.name, r.data) for r in terminal.results] == [("partial.txt", b"started\n")]
+
+
+def test_the_running_process_is_known_by_allocation_for_the_vram_guard() -> None:
+    executor = CommandExecutor(WallClock())
+    seen: list[int | None] = []
+
+    def look(update: Update, stop: StopSignal) -> None:
+        if isinstance(update, LogLine) and update.line.isdigit():
+            seen.append(executor.root_pid("alloc-7"))
+            seen.append(int(update.line))
+
+    run(sh("echo $$"), executor, on_update=look)
+    assert seen[0] == seen[1]
+    assert executor.root_pid("alloc-7") is None  # forgotten once it ended

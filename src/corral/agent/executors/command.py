@@ -66,10 +66,15 @@ class CommandExecutor:
         self._command = list(command) if command else None
         self._allow_payload_command = allow_payload_command
         self._name = name
+        self._pids: dict[str, int] = {}  # allocation id -> its process (the VRAM guard asks)
 
     @property
     def name(self) -> str:
         return self._name
+
+    def root_pid(self, allocation_id: str) -> int | None:
+        """The process running ``allocation_id`` (its children are found from it)."""
+        return self._pids.get(allocation_id)
 
     async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
         argv = self._argv(assignment.payload)
@@ -80,9 +85,11 @@ class CommandExecutor:
         try:
             env = job_env(assignment, out_dir, _payload_env(assignment.payload))
             proc = await _spawn(argv, env, self._workdir)
+            self._pids[assignment.allocation_id] = proc.pid
             async for update in self._supervise(proc, stop, out_dir):
                 yield update
         finally:
+            self._pids.pop(assignment.allocation_id, None)
             shutil.rmtree(out_dir, ignore_errors=True)
 
     def _argv(self, payload: Mapping[str, object]) -> list[str]:
