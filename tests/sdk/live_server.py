@@ -126,3 +126,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def touch_when(condition: Callable[[], bool], path: Path, timeout: float = 15.0) -> None:
+    """In the background: create ``path`` (a stub job's gate) once ``condition()`` holds, or
+    after ``timeout`` seconds anyway so a test that waits on the job cannot hang."""
+
+    def run() -> None:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        path.touch()
+
+    threading.Thread(target=run, daemon=True).start()

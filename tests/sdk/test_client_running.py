@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from flaky_proxy import FlakyProxy
-from live_server import FAST_RETRY, Running, eventually
+from live_server import FAST_RETRY, Running, eventually, touch_when
 
 from corral.core.states import JobState
 from corral.sdk import Client, JobFailed, WaitTimeout
@@ -58,17 +57,13 @@ def test_resuming_after_the_stream_drops_loses_and_repeats_nothing(
     with Client(proxy.url, stub.token, retry=FAST_RETRY) as client:
         job = client.submit(team=team, gpus=1, payload={"steps": 4, "log": True, "gate": str(gate)})
         stream = job.events()
+        touch_when(lambda: stream.reconnects > 0, gate)  # resumed: now let the job finish
         seen = []
-        watchdog = threading.Timer(15, gate.touch)  # if resuming hangs, end the job and fail
-        watchdog.start()
         for event in stream:
             seen.append(event)
             if event.kind == "job.started":
                 assert proxy.cut() > 0  # the connection dies mid-stream (the job is held)
-            if stream.reconnects and not gate.exists():
-                gate.touch()  # resumed: now let the job finish
 
-        watchdog.cancel()
         assert stream.reconnects >= 1
         assert seen[-1].kind == "job.succeeded"
         replay = list(client.events(job.id))  # a fresh read of the whole log
