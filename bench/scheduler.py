@@ -10,10 +10,14 @@ with model, selector and batch key. One cycle places as much as fits; the
 figure is placements in that cycle divided by its wall time (best of
 ``--repeat`` runs, so other processes on the 2-core machine disturb it less).
 
+A third case measures reclaim: every card is held by one team's borrowed
+work and a team owed its quota submits jobs, each placed by preemption.
+
 Prints, per size::
 
     placements/s (1000 nodes, 10000 queued): N
-    cycle latency (1000 nodes, 10000 queued): X ms (placed P, unplaced U)
+    cycle latency (1000 nodes, 10000 queued): X ms (placed P, unplaced U, preemptions E)
+    placements/s (1000 nodes, 1000 queued, reclaim): N
 """
 
 from __future__ import annotations
@@ -24,7 +28,17 @@ import sys
 import time
 from collections.abc import Sequence
 
-from corral.core import GIB, Gpu, Job, JobKind, Node, ResourceRequest, Team
+from corral.core import (
+    GIB,
+    Allocation,
+    AllocObserved,
+    Gpu,
+    Job,
+    JobKind,
+    Node,
+    ResourceRequest,
+    Team,
+)
 from corral.scheduler import Config, Plan, Snapshot, schedule
 
 CLASSES = ("interactive", "paid", "free", "batch")
@@ -92,9 +106,44 @@ def make_snapshot(nodes: int, queued: int, seed: int = 7) -> Snapshot:
     return Snapshot(nodes=tuple(make_nodes(nodes, rng)), queued=jobs, teams=teams)
 
 
-def run(nodes: int, queued: int, repeat: int) -> tuple[float, float, Plan]:
+def make_reclaim(nodes: int, queued: int, seed: int = 7) -> Snapshot:
+    """All cards held by team a's borrowed work; team b, owed its quota, submits jobs."""
+    rng = random.Random(seed)
+    cluster = make_nodes(nodes, rng)
+    held = tuple(
+        Allocation(
+            id=f"a-{n.name}-{g}",
+            job_ids=(f"a-{n.name}-{g}",),
+            node=n.name,
+            team="a",
+            gpu_indices=(g,),
+            gpu_milli=1000,
+            cpus=1,
+            borrowed=True,
+            started_at=float(rng.randrange(0, 900)),
+            last_checkpoint_at=float(rng.randrange(900, 1000)) if rng.random() < 0.5 else None,
+            observed=AllocObserved.RUNNING,
+        )
+        for n in cluster
+        for g in range(8)
+    )
+    jobs = tuple(
+        Job(
+            id=f"b{i:06d}",
+            resources=ResourceRequest(gpus=rng.choice((1, 1, 2, 4)), cpus=1),
+            team="b",
+            user=f"u{rng.randrange(10)}",
+            submitted_at=float(i),
+        )
+        for i in range(queued)
+    )
+    teams = (Team("a", 0), Team("b", nodes * 8 / 2))
+    return Snapshot(nodes=tuple(cluster), queued=jobs, allocations=held, teams=teams)
+
+
+def run(nodes: int, queued: int, repeat: int, reclaim: bool = False) -> tuple[float, float, Plan]:
     """Best-of-``repeat`` cycle time in seconds, placements/s, and the plan."""
-    snapshot = make_snapshot(nodes, queued)
+    snapshot = make_reclaim(nodes, queued) if reclaim else make_snapshot(nodes, queued)
     config = Config()
     best, plan = float("inf"), Plan()
     for _ in range(repeat):
@@ -109,15 +158,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sizes", default="1000x10000,10000x10000")
+    parser.add_argument(
+        "--reclaim", default="1000x1000", help="sizes of the reclaim case ('' to skip)"
+    )
     args = parser.parse_args(argv)
-    for size in args.sizes.split(","):
+    cases = [(size, False) for size in args.sizes.split(",") if size]
+    cases += [(size, True) for size in args.reclaim.split(",") if size]
+    for size, reclaim in cases:
         nodes, queued = (int(x) for x in size.split("x"))
-        print(f"running {nodes} nodes x {queued} queued ...", file=sys.stderr, flush=True)
-        seconds, rate, plan = run(nodes, queued, args.repeat)
+        label = f"{nodes} nodes, {queued} queued" + (", reclaim" if reclaim else "")
+        print(f"running {label} ...", file=sys.stderr, flush=True)
+        seconds, rate, plan = run(nodes, queued, args.repeat, reclaim)
         placed = sum(len(p.job_ids) for p in plan.placements)
-        print(f"placements/s ({nodes} nodes, {queued} queued): {rate:.0f}")
+        print(f"placements/s ({label}): {rate:.0f}")
         print(
-            f"cycle latency ({nodes} nodes, {queued} queued): {seconds * 1000:.1f} ms "
+            f"cycle latency ({label}): {seconds * 1000:.1f} ms "
             f"(placed {placed}, unplaced {len(plan.unplaced)}, preemptions {len(plan.preemptions)})"
         )
     return 0

@@ -19,8 +19,13 @@ def test_bench_prints_placements_per_second_and_latency(capsys: pytest.CaptureFi
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_scheduler"] = module
     spec.loader.exec_module(module)
-    assert module.main(["--repeat", "1", "--sizes", "20x100,30x50"]) == 0
+    assert module.main(["--repeat", "1", "--sizes", "20x100,30x50", "--reclaim", "10x20"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^placements/s \(20 nodes, 100 queued\): \d+$", out, re.MULTILINE)
     assert re.search(r"^placements/s \(30 nodes, 50 queued\): \d+$", out, re.MULTILINE)
     assert re.search(r"^cycle latency \(20 nodes, 100 queued\): [\d.]+ ms", out, re.MULTILINE)
+    reclaim = re.search(
+        r"^cycle latency \(10 nodes, 20 queued, reclaim\): .*preemptions (\d+)", out, re.M
+    )
+    assert reclaim is not None
+    assert int(reclaim.group(1)) > 0

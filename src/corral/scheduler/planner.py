@@ -53,7 +53,7 @@ class Planner:
             classes,
             now,
             config.min_runtime_before_preemption_s,
-            gone=self.cycle.memo(),
+            self.cycle,
         )
         self.batcher = Batcher(snapshot.queued, config.max_batch_size)
         self.placements: list[Placement] = []

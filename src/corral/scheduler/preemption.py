@@ -23,7 +23,7 @@ preemption that does not let the preemptor run.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from corral.core.model import Allocation, PriorityClass
@@ -34,9 +34,10 @@ from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
 from corral.scheduler.quota import Ledger
 
-NODES_TO_TRY = 64
-"""Nodes evaluated per attempt at most (those with most reclaimable room first):
-bounds the cost in a full cluster; one-victim options stop the search early."""
+NODES_TO_TRY = 16
+"""Nodes where evictions would work, evaluated per attempt at most (those with the
+most reclaimable room first): bounds the cost in a full cluster. A one-victim
+option stops the search at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class Victim:
     lost_s: float  # work since the last checkpoint (or start): what eviction throws away
     progress: float
     borrowed: bool  # placed beyond its team's quota: the first to give back
+    started_at: float  # of its youngest allocation: the minimum run time counts from here
 
     @property
     def cost(self) -> tuple[bool, float, float, str]:
@@ -82,17 +84,26 @@ class Preemptor:
         classes: Mapping[str, PriorityClass],
         now: float,
         min_runtime_s: float,
-        gone: Memo[str, bool],
+        cycle: Cycle,
     ) -> None:
         self._now = now
-        self._gone = gone  # released on the working copy (rolls back with it)
+        # Released on the working copy, and evictable milli left per node: memos,
+        # so they roll back with the working copy.
+        self._gone: Memo[str, bool] = cycle.memo()
+        self._left: Memo[str, int] = cycle.memo()
         self._min_runtime_s = min_runtime_s
         self._by_node: dict[str, list[Victim]] = defaultdict(list)
         for victim in _units(allocations, classes, now):
             for node in {a.node for a in victim.allocs}:
                 self._by_node[node].append(victim)
-        for victims in self._by_node.values():
+        self._by_team: dict[str, dict[str, int]] = defaultdict(dict)  # team -> node -> milli
+        for node, victims in self._by_node.items():
             victims.sort(key=lambda v: v.cost)
+            for v in victims:
+                per_node = self._by_team[v.team]
+                per_node[node] = per_node.get(node, 0) + v.milli
+        self._orders: dict[str, list[NodeCap]] = {}
+        self._victim_milli = {n: sum(v.milli for v in vs) for n, vs in self._by_node.items()}
 
     def make_room(
         self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, *, patient: bool = False
@@ -104,7 +115,7 @@ class Preemptor:
         """
         best: tuple[tuple[int, int, float, int], Room] | None = None
         tried = 0
-        for nc in self._candidates(cycle, ledger, need, ask, patient):
+        for nc in self._candidates(cycle, ledger, need, ask):
             room = self._try_node(cycle, ledger, nc, need, ask, patient)
             if room is None:
                 continue
@@ -120,30 +131,56 @@ class Preemptor:
             self._release(cycle, victim)
             self._gone.put(victim.allocs[0].id, True)
             ledger.add(victim.team, -victim.milli)
+            for node in {a.node for a in victim.allocs}:
+                self._left.put(node, self._evictable(node) - victim.milli)
         fit = fit_on(best[1].fit.node, need)
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
         return Room(fit, best[1].victims)
 
-    def _candidates(
-        self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, patient: bool
-    ) -> list[NodeCap]:
-        """Feasible nodes with victims, most reclaimable room (free + evictable) first."""
+    def _candidates(self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask) -> Iterator[NodeCap]:
+        """Feasible nodes holding work this ask may evict, most room (free + victims) first.
+
+        Only teams whose work could be a victim are looked at: the asking team
+        (priority preemption) and teams over quota (reclaim). The order is fixed
+        at the first ask of the cycle, a heuristic: eligibility is checked per node.
+        """
         feasible = set(cycle.feasible_classes(need))
-        scored = []
-        for node, victims in self._by_node.items():
-            nc = cycle.node(node)
-            if nc is None or nc.cls not in feasible:
-                continue
-            room = sum(v.milli for v in victims if self._eligible(v, ledger, ask, patient, {}))
-            if room > 0:
-                scored.append((-(room + sum(nc.gpu_free)), nc.idx, nc))
-        scored.sort(key=lambda item: (item[0], item[1]))
-        return [nc for _, _, nc in scored]
+        teams = [
+            t
+            for t in self._by_team
+            if (t == ask.team and ask.priority)
+            or (t != ask.team and ask.reclaim and ledger.over_quota(t))
+        ]
+        seen: set[int] = set()
+        for team in sorted(teams):
+            for nc in self._order(cycle, team):
+                if nc.idx not in seen and nc.cls in feasible:
+                    seen.add(nc.idx)
+                    yield nc
+
+    def _order(self, cycle: Cycle, team: str) -> list[NodeCap]:
+        cached = self._orders.get(team)
+        if cached is None:
+            scored = []
+            for name, milli in self._by_team[team].items():
+                nc = cycle.node(name)
+                if nc is not None:
+                    scored.append((-(milli + sum(nc.gpu_free)), nc.idx, nc))
+            scored.sort(key=lambda item: (item[0], item[1]))
+            cached = self._orders[team] = [nc for _, _, nc in scored]
+        return cached
+
+    def _evictable(self, node: str) -> int:
+        """Milli-GPUs of not yet evicted victims on ``node``."""
+        left = self._left.get(node)
+        return self._victim_milli.get(node, 0) if left is None else left
 
     def _try_node(
         self, cycle: Cycle, ledger: Ledger, nc: NodeCap, need: Need, ask: Ask, patient: bool
     ) -> Room | None:
+        if need.nominal_milli() > sum(nc.gpu_free) + self._evictable(nc.name):
+            return None  # even evicting everything there would not be enough
         mark = cycle.checkpoint()
         spent: dict[str, int] = {}
         chosen: list[Victim] = []
@@ -182,10 +219,7 @@ class Preemptor:
     ) -> bool:
         if self._gone.get(victim.allocs[0].id) or victim.rank > ask.rank:
             return False
-        if (
-            not patient
-            and self._now - max(a.started_at for a in victim.allocs) < self._min_runtime_s
-        ):
+        if not patient and self._now - victim.started_at < self._min_runtime_s:
             return False
         if victim.team == ask.team:
             return ask.priority and victim.rank < ask.rank
@@ -239,6 +273,7 @@ def _units(
                 lost_s=max(0.0, now - saved),
                 progress=first.progress,
                 borrowed=all(a.borrowed for a in allocs),
+                started_at=max(a.started_at for a in allocs),
             )
         )
     return units
