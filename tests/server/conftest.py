@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from process_harness import ServerProcess
 from server_harness import World
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
@@ -85,3 +86,28 @@ async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
         yield w
     finally:
         await w.close()
+
+
+@pytest.fixture(
+    scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def live_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """One real ``corral server`` process per database, shared by the tests that only read
+    what they create (authorization matrix, messages, schemathesis)."""
+    home = tmp_path_factory.mktemp(f"live-{request.param}")
+    schema = None
+    if request.param == "sqlite":
+        db = str(home / "corral.db")
+    else:
+        require_postgres()
+        schema = f"t_live_{uuid.uuid4().hex[:10]}"
+        db = f"{PG_BASE}?schema={schema}"
+    proc = ServerProcess(db, home).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        if schema:
+            drop_schema(schema)

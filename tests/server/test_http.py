@@ -19,7 +19,15 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def served(db_url: str, tmp_path: Path) -> AsyncIterator[Served]:
+    """On SQLite and PostgreSQL: for what depends on the store (ordering, constraints, txs)."""
     async with serve(db_url, tmp_path, max_body_bytes=64 * 1024, max_batch_jobs=10) as s:
+        yield s
+
+
+@pytest.fixture
+async def served_sqlite(tmp_path: Path) -> AsyncIterator[Served]:
+    """On SQLite only: for the HTTP layer itself (validation, limits, routing)."""
+    async with serve(str(tmp_path / "c.db"), tmp_path, max_body_bytes=64 * 1024) as s:
         yield s
 
 
@@ -29,19 +37,21 @@ async def submit(s: Served, **spec: Any) -> dict[str, Any]:
     return dict(r.json())
 
 
-async def test_submit_get_and_the_scheduler_s_reasons(served: Served) -> None:
-    job = await submit(served, kind="sample", resources={"gpus": 1, "vram": "12GiB"}, user="ana")
+async def test_submit_get_and_the_scheduler_s_reasons(served_sqlite: Served) -> None:
+    job = await submit(
+        served_sqlite, kind="sample", resources={"gpus": 1, "vram": "12GiB"}, user="ana"
+    )
     assert job["state"] == "queued"
     assert job["resources"]["vram_bytes"] == 12 * 1024**3
 
     async def reasons() -> dict[str, Any] | None:
-        got = (await served.admin.get(f"/v1/jobs/{job['id']}")).json()
+        got = (await served_sqlite.admin.get(f"/v1/jobs/{job['id']}")).json()
         return got if got["queue"]["remedy"] else None
 
     got = await eventually(reasons)
     assert got["queue"]["reasons"][0]["code"]
     assert got["queue"]["summary"]
-    queue = (await served.admin.get("/v1/queue")).json()
+    queue = (await served_sqlite.admin.get("/v1/queue")).json()
     assert queue["total"] == 1
     assert queue["entries"][0]["job"]["id"] == job["id"]
 
@@ -115,42 +125,42 @@ async def test_batch_is_all_or_nothing(served: Served) -> None:
     ],
 )
 async def test_bad_input_is_a_422_naming_the_field(
-    served: Served, body: dict[str, Any], want_field: str
+    served_sqlite: Served, body: dict[str, Any], want_field: str
 ) -> None:
-    r = await served.admin.post("/v1/jobs", json=body)
+    r = await served_sqlite.admin.post("/v1/jobs", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["field"] == want_field
     assert want_field in r.json()["message"]
 
 
-async def test_malformed_json_and_bad_query_are_422(served: Served) -> None:
-    r = await served.admin.post(
+async def test_malformed_json_and_bad_query_are_422(served_sqlite: Served) -> None:
+    r = await served_sqlite.admin.post(
         "/v1/jobs", content=b'{"payload": {"x": NaN}}', headers={"content-type": "application/json"}
     )
     assert r.status_code == 422
     assert r.json()["field"] == "payload"
-    r = await served.admin.post(
+    r = await served_sqlite.admin.post(
         "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert r.status_code == 422
     assert r.json()["field"] == "body"
-    r = await served.admin.get("/v1/jobs", params={"limit": 0})
+    r = await served_sqlite.admin.get("/v1/jobs", params={"limit": 0})
     assert r.status_code == 422
     assert r.json()["field"] == "limit"
-    r = await served.admin.get("/v1/jobs", params={"cursor": "garbage!"})
+    r = await served_sqlite.admin.get("/v1/jobs", params={"cursor": "garbage!"})
     assert r.status_code == 422
     assert r.json()["field"] == "cursor"
-    r = await served.admin.get("/v1/jobs/a%00b")
+    r = await served_sqlite.admin.get("/v1/jobs/a%00b")
     assert r.status_code == 422
     assert r.json()["field"] == "url"
-    r = await served.admin.get("/v1/events/export", params={"after": 2**63})
+    r = await served_sqlite.admin.get("/v1/events/export", params={"after": 2**63})
     assert r.status_code == 422
     assert r.json()["field"] == "after"
 
 
-async def test_oversize_bodies_get_413_and_leave_nothing(served: Served) -> None:
+async def test_oversize_bodies_get_413_and_leave_nothing(served_sqlite: Served) -> None:
     big = {"payload": {"blob": "x" * 70_000}}
-    r = await served.admin.post("/v1/jobs", json=big)
+    r = await served_sqlite.admin.post("/v1/jobs", json=big)
     assert r.status_code == 413
     assert "limit" in r.json()["message"]
 
@@ -160,11 +170,11 @@ async def test_oversize_bodies_get_413_and_leave_nothing(served: Served) -> None
             yield b"y" * 10_000
         yield b'"}}'
 
-    r = await served.admin.post(
+    r = await served_sqlite.admin.post(
         "/v1/jobs", content=chunks(), headers={"content-type": "application/json"}
     )
     assert r.status_code == 413
-    assert (await served.admin.get("/v1/jobs")).json()["jobs"] == []
+    assert (await served_sqlite.admin.get("/v1/jobs")).json()["jobs"] == []
 
 
 async def test_list_pages_with_cursors_and_filters(served: Served) -> None:
@@ -233,68 +243,68 @@ async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served)
     assert resumed == kinds[3:]
 
 
-async def test_cancel_and_interrupt_over_http(served: Served) -> None:
-    queued = await submit(served, resources={"gpus": 1})
-    r = await served.admin.post(f"/v1/jobs/{queued['id']}/cancel")
+async def test_cancel_and_interrupt_over_http(served_sqlite: Served) -> None:
+    queued = await submit(served_sqlite, resources={"gpus": 1})
+    r = await served_sqlite.admin.post(f"/v1/jobs/{queued['id']}/cancel")
     assert r.status_code == 200
     assert r.json()["state"] == "cancelled"
-    running = await submit(served, resources={"gpus": 1})
-    agent = await served.agent("gpu-1")
+    running = await submit(served_sqlite, resources={"gpus": 1})
+    agent = await served_sqlite.agent("gpu-1")
     a = await agent.next_assignment()
     await agent.start(a)
-    r = await served.admin.post(f"/v1/jobs/{running['id']}/interrupt")
+    r = await served_sqlite.admin.post(f"/v1/jobs/{running['id']}/interrupt")
     assert r.status_code == 200
     assert r.json()["state"] == "running"
     stop = await agent.receive()
     assert stop.reason.value == "interrupt"  # type: ignore[union-attr]
     await agent.finish(a, {running["id"]: {"partial.png": b"half"}})
-    done = (await served.admin.get(f"/v1/jobs/{running['id']}")).json()
+    done = (await served_sqlite.admin.get(f"/v1/jobs/{running['id']}")).json()
     assert done["state"] == "succeeded"
     assert done["result"][0]["name"] == "partial.png"
-    r = await served.admin.post(f"/v1/jobs/{running['id']}/cancel")
+    r = await served_sqlite.admin.post(f"/v1/jobs/{running['id']}/cancel")
     assert r.status_code == 409
-    r = await served.admin.post("/v1/jobs/job_nope/cancel")
+    r = await served_sqlite.admin.post("/v1/jobs/job_nope/cancel")
     assert r.status_code == 404
 
 
-async def test_nodes_pause_resume_drain(served: Served) -> None:
-    await served.agent("gpu-1", gpus=2)
-    nodes = (await served.admin.get("/v1/nodes")).json()
+async def test_nodes_pause_resume_drain(served_sqlite: Served) -> None:
+    await served_sqlite.agent("gpu-1", gpus=2)
+    nodes = (await served_sqlite.admin.get("/v1/nodes")).json()
     assert [(n["name"], n["state"], len(n["gpus"])) for n in nodes] == [("gpu-1", "ready", 2)]
-    r = await served.admin.post("/v1/nodes/gpu-1/pause")
+    r = await served_sqlite.admin.post("/v1/nodes/gpu-1/pause")
     assert r.json()["paused"] is True
     assert r.json()["schedulable"] is False
-    r = await served.admin.post("/v1/nodes/gpu-1/drain")
+    r = await served_sqlite.admin.post("/v1/nodes/gpu-1/drain")
     assert r.json()["draining"] is True
-    r = await served.admin.post("/v1/nodes/gpu-1/resume")
+    r = await served_sqlite.admin.post("/v1/nodes/gpu-1/resume")
     assert (r.json()["paused"], r.json()["draining"]) == (False, False)
-    assert served.link.sent.intake == [("gpu-1", False), ("gpu-1", False), ("gpu-1", True)]
-    assert (await served.admin.post("/v1/nodes/nope/pause")).status_code == 404
+    assert served_sqlite.link.sent.intake == [("gpu-1", False), ("gpu-1", False), ("gpu-1", True)]
+    assert (await served_sqlite.admin.post("/v1/nodes/nope/pause")).status_code == 404
 
 
-async def test_teams_put_and_get(served: Served) -> None:
-    r = await served.admin.put(
+async def test_teams_put_and_get(served_sqlite: Served) -> None:
+    r = await served_sqlite.admin.put(
         "/v1/teams/vision", json={"quota_gpus": 4, "borrow_limit_gpus": 2, "weight": 2}
     )
     assert r.status_code == 200
-    teams = {t["name"]: t for t in (await served.admin.get("/v1/teams")).json()}
+    teams = {t["name"]: t for t in (await served_sqlite.admin.get("/v1/teams")).json()}
     assert teams["vision"] == {
         "name": "vision",
         "quota_gpus": 4.0,
         "borrow_limit_gpus": 2.0,
         "weight": 2.0,
     }
-    r = await served.admin.put("/v1/teams/vision", json={"weight": 0})
+    r = await served_sqlite.admin.put("/v1/teams/vision", json={"weight": 0})
     assert r.status_code == 422
     assert r.json()["field"] == "weight"
 
 
-async def test_health_metrics_and_trace_export(served: Served) -> None:
-    assert (await served.admin.get("/healthz")).json() == {"status": "ok"}
-    await submit(served, priority="paid", team="vision")
-    metrics = (await served.admin.get("/metrics")).text
+async def test_health_metrics_and_trace_export(served_sqlite: Served) -> None:
+    assert (await served_sqlite.admin.get("/healthz")).json() == {"status": "ok"}
+    await submit(served_sqlite, priority="paid", team="vision")
+    metrics = (await served_sqlite.admin.get("/metrics")).text
     assert 'corral_jobs_submitted_total{priority="paid",team="vision"} 1.0' in metrics
-    lines = (await served.admin.get("/v1/events/export")).text.splitlines()
+    lines = (await served_sqlite.admin.get("/v1/events/export")).text.splitlines()
     import json
 
     events = [json.loads(line) for line in lines]
@@ -303,8 +313,8 @@ async def test_health_metrics_and_trace_export(served: Served) -> None:
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
 
 
-async def test_openapi_documents_every_route(served: Served) -> None:
-    spec = (await served.admin.get("/openapi.json")).json()
+async def test_openapi_documents_every_route(served_sqlite: Served) -> None:
+    spec = (await served_sqlite.admin.get("/openapi.json")).json()
     paths = set(spec["paths"])
     assert {
         "/v1/jobs",
@@ -318,4 +328,4 @@ async def test_openapi_documents_every_route(served: Served) -> None:
         "/healthz",
         "/metrics",
     } <= paths
-    assert (await served.admin.get("/docs")).status_code == 200
+    assert (await served_sqlite.admin.get("/docs")).status_code == 200

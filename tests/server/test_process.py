@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,6 @@ import pytest
 from process_harness import ServerProcess, corral_command
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def server(db_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(db_url, tmp_path).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def client(url: str, token: str | None) -> httpx.Client:
@@ -76,7 +66,7 @@ def _matrix(a_job: str, b_job: str) -> list[tuple[str, str, dict[str, Any] | Non
     return [
         ("GET", "/v1/jobs", None, row(OK, OK)),
         ("POST", "/v1/jobs", {"kind": "sample"}, row(CREATED, CREATED)),
-        ("POST", "/v1/jobs", {"team": "b"}, row(CREATED, FORBIDDEN)),
+        ("POST", "/v1/jobs", {"team": "mx-b"}, row(CREATED, FORBIDDEN)),
         ("POST", "/v1/jobs/batch", {"jobs": [{}]}, row(CREATED, CREATED)),
         ("GET", f"/v1/jobs/{a_job}", None, row(OK, OK)),
         ("GET", f"/v1/jobs/{b_job}", None, row(OK, MISSING)),
@@ -91,7 +81,7 @@ def _matrix(a_job: str, b_job: str) -> list[tuple[str, str, dict[str, Any] | Non
         ("POST", "/v1/nodes/gpu-x/resume", None, row(MISSING, FORBIDDEN)),
         ("POST", "/v1/nodes/gpu-x/drain", None, row(MISSING, FORBIDDEN)),
         ("GET", "/v1/teams", None, row(OK, OK)),
-        ("PUT", "/v1/teams/b", {"quota_gpus": 1}, row(OK, FORBIDDEN)),
+        ("PUT", "/v1/teams/mx-b", {"quota_gpus": 1}, row(OK, FORBIDDEN)),
         ("GET", "/v1/queue", None, row(OK, OK)),
         ("GET", "/v1/tokens", None, row(OK, FORBIDDEN)),
         ("POST", "/v1/tokens", {"kind": "agent", "name": "x"}, row(CREATED, FORBIDDEN)),
@@ -108,16 +98,15 @@ def _status(c: httpx.Client, method: str, path: str, body: dict[str, Any] | None
         return r.status_code
 
 
-def test_authorization_matrix(server: ServerProcess) -> None:
+def test_authorization_matrix(live_server: ServerProcess) -> None:
+    server = live_server
     with client(server.url, server.admin_token) as admin:
-        team_token = admin.post(
-            "/v1/tokens", json={"kind": "team", "name": "a-ci", "team": "a"}
-        ).json()["token"]
-        agent_token = admin.post("/v1/tokens", json={"kind": "agent", "name": "gpu-box"}).json()[
-            "token"
-        ]
-        a_job = admin.post("/v1/jobs", json={"team": "a"}).json()["id"]
-        b_job = admin.post("/v1/jobs", json={"team": "b"}).json()["id"]
+        new = {"kind": "team", "name": "mx-ci", "team": "mx-a"}
+        team_token = admin.post("/v1/tokens", json=new).json()["token"]
+        new = {"kind": "agent", "name": "mx-gpu-box"}
+        agent_token = admin.post("/v1/tokens", json=new).json()["token"]
+        a_job = admin.post("/v1/jobs", json={"team": "mx-a"}).json()["id"]
+        b_job = admin.post("/v1/jobs", json={"team": "mx-b"}).json()["id"]
         admin.post(f"/v1/jobs/{b_job}/cancel")  # so its event stream ends
     tokens = {
         "admin": server.admin_token,
@@ -126,25 +115,29 @@ def test_authorization_matrix(server: ServerProcess) -> None:
         "none": None,
         "bogus": "corral_admin_forged",
     }
+    clients = {kind: client(server.url, token) for kind, token in tokens.items()}
     failures = []
-    for method, path, body, want in _matrix(a_job, b_job):
-        for kind, token in tokens.items():
-            with client(server.url, token) as c:
+    try:
+        for method, path, body, want in _matrix(a_job, b_job):
+            for kind, c in clients.items():
                 got = _status(c, method, path, body)
-            if got != want[kind]:
-                failures.append(f"{kind:6} {method} {path}: want {want[kind]}, got {got}")
+                if got != want[kind]:
+                    failures.append(f"{kind:6} {method} {path}: want {want[kind]}, got {got}")
+    finally:
+        for c in clients.values():
+            c.close()
     assert not failures, "\n".join(failures)
 
 
 def test_messages_say_what_is_wrong_and_team_tokens_see_only_their_team(
-    server: ServerProcess,
+    live_server: ServerProcess,
 ) -> None:
+    server = live_server
     with client(server.url, server.admin_token) as admin:
-        team_token = admin.post(
-            "/v1/tokens", json={"kind": "team", "name": "a", "team": "a"}
-        ).json()["token"]
-        agent = admin.post("/v1/tokens", json={"kind": "agent", "name": "box"}).json()
-        admin.post("/v1/jobs", json={"team": "b"})
+        new = {"kind": "team", "name": "msg", "team": "msg-a"}
+        team_token = admin.post("/v1/tokens", json=new).json()["token"]
+        agent = admin.post("/v1/tokens", json={"kind": "agent", "name": "msg-box"}).json()
+        admin.post("/v1/jobs", json={"team": "msg-b"})
     with client(server.url, None) as anon:
         r = anon.get("/v1/jobs")
         assert r.status_code == 401
@@ -154,13 +147,13 @@ def test_messages_say_what_is_wrong_and_team_tokens_see_only_their_team(
         assert "agent join token" in c.get("/v1/jobs").json()["message"]
     with client(server.url, team_token) as team:
         mine = team.post("/v1/jobs", json={}).json()
-        assert mine["team"] == "a"
+        assert mine["team"] == "msg-a"
         assert [j["id"] for j in team.get("/v1/jobs").json()["jobs"]] == [mine["id"]]
         assert [e["job"]["id"] for e in team.get("/v1/queue").json()["entries"]] == [mine["id"]]
-        r = team.get("/v1/jobs", params={"team": "b"})
+        r = team.get("/v1/jobs", params={"team": "msg-b"})
         assert r.status_code == 403
-        assert "team 'a'" in r.json()["message"]
-        assert "admin token" in team.put("/v1/teams/a", json={}).json()["message"]
+        assert "team 'msg-a'" in r.json()["message"]
+        assert "admin token" in team.put("/v1/teams/msg-a", json={}).json()["message"]
     with client(server.url, server.admin_token) as admin:
         assert admin.delete(f"/v1/tokens/{agent['id']}").status_code == 204
     with client(server.url, agent["token"]) as c:
@@ -181,11 +174,10 @@ def test_server_help_explains_the_options() -> None:
 
 
 def test_a_bad_db_url_is_refused_clearly(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [*corral_command(), "server", "--db", "mysql://x/y", "--home", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2
-    assert "unsupported database 'mysql'" in out.stderr
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    out = CliRunner().invoke(app, ["server", "--db", "mysql://x/y", "--home", str(tmp_path)])
+    assert out.exit_code == 2
+    assert "unsupported database 'mysql'" in out.output
