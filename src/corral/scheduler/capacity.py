@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from corral.core.model import Node
+from corral.core.model import Allocation, Node
 from corral.core.resources import MILLI
 
 LOADED = 2
@@ -181,11 +181,13 @@ class Capacity:
         nodes: Sequence[Node],
         classes: Sequence[int],
         models: Iterable[str] = (),
+        held: Iterable[Allocation] = (),
     ) -> None:
         self.nodes: list[NodeCap] = [
             NodeCap(i, n, c) for i, (n, c) in enumerate(zip(nodes, classes, strict=True))
         ]
         self.by_name: dict[str, NodeCap] = {nc.name: nc for nc in self.nodes}
+        self._preload(held)
         self.max_gpus = max((nc.gpu_count for nc in self.nodes), default=0)
         self.everywhere = Index(self.max_gpus)
         self.by_class: dict[int, Index] = {}
@@ -202,6 +204,24 @@ class Capacity:
                 for index in nc.groups:
                     index.add(nc)
                     index.size += 1
+
+    def _preload(self, held: Iterable[Allocation]) -> None:
+        """Subtract what existing allocations hold, before indexing (no journal)."""
+        touched: set[NodeCap] = set()
+        for alloc in held:
+            nc = self.by_name.get(alloc.node)
+            if nc is None:
+                continue
+            nc.cpus_free -= alloc.cpus
+            touched.add(nc)
+            if alloc.on_cpu:
+                continue
+            whole = alloc.gpu_milli == MILLI
+            for g in nc.to_positions(alloc.gpu_indices):
+                nc.gpu_free[g] -= alloc.gpu_milli
+                nc.gpu_vram_free[g] -= nc.gpu_vram[g] if whole else alloc.vram_bytes
+        for nc in touched:
+            nc._recount()
 
     def _groups_of(self, nc: NodeCap, models: frozenset[str]) -> list[Index]:
         own = self.by_class.get(nc.cls)
@@ -258,10 +278,6 @@ class Capacity:
             sign = 1 if op == _RESERVE else -1
             self._apply(nc, gpus, sign * milli, sign * vram, sign * cpus)
         self.generation = generation
-
-    def forget_journal(self) -> None:
-        """Commit: drop the journal (used once the snapshot's allocations are loaded)."""
-        self._journal.clear()
 
     def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
         groups = nc.groups

@@ -65,21 +65,20 @@ class Cycle:
         for i, cls in enumerate(classes):
             self.class_members[cls].append(i)
         models = {job.model for job in snapshot.queued if job.model}
-        self.cap = Capacity(snapshot.nodes, classes, models)
+        active = [a for a in snapshot.allocations if a.active]
+        self.cap = Capacity(snapshot.nodes, classes, models, active)
         self.checks = StaticChecks(self.representatives, filters)
         self._sources: dict[tuple[Need, str | None], list[list[Source]]] = {}
         self._feasible: dict[Need, list[int]] = {}
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
-        for alloc in snapshot.allocations:
-            if alloc.active:
-                self.hold(alloc)
-                end = snapshot.expected_ends.get(alloc.id)
-                nc = self.cap.by_name.get(alloc.node)
-                if end is not None and nc is not None:
-                    self._expect_end(nc.idx, end)
-        self.cap.forget_journal()
+        ends = snapshot.expected_ends
+        for alloc in active if ends else ():
+            end = ends.get(alloc.id)
+            nc = self.cap.by_name.get(alloc.node)
+            if end is not None and nc is not None:
+                self._expect_end(nc.idx, end)
 
     def hold(self, alloc: Allocation) -> None:
         """Count an existing allocation against its node's capacity."""

@@ -39,24 +39,25 @@ def schedule(
     policies that randomise; none of the current ones needs it.
     """
     _check_unique(snapshot)
+    if not snapshot.queued:
+        return Plan()
     classes = {c.name: c for c in config.priority_classes}
     planner = Planner(snapshot, config, now, classes)
     ready = _admit(planner, snapshot.queued, classes, now)
     deferred: dict[str, list[Job]] = defaultdict(list)
+    running = _running_by_user(snapshot)
     for pclass in by_rank(config.priority_classes):
         jobs = ready.get(pclass.name)
         if not jobs:
             continue
-        running = _running_by_user(snapshot, pclass.name)
-        for job in FairQueue(jobs, config.user_weights, running):
+        for job in FairQueue(jobs, config.user_weights, running[pclass.name]):
             if not planner.consider(job, pclass, guaranteed=True):
                 deferred[pclass.name].append(job)
     for pclass in by_rank(config.priority_classes):
         jobs = deferred.get(pclass.name)
         if not jobs:
             continue
-        running = _running_by_user(snapshot, pclass.name)
-        for job in borrowing_order(jobs, planner.ledger, config, running):
+        for job in borrowing_order(jobs, planner.ledger, config, running[pclass.name]):
             planner.consider(job, pclass, guaranteed=False)
     return planner.plan()
 
@@ -122,10 +123,10 @@ def _admit(
     return ready
 
 
-def _running_by_user(snapshot: Snapshot, pclass: str) -> dict[str, float]:
-    """Active allocations per user in a class: the tie-break that carries fairness over cycles."""
-    counts: dict[str, float] = defaultdict(float)
+def _running_by_user(snapshot: Snapshot) -> dict[str, dict[str, float]]:
+    """Active allocations per class and user: the tie-break that carries fairness over cycles."""
+    counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for alloc in snapshot.allocations:
-        if alloc.active and alloc.priority == pclass:
-            counts[alloc.user] += 1
+        if alloc.active:
+            counts[alloc.priority][alloc.user] += 1
     return counts

@@ -48,13 +48,8 @@ class Planner:
         self.classes = classes
         self.cycle = Cycle(snapshot, config, now)
         self.ledger = Ledger(snapshot.teams, snapshot.allocations, self.cycle.memo())
-        self.preemptor = Preemptor(
-            snapshot.allocations,
-            classes,
-            now,
-            config.min_runtime_before_preemption_s,
-            self.cycle,
-        )
+        self._allocations = snapshot.allocations
+        self._preemptor: Preemptor | None = None  # built on first need: most cycles preempt nothing
         self.batcher = Batcher(snapshot.queued, config.max_batch_size)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -64,6 +59,18 @@ class Planner:
         self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = self.cycle.memo()
         self._no_room: Memo[tuple[Need, Ask, bool], int] = self.cycle.memo()
         self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = self.cycle.memo()
+
+    @property
+    def preemptor(self) -> Preemptor:
+        if self._preemptor is None:
+            self._preemptor = Preemptor(
+                self._allocations,
+                self.classes,
+                self.now,
+                self.config.min_runtime_before_preemption_s,
+                self.cycle,
+            )
+        return self._preemptor
 
     def consider(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> bool:
         """Decide ``job``; ``False`` means "not now: it is over quota" (try when borrowing)."""

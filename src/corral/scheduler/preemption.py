@@ -40,9 +40,12 @@ most reclaimable room first): bounds the cost in a full cluster. A one-victim
 option stops the search at once."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Victim:
-    """What one eviction removes: an allocation, or all allocations of a gang."""
+    """What one eviction removes: an allocation, or all allocations of a gang.
+
+    Not frozen only because building thousands per cycle must be cheap; never changed.
+    """
 
     allocs: tuple[Allocation, ...]
     team: str
@@ -52,11 +55,7 @@ class Victim:
     progress: float
     borrowed: bool  # placed beyond its team's quota: the first to give back
     started_at: float  # of its youngest allocation: the minimum run time counts from here
-
-    @property
-    def cost(self) -> tuple[bool, float, float, str]:
-        """Borrowed work first, then least work lost, then least progress."""
-        return (not self.borrowed, self.lost_s, self.progress, self.allocs[0].id)
+    cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +93,15 @@ class Preemptor:
         self._min_runtime_s = min_runtime_s
         self._by_node: dict[str, list[Victim]] = defaultdict(list)
         for victim in _units(allocations, classes, now):
-            for node in {a.node for a in victim.allocs}:
+            allocs = victim.allocs
+            if len(allocs) == 1:
+                self._by_node[allocs[0].node].append(victim)
+                continue
+            for node in sorted({a.node for a in allocs}):
                 self._by_node[node].append(victim)
         self._by_team: dict[str, dict[str, int]] = defaultdict(dict)  # team -> node -> milli
         for node, victims in self._by_node.items():
-            victims.sort(key=lambda v: v.cost)
+            victims.sort(key=_cost)
             for v in victims:
                 per_node = self._by_team[v.team]
                 per_node[node] = per_node.get(node, 0) + v.milli
@@ -236,6 +239,10 @@ class Preemptor:
             cycle.unhold(alloc)
 
 
+def _cost(victim: Victim) -> tuple[bool, float, float, str]:
+    return victim.cost
+
+
 def _badness(room: Room, idx: int) -> tuple[int, int, float, int]:
     """Fewest evicted allocations, then fewest not borrowed, then least work lost."""
     victims = room.victims
@@ -257,23 +264,40 @@ def _units(
             groups[alloc.job_ids].append(alloc)
     units = []
     for allocs in groups.values():
-        pclass = classes.get(allocs[0].priority)
-        if not all(a.preemptible for a in allocs) or (
-            pclass is not None and not pclass.preemptible
-        ):
-            continue
         first = allocs[0]
+        pclass = classes.get(first.priority)
+        if pclass is not None and not pclass.preemptible:
+            continue
+        if len(allocs) == 1:  # the common case, without the generators below
+            if not first.preemptible:
+                continue
+            milli, borrowed, started = (
+                (0 if first.on_cpu else first.milli),
+                first.borrowed,
+                first.started_at,
+            )
+        else:
+            if not all(a.preemptible for a in allocs):
+                continue
+            allocs.sort(key=lambda a: a.id)
+            milli = sum(a.milli for a in allocs if not a.on_cpu)
+            borrowed = all(a.borrowed for a in allocs)
+            started = max(a.started_at for a in allocs)
         saved = max(first.last_checkpoint_at or first.started_at, first.started_at)
+        rank = pclass.rank if pclass is not None else 0
+        lost = max(0.0, now - saved)
+        cost = (not borrowed, lost, first.progress, first.id)
         units.append(
             Victim(
-                allocs=tuple(sorted(allocs, key=lambda a: a.id)),
-                team=first.team,
-                rank=pclass.rank if pclass is not None else 0,
-                milli=sum(a.milli for a in allocs if not a.on_cpu),
-                lost_s=max(0.0, now - saved),
-                progress=first.progress,
-                borrowed=all(a.borrowed for a in allocs),
-                started_at=max(a.started_at for a in allocs),
+                tuple(allocs),
+                first.team,
+                rank,
+                milli,
+                lost,
+                first.progress,
+                borrowed,
+                started,
+                cost,
             )
         )
     return units
