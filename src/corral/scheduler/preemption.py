@@ -14,10 +14,11 @@ being stopped, work placed in this cycle. A gang's allocations go together.
 
 For each node that could run the job, victims are released on the working
 copy cheapest first (borrowed before not, then least work lost since the
-last checkpoint, then least progress) until the job fits; victims that turn out not to be needed are
-reprieved; the copy is rolled back. The node with the fewest victims, then the fewest
-not borrowed, then the least work lost, wins, and only then is anything committed: there is no
-preemption that does not let the preemptor run.
+last checkpoint, then least progress) until the job fits; victims that turn
+out not to be needed are reprieved; the copy is rolled back. The node with
+the fewest victims, then the fewest not borrowed, then the least work lost,
+wins, and only then is anything committed: there is no preemption that does
+not let the preemptor run.
 """
 
 from __future__ import annotations
@@ -100,13 +101,15 @@ class Preemptor:
             for node in sorted({a.node for a in allocs}):
                 self._by_node[node].append(victim)
         self._by_team: dict[str, dict[str, int]] = defaultdict(dict)  # team -> node -> milli
+        self._victim_milli: dict[str, int] = {}  # node -> milli all its victims hold there
         for node, victims in self._by_node.items():
             victims.sort(key=_cost)
             for v in victims:
+                here = _milli_on(v, node)
                 per_node = self._by_team[v.team]
-                per_node[node] = per_node.get(node, 0) + v.milli
+                per_node[node] = per_node.get(node, 0) + here
+                self._victim_milli[node] = self._victim_milli.get(node, 0) + here
         self._orders: dict[str, list[NodeCap]] = {}
-        self._victim_milli = {n: sum(v.milli for v in vs) for n, vs in self._by_node.items()}
 
     def make_room(
         self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, *, patient: bool = False
@@ -135,7 +138,7 @@ class Preemptor:
             self._gone.put(victim.allocs[0].id, True)
             ledger.add(victim.team, -victim.milli)
             for node in {a.node for a in victim.allocs}:
-                self._left.put(node, self._evictable(node) - victim.milli)
+                self._left.put(node, self._evictable(node) - _milli_on(victim, node))
         fit = fit_on(best[1].fit.node, need)
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
@@ -237,6 +240,14 @@ class Preemptor:
     def _release(cycle: Cycle, victim: Victim) -> None:
         for alloc in victim.allocs:
             cycle.unhold(alloc)
+
+
+def _milli_on(victim: Victim, node: str) -> int:
+    """Milli-GPUs the victim holds on ``node``."""
+    allocs = victim.allocs
+    if len(allocs) == 1:
+        return victim.milli
+    return sum(a.milli for a in allocs if a.node == node and not a.on_cpu)
 
 
 def _cost(victim: Victim) -> tuple[bool, float, float, str]:
