@@ -137,20 +137,29 @@ def test_after_a_websocket_drop_the_outcome_comes_from_history() -> None:
 
 
 def test_a_prompt_interrupted_before_it_started_is_taken_off_the_queue() -> None:
-    async def scenario() -> tuple[list[Update], list[Update]]:
+    async def scenario() -> tuple[list[Update], list[Update], list[Any]]:
         async with comfy(step_delay_s=0.01) as (_, harness):
-            first = asyncio.create_task(run_to_end(harness, workflow_job("a", steps=60)))
-            await asyncio.sleep(0.05)
+            running = asyncio.Event()
+            first = asyncio.create_task(
+                run_to_end(harness, workflow_job("a", steps=100), lambda u, s: running.set())
+            )
+            await running.wait()  # the first prompt is running: the second must queue
             stop = StopSignal()
             second = asyncio.create_task(run_to_end(harness, workflow_job("b", steps=3), stop=stop))
-            await asyncio.sleep(0.1)
-            stop.request(StopReason.CANCEL, 5.0)
-            return await first, await second
+            async with httpx.AsyncClient() as client:
+                url = harness.executor._base_url  # type: ignore[attr-defined]
+                while not (await client.get(f"{url}/queue")).json()["queue_pending"]:
+                    await asyncio.sleep(0.01)
+                stop.request(StopReason.CANCEL, 5.0)
+                second_updates = await second
+                pending = (await client.get(f"{url}/queue")).json()["queue_pending"]
+            return await first, second_updates, pending
 
-    first, second = asyncio.run(scenario())
+    first, second, pending = asyncio.run(scenario())
     assert isinstance(first[-1], Finished)
     assert isinstance(second[-1], Failed)
     assert second[-1].stopped is StopReason.CANCEL
+    assert pending == []
 
 
 def test_interrupt_keeps_the_outputs_already_saved() -> None:
