@@ -4,8 +4,9 @@ The trace imitates published GPU cluster traces (Microsoft Philly, Alibaba
 PAI) in shape: mostly 1-GPU jobs, a tail of 2/4/8-GPU jobs and a few 2x8
 gangs, some shared-GPU (half a card) jobs, log-normal run times (median 10
 minutes), Poisson arrivals at a rate that offers ``load`` x the cluster's
-GPUs on average, swinging over a day so that busy hours queue. Times are whole seconds, as in those traces. The same seed
-gives the same trace, job for job, and the trace is produced as a stream.
+GPUs on average, swinging over a day so that busy hours queue. Times are
+whole seconds, as in those traces. The same seed gives the same trace, job
+for job, and the trace is produced as a stream.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def scenario(
     load: float = 0.9,
     seed: int = 0,
     cycle_interval_s: float = 0.0,
+    fragmentation_sample_s: float = 60.0,
 ) -> Scenario:
     """A generated cluster with four equal-quota teams and a generated trace."""
     machines = cluster(nodes, gpus_per_node)
@@ -114,9 +116,16 @@ def scenario(
         teams=teams(shape.teams, shape.total_gpus),
         seed=seed,
         cycle_interval_s=cycle_interval_s,
+        fragmentation_sample_s=fragmentation_sample_s,
         auto_teams=False,
         name=f"generated {nodes} nodes x {jobs} jobs (load {load:g}, seed {seed})",
     )
+
+
+def arrival_span_s(shape: TraceShape) -> float:
+    """The expected time from the first to the last submission of a trace."""
+    rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
+    return shape.jobs / rate
 
 
 def _request(gpus: float) -> ResourceRequest:
@@ -133,4 +142,3 @@ def _mean_gpus() -> float:
 def _mean_run_s() -> float:
     """Mean of the log-normal run time (the cap at one day changes it negligibly)."""
     return MEDIAN_RUN_S * math.exp(RUN_SIGMA**2 / 2)
-

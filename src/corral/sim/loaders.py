@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Generator, Iterator, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ SCENARIO_KEYS = (
     "until",
     "seed",
     "cycle_interval_s",
+    "fragmentation_sample_s",
     "config",
 )
 PRIORITY_CLASS_KEYS = ("name", "rank", "can_preempt", "preemptible", "cpu_offload")
@@ -83,11 +84,10 @@ def scenario_from_document(
         jobs=stream,
         teams=teams,
         config=config,
-        until=None if omitted(u := top.get("until")) else _non_negative(u, "until"),
+        until=None if omitted(top.get("until")) else _seconds(top, "until", 0.0),
         seed=0 if omitted(s := top.get("seed")) else as_int(s, "seed", "scenario", 0),
-        cycle_interval_s=0.0
-        if omitted(c := top.get("cycle_interval_s"))
-        else _non_negative(c, "cycle_interval_s"),
+        cycle_interval_s=_seconds(top, "cycle_interval_s", 0.0),
+        fragmentation_sample_s=_seconds(top, "fragmentation_sample_s", 60.0),
         auto_teams=declared is None,
         name=str(top.get("name") or name),
     )
@@ -224,17 +224,7 @@ def _with_trace(base: Scenario, trace: Path, cluster_name: str) -> Scenario:
     declared = {t.name for t in base.teams} if base.teams else None
     parser = JobParser((c.name for c in base.config.priority_classes), declared)
     stream = _merged(base.jobs, _trace_stream(trace, parser))
-    return Scenario(
-        nodes=base.nodes,
-        jobs=stream,
-        teams=base.teams,
-        config=base.config,
-        until=base.until,
-        seed=base.seed,
-        cycle_interval_s=base.cycle_interval_s,
-        auto_teams=base.auto_teams,
-        name=f"{trace.stem} on {cluster_name}",
-    )
+    return replace(base, jobs=stream, name=f"{trace.stem} on {cluster_name}")
 
 
 def _priority_classes(value: Any, where: Lines) -> tuple[PriorityClass, ...]:
@@ -271,7 +261,11 @@ def _like(default: Any, raw: Any, key: str, where: str) -> Any:
     return raw
 
 
-def _non_negative(value: Any, name: str) -> float:
+def _seconds(top: Mapping[str, Any], name: str, default: float) -> float:
+    """A top-level duration in seconds, >= 0."""
+    value = top.get(name)
+    if omitted(value):
+        return default
     number = as_float(value, name, "scenario")
     if number < 0:
         raise SimInputError(name, f"must be >= 0, got {value!r}", "scenario")

@@ -9,6 +9,9 @@ to a sink as soon as its job is finished. Definitions (all in ``docs/sim.md``):
 * percentiles: nearest rank (p95 of 20 values is the 19th smallest);
 * ``gpu_allocation_ratio``: GPU-seconds allocated / (GPUs x (end - start)),
   with ``start`` the first submission and ``end`` the end of the simulation;
+* ``fragmentation``: the time-weighted mean of the scheduler's
+  fragmentation score (0: every free GPU sits in a wholly free node) over
+  samples taken after scheduling cycles;
 * ``jain_fairness``: Jain's index over the teams that asked for GPUs, of
   each team's allocated GPU-seconds divided by its weight (1.0: every team
   got GPU time in proportion to its weight).
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.model import Job
 from corral.core.resources import MILLI
 from corral.core.states import JobState
+from corral.scheduler.api import Snapshot
 
 
 @dataclass(slots=True)
@@ -148,6 +152,49 @@ class Metrics:
             "start_s": start,
             "end_s": end,
             "cycles": self.cycles,
+        }
+
+
+class FragmentationSampler:
+    """Time-weighted mean of the scheduler's fragmentation score, sampled after cycles.
+
+    ``measure`` is ``corral.scheduler.fragmentation`` (any callable from a
+    snapshot to an object with a ``score`` in 0..1). Measuring costs
+    O(nodes + allocations), so it runs at most every ``every_s`` simulated
+    seconds; each sample holds until the next one.
+    """
+
+    def __init__(self, measure: Callable[[Snapshot], Any], every_s: float) -> None:
+        self.measure = measure
+        self.every_s = every_s
+        self.samples = 0
+        self.first: float | None = None
+        self.last_at = 0.0
+        self.last_score = 0.0
+        self.area = 0.0
+
+    def due(self, now: float) -> bool:
+        return self.first is None or now - self.last_at >= self.every_s
+
+    def sample(self, snapshot: Snapshot, now: float) -> None:
+        score = float(self.measure(snapshot).score)
+        if self.first is None:
+            self.first = now
+        else:
+            self.area += self.last_score * (now - self.last_at)
+        self.samples += 1
+        self.last_at, self.last_score = now, score
+
+    def summary(self, end: float) -> dict[str, Any] | None:
+        if self.first is None:
+            return None
+        span = end - self.first
+        area = self.area + self.last_score * (end - self.last_at)
+        mean = area / span if span > 0 else self.last_score
+        return {
+            "score_mean": round(mean, 6),
+            "score_last": round(self.last_score, 6),
+            "samples": self.samples,
         }
 
 

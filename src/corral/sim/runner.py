@@ -14,6 +14,7 @@ in between are coalesced into the next tick.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
-from corral.sim.report import Metrics
+from corral.sim.report import FragmentationSampler, Metrics
 from corral.sim.scenario import Scenario, SimJob
 from corral.sim.world import Sink, World
 
@@ -81,6 +82,12 @@ class _Run:
         self.world = World(scenario, self.clock, self.metrics, sink=sink)
         self.progress = progress
         self.arrived = 0
+        measure = _fragmentation_measure()
+        self.fragmentation = (
+            None
+            if measure is None
+            else FragmentationSampler(measure, scenario.fragmentation_sample_s)
+        )
 
     def loop(self, until: float | None, seed: int) -> dict[str, Any]:
         arrivals = self.scenario.jobs()
@@ -99,12 +106,17 @@ class _Run:
             if cycle_at == t:
                 cycle_at = None
                 self._cycles(t, seed)
+                if self.fragmentation is not None and self.fragmentation.due(t):
+                    self.fragmentation.sample(self.world.snapshot(), t)
         end = self.clock.now if until is None else until
         self.clock.advance_to(max(end, self.clock.now))
         self.world.finish(end)
         self._report(done=True)
         weights = {name: team.weight for name, team in self.world.teams.items()}
-        return self.metrics.summary(end, self.scenario.total_gpus, weights)
+        summary = self.metrics.summary(end, self.scenario.total_gpus, weights)
+        if self.fragmentation is not None:
+            summary["fragmentation"] = self.fragmentation.summary(end)
+        return summary
 
     def _arrive(
         self, nxt: SimJob | None, arrivals: Iterator[SimJob], t: float
@@ -157,6 +169,13 @@ class _Run:
                 done=done,
             )
         )
+
+
+def _fragmentation_measure() -> Callable[[Snapshot], Any] | None:
+    """The scheduler's fragmentation measure, when this build of it has one."""
+    module = importlib.import_module("corral.scheduler")
+    measure = getattr(module, "fragmentation", None)
+    return measure if callable(measure) else None
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:

@@ -43,6 +43,8 @@ class Scenario:
     ``cycle_interval_s``: 0 runs a scheduling cycle at every instant where
     something changed; a positive value runs cycles only at multiples of it,
     as a server whose scheduling loop ticks at that period.
+    ``fragmentation_sample_s``: measure fragmentation after a cycle at most
+    this often (simulated seconds); 0 measures after every cycle.
     ``auto_teams``: a job naming a team that ``teams`` lacks gets a team
     without quota (True when the scenario declares no teams).
     """
@@ -54,6 +56,7 @@ class Scenario:
     until: float | None = None
     seed: int = 0
     cycle_interval_s: float = 0.0
+    fragmentation_sample_s: float = 60.0
     auto_teams: bool = True
     name: str = ""
 
