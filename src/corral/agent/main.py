@@ -6,9 +6,11 @@ executors this node offers, the supervisor and the link. ``corral agent``
 and ``corral up`` both build their agent here.
 
 Executors offered: ``demo`` always (a CPU image generator, see ``demo.py``);
-``python`` with ``--handler module:function``; ``command`` with ``--command``.
-Jobs that name no backend go to the handler if there is one, else to
-``command`` for ``train`` jobs when configured, else to the demo.
+``a1111`` / ``comfyui`` with ``--a1111 URL`` / ``--comfyui URL``; ``python``
+with ``--handler module:function``; ``command`` with ``--command``. Jobs that
+name no backend go to the handler if there is one, else to the first HTTP
+backend configured, else to the demo; ``train`` jobs go to ``command`` when
+it is configured.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from corral import __version__
 from corral.agent.demo import DemoExecutor
 from corral.agent.executors.base import Executor
 from corral.agent.executors.command import CommandExecutor
+from corral.agent.executors.http_a1111 import A1111Executor
+from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.fingerprint import GpuInventory, detect_inventory
 from corral.agent.link import LinkClient, LinkSettings, parse_server
@@ -52,6 +56,8 @@ class AgentOptions:
     fake_gpus: str | None = None
     handler: str | None = None
     command: str | None = None
+    a1111: str | None = None  # base URL of an AUTOMATIC1111 webui started with --api
+    comfyui: str | None = None  # base URL of a ComfyUI server
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     cpus: int | None = None
     work_dir: Path = Path("~/.corral/agent")
@@ -124,6 +130,12 @@ def build_executors(
     """The executors this node offers, the default one, and defaults per job kind."""
     executors: dict[str, Executor] = {"demo": DemoExecutor(clock)}
     default, by_kind = "demo", {}
+    if options.comfyui:
+        executors["comfyui"] = ComfyUIExecutor(options.comfyui, clock)
+        default = "comfyui"
+    if options.a1111:
+        executors["a1111"] = A1111Executor(options.a1111, clock)
+        default = "a1111"
     if options.command:
         workdir = work_dir / "runs"
         workdir.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,11 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         str | None,
         typer.Option(help="Run train jobs as this command line (a subprocess per job)."),
     ] = None,
+    a1111: Annotated[
+        str | None,
+        typer.Option("--a1111", help="AUTOMATIC1111 webui base URL (started with --api)."),
+    ] = None,
+    comfyui: Annotated[str | None, typer.Option(help="ComfyUI server base URL.")] = None,
     labels: Annotated[
         list[str] | None,
         typer.Option("--labels", "--label", help="Node labels key=value (repeat or comma-join)."),
@@ -83,6 +88,8 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             fake_gpus=fake_gpus,
             handler=handler,
             command=command,
+            a1111=a1111,
+            comfyui=comfyui,
             labels=parse_labels(labels or []),
             cpus=cpus,
             work_dir=work_dir,
