@@ -216,11 +216,7 @@ class Planner:
         else:
             reasons, remedy = explain(self.cycle, need, job.model)
             self._explained.put(key, (self.cycle.cap.generation, (reasons, remedy)))
-        if (
-            remedy is Remedy.WAIT
-            and not job.gang
-            and self._preemption_would_help(job, pclass, need, guaranteed)
-        ):
+        if remedy is Remedy.WAIT and self._preemption_would_help(job, pclass, need, guaranteed):
             remedy = Remedy.PREEMPT
         return reasons, remedy
 
