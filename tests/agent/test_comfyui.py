@@ -194,6 +194,20 @@ def test_backend_down_is_a_retryable_failure() -> None:
     assert f"comfyui backend at {url} is unreachable" in terminal.error
 
 
+def test_a_slow_answer_is_a_retryable_timeout() -> None:
+    async def scenario() -> Update:
+        server = ReferenceComfyUI()
+        server.slow_calls_s = 1.0
+        async with serving(server.app) as url:
+            executor = ComfyUIExecutor(url, WallClock(), request_timeout_s=0.2)
+            return (await run_to_end(Harness(executor, WallClock(), make), make("quick", "a")))[-1]
+
+    terminal = asyncio.run(scenario())
+    assert isinstance(terminal, Failed)
+    assert terminal.retryable
+    assert "did not answer in time (ReadTimeout)" in terminal.error
+
+
 def test_a_workflow_is_required() -> None:
     harness = Harness(ComfyUIExecutor("http://127.0.0.1:9", WallClock()), WallClock(), make)
     terminal = asyncio.run(run_to_end(harness, Assignment("a", 1, ("j",), payload={})))[-1]

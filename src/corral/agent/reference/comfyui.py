@@ -18,7 +18,8 @@ What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
   ones, ``/object_info`` describes the nodes.
 
 Faults for tests: ``step_delay_s`` (slow sampling), ``fail_next`` (the next
-KSampler raises), ``drop_websockets()`` (every socket closes at once).
+KSampler raises), ``slow_calls_s`` (late answers to ``/prompt``),
+``drop_websockets()`` (every socket closes at once).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class ReferenceComfyUI:
         self.checkpoints = checkpoints
         self.step_delay_s = step_delay_s
         self.fail_next: str | None = None
+        self.slow_calls_s = 0.0  # HTTP answers come this late (an overloaded server)
         self.output_dir = output_dir or Path(tempfile.mkdtemp(prefix="comfyui-out-"))
         self.history: dict[str, dict[str, Any]] = {}
         self._queue: list[tuple[int, str, dict[str, Any], str]] = []
@@ -86,6 +88,7 @@ class ReferenceComfyUI:
     # ---- HTTP ----------------------------------------------------------------
 
     async def post_prompt(self, request: Request) -> Response:
+        await asyncio.sleep(self.slow_calls_s)
         body = await request.json()
         prompt = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(prompt, dict):
