@@ -1,17 +1,17 @@
 """Real server processes for the SDK and CLI tests.
 
-``corral_server`` runs the ``corral server`` command itself (no agents: jobs
-stay queued); ``stub_server`` runs ``stub_server.py``, the same control plane
-with two in-process stub agents that play each job's payload as a script.
-Both listen on a free loopback port with a fresh SQLite database, print
-``corral server listening on URL`` when ready, and are stopped at the end.
+``corral_server`` runs the ``corral server`` command itself, through the
+server tests' ``ServerProcess`` (no agents: jobs stay queued).
+``stub_server`` runs ``stub_server.py``: the same control plane with two
+in-process stub agents that play each job's payload as a script. Both
+listen on a free loopback port with a fresh SQLite database and are
+stopped at the end.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +23,21 @@ from pathlib import Path
 from typing import TypeVar
 
 from corral.sdk import Retry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+
+from process_harness import ServerProcess, corral_command  # the server tests' own harness
+
+__all__ = [
+    "FAST_RETRY",
+    "Running",
+    "corral_command",
+    "corral_server",
+    "eventually",
+    "free_port",
+    "stub_server",
+    "touch_when",
+]
 
 ADMIN_TOKEN = "corral_admin_sdk-test-token"
 FAST_RETRY = Retry(attempts=4, base_s=0.05, max_s=0.2)  # tests need not wait long
@@ -47,17 +62,16 @@ class Running:
         return "".join(self.output)
 
 
-def corral_command() -> list[str]:
-    exe = shutil.which("corral", path=str(Path(sys.executable).parent))
-    return [exe] if exe else [sys.executable, "-c", "from corral.cli.main import main; main()"]
-
-
 @contextmanager
 def corral_server(home: Path) -> Iterator[Running]:
-    """``corral server`` on a free port, SQLite in ``home``, a known admin token."""
-    cmd = [*corral_command(), "server", "--port", "0", "--home", str(home)]
-    with _process(cmd, home) as running:
-        yield running
+    """``corral server`` on a free port with SQLite in ``home`` (the server tests' harness)."""
+    proc = ServerProcess(str(home / "corral.db"), home).start()
+    try:
+        assert proc.proc is not None
+        assert proc.admin_token, "no admin token in the banner"
+        yield Running(proc.url, proc.admin_token, home, proc.proc, proc.output)
+    finally:
+        proc.stop()
 
 
 @contextmanager
