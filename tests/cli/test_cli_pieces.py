@@ -1,0 +1,100 @@
+"""The CLI's pure parts: reading job files and the short human forms in tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from corral.cli.jobfile import JobFileError, parse_jobs, with_defaults
+from corral.cli.render import age, vram_summary, why
+from corral.cli.watch_cmd import describe
+from corral.sdk import JobEvent, NodeStatus, WaitInfo
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("text", "source", "want"),
+    [
+        pytest.param("kind: sample\n", "a.yaml", [{"kind": "sample"}], id="one mapping"),
+        pytest.param(
+            "- {user: a}\n- {user: b}\n", "a.yaml", [{"user": "a"}, {"user": "b"}], id="a list"
+        ),
+        pytest.param('{"jobs": [{"user": "a"}]}', "-", [{"user": "a"}], id="jobs key in JSON"),
+        pytest.param(
+            "user: a\n---\n- user: b\n", "a.yml", [{"user": "a"}, {"user": "b"}], id="documents"
+        ),
+    ],
+)
+def test_job_files_in_every_shape(text: str, source: str, want: list[dict[str, Any]]) -> None:
+    assert parse_jobs(text, source) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "source", "want_field", "want_message"),
+    [
+        pytest.param("{", "a.json", "a.json", "not valid JSON", id="broken JSON"),
+        pytest.param("a: [", "a.yaml", "a.yaml", "not valid YAML", id="broken YAML"),
+        pytest.param(
+            "- {}\n- 3\n", "a.yaml", "a.yaml: jobs[1]", "not a number", id="not a mapping"
+        ),
+        pytest.param("# nothing\n", "a.yaml", "a.yaml", "no jobs", id="empty"),
+    ],
+)
+def test_bad_job_files_say_where(
+    text: str, source: str, want_field: str, want_message: str
+) -> None:
+    with pytest.raises(JobFileError) as err:
+        parse_jobs(text, source)
+    assert err.value.field == want_field
+    assert want_message in err.value.message
+
+
+def test_flags_override_the_file() -> None:
+    jobs = with_defaults([{"team": "a", "user": "x"}, {}], team="b", user=None)
+    assert jobs == [{"team": "b", "user": "x"}, {"team": "b"}]
+
+
+@pytest.mark.parametrize(
+    ("then", "now", "want"),
+    [(None, 10.0, "-"), (100.0, 104.9, "4s"), (0.5, 3600.5, "1h"), (1.0, 1.0 + 2 * 86400, "2d")],
+)
+def test_ages(then: float | None, now: float, want: str) -> None:
+    assert age(then, now) == want
+
+
+def node(*gpus: dict[str, Any]) -> NodeStatus:
+    return NodeStatus.model_validate({"name": "n", "state": "ready", "gpus": list(gpus)})
+
+
+def test_vram_shows_used_of_total_only_when_measured() -> None:
+    card = {"index": 0, "model": "RTX 4090", "vram_bytes": 24 * GIB}
+    assert vram_summary(node()) == "-"
+    assert vram_summary(node(card, card | {"index": 1})) == "48 GiB"
+    measured = [card | {"vram_free_bytes": 20 * GIB}, card | {"index": 1, "vram_free_bytes": 0}]
+    assert vram_summary(node(*measured)) == "28/48 GiB"
+
+
+def test_why_a_job_waits_in_one_line() -> None:
+    info = WaitInfo.model_validate(
+        {
+            "position": 0,
+            "remedy": "preempt",
+            "summary": "",
+            "reasons": [{"code": "too_few_gpus", "nodes": 3, "message": "fewer than 8 GPUs"}],
+        }
+    )
+    assert why(info) == "3 nodes: fewer than 8 GPUs (could run after: preempt)"
+    assert why(None) == ""
+
+
+def test_event_lines_for_logs() -> None:
+    def ev(kind: str, **data: Any) -> str:
+        return describe(JobEvent(seq=7, kind=kind, at=0.0, node="box", data=data))
+
+    assert ev("job.progress", progress=0.5, message="step 5") == "     7 job.progress    50% step 5"
+    assert ev("job.failed", state="failed", attempt=2, error="oom").endswith(
+        "on box attempt 2 (oom)"
+    )
+    assert ev("job.log", lines=["a", "b"]).endswith("a | b")
