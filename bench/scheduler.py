@@ -51,7 +51,7 @@ def make_nodes(count: int, rng: random.Random) -> list[Node]:
     nodes = []
     for i in range(count):
         on_disk = frozenset(m for m in MODELS if rng.random() < 0.3)
-        loaded = frozenset(m for m in on_disk if rng.random() < 0.3)
+        loaded = frozenset(m for m in sorted(on_disk) if rng.random() < 0.3)
         nodes.append(
             Node(
                 name=f"n{i:05d}",

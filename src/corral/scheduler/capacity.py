@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from corral.core.model import Allocation, Node
+from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
 
 LOADED = 2
@@ -33,6 +33,23 @@ PARTIAL_STEP = 50
 
 _RESERVE = 0
 _RELEASE = 1
+
+
+Layout = tuple[list[int], list[str], dict[int, int] | None]
+"""VRAM and model per card position, and ``Gpu.index`` -> position (None: the same)."""
+
+
+def card_layout(gpus: tuple[Gpu, ...]) -> Layout:
+    """Static facts of a node's cards; shared by nodes with identical cards (read-only).
+
+    Cards are addressed by position here; ``Gpu.index`` (what agents and plans
+    use) may differ when a node hides a card.
+    """
+    indices = [g.index for g in gpus]
+    positions = (
+        None if indices == list(range(len(indices))) else {i: p for p, i in enumerate(indices)}
+    )
+    return [g.vram_bytes for g in gpus], [g.model for g in gpus], positions
 
 
 class NodeCap:
@@ -54,27 +71,18 @@ class NodeCap:
         "whole_free",
     )
 
-    def __init__(self, idx: int, node: Node, cls: int) -> None:
+    def __init__(self, idx: int, node: Node, cls: int, layout: Layout | None = None) -> None:
         self.idx = idx
         self.node = node
         self.cls = cls
         self.schedulable = node.schedulable
-        self.gpu_vram = [g.vram_bytes for g in node.gpus]
-        self.gpu_model = [g.model for g in node.gpus]
-        self.gpu_free = [MILLI] * len(node.gpus)
+        self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
+        self.gpu_free = [MILLI] * len(self.gpu_vram)
         self.gpu_vram_free = list(self.gpu_vram)
         self.cpus_free = node.cpus
-        self.whole_free = len(node.gpus)
+        self.whole_free = len(self.gpu_vram)
         self.partial_level = -1  # bucket of the roomiest partly used card; -1: none
         self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
-        # Cards are addressed by position here; ``Gpu.index`` (what agents and plans
-        # use) may differ when a node hides a card. None: they are the same.
-        indices = [g.index for g in node.gpus]
-        self.positions = (
-            None
-            if indices == list(range(len(indices)))
-            else {index: pos for pos, index in enumerate(indices)}
-        )
 
     def to_positions(self, indices: tuple[int, ...]) -> tuple[int, ...]:
         """Card positions of ``Gpu.index`` values (unknown indices are dropped)."""
@@ -183,9 +191,13 @@ class Capacity:
         models: Iterable[str] = (),
         held: Iterable[Allocation] = (),
     ) -> None:
-        self.nodes: list[NodeCap] = [
-            NodeCap(i, n, c) for i, (n, c) in enumerate(zip(nodes, classes, strict=True))
-        ]
+        layouts: dict[tuple[Gpu, ...], Layout] = {}
+        self.nodes: list[NodeCap] = []
+        for i, (node, cls) in enumerate(zip(nodes, classes, strict=True)):
+            layout = layouts.get(node.gpus)
+            if layout is None:
+                layout = layouts[node.gpus] = card_layout(node.gpus)
+            self.nodes.append(NodeCap(i, node, cls, layout))
         self.by_name: dict[str, NodeCap] = {nc.name: nc for nc in self.nodes}
         self._preload(held)
         self.max_gpus = max((nc.gpu_count for nc in self.nodes), default=0)

@@ -17,7 +17,14 @@ from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
-from corral.scheduler.scorers import DEFAULT_SCORERS, Candidate, Scorer, choose, weighted
+from corral.scheduler.scorers import (
+    DEFAULT_SCORERS,
+    TIGHTEST_FIRST_SCORERS,
+    Candidate,
+    Scorer,
+    choose,
+    weighted,
+)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -60,6 +67,7 @@ class Cycle:
         self.config = config
         self.now = now
         self._chain = weighted(scorers, config.scorer_weights)
+        self._tightest_wins = all(isinstance(s, TIGHTEST_FIRST_SCORERS) for _, s in self._chain)
         classes, self.representatives = _classify(snapshot.nodes, snapshot.queued)
         self.class_members: list[list[int]] = [[] for _ in self.representatives]
         for i, cls in enumerate(classes):
@@ -101,7 +109,9 @@ class Cycle:
         """
         if self._failed.get(need) == self.cap.generation:
             return None
-        limit = max(1, self.config.candidates_per_tier)
+        limit = self.config.candidates_per_tier
+        if model is None and runtime is None and self._tightest_wins and not need.cpu_only:
+            limit = 1  # no locality, no end time: the best-fit order is the score order
         seen: set[int] = set()
         candidates: list[Candidate] = []
         for sources in self._tiers(need, model):

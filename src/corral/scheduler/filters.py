@@ -127,15 +127,13 @@ def class_key(node: Node, label_keys: frozenset[str]) -> Hashable:
     labels (hostnames) do not split classes. Models are not part of it:
     locality is a preference, indexed separately (``Capacity.by_model``).
     """
-    return (
-        node.state,
-        node.paused,
-        node.draining,
-        tuple(sorted((k, v) for k, v in node.labels.items() if k in label_keys)),
-        tuple((g.model, g.vram_bytes) for g in node.gpus),
-        node.backends,
-        node.cpus,
+    labels = (
+        tuple(sorted((k, v) for k, v in node.labels.items() if k in label_keys))
+        if label_keys
+        else ()
     )
+    cards = tuple((g.model, g.vram_bytes) for g in node.gpus)
+    return (node.state, node.paused, node.draining, labels, cards, node.backends, node.cpus)
 
 
 class StaticChecks:

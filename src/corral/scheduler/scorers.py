@@ -100,6 +100,11 @@ class EndTogether:
 
 DEFAULT_SCORERS: tuple[Scorer, ...] = (BestFit(), Locality(), KeepWholeNodes(), EndTogether())
 
+TIGHTEST_FIRST_SCORERS = (BestFit, Locality, KeepWholeNodes, EndTogether)
+"""Scorers that never prefer a looser fit when the job has no model and no run-time
+estimate (locality and end-together score 0 then; a whole free node comes last in
+best-fit order). With only these, the search can stop at the first fit."""
+
 
 def weighted(scorers: Sequence[Scorer], weights: Mapping[str, float]) -> list[tuple[float, Scorer]]:
     """The chain with its effective weights; scorers weighted 0 are dropped."""
