@@ -74,7 +74,7 @@ class World:
         self.queued: dict[str, Job] = {}
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
-        self._records: dict[str, PlacementRecord] = {}
+        self._records: dict[str, list[PlacementRecord]] = {}
         self._batch_left: dict[str, int] = {}
 
     def snapshot(self) -> Snapshot:
@@ -184,7 +184,7 @@ class World:
             if run.placements is not None:
                 record = PlacementRecord(p.node, alloc.milli / MILLI, now)
                 run.placements.append(record)
-                self._records[p.allocation_id] = record
+                self._records.setdefault(p.allocation_id, []).append(record)
         self._count_team(job.team, alloc.milli)
 
     def _take(self, i: int, p: Placement) -> None:
@@ -279,8 +279,9 @@ class World:
         milli = alloc.milli
         self._team_milli[alloc.team] -= milli
         self._metrics.allocation_ended(alloc.team, milli, now - alloc.started_at)
-        record = self._records.pop(alloc_id, None)
-        if record is not None and not still_running:
+        if still_running:
+            return
+        for record in self._records.pop(alloc_id, ()):
             record.end = now
             record.preempted = preempted
 

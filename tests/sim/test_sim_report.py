@@ -1,0 +1,114 @@
+"""``corral sim`` end to end: hand-computed reports, the table, exit codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from simtest import SCENARIOS, SimRun
+from typer.testing import CliRunner
+
+from corral.cli.main import app
+from corral.sim.report import jain, percentile
+
+HAND = SCENARIOS / "first_fit_waits.yaml"
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "best-fit", "corral"])
+def test_one_node_four_jobs_waits_and_ratio_are_what_a_hand_computes(
+    run_sim: Callable[..., SimRun], policy: str
+) -> None:
+    # n has 4 GPUs. big (3) and small (1) start at 0; late (2) finds no room until
+    # big ends at 100, so it waits 90 and ends at 130; the CPU job runs 20..30.
+    # GPU-seconds: 3*100 + 1*50 + 2*30 = 410 of 4 GPUs x 130 s = 520.
+    run = run_sim(HAND, "--policy", policy)
+    s = run.summary
+    assert s["jobs_total"] == 4
+    assert s["jobs_completed"] == 4
+    assert s["jobs_never_placed"] == 0
+    assert s["end_s"] == 130
+    assert s["gpu_allocation_ratio"] == pytest.approx(410 / 520, abs=1e-6)
+    assert run.job("late")["wait_s"] == 90
+    assert run.job("late")["placements"] == [
+        {"node": "n", "gpus": 2.0, "start": 100.0, "end": 130.0, "preempted": False}
+    ]
+    assert run.job("cpu")["placements"][0]["gpus"] == 0
+    assert s["wait_p50_s"] == 0  # nearest rank of [0, 0, 0, 90]
+    assert s["wait_p95_s"] == 90
+    assert s["wait_by_priority"]["free"] == {"jobs": 4, "p50_s": 0, "p95_s": 90, "mean_s": 22.5}
+    assert s["jain_fairness"] == 1.0  # one team
+
+
+def test_until_cuts_the_run_and_leaves_jobs_running_with_an_open_placement(
+    run_sim: Callable[..., SimRun],
+) -> None:
+    run = run_sim(HAND, "--policy", "first-fit", "--until", "60")
+    s = run.summary
+    assert s["end_s"] == 60
+    assert s["jobs_total"] == 4  # all four arrived by t=20
+    assert s["jobs_completed"] == 2  # small (50) and cpu (30)
+    assert run.job("big")["state"] == "running"
+    assert run.job("big")["placements"][0]["end"] is None
+    assert run.job("late")["state"] == "queued"
+    assert s["jobs_never_placed"] == 1
+    # 0..60: big 3 GPUs x 60, small 1 GPU x 50 -> 230 of 4 x 60
+    assert s["gpu_allocation_ratio"] == pytest.approx(230 / 240, abs=1e-6)
+
+
+def test_a_job_without_duration_runs_until_the_end_of_the_simulation(
+    run_sim: Callable[..., SimRun], write: Callable[[str, str], Path]
+) -> None:
+    path = write(
+        "forever.yaml",
+        """
+        nodes: [{name: n, gpus: 2}]
+        until: 500
+        jobs:
+          - {id: forever, submit_at: 100, gpus: 2}
+        """,
+    )
+    run = run_sim(path, "--policy", "first-fit")
+    assert run.job("forever")["state"] == "running"
+    assert run.summary["gpu_allocation_ratio"] == pytest.approx(400 * 2 / (400 * 2))
+    assert run.summary["start_s"] == 100
+
+
+def test_the_table_shows_the_summary_and_each_job() -> None:
+    result = CliRunner().invoke(app, ["sim", str(HAND), "--policy", "first-fit"])
+    assert result.exit_code == 0, result.stderr
+    for text in ("gpu_allocation_ratio", "0.788", "wait by team", "late", "100–130"):
+        assert text in result.stdout
+
+
+def test_json_without_jobs_has_only_the_summary(run_sim: Callable[..., SimRun]) -> None:
+    run = run_sim(HAND, "--policy", "first-fit", "--no-jobs")
+    assert "jobs" not in run.report
+    assert run.report["policy"] == "first-fit"
+    assert run.summary["jobs_total"] == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "want_code", "want_text"),
+    [
+        pytest.param(["no/such/file.yaml"], 2, "cannot read", id="missing-file"),
+        pytest.param([str(HAND), "--policy", "random"], 2, "unknown policy", id="bad-policy"),
+        pytest.param([str(SCENARIOS / "idle_quota.jsonl")], 2, "cluster", id="trace-alone"),
+    ],
+)
+def test_bad_invocations_exit_2_with_the_reason_on_stderr(
+    args: list[str], want_code: int, want_text: str
+) -> None:
+    result = CliRunner().invoke(app, ["sim", *args])
+    assert result.exit_code == want_code
+    assert want_text in result.stderr
+    assert result.stdout == ""
+
+
+def test_nearest_rank_percentiles_and_jain_index() -> None:
+    values = [float(v) for v in range(1, 21)]
+    assert percentile(values, 95) == 19
+    assert percentile(values, 50) == 10
+    assert percentile([], 50) is None
+    assert jain([1.0, 1.0, 1.0]) == 1.0
+    assert jain([1.0, 0.0]) == pytest.approx(0.5)  # one of two takes everything
