@@ -71,6 +71,8 @@ def test_a_typo_is_caught_before_anything_is_sent(team: str) -> None:
         with pytest.raises(BadRequest) as batch_err:
             nowhere.submit_many([{}, {"replicas": "many"}])
         assert batch_err.value.field == "jobs[1].replicas"
+        with pytest.raises(BadRequest, match=r"jobs\[2\]: a job is a JobSpec or a mapping"):
+            nowhere.submit_many([{}, {}, ["not", "a", "job"]])
 
 
 def test_the_server_names_the_bad_field(admin: Client, team: str) -> None:

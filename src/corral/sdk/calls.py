@@ -69,6 +69,10 @@ def make_spec(
     mistyped fields raise ``BadRequest`` naming the field (after ``prefix``,
     e.g. ``jobs[3].``).
     """
+    if spec is not None and not isinstance(spec, JobSpec | Mapping):
+        where = prefix.rstrip(".") or "spec"
+        message = f"a job is a JobSpec or a mapping, not {type(spec).__name__}"
+        raise BadRequest(422, "invalid", f"{where}: {message}", field=where)
     base = spec.body() if isinstance(spec, JobSpec) else dict(spec or {})
     merged = {**base, **fields}
     shortcuts = {k: merged.pop(k) for k in list(merged) if k in RESOURCE_FIELDS}

@@ -46,7 +46,7 @@ BATCH_CHUNK = 500  # jobs per batch request; the server accepts up to api.max_ba
 
 
 class Client:
-    """A connection to one corral server. Thread-safe; close it (or use ``with``) when done.
+    """A connection (pool) to one corral server; close it (or use ``with``) when done.
 
     ``url`` and ``token`` default to ``CORRAL_URL`` / ``CORRAL_TOKEN``, then
     ``~/.corral/config.toml``, then ``http://127.0.0.1:8470``.
