@@ -3,7 +3,9 @@ over ``httpx.MockTransport``: fast, no server."""
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -177,3 +179,39 @@ def test_connection_errors_give_up_after_the_attempts() -> None:
     ):
         client.teams()
     assert len(tries) == 3
+
+
+class Breaks(httpx.SyncByteStream):
+    """An SSE body that sends ``frames`` and then loses the connection."""
+
+    def __init__(self, frames: list[bytes], then_break: bool) -> None:
+        self.frames = frames
+        self.then_break = then_break
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.frames
+        if self.then_break:
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+
+def frame(seq: int, kind: str) -> bytes:
+    body = json.dumps({"seq": seq, "kind": kind, "at": 0.0, "job_id": "job_1", "data": {}})
+    return f"id: {seq}\nevent: {kind}\ndata: {body}\n\n".encode()
+
+
+def test_a_broken_stream_is_resumed_with_last_event_id() -> None:
+    asked: list[str | None] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("Last-Event-ID"))
+        if len(asked) == 1:
+            stream = Breaks([frame(3, "job.submitted"), frame(5, "job.started")], True)
+        else:  # a server resumes after the id; this one also repeats one, which is dropped
+            stream = Breaks([frame(5, "job.started"), frame(8, "job.succeeded")], False)
+        return httpx.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
+
+    with mock_client(httpx.MockTransport(handle)) as client:
+        stream = client.events("job_1")
+        assert [e.seq for e in stream] == [3, 5, 8]
+    assert asked == [None, "5"]
+    assert stream.reconnects == 1
