@@ -7,7 +7,7 @@ verdicts per node class, and "did not fit" until capacity is given back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corral.core.model import Job
 from corral.core.resources import MILLI
@@ -15,7 +15,11 @@ from corral.core.resources import MILLI
 
 @dataclass(frozen=True, slots=True)
 class Need:
-    """One replica's demand. ``on_cpu`` is the CPU-offload variant of a GPU job."""
+    """One replica's demand. ``on_cpu`` is the CPU-offload variant of a GPU job.
+
+    ``shared`` and ``cpu_only`` are derived once at construction, and the hash
+    is kept: needs are dictionary keys on the hot path of every cycle.
+    """
 
     gpus: int = 0  # whole cards
     milli: int = 0  # compute share of one card (shared jobs)
@@ -25,14 +29,19 @@ class Need:
     selector: tuple[tuple[str, str], ...] = ()
     backend: str | None = None
     on_cpu: bool = False
+    shared: bool = field(init=False, compare=False)
+    cpu_only: bool = field(init=False, compare=False)
+    _hash: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def shared(self) -> bool:
-        return self.gpus == 0 and not self.on_cpu and (self.milli > 0 or self.vram > 0)
+    def __post_init__(self) -> None:
+        shared = self.gpus == 0 and not self.on_cpu and (self.milli > 0 or self.vram > 0)
+        object.__setattr__(self, "shared", shared)
+        object.__setattr__(self, "cpu_only", self.on_cpu or (self.gpus == 0 and not shared))
+        key = (self.gpus, self.milli, self.vram, self.cpus, self.gpu_models, self.selector)
+        object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu)))
 
-    @property
-    def cpu_only(self) -> bool:
-        return self.on_cpu or (self.gpus == 0 and not self.shared)
+    def __hash__(self) -> int:
+        return self._hash
 
     def nominal_milli(self) -> int:
         """Milli-GPUs before the card is known (a lower bound for shared jobs)."""
