@@ -20,6 +20,7 @@ from corral.core.model import Job
 from corral.core.states import JOB, JobState, transition
 from corral.server.agentlink.base import StopReason
 from corral.server.services.auth import Principal
+from corral.server.services.group import GroupCommitter
 from corral.server.services.settling import request_stop
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -49,34 +50,39 @@ class Page:
 class JobService:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.group = GroupCommitter(rt)  # concurrent submissions share a commit
         self._classes = {c.name for c in rt.priority_classes}
 
     async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
-        """Create the jobs in one transaction; all or none.
+        """Create the jobs atomically (all or none); concurrent calls share one commit.
 
         Returns the jobs and whether they were created (False: every job was
         already there under the same idempotency keys: a replay).
         """
         who.require_client()
         self._check(who, drafts)
-        async with self.rt.tx(reschedule=True) as tx:
-            existing = await self._replays(tx, drafts)
-            if existing is not None:
-                return existing, False
-            now = tx.now
-            records = [
-                JobRecord(job=replace(d.job, submitted_at=now), request_hash=d.request_hash)
-                for d in drafts
-            ]
-            await job_repo.insert_many(tx.conn, records)
-            teams = {r.job.team for r in records}
-            if not teams <= self.rt.known_teams:
-                await node_repo.ensure_teams(tx.conn, teams - self.rt.known_teams, now)
+        records, created = await self.group.run(lambda tx: self._insert(tx, drafts))
+        if created:
+            self.rt.known_teams |= {r.job.team for r in records}
             for r in records:
-                tx.emit(EventKind.JOB_SUBMITTED, team=r.job.team, job_id=r.job.id, state="queued")
-        self.rt.known_teams |= teams
+                self.rt.metrics.submitted.labels(r.job.priority, r.job.team).inc()
+        return records, created
+
+    async def _insert(self, tx: Tx, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
+        """One submission inside a (group) transaction: replay, or insert with events."""
+        existing = await self._replays(tx, drafts)
+        if existing is not None:
+            return existing, False
+        records = [
+            JobRecord(job=replace(d.job, submitted_at=tx.now), request_hash=d.request_hash)
+            for d in drafts
+        ]
+        await job_repo.insert_many(tx.conn, records)
+        teams = {r.job.team for r in records}
+        if not teams <= self.rt.known_teams:
+            await node_repo.ensure_teams(tx.conn, teams - self.rt.known_teams, tx.now)
         for r in records:
-            self.rt.metrics.submitted.labels(r.job.priority, r.job.team).inc()
+            tx.emit(EventKind.JOB_SUBMITTED, team=r.job.team, job_id=r.job.id, state="queued")
         return records, True
 
     def _check(self, who: Principal, drafts: Sequence[Draft]) -> None:
