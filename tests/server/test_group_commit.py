@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from server_harness import World
+from server_harness import ADMIN, World
 
 from corral.core.errors import Conflict
 from corral.server.services.unit import Tx
@@ -20,7 +20,7 @@ async def test_concurrent_submissions_share_commits(world: World) -> None:
     assert len({r.job.id for r in records}) == 20
     groups = world.plane.jobs.group.groups
     assert groups < 20, "concurrent submissions should share transactions"
-    listed = await world.plane.jobs.page(world_admin(), limit=100)
+    listed = await world.plane.jobs.page(ADMIN, limit=100)
     assert len(listed.jobs) == 20
 
 
@@ -54,10 +54,4 @@ async def test_a_failed_commit_fails_every_unit_of_the_group(
     results = await asyncio.gather(*(world.submit() for _ in range(3)), return_exceptions=True)
     assert all(isinstance(r, OSError) for r in results)
     monkeypatch.undo()
-    assert (await world.plane.jobs.page(world_admin())).jobs == []
-
-
-def world_admin():  # type: ignore[no-untyped-def]
-    from server_harness import ADMIN
-
-    return ADMIN
+    assert (await world.plane.jobs.page(ADMIN)).jobs == []
