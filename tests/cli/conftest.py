@@ -11,31 +11,14 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk"))
 
+from cli_runner import Cli
 from live_server import Running, corral_server, stub_server
-from typer.testing import CliRunner, Result
-
-from corral.cli.main import app
-
-
-@dataclass
-class Cli:
-    """Runs ``corral ARGS`` in-process with a controlled environment."""
-
-    env: dict[str, str | None] = field(default_factory=dict)
-
-    def __call__(self, *args: str, input: str | None = None) -> Result:
-        return CliRunner().invoke(app, list(args), env=self.env, input=input)
-
-    def against(self, server: Running) -> Cli:
-        """The same runner, pointed at ``server`` with its admin token."""
-        return Cli({**self.env, "CORRAL_URL": server.url, "CORRAL_TOKEN": server.token})
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import Cli
+from cli_runner import Cli
 from live_server import Running, corral_command, eventually, free_port
 
 from corral.sdk.config import load

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import Cli
+from cli_runner import Cli
 from live_server import Running, eventually
 
 PNG = b"\x89PNG\r\n\x1a\n"
