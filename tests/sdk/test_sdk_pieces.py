@@ -215,3 +215,12 @@ def test_a_broken_stream_is_resumed_with_last_event_id() -> None:
         assert [e.seq for e in stream] == [3, 5, 8]
     assert asked == [None, "5"]
     assert stream.reconnects == 1
+
+
+def test_the_local_admin_token_of_corral_up_is_used_only_for_this_machine(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    (tmp_path / "admin-token").write_text("corral_admin_local\n")
+    assert resolve(env={}, path=path).token == "corral_admin_local"
+    assert resolve("http://localhost:9000", env={}, path=path).token == "corral_admin_local"
+    assert resolve("http://gpu-box:8470", env={}, path=path).token is None
+    assert resolve(env={"CORRAL_TOKEN": "mine"}, path=path).token == "mine"
