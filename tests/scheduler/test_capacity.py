@@ -91,3 +91,20 @@ def test_a_need_that_failed_is_cached_until_capacity_is_given_back() -> None:
     cap.release(nc, (0,), 1000, 0, 0)
     assert cap.generation != generation
     assert Need(gpus=1).nominal_milli() == 1000
+
+
+def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
+    from corral.scheduler import Config, Snapshot
+    from corral.scheduler.cycle import Cycle
+
+    cycle = Cycle(Snapshot(nodes=NODES), Config(), now=0.0)
+    memo = cycle.memo()
+    memo.put("kept", 1)
+    mark = cycle.checkpoint()
+    memo.put("kept", 2)
+    memo.put("new", 3)
+    cycle.cap.reserve(cycle.cap.nodes[0], (0,), 1000, 0, 1)
+    cycle.rollback(mark)
+    assert memo.get("kept") == 1
+    assert memo.get("new") is None
+    assert cycle.cap.nodes[0].gpu_free[0] == 1000
