@@ -92,6 +92,7 @@ class Served:
     drops: int = 1
     corrupt: bool = False
     statuses: list[int] = field(default_factory=list)
+    retry_after: int | None = None  # sent with those statuses
     hold_at: int | None = None
     gate: threading.Event = field(default_factory=threading.Event)
 
@@ -189,7 +190,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, served: Served | None, range_header: str | None) -> int:
         if served is None or served.statuses:
             status = served.statuses.pop(0) if served else 404
-            self.send_error(status)
+            retry = served.retry_after if served else None
+            self._head(status, 0, {"Retry-After": str(retry)} if retry is not None else {})
             return status
         data = bytearray(served.data)
         if served.corrupt:

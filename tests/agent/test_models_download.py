@@ -142,6 +142,28 @@ async def test_transient_errors_back_off_exponentially_then_succeed(
     assert states.count(DownloadState.RETRYING) == 3
 
 
+async def test_retry_after_is_honoured_up_to_the_cap(server: FileServer, tmp_path: Path) -> None:
+    url = server.add("m", DATA, statuses=[429, 503], retry_after=7)
+    clock = JumpClock()
+    async with agent(tmp_path, clock=clock, backoff_max_s=5.0) as models:
+        assert (await models.downloader.ensure(spec_for("m", DATA, url))).read_bytes() == DATA
+    assert clock.sleeps == [5.0, 5.0]  # the server asked for 7 s; the agent's cap is 5 s
+
+
+async def test_a_source_whose_file_shrank_is_refused_after_starting_over(
+    server: FileServer, tmp_path: Path
+) -> None:
+    spec = spec_for("m", DATA, server.add("m", DATA[: 100 * KIB]))
+    partial = tmp_path / "agent-a" / "partial" / f"{spec.sha256}.part"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(DATA[: 150 * KIB])  # from an earlier run, when the file was whole
+    async with agent(tmp_path) as models:
+        with pytest.raises(DownloadFailed, match=f"serves {100 * KIB} bytes"):
+            await models.downloader.ensure(spec)
+    assert [h.status for h in server.hits("m")] == [416, 206]
+    assert not partial.exists()
+
+
 async def test_a_missing_source_falls_back_without_waiting(
     server: FileServer, tmp_path: Path
 ) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from model_fixtures import KIB, FileServer, agent, blob, file_server, reached, spec_for
 
-from corral.agent.models import CacheFull, DownloadProgress, DownloadState, ModelSpec
+from corral.agent.models import CacheFull, DownloadProgress, DownloadState, ModelSpec, fetch
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -45,8 +45,10 @@ def _append(order: list[str], name: str, _future: object) -> None:
 
 
 async def test_a_job_download_overtakes_queued_and_running_prefetches(
-    server: FileServer, tmp_path: Path
+    server: FileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    rehashed: list[Path] = []
+    monkeypatch.setattr(fetch, "hash_prefix", lambda path, limit=None: rehashed.append(path))
     p1 = serve(server, "p1", hold_at=64 * KIB)  # a slow transfer that is under way
     p2, p3, job = serve(server, "p2"), serve(server, "p3"), serve(server, "job")
     async with agent(tmp_path, parallel=1) as models:
@@ -62,6 +64,7 @@ async def test_a_job_download_overtakes_queued_and_running_prefetches(
         assert path.read_bytes() == DATA["job"]
         edges = [(t.current, t.target) for t in downloader.history("p1")]
     assert ("fetching", "queued") in edges  # paused, not restarted:
+    assert rehashed == []  # and its digest so far was kept, not recomputed from the file
     assert [h.range for h in server.hits("p1")] == [
         "bytes=0-65535",
         "bytes=65536-131071",  # stalled, then dropped when paused

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from corral.agent.models import DownloadProgress, DownloadState, ModelKind, ModelSpec
+from corral.agent.models import (
+    DownloadProgress,
+    DownloadSettings,
+    DownloadState,
+    ModelKind,
+    ModelSettings,
+    ModelSpec,
+)
 from corral.agent.models.eviction import Candidate, Rank, plan_eviction
 from corral.core import InvalidSpec
 
@@ -104,3 +113,14 @@ def test_a_refusal_names_what_holds_the_space() -> None:
     plan = plan_eviction([OLD_PINNED, MID], used=200, budget=250, need=200)
     assert not plan.fits
     assert [c.label for c in plan.held] == ["a"]
+
+
+def test_settings_read_cli_values_and_name_bad_fields(tmp_path: Path) -> None:
+    settings = ModelSettings.parse(tmp_path, "2GiB")
+    assert (settings.dir, settings.budget_bytes) == (tmp_path, 2 * 1024**3)
+    with pytest.raises(InvalidSpec, match=r"^models\.budget: not a size"):
+        ModelSettings.parse(tmp_path, "plenty")
+    with pytest.raises(InvalidSpec, match=r"^models\.parallel: must be at least 1"):
+        DownloadSettings(parallel=0)
+    with pytest.raises(InvalidSpec, match=r"^models\.jitter"):
+        DownloadSettings(jitter=1.5)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -45,6 +46,7 @@ from corral.agent.models.index import (
 from corral.agent.models.spec import ModelKind, ModelSpec
 from corral.core import Clock
 
+log = logging.getLogger(__name__)
 HASH_BLOCK = 1024 * 1024  # read size when hashing a file: large enough to be disk-bound
 
 
@@ -245,7 +247,7 @@ class ModelCache:
                 self.part_path(victim.key.removeprefix("partial:")).unlink(missing_ok=True)
             else:
                 self._delete_blob(victim.key)
-            self.notes.append(f"evicted {victim.label} ({victim.size} bytes)")
+            log.info("evicted %s (%d bytes) to make room", victim.label, victim.size)
         if plan.victims:
             self._save()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import httpx
 
 from corral.agent.models.cache import ModelCache
 from corral.agent.models.errors import DownloadFailed, IntegrityError, ModelError, SourceError
-from corral.agent.models.fetch import FetchRequest, PartFile, fetch
+from corral.agent.models.fetch import FetchRequest, Hashed, PartFile, fetch
 from corral.agent.models.progress import Listener, ProgressHub
 from corral.agent.models.spec import (
     DOWNLOAD,
@@ -45,6 +46,7 @@ from corral.agent.models.spec import (
 )
 from corral.core import Clock, InvalidSpec, Transition, transition
 
+log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 HISTORIES_KEPT = 256  # models whose last download's history ``history()`` can still show
 
@@ -88,6 +90,7 @@ class _Download:
     writes: int = 0  # bumps on every write: "did this try make progress?"
     task: asyncio.Task[None] | None = None
     pausing: bool = False
+    hashed: Hashed | None = None  # the partial file's digest when it was last closed
     history: list[Transition] = field(default_factory=list)
     published: tuple[float, float] = (-1.0, float("-inf"))  # (fraction, clock time)
 
@@ -162,13 +165,16 @@ class Downloader:
                 await asyncio.shield(self.request(spec, job_id=job_id))
         finally:
             if job_id is not None:
-                self.forget_job(job_id)
+                self.forget_job(job_id, spec.sha256)
         return self._cache.blob_path(spec.sha256)
 
-    def forget_job(self, job_id: str) -> None:
-        """``job_id`` waits no more; downloads nobody else waits for become prefetches."""
+    def forget_job(self, job_id: str, sha256: str | None = None) -> None:
+        """``job_id`` waits no more (for ``sha256``, or for anything).
+
+        Downloads nobody else waits for carry on as prefetches.
+        """
         for download in self._downloads.values():
-            if job_id in download.jobs:
+            if job_id in download.jobs and sha256 in (None, download.spec.sha256):
                 download.jobs.discard(job_id)
                 if not download.jobs:
                     download.priority = Priority.PREFETCH
@@ -259,7 +265,11 @@ class Downloader:
         """Pause the newest running prefetch, unless one is already pausing."""
         if any(d.pausing for d in self._running):
             return
-        prefetches = [d for d in self._running if d.priority is Priority.PREFETCH]
+        prefetches = [
+            d
+            for d in self._running
+            if d.priority is Priority.PREFETCH and d.state is not DownloadState.VERIFYING
+        ]
         if prefetches and (victim := max(prefetches, key=lambda d: d.seq)).task:
             victim.pausing = True
             victim.task.cancel()
@@ -287,7 +297,9 @@ class Downloader:
             path = await self._download(download)
         except ModelError as exc:
             self._finish(download, exc)
-        except (OSError, httpx.HTTPError) as exc:  # disk full, an odd URL: the download fails
+        except Exception as exc:  # disk full, an odd URL, a bug: fail it, never leave it hanging
+            if not isinstance(exc, OSError | httpx.HTTPError):
+                log.exception("download of model %s failed unexpectedly", download.spec.name)
             message = f"model {download.spec.name}: {type(exc).__name__}: {exc}"
             self._finish(download, ModelError(download.spec.name, message))
         else:
@@ -297,11 +309,12 @@ class Downloader:
         spec = download.spec
         self._cache.reserve(spec)  # may evict; CacheFull when the space is pinned
         try:
-            part = await PartFile.open(self._cache.part_path(spec.sha256), spec.size)
+            path = self._cache.part_path(spec.sha256)
+            part = await PartFile.open(path, spec.size, known=download.hashed)
             try:
                 return await self._from_sources(download, part)
             finally:
-                part.close()
+                download.hashed = part.close()  # a resume after a pause need not re-hash
         finally:
             self._cache.release(spec.sha256)
 
@@ -314,7 +327,7 @@ class Downloader:
                 errors.append(exc)
                 continue
             self._move(download, DownloadState.VERIFYING, f"all bytes from {source}")
-            part.sync()
+            await asyncio.to_thread(part.sync)
             actual = part.hexdigest()
             if actual == spec.sha256:
                 return self._cache.commit(spec)

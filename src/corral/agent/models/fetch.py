@@ -37,6 +37,14 @@ _TRANSIENT_STATUS = frozenset({408, 425, 429})  # plus every 5xx
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
+@dataclass(frozen=True, slots=True)
+class Hashed:
+    """What a closed partial file held: its length and a sha256 fed with those bytes."""
+
+    offset: int
+    digest: hashlib._Hash
+
+
 class PartFile:
     """A partial download: its file, its length, and the sha256 of what it holds."""
 
@@ -47,13 +55,20 @@ class PartFile:
         self._file = open(path, "ab")  # noqa: SIM115 - closed by close(), it spans many requests
 
     @classmethod
-    async def open(cls, path: Path, total: int) -> PartFile:
-        """Open (or create) ``path``, hashing what it already holds; too long means garbage."""
+    async def open(cls, path: Path, total: int, *, known: Hashed | None = None) -> PartFile:
+        """Open (or create) ``path``, hashing what it holds unless ``known`` still matches it.
+
+        A file longer than ``total`` cannot be a prefix of the model: it is deleted.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > total:
+        size = path.stat().st_size if path.exists() else 0
+        if size > total:
             path.unlink()
-        if not path.exists():
+            size = 0
+        if size == 0:
             return cls(path, hashlib.sha256(), 0)
+        if known is not None and known.offset == size:
+            return cls(path, known.digest.copy(), size)
         digest, offset = await asyncio.to_thread(hash_prefix, path)
         return cls(path, digest, offset)
 
@@ -77,8 +92,10 @@ class PartFile:
         self._file.flush()
         os.fsync(self._file.fileno())
 
-    def close(self) -> None:
+    def close(self) -> Hashed:
+        """Close the file; returns what it holds so a later resume can skip re-hashing."""
         self._file.close()
+        return Hashed(self.offset, self._digest.copy())
 
     def delete(self) -> None:
         self.close()

@@ -42,10 +42,12 @@ class ModelSettings:
             raise InvalidSpec("models.budget_bytes", f"must be positive, got {self.budget_bytes}")
 
     @classmethod
-    def parse(cls, directory: str | Path, budget: str | int, **more: object) -> ModelSettings:
+    def parse(
+        cls, directory: str | Path, budget: str | int, downloads: DownloadSettings | None = None
+    ) -> ModelSettings:
         """Settings from CLI-style values: ``ModelSettings.parse("~/.corral/models", "50GiB")``."""
         size = parse_bytes(budget, field_name="models.budget")
-        return cls(Path(directory).expanduser(), size, **more)  # type: ignore[arg-type]
+        return cls(Path(directory).expanduser(), size, downloads or DownloadSettings())
 
 
 class ModelManager:
