@@ -55,3 +55,19 @@ async def test_only_one_replica_leads(pg_url: str) -> None:
         await second.release()
         await a.close()
         await b.close()
+
+
+async def test_running_allocations_carry_their_expected_end(world: World) -> None:
+    await world.submit(resources={"gpus": 1}, estimated_runtime_s=100)
+    agent = await world.agent("n1", gpus=2)
+    await world.cycle()
+    a = await agent.next_assignment()
+    started_at = world.clock.now()
+    await agent.start(a)
+    async with world.plane.rt.db.read() as conn:
+        snapshot, _ = await world.plane.schedule.cache.load(conn)
+    assert dict(snapshot.expected_ends) == {a.allocation_id: started_at + 100}
+    await agent.finish(a)
+    async with world.plane.rt.db.read() as conn:
+        snapshot, _ = await world.plane.schedule.cache.load(conn)
+    assert dict(snapshot.expected_ends) == {}

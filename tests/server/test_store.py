@@ -62,7 +62,7 @@ async def test_migrations_create_every_table_and_are_idempotent(db_url: str) -> 
                 await conn.execute(sa.text("SELECT version_num FROM alembic_version"))
             ).scalar()
         assert {"jobs", "allocations", "nodes", "teams", "tokens", "events"} <= names
-        assert version == "0001"
+        assert version == "0002"
     finally:
         await db.close()
 

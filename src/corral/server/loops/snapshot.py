@@ -24,6 +24,7 @@ from corral.scheduler.api import Snapshot
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
+from corral.server.store.records import AllocRecord
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
 
@@ -36,12 +37,14 @@ class SnapshotCache:
     def __init__(self) -> None:
         self.jobs: dict[str, tuple[int, Job]] = {}
         self.allocations: dict[str, tuple[int, Allocation]] = {}
+        self.expected_ends: dict[str, float] = {}
         self.nodes: dict[str, tuple[int, Node]] = {}
         self.rows_read = 0  # full rows decoded by the last load (for tests and metrics)
 
     def rebuild(self) -> None:
         self.jobs.clear()
         self.allocations.clear()
+        self.expected_ends.clear()
         self.nodes.clear()
 
     async def load(self, conn: AsyncConnection) -> tuple[Snapshot, dict[str, int]]:
@@ -57,6 +60,7 @@ class SnapshotCache:
             queued=tuple(self.jobs[job_id][1] for job_id, _ in order if job_id in self.jobs),
             allocations=tuple(a for _, a in self.allocations.values()),
             teams=tuple(teams),
+            expected_ends=self.expected_ends,
         )
         return snapshot, {job_id: version for job_id, (version, _) in self.jobs.items()}
 
@@ -78,12 +82,15 @@ class SnapshotCache:
         self.allocations = {k: v for k, v in self.allocations.items() if wanted.get(k) == v[0]}
         stale = [a for a in wanted if a not in self.allocations]
 
-        async def fetch(ids: list[str]) -> list[tuple[str, int, Allocation]]:
-            return [(r.alloc.id, r.version, r.alloc) for r in await alloc_repo.get_many(conn, ids)]
+        async def fetch(ids: list[str]) -> list[AllocRecord]:
+            return await alloc_repo.get_many(conn, ids)
 
-        for key, version, alloc in await _chunked(stale, fetch):
-            if alloc.active:
-                self.allocations[key] = (version, alloc)
+        for rec in await _chunked(stale, fetch):
+            if rec.alloc.active:
+                self.allocations[rec.alloc.id] = (rec.version, rec.alloc)
+                if rec.expected_end_at is not None:
+                    self.expected_ends[rec.alloc.id] = rec.expected_end_at
+        self.expected_ends = {k: v for k, v in self.expected_ends.items() if k in self.allocations}
         self.rows_read += len(stale)
 
     async def _refresh_nodes(self, conn: AsyncConnection, wanted: dict[str, int]) -> None:

@@ -184,8 +184,15 @@ class AgentService:
                 why="started",
             )
             deadline = tx.now + min(timeouts) if timeouts else None
+            estimates = [j.job.estimated_runtime_s for j in jobs.values()]
+            known = [e for e in estimates if e]
             await alloc_repo.update(
-                tx.conn, rec, observed=observed.value, started_at=tx.now, deadline_at=deadline
+                tx.conn,
+                rec,
+                observed=observed.value,
+                started_at=tx.now,
+                deadline_at=deadline,
+                expected_end_at=tx.now + max(known) if known else None,
             )
             for job in jobs.values():
                 if is_current(job, rec.alloc) and job.state is JobState.PLACED:

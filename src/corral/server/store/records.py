@@ -73,6 +73,7 @@ class AllocRecord:
     stop_at: float | None = None
     stop_grace_s: float | None = None
     deadline_at: float | None = None
+    expected_end_at: float | None = None
     version: int = 1
 
 
@@ -243,6 +244,7 @@ def alloc_from_row(row: Any) -> AllocRecord:
         stop_at=row.stop_at,
         stop_grace_s=row.stop_grace_s,
         deadline_at=row.deadline_at,
+        expected_end_at=row.expected_end_at,
         version=row.version,
     )
 

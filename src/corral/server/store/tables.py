@@ -79,6 +79,7 @@ allocations = sa.Table(
     sa.Column("stop_at", sa.Double, nullable=True),  # when the stop was sent
     sa.Column("stop_grace_s", sa.Double, nullable=True),
     sa.Column("deadline_at", sa.Double, nullable=True),  # started_at + the jobs' timeout
+    sa.Column("expected_end_at", sa.Double, nullable=True),  # started_at + estimated run time
     sa.Column("version", sa.Integer, nullable=False, default=1),
     sa.Index("ix_allocations_active_node", "active", "node"),
 )
