@@ -145,3 +145,25 @@ def test_sqlite_uses_wal(tmp_path: Path) -> None:
             await db.close()
 
     assert anyio.run(check) == "wal"
+
+
+async def test_an_older_schema_is_upgraded_in_place_keeping_its_rows(db_url: str) -> None:
+    from alembic import command
+
+    from corral.server.store.migrate import alembic_config
+
+    db = Database(parse_db(db_url))
+    try:
+        await db.prepare()  # creates the schema (and the PostgreSQL schema) at head ...
+        async with db.write() as conn:  # ... then go back to the first revision
+            await conn.run_sync(lambda c: command.downgrade(alembic_config(c), "0001"))
+            await job_repo.insert(conn, JobRecord(job=Job(id="old")))
+        await db.prepare()
+        async with db.read() as conn:
+            cols = await conn.run_sync(
+                lambda c: {col["name"] for col in sa.inspect(c).get_columns("allocations")}
+            )
+            assert "expected_end_at" in cols
+            assert await job_repo.get(conn, "old") is not None
+    finally:
+        await db.close()
