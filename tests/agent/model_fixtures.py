@@ -193,13 +193,15 @@ class _Handler(BaseHTTPRequestHandler):
             retry = served.retry_after if served else None
             self._head(status, 0, {"Retry-After": str(retry)} if retry is not None else {})
             return status
-        data = bytearray(served.data)
+        data = memoryview(served.data)  # no copy per request: benchmarks serve big files
         if served.corrupt:
-            data[len(data) // 2] ^= 0xFF
+            flipped = bytearray(served.data)
+            flipped[len(data) // 2] ^= 0xFF
+            data = memoryview(bytes(flipped))
         match = None if served.ignore_range else _RANGE.match(range_header or "")
         if match is None:
             self._head(200, len(data), {})
-            self._body(served, bytes(data), 0)
+            self._body(served, data, 0)
             return 200
         start = int(match.group(1))
         end = min(int(match.group(2) or len(data) - 1), len(data) - 1)
@@ -207,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._head(416, 0, {"Content-Range": f"bytes */{len(data)}"})
             return 416
         self._head(206, end - start + 1, {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
-        self._body(served, bytes(data[start : end + 1]), start)
+        self._body(served, data[start : end + 1], start)
         return 206
 
     def _head(self, status: int, length: int, extra: dict[str, str]) -> None:
@@ -218,7 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
 
-    def _body(self, served: Served, body: bytes, start: int) -> None:
+    def _body(self, served: Served, body: memoryview, start: int) -> None:
         """Send ``body`` (file bytes from ``start``), misbehaving as ``served`` says."""
         stop_at = len(body)
         drop = served.drop_at
