@@ -329,3 +329,41 @@ async def test_openapi_documents_every_route(served_sqlite: Served) -> None:
         "/metrics",
     } <= paths
     assert (await served_sqlite.admin.get("/docs")).status_code == 200
+
+
+async def test_the_event_log_exports_as_a_trace_corral_sim_reads(
+    served_sqlite: Served, tmp_path: Path
+) -> None:
+    from corral.core.model import DEFAULT_PRIORITY_CLASSES
+    from corral.sim.fields import JobParser
+    from corral.sim.traces import read_trace
+
+    s = served_sqlite
+    ran = await submit(s, resources={"gpus": 1, "vram": "8GiB"}, team="vision", user="ana")
+    waiting = await submit(s, resources={"gpus": 0.5}, priority="batch")
+    agent = await s.agent("gpu-1", gpus=1)
+    a = await agent.next_assignment()
+    await agent.start(a)
+    await agent.finish(a)
+    r = await s.admin.get("/v1/events/export", params={"format": "sim"})
+    assert r.status_code == 200
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(r.text)
+    parser = JobParser([c.name for c in DEFAULT_PRIORITY_CLASSES], None)
+    jobs = list(read_trace(trace, parser))
+    assert [j.job.id for j in jobs] == [ran["id"], waiting["id"]]
+    first, second = jobs
+    assert (first.job.team, first.job.user, first.job.resources.vram_bytes) == (
+        "vision",
+        "ana",
+        8 * 1024**3,
+    )
+    assert first.duration is not None
+    assert first.duration >= 0
+    assert (second.job.resources.gpu_milli, second.duration, second.job.priority) == (
+        500,
+        None,
+        "batch",
+    )
+    assert first.submit_at == 0.0
+    assert second.submit_at >= 0.0

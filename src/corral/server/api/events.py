@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
@@ -43,10 +43,24 @@ async def all_events(
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one event per line"}},
 )
 async def export(
-    plane: Plane, who: Caller, after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0
+    plane: Plane,
+    who: Caller,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    format: Annotated[
+        Literal["events", "sim"],
+        Query(description="events: the raw log; sim: one job per line, a corral sim trace"),
+    ] = "events",
 ) -> StreamingResponse:
-    """The event log as JSON lines, oldest first: a trace for audit and ``corral sim`` (admin)."""
+    """The event log as JSON lines, oldest first (admin).
+
+    ``format=sim`` turns it into a job trace that ``corral sim`` replays: one
+    line per job with its resources, team, user, priority, submit time (from 0)
+    and the duration it ran.
+    """
     who.require_admin("export the event trace")
+    if format == "sim":
+        rows = (json.dumps(r) + "\n" async for r in plane.feed.sim_trace(who))
+        return StreamingResponse(rows, media_type="application/x-ndjson")
     return StreamingResponse(_lines(plane.feed, who, after), media_type="application/x-ndjson")
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from corral.core.errors import NotFound
 from corral.core.events import TERMINAL_JOB_EVENTS, Event
+from corral.core.resources import GIB, MILLI
 from corral.core.states import JOB
 from corral.scheduler.api import Unplaced
 from corral.server.services.auth import Principal
@@ -91,6 +93,40 @@ class EventFeed:
                 yield event, team
             if len(batch) < PAGE:
                 return
+
+    async def sim_trace(self, who: Principal) -> AsyncIterator[dict[str, Any]]:
+        """Every job, in submission order, as a trace ``corral sim`` replays (docs/sim.md)."""
+        who.require_admin("export the trace")
+        last, origin = 0, None
+        while True:
+            async with self.rt.db.read() as conn:
+                batch = await job_repo.after_seq(conn, last, PAGE)
+            for rec in batch:
+                last = rec.seq
+                origin = rec.job.submitted_at if origin is None else origin
+                yield sim_record(rec, origin)
+            if len(batch) < PAGE:
+                return
+
+
+def sim_record(rec: JobRecord, origin: float) -> dict[str, Any]:
+    """One job as a ``corral sim`` trace row (its JOB_FIELDS); ``origin`` becomes time 0."""
+    job, res = rec.job, rec.job.resources
+    row: dict[str, Any] = {
+        "id": job.id,
+        "submit_at": round(job.submitted_at - origin, 6),
+        "gpus": res.gpus if res.gpus else res.gpu_milli / MILLI,
+        "cpus": res.cpus,
+    }
+    if rec.started_at is not None and rec.finished_at is not None:
+        row["duration"] = round(max(0.0, rec.finished_at - rec.started_at), 6)
+    if res.vram_bytes:
+        row["vram_gib"] = res.vram_bytes / GIB
+    if res.gpu_models:
+        row["gpu_models"] = sorted(res.gpu_models)
+    row.update(team=job.team, user=job.user, priority=job.priority)
+    row.update(preemptible=job.preemptible, replicas=job.replicas)
+    return row
 
 
 @dataclass(frozen=True, slots=True)

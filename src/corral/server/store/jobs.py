@@ -69,6 +69,12 @@ async def page(
     return [job_from_row(r) for r in await conn.execute(query)]
 
 
+async def after_seq(conn: AsyncConnection, seq: int, limit: int) -> list[JobRecord]:
+    """Jobs submitted after ``seq``, oldest first (for streaming exports)."""
+    query = sa.select(jobs).where(jobs.c.seq > seq).order_by(jobs.c.seq).limit(limit)
+    return [job_from_row(r) for r in await conn.execute(query)]
+
+
 async def queued(conn: AsyncConnection) -> list[JobRecord]:
     """Every queued job, in submission order."""
     query = sa.select(jobs).where(jobs.c.state == JobState.QUEUED.value).order_by(jobs.c.seq)
