@@ -48,6 +48,8 @@ class _Static:
     gpu_count: tuple[int, ...]
     cpus: tuple[int, ...]
     max_gpus: int
+    all_free: tuple[list[int], ...]  # templates: never mutated, copied on write
+    card_vram_lists: tuple[list[int], ...]  # the same for VRAM
 
 
 _cache: dict[int, tuple[tuple[Node, ...], _Static]] = {}
@@ -68,6 +70,8 @@ def _static(nodes: tuple[Node, ...]) -> _Static:
         gpu_count=tuple(len(n.gpus) for n in nodes),
         cpus=tuple(n.cpus for n in nodes),
         max_gpus=max((len(n.gpus) for n in nodes), default=0),
+        all_free=tuple([MILLI] * len(n.gpus) for n in nodes),
+        card_vram_lists=tuple([g.vram_bytes for g in n.gpus] for n in nodes),
     )
     _cache.clear()
     _cache[id(nodes)] = (nodes, static)
@@ -80,36 +84,39 @@ Pick = tuple[int, tuple[int, ...], int, int, int]  # node, GPUs, milli per GPU, 
 class _Greedy:
     """Free capacity of one snapshot, indexed by whole free GPUs per node.
 
-    Built in O(nodes + allocations) with cheap steps: only the nodes that hold
-    an allocation are recounted.
+    Built in O(nodes + allocations) with cheap steps: a node's free lists are
+    shared templates until an allocation or a pick changes them.
     """
 
     def __init__(self, snapshot: Snapshot, *, best: bool) -> None:
         self.snapshot, self.best = snapshot, best
         st = self.st = _static(snapshot.nodes)
-        free = self.free = [[MILLI] * n for n in st.gpu_count]
-        vram = self.vram = [list(v) for v in st.card_vram]
+        # Copy on write: a node's lists are the shared all-free templates until changed.
+        free = self.free = list(st.all_free)
+        vram = self.vram = list(st.card_vram_lists)
         cpu = self.cpu = list(st.cpus)
-        index = st.index
-        touched, shared = set(), set()
+        index, templates = st.index, st.all_free
+        shared = set()
         for a in snapshot.allocations:
             i = index[a.node]
-            touched.add(i)
-            milli, reserved = a.gpu_milli, a.vram_bytes
-            if milli < MILLI:
-                shared.add(i)
+            milli = a.gpu_milli
             node_free = free[i]
+            if node_free is templates[i]:
+                node_free = free[i] = node_free[:]
             for g in a.gpu_indices:
                 node_free[g] -= milli
-            if reserved:
-                for g in a.gpu_indices:
-                    vram[i][g] -= reserved
+            if milli < MILLI:
+                shared.add(i)
+                if a.vram_bytes:
+                    self._own_vram(i)
+                    for g in a.gpu_indices:
+                        vram[i][g] -= a.vram_bytes
             cpu[i] -= a.cpus
         whole = self.whole = list(st.gpu_count)
-        partial = [i for i in sorted(shared) if _has_partial(free[i])]
-        self.partial = partial  # nodes with a partly used GPU, in cluster order
-        for i in touched:
-            whole[i] = free[i].count(MILLI)
+        for i, node_free in enumerate(free):
+            if node_free is not templates[i]:
+                whole[i] = node_free.count(MILLI)
+        self.partial = [i for i in sorted(shared) if _has_partial(free[i])]  # cluster order
         self.groups: dict[str | None, list[list[int]]] = {}
         group = st.group
         for i in st.schedulable:
@@ -117,6 +124,10 @@ class _Greedy:
             if buckets is None:
                 buckets = self.groups[group[i]] = [[] for _ in range(st.max_gpus + 1)]
             buckets[whole[i]].append(i)
+
+    def _own_vram(self, i: int) -> None:
+        if self.vram[i] is self.st.card_vram_lists[i]:
+            self.vram[i] = self.vram[i][:]
 
     def plan(self, config: Config) -> Plan:
         ranks = {c.name: c.rank for c in config.priority_classes}
@@ -127,7 +138,9 @@ class _Greedy:
         unplaced: list[UnplacedJob] = []
         failed: set[tuple[object, ...]] = set()  # shapes that did not fit: later ones won't
         for position, job in enumerate(order):
-            shape = (job.resources, job.replicas, tuple(job.node_selector.items()))
+            # Equal requests are usually one interned object; id() keys are cheap to hash
+            # and stay valid while the snapshot holds the jobs.
+            shape = (id(job.resources), job.replicas, tuple(job.node_selector.items()))
             picks = None if shape in failed else self._place(job)
             if picks is None:
                 failed.add(shape)
@@ -169,20 +182,22 @@ class _Greedy:
         return self._find_cpu(r, selector)
 
     def _find_whole(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
-        best: tuple[int, int] | None = None  # (sort key, node)
+        found: tuple[int, int] | None = None  # (sort key, node)
+        fits = self._fits_whole
         for buckets in self._groups_for(r):
             for k in range(r.gpus, len(buckets)):
-                i = next((i for i in buckets[k] if self._fits_whole(i, r, selector)), None)
-                if i is None:
-                    continue
-                key = k * 1_000_000 + i if self.best else i
-                if best is None or key < best[0]:
-                    best = (key, i)
-                if self.best:
+                for i in buckets[k]:
+                    key = k * 1_000_000 + i if self.best else i
+                    if found is not None and key >= found[0]:
+                        break  # buckets are in cluster order: nothing better further on
+                    if fits(i, r, selector):
+                        found = (key, i)
+                        break
+                if self.best and found is not None:
                     break  # later buckets of this group hold only looser fits
-        if best is None:
+        if found is None:
             return None
-        i = best[1]
+        i = found[1]
         if r.vram_bytes or r.gpu_models:
             cards = [g for g in range(len(self.free[i])) if self._card_free(i, g, r)]
         else:
@@ -261,6 +276,10 @@ class _Greedy:
         """Take (sign -1) or give back (+1) a pick, keeping the indexes current."""
         i, gpus, milli, vram, cpus = pick
         free = self.free[i]
+        if free is self.st.all_free[i]:
+            free = self.free[i] = free[:]
+        if vram:
+            self._own_vram(i)
         for g in gpus:
             free[g] += sign * milli
             self.vram[i][g] += sign * vram

@@ -122,12 +122,6 @@ def scenario(
     )
 
 
-def arrival_span_s(shape: TraceShape) -> float:
-    """The expected time from the first to the last submission of a trace."""
-    rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
-    return shape.jobs / rate
-
-
 def _request(gpus: float) -> ResourceRequest:
     if gpus < 1:
         return ResourceRequest(gpu_milli=round(gpus * MILLI), vram_bytes=20 * GIB, cpus=2)
