@@ -5,11 +5,12 @@
 * ``eviction``: the pure decision of what to delete;
 * ``fetch``: one source into a resumable partial file (HTTP Range, or a file);
 * ``downloader``: the priority queue, parallel downloads, retries, fallback, progress;
-* ``manager``: ``ModelManager``, what the agent holds.
+* ``manager``: ``ModelManager``, what the agent holds;
+* ``settings``: ``ModelSettings`` and ``DownloadSettings``.
 """
 
 from corral.agent.models.cache import CachedModel, ModelCache
-from corral.agent.models.downloader import Downloader, DownloadSettings
+from corral.agent.models.downloader import Downloader
 from corral.agent.models.errors import (
     CacheFull,
     DownloadFailed,
@@ -17,7 +18,8 @@ from corral.agent.models.errors import (
     ModelError,
     SourceError,
 )
-from corral.agent.models.manager import ModelManager, ModelSettings
+from corral.agent.models.manager import ModelManager
+from corral.agent.models.settings import DownloadSettings, ModelSettings
 from corral.agent.models.spec import (
     DOWNLOAD,
     DownloadProgress,

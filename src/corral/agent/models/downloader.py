@@ -37,6 +37,7 @@ from corral.agent.models.cache import ModelCache
 from corral.agent.models.errors import DownloadFailed, IntegrityError, ModelError, SourceError
 from corral.agent.models.fetch import FetchRequest, Hashed, PartFile, fetch
 from corral.agent.models.progress import Listener, ProgressHub
+from corral.agent.models.settings import DownloadSettings
 from corral.agent.models.spec import (
     DOWNLOAD,
     DownloadProgress,
@@ -44,38 +45,10 @@ from corral.agent.models.spec import (
     ModelSpec,
     Priority,
 )
-from corral.core import Clock, InvalidSpec, Transition, transition
+from corral.core import Clock, Transition, transition
 
 log = logging.getLogger(__name__)
-MIB = 1024 * 1024
 HISTORIES_KEPT = 256  # models whose last download's history ``history()`` can still show
-
-
-@dataclass(frozen=True, slots=True)
-class DownloadSettings:
-    parallel: int = 2  # downloads at once: a few saturate a home link; more only split it
-    chunk_bytes: int = 16 * MIB  # bytes per Range request: small enough to resume cheaply
-    retries: int = 4  # tries of one source after failures that made no progress
-    backoff_s: float = 1.0  # first retry delay; doubles per failure
-    backoff_max_s: float = 60.0
-    jitter: float = 0.2  # +-fraction of each delay, so agents do not retry in step
-    progress_step: float = 0.01  # publish at least every 1% ...
-    progress_interval_s: float = 1.0  # ... or every second of clock time, whichever first
-    preempt_prefetch: bool = True  # pause a running prefetch for a job's download
-
-    def __post_init__(self) -> None:
-        for name in ("parallel", "chunk_bytes"):
-            if getattr(self, name) < 1:
-                raise InvalidSpec(
-                    f"models.{name}", f"must be at least 1, got {getattr(self, name)}"
-                )
-        for name in ("retries", "backoff_s", "backoff_max_s", "progress_interval_s"):
-            if getattr(self, name) < 0:
-                raise InvalidSpec(
-                    f"models.{name}", f"must not be negative, got {getattr(self, name)}"
-                )
-        if not 0 <= self.jitter < 1:
-            raise InvalidSpec("models.jitter", f"must be in [0, 1), got {self.jitter}")
 
 
 @dataclass(eq=False)

@@ -17,37 +17,15 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from corral.agent.models.cache import ModelCache
-from corral.agent.models.downloader import Downloader, DownloadSettings
+from corral.agent.models.downloader import Downloader
+from corral.agent.models.settings import ModelSettings
 from corral.agent.models.spec import ModelSpec
-from corral.core import Clock, InvalidSpec, parse_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    dir: Path
-    budget_bytes: int
-    downloads: DownloadSettings = field(default_factory=DownloadSettings)
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 60.0  # a server silent this long is dropped and retried
-    touch_flush_s: float = 30.0  # how stale the LRU order on disk may get after a crash
-
-    def __post_init__(self) -> None:
-        if self.budget_bytes <= 0:
-            raise InvalidSpec("models.budget_bytes", f"must be positive, got {self.budget_bytes}")
-
-    @classmethod
-    def parse(
-        cls, directory: str | Path, budget: str | int, downloads: DownloadSettings | None = None
-    ) -> ModelSettings:
-        """Settings from CLI-style values: ``ModelSettings.parse("~/.corral/models", "50GiB")``."""
-        size = parse_bytes(budget, field_name="models.budget")
-        return cls(Path(directory).expanduser(), size, downloads or DownloadSettings())
+from corral.core import Clock
 
 
 class ModelManager:
