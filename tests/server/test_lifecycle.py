@@ -38,6 +38,8 @@ async def test_job_runs_from_placement_to_result(world: World) -> None:
 
     done = await world.job(job.job.id)
     assert done.state is JobState.SUCCEEDED
+    assert done.finished_at == world.clock.now()
+    assert done.started_at == world.clock.now()
     assert [f.name for f in done.result] == ["image.png"]
     f, data = await world.plane.jobs.result_file(ADMIN, job.job.id, "image.png")
     assert data == b"PNGDATA"

@@ -100,15 +100,8 @@ async def _place_group(
     """Insert the allocations and move the jobs to placed; None when anything is stale."""
     job_ids = group[0].job_ids
     jobs = await job_repo.get_many(tx.conn, job_ids)
-    if len(jobs) != len(job_ids):
+    if not await _still_valid(tx, group, jobs, versions):
         return None
-    for rec in jobs.values():
-        if rec.state is not JobState.QUEUED or versions.get(rec.job.id) != rec.version:
-            return None
-    for p in group:
-        node = await node_repo.get(tx.conn, p.node)
-        if node is None or not node.node.schedulable:
-            return None
     attempt = max(r.job.attempt for r in jobs.values()) + 1
     first = jobs[job_ids[0]].job
     allocs = [
@@ -140,6 +133,22 @@ async def _place_group(
             allocations=alloc_ids,
         )
     return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
+
+
+async def _still_valid(
+    tx: Tx, group: list[Placement], jobs: dict[str, JobRecord], versions: dict[str, int]
+) -> bool:
+    """Every job still queued as the snapshot saw it, every node still taking work."""
+    if len(jobs) != len(group[0].job_ids):
+        return False
+    for rec in jobs.values():
+        if rec.state is not JobState.QUEUED or versions.get(rec.job.id) != rec.version:
+            return False
+    for p in group:
+        node = await node_repo.get(tx.conn, p.node)
+        if node is None or not node.node.schedulable:
+            return False
+    return True
 
 
 def _allocation(

@@ -129,38 +129,50 @@ async def apply_settlement(
         state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="implied")
     target = transition(JOB, job.job.id, state, decision.state, at=tx.now, why=decision.event.value)
     failures = job.failures + (1 if decision.count_failure else 0)
-    values: dict[str, object] = {"state": target.value, "failures": failures}
-    data: dict[str, object] = {"attempt": job.job.attempt}
     if target is JobState.QUEUED:
-        delay = (
-            backoff_s(rt.settings.scheduling.retry_backoff_s, failures) if decision.backoff else 0.0
-        )
-        values |= {
-            "allocation_ids": None,
-            "node": None,
-            "not_before": tx.now + delay,
-            "stop_request": None,
-        }
-        data |= {
-            "why": decision.error,
-            "next_attempt": job.job.attempt + 1,
-            "not_before": tx.now + delay,
-        }
-        rt.metrics.requeues.labels(_requeue_why(decision)).inc()
+        values, data = _requeued(rt, tx.now, job, decision, failures)
     else:
-        result = [*job.result, *files]
-        values |= {
-            "finished_at": tx.now,
-            "error": decision.error,
-            "result": [f.to_json() for f in result],
-        }
-        data |= {"error": decision.error} if decision.error else {"files": [f.name for f in result]}
-        if interrupted and target is JobState.SUCCEEDED:
-            data["interrupted"] = True
+        values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
         _observe_finish(rt, job, target, tx.now)
+    values |= {"state": target.value, "failures": failures}
+    data |= {"attempt": job.job.attempt}
     if not await job_repo.update(tx.conn, job, **values):
         raise Conflict(f"job {job.job.id} changed while it was being settled")
     tx.emit(decision.event, team=job.job.team, job_id=job.job.id, state=target.value, data=data)
+
+
+Changes = tuple[dict[str, object], dict[str, object]]  # row values, event data
+
+
+def _requeued(
+    rt: Runtime, now: float, job: JobRecord, decision: Settlement, failures: int
+) -> Changes:
+    """Back to the queue: forget the allocations, wait out the backoff if any."""
+    backoff = rt.settings.scheduling.retry_backoff_s
+    not_before = now + (backoff_s(backoff, failures) if decision.backoff else 0.0)
+    rt.metrics.requeues.labels(_requeue_why(decision)).inc()
+    values = {"allocation_ids": None, "node": None, "not_before": not_before, "stop_request": None}
+    data = {"why": decision.error, "next_attempt": job.job.attempt + 1, "not_before": not_before}
+    return dict(values), dict(data)
+
+
+def _ended(
+    now: float,
+    job: JobRecord,
+    decision: Settlement,
+    files: Sequence[ResultFile],
+    *,
+    interrupted: bool,
+) -> Changes:
+    """A final state: when, why, and the result files (kept from every replica)."""
+    result = [*job.result, *files]
+    values = {"error": decision.error, "result": [f.to_json() for f in result]}
+    data: dict[str, object] = (
+        {"error": decision.error} if decision.error else {"files": [f.name for f in result]}
+    )
+    if interrupted and decision.state is JobState.SUCCEEDED:
+        data["interrupted"] = True
+    return {**values, "finished_at": now}, data
 
 
 def _requeue_why(decision: Settlement) -> str:
