@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hypothesis import strategies as st
-from replay import apply
+from scheduler_replay import apply
 
 from corral.core import GIB, Gpu, Job, JobKind, Node, NodeState, ResourceRequest, Team
 from corral.scheduler import Config, Snapshot, schedule

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from replay import World
 from scheduler_builders import alloc, job, node, snapshot
+from scheduler_replay import World
 
 from corral.scheduler import fragmentation
 

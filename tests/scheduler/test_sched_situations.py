@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replay import World
 from scheduler_builders import job, node, team
+from scheduler_replay import World
 
 from corral.core import Job
 from corral.scheduler import Config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scenario_file import check, load, run_step, world_of
+from scheduler_scenarios import check, load, run_step, world_of
 
 from corral.core import InvalidSpec
 

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import crowded, situations
+from scheduler_strategies import crowded, situations
 
 from corral.core import MILLI, Allocation, Gpu, Job, Node, ResourceRequest
 from corral.scheduler import Config, Placement, Plan, Snapshot, schedule

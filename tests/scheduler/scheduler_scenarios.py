@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from replay import World
+from scheduler_replay import World
 
 from corral.core import GIB, Gpu, InvalidSpec, Job, JobKind, Node, ResourceRequest, Team
 from corral.scheduler import Config, Plan
