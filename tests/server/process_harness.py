@@ -30,10 +30,11 @@ def corral_command() -> list[str]:
 class ServerProcess:
     """One ``corral server --port 0`` process on ``db``, with its home in ``home``."""
 
-    def __init__(self, db: str, home: Path, *extra: str) -> None:
+    def __init__(self, db: str, home: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.db = db
         self.home = home
         self.extra = extra
+        self.env = env or {}
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -41,7 +42,7 @@ class ServerProcess:
         self.admin_token: str | None = None
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")} | self.env
         args = [
             *corral_command(),
             "server",
