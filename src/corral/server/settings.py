@@ -45,7 +45,6 @@ class ApiSettings(BaseModel):
         default=4 * 1024 * 1024, ge=1024, description="requests larger than this get 413"
     )
     max_batch_jobs: int = Field(default=1000, ge=1, description="jobs in one batch submission")
-    max_page: int = Field(default=500, ge=1, description="largest ?limit= on list endpoints")
     sse_poll_s: float = Field(
         default=1.0,
         gt=0,
