@@ -127,6 +127,9 @@ def _print_policy(name: str, nodes: int, rate: float, summary: dict[str, Any]) -
         f"fragmentation: {frag.get('score_mean', '-')}   cycles: {summary['cycles']}",
         flush=True,
     )
+    big = {k: v["p95_s"] for k, v in summary["wait_by_gpus"].items() if k in ("8", "2x8")}
+    if big:
+        print(f"  wait p95 s of big jobs ({name}): {big}", flush=True)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def test_one_node_four_jobs_waits_and_ratio_are_what_a_hand_computes(
     assert s["wait_p50_s"] == 0  # nearest rank of [0, 0, 0, 90]
     assert s["wait_p95_s"] == 90
     assert s["wait_by_priority"]["free"] == {"jobs": 4, "p50_s": 0, "p95_s": 90, "mean_s": 22.5}
+    assert s["wait_by_gpus"]["2"] == {"jobs": 1, "p50_s": 90, "p95_s": 90, "mean_s": 90}
+    assert set(s["wait_by_gpus"]) == {"0", "1", "2", "3"}
     assert s["jain_fairness"] == 1.0  # one team
 
 

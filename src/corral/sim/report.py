@@ -94,7 +94,12 @@ class Metrics:
         self.team_milli_s: dict[str, float] = {}
         self.gpu_teams: set[str] = set()
         self.waits = array("d")
-        self.waits_by: dict[str, dict[str, array[float]]] = {"priority": {}, "team": {}, "user": {}}
+        self.waits_by: dict[str, dict[str, array[float]]] = {
+            "priority": {},
+            "team": {},
+            "user": {},
+            "gpus": {},
+        }
 
     def arrived(self, job: Job) -> None:
         self.jobs_total += 1
@@ -110,6 +115,7 @@ class Metrics:
         _bucket(by["priority"], job.priority).append(wait)
         _bucket(by["team"], job.team).append(wait)
         _bucket(by["user"], job.user).append(wait)
+        _bucket(by["gpus"], _size(job)).append(wait)
 
     def allocation_ended(self, team: str, milli: int, seconds: float) -> None:
         used = milli * seconds
@@ -144,6 +150,7 @@ class Metrics:
             "wait_by_priority": _groups(self.waits_by["priority"]),
             "wait_by_team": _groups(self.waits_by["team"]),
             "wait_by_user": _groups(self.waits_by["user"]),
+            "wait_by_gpus": _groups(self.waits_by["gpus"]),
             "jain_fairness": None if fairness is None else round(fairness, 6),
             "gpu_seconds_by_team": {
                 t: round(v / MILLI, 3) for t, v in sorted(self.team_milli_s.items())
@@ -215,6 +222,13 @@ def jain(values: list[float]) -> float | None:
     if squares == 0:
         return 1.0
     return sum(values) ** 2 / (len(values) * squares)
+
+
+def _size(job: Job) -> str:
+    """A job's size as a group name: ``"8"``, ``"2x8"`` (a gang), ``"0.5"``, ``"0"`` (CPU)."""
+    r = job.resources
+    per = str(r.gpus) if r.gpus else f"{r.gpu_milli / MILLI:g}"
+    return per if job.replicas == 1 else f"{job.replicas}x{per}"
 
 
 def _bucket(groups: dict[str, array[float]], key: str) -> array[float]:
