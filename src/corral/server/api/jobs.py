@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 
 from corral.core.errors import InvalidSpec
 from corral.core.events import Event
@@ -173,9 +173,13 @@ async def result(job_id: str, plane: Plane, who: Caller) -> ResultOut:
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 async def result_file(job_id: str, name: str, plane: Plane, who: Caller) -> Response:
-    """The bytes of one result file."""
-    f, data = await plane.jobs.result_file(who, job_id, name)
-    return Response(data, media_type=f.content_type, headers={"ETag": f'"{f.sha256}"'})
+    """The bytes of one result file (streamed from disk)."""
+    f = await plane.jobs.result_ref(who, job_id, name)
+    headers = {"ETag": f'"{f.sha256}"'}
+    path = plane.rt.blobs.path(f.key)
+    if path is not None:
+        return FileResponse(path, media_type=f.content_type, headers=headers)
+    return Response(await plane.rt.blobs.get(f.key), media_type=f.content_type, headers=headers)
 
 
 @router.get(

@@ -224,12 +224,17 @@ class JobService:
             if all(o.state in JOB.terminal or o.stop_request for o in others.values()):
                 await request_stop(self.rt, tx, alloc, reason, grace)
 
-    async def result_file(self, who: Principal, job_id: str, name: str) -> tuple[ResultFile, bytes]:
+    async def result_ref(self, who: Principal, job_id: str, name: str) -> ResultFile:
+        """The descriptor of one result file of a job visible to ``who``."""
         rec = await self.get(who, job_id)
         for f in rec.result:
             if f.name == name:
-                return f, await self.rt.blobs.get(f.key)
+                return f
         raise NotFound(f"job {job_id} has no result file {name!r}")
+
+    async def result_file(self, who: Principal, job_id: str, name: str) -> tuple[ResultFile, bytes]:
+        f = await self.result_ref(who, job_id, name)
+        return f, await self.rt.blobs.get(f.key)
 
     async def preview(self, who: Principal, job_id: str, key: str) -> bytes:
         await self.get(who, job_id)
