@@ -207,3 +207,26 @@ def test_cycles_run_only_on_ticks_when_an_interval_is_set() -> None:
     assert records["a"].placements[0].start == 60  # arrived at 5, next tick 60
     assert records["b"].placements[0].start == 180  # a ends at 160; tick at 180
     assert summary["cycles"] == 2
+
+
+def test_estimates_reach_the_scheduler_as_expected_ends_net_of_work_done() -> None:
+    seen: list[dict[str, float]] = []
+
+    def watching(snapshot: Snapshot, config: Config, now: float, seed: int) -> Plan:
+        seen.append(dict(snapshot.expected_ends))
+        return _preempting(100, "est")(snapshot, config, now, seed)
+
+    est = Job("est", resources=ResourceRequest(gpus=4), submitted_at=0, estimated_runtime_s=500)
+    _run(watching, SimJob(est, 400), _job("tick", 100, 1, gpus=0), _job("t2", 150, 1, gpus=0))
+    assert {"est:1:0": 500.0} in seen  # started at 0 with a 500 s estimate
+    assert {"est:2:0": 500.0} in seen  # restarted at 100 with 400 s of the estimate left
+
+
+def test_progress_is_reported_and_ends_with_a_final_report() -> None:
+    from corral.sim.runner import Progress
+
+    reports: list[Progress] = []
+    scenario = Scenario(nodes=generate.cluster(2, 4), jobs=fixed_jobs((_job("a", 0, 10),)))
+    simulate(scenario, first_fit, progress=reports.append)
+    assert reports[-1].done
+    assert (reports[-1].arrived, reports[-1].now, reports[-1].queued) == (1, 10, 0)

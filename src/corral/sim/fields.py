@@ -32,6 +32,7 @@ JOB_FIELDS = (
     "priority",
     "preemptible",
     "replicas",
+    "estimate",
 )
 NODE_FIELDS = ("name", "count", "gpus", "gpu_model", "vram_gib", "cpus", "labels")
 TEAM_FIELDS = ("name", "quota_gpus", "borrow_limit_gpus", "weight")
@@ -153,6 +154,10 @@ class JobParser:
         duration = None if omitted(value) else as_float(value, "duration", where)
         if duration is not None and duration <= 0:
             raise SimInputError("duration", "must be > 0 (omit it to run until the end)", where)
+        value = get("estimate")
+        estimate = None if omitted(value) else as_float(value, "estimate", where)
+        if estimate is not None and estimate <= 0:
+            raise SimInputError("estimate", "must be > 0 (omit it when unknown)", where)
         team = self._team(get("team"), where)
         try:
             job = Job(
@@ -168,7 +173,7 @@ class JobParser:
                 else as_bool(v, "preemptible", where),
                 replicas=1 if omitted(v := get("replicas")) else as_int(v, "replicas", where, 1),
                 submitted_at=submit_at,
-                estimated_runtime_s=None,
+                estimated_runtime_s=estimate,
             )
         except InvalidSpec as err:
             raise SimInputError(err.field, err.message, where) from None

@@ -91,6 +91,8 @@ def job_record(sim_job: SimJob) -> dict[str, Any]:
         record["gpu_models"] = sorted(res.gpu_models)
     record.update(team=job.team, user=job.user, priority=job.priority)
     record.update(preemptible=job.preemptible, replicas=job.replicas)
+    if job.estimated_runtime_s is not None:
+        record["estimate"] = job.estimated_runtime_s
     return record
 
 

@@ -43,6 +43,7 @@ class JobRun:
     first_start: float | None = None
     started_at: float = 0.0
     token: int = 0  # bumped per attempt: a completion timer of an old attempt is stale
+    done: float = 0.0  # seconds of work done by earlier attempts
     allocs: list[str] = field(default_factory=list)
     placements: list[PlacementRecord] | None = None
 
@@ -75,6 +76,7 @@ class World:
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
         self._records: dict[str, list[PlacementRecord]] = {}
+        self._expected_ends: dict[str, float] = {}  # allocation -> start + estimate left
         self._batch_left: dict[str, int] = {}
 
     def snapshot(self) -> Snapshot:
@@ -84,6 +86,7 @@ class World:
             queued=tuple(self.queued.values()),
             allocations=tuple(self.allocations.values()),
             teams=self._teams_view,
+            expected_ends=self._expected_ends,
         )
 
     def submit(self, sim_job: SimJob) -> None:
@@ -186,6 +189,10 @@ class World:
                 run.placements.append(record)
                 self._records.setdefault(p.allocation_id, []).append(record)
         self._count_team(job.team, alloc.milli)
+        estimate = job.estimated_runtime_s
+        if estimate is not None:
+            left = estimate - self.runs[job.id].done
+            self._expected_ends[p.allocation_id] = now + max(0.0, left)
 
     def _take(self, i: int, p: Placement) -> None:
         """Reserve the placement's GPUs and CPUs on node ``i``, refusing over-commit."""
@@ -246,6 +253,7 @@ class World:
             if alloc_id in self.allocations:
                 self._release(alloc_id, now, preempted=True)
         run.allocs = []
+        run.done += now - run.started_at
         if run.remaining is not None:
             run.remaining = max(0.0, run.remaining - (now - run.started_at))
         job_id = run.job.id
@@ -270,6 +278,7 @@ class World:
     ) -> None:
         alloc = self.allocations.pop(alloc_id)
         self._batch_left.pop(alloc_id, None)
+        self._expected_ends.pop(alloc_id, None)
         i = self._index[alloc.node]
         free, vram = self._gpu_free[i], self._vram_free[i]
         for g in alloc.gpu_indices:
