@@ -1,0 +1,192 @@
+"""corral as a peer of the end-to-end benchmark: a real server and K real agents.
+
+The client side is what a web app does: submit over HTTP and follow one
+``/v1/events`` SSE stream for every job (a background thread routes each
+event to the job waiting for it), so start and completion are timed as a
+client watching SSE sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from workload import Timing
+
+HERE = Path(__file__).resolve().parent
+ADMIN = "corral_admin_bench-e2e-token"
+CLI = "from corral.cli.main import main; main()"
+BATCH = 500  # jobs per POST /v1/jobs/batch
+
+
+class CorralPeer:
+    def __init__(self, agents: int, db: str | None = None, label: str = "corral") -> None:
+        self.name = label
+        self._tmp = tempfile.TemporaryDirectory(prefix="corral-e2e-")
+        home = Path(self._tmp.name)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        env |= {"CORRAL_ADMIN_TOKEN": ADMIN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(HERE)}
+        argv = [sys.executable, "-c", CLI, "server", "--home", str(home), "--port", "0"]
+        argv += ["--log-level", "warning"] + (["--db", db] if db else [])
+        self._procs = [
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        ]
+        banner = _read_until(self._procs[0], r"--server (grpc://\S+)")
+        self.url = re.search(r"listening on (http://\S+)", banner).group(1)  # type: ignore[union-attr]
+        grpc = re.search(r"--server (grpc://\S+)", banner).group(1)  # type: ignore[union-attr]
+        for i in range(agents):
+            a = [
+                sys.executable,
+                "-c",
+                CLI,
+                "agent",
+                "--server",
+                grpc,
+                "--token",
+                ADMIN,
+                "--name",
+                f"bench-{i}",
+                "--handler",
+                "e2e_noop:noop",
+                "--cpus",
+                "64",
+                "--work-dir",
+                str(home / f"agent-{i}"),
+                "--log-level",
+                "warning",
+            ]
+            self._procs.append(
+                subprocess.Popen(a, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=60,
+            limits=httpx.Limits(max_connections=64),
+        )
+        self._waiters: dict[str, _Waiter] = {}
+        self._lock = threading.Lock()
+        self._listener = threading.Thread(target=self._listen, daemon=True)
+        self._listener.start()
+        self._wait_agents(agents)
+
+    def _wait_agents(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self._http.get("/v1/nodes").json()) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only some of {n} agents connected within {timeout}s")
+            time.sleep(0.1)
+
+    # ---- the client ---------------------------------------------------------
+
+    def round_trip(self) -> Timing:
+        w = _Waiter(time.perf_counter())
+        reply = self._http.post("/v1/jobs", json={"kind": "custom", "resources": {"cpus": 1}})
+        reply.raise_for_status()
+        return self._register(reply.json()["id"], w).wait()
+
+    def submit_all_then_wait(self, n: int) -> list[Timing]:
+        waiters = []
+        for start in range(0, n, BATCH):
+            count = min(BATCH, n - start)
+            w_at = time.perf_counter()
+            reply = self._http.post(
+                "/v1/jobs/batch", json={"jobs": [{"resources": {"cpus": 1}}] * count}
+            )
+            reply.raise_for_status()
+            waiters += [self._register(j["id"], _Waiter(w_at)) for j in reply.json()["jobs"]]
+        return [w.wait() for w in waiters]
+
+    def _register(self, job_id: str, w: _Waiter) -> _Waiter:
+        with self._lock:
+            early = self._waiters.get(job_id)
+            if early is not None:  # its events arrived before the submit returned
+                w.started, w.done = early.started, early.done
+                if early.done is not None:
+                    w.event.set()
+            self._waiters[job_id] = w
+        return w
+
+    def _listen(self) -> None:
+        last = 0
+        while True:
+            try:
+                headers = {"Last-Event-ID": str(last)} if last else {}
+                with self._http.stream(
+                    "GET", "/v1/events", headers=headers, timeout=httpx.Timeout(60, read=None)
+                ) as r:
+                    for kind, seq, job_id in _frames(r.iter_lines()):
+                        last = seq
+                        self._on_event(kind, job_id)
+            except httpx.HTTPError:
+                time.sleep(0.1)
+
+    def _on_event(self, kind: str, job_id: str | None) -> None:
+        if job_id is None or kind not in ("job.started", "job.succeeded", "job.failed"):
+            return
+        now = time.perf_counter()
+        with self._lock:
+            w = self._waiters.setdefault(job_id, _Waiter(0.0))
+            if kind == "job.started":
+                w.started = w.started or now
+            else:
+                w.done = now
+                w.event.set()
+
+    def close(self) -> None:
+        for p in reversed(self._procs):
+            p.terminate()
+        for p in self._procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self._tmp.cleanup()
+
+
+class _Waiter:
+    def __init__(self, submitted: float) -> None:
+        self.submitted = submitted
+        self.started: float | None = None
+        self.done: float | None = None
+        self.event = threading.Event()
+
+    def wait(self, timeout: float = 300) -> Timing:
+        if not self.event.wait(timeout):
+            raise TimeoutError("a job did not finish within 300 s")
+        assert self.done is not None
+        started = self.started or self.done
+        return Timing(started - self.submitted, self.done - self.submitted)
+
+
+def _frames(lines: Iterator[str]) -> Iterator[tuple[str, int, str | None]]:
+    kind, seq = "", 0
+    for line in lines:
+        if line.startswith("id:"):
+            seq = int(line[3:])
+        elif line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            yield kind, seq, json.loads(line[5:]).get("job_id")
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 60) -> str:
+    text, deadline = "", time.monotonic() + timeout
+    assert proc.stdout is not None
+    while not re.search(pattern, text):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"corral server did not start:\n{text}")
+        text += proc.stdout.readline()
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    return text

@@ -1,0 +1,89 @@
+"""End-to-end: corral against Celery + Redis on this machine, in one run (issue 9).
+
+    python bench/e2e.py [--jobs N] [--agents K] [--clients C] [--idle N] [--postgres URL]
+
+Each system gets K worker processes doing no-op work and the same three
+loads (see ``workload.py``): idle round trips, C concurrent clients, and
+everything submitted in batches. corral runs on SQLite, then on PostgreSQL.
+Prints a table, the ratios corral/Celery, and on a line of its own
+``throughput ratio corral/celery: X.XX`` (the concurrent shape on SQLite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from corral_peer import CorralPeer
+from workload import Figures, Peer, run_all
+
+PG = "postgresql://postgres@127.0.0.1:5432/test?schema=bench_e2e"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--agents", type=int, default=4)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--idle", type=int, default=200, help="sequential round trips")
+    ap.add_argument("--postgres", default=PG, help="PostgreSQL URL, or 'none' to skip")
+    ap.add_argument("--skip-celery", action="store_true")
+    args = ap.parse_args(argv)
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+
+    results: dict[str, list[Figures]] = {}
+    systems: list[tuple[str, Callable[[], Peer]]] = [
+        ("corral/sqlite", lambda: CorralPeer(args.agents, None, "corral/sqlite"))
+    ]
+    if args.postgres != "none":
+        systems.append(
+            ("corral/postgres", lambda: CorralPeer(args.agents, args.postgres, "corral/postgres"))
+        )
+    if not args.skip_celery:
+        from celery_peer import CeleryPeer
+
+        systems.append(("celery", lambda: CeleryPeer(args.agents)))
+    for label, make in systems:
+        log(f"starting {label} with {args.agents} workers ...")
+        peer = make()
+        try:
+            results[label] = run_all(peer, args.jobs, args.clients, args.idle, log)
+        finally:
+            peer.close()  # type: ignore[attr-defined]
+    report(results, args)
+    return 0
+
+
+def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
+    print(f"\nend to end: {args.jobs} no-op jobs, {args.agents} workers, {args.clients} clients\n")
+    cols = ("jobs/s", "start p50", "start p99", "done p50", "done p99")
+    head = f"{'system':16} {'shape':11} " + " ".join(f"{c:>10}" for c in cols)
+    print(head + "\n" + "-" * len(head))
+    for label, figs in results.items():
+        for f in figs:
+            ms = (f.start_p50_ms, f.start_p99_ms, f.done_p50_ms, f.done_p99_ms)
+            cells = [f"{f.jobs_per_s:10.0f}", *(f"{m:8.1f}ms" for m in ms)]
+            print(f"{label:16} {f.shape:11} " + " ".join(cells))
+    celery = {f.shape: f for f in results.get("celery", [])}
+    if not celery:
+        return
+    print()
+    for label, figs in results.items():
+        for f in figs if label != "celery" else ():
+            c = celery[f.shape]
+            thr, done = f.jobs_per_s / c.jobs_per_s, f.done_p50_ms / c.done_p50_ms
+            start = f.start_p50_ms / c.start_p50_ms
+            print(f"ratio {label}/celery {f.shape:11} throughput {thr:5.2f}  ", end="")
+            print(f"done p50 {done:5.2f}  start p50 {start:5.2f}")
+    ours = {f.shape: f for f in results["corral/sqlite"]}
+    ratio = ours["concurrent"].jobs_per_s / celery["concurrent"].jobs_per_s
+    print(f"\nthroughput ratio corral/celery: {ratio:.2f}")
+    corral_ms, celery_ms = ours["idle"].done_p50_ms, celery["idle"].done_p50_ms
+    print(f"idle submit->completion p50: corral {corral_ms:.1f} ms, celery {celery_ms:.1f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

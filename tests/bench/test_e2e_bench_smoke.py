@@ -1,0 +1,38 @@
+"""bench/e2e.py with tiny sizes, so the benchmark cannot rot (figures are not checked)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+pytestmark = pytest.mark.slow
+
+
+def _redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_e2e_benchmark_runs_corral_and_celery_and_prints_the_ratio() -> None:
+    if not _redis_up():
+        if os.environ.get("CORRAL_REQUIRE_SERVICES") == "1":
+            pytest.fail("Redis is required (CORRAL_REQUIRE_SERVICES=1) but 127.0.0.1:6379 is down")
+        pytest.skip("Redis not running on 127.0.0.1:6379")
+    argv = [sys.executable, "e2e.py", "--jobs", "30", "--idle", "5", "--agents", "1"]
+    argv += ["--clients", "3", "--postgres", "none"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("corral/sqlite    concurrent") for line in lines), out.stdout
+    assert any(line.startswith("celery           batch") for line in lines), out.stdout
+    [ratio] = [line for line in lines if line.startswith("throughput ratio corral/celery: ")]
+    assert float(ratio.rsplit(" ", 1)[1]) > 0
