@@ -59,6 +59,7 @@ class AgentMessage(_message.Message):
     HELLO_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     UPDATE_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """per connection, for logs and duplicate detection"""
     @_builtins.property
@@ -67,6 +68,10 @@ class AgentMessage(_message.Message):
     def heartbeat(self) -> Global___Heartbeat: ...
     @_builtins.property
     def update(self) -> Global___AllocationUpdate: ...
+    @_builtins.property
+    def models(self) -> Global___ModelStatus:
+        """the model cache changed, or a download moved"""
+
     def __init__(
         self,
         *,
@@ -74,12 +79,13 @@ class AgentMessage(_message.Message):
         hello: Global___Hello | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         update: Global___AllocationUpdate | None = ...,
+        models: Global___ModelStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "models", b"models", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "seq", b"seq", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "models", b"models", "seq", b"seq", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "update"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "update", "models"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -306,6 +312,107 @@ class Hello(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Hello: _TypeAlias = Hello  # noqa: Y015
+
+@_typing.final
+class ModelDownload(_message.Message):
+    """One model download on the agent (docs/models.md: "Downloads")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    BYTES_DONE_FIELD_NUMBER: _builtins.int
+    BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    bytes_done: _builtins.int
+    bytes_total: _builtins.int
+    state: _builtins.str
+    """"queued" | "fetching" | "retrying" | "verifying" | "done" | "failed" """
+    error: _builtins.str
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """jobs waiting for it; empty for a prefetch"""
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        bytes_done: _builtins.int = ...,
+        bytes_total: _builtins.int = ...,
+        state: _builtins.str = ...,
+        jobs: _abc.Iterable[_builtins.str] | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_done", b"bytes_done", "bytes_total", b"bytes_total", "error", b"error", "jobs", b"jobs", "model", b"model", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelDownload: _TypeAlias = ModelDownload  # noqa: Y015
+
+@_typing.final
+class ModelStatus(_message.Message):
+    """The agent's model cache as it is now (a level, not a change): sent after the
+    Welcome and whenever it changes, at most about once a second.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LoadedByBackendEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___BackendModels: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___BackendModels | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    MODELS_ON_DISK_FIELD_NUMBER: _builtins.int
+    LOADED_BY_BACKEND_FIELD_NUMBER: _builtins.int
+    DOWNLOADS_FIELD_NUMBER: _builtins.int
+    CACHE_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
+    CACHE_USED_BYTES_FIELD_NUMBER: _builtins.int
+    cache_budget_bytes: _builtins.int
+    cache_used_bytes: _builtins.int
+    @_builtins.property
+    def models_on_disk(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def loaded_by_backend(self) -> _containers.MessageMap[_builtins.str, Global___BackendModels]: ...
+    @_builtins.property
+    def downloads(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelDownload]:
+        """those not yet done"""
+
+    def __init__(
+        self,
+        *,
+        models_on_disk: _abc.Iterable[_builtins.str] | None = ...,
+        loaded_by_backend: _abc.Mapping[_builtins.str, Global___BackendModels] | None = ...,
+        downloads: _abc.Iterable[Global___ModelDownload] | None = ...,
+        cache_budget_bytes: _builtins.int = ...,
+        cache_used_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_budget_bytes", b"cache_budget_bytes", "cache_used_bytes", b"cache_used_bytes", "downloads", b"downloads", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelStatus: _TypeAlias = ModelStatus  # noqa: Y015
 
 @_typing.final
 class Heartbeat(_message.Message):
@@ -631,6 +738,7 @@ class ServerMessage(_message.Message):
     STOP_FIELD_NUMBER: _builtins.int
     INTAKE_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
+    PREFETCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -641,6 +749,8 @@ class ServerMessage(_message.Message):
     def intake(self) -> Global___Intake: ...
     @_builtins.property
     def ack(self) -> Global___UpdateAck: ...
+    @_builtins.property
+    def prefetch(self) -> Global___Prefetch: ...
     def __init__(
         self,
         *,
@@ -649,12 +759,13 @@ class ServerMessage(_message.Message):
         stop: Global___Stop | None = ...,
         intake: Global___Intake | None = ...,
         ack: Global___UpdateAck | None = ...,
+        prefetch: Global___Prefetch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack", "prefetch"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -699,8 +810,15 @@ class Welcome(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     STOP_ALLOCATIONS_FIELD_NUMBER: _builtins.int
+    API_URL_FIELD_NUMBER: _builtins.int
+    API_PORT_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     heartbeat_interval_s: _builtins.float
+    api_url: _builtins.str
+    """Where the server's own model files are: a base URL, or empty for "the host you
+    dialled, on api_port". Relative ModelRef sources ("/v1/models/...") resolve against it.
+    """
+    api_port: _builtins.int
     @_builtins.property
     def stop_allocations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """running ones the server no longer wants"""
@@ -711,10 +829,12 @@ class Welcome(_message.Message):
         node: _builtins.str = ...,
         heartbeat_interval_s: _builtins.float = ...,
         stop_allocations: _abc.Iterable[_builtins.str] | None = ...,
+        api_url: _builtins.str = ...,
+        api_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "node", b"node", "stop_allocations", b"stop_allocations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_port", b"api_port", "api_url", b"api_url", "heartbeat_interval_s", b"heartbeat_interval_s", "node", b"node", "stop_allocations", b"stop_allocations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -742,6 +862,7 @@ class Assign(_message.Message):
     JOBS_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    MODEL_REF_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     kind: _builtins.str
@@ -770,6 +891,10 @@ class Assign(_message.Message):
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Work]:
         """every job, in order (the fields above repeat the first job's)"""
 
+    @_builtins.property
+    def model_ref(self) -> Global___ModelRef:
+        """the registry entry of ``model``, when it has one"""
+
     def __init__(
         self,
         *,
@@ -791,14 +916,78 @@ class Assign(_message.Message):
         jobs: _abc.Iterable[Global___Work] | None = ...,
         replica: _builtins.int = ...,
         replicas: _builtins.int = ...,
+        model_ref: Global___ModelRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model_ref", b"model_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "backend", b"backend", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "job_ids", b"job_ids", "jobs", b"jobs", "kind", b"kind", "model", b"model", "on_cpu", b"on_cpu", "payload_json", b"payload_json", "replica", b"replica", "replicas", b"replicas", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "backend", b"backend", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "job_ids", b"job_ids", "jobs", b"jobs", "kind", b"kind", "model", b"model", "model_ref", b"model_ref", "on_cpu", b"on_cpu", "payload_json", b"payload_json", "replica", b"replica", "replicas", b"replicas", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assign: _TypeAlias = Assign  # noqa: Y015
+
+@_typing.final
+class ModelRef(_message.Message):
+    """A registry entry, as the agent needs it to fetch and check the file."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    size: _builtins.int
+    sha256: _builtins.str
+    kind: _builtins.str
+    """checkpoint | lora | vae | embedding | controlnet | upscaler | other"""
+    backend: _builtins.str
+    """empty: any"""
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """http(s) URLs, or "/v1/models/<name>/file" on the server"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        backend: _builtins.str = ...,
+        sources: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "kind", b"kind", "name", b"name", "sha256", b"sha256", "size", b"size", "sources", b"sources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelRef: _TypeAlias = ModelRef  # noqa: Y015
+
+@_typing.final
+class Prefetch(_message.Message):
+    """Models worth having ahead of demand: download them when no job needs the slot."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelRef]: ...
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[Global___ModelRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Prefetch: _TypeAlias = Prefetch  # noqa: Y015
 
 @_typing.final
 class Work(_message.Message):
@@ -814,6 +1003,7 @@ class Work(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     RESUME_FROM_FIELD_NUMBER: _builtins.int
     RESUME_STEP_FIELD_NUMBER: _builtins.int
+    MODEL_REF_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     kind: _builtins.str
     payload_json: _builtins.str
@@ -825,6 +1015,10 @@ class Work(_message.Message):
     resume_from: _builtins.str
     """checkpoint reported by an earlier attempt, empty for a first"""
     resume_step: _builtins.int
+    @_builtins.property
+    def model_ref(self) -> Global___ModelRef:
+        """the registry entry of ``model``, when it has one"""
+
     def __init__(
         self,
         *,
@@ -836,10 +1030,11 @@ class Work(_message.Message):
         timeout_s: _builtins.float = ...,
         resume_from: _builtins.str = ...,
         resume_step: _builtins.int = ...,
+        model_ref: Global___ModelRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model_ref", b"model_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "job_id", b"job_id", "kind", b"kind", "model", b"model", "payload_json", b"payload_json", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "job_id", b"job_id", "kind", b"kind", "model", b"model", "model_ref", b"model_ref", "payload_json", b"payload_json", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
