@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,14 @@ from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
 from corral.server.agentlink.base import AgentInbound, Assignment, StopOrder
+from corral.server.agentlink.model_wire import (
+    ModelRef,
+    ModelReport,
+    RefLookup,
+    attach_refs,
+    no_refs,
+    prefetch_message,
+)
 from corral.server.agentlink.grpc_service import AgentLinkService
 from corral.server.agentlink.grpc_uploads import Uploads
 from corral.server.blobs import BlobStore
@@ -131,9 +139,28 @@ class GrpcLink:
         self.stats = LinkStats()
         self.address: str | None = None  # grpc://host:port once started
         self._server: Any = None
+        # Models (issue 10, see model_wire.py): registry lookups for assignments, where agents
+        # find the server's model files, and who hears the agents' model reports.
+        self.model_refs: RefLookup = no_refs
+        self.api_url = ""
+        self.api_port = 0
+        self.on_models: Callable[[str, ModelReport], Awaitable[None]] | None = None
 
     async def assign(self, node: str, assignment: Assignment) -> None:
-        self._session(node).send(convert.assign_message(assignment))
+        self._session(node).send(attach_refs(convert.assign_message(assignment), self.model_refs))
+
+    async def prefetch(self, node: str, refs: list[ModelRef]) -> None:
+        """Suggest models for ``node`` to download ahead of demand."""
+        self._session(node).send(prefetch_message(refs))
+
+    def outgoing(self, messages: list[pb.ServerMessage]) -> list[pb.ServerMessage]:
+        """The hello's answer with model refs on its assignments and the API's location."""
+        for msg in messages:
+            if msg.HasField("welcome"):
+                msg.welcome.api_url = self.api_url
+                msg.welcome.api_port = self.api_port
+            attach_refs(msg, self.model_refs)
+        return messages
 
     async def stop(self, node: str, order: StopOrder) -> None:
         self._session(node).send(convert.stop_message(order))

@@ -32,6 +32,7 @@ from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
 from corral.server.agentlink.base import Ack, AgentInbound, ResultBlob
 from corral.server.agentlink.grpc_uploads import UploadError, Uploads
+from corral.server.agentlink.model_wire import report_from
 from corral.server.settings import AgentLinkSettings
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 reply = await self.inbound.hello(inventory, convert.running_from(hello.inventory))
             except LinkError as exc:
                 await abort(context, grpc.StatusCode.UNAVAILABLE, f"hello failed: {exc}")
-            session.welcome(convert.welcome_messages(inventory.node, reply))
+            session.welcome(self.link.outgoing(convert.welcome_messages(inventory.node, reply)))
             log.info("agent %s connected (%d GPUs)", inventory.node, len(inventory.gpus))
             reader = asyncio.create_task(self._read(session, requests))
             while (msg := await session.outbox.get()) is not None:
@@ -175,6 +176,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 session.send(convert.ack_message(msg.seq, update.allocation_id, ack.value))
         elif body == "hello":
             raise Refused("INVALID_ARGUMENT", "hello twice on one stream: reconnect to resync")
+        elif body == "models" and self.link.on_models is not None:
+            await self.link.on_models(session.node, report_from(msg.models))
 
     def _heartbeat(self, session: Session, hb: pb.Heartbeat) -> None:
         """Note the heartbeat without making the stream wait for the store.
