@@ -124,6 +124,7 @@ def _serve(settings: Any) -> None:
     parse_db(settings.db_url())  # a bad --db fails here, before anything starts
     sock = _bind(settings.api.host, settings.api.port)
     host, port = sock.getsockname()[:2]
+    settings.api.port = port  # agents fetch model files from here (issue 10)
     shown = f"[{host}]" if ":" in host else host
 
     plane = create_plane(settings)

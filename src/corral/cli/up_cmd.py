@@ -115,6 +115,7 @@ async def _up(
         log_level="warning",
     )
     sock = _bind(host, port)
+    settings.api.port = sock.getsockname()[1]  # agents fetch model files from here
     plane = create_plane(settings)
     app = create_app(plane=plane)
     server = _quiet_server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))

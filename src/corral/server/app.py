@@ -21,6 +21,7 @@ from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
 from corral.server.api import errors, events, health, jobs, nodes, tokens, web
+from corral.server.api import models as model_api
 from corral.server.api.limits import BodyLimit
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
@@ -123,6 +124,7 @@ def create_app(
     errors.install(app)
     for module in (jobs, nodes, tokens, events, health):
         app.include_router(module.router)
+    model_api.install(app, plane)
     web.install(app)
     app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
     return app

@@ -19,6 +19,8 @@ from corral.server.services.agents import AgentService
 from corral.server.services.auth import AuthService
 from corral.server.services.feed import EventFeed, QueueService
 from corral.server.services.jobs import JobService
+from corral.server.services.model_status import ModelStatusService
+from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
 from corral.server.services.unit import Runtime
 from corral.server.store.db import lock_key
@@ -44,6 +46,8 @@ class ControlPlane:
         self.nodes = NodeService(rt)
         self.agents = AgentService(rt, self.auth)
         self.feed = EventFeed(rt)
+        self.models = ModelService(rt)  # the registry (issue 10)
+        self.model_status = ModelStatusService(rt)  # where models are, from agents' reports
         leader: Leadership = AlwaysLeader()
         if rt.db.is_postgres:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
@@ -63,6 +67,7 @@ class ControlPlane:
             return self.report
         await self.rt.db.prepare()
         token = await self.auth.bootstrap_admin()
+        await self.models.load()
         if self.run_loops:
             self._tasks = [
                 asyncio.create_task(self.schedule.run(), name="corral-schedule"),

@@ -114,6 +114,33 @@ class AgentLinkSettings(BaseModel):
     tls_key: Path | None = Field(default=None, description="PEM private key for tls_cert")
 
 
+class ModelRegistrySettings(BaseModel):
+    """The model registry, the files it serves, and model-aware routing (docs/models.md)."""
+
+    dir: Path | None = Field(default=None, description="uploaded models (default <home>/models)")
+    public_url: str | None = Field(
+        default=None,
+        description="base URL agents fetch the server's model files from "
+        "(default: the host they dial, on the API port)",
+    )
+    routing: bool = Field(
+        default=True, description="weigh a model's download and load time against waiting"
+    )
+    fetch_bytes_per_s: float = Field(
+        default=50e6, gt=0, description="a node's expected download rate, for routing (50 MB/s)"
+    )
+    load_bytes_per_s: float = Field(
+        default=1e9, gt=0, description="disk to GPU memory, for routing (1 GB/s)"
+    )
+    max_wait_s: float = Field(
+        default=300.0, ge=0, description="a job waits at most this long for a node with its model"
+    )
+    prefetch: bool = Field(default=True, description="copy popular models to idle nodes early")
+    prefetch_interval_s: float = Field(
+        default=10.0, gt=0, description="how often the prefetch policy runs (at most)"
+    )
+
+
 class Settings(BaseSettings):
     """Everything ``corral server`` can be told."""
 
@@ -134,6 +161,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     agents: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
+    models: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
 
     def resolved_home(self) -> Path:
         return self.home.expanduser()
@@ -144,3 +172,6 @@ class Settings(BaseSettings):
 
     def blob_path(self) -> Path:
         return (self.blob_dir or self.resolved_home() / "blobs").expanduser()
+
+    def model_path(self) -> Path:
+        return (self.models.dir or self.resolved_home() / "models").expanduser()

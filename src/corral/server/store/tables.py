@@ -131,3 +131,19 @@ events = sa.Table(
     sa.Column("data", sa.JSON, nullable=False),
     sa.Index("ix_events_job_seq", "job_id", "seq"),
 )
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),  # the registry name jobs use
+    sa.Column("kind", sa.String(16), nullable=False),  # checkpoint | lora | vae | ...
+    sa.Column("backend", sa.String(64), nullable=False),  # "" when any backend can use it
+    sa.Column("size", sa.BigInteger, nullable=False),  # exact bytes
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("sources", sa.JSON, nullable=False),  # as registered: URLs, a server file, "upload"
+    sa.Column("state", sa.String(16), nullable=False),  # ready | uploading
+    sa.Column("server_file", sa.String(1024), nullable=True),  # a file the server serves
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False, default=1),
+)
