@@ -20,7 +20,7 @@ from corral.scheduler import schedule as default_schedule
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
-from corral.server.api import errors, events, health, jobs, nodes, tokens, web
+from corral.server.api import compat, errors, events, health, jobs, nodes, tokens, web
 from corral.server.api import models as model_api
 from corral.server.api.limits import BodyLimit
 from corral.server.blobs import BlobStore, LocalBlobStore
@@ -125,6 +125,7 @@ def create_app(
     for module in (jobs, nodes, tokens, events, health):
         app.include_router(module.router)
     model_api.install(app, plane)
+    compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)
     web.install(app)
     app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
     return app

@@ -1,0 +1,38 @@
+"""Mount the drop-in AUTOMATIC1111 and ComfyUI APIs on the app (docs/compat.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from corral.server.api import compat_a1111, compat_comfyui
+from corral.server.plane import ControlPlane
+from corral.server.services.compat import CompatJobs, compat_settings
+from corral.server.services.compat_a1111 import A1111Service
+from corral.server.services.compat_catalog import CatalogCache
+from corral.server.services.compat_comfyui import ComfyService
+
+
+@dataclass(frozen=True, slots=True)
+class CompatServices:
+    """The drop-in APIs' state, one per app (``app.state.compat``)."""
+
+    jobs: CompatJobs
+    catalogs: CatalogCache
+    a1111: A1111Service
+    comfyui: ComfyService
+
+
+def install(app: FastAPI, plane: ControlPlane) -> None:
+    """Serve ``/sdapi/v1/*`` and ComfyUI's API unless ``compat.enabled`` is off."""
+    settings = compat_settings(plane.rt.settings)
+    if not settings.enabled:
+        return
+    jobs = CompatJobs(plane, settings)
+    catalogs = CatalogCache(jobs)
+    app.state.compat = CompatServices(
+        jobs, catalogs, A1111Service(jobs, catalogs), ComfyService(jobs, catalogs)
+    )
+    app.include_router(compat_a1111.router)
+    app.include_router(compat_comfyui.router)

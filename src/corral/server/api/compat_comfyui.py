@@ -1,0 +1,234 @@
+"""The ComfyUI API (``/prompt``, ``/history``, ``/view``, ``/queue``, ``/interrupt``,
+``/object_info``, ``/ws``), served by the whole cluster.
+
+The websocket follows the caller's event stream (so it works on any replica)
+and sends, for the prompts this ``clientId`` queued, the JSON messages and
+binary preview frames ComfyUI itself sends (``services/compat_comfyui_events.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.websockets import WebSocketDisconnect
+
+from corral.core.errors import AuthError, CorralError, Forbidden, NotFound
+from corral.core.events import Event
+from corral.server.api.compat_auth import compat_caller, shaped_route
+from corral.server.services.compat import Caller, Unservable
+from corral.server.services.compat_comfyui import (
+    BACKEND,
+    ComfyService,
+    PromptRejected,
+    comfy_error,
+)
+from corral.server.services.compat_comfyui_events import (
+    PreviewRef,
+    PromptWatch,
+    preview_frame,
+    status_message,
+    translate,
+)
+from corral.server.store import events as event_repo
+from corral.server.store import jobs as job_repo
+
+log = logging.getLogger("corral.server.compat")
+
+
+def render(exc: Exception) -> Response | None:
+    """Any failure of a ComfyUI route, as ComfyUI's ``{"error": {...}, "node_errors": {}}``."""
+    if isinstance(exc, PromptRejected):
+        return JSONResponse(exc.body, status_code=400)
+    status, kind = 500, "internal"
+    if isinstance(exc, AuthError):
+        status, kind = (403, "forbidden") if isinstance(exc, Forbidden) else (401, "unauthorized")
+    elif isinstance(exc, Unservable):
+        status, kind = exc.status, "unavailable"
+    elif isinstance(exc, NotFound):
+        status, kind = 404, "not_found"
+    elif isinstance(exc, RequestValidationError):
+        status, kind = 400, "invalid_prompt"
+    elif isinstance(exc, CorralError):
+        status, kind = 400, "invalid"
+    else:
+        log.exception("comfyui api: unexpected error", exc_info=exc)
+    message = "internal error (see the corral server log)" if status == 500 else str(exc)
+    headers = {"WWW-Authenticate": "Basic"} if status == 401 else None
+    body = {"error": comfy_error(kind, message), "node_errors": {}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+router = APIRouter(tags=["ComfyUI-compatible"], route_class=shaped_route(render))
+Who = Annotated[Caller, Depends(compat_caller)]
+Priority = Annotated[str | None, Header(alias="X-Corral-Priority", max_length=64)]
+
+
+def service(request: Request | WebSocket) -> ComfyService:
+    svc: ComfyService = request.app.state.compat.comfyui
+    return svc
+
+
+@router.post("/prompt")
+async def prompt(
+    request: Request, who: Who, body: Annotated[dict[str, Any], Body()], priority: Priority = None
+) -> dict[str, Any]:
+    """Queue a workflow (API format) as a corral job; a chosen ``prompt_id`` is kept."""
+    return await service(request).submit(who, body, priority)
+
+
+@router.get("/history/{prompt_id}")
+async def history(request: Request, who: Who, prompt_id: str) -> dict[str, Any]:
+    """A finished prompt's outputs and status (``{}`` while it waits or runs)."""
+    return await service(request).history(who, prompt_id)
+
+
+@router.get("/view")
+async def view(
+    request: Request,
+    who: Who,
+    filename: Annotated[str, Query(max_length=255)],
+    subfolder: Annotated[str, Query(max_length=255)] = "",
+    type: Annotated[str, Query(max_length=32)] = "output",  # ComfyUI's name
+) -> Response:
+    """An output image (``subfolder`` is the corral job that made it)."""
+    data, content_type = await service(request).view(who, filename, subfolder)
+    return Response(data, media_type=content_type)
+
+
+@router.get("/queue")
+async def queue(request: Request, who: Who) -> dict[str, Any]:
+    """The caller's prompts running and waiting."""
+    return await service(request).queue(who)
+
+
+@router.post("/queue")
+async def edit_queue(
+    request: Request, who: Who, body: Annotated[dict[str, Any], Body()]
+) -> Response:
+    """``{"delete": [prompt_id, ...]}`` drops waiting prompts of the caller."""
+    await service(request).delete(who, [str(p) for p in body.get("delete") or []])
+    return Response(status_code=200)
+
+
+@router.post("/interrupt")
+async def interrupt(request: Request, who: Who) -> Response:
+    """Interrupt ``{"prompt_id": ...}``, or every running prompt of the caller."""
+    raw = await request.body()
+    body = await request.json() if raw.strip() else {}
+    prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
+    await service(request).interrupt(who, str(prompt_id) if prompt_id else None)
+    return Response(status_code=200)
+
+
+@router.get("/object_info")
+async def object_info(request: Request, who: Who) -> dict[str, Any]:
+    """The node types of a connected ComfyUI backend."""
+    return await service(request).object_info(who)
+
+
+@router.websocket("/ws")
+async def websocket(
+    ws: WebSocket, client_id: Annotated[str | None, Query(alias="clientId")] = None
+) -> None:
+    """Progress, previews and outcomes of this client's prompts, as ComfyUI sends them."""
+    try:
+        who = await compat_caller(ws)
+    except CorralError as exc:
+        await ws.send_denial_response(render(exc) or Response(status_code=401))
+        return
+    await ws.accept()
+    sid = client_id or uuid.uuid4().hex
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        await _stream(ws, who, sid)
+
+
+async def _stream(ws: WebSocket, who: Caller, sid: str) -> None:
+    """Follow the caller's events from now on; send what concerns ``sid``'s prompts."""
+    plane = ws.app.state.plane
+    async with plane.rt.db.read() as conn:
+        after = await event_repo.last_seq(conn)
+    await ws.send_json(status_message(0, sid))
+    watches: dict[str, PromptWatch | None] = {}
+    closed = asyncio.Event()
+    reader = asyncio.create_task(_read_until_closed(ws, closed))
+
+    async def gone() -> bool:
+        return closed.is_set()
+
+    try:
+        await _relay(
+            ws, who, sid, plane.feed.follow(who.principal, after, disconnected=gone), watches
+        )
+    finally:
+        reader.cancel()
+
+
+async def _read_until_closed(ws: WebSocket, closed: asyncio.Event) -> None:
+    """Read (and ignore) what the client sends, to notice when it leaves."""
+    try:
+        while (await ws.receive())["type"] != "websocket.disconnect":
+            pass
+    finally:
+        closed.set()
+
+
+async def _relay(
+    ws: WebSocket,
+    who: Caller,
+    sid: str,
+    events: AsyncIterator[Event | None],
+    watches: dict[str, PromptWatch | None],
+) -> None:
+    plane = ws.app.state.plane
+    async for event in events:
+        if event is None or event.job_id is None:
+            continue
+        watch = await _watch(plane, watches, event.job_id, sid)
+        if watch is None:
+            continue
+        for message in translate(event, watch):
+            await _send(ws, who, watch, message)
+        if watch.ended:
+            watches[event.job_id] = None
+            pending = sum(1 for w in watches.values() if w is not None)
+            await ws.send_json(status_message(pending))
+
+
+async def _watch(
+    plane: Any, watches: dict[str, PromptWatch | None], job_id: str, sid: str
+) -> PromptWatch | None:
+    """The watch of a job if it is a prompt of client ``sid`` (looked up once per job)."""
+    if job_id in watches:
+        return watches[job_id]
+    async with plane.rt.db.read() as conn:
+        rec = await job_repo.get(conn, job_id)
+    watch = None
+    payload = rec.job.payload if rec is not None else {}
+    if rec is not None and rec.job.backend == BACKEND and payload.get("client_id") == sid:
+        workflow = dict(payload.get("workflow") or {})
+        watch = PromptWatch(job_id, str(payload.get("prompt_id")), workflow)
+    watches[job_id] = watch
+    return watch
+
+
+async def _send(
+    ws: WebSocket, who: Caller, watch: PromptWatch, message: dict[str, Any] | PreviewRef
+) -> None:
+    if not isinstance(message, PreviewRef):
+        await ws.send_json(message)
+        return
+    plane = ws.app.state.plane
+    key = message.url.rsplit("/", 1)[-1]
+    try:
+        image = await plane.jobs.preview(who.principal, watch.job_id, key)
+    except CorralError:
+        return  # gone from the blob store: a preview is not worth failing the socket
+    await ws.send_bytes(preview_frame(image, message.content_type))

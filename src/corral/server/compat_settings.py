@@ -1,0 +1,34 @@
+"""Settings of the AUTOMATIC1111- and ComfyUI-compatible APIs (``CORRAL_COMPAT__*``).
+
+A request through these APIs becomes a corral job; these say what that job
+asks for. The webui and ComfyUI each drive one GPU, so by default a request
+takes one whole card; a cluster of CPU-only backends (the demo) asks for CPU
+slots instead (``gpus: 0``, ``cpus``: what one generation should occupy).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class CompatSettings(BaseModel):
+    """The drop-in APIs (docs/compat.md)."""
+
+    enabled: bool = Field(default=True, description="serve /sdapi/v1/* and the ComfyUI API")
+    gpus: float = Field(
+        default=1.0, ge=0, le=1024, description="GPUs one request takes (0: CPU slots only)"
+    )
+    cpus: int = Field(default=1, ge=0, le=4096, description="CPU slots one request takes")
+    priority: str = Field(
+        default="free", description="priority class of requests (header X-Corral-Priority wins)"
+    )
+    team_priority: dict[str, str] = Field(
+        default_factory=dict, description="priority class per team, e.g. {'pro': 'paid'}"
+    )
+    max_attempts: int = Field(default=3, ge=1, le=100, description="per request (failover)")
+    catalog_ttl_s: float = Field(
+        default=30.0, gt=0, description="how long a backend's lists (models, samplers) are reused"
+    )
+    catalog_timeout_s: float = Field(
+        default=30.0, gt=0, description="how long to wait for a backend to list what it has"
+    )

@@ -1,0 +1,278 @@
+"""The ComfyUI API on a whole cluster: a prompt becomes a job, its prompt_id the job's key.
+
+``POST /prompt`` submits a job (backend ``comfyui``, payload ``{"workflow",
+"client_id", "prompt_id"}``) under the idempotency key ``comfyui:<prompt_id>``:
+a caller-chosen ``prompt_id`` is honoured, and sending it again returns the
+same prompt instead of running it twice (a different graph under a used id is
+refused). ``/history``, ``/queue`` and ``/view`` read the caller's jobs back
+in ComfyUI's shapes; outputs are served from the job's results, with the job
+id as ``subfolder`` so file names from different backends never clash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from corral.core.errors import Conflict, NotFound
+from corral.core.states import JobState
+from corral.server.services.compat import Caller, CompatJobs, Submission, Unservable
+from corral.server.services.compat_catalog import CatalogCache
+from corral.server.store import jobs as job_repo
+from corral.server.store.records import JobRecord
+
+BACKEND = "comfyui"
+LOADERS = {"CheckpointLoaderSimple": "ckpt_name"}  # whose input names a checkpoint
+ACTIVE = (JobState.QUEUED, JobState.PLACED, JobState.RUNNING)
+
+
+class PromptRejected(Exception):
+    """``/prompt`` refused, in ComfyUI's shape: ``{"error": {...}, "node_errors": {...}}``."""
+
+    def __init__(self, error: dict[str, Any], node_errors: dict[str, Any] | None = None) -> None:
+        super().__init__(error.get("message", "invalid prompt"))
+        self.body = {"error": error, "node_errors": node_errors or {}}
+
+
+def prompt_key(prompt_id: str) -> str:
+    return f"comfyui:{prompt_id}"
+
+
+def comfy_error(kind: str, message: str, details: str = "") -> dict[str, Any]:
+    return {"type": kind, "message": message, "details": details, "extra_info": {}}
+
+
+class ComfyService:
+    def __init__(self, jobs: CompatJobs, catalogs: CatalogCache) -> None:
+        self.jobs = jobs
+        self.catalogs = catalogs
+
+    async def submit(
+        self, caller: Caller, body: Mapping[str, Any], priority: str | None = None
+    ) -> dict[str, Any]:
+        """``POST /prompt``: queue the graph (once per prompt_id); ComfyUI's answer."""
+        prompt = body.get("prompt")
+        if not isinstance(prompt, dict) or not prompt:
+            raise PromptRejected(comfy_error("no_prompt", "No prompt provided"))
+        nodes = await self.jobs.backend_nodes(caller, BACKEND)
+        known = {m for n in nodes for m in n.models_on_disk | n.models_loaded}
+        info = await self._object_info(caller)
+        _validate(prompt, info, known)
+        prompt_id = str(body.get("prompt_id") or uuid.uuid4())
+        payload = {
+            "workflow": prompt,
+            "client_id": str(body.get("client_id") or ""),
+            "prompt_id": prompt_id,
+        }
+        ckpts = {
+            str(n["inputs"][k]) for n, k in _loaders(prompt) if isinstance(n["inputs"][k], str)
+        }
+        sub = Submission(
+            BACKEND,
+            payload,
+            model=next(iter(ckpts)) if len(ckpts) == 1 else None,
+            key=prompt_key(prompt_id),
+            fingerprint=prompt,
+            priority=priority,
+        )
+        try:
+            rec, _ = await self.jobs.submit(caller, sub)
+        except Conflict:
+            raise PromptRejected(
+                comfy_error(
+                    "duplicate_prompt_id",
+                    f"prompt_id {prompt_id} was already used for a different prompt",
+                    prompt_id,
+                )
+            ) from None
+        rec = await self.jobs.plane.jobs.get(caller.principal, rec.job.id)
+        return {"prompt_id": prompt_id, "number": rec.seq, "node_errors": {}}
+
+    async def _object_info(self, caller: Caller) -> dict[str, Any] | None:
+        try:
+            catalog = await self.catalogs.get(caller, BACKEND)
+        except Unservable:
+            raise
+        except Exception:  # validation is best effort; the backend validates too
+            return None
+        info = catalog.data.get("object_info")
+        return info if isinstance(info, dict) else None
+
+    async def object_info(self, caller: Caller) -> dict[str, Any]:
+        info = await self._object_info(caller)
+        if info is None:
+            raise Unservable("the comfyui backend did not describe its nodes")
+        return info
+
+    async def find(self, caller: Caller, prompt_id: str) -> JobRecord | None:
+        """The caller's job for ``prompt_id`` (its team's), if any."""
+        async with self.jobs.plane.rt.db.read() as conn:
+            found = await job_repo.by_idempotency_keys(conn, caller.team, [prompt_key(prompt_id)])
+        rec = found.get(prompt_key(prompt_id))
+        return rec if rec is not None and caller.principal.sees(rec.job.team) else None
+
+    async def history(self, caller: Caller, prompt_id: str) -> dict[str, Any]:
+        """``/history/{id}``: the entry once the prompt ended, ``{}`` before (as ComfyUI)."""
+        rec = await self.find(caller, prompt_id)
+        if rec is None or rec.state in ACTIVE:
+            return {}
+        return {prompt_id: history_entry(rec)}
+
+    async def queue(self, caller: Caller) -> dict[str, Any]:
+        """``/queue``: the caller's team's prompts that run and wait."""
+        page = await self.jobs.plane.jobs.page(caller.principal, states=ACTIVE, limit=500)
+        mine = [r for r in reversed(page.jobs) if _is_prompt(r)]
+        running = [queue_item(r) for r in mine if r.state is JobState.RUNNING]
+        pending = [queue_item(r) for r in mine if r.state is not JobState.RUNNING]
+        return {"queue_running": running, "queue_pending": pending}
+
+    async def interrupt(self, caller: Caller, prompt_id: str | None) -> None:
+        """Interrupt that prompt, or every running prompt of this caller."""
+        if prompt_id:
+            rec = await self.find(caller, prompt_id)
+            if rec is not None:
+                await self.jobs.interrupt(caller, rec.job.id)
+            return
+        page = await self.jobs.plane.jobs.page(
+            caller.principal, states=(JobState.RUNNING,), user=caller.user, limit=500
+        )
+        for rec in page.jobs:
+            if _is_prompt(rec):
+                await self.jobs.interrupt(caller, rec.job.id)
+
+    async def delete(self, caller: Caller, prompt_ids: Iterable[str]) -> None:
+        """``POST /queue {"delete": [...]}``: drop waiting prompts (running ones go on)."""
+        for prompt_id in prompt_ids:
+            rec = await self.find(caller, str(prompt_id))
+            if rec is not None and rec.state in (JobState.QUEUED, JobState.PLACED):
+                with contextlib.suppress(Conflict):  # it started or ended meanwhile
+                    await self.jobs.plane.jobs.cancel(caller.principal, rec.job.id)
+
+    async def view(self, caller: Caller, filename: str, subfolder: str) -> tuple[bytes, str]:
+        """``/view``: an output file; ``subfolder`` is the job that made it."""
+        job_id = subfolder.split("/", 1)[0]
+        if not job_id.startswith("job_"):
+            raise NotFound(f"no output {filename!r} in {subfolder!r}")
+        f, data = await self.jobs.plane.jobs.result_file(caller.principal, job_id, filename)
+        return data, f.content_type
+
+
+def _validate(prompt: dict[str, Any], info: dict[str, Any] | None, known: set[str]) -> None:
+    """ComfyUI's checks that matter for routing: node types exist, checkpoints exist somewhere."""
+    if info is not None:
+        for node_id, node in prompt.items():
+            kind = node.get("class_type") if isinstance(node, dict) else None
+            if kind not in info:
+                raise PromptRejected(
+                    comfy_error(
+                        "invalid_prompt",
+                        f"Cannot execute because node {kind} does not exist.",
+                        f"Node ID '#{node_id}'",
+                    )
+                )
+        if not any(info[n["class_type"]].get("output_node") for n in prompt.values()):
+            raise PromptRejected(comfy_error("prompt_no_outputs", "Prompt has no outputs"))
+    node_errors = {}
+    for node_id, node in prompt.items():
+        if not isinstance(node, dict) or node.get("class_type") not in LOADERS:
+            continue
+        key = LOADERS[node["class_type"]]
+        value = (node.get("inputs") or {}).get(key)
+        options = set(known)
+        if info is not None:
+            spec = info[node["class_type"]]["input"]["required"].get(key, [[]])
+            options |= {str(v) for v in spec[0]} if isinstance(spec[0], list) else set()
+        if isinstance(value, str) and options and value not in options:
+            node_errors[node_id] = {
+                "errors": [
+                    {
+                        "type": "value_not_in_list",
+                        "message": "Value not in list",
+                        "details": f"{key}: '{value}' not in {sorted(options)} "
+                        f"(corral: no node has model {value!r})",
+                        "extra_info": {"input_name": key, "received_value": value},
+                    }
+                ],
+                "dependent_outputs": [],
+                "class_type": node["class_type"],
+            }
+    if node_errors:
+        raise PromptRejected(
+            comfy_error("prompt_outputs_failed_validation", "Prompt outputs failed validation"),
+            node_errors,
+        )
+
+
+def _loaders(prompt: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    return [
+        (n, LOADERS[n["class_type"]])
+        for n in prompt.values()
+        if isinstance(n, dict)
+        and n.get("class_type") in LOADERS
+        and LOADERS[n["class_type"]] in (n.get("inputs") or {})
+    ]
+
+
+def _is_prompt(rec: JobRecord) -> bool:
+    return rec.job.backend == BACKEND and "prompt_id" in rec.job.payload
+
+
+def output_nodes(workflow: Mapping[str, Any]) -> list[str]:
+    """Nodes that save images (they have a ``filename_prefix``), in id order."""
+    ids = [k for k, n in workflow.items() if "filename_prefix" in (n.get("inputs") or {})]
+    return sorted(ids, key=lambda k: (len(k), k))
+
+
+def outputs_for(workflow: Mapping[str, Any], names: Iterable[str], job_id: str) -> dict[str, Any]:
+    """History ``outputs``: each result image under the saving node whose prefix it has."""
+    savers = output_nodes(workflow) or sorted(workflow, key=lambda k: (len(k), k))[-1:]
+    outputs: dict[str, Any] = {}
+    for name in sorted(names):
+        node = next(
+            (
+                k
+                for k in savers
+                if name.startswith(str(workflow[k]["inputs"].get("filename_prefix", "")) + "_")
+            ),
+            savers[0] if savers else "0",
+        )
+        entry = {"filename": name, "subfolder": job_id, "type": "output"}
+        outputs.setdefault(node, {"images": []})["images"].append(entry)
+    return outputs
+
+
+def queue_item(rec: JobRecord) -> list[Any]:
+    p = rec.job.payload
+    workflow = dict(p.get("workflow") or {})
+    extra = {"client_id": p.get("client_id", "")}
+    return [rec.seq, p.get("prompt_id"), workflow, extra, output_nodes(workflow)]
+
+
+def history_entry(rec: JobRecord) -> dict[str, Any]:
+    """A finished prompt's history entry, ComfyUI's shape."""
+    p = rec.job.payload
+    workflow = json.loads(json.dumps(p.get("workflow") or {}))
+    outputs = outputs_for(workflow, [f.name for f in rec.result], rec.job.id)
+    ok = rec.state is JobState.SUCCEEDED and rec.stop_request != "interrupt"
+    stamp = int((rec.started_at or rec.job.submitted_at) * 1000)
+    base = {"prompt_id": p.get("prompt_id"), "timestamp": stamp}
+    messages: list[list[Any]] = [["execution_start", base]]
+    if ok:
+        messages.append(["execution_success", base])
+    elif rec.state is JobState.FAILED:
+        messages.append(["execution_error", {**base, "exception_message": rec.error or ""}])
+    else:
+        messages.append(["execution_interrupted", {**base, "executed": list(outputs)}])
+    return {
+        "prompt": queue_item(rec),
+        "outputs": outputs,
+        "status": {
+            "status_str": "success" if ok else "error",
+            "completed": ok,
+            "messages": messages,
+        },
+        "meta": {k: {"node_id": k, "display_node": k} for k in outputs},
+    }
