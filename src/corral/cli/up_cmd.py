@@ -47,10 +47,19 @@ def register(app: typer.Typer) -> None:
 def up(
     demo: Annotated[bool, typer.Option(help="Also submit a few demo jobs to watch.")] = False,
     port: Annotated[
-        int, typer.Option(help="HTTP port (API and dashboard); 0 picks one.", min=0, max=65535)
+        int,
+        typer.Option(
+            help="HTTP port (API and dashboard); 0 picks one.",
+            min=0,
+            max=65535,
+            envvar="CORRAL_UP_PORT",
+        ),
     ] = 8470,
     agent_port: Annotated[
-        int, typer.Option(help="Port agents dial; 0 picks one.", min=0, max=65535)
+        int,
+        typer.Option(
+            help="Port agents dial; 0 picks one.", min=0, max=65535, envvar="CORRAL_UP_AGENT_PORT"
+        ),
     ] = 8471,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     data_dir: Annotated[
