@@ -77,6 +77,7 @@ def server(
 
     from corral.core.errors import InvalidSpec
     from corral.server.settings import Settings
+    from corral.server.store.sqlite_lock import StoreInUse
 
     overrides = _overrides(db, host, port, home, blob_dir, node_timeout, log_level)
     if agent_port is not None:
@@ -87,6 +88,9 @@ def server(
     except (ValidationError, InvalidSpec) as exc:
         typer.echo(f"corral server: {exc}", err=True)
         raise typer.Exit(2) from None
+    except StoreInUse as exc:
+        typer.echo(f"corral server: {exc}", err=True)
+        raise typer.Exit(1) from None
     except OSError as exc:
         typer.echo(f"corral server: cannot listen: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -128,6 +132,7 @@ def _serve(settings: Any) -> None:
     shown = f"[{host}]" if ":" in host else host
 
     plane = create_plane(settings)
+    plane.rt.db.claim()  # a second server on the same SQLite file stops here, with the reason
 
     def banner(report: StartReport) -> None:
         lines = [

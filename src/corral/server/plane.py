@@ -52,7 +52,9 @@ class ControlPlane:
         if rt.db.is_postgres:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
         self.schedule = SchedulingLoop(rt, schedule, leader)
-        self.liveness = LivenessLoop(rt)
+        # With the loops running, only the scheduling leader watches liveness; a test driving
+        # the plane by hand (run_loops=False) ticks it directly.
+        self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.queue = QueueService(rt, lambda: self.schedule.unplaced)
         self._tasks: list[asyncio.Task[None]] = []
         self.report: StartReport | None = None
@@ -68,6 +70,7 @@ class ControlPlane:
         await self.rt.db.prepare()
         token = await self.auth.bootstrap_admin()
         await self.models.load()
+        self.liveness.watch_from(self.rt.clock.now())  # grace after a (re)start
         if self.run_loops:
             self._tasks = [
                 asyncio.create_task(self.schedule.run(), name="corral-schedule"),

@@ -12,11 +12,20 @@ Every ``liveness_tick_s`` it looks for
 
 ``tick`` decides from one read and acts in one short transaction per item,
 re-checking the condition inside it (the state may have moved on).
+
+**Grace after a start.** Silence is measured from ``max(last_seen, since)``,
+where ``since`` is when this process started watching (the plane's start, or
+the moment it became the scheduling leader). A server that was down longer
+than ``node_timeout_s`` therefore gives agents a full timeout to reconnect
+instead of marking every node lost at its first tick; stops sent before the
+restart get the same grace. With several replicas only the leader watches
+(``leading``), so the fleet is checked once, not once per replica.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.core.events import EventKind
@@ -40,8 +49,15 @@ class TickReport:
 
 
 class LivenessLoop:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, leading: Callable[[], bool] | None = None) -> None:
         self.rt = rt
+        self.leading = leading or (lambda: True)
+        self.since = rt.clock.now()  # silence before this is not counted (see the module doc)
+        self._was_leading = True
+
+    def watch_from(self, at: float) -> None:
+        """Count silence only from ``at`` (the plane's start)."""
+        self.since = at
 
     async def run(self) -> None:
         while True:
@@ -55,22 +71,36 @@ class LivenessLoop:
         s = self.rt.settings.scheduling
         now = self.rt.clock.now()
         report = TickReport()
+        if not self._lead(now):
+            return report
         async with self.rt.db.read() as conn:
             nodes = await node_repo.all_nodes(conn)
             active = await alloc_repo.active(conn)
         for n in nodes:
-            stale = now - n.node.last_seen > s.node_timeout_s
+            stale = self._silent_for(n.node.last_seen, now) > s.node_timeout_s
             if n.node.state is NodeState.READY and stale and await self.mark_lost(n.node.name):
                 report.lost_nodes.append(n.node.name)
         lost = set(report.lost_nodes)
         for rec in active:
             if rec.alloc.node in lost:
                 continue
-            if _stop_overdue(rec, now, s.stop_slack_s) and await self._force_end(rec.alloc.id):
+            overdue = _stop_overdue(rec, now, s.stop_slack_s, self.since)
+            if overdue and await self._force_end(rec.alloc.id):
                 report.forced_stops.append(rec.alloc.id)
             elif _past_deadline(rec, now) and await self._time_out(rec.alloc.id):
                 report.timed_out.append(rec.alloc.id)
         return report
+
+    def _lead(self, now: float) -> bool:
+        """Only the leader watches; a new leader starts its grace now."""
+        leading = self.leading()
+        if leading and not self._was_leading:
+            self.since = now
+        self._was_leading = leading
+        return leading
+
+    def _silent_for(self, last_seen: float, now: float) -> float:
+        return now - max(last_seen, self.since)
 
     async def mark_lost(self, name: str) -> bool:
         """Mark ``name`` lost and end its allocations as lost. False if it came back meanwhile."""
@@ -79,7 +109,7 @@ class LivenessLoop:
             rec = await node_repo.get(tx.conn, name)
             if rec is None or rec.node.state is not NodeState.READY:
                 return False
-            if tx.now - rec.node.last_seen <= timeout:
+            if self._silent_for(rec.node.last_seen, tx.now) <= timeout:
                 return False
             state = transition(NODE, name, rec.node.state, NodeState.LOST, at=tx.now, why="timeout")
             if not await node_repo.update(tx.conn, rec, state=state.value):
@@ -94,7 +124,8 @@ class LivenessLoop:
         slack = self.rt.settings.scheduling.stop_slack_s
         async with self.rt.tx() as tx:
             rec = await alloc_repo.get(tx.conn, alloc_id)
-            if rec is None or not rec.alloc.active or not _stop_overdue(rec, tx.now, slack):
+            overdue = rec is not None and _stop_overdue(rec, tx.now, slack, self.since)
+            if rec is None or not rec.alloc.active or not overdue:
                 return False
             log.warning("allocation %s did not answer its stop; taking it as stopped", alloc_id)
             await end_allocation(self.rt, tx, rec, Ending.STOPPED)
@@ -109,10 +140,10 @@ class LivenessLoop:
             return await request_stop(self.rt, tx, rec, StopReason.TIMEOUT, grace)
 
 
-def _stop_overdue(rec: AllocRecord, now: float, slack: float) -> bool:
+def _stop_overdue(rec: AllocRecord, now: float, slack: float, since: float) -> bool:
     if rec.alloc.desired is AllocDesired.RUN or rec.stop_at is None:
         return False
-    return now > rec.stop_at + (rec.stop_grace_s or 0.0) + slack
+    return now > max(rec.stop_at, since) + (rec.stop_grace_s or 0.0) + slack
 
 
 def _past_deadline(rec: AllocRecord, now: float) -> bool:

@@ -4,7 +4,8 @@ Two databases are supported with the same tables and code:
 
 * SQLite (one file, WAL): one process; writes are serialised by an asyncio
   lock in this process (SQLite allows one writer anyway; the lock avoids
-  ``database is locked`` retries).
+  ``database is locked`` retries). A lock file next to the database keeps a
+  second server process off it (``sqlite_lock``).
 * PostgreSQL (asyncpg): several replicas may share it. Every write
   transaction that appends events first takes a transaction-scoped advisory
   lock, so events become visible in ``seq`` order and an SSE reader resuming
@@ -29,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from corral.core.errors import InvalidSpec
+from corral.server.store.sqlite_lock import SqliteLock
 
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
 
@@ -92,6 +94,12 @@ class Database:
         self.engine = _make_engine(target, sqlite_synchronous, pool_size)
         self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
+        self.file_lock = _file_lock(target)
+
+    def claim(self) -> None:
+        """Make sure no other server uses this SQLite file (``StoreInUse`` otherwise)."""
+        if self.file_lock is not None:
+            self.file_lock.acquire()
 
     @property
     def is_postgres(self) -> bool:
@@ -124,6 +132,7 @@ class Database:
 
         if self.target.dialect == "sqlite" and self.target.url.database not in (None, ":memory:"):
             Path(str(self.target.url.database)).parent.mkdir(parents=True, exist_ok=True)
+        self.claim()
         if self.target.schema:
             async with self.engine.begin() as conn:
                 await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"'))
@@ -132,6 +141,15 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self.file_lock is not None:
+            self.file_lock.release()
+
+
+def _file_lock(target: DbTarget) -> SqliteLock | None:
+    database = target.url.database
+    if target.dialect != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    return SqliteLock(Path(str(database)))
 
 
 def _make_engine(target: DbTarget, synchronous: str, pool_size: int) -> AsyncEngine:
