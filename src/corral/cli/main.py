@@ -8,6 +8,7 @@ from corral import __version__
 from corral.cli import (
     agent_cmd,
     jobs_cmd,
+    models_cmd,
     nodes_cmd,
     server_cmd,
     sim_cmd,
@@ -41,6 +42,7 @@ jobs_cmd.register(app)
 watch_cmd.register(app)
 teams_cmd.register(app)
 nodes_cmd.register(app)
+models_cmd.register(app)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls
+from corral.sdk import calls, registry
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
@@ -38,6 +38,7 @@ from corral.sdk.models import (
     ResultStatus,
     TeamQuota,
 )
+from corral.sdk.registry import ModelInfo, Progress, add_local_file
 from corral.sdk.retry import RETRYABLE, Follow, Retry, describe
 
 T = TypeVar("T")
@@ -208,6 +209,41 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         return self.run(calls.health())
+
+    # -- models (the registry, see corral.sdk.registry) ---------------------------------
+
+    def models(self) -> list[ModelInfo]:
+        """Registered models, each with the nodes that hold it (``.cached``)."""
+        return self.run(registry.list_models())
+
+    def model(self, name: str) -> ModelInfo:
+        return self.run(registry.get_model(name))
+
+    def add_model(
+        self,
+        name: str,
+        *,
+        sources: Sequence[str] = (),
+        file: str | None = None,
+        size: int | str | None = None,
+        sha256: str | None = None,
+        kind: str = "checkpoint",
+        backend: str = "",
+        progress: Progress | None = None,
+    ) -> ModelInfo:
+        """Register (or replace) a model (admin). ``sources``: http(s) URLs agents fetch,
+        or a file on the server; ``file``: a local file to upload (resumed if cut off)."""
+        if file is not None:
+            return add_local_file(
+                self, name, file, sources=sources, sha256=sha256, kind=kind, backend=backend,
+                progress=progress,
+            )  # fmt: skip
+        body = registry.registration(sources, size, sha256, kind, backend)
+        return self.run(registry.put_model(name, body))
+
+    def remove_model(self, name: str) -> None:
+        """Remove a model from the registry (admin)."""
+        self.request("DELETE", f"/v1/models/{name}")
 
     # -- plumbing used by Job ------------------------------------------------------------
 

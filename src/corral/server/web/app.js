@@ -94,6 +94,7 @@ function renderNode(n) {
     el("h3", {}, n.name, el("span", { class: `badge ${st}`, "data-state": st }, st), toggle),
     n.gpus.length ? gpus : el("div", { class: "muted" }, `CPU only · ${n.cpus} slots`),
     el("div", { class: "muted" }, `models loaded: ${n.models_loaded.join(", ") || "none"}`),
+    el("div", { class: "muted" }, `models on disk: ${n.models_on_disk.join(", ") || "none"}`),
     el("div", { class: "muted" }, `${n.allocations.length} running · last seen ${ago(n.last_seen)}`));
 }
 
@@ -147,6 +148,18 @@ function renderTeams(teams, nodes, running) {
   });
 }
 
+// Models and where they are cached: "gpu-1 (loaded), gpu-2, gpu-3 (downloading 43%)".
+function renderModels(models) {
+  const where = (m) => m.cached.map((c) => c.state === "downloading" ? `${c.node} (downloading ${Math.floor((c.progress || 0) * 100)}%)`
+    : c.state === "on_disk" ? c.node : `${c.node} (${c.state})`).join(", ") || "not cached yet";
+  const head = el("tr", {}, ["model", "kind", "size", "state", "cached on"].map((h) => el("th", {}, h)));
+  return [head, ...models.map((m) => el("tr", { "data-model": m.name },
+    el("td", {}, el("strong", {}, m.name)), el("td", {}, m.kind + (m.backend ? ` · ${m.backend}` : "")),
+    el("td", {}, gib(m.size)),
+    el("td", {}, m.state === "uploading" && m.uploaded != null ? `uploading ${Math.floor(100 * m.uploaded / m.size)}%` : m.state),
+    el("td", { class: "cached" }, where(m))))];
+}
+
 async function refresh() {
   const [nodes, queue, teams, running, finished] = await Promise.all([
     getJson("/v1/nodes"), getJson("/v1/queue"), getJson("/v1/teams").catch(() => []),
@@ -162,6 +175,9 @@ async function refresh() {
     el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"))));
   $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
   $("finished").replaceChildren(...finished.jobs.map(renderFinished));
+  const models = await getJson("/v1/models").catch(() => []);
+  $("models-count").textContent = `(${models.length})`;
+  $("models").replaceChildren(...(models.length ? renderModels(models) : [el("tr", {}, el("td", { class: "muted" }, "No models registered (corral model add).") )]));
 }
 
 // ---- live updates ----------------------------------------------------------
