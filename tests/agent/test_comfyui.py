@@ -176,7 +176,7 @@ def test_interrupt_keeps_the_outputs_already_saved() -> None:
     job = Assignment("a", 1, ("j",), payload={"workflow": workflow})
 
     def interrupt_in_second_sampler(update: Update, stop: StopSignal) -> None:
-        if isinstance(update, Progress) and update.message == "node 10":
+        if isinstance(update, Progress) and update.message.startswith("node 10:"):
             stop.request(StopReason.INTERRUPT, 5.0)
 
     terminal = run_against(job, interrupt_in_second_sampler)[-1]

@@ -23,10 +23,11 @@ import shlex
 import signal
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from corral import __version__
+from corral.agent import backend_models
 from corral.agent.demo import DemoExecutor
 from corral.agent.executors.base import Executor
 from corral.agent.executors.command import CommandExecutor
@@ -116,7 +117,17 @@ class Agent:
         note = self.gpus.snapshot().note
         if note:
             log.info("%s", note)
+        await self.note_backend_models()
         await self.link.run()
+
+    async def note_backend_models(self) -> None:
+        """Add the HTTP backends' checkpoints to what the hello reports (backend_models.py)."""
+        if not (self.options.a1111 or self.options.comfyui):
+            return
+        found = await backend_models.probe(self.options.a1111, self.options.comfyui)
+        disk = tuple(sorted({*self.identity.models_on_disk, *found.on_disk}))
+        self.identity = replace(self.identity, models_on_disk=disk, loaded=found.loaded)
+        self.link.identity = self.identity
 
     async def shutdown(self) -> None:
         """Let running work checkpoint and report, then give the server a moment to take it."""

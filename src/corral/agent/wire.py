@@ -46,6 +46,7 @@ class Identity:
     backends: tuple[str, ...] = ()
     models_on_disk: tuple[str, ...] = ()
     version: str = ""
+    loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)  # per backend
 
 
 def order_from(msg: pb.Assign, checkpoint_root: Path | None = None) -> Order:
@@ -102,6 +103,9 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
         backends=list(identity.backends),
+        loaded_by_backend={
+            name: pb.BackendModels(models=list(models)) for name, models in identity.loaded.items()
+        },
         running=[
             pb.RunningAllocation(
                 allocation_id=h.allocation_id,

@@ -2,11 +2,17 @@
 
 A job's payload is the webui's own request body plus ``"mode"``
 (``txt2img`` by default, ``img2img``, or ``upscale`` for
-``/extra-single-image``). While the request runs the executor polls
-``/progress`` for step counts and the live preview; a stop calls
-``/interrupt``, after which the webui answers the pending request with the
-partial image (kept on interrupt). The backend runs one generation at a time,
-and its progress endpoint is global, so the executor runs one job at a time.
+``/extra-single-image``). Results are the images (``image-N.png``) and
+``response.json``, the webui's answer without its images (``info``,
+``parameters``), so a caller can rebuild the webui's own response. Mode
+``catalog`` runs nothing: it answers ``catalog.json`` with the backend's
+``sd-models``, ``samplers``, ``upscalers``, ``loras`` and ``options``.
+
+While the request runs the executor polls ``/progress`` for step counts and
+the live preview; a stop calls ``/interrupt``, after which the webui answers
+the pending request with the partial image (kept on interrupt). The backend
+runs one generation at a time, and its progress endpoint is global, so the
+executor runs one job at a time.
 
 When the job names a model that is not loaded, the executor switches the
 checkpoint through ``/options`` first. When it names none, or asks for a random
@@ -72,6 +78,10 @@ class A1111Executor:
         return self._name
 
     async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+        if assignment.payload.get("mode") == "catalog":  # lists only: no need to wait for a turn
+            with backend_errors(self._name, self._base_url):
+                yield Finished((await catalog(self._base_url, self._timeout, self._name),))
+            return
         mode, body = _request(assignment.payload)
         async with self._lock:
             if stop.requested is not None:
@@ -108,9 +118,8 @@ class A1111Executor:
         images, info = _parse(response.json(), mode)
         if mode != "upscale" and body.get("seed", -1) == -1 and "seed" in info:
             modified["seed"] = str(info["seed"])
-        results = tuple(
-            Result(f"image-{i}.png", data, "image/png") for i, data in enumerate(images)
-        )
+        pictures = [Result(f"image-{i}.png", data, "image/png") for i, data in enumerate(images)]
+        results = (*pictures, _rest(response.json()))
         if stop.requested is not None:
             yield stopped_terminal(stop.requested, results, modified)
             return
@@ -174,6 +183,28 @@ class A1111Executor:
             _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for task in pending - {call}:
                 task.cancel()
+
+
+async def catalog(base_url: str, timeout: float, name: str) -> Result:
+    """``catalog.json``: what the webui offers (a list it does not serve is empty)."""
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+        for key in CATALOG:
+            response = await client.get(f"/sdapi/v1/{key}")
+            if response.status_code == 404 and key != "sd-models":
+                out[key] = [] if key != "options" else {}
+                continue
+            out[key] = check_response(response, name, f"/{key}").json()
+    return Result("catalog.json", json.dumps(out).encode(), "application/json")
+
+
+CATALOG = ("sd-models", "samplers", "upscalers", "loras", "options")
+
+
+def _rest(data: dict[str, Any]) -> Result:
+    """The webui's answer without its images, as ``response.json``."""
+    rest = {k: v for k, v in data.items() if k not in ("images", "image")}
+    return Result("response.json", json.dumps(rest).encode(), "application/json")
 
 
 def _request(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

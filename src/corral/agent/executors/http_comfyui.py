@@ -14,6 +14,9 @@ queue if it had not started; an interrupt keeps the outputs already saved.
 
 When the job names a model, every ``CheckpointLoaderSimple`` loads it; when it
 names none, the checkpoint the workflow used is reported in ``modified``.
+Progress messages read ``node <id>: <value>/<max>`` (ComfyUI's own figures).
+A payload ``{"mode": "catalog"}`` runs nothing: it answers ``catalog.json``
+with the backend's ``object_info``.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class _Watch:
         if fraction <= self.reported and value < maximum:
             return None
         self.reported = fraction
-        return Progress(fraction, value, maximum, f"node {node}")
+        return Progress(fraction, value, maximum, f"node {node}: {value}/{maximum}")
 
 
 class ComfyUIExecutor:
@@ -97,6 +100,13 @@ class ComfyUIExecutor:
         return self._name
 
     async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+        if assignment.payload.get("mode") == "catalog":
+            with backend_errors(self._name, self._base_url):
+                async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as c:
+                    info = check_response(await c.get("/object_info"), self._name, "/object_info")
+            data = json.dumps({"object_info": info.json()}).encode()
+            yield Finished((Result("catalog.json", data, "application/json"),))
+            return
         workflow, modified = _workflow(assignment.payload, assignment.model)
         if stop.requested is not None:
             yield stopped_terminal(stop.requested)

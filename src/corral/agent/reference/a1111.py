@@ -65,9 +65,14 @@ class ReferenceA1111:
     """The server's state and routes. ``app`` is the ASGI application."""
 
     def __init__(
-        self, models: tuple[str, ...] = ("tiny-sd", "tiny-sd-v2"), *, step_delay_s: float = 0.0
+        self,
+        models: tuple[str, ...] = ("tiny-sd", "tiny-sd-v2"),
+        *,
+        step_delay_s: float = 0.0,
+        loras: tuple[str, ...] = ("tiny-detail",),
     ) -> None:
         self.models = models
+        self.loras_on_disk = loras
         self.loaded = models[0]
         self.step_delay_s = step_delay_s
         self.fail_next: str | None = None  # the next generation fails with this error (500)
@@ -93,6 +98,7 @@ class ReferenceA1111:
             Route(f"{v1}/sd-models", self.sd_models, methods=["GET"]),
             Route(f"{v1}/samplers", self.samplers, methods=["GET"]),
             Route(f"{v1}/upscalers", self.upscalers, methods=["GET"]),
+            Route(f"{v1}/loras", self.loras, methods=["GET"]),
         ]
 
     # ---- generation ----------------------------------------------------------
@@ -282,6 +288,20 @@ class ReferenceA1111:
 
     async def samplers(self, request: Request) -> Response:
         return JSONResponse([{"name": s, "aliases": [], "options": {}} for s in SAMPLERS])
+
+    async def loras(self, request: Request) -> Response:
+        """The built-in Lora extension's list (the reference lists them; it cannot apply them)."""
+        return JSONResponse(
+            [
+                {
+                    "name": name,
+                    "alias": name,
+                    "path": f"/models/Lora/{name}.safetensors",
+                    "metadata": {},
+                }
+                for name in self.loras_on_disk
+            ]
+        )
 
     async def upscalers(self, request: Request) -> Response:
         return JSONResponse(
