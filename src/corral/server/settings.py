@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from corral.server.compat_settings import CompatSettings
+
 DEFAULT_HOME = Path("~/.corral")
 DEFAULT_PORT = 8470
 DEFAULT_AGENT_PORT = 8471
@@ -162,6 +164,7 @@ class Settings(BaseSettings):
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     agents: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
     models: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
+    compat: CompatSettings = Field(default_factory=CompatSettings)  # docs/compat.md
 
     def resolved_home(self) -> Path:
         return self.home.expanduser()
