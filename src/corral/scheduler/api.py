@@ -33,7 +33,8 @@ class Snapshot:
     ``queued`` are jobs in state ``queued`` (some may wait for ``not_before``);
     ``allocations`` are the active ones (they hold resources on their nodes).
     ``expected_ends`` (optional) maps allocation ids to when they should end
-    (start + estimated run time), for end-together placement.
+    (start + estimated run time), for end-together placement. ``model_sizes``
+    (optional) gives registered models' sizes, for model-aware routing.
     """
 
     nodes: tuple[Node, ...] = ()
@@ -41,9 +42,11 @@ class Snapshot:
     allocations: tuple[Allocation, ...] = ()
     teams: tuple[Team, ...] = ()
     expected_ends: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    model_sizes: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # registry name -> bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expected_ends", frozen_map(self.expected_ends))
+        object.__setattr__(self, "model_sizes", frozen_map(self.model_sizes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,11 @@ class Config:
     # Added by the scheduler (all optional, defaults keep the contract above):
     candidates_per_tier: int = 2  # fits scored per locality level: bounded search, O(log) cost
     scorer_weights: Mapping[str, float] = field(default_factory=lambda: EMPTY)  # by scorer name
+    # Model-aware routing (routing.py): with a fetch rate, a job may wait for a node that has
+    # its model instead of fetching it elsewhere, when that is expected to be quicker.
+    model_fetch_bytes_per_s: float | None = None  # None: never wait for a model
+    model_load_bytes_per_s: float = 1e9  # disk to GPU memory
+    model_max_wait_s: float = 300.0  # a job never waits for a model holder past this age
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -79,6 +87,13 @@ def _check_config(config: Config) -> None:
         raise InvalidSpec("config.max_placements_per_cycle", "must be >= 0 or None")
     if config.candidates_per_tier < 1:
         raise InvalidSpec("config.candidates_per_tier", "must be >= 1")
+    fetch = config.model_fetch_bytes_per_s
+    if fetch is not None and fetch <= 0:
+        raise InvalidSpec("config.model_fetch_bytes_per_s", "must be > 0 or None")
+    if config.model_load_bytes_per_s <= 0:
+        raise InvalidSpec("config.model_load_bytes_per_s", "must be > 0")
+    if config.model_max_wait_s < 0:
+        raise InvalidSpec("config.model_max_wait_s", "must be >= 0")
     for user, weight in config.user_weights.items():
         if weight <= 0:
             raise InvalidSpec(f"config.user_weights.{user}", "must be > 0")
@@ -104,6 +119,7 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_VRAM = "insufficient_vram"
     INSUFFICIENT_CPUS = "insufficient_cpus"
     MODEL_MISSING = "model_missing"  # informational: will be downloaded
+    MODEL_WAIT = "model_wait"  # waits for a node with its model: quicker than fetching it
     QUOTA_EXCEEDED = "quota_exceeded"  # team at quota + borrow limit
     GANG_INCOMPLETE = "gang_incomplete"  # not all replicas fit at once
     NOT_BEFORE = "not_before"  # retry backoff not yet over

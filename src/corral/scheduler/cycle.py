@@ -160,6 +160,15 @@ class Cycle:
         if runtime is not None:
             self._expect_end(fit.node.idx, self.now + runtime)
 
+    def expected_end(self, idx: int) -> float | None:
+        """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
+        return self._ends.get(idx)
+
+    def book(self, idx: int, end: float) -> None:
+        """Note that node ``idx`` is spoken for until ``end`` (a job waiting for it; undone
+        by ``rollback`` like everything else)."""
+        self._expect_end(idx, end)
+
     def _expect_end(self, idx: int, end: float) -> None:
         old = self._ends.get(idx)
         if old is None or end > old:

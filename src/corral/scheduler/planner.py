@@ -33,6 +33,7 @@ from corral.scheduler.gang import place_gang
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.preemption import Ask, Preemptor, Room
 from corral.scheduler.quota import Ledger
+from corral.scheduler.routing import ModelRouter
 
 Explanation = tuple[tuple[Reason, ...], Remedy]
 
@@ -51,6 +52,8 @@ class Planner:
         self._allocations = snapshot.allocations
         self._preemptor: Preemptor | None = None  # built on first need: most cycles preempt nothing
         self.batcher = Batcher(snapshot.queued, config.max_batch_size)
+        self.router = ModelRouter(self.cycle, config, snapshot.model_sizes)
+        self._route = self.router.enabled  # wait for a model's holder when quicker (routing.py)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.unplaced: list[Unplaced] = []
@@ -94,6 +97,13 @@ class Planner:
     def _place(self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool) -> bool:
         mark = self.cycle.checkpoint()
         fits = self._fit_all(job, need)
+        if fits is not None and self._route:
+            wait = self.router.consider(job, need, fits[0], self.now)
+            if wait is not None:
+                self.cycle.rollback(mark)
+                self.router.book(wait)
+                self.leave(job, (wait.reasons, wait.remedy))
+                return True
         rooms: list[Room] = []
         if fits is None and self.config.preemption:
             found = self._fit_with_preemption(job, pclass, need, guaranteed)
