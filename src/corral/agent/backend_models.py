@@ -4,8 +4,10 @@ The server routes work to nodes that have (or have loaded) a job's model and
 refuses a drop-in API request for a checkpoint no node has; for that it must
 know what each AUTOMATIC1111 or ComfyUI backend holds. The agent asks them
 when it starts (a backend that does not answer reports nothing: the agent
-still joins) and adds the names to ``models_on_disk``, the loaded webui
-checkpoint to ``loaded`` (per backend).
+still joins) and adds the webui's checkpoint names to ``models_on_disk``, the
+loaded one to ``loaded`` (per backend). ComfyUI's checkpoint files are not
+reported: they are a namespace of their own (file names), would mix with the
+webui's in the node's one list, and the server reads them from ``/object_info``.
 """
 
 from __future__ import annotations
@@ -31,25 +33,16 @@ class BackendModels:
     loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)
 
 
-async def probe(
-    a1111: str | None, comfyui: str | None, timeout_s: float = PROBE_TIMEOUT_S
-) -> BackendModels:
-    """The checkpoints of the configured backends (empty for one that does not answer)."""
-    on_disk: set[str] = set()
-    loaded: dict[str, tuple[str, ...]] = {}
-    if a1111:
-        try:
-            names, current = await _a1111(a1111, timeout_s)
-            on_disk |= set(names)
-            loaded["a1111"] = (current,) if current else ()
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            log.warning("could not list the a1111 backend's models at %s: %s", a1111, exc)
-    if comfyui:
-        try:
-            on_disk |= set(await _comfyui(comfyui, timeout_s))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
-            log.warning("could not list the comfyui backend's models at %s: %s", comfyui, exc)
-    return BackendModels(tuple(sorted(on_disk)), loaded)
+async def probe(a1111: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> BackendModels:
+    """The webui's checkpoints (nothing when it does not answer)."""
+    if not a1111:
+        return BackendModels()
+    try:
+        names, current = await _a1111(a1111, timeout_s)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        log.warning("could not list the a1111 backend's models at %s: %s", a1111, exc)
+        return BackendModels()
+    return BackendModels(tuple(sorted(names)), {"a1111": (current,) if current else ()})
 
 
 async def _a1111(base_url: str, timeout_s: float) -> tuple[list[str], str | None]:
@@ -60,13 +53,6 @@ async def _a1111(base_url: str, timeout_s: float) -> tuple[list[str], str | None
     title = str(options.get("sd_model_checkpoint") or "")
     current = next((str(m.get("model_name")) for m in models if m.get("title") == title), None)
     return names, current
-
-
-async def _comfyui(base_url: str, timeout_s: float) -> list[str]:
-    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s) as client:
-        info: dict[str, Any] = await _json(client, "/object_info")
-    required = info["CheckpointLoaderSimple"]["input"]["required"]
-    return [str(name) for name in required["ckpt_name"][0]]
 
 
 async def _json(client: httpx.AsyncClient, path: str) -> Any:

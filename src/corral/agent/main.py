@@ -122,9 +122,9 @@ class Agent:
 
     async def note_backend_models(self) -> None:
         """Add the HTTP backends' checkpoints to what the hello reports (backend_models.py)."""
-        if not (self.options.a1111 or self.options.comfyui):
+        if not self.options.a1111:
             return
-        found = await backend_models.probe(self.options.a1111, self.options.comfyui)
+        found = await backend_models.probe(self.options.a1111)
         disk = tuple(sorted({*self.identity.models_on_disk, *found.on_disk}))
         self.identity = replace(self.identity, models_on_disk=disk, loaded=found.loaded)
         self.link.identity = self.identity

@@ -88,6 +88,16 @@ class A1111Service:
         self.jobs = jobs
         self.catalogs = catalogs
         self._callers: dict[tuple[str, str], _CallerState] = {}
+        self._default_entry: Mapping[str, Any] | None = None
+
+    def _default(self, catalog: Catalog | None) -> str | None:
+        """The checkpoint of callers who chose none: what the backend had loaded when first
+        asked, kept, so one caller's choice never changes what the others get."""
+        if self._default_entry is None and catalog is not None:
+            title = str((catalog.data.get("options") or {}).get("sd_model_checkpoint") or "")
+            self._default_entry = find_model(title, catalog.entries("sd-models")) if title else None
+        entry = self._default_entry
+        return str(entry.get("model_name") or entry.get("title")) if entry else None
 
     def _state(self, caller: Caller) -> _CallerState:
         return self._callers.setdefault(caller.key, _CallerState())
@@ -129,7 +139,7 @@ class A1111Service:
         wanted = overrides.pop("sd_model_checkpoint", None)
         catalog = await self._catalog(caller)
         self._check_sampler(body, catalog)
-        model = state.model
+        model = state.model or self._default(catalog)
         if wanted:
             model = _resolve_model(str(wanted), nodes, catalog)
         payload = {**body, "mode": mode}
@@ -219,6 +229,9 @@ class A1111Service:
         catalog = await self.catalogs.get(caller, BACKEND)
         state = self._state(caller)
         base = dict(catalog.data.get("options") or {})
+        self._default(catalog)
+        if self._default_entry is not None:
+            base["sd_model_checkpoint"] = self._default_entry.get("title")
         return {**base, **state.options}
 
     async def set_options(self, caller: Caller, body: Mapping[str, Any]) -> None:

@@ -58,9 +58,8 @@ class ComfyService:
         if not isinstance(prompt, dict) or not prompt:
             raise PromptRejected(comfy_error("no_prompt", "No prompt provided"))
         nodes = await self.jobs.backend_nodes(caller, BACKEND)
-        known = {m for n in nodes for m in n.models_on_disk | n.models_loaded}
         info = await self._object_info(caller)
-        _validate(prompt, info, known)
+        _validate(prompt, info, complete=len(nodes) == 1)
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         payload = {
             "workflow": prompt,
@@ -160,50 +159,54 @@ class ComfyService:
         return data, f.content_type
 
 
-def _validate(prompt: dict[str, Any], info: dict[str, Any] | None, known: set[str]) -> None:
-    """ComfyUI's checks that matter for routing: node types exist, checkpoints exist somewhere."""
-    if info is not None:
-        for node_id, node in prompt.items():
-            kind = node.get("class_type") if isinstance(node, dict) else None
-            if kind not in info:
-                raise PromptRejected(
-                    comfy_error(
-                        "invalid_prompt",
-                        f"Cannot execute because node {kind} does not exist.",
-                        f"Node ID '#{node_id}'",
-                    )
-                )
-        if not any(info[n["class_type"]].get("output_node") for n in prompt.values()):
-            raise PromptRejected(comfy_error("prompt_no_outputs", "Prompt has no outputs"))
-    node_errors = {}
+def _validate(prompt: dict[str, Any], info: dict[str, Any] | None, *, complete: bool) -> None:
+    """ComfyUI's checks that matter for routing: node types exist, checkpoints exist.
+
+    ``info`` is one node's ``object_info``: a checkpoint it lacks is refused only
+    when that node is the only one (``complete``); else another node may have it
+    (the job then fails over to it: an executor that lacks it fails retryably).
+    """
+    if info is None:
+        return
     for node_id, node in prompt.items():
-        if not isinstance(node, dict) or node.get("class_type") not in LOADERS:
-            continue
-        key = LOADERS[node["class_type"]]
-        value = (node.get("inputs") or {}).get(key)
-        options = set(known)
-        if info is not None:
-            spec = info[node["class_type"]]["input"]["required"].get(key, [[]])
-            options |= {str(v) for v in spec[0]} if isinstance(spec[0], list) else set()
-        if isinstance(value, str) and options and value not in options:
-            node_errors[node_id] = {
-                "errors": [
-                    {
-                        "type": "value_not_in_list",
-                        "message": "Value not in list",
-                        "details": f"{key}: '{value}' not in {sorted(options)} "
-                        f"(corral: no node has model {value!r})",
-                        "extra_info": {"input_name": key, "received_value": value},
-                    }
-                ],
-                "dependent_outputs": [],
-                "class_type": node["class_type"],
-            }
+        kind = node.get("class_type") if isinstance(node, dict) else None
+        if kind not in info:
+            message = f"Cannot execute because node {kind} does not exist."
+            raise PromptRejected(comfy_error("invalid_prompt", message, f"Node ID '#{node_id}'"))
+    if not any(info[n["class_type"]].get("output_node") for n in prompt.values()):
+        raise PromptRejected(comfy_error("prompt_no_outputs", "Prompt has no outputs"))
+    node_errors = {
+        node_id: _missing_checkpoint(node, key, value, info)
+        for node, key in _loaders(prompt)
+        for node_id in [next(k for k, v in prompt.items() if v is node)]
+        if complete
+        and isinstance(value := node["inputs"][key], str)
+        and value not in _choices(info, node["class_type"], key)
+    }
     if node_errors:
         raise PromptRejected(
             comfy_error("prompt_outputs_failed_validation", "Prompt outputs failed validation"),
             node_errors,
         )
+
+
+def _choices(info: dict[str, Any], kind: str, key: str) -> list[str]:
+    spec = info[kind]["input"]["required"].get(key) or [[]]
+    return [str(v) for v in spec[0]] if isinstance(spec[0], list) else []
+
+
+def _missing_checkpoint(
+    node: dict[str, Any], key: str, value: str, info: dict[str, Any]
+) -> dict[str, Any]:
+    """A node error in ComfyUI's shape, with corral's reason."""
+    choices = _choices(info, node["class_type"], key)
+    error = {
+        "type": "value_not_in_list",
+        "message": "Value not in list",
+        "details": f"{key}: '{value}' not in {choices} (corral: no node has model {value!r})",
+        "extra_info": {"input_name": key, "received_value": value},
+    }
+    return {"errors": [error], "dependent_outputs": [], "class_type": node["class_type"]}
 
 
 def _loaders(prompt: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
