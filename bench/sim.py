@@ -1,6 +1,6 @@
 """Benchmark of the simulator: simulated jobs per second, and placement quality.
 
-Usage: ``python bench/sim.py [--nodes 1000] [--jobs 20000] [--policies corral,first-fit,best-fit]``
+Usage: ``python bench/sim.py [--nodes 1000] [--jobs 100000] [--policies corral,first-fit,best-fit]``
 
 A generated, seeded trace (``corral.sim.generate``: mostly 1-GPU jobs, a tail
 of 2/4/8-GPU jobs and 2x8 gangs, half-card jobs, log-normal run times,
@@ -14,12 +14,12 @@ GPU allocation ratio measures a loaded cluster rather than the drain.
 
 Prints, per policy::
 
-    simulated jobs/s (1000 nodes, 20000 jobs, corral): N   (per CPU second: C)
+    simulated jobs/s (1000 nodes, 100000 jobs, corral): N   (per CPU second: C)
     gpu_allocation_ratio (corral): R   wait p50/p95 s: A / B   fragmentation: F
 
 then the headline (corral's scheduler, or the first policy run)::
 
-    simulated jobs/s (1000 nodes, 20000 jobs): N
+    simulated jobs/s (1000 nodes, 100000 jobs): N
     gpu_allocation_ratio corral / first-fit / best-fit: R1 / R2 / R3
 """
 
@@ -67,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--load", type=float, default=0.9)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cycle-interval", type=float, default=60.0, help="simulated s")
     parser.add_argument("--until", type=float, default=None, help="default: last arrival")
