@@ -154,3 +154,33 @@ def test_auth_as_the_tools_send_it(
         assert reply.status_code == want, reply.text
         if want == 401:
             assert reply.headers["WWW-Authenticate"] == "Basic"
+
+
+def test_two_clients_floods_are_mixed_fairly(corral: CompatCluster) -> None:
+    """Both slots busy (carol); alice queues 4 requests, then bob 4: they start alternately."""
+    carol, alice, bob = (client(corral, u) for u in ("carol", "alice", "bob"))
+    small = {"prompt": "x", "steps": 2, "width": 32, "height": 32}
+    with ThreadPoolExecutor(10) as pool, corral.cluster.client() as http:
+
+        def queued(user: str) -> int:
+            jobs = http.get("/v1/jobs", params={"user": user, "state": "queued"}).json()["jobs"]
+            return len(jobs)
+
+        blockers = [pool.submit(carol.txt2img, **small | {"steps": 500}) for _ in range(2)]
+        eventually(lambda: alice.get_progress() and carol.get_progress()["progress"] > 0, 30)
+        floods = [pool.submit(alice.txt2img, **small) for _ in range(4)]
+        eventually(lambda: queued("alice") == 4, 30, "alice's 4 requests queued")
+        floods += [pool.submit(bob.txt2img, **small) for _ in range(4)]
+        eventually(lambda: queued("bob") == 4, 30, "bob's 4 requests queued")
+        carol.interrupt()  # both slots free up: the 8 queued requests now start in turn
+        for future in floods:
+            assert future.result(timeout=120).image.size == (32, 32)
+        for future in blockers:
+            future.result(timeout=60)
+        jobs = [
+            j
+            for user in ("alice", "bob")
+            for j in http.get("/v1/jobs", params={"user": user, "limit": 4}).json()["jobs"]
+        ]
+    order = [j["user"] for j in sorted(jobs, key=lambda j: j["started_at"])]
+    assert order == ["alice", "bob"] * 4, order
