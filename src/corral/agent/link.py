@@ -37,6 +37,7 @@ import grpc
 from corral.agent import wire
 from corral.agent.executors.base import Checkpoint, Failed, Preview, Started
 from corral.agent.fingerprint import GpuInventory, GpuSnapshot
+from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
 from corral.agent.supervisor import Done, JobResult, Report, Supervisor
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -109,11 +110,11 @@ class LinkSettings:
     heartbeat_s: float | None = None  # beat at least this often (default: as the server asks)
 
 
-Queued = tuple[int, Report | pb.Heartbeat]
+Queued = tuple[int, Report | pb.Heartbeat | pb.ModelStatus]
 
 
 class LinkClient:
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the link's seams, each passed in)
         self,
         targets: Sequence[Target],
         settings: LinkSettings,
@@ -124,6 +125,7 @@ class LinkClient:
         *,
         checkpoint_root: Path | None = None,
         rng: random.Random | None = None,
+        reporter: ModelReporter | None = None,
     ) -> None:
         if not targets:
             raise InvalidSpec("server", "give at least one server URL")
@@ -144,6 +146,9 @@ class LinkClient:
         self._seq = itertools.count(1)
         self._metadata = (("authorization", f"Bearer {settings.token}"),)
         supervisor.sink = self.publish
+        self.reporter = reporter  # tells the server about the model cache (model_report.py)
+        self.models = reporter.models if reporter else None  # prefetch hints go there
+        self.api_base = ""  # the server's HTTP API, for the model files it holds
 
     def publish(self, report: Report) -> None:
         """Send ``report`` (the supervisor's sink); keep it until acknowledged if it matters."""
@@ -197,7 +202,7 @@ class LinkClient:
             stub = pb_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=self._metadata)
             try:
-                await self._hello(call)
+                await self._hello(call, target)
                 live: asyncio.Queue[Queued] = asyncio.Queue()
                 for seq in sorted(self._outbox):  # resend what the server has not acknowledged
                     live.put_nowait((seq, self._outbox[seq]))
@@ -205,9 +210,10 @@ class LinkClient:
                 self.sessions += 1
                 self.connected.set()
                 log.info("connected to %s as node %s", target, self.identity.node)
-                await _first_to_end(
-                    self._write(call, stub, live), self._read(call), self._beat(live)
-                )
+                tasks = [self._write(call, stub, live), self._read(call), self._beat(live)]
+                if self.reporter is not None:
+                    tasks.append(self._report_models(live, self.reporter))
+                await _first_to_end(*tasks)
             except grpc.aio.AioRpcError as exc:
                 raise _translate(exc) from None
             finally:
@@ -228,9 +234,14 @@ class LinkClient:
             return grpc.aio.secure_channel(target.address, grpc.ssl_channel_credentials(), options)
         return grpc.aio.insecure_channel(target.address, options)
 
-    async def _hello(self, call: Any) -> None:
+    async def _hello(self, call: Any, target: Target) -> None:
         snapshot = self.gpus.snapshot()
         inventory = wire.inventory(self.identity, snapshot, self.supervisor.held())
+        if self.reporter is not None:  # the model cache is part of the inventory
+            status = self.reporter.status()
+            inventory.models_on_disk[:] = status.models_on_disk
+            for backend, loaded in status.loaded_by_backend.items():
+                inventory.loaded_by_backend[backend].CopyFrom(loaded)
         await call.write(pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory)))
         msg = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
         if msg is grpc.aio.EOF or not msg.HasField("welcome"):
@@ -239,12 +250,16 @@ class LinkClient:
             self.heartbeat_s = msg.welcome.heartbeat_interval_s
         if self.settings.heartbeat_s is not None:
             self.heartbeat_s = min(self.heartbeat_s, self.settings.heartbeat_s)
+        self.api_base = api_base(target.address, target.tls, msg.welcome)
 
     async def _write(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
         while True:
             seq, item = await live.get()
             if isinstance(item, pb.Heartbeat):
                 await call.write(pb.AgentMessage(seq=seq, heartbeat=item))
+                continue
+            if isinstance(item, pb.ModelStatus):
+                await call.write(pb.AgentMessage(seq=seq, models=item))
                 continue
             try:
                 blob_ids = await self._upload_large(stub, item)
@@ -273,7 +288,10 @@ class LinkClient:
     def _obey(self, msg: pb.ServerMessage) -> None:
         body = msg.WhichOneof("body")
         if body == "assign":
-            self.supervisor.assign(wire.order_from(msg.assign, self.checkpoint_root))
+            order = wire.order_from(msg.assign, self.checkpoint_root, self.api_base)
+            self.supervisor.assign(order)
+        elif body == "prefetch" and self.models is not None:
+            hint(self.models, msg.prefetch, self.api_base)
         elif body == "stop":
             allocation_id, reason, grace_s = wire.stop_from(msg.stop)
             self.supervisor.stop(allocation_id, reason, grace_s)
@@ -297,6 +315,16 @@ class LinkClient:
             owners = self.supervisor.process_owners()
             self.supervisor.check_vram(snapshot, owners)
             live.put_nowait((next(self._seq), wire.heartbeat(snapshot, owners, self.clock.now())))
+
+    async def _report_models(self, live: asyncio.Queue[Queued], reporter: ModelReporter) -> None:
+        """The model cache's state after the Welcome, then whenever it changes."""
+        while True:
+            live.put_nowait((next(self._seq), reporter.status()))
+            await reporter.wait_change()
+
+    def model_headers(self, source: str) -> dict[str, str]:
+        """The agent's token goes to the server's own model files, and nowhere else."""
+        return token_headers(self.api_base, self.settings.token, source)
 
     async def _upload_large(self, stub: Any, report: Report) -> dict[int, str]:
         """Upload the results too large to ride inline; their blob ids by result index."""

@@ -36,6 +36,8 @@ from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.fingerprint import GpuInventory, detect_inventory
 from corral.agent.link import LinkClient, LinkSettings, parse_server
+from corral.agent.model_report import ModelReporter
+from corral.agent.models import ModelManager, ModelSettings
 from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
 from corral.agent.wire import Identity
 from corral.core import Clock, InvalidSpec, WallClock
@@ -62,6 +64,8 @@ class AgentOptions:
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     cpus: int | None = None
     work_dir: Path = Path("~/.corral/agent")
+    models_dir: Path | None = None  # the model cache (default <work_dir>/models)
+    models_budget: str | int = "100GiB"  # disk the model cache may use
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
 
 
@@ -90,7 +94,13 @@ class Agent:
         self.gpus = gpus or detect_inventory(options.fake_gpus)
         work_dir = options.work_dir.expanduser()
         executors, default, by_kind = build_executors(options, self.clock, work_dir)
-        self.supervisor = Supervisor(executors, self.clock, default=default, by_kind=by_kind)
+        cache = ModelSettings.parse(
+            options.models_dir or work_dir / "models", options.models_budget
+        )
+        self.models = ModelManager.open(cache, self.clock, headers_for=self._model_headers)
+        self.supervisor = Supervisor(
+            executors, self.clock, default=default, by_kind=by_kind, models=self.models
+        )
         self.identity = Identity(
             node=options.name or socket.gethostname(),
             cpus=options.cpus if options.cpus is not None else os.cpu_count() or 1,
@@ -106,11 +116,20 @@ class Agent:
             self.gpus,
             self.clock,
             checkpoint_root=work_dir / "checkpoints",
+            reporter=ModelReporter(self.models, self._native_models, executors),
         )
+        self.supervisor.on_change = self.link.reporter.mark if self.link.reporter else lambda: None
 
     @property
     def node(self) -> str:
         return self.identity.node
+
+    def _model_headers(self, source: str) -> dict[str, str]:
+        return self.link.model_headers(source)
+
+    def _native_models(self) -> tuple[tuple[str, ...], Mapping[str, tuple[str, ...]]]:
+        """The backends' own models (not from the cache): on disk, and loaded per backend."""
+        return self.identity.models_on_disk, self.identity.loaded
 
     async def run(self) -> None:
         """Stay connected until cancelled; raises ``LinkRefused`` for a bad token."""
@@ -133,6 +152,7 @@ class Agent:
         """Let running work checkpoint and report, then give the server a moment to take it."""
         await self.supervisor.shutdown(self.options.shutdown_grace_s)
         await self.link.drain(FLUSH_S)
+        await self.models.aclose()  # partial downloads stay for the next start
 
 
 def build_executors(

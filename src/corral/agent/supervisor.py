@@ -41,6 +41,8 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.runner import TIMEOUT_GRACE_S, execute
 from corral.agent.fingerprint import GpuSnapshot
+from corral.agent.model_gate import SpecOrError, ready
+from corral.agent.models import ModelManager
 from corral.agent.vram_guard import Reservation, VramGuard, process_tree
 from corral.core import Clock
 from corral.core.model import EMPTY
@@ -62,6 +64,7 @@ class Order:
     backend: str = ""  # the executor the jobs asked for; "" lets the supervisor choose
     gpu_indices: tuple[int, ...] = ()
     vram_bytes: int = 0  # per GPU; 0: whole cards (the VRAM guard's allowance)
+    model_specs: Mapping[str, SpecOrError] = field(default_factory=lambda: EMPTY)  # by job id
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,7 @@ class Supervisor:
         by_kind: Mapping[str, str] | None = None,
         timeout_grace_s: float = TIMEOUT_GRACE_S,
         guard: VramGuard | None = None,
+        models: ModelManager | None = None,
     ) -> None:
         if default not in executors:
             raise ValueError(f"default executor {default!r} is not among {sorted(executors)}")
@@ -139,6 +143,8 @@ class Supervisor:
         self.by_kind = dict(by_kind or {})
         self.timeout_grace_s = timeout_grace_s
         self.guard = guard or VramGuard()
+        self.models = models  # the model cache: jobs wait for their models (model_gate.py)
+        self.on_change: Callable[[], None] = lambda: None  # work started or ended (loaded models)
         self.sink: Callable[[Report], None] = lambda report: None
         self.intake_open = True  # the server's word; it only affects what it sends
         self._slots: dict[str, _Slot] = {}
@@ -245,10 +251,31 @@ class Supervisor:
                 self._end(slot, Failed(f"agent error: {type(exc).__name__}: {exc}", False))
 
     async def _run_jobs(self, slot: _Slot) -> None:
+        """Wait for the order's models (pinned while it runs), then run its jobs."""
+        order = slot.order
+        async with contextlib.AsyncExitStack() as held:
+            jobs = order.jobs
+            if order.model_specs:
+
+                def emit(update: Progress, job_id: str) -> None:
+                    self._emit(slot, update, job_id)
+
+                got = await ready(self.models, order.model_specs, jobs, slot.stop, emit, held)
+                if isinstance(got, Failed):
+                    self._end(slot, got)
+                    return
+                jobs = got
+            self.on_change()
+            try:
+                await self._run_ready(slot, jobs)
+            finally:
+                self.on_change()
+
+    async def _run_ready(self, slot: _Slot, jobs: tuple[Assignment, ...]) -> None:
         assert slot.executor is not None
-        order, results, modified = slot.order, list[JobResult](), dict[str, str]()
+        results, modified = list[JobResult](), dict[str, str]()
         started = False
-        for index, job in enumerate(order.jobs):
+        for index, job in enumerate(jobs):
             terminal: Finished | Failed | None = None
             updates = execute(
                 slot.executor, job, slot.stop, self.clock, timeout_grace_s=self.timeout_grace_s

@@ -24,7 +24,10 @@ from corral.agent.executors.base import (
     StopReason,
 )
 from corral.agent.fingerprint import GpuSnapshot
+from corral.agent.model_gate import SpecOrError
+from corral.agent.model_report import spec_from
 from corral.agent.supervisor import Done, Held, Order, Report
+from corral.core import InvalidSpec
 from corral.core.model import EMPTY
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
@@ -49,12 +52,16 @@ class Identity:
     loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)  # per backend
 
 
-def order_from(msg: pb.Assign, checkpoint_root: Path | None = None) -> Order:
-    """The supervisor's order for an assignment; each job gets its checkpoint directory."""
+def order_from(msg: pb.Assign, checkpoint_root: Path | None = None, api_base: str = "") -> Order:
+    """The supervisor's order for an assignment; each job gets its checkpoint directory.
+
+    ``api_base`` resolves the sources of models the server holds (``/v1/models/...``).
+    """
     gpus = tuple(msg.gpu_indices)
     jobs = tuple(_job(msg, w, gpus, checkpoint_root) for w in msg.jobs)
     whole = msg.gpu_milli >= 1000 or msg.gpu_milli == 0
     return Order(
+        model_specs=model_specs(msg, api_base),
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
         jobs=jobs,
@@ -83,6 +90,18 @@ def _job(msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None) -
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,
     )
+
+
+def model_specs(msg: pb.Assign, api_base: str) -> dict[str, SpecOrError]:
+    """Each job's registered model as a ``ModelSpec``, or why the agent cannot read it."""
+    out: dict[str, SpecOrError] = {}
+    for w in msg.jobs:
+        if w.HasField("model_ref"):
+            try:
+                out[w.job_id] = spec_from(w.model_ref, api_base)
+            except InvalidSpec as exc:
+                out[w.job_id] = f"the server's registry entry is not usable: {exc}"
+    return out
 
 
 def _payload(text: str) -> Mapping[str, Any]:

@@ -68,6 +68,12 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     work_dir: Annotated[Path, typer.Option(help="Checkpoints and scratch space.")] = Path(
         "~/.corral/agent"
     ),
+    models_dir: Annotated[
+        Path | None, typer.Option(help="Model cache. [default: <work-dir>/models]")
+    ] = None,
+    models_budget: Annotated[
+        str, typer.Option(help="Disk the model cache may use, e.g. 200GiB.")
+    ] = "100GiB",
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the corral agent: take work from the server and run it on this machine.
@@ -93,6 +99,8 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             labels=parse_labels(labels or []),
             cpus=cpus,
             work_dir=work_dir,
+            models_dir=models_dir,
+            models_budget=models_budget,
         )
         asyncio.run(_run(options))
     except InvalidSpec as exc:

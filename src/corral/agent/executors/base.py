@@ -48,6 +48,7 @@ class Assignment:
     kind: str = "custom"
     payload: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
     model: str | None = None  # None: the backend's current/default model
+    model_path: Path | None = None  # the model's file from the agent's cache (registered models)
     gpu_indices: tuple[int, ...] = ()
     checkpoint_dir: Path | None = None
     resume_from: str | None = None  # a checkpoint reported by an earlier attempt
