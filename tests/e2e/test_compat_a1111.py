@@ -48,8 +48,11 @@ def test_the_request_is_a_corral_job_of_the_callers_team_and_user(corral: Compat
         jobs = http.get("/v1/jobs", params={"user": "ana"}).json()["jobs"]
     (job,) = jobs
     assert (job["kind"], job["backend"], job["team"], job["state"]) == (
-        "sample", "a1111", "vision", "succeeded"
-    )  # fmt: skip
+        "sample",
+        "a1111",
+        "vision",
+        "succeeded",
+    )
     assert job["payload"]["prompt"] == "a fox"
     assert job["payload"]["mode"] == "txt2img"
 
@@ -58,9 +61,14 @@ def test_img2img_and_upscale(corral: CompatCluster) -> None:
     api = client(corral, "alice")
     base = api.txt2img(prompt="a barn", steps=2, width=32, height=32, seed=1).image
     changed = api.img2img(
-        images=[base], prompt="a barn at night", steps=3, width=32, height=32,
-        denoising_strength=0.6, seed=2,
-    )  # fmt: skip
+        images=[base],
+        prompt="a barn at night",
+        steps=3,
+        width=32,
+        height=32,
+        denoising_strength=0.6,
+        seed=2,
+    )
     assert changed.image.size == (32, 32)
     assert changed.info["seed"] == 2
     upscaled = api.extra_single_image(image=base, upscaler_1="Lanczos", upscaling_resize=2)
@@ -123,8 +131,13 @@ def test_lists_come_from_the_connected_backends(corral: CompatCluster) -> None:
 def test_a_model_no_node_has_is_refused_in_the_webuis_shape(corral: CompatCluster) -> None:
     api = client(corral, "alice")
     with pytest.raises(RuntimeError) as refused:
-        api.txt2img(prompt="x", steps=2, width=32, height=32,
-                    override_settings={"sd_model_checkpoint": "sdxl-turbo"})  # fmt: skip
+        api.txt2img(
+            prompt="x",
+            steps=2,
+            width=32,
+            height=32,
+            override_settings={"sd_model_checkpoint": "sdxl-turbo"},
+        )
     status, text = refused.value.args
     body = json.loads(text)
     assert status == 404
@@ -138,12 +151,18 @@ def test_a_model_no_node_has_is_refused_in_the_webuis_shape(corral: CompatCluste
     ("headers", "want"),
     [
         pytest.param({}, 401, id="no-credentials"),
-        pytest.param({"Authorization": "Basic " + base64.b64encode(b"me:wrong").decode()}, 401,
-                     id="basic-wrong-token"),  # fmt: skip
+        pytest.param(
+            {"Authorization": "Basic " + base64.b64encode(b"me:wrong").decode()},
+            401,
+            id="basic-wrong-token",
+        ),
         pytest.param({"Authorization": "Bearer nope"}, 401, id="bearer-wrong-token"),
         pytest.param({"Authorization": f"Bearer {ADMIN}"}, 200, id="bearer-token"),
-        pytest.param({"Authorization": "Basic " + base64.b64encode(f"me:{ADMIN}".encode()).decode()},
-                     200, id="basic-any-user-token-as-password"),  # fmt: skip
+        pytest.param(
+            {"Authorization": "Basic " + base64.b64encode(f"me:{ADMIN}".encode()).decode()},
+            200,
+            id="basic-any-user-token-as-password",
+        ),
     ],
 )
 def test_auth_as_the_tools_send_it(

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, WebSocket
+from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
@@ -76,12 +77,24 @@ def service(request: Request | WebSocket) -> ComfyService:
     return svc
 
 
+async def json_body(request: Request) -> dict[str, Any]:
+    """The body as JSON whatever its Content-Type (ComfyUI reads it so; its examples send none)."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise PromptRejected(comfy_error("invalid_prompt", "the body is not JSON")) from None
+    if not isinstance(body, dict):
+        raise PromptRejected(comfy_error("invalid_prompt", "the body must be a JSON object"))
+    return body
+
+
 @router.post("/prompt")
-async def prompt(
-    request: Request, who: Who, body: Annotated[dict[str, Any], Body()], priority: Priority = None
-) -> dict[str, Any]:
+async def prompt(request: Request, who: Who, priority: Priority = None) -> dict[str, Any]:
     """Queue a workflow (API format) as a corral job; a chosen ``prompt_id`` is kept."""
-    return await service(request).submit(who, body, priority)
+    return await service(request).submit(who, await json_body(request), priority)
 
 
 @router.get("/history/{prompt_id}")
@@ -110,10 +123,9 @@ async def queue(request: Request, who: Who) -> dict[str, Any]:
 
 
 @router.post("/queue")
-async def edit_queue(
-    request: Request, who: Who, body: Annotated[dict[str, Any], Body()]
-) -> Response:
+async def edit_queue(request: Request, who: Who) -> Response:
     """``{"delete": [prompt_id, ...]}`` drops waiting prompts of the caller."""
+    body = await json_body(request)
     await service(request).delete(who, [str(p) for p in body.get("delete") or []])
     return Response(status_code=200)
 
@@ -121,9 +133,7 @@ async def edit_queue(
 @router.post("/interrupt")
 async def interrupt(request: Request, who: Who) -> Response:
     """Interrupt ``{"prompt_id": ...}``, or every running prompt of the caller."""
-    raw = await request.body()
-    body = await request.json() if raw.strip() else {}
-    prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
+    prompt_id = (await json_body(request)).get("prompt_id")
     await service(request).interrupt(who, str(prompt_id) if prompt_id else None)
     return Response(status_code=200)
 

@@ -87,6 +87,7 @@ class Submission:
     priority: str | None = None
     resources: Mapping[str, Any] | None = None  # default: the settings' gpus and cpus
     max_attempts: int | None = None
+    user: str | None = None  # default: the caller's
 
 
 class CompatJobs:
@@ -124,7 +125,7 @@ class CompatJobs:
                 "payload": dict(sub.payload),
                 "model": sub.model,
                 "priority": self.priority(caller, sub.priority),
-                "user": caller.user,
+                "user": sub.user or caller.user,
                 "resources": dict(resources),
                 "max_attempts": sub.max_attempts or self.settings.max_attempts,
             }

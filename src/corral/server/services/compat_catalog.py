@@ -27,6 +27,7 @@ from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission
 
 CATALOG_FILE = "catalog.json"
+CATALOG_USER = "corral-catalog"  # catalog jobs are the server's asking, not the caller's work
 NO_RESOURCES = {"gpus": 0, "cpus": 0}  # a catalog job fits anywhere, beside any work
 
 
@@ -83,6 +84,7 @@ class CatalogCache:
             priority=self._most_urgent(),
             resources=NO_RESOURCES,
             max_attempts=2,
+            user=CATALOG_USER,
         )
         rec, _ = await self.jobs.submit(caller, sub)
         done = await self.jobs.wait(caller, rec.job.id)

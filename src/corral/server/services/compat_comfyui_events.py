@@ -70,6 +70,8 @@ def translate(event: Event, watch: PromptWatch) -> list[Message]:
 
 def _progress(data: Mapping[str, Any], watch: PromptWatch) -> list[Message]:
     match = _NODE.match(str(data.get("message", "")))
+    if match is None and watch.node is not None:
+        return []  # the agent's own "all done" after the node's figures: ComfyUI has no such
     node = match.group("node") if match else (watch.node or _first_sampler(watch.workflow))
     if match and match.group("value"):
         value, top = int(match.group("value")), int(match.group("max"))
