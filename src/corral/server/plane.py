@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from corral.server.agentlink.base import AgentLink
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
+from corral.server.loops.prefetch import PrefetchLoop
 from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
 from corral.server.services.agents import AgentService
 from corral.server.services.auth import AuthService
@@ -56,6 +57,9 @@ class ControlPlane:
         # the plane by hand (run_loops=False) ticks it directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.queue = QueueService(rt, lambda: self.schedule.unplaced)
+        self.schedule.model_sizes = self.models.sizes
+        self.prefetch = PrefetchLoop(rt, self.models, self.model_status, lambda: self.link)
+        self.schedule.after_cycle.append(self.prefetch.after_cycle)
         self._tasks: list[asyncio.Task[None]] = []
         self.report: StartReport | None = None
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
 from corral.server.loops.leader import AlwaysLeader, Leadership
@@ -45,13 +47,19 @@ class SchedulingLoop:
         self.cache = SnapshotCache()
         self.last_cycle_s = 0.0
         self._next_timer: float | None = None
+        # Models (issue 10): registry sizes for the snapshot; what runs after each cycle.
+        self.model_sizes: Callable[[AsyncConnection], Awaitable[Mapping[str, int]]] | None = None
+        self.after_cycle: list[Callable[[Snapshot, Plan], Awaitable[object]]] = []
 
     def config(self) -> Config:
-        s = self.rt.settings.scheduling
+        s, m = self.rt.settings.scheduling, self.rt.settings.models
         return Config(
             priority_classes=self.rt.priority_classes,
             max_batch_size=s.max_batch_size,
             preemption=s.preemption,
+            model_fetch_bytes_per_s=m.fetch_bytes_per_s if m.routing else None,
+            model_load_bytes_per_s=m.load_bytes_per_s,
+            model_max_wait_s=m.max_wait_s,
         )
 
     async def run(self) -> None:
@@ -93,6 +101,8 @@ class SchedulingLoop:
         started = time.perf_counter()
         async with self.rt.db.read() as conn:
             snapshot, versions = await self.cache.load(conn)
+            if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
+                snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         now = self.rt.clock.now()
         plan = await asyncio.to_thread(
             self.schedule,
@@ -104,6 +114,8 @@ class SchedulingLoop:
         applied = await apply_plan(self.rt, plan, versions)
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now)
+        for follow_up in self.after_cycle:  # e.g. the prefetch policy (loops/prefetch.py)
+            await follow_up(snapshot, plan)
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
             self.rt.schedule_needed.fire()  # something moved on, or more fits: go again
         self.cycles += 1

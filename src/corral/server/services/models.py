@@ -129,6 +129,11 @@ class ModelService:
         async with self.rt.db.read() as conn:
             await self.catalog.refresh(conn, self.rt.clock.now(), force=True)
 
+    async def sizes(self, conn: AsyncConnection) -> dict[str, int]:
+        """Registered models' sizes for a scheduling cycle (re-read every few seconds)."""
+        await self.catalog.refresh(conn, self.rt.clock.now())
+        return self.catalog.sizes()
+
     async def put(self, who: Principal, name: str, reg: Registration) -> tuple[ModelEntry, bool]:
         """Create or replace a registry entry; True when it is new."""
         who.require_admin("register models")
