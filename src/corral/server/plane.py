@@ -12,12 +12,14 @@ import logging
 from dataclasses import dataclass
 
 from corral.server.agentlink.base import AgentLink
+from corral.server.agentlink.relay import RelayLink
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
 from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
 from corral.server.services.agents import AgentService
 from corral.server.services.auth import AuthService
+from corral.server.services.delivery import Delivery
 from corral.server.services.feed import EventFeed, QueueService
 from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
@@ -25,6 +27,7 @@ from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
 from corral.server.services.unit import Runtime
 from corral.server.store.db import lock_key
+from corral.server.store.notify import Note, Notifier, PgNotifier
 
 log = logging.getLogger("corral.server")
 
@@ -60,12 +63,20 @@ class ControlPlane:
         self.schedule.model_sizes = self.models.sizes
         self.prefetch = PrefetchLoop(rt, self.models, self.model_status, lambda: self.link)
         self.schedule.after_cycle.append(self.prefetch.after_cycle)
+        self.transport = rt.link  # this replica's own agent streams
+        self.notifier: Notifier | None = None
+        if rt.db.is_postgres:  # replicas: reach agents held elsewhere, kick the leader
+            notifier = self.notifier = PgNotifier(rt.db.target)
+            rt.link = RelayLink(self.transport, notifier)
+            self.schedule.on_follow = lambda: notifier.publish(Note("kick"))
+        self.delivery = Delivery(rt, self.transport, lambda: self.schedule.leading)
         self._tasks: list[asyncio.Task[None]] = []
         self.report: StartReport | None = None
 
     @property
     def link(self) -> AgentLink:
-        return self.rt.link
+        """This replica's transport (what agents dial); ``rt.link`` may relay through others."""
+        return self.transport
 
     async def start(self) -> StartReport:
         """Migrate the store, make sure an admin token exists, start the loops."""
@@ -75,10 +86,13 @@ class ControlPlane:
         token = await self.auth.bootstrap_admin()
         await self.models.load()
         self.liveness.watch_from(self.rt.clock.now())  # grace after a (re)start
+        if self.notifier is not None:
+            await self.notifier.start(self.delivery.on_notes)
         if self.run_loops:
             self._tasks = [
                 asyncio.create_task(self.schedule.run(), name="corral-schedule"),
                 asyncio.create_task(self.liveness.run(), name="corral-liveness"),
+                asyncio.create_task(self._resync_forever(), name="corral-resync"),
             ]
             self.rt.schedule_needed.fire()  # work may be waiting from before a restart
         self.report = StartReport(
@@ -93,5 +107,17 @@ class ControlPlane:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self.notifier is not None:
+            await self.notifier.close()
         await self.schedule.leader.release()
         await self.rt.db.close()
+
+    async def _resync_forever(self) -> None:
+        """The safety net under notes and streams: resend what waits too long (``Delivery``)."""
+        every = self.rt.settings.scheduling.resync_s
+        while True:
+            await self.rt.clock.sleep(every)
+            try:
+                await self.delivery.resync(older_than_s=every)
+            except Exception:  # keep the net up even if one pass fails
+                log.exception("resync failed")

@@ -86,6 +86,16 @@ class SchedulingSettings(BaseModel):
         default=2.0, ge=0, description="first retry delay after a retryable failure; doubles"
     )
     max_batch_size: int = Field(default=8, ge=1, description="sample jobs per allocation")
+    leader_retry_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="a follower replica tries this often to take over the scheduling loop",
+    )
+    resync_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="assignments and stops unanswered this long are sent again (safety net)",
+    )
     preemption: bool = True
     seed: int = Field(default=0, description="seed handed to the scheduler for tie-breaks")
 

@@ -50,6 +50,9 @@ class SchedulingLoop:
         # Models (issue 10): registry sizes for the snapshot; what runs after each cycle.
         self.model_sizes: Callable[[AsyncConnection], Awaitable[Mapping[str, int]]] | None = None
         self.after_cycle: list[Callable[[Snapshot, Plan], Awaitable[object]]] = []
+        self._last_try = float("-inf")  # a follower's last attempt to become the leader
+        # A follower that was poked (work arrived here) asks the leader for a cycle.
+        self.on_follow: Callable[[], None] | None = None
 
     def config(self) -> Config:
         s, m = self.rt.settings.scheduling, self.rt.settings.models
@@ -66,7 +69,7 @@ class SchedulingLoop:
         """Forever: wait for a trigger (or the idle timeout), debounce, run a cycle."""
         trigger = self.rt.schedule_needed
         while True:
-            await trigger.wait(self._wait_s())
+            fired = await trigger.wait(self._wait_s())
             # Let the rest of a burst arrive; and never cycle back to back (pacing).
             pause = max(self.rt.settings.scheduling.debounce_s, self.last_cycle_s)
             if pause:
@@ -74,6 +77,8 @@ class SchedulingLoop:
             trigger.clear()
             try:
                 if not await self._lead():
+                    if fired and self.on_follow is not None:
+                        self.on_follow()
                     continue
                 await self.cycle()
             except Exception:  # a bad cycle must not stop scheduling forever
@@ -83,15 +88,27 @@ class SchedulingLoop:
                 trigger.fire()
 
     async def _lead(self) -> bool:
-        """Are we the leader? A new leader starts from a fresh snapshot."""
+        """Are we the leader? A new leader starts from a fresh snapshot.
+
+        A follower tries for the lock at most every ``leader_retry_s``, however
+        often it is poked: the leader dying is noticed within that time.
+        """
+        now = self.rt.clock.now()
+        if not self.leading and now - self._last_try < self.rt.settings.scheduling.leader_retry_s:
+            return False
+        self._last_try = now
         leading = await self.leader.acquire()
         if leading and not self.leading:
             self.cache.rebuild()
+            log.info("leading the scheduling loop")
         self.leading = leading
+        self.rt.metrics.leader.set(1 if leading else 0)
         return leading
 
     def _wait_s(self) -> float:
         idle = self.rt.settings.scheduling.idle_cycle_s
+        if not self.leading:
+            idle = min(idle, self.rt.settings.scheduling.leader_retry_s)
         if self._next_timer is None:
             return idle
         return max(0.0, min(idle, self._next_timer - self.rt.clock.now()))

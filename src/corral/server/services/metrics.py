@@ -39,6 +39,9 @@ class Metrics:
         self.cycle_seconds = Histogram(
             "corral_schedule_cycle_seconds", "One scheduling cycle", registry=r
         )
+        self.leader = Gauge(
+            "corral_scheduling_leader", "1 while this replica runs the scheduling loop", registry=r
+        )
 
     def observe_queue(self, queued: Iterable[Job]) -> None:
         """Replace the queue-depth gauges with the counts in ``queued``."""
