@@ -76,17 +76,17 @@ CASES = [
         want=[("roomy", "flux")],
     ),
     Case(
-        "models nobody queued for count as room (the cache may evict them), wanted ones do not",
+        "a model less wanted than the one to fetch counts as room; a more wanted one does not",
         nodes=[
-            node("cold-ok").gpus(1).models(on_disk=("cold",)),
-            node("warm").gpus(1).models(on_disk=("sd15",)),
+            node("less").gpus(1).models(on_disk=("sd15",)),
+            node("more").gpus(1).models(on_disk=("flux",)),
         ],
-        jobs=jobs("sdxl", 8) + jobs("sd15", 1),
+        jobs=jobs("sdxl", 4) + jobs("sd15", 1) + jobs("flux", 5),
         caches={
-            "cold-ok": CacheState(8 * GB, used_bytes=5 * GB),
-            "warm": CacheState(8 * GB, used_bytes=2 * GB),
+            "less": CacheState(8 * GB, used_bytes=2 * GB),
+            "more": CacheState(26 * GB, used_bytes=20 * GB),
         },
-        want=[("cold-ok", "sdxl")],
+        want=[("less", "sdxl")],
     ),
     Case(
         "a node that could never run the jobs (backend) is not given their model",
@@ -144,6 +144,19 @@ def test_the_reason_says_why() -> None:
     snap = replace(snapshot(idle("a"), jobs("sdxl", 5)), model_sizes=SIZES)
     (p,) = plan_prefetch(snap, {"a": CacheState(30 * GB)})
     assert p.reason == "5 queued jobs need sdxl; 0 nodes had it"
+
+
+def test_recent_popularity_spreads_copies_before_a_queue_builds() -> None:
+    nodes = [*idle("a", "b", "c", "d"), node("h").gpus(1).models(on_disk=("sdxl",))]
+    snap = replace(snapshot(nodes, []), model_sizes=SIZES)
+    caches = {n.build().name: CacheState(30 * GB) for n in nodes}
+    popularity = {"sdxl": 60.0, "sd15": 30.0, "flux": 10.0, "unregistered": 99.0}
+    got = plan_prefetch(snap, caches, PrefetchConfig(per_node=1), popularity=popularity)
+    # copies in proportion to the shares of 5 nodes: sdxl 3 (h has it), sd15 2, flux 1
+    assert [(p.node, p.model) for p in got] == [
+        ("a", "sdxl"), ("b", "sdxl"), ("c", "sd15"), ("d", "sd15"), ("h", "flux"),
+    ]  # fmt: skip
+    assert got[0].reason == "sdxl is in demand lately; 1 node had it"
 
 
 @pytest.mark.parametrize("bad", [{"jobs_per_copy": 0}, {"per_node": 0}, {"max_copies": 0}])

@@ -7,16 +7,18 @@ own download always goes first); the simulator calls the same function.
 
 The decision, per model, most demanded first:
 
-* **demand**: queued jobs (replicas) that name the model;
+* **demand**: queued jobs (replicas) that name the model, plus its recent
+  ``popularity`` (given by the caller: submissions over the last minutes);
 * **copies**: schedulable nodes that have it (on disk or loaded) or are
   fetching it already;
-* **wanted**: one copy per ``jobs_per_copy`` queued jobs, at most
-  ``max_copies`` (and never more than there are nodes that could run them);
+* **wanted**: one copy per ``jobs_per_copy`` queued jobs, or the model's share
+  of the popularity times the nodes that could run it, whichever is more; at
+  most ``max_copies`` (and never more than there are nodes that could run it);
 * while copies < wanted, pick an **idle** node (schedulable, no active
   allocation, not downloading anything, a cache budget reported) that could
   run the model's jobs (static filters: backend, selector, GPU model and
   count, CPUs) and has **room**: free budget, plus what the models on it
-  that no queued job needs (cold) take, since its LRU cache may evict them.
+  that are less in demand take (its cache may evict them).
   Nodes with the most room come first; ties by name.
 
 At most ``per_node`` suggestions per node and ``max_total`` per call, so a
@@ -29,9 +31,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from math import ceil
 
 from corral.core.errors import InvalidSpec
-from corral.core.model import Job, Node
+from corral.core.model import EMPTY, Job, Node
 from corral.scheduler.api import Snapshot
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter
 from corral.scheduler.need import need_of
@@ -77,24 +80,36 @@ def plan_prefetch(
     snapshot: Snapshot,
     caches: Mapping[str, CacheState],
     config: PrefetchConfig = DEFAULT_PREFETCH,
+    *,
+    popularity: Mapping[str, float] = EMPTY,
     filters: Sequence[Filter] = DEFAULT_FILTERS,
 ) -> tuple[Prefetch, ...]:
-    """Which idle nodes should fetch which popular models now (see the module docstring)."""
+    """Which idle nodes should fetch which popular models now (see the module docstring).
+
+    ``popularity`` (optional): recent demand per model (say, submissions over the last
+    minutes, decayed); it asks for copies in proportion to each model's share of it,
+    so popular models are spread before a queue builds up.
+    """
     sizes = snapshot.model_sizes
-    demand, example = _demand(snapshot.queued, sizes)
+    queued, example = _demand(snapshot.queued, sizes)
+    recent = {m: v for m, v in popularity.items() if v > 0 and sizes.get(m)}
+    demand = {m: queued.get(m, 0) + recent.get(m, 0.0) for m in {*queued, *recent}}
     if not demand:
         return ()
     idle = _idle(snapshot, caches)
-    room = {n.name: _room(n, caches[n.name], demand, sizes) for n in idle}
+    free = {n.name: caches[n.name].budget_bytes - caches[n.name].used_bytes for n in idle}
+    total = sum(recent.values())
     given: Counter[str] = Counter()
     out: list[Prefetch] = []
     for model in sorted(demand, key=lambda m: (-demand[m], m)):
         copies = _copies(snapshot.nodes, caches, model)
-        capable = {n.name for n in snapshot.nodes if _could_run(n, example[model], filters)}
-        wanted = min(-(-demand[model] // config.jobs_per_copy), len(capable))
-        if config.max_copies is not None:
-            wanted = min(wanted, config.max_copies)
+        job = example.get(model)
+        capable = {n.name for n in snapshot.nodes if job is None or _could_run(n, job, filters)}
+        share = recent.get(model, 0.0) / total if total else 0.0
+        wanted = max(-(-queued.get(model, 0) // config.jobs_per_copy), ceil(share * len(capable)))
+        wanted = min(wanted, len(capable), config.max_copies or len(capable))
         size = sizes[model]
+        room = {n.name: free[n.name] + _colder(n, demand, sizes, model) for n in idle}
         candidates = sorted(
             (n for n in idle if n.name in capable and _lacks(n, caches, model)),
             key=lambda n: (-room[n.name], n.name),
@@ -104,9 +119,9 @@ def plan_prefetch(
                 break
             if given[node.name] >= config.per_node or room[node.name] < size:
                 continue
-            out.append(Prefetch(node.name, model, _why(model, demand[model], copies)))
+            out.append(Prefetch(node.name, model, _why(model, queued.get(model, 0), copies)))
             given[node.name] += 1
-            room[node.name] -= size
+            free[node.name] -= size
             copies += 1
     return tuple(out)
 
@@ -135,10 +150,10 @@ def _idle(snapshot: Snapshot, caches: Mapping[str, CacheState]) -> list[Node]:
     ]
 
 
-def _room(node: Node, cache: CacheState, demand: Counter[str], sizes: Mapping[str, int]) -> int:
-    """Free budget plus what cold models (no queued job wants them) take on this node."""
-    cold = sum(sizes.get(m, 0) for m in node.models_on_disk if not demand.get(m))
-    return max(0, cache.budget_bytes - cache.used_bytes) + cold
+def _colder(node: Node, demand: Mapping[str, float], sizes: Mapping[str, int], model: str) -> int:
+    """Bytes of models on the node less in demand than ``model``: room its cache can make."""
+    want = demand[model]
+    return sum(sizes.get(m, 0) for m in node.models_on_disk if demand.get(m, 0) < want)
 
 
 def _copies(nodes: Sequence[Node], caches: Mapping[str, CacheState], model: str) -> int:
@@ -156,6 +171,8 @@ def _could_run(node: Node, job: Job, filters: Sequence[Filter]) -> bool:
     return all(f.check(need, node) is None for f in filters)
 
 
-def _why(model: str, demand: int, copies: int) -> str:
-    jobs = f"{demand} queued job{'s' if demand != 1 else ''}"
-    return f"{jobs} need {model}; {copies} node{'s' if copies != 1 else ''} had it"
+def _why(model: str, queued: int, copies: int) -> str:
+    had = f"{copies} node{'s' if copies != 1 else ''} had it"
+    if not queued:
+        return f"{model} is in demand lately; {had}"
+    return f"{queued} queued job{'s' if queued != 1 else ''} need {model}; {had}"

@@ -33,6 +33,9 @@ log = logging.getLogger("corral.server.prefetch")
 RESEND_S = 120.0
 """A hint for a (node, model) is sent again at most this often."""
 
+POPULARITY_HALF_S = 300.0
+"""Recent demand per model (jobs seen queued) halves every five minutes."""
+
 
 class PrefetchLoop:
     def __init__(
@@ -47,16 +50,22 @@ class PrefetchLoop:
         self.status = status
         self.transport = transport
         self.sent: dict[tuple[str, str], float] = {}  # (node, model) -> when hinted
+        self.popularity: dict[str, float] = {}  # model -> decayed count of jobs asking for it
+        self._seen: set[str] = set()  # queued job ids already counted
+        self._counted_at = 0.0
         self._last = float("-inf")
 
     async def after_cycle(self, snapshot: Snapshot, plan: Plan) -> list[Prefetch]:
         """Run the policy on what the cycle left, and tell the chosen agents."""
         settings = self.rt.settings.models
         now = self.rt.clock.now()
+        self._count(snapshot, now)
         if not settings.prefetch or now - self._last < settings.prefetch_interval_s:
             return []
         self._last = now
-        chosen = [p for p in plan_prefetch(*await self._inputs(snapshot, plan)) if self._new(p)]
+        left, caches = await self._inputs(snapshot, plan)
+        hints = plan_prefetch(left, caches, popularity=self.popularity)
+        chosen = [p for p in hints if self._new(p)]
         if chosen:
             await self._send(chosen, now)
         return chosen
@@ -81,6 +90,17 @@ class PrefetchLoop:
             for node, b in budgets.items()
         }
         return left, caches
+
+    def _count(self, snapshot: Snapshot, now: float) -> None:
+        """Recent demand: every job seen queued counts once for its model, decaying."""
+        decay = 0.5 ** (max(0.0, now - self._counted_at) / POPULARITY_HALF_S)
+        self._counted_at = now
+        self.popularity = {m: v * decay for m, v in self.popularity.items() if v * decay > 0.01}
+        queued = {j.id for j in snapshot.queued}
+        for job in snapshot.queued:
+            if job.model and job.id not in self._seen:
+                self.popularity[job.model] = self.popularity.get(job.model, 0.0) + 1.0
+        self._seen = queued
 
     def _new(self, p: Prefetch) -> bool:
         at = self.sent.get((p.node, p.model))
