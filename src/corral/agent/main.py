@@ -59,6 +59,7 @@ class AgentOptions:
     fake_gpus: str | None = None
     handler: str | None = None
     command: str | None = None
+    default_backend: str | None = None  # jobs naming none run here (default: see build_executors)
     a1111: str | None = None  # base URL of an AUTOMATIC1111 webui started with --api
     comfyui: str | None = None  # base URL of a ComfyUI server
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
@@ -178,6 +179,13 @@ def build_executors(
     if options.handler:
         executors["python"] = PythonExecutor(options.handler, clock)
         default = "python"
+    if options.default_backend:
+        if options.default_backend not in executors:
+            known = ", ".join(sorted(executors))
+            raise InvalidSpec(
+                "default_backend", f"{options.default_backend!r} is not one of {known}"
+            )
+        default = options.default_backend
     return executors, default, by_kind
 
 

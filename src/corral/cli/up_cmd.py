@@ -3,8 +3,10 @@
 The quick start: it serves the API, the dashboard and the agent link, and
 connects an agent for this machine (its GPUs if NVML finds them, otherwise
 CPU slots running the demo executor). ``--demo`` also submits a few jobs so
-there is work to watch. Ctrl-C lets running work checkpoint, stops the agent,
-then the server.
+there is work to watch, and starts the reference AUTOMATIC1111 and ComfyUI
+backends on CPU (``up_backends.py``) for the local agent, so their drop-in
+APIs answer existing clients with real images and no GPU. Ctrl-C lets
+running work checkpoint, stops the agent, then the server.
 
 The admin token is generated on the first run and kept in
 ``<data-dir>/admin-token`` (readable by you only), so every run can print it;
@@ -110,20 +112,40 @@ async def _up(
     fake_gpus: str | None,
     handler: str | None,
 ) -> None:
-    import uvicorn
-
-    from corral.agent.main import Agent, AgentOptions
-    from corral.server.app import create_app, create_plane
+    from corral.agent.fingerprint import detect_inventory
+    from corral.cli.up_backends import demo_backends
     from corral.server.settings import Settings
 
+    cpu_only = not detect_inventory(fake_gpus).snapshot().gpus
     settings = Settings(
         home=home,
         admin_token=token,  # type: ignore[arg-type]
         api={"host": host, "port": port},  # type: ignore[arg-type]
         agents={"port": agent_port},  # type: ignore[arg-type]
+        compat={"gpus": 0 if cpu_only else 1},  # type: ignore[arg-type]
         log_level="warning",
     )
-    sock = _bind(host, port)
+    async with demo_backends(demo) as backends:
+        await _serve(settings, token, host, demo, fake_gpus, handler, backends)
+
+
+async def _serve(
+    settings: Any,
+    token: str,
+    host: str,
+    demo: bool,
+    fake_gpus: str | None,
+    handler: str | None,
+    backends: Any,
+) -> None:
+    """Serve, run the local agent, stop both in order on Ctrl-C."""
+    import uvicorn
+
+    from corral.agent.main import Agent, AgentOptions
+    from corral.server.app import create_app, create_plane
+
+    home = settings.home
+    sock = _bind(host, settings.api.port)
     settings.api.port = sock.getsockname()[1]  # agents fetch model files from here
     plane = create_plane(settings)
     app = create_app(plane=plane)
@@ -140,11 +162,14 @@ async def _up(
         options = AgentOptions(
             servers=(address,), token=token, fake_gpus=fake_gpus, handler=handler,
             work_dir=home / "agent", shutdown_grace_s=3.0,
+            a1111=backends.a1111, comfyui=backends.comfyui,
+            default_backend="demo" if backends.a1111 or backends.comfyui else None,
         )  # fmt: skip
         agent = Agent(options)
         linked = asyncio.create_task(agent.run(), name="corral-up-agent")
         _banner(base, address, token, home, agent)
-        extras = [asyncio.create_task(_demo(base, token))] if demo else []
+        extras = [asyncio.create_task(_compat_banner(base, backends, agent))]
+        extras += [asyncio.create_task(_demo(base, token))] if demo else []
         await _until_stopped(stopping, served, linked)
         print("\ncorral: stopping the agent, then the server ...", flush=True)
         await agent.shutdown()
@@ -220,13 +245,27 @@ def _banner(base: str, address: str, token: str, home: Path, agent: Agent) -> No
     )
 
 
+async def _compat_banner(base: str, backends: Any, agent: Agent) -> None:
+    """How to point an existing AUTOMATIC1111 or ComfyUI client at corral (once it answers)."""
+    if not (backends.a1111 or backends.comfyui):
+        return
+    await agent.link.connected.wait()
+    if backends.a1111:
+        print(f"  AUTOMATIC1111 API: {base}/sdapi/v1   (basic auth: any user, the admin token)")
+    if backends.comfyui:
+        print(f"  ComfyUI API:       {base}/prompt, {base}/ws   (same credentials)", flush=True)
+
+
 async def _demo(base: str, token: str) -> None:
     """Submit one demo job per prompt and print each as it ends."""
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as client:
-        jobs = [{"payload": {"prompt": p, "steps": 25, "step_s": 0.12}} for p in DEMO_PROMPTS]
+        jobs = [
+            {"backend": "demo", "payload": {"prompt": p, "steps": 25, "step_s": 0.12}}
+            for p in DEMO_PROMPTS
+        ]
         reply = await client.post("/v1/jobs/batch", json={"jobs": jobs})
         reply.raise_for_status()
         ids = [j["id"] for j in reply.json()["jobs"]]
