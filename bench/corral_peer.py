@@ -32,40 +32,32 @@ class CorralPeer:
     def __init__(self, agents: int, db: str | None = None, label: str = "corral") -> None:
         self.name = label
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-e2e-")
-        home = Path(self._tmp.name)
+        self._procs: list[subprocess.Popen[str]] = []
+        try:
+            self._start(agents, db, Path(self._tmp.name))
+        except BaseException:
+            self.close()  # never leave a server or agents behind
+            raise
+
+    def _start(self, agents: int, db: str | None, home: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        env |= {"CORRAL_ADMIN_TOKEN": ADMIN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(HERE)}
+        path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))
+        env |= {"CORRAL_ADMIN_TOKEN": ADMIN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         argv = [sys.executable, "-c", CLI, "server", "--home", str(home), "--port", "0"]
+        argv += ["--agent-port", "0"]  # never the default port: another server may hold it
         argv += ["--log-level", "warning"] + (["--db", db] if db else [])
-        self._procs = [
+        self._procs.append(
             subprocess.Popen(
                 argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
-        ]
+        )
         banner = _read_until(self._procs[0], r"--server (grpc://\S+)")
         self.url = re.search(r"listening on (http://\S+)", banner).group(1)  # type: ignore[union-attr]
         grpc = re.search(r"--server (grpc://\S+)", banner).group(1)  # type: ignore[union-attr]
         for i in range(agents):
-            a = [
-                sys.executable,
-                "-c",
-                CLI,
-                "agent",
-                "--server",
-                grpc,
-                "--token",
-                ADMIN,
-                "--name",
-                f"bench-{i}",
-                "--handler",
-                "e2e_noop:noop",
-                "--cpus",
-                "64",
-                "--work-dir",
-                str(home / f"agent-{i}"),
-                "--log-level",
-                "warning",
-            ]
+            a = [sys.executable, "-c", CLI, "agent", "--server", grpc, "--token", ADMIN]
+            a += ["--name", f"bench-{i}", "--handler", "e2e_noop:noop", "--cpus", "64"]
+            a += ["--work-dir", str(home / f"agent-{i}"), "--log-level", "warning"]
             self._procs.append(
                 subprocess.Popen(a, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             )

@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from corral.core.errors import InvalidSpec
+from corral.server.store import sqlite_inline
 from corral.server.store.sqlite_lock import SqliteLock
 
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
@@ -160,7 +161,9 @@ def _make_engine(target: DbTarget, synchronous: str, pool_size: int) -> AsyncEng
         return create_async_engine(
             target.url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args
         )
-    engine = create_async_engine(target.url, connect_args={"timeout": 30})
+    # Statements run inline on the loop, commits on a thread (see sqlite_inline).
+    path = target.url.database or ":memory:"
+    engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
     sa.event.listen(engine.sync_engine, "begin", _sqlite_begin)
     return engine
