@@ -86,6 +86,16 @@ class SchedulingSettings(BaseModel):
         default=2.0, ge=0, description="first retry delay after a retryable failure; doubles"
     )
     max_batch_size: int = Field(default=8, ge=1, description="sample jobs per allocation")
+    same_failure_nodes: int = Field(
+        default=3,
+        ge=0,
+        description="a job failing the same way on this many nodes fails for good (0: never)",
+    )
+    node_failure_pause: int = Field(
+        default=5,
+        ge=0,
+        description="a node whose last this-many jobs failed is paused automatically (0: never)",
+    )
     leader_retry_s: float = Field(
         default=1.0,
         gt=0,

@@ -51,6 +51,7 @@ class JobWork:
     backend: str | None = None
     timeout_s: float | None = None
     checkpoint: str | None = None  # resume from here (reported by an earlier attempt)
+    checkpoint_step: int = 0  # ... at this step
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +175,17 @@ class AgentInbound(Protocol):
     ) -> Ack: ...
 
     async def checkpoint(
-        self, node: str, allocation_id: str, attempt: int, ref: str, *, job_id: str | None = None
-    ) -> Ack: ...
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        ref: str,
+        *,
+        job_id: str | None = None,
+        step: int = 0,
+    ) -> Ack:
+        """The latest checkpoint: ``ref`` is a shared-storage path or ``blob:<uploaded id>``."""
+        ...
 
     async def finished(
         self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]

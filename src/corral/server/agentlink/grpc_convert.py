@@ -5,9 +5,10 @@ types of ``agentlink.base`` here and nowhere else, so the servicer and the
 link stay about flow, not field copying.
 
 A checkpoint the agent reports is a path (or an uploaded blob id) and a step;
-the server stores one opaque reference per job. ``checkpoint_ref`` writes
-them as ``path#step=N`` and ``split_ref`` reads that back when the job is
-assigned again, so a resumed attempt knows where to start.
+the server stores the reference (``blob:<id>`` for an upload) and the step
+per job, and hands both back (``resume_from``, ``resume_step``) when the job
+is assigned again. ``checkpoint_ref`` / ``split_ref`` read and write the
+older one-string form ``path#step=N``, still understood.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def assign_message(a: Assignment) -> pb.ServerMessage:
 
 def _work(w: JobWork) -> pb.Work:
     path, step = split_ref(w.checkpoint)
+    step = w.checkpoint_step or step
     return pb.Work(
         job_id=w.job_id,
         kind=w.kind.value,

@@ -226,9 +226,12 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         )
 
     async def _checkpoint(self, node: str, u: pb.AllocationUpdate) -> Ack:
-        ref = convert.checkpoint_ref(u.checkpoint.path or u.checkpoint.blob_id, u.checkpoint.step)
+        c = u.checkpoint
+        if c.blob_id and not self.uploads.owns(u.allocation_id, u.attempt, c.blob_id):
+            return Ack.UNKNOWN  # an agent cannot name another allocation's upload
+        ref = f"blob:{c.blob_id}" if c.blob_id else c.path
         return await self.inbound.checkpoint(
-            node, u.allocation_id, u.attempt, ref, job_id=u.job_id or None
+            node, u.allocation_id, u.attempt, ref, job_id=u.job_id or None, step=int(c.step)
         )
 
     async def _finished(self, node: str, u: pb.AllocationUpdate) -> Ack:

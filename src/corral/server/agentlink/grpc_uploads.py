@@ -79,9 +79,13 @@ class Uploads:
                 return await self._complete(key, part, chunk.sha256)
         return pb.BlobAck(received=len(part.data) if part else 0)
 
+    def owns(self, allocation_id: str, attempt: int, blob: str) -> bool:
+        """Whether ``blob`` is an upload of this allocation and attempt."""
+        return blob.startswith(blob_id(allocation_id, attempt, "")) and ".." not in blob
+
     async def read_for(self, allocation_id: str, attempt: int, blob: str) -> bytes:
         """The bytes of ``blob``, if it was uploaded for this allocation and attempt."""
-        if not blob.startswith(blob_id(allocation_id, attempt, "")):
+        if not self.owns(allocation_id, attempt, blob):
             raise UploadError(
                 "PERMISSION_DENIED", f"blob {blob} does not belong to {allocation_id}"
             )

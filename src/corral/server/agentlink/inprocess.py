@@ -156,8 +156,9 @@ class StubAgent:
     async def log(self, a: Assignment, *lines: str) -> Ack:
         return self._note(await self.server.log(self.node, a.allocation_id, a.attempt, lines))
 
-    async def checkpoint(self, a: Assignment, ref: str) -> Ack:
-        return self._note(await self.server.checkpoint(self.node, a.allocation_id, a.attempt, ref))
+    async def checkpoint(self, a: Assignment, ref: str, step: int = 0) -> Ack:
+        ack = await self.server.checkpoint(self.node, a.allocation_id, a.attempt, ref, step=step)
+        return self._note(ack)
 
     async def finish(
         self, a: Assignment, results: Mapping[str, Mapping[str, bytes]] | None = None

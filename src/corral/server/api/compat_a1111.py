@@ -59,7 +59,10 @@ def render(exc: Exception) -> Response | None:
 
 
 router = APIRouter(
-    prefix="/sdapi/v1", tags=["AUTOMATIC1111-compatible"], route_class=shaped_route(render)
+    prefix="/sdapi/v1",
+    tags=["AUTOMATIC1111-compatible"],
+    route_class=shaped_route(render),
+    include_in_schema=False,  # the webui's API, documented by the webui (docs/compat.md)
 )
 Who = Annotated[Caller, Depends(compat_caller)]
 Json = Annotated[dict[str, Any], Body()]

@@ -67,7 +67,11 @@ def render(exc: Exception) -> Response | None:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-router = APIRouter(tags=["ComfyUI-compatible"], route_class=shaped_route(render))
+router = APIRouter(
+    tags=["ComfyUI-compatible"],
+    route_class=shaped_route(render),
+    include_in_schema=False,  # ComfyUI's API, documented by ComfyUI (docs/compat.md)
+)
 Who = Annotated[Caller, Depends(compat_caller)]
 Priority = Annotated[str | None, Header(alias="X-Corral-Priority", max_length=64)]
 

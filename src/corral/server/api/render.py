@@ -11,6 +11,7 @@ from corral.core.model import Team
 from corral.scheduler.api import Unplaced
 from corral.server.api.schemas import (
     ApiModel,
+    AttemptOut,
     JobOut,
     QueueInfo,
     ReasonOut,
@@ -71,6 +72,9 @@ def job_out(rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = 
         allocations=list(rec.allocation_ids),
         progress=rec.progress,
         checkpoint=rec.checkpoint,
+        checkpoint_step=rec.checkpoint_step,
+        resumed_from_step=rec.resumed_step,
+        attempts=[AttemptOut(**e.to_json()) for e in rec.attempt_errors],
         error=rec.error,
         result=[
             ResultFileOut(
@@ -114,6 +118,10 @@ class NodeOut(BaseModel):
     name: str
     state: str
     paused: bool
+    pause_reason: str | None = Field(
+        None, description="why the server paused it by itself (jobs failing in a row)"
+    )
+    failure_streak: int = Field(0, description="jobs that failed here in a row")
     draining: bool
     schedulable: bool
     gpus: list[GpuOut]
@@ -133,6 +141,8 @@ def node_out(view: NodeView) -> NodeOut:
         name=n.name,
         state=n.state.value,
         paused=n.paused,
+        pause_reason=view.record.pause_reason,
+        failure_streak=view.record.failure_streak,
         draining=n.draining,
         schedulable=n.schedulable,
         gpus=[GpuOut(**_fields(g)) for g in n.gpus],

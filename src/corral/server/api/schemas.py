@@ -220,6 +220,13 @@ class JobPage(BaseModel):
     jobs: list[JobOut]
     next_cursor: str | None = Field(
         description="pass as ?cursor= for the next page; null at the end"
+    checkpoint_step: int | None = Field(None, description="the step the checkpoint holds")
+    resumed_from_step: int | None = Field(
+        None, description="the latest attempt resumed from a checkpoint of this step"
+    )
+    attempts: list[AttemptOut] = Field(
+        default_factory=list, description="attempts that failed or were lost, oldest first"
+    )
     )
 
 

@@ -285,17 +285,30 @@ class AgentService:
         return Ack.ACCEPTED
 
     async def checkpoint(
-        self, node: str, allocation_id: str, attempt: int, ref: str, *, job_id: str | None = None
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        ref: str,
+        *,
+        job_id: str | None = None,
+        step: int = 0,
     ) -> Ack:
+        """The latest checkpoint of the job(s): a path on shared storage or ``blob:<id>``."""
+        ref, step = ref[:1024], max(0, step)
         async with self.rt.tx() as tx:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
             await alloc_repo.update(tx.conn, rec, last_checkpoint_at=tx.now)
             for job in await self._current_jobs(tx, rec, job_id):
-                await job_repo.update(tx.conn, job, checkpoint=ref[:1024])
+                await job_repo.update(tx.conn, job, checkpoint=ref, checkpoint_step=step or None)
                 tx.emit(
-                    EventKind.JOB_CHECKPOINT, team=job.job.team, job_id=job.job.id, ref=ref[:1024]
+                    EventKind.JOB_CHECKPOINT,
+                    team=job.job.team,
+                    job_id=job.job.id,
+                    ref=ref,
+                    step=step,
                 )
         return Ack.ACCEPTED
 

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from corral.core.errors import Conflict, InvalidSpec, Unavailable
 from corral.core.events import Event
 from corral.core.model import DEFAULT_TEAM, Node
@@ -90,6 +92,17 @@ class Submission:
     user: str | None = None  # default: the caller's
 
 
+def _job_in(fields: dict[str, Any]) -> JobIn:
+    """The submission, validated like ``POST /v1/jobs``; a bad value names its field."""
+    try:
+        return JobIn.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        where = where.removeprefix("payload.")
+        raise InvalidSpec(where, str(first.get("msg", "invalid"))) from None
+
+
 class CompatJobs:
     """Submit drop-in requests as jobs and wait for them."""
 
@@ -118,7 +131,7 @@ class CompatJobs:
     async def submit(self, caller: Caller, sub: Submission) -> tuple[JobRecord, bool]:
         """The job for ``sub`` (created, or the one already made under the same key)."""
         resources = sub.resources or {"gpus": self.settings.gpus, "cpus": self.settings.cpus}
-        spec = JobIn.model_validate(
+        spec = _job_in(
             {
                 "kind": sub.kind,
                 "backend": sub.backend,

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.core.errors import InvalidSpec
 from corral.core.events import Event, EventKind
 from corral.core.states import JobState
 from corral.server.services.compat import (
@@ -135,7 +136,10 @@ class A1111Service:
         if mode == "upscale":
             return {**body, "mode": mode}, None
         state = self._state(caller)
-        overrides = dict(body.get("override_settings") or {})
+        overrides = body.get("override_settings") or {}
+        if not isinstance(overrides, dict):
+            raise InvalidSpec("override_settings", "must be an object of option: value")
+        overrides = dict(overrides)
         wanted = overrides.pop("sd_model_checkpoint", None)
         catalog = await self._catalog(caller)
         self._check_sampler(body, catalog)

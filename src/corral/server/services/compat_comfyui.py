@@ -209,13 +209,19 @@ def _missing_checkpoint(
     return {"errors": [error], "dependent_outputs": [], "class_type": node["class_type"]}
 
 
+def _inputs(node: Any) -> Mapping[str, Any]:
+    inputs = node.get("inputs") if isinstance(node, dict) else None
+    return inputs if isinstance(inputs, dict) else {}
+
+
 def _loaders(prompt: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """(node, input name) of every checkpoint loader in the graph."""
     return [
         (n, LOADERS[n["class_type"]])
         for n in prompt.values()
         if isinstance(n, dict)
         and n.get("class_type") in LOADERS
-        and LOADERS[n["class_type"]] in (n.get("inputs") or {})
+        and LOADERS[n["class_type"]] in _inputs(n)
     ]
 
 
@@ -225,7 +231,7 @@ def _is_prompt(rec: JobRecord) -> bool:
 
 def output_nodes(workflow: Mapping[str, Any]) -> list[str]:
     """Nodes that save images (they have a ``filename_prefix``), in id order."""
-    ids = [k for k, n in workflow.items() if "filename_prefix" in (n.get("inputs") or {})]
+    ids = [k for k, n in workflow.items() if "filename_prefix" in _inputs(n)]
     return sorted(ids, key=lambda k: (len(k), k))
 
 
@@ -238,7 +244,7 @@ def outputs_for(workflow: Mapping[str, Any], names: Iterable[str], job_id: str) 
             (
                 k
                 for k in savers
-                if name.startswith(str(workflow[k]["inputs"].get("filename_prefix", "")) + "_")
+                if name.startswith(str(_inputs(workflow[k]).get("filename_prefix", "")) + "_")
             ),
             savers[0] if savers else "0",
         )

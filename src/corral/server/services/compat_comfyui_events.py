@@ -105,7 +105,7 @@ def _ended_badly(event: Event, watch: PromptWatch, stamp: int) -> list[Message]:
     if event.kind is EventKind.JOB_CANCELLED:
         return [_interrupted(watch, stamp, []), *_finish(watch)]
     node = watch.node or _first_sampler(watch.workflow)
-    kind = str((watch.workflow.get(node) or {}).get("class_type", ""))
+    kind = _class_type(watch.workflow, node)
     error = _msg(
         "execution_error",
         prompt_id=watch.prompt_id,
@@ -124,7 +124,7 @@ def _ended_badly(event: Event, watch: PromptWatch, stamp: int) -> list[Message]:
 
 def _interrupted(watch: PromptWatch, stamp: int, executed: list[str]) -> dict[str, Any]:
     node = watch.node or _first_sampler(watch.workflow)
-    kind = str((watch.workflow.get(node) or {}).get("class_type", ""))
+    kind = _class_type(watch.workflow, node)
     return _msg(
         "execution_interrupted",
         prompt_id=watch.prompt_id,
@@ -143,10 +143,15 @@ def _finish(watch: PromptWatch) -> list[Message]:
 
 def _first_sampler(workflow: Mapping[str, Any]) -> str:
     for node_id, node in workflow.items():
-        if "Sampler" in str((node or {}).get("class_type", "")):
+        if isinstance(node, dict) and "Sampler" in str(node.get("class_type", "")):
             return str(node_id)
     saving = output_nodes(workflow)
     return saving[0] if saving else next(iter(workflow), "0")
+
+
+def _class_type(workflow: Mapping[str, Any], node_id: str) -> str:
+    node = workflow.get(node_id)
+    return str(node.get("class_type", "")) if isinstance(node, dict) else ""
 
 
 def _msg(kind: str, **data: Any) -> dict[str, Any]:

@@ -61,7 +61,10 @@ class NodeService:
             rec = await node_repo.get(tx.conn, name)
             if rec is None:
                 raise NotFound(f"node {name} not found")
-            if not await node_repo.update(tx.conn, rec, **flags):
+            values: dict[str, object] = dict(flags)
+            if flags.get("paused") is False:  # a resume also forgets an automatic pause
+                values |= {"failure_streak": 0, "pause_reason": None}
+            if not await node_repo.update(tx.conn, rec, **values):
                 raise Conflict(f"node {name} changed meanwhile; retry")
             kind = _event_for(flags)
             tx.emit(kind, team=None, node=name, data=flags)

@@ -41,8 +41,15 @@ def settle(
     max_attempts: int,
     retryable: bool = True,
     error: str | None = None,
+    alike_nodes: int = 1,
+    same_failure_nodes: int = 0,
 ) -> Settlement:
-    """Decide the job's fate. ``failures`` is how many attempts already failed."""
+    """Decide the job's fate. ``failures`` is how many attempts already failed.
+
+    ``alike_nodes`` is on how many distinct nodes the job has now failed with
+    this same error; at ``same_failure_nodes`` (0: never) a retryable failure
+    is final: the job, not the nodes, is at fault.
+    """
     if ending is Ending.SUCCEEDED:
         return Settlement(JobState.SUCCEEDED, EventKind.JOB_SUCCEEDED)
     if ending is Ending.STOPPED and stop_reason is not None:
@@ -53,6 +60,9 @@ def settle(
         return _failed(error or "its node was lost", True, failures, max_attempts, backoff=False)
     if ending is Ending.STOPPED:
         error = "the agent stopped it unasked"
+    elif retryable and 0 < same_failure_nodes <= alike_nodes:
+        error = f"{error or 'failed'} (the same failure on {alike_nodes} nodes: not retrying)"
+        return Settlement(JobState.FAILED, EventKind.JOB_FAILED, error=error, count_failure=True)
     return _failed(error or "failed", retryable, failures, max_attempts)
 
 

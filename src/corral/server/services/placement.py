@@ -113,6 +113,7 @@ async def _place_group(
     alloc_ids = [a.id for a in allocs]
     for rec in jobs.values():
         target = transition(JOB, rec.job.id, rec.state, JobState.PLACED, at=tx.now, why="placed")
+        resumed = (rec.checkpoint_step or 0) if rec.checkpoint else None  # what it will get
         ok = await job_repo.update(
             tx.conn,
             rec,
@@ -120,9 +121,11 @@ async def _place_group(
             attempt=attempt,
             allocation_ids=alloc_ids,
             node=group[0].node,
+            resumed_step=resumed,
         )
         if not ok:
             return None
+        resume: dict[str, object] = {} if resumed is None else {"resumed_from_step": resumed}
         tx.emit(
             EventKind.JOB_PLACED,
             team=rec.job.team,
@@ -131,6 +134,7 @@ async def _place_group(
             state="placed",
             attempt=attempt,
             allocations=alloc_ids,
+            data=resume,
         )
     return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
 
@@ -185,6 +189,7 @@ def assignment(alloc: Allocation, jobs: Sequence[JobRecord], *, replicas: int = 
             backend=r.job.backend,
             timeout_s=r.job.timeout_s,
             checkpoint=r.checkpoint,
+            checkpoint_step=r.checkpoint_step or 0,
         )
         for r in sorted(jobs, key=lambda r: alloc.job_ids.index(r.job.id))
     )

@@ -8,7 +8,7 @@ decision itself is ``outcomes.settle``; this module applies it to the rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.core.errors import Conflict
 from corral.core.model import Allocation
@@ -22,11 +22,13 @@ from corral.core.states import (
     transition,
 )
 from corral.server.agentlink.base import StopOrder, StopReason
+from corral.server.services.attempts import nodes_failing_alike, remember, summary
+from corral.server.services.node_health import note_outcome
 from corral.server.services.outcomes import Ending, Settlement, backoff_s, settle
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
-from corral.server.store.records import AllocRecord, JobRecord, ResultFile
+from corral.server.store.records import AllocRecord, AttemptError, JobRecord, ResultFile
 
 _OBSERVED = {
     Ending.SUCCEEDED: AllocObserved.SUCCEEDED,
@@ -72,6 +74,8 @@ async def end_allocation(
     ):
         raise Conflict(f"allocation {alloc.id} changed while it was being ended")
     tx.reschedule = True
+    if ending is Ending.SUCCEEDED or (ending is Ending.FAILED and retryable):
+        await note_outcome(rt, tx, alloc.node, ok=ending is Ending.SUCCEEDED, error=error)
     jobs = await job_repo.get_many(tx.conn, alloc.job_ids)
     stop_reason = StopReason(rec.stop_reason) if rec.stop_reason else None
     for job_id in alloc.job_ids:
@@ -99,6 +103,9 @@ async def _settle_job(
     if how.ending is Ending.SUCCEEDED and gang and await _gang_still_running(tx, job, alloc):
         await _record_partial_result(tx, job, files)
         return
+    alike = 1
+    if how.ending is Ending.FAILED:
+        alike = nodes_failing_alike(job.attempt_errors, how.error or "failed", alloc.node)
     decision = settle(
         ending=how.ending,
         stop_reason=how.stop_reason,
@@ -106,9 +113,20 @@ async def _settle_job(
         max_attempts=job.job.max_attempts,
         retryable=how.retryable,
         error=how.error,
+        alike_nodes=alike,
+        same_failure_nodes=rt.settings.scheduling.same_failure_nodes,
     )
+    failed = None
+    if decision.count_failure:
+        failed = AttemptError(alloc.attempt, alloc.node, how.error or decision.error or "", tx.now)
     await apply_settlement(
-        rt, tx, job, decision, files=files, interrupted=job.stop_request == "interrupt"
+        rt,
+        tx,
+        job,
+        decision,
+        files=files,
+        interrupted=job.stop_request == "interrupt",
+        failed=failed,
     )
     if decision.state is not JobState.SUCCEEDED and job.job.replicas > 1:
         await stop_siblings(rt, tx, job, alloc)
@@ -122,8 +140,16 @@ async def apply_settlement(
     *,
     files: Sequence[ResultFile] = (),
     interrupted: bool = False,
+    failed: AttemptError | None = None,
 ) -> None:
-    """Move ``job`` to the decided state with its bookkeeping and event."""
+    """Move ``job`` to the decided state with its bookkeeping and event.
+
+    ``failed`` is the attempt that just failed (kept in the job's history); a
+    job that fails for good after several attempts reports every one of them.
+    """
+    history = remember(job.attempt_errors, failed) if failed else list(job.attempt_errors)
+    if decision.state is JobState.FAILED and len(history) > 1:
+        decision = replace(decision, error=f"{decision.error}. Attempts: {summary(history)}")
     state = job.state
     if state is JobState.PLACED and decision.state is JobState.SUCCEEDED:
         state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="implied")
@@ -135,6 +161,8 @@ async def apply_settlement(
         values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
         _observe_finish(rt, job, target, tx.now)
     values |= {"state": target.value, "failures": failures}
+    if failed is not None:
+        values["attempt_errors"] = [e.to_json() for e in history]
     data |= {"attempt": job.job.attempt}
     if not await job_repo.update(tx.conn, job, **values):
         raise Conflict(f"job {job.job.id} changed while it was being settled")

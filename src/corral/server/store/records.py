@@ -43,6 +43,25 @@ class ResultFile:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptError:
+    """One attempt that ended badly: where, and what it said (see ``services.attempts``)."""
+
+    attempt: int
+    node: str | None
+    error: str
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "node": self.node, "error": self.error, "at": self.at}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> AttemptError:
+        return AttemptError(
+            int(data["attempt"]), data.get("node"), str(data["error"]), float(data["at"])
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
     seq: int = 0
@@ -54,6 +73,9 @@ class JobRecord:
     finished_at: float | None = None
     progress: float = 0.0
     checkpoint: str | None = None
+    checkpoint_step: int | None = None  # the step the checkpoint holds, when reported
+    resumed_step: int | None = None  # the latest attempt was handed a checkpoint of this step
+    attempt_errors: tuple[AttemptError, ...] = ()  # failed attempts, oldest first
     stop_request: str | None = None  # "cancel" | "interrupt" while the agent winds down
     error: str | None = None
     result: tuple[ResultFile, ...] = ()
@@ -82,6 +104,8 @@ class NodeRecord:
     node: Node
     joined_at: float
     version: int = 1
+    failure_streak: int = 0  # jobs failed here in a row (a success resets it)
+    pause_reason: str | None = None  # set when the server paused it automatically
 
 
 def resources_to_json(r: ResourceRequest) -> dict[str, Any]:
@@ -178,6 +202,9 @@ def job_from_row(row: Any) -> JobRecord:
         finished_at=row.finished_at,
         progress=row.progress,
         checkpoint=row.checkpoint,
+        checkpoint_step=row.checkpoint_step,
+        resumed_step=row.resumed_step,
+        attempt_errors=tuple(AttemptError.from_json(e) for e in row.attempt_errors or ()),
         stop_request=row.stop_request,
         error=row.error,
         result=tuple(ResultFile.from_json(f) for f in row.result or ()),
@@ -284,7 +311,13 @@ def node_from_row(row: Any) -> NodeRecord:
         draining=row.draining,
         last_seen=row.last_seen,
     )
-    return NodeRecord(node=node, joined_at=row.joined_at, version=row.version)
+    return NodeRecord(
+        node=node,
+        joined_at=row.joined_at,
+        version=row.version,
+        failure_streak=row.failure_streak or 0,
+        pause_reason=row.pause_reason,
+    )
 
 
 def team_from_row(row: Any) -> Team:

@@ -40,6 +40,9 @@ jobs = sa.Table(
     sa.Column("finished_at", sa.Double, nullable=True),
     sa.Column("progress", sa.Double, nullable=False, default=0.0),
     sa.Column("checkpoint", sa.String(1024), nullable=True),  # last reported, resumed from
+    sa.Column("checkpoint_step", sa.BigInteger, nullable=True),  # the step it holds
+    sa.Column("resumed_step", sa.BigInteger, nullable=True),  # the latest attempt started here
+    sa.Column("attempt_errors", sa.JSON, nullable=True),  # [{attempt, node, error, at}, ...]
     sa.Column("stop_request", sa.String(16), nullable=True),  # cancel | interrupt asked for
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("result", sa.JSON, nullable=True),  # list of result blob descriptors
@@ -94,6 +97,8 @@ nodes = sa.Table(
     sa.Column("inventory", sa.JSON, nullable=False),  # gpus, cpus, labels, models, backends
     sa.Column("joined_at", sa.Double, nullable=False),
     sa.Column("last_seen", sa.Double, nullable=False),
+    sa.Column("failure_streak", sa.Integer, nullable=False, default=0),  # failed jobs in a row
+    sa.Column("pause_reason", sa.String(512), nullable=True),  # why it was paused automatically
     sa.Column("version", sa.Integer, nullable=False, default=1),
 )
 
