@@ -182,6 +182,15 @@ class QueueInfo(BaseModel):
     reasons: list[ReasonOut] = Field(default_factory=list)
 
 
+class AttemptOut(BaseModel):
+    """One attempt that ended badly."""
+
+    attempt: int
+    node: str | None
+    error: str
+    at: float
+
+
 class JobOut(BaseModel):
     id: str
     kind: str
@@ -211,6 +220,13 @@ class JobOut(BaseModel):
     allocations: list[str]
     progress: float
     checkpoint: str | None
+    checkpoint_step: int | None = Field(None, description="the step the checkpoint holds")
+    resumed_from_step: int | None = Field(
+        None, description="the latest attempt resumed from a checkpoint of this step"
+    )
+    attempts: list[AttemptOut] = Field(
+        default_factory=list, description="attempts that failed or were lost, oldest first"
+    )
     error: str | None
     result: list[ResultFileOut]
     queue: QueueInfo | None = None
@@ -220,13 +236,6 @@ class JobPage(BaseModel):
     jobs: list[JobOut]
     next_cursor: str | None = Field(
         description="pass as ?cursor= for the next page; null at the end"
-    checkpoint_step: int | None = Field(None, description="the step the checkpoint holds")
-    resumed_from_step: int | None = Field(
-        None, description="the latest attempt resumed from a checkpoint of this step"
-    )
-    attempts: list[AttemptOut] = Field(
-        default_factory=list, description="attempts that failed or were lost, oldest first"
-    )
     )
 
 
