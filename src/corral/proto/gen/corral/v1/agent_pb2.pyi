@@ -1129,6 +1129,37 @@ class BlobChunk(_message.Message):
 Global___BlobChunk: _TypeAlias = BlobChunk  # noqa: Y015
 
 @_typing.final
+class BlobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOCATION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    BLOB_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    allocation_id: _builtins.str
+    """the allocation that resumes from the blob"""
+    attempt: _builtins.int
+    blob_id: _builtins.str
+    """from Assign.Work.resume_from ("blob:<id>")"""
+    offset: _builtins.int
+    """bytes already received"""
+    def __init__(
+        self,
+        *,
+        allocation_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        blob_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "blob_id", b"blob_id", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlobRequest: _TypeAlias = BlobRequest  # noqa: Y015
+
+@_typing.final
 class BlobAck(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

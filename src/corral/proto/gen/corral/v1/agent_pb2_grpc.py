@@ -44,6 +44,11 @@ class AgentLinkStub:
                 request_serializer=corral_dot_v1_dot_agent__pb2.BlobChunk.SerializeToString,
                 response_deserializer=corral_dot_v1_dot_agent__pb2.BlobAck.FromString,
                 _registered_method=True)
+        self.FetchBlob = channel.unary_stream(
+                '/corral.v1.AgentLink/FetchBlob',
+                request_serializer=corral_dot_v1_dot_agent__pb2.BlobRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_agent__pb2.BlobChunk.FromString,
+                _registered_method=True)
 
 
 class AgentLinkServicer:
@@ -65,6 +70,15 @@ class AgentLinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchBlob(self, request, context):
+        """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
+        checkpoint of a job the named allocation runs may be read; ``offset`` resumes
+        a cut-off download. Chunks carry the whole blob's sha256.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentLinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_AgentLinkServicer_to_server(servicer, server):
                     servicer.UploadBlob,
                     request_deserializer=corral_dot_v1_dot_agent__pb2.BlobChunk.FromString,
                     response_serializer=corral_dot_v1_dot_agent__pb2.BlobAck.SerializeToString,
+            ),
+            'FetchBlob': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchBlob,
+                    request_deserializer=corral_dot_v1_dot_agent__pb2.BlobRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_agent__pb2.BlobChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class AgentLink:
             '/corral.v1.AgentLink/UploadBlob',
             corral_dot_v1_dot_agent__pb2.BlobChunk.SerializeToString,
             corral_dot_v1_dot_agent__pb2.BlobAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchBlob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/corral.v1.AgentLink/FetchBlob',
+            corral_dot_v1_dot_agent__pb2.BlobRequest.SerializeToString,
+            corral_dot_v1_dot_agent__pb2.BlobChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,11 @@ class AgentLinkStub:
     """Upload one blob in chunks. Idempotent: the same (allocation_id, attempt,
     name, sha256) returns the same blob_id; an offset already received is skipped.
     """
+    FetchBlob: _grpc.UnaryStreamMultiCallable[_agent_pb2.BlobRequest, _agent_pb2.BlobChunk]
+    """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
+    checkpoint of a job the named allocation runs may be read; ``offset`` resumes
+    a cut-off download. Chunks carry the whole blob's sha256.
+    """
 
 @_typing.type_check_only
 class AgentLinkAsyncStub(AgentLinkStub):
@@ -55,6 +60,11 @@ class AgentLinkAsyncStub(AgentLinkStub):
     UploadBlob: _aio.StreamUnaryMultiCallable[_agent_pb2.BlobChunk, _agent_pb2.BlobAck]  # type: ignore[assignment]
     """Upload one blob in chunks. Idempotent: the same (allocation_id, attempt,
     name, sha256) returns the same blob_id; an offset already received is skipped.
+    """
+    FetchBlob: _aio.UnaryStreamMultiCallable[_agent_pb2.BlobRequest, _agent_pb2.BlobChunk]  # type: ignore[assignment]
+    """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
+    checkpoint of a job the named allocation runs may be read; ``offset`` resumes
+    a cut-off download. Chunks carry the whole blob's sha256.
     """
 
 class AgentLinkServicer(metaclass=_abc_1.ABCMeta):
@@ -76,6 +86,17 @@ class AgentLinkServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_pb2.BlobAck, _abc.Awaitable[_agent_pb2.BlobAck]]:
         """Upload one blob in chunks. Idempotent: the same (allocation_id, attempt,
         name, sha256) returns the same blob_id; an offset already received is skipped.
+        """
+
+    @_abc_1.abstractmethod
+    def FetchBlob(
+        self,
+        request: _agent_pb2.BlobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.BlobChunk], _abc.AsyncIterator[_agent_pb2.BlobChunk]]:
+        """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
+        checkpoint of a job the named allocation runs may be read; ``offset`` resumes
+        a cut-off download. Chunks carry the whole blob's sha256.
         """
 
 def add_AgentLinkServicer_to_server(servicer: AgentLinkServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
