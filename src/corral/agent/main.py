@@ -62,6 +62,8 @@ class AgentOptions:
     default_backend: str | None = None  # jobs naming none run here (default: see build_executors)
     a1111: str | None = None  # base URL of an AUTOMATIC1111 webui started with --api
     comfyui: str | None = None  # base URL of a ComfyUI server
+    a1111_models: Path | None = None  # the webui's models/Stable-diffusion (cached models go there)
+    comfyui_models: Path | None = None  # ComfyUI's models/checkpoints
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     cpus: int | None = None
     work_dir: Path = Path("~/.corral/agent")
@@ -163,10 +165,12 @@ def build_executors(
     executors: dict[str, Executor] = {"demo": DemoExecutor(clock)}
     default, by_kind = "demo", {}
     if options.comfyui:
-        executors["comfyui"] = ComfyUIExecutor(options.comfyui, clock)
+        executors["comfyui"] = ComfyUIExecutor(
+            options.comfyui, clock, models_dir=options.comfyui_models
+        )
         default = "comfyui"
     if options.a1111:
-        executors["a1111"] = A1111Executor(options.a1111, clock)
+        executors["a1111"] = A1111Executor(options.a1111, clock, models_dir=options.a1111_models)
         default = "a1111"
     if options.command:
         workdir = work_dir / "runs"

@@ -58,6 +58,16 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         typer.Option("--a1111", help="AUTOMATIC1111 webui base URL (started with --api)."),
     ] = None,
     comfyui: Annotated[str | None, typer.Option(help="ComfyUI server base URL.")] = None,
+    a1111_models: Annotated[
+        Path | None,
+        typer.Option(
+            help="The webui's models/Stable-diffusion: registered models are linked there."
+        ),
+    ] = None,
+    comfyui_models: Annotated[
+        Path | None,
+        typer.Option(help="ComfyUI's models/checkpoints: registered models are linked there."),
+    ] = None,
     labels: Annotated[
         list[str] | None,
         typer.Option("--labels", "--label", help="Node labels key=value (repeat or comma-join)."),
@@ -96,6 +106,8 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             command=command,
             a1111=a1111,
             comfyui=comfyui,
+            a1111_models=a1111_models,
+            comfyui_models=comfyui_models,
             labels=parse_labels(labels or []),
             cpus=cpus,
             work_dir=work_dir,

@@ -26,6 +26,7 @@ import base64
 import binascii
 import json
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,6 +44,7 @@ from corral.agent.executors.base import (
     stopped_terminal,
 )
 from corral.agent.executors.http_common import backend_errors, check_response
+from corral.agent.executors.model_files import file_stem, install
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 MODES = {
@@ -65,8 +67,11 @@ class A1111Executor:
         poll_interval_s: float = 0.5,
         request_timeout_s: float = 30.0,
         name: str = "a1111",
+        models_dir: Path | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        self._models_dir = models_dir  # its models/Stable-diffusion: registered models go there
+        self._loaded: str | None = None  # the checkpoint it last used (the webui keeps it loaded)
         self._clock = clock
         self._poll_s = poll_interval_s
         self._timeout = request_timeout_s
@@ -76,6 +81,10 @@ class A1111Executor:
     @property
     def name(self) -> str:
         return self._name
+
+    def loaded(self) -> tuple[str, ...]:
+        """The checkpoint the webui has in GPU memory, as far as this executor knows."""
+        return (self._loaded,) if self._loaded else ()
 
     async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
         if assignment.payload.get("mode") == "catalog":  # lists only: no need to wait for a turn
@@ -104,7 +113,9 @@ class A1111Executor:
     ) -> AsyncIterator[Update]:
         modified: dict[str, str] = {}
         if mode != "upscale":
-            modified, switched = await self._ensure_model(client, assignment.model)
+            wanted = await self._provide(client, assignment)
+            modified, switched = await self._ensure_model(client, wanted)
+            self._loaded = assignment.model or modified.get("model", "").split(" [")[0] or None
             if switched:
                 yield LogLine(switched, "agent")
         call = asyncio.create_task(client.post(MODES[mode], json=body, timeout=None))
@@ -125,6 +136,16 @@ class A1111Executor:
             return
         yield Progress(1.0)
         yield Finished(results, modified)
+
+    async def _provide(self, client: httpx.AsyncClient, assignment: Assignment) -> str | None:
+        """The name to ask the webui for: a model from the agent's cache is linked into its
+        checkpoint folder first, and the webui told to look again."""
+        if assignment.model is None or assignment.model_path is None or not self._models_dir:
+            return assignment.model
+        install(self._models_dir, assignment.model, assignment.model_path)
+        refreshed = await client.post("/sdapi/v1/refresh-checkpoints")
+        check_response(refreshed, self._name, "/refresh-checkpoints")
+        return file_stem(assignment.model)
 
     async def _ensure_model(
         self, client: httpx.AsyncClient, wanted: str | None

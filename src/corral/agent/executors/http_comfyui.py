@@ -27,6 +27,7 @@ import struct
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -46,6 +47,7 @@ from corral.agent.executors.base import (
     stopped_terminal,
 )
 from corral.agent.executors.http_common import backend_errors, check_response
+from corral.agent.executors.model_files import install
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
@@ -87,8 +89,11 @@ class ComfyUIExecutor:
         request_timeout_s: float = 30.0,
         reconcile_interval_s: float = 1.0,
         name: str = "comfyui",
+        models_dir: Path | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        self._models_dir = models_dir  # its models/checkpoints: registered models go there
+        self._loaded: str | None = None  # the checkpoint it last loaded (ComfyUI keeps it)
         self._ws_url = "ws" + self._base_url.removeprefix("http") + "/ws"
         self._clock = clock
         self._timeout = request_timeout_s
@@ -99,6 +104,10 @@ class ComfyUIExecutor:
     def name(self) -> str:
         return self._name
 
+    def loaded(self) -> tuple[str, ...]:
+        """The checkpoint ComfyUI last loaded (it stays in GPU memory until another is)."""
+        return (self._loaded,) if self._loaded else ()
+
     async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
         if assignment.payload.get("mode") == "catalog":
             with backend_errors(self._name, self._base_url):
@@ -107,7 +116,8 @@ class ComfyUIExecutor:
             data = json.dumps({"object_info": info.json()}).encode()
             yield Finished((Result("catalog.json", data, "application/json"),))
             return
-        workflow, modified = _workflow(assignment.payload, assignment.model)
+        workflow, modified = _workflow(assignment.payload, self._checkpoint(assignment))
+        self._loaded = assignment.model or modified.get("model") or self._loaded
         if stop.requested is not None:
             yield stopped_terminal(stop.requested)
             return
@@ -128,6 +138,13 @@ class ComfyUIExecutor:
         if watch.outcome == "success" and stop.requested is None:
             yield Progress(1.0)
         yield _terminal(watch, stop, results, modified)
+
+    def _checkpoint(self, assignment: Assignment) -> str | None:
+        """The ``ckpt_name`` to load: a model from the agent's cache is linked into
+        ComfyUI's checkpoint folder first (ComfyUI sees new files there by itself)."""
+        if assignment.model is None or assignment.model_path is None or not self._models_dir:
+            return assignment.model
+        return install(self._models_dir, assignment.model, assignment.model_path)
 
     async def _connect(self, client_id: str) -> ClientConnection:
         try:

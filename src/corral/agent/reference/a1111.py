@@ -13,6 +13,8 @@ What it shares with the real one (stable-diffusion-webui ``modules/api``):
   partial image;
 * ``POST /options`` with ``sd_model_checkpoint`` loads that checkpoint (by
   title, name or file name), or fails with 500 ``model '...' not found``;
+* ``POST /refresh-checkpoints`` finds new files in its checkpoint folder
+  (``models_dir``), as the webui rescans ``models/Stable-diffusion``;
 * errors have its middleware's shape: ``{"error", "detail", "body", "errors"}``;
   a wrong sampler is a 400 ``Sampler not found``.
 
@@ -32,6 +34,7 @@ import random
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -70,8 +73,10 @@ class ReferenceA1111:
         *,
         step_delay_s: float = 0.0,
         loras: tuple[str, ...] = ("tiny-detail",),
+        models_dir: Path | None = None,
     ) -> None:
         self.models = models
+        self.models_dir = models_dir  # its models/Stable-diffusion (read on refresh-checkpoints)
         self.loras_on_disk = loras
         self.loaded = models[0]
         self.step_delay_s = step_delay_s
@@ -96,6 +101,7 @@ class ReferenceA1111:
             Route(f"{v1}/options", self.get_options, methods=["GET"]),
             Route(f"{v1}/options", self.set_options, methods=["POST"]),
             Route(f"{v1}/sd-models", self.sd_models, methods=["GET"]),
+            Route(f"{v1}/refresh-checkpoints", self.refresh_checkpoints, methods=["POST"]),
             Route(f"{v1}/samplers", self.samplers, methods=["GET"]),
             Route(f"{v1}/upscalers", self.upscalers, methods=["GET"]),
             Route(f"{v1}/loras", self.loras, methods=["GET"]),
@@ -268,6 +274,13 @@ class ReferenceA1111:
                 return error(500, "RuntimeError", errors=f"model {wanted!r} not found")
             async with self._queue_lock:  # loading waits for the running generation
                 self.loaded = name
+        return JSONResponse(None)
+
+    async def refresh_checkpoints(self, request: Request) -> Response:
+        """Look in ``models_dir`` again: new ``*.safetensors`` files become models (by stem)."""
+        if self.models_dir is not None:
+            found = sorted(p.stem for p in self.models_dir.glob("*.safetensors"))
+            self.models = (*self.models, *(m for m in found if m not in self.models))
         return JSONResponse(None)
 
     async def sd_models(self, request: Request) -> Response:

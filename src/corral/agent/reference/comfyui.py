@@ -57,9 +57,11 @@ class ReferenceComfyUI:
         checkpoints: tuple[str, ...] = ("tiny.safetensors", "tiny-v2.safetensors"),
         step_delay_s: float = 0.0,
         output_dir: Path | None = None,
+        models_dir: Path | None = None,
     ) -> None:
         self.preview_method = preview_method
-        self.checkpoints = checkpoints
+        self._checkpoints = checkpoints
+        self.models_dir = models_dir  # its models/checkpoints: new files show up by themselves
         self.step_delay_s = step_delay_s
         self.fail_next: str | None = None
         self.slow_calls_s = 0.0  # HTTP answers come this late (an overloaded server)
@@ -86,6 +88,14 @@ class ReferenceComfyUI:
         )
 
     # ---- HTTP ----------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        """Its own checkpoints and the ``*.safetensors`` files in ``models_dir``."""
+        found = (
+            sorted(p.name for p in self.models_dir.glob("*.safetensors")) if self.models_dir else []
+        )
+        return (*self._checkpoints, *(f for f in found if f not in self._checkpoints))
 
     async def post_prompt(self, request: Request) -> Response:
         await asyncio.sleep(self.slow_calls_s)
