@@ -113,3 +113,15 @@ async def run_failing(executor: A1111Executor, job: Assignment) -> Update:
 
     updates = [u async for u in execute(executor, job, StopSignal(), WallClock())]
     return updates[-1]
+
+
+def test_commands_and_python_handlers_get_the_model_file(tmp_path: Path) -> None:
+    from corral.agent.executors.command import job_env
+    from corral.agent.executors.python import HandlerContext
+
+    blob = cached_file(tmp_path)
+    job = Assignment("al", 1, ("j",), model="sdxl", model_path=blob)
+    env = job_env(job, tmp_path / "out", {"CORRAL_MODEL_PATH": "not this"})
+    assert (env["CORRAL_MODEL"], env["CORRAL_MODEL_PATH"]) == ("sdxl", str(blob))
+    assert HandlerContext(job, StopSignal()).model_path == blob
+    assert job_env(Assignment("al", 1, ("j",)), tmp_path / "o", {})["CORRAL_MODEL_PATH"] == ""

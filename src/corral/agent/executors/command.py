@@ -165,6 +165,7 @@ def job_env(assignment: Assignment, out_dir: Path, extra: Mapping[str, str]) -> 
         CORRAL_RESUME_STEP=str(assignment.resume_step),
         CORRAL_OUTPUT_DIR=str(out_dir),
         CORRAL_MODEL=assignment.model or "",
+        CORRAL_MODEL_PATH=str(assignment.model_path or ""),
         CORRAL_PAYLOAD=json.dumps(dict(assignment.payload)),
     )
     return env

@@ -80,6 +80,11 @@ class HandlerContext:
         return self.assignment.model
 
     @property
+    def model_path(self) -> Path | None:
+        """The model's file from the agent's cache (a registered model), else None."""
+        return self.assignment.model_path
+
+    @property
     def gpu_indices(self) -> tuple[int, ...]:
         return self.assignment.gpu_indices
 
