@@ -4,13 +4,16 @@ One model is uploaded to the server through the API (the server serves it with
 Range); the other lives on an HTTP file server that drops the connection half
 way through the first transfer. Each agent's cache budget holds one model, not
 both. Jobs go to the agent that has their model; a job shows "waiting for model
-X: N%" while its agent downloads; the registry shows where each model is.
+X: N%" while its agent downloads; the registry (and the dashboard, in a real
+browser) shows where each model is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,9 @@ MIB = 1024 * 1024
 ALPHA = random.Random(1).randbytes(6 * MIB)
 BETA = random.Random(2).randbytes(6 * MIB)
 QUICK = {"steps": 2, "step_s": 0.02, "preview_every": 0}
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+ARTIFACTS = Path(os.environ.get("CORRAL_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
 
 
 @pytest.fixture
@@ -96,3 +102,28 @@ def test_jobs_go_to_the_agent_that_has_their_model(
         assert cached(http, "beta") == {}
         nodes = {n["name"]: n["models_on_disk"] for n in http.get("/v1/nodes").json()}
         assert nodes == {"gpu-a": ["alpha"], "gpu-b": ["alpha"]}
+    dashboard_shows_where_models_are(cluster.http)
+
+
+def dashboard_shows_where_models_are(url: str) -> None:
+    """The dashboard's Models section, in a real browser (Debian chromium, Playwright)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = ARTIFACTS / "dashboard"
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{url}/#token={ADMIN}")
+            alpha = page.locator('#models tr[data-model="alpha"]')
+            expect(alpha.locator("td.cached")).to_have_text("gpu-a, gpu-b", timeout=10_000)
+            expect(page.locator('#models tr[data-model="beta"] td.cached')).to_have_text(
+                "not cached yet"
+            )
+            expect(page.locator('#nodes .node[data-node="gpu-b"]')).to_contain_text(
+                "models on disk: alpha"
+            )
+            page.screenshot(path=str(shots / "models.png"), full_page=True)
+        finally:
+            browser.close()

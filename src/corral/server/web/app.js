@@ -148,6 +148,8 @@ function renderTeams(teams, nodes, running) {
   });
 }
 
+const human = (b) => b >= 2 ** 30 ? gib(b) : b >= 2 ** 20 ? `${(b / 2 ** 20).toFixed(1)} MiB` : `${b} B`;
+
 // Models and where they are cached: "gpu-1 (loaded), gpu-2, gpu-3 (downloading 43%)".
 function renderModels(models) {
   const where = (m) => m.cached.map((c) => c.state === "downloading" ? `${c.node} (downloading ${Math.floor((c.progress || 0) * 100)}%)`
@@ -155,7 +157,7 @@ function renderModels(models) {
   const head = el("tr", {}, ["model", "kind", "size", "state", "cached on"].map((h) => el("th", {}, h)));
   return [head, ...models.map((m) => el("tr", { "data-model": m.name },
     el("td", {}, el("strong", {}, m.name)), el("td", {}, m.kind + (m.backend ? ` · ${m.backend}` : "")),
-    el("td", {}, gib(m.size)),
+    el("td", {}, human(m.size)),
     el("td", {}, m.state === "uploading" && m.uploaded != null ? `uploading ${Math.floor(100 * m.uploaded / m.size)}%` : m.state),
     el("td", { class: "cached" }, where(m))))];
 }
