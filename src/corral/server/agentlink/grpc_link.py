@@ -36,6 +36,8 @@ from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
 from corral.server.agentlink.base import AgentInbound, Assignment, StopOrder
+from corral.server.agentlink.grpc_service import AgentLinkService
+from corral.server.agentlink.grpc_uploads import Uploads
 from corral.server.agentlink.model_wire import (
     ModelRef,
     ModelReport,
@@ -44,8 +46,6 @@ from corral.server.agentlink.model_wire import (
     no_refs,
     prefetch_message,
 )
-from corral.server.agentlink.grpc_service import AgentLinkService
-from corral.server.agentlink.grpc_uploads import Uploads
 from corral.server.blobs import BlobStore
 from corral.server.settings import AgentLinkSettings
 
