@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,8 @@ from urllib.parse import urlsplit
 import grpc
 
 from corral.agent import wire
+from corral.agent.blobs import upload
+from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Failed, Preview, Started
 from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
@@ -108,6 +109,8 @@ class LinkSettings:
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     heartbeat_s: float | None = None  # beat at least this often (default: as the server asks)
+    shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported by path
+    max_checkpoint_bytes: int = 512 * 1024 * 1024  # larger ones are reported by path only
 
 
 Queued = tuple[int, Report | pb.Heartbeat | pb.ModelStatus]
@@ -146,6 +149,17 @@ class LinkClient:
         self._seq = itertools.count(1)
         self._metadata = (("authorization", f"Bearer {settings.token}"),)
         supervisor.sink = self.publish
+        self._stub: Any = None  # the connected session's, for checkpoint downloads
+        self.checkpoints = CheckpointCourier(
+            self._metadata,
+            chunk_bytes=settings.chunk_bytes,
+            max_bytes=settings.max_checkpoint_bytes,
+            shared=settings.shared_storage,
+            stub=lambda: self._stub,
+            connected=self.connected,
+            scratch=checkpoint_root,
+        )
+        supervisor.prepare = self.checkpoints.prepare
         self.reporter = reporter  # tells the server about the model cache (model_report.py)
         self.models = reporter.models if reporter else None  # prefetch hints go there
         self.api_base = ""  # the server's HTTP API, for the model files it holds
@@ -206,7 +220,7 @@ class LinkClient:
                 live: asyncio.Queue[Queued] = asyncio.Queue()
                 for seq in sorted(self._outbox):  # resend what the server has not acknowledged
                     live.put_nowait((seq, self._outbox[seq]))
-                self._live, self.server = live, target
+                self._live, self.server, self._stub = live, target, stub
                 self.sessions += 1
                 self.connected.set()
                 log.info("connected to %s as node %s", target, self.identity.node)
@@ -217,7 +231,7 @@ class LinkClient:
             except grpc.aio.AioRpcError as exc:
                 raise _translate(exc) from None
             finally:
-                self._live = None
+                self._live, self._stub = None, None
                 self.connected.clear()
                 call.cancel()
 
@@ -327,7 +341,9 @@ class LinkClient:
         return token_headers(self.api_base, self.settings.token, source)
 
     async def _upload_large(self, stub: Any, report: Report) -> dict[int, str]:
-        """Upload the results too large to ride inline; their blob ids by result index."""
+        """Upload a checkpoint, or the results too large to ride inline; blob ids by index."""
+        if isinstance(report.update, Checkpoint):
+            return await self.checkpoints.ship(stub, report)
         if not isinstance(report.update, Done):
             return {}
         s, inline, blob_ids = self.settings, 0, {}
@@ -340,42 +356,13 @@ class LinkClient:
         return blob_ids
 
     async def _upload(self, stub: Any, report: Report, jr: JobResult) -> str:
-        data = jr.result.data
-        sha = hashlib.sha256(data).hexdigest()
-
-        def chunks(start: int | None) -> Iterator[pb.BlobChunk]:
-            base = pb.BlobChunk(
-                allocation_id=report.allocation_id,
-                attempt=report.attempt,
-                name=f"{jr.job_id}/{jr.result.name}",
-                mime=jr.result.mime,
-                sha256=sha,
-            )
-            if start is None:  # a probe: has the server got it, or how much of it?
-                yield base
-                return
-            step = self.settings.chunk_bytes
-            for offset in range(start, max(len(data), 1), step):
-                piece = data[offset : offset + step]
-                last = offset + step >= len(data)
-                yield pb.BlobChunk(**_fields(base), offset=offset, data=piece, last=last)
-
-        ack = await stub.UploadBlob(chunks(None), metadata=self._metadata)
-        for _ in range(3):
-            if ack.blob_id:
-                return str(ack.blob_id)
-            ack = await stub.UploadBlob(chunks(ack.received), metadata=self._metadata)
-        raise LinkError(f"upload of {jr.result.name} did not complete")
-
-
-def _fields(chunk: pb.BlobChunk) -> dict[str, Any]:
-    return {
-        "allocation_id": chunk.allocation_id,
-        "attempt": chunk.attempt,
-        "name": chunk.name,
-        "mime": chunk.mime,
-        "sha256": chunk.sha256,
-    }
+        chunk = pb.BlobChunk(
+            allocation_id=report.allocation_id,
+            attempt=report.attempt,
+            name=f"{jr.job_id}/{jr.result.name}",
+            mime=jr.result.mime,
+        )
+        return await upload(stub, self._metadata, chunk, jr.result.data, self.settings.chunk_bytes)
 
 
 async def _first_to_end(*coroutines: Any) -> None:

@@ -70,6 +70,7 @@ class AgentOptions:
     models_dir: Path | None = None  # the model cache (default <work_dir>/models)
     models_budget: str | int = "100GiB"  # disk the model cache may use
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
+    shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported, not uploaded
 
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:
@@ -113,7 +114,7 @@ class Agent:
         )
         self.link = LinkClient(
             [parse_server(url) for url in options.servers],
-            LinkSettings(token=options.token),
+            LinkSettings(token=options.token, shared_storage=options.shared_storage),
             self.supervisor,
             self.identity,
             self.gpus,

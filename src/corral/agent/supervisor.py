@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -31,6 +31,7 @@ from corral.agent.executors.base import (
     Executor,
     Failed,
     Finished,
+    LogLine,
     Progress,
     Result,
     Started,
@@ -146,6 +147,8 @@ class Supervisor:
         self.models = models  # the model cache: jobs wait for their models (model_gate.py)
         self.on_change: Callable[[], None] = lambda: None  # work started or ended (loaded models)
         self.sink: Callable[[Report], None] = lambda report: None
+        # Readies a job before it runs (fetches an uploaded checkpoint: checkpoints.py).
+        self.prepare: Callable[[Assignment], Awaitable[Assignment]] | None = None
         self.intake_open = True  # the server's word; it only affects what it sends
         self._slots: dict[str, _Slot] = {}
 
@@ -277,6 +280,7 @@ class Supervisor:
         started = False
         for index, job in enumerate(jobs):
             terminal: Finished | Failed | None = None
+            job = await self._prepared(slot, job)
             updates = execute(
                 slot.executor, job, slot.stop, self.clock, timeout_grace_s=self.timeout_grace_s
             )
@@ -303,6 +307,15 @@ class Supervisor:
                 self._end(slot, Done(tuple(results), modified, interrupted=True))
                 return
         self._end(slot, Done(tuple(results), modified))
+
+    async def _prepared(self, slot: _Slot, job: Assignment) -> Assignment:
+        if self.prepare is None or not job.resume_from:
+            return job
+        ready = await self.prepare(job)
+        if ready.resume_from is None:
+            note = f"could not fetch the checkpoint {job.resume_from}; starting from the beginning"
+            self._emit(slot, LogLine(note, "agent"), job.job_id)
+        return ready
 
     def _track(self, slot: _Slot, update: Update, index: int) -> None:
         if isinstance(update, Progress):

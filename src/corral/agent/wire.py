@@ -185,7 +185,10 @@ def update_message(
     elif isinstance(x, LogLine):
         u.log.CopyFrom(pb.LogLine(stream=x.stream, line=x.line))
     elif isinstance(x, Checkpoint):
-        u.checkpoint.CopyFrom(pb.Checkpoint(path=x.path, step=x.step, progress=x.progress))
+        blob = (blob_ids or {}).get(0, "")  # an uploaded checkpoint (see checkpoints.py)
+        u.checkpoint.CopyFrom(
+            pb.Checkpoint(path=x.path, blob_id=blob, step=x.step, progress=x.progress)
+        )
     elif isinstance(x, Done):
         u.finished.CopyFrom(_finished(x, blob_ids or {}))
     elif isinstance(x, Failed):

@@ -84,6 +84,13 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     models_budget: Annotated[
         str, typer.Option(help="Disk the model cache may use, e.g. 200GiB.")
     ] = "100GiB",
+    shared_storage: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A directory every node sees (NFS, ...): checkpoints under it are reported "
+            "by path instead of uploaded. Repeat for several.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the corral agent: take work from the server and run it on this machine.
@@ -113,6 +120,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             work_dir=work_dir,
             models_dir=models_dir,
             models_budget=models_budget,
+            shared_storage=tuple(shared_storage or ()),
         )
         asyncio.run(_run(options))
     except InvalidSpec as exc:

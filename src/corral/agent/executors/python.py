@@ -94,7 +94,18 @@ class HandlerContext:
 
     @property
     def resume_from(self) -> str | None:
+        """The checkpoint to resume from (a local path), None on a first attempt."""
         return self.assignment.resume_from
+
+    @property
+    def resume_step(self) -> int:
+        """The step ``resume_from`` holds (0 when unknown or on a first attempt)."""
+        return self.assignment.resume_step if self.assignment.resume_from else 0
+
+    @property
+    def checkpoint_now(self) -> bool:
+        """The job is being preempted: yield a ``Checkpoint`` now, then return."""
+        return self.stopping is StopReason.PREEMPT
 
 
 def load_handler(spec: str) -> Handler:

@@ -198,3 +198,7 @@ class AgentInbound(Protocol):
     async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
         """The allocation obeyed a stop order (after checkpointing, for a preemption)."""
         ...
+
+    async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
+        """Whether ``blob_id`` is the checkpoint of a job that this live attempt runs."""
+        ...

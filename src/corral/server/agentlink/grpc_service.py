@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.server.agentlink")
 
+FETCH_CHUNK_BYTES = 256 * 1024
+"""Checkpoint downloads travel in chunks of this size (far below the message limit)."""
+
 RELIABLE = frozenset({"started", "checkpoint", "finished", "failed"})
 """Update kinds the agent keeps until acknowledged; progress, previews and logs are lossy."""
 
@@ -111,6 +114,25 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             return await self.uploads.receive(requests)
         except UploadError as exc:
             await abort(context, getattr(grpc.StatusCode, exc.code), str(exc))
+
+    async def FetchBlob(  # the generated servicer names it
+        self, request: pb.BlobRequest, context: Any
+    ) -> AsyncIterator[pb.BlobChunk]:
+        """Stream a checkpoint blob to the allocation that resumes from it (from ``offset``)."""
+        await self._authenticate(context)
+        r = request
+        if not await self.inbound.may_fetch(r.allocation_id, r.attempt, r.blob_id):
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"blob {r.blob_id} is not the checkpoint of a job {r.allocation_id} runs",
+            )
+        try:
+            data = await self.uploads.read(r.blob_id)
+        except UploadError as exc:
+            await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        for chunk in convert.blob_chunks(r, data, FETCH_CHUNK_BYTES):
+            yield chunk
 
     async def _authenticate(self, context: Any) -> None:
         token = bearer(context.invocation_metadata())

@@ -79,6 +79,15 @@ class Uploads:
                 return await self._complete(key, part, chunk.sha256)
         return pb.BlobAck(received=len(part.data) if part else 0)
 
+    async def read(self, blob: str) -> bytes:
+        """The bytes of an uploaded blob (the caller checked who may read it)."""
+        if not blob.startswith("uploads/") or ".." in blob:
+            raise UploadError("INVALID_ARGUMENT", f"not an uploaded blob: {blob!r}")
+        try:
+            return await self._blobs.get(blob)
+        except NotFound:
+            raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded") from None
+
     def owns(self, allocation_id: str, attempt: int, blob: str) -> bool:
         """Whether ``blob`` is an upload of this allocation and attempt."""
         return blob.startswith(blob_id(allocation_id, attempt, "")) and ".." not in blob

@@ -368,6 +368,15 @@ class AgentService:
             await end_allocation(self.rt, tx, rec, Ending.STOPPED)
         return Ack.ACCEPTED
 
+    async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
+        """Only an allocation resuming from ``blob_id`` may download it."""
+        async with self.rt.db.read() as conn:
+            rec = await alloc_repo.get(conn, allocation_id)
+            if rec is None or rec.alloc.attempt != attempt or not rec.alloc.active:
+                return False
+            jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
+        return any(j.checkpoint == f"blob:{blob_id}" for j in jobs.values())
+
     async def _fenced(
         self, tx: Tx, node: str, allocation_id: str, attempt: int, done: AllocObserved | None = None
     ) -> AllocRecord | Ack:

@@ -1,0 +1,121 @@
+"""Checkpoints between machines: packing, shipping decisions, and a fetch that fails safely."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.agent import blobs
+from corral.agent.checkpoints import CheckpointCourier
+from corral.agent.executors.base import Assignment, Checkpoint
+from corral.agent.supervisor import Report
+from corral.core import LinkError
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def test_a_file_and_a_directory_round_trip(tmp_path: Path) -> None:
+    file = tmp_path / "model.pt"
+    file.write_bytes(b"weights")
+    folder = tmp_path / "ckpt"
+    (folder / "opt").mkdir(parents=True)
+    (folder / "opt" / "state").write_text("adam")
+    (folder / "step").write_text("7")
+
+    got = blobs.unpack(blobs.pack(file), tmp_path / "out1")
+    assert (got.name, got.read_bytes()) == ("model.pt", b"weights")
+    got = blobs.unpack(blobs.pack(folder), tmp_path / "out2")
+    assert got.is_dir()
+    assert (got / "opt" / "state").read_text() == "adam"
+    assert blobs.size_of(folder) == len("adam") + len("7")
+
+
+def test_an_archive_that_escapes_its_directory_is_refused(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("../escape")
+        info.size = 1
+        archive.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises((tarfile.TarError, LinkError)):
+        blobs.unpack(buffer.getvalue(), tmp_path / "in")
+    assert not (tmp_path / "escape").exists()
+
+
+class FakeStub:
+    """UploadBlob that stores whole blobs (probe first, like the server); FetchBlob that fails."""
+
+    def __init__(self) -> None:
+        self.stored: dict[str, bytes] = {}
+
+    async def UploadBlob(self, chunks: Any, metadata: Any = None) -> pb.BlobAck:  # noqa: N802
+        parts = list(chunks)
+        if len(parts) == 1 and not parts[0].data and not parts[0].last:
+            return pb.BlobAck(received=0)
+        blob_id = f"uploads/{parts[0].allocation_id}/{parts[0].attempt}/{parts[0].sha256}"
+        self.stored[blob_id] = b"".join(p.data for p in parts)
+        return pb.BlobAck(blob_id=blob_id, received=len(self.stored[blob_id]))
+
+
+def courier(tmp_path: Path, **kw: Any) -> CheckpointCourier:
+    settings = {"chunk_bytes": 4, "max_bytes": 1000, "shared": [tmp_path / "nfs"], **kw}
+    return CheckpointCourier((), scratch=tmp_path / "scratch", **settings)
+
+
+def report(path: Path | str, step: int = 3) -> Report:
+    return Report("al_1", 1, Checkpoint(str(path), step), job_id="j1")
+
+
+async def test_a_local_checkpoint_is_uploaded_and_named_by_its_blob(tmp_path: Path) -> None:
+    ckpt = tmp_path / "local" / "step-3.json"
+    ckpt.parent.mkdir()
+    ckpt.write_text('{"step": 3}')
+    stub = FakeStub()
+    ids = await courier(tmp_path).ship(stub, report(ckpt))
+    assert list(ids) == [0]
+    assert ids[0].startswith("uploads/al_1/1/")
+    back = blobs.unpack(stub.stored[ids[0]], tmp_path / "back")
+    assert back.read_text() == '{"step": 3}'
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [("nfs/step-3.json", "on shared storage"), ("gone/step-3.json", "not on disk (any more)")],
+)
+async def test_a_checkpoint_is_reported_by_path_when(tmp_path: Path, where: str, why: str) -> None:
+    path = tmp_path / where
+    if where.startswith("nfs"):
+        path.parent.mkdir()
+        path.write_text("{}")
+    stub = FakeStub()
+    assert await courier(tmp_path).ship(stub, report(path)) == {}, why
+    assert stub.stored == {}
+
+
+async def test_a_checkpoint_over_the_limit_is_reported_by_path(tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * 2000)
+    assert await courier(tmp_path).ship(FakeStub(), report(big)) == {}
+
+
+async def test_a_checkpoint_that_cannot_be_fetched_starts_the_attempt_afresh(
+    tmp_path: Path,
+) -> None:
+    connected = asyncio.Event()
+    connected.set()
+    c = courier(tmp_path, stub=lambda: None, connected=connected)  # connected, but no stub
+    job = Assignment("al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=3)
+    ready = await c.prepare(job)
+    assert (ready.resume_from, ready.resume_step) == (None, 0)
+    local = Assignment("al_2", 2, ("j1",), resume_from="/nfs/ckpt", resume_step=3)
+    assert await c.prepare(local) is local, "a path is used as it is"
