@@ -58,7 +58,7 @@ class FakeStub:
     def __init__(self) -> None:
         self.stored: dict[str, bytes] = {}
 
-    async def UploadBlob(self, chunks: Any, metadata: Any = None) -> pb.BlobAck:  # noqa: N802
+    async def UploadBlob(self, chunks: Any, metadata: Any = None) -> pb.BlobAck:
         parts = list(chunks)
         if len(parts) == 1 and not parts[0].data and not parts[0].last:
             return pb.BlobAck(received=0)
