@@ -95,15 +95,20 @@ function renderNode(n) {
     n.gpus.length ? gpus : el("div", { class: "muted" }, `CPU only · ${n.cpus} slots`),
     el("div", { class: "muted" }, `models loaded: ${n.models_loaded.join(", ") || "none"}`),
     el("div", { class: "muted" }, `models on disk: ${n.models_on_disk.join(", ") || "none"}`),
-    el("div", { class: "muted" }, `${n.allocations.length} running · last seen ${ago(n.last_seen)}`));
+    el("div", { class: "muted" }, `${n.allocations.length} running · last seen ${ago(n.last_seen)}`),
+    n.pause_reason ? el("div", { class: "muted pause-reason" }, n.pause_reason) : "");
 }
+
+// "attempt 2 · resumed from step 120" for a job that resumed from a checkpoint.
+const resumed = (job) => job.resumed_from_step != null
+  ? el("div", { class: "muted resumed" }, `attempt ${job.attempt} · resumed from step ${job.resumed_from_step}`) : "";
 
 function renderRunning(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
     el("h3", {}, job.id, el("span", { class: "badge" }, job.state)),
     el("div", { class: "muted" }, `${job.kind} · ${job.team}/${job.user} · ${job.priority} · ${job.node || "placing"}`),
     bar([[job.progress]]),
-    el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`));
+    el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`), resumed(job));
   const preview = state.previews["job:" + job.id];
   if (preview) showPreview(card, preview);
   return card;
@@ -120,7 +125,8 @@ async function showPreview(card, path) {
 function renderFinished(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
     el("h3", {}, job.id, el("span", { class: `badge ${job.state}` }, job.state)),
-    el("div", { class: "muted" }, `${job.team}/${job.user} · ${job.error || `${job.result.length} result file(s)`}`));
+    el("div", { class: "muted" }, `${job.team}/${job.user} · ${job.error || `${job.result.length} result file(s)`}`),
+    resumed(job));
   for (const f of job.result.filter((f) => f.content_type.startsWith("image/")).slice(0, 2)) {
     imageUrl(f.url).then((u) => card.append(el("img", { class: "preview", alt: f.name, src: u }))).catch(() => {});
   }
