@@ -54,7 +54,9 @@ def test_a1111_executor_passes_the_conformance_suite(
     check: Callable[[Harness], Awaitable[None]],
 ) -> None:
     async def scenario() -> None:
-        async with webui() as (_, harness):
+        # Each step lasts a few polls, so a preview is seen even when the tiny model is
+        # faster than one poll (the webui shows a step's image only until the next).
+        async with webui(step_delay_s=0.05) as (_, harness):
             await check(harness)
 
     asyncio.run(scenario())
