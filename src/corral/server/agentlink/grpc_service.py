@@ -43,6 +43,9 @@ log = logging.getLogger("corral.server.agentlink")
 FETCH_CHUNK_BYTES = 256 * 1024
 """Checkpoint downloads travel in chunks of this size (far below the message limit)."""
 
+MAX_IN_FLIGHT = 256
+"""Allocation updates of one stream being handled at once (see ``_read``)."""
+
 RELIABLE = frozenset({"started", "checkpoint", "finished", "failed"})
 """Update kinds the agent keeps until acknowledged; progress, previews and logs are lossy."""
 
@@ -169,20 +172,39 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         return hello
 
     async def _read(self, session: Session, requests: AsyncIterator[pb.AgentMessage]) -> None:
-        """Feed the agent's messages to the inbound side until the stream ends."""
+        """Feed the agent's messages to the inbound side until the stream ends.
+
+        Allocation updates are not awaited one by one: each runs as a task,
+        started in the order received (so each joins the inbound side's group
+        commit in that order), and its ack goes out once its group committed.
+        The updates of every agent thus share transactions and fsyncs. At most
+        ``MAX_IN_FLIGHT`` are open per stream; other messages wait their turn.
+        """
+        in_flight: set[asyncio.Task[None]] = set()
         try:
             async for msg in requests:
-                await self._handle(session, msg)
+                if msg.WhichOneof("body") != "update":
+                    await self._handle(session, msg)
+                    continue
+                task = asyncio.create_task(self._handle(session, msg))
+                in_flight.add(task)
+                task.add_done_callback(lambda t: self._settled(session, in_flight, t))
+                if len(in_flight) >= MAX_IN_FLIGHT:
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            if in_flight:
+                await asyncio.wait(in_flight)
             session.end()  # the agent closed its side
-        except Refused as exc:
-            session.end(exc.code, exc.details)
-        except LinkError:
-            session.end("ABORTED", "this stream was replaced or ended")
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("agent %s: message handling failed", session.node)
-            session.end("UNAVAILABLE", "the server failed to handle a message; reconnect")
+        except Exception as exc:
+            _end_for(session, exc)
+
+    def _settled(
+        self, session: Session, in_flight: set[asyncio.Task[None]], task: asyncio.Task[None]
+    ) -> None:
+        in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _end_for(session, task.exception())  # type: ignore[arg-type]
 
     async def _handle(self, session: Session, msg: pb.AgentMessage) -> None:
         body = msg.WhichOneof("body")
@@ -277,6 +299,17 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         return await self.inbound.failed(
             node, u.allocation_id, u.attempt, u.failed.error, retryable=u.failed.retryable
         )
+
+
+def _end_for(session: Session, exc: BaseException) -> None:
+    """End the stream for a message that could not be handled, with the status that says why."""
+    if isinstance(exc, Refused):
+        session.end(exc.code, exc.details)
+    elif isinstance(exc, LinkError):
+        session.end("ABORTED", "this stream was replaced or ended")
+    else:
+        log.error("agent %s: message handling failed", session.node, exc_info=exc)
+        session.end("UNAVAILABLE", "the server failed to handle a message; reconnect")
 
 
 async def abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:

@@ -37,6 +37,7 @@ from corral.server.agentlink.base import (
     StopReason,
 )
 from corral.server.services.auth import AuthService, TokenKind
+from corral.server.services.group import GroupCommitter
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.settling import end_allocation, is_current
@@ -59,6 +60,8 @@ class AgentService:
         self.rt = rt
         self.auth = auth
         self._written_seen: dict[str, float] = {}  # last heartbeat written, per node
+        # Allocation updates from every agent share transactions (one fsync per group).
+        self.updates = GroupCommitter(rt, reschedule=False)
 
     async def authenticate(self, token: str) -> None:
         who = await self.auth.authenticate(token)
@@ -167,7 +170,7 @@ class AgentService:
         self._written_seen[node] = now
 
     async def started(self, node: str, allocation_id: str, attempt: int) -> Ack:
-        async with self.rt.tx() as tx:
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
@@ -197,7 +200,9 @@ class AgentService:
             for job in jobs.values():
                 if is_current(job, rec.alloc) and job.state is JobState.PLACED:
                     await self._start_job(tx, job)
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def _start_job(self, tx: Tx, job: JobRecord) -> None:
         target = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
@@ -223,7 +228,8 @@ class AgentService:
         message: str | None = None,
     ) -> Ack:
         fraction = min(1.0, max(0.0, fraction))
-        async with self.rt.tx() as tx:
+
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
@@ -234,7 +240,9 @@ class AgentService:
                     {"message": message[:MAX_LOG_LINE]} if message else {}
                 )
                 tx.emit(EventKind.JOB_PROGRESS, team=job.job.team, job_id=job.job.id, data=data)
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def preview(
         self,
@@ -251,7 +259,8 @@ class AgentService:
         if isinstance(pre, Ack):
             return pre
         await self.rt.blobs.put(f"previews/{job_id}/{key}", data)
-        async with self.rt.tx() as tx:
+
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
@@ -264,7 +273,9 @@ class AgentService:
                     url=url,
                     content_type=content_type,
                 )
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def log(
         self,
@@ -276,13 +287,16 @@ class AgentService:
         job_id: str | None = None,
     ) -> Ack:
         kept = [line[:MAX_LOG_LINE] for line in lines[:MAX_LOG_LINES]]
-        async with self.rt.tx() as tx:
+
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
             for job in await self._current_jobs(tx, rec, job_id):
                 tx.emit(EventKind.JOB_LOG, team=job.job.team, job_id=job.job.id, lines=kept)
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def checkpoint(
         self,
@@ -296,7 +310,8 @@ class AgentService:
     ) -> Ack:
         """The latest checkpoint of the job(s): a path on shared storage or ``blob:<id>``."""
         ref, step = ref[:1024], max(0, step)
-        async with self.rt.tx() as tx:
+
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
@@ -310,7 +325,9 @@ class AgentService:
                     ref=ref,
                     step=step,
                 )
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def finished(
         self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
@@ -323,12 +340,15 @@ class AgentService:
         if isinstance(pre, Ack):
             return pre
         files = await self._store_results(pre, results)
-        async with self.rt.tx() as tx:
+
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
             if isinstance(rec, Ack):
                 return rec
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files)
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def _store_results(
         self, rec: AllocRecord, results: Sequence[ResultBlob]
@@ -349,7 +369,7 @@ class AgentService:
     async def failed(
         self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
     ) -> Ack:
-        async with self.rt.tx() as tx:
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.FAILED)
             if isinstance(rec, Ack):
                 return rec
@@ -358,15 +378,19 @@ class AgentService:
             await end_allocation(
                 self.rt, tx, rec, ending, retryable=retryable, error=error[:MAX_LOG_LINE]
             )
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
-        async with self.rt.tx() as tx:
+        async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.STOPPED)
             if isinstance(rec, Ack):
                 return rec
             await end_allocation(self.rt, tx, rec, Ending.STOPPED)
-        return Ack.ACCEPTED
+            return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         """Only an allocation resuming from ``blob_id`` may download it."""

@@ -26,9 +26,10 @@ Unit = Callable[[Tx], Awaitable[Any]]
 
 
 class GroupCommitter:
-    def __init__(self, rt: Runtime, max_group: int = 256) -> None:
+    def __init__(self, rt: Runtime, max_group: int = 256, *, reschedule: bool = True) -> None:
         self.rt = rt
         self.max_group = max_group
+        self.reschedule = reschedule  # poke the scheduler after every group (else: units say)
         self._queue: list[tuple[Unit, asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.groups = 0  # committed groups (for tests and metrics)
@@ -49,7 +50,7 @@ class GroupCommitter:
     async def _commit(self, group: list[tuple[Unit, asyncio.Future[Any]]]) -> None:
         outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
         try:
-            async with self.rt.tx(reschedule=True) as tx:
+            async with self.rt.tx(reschedule=self.reschedule) as tx:
                 for unit, future in group:
                     outcomes.append((future, *await _attempt(tx, unit)))
         except BaseException as exc:  # the commit failed: no unit of this group happened

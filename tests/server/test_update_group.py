@@ -1,0 +1,52 @@
+"""Agents' allocation updates share group commits, and each still gets its own verdict."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from server_harness import World
+
+from corral.core.states import JobState
+from corral.server.agentlink.base import Ack
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_updates_from_two_agents_share_commits_and_each_lands(world: World) -> None:
+    jobs = [await world.submit(resources={"gpus": 1}) for _ in range(4)]
+    agents = [await world.agent("n1", gpus=2), await world.agent("n2", gpus=2)]
+    await world.cycle()
+    given = [(ag, await ag.next_assignment()) for ag in agents for _ in range(2)]
+    before = world.plane.agents.updates.groups
+
+    acks = await asyncio.gather(*(ag.start(a) for ag, a in given))
+    done = await asyncio.gather(
+        *(ag.finish(a, {a.jobs[0].job_id: {"out.txt": b"ok"}}) for ag, a in given)
+    )
+
+    assert list(acks) == [Ack.ACCEPTED] * 4
+    assert list(done) == [Ack.ACCEPTED] * 4
+    assert world.plane.agents.updates.groups - before < 8, "concurrent updates share commits"
+    for job in jobs:
+        rec = await world.job(job.job.id)
+        assert rec.state is JobState.SUCCEEDED
+        assert [f.name for f in rec.result] == ["out.txt"]
+        assert (await world.kinds(job.job.id))[-2:] == ["job.started", "job.succeeded"]
+
+
+async def test_a_stale_update_in_a_group_does_not_spoil_the_others(world: World) -> None:
+    first, second = (
+        await world.submit(resources={"gpus": 1}),
+        await world.submit(resources={"gpus": 1}),
+    )
+    agent = await world.agent("n1", gpus=2)
+    await world.cycle()
+    a, b = await agent.next_assignment(), await agent.next_assignment()
+    stale = world.plane.agents.started("n1", a.allocation_id, a.attempt + 1)
+
+    acks = await asyncio.gather(stale, agent.start(a), agent.start(b))
+
+    assert list(acks) == [Ack.STALE, Ack.ACCEPTED, Ack.ACCEPTED]
+    for job in (first, second):
+        assert (await world.job(job.job.id)).state is JobState.RUNNING
