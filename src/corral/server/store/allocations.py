@@ -16,8 +16,16 @@ async def insert(conn: AsyncConnection, rec: AllocRecord) -> None:
     await conn.execute(sa.insert(allocations).values(**alloc_row(rec)))
 
 
+# Hot queries are built once (building a statement costs more than running it on SQLite).
+_GET = sa.select(allocations).where(allocations.c.id == sa.bindparam("id"))
+_GET_MANY = sa.select(allocations).where(allocations.c.id.in_(sa.bindparam("ids", expanding=True)))
+_ACTIVE_VERSIONS = sa.select(allocations.c.id, allocations.c.version).where(
+    allocations.c.active.is_(True)
+)
+
+
 async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
-    row = (await conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id))).first()
+    row = (await conn.execute(_GET, {"id": alloc_id})).first()
     return alloc_from_row(row) if row else None
 
 
@@ -30,14 +38,13 @@ async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRe
 
 
 async def active_versions(conn: AsyncConnection) -> dict[str, int]:
-    query = sa.select(allocations.c.id, allocations.c.version).where(allocations.c.active.is_(True))
-    return {r.id: r.version for r in await conn.execute(query)}
+    return {r.id: r.version for r in await conn.execute(_ACTIVE_VERSIONS)}
 
 
 async def get_many(conn: AsyncConnection, ids: list[str]) -> list[AllocRecord]:
     if not ids:
         return []
-    rows = await conn.execute(sa.select(allocations).where(allocations.c.id.in_(ids)))
+    rows = await conn.execute(_GET_MANY, {"ids": ids})
     return [alloc_from_row(r) for r in rows]
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -48,16 +50,28 @@ async def after(
     limit: int = 500,
 ) -> list[tuple[Event, str | None]]:
     """Events with ``seq`` greater than ``seq``, oldest first, with their team."""
-    query = sa.select(events).where(events.c.seq > seq).order_by(events.c.seq).limit(limit)
-    if job_id is not None:
-        query = query.where(events.c.job_id == job_id)
-    if team is not None:
-        query = query.where(events.c.team == team)
-    rows = await conn.execute(query)
+    params = {"seq": seq, "limit": limit, "job_id": job_id, "team": team}
+    rows = await conn.execute(_after(job_id is not None, team is not None), params)
     return [
         (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
         for r in rows
     ]
+
+
+@functools.cache
+def _after(by_job: bool, by_team: bool) -> sa.Select[Any]:
+    """The page query for one combination of filters, built once (SSE readers run it often)."""
+    query = (
+        sa.select(events)
+        .where(events.c.seq > sa.bindparam("seq"))
+        .order_by(events.c.seq)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
+    if by_job:
+        query = query.where(events.c.job_id == sa.bindparam("job_id"))
+    if by_team:
+        query = query.where(events.c.team == sa.bindparam("team"))
+    return query
 
 
 async def last_seq(conn: AsyncConnection) -> int:

@@ -23,15 +23,25 @@ async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
         await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
 
 
+# Hot queries are built once (building a statement costs more than running it on SQLite).
+_GET = sa.select(jobs).where(jobs.c.id == sa.bindparam("id"))
+_GET_MANY = sa.select(jobs).where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
+_QUEUED_VERSIONS = (
+    sa.select(jobs.c.id, jobs.c.version)
+    .where(jobs.c.state == JobState.QUEUED.value)
+    .order_by(jobs.c.seq)
+)
+
+
 async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
-    row = (await conn.execute(sa.select(jobs).where(jobs.c.id == job_id))).first()
+    row = (await conn.execute(_GET, {"id": job_id})).first()
     return job_from_row(row) if row else None
 
 
 async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, JobRecord]:
     if not ids:
         return {}
-    rows = await conn.execute(sa.select(jobs).where(jobs.c.id.in_(list(ids))))
+    rows = await conn.execute(_GET_MANY, {"ids": list(ids)})
     return {r.id: job_from_row(r) for r in rows}
 
 
@@ -83,12 +93,7 @@ async def queued(conn: AsyncConnection) -> list[JobRecord]:
 
 async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
     """(id, version) of every queued job in submission order: cheap, for the snapshot cache."""
-    query = (
-        sa.select(jobs.c.id, jobs.c.version)
-        .where(jobs.c.state == JobState.QUEUED.value)
-        .order_by(jobs.c.seq)
-    )
-    return [(r.id, r.version) for r in await conn.execute(query)]
+    return [(r.id, r.version) for r in await conn.execute(_QUEUED_VERSIONS)]
 
 
 async def update(conn: AsyncConnection, rec: JobRecord, **values: Any) -> bool:

@@ -12,9 +12,14 @@ from corral.server.store.guard import guarded_update
 from corral.server.store.records import NodeRecord, node_from_row, team_from_row
 from corral.server.store.tables import nodes, teams
 
+# Hot queries are built once (building a statement costs more than running it on SQLite).
+_GET = sa.select(nodes).where(nodes.c.name == sa.bindparam("name"))
+_VERSIONS = sa.select(nodes.c.name, nodes.c.version)
+_TEAMS = sa.select(teams).order_by(teams.c.name)
+
 
 async def get(conn: AsyncConnection, name: str) -> NodeRecord | None:
-    row = (await conn.execute(sa.select(nodes).where(nodes.c.name == name))).first()
+    row = (await conn.execute(_GET, {"name": name})).first()
     return node_from_row(row) if row else None
 
 
@@ -23,7 +28,7 @@ async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
 
 
 async def versions(conn: AsyncConnection) -> dict[str, int]:
-    return {r.name: r.version for r in await conn.execute(sa.select(nodes.c.name, nodes.c.version))}
+    return {r.name: r.version for r in await conn.execute(_VERSIONS)}
 
 
 async def get_many(conn: AsyncConnection, names: list[str]) -> list[NodeRecord]:
@@ -51,7 +56,7 @@ async def touch(conn: AsyncConnection, name: str, at: float) -> bool:
 
 
 async def all_teams(conn: AsyncConnection) -> list[Team]:
-    return [team_from_row(r) for r in await conn.execute(sa.select(teams).order_by(teams.c.name))]
+    return [team_from_row(r) for r in await conn.execute(_TEAMS)]
 
 
 async def get_team(conn: AsyncConnection, name: str) -> Team | None:
