@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corral.core import GIB, Gpu, Node
@@ -16,47 +16,67 @@ NODES = tuple(
 
 
 def state(cap: Capacity) -> list[tuple[object, ...]]:
-    """Everything a rollback must restore, index membership included."""
+    """Everything a rollback must restore, index membership (and its order) included."""
     out: list[tuple[object, ...]] = []
     for nc in cap.nodes:
-        buckets = [
-            (level, nc in bucket)
-            for level, bucket in enumerate(cap.everywhere.whole)
-            if nc in bucket
-        ]
-        partial = [lv for lv, b in enumerate(cap.everywhere.partial) if nc in b]
         out.append(
             (
                 tuple(nc.gpu_free),
                 tuple(nc.gpu_vram_free),
                 nc.cpus_free,
-                tuple(buckets),
-                tuple(partial),
-                nc in cap.everywhere.cpu,
+                nc.hidden,
+                tuple(lv for lv, b in enumerate(cap.everywhere.whole) if nc in b),
+                tuple(lv for lv, b in enumerate(cap.everywhere.partial) if nc in b),
+                tuple(lv for lv, b in enumerate(cap.everywhere.cpu) if nc in b),
             )
         )
     return out
 
 
 def consistent(cap: Capacity) -> None:
+    """Each node sits in exactly the buckets its free capacity says, buckets in node order."""
+    index = cap.everywhere
     for nc in cap.nodes:
         assert nc.whole_free == sum(1 for f in nc.gpu_free if f == 1000)
-        assert nc in cap.everywhere.whole[nc.whole_free]
-        assert (nc in cap.everywhere.cpu) == (nc.cpus_free > 0)
+        listed = not nc.hidden
+        for level, bucket in enumerate(index.whole):
+            assert (nc in bucket) == (listed and level == nc.whole_free > 0)
+        for level, bucket in enumerate(index.partial):
+            assert (nc in bucket) == (listed and level == nc.partial_level)
+        for level, bucket in enumerate(index.cpu):
+            has_cpu = listed and nc.cpus_free > 0
+            assert (nc in bucket) == (has_cpu and level == (nc.whole_free > 0))
+    for bucket in (*index.whole, *index.partial, *index.cpu):
+        assert [nc.idx for nc in bucket] == sorted(nc.idx for nc in bucket)
 
 
 Held = tuple[NodeCap, tuple[int, ...], int, int, int]
 
 op = st.tuples(
-    st.sampled_from(("whole", "share", "release", "checkpoint", "rollback")),
+    st.sampled_from(("whole", "whole", "share", "release", "hide", "checkpoint", "rollback")),
     st.integers(0, 2),
     st.integers(0, 3),
     st.sampled_from((250, 500)),
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(op, max_size=30))
+@settings(max_examples=200, deadline=None)
+@given(st.lists(op, max_size=40))
+@example(
+    [("checkpoint", 0, 0, 0)]
+    + [("whole", 0, card, 0) for card in range(4)]
+    + [("rollback", 0, 0, 0)]
+)
+@example(
+    [
+        ("hide", 1, 0, 0),
+        ("whole", 1, 2, 0),
+        ("checkpoint", 0, 0, 0),
+        ("hide", 2, 0, 0),
+        ("share", 2, 1, 250),
+        ("rollback", 0, 0, 0),
+    ]
+)
 def test_rollback_restores_the_exact_state_and_the_index_stays_consistent(
     ops: list[tuple[str, int, int, int]],
 ) -> None:
@@ -73,6 +93,8 @@ def test_rollback_restores_the_exact_state_and_the_index_stays_consistent(
             cap.reserve(*held[-1])
         elif kind == "release" and held:
             cap.release(*held.pop())
+        elif kind == "hide":
+            cap.hide(nc)
         elif kind == "checkpoint":
             marks.append((cap.checkpoint(), state(cap), list(held)))
         elif kind == "rollback" and marks:

@@ -16,6 +16,7 @@ from corral.scheduler.api import (
     Unplaced,
 )
 from corral.scheduler.fragmentation import Fragmentation, fragmentation
+from corral.scheduler.incremental import Scheduler
 from corral.scheduler.pipeline import DEFAULT_CONFIG, schedule
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Reason",
     "ReasonCode",
     "Remedy",
+    "Scheduler",
     "Snapshot",
     "Unplaced",
     "fragmentation",

@@ -67,6 +67,10 @@ class Config:
     model_fetch_bytes_per_s: float | None = None  # None: never wait for a model
     model_load_bytes_per_s: float = 1e9  # disk to GPU memory
     model_max_wait_s: float = 300.0  # a job never waits for a model holder past this age
+    # Backfill reservations (reservation.py): the first job of each class asking for at least
+    # this many whole GPUs (all replicas) that cannot be placed gets the nodes that free up
+    # first; later jobs use them only if their run-time estimate ends before. None: off.
+    reserve_min_gpus: int | None = 8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -92,6 +96,8 @@ def _check_config(config: Config) -> None:
         raise InvalidSpec("config.model_fetch_bytes_per_s", "must be > 0 or None")
     if config.model_load_bytes_per_s <= 0:
         raise InvalidSpec("config.model_load_bytes_per_s", "must be > 0")
+    if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
+        raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
     if config.model_max_wait_s < 0:
         raise InvalidSpec("config.model_max_wait_s", "must be >= 0")
     for user, weight in config.user_weights.items():
@@ -124,6 +130,8 @@ class ReasonCode(StrEnum):
     GANG_INCOMPLETE = "gang_incomplete"  # not all replicas fit at once
     NOT_BEFORE = "not_before"  # retry backoff not yet over
     CYCLE_LIMIT = "cycle_limit"  # max placements per cycle reached
+    RESERVED = "reserved"  # the node is reserved for a bigger job ahead in the queue
+    HOLDS_RESERVATION = "holds_reservation"  # informational: nodes are reserved for this job
     UNKNOWN_PRIORITY = "unknown_priority"
 
 

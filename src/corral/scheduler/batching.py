@@ -12,7 +12,7 @@ oldest first; the plan lists them in ``Placement.job_ids``.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from corral.core.model import Job, JobKind
 from corral.scheduler.ordering import job_key
@@ -26,27 +26,48 @@ def batch_key(job: Job) -> Hashable | None:
 
 
 class Batcher:
-    """Queued batchable jobs by compatibility key, oldest first."""
+    """Queued batchable jobs by compatibility key, oldest first.
+
+    Built from jobs, or over groups kept sorted by ``job_key`` between cycles
+    (``Batcher.over``): a cycle only moves a cursor per group, never the lists.
+    """
 
     def __init__(self, jobs: Iterable[Job], max_size: int) -> None:
-        self._max = max(1, max_size)
-        self._groups: dict[Hashable, list[Job]] = defaultdict(list)
+        groups: dict[Hashable, list[Job]] = defaultdict(list)
         for job in jobs:
             key = batch_key(job)
             if key is not None:
-                self._groups[key].append(job)
-        for group in self._groups.values():
-            group.sort(key=job_key, reverse=True)  # pop() takes the oldest
+                groups[key].append(job)
+        for group in groups.values():
+            group.sort(key=job_key)
+        self._start(groups, max_size)
 
-    def followers(self, leader: Job, decided: set[str]) -> list[Job]:
-        """Up to ``max_size - 1`` undecided jobs that may share ``leader``'s allocation."""
+    @classmethod
+    def over(cls, groups: Mapping[Hashable, Sequence[Job]], max_size: int) -> Batcher:
+        batcher = cls.__new__(cls)
+        batcher._start(groups, max_size)
+        return batcher
+
+    def _start(self, groups: Mapping[Hashable, Sequence[Job]], max_size: int) -> None:
+        self._max = max(1, max_size)
+        self._groups = groups
+        self._cursor: dict[Hashable, int] = {}
+
+    def followers(self, leader: Job, decided: set[str], now: float | None = None) -> list[Job]:
+        """Up to ``max_size - 1`` undecided jobs that may share ``leader``'s allocation
+        (with ``now``: only jobs whose retry backoff is over)."""
         key = batch_key(leader)
         if key is None or self._max == 1:
             return []
-        group = self._groups.get(key, [])
+        group = self._groups.get(key, ())
+        at = self._cursor.get(key, 0)
         taken: list[Job] = []
-        while group and len(taken) < self._max - 1:
-            job = group.pop()
-            if job.id != leader.id and job.id not in decided:
+        while at < len(group) and len(taken) < self._max - 1:
+            job = group[at]
+            at += 1
+            if job.id == leader.id or job.id in decided:
+                continue
+            if now is None or job.not_before <= now:
                 taken.append(job)
+        self._cursor[key] = at
         return taken

@@ -1,24 +1,32 @@
-"""The per-cycle working copy of node capacity, indexed by free space.
+"""The working copy of node capacity, indexed by free space.
 
 ``schedule`` never mutates the snapshot. It copies each node's free compute
 (milli-GPUs per card), free VRAM per card and free CPU slots into a
 ``NodeCap``, and reserves/releases on those copies as it decides. Every change
-goes through ``reserve``/``release`` and is written to a journal, so a what-if
-(a gang that may not fit, a preemption that may not help) runs as a
-transaction: ``mark = cap.checkpoint()`` ... ``cap.rollback(mark)`` restores
-the exact state (STYLE.md habit 6, after KAI-Scheduler's ``Statement``).
+in a cycle goes through ``reserve``/``release``/``hide`` and is written to a
+journal, so a what-if (a gang that may not fit, a preemption that may not
+help) runs as a transaction: ``mark = cap.checkpoint()`` ... ``cap.rollback(mark)``
+restores the exact state (STYLE.md habit 6, after KAI-Scheduler's
+``Statement``). The incremental ``Scheduler`` rolls a whole cycle back the
+same way, and applies the world's changes between cycles with ``adjust``.
 
 Nodes are indexed by free whole cards (and by the room on their partly used
 cards, and by free CPUs), overall, per *equivalence class* (nodes that every
 static filter treats alike) and per model they hold, so best-fit search walks
-a few buckets instead of every node (the reason the scheduler reaches
-tens of thousands of placements per second on 10,000 nodes). The candidate
+a few buckets instead of every node. A bucket is a list of nodes in node
+order: its order is a function of the state alone, never of the history of
+changes, so a capacity kept across cycles and one built from a snapshot give
+the same search results. Nodes without a free card are in no whole-card
+bucket (no search looks there). A *hidden* node (reserved for a job ahead in
+the queue) is in no bucket at all until the cycle ends. The candidate
 iterators walk live buckets: finish iterating before you reserve or release.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
@@ -33,7 +41,8 @@ PARTIAL_STEP = 50
 
 _RESERVE = 0
 _RELEASE = 1
-
+_HIDE = 2
+_IDX = attrgetter("idx")
 
 Layout = tuple[list[int], list[str], dict[int, int] | None]
 """VRAM and model per card position, and ``Gpu.index`` -> position (None: the same)."""
@@ -53,7 +62,7 @@ def card_layout(gpus: tuple[Gpu, ...]) -> Layout:
 
 
 class NodeCap:
-    """Free capacity of one node during a cycle. Mutable; owned by ``Capacity``."""
+    """Free capacity of one node. Mutable; owned by ``Capacity``."""
 
     __slots__ = (
         "cls",
@@ -63,6 +72,7 @@ class NodeCap:
         "gpu_vram",
         "gpu_vram_free",
         "groups",
+        "hidden",
         "idx",
         "node",
         "partial_level",
@@ -83,6 +93,7 @@ class NodeCap:
         self.whole_free = len(self.gpu_vram)
         self.partial_level = -1  # bucket of the roomiest partly used card; -1: none
         self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
+        self.hidden = False  # reserved for a job ahead: out of every index this cycle
 
     def to_positions(self, indices: tuple[int, ...]) -> tuple[int, ...]:
         """Card positions of ``Gpu.index`` values (unknown indices are dropped)."""
@@ -152,28 +163,73 @@ class NodeCap:
 
 
 class Index:
-    """Nodes of one group (all, one class, or holders of one model) by free capacity."""
+    """Nodes of one group (all, one class, or holders of one model) by free capacity.
 
-    __slots__ = ("cpu", "partial", "size", "whole")
+    ``whole[n]``: nodes with n wholly free cards (n > 0); ``partial[k]``: nodes
+    whose roomiest partly used card has k x ``PARTIAL_STEP`` milli free;
+    ``cpu[0]``/``cpu[1]``: nodes with free CPU slots and no / some wholly free
+    card (CPU work looks at the first kind first: their CPUs serve no GPU job).
+    Every bucket is a list in node order (see the module docstring).
+    """
+
+    __slots__ = ("cpu", "partial", "whole")
 
     def __init__(self, max_gpus: int) -> None:
-        self.whole: list[dict[NodeCap, None]] = [{} for _ in range(max_gpus + 1)]
-        self.partial: list[dict[NodeCap, None]] = [{} for _ in range(MILLI // PARTIAL_STEP)]
-        self.cpu: dict[NodeCap, None] = {}
-        self.size = 0  # schedulable members
+        self.whole: list[list[NodeCap]] = [[] for _ in range(max_gpus + 1)]  # [0] stays empty
+        self.partial: list[list[NodeCap]] = [[] for _ in range(MILLI // PARTIAL_STEP)]
+        self.cpu: tuple[list[NodeCap], list[NodeCap]] = ([], [])
 
     def add(self, nc: NodeCap) -> None:
-        self.whole[nc.whole_free][nc] = None
+        if nc.whole_free > 0:
+            insort(self.whole[nc.whole_free], nc, key=_IDX)
         if nc.partial_level >= 0:
-            self.partial[nc.partial_level][nc] = None
+            insort(self.partial[nc.partial_level], nc, key=_IDX)
         if nc.cpus_free > 0:
-            self.cpu[nc] = None
+            insort(self.cpu[nc.whole_free > 0], nc, key=_IDX)
+
+    def append(self, nc: NodeCap) -> None:
+        """``add`` for a node after every node already in the index (building in node order)."""
+        if nc.whole_free > 0:
+            self.whole[nc.whole_free].append(nc)
+        if nc.partial_level >= 0:
+            self.partial[nc.partial_level].append(nc)
+        if nc.cpus_free > 0:
+            self.cpu[nc.whole_free > 0].append(nc)
 
     def remove(self, nc: NodeCap) -> None:
-        del self.whole[nc.whole_free][nc]
+        if nc.whole_free > 0:
+            _drop(self.whole[nc.whole_free], nc)
         if nc.partial_level >= 0:
-            del self.partial[nc.partial_level][nc]
-        self.cpu.pop(nc, None)
+            _drop(self.partial[nc.partial_level], nc)
+        if nc.cpus_free > 0:
+            _drop(self.cpu[nc.whole_free > 0], nc)
+
+    def move(self, nc: NodeCap, whole: int, partial: int, cpu: bool) -> None:
+        """``nc`` changed from (``whole``, ``partial``, ``cpu``): move it where it changed."""
+        now_whole = nc.whole_free
+        if whole != now_whole:
+            if whole > 0:
+                _drop(self.whole[whole], nc)
+            if now_whole > 0:
+                insort(self.whole[now_whole], nc, key=_IDX)
+        if partial != nc.partial_level:
+            if partial >= 0:
+                _drop(self.partial[partial], nc)
+            if nc.partial_level >= 0:
+                insort(self.partial[nc.partial_level], nc, key=_IDX)
+        has_cpu = nc.cpus_free > 0
+        if cpu != has_cpu or (whole > 0) != (now_whole > 0):
+            if cpu:
+                _drop(self.cpu[whole > 0], nc)
+            if has_cpu:
+                insort(self.cpu[now_whole > 0], nc, key=_IDX)
+
+
+def _drop(bucket: list[NodeCap], nc: NodeCap) -> None:
+    del bucket[bisect_left(bucket, nc.idx, key=_IDX)]
+
+
+Change = tuple[int, NodeCap, tuple[int, ...], int, int, int]
 
 
 class Capacity:
@@ -204,18 +260,18 @@ class Capacity:
         self.everywhere = Index(self.max_gpus)
         self.by_class: dict[int, Index] = {}
         self.by_model: dict[tuple[str, int], Index] = {}
-        self._journal: list[tuple[int, NodeCap, tuple[int, ...], int, int, int]] = []
+        self._journal: list[Change] = []
         # A new, never reused value whenever capacity is given back: "did not fit at
         # generation g" stays true while the generation is still g (capacity only shrank).
         self.generation = 0
         self._generations = 0
         wanted = frozenset(models)
+        alone = len({nc.cls for nc in self.nodes if nc.schedulable}) == 1
         for nc in self.nodes:
             if nc.schedulable:
-                nc.groups = self._groups_of(nc, wanted)
+                nc.groups = self._groups_of(nc, wanted, alone)
                 for index in nc.groups:
-                    index.add(nc)
-                    index.size += 1
+                    index.append(nc)
 
     def _preload(self, held: Iterable[Allocation]) -> None:
         """Subtract what existing allocations hold, before indexing (no journal)."""
@@ -235,11 +291,12 @@ class Capacity:
         for nc in touched:
             nc._recount()
 
-    def _groups_of(self, nc: NodeCap, models: frozenset[str]) -> list[Index]:
+    def _groups_of(self, nc: NodeCap, models: frozenset[str], alone: bool) -> list[Index]:
+        """The indexes of ``nc``; ``alone``: its class is every schedulable node (one index)."""
         own = self.by_class.get(nc.cls)
         if own is None:
-            own = self.by_class[nc.cls] = Index(self.max_gpus)
-        groups = [self.everywhere, own]
+            own = self.by_class[nc.cls] = self.everywhere if alone else Index(self.max_gpus)
+        groups = [self.everywhere] if own is self.everywhere else [self.everywhere, own]
         node = nc.node
         if not models:
             return groups
@@ -272,6 +329,30 @@ class Capacity:
         self._generations += 1
         self.generation = self._generations
 
+    def hide(self, nc: NodeCap) -> None:
+        """Take ``nc`` out of every index (reserved for a job ahead); undone by ``rollback``.
+
+        Searches no longer see it, so, like ``reserve``, it never revives a failed fit.
+        """
+        if nc.hidden:
+            return
+        for index in nc.groups:
+            index.remove(nc)
+        nc.hidden = True
+        self._journal.append((_HIDE, nc, (), 0, 0, 0))
+
+    def adjust(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
+        """Between cycles: an allocation started (negative amounts) or ended (positive).
+
+        Not journaled: the state a cycle starts from. Giving back bumps the generation.
+        """
+        if self._journal:
+            raise RuntimeError("capacity changed between cycles while a cycle is open")
+        self._apply(nc, gpus, milli, vram, cpus)
+        if milli > 0 or vram > 0 or cpus > 0:
+            self._generations += 1
+            self.generation = self._generations
+
     def checkpoint(self) -> tuple[int, int]:
         """A mark to roll back to."""
         return (len(self._journal), self.generation)
@@ -287,14 +368,17 @@ class Capacity:
         journal = self._journal
         while len(journal) > length:
             op, nc, gpus, milli, vram, cpus = journal.pop()
+            if op == _HIDE:
+                nc.hidden = False
+                for index in nc.groups:
+                    index.add(nc)
+                continue
             sign = 1 if op == _RESERVE else -1
             self._apply(nc, gpus, sign * milli, sign * vram, sign * cpus)
         self.generation = generation
 
     def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
-        groups = nc.groups
-        for index in groups:
-            index.remove(nc)
+        whole_before, partial_before, cpu_before = nc.whole_free, nc.partial_level, nc.cpus_free > 0
         whole = milli in (MILLI, -MILLI)  # a whole card: all its VRAM goes with it
         for g in gpus:
             if 0 <= g < nc.gpu_count:
@@ -304,6 +388,9 @@ class Capacity:
                 else:
                     nc.gpu_vram_free[g] += vram
         nc.cpus_free += cpus
-        nc._recount()
-        for index in groups:
-            index.add(nc)
+        if gpus:
+            nc._recount()
+        if nc.hidden:
+            return
+        for index in nc.groups:
+            index.move(nc, whole_before, partial_before, cpu_before)

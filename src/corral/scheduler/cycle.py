@@ -1,17 +1,24 @@
-"""One scheduling cycle's working state: node classes, capacity, caches.
+"""A cycle's working state: node classes, capacity, caches, reservations.
 
-``Cycle`` is built from a ``Snapshot`` at the start of ``schedule`` and thrown
-away at the end. It answers one question fast: where does this need fit
-best right now (``find``), and records the answer (``take``) on the working
-copy of capacity, which supports checkpoint/rollback for what-ifs.
+``Cluster`` is what a cycle starts from: node equivalence classes, the
+capacity under the active allocations, and caches that depend only on them.
+``schedule`` builds one from a ``Snapshot``; the incremental ``Scheduler``
+keeps one between cycles and feeds it the world's changes.
+
+``Cycle`` is one cycle on a cluster. It answers one question fast: where does
+this need fit best right now (``find``), and records the answer (``take``)
+on the working copy of capacity, which supports checkpoint/rollback for
+what-ifs. Every change it makes is journaled, so the cycle as a whole can be
+rolled back (``Scheduler`` does, to start the next cycle from the world's
+state rather than from its own plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from corral.core.model import Allocation, Job, Node
+from corral.core.model import Allocation, Node
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
@@ -32,6 +39,44 @@ _MISSING = object()
 Mark = tuple[tuple[int, int], int]
 """A capacity mark and a memo-log length: what ``Cycle.rollback`` returns to."""
 
+FEW_CLASSES = 8
+"""Up to this many feasible classes, walk their own indexes; past it, walk the
+overall index and skip other classes (cheaper than many nearly empty buckets)."""
+
+
+class Cluster:
+    """Node classes, capacity under the active allocations, and static caches.
+
+    ``label_keys``: node labels some queued job selects on (they split classes);
+    ``models``: models some queued job names (holders get an index).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        label_keys: Iterable[str],
+        models: Iterable[str],
+        active: Iterable[Allocation],
+        filters: Sequence[Filter] = DEFAULT_FILTERS,
+    ) -> None:
+        self.label_keys = frozenset(label_keys)
+        self.models = frozenset(models)
+        classes, self.representatives = _classify(nodes, self.label_keys)
+        self.class_members: list[list[int]] = [[] for _ in self.representatives]
+        for i, cls in enumerate(classes):
+            self.class_members[cls].append(i)
+        self.cap = Capacity(nodes, classes, self.models, active)
+        self.checks = StaticChecks(self.representatives, filters)
+        self.sources: dict[tuple[Need, str | None], list[list[Source]]] = {}
+        self.feasible: dict[Need, list[int]] = {}
+
+    @staticmethod
+    def of(snapshot: Snapshot) -> Cluster:
+        """The cluster of a snapshot (its queued jobs decide label keys and models)."""
+        keys = {k for job in snapshot.queued for k in job.node_selector}
+        models = {job.model for job in snapshot.queued if job.model}
+        return Cluster(snapshot.nodes, keys, models, [a for a in snapshot.allocations if a.active])
+
 
 class Memo(Generic[K, V]):
     """A cache whose writes are undone by ``Cycle.rollback`` (what-ifs leave no trace)."""
@@ -48,45 +93,43 @@ class Memo(Generic[K, V]):
         self._data[key] = value
 
 
-FEW_CLASSES = 8
-"""Up to this many feasible classes, walk their own indexes; past it, walk the
-overall index and skip other classes (cheaper than many nearly empty buckets)."""
-
-
 class Cycle:
-    """Working state of one cycle. Not thread-safe; not reused across cycles."""
+    """Working state of one cycle. Not thread-safe; not reused across cycles.
+
+    ``source`` is a snapshot (a throwaway cluster is built from it) or a kept
+    ``Cluster``; ``ends`` gives, per node index, when its running work should
+    all have ended (from ``Snapshot.expected_ends``), when that is known.
+    """
 
     def __init__(
         self,
-        snapshot: Snapshot,
+        source: Snapshot | Cluster,
         config: Config,
         now: float,
-        filters: Sequence[Filter] = DEFAULT_FILTERS,
         scorers: Sequence[Scorer] = DEFAULT_SCORERS,
+        ends: Mapping[int, float] | None = None,
     ) -> None:
+        if isinstance(source, Snapshot):
+            cluster = Cluster.of(source)
+            ends = node_ends(cluster.cap, source.allocations, source.expected_ends)
+        else:
+            cluster = source
+        self.cluster = cluster
         self.config = config
         self.now = now
         self._chain = weighted(scorers, config.scorer_weights)
         self._tightest_wins = all(isinstance(s, TIGHTEST_FIRST_SCORERS) for _, s in self._chain)
-        classes, self.representatives = _classify(snapshot.nodes, snapshot.queued)
-        self.class_members: list[list[int]] = [[] for _ in self.representatives]
-        for i, cls in enumerate(classes):
-            self.class_members[cls].append(i)
-        models = {job.model for job in snapshot.queued if job.model}
-        active = [a for a in snapshot.allocations if a.active]
-        self.cap = Capacity(snapshot.nodes, classes, models, active)
-        self.checks = StaticChecks(self.representatives, filters)
-        self._sources: dict[tuple[Need, str | None], list[list[Source]]] = {}
-        self._feasible: dict[Need, list[int]] = {}
+        self.cap = cluster.cap
+        self.checks = cluster.checks
+        self.representatives = cluster.representatives
+        self.class_members = cluster.class_members
+        self._sources = cluster.sources
+        self._feasible = cluster.feasible
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
+        self._base_ends: Mapping[int, float] = ends or {}
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
-        ends = snapshot.expected_ends
-        for alloc in active if ends else ():
-            end = ends.get(alloc.id)
-            nc = self.cap.by_name.get(alloc.node)
-            if end is not None and nc is not None:
-                self._expect_end(nc.idx, end)
+        self.start = self.checkpoint()
 
     def hold(self, alloc: Allocation) -> None:
         """Count an existing allocation against its node's capacity."""
@@ -101,6 +144,10 @@ class Cycle:
         if nc is not None:
             gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
             self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
+
+    def failed(self, need: Need) -> bool:
+        """``find(need)`` is known to find nothing now (a memo hit)."""
+        return self._failed.get(need) == self.cap.generation
 
     def find(self, need: Need, model: str | None, runtime: float | None = None) -> Fit | None:
         """The best place for ``need`` now, or ``None`` (cached until capacity grows).
@@ -125,8 +172,10 @@ class Cycle:
 
     def _end_gap(self, nc: NodeCap, runtime: float | None) -> float | None:
         """How far apart this job's end and the node's expected end are, in [0, 1]."""
-        node_end = self._ends.get(nc.idx)
-        if runtime is None or node_end is None:
+        if runtime is None:
+            return None
+        node_end = self.expected_end(nc.idx)
+        if node_end is None:
             return None
         job_end = self.now + runtime
         span = max(node_end, job_end) - self.now
@@ -162,7 +211,8 @@ class Cycle:
 
     def expected_end(self, idx: int) -> float | None:
         """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
-        return self._ends.get(idx)
+        end = self._ends.get(idx)
+        return self._base_ends.get(idx) if end is None else end
 
     def book(self, idx: int, end: float) -> None:
         """Note that node ``idx`` is spoken for until ``end`` (a job waiting for it; undone
@@ -170,7 +220,7 @@ class Cycle:
         self._expect_end(idx, end)
 
     def _expect_end(self, idx: int, end: float) -> None:
-        old = self._ends.get(idx)
+        old = self.expected_end(idx)
         if old is None or end > old:
             self._ends.put(idx, end)
 
@@ -216,6 +266,23 @@ class Cycle:
         return [(self.cap.everywhere, allowed)]
 
 
+def node_ends(
+    cap: Capacity, allocations: Iterable[Allocation], ends: Mapping[str, float]
+) -> dict[int, float]:
+    """Per node index, the latest expected end of its active allocations (known ends only)."""
+    out: dict[int, float] = {}
+    if not ends:
+        return out
+    for alloc in allocations:
+        end = ends.get(alloc.id)
+        nc = cap.by_name.get(alloc.node)
+        if end is not None and nc is not None and alloc.active:
+            old = out.get(nc.idx)
+            if old is None or end > old:
+                out[nc.idx] = end
+    return out
+
+
 def locality(nc: NodeCap, model: str | None) -> int:
     """How close ``nc`` is to having ``model`` ready: loaded, on disk, or absent."""
     if model is None:
@@ -226,9 +293,8 @@ def locality(nc: NodeCap, model: str | None) -> int:
     return ON_DISK if model in node.models_on_disk else ABSENT
 
 
-def _classify(nodes: Sequence[Node], queued: Sequence[Job]) -> tuple[list[int], list[Node]]:
+def _classify(nodes: Sequence[Node], label_keys: frozenset[str]) -> tuple[list[int], list[Node]]:
     """Class id per node, and one representative node per class."""
-    label_keys = frozenset(k for job in queued for k in job.node_selector)
     ids: dict[Hashable, int] = {}
     reps: list[Node] = []
     classes: list[int] = []

@@ -29,6 +29,7 @@ STATIC_MESSAGES: dict[ReasonCode, str] = {
     ReasonCode.INSUFFICIENT_VRAM: "insufficient VRAM",
     ReasonCode.INSUFFICIENT_GPUS: "not enough free GPUs",
     ReasonCode.INSUFFICIENT_CPUS: "not enough CPUs",
+    ReasonCode.RESERVED: "reserved for a bigger job ahead in the queue",
 }
 
 
@@ -61,6 +62,8 @@ def explain(cycle: Cycle, need: Need, model: str | None) -> tuple[tuple[Reason, 
 
 def dynamic_reason(nc: NodeCap, need: Need) -> ReasonCode:
     """Why ``need`` does not fit the free capacity of a statically suitable node."""
+    if nc.hidden:
+        return ReasonCode.RESERVED
     if need.cpu_only:
         return ReasonCode.INSUFFICIENT_CPUS
     if need.gpus:

@@ -77,10 +77,13 @@ def _search_whole(
     need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
     top = max((len(index.whole) for index, _ in sources), default=0)
+    cpus = need.cpus
     for level in range(max(need.gpus, 1), top):
         for index, allowed in sources:
             for nc in index.whole[level]:
-                if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
+                if nc.cpus_free < cpus or nc.idx in seen:
+                    continue
+                if allowed is not None and nc.cls not in allowed:
                     continue
                 fit = fit_on(nc, need)
                 if fit is not None:
@@ -111,15 +114,29 @@ def _search_cpu(
     need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
     for index, allowed in sources:
-        for nc in index.cpu:
-            if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
-                continue
-            fit = fit_on(nc, need)
-            if fit is not None:
-                seen.add(nc.idx)
-                found.append(fit)
-                if len(found) >= limit:
-                    return
+        for bucket in index.cpu:  # nodes without free cards first
+            _search_bucket(need, bucket, allowed, limit, seen, found)
+            if len(found) >= limit:
+                return
+
+
+def _search_bucket(
+    need: Need,
+    bucket: list[NodeCap],
+    allowed: frozenset[int] | None,
+    limit: int,
+    seen: set[int],
+    found: list[Fit],
+) -> None:
+    for nc in bucket:
+        if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
+            continue
+        fit = fit_on(nc, need)
+        if fit is not None:
+            seen.add(nc.idx)
+            found.append(fit)
+            if len(found) >= limit:
+                return
 
 
 def slots(nc: NodeCap, need: Need, most: int) -> int:

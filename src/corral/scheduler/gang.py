@@ -49,6 +49,8 @@ def _room(cycle: Cycle, need: Need, replicas: int) -> list[tuple[NodeCap, int]]:
     for cls in cycle.feasible_classes(need):
         for idx in cycle.class_members[cls]:
             nc = cycle.cap.nodes[idx]
+            if nc.hidden or not nc.schedulable:
+                continue  # reserved for a job ahead, or taking no new work
             count = slots(nc, need, replicas)
             if count > 0:
                 found.append((nc, count))

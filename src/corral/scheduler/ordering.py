@@ -14,8 +14,8 @@ name: deterministic, and it carries fairness from cycle to cycle.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from corral.core.model import Job, PriorityClass
 
@@ -31,7 +31,13 @@ def by_rank(classes: Iterable[PriorityClass]) -> list[PriorityClass]:
 
 
 class FairQueue:
-    """Weighted round robin across users over one class's jobs."""
+    """Weighted round robin across users over one class's jobs.
+
+    ``FairQueue(jobs, ...)`` groups and sorts; ``FairQueue.over(per_user, ...)``
+    walks lists already sorted by ``job_key`` (kept between cycles by
+    ``Scheduler``) without copying them, skipping jobs ``keep`` rejects as if
+    they were not there.
+    """
 
     def __init__(
         self,
@@ -42,18 +48,56 @@ class FairQueue:
         per_user: dict[str, list[Job]] = defaultdict(list)
         for job in jobs:
             per_user[job.user].append(job)
-        self._queues: dict[str, deque[Job]] = {}
+        for own in per_user.values():
+            own.sort(key=job_key)
+        self._start(per_user, weights, running, None)
+
+    @classmethod
+    def over(
+        cls,
+        per_user: Mapping[str, Sequence[Job]],
+        weights: Mapping[str, float],
+        running: Mapping[str, float],
+        keep: Callable[[Job], bool] | None = None,
+    ) -> FairQueue:
+        """A queue over per-user lists sorted by ``job_key`` (not copied, not changed)."""
+        queue = cls.__new__(cls)
+        queue._start(per_user, weights, running, keep)
+        return queue
+
+    def _start(
+        self,
+        per_user: Mapping[str, Sequence[Job]],
+        weights: Mapping[str, float],
+        running: Mapping[str, float],
+        keep: Callable[[Job], bool] | None,
+    ) -> None:
+        self._lists = per_user
+        self._keep = keep
+        self._cursor: dict[str, int] = {}
         self._heap: list[tuple[float, float, float, str, str]] = []
         self._step: dict[str, float] = {}
         for user, own in per_user.items():
-            own.sort(key=job_key)
+            first = self._next(own, 0)
+            if first >= len(own):
+                continue
             weight = weights.get(user, 1.0)
             if weight <= 0:
                 weight = 1.0
-            self._queues[user] = deque(own)
+            self._cursor[user] = first
             self._step[user] = 1.0 / weight
             tie = running.get(user, 0.0) / weight
-            heapq.heappush(self._heap, (0.0, tie, own[0].submitted_at, own[0].id, user))
+            job = own[first]
+            self._heap.append((0.0, tie, job.submitted_at, job.id, user))
+        heapq.heapify(self._heap)
+
+    def _next(self, own: Sequence[Job], at: int) -> int:
+        """The first position at or after ``at`` holding a kept job (``len`` when none)."""
+        keep = self._keep
+        if keep is not None:
+            while at < len(own) and not keep(own[at]):
+                at += 1
+        return at
 
     def __bool__(self) -> bool:
         return bool(self._heap)
@@ -65,10 +109,12 @@ class FairQueue:
     def pop(self) -> Job:
         """The next job: the least served user's oldest job."""
         vt, tie, _, _, user = heapq.heappop(self._heap)
-        queue = self._queues[user]
-        job = queue.popleft()
-        if queue:
-            nxt = queue[0]
-            entry = (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user)
-            heapq.heappush(self._heap, entry)
+        own = self._lists[user]
+        at = self._cursor[user]
+        job = own[at]
+        at = at + 1 if self._keep is None else self._next(own, at + 1)
+        if at < len(own):
+            self._cursor[user] = at
+            nxt = own[at]
+            heapq.heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
         return job

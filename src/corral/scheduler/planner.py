@@ -1,28 +1,34 @@
 """``Planner``: the decisions of one cycle, job by job.
 
-For each job, in the order the pipeline gives: check the team's quota, find
+For each job, in the order the passes give: check the team's quota, find
 room for every replica on the working copy (one replica, or a gang all or
-nothing), else make room by preemption when the job is owed it, else run it
-on CPU slots when its class allows and it says it can, else leave it queued
-with reasons. A placed sample job takes compatible queued jobs into its
-allocation (a batch).
+nothing), else backfill it into a reservation it ends before, else make room
+by preemption when the job is owed it, else run it on CPU slots when its
+class allows and it says it can, else leave it queued with reasons (and, when
+it is the first big job of its class to wait, reserve the nodes that should
+free up for it first: ``reservation.py``). A placed sample job takes
+compatible queued jobs into its allocation (a batch).
+
+Every "does not fit" answer is remembered until capacity is given back (a
+memo keyed by the capacity generation), so ``doomed`` can tell, from memos
+alone, that a job would be left queued without changing anything: the
+passes skip such jobs without explaining them when no explanation is asked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from enum import Enum
 
-from corral.core.model import Job, PriorityClass
+from corral.core.model import Allocation, Job, PriorityClass
 from corral.core.resources import MILLI
 from corral.scheduler.api import (
-    Config,
     Placement,
     Plan,
     Preemption,
     Reason,
     ReasonCode,
     Remedy,
-    Snapshot,
     Unplaced,
 )
 from corral.scheduler.batching import Batcher
@@ -30,38 +36,63 @@ from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.explain import explain, simple
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
-from corral.scheduler.need import Need, need_of
+from corral.scheduler.need import Need
 from corral.scheduler.preemption import Ask, Preemptor, Room
+from corral.scheduler.queues import Group, Queue
 from corral.scheduler.quota import Ledger
+from corral.scheduler.reservation import NodeWork, Reservations
 from corral.scheduler.routing import ModelRouter
 
 Explanation = tuple[tuple[Reason, ...], Remedy]
+CYCLE_LIMIT = simple(ReasonCode.CYCLE_LIMIT, "cycle placement limit reached", Remedy.WAIT)
+
+
+class Verdict(Enum):
+    """What ``consider`` would do with a job, as far as memos can tell."""
+
+    LIVE = 0  # it may be placed, or change something: consider it
+    DEFER = 1  # over quota in the guaranteed pass: it waits for the borrowing pass
+    DEAD = 2  # it would be left queued, changing nothing
 
 
 class Planner:
     """Collects one cycle's placements, preemptions and unplaced jobs."""
 
     def __init__(
-        self, snapshot: Snapshot, config: Config, now: float, classes: Mapping[str, PriorityClass]
+        self,
+        cycle: Cycle,
+        ledger: Ledger,
+        queue: Queue,
+        allocations: Iterable[Allocation],
+        classes: Mapping[str, PriorityClass],
+        *,
+        model_sizes: Mapping[str, int],
+        node_work: NodeWork,
+        explain: bool = True,
     ) -> None:
-        self.config = config
-        self.now = now
+        self.config = config = cycle.config
+        self.now = cycle.now
         self.classes = classes
-        self.cycle = Cycle(snapshot, config, now)
-        self.ledger = Ledger(snapshot.teams, snapshot.allocations, self.cycle.memo())
-        self._allocations = snapshot.allocations
+        self.cycle = cycle
+        self.ledger = ledger
+        self.queue = queue
+        self.explain = explain
+        self._allocations = allocations
         self._preemptor: Preemptor | None = None  # built on first need: most cycles preempt nothing
-        self.batcher = Batcher(snapshot.queued, config.max_batch_size)
-        self.router = ModelRouter(self.cycle, config, snapshot.model_sizes)
+        self.batcher = Batcher.over(queue.batches, config.max_batch_size)
+        self.router = ModelRouter(cycle, config, model_sizes)
         self._route = self.router.enabled  # wait for a model's holder when quicker (routing.py)
+        self.reservations = Reservations(cycle, node_work)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.unplaced: list[Unplaced] = []
         self.decided: set[str] = set()
         self.position = 0
-        self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = self.cycle.memo()
-        self._no_room: Memo[tuple[Need, Ask, bool], int] = self.cycle.memo()
-        self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = self.cycle.memo()
+        self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = cycle.memo()
+        self._no_room: Memo[tuple[Need, Ask, bool], int] = cycle.memo()
+        self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = cycle.memo()
+        self._gang_failed: Memo[tuple[Need, int], int] = cycle.memo()
+        self._preempt_failed: Memo[tuple[Need, int, Ask], int] = cycle.memo()
 
     @property
     def preemptor(self) -> Preemptor:
@@ -75,17 +106,18 @@ class Planner:
             )
         return self._preemptor
 
+    def at_limit(self) -> bool:
+        limit = self.config.max_placements_per_cycle
+        return limit is not None and len(self.placements) >= limit
+
     def consider(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> bool:
         """Decide ``job``; ``False`` means "not now: it is over quota" (try when borrowing)."""
         if job.id in self.decided:
             return True
-        limit = self.config.max_placements_per_cycle
-        if limit is not None and len(self.placements) >= limit:
-            self.leave(
-                job, simple(ReasonCode.CYCLE_LIMIT, "cycle placement limit reached", Remedy.WAIT)
-            )
+        if self.at_limit():
+            self.leave(job, CYCLE_LIMIT)
             return True
-        need = need_of(job)
+        need = self.queue.needs[job.id]
         lowest = need.nominal_milli() * job.replicas
         if guaranteed and not self.ledger.within_quota(job.team, lowest):
             return False
@@ -93,6 +125,44 @@ class Planner:
             self.leave(job, self._quota_reason(job))
             return True
         return self._place(job, pclass, need, guaranteed)
+
+    def doomed(
+        self, group: Group, pclass: PriorityClass, guaranteed: bool, runtime: float | None
+    ) -> Verdict:
+        """What ``consider`` would do with a job of ``group``, from memos alone.
+
+        ``DEAD`` only when every step of ``_place`` would fail on a memo hit, so
+        skipping the job changes nothing but its (unasked) explanation.
+        """
+        team, need, replicas = group.team, group.need, group.replicas
+        lowest = need.nominal_milli() * replicas
+        if guaranteed:
+            if not self.ledger.within_quota(team, lowest):
+                return Verdict.DEFER
+        elif not self.ledger.within_limit(team, lowest):
+            return Verdict.DEAD
+        if not self._fit_failed(need, replicas):
+            return Verdict.LIVE
+        if replicas == 1 and self.reservations.could_backfill(need, runtime):
+            return Verdict.LIVE
+        if self.config.preemption:
+            key = (need, replicas, _ask(team, pclass, guaranteed))
+            if self._preempt_failed.get(key) != self.cycle.cap.generation:
+                return Verdict.LIVE
+        if group.cpu and pclass.cpu_offload:
+            cpu_need = Need(
+                cpus=need.cpus, selector=need.selector, backend=need.backend, on_cpu=True
+            )
+            if not self._fit_failed(cpu_need, replicas):
+                return Verdict.LIVE
+        if self.reservations.wanted(need, replicas, pclass.name, guaranteed):
+            return Verdict.LIVE
+        return Verdict.DEAD
+
+    def _fit_failed(self, need: Need, replicas: int) -> bool:
+        if replicas == 1:
+            return self.cycle.failed(need)
+        return self._gang_failed.get((need, replicas)) == self.cycle.cap.generation
 
     def _place(self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool) -> bool:
         mark = self.cycle.checkpoint()
@@ -104,6 +174,9 @@ class Planner:
                 self.router.book(wait)
                 self.leave(job, (wait.reasons, wait.remedy))
                 return True
+        if fits is None and not job.gang:
+            fit = self.reservations.backfill(need, job.estimated_runtime_s)
+            fits = None if fit is None else [fit]
         rooms: list[Room] = []
         if fits is None and self.config.preemption:
             found = self._fit_with_preemption(job, pclass, need, guaranteed)
@@ -122,17 +195,28 @@ class Planner:
             self._record(job, fits, on_cpu=False, borrowed=not within, rooms=rooms)
             return True
         cpu = pclass.cpu_offload and job.resources.cpu_fallback and job.resources.wants_gpu
-        cpu_fits = self._fit_all(job, need_of(job, on_cpu=True)) if cpu else None
+        cpu_fits = self._fit_all(job, self.queue.cpu_need(job)) if cpu else None
         if cpu_fits is not None:
             self._record(job, cpu_fits, on_cpu=True, borrowed=False, rooms=[])
             return True
-        self.leave(job, self._explain(job, pclass, need, guaranteed))
+        if self.reservations.wanted(need, job.replicas, pclass.name, guaranteed):
+            self.reservations.reserve(job.id, need, job.replicas, pclass.name, guaranteed)
+        self.leave(job, self._explain(job, pclass, need, guaranteed) if self.explain else None)
         return True
 
     def _fit_with_preemption(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
     ) -> tuple[list[Fit], list[Room]] | None:
-        """Every replica where it fits, or where evictions make room; else none (rolled back)."""
+        """Every replica where it fits, or where evictions make room; else none (rolled back).
+
+        A failure is remembered (outside the rolled-back what-if) until capacity
+        is given back: the same job shape would fail the same way.
+        """
+        ask = _ask(job.team, pclass, guaranteed)
+        key = (need, job.replicas, ask)
+        generation = self.cycle.cap.generation
+        if not patient and self._preempt_failed.get(key) == generation:
+            return None
         mark = self.cycle.checkpoint()
         fits: list[Fit] = []
         rooms: list[Room] = []
@@ -145,6 +229,8 @@ class Planner:
             room = self._make_room(job, pclass, need, guaranteed, patient)
             if room is None:
                 self.cycle.rollback(mark)
+                if not patient:
+                    self._preempt_failed.put(key, generation)
                 return None
             fits.append(room.fit)
             rooms.append(room)
@@ -158,16 +244,20 @@ class Planner:
             if fit is not None:
                 self.cycle.take(fit, runtime)
             return None if fit is None else [fit]
+        key = (need, job.replicas)
+        if self._gang_failed.get(key) == self.cycle.cap.generation:
+            return None
         mark = self.cycle.checkpoint()
         fits = place_gang(self.cycle, need, job.replicas, job.gang_label)
         if fits is None:
             self.cycle.rollback(mark)
+            self._gang_failed.put(key, self.cycle.cap.generation)
         return fits
 
     def _make_room(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
     ) -> Room | None:
-        ask = Ask(job.team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)
+        ask = _ask(job.team, pclass, guaranteed)
         if not (ask.reclaim or ask.priority):
             return None
         key = (need, ask, patient)
@@ -181,7 +271,9 @@ class Planner:
     def _record(
         self, job: Job, fits: list[Fit], on_cpu: bool, borrowed: bool, rooms: list[Room]
     ) -> None:
-        members = (job, *self.batcher.followers(job, self.decided)) if not job.gang else (job,)
+        members = (
+            (job, *self.batcher.followers(job, self.decided, self.now)) if not job.gang else (job,)
+        )
         job_ids = tuple(j.id for j in members)
         self.decided.update(job_ids)
         by_node: dict[str, tuple[str, ...]] = {}
@@ -226,6 +318,9 @@ class Planner:
         else:
             reasons, remedy = explain(self.cycle, need, job.model)
             self._explained.put(key, (self.cycle.cap.generation, (reasons, remedy)))
+        held = self.reservations.held_by(job.id)
+        if held is not None:
+            reasons = (*reasons, held)
         if remedy is Remedy.WAIT and self._preemption_would_help(job, pclass, need, guaranteed):
             remedy = Remedy.PREEMPT
         return reasons, remedy
@@ -234,7 +329,7 @@ class Planner:
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool
     ) -> bool:
         """Would evictions let the job fit once victims have run long enough? (a what-if)"""
-        ask = Ask(job.team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)
+        ask = _ask(job.team, pclass, guaranteed)
         key = (need, ask, job.replicas)
         cached = self._patient.get(key)
         if cached is not None and cached[0] == self.cycle.cap.generation:
@@ -253,9 +348,12 @@ class Planner:
         )
         return simple(ReasonCode.QUOTA_EXCEEDED, text, Remedy.WAIT)
 
-    def leave(self, job: Job, why: Explanation) -> None:
+    def leave(self, job: Job, why: Explanation | None) -> None:
+        """``job`` stays queued; recorded with its reasons when explanations are asked
+        (and, always, the first job the cycle limit leaves: callers watch for it)."""
         self.decided.add(job.id)
-        self.unplaced.append(Unplaced(job.id, self.position, why[0], why[1]))
+        if why is not None and (self.explain or why is CYCLE_LIMIT):
+            self.unplaced.append(Unplaced(job.id, self.position, why[0], why[1]))
         self.position += 1
 
     def plan(self) -> Plan:
@@ -264,3 +362,7 @@ class Planner:
             preemptions=tuple(self.preemptions),
             unplaced=tuple(self.unplaced),
         )
+
+
+def _ask(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
+    return Ask(team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)

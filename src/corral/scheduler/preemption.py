@@ -161,7 +161,7 @@ class Preemptor:
         seen: set[int] = set()
         for team in sorted(teams):
             for nc in self._order(cycle, team):
-                if nc.idx not in seen and nc.cls in feasible:
+                if nc.idx not in seen and nc.cls in feasible and not nc.hidden:
                     seen.add(nc.idx)
                     yield nc
 
@@ -275,6 +275,8 @@ def _units(
             groups[alloc.job_ids].append(alloc)
     units = []
     for allocs in groups.values():
+        if len(allocs) > 1:
+            allocs.sort(key=lambda a: a.id)  # a gang: the same victim whatever the input order
         first = allocs[0]
         pclass = classes.get(first.priority)
         if pclass is not None and not pclass.preemptible:
@@ -290,7 +292,6 @@ def _units(
         else:
             if not all(a.preemptible for a in allocs):
                 continue
-            allocs.sort(key=lambda a: a.id)
             milli = sum(a.milli for a in allocs if not a.on_cpu)
             borrowed = all(a.borrowed for a in allocs)
             started = max(a.started_at for a in allocs)

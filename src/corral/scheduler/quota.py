@@ -10,7 +10,7 @@ preemption. Teams missing from the snapshot get no quota and no limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from corral.core.model import Allocation, Team
@@ -47,12 +47,19 @@ class Ledger:
     ) -> None:
         self._teams = {t.name: t for t in teams}
         self._usage: Store = store if store is not None else DictStore()
-        totals: dict[str, int] = {}
-        for alloc in allocations:
-            if alloc.active and not alloc.on_cpu:
-                totals[alloc.team] = totals.get(alloc.team, 0) + alloc.milli
-        for team, milli in totals.items():
+        for team, milli in usage(allocations).items():
             self._usage.put(team, milli)
+
+    @classmethod
+    def of_usage(
+        cls, teams: Iterable[Team], used: Mapping[str, int], store: Store | None = None
+    ) -> Ledger:
+        """A ledger starting from known usage per team (kept between cycles by ``Scheduler``)."""
+        ledger = cls(teams, (), store)
+        for team, milli in used.items():
+            if milli:
+                ledger._usage.put(team, milli)
+        return ledger
 
     def quota(self, team: str) -> int:
         """Guaranteed milli-GPUs of ``team``."""
@@ -92,3 +99,12 @@ class Ledger:
     def add(self, team: str, milli: int) -> None:
         """Charge (positive) or refund (negative) ``team``."""
         self._usage.put(team, self.used(team) + milli)
+
+
+def usage(allocations: Iterable[Allocation]) -> dict[str, int]:
+    """Milli-GPUs held per team by the active allocations (CPU offload counts nothing)."""
+    totals: dict[str, int] = {}
+    for alloc in allocations:
+        if alloc.active and not alloc.on_cpu:
+            totals[alloc.team] = totals.get(alloc.team, 0) + alloc.milli
+    return totals

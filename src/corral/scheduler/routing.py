@@ -104,7 +104,7 @@ class ModelRouter:
     def _could_run(self, nc: NodeCap, need: Need) -> bool:
         """A holder the job could run on once it frees up (not one where it fits now: then
         the scorers preferred another node on purpose)."""
-        if not nc.schedulable or self.cycle.checks.reason(need, nc.cls) is not None:
+        if nc.hidden or not nc.schedulable or self.cycle.checks.reason(need, nc.cls) is not None:
             return False
         return fit_on(nc, need) is None
 

@@ -1,0 +1,305 @@
+"""``Scheduler``: ``schedule`` that keeps its working state between cycles.
+
+``schedule(snapshot, ...)`` rebuilds everything from the snapshot each cycle:
+node classes, the capacity index under every active allocation, team usage,
+the fair queues. A caller that runs cycle after cycle (the simulator, the
+server's scheduling loop) can instead keep a ``Scheduler`` and tell it what
+changed::
+
+    sched = Scheduler(nodes, teams, config)
+    sched.submit(job)                 # queued
+    plan = sched.schedule(now)        # decide (nothing changes in the scheduler)
+    sched.withdraw(job.id)            # the caller applied a placement: no longer queued
+    sched.start(allocation, expected_end)   # ... and it holds resources now
+    sched.end(allocation.id)          # it ended (finished, preempted, lost)
+
+It is still pure in the sense that matters: its state is derived from those
+inputs alone (``snapshot()`` gives it back as a ``Snapshot``), a cycle
+changes nothing in it (the cycle's working copy is rolled back at the end),
+and ``sched.schedule(now, seed)`` gives exactly ``schedule(sched.snapshot(),
+config, now, seed)`` (a hypothesis test drives both through random changes).
+``schedule`` itself is ``Scheduler.from_snapshot(...).schedule(...)``.
+
+``schedule(now, explain=False)`` skips explaining jobs that stay queued and
+stops a pass once nothing left in it can be placed (``passes.py``): same
+placements and preemptions, ``unplaced`` empty except for the first job a
+cycle limit leaves. ``sync(snapshot)`` brings a kept scheduler to a new
+snapshot by difference (a caller that only has snapshots, like the server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from corral.core.errors import InvalidSpec
+from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
+from corral.scheduler.api import Config, Plan, Snapshot
+from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.passes import Passes
+from corral.scheduler.planner import Planner
+from corral.scheduler.queues import Queue
+from corral.scheduler.quota import Ledger
+
+DEFAULT_CONFIG = Config()
+
+
+class Scheduler:
+    """Queued jobs, active allocations, nodes and teams, and the index kept over them."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node] = (),
+        teams: Iterable[Team] = (),
+        config: Config = DEFAULT_CONFIG,
+        *,
+        model_sizes: Mapping[str, int] = EMPTY,
+    ) -> None:
+        self.config = config
+        self.classes = {c.name: c for c in config.priority_classes}
+        self.queue = Queue(self.classes)
+        self.allocations: dict[str, Allocation] = {}  # as given, active or not
+        self.expected_ends: dict[str, float] = {}
+        self._usage: dict[str, int] = {}  # team -> milli-GPUs its active allocations hold
+        self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
+        self._on_node: dict[str, dict[str, Allocation]] = {}  # node -> its active allocations
+        self._node_end: dict[int, float] = {}  # node index -> latest expected end there
+        self._cluster: Cluster | None = None
+        self.nodes: tuple[Node, ...] = ()
+        self._index: dict[str, int] = {}
+        self.teams: tuple[Team, ...] = ()
+        self.model_sizes: Mapping[str, int] = frozen_map(model_sizes)
+        self.set_nodes(tuple(nodes))
+        self.set_teams(tuple(teams))
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot, config: Config = DEFAULT_CONFIG) -> Scheduler:
+        """A scheduler holding exactly what ``snapshot`` holds."""
+        sched = cls(snapshot.nodes, config=config, model_sizes=snapshot.model_sizes)
+        seen = sched.queue.jobs
+        for job in snapshot.queued:
+            if job.id in seen:
+                raise InvalidSpec("snapshot.queued", f"duplicate {job.id!r}")
+            sched.queue.add(job, sort=False)
+        sched.queue.sort()
+        ends = snapshot.expected_ends
+        for alloc in snapshot.allocations:
+            sched.start(alloc, ends.get(alloc.id))
+        sched.set_teams(snapshot.teams)
+        return sched
+
+    # -- what changed ---------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """``job`` is queued (placeable from its ``not_before`` on)."""
+        if job.id in self.queue.jobs:
+            raise InvalidSpec("snapshot.queued", f"duplicate {job.id!r}")
+        self.queue.add(job)
+
+    def withdraw(self, job_id: str) -> Job:
+        """``job_id`` is no longer queued (placed, cancelled, failed). KeyError if unknown."""
+        return self.queue.remove(job_id)
+
+    def start(self, alloc: Allocation, expected_end: float | None = None) -> None:
+        """``alloc`` exists (if active, it holds resources), expected to end at ``expected_end``."""
+        if alloc.id in self.allocations:
+            raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
+        self.allocations[alloc.id] = alloc
+        if expected_end is not None:
+            self.expected_ends[alloc.id] = expected_end
+        if alloc.active:
+            self._count(alloc, +1, expected_end)
+
+    def end(self, alloc_id: str) -> Allocation:
+        """``alloc_id`` no longer exists (ended, preempted, lost). KeyError if unknown."""
+        alloc = self.allocations.pop(alloc_id)
+        expected_end = self.expected_ends.pop(alloc_id, None)
+        if alloc.active:
+            self._count(alloc, -1, expected_end)
+        return alloc
+
+    def set_nodes(self, nodes: tuple[Node, ...]) -> None:
+        index: dict[str, int] = {}
+        for i, node in enumerate(nodes):
+            if node.name in index:
+                raise InvalidSpec("snapshot.nodes", f"duplicate {node.name!r}")
+            index[node.name] = i
+        self.nodes, self._index = nodes, index
+        self._cluster = None
+        self._node_end = {}
+        for name, allocs in self._on_node.items():
+            self._recompute_end(name, allocs)
+
+    def set_teams(self, teams: Iterable[Team]) -> None:
+        teams = tuple(teams)
+        names = [t.name for t in teams]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise InvalidSpec("snapshot.teams", f"duplicate {name!r}")
+        self.teams = teams
+
+    def set_model_sizes(self, sizes: Mapping[str, int]) -> None:
+        self.model_sizes = frozen_map(sizes)
+
+    def sync(self, snapshot: Snapshot) -> None:
+        """Apply the difference between what is held and ``snapshot`` (objects compared by id)."""
+        _check_unique(snapshot)
+        if len(snapshot.nodes) != len(self.nodes) or any(
+            a is not b for a, b in zip(snapshot.nodes, self.nodes, strict=True)
+        ):
+            self.set_nodes(snapshot.nodes)
+        if snapshot.teams != self.teams:
+            self.set_teams(snapshot.teams)
+        if snapshot.model_sizes != self.model_sizes:
+            self.set_model_sizes(snapshot.model_sizes)
+        self._sync_queued(snapshot.queued)
+        self._sync_allocations(snapshot.allocations, snapshot.expected_ends)
+
+    def snapshot(self) -> Snapshot:
+        """What is held, as the ``Snapshot`` that ``schedule`` would be given."""
+        return Snapshot(
+            nodes=self.nodes,
+            queued=tuple(self.queue.jobs.values()),
+            allocations=tuple(self.allocations.values()),
+            teams=self.teams,
+            expected_ends=dict(self.expected_ends),
+            model_sizes=self.model_sizes,
+        )
+
+    # -- deciding -------------------------------------------------------------------
+
+    def schedule(self, now: float = 0.0, seed: int = 0, *, explain: bool = True) -> Plan:
+        """One cycle: the same plan as ``schedule(self.snapshot(), config, now, seed)``.
+
+        ``explain=False``: placements and preemptions only (see the module docstring).
+        ``seed`` is part of the contract; no current policy needs it.
+        """
+        return self._decide(now, explain, keep=True)
+
+    def _decide(self, now: float, explain: bool, keep: bool) -> Plan:
+        """One cycle; ``keep=False`` leaves the kept cluster in its end-of-cycle state and
+        drops it (a throwaway scheduler saves the rollback)."""
+        if not self.queue:
+            return Plan()
+        cycle = Cycle(self._cluster_now(), self.config, now, ends=self._node_end)
+        try:
+            ledger = Ledger.of_usage(self.teams, self._usage, cycle.memo())
+            planner = Planner(
+                cycle,
+                ledger,
+                self.queue,
+                self.allocations.values(),
+                self.classes,
+                model_sizes=self.model_sizes,
+                node_work=self._work,
+                explain=explain,
+            )
+            Passes(planner, self.queue, self._running).run()
+            return planner.plan()
+        finally:
+            if keep:
+                cycle.rollback(cycle.start)
+            else:
+                self._cluster = None
+
+    def _cluster_now(self) -> Cluster:
+        """The kept cluster, rebuilt when selectors or models of the queue outgrew it."""
+        cluster = self._cluster
+        keys = set(self.queue.label_keys)
+        models = set(self.queue.models)
+        if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
+            active = (a for allocs in self._on_node.values() for a in allocs.values())
+            cluster = self._cluster = Cluster(self.nodes, keys, models, active)
+        return cluster
+
+    def _work(self, node: str) -> Iterator[tuple[Allocation, float | None]]:
+        for alloc in self._on_node.get(node, EMPTY).values():
+            yield alloc, self.expected_ends.get(alloc.id)
+
+    # -- bookkeeping ----------------------------------------------------------------
+
+    def _count(self, alloc: Allocation, sign: int, expected_end: float | None) -> None:
+        """An active allocation starts (+1) or ends (-1) holding resources."""
+        if not alloc.on_cpu:
+            self._usage[alloc.team] = self._usage.get(alloc.team, 0) + sign * alloc.milli
+        users = self._running.setdefault(alloc.priority, {})
+        users[alloc.user] = users.get(alloc.user, 0.0) + sign
+        on_node = self._on_node.setdefault(alloc.node, {})
+        if sign > 0:
+            on_node[alloc.id] = alloc
+            if expected_end is not None:
+                idx = self._index.get(alloc.node)
+                if idx is not None and expected_end > self._node_end.get(idx, float("-inf")):
+                    self._node_end[idx] = expected_end
+        else:
+            del on_node[alloc.id]
+            if expected_end is not None:
+                self._recompute_end(alloc.node, on_node)
+            if not on_node:
+                del self._on_node[alloc.node]
+        if self._cluster is not None:
+            cap = self._cluster.cap
+            nc = cap.by_name.get(alloc.node)
+            if nc is not None:
+                gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
+                cap.adjust(
+                    nc, gpus, -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
+                )
+
+    def _recompute_end(self, node: str, allocs: Mapping[str, Allocation]) -> None:
+        idx = self._index.get(node)
+        if idx is None:
+            return
+        ends = [self.expected_ends[a] for a in allocs if a in self.expected_ends]
+        if ends:
+            self._node_end[idx] = max(ends)
+        else:
+            self._node_end.pop(idx, None)
+
+    def _sync_queued(self, queued: tuple[Job, ...]) -> None:
+        wanted = {job.id: job for job in queued}
+        held = self.queue.jobs
+        for job_id in [j for j, job in held.items() if wanted.get(j) is not job]:
+            self.withdraw(job_id)
+        for job in queued:
+            if job.id not in held:
+                self.submit(job)
+        if list(held) != list(wanted):  # keep the snapshot's order (it orders explanations)
+            self.queue.jobs = {job_id: held[job_id] for job_id in wanted}
+
+    def _sync_allocations(
+        self, allocations: tuple[Allocation, ...], ends: Mapping[str, float]
+    ) -> None:
+        wanted = {a.id: a for a in allocations}
+        held = self.allocations
+        for alloc_id in [
+            a
+            for a, alloc in held.items()
+            if wanted.get(a) is not alloc or ends.get(a) != self.expected_ends.get(a)
+        ]:
+            self.end(alloc_id)
+        for alloc in allocations:
+            if alloc.id not in held:
+                self.start(alloc, ends.get(alloc.id))
+        if list(held) != list(wanted):
+            self.allocations = {alloc_id: held[alloc_id] for alloc_id in wanted}
+
+
+def _check_unique(snapshot: Snapshot) -> None:
+    """Names that identify things must do so: a duplicate is bad input, named."""
+    for field, names in (
+        ("snapshot.nodes", [n.name for n in snapshot.nodes]),
+        ("snapshot.queued", [j.id for j in snapshot.queued]),
+        ("snapshot.allocations", [a.id for a in snapshot.allocations]),
+        ("snapshot.teams", [t.name for t in snapshot.teams]),
+    ):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise InvalidSpec(field, f"duplicate {name!r}")
+            seen.add(name)
+
+
+def schedule_once(snapshot: Snapshot, config: Config, now: float, seed: int) -> Plan:
+    """``Scheduler.from_snapshot(snapshot, config).schedule(now, seed)``, for a throwaway
+    scheduler: what ``schedule`` is."""
+    return Scheduler.from_snapshot(snapshot, config)._decide(now, explain=True, keep=False)

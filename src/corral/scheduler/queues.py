@@ -1,0 +1,202 @@
+"""Queued jobs, kept between cycles in the shapes the passes walk.
+
+Per priority class: each user's jobs sorted by ``job_key`` (what the fair
+queue walks), the same per team and user (the borrowing pass), and how many
+jobs each *group* holds. A group is a set of jobs the planner treats alike
+(same team, per-replica need, replicas, CPU fallback, run-time estimate
+bucket): when one of them is known not to fit, none of them does, which lets
+a pass stop early (``passes.py``). Also kept: batchable jobs by batch key,
+the node labels jobs select on and the models they name (they shape the
+cluster's classes and indexes), and the jobs with a retry backoff.
+
+Adding or removing a job costs O(log n) (plus a list shift); jobs arriving
+in submission order are appended.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Hashable, Iterable
+from typing import NamedTuple, TypeVar
+
+from corral.core.model import Job
+from corral.core.resources import ResourceRequest
+from corral.scheduler.batching import batch_key
+from corral.scheduler.need import Need, need_of
+from corral.scheduler.ordering import job_key
+
+UserLists = dict[str, list[Job]]
+HK = TypeVar("HK", bound=Hashable)
+NEED_CACHE = 4096  # distinct resource requests remembered; past it the cache starts afresh
+
+
+class Group(NamedTuple):
+    """Jobs the planner treats alike when they do not fit (see ``Planner.doomed``)."""
+
+    team: str
+    need: Need
+    replicas: int
+    cpu: bool  # may fall back to CPU slots (``ResourceRequest.cpu_fallback`` of a GPU job)
+    floor: float | None  # a lower bound of the run-time estimates in it; None: no estimate
+
+
+def runtime_floor(estimate: float | None) -> float | None:
+    """The bucket of an estimate: powers of two, so a group holds similar run times."""
+    if estimate is None:
+        return None
+    if estimate < 1:
+        return 0.0
+    return float(1 << (int(estimate).bit_length() - 1))
+
+
+class Queue:
+    """Every queued job, in the shapes the passes need. ``classes``: known class names."""
+
+    def __init__(self, classes: Iterable[str]) -> None:
+        self.jobs: dict[str, Job] = {}  # submission (insertion) order
+        self.needs: dict[str, Need] = {}
+        self.groups: dict[str, Group] = {}
+        self.by_user: dict[str, dict[str, list[Job]]] = {c: {} for c in classes}
+        self.by_team: dict[str, dict[str, UserLists]] = {c: {} for c in self.by_user}
+        self.counts: dict[str, Counter[Group]] = {c: Counter() for c in self.by_user}
+        self.timed: dict[str, Job] = {}  # jobs with a not_before (a retry backoff)
+        self.unknown: set[str] = set()  # jobs of an unknown priority class
+        self.batches: dict[Hashable, list[Job]] = {}
+        self.batchable: Counter[str] = Counter()  # per class: jobs that may join a batch
+        self.label_keys: Counter[str] = Counter()
+        self.models: Counter[str] = Counter()
+        self._needs: dict[ResourceRequest, Need] = {}
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job: Job, *, sort: bool = True) -> None:
+        """Queue ``job`` (its id must be new). ``sort=False``: the caller calls ``sort`` later."""
+        job_id, cls, r = job.id, job.priority, job.resources
+        self.jobs[job_id] = job
+        need = self.need(job)
+        self.needs[job_id] = need
+        estimate = job.estimated_runtime_s
+        group = Group(
+            job.team,
+            need,
+            job.replicas,
+            r.cpu_fallback and r.wants_gpu,
+            None if estimate is None else runtime_floor(estimate),
+        )
+        self.groups[job_id] = group
+        if job.not_before:
+            self.timed[job_id] = job
+        if job.node_selector:
+            for label in job.node_selector:
+                self.label_keys[label] += 1
+        if job.model:
+            self.models[job.model] += 1
+        if job.batch_key is not None:
+            batch = batch_key(job)
+            if batch is not None:
+                _insert(self.batches.setdefault(batch, []), job, sort)
+                self.batchable[cls] += 1
+        users = self.by_user.get(cls)
+        if users is None:
+            self.unknown.add(job_id)
+            return
+        user = job.user
+        own = users.get(user)
+        if own is None:
+            users[user] = [job]
+        else:
+            _insert(own, job, sort)
+        teams = self.by_team[cls]
+        team = teams.get(job.team)
+        if team is None:
+            teams[job.team] = {user: [job]}
+        else:
+            own = team.get(user)
+            if own is None:
+                team[user] = [job]
+            else:
+                _insert(own, job, sort)
+        counts = self.counts[cls]
+        counts[group] = counts.get(group, 0) + 1
+
+    def remove(self, job_id: str) -> Job:
+        """Take ``job_id`` out of the queue (placed, cancelled); KeyError when not queued."""
+        job = self.jobs.pop(job_id)
+        group = self.groups.pop(job_id)
+        del self.needs[job_id]
+        self.timed.pop(job_id, None)
+        for label in job.node_selector:
+            _decrement(self.label_keys, label)
+        if job.model:
+            _decrement(self.models, job.model)
+        batch = None if job.batch_key is None else batch_key(job)
+        if batch is not None:
+            _remove(self.batches, batch, job)
+            _decrement(self.batchable, job.priority)
+        if job_id in self.unknown:
+            self.unknown.discard(job_id)
+            return job
+        _remove(self.by_user[job.priority], job.user, job)
+        teams = self.by_team[job.priority]
+        _remove(teams[job.team], job.user, job)
+        if not teams[job.team]:
+            del teams[job.team]
+        _decrement(self.counts[job.priority], group)
+        return job
+
+    def sort(self) -> None:
+        """Sort every list after ``add(..., sort=False)`` calls."""
+        for users in self.by_user.values():
+            for own in users.values():
+                own.sort(key=job_key)
+        for teams in self.by_team.values():
+            for users in teams.values():
+                for own in users.values():
+                    own.sort(key=job_key)
+        for group in self.batches.values():
+            group.sort(key=job_key)
+
+    def need(self, job: Job) -> Need:
+        """``need_of(job)``, shared by jobs with equal requests (the common case)."""
+        if job.node_selector or job.backend is not None:
+            return need_of(job)
+        r = job.resources
+        need = self._needs.get(r)
+        if need is None:
+            if len(self._needs) >= NEED_CACHE:
+                self._needs.clear()
+            need = self._needs[r] = need_of(job)
+        return need
+
+    def cpu_need(self, job: Job) -> Need:
+        """``need_of(job, on_cpu=True)`` (rare: CPU offload of a GPU job)."""
+        return need_of(job, on_cpu=True)
+
+
+def _insert(own: list[Job], job: Job, sort: bool) -> None:
+    last = own[-1] if own else None
+    if not sort or last is None or (last.submitted_at, last.id) <= (job.submitted_at, job.id):
+        own.append(job)
+    else:
+        insort(own, job, key=job_key)
+
+
+def _remove(lists: dict[HK, list[Job]], key: HK, job: Job) -> None:
+    own = lists[key]
+    at = bisect_left(own, job_key(job), key=job_key)
+    if at < len(own) and own[at] is job:
+        del own[at]
+    else:
+        own.remove(job)  # not where its key says: only if the caller broke the order
+    if not own:
+        del lists[key]
+
+
+def _decrement(counter: Counter[HK], key: HK) -> None:
+    left = counter[key] - 1
+    if left > 0:
+        counter[key] = left
+    else:
+        del counter[key]

@@ -1,0 +1,189 @@
+"""Backfill reservations: the big job at the head of its class gets the nodes that free up first.
+
+Without them, small jobs keep taking the cards a big job (a whole node, a
+gang) is waiting for: each time a card frees, the next small job in the queue
+fits there, and the big job waits for a moment when a whole node happens to be
+free. Slurm's answer, and ours:
+
+* **reserve** - in each pass, the first job of each priority class that asks
+  for at least ``Config.reserve_min_gpus`` whole GPUs (all replicas together)
+  and cannot be placed gets the node(s) where its replicas should fit soonest:
+  each card is free at the expected end of the work on it (run-time estimates,
+  ``Snapshot.expected_ends``; this cycle's placements count with theirs), and
+  a node fits at the time its n-th usable card frees. Candidates are the
+  nodes with the most free cards (a bounded search); without estimates, the
+  nodes with the most free cards win. Reserved nodes are *hidden* for the rest
+  of the cycle: no later job sees them.
+* **backfill** - a later job with a run-time estimate that ends before a
+  reservation's expected start may still use that reservation's free cards:
+  it delays nobody. Jobs without an estimate never backfill; nor does anything
+  into a reservation whose start is unknown.
+
+Reservations last one cycle, like everything else the scheduler decides;
+the next cycle computes them again, and finds the same nodes, since nobody
+else took their free cards in the meantime. Jobs ahead of the big one in the
+order (higher classes, fair turns before it) still go first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from corral.core.model import Allocation
+from corral.core.resources import MILLI
+from corral.scheduler.api import Reason, ReasonCode
+from corral.scheduler.capacity import NodeCap
+from corral.scheduler.cycle import Cycle, Memo
+from corral.scheduler.fit import Fit, fit_on
+from corral.scheduler.need import Need
+
+NodeWork = Callable[[str], Iterable[tuple[Allocation, float | None]]]
+"""The active allocations on a node (by name), each with its expected end (None: unknown)."""
+
+CANDIDATES = 16
+"""Nodes rated per reservation (those with the most free cards): bounds the cost per cycle."""
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Nodes held for ``job_id`` until ``start`` (``inf``: when is not known)."""
+
+    job_id: str
+    nodes: tuple[NodeCap, ...]
+    start: float
+
+
+class Reservations:
+    """The reservations of one cycle, and backfill into them."""
+
+    def __init__(self, cycle: Cycle, work: NodeWork) -> None:
+        self.cycle = cycle
+        self.now = cycle.now
+        self.min_gpus = cycle.config.reserve_min_gpus
+        self._work = work
+        self.held: list[Reservation] = []
+        self._turns: set[tuple[str, bool]] = set()  # (class, guaranteed pass) already served
+        self._latest = -INF  # the latest known start among the reservations
+        # need -> (generation, reservations, shortest run time that found no room)
+        self._failed: Memo[Need, tuple[int, int, float]] = cycle.memo()
+
+    def wanted(self, need: Need, replicas: int, cls: str, guaranteed: bool) -> bool:
+        """Would a job of this shape that cannot be placed get a reservation now?"""
+        if self.min_gpus is None or need.gpus * replicas < self.min_gpus or need.cpu_only:
+            return False
+        return (cls, guaranteed) not in self._turns
+
+    def reserve(self, job_id: str, need: Need, replicas: int, cls: str, guaranteed: bool) -> None:
+        """Hide the nodes where ``need`` x ``replicas`` should fit soonest (class's one turn)."""
+        self._turns.add((cls, guaranteed))
+        rated = self._soonest(need)
+        if len(rated) < replicas:
+            return
+        chosen = rated[:replicas]
+        start = max(when for when, *_ in chosen)
+        nodes = tuple(nc for *_, nc in chosen)
+        for nc in nodes:
+            self.cycle.cap.hide(nc)
+        self.held.append(Reservation(job_id, nodes, start))
+        if start < INF:
+            self._latest = max(self._latest, start)
+
+    def could_backfill(self, need: Need, runtime: float | None) -> bool:
+        """Might a job of ``need`` ending after ``runtime`` backfill (no memo says no)?"""
+        if runtime is None or self.now + runtime > self._latest:
+            return False
+        failed = self._failed.get(need)
+        if failed is None:
+            return True
+        generation, count, shortest = failed
+        stale = generation != self.cycle.cap.generation or count != len(self.held)
+        return stale or runtime < shortest
+
+    def backfill(self, need: Need, runtime: float | None) -> Fit | None:
+        """Place a job that ends before a reservation starts on that reservation's free cards."""
+        if runtime is None or not self.could_backfill(need, runtime):
+            return None
+        end = self.now + runtime
+        for reservation in self.held:
+            if reservation.start < end:
+                continue
+            for nc in reservation.nodes:
+                fit = fit_on(nc, need)
+                if fit is not None:
+                    self.cycle.take(fit, runtime)
+                    return fit
+        failed = self._failed.get(need)
+        current = (self.cycle.cap.generation, len(self.held))
+        shortest = runtime if failed is None or failed[:2] != current else min(failed[2], runtime)
+        self._failed.put(need, (*current, shortest))
+        return None
+
+    def held_by(self, job_id: str) -> Reason | None:
+        """The reason line of a job that holds a reservation, for its explanation."""
+        for r in self.held:
+            if r.job_id == job_id:
+                names = ", ".join(nc.name for nc in r.nodes)
+                when = (
+                    "when their work ends"
+                    if r.start == INF
+                    else f"in ~{max(0.0, r.start - self.now):.0f}s"
+                )
+                text = f"nodes reserved for it: {names} (expected to fit {when})"
+                return Reason(ReasonCode.HOLDS_RESERVATION, len(r.nodes), text)
+        return None
+
+    def _soonest(self, need: Need) -> list[tuple[float, int, int, NodeCap]]:
+        """Candidate nodes rated by when ``need`` should fit there, soonest first."""
+        feasible = set(self.cycle.feasible_classes(need))
+        found: list[NodeCap] = []
+        buckets = self.cycle.cap.everywhere.whole
+        for level in range(len(buckets) - 1, 0, -1):
+            found.extend(nc for nc in buckets[level] if nc.cls in feasible)
+            if len(found) >= CANDIDATES:
+                break
+        if len(found) < CANDIDATES:
+            found.extend(self._soonest_ending(feasible, {nc.idx for nc in found}))
+        rated = [(self._fits_at(nc, need), -nc.whole_free, nc.idx, nc) for nc in found]
+        rated.sort(key=lambda item: item[:3])
+        return rated
+
+    def _soonest_ending(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
+        """Busy nodes (no free card) whose work should all end first: the rest of the candidates."""
+        cycle = self.cycle
+        ends: list[tuple[float, int]] = []
+        for cls in feasible:
+            for idx in cycle.class_members[cls]:
+                nc = cycle.cap.nodes[idx]
+                if idx in seen or nc.hidden or not nc.schedulable:
+                    continue
+                end = cycle.expected_end(idx)
+                ends.append((INF if end is None else end, idx))
+        ends.sort()
+        return [cycle.cap.nodes[idx] for _, idx in ends[: CANDIDATES - len(seen)]]
+
+    def _fits_at(self, nc: NodeCap, need: Need) -> float:
+        """When ``need.gpus`` usable cards of ``nc`` should be free (``inf``: not known)."""
+        now = self.now
+        usable = {i for i in range(nc.gpu_count) if nc.usable(i, need.vram, need.gpu_models)}
+        if len(usable) < need.gpus:
+            return INF
+        free_at: dict[int, float] = {i: now for i in usable if nc.gpu_free[i] == MILLI}
+        if len(free_at) >= need.gpus:
+            return now
+        for alloc, end in self._work(nc.name):
+            if alloc.on_cpu:
+                continue
+            when = INF if end is None else max(end, now)
+            for pos in nc.to_positions(alloc.gpu_indices):
+                if pos in usable and nc.gpu_free[pos] < MILLI and free_at.get(pos, -INF) < when:
+                    free_at[pos] = when
+        if len(free_at) < len(usable):  # cards taken by this cycle's own placements
+            node_end = self.cycle.expected_end(nc.idx)
+            rest = INF if node_end is None else max(node_end, now)
+            for i in usable:
+                free_at.setdefault(i, rest)
+        return sorted(free_at[i] for i in usable)[need.gpus - 1]
