@@ -167,3 +167,17 @@ async def test_the_next_attempt_resumes_from_the_latest_checkpoint_and_says_so(
     placed = [e for e in await world.events(job.job.id) if e.kind.value == "job.placed"]
     assert [e.data.get("resumed_from_step") for e in placed] == [None, 30]
     assert [a.error for a in shown.attempts] == ["node n1 was lost"]
+
+
+async def test_a_checkpoint_report_reaches_the_schedulers_choice_of_victims(world: World) -> None:
+    """Preemption prefers victims that lose least: it must see when each last checkpointed."""
+    await world.submit(resources={"gpus": 1}, priority="batch")
+    agent = await world.agent("n1")
+    await world.cycle()
+    a = await agent.next_assignment()
+    await agent.start(a)
+    world.clock.advance(50)
+    await agent.checkpoint(a, "/shared/ck/1", step=5)
+    async with world.plane.rt.db.read() as conn:
+        snapshot, _ = await world.plane.schedule.cache.load(conn)
+    assert [x.last_checkpoint_at for x in snapshot.allocations] == [world.clock.now()]
