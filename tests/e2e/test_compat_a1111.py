@@ -203,3 +203,24 @@ def test_two_clients_floods_are_mixed_fairly(corral: CompatCluster) -> None:
         ]
     order = [j["user"] for j in sorted(jobs, key=lambda j: j["started_at"])]
     assert order == ["alice", "bob"] * 4, order
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        pytest.param(
+            {"prompt": "x", "override_settings": ["no"]},
+            "override_settings",
+            id="override-settings-not-an-object",
+        ),
+        pytest.param({"prompt": "x", "styles": ["a\u0000b"]}, "NUL characters", id="nul-character"),
+    ],
+)
+def test_a_malformed_request_is_a_422_naming_the_field(
+    corral: CompatCluster, body: dict[str, object], field: str
+) -> None:
+    reply = httpx.post(
+        f"{corral.http}/sdapi/v1/txt2img", json=body, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    assert reply.status_code == 422, reply.text
+    assert field in json.dumps(reply.json()["detail"])

@@ -99,7 +99,7 @@ def _job_in(fields: dict[str, Any]) -> JobIn:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        where = where.removeprefix("payload.")
+        where = "body" if where == "payload" else where.removeprefix("payload.")
         raise InvalidSpec(where, str(first.get("msg", "invalid"))) from None
 
 
