@@ -2,14 +2,15 @@
 
 It runs when something changed (a submission, a node joining or changing,
 an allocation ending: anything that fires ``Runtime.schedule_needed``),
-debounced so that a burst of changes costs one cycle, plus a slow idle cycle
+rate-limited so that a burst of changes costs one cycle, plus a slow idle cycle
 as a safety net and a timer for the earliest retry backoff. Never a fixed
 fast sleep.
 
 Each cycle reads the snapshot through ``SnapshotCache``: only rows that are
 new or changed since the last cycle are decoded. Cycles are also paced: the
-next one waits at least as long as the last one took, so scheduling never
-takes more than about half of the process while submissions pour in.
+next one starts no sooner after the last one ended than the last one took,
+so scheduling never takes more than about half of the process while
+submissions pour in; a job arriving at a quiet server is scheduled at once.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ log = logging.getLogger("corral.server.schedule")
 
 ScheduleFn = Callable[[Snapshot, Config, float, int], Plan]
 
+INLINE_WORK = 4096
+"""Queued jobs x nodes up to which ``schedule`` runs on the loop itself (well under a
+millisecond); larger cycles run on a thread so the API stays responsive meanwhile."""
+
 
 class SchedulingLoop:
     """Owns the cycle and remembers the last plan's reasons for ``GET /v1/queue``."""
@@ -46,6 +51,7 @@ class SchedulingLoop:
         self.cycles = 0
         self.cache = SnapshotCache()
         self.last_cycle_s = 0.0
+        self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
         self._next_timer: float | None = None
         # Models (issue 10): registry sizes for the snapshot; what runs after each cycle.
         self.model_sizes: Callable[[AsyncConnection], Awaitable[Mapping[str, int]]] | None = None
@@ -70,9 +76,12 @@ class SchedulingLoop:
         trigger = self.rt.schedule_needed
         while True:
             fired = await trigger.wait(self._wait_s())
-            # Let the rest of a burst arrive; and never cycle back to back (pacing).
-            pause = max(self.rt.settings.scheduling.debounce_s, self.last_cycle_s)
-            if pause:
+            # Never cycle back to back: cycles start at least max(debounce, the last one's
+            # length) apart, so a burst gathers into one cycle and scheduling takes at most
+            # about half of the process (pacing). A trigger after a quiet spell runs at once.
+            spacing = max(self.rt.settings.scheduling.debounce_s, self.last_cycle_s)
+            pause = spacing - (time.perf_counter() - self._cycle_ended)
+            if pause > 0:
                 await self.rt.clock.sleep(pause)
             trigger.clear()
             try:
@@ -81,6 +90,7 @@ class SchedulingLoop:
                         self.on_follow()
                     continue
                 await self.cycle()
+                self._cycle_ended = time.perf_counter()
             except Exception:  # a bad cycle must not stop scheduling forever
                 log.exception("scheduling cycle failed; retrying")
                 self.cache.rebuild()
@@ -121,13 +131,11 @@ class SchedulingLoop:
             if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
                 snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         now = self.rt.clock.now()
-        plan = await asyncio.to_thread(
-            self.schedule,
-            self._without_awaiting(snapshot),
-            self.config(),
-            now,
-            self.rt.settings.scheduling.seed,
-        )
+        seen, seed = self._without_awaiting(snapshot), self.rt.settings.scheduling.seed
+        if len(seen.queued) * max(1, len(seen.nodes)) <= INLINE_WORK:
+            plan = self.schedule(seen, self.config(), now, seed)  # a thread hop costs more
+        else:  # keep the API serving meanwhile
+            plan = await asyncio.to_thread(self.schedule, seen, self.config(), now, seed)
         applied = await apply_plan(self.rt, plan, versions)
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now)

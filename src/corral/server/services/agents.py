@@ -60,7 +60,9 @@ class AgentService:
         self.rt = rt
         self.auth = auth
         self._written_seen: dict[str, float] = {}  # last heartbeat written, per node
-        # Allocation updates from every agent share transactions (one fsync per group).
+        # Allocation updates from every agent share transactions (one fsync per group). Starts,
+        # progress, previews and logs need no fsync of their own (see Database.write); ends,
+        # results and checkpoints do, before anyone is told of them.
         self.updates = GroupCommitter(rt, reschedule=False)
 
     async def authenticate(self, token: str) -> None:
@@ -202,7 +204,7 @@ class AgentService:
                     await self._start_job(tx, job)
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, durable=False)
 
     async def _start_job(self, tx: Tx, job: JobRecord) -> None:
         target = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
@@ -242,7 +244,7 @@ class AgentService:
                 tx.emit(EventKind.JOB_PROGRESS, team=job.job.team, job_id=job.job.id, data=data)
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, durable=False)
 
     async def preview(
         self,
@@ -275,7 +277,7 @@ class AgentService:
                 )
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, durable=False)
 
     async def log(
         self,
@@ -296,7 +298,7 @@ class AgentService:
                 tx.emit(EventKind.JOB_LOG, team=job.job.team, job_id=job.job.id, lines=kept)
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, durable=False)
 
     async def checkpoint(
         self,

@@ -23,6 +23,7 @@ from corral.server.services.unit import Runtime, Tx
 
 T = TypeVar("T")
 Unit = Callable[[Tx], Awaitable[Any]]
+Queued = tuple[Unit, "asyncio.Future[Any]", bool]  # the unit, its caller's future, durable
 
 
 class GroupCommitter:
@@ -30,14 +31,17 @@ class GroupCommitter:
         self.rt = rt
         self.max_group = max_group
         self.reschedule = reschedule  # poke the scheduler after every group (else: units say)
-        self._queue: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._queue: list[Queued] = []
         self._flusher: asyncio.Task[None] | None = None
         self.groups = 0  # committed groups (for tests and metrics)
 
-    async def run(self, unit: Callable[[Tx], Awaitable[T]]) -> T:
-        """Run ``unit`` in the next group; returns its result once the group has committed."""
+    async def run(self, unit: Callable[[Tx], Awaitable[T]], *, durable: bool = True) -> T:
+        """Run ``unit`` in the next group; returns its result once the group has committed.
+
+        A group commits durably (waits for the disk) when any of its units asks to.
+        """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append((unit, future))
+        self._queue.append((unit, future, durable))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -47,14 +51,15 @@ class GroupCommitter:
             group, self._queue = self._queue[: self.max_group], self._queue[self.max_group :]
             await self._commit(group)
 
-    async def _commit(self, group: list[tuple[Unit, asyncio.Future[Any]]]) -> None:
+    async def _commit(self, group: list[Queued]) -> None:
         outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        durable = any(d for _, _, d in group)
         try:
-            async with self.rt.tx(reschedule=self.reschedule) as tx:
-                for unit, future in group:
+            async with self.rt.tx(reschedule=self.reschedule, durable=durable) as tx:
+                for unit, future, _ in group:
                     outcomes.append((future, *await _attempt(tx, unit)))
         except BaseException as exc:  # the commit failed: no unit of this group happened
-            for _, future in group:
+            for _, future, _ in group:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             if not isinstance(exc, Exception):

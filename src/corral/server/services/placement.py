@@ -49,7 +49,7 @@ async def apply_plan(rt: Runtime, plan: Plan, versions: dict[str, int]) -> Appli
     applied = Applied()
     if not plan.placements and not plan.preemptions:
         return applied
-    async with rt.tx() as tx:
+    async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
         for group in _groups(plan.placements):
             victims = frozenset(v for p in group for v in p.preempts)
             if victims:

@@ -99,10 +99,13 @@ class Runtime:
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
 
     @contextlib.asynccontextmanager
-    async def tx(self, *, reschedule: bool = False) -> AsyncIterator[Tx]:
-        """One unit of work. ``reschedule`` pokes the scheduling loop after the commit."""
+    async def tx(self, *, reschedule: bool = False, durable: bool = True) -> AsyncIterator[Tx]:
+        """One unit of work. ``reschedule`` pokes the scheduling loop after the commit.
+
+        ``durable=False``: no promise rests on this change alone (see ``Database.write``).
+        """
         tx = Tx(self.clock.now())
-        async with self.db.write() as conn:
+        async with self.db.write(durable=durable) as conn:
             tx.conn = conn
             yield tx
             await event_repo.append(conn, tx.events)

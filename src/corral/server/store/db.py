@@ -33,6 +33,7 @@ from corral.core.errors import InvalidSpec
 from corral.server.store import sqlite_inline
 from corral.server.store.sqlite_lock import SqliteLock
 
+DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
 
 
@@ -107,16 +108,23 @@ class Database:
         return self.target.dialect == "postgresql"
 
     @contextlib.asynccontextmanager
-    async def write(self, *, ordered_events: bool = True) -> AsyncIterator[AsyncConnection]:
+    async def write(
+        self, *, ordered_events: bool = True, durable: bool = True
+    ) -> AsyncIterator[AsyncConnection]:
         """One write transaction; commits on exit, rolls back on error.
 
         ``ordered_events=False`` is for writes that append no events (heartbeats),
         which then do not queue behind the event-ordering lock on PostgreSQL.
+        ``durable=False`` is for writes no promise rests on until a later durable
+        one (placements, starts, progress): on SQLite they commit without an
+        fsync (see ``_sqlite_begin``); PostgreSQL commits every write the same.
         """
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
                 await stack.enter_async_context(self._write_lock)
-            conn = await stack.enter_async_context(self.engine.begin())
+            conn = await stack.enter_async_context(self.engine.connect())
+            await conn.execution_options(**{DURABLE: durable})
+            await stack.enter_async_context(conn.begin())
             if self.is_postgres and ordered_events:
                 await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
             yield conn
@@ -165,13 +173,35 @@ def _make_engine(target: DbTarget, synchronous: str, pool_size: int) -> AsyncEng
     path = target.url.database or ":memory:"
     engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
-    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin)
+    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous))
     return engine
 
 
-def _sqlite_begin(conn: Any) -> None:
-    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT)."""
-    conn.exec_driver_sql("BEGIN")
+def _sqlite_begin(synchronous: str) -> Any:
+    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT).
+
+    Before a write, set how its commit reaches the disk (SQLite allows that
+    only outside a transaction): a durable write commits with the configured
+    ``synchronous`` (FULL: the WAL is fsynced before the commit returns); a
+    write with ``durable=False`` with NORMAL: no fsync, yet it survives a kill
+    of the process (it is in the WAL), and the next durable commit's fsync
+    covers it as well, since the WAL is one file written in order.
+    """
+    relaxed = "OFF" if synchronous == "OFF" else "NORMAL"
+
+    def begin(conn: Any) -> None:
+        durable = conn.get_execution_options().get(DURABLE)
+        if durable is not None:  # a write (reads leave the setting alone)
+            level = synchronous if durable else relaxed
+            if conn.info.get(DURABLE) != level:
+                conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+                conn.info[DURABLE] = level
+                driver = conn.connection.driver_connection
+                if isinstance(driver, sqlite_inline.InlineConnection):
+                    driver.commit_waits_for_disk = level in ("FULL", "EXTRA")
+        conn.exec_driver_sql("BEGIN")
+
+    return begin
 
 
 def _sqlite_pragmas(synchronous: str) -> Any:

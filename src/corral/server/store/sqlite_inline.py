@@ -12,7 +12,8 @@ but runs statements inline on the event loop: reads and writes on a local
 WAL database return in microseconds, and WAL readers never wait for the
 writer. The one call that can take long, ``COMMIT`` (it fsyncs the WAL under
 ``synchronous=FULL``, and may checkpoint), runs on a worker thread so the
-loop keeps serving while the disk works. Writers are already serialised by
+loop keeps serving while the disk works; a commit that does not wait for
+the disk (``synchronous=NORMAL``) runs inline as well. Writers are already serialised by
 ``Database.write``; nothing uses a connection from two threads at once.
 """
 
@@ -44,6 +45,9 @@ class InlineConnection:
     def __init__(self, raw: sqlite3.Connection) -> None:
         self._connection: sqlite3.Connection | None = raw
         self._tx = _Inline()  # the adapter's isolation_level setter queues work here
+        # False while the connection commits with synchronous=NORMAL or OFF: such a commit
+        # only writes to the WAL (no fsync), so it runs inline too (no thread hop).
+        self.commit_waits_for_disk = True
 
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -60,8 +64,12 @@ class InlineConnection:
 
     async def commit(self) -> None:
         raw = self._conn
-        if raw.in_transaction:  # nothing to make durable otherwise
+        if not raw.in_transaction:
+            return
+        if self.commit_waits_for_disk:
             await asyncio.get_running_loop().run_in_executor(_COMMITS, raw.commit)
+        else:
+            raw.commit()
 
     async def rollback(self) -> None:
         self._conn.rollback()
