@@ -64,7 +64,7 @@ class SchedulingSettings(BaseModel):
     debounce_s: float = Field(
         default=0.005,
         ge=0,
-        description="after a trigger, wait this long so a burst of changes is one cycle",
+        description="cycles start at least this far apart, so a burst of changes is one cycle",
     )
     idle_cycle_s: float = Field(
         default=2.0, gt=0, description="a cycle runs at least this often, even with no trigger"
