@@ -281,6 +281,10 @@ async def audit(client: Client, ledger: Ledger, ledger_file: Path) -> dict[str, 
     twice |= {i for i, n in ledger.succeeded_seen.items() if n > 1}
     extra = [j for j in jobs if j["id"] not in mine]  # a retried batch made new jobs?
     twice |= {j["id"] for j in extra if j["state"] == "succeeded"}
+    for j in by_id.values():  # say why, for anything that did not succeed
+        if j["state"] != "succeeded":
+            print(f"not succeeded: {mine[j['id']]} {j['id']} {j['state']} attempt {j['attempt']}: "
+                  f"{j.get('error')} {j.get('attempts')}", file=sys.stderr)  # fmt: skip
     executed = Counter(line.split()[0] for line in ledger_file.read_text().splitlines())
     work = sum(ledger.steps.values())
     redone = sum(max(0, executed[k] - n) for k, n in ledger.steps.items())

@@ -62,10 +62,11 @@ def resume_step(ctx: HandlerContext, key: str) -> int:
 
 
 def save(ctx: HandlerContext, key: str, step: int) -> str:
-    """Write the checkpoint file (atomically: a crash never leaves half a file)."""
+    """Write the checkpoint file atomically: a crash never leaves half a file, and a
+    zombie attempt still writing into the same directory never collides with this one."""
     folder = ctx.checkpoint_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     path = Path(folder) / f"{key}-step{step}.json"
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{ctx.attempt}.tmp")
     tmp.write_text(json.dumps({"key": key, "step": step}))
     tmp.replace(path)
     return str(path)

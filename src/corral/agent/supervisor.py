@@ -160,6 +160,7 @@ class Supervisor:
         """Start ``order``. False when it is already held (a resent assignment)."""
         if order.allocation_id in self._slots:
             return False
+        self._supersede(order)
         slot = _Slot(order)
         self._slots[order.allocation_id] = slot
         name = order.backend or self.by_kind.get(order.kind) or self.default
@@ -173,6 +174,23 @@ class Supervisor:
             self._run(slot), name=f"corral-alloc-{order.allocation_id}"
         )
         return True
+
+    def _supersede(self, order: Order) -> None:
+        """Stop older attempts of the same jobs still running here.
+
+        The server assigns a new attempt only after it has given up on the old
+        one (say the node was taken for lost while its connection was down), so
+        an older attempt still running here is a zombie: two attempts of one job
+        must not share its GPU and checkpoint directory. (Its reports would be
+        refused as stale anyway.)
+        """
+        jobs = {j.job_id for j in order.jobs}
+        for alloc_id, slot in self._slots.items():
+            older = slot.order.attempt < order.attempt
+            if older and not slot.finished and jobs & {j.job_id for j in slot.order.jobs}:
+                note = f"superseded by attempt {order.attempt}"
+                log.info("allocation %s: %s", alloc_id, note)
+                self.stop(alloc_id, StopReason.CANCEL, 0.0, note)
 
     def stop(self, allocation_id: str, reason: StopReason, grace_s: float, note: str = "") -> bool:
         """Ask a running allocation to stop. False when it is not running here."""
