@@ -8,6 +8,7 @@ the same result twice, an upload cut off half-way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,9 +43,10 @@ class RawAgent:
             pb.RunningAllocation(allocation_id=a, attempt=n, observed="running") for a, n in running
         ]
         inventory = pb.Inventory(node=self.node, cpus=1, backends=["demo"], running=held)
-        await self.call.write(
-            pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory))
-        )
+        with contextlib.suppress(grpc.aio.AioRpcError):  # refused first: read() raises why
+            await self.call.write(
+                pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory))
+            )
         first = await asyncio.wait_for(self.call.read(), 10)
         assert first.HasField("welcome"), first
         self._reader = asyncio.create_task(self._read())

@@ -256,7 +256,11 @@ class LinkClient:
             inventory.models_on_disk[:] = status.models_on_disk
             for backend, loaded in status.loaded_by_backend.items():
                 inventory.loaded_by_backend[backend].CopyFrom(loaded)
-        await call.write(pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory)))
+        hello = pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory))
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            # The server may end the call before the hello is written (it refused the token);
+            # the write then fails with a generic error and read() raises the real status.
+            await call.write(hello)
         msg = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
         if msg is grpc.aio.EOF or not msg.HasField("welcome"):
             raise LinkError("the server did not answer the hello with a welcome")
