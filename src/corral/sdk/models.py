@@ -137,6 +137,8 @@ class JobStatus(_Out):
     allocations: list[str] = Field(default_factory=list)
     progress: float = 0.0
     checkpoint: str | None = None
+    checkpoint_step: int | None = None  # the step the latest checkpoint holds
+    resumed_from_step: int | None = None  # the latest attempt resumed from this step
     error: str | None = None
     result: list[ResultFile] = Field(default_factory=list)
     queue: WaitInfo | None = None
