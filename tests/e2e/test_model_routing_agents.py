@@ -48,6 +48,17 @@ def cached(http: Any, model: str) -> dict[str, str]:
     return {c["node"]: c["state"] for c in http.get(f"/v1/models/{model}").json()["cached"]}
 
 
+def cached_on(http: Any, model: str, want: dict[str, str]) -> None:
+    """Wait until the registry says ``model`` is cached exactly as ``want`` (agents report it
+    after the job; a loaded machine may take a while), showing the last answer on failure."""
+    seen: list[dict[str, str]] = []
+    ok = lambda: (seen.append(cached(http, model)) or seen[-1]) == want  # noqa: E731
+    try:
+        eventually(ok, timeout=45, what=f"{model} cached as {want}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the registry said {seen[-1]}") from None
+
+
 def run(http: Any, model: str, **extra: Any) -> dict[str, Any]:
     job = submit(http, model=model, payload=QUICK, **extra)
     return wait_state(http, job["id"], "succeeded", "failed", timeout=60)
@@ -77,7 +88,7 @@ def test_jobs_go_to_the_agent_that_has_their_model(
             if e["event"] == "job.progress"
         ]
         assert any(m.startswith("waiting for model alpha: ") for m in waiting), waiting
-        eventually(lambda: cached(http, "alpha") == {"gpu-a": "on_disk"}, what="alpha on gpu-a")
+        cached_on(http, "alpha", {"gpu-a": "on_disk"})
 
         beta = run(http, "beta", node_selector={"box": "gpu-b"})
         assert (beta["state"], beta["node"]) == ("succeeded", "gpu-b"), beta
@@ -85,7 +96,7 @@ def test_jobs_go_to_the_agent_that_has_their_model(
             "bytes=0-6291455",  # one 16 MiB chunk asked for the whole 6 MiB file ...
             "bytes=3145728-6291455",  # ... cut off at 3 MiB: resumed from there
         ]
-        eventually(lambda: cached(http, "beta") == {"gpu-b": "on_disk"}, what="beta on gpu-b")
+        cached_on(http, "beta", {"gpu-b": "on_disk"})
 
         # No selector now: each job goes where its model already is.
         for model, node in (("alpha", "gpu-a"), ("beta", "gpu-b"), ("alpha", "gpu-a")):
