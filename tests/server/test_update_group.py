@@ -7,8 +7,11 @@ import asyncio
 import pytest
 from server_harness import World
 
+from corral.core.errors import Conflict
+from corral.core.events import EventKind
 from corral.core.states import JobState
 from corral.server.agentlink.base import Ack
+from corral.server.services.unit import Tx
 
 pytestmark = pytest.mark.anyio
 
@@ -50,3 +53,29 @@ async def test_a_stale_update_in_a_group_does_not_spoil_the_others(world: World)
     assert list(acks) == [Ack.STALE, Ack.ACCEPTED, Ack.ACCEPTED]
     for job in (first, second):
         assert (await world.job(job.job.id)).state is JobState.RUNNING
+
+
+async def test_a_unit_that_raises_reruns_its_group_and_effects_count_once(world: World) -> None:
+    group = world.plane.agents.updates
+    counted: list[str] = []
+
+    async def good(tx: Tx) -> str:
+        tx.emit(EventKind.JOB_LOG, team=None, lines=["kept"])
+        tx.count(lambda: counted.append("good"))
+        return "ok"
+
+    async def bad(tx: Tx) -> str:
+        tx.emit(EventKind.JOB_LOG, team=None, lines=["dropped"])
+        tx.count(lambda: counted.append("bad"))
+        raise Conflict("this unit fails")
+
+    results = await asyncio.gather(
+        group.run(good), group.run(bad), group.run(good), return_exceptions=True
+    )
+
+    assert results[0] == "ok"
+    assert isinstance(results[1], Conflict)
+    assert results[2] == "ok"
+    assert counted == ["good", "good"], "effects run after the commit, once, for kept units only"
+    lines = [e.data["lines"] for e in await world.events() if e.kind is EventKind.JOB_LOG]
+    assert lines == [["kept"], ["kept"]]

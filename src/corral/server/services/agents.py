@@ -217,7 +217,8 @@ class AgentService:
             state="running",
             attempt=job.job.attempt,
         )
-        self.rt.metrics.wait_seconds.observe(max(0.0, tx.now - job.job.submitted_at))
+        wait = max(0.0, tx.now - job.job.submitted_at)
+        tx.count(lambda: self.rt.metrics.wait_seconds.observe(wait))
 
     async def progress(
         self,

@@ -2,11 +2,15 @@
 
 Under load, every single-job submission committing on its own is bounded by
 commit latency (an fsync each). ``GroupCommitter.run(unit)`` queues the unit;
-one flusher at a time takes everything queued, runs each unit in its own
-savepoint inside one ``Runtime.tx()``, commits once, and only then answers
-each caller. A unit that raises is rolled back to its savepoint (its events
-dropped) and gets its exception; the others are unaffected. If the commit
-itself fails, every unit of the group gets that error: nobody is told
+one flusher at a time takes everything queued, runs the units one after
+another inside one ``Runtime.tx()``, commits once, and only then answers
+each caller. A unit that raises gets its exception and the others are
+unaffected: the group's transaction is rolled back and the group run again
+with each unit in its own savepoint (rolled back, with its events, when the
+unit raises). Units rarely raise, so the common case pays for no savepoints
+(two statements per unit); a unit must therefore keep its effects in the
+transaction (``tx.emit``, ``tx.then``), since it may run twice. If the
+commit itself fails, every unit of the group gets that error: nobody is told
 "accepted" for work that was not committed.
 
 When requests arrive one at a time, a group is a single unit and nothing
@@ -24,6 +28,7 @@ from corral.server.services.unit import Runtime, Tx
 T = TypeVar("T")
 Unit = Callable[[Tx], Awaitable[Any]]
 Queued = tuple[Unit, "asyncio.Future[Any]", bool]  # the unit, its caller's future, durable
+Outcome = tuple["asyncio.Future[Any]", bool, Any]  # the caller's future, ok, value or error
 
 
 class GroupCommitter:
@@ -52,12 +57,15 @@ class GroupCommitter:
             await self._commit(group)
 
     async def _commit(self, group: list[Queued]) -> None:
-        outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
         durable = any(d for _, _, d in group)
         try:
-            async with self.rt.tx(reschedule=self.reschedule, durable=durable) as tx:
-                for unit, future, _ in group:
-                    outcomes.append((future, *await _attempt(tx, unit)))
+            try:
+                outcomes = await self._run(group, durable, careful=False)
+            except _UnitFailed as failed:
+                if len(group) == 1:  # nothing else to keep: the unit's error is the outcome
+                    outcomes = [(group[0][1], False, failed.error)]
+                else:
+                    outcomes = await self._run(group, durable, careful=True)
         except BaseException as exc:  # the commit failed: no unit of this group happened
             for _, future, _ in group:
                 if not future.done():
@@ -74,16 +82,43 @@ class GroupCommitter:
             else:
                 future.set_exception(value)
 
+    async def _run(self, group: list[Queued], durable: bool, *, careful: bool) -> list[Outcome]:
+        """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints."""
+        outcomes: list[Outcome] = []
+        async with self.rt.tx(reschedule=self.reschedule, durable=durable) as tx:
+            for unit, future, _ in group:
+                if careful:
+                    outcomes.append((future, *await _attempt(tx, unit)))
+                else:
+                    outcomes.append((future, True, await _bare(tx, unit)))
+        return outcomes
+
+
+class _UnitFailed(Exception):
+    """A unit raised while its group ran without savepoints: run the group carefully."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _bare(tx: Tx, unit: Unit) -> Any:
+    try:
+        return await unit(tx)
+    except Exception as exc:
+        raise _UnitFailed(exc) from exc
+
 
 async def _attempt(tx: Tx, unit: Unit) -> tuple[bool, Any]:
-    """Run one unit in a savepoint; on error roll it (and its events) back."""
-    mark = len(tx.events)
+    """Run one unit in a savepoint; on error roll it (its events and follow-ups too) back."""
+    marks = len(tx.events), len(tx.after_commit)
     savepoint = await tx.conn.begin_nested()
     try:
         value = await unit(tx)
     except Exception as exc:
         await savepoint.rollback()
-        del tx.events[mark:]
+        del tx.events[marks[0] :]
+        del tx.after_commit[marks[1] :]
         return False, exc
     await savepoint.commit()
     return True, value

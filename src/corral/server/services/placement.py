@@ -50,17 +50,16 @@ async def apply_plan(rt: Runtime, plan: Plan, versions: dict[str, int]) -> Appli
     if not plan.placements and not plan.preemptions:
         return applied
     async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
+        schedulable: dict[str, bool] = {}  # node -> taking work (read once per plan)
         for group in _groups(plan.placements):
             victims = frozenset(v for p in group for v in p.preempts)
             if victims:
                 applied.awaiting.update(dict.fromkeys(group[0].job_ids, victims))
                 continue
-            async with tx.conn.begin_nested() as savepoint:
-                assignments = await _place_group(rt, tx, group, versions)
-                if assignments is None:
-                    await savepoint.rollback()
-                    applied.stale += 1
-                    continue
+            assignments = await _place_atomically(rt, tx, group, versions, schedulable)
+            if assignments is None:
+                applied.stale += 1
+                continue
             applied.placed.extend(assignments)
         for p in plan.preemptions:
             rec = await alloc_repo.get(tx.conn, p.allocation_id)
@@ -94,13 +93,42 @@ def _groups(placements: Sequence[Placement]) -> list[list[Placement]]:
     return list(groups.values())
 
 
-async def _place_group(
-    rt: Runtime, tx: Tx, group: list[Placement], versions: dict[str, int]
+async def _place_atomically(
+    rt: Runtime,
+    tx: Tx,
+    group: list[Placement],
+    versions: dict[str, int],
+    schedulable: dict[str, bool],
 ) -> list[Assignment] | None:
-    """Insert the allocations and move the jobs to placed; None when anything is stale."""
+    """``_place_group`` all or nothing: None (and nothing written) when anything is stale.
+
+    One job on one node needs no savepoint: its only write that can fail (the
+    guarded job update) comes first. A batch or a gang gets a savepoint.
+    """
+    mark = len(tx.events)
+    if len(group) == 1 and len(group[0].job_ids) == 1:
+        placed = await _place_group(rt, tx, group, versions, schedulable)
+    else:
+        async with tx.conn.begin_nested() as savepoint:
+            placed = await _place_group(rt, tx, group, versions, schedulable)
+            if placed is None:
+                await savepoint.rollback()
+    if placed is None:
+        del tx.events[mark:]  # the events of a group's first jobs go with its rows
+    return placed
+
+
+async def _place_group(
+    rt: Runtime,
+    tx: Tx,
+    group: list[Placement],
+    versions: dict[str, int],
+    schedulable: dict[str, bool],
+) -> list[Assignment] | None:
+    """Move the jobs to placed, then insert the allocations; None when anything is stale."""
     job_ids = group[0].job_ids
     jobs = await job_repo.get_many(tx.conn, job_ids)
-    if not await _still_valid(tx, group, jobs, versions):
+    if not await _still_valid(tx, group, jobs, versions, schedulable):
         return None
     attempt = max(r.job.attempt for r in jobs.values()) + 1
     first = jobs[job_ids[0]].job
@@ -108,8 +136,6 @@ async def _place_group(
         _allocation(p, first.team, first.user, first.priority, first.preemptible, attempt)
         for p in group
     ]
-    for alloc in allocs:
-        await alloc_repo.insert(tx.conn, AllocRecord(alloc=alloc, created_at=tx.now))
     alloc_ids = [a.id for a in allocs]
     for rec in jobs.values():
         target = transition(JOB, rec.job.id, rec.state, JobState.PLACED, at=tx.now, why="placed")
@@ -136,11 +162,17 @@ async def _place_group(
             allocations=alloc_ids,
             data=resume,
         )
+    for alloc in allocs:
+        await alloc_repo.insert(tx.conn, AllocRecord(alloc=alloc, created_at=tx.now))
     return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
 
 
 async def _still_valid(
-    tx: Tx, group: list[Placement], jobs: dict[str, JobRecord], versions: dict[str, int]
+    tx: Tx,
+    group: list[Placement],
+    jobs: dict[str, JobRecord],
+    versions: dict[str, int],
+    schedulable: dict[str, bool],
 ) -> bool:
     """Every job still queued as the snapshot saw it, every node still taking work."""
     if len(jobs) != len(group[0].job_ids):
@@ -149,8 +181,10 @@ async def _still_valid(
         if rec.state is not JobState.QUEUED or versions.get(rec.job.id) != rec.version:
             return False
     for p in group:
-        node = await node_repo.get(tx.conn, p.node)
-        if node is None or not node.node.schedulable:
+        if p.node not in schedulable:
+            node = await node_repo.get(tx.conn, p.node)
+            schedulable[p.node] = node is not None and node.node.schedulable
+        if not schedulable[p.node]:
             return False
     return True
 

@@ -157,9 +157,10 @@ async def apply_settlement(
     failures = job.failures + (1 if decision.count_failure else 0)
     if target is JobState.QUEUED:
         values, data = _requeued(rt, tx.now, job, decision, failures)
+        tx.count(lambda: rt.metrics.requeues.labels(_requeue_why(decision)).inc())
     else:
         values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
-        _observe_finish(rt, job, target, tx.now)
+        tx.count(lambda: _observe_finish(rt, job, target, tx.now))
     values |= {"state": target.value, "failures": failures}
     if failed is not None:
         values["attempt_errors"] = [e.to_json() for e in history]
@@ -178,7 +179,6 @@ def _requeued(
     """Back to the queue: forget the allocations, wait out the backoff if any."""
     backoff = rt.settings.scheduling.retry_backoff_s
     not_before = now + (backoff_s(backoff, failures) if decision.backoff else 0.0)
-    rt.metrics.requeues.labels(_requeue_why(decision)).inc()
     values = {"allocation_ids": None, "node": None, "not_before": not_before, "stop_request": None}
     data = {"why": decision.error, "next_attempt": job.job.attempt + 1, "not_before": not_before}
     return dict(values), dict(data)

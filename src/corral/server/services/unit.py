@@ -151,3 +151,11 @@ class Tx:
     def then(self, action: Callable[[], Awaitable[None]]) -> None:
         """Run ``action`` after the commit (never inside the transaction)."""
         self.after_commit.append(action)
+
+    def count(self, effect: Callable[[], None]) -> None:
+        """Run ``effect`` (a metric) once the change committed: a unit of a group may run twice."""
+
+        async def run() -> None:
+            effect()
+
+        self.after_commit.append(run)
