@@ -136,6 +136,14 @@ class CorralPeer:
                 w.done = now
                 w.event.set()
 
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by the server and by all agents (Linux ``/proc``; else {})."""
+        try:
+            used = [_proc_cpu_s(p.pid) for p in self._procs]
+        except OSError:
+            return {}
+        return {"server": used[0], "agents": sum(used[1:])}
+
     def close(self) -> None:
         for p in reversed(self._procs):
             p.terminate()
@@ -160,6 +168,11 @@ class _Waiter:
         assert self.done is not None
         started = self.started or self.done
         return Timing(started - self.submitted, self.done - self.submitted)
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _frames(lines: Iterator[str]) -> Iterator[tuple[str, int, str | None]]:

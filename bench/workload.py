@@ -114,8 +114,12 @@ def run_all(
         ("batch", lambda: batch(peer, n)),
     ):
         log(f"{peer.name}: {label} ...")
+        cpu = getattr(peer, "cpu_s", dict)
+        before = cpu()
         out.append(run())
-        log(f"{peer.name}: {label}: {out[-1].jobs_per_s:,.0f} jobs/s")
+        used = {k: (v - before[k]) * 1000 / out[-1].jobs for k, v in cpu().items()}
+        costs = "".join(f", {k} {ms:.1f} ms CPU/job" for k, ms in used.items())
+        log(f"{peer.name}: {label}: {out[-1].jobs_per_s:,.0f} jobs/s{costs}")
     return out
 
 
