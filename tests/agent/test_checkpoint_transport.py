@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import tarfile
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from corral.agent import blobs
@@ -119,3 +121,43 @@ async def test_a_checkpoint_that_cannot_be_fetched_starts_the_attempt_afresh(
     assert (ready.resume_from, ready.resume_step) == (None, 0)
     local = Assignment("al_2", 2, ("j1",), resume_from="/nfs/ckpt", resume_step=3)
     assert await c.prepare(local) is local, "a path is used as it is"
+
+
+class FlakyFetch:
+    """FetchBlob on a channel that closes under the first call, then serves the blob."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.calls = 0
+
+    def FetchBlob(self, request: pb.BlobRequest, metadata: Any = None) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise grpc.aio.UsageError("Channel is closed.")
+        return self._chunks(request)
+
+    async def _chunks(self, request: pb.BlobRequest) -> Any:
+        sha = hashlib.sha256(self.data).hexdigest()
+        half = len(self.data) // 2
+        for offset, last in ((0, False), (half, True)):
+            end = None if last else half
+            yield pb.BlobChunk(offset=offset, data=self.data[offset:end], last=last, sha256=sha)
+
+
+async def test_an_uploaded_checkpoint_is_fetched_even_when_the_session_drops(
+    tmp_path: Path,
+) -> None:
+    saved = tmp_path / "k-step5.json"
+    saved.write_text('{"step": 5}')
+    stub = FlakyFetch(blobs.pack(saved))
+    connected = asyncio.Event()
+    connected.set()
+    c = courier(tmp_path, stub=lambda: stub, connected=connected)
+    job = Assignment(
+        "al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=5,
+        checkpoint_dir=tmp_path / "ckpt" / "j1",
+    )  # fmt: skip
+    ready = await c.prepare(job)
+    assert ready.resume_from == str(tmp_path / "ckpt" / "j1" / "resume-2" / "k-step5.json")
+    assert Path(ready.resume_from).read_text() == '{"step": 5}'
+    assert (ready.resume_step, stub.calls, c.fetched) == (5, 2, 1)

@@ -31,6 +31,10 @@ FETCH_TRIES = 4
 """A download cut off this many times in a row is given up (the attempt starts afresh)."""
 
 
+class FetchRefused(LinkError):
+    """The server will never hand this blob over (not found, not this allocation's)."""
+
+
 async def upload(
     stub: Any,
     metadata: Sequence[tuple[str, str]],
@@ -85,7 +89,7 @@ async def fetch(stub: Any, metadata: Sequence[tuple[str, str]], request: pb.Blob
             raise LinkError(f"the download of {request.blob_id} ended early")
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
-                raise LinkError(f"{request.blob_id}: {exc.details()}") from None
+                raise FetchRefused(f"{request.blob_id}: {exc.details()}") from None
             tries += 1
             if tries >= FETCH_TRIES:
                 raise LinkError(f"the download of {request.blob_id} kept breaking") from None

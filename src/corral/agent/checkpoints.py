@@ -106,7 +106,7 @@ class CheckpointCourier:
             return job
         try:
             path = await self._fetch(job, ref[len(BLOB) :])
-        except (LinkError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # whatever went wrong, starting afresh is safe
             log.warning(
                 "job %s: cannot fetch its checkpoint (%s); starting afresh", job.job_id, exc
             )
@@ -116,16 +116,29 @@ class CheckpointCourier:
         return replace(job, resume_from=str(path))
 
     async def _fetch(self, job: Assignment, blob_id: str) -> Path:
-        await asyncio.wait_for(self.connected.wait(), CONNECT_WAIT_S)
-        stub = self.stub()
-        if stub is None:
-            raise LinkError("not connected")
         request = pb.BlobRequest(
             allocation_id=job.allocation_id, attempt=job.attempt, blob_id=blob_id
         )
-        data = await blobs.fetch(stub, self.metadata, request)
+        data = await self._download(request)
         base = job.checkpoint_dir or self.scratch
         if base is None:
             raise LinkError("no directory to unpack the checkpoint into")
         into = Path(base) / f"resume-{job.attempt}"
         return await asyncio.to_thread(blobs.unpack, data, into)
+
+    async def _download(self, request: pb.BlobRequest) -> bytes:
+        """The blob, over whichever session is up; a session ending mid-way is retried."""
+        for _ in range(blobs.FETCH_TRIES):
+            await asyncio.wait_for(self.connected.wait(), CONNECT_WAIT_S)
+            stub = self.stub()
+            if stub is None:
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                return await blobs.fetch(stub, self.metadata, request)
+            except blobs.FetchRefused:
+                raise
+            except (LinkError, grpc.aio.UsageError) as exc:  # its channel closed under it
+                log.info("fetching %s: %s; trying again", request.blob_id, exc)
+                await asyncio.sleep(0.2)
+        raise LinkError(f"could not download {request.blob_id}")
