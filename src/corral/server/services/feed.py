@@ -50,8 +50,10 @@ class EventFeed:
             # Read the job's state before its events: both commit together, so an
             # ended job's terminal event is in (or before) the batch read next.
             ended = job_id is not None and await self._ended(job_id)
-            async with self.rt.db.read() as conn:
-                batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
+            batch = self.rt.recent.after(last, job_id=job_id, team=team, limit=PAGE)
+            if batch is None:  # behind the events kept in memory (or PostgreSQL): the table
+                async with self.rt.db.read() as conn:
+                    batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
             for event, _team in batch:
                 last = event.seq
                 yield event

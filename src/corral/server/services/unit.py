@@ -26,6 +26,7 @@ from corral.core.model import PriorityClass
 from corral.server.agentlink.base import AgentLink
 from corral.server.blobs import BlobStore
 from corral.server.services.metrics import Metrics
+from corral.server.services.recent import RecentEvents
 from corral.server.settings import Settings
 from corral.server.store import events as event_repo
 from corral.server.store.db import Database
@@ -95,8 +96,13 @@ class Runtime:
     metrics: Metrics
     priority_classes: tuple[PriorityClass, ...]
     events_committed: Signal = field(default_factory=Signal)  # SSE readers wait on it
+    recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
+
+    def __post_init__(self) -> None:
+        # Other replicas commit events too on PostgreSQL: memory would miss theirs.
+        self.recent.enabled = not self.db.is_postgres
 
     @contextlib.asynccontextmanager
     async def tx(self, *, reschedule: bool = False, durable: bool = True) -> AsyncIterator[Tx]:
@@ -108,8 +114,9 @@ class Runtime:
         async with self.db.write(durable=durable) as conn:
             tx.conn = conn
             yield tx
-            await event_repo.append(conn, tx.events)
+            seqs = await event_repo.append(conn, tx.events)
         if tx.events:
+            self.recent.add(tx.events, seqs)  # before the wake-up: readers find them there
             self.events_committed.fire()
         if reschedule or tx.reschedule:
             self.schedule_needed.fire()

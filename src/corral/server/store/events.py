@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.events import Event, EventKind
 from corral.server.store.tables import events
 
+_APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
+
 
 @dataclass(frozen=True, slots=True)
 class TeamEvent:
@@ -22,11 +24,12 @@ class TeamEvent:
     team: str | None = None
 
 
-async def append(conn: AsyncConnection, batch: Sequence[TeamEvent]) -> None:
+async def append(conn: AsyncConnection, batch: Sequence[TeamEvent]) -> list[int]:
+    """Insert ``batch``; returns the ``seq`` each event got, in order."""
     if not batch:
-        return
-    await conn.execute(
-        sa.insert(events),
+        return []
+    rows = await conn.execute(
+        _APPEND,
         [
             {
                 "kind": te.event.kind.value,
@@ -39,6 +42,7 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent]) -> None:
             for te in batch
         ],
     )
+    return [r.seq for r in rows]
 
 
 async def after(
