@@ -71,6 +71,7 @@ class Config:
     # this many whole GPUs (all replicas) that cannot be placed gets the nodes that free up
     # first; later jobs use them only if their run-time estimate ends before. None: off.
     reserve_min_gpus: int | None = 8
+    reservations: int = 1  # big jobs at the head of each class (and pass) that get one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -96,13 +97,19 @@ def _check_config(config: Config) -> None:
         raise InvalidSpec("config.model_fetch_bytes_per_s", "must be > 0 or None")
     if config.model_load_bytes_per_s <= 0:
         raise InvalidSpec("config.model_load_bytes_per_s", "must be > 0")
-    if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
-        raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
+    _check_reservations(config)
     if config.model_max_wait_s < 0:
         raise InvalidSpec("config.model_max_wait_s", "must be >= 0")
     for user, weight in config.user_weights.items():
         if weight <= 0:
             raise InvalidSpec(f"config.user_weights.{user}", "must be > 0")
+
+
+def _check_reservations(config: Config) -> None:
+    if config.reservations < 0:
+        raise InvalidSpec("config.reservations", "must be >= 0")
+    if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
+        raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
 
 
 class Remedy(StrEnum):

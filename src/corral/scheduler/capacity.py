@@ -353,6 +353,16 @@ class Capacity:
             self._generations += 1
             self.generation = self._generations
 
+    def commit(self) -> None:
+        """End a cycle keeping its reserves and releases (the plan, as it will be applied);
+        its hidden nodes come back."""
+        for op, nc, *_ in self._journal:
+            if op == _HIDE and nc.hidden:
+                nc.hidden = False
+                for index in nc.groups:
+                    index.add(nc)
+        self._journal.clear()
+
     def checkpoint(self) -> tuple[int, int]:
         """A mark to roll back to."""
         return (len(self._journal), self.generation)
@@ -379,17 +389,25 @@ class Capacity:
 
     def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
         whole_before, partial_before, cpu_before = nc.whole_free, nc.partial_level, nc.cpus_free > 0
-        whole = milli in (MILLI, -MILLI)  # a whole card: all its VRAM goes with it
-        for g in gpus:
-            if 0 <= g < nc.gpu_count:
-                nc.gpu_free[g] += milli
-                if whole:
-                    nc.gpu_vram_free[g] += nc.gpu_vram[g] if milli > 0 else -nc.gpu_vram[g]
-                else:
-                    nc.gpu_vram_free[g] += vram
-        nc.cpus_free += cpus
         if gpus:
-            nc._recount()
+            free, vram_free, cards = nc.gpu_free, nc.gpu_vram_free, nc.gpu_vram
+            whole = whole_before
+            touched = False  # a card is, or was, partly used: the partial level may move
+            for g in gpus:
+                if not 0 <= g < len(cards):
+                    continue
+                was = free[g]
+                now = free[g] = was + milli
+                if milli == MILLI or milli == -MILLI:  # a whole card: all its VRAM goes with it
+                    vram_free[g] += cards[g] if milli > 0 else -cards[g]
+                else:
+                    vram_free[g] += vram
+                whole += (now == MILLI) - (was == MILLI)
+                touched = touched or 0 < was < MILLI or 0 < now < MILLI
+            nc.whole_free = whole
+            if touched:
+                nc._recount()
+        nc.cpus_free += cpus
         if nc.hidden:
             return
         for index in nc.groups:

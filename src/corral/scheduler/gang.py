@@ -44,16 +44,27 @@ def place_gang(cycle: Cycle, need: Need, replicas: int, label: str | None) -> li
 
 
 def _room(cycle: Cycle, need: Need, replicas: int) -> list[tuple[NodeCap, int]]:
-    """Every statically feasible node with room for at least one replica now."""
+    """Every statically feasible node with room for at least one replica now.
+
+    Whole-card and CPU-only needs read the capacity index (only nodes with free
+    cards or CPUs); shared-card needs look at every feasible node.
+    """
+    feasible = cycle.feasible_classes(need)
+    if need.gpus or need.cpu_only:
+        allowed = set(feasible)
+        index = cycle.cap.everywhere
+        buckets = index.whole[need.gpus :] if need.gpus else index.cpu
+        candidates = [nc for bucket in buckets for nc in bucket if nc.cls in allowed]
+    else:
+        nodes = cycle.cap.nodes
+        candidates = [nodes[idx] for cls in feasible for idx in cycle.class_members[cls]]
     found = []
-    for cls in cycle.feasible_classes(need):
-        for idx in cycle.class_members[cls]:
-            nc = cycle.cap.nodes[idx]
-            if nc.hidden or not nc.schedulable:
-                continue  # reserved for a job ahead, or taking no new work
-            count = slots(nc, need, replicas)
-            if count > 0:
-                found.append((nc, count))
+    for nc in candidates:
+        if nc.hidden or not nc.schedulable:
+            continue  # reserved for a job ahead, or taking no new work
+        count = slots(nc, need, replicas)
+        if count > 0:
+            found.append((nc, count))
     return found
 
 

@@ -33,12 +33,13 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
-from corral.scheduler.api import Config, Plan, Snapshot
+from corral.scheduler.api import Config, Placement, Plan, Snapshot
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
+from corral.scheduler.victims import VictimIndex
 
 DEFAULT_CONFIG = Config()
 
@@ -63,7 +64,10 @@ class Scheduler:
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
         self._on_node: dict[str, dict[str, Allocation]] = {}  # node -> its active allocations
         self._node_end: dict[int, float] = {}  # node index -> latest expected end there
+        self._victims = VictimIndex(self.classes)  # what preemption could evict
         self._cluster: Cluster | None = None
+        self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
+        self._released: dict[str, Allocation] = {}  # its preemptions, not yet ended
         self.nodes: tuple[Node, ...] = ()
         self._index: dict[str, int] = {}
         self.teams: tuple[Team, ...] = ()
@@ -125,6 +129,7 @@ class Scheduler:
             index[node.name] = i
         self.nodes, self._index = nodes, index
         self._cluster = None
+        self._pending, self._released = {}, {}
         self._node_end = {}
         for name, allocs in self._on_node.items():
             self._recompute_end(name, allocs)
@@ -178,6 +183,7 @@ class Scheduler:
     def _decide(self, now: float, explain: bool, keep: bool) -> Plan:
         """One cycle; ``keep=False`` leaves the kept cluster in its end-of-cycle state and
         drops it (a throwaway scheduler saves the rollback)."""
+        self._reconcile()
         if not self.queue:
             return Plan()
         cycle = Cycle(self._cluster_now(), self.config, now, ends=self._node_end)
@@ -187,19 +193,41 @@ class Scheduler:
                 cycle,
                 ledger,
                 self.queue,
-                self.allocations.values(),
+                self._victims,
                 self.classes,
                 model_sizes=self.model_sizes,
                 node_work=self._work,
                 explain=explain,
             )
             Passes(planner, self.queue, self._running).run()
-            return planner.plan()
-        finally:
-            if keep:
-                cycle.rollback(cycle.start)
-            else:
-                self._cluster = None
+            plan = planner.plan()
+        except BaseException:
+            cycle.rollback(cycle.start)
+            raise
+        if not keep:
+            self._cluster = None
+            return plan
+        # Keep the plan's reserves and releases: the caller usually applies the plan, and
+        # ``start``/``end`` then find the capacity already taken or given back; what it
+        # does not apply is undone when the next cycle starts (``_reconcile``).
+        cycle.cap.commit()
+        self._pending = {p.allocation_id: p for p in plan.placements}
+        for stop in plan.preemptions:
+            alloc = self.allocations.get(stop.allocation_id)
+            if alloc is not None and alloc.active:
+                self._released[alloc.id] = alloc
+        return plan
+
+    def _reconcile(self) -> None:
+        """Undo what the last plan took or gave back and its caller did not apply."""
+        cluster, pending, released = self._cluster, self._pending, self._released
+        self._pending, self._released = {}, {}
+        if cluster is None:
+            return
+        for p in pending.values():
+            _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
+        for a in released.values():
+            _adjust(cluster, a.node, a.gpu_indices, a.on_cpu, -a.gpu_milli, -a.vram_bytes, -a.cpus)
 
     def _cluster_now(self) -> Cluster:
         """The kept cluster, rebuilt when selectors or models of the queue outgrew it."""
@@ -207,6 +235,7 @@ class Scheduler:
         keys = set(self.queue.label_keys)
         models = set(self.queue.models)
         if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
+            self._pending, self._released = {}, {}
             active = (a for allocs in self._on_node.values() for a in allocs.values())
             cluster = self._cluster = Cluster(self.nodes, keys, models, active)
         return cluster
@@ -225,25 +254,33 @@ class Scheduler:
         users[alloc.user] = users.get(alloc.user, 0.0) + sign
         on_node = self._on_node.setdefault(alloc.node, {})
         if sign > 0:
+            self._victims.add(alloc)
             on_node[alloc.id] = alloc
             if expected_end is not None:
                 idx = self._index.get(alloc.node)
                 if idx is not None and expected_end > self._node_end.get(idx, float("-inf")):
                     self._node_end[idx] = expected_end
         else:
+            self._victims.remove(alloc)
             del on_node[alloc.id]
             if expected_end is not None:
                 self._recompute_end(alloc.node, on_node)
             if not on_node:
                 del self._on_node[alloc.node]
-        if self._cluster is not None:
-            cap = self._cluster.cap
-            nc = cap.by_name.get(alloc.node)
-            if nc is not None:
-                gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
-                cap.adjust(
-                    nc, gpus, -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
-                )
+        cluster = self._cluster
+        if cluster is None:
+            return
+        if sign > 0:
+            planned = self._pending.pop(alloc.id, None)
+            if planned is not None and _same(planned, alloc):
+                return  # the last cycle took this capacity already
+            if planned is not None:  # applied differently: give the planned room back first
+                p = planned
+                _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
+        elif self._released.pop(alloc.id, None) is not None:
+            return  # the last cycle gave this capacity back already
+        milli, vram, cpus = -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
+        _adjust(cluster, alloc.node, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: str, allocs: Mapping[str, Allocation]) -> None:
         idx = self._index.get(node)
@@ -303,3 +340,30 @@ def schedule_once(snapshot: Snapshot, config: Config, now: float, seed: int) -> 
     """``Scheduler.from_snapshot(snapshot, config).schedule(now, seed)``, for a throwaway
     scheduler: what ``schedule`` is."""
     return Scheduler.from_snapshot(snapshot, config)._decide(now, explain=True, keep=False)
+
+
+def _adjust(
+    cluster: Cluster,
+    node: str,
+    indices: tuple[int, ...],
+    on_cpu: bool,
+    milli: int,
+    vram: int,
+    cpus: int,
+) -> None:
+    """Between cycles: give back (positive) or take (negative) capacity on the kept cluster."""
+    nc = cluster.cap.by_name.get(node)
+    if nc is not None:
+        cluster.cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)
+
+
+def _same(p: Placement, alloc: Allocation) -> bool:
+    """Does ``alloc`` hold exactly what placement ``p`` reserved?"""
+    return (
+        p.node == alloc.node
+        and p.gpu_indices == alloc.gpu_indices
+        and p.gpu_milli == alloc.gpu_milli
+        and p.vram_bytes == alloc.vram_bytes
+        and p.cpus == alloc.cpus
+        and p.on_cpu == alloc.on_cpu
+    )

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
+
+Q = TypeVar("Q", bound=Hashable)
 
 
 def job_key(job: Job) -> tuple[float, str]:
@@ -118,3 +121,119 @@ class FairQueue:
             nxt = own[at]
             heapq.heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
         return job
+
+
+class LiveQueue(Generic[Q]):
+    """Weighted round robin across users, over the jobs of groups that are still live.
+
+    ``groups`` maps each group to its jobs by user (each user's sorted by
+    ``job_key``). Only groups ``live`` says may still be placed are walked,
+    and only their users are looked at; a user's next job is its oldest job in
+    such a group (``usable`` rejects jobs already decided or not ready). A
+    group found dead is skipped whole, never job by job. A user's turn is used
+    only when ``done`` says the job was placed: a job that stays queued costs
+    its user nothing. Each job is handed out at most once; after a change that
+    may revive groups (capacity given back), ``refill``.
+    """
+
+    def __init__(
+        self,
+        groups: Mapping[Q, Mapping[str, Sequence[Job]]],
+        weights: Mapping[str, float],
+        running: Mapping[str, float],
+        live: Callable[[Q], bool],
+        usable: Callable[[Job], bool],
+        only: Callable[[Q], bool] | None = None,
+    ) -> None:
+        self._groups = groups
+        self._candidates = [g for g in groups if only is None or only(g)]
+        self._weights = weights
+        self._running = running
+        self._live = live
+        self._usable = usable
+        self._cursor: dict[tuple[Q, str], int] = {}
+        self._vt: dict[str, float] = {}
+        self._step: dict[str, float] = {}
+        self._tie: dict[str, float] = {}
+        self._mine: dict[str, list[Q]] = {}  # per user: the live groups it holds jobs in
+        self._heap: list[tuple[float, float, float, str, str, Q]] = []
+        self.refill()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def refill(self) -> None:
+        """Find every user's next job again (groups may have come back to life)."""
+        mine: dict[str, list[Q]] = {}
+        for group in self._candidates:
+            if self._live(group):
+                for user in self._groups[group]:
+                    mine.setdefault(user, []).append(group)
+        self._mine = mine
+        heap = []
+        for user in mine:
+            if user not in self._vt:
+                self._start(user)
+            entry = self._entry(user)
+            if entry is not None:
+                heap.append(entry)
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def _start(self, user: str) -> None:
+        weight = self._weights.get(user, 1.0)
+        if weight <= 0:
+            weight = 1.0
+        self._vt[user] = 0.0
+        self._step[user] = 1.0 / weight
+        self._tie[user] = self._running.get(user, 0.0) / weight
+
+    def pop(self) -> Job | None:
+        """The next job: the least served user's oldest live job (None: no live job left)."""
+        heap = self._heap
+        while heap:
+            entry = heapq.heappop(heap)
+            user, group = entry[4], entry[5]
+            if entry[0] == self._vt[user] and self._live(group):
+                job = self._groups[group][user][self._cursor[group, user]]
+                if self._usable(job):
+                    return job
+            again = self._entry(user)  # its group died, or its turn was used: look again
+            if again is not None:
+                heapq.heappush(heap, again)
+        return None
+
+    def done(self, job: Job, group: Q, placed: bool, riders: Iterable[Job] = ()) -> None:
+        """``job`` (from ``pop``) was decided; ``placed`` uses its user's turn, and each job
+        that joined its allocation (a batch) uses its own user's."""
+        user = job.user
+        self._cursor[group, user] += 1
+        if placed:
+            self._vt[user] += self._step[user]
+        for rider in riders:
+            if rider.user in self._vt:
+                self._vt[rider.user] += self._step[rider.user]
+        entry = self._entry(user)
+        if entry is not None:
+            heapq.heappush(self._heap, entry)
+
+    def _entry(self, user: str) -> tuple[float, float, float, str, str, Q] | None:
+        """The heap entry of ``user``'s next live, usable job."""
+        best: Job | None = None
+        best_group: Q | None = None
+        cursor, usable, live = self._cursor, self._usable, self._live
+        for group in self._mine.get(user, ()):
+            if not live(group):
+                continue
+            jobs = self._groups[group][user]
+            at = cursor.get((group, user), 0)
+            while at < len(jobs) and not usable(jobs[at]):
+                at += 1
+            cursor[group, user] = at
+            if at < len(jobs):
+                job = jobs[at]
+                if best is None or (job.submitted_at, job.id) < (best.submitted_at, best.id):
+                    best, best_group = job, group
+        if best is None or best_group is None:
+            return None
+        return (self._vt[user], self._tie[user], best.submitted_at, best.id, user, best_group)

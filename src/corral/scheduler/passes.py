@@ -1,94 +1,68 @@
-"""The passes of a cycle, and stopping them early.
+"""The passes of a cycle.
 
     admit       unknown priority class -> unplaced (none); future not_before -> (wait)
     guaranteed  classes by rank; inside a class, fair round robin across users;
                 only work that keeps its team within quota (may reclaim by preemption)
-    borrowing   what was over quota, classes by rank; inside a class the team that
-                borrows least per weight goes next, then fair across its users
+    borrowing   what is left, classes by rank; inside a class the team that
+                borrows least per weight goes next, then fair across its users;
+                up to each team's quota + borrowing limit
+    explain     (when asked) every job still queued, with reasons and a remedy
 
-Without explanations (``explain=False``: the simulator's mode, and any caller
-that only wants placements and preemptions), a pass skips the jobs
-``Planner.doomed`` says would be left queued without changing anything, and
-stops as soon as that holds for every job still in it: each *group* of alike
-jobs left in the pass (``queues.Group``) is checked against the memos, after
-as many skips in a row as there are groups. Jobs a stopped guaranteed pass
-never reached are deferred to the borrowing pass exactly when the ledger, as
-it stood then, says they are over quota. So a cycle costs what changed (jobs
-placed, room given back), not the length of the queue; the placements and
-preemptions are the same as with explanations (a hypothesis test checks).
-Classes with batchable jobs are walked in full (a skipped job could otherwise
-join a later batch).
+Each pass walks groups of alike jobs, not jobs (``ordering.LiveQueue``): a
+group that cannot place anything now (``Planner.live``: over quota, or every
+way of placing it already failed since capacity was last given back) is
+skipped whole, and a pass ends when no group is live. So a cycle costs what
+changed (jobs placed, room given back, a reservation made), not the length of
+the queue. A user's turn is used only by a job that is placed: jobs of its
+that cannot run now do not push its other jobs back. Explanations, when
+asked, are worked out at the end of the cycle, per group and cached, and do
+not change the placements: the plan without them has the same placements
+and preemptions.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterable
 
 from corral.core.model import EMPTY, Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
-from corral.scheduler.ordering import FairQueue, by_rank
-from corral.scheduler.planner import CYCLE_LIMIT, Planner, Verdict
-from corral.scheduler.queues import Group, Queue
-
-LIVE, DEFER, DEAD = Verdict.LIVE, Verdict.DEFER, Verdict.DEAD
-
-
-@dataclass(slots=True)
-class Stop:
-    """Where a guaranteed pass stopped early: who it reached, and the usage then."""
-
-    popped: set[str]
-    used: dict[str, int]
-    left: Counter[Group]
-
-
-@dataclass(slots=True)
-class Deferred:
-    """What a class's guaranteed pass left for its borrowing pass."""
-
-    ids: set[str]
-    counts: Counter[Group]
-    stop: Stop | None
+from corral.scheduler.ordering import FairQueue, LiveQueue, by_rank, job_key
+from corral.scheduler.planner import Planner
+from corral.scheduler.queues import Group, Holders, Queue
 
 
 class Passes:
     """Runs the passes of one cycle over ``queue`` with ``planner``."""
 
     def __init__(
-        self, planner: Planner, queue: Queue, running: Mapping[str, Mapping[str, float]]
+        self, planner: Planner, queue: Queue, running: dict[str, dict[str, float]]
     ) -> None:
         self.planner = planner
         self.queue = queue
         self.running = running
-        self.now = now = planner.now
+        self.now = planner.now
         self.weights = planner.config.user_weights
-        self.stopped = False  # the cycle limit was reached (without explanations: stop)
-        if now >= 0:
-            waiting = [j for j in queue.timed.values() if j.not_before > now]
-        else:
-            waiting = [j for j in queue.jobs.values() if j.not_before > now]
-        self.waiting = waiting
-        self.keep: Callable[[Job], bool] | None = (
-            (lambda job: job.not_before <= now) if waiting else None
+        self.ranked = by_rank(planner.config.priority_classes)
+        decided, now = planner.decided, self.now
+        self.usable: Callable[[Job], bool] = lambda job: (
+            job.id not in decided and job.not_before <= now
         )
-        self._deferred: dict[str, Deferred] = {}
 
     def run(self) -> None:
-        if self.planner.explain:
+        planner = self.planner
+        if planner.explain:
             self._admit()
-        ranked = by_rank(self.planner.config.priority_classes)
-        for pclass in ranked:
-            self._guaranteed(pclass)
-            if self.stopped:
-                return
-        for pclass in ranked:
-            self._borrowing(pclass)
-            if self.stopped:
-                return
+        for pclass in self.ranked:
+            if not planner.stopped:
+                self._guaranteed(pclass)
+        for pclass in self.ranked:
+            if not planner.stopped:
+                self._borrowing(pclass)
+        if planner.explain:
+            self._explain()
 
     def _admit(self) -> None:
         """Leave, with their reasons, jobs of unknown classes and jobs still backing off."""
@@ -101,136 +75,155 @@ class Passes:
                 text = f"retry backoff: not before {job.not_before - now:.0f}s from now"
                 planner.leave(job, simple(ReasonCode.NOT_BEFORE, text, Remedy.WAIT))
 
-    def _fast(self, cls: str) -> bool:
-        return not self.planner.explain and not self.queue.batchable.get(cls)
-
     def _guaranteed(self, pclass: PriorityClass) -> None:
-        cls = pclass.name
-        users = self.queue.by_user.get(cls)
-        if not users:
+        """Within-quota work of one class, fair across users."""
+        groups = self.queue.lists.get(pclass.name)
+        if not groups:
             return
-        queue = FairQueue.over(users, self.weights, self.running.get(cls, EMPTY), self.keep)
-        deferred = self._deferred[cls] = Deferred(set(), Counter(), None)
-        planner, groups = self.planner, self.queue.groups
-        if not self._fast(cls):
-            for job in queue:
-                if not planner.consider(job, pclass, guaranteed=True):
-                    deferred.ids.add(job.id)
-                    deferred.counts[groups[job.id]] += 1
-            return
-        left = self._ready_counts(cls)
-        popped: set[str] = set()
-        streak = 0
-        for job in queue:
-            popped.add(job.id)
-            group = groups[job.id]
-            left[group] -= 1
-            verdict = self._step(job, group, pclass, guaranteed=True)
-            if self.stopped:
+        self._head(pclass, groups, guaranteed=True)
+        live = self._live(pclass, guaranteed=True)
+        running = self.running.get(pclass.name, EMPTY)
+        queue = LiveQueue(groups, self.weights, running, live, self.usable)
+        planner, of = self.planner, self.queue.groups
+        state = planner.state()
+        while (job := queue.pop()) is not None:
+            placed = planner.consider(job, pclass, guaranteed=True)
+            group = of[job.id]
+            live.touched(group)
+            queue.done(job, group, placed, planner.riders if placed else ())
+            if planner.stopped:
                 return
-            if verdict is DEFER:
-                deferred.ids.add(job.id)
-                deferred.counts[group] += 1
-            if verdict is LIVE:
-                streak = 0
-                continue
-            streak += 1
-            if streak >= len(left):
-                streak = 0
-                if self._all_dead(left, pclass, guaranteed=True):
-                    used = {g.team: planner.ledger.used(g.team) for g in left}
-                    deferred.stop = Stop(popped, used, left)
-                    return
+            if planner.state() != state:
+                state = planner.state()
+                live.reset()
+                queue.refill()
 
     def _borrowing(self, pclass: PriorityClass) -> None:
-        cls = pclass.name
-        deferred = self._deferred.get(cls)
-        if deferred is None:
+        """What is left of one class: the team borrowing least per weight first."""
+        groups = self.queue.lists.get(pclass.name)
+        if not groups:
             return
-        counts, stop = deferred.counts, deferred.stop
-        ledger = self.planner.ledger
-        if stop is not None:
-            for group, n in stop.left.items():
-                if n > 0 and not self._within_at_stop(stop, group.team, group):
-                    counts[group] += n
-        teams = sorted({g.team for g, n in counts.items() if n > 0})
+        self._head(pclass, groups, guaranteed=False)
+        live = self._live(pclass, guaranteed=False)
+        teams = sorted({g.team for g in groups if live(g)})
         if not teams:
             return
-        keep = self._deferred_filter(deferred)
-        running = self.running.get(cls, EMPTY)
+        running = self.running.get(pclass.name, EMPTY)
         queues = {
-            t: FairQueue.over(self.queue.by_team[cls][t], self.weights, running, keep)
-            for t in teams
+            t: LiveQueue(groups, self.weights, running, live, self.usable, _team(t)) for t in teams
         }
+        planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
         heapq.heapify(heap)
-        fast = self._fast(cls)
-        streak = 0
+        state = planner.state()
         while heap:
             _, team = heapq.heappop(heap)
             queue = queues[team]
             job = queue.pop()
-            if not fast:
-                self.planner.consider(job, pclass, guaranteed=False)
-            else:
-                group = self.queue.groups[job.id]
-                counts[group] -= 1
-                verdict = self._step(job, group, pclass, guaranteed=False)
-                if self.stopped:
-                    return
-                streak = 0 if verdict is LIVE else streak + 1
-                if streak >= len(counts):
-                    streak = 0
-                    if self._all_dead(counts, pclass, guaranteed=False):
-                        return
-            if queue:
+            if job is None:
+                continue
+            placed = planner.consider(job, pclass, guaranteed=False)
+            group = of[job.id]
+            live.touched(group)
+            queue.done(job, group, placed, planner.riders if placed else ())
+            if planner.stopped:
+                return
+            if planner.state() != state:  # groups may live again: every team's queue
+                state = planner.state()
+                live.reset()
+                for q in queues.values():
+                    q.refill()
+                heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
+                heapq.heapify(heap)
+            elif queue:
                 heapq.heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
 
-    def _step(self, job: Job, group: Group, pclass: PriorityClass, guaranteed: bool) -> Verdict:
-        """Decide one job, skipping it when memos say it would be left unchanged."""
+    def _head(self, pclass: PriorityClass, groups: dict[Group, Holders], guaranteed: bool) -> None:
+        """The oldest big jobs this pass may place go first (``reservation.py``)."""
         planner = self.planner
-        if job.id in planner.decided:
-            return DEAD
-        if planner.at_limit():
-            planner.leave(job, CYCLE_LIMIT)
-            self.stopped = True
-            return DEAD
-        verdict = planner.doomed(group, pclass, guaranteed, job.estimated_runtime_s)
-        if verdict is not LIVE:
-            return verdict
-        if not planner.consider(job, pclass, guaranteed):
-            return DEFER
-        return LIVE
+        count = planner.config.reservations
+        if planner.stopped or planner.config.reserve_min_gpus is None or count < 1:
+            return
+        big, ledger, usable = planner.reservations.big, planner.ledger, self.usable
+        heads: list[Job] = []
+        for group, holders in groups.items():
+            if not big(group.need, group.replicas):
+                continue
+            lowest = group.need.nominal_milli() * group.replicas
+            allowed = ledger.within_quota if guaranteed else ledger.within_limit
+            if not allowed(group.team, lowest):
+                continue
+            for jobs in holders.values():
+                heads.extend(itertools.islice((j for j in jobs if usable(j)), count))
+        for job in heapq.nsmallest(count, heads, key=job_key):
+            if planner.stopped:
+                return
+            planner.head(job, pclass, guaranteed)
 
-    def _all_dead(self, left: Counter[Group], pclass: PriorityClass, guaranteed: bool) -> bool:
-        """Would every job still in the pass be left queued (or deferred)?"""
-        doomed = self.planner.doomed
-        return all(
-            n <= 0 or doomed(g, pclass, guaranteed, g.floor) is not LIVE for g, n in left.items()
-        )
+    def _live(self, pclass: PriorityClass, guaranteed: bool) -> Liveness:
+        return Liveness(self.planner, pclass, guaranteed, self.queue.lists[pclass.name])
 
-    def _ready_counts(self, cls: str) -> Counter[Group]:
-        counts = Counter(self.queue.counts[cls])
-        for job in self.waiting:
-            if job.priority == cls:
-                counts[self.queue.groups[job.id]] -= 1
-        return counts
+    def _explain(self) -> None:
+        """Every job still queued, with reasons: classes by rank, fair order inside each."""
+        planner, usable, waiting = self.planner, self.usable, self.planner.reasons
+        for pclass in self.ranked:
+            groups = self.queue.lists.get(pclass.name)
+            if not groups:
+                continue
+            left = [
+                job
+                for holders in groups.values()
+                for jobs in holders.values()
+                for job in jobs
+                if job.id in waiting or usable(job)  # a wait for a model holder has its reason
+            ]
+            running = self.running.get(pclass.name, EMPTY)
+            for job in FairQueue(left, self.weights, running):
+                planner.leave(job, planner.explanation(job, pclass))
 
-    def _within_at_stop(self, stop: Stop, team: str, group: Group) -> bool:
-        lowest = group.need.nominal_milli() * group.replicas
-        return stop.used.get(team, 0) + lowest <= self.planner.ledger.quota(team)
 
-    def _deferred_filter(self, deferred: Deferred) -> Callable[[Job], bool]:
-        """Jobs the guaranteed pass deferred, counting those a stopped pass never reached."""
-        ids, stop, now, groups = deferred.ids, deferred.stop, self.now, self.queue.groups
-        if stop is None:
-            return lambda job: job.id in ids
+class Liveness:
+    """``Planner.live`` for one pass and class, remembered per group.
 
-        def keep(job: Job) -> bool:
-            if job.id in ids:
-                return True
-            if job.id in stop.popped or job.not_before > now:
-                return False
-            return not self._within_at_stop(stop, job.team, groups[job.id])
+    What a decision can change: memos of its need (a failure), its team's
+    usage (a placement). So after a job is decided only the groups sharing its
+    need or team are asked again; everything is, after capacity comes back or
+    a reservation is made (``reset``), and after a CPU-offload try.
+    """
 
-        return keep
+    def __init__(
+        self, planner: Planner, pclass: PriorityClass, guaranteed: bool, groups: Iterable[Group]
+    ) -> None:
+        self._ask = planner.live
+        self._pclass = pclass
+        self._guaranteed = guaranteed
+        self._known: dict[Group, bool] = {}
+        self._by_need: dict[object, list[Group]] = {}
+        self._by_team: dict[str, list[Group]] = {}
+        for group in groups:
+            self._by_need.setdefault(group.need, []).append(group)
+            self._by_team.setdefault(group.team, []).append(group)
+
+    def __call__(self, group: Group) -> bool:
+        known = self._known.get(group)
+        if known is None:
+            known = self._known[group] = self._ask(group, self._pclass, self._guaranteed)
+        return known
+
+    def touched(self, group: Group) -> None:
+        """A job of ``group`` was just decided."""
+        if group.cpu:
+            self._known.clear()
+            return
+        known = self._known
+        for other in self._by_need.get(group.need, ()):
+            known.pop(other, None)
+        for other in self._by_team.get(group.team, ()):
+            known.pop(other, None)
+
+    def reset(self) -> None:
+        self._known.clear()
+
+
+def _team(team: str) -> Callable[[Group], bool]:
+    return lambda group: group.team == team

@@ -4,23 +4,22 @@ For each job, in the order the passes give: check the team's quota, find
 room for every replica on the working copy (one replica, or a gang all or
 nothing), else backfill it into a reservation it ends before, else make room
 by preemption when the job is owed it, else run it on CPU slots when its
-class allows and it says it can, else leave it queued with reasons (and, when
-it is the first big job of its class to wait, reserve the nodes that should
-free up for it first: ``reservation.py``). A placed sample job takes
+class allows and it says it can; else it stays queued (and, when it is the
+first big job of its class to wait, the nodes that should free up for it
+first are reserved: ``reservation.py``). A placed sample job takes
 compatible queued jobs into its allocation (a batch).
 
 Every "does not fit" answer is remembered until capacity is given back (a
-memo keyed by the capacity generation), so ``doomed`` can tell, from memos
-alone, that a job would be left queued without changing anything: the
-passes skip such jobs without explaining them when no explanation is asked.
+memo keyed by the capacity generation), so ``live`` can tell from memos
+alone that no job of a group can be placed now: the passes skip the group.
+Reasons for the jobs left queued are worked out at the end (``explanation``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from enum import Enum
+from collections.abc import Mapping
 
-from corral.core.model import Allocation, Job, PriorityClass
+from corral.core.model import Job, PriorityClass
 from corral.core.resources import MILLI
 from corral.scheduler.api import (
     Placement,
@@ -42,17 +41,10 @@ from corral.scheduler.queues import Group, Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.reservation import NodeWork, Reservations
 from corral.scheduler.routing import ModelRouter
+from corral.scheduler.victims import VictimIndex
 
 Explanation = tuple[tuple[Reason, ...], Remedy]
 CYCLE_LIMIT = simple(ReasonCode.CYCLE_LIMIT, "cycle placement limit reached", Remedy.WAIT)
-
-
-class Verdict(Enum):
-    """What ``consider`` would do with a job, as far as memos can tell."""
-
-    LIVE = 0  # it may be placed, or change something: consider it
-    DEFER = 1  # over quota in the guaranteed pass: it waits for the borrowing pass
-    DEAD = 2  # it would be left queued, changing nothing
 
 
 class Planner:
@@ -63,7 +55,7 @@ class Planner:
         cycle: Cycle,
         ledger: Ledger,
         queue: Queue,
-        allocations: Iterable[Allocation],
+        victims: VictimIndex,
         classes: Mapping[str, PriorityClass],
         *,
         model_sizes: Mapping[str, int],
@@ -77,7 +69,7 @@ class Planner:
         self.ledger = ledger
         self.queue = queue
         self.explain = explain
-        self._allocations = allocations
+        self._victims = victims
         self._preemptor: Preemptor | None = None  # built on first need: most cycles preempt nothing
         self.batcher = Batcher.over(queue.batches, config.max_batch_size)
         self.router = ModelRouter(cycle, config, model_sizes)
@@ -86,7 +78,10 @@ class Planner:
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.unplaced: list[Unplaced] = []
-        self.decided: set[str] = set()
+        self.decided: set[str] = set()  # placed, or left with a reason of their own
+        self.reasons: dict[str, Explanation] = {}  # those reasons (a wait for a model holder)
+        self.stopped = False  # the cycle placement limit was reached
+        self.riders: tuple[Job, ...] = ()  # jobs that joined the last placement (a batch)
         self.position = 0
         self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = cycle.memo()
         self._no_room: Memo[tuple[Need, Ask, bool], int] = cycle.memo()
@@ -98,66 +93,58 @@ class Planner:
     def preemptor(self) -> Preemptor:
         if self._preemptor is None:
             self._preemptor = Preemptor(
-                self._allocations,
-                self.classes,
+                self._victims,
                 self.now,
                 self.config.min_runtime_before_preemption_s,
                 self.cycle,
             )
         return self._preemptor
 
-    def at_limit(self) -> bool:
-        limit = self.config.max_placements_per_cycle
-        return limit is not None and len(self.placements) >= limit
+    def state(self) -> tuple[int, int]:
+        """What, when it changes, may bring many groups back to ``live``: capacity given
+        back, a new reservation (room to backfill)."""
+        return (self.cycle.cap.generation, len(self.reservations.held))
 
     def consider(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> bool:
-        """Decide ``job``; ``False`` means "not now: it is over quota" (try when borrowing)."""
+        """Decide ``job`` now; True when it was placed. ``guaranteed``: the within-quota pass."""
         if job.id in self.decided:
-            return True
-        if self.at_limit():
-            self.leave(job, CYCLE_LIMIT)
-            return True
+            return False
+        limit = self.config.max_placements_per_cycle
+        if limit is not None and len(self.placements) >= limit:
+            self.stopped = True
+            if not self.explain:
+                self.leave(job, CYCLE_LIMIT)  # callers watch for it
+            return False
         need = self.queue.needs[job.id]
         lowest = need.nominal_milli() * job.replicas
         if guaranteed and not self.ledger.within_quota(job.team, lowest):
             return False
         if not guaranteed and not self.ledger.within_limit(job.team, lowest):
-            self.leave(job, self._quota_reason(job))
-            return True
+            return False
         return self._place(job, pclass, need, guaranteed)
 
-    def doomed(
-        self, group: Group, pclass: PriorityClass, guaranteed: bool, runtime: float | None
-    ) -> Verdict:
-        """What ``consider`` would do with a job of ``group``, from memos alone.
-
-        ``DEAD`` only when every step of ``_place`` would fail on a memo hit, so
-        skipping the job changes nothing but its (unasked) explanation.
-        """
+    def live(self, group: Group, pclass: PriorityClass, guaranteed: bool) -> bool:
+        """Might a job of ``group`` be placed now (or change something)? False only when the
+        quota says no, or every way ``_place`` has failed on a memo since capacity was last
+        given back: then its jobs are skipped, not tried one by one."""
         team, need, replicas = group.team, group.need, group.replicas
         lowest = need.nominal_milli() * replicas
+        ledger = self.ledger
         if guaranteed:
-            if not self.ledger.within_quota(team, lowest):
-                return Verdict.DEFER
-        elif not self.ledger.within_limit(team, lowest):
-            return Verdict.DEAD
+            if not ledger.within_quota(team, lowest):
+                return False
+        elif not ledger.within_limit(team, lowest):
+            return False
         if not self._fit_failed(need, replicas):
-            return Verdict.LIVE
-        if replicas == 1 and self.reservations.could_backfill(need, runtime):
-            return Verdict.LIVE
-        if self.config.preemption:
-            key = (need, replicas, _ask(team, pclass, guaranteed))
-            if self._preempt_failed.get(key) != self.cycle.cap.generation:
-                return Verdict.LIVE
-        if group.cpu and pclass.cpu_offload:
-            cpu_need = Need(
-                cpus=need.cpus, selector=need.selector, backend=need.backend, on_cpu=True
-            )
-            if not self._fit_failed(cpu_need, replicas):
-                return Verdict.LIVE
-        if self.reservations.wanted(need, replicas, pclass.name, guaranteed):
-            return Verdict.LIVE
-        return Verdict.DEAD
+            return True
+        if replicas == 1 and self.reservations.could_backfill(need, group.floor):
+            return True
+        ask = _ask(team, pclass, guaranteed)
+        may_evict = self.config.preemption and (ask.reclaim or ask.priority)
+        generation = self.cycle.cap.generation
+        if may_evict and self._preempt_failed.get((need, replicas, ask)) != generation:
+            return True
+        return group.cpu and pclass.cpu_offload and not self._fit_failed(_on_cpu(need), replicas)
 
     def _fit_failed(self, need: Need, replicas: int) -> bool:
         if replicas == 1:
@@ -172,8 +159,9 @@ class Planner:
             if wait is not None:
                 self.cycle.rollback(mark)
                 self.router.book(wait)
-                self.leave(job, (wait.reasons, wait.remedy))
-                return True
+                self.decided.add(job.id)
+                self.reasons[job.id] = (wait.reasons, wait.remedy)
+                return False
         if fits is None and not job.gang:
             fit = self.reservations.backfill(need, job.estimated_runtime_s)
             fits = None if fit is None else [fit]
@@ -190,19 +178,22 @@ class Planner:
                 return False
             if not guaranteed and not self.ledger.within_limit(job.team, charge):
                 self.cycle.rollback(mark)
-                self.leave(job, self._quota_reason(job))
-                return True
+                return False
             self._record(job, fits, on_cpu=False, borrowed=not within, rooms=rooms)
             return True
         cpu = pclass.cpu_offload and job.resources.cpu_fallback and job.resources.wants_gpu
-        cpu_fits = self._fit_all(job, self.queue.cpu_need(job)) if cpu else None
+        cpu_fits = self._fit_all(job, _on_cpu(need)) if cpu else None
         if cpu_fits is not None:
             self._record(job, cpu_fits, on_cpu=True, borrowed=False, rooms=[])
             return True
-        if self.reservations.wanted(need, job.replicas, pclass.name, guaranteed):
-            self.reservations.reserve(job.id, need, job.replicas, pclass.name, guaranteed)
-        self.leave(job, self._explain(job, pclass, need, guaranteed) if self.explain else None)
-        return True
+        return False
+
+    def head(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> None:
+        """Decide the big job at the head of its class first; reserve for it if it cannot
+        start (``reservation.py``)."""
+        placed = self.consider(job, pclass, guaranteed)
+        if not placed and job.id not in self.decided and not self.stopped:
+            self.reservations.reserve(job.id, self.queue.needs[job.id], job.replicas)
 
     def _fit_with_preemption(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
@@ -213,6 +204,8 @@ class Planner:
         is given back: the same job shape would fail the same way.
         """
         ask = _ask(job.team, pclass, guaranteed)
+        if not (ask.reclaim or ask.priority):
+            return None  # it may evict nobody (and the job did not fit without evictions)
         key = (need, job.replicas, ask)
         generation = self.cycle.cap.generation
         if not patient and self._preempt_failed.get(key) == generation:
@@ -276,6 +269,7 @@ class Planner:
         )
         job_ids = tuple(j.id for j in members)
         self.decided.update(job_ids)
+        self.riders = members[1:]
         by_node: dict[str, tuple[str, ...]] = {}
         for room in rooms:
             ids = tuple(a.id for v in room.victims for a in v.allocs)
@@ -306,6 +300,20 @@ class Planner:
                     Preemption(alloc.id, alloc.job_ids, alloc.node, job.id, f"{why} for {job.id}")
                 )
         self.position += 1
+
+    def explanation(self, job: Job, pclass: PriorityClass) -> Explanation:
+        """Why ``job`` is still queued at the end of the cycle, and what could help."""
+        reason = self.reasons.get(job.id)
+        if reason is not None:
+            return reason
+        if self.stopped:
+            return CYCLE_LIMIT
+        need = self.queue.needs[job.id]
+        lowest = need.nominal_milli() * job.replicas
+        if not self.ledger.within_limit(job.team, lowest):
+            return self._quota_reason(job)
+        guaranteed = self.ledger.within_quota(job.team, lowest)
+        return self._explain(job, pclass, need, guaranteed)
 
     def _explain(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool
@@ -348,12 +356,10 @@ class Planner:
         )
         return simple(ReasonCode.QUOTA_EXCEEDED, text, Remedy.WAIT)
 
-    def leave(self, job: Job, why: Explanation | None) -> None:
-        """``job`` stays queued; recorded with its reasons when explanations are asked
-        (and, always, the first job the cycle limit leaves: callers watch for it)."""
+    def leave(self, job: Job, why: Explanation) -> None:
+        """``job`` stays queued, for these reasons."""
         self.decided.add(job.id)
-        if why is not None and (self.explain or why is CYCLE_LIMIT):
-            self.unplaced.append(Unplaced(job.id, self.position, why[0], why[1]))
+        self.unplaced.append(Unplaced(job.id, self.position, why[0], why[1]))
         self.position += 1
 
     def plan(self) -> Plan:
@@ -366,3 +372,8 @@ class Planner:
 
 def _ask(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
     return Ask(team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)
+
+
+def _on_cpu(need: Need) -> Need:
+    """The CPU-offload variant of ``need`` (as ``need_of(job, on_cpu=True)`` gives it)."""
+    return Need(cpus=need.cpus, selector=need.selector, backend=need.backend, on_cpu=True)

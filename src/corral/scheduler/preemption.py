@@ -23,40 +23,20 @@ not let the preemptor run.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from corral.core.model import Allocation, PriorityClass
-from corral.core.states import AllocDesired
 from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
 from corral.scheduler.quota import Ledger
+from corral.scheduler.victims import Victim, VictimIndex, milli_on
 
 NODES_TO_TRY = 16
 """Nodes where evictions would work, evaluated per attempt at most (those with the
 most reclaimable room first): bounds the cost in a full cluster. A one-victim
 option stops the search at once."""
-
-
-@dataclass(slots=True, eq=False)
-class Victim:
-    """What one eviction removes: an allocation, or all allocations of a gang.
-
-    Not frozen only because building thousands per cycle must be cheap; never changed.
-    """
-
-    allocs: tuple[Allocation, ...]
-    team: str
-    rank: int
-    milli: int
-    lost_s: float  # work since the last checkpoint (or start): what eviction throws away
-    progress: float
-    borrowed: bool  # placed beyond its team's quota: the first to give back
-    started_at: float  # of its youngest allocation: the minimum run time counts from here
-    cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +60,7 @@ class Preemptor:
 
     def __init__(
         self,
-        allocations: Iterable[Allocation],
-        classes: Mapping[str, PriorityClass],
+        index: VictimIndex,
         now: float,
         min_runtime_s: float,
         cycle: Cycle,
@@ -92,24 +71,17 @@ class Preemptor:
         self._gone: Memo[str, bool] = cycle.memo()
         self._left: Memo[str, int] = cycle.memo()
         self._min_runtime_s = min_runtime_s
-        self._by_node: dict[str, list[Victim]] = defaultdict(list)
-        for victim in _units(allocations, classes, now):
-            allocs = victim.allocs
-            if len(allocs) == 1:
-                self._by_node[allocs[0].node].append(victim)
-                continue
-            for node in sorted({a.node for a in allocs}):
-                self._by_node[node].append(victim)
-        self._by_team: dict[str, dict[str, int]] = defaultdict(dict)  # team -> node -> milli
-        self._victim_milli: dict[str, int] = {}  # node -> milli all its victims hold there
-        for node, victims in self._by_node.items():
-            victims.sort(key=_cost)
-            for v in victims:
-                here = _milli_on(v, node)
-                per_node = self._by_team[v.team]
-                per_node[node] = per_node.get(node, 0) + here
-                self._victim_milli[node] = self._victim_milli.get(node, 0) + here
+        self._index = index
+        self._by_team = index.team_nodes  # team -> node -> milli
+        self._victim_milli = index.node_milli  # node -> milli all its victims hold there
+        self._units: dict[str, list[Victim]] = {}  # node -> victims, built when first looked at
         self._orders: dict[str, list[NodeCap]] = {}
+
+    def _by_node(self, node: str) -> list[Victim]:
+        units = self._units.get(node)
+        if units is None:
+            units = self._units[node] = self._index.units(node, self._now)
+        return units
 
     def make_room(
         self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, *, patient: bool = False
@@ -138,7 +110,7 @@ class Preemptor:
             self._gone.put(victim.allocs[0].id, True)
             ledger.add(victim.team, -victim.milli)
             for node in {a.node for a in victim.allocs}:
-                self._left.put(node, self._evictable(node) - _milli_on(victim, node))
+                self._left.put(node, self._evictable(node) - milli_on(victim, node))
         fit = fit_on(best[1].fit.node, need)
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
@@ -191,7 +163,7 @@ class Preemptor:
         spent: dict[str, int] = {}
         chosen: list[Victim] = []
         fit = None
-        for victim in self._by_node[nc.name]:
+        for victim in self._by_node(nc.name):
             if not self._eligible(victim, ledger, ask, patient, spent):
                 continue
             self._release(cycle, victim)
@@ -242,18 +214,6 @@ class Preemptor:
             cycle.unhold(alloc)
 
 
-def _milli_on(victim: Victim, node: str) -> int:
-    """Milli-GPUs the victim holds on ``node``."""
-    allocs = victim.allocs
-    if len(allocs) == 1:
-        return victim.milli
-    return sum(a.milli for a in allocs if a.node == node and not a.on_cpu)
-
-
-def _cost(victim: Victim) -> tuple[bool, float, float, str]:
-    return victim.cost
-
-
 def _badness(room: Room, idx: int) -> tuple[int, int, float, int]:
     """Fewest evicted allocations, then fewest not borrowed, then least work lost."""
     victims = room.victims
@@ -263,53 +223,3 @@ def _badness(room: Room, idx: int) -> tuple[int, int, float, int]:
         sum(v.lost_s for v in victims),
         idx,
     )
-
-
-def _units(
-    allocations: Iterable[Allocation], classes: Mapping[str, PriorityClass], now: float
-) -> list[Victim]:
-    """Preemptible active allocations, grouped so a gang is one victim."""
-    groups: dict[tuple[str, ...], list[Allocation]] = defaultdict(list)
-    for alloc in allocations:
-        if alloc.active and alloc.desired is AllocDesired.RUN:
-            groups[alloc.job_ids].append(alloc)
-    units = []
-    for allocs in groups.values():
-        if len(allocs) > 1:
-            allocs.sort(key=lambda a: a.id)  # a gang: the same victim whatever the input order
-        first = allocs[0]
-        pclass = classes.get(first.priority)
-        if pclass is not None and not pclass.preemptible:
-            continue
-        if len(allocs) == 1:  # the common case, without the generators below
-            if not first.preemptible:
-                continue
-            milli, borrowed, started = (
-                (0 if first.on_cpu else first.milli),
-                first.borrowed,
-                first.started_at,
-            )
-        else:
-            if not all(a.preemptible for a in allocs):
-                continue
-            milli = sum(a.milli for a in allocs if not a.on_cpu)
-            borrowed = all(a.borrowed for a in allocs)
-            started = max(a.started_at for a in allocs)
-        saved = max(first.last_checkpoint_at or first.started_at, first.started_at)
-        rank = pclass.rank if pclass is not None else 0
-        lost = max(0.0, now - saved)
-        cost = (not borrowed, lost, first.progress, first.id)
-        units.append(
-            Victim(
-                tuple(allocs),
-                first.team,
-                rank,
-                milli,
-                lost,
-                first.progress,
-                borrowed,
-                started,
-                cost,
-            )
-        )
-    return units

@@ -1,13 +1,14 @@
 """Queued jobs, kept between cycles in the shapes the passes walk.
 
-Per priority class: each user's jobs sorted by ``job_key`` (what the fair
-queue walks), the same per team and user (the borrowing pass), and how many
-jobs each *group* holds. A group is a set of jobs the planner treats alike
+Per priority class, jobs are split by *group*, then by user, each user's
+jobs sorted by ``job_key``. A group is a set of jobs the planner treats alike
 (same team, per-replica need, replicas, CPU fallback, run-time estimate
-bucket): when one of them is known not to fit, none of them does, which lets
-a pass stop early (``passes.py``). Also kept: batchable jobs by batch key,
-the node labels jobs select on and the models they name (they shape the
-cluster's classes and indexes), and the jobs with a retry backoff.
+bucket): when one of them is known not to fit, none of them does, so a pass
+skips a whole group at once (``passes.py``) instead of walking its jobs, and
+only looks at the users holding jobs in groups that may still be placed.
+Also kept: batchable jobs by batch key, the node labels jobs select on and
+the models they name (they shape the cluster's classes and indexes), and the
+jobs of unknown classes.
 
 Adding or removing a job costs O(log n) (plus a list shift); jobs arriving
 in submission order are appended.
@@ -26,19 +27,22 @@ from corral.scheduler.batching import batch_key
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import job_key
 
-UserLists = dict[str, list[Job]]
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE = 4096  # distinct resource requests remembered; past it the cache starts afresh
 
 
 class Group(NamedTuple):
-    """Jobs the planner treats alike when they do not fit (see ``Planner.doomed``)."""
+    """Jobs the planner treats alike when they do not fit (see ``Planner.live``)."""
 
     team: str
     need: Need
     replicas: int
     cpu: bool  # may fall back to CPU slots (``ResourceRequest.cpu_fallback`` of a GPU job)
     floor: float | None  # a lower bound of the run-time estimates in it; None: no estimate
+
+
+Holders = dict[str, list[Job]]
+"""A group's queued jobs by user, each user's sorted by ``job_key``."""
 
 
 def runtime_floor(estimate: float | None) -> float | None:
@@ -57,13 +61,9 @@ class Queue:
         self.jobs: dict[str, Job] = {}  # submission (insertion) order
         self.needs: dict[str, Need] = {}
         self.groups: dict[str, Group] = {}
-        self.by_user: dict[str, dict[str, list[Job]]] = {c: {} for c in classes}
-        self.by_team: dict[str, dict[str, UserLists]] = {c: {} for c in self.by_user}
-        self.counts: dict[str, Counter[Group]] = {c: Counter() for c in self.by_user}
-        self.timed: dict[str, Job] = {}  # jobs with a not_before (a retry backoff)
+        self.lists: dict[str, dict[Group, Holders]] = {c: {} for c in classes}
         self.unknown: set[str] = set()  # jobs of an unknown priority class
         self.batches: dict[Hashable, list[Job]] = {}
-        self.batchable: Counter[str] = Counter()  # per class: jobs that may join a batch
         self.label_keys: Counter[str] = Counter()
         self.models: Counter[str] = Counter()
         self._needs: dict[ResourceRequest, Need] = {}
@@ -86,8 +86,6 @@ class Queue:
             None if estimate is None else runtime_floor(estimate),
         )
         self.groups[job_id] = group
-        if job.not_before:
-            self.timed[job_id] = job
         if job.node_selector:
             for label in job.node_selector:
                 self.label_keys[label] += 1
@@ -97,36 +95,25 @@ class Queue:
             batch = batch_key(job)
             if batch is not None:
                 _insert(self.batches.setdefault(batch, []), job, sort)
-                self.batchable[cls] += 1
-        users = self.by_user.get(cls)
-        if users is None:
+        groups = self.lists.get(cls)
+        if groups is None:
             self.unknown.add(job_id)
             return
-        user = job.user
-        own = users.get(user)
+        holders = groups.get(group)
+        if holders is None:
+            groups[group] = {job.user: [job]}
+            return
+        own = holders.get(job.user)
         if own is None:
-            users[user] = [job]
+            holders[job.user] = [job]
         else:
             _insert(own, job, sort)
-        teams = self.by_team[cls]
-        team = teams.get(job.team)
-        if team is None:
-            teams[job.team] = {user: [job]}
-        else:
-            own = team.get(user)
-            if own is None:
-                team[user] = [job]
-            else:
-                _insert(own, job, sort)
-        counts = self.counts[cls]
-        counts[group] = counts.get(group, 0) + 1
 
     def remove(self, job_id: str) -> Job:
         """Take ``job_id`` out of the queue (placed, cancelled); KeyError when not queued."""
         job = self.jobs.pop(job_id)
         group = self.groups.pop(job_id)
         del self.needs[job_id]
-        self.timed.pop(job_id, None)
         for label in job.node_selector:
             _decrement(self.label_keys, label)
         if job.model:
@@ -134,29 +121,24 @@ class Queue:
         batch = None if job.batch_key is None else batch_key(job)
         if batch is not None:
             _remove(self.batches, batch, job)
-            _decrement(self.batchable, job.priority)
         if job_id in self.unknown:
             self.unknown.discard(job_id)
             return job
-        _remove(self.by_user[job.priority], job.user, job)
-        teams = self.by_team[job.priority]
-        _remove(teams[job.team], job.user, job)
-        if not teams[job.team]:
-            del teams[job.team]
-        _decrement(self.counts[job.priority], group)
+        groups = self.lists[job.priority]
+        holders = groups[group]
+        _remove(holders, job.user, job)
+        if not holders:
+            del groups[group]
         return job
 
     def sort(self) -> None:
         """Sort every list after ``add(..., sort=False)`` calls."""
-        for users in self.by_user.values():
-            for own in users.values():
-                own.sort(key=job_key)
-        for teams in self.by_team.values():
-            for users in teams.values():
-                for own in users.values():
+        for groups in self.lists.values():
+            for holders in groups.values():
+                for own in holders.values():
                     own.sort(key=job_key)
-        for group in self.batches.values():
-            group.sort(key=job_key)
+        for batch in self.batches.values():
+            batch.sort(key=job_key)
 
     def need(self, job: Job) -> Need:
         """``need_of(job)``, shared by jobs with equal requests (the common case)."""
@@ -169,10 +151,6 @@ class Queue:
                 self._needs.clear()
             need = self._needs[r] = need_of(job)
         return need
-
-    def cpu_need(self, job: Job) -> Need:
-        """``need_of(job, on_cpu=True)`` (rare: CPU offload of a GPU job)."""
-        return need_of(job, on_cpu=True)
 
 
 def _insert(own: list[Job], job: Job, sort: bool) -> None:

@@ -5,24 +5,26 @@ gang) is waiting for: each time a card frees, the next small job in the queue
 fits there, and the big job waits for a moment when a whole node happens to be
 free. Slurm's answer, and ours:
 
-* **reserve** - in each pass, the first job of each priority class that asks
-  for at least ``Config.reserve_min_gpus`` whole GPUs (all replicas together)
-  and cannot be placed gets the node(s) where its replicas should fit soonest:
-  each card is free at the expected end of the work on it (run-time estimates,
-  ``Snapshot.expected_ends``; this cycle's placements count with theirs), and
-  a node fits at the time its n-th usable card frees. Candidates are the
-  nodes with the most free cards (a bounded search); without estimates, the
-  nodes with the most free cards win. Reserved nodes are *hidden* for the rest
-  of the cycle: no later job sees them.
+* **head of line** - at the start of each pass over a priority class, its
+  oldest waiting job that asks for at least ``Config.reserve_min_gpus`` whole
+  GPUs (all replicas together) and may run in that pass (quota) is decided
+  first. If it cannot start, it gets the node(s) where its replicas should fit
+  soonest: each card is free at the expected end of the work on it (run-time
+  estimates, ``Snapshot.expected_ends``; this cycle's placements count with
+  theirs), and a node fits at the time its n-th usable card frees. Candidates
+  are the nodes with the most free cards, then the busy nodes whose work
+  ends first (a bounded search); without estimates, the nodes with the most
+  free cards win. Reserved nodes are *hidden* for the rest of the cycle: no
+  later job sees them.
 * **backfill** - a later job with a run-time estimate that ends before a
   reservation's expected start may still use that reservation's free cards:
   it delays nobody. Jobs without an estimate never backfill; nor does anything
   into a reservation whose start is unknown.
 
 Reservations last one cycle, like everything else the scheduler decides;
-the next cycle computes them again, and finds the same nodes, since nobody
-else took their free cards in the meantime. Jobs ahead of the big one in the
-order (higher classes, fair turns before it) still go first.
+the next cycle makes them again and finds the same nodes, since nobody
+else took their free cards in the meantime, until the big job fits. Classes
+of higher rank still go first.
 """
 
 from __future__ import annotations
@@ -66,20 +68,18 @@ class Reservations:
         self.min_gpus = cycle.config.reserve_min_gpus
         self._work = work
         self.held: list[Reservation] = []
-        self._turns: set[tuple[str, bool]] = set()  # (class, guaranteed pass) already served
         self._latest = -INF  # the latest known start among the reservations
         # need -> (generation, reservations, shortest run time that found no room)
         self._failed: Memo[Need, tuple[int, int, float]] = cycle.memo()
 
-    def wanted(self, need: Need, replicas: int, cls: str, guaranteed: bool) -> bool:
-        """Would a job of this shape that cannot be placed get a reservation now?"""
-        if self.min_gpus is None or need.gpus * replicas < self.min_gpus or need.cpu_only:
+    def big(self, need: Need, replicas: int) -> bool:
+        """Does a job of this shape get a reservation when it heads its class?"""
+        if self.min_gpus is None or need.cpu_only:
             return False
-        return (cls, guaranteed) not in self._turns
+        return need.gpus * replicas >= self.min_gpus
 
-    def reserve(self, job_id: str, need: Need, replicas: int, cls: str, guaranteed: bool) -> None:
-        """Hide the nodes where ``need`` x ``replicas`` should fit soonest (class's one turn)."""
-        self._turns.add((cls, guaranteed))
+    def reserve(self, job_id: str, need: Need, replicas: int) -> None:
+        """Hide the nodes where ``need`` x ``replicas`` should fit soonest."""
         rated = self._soonest(need)
         if len(rated) < replicas:
             return

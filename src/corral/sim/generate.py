@@ -4,8 +4,9 @@ The trace imitates published GPU cluster traces (Microsoft Philly, Alibaba
 PAI) in shape: mostly 1-GPU jobs, a tail of 2/4/8-GPU jobs and a few 2x8
 gangs, some shared-GPU (half a card) jobs, log-normal run times (median 10
 minutes), Poisson arrivals at a rate that offers ``load`` x the cluster's
-GPUs on average, swinging over a day so that busy hours queue. Times are
-whole seconds, as in those traces. The same seed gives the same trace, job
+GPUs on average, swinging over a day so that busy hours queue, and users'
+run-time estimates of 1-2x the true run time. Times are whole seconds, as in
+those traces. The same seed gives the same trace, job
 for job, and the trace is produced as a stream.
 """
 
@@ -15,7 +16,7 @@ import itertools
 import math
 import random
 from bisect import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from corral.core.model import Gpu, Job, Node, Team
@@ -49,6 +50,11 @@ class TraceShape:
     teams: int = 4
     users: int = 64
     seed: int = 0
+    # Users' run-time estimates (``Job.estimated_runtime_s``, what Slurm calls a time limit):
+    # the true run time times a factor drawn uniformly from this range, rounded up to a
+    # minute. None: no estimates. Drawn from their own random stream, so the rest of the
+    # trace is the same with or without them.
+    estimates: tuple[float, float] | None = (1.0, 2.0)
 
 
 def cluster(nodes: int, gpus_per_node: int = 8, *, model: str = "A100") -> tuple[Node, ...]:
@@ -77,6 +83,7 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
     users = [(f"user-{u}", f"team-{u % shape.teams}") for u in range(shape.users)]
     mu = math.log(MEDIAN_RUN_S)
     peak = rate * (1 + shape.daily_swing)
+    estimate = _estimator(shape)
     clock = 0.0
     for n in range(1, shape.jobs + 1):
         clock += expo(peak)
@@ -93,6 +100,7 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
             user=user,
             replicas=replicas,
             submitted_at=float(round(clock)),
+            estimated_runtime_s=estimate(run_s),
         )
         yield SimJob(job, run_s, "generated")
 
@@ -120,6 +128,15 @@ def scenario(
         auto_teams=False,
         name=f"generated {nodes} nodes x {jobs} jobs (load {load:g}, seed {seed})",
     )
+
+
+def _estimator(shape: TraceShape) -> Callable[[float], float | None]:
+    """Run time -> the user's estimate of it (see ``TraceShape.estimates``)."""
+    if shape.estimates is None:
+        return lambda run_s: None
+    low, high = shape.estimates
+    uniform = random.Random(f"estimates-{shape.seed}").uniform
+    return lambda run_s: 60.0 * math.ceil(run_s * uniform(low, high) / 60.0)
 
 
 def _request(gpus: float) -> ResourceRequest:

@@ -1,36 +1,138 @@
-"""The placement policies a simulation can run, by name.
+"""The placement policies a simulation can run, by name, and how the runner drives them.
 
-``corral`` is the real scheduler (``corral.scheduler.schedule``); the others
-are the baselines of ``corral.sim.baselines``. All have the same shape.
+``corral`` is the real scheduler, kept between cycles (``Kept``: a
+``corral.scheduler.Scheduler`` told every change the world makes, asked for
+placements without explanations); ``corral-rebuild`` is the same scheduler
+called the plain way, ``schedule(snapshot, ...)`` on a fresh snapshot every
+cycle (the same plans, much slower: for comparison). The others are the
+baselines of ``corral.sim.baselines``, called the plain way too.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import cast
+from collections.abc import Callable
+from typing import Protocol, cast
 
+from corral.core.model import Allocation, Job, Team
+from corral.scheduler.api import Config, Plan, Snapshot
 from corral.sim.baselines import best_fit, first_fit
 from corral.sim.errors import SimInputError
-from corral.sim.runner import ScheduleFn
+from corral.sim.scenario import Scenario
 
-POLICIES = ("corral", "first-fit", "best-fit")
+ScheduleFn = Callable[[Snapshot, Config, float, int], Plan]
+"""The shape of ``corral.scheduler.schedule`` and of the baselines."""
+
+POLICIES = ("corral", "first-fit", "best-fit", "corral-rebuild")
+
+
+class Policy(Protocol):
+    """What the runner drives: told each change to the world (``world.Observer``), asked
+    for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed."""
+
+    def submitted(self, job: Job) -> None: ...
+
+    def withdrawn(self, job_id: str) -> None: ...
+
+    def started(self, alloc: Allocation, expected_end: float | None) -> None: ...
+
+    def ended(self, alloc_id: str) -> None: ...
+
+    def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
+
+    def plan(
+        self, snapshot: Callable[[], Snapshot], config: Config, now: float, seed: int
+    ) -> Plan: ...
+
+
+class Rebuilding:
+    """A ``schedule``-shaped function, handed a fresh snapshot every cycle."""
+
+    def __init__(self, schedule: ScheduleFn) -> None:
+        self.schedule = schedule
+
+    def submitted(self, job: Job) -> None:
+        pass
+
+    def withdrawn(self, job_id: str) -> None:
+        pass
+
+    def started(self, alloc: Allocation, expected_end: float | None) -> None:
+        pass
+
+    def ended(self, alloc_id: str) -> None:
+        pass
+
+    def teams_changed(self, teams: tuple[Team, ...]) -> None:
+        pass
+
+    def plan(self, snapshot: Callable[[], Snapshot], config: Config, now: float, seed: int) -> Plan:
+        return self.schedule(snapshot(), config, now, seed)
+
+
+class Kept:
+    """corral's scheduler kept between cycles: the same plans as ``schedule`` on the world's
+    snapshot (``unplaced`` aside: nothing is explained), at the cost of what changed."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        module = importlib.import_module("corral.scheduler")
+        kept = getattr(module, "Scheduler", None)
+        if kept is None:
+            raise SimInputError("policy", "corral.scheduler.Scheduler is not in this build")
+        self.scheduler = kept(scenario.nodes, scenario.teams, scenario.config)
+
+    def submitted(self, job: Job) -> None:
+        self.scheduler.submit(job)
+
+    def withdrawn(self, job_id: str) -> None:
+        self.scheduler.withdraw(job_id)
+
+    def started(self, alloc: Allocation, expected_end: float | None) -> None:
+        self.scheduler.start(alloc, expected_end)
+
+    def ended(self, alloc_id: str) -> None:
+        self.scheduler.end(alloc_id)
+
+    def teams_changed(self, teams: tuple[Team, ...]) -> None:
+        self.scheduler.set_teams(teams)
+
+    def plan(self, snapshot: Callable[[], Snapshot], config: Config, now: float, seed: int) -> Plan:
+        return cast(Plan, self.scheduler.schedule(now, seed, explain=False))
 
 
 def resolve(name: str) -> ScheduleFn:
-    """The ``schedule`` function called ``name``."""
+    """The ``schedule`` function called ``name`` (``corral``: ``corral.scheduler.schedule``)."""
     if name == "first-fit":
         return first_fit
     if name == "best-fit":
         return best_fit
-    if name == "corral":
+    if name in ("corral", "corral-rebuild"):
         return corral_schedule()
     raise SimInputError("policy", f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
 
 
+def drive(policy: ScheduleFn | Policy | str, scenario: Scenario) -> Policy:
+    """The ``Policy`` the runner drives for ``policy``: a name (``POLICIES``), a ``Policy``,
+    or a ``schedule``-shaped function (``corral.scheduler.schedule`` is then kept between
+    cycles: the same plans, faster; any other is handed a snapshot every cycle)."""
+    if isinstance(policy, str):
+        if policy == "corral":
+            return Kept(scenario)
+        return Rebuilding(resolve(policy))
+    if isinstance(policy, Rebuilding | Kept) or hasattr(policy, "plan"):
+        return cast(Policy, policy)
+    if policy is _plain_schedule():
+        return Kept(scenario)
+    return Rebuilding(policy)
+
+
 def corral_schedule() -> ScheduleFn:
     """``corral.scheduler.schedule``, looked up at run time so a build without it says so."""
-    module = importlib.import_module("corral.scheduler")
-    schedule = getattr(module, "schedule", None)
+    schedule = _plain_schedule()
     if schedule is None:
         raise SimInputError("policy", "corral.scheduler.schedule is not available in this build")
     return cast(ScheduleFn, schedule)
+
+
+def _plain_schedule() -> object:
+    return getattr(importlib.import_module("corral.scheduler"), "schedule", None)

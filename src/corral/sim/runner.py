@@ -23,12 +23,12 @@ from typing import Any
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
+from corral.sim.policies import Policy, ScheduleFn, drive
 from corral.sim.report import FragmentationSampler, Metrics
 from corral.sim.scenario import Scenario, SimJob
 from corral.sim.world import Sink, World
 
-ScheduleFn = Callable[[Snapshot, Config, float, int], Plan]
-"""The shape of ``corral.scheduler.schedule`` and of the baselines."""
+__all__ = ["MAX_CYCLES_PER_INSTANT", "Progress", "ScheduleFn", "simulate"]
 
 MAX_CYCLES_PER_INSTANT = 100  # a scheduler still preempting after this many is thrashing
 PROGRESS_EVERY = 20_000  # arrivals between progress reports
@@ -48,7 +48,7 @@ class Progress:
 
 def simulate(
     scenario: Scenario,
-    policy: ScheduleFn,
+    policy: ScheduleFn | Policy | str,
     *,
     until: float | None = None,
     seed: int | None = None,
@@ -57,10 +57,12 @@ def simulate(
 ) -> dict[str, Any]:
     """Run ``scenario`` through ``policy``; return the report's ``summary``.
 
+    ``policy``: a ``schedule``-shaped function, a policy name or a ``Policy``
+    (``policies.drive``; corral's ``schedule`` is kept between cycles).
     ``until`` and ``seed`` override the scenario's. Job records go to ``sink``
     as jobs finish (and for the jobs still in the world at the end).
     """
-    run = _Run(scenario, policy, sink, progress)
+    run = _Run(scenario, drive(policy, scenario), sink, progress)
     stop = scenario.until if until is None else until
     return run.loop(stop, scenario.seed if seed is None else seed)
 
@@ -71,7 +73,7 @@ class _Run:
     def __init__(
         self,
         scenario: Scenario,
-        policy: ScheduleFn,
+        policy: Policy,
         sink: Sink | None,
         progress: Callable[[Progress], None] | None,
     ) -> None:
@@ -79,7 +81,7 @@ class _Run:
         self.policy = policy
         self.clock = EventClock()
         self.metrics = Metrics()
-        self.world = World(scenario, self.clock, self.metrics, sink=sink)
+        self.world = World(scenario, self.clock, self.metrics, sink=sink, observer=policy)
         self.progress = progress
         self.arrived = 0
         measure = _fragmentation_measure()
@@ -144,7 +146,7 @@ class _Run:
         for _ in range(MAX_CYCLES_PER_INSTANT):
             if not world.queued:
                 return
-            plan = self.policy(world.snapshot(), config, now, seed + self.metrics.cycles)
+            plan = self.policy.plan(world.snapshot, config, now, seed + self.metrics.cycles)
             self.metrics.cycles += 1
             world.apply(plan, now)
             again = bool(plan.preemptions) or _hit_limit(plan, config)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Team
 from corral.core.resources import MILLI
@@ -29,6 +30,20 @@ from corral.sim.scenario import Scenario, SimJob
 
 Sink = Callable[[JobRecord], None]
 QUEUED, PLACED, RUNNING = JobState.QUEUED, JobState.PLACED, JobState.RUNNING
+
+
+class Observer(Protocol):
+    """Told every change the world makes to what a snapshot holds (a kept scheduler is)."""
+
+    def submitted(self, job: Job) -> None: ...  # queued (a new job, or a requeued one)
+
+    def withdrawn(self, job_id: str) -> None: ...  # left the queue (placed)
+
+    def started(self, alloc: Allocation, expected_end: float | None) -> None: ...
+
+    def ended(self, alloc_id: str) -> None: ...  # finished, preempted, or the run ended
+
+    def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -58,8 +73,10 @@ class World:
         metrics: Metrics,
         *,
         sink: Sink | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.nodes = scenario.nodes
+        self._observer = observer
         self._clock = clock
         self._metrics = metrics
         self._sink = sink
@@ -104,6 +121,8 @@ class World:
         self.runs[job.id] = run
         self.queued[job.id] = job
         self._metrics.arrived(job)
+        if self._observer is not None:
+            self._observer.submitted(job)
 
     def apply(self, plan: Plan, now: float) -> None:
         """Apply a plan: preemptions first (they free room), then placements."""
@@ -190,9 +209,12 @@ class World:
                 self._records.setdefault(p.allocation_id, []).append(record)
         self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
+        end = None
         if estimate is not None:
-            left = estimate - self.runs[job.id].done
-            self._expected_ends[p.allocation_id] = now + max(0.0, left)
+            end = now + max(0.0, estimate - self.runs[job.id].done)
+            self._expected_ends[p.allocation_id] = end
+        if self._observer is not None:
+            self._observer.started(alloc, end)
 
     def _take(self, i: int, p: Placement) -> None:
         """Reserve the placement's GPUs and CPUs on node ``i``, refusing over-commit."""
@@ -227,6 +249,8 @@ class World:
         run.token += 1
         run.started_at = now
         del self.queued[job_id]
+        if self._observer is not None:
+            self._observer.withdrawn(job_id)
         if run.first_start is None:
             run.first_start = now
             self._metrics.first_placed(run.job, now)
@@ -262,6 +286,8 @@ class World:
         run.job = replace(run.job, attempt=run.attempts)
         self.queued[job_id] = run.job
         self._metrics.preemptions += 1
+        if self._observer is not None:
+            self._observer.submitted(run.job)
 
     # -- releasing -------------------------------------------------------------------
 
@@ -279,6 +305,8 @@ class World:
         alloc = self.allocations.pop(alloc_id)
         self._batch_left.pop(alloc_id, None)
         self._expected_ends.pop(alloc_id, None)
+        if self._observer is not None:
+            self._observer.ended(alloc_id)
         i = self._index[alloc.node]
         free, vram = self._gpu_free[i], self._vram_free[i]
         for g in alloc.gpu_indices:
@@ -322,6 +350,8 @@ class World:
         self.teams[name] = team
         self._teams_view = tuple(self.teams.values())
         self._team_cap[name] = _cap_milli(team)
+        if self._observer is not None:
+            self._observer.teams_changed(self._teams_view)
 
 
 def _cap_milli(team: Team) -> int | None:

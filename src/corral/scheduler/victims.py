@@ -1,0 +1,152 @@
+"""Running work that preemption could evict, kept by node and team between cycles.
+
+``VictimIndex`` holds the active allocations that are still meant to run
+(``desired`` run) whose allocation and priority class are preemptible, by
+node, with the milli-GPUs each team holds on each node. The kept
+``Scheduler`` updates it as allocations start and end, so a cycle that needs
+to preempt does not first walk every allocation; the ``Preemptor`` turns the
+allocations of the nodes it looks at into ``Victim`` units when it looks
+(a gang is one unit, with every replica, and only if every replica may go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from corral.core.model import Allocation, PriorityClass
+from corral.core.states import AllocDesired
+
+
+@dataclass(slots=True, eq=False)
+class Victim:
+    """What one eviction removes: an allocation, or all allocations of a gang.
+
+    Not frozen only because building many per cycle must be cheap; never changed.
+    """
+
+    allocs: tuple[Allocation, ...]
+    team: str
+    rank: int
+    milli: int
+    lost_s: float  # work since the last checkpoint (or start): what eviction throws away
+    progress: float
+    borrowed: bool  # placed beyond its team's quota: the first to give back
+    started_at: float  # of its youngest allocation: the minimum run time counts from here
+    cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
+
+
+class VictimIndex:
+    """Evictable running work by node and by team (see the module docstring)."""
+
+    def __init__(self, classes: Mapping[str, PriorityClass]) -> None:
+        self.classes = classes
+        self.on_node: dict[str, dict[str, Allocation]] = {}  # node -> evictable allocations
+        self.by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}  # running, per job set
+        self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node -> milli it holds there
+        self.node_milli: dict[str, int] = {}  # node -> milli of its evictable allocations
+        self._backing: dict[tuple[str, str], int] = {}  # (team, node) -> allocations there
+
+    def add(self, alloc: Allocation) -> None:
+        """An active allocation started."""
+        if alloc.desired is not AllocDesired.RUN:
+            return
+        self.by_jobs.setdefault(alloc.job_ids, {})[alloc.id] = alloc
+        if self._evictable(alloc):
+            self.on_node.setdefault(alloc.node, {})[alloc.id] = alloc
+            self._count(alloc, 1)
+
+    def remove(self, alloc: Allocation) -> None:
+        """An active allocation ended."""
+        if alloc.desired is not AllocDesired.RUN:
+            return
+        members = self.by_jobs[alloc.job_ids]
+        del members[alloc.id]
+        if not members:
+            del self.by_jobs[alloc.job_ids]
+        if self._evictable(alloc):
+            here = self.on_node[alloc.node]
+            del here[alloc.id]
+            if not here:
+                del self.on_node[alloc.node]
+            self._count(alloc, -1)
+
+    def units(self, node: str, now: float) -> list[Victim]:
+        """The victims holding something on ``node``, cheapest to evict first."""
+        out: list[Victim] = []
+        seen: set[tuple[str, ...]] = set()
+        for alloc in self.on_node.get(node, {}).values():
+            if alloc.job_ids in seen:
+                continue
+            seen.add(alloc.job_ids)
+            members = self.by_jobs[alloc.job_ids]
+            allocs = (
+                (alloc,) if len(members) == 1 else tuple(sorted(members.values(), key=_alloc_id))
+            )
+            victim = self._unit(allocs, now)
+            if victim is not None:
+                out.append(victim)
+        out.sort(key=_cost)
+        return out
+
+    def _unit(self, allocs: tuple[Allocation, ...], now: float) -> Victim | None:
+        first = allocs[0]
+        if len(allocs) == 1:
+            milli, borrowed, started = (
+                0 if first.on_cpu else first.milli,
+                first.borrowed,
+                first.started_at,
+            )
+        else:
+            if not all(a.preemptible for a in allocs):
+                return None  # a gang goes whole or not at all
+            milli = sum(a.milli for a in allocs if not a.on_cpu)
+            borrowed = all(a.borrowed for a in allocs)
+            started = max(a.started_at for a in allocs)
+        pclass = self.classes.get(first.priority)
+        saved = max(first.last_checkpoint_at or first.started_at, first.started_at)
+        lost = max(0.0, now - saved)
+        cost = (not borrowed, lost, first.progress, first.id)
+        rank = pclass.rank if pclass is not None else 0
+        return Victim(
+            allocs, first.team, rank, milli, lost, first.progress, borrowed, started, cost
+        )
+
+    def _evictable(self, alloc: Allocation) -> bool:
+        pclass = self.classes.get(alloc.priority)
+        return alloc.preemptible and (pclass is None or pclass.preemptible)
+
+    def _count(self, alloc: Allocation, sign: int) -> None:
+        """Keep the per-team and per-node sums; an entry lives while an allocation backs it."""
+        milli = 0 if alloc.on_cpu else alloc.milli
+        key = (alloc.team, alloc.node)
+        backing = self._backing.get(key, 0) + sign
+        nodes = self.team_nodes.setdefault(alloc.team, {})
+        if backing:
+            self._backing[key] = backing
+            nodes[alloc.node] = nodes.get(alloc.node, 0) + sign * milli
+        else:
+            del self._backing[key]
+            del nodes[alloc.node]
+            if not nodes:
+                del self.team_nodes[alloc.team]
+        if alloc.node in self.on_node:
+            self.node_milli[alloc.node] = self.node_milli.get(alloc.node, 0) + sign * milli
+        else:
+            del self.node_milli[alloc.node]
+
+
+def milli_on(victim: Victim, node: str) -> int:
+    """Milli-GPUs the victim holds on ``node``."""
+    allocs = victim.allocs
+    if len(allocs) == 1:
+        return victim.milli
+    return sum(a.milli for a in allocs if a.node == node and not a.on_cpu)
+
+
+def _alloc_id(alloc: Allocation) -> str:
+    return alloc.id
+
+
+def _cost(victim: Victim) -> tuple[bool, float, float, str]:
+    return victim.cost
