@@ -35,6 +35,8 @@ class Snapshot:
     ``expected_ends`` (optional) maps allocation ids to when they should end
     (start + estimated run time), for end-together placement. ``model_sizes``
     (optional) gives registered models' sizes, for model-aware routing.
+    ``served`` (optional) is each user's recent service from the shell's
+    ``scheduler.service.ServiceLedger``, so fair mixing carries across cycles.
     """
 
     nodes: tuple[Node, ...] = ()
@@ -43,10 +45,12 @@ class Snapshot:
     teams: tuple[Team, ...] = ()
     expected_ends: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     model_sizes: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # registry name -> bytes
+    served: Mapping[str, float] = field(default_factory=lambda: EMPTY)  # user -> recent service
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expected_ends", frozen_map(self.expected_ends))
         object.__setattr__(self, "model_sizes", frozen_map(self.model_sizes))
+        object.__setattr__(self, "served", frozen_map(self.served))
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
+from corral.scheduler.service import with_served
 from corral.scheduler.victims import VictimIndex
 
 DEFAULT_CONFIG = Config()
@@ -57,6 +58,7 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.classes = {c.name: c for c in config.priority_classes}
+        self.served: Mapping[str, float] = {}  # user -> recent service (see service.py)
         self.queue = Queue(self.classes)
         self.allocations: dict[str, Allocation] = {}  # as given, active or not
         self.expected_ends: dict[str, float] = {}
@@ -89,6 +91,7 @@ class Scheduler:
         for alloc in snapshot.allocations:
             sched.start(alloc, ends.get(alloc.id))
         sched.set_teams(snapshot.teams)
+        sched.served = snapshot.served
         return sched
 
     # -- what changed ---------------------------------------------------------------
@@ -199,7 +202,8 @@ class Scheduler:
                 node_work=self._work,
                 explain=explain,
             )
-            Passes(planner, self.queue, self._running).run()
+            running = with_served(self._running, self.served, self.classes)
+            Passes(planner, self.queue, running).run()
             plan = planner.plan()
         except BaseException:
             cycle.rollback(cycle.start)

@@ -1,0 +1,67 @@
+"""Recent service per user, so fair mixing carries over from cycle to cycle.
+
+Inside one cycle the fair queue serves users round robin. Across cycles it
+needs memory: on a node that runs one job at a time, every cycle places a
+single job while nobody has anything running, and without memory the same
+user (the one with the oldest job) would win every time, so one user's
+10,000 jobs would delay another user's single job behind all of them.
+
+The shell (server loop, simulator) keeps a ``ServiceLedger``, records each
+placement, and hands ``view(now)`` to the scheduler as ``Snapshot.served``;
+the fair queue counts it like running work when it breaks ties. The ledger
+is pure: time is passed in, and service decays with a half-life so old
+history fades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+HALF_LIFE_S = 600.0
+"""Service ten minutes ago counts half: long enough to span many short jobs,
+short enough that yesterday's heavy user is not punished today."""
+
+FORGET_BELOW = 0.01  # a user whose service decayed below this is dropped
+
+
+class ServiceLedger:
+    """Decayed count of placements per user."""
+
+    def __init__(self, half_life_s: float = HALF_LIFE_S) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be > 0")
+        self.half_life_s = half_life_s
+        self._value: dict[str, tuple[float, float]] = {}  # user -> (value, as of time)
+
+    def record(self, user: str, now: float, jobs: float = 1.0) -> None:
+        """``user`` was served ``jobs`` placements at ``now``."""
+        self._value[user] = (self._at(user, now) + jobs, now)
+
+    def view(self, now: float) -> Mapping[str, float]:
+        """Every user's decayed service at ``now`` (users whose service faded are dropped)."""
+        out = {u: v for u in list(self._value) if (v := self._at(u, now)) >= FORGET_BELOW}
+        for user in self._value.keys() - out.keys():
+            del self._value[user]
+        return out
+
+    def _at(self, user: str, now: float) -> float:
+        value, at = self._value.get(user, (0.0, now))
+        decay: float = 0.5 ** (max(0.0, now - at) / self.half_life_s)
+        return value * decay
+
+
+def with_served(
+    running: dict[str, dict[str, float]],
+    served: Mapping[str, float],
+    classes: Mapping[str, object],
+) -> dict[str, dict[str, float]]:
+    """Running work per class and user, plus each user's recent service (all classes)."""
+    if not served:
+        return running
+    out: dict[str, dict[str, float]] = {}
+    for name in classes:
+        users = dict(running.get(name, {}))
+        for user, value in served.items():
+            users[user] = users.get(user, 0.0) + value
+        out[name] = users
+    return out
