@@ -24,6 +24,7 @@ from dataclasses import replace
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
+from corral.scheduler.service import ServiceLedger
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.snapshot import SnapshotCache
 from corral.server.services.placement import Applied, apply_plan
@@ -50,6 +51,7 @@ class SchedulingLoop:
         self.awaiting: dict[str, frozenset[str]] = {}  # job -> victims still stopping
         self.cycles = 0
         self.cache = SnapshotCache()
+        self.service = ServiceLedger()  # who was served lately: fairness across cycles
         self.last_cycle_s = 0.0
         self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
         self._next_timer: float | None = None
@@ -132,11 +134,13 @@ class SchedulingLoop:
                 snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         now = self.rt.clock.now()
         seen, seed = self._without_awaiting(snapshot), self.rt.settings.scheduling.seed
+        seen = replace(seen, served=self.service.view(now))
         if len(seen.queued) * max(1, len(seen.nodes)) <= INLINE_WORK:
             plan = self.schedule(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
             plan = await asyncio.to_thread(self.schedule, seen, self.config(), now, seed)
         applied = await apply_plan(self.rt, plan, versions)
+        self._served(seen, applied, now)
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now)
         for follow_up in self.after_cycle:  # e.g. the prefetch policy (loops/prefetch.py)
@@ -156,6 +160,14 @@ class SchedulingLoop:
             return snapshot
         queued = tuple(j for j in snapshot.queued if j.id not in self.awaiting)
         return replace(snapshot, queued=queued)
+
+    def _served(self, snapshot: Snapshot, applied: Applied, now: float) -> None:
+        """Record each placed job's user in the service ledger."""
+        users = {j.id: j.user for j in snapshot.queued}
+        for assignment in applied.placed:
+            for work in assignment.jobs:
+                if work.job_id in users:
+                    self.service.record(users[work.job_id], now)
 
     def _remember(self, snapshot: Snapshot, plan: Plan, now: float) -> None:
         self.unplaced = {u.job_id: u for u in plan.unplaced}
