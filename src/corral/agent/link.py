@@ -196,7 +196,8 @@ class LinkClient:
             try:
                 await self._session(target)
                 reason = "the server closed the stream"
-            except (LinkError, OSError, TimeoutError) as exc:
+            except (LinkError, OSError, TimeoutError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: a write raced the stream's end ("RPC already finished")
                 reason = str(exc) or type(exc).__name__
             except LinkRefused:
                 raise
