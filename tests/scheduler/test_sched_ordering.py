@@ -73,3 +73,33 @@ def test_work_that_ends_together_shares_a_node() -> None:
     assert plan.placements[0].node == "late"
     snap_short = replace(snap, queued=(job("short").gpus(1).set(estimated_runtime_s=100).build(),))
     assert schedule(snap_short, now=100.0).placements[0].node == "soon"
+
+
+def test_jobs_that_cannot_run_now_do_not_use_their_users_turns() -> None:
+    # a's two 4-GPU jobs cannot run (2 of 4 cards are busy); its 1-GPU job still gets
+    # a turn in the first round, with b's first job: one card each.
+    a = [job(f"a{i}").gpus(4).set(user="a", submitted_at=i) for i in range(2)]
+    a.append(job("a2").gpus(1).set(user="a", submitted_at=2))
+    b = [job(f"b{i}").gpus(1).set(user="b", submitted_at=10 + i) for i in range(3)]
+    snap = snapshot([node("n").gpus(4)], [*a, *b], [alloc("busy", "n").cards(0, 1)])
+    plan = schedule(snap, Config(reserve_min_gpus=None))
+    assert sorted(j for p in plan.placements for j in p.job_ids) == ["a2", "b0"]
+
+
+def test_the_live_queue_skips_dead_groups_whole_and_charges_only_placements() -> None:
+    from corral.scheduler.ordering import LiveQueue
+
+    small = {"u": [job(f"u{i}").gpus(1).set(user="u").build() for i in range(3)]}
+    big = {"u": [job("ubig").gpus(8).set(user="u", submitted_at=-1).build()]}
+    other = {"v": [job(f"v{i}").gpus(1).set(user="v", submitted_at=i).build() for i in range(3)]}
+    groups = {"small": small, "big": big, "other": other}
+    dead = {"big"}
+    queue = LiveQueue(groups, {}, {}, lambda g: g not in dead, lambda j: True)
+    first = queue.pop()
+    assert first is not None and first.id == "u0"  # ubig is older, but its group is dead
+    queue.done(first, placed=False)  # not placed: u keeps its turn
+    second = queue.pop()
+    assert second is not None and second.id == "u1"
+    queue.done(second, placed=True)  # placed: v goes next
+    third = queue.pop()
+    assert third is not None and third.id == "v0"

@@ -37,7 +37,14 @@ def test_one_node_four_jobs_waits_and_ratio_are_what_a_hand_computes(
     assert s["wait_p50_s"] == 0  # nearest rank of [0, 0, 0, 90]
     assert s["wait_p95_s"] == 90
     assert s["wait_by_priority"]["free"] == {"jobs": 4, "p50_s": 0, "p95_s": 90, "mean_s": 22.5}
-    assert s["wait_by_gpus"]["2"] == {"jobs": 1, "p50_s": 90, "p95_s": 90, "mean_s": 90}
+    assert s["wait_by_gpus"]["2"] == {
+        "jobs": 1,
+        "p50_s": 90,
+        "p95_s": 90,
+        "mean_s": 90,
+        "queued_at_end": 0,
+        "p95_incl_queued_s": 90,
+    }
     assert set(s["wait_by_gpus"]) == {"0", "1", "2", "3"}
     assert s["jain_fairness"] == 1.0  # one team
 
@@ -56,6 +63,17 @@ def test_until_cuts_the_run_and_leaves_jobs_running_with_an_open_placement(
     assert s["jobs_never_placed"] == 1
     # 0..60: big 3 GPUs x 60, small 1 GPU x 50 -> 230 of 4 x 60
     assert s["gpu_allocation_ratio"] == pytest.approx(230 / 240, abs=1e-6)
+    # late (2 GPUs, came at 10) never started: the placed-only p95 leaves it out; the
+    # one counting queued jobs has it waiting the 50 s until the end.
+    assert s["wait_p95_s"] == 0
+    assert s["wait_p95_incl_queued_s"] == 50
+    late = s["wait_by_gpus"]["2"]
+    assert (late["jobs"], late["p95_s"], late["queued_at_end"], late["p95_incl_queued_s"]) == (
+        0,
+        None,
+        1,
+        50,
+    )
 
 
 def test_a_job_without_duration_runs_until_the_end_of_the_simulation(

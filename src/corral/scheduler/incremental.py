@@ -59,7 +59,7 @@ class Scheduler:
         self.config = config
         self.classes = {c.name: c for c in config.priority_classes}
         self.served: Mapping[str, float] = {}  # user -> recent service (see service.py)
-        self.queue = Queue(self.classes)
+        self.queue = Queue(self.classes, config.reserve_min_gpus)
         self.allocations: dict[str, Allocation] = {}  # as given, active or not
         self.expected_ends: dict[str, float] = {}
         self._usage: dict[str, int] = {}  # team -> milli-GPUs its active allocations hold
@@ -159,6 +159,7 @@ class Scheduler:
             self.set_teams(snapshot.teams)
         if snapshot.model_sizes != self.model_sizes:
             self.set_model_sizes(snapshot.model_sizes)
+        self.served = snapshot.served
         self._sync_queued(snapshot.queued)
         self._sync_allocations(snapshot.allocations, snapshot.expected_ends)
 
@@ -171,6 +172,7 @@ class Scheduler:
             teams=self.teams,
             expected_ends=dict(self.expected_ends),
             model_sizes=self.model_sizes,
+            served=self.served,
         )
 
     # -- deciding -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
 
@@ -133,7 +133,8 @@ class LiveQueue(Generic[Q]):
     group found dead is skipped whole, never job by job. A user's turn is used
     only when ``done`` says the job was placed: a job that stays queued costs
     its user nothing. Each job is handed out at most once; after a change that
-    may revive groups (capacity given back), ``refill``.
+    may revive groups (capacity given back), ``refill``. The lists must not
+    change while the queue is in use.
     """
 
     def __init__(
@@ -151,12 +152,13 @@ class LiveQueue(Generic[Q]):
         self._running = running
         self._live = live
         self._usable = usable
-        self._cursor: dict[tuple[Q, str], int] = {}
+        self._slots: dict[tuple[Q, str], list[Any]] = {}  # [group, jobs, cursor] per (group, user)
         self._vt: dict[str, float] = {}
         self._step: dict[str, float] = {}
         self._tie: dict[str, float] = {}
-        self._mine: dict[str, list[Q]] = {}  # per user: the live groups it holds jobs in
-        self._heap: list[tuple[float, float, float, str, str, Q]] = []
+        self._mine: dict[str, list[list[Any]]] = {}  # per user: its slots in live groups
+        self._heap: list[tuple[float, float, float, str, str, list[Any]]] = []
+        self._popped: list[Any] | None = None
         self.refill()
 
     def __bool__(self) -> bool:
@@ -164,11 +166,20 @@ class LiveQueue(Generic[Q]):
 
     def refill(self) -> None:
         """Find every user's next job again (groups may have come back to life)."""
-        mine: dict[str, list[Q]] = {}
+        mine: dict[str, list[list[Any]]] = {}
+        slots, live = self._slots, self._live
         for group in self._candidates:
-            if self._live(group):
-                for user in self._groups[group]:
-                    mine.setdefault(user, []).append(group)
+            if not live(group):
+                continue
+            for user, jobs in self._groups[group].items():
+                slot = slots.get((group, user))
+                if slot is None:
+                    slot = slots[group, user] = [group, jobs, 0]
+                own = mine.get(user)
+                if own is None:
+                    mine[user] = [slot]
+                else:
+                    own.append(slot)
         self._mine = mine
         heap = []
         for user in mine:
@@ -193,21 +204,26 @@ class LiveQueue(Generic[Q]):
         heap = self._heap
         while heap:
             entry = heapq.heappop(heap)
-            user, group = entry[4], entry[5]
-            if entry[0] == self._vt[user] and self._live(group):
-                job = self._groups[group][user][self._cursor[group, user]]
+            user, slot = entry[4], entry[5]
+            if entry[0] == self._vt[user] and self._live(slot[0]):
+                job: Job = slot[1][slot[2]]
                 if self._usable(job):
+                    self._popped = slot
                     return job
             again = self._entry(user)  # its group died, or its turn was used: look again
             if again is not None:
                 heapq.heappush(heap, again)
         return None
 
-    def done(self, job: Job, group: Q, placed: bool, riders: Iterable[Job] = ()) -> None:
-        """``job`` (from ``pop``) was decided; ``placed`` uses its user's turn, and each job
-        that joined its allocation (a batch) uses its own user's."""
+    def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
+        """``job`` (the last ``pop``) was decided; ``placed`` uses its user's turn, and each
+        job that joined its allocation (a batch) uses its own user's."""
+        slot = self._popped
+        if slot is None:
+            raise RuntimeError("done() without pop()")
+        self._popped = None
+        slot[2] += 1
         user = job.user
-        self._cursor[group, user] += 1
         if placed:
             self._vt[user] += self._step[user]
         for rider in riders:
@@ -217,23 +233,22 @@ class LiveQueue(Generic[Q]):
         if entry is not None:
             heapq.heappush(self._heap, entry)
 
-    def _entry(self, user: str) -> tuple[float, float, float, str, str, Q] | None:
+    def _entry(self, user: str) -> tuple[float, float, float, str, str, list[Any]] | None:
         """The heap entry of ``user``'s next live, usable job."""
         best: Job | None = None
-        best_group: Q | None = None
-        cursor, usable, live = self._cursor, self._usable, self._live
-        for group in self._mine.get(user, ()):
-            if not live(group):
+        best_slot: list[Any] | None = None
+        usable, live = self._usable, self._live
+        for slot in self._mine.get(user, ()):
+            if not live(slot[0]):
                 continue
-            jobs = self._groups[group][user]
-            at = cursor.get((group, user), 0)
+            jobs, at = slot[1], slot[2]
             while at < len(jobs) and not usable(jobs[at]):
                 at += 1
-            cursor[group, user] = at
+            slot[2] = at
             if at < len(jobs):
                 job = jobs[at]
                 if best is None or (job.submitted_at, job.id) < (best.submitted_at, best.id):
-                    best, best_group = job, group
-        if best is None or best_group is None:
+                    best, best_slot = job, slot
+        if best is None or best_slot is None:
             return None
-        return (self._vt[user], self._tie[user], best.submitted_at, best.id, user, best_group)
+        return (self._vt[user], self._tie[user], best.submitted_at, best.id, user, best_slot)

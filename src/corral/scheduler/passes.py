@@ -23,15 +23,15 @@ and preemptions.
 from __future__ import annotations
 
 import heapq
-import itertools
+import math
 from collections.abc import Callable, Iterable
 
 from corral.core.model import EMPTY, Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
-from corral.scheduler.ordering import FairQueue, LiveQueue, by_rank, job_key
+from corral.scheduler.ordering import FairQueue, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
-from corral.scheduler.queues import Group, Holders, Queue
+from corral.scheduler.queues import Group, Queue
 
 
 class Passes:
@@ -80,7 +80,7 @@ class Passes:
         groups = self.queue.lists.get(pclass.name)
         if not groups:
             return
-        self._head(pclass, groups, guaranteed=True)
+        self._head(pclass, guaranteed=True)
         live = self._live(pclass, guaranteed=True)
         running = self.running.get(pclass.name, EMPTY)
         queue = LiveQueue(groups, self.weights, running, live, self.usable)
@@ -88,9 +88,8 @@ class Passes:
         state = planner.state()
         while (job := queue.pop()) is not None:
             placed = planner.consider(job, pclass, guaranteed=True)
-            group = of[job.id]
-            live.touched(group)
-            queue.done(job, group, placed, planner.riders if placed else ())
+            live.touched(of[job.id])
+            queue.done(job, placed, planner.riders if placed else ())
             if planner.stopped:
                 return
             if planner.state() != state:
@@ -103,7 +102,7 @@ class Passes:
         groups = self.queue.lists.get(pclass.name)
         if not groups:
             return
-        self._head(pclass, groups, guaranteed=False)
+        self._head(pclass, guaranteed=False)
         live = self._live(pclass, guaranteed=False)
         teams = sorted({g.team for g in groups if live(g)})
         if not teams:
@@ -123,9 +122,8 @@ class Passes:
             if job is None:
                 continue
             placed = planner.consider(job, pclass, guaranteed=False)
-            group = of[job.id]
-            live.touched(group)
-            queue.done(job, group, placed, planner.riders if placed else ())
+            live.touched(of[job.id])
+            queue.done(job, placed, planner.riders if placed else ())
             if planner.stopped:
                 return
             if planner.state() != state:  # groups may live again: every team's queue
@@ -138,24 +136,31 @@ class Passes:
             elif queue:
                 heapq.heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
 
-    def _head(self, pclass: PriorityClass, groups: dict[Group, Holders], guaranteed: bool) -> None:
+    def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
         """The oldest big jobs this pass may place go first (``reservation.py``)."""
         planner = self.planner
         count = planner.config.reservations
-        if planner.stopped or planner.config.reserve_min_gpus is None or count < 1:
+        big = self.queue.big.get(pclass.name)
+        if not big or count < 1 or planner.stopped:
             return
-        big, ledger, usable = planner.reservations.big, planner.ledger, self.usable
+        headroom, usable, groups = planner.ledger.headroom, self.usable, self.queue.groups
+        blocked: dict[str, int] = {}  # team -> the least milli it was found to lack room for
+        teams = {job.team for job in big}
         heads: list[Job] = []
-        for group, holders in groups.items():
-            if not big(group.need, group.replicas):
-                continue
+        for job in big:
+            group = groups[job.id]
             lowest = group.need.nominal_milli() * group.replicas
-            allowed = ledger.within_quota if guaranteed else ledger.within_limit
-            if not allowed(group.team, lowest):
+            if lowest >= blocked.get(job.team, math.inf) or not usable(job):
                 continue
-            for jobs in holders.values():
-                heads.extend(itertools.islice((j for j in jobs if usable(j)), count))
-        for job in heapq.nsmallest(count, heads, key=job_key):
+            if lowest > headroom(job.team, not guaranteed):
+                blocked[job.team] = min(lowest, blocked.get(job.team, lowest))
+                if len(blocked) == len(teams):
+                    break
+                continue
+            heads.append(job)
+            if len(heads) >= count:
+                break
+        for job in heads:
             if planner.stopped:
                 return
             planner.head(job, pclass, guaranteed)
@@ -183,32 +188,43 @@ class Passes:
 
 
 class Liveness:
-    """``Planner.live`` for one pass and class, remembered per group.
+    """``Planner.live`` for one pass and class: the quota part asked each time (one
+    lookup), the memo part remembered per group.
 
-    What a decision can change: memos of its need (a failure), its team's
-    usage (a placement). So after a job is decided only the groups sharing its
-    need or team are asked again; everything is, after capacity comes back or
-    a reservation is made (``reset``), and after a CPU-offload try.
+    A decision changes memos of its own need only (a failure), so afterwards only
+    the groups of that need are asked again; every group is, after capacity
+    comes back or a reservation is made (``reset``), and after a CPU-offload try.
     """
 
     def __init__(
         self, planner: Planner, pclass: PriorityClass, guaranteed: bool, groups: Iterable[Group]
     ) -> None:
-        self._ask = planner.live
+        self._headroom = planner.ledger.headroom
+        self._bound: dict[str, float] = {}  # team -> usage it may reach in this pass
+        self._used = planner.ledger.usage_of
+        self._may_fit = planner.may_fit
         self._pclass = pclass
         self._guaranteed = guaranteed
-        self._known: dict[Group, bool] = {}
+        self._known: dict[Group, tuple[int, bool]] = {}  # group -> (milli it takes, may fit)
         self._by_need: dict[object, list[Group]] = {}
-        self._by_team: dict[str, list[Group]] = {}
         for group in groups:
             self._by_need.setdefault(group.need, []).append(group)
-            self._by_team.setdefault(group.team, []).append(group)
 
     def __call__(self, group: Group) -> bool:
         known = self._known.get(group)
         if known is None:
-            known = self._known[group] = self._ask(group, self._pclass, self._guaranteed)
-        return known
+            lowest = group.need.nominal_milli() * group.replicas
+            fits = self._may_fit(group, self._pclass, self._guaranteed)
+            known = self._known[group] = (lowest, fits)
+        if not known[1]:
+            return False
+        team = group.team
+        bound = self._bound.get(team)
+        if bound is None:
+            bound = self._bound[team] = self._headroom(team, not self._guaranteed) + (
+                self._used(team) or 0
+            )
+        return known[0] + (self._used(team) or 0) <= bound
 
     def touched(self, group: Group) -> None:
         """A job of ``group`` was just decided."""
@@ -217,8 +233,6 @@ class Liveness:
             return
         known = self._known
         for other in self._by_need.get(group.need, ()):
-            known.pop(other, None)
-        for other in self._by_team.get(group.team, ()):
             known.pop(other, None)
 
     def reset(self) -> None:

@@ -124,22 +124,26 @@ class Planner:
         return self._place(job, pclass, need, guaranteed)
 
     def live(self, group: Group, pclass: PriorityClass, guaranteed: bool) -> bool:
-        """Might a job of ``group`` be placed now (or change something)? False only when the
+        """Might a job of ``group`` be placed now (or change something)? False when the
         quota says no, or every way ``_place`` has failed on a memo since capacity was last
         given back: then its jobs are skipped, not tried one by one."""
-        team, need, replicas = group.team, group.need, group.replicas
-        lowest = need.nominal_milli() * replicas
-        ledger = self.ledger
+        return self.in_quota(group, guaranteed) and self.may_fit(group, pclass, guaranteed)
+
+    def in_quota(self, group: Group, guaranteed: bool) -> bool:
+        """Is there quota (guaranteed pass) or borrowing room (the other) for a job of it?"""
+        lowest = group.need.nominal_milli() * group.replicas
         if guaranteed:
-            if not ledger.within_quota(team, lowest):
-                return False
-        elif not ledger.within_limit(team, lowest):
-            return False
+            return self.ledger.within_quota(group.team, lowest)
+        return self.ledger.within_limit(group.team, lowest)
+
+    def may_fit(self, group: Group, pclass: PriorityClass, guaranteed: bool) -> bool:
+        """Has some way of placing a job of ``group`` not failed yet (memos of its need)?"""
+        need, replicas = group.need, group.replicas
         if not self._fit_failed(need, replicas):
             return True
         if replicas == 1 and self.reservations.could_backfill(need, group.floor):
             return True
-        ask = _ask(team, pclass, guaranteed)
+        ask = _ask(group.team, pclass, guaranteed)
         may_evict = self.config.preemption and (ask.reclaim or ask.priority)
         generation = self.cycle.cap.generation
         if may_evict and self._preempt_failed.get((need, replicas, ask)) != generation:

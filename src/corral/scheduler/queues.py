@@ -57,11 +57,13 @@ def runtime_floor(estimate: float | None) -> float | None:
 class Queue:
     """Every queued job, in the shapes the passes need. ``classes``: known class names."""
 
-    def __init__(self, classes: Iterable[str]) -> None:
+    def __init__(self, classes: Iterable[str], big_gpus: int | None = None) -> None:
         self.jobs: dict[str, Job] = {}  # submission (insertion) order
+        self.big_gpus = big_gpus  # jobs asking this many whole GPUs or more are "big"
         self.needs: dict[str, Need] = {}
         self.groups: dict[str, Group] = {}
         self.lists: dict[str, dict[Group, Holders]] = {c: {} for c in classes}
+        self.big: dict[str, list[Job]] = {c: [] for c in self.lists}  # per class, oldest first
         self.unknown: set[str] = set()  # jobs of an unknown priority class
         self.batches: dict[Hashable, list[Job]] = {}
         self.label_keys: Counter[str] = Counter()
@@ -99,6 +101,8 @@ class Queue:
         if groups is None:
             self.unknown.add(job_id)
             return
+        if self._is_big(need, job.replicas):
+            _insert(self.big[cls], job, sort)
         holders = groups.get(group)
         if holders is None:
             groups[group] = {job.user: [job]}
@@ -125,6 +129,8 @@ class Queue:
             self.unknown.discard(job_id)
             return job
         groups = self.lists[job.priority]
+        if self._is_big(group.need, job.replicas):
+            _remove_from(self.big[job.priority], job)
         holders = groups[group]
         _remove(holders, job.user, job)
         if not holders:
@@ -139,6 +145,11 @@ class Queue:
                     own.sort(key=job_key)
         for batch in self.batches.values():
             batch.sort(key=job_key)
+        for big in self.big.values():
+            big.sort(key=job_key)
+
+    def _is_big(self, need: Need, replicas: int) -> bool:
+        return self.big_gpus is not None and need.gpus * replicas >= self.big_gpus
 
     def need(self, job: Job) -> Need:
         """``need_of(job)``, shared by jobs with equal requests (the common case)."""
@@ -163,13 +174,17 @@ def _insert(own: list[Job], job: Job, sort: bool) -> None:
 
 def _remove(lists: dict[HK, list[Job]], key: HK, job: Job) -> None:
     own = lists[key]
+    _remove_from(own, job)
+    if not own:
+        del lists[key]
+
+
+def _remove_from(own: list[Job], job: Job) -> None:
     at = bisect_left(own, job_key(job), key=job_key)
     if at < len(own) and own[at] is job:
         del own[at]
     else:
         own.remove(job)  # not where its key says: only if the caller broke the order
-    if not own:
-        del lists[key]
 
 
 def _decrement(counter: Counter[HK], key: HK) -> None:

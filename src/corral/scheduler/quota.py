@@ -10,7 +10,8 @@ preemption. Teams missing from the snapshot get no quota and no limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from corral.core.model import Allocation, Team
@@ -20,7 +21,8 @@ from corral.core.resources import MILLI
 class Store(Protocol):
     """Where usage lives: a dict, or a ``Cycle.memo()`` so what-ifs roll back."""
 
-    def get(self, key: str) -> int | None: ...
+    @property
+    def get(self) -> Callable[[str], int | None]: ...
 
     def put(self, key: str, value: int) -> None: ...
 
@@ -28,9 +30,7 @@ class Store(Protocol):
 class DictStore:
     def __init__(self) -> None:
         self._data: dict[str, int] = {}
-
-    def get(self, key: str) -> int | None:
-        return self._data.get(key)
+        self.get = self._data.get
 
     def put(self, key: str, value: int) -> None:
         self._data[key] = value
@@ -46,7 +46,15 @@ class Ledger:
         store: Store | None = None,
     ) -> None:
         self._teams = {t.name: t for t in teams}
+        self._quota = {t.name: round(t.quota_gpus * MILLI) for t in self._teams.values()}
+        self._limit = {
+            t.name: None
+            if t.borrow_limit_gpus is None
+            else round((t.quota_gpus + t.borrow_limit_gpus) * MILLI)
+            for t in self._teams.values()
+        }
         self._usage: Store = store if store is not None else DictStore()
+        self.usage_of = self._usage.get  # milli-GPUs a team holds (None: none), for hot paths
         for team, milli in usage(allocations).items():
             self._usage.put(team, milli)
 
@@ -63,15 +71,11 @@ class Ledger:
 
     def quota(self, team: str) -> int:
         """Guaranteed milli-GPUs of ``team``."""
-        known = self._teams.get(team)
-        return round(known.quota_gpus * MILLI) if known else 0
+        return self._quota.get(team, 0)
 
     def limit(self, team: str) -> int | None:
         """Most milli-GPUs ``team`` may hold, borrowing included; ``None``: no limit."""
-        known = self._teams.get(team)
-        if known is None or known.borrow_limit_gpus is None:
-            return None
-        return round((known.quota_gpus + known.borrow_limit_gpus) * MILLI)
+        return self._limit.get(team)
 
     def weight(self, team: str) -> float:
         known = self._teams.get(team)
@@ -86,12 +90,21 @@ class Ledger:
 
     def within_quota(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under its guaranteed quota."""
-        return self.used(team) + charge <= self.quota(team)
+        return (self._usage.get(team) or 0) + charge <= self._quota.get(team, 0)
 
     def within_limit(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under quota + borrowing limit."""
-        limit = self.limit(team)
-        return limit is None or self.used(team) + charge <= limit
+        limit = self._limit.get(team)
+        return limit is None or (self._usage.get(team) or 0) + charge <= limit
+
+    def headroom(self, team: str, borrowing: bool) -> float:
+        """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its
+        quota + borrowing limit (``inf`` without a limit)."""
+        used = self._usage.get(team) or 0
+        if not borrowing:
+            return self._quota.get(team, 0) - used
+        limit = self._limit.get(team)
+        return math.inf if limit is None else limit - used
 
     def over_quota(self, team: str) -> bool:
         return self.used(team) > self.quota(team)

@@ -11,7 +11,7 @@ baselines of ``corral.sim.baselines``, called the plain way too.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
 from corral.core.model import Allocation, Job, Team
@@ -28,7 +28,8 @@ POLICIES = ("corral", "first-fit", "best-fit", "corral-rebuild")
 
 class Policy(Protocol):
     """What the runner drives: told each change to the world (``world.Observer``), asked
-    for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed."""
+    for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed;
+    ``served`` is users' recent service (``scheduler.service``), as the server keeps it."""
 
     def submitted(self, job: Job) -> None: ...
 
@@ -41,7 +42,12 @@ class Policy(Protocol):
     def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
 
     def plan(
-        self, snapshot: Callable[[], Snapshot], config: Config, now: float, seed: int
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Config,
+        now: float,
+        seed: int,
+        served: Mapping[str, float],
     ) -> Plan: ...
 
 
@@ -66,7 +72,14 @@ class Rebuilding:
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         pass
 
-    def plan(self, snapshot: Callable[[], Snapshot], config: Config, now: float, seed: int) -> Plan:
+    def plan(
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Config,
+        now: float,
+        seed: int,
+        served: Mapping[str, float],
+    ) -> Plan:
         return self.schedule(snapshot(), config, now, seed)
 
 
@@ -96,7 +109,15 @@ class Kept:
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         self.scheduler.set_teams(teams)
 
-    def plan(self, snapshot: Callable[[], Snapshot], config: Config, now: float, seed: int) -> Plan:
+    def plan(
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Config,
+        now: float,
+        seed: int,
+        served: Mapping[str, float],
+    ) -> Plan:
+        self.scheduler.served = served
         return cast(Plan, self.scheduler.schedule(now, seed, explain=False))
 
 

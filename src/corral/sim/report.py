@@ -6,6 +6,9 @@ keeps only what the summary needs (waits as packed float arrays), so a
 to a sink as soon as its job is finished. Definitions (all in ``docs/sim.md``):
 
 * wait: first placement time minus submission time, for jobs ever placed;
+  the ``*_incl_queued_s`` figures also count every job still queued at the
+  end as having waited until then (a policy that never starts some jobs
+  must not look better for it: without them, the jobs it starves drop out);
 * percentiles: nearest rank (p95 of 20 values is the 19th smallest);
 * ``gpu_allocation_ratio``: GPU-seconds allocated / (GPUs x (end - start)),
   with ``start`` the first submission and ``end`` the end of the simulation;
@@ -94,6 +97,8 @@ class Metrics:
         self.team_milli_s: dict[str, float] = {}
         self.gpu_teams: set[str] = set()
         self.waits = array("d")
+        self.queued_waits = array("d")  # jobs still queued at the end: their wait so far
+        self.queued_by_gpus: dict[str, array[float]] = {}
         self.waits_by: dict[str, dict[str, array[float]]] = {
             "priority": {},
             "team": {},
@@ -116,6 +121,11 @@ class Metrics:
         _bucket(by["team"], job.team).append(wait)
         _bucket(by["user"], job.user).append(wait)
         _bucket(by["gpus"], _size(job)).append(wait)
+
+    def still_waiting(self, job: Job, waited: float) -> None:
+        """``job`` was never placed; the simulation ended ``waited`` s after it came."""
+        self.queued_waits.append(waited)
+        _bucket(self.queued_by_gpus, _size(job)).append(waited)
 
     def allocation_ended(self, team: str, milli: int, seconds: float) -> None:
         used = milli * seconds
@@ -147,10 +157,11 @@ class Metrics:
             "wait_p50_s": percentile(self.waits, 50),
             "wait_p95_s": percentile(self.waits, 95),
             "wait_mean_s": _mean(self.waits),
+            "wait_p95_incl_queued_s": percentile(self.waits + self.queued_waits, 95),
             "wait_by_priority": _groups(self.waits_by["priority"]),
             "wait_by_team": _groups(self.waits_by["team"]),
             "wait_by_user": _groups(self.waits_by["user"]),
-            "wait_by_gpus": _groups(self.waits_by["gpus"]),
+            "wait_by_gpus": _by_size(self.waits_by["gpus"], self.queued_by_gpus),
             "jain_fairness": None if fairness is None else round(fairness, 6),
             "gpu_seconds_by_team": {
                 t: round(v / MILLI, 3) for t, v in sorted(self.team_milli_s.items())
@@ -240,6 +251,21 @@ def _bucket(groups: dict[str, array[float]], key: str) -> array[float]:
 
 def _mean(values: array[float]) -> float | None:
     return round(sum(values) / len(values), 6) if values else None
+
+
+def _by_size(
+    placed: Mapping[str, array[float]], queued: Mapping[str, array[float]]
+) -> dict[str, dict[str, Any]]:
+    """``_groups`` by job size, with the jobs still queued at the end and the p95 counting
+    them (see the module docstring)."""
+    out = _groups(placed)
+    empty: array[float] = array("d")
+    for key in sorted(set(placed) | set(queued)):
+        waiting = queued.get(key, empty)
+        entry = out.setdefault(key, {"jobs": 0, "p50_s": None, "p95_s": None, "mean_s": None})
+        entry["queued_at_end"] = len(waiting)
+        entry["p95_incl_queued_s"] = percentile(placed.get(key, empty) + waiting, 95)
+    return dict(sorted(out.items()))
 
 
 def _groups(groups: Mapping[str, array[float]]) -> dict[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot
+from corral.scheduler.service import ServiceLedger
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.policies import Policy, ScheduleFn, drive
@@ -82,6 +83,7 @@ class _Run:
         self.clock = EventClock()
         self.metrics = Metrics()
         self.world = World(scenario, self.clock, self.metrics, sink=sink, observer=policy)
+        self.service = ServiceLedger()
         self.progress = progress
         self.arrived = 0
         measure = _fragmentation_measure()
@@ -146,8 +148,13 @@ class _Run:
         for _ in range(MAX_CYCLES_PER_INSTANT):
             if not world.queued:
                 return
-            plan = self.policy.plan(world.snapshot, config, now, seed + self.metrics.cycles)
+            world.served = served = self.service.view(now)  # fair mixing across cycles
+            plan = self.policy.plan(world.snapshot, config, now, seed + self.metrics.cycles, served)
             self.metrics.cycles += 1
+            for job_id in (j for p in plan.placements if p.replica == 0 for j in p.job_ids):
+                run = world.runs.get(job_id)
+                if run is not None:
+                    self.service.record(run.job.user, now)
             world.apply(plan, now)
             again = bool(plan.preemptions) or _hit_limit(plan, config)
             if not again or not (plan.placements or plan.preemptions):

@@ -15,7 +15,7 @@ raises ``PlanRejected`` (a scheduler bug) instead of being half applied.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -94,6 +94,7 @@ class World:
         self.runs: dict[str, JobRun] = {}
         self._records: dict[str, list[PlacementRecord]] = {}
         self._expected_ends: dict[str, float] = {}  # allocation -> start + estimate left
+        self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
 
     def snapshot(self) -> Snapshot:
@@ -104,6 +105,7 @@ class World:
             allocations=tuple(self.allocations.values()),
             teams=self._teams_view,
             expected_ends=self._expected_ends,
+            served=self.served,
         )
 
     def submit(self, sim_job: SimJob) -> None:
@@ -156,6 +158,8 @@ class World:
         for alloc_id in list(self.allocations):
             self._release(alloc_id, end, preempted=False, still_running=True)
         for run in list(self.runs.values()):
+            if run.first_start is None:
+                self._metrics.still_waiting(run.job, end - run.job.submitted_at)
             self._emit(run)
 
     # -- applying a plan -------------------------------------------------------------

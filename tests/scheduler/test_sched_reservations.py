@@ -1,0 +1,112 @@
+"""Backfill reservations: the big job at the head of its class is not starved by small ones.
+
+The cluster of most cases: n1 has 3 of its 4 cards busy until t=500, n2 has 1 of
+4 busy until t=1000. A 4-GPU job fits nowhere now; n1 is where it should fit
+first (at 500), so n1 is reserved for it and small jobs go elsewhere, unless
+they end before 500 (backfill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler_builders import alloc, job, node, snapshot
+
+from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
+
+ON = Config(reserve_min_gpus=4)
+OFF = Config(reserve_min_gpus=None)
+
+
+def cluster(*queued: object) -> Snapshot:
+    snap = snapshot(
+        [node("n1").gpus(4), node("n2").gpus(4)],
+        list(queued),  # type: ignore[arg-type]
+        [alloc("busy1", "n1").cards(0, 1, 2), alloc("busy2", "n2").cards(0)],
+    )
+    return replace(snap, expected_ends={"busy1": 500.0, "busy2": 1000.0})
+
+
+def big(job_id: str = "big", at: float = 0) -> object:
+    return job(job_id).gpus(4).set(priority="batch", submitted_at=at)
+
+
+def small(job_id: str, at: float, estimate: float | None = 2000.0) -> object:
+    return job(job_id).gpus(1).set(priority="batch", submitted_at=at, estimated_runtime_s=estimate)
+
+
+def where(plan: Plan) -> dict[str, str]:
+    return {j: p.node for p in plan.placements for j in p.job_ids}
+
+
+def test_the_node_that_frees_first_is_kept_for_the_big_job_at_the_head_of_its_class() -> None:
+    smalls = [small(f"s{i}", at=10 + i) for i in range(4)]
+    plan = schedule(cluster(big(), *smalls), ON, now=0.0)
+    assert set(where(plan).values()) == {"n2"}  # nothing small lands on n1
+    assert len(plan.placements) == 3  # n2's three free cards
+    reasons = {u.job_id: u.reasons for u in plan.unplaced}
+    held = [r for r in reasons["big"] if r.code is ReasonCode.HOLDS_RESERVATION]
+    assert held
+    assert "n1" in held[0].message
+    assert "~500s" in held[0].message
+    reserved = [r for r in reasons["s3"] if r.code is ReasonCode.RESERVED]
+    assert reserved
+    assert reserved[0].nodes == 1
+
+
+def test_without_reservations_small_jobs_take_the_hole_the_big_job_needs() -> None:
+    smalls = [small(f"s{i}", at=10 + i) for i in range(4)]
+    plan = schedule(cluster(big(), *smalls), OFF, now=0.0)
+    assert sorted(where(plan).values()) == ["n1", "n2", "n2", "n2"]
+
+
+FILLERS = [small(f"f{i}", at=1 + i) for i in range(3)]  # n2's free cards go to these
+
+
+def test_a_small_job_that_ends_before_the_reservation_backfills_into_it() -> None:
+    quick = small("quick", at=10, estimate=300.0)  # ends at 300 < 500
+    slow = small("slow", at=11, estimate=900.0)  # would delay the big job
+    plan = schedule(cluster(big(), *FILLERS, quick, slow), ON, now=0.0)
+    assert where(plan)["quick"] == "n1"
+    assert "slow" not in where(plan)
+
+
+def test_jobs_without_an_estimate_never_backfill() -> None:
+    unknown = small("unknown", at=10, estimate=None)
+    plan = schedule(cluster(big(), *FILLERS, unknown), ON, now=0.0)
+    assert "unknown" not in where(plan)
+
+
+def test_the_oldest_big_job_of_a_class_goes_before_its_smaller_jobs() -> None:
+    older_small = small("older", at=0)
+    newer_big = big("big", at=5)
+    snap = snapshot([node("n").gpus(4)], [older_small, newer_big])  # type: ignore[list-item]
+    assert where(schedule(snap, ON, now=10.0)) == {"big": "n"}
+    assert where(schedule(snap, OFF, now=10.0)) == {"older": "n"}
+
+
+def test_a_higher_class_is_not_held_back_by_a_lower_class_reservation() -> None:
+    urgent = job("urgent").gpus(1).set(priority="paid", submitted_at=20)
+    plan = schedule(cluster(big(), urgent), ON, now=0.0)
+    assert "urgent" in where(plan)  # paid is decided before batch reserves anything
+
+
+def test_the_reservation_stays_on_the_same_node_cycle_after_cycle() -> None:
+    sched = Scheduler.from_snapshot(cluster(big(), *[small(f"s{i}", 10 + i) for i in range(6)]), ON)
+    for now in (0.0, 100.0, 200.0):
+        plan = sched.schedule(now)
+        assert "n1" not in where(plan).values()
+        reasons = next(u.reasons for u in plan.unplaced if u.job_id == "big")
+        held = next(r for r in reasons if r.code is ReasonCode.HOLDS_RESERVATION)
+        assert held.message.startswith("nodes reserved for it: n1 ")
+    sched.end("busy1")  # n1's work ends: the big job starts there
+    assert where(sched.schedule(500.0))["big"] == "n1"
+
+
+def test_a_gang_reserves_one_node_per_replica() -> None:
+    gang = job("gang").gpus(4).set(priority="batch", replicas=2, submitted_at=0)
+    plan = schedule(cluster(gang, small("s", at=10)), ON, now=0.0)
+    held = [r for u in plan.unplaced if u.job_id == "gang" for r in u.reasons]
+    reservation = next(r for r in held if r.code is ReasonCode.HOLDS_RESERVATION)
+    assert reservation.nodes == 2
+    assert "s" not in where(plan)  # both nodes are held: the small job waits
