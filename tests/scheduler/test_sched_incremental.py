@@ -19,7 +19,7 @@ from scheduler_replay import _allocation
 from scheduler_strategies import nodes, teams
 
 from corral.core import GIB, Gpu, InvalidSpec, Job, JobKind, Node, ResourceRequest, Team
-from corral.scheduler import Config, Plan, Scheduler, Snapshot, schedule
+from corral.scheduler import Config, KeptSchedule, Plan, Scheduler, Snapshot, schedule
 
 CLASSES = ("interactive", "paid", "free", "batch")
 
@@ -231,3 +231,27 @@ def test_an_empty_snapshot_and_bad_input_behave_like_schedule() -> None:
     with pytest.raises(InvalidSpec, match="duplicate 'a'") as caught:
         sched.submit(Job("a"))
     assert caught.value.field == "snapshot.queued"  # the error schedule() gives
+
+
+@settings(max_examples=40, deadline=None)
+@given(nodes(), teams(), st.lists(op, min_size=1, max_size=15), st.data())
+def test_kept_schedule_on_a_stream_of_snapshots_plans_as_schedule(
+    cluster: tuple[Node, ...],
+    squad: tuple[Team, ...],
+    ops: list[tuple[str, int]],
+    data: st.DataObject,
+) -> None:
+    config = Config()
+    life = Life(Scheduler(cluster, squad, config))
+    kept = KeptSchedule()
+    for kind, arg in ops:
+        if kind in ("arrive", "flood"):
+            life.arrive(data.draw(arrivals(arg)))
+        elif kind == "finish":
+            life.finish(arg)
+        else:
+            life.now += arg
+            snap = life.sched.snapshot()
+            plan = kept(snap, config, life.now)
+            assert plan == schedule(snap, config, life.now)
+            life.apply(plan)

@@ -96,10 +96,13 @@ def test_the_live_queue_skips_dead_groups_whole_and_charges_only_placements() ->
     dead = {"big"}
     queue = LiveQueue(groups, {}, {}, lambda g: g not in dead, lambda j: True)
     first = queue.pop()
-    assert first is not None and first.id == "u0"  # ubig is older, but its group is dead
+    assert first is not None
+    assert first.id == "u0"  # ubig is older, but its group is dead
     queue.done(first, placed=False)  # not placed: u keeps its turn
     second = queue.pop()
-    assert second is not None and second.id == "u1"
+    assert second is not None
+    assert second.id == "u1"
     queue.done(second, placed=True)  # placed: v goes next
     third = queue.pop()
-    assert third is not None and third.id == "v0"
+    assert third is not None
+    assert third.id == "v0"

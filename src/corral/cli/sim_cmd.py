@@ -40,7 +40,9 @@ def sim(
         float | None, typer.Option(help="Stop at this simulated second.", min=0)
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed passed to the scheduler.")] = None,
-    policy: Annotated[str, typer.Option(help="corral, first-fit or best-fit.")] = "corral",
+    policy: Annotated[
+        str, typer.Option(help="corral, first-fit, best-fit or corral-rebuild.")
+    ] = "corral",
     cluster: Annotated[
         Path | None, typer.Option(help="Nodes and teams for a .csv/.jsonl trace.")
     ] = None,
@@ -59,11 +61,9 @@ def sim(
         sink = _spooler(spool) if json_out and jobs else _collector(collected)
         try:
             loaded = load_scenario(scenario, cluster=cluster)
-            schedule = resolve(policy)
+            resolve(policy)  # an unknown name is bad input, named, before anything runs
             with _progress(err) as show:
-                summary = simulate(
-                    loaded, schedule, until=until, seed=seed, sink=sink, progress=show
-                )
+                summary = simulate(loaded, policy, until=until, seed=seed, sink=sink, progress=show)
         except PlanRejected as exc:
             err.print(
                 f"[red]error:[/] the {policy} scheduler made a plan that cannot be applied: {exc}"

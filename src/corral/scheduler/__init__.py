@@ -16,13 +16,14 @@ from corral.scheduler.api import (
     Unplaced,
 )
 from corral.scheduler.fragmentation import Fragmentation, fragmentation
-from corral.scheduler.incremental import Scheduler
+from corral.scheduler.incremental import KeptSchedule, Scheduler
 from corral.scheduler.pipeline import DEFAULT_CONFIG, schedule
 
 __all__ = [
     "DEFAULT_CONFIG",
     "Config",
     "Fragmentation",
+    "KeptSchedule",
     "Placement",
     "Plan",
     "Preemption",

@@ -342,6 +342,34 @@ def _check_unique(snapshot: Snapshot) -> None:
             seen.add(name)
 
 
+class KeptSchedule:
+    """``schedule``-shaped, for a caller that only has snapshots (the server's loop).
+
+    Keeps a ``Scheduler`` and brings it to each snapshot by difference
+    (``sync``: objects compared by identity, so a snapshot cache that reuses
+    unchanged rows makes a call cost what changed, plus the explanations).
+    The same plans as ``schedule``; a new config, or an error, starts afresh.
+    """
+
+    def __init__(self, *, explain: bool = True) -> None:
+        self.explain = explain
+        self._kept: Scheduler | None = None
+        self._config: Config | None = None
+
+    def __call__(
+        self, snapshot: Snapshot, config: Config = DEFAULT_CONFIG, now: float = 0.0, seed: int = 0
+    ) -> Plan:
+        try:
+            if self._kept is None or config != self._config:
+                self._kept, self._config = Scheduler.from_snapshot(snapshot, config), config
+            else:
+                self._kept.sync(snapshot)
+            return self._kept.schedule(now, seed, explain=self.explain)
+        except BaseException:
+            self._kept = None  # whatever half-happened, the next call starts from its snapshot
+            raise
+
+
 def schedule_once(snapshot: Snapshot, config: Config, now: float, seed: int) -> Plan:
     """``Scheduler.from_snapshot(snapshot, config).schedule(now, seed)``, for a throwaway
     scheduler: what ``schedule`` is."""

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from corral import __version__
 from corral.core.clock import Clock, WallClock
 from corral.core.model import DEFAULT_PRIORITY_CLASSES
-from corral.scheduler import schedule as default_schedule
+from corral.scheduler import KeptSchedule
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
@@ -85,7 +85,9 @@ def create_plane(
     run_loops: bool = True,
 ) -> ControlPlane:
     rt = build_runtime(settings, link=link, clock=clock, blobs=blobs)
-    return ControlPlane(rt, schedule or default_schedule, run_loops=run_loops)
+    # The scheduler kept between cycles, synced to each snapshot by difference: the same
+    # plans as ``corral.scheduler.schedule``, at the cost of what changed.
+    return ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops)
 
 
 def create_app(
