@@ -61,3 +61,20 @@ def test_service_decays_with_its_half_life_and_is_forgotten() -> None:
 def test_a_ledger_needs_a_positive_half_life() -> None:
     with pytest.raises(ValueError, match="half_life_s"):
         ServiceLedger(half_life_s=0)
+
+
+def test_a_kept_schedule_takes_each_snapshots_service() -> None:
+    """The server's loop keeps its scheduler between cycles: the ledger must still reach it."""
+    from corral.scheduler import KeptSchedule
+
+    kept, ledger, now = KeptSchedule(), ServiceLedger(), 100.0
+    queued, order = flood_then_one(), []
+    while queued:
+        plan = kept(Snapshot(ONE_SLOT, tuple(queued), served=ledger.view(now)), Config(), now)
+        [job_id] = plan.placements[0].job_ids
+        job = next(j for j in queued if j.id == job_id)
+        ledger.record(job.user, now)
+        order.append(job.user)
+        queued.remove(job)
+        now += 5.0
+    assert order[:2] == ["alice", "bob"]
