@@ -152,11 +152,13 @@ class LiveQueue(Generic[Q]):
         self._running = running
         self._live = live
         self._usable = usable
-        self._slots: dict[tuple[Q, str], list[Any]] = {}  # [group, jobs, cursor] per (group, user)
+        # [group, jobs, cursor, seq] per (group, user); seq breaks ties in a user's heap
+        self._slots: dict[tuple[Q, str], list[Any]] = {}
         self._vt: dict[str, float] = {}
         self._step: dict[str, float] = {}
         self._tie: dict[str, float] = {}
-        self._mine: dict[str, list[list[Any]]] = {}  # per user: its slots in live groups
+        # per user: a heap of its live slots by their next job's key
+        self._mine: dict[str, list[tuple[float, str, int, list[Any]]]] = {}
         self._heap: list[tuple[float, float, float, str, str, list[Any]]] = []
         self._popped: list[Any] | None = None
         self.refill()
@@ -166,28 +168,31 @@ class LiveQueue(Generic[Q]):
 
     def refill(self) -> None:
         """Find every user's next job again (groups may have come back to life)."""
-        mine: dict[str, list[list[Any]]] = {}
-        slots, live = self._slots, self._live
+        mine: dict[str, list[tuple[float, str, int, list[Any]]]] = {}
+        slots, live, usable = self._slots, self._live, self._usable
         for group in self._candidates:
             if not live(group):
                 continue
             for user, jobs in self._groups[group].items():
                 slot = slots.get((group, user))
                 if slot is None:
-                    slot = slots[group, user] = [group, jobs, 0]
-                own = mine.get(user)
-                if own is None:
-                    mine[user] = [slot]
-                else:
-                    own.append(slot)
-        self._mine = mine
+                    slot = slots[group, user] = [group, jobs, 0, len(slots)]
+                at = slot[2]
+                while at < len(jobs) and not usable(jobs[at]):
+                    at += 1
+                slot[2] = at
+                if at < len(jobs):
+                    job = jobs[at]
+                    mine.setdefault(user, []).append((job.submitted_at, job.id, slot[3], slot))
         heap = []
-        for user in mine:
+        for user, own in mine.items():
+            heapq.heapify(own)
             if user not in self._vt:
                 self._start(user)
-            entry = self._entry(user)
+            entry = self._entry_of(user, own)
             if entry is not None:
                 heap.append(entry)
+        self._mine = mine
         heapq.heapify(heap)
         self._heap = heap
 
@@ -206,8 +211,9 @@ class LiveQueue(Generic[Q]):
             entry = heapq.heappop(heap)
             user, slot = entry[4], entry[5]
             if entry[0] == self._vt[user] and self._live(slot[0]):
-                job: Job = slot[1][slot[2]]
-                if self._usable(job):
+                at, jobs = slot[2], slot[1]
+                job: Job | None = jobs[at] if at < len(jobs) else None
+                if job is not None and job.id == entry[3] and self._usable(job):
                     self._popped = slot
                     return job
             again = self._entry(user)  # its group died, or its turn was used: look again
@@ -234,21 +240,34 @@ class LiveQueue(Generic[Q]):
             heapq.heappush(self._heap, entry)
 
     def _entry(self, user: str) -> tuple[float, float, float, str, str, list[Any]] | None:
-        """The heap entry of ``user``'s next live, usable job."""
-        best: Job | None = None
-        best_slot: list[Any] | None = None
+        own = self._mine.get(user)
+        return None if own is None else self._entry_of(user, own)
+
+    def _entry_of(
+        self, user: str, own: list[tuple[float, str, int, list[Any]]]
+    ) -> tuple[float, float, float, str, str, list[Any]] | None:
+        """The heap entry of ``user``'s next live, usable job.
+
+        ``own`` holds the user's slots by the key of their next job. A group only dies
+        between refills, so a dead slot leaves for good; a slot whose next job moved
+        on (decided, or handed out) goes back with its new key.
+        """
         usable, live = self._usable, self._live
-        for slot in self._mine.get(user, ()):
+        while own:
+            sub, job_id, seq, slot = own[0]
             if not live(slot[0]):
+                heapq.heappop(own)
                 continue
             jobs, at = slot[1], slot[2]
             while at < len(jobs) and not usable(jobs[at]):
                 at += 1
             slot[2] = at
-            if at < len(jobs):
-                job = jobs[at]
-                if best is None or (job.submitted_at, job.id) < (best.submitted_at, best.id):
-                    best, best_slot = job, slot
-        if best is None or best_slot is None:
-            return None
-        return (self._vt[user], self._tie[user], best.submitted_at, best.id, user, best_slot)
+            if at >= len(jobs):
+                heapq.heappop(own)
+                continue
+            job = jobs[at]
+            if job.id != job_id:
+                heapq.heapreplace(own, (job.submitted_at, job.id, seq, slot))
+                continue
+            return (self._vt[user], self._tie[user], sub, job_id, user, slot)
+        return None

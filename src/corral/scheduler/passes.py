@@ -88,7 +88,8 @@ class Passes:
         state = planner.state()
         while (job := queue.pop()) is not None:
             placed = planner.consider(job, pclass, guaranteed=True)
-            live.touched(of[job.id])
+            if not placed:  # a failure may have left memos; a placement only took room
+                live.touched(of[job.id])
             queue.done(job, placed, planner.riders if placed else ())
             if planner.stopped:
                 return
@@ -122,7 +123,8 @@ class Passes:
             if job is None:
                 continue
             placed = planner.consider(job, pclass, guaranteed=False)
-            live.touched(of[job.id])
+            if not placed:  # a failure may have left memos; a placement only took room
+                live.touched(of[job.id])
             queue.done(job, placed, planner.riders if placed else ())
             if planner.stopped:
                 return
@@ -220,11 +222,10 @@ class Liveness:
             return False
         team = group.team
         bound = self._bound.get(team)
+        used = self._used(team) or 0
         if bound is None:
-            bound = self._bound[team] = self._headroom(team, not self._guaranteed) + (
-                self._used(team) or 0
-            )
-        return known[0] + (self._used(team) or 0) <= bound
+            bound = self._bound[team] = self._headroom(team, not self._guaranteed) + used
+        return known[0] + used <= bound
 
     def touched(self, group: Group) -> None:
         """A job of ``group`` was just decided."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from corral.core.model import Job
 from corral.core.resources import ResourceRequest
@@ -31,14 +31,26 @@ HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE = 4096  # distinct resource requests remembered; past it the cache starts afresh
 
 
-class Group(NamedTuple):
-    """Jobs the planner treats alike when they do not fit (see ``Planner.live``)."""
+class Group:
+    """Jobs the planner treats alike when they do not fit (see ``Planner.live``).
 
-    team: str
-    need: Need
-    replicas: int
-    cpu: bool  # may fall back to CPU slots (``ResourceRequest.cpu_fallback`` of a GPU job)
-    floor: float | None  # a lower bound of the run-time estimates in it; None: no estimate
+    Interned by ``Queue``: equal groups are the same object, so a group is a
+    dictionary key by identity (hashing it is free on the hot path).
+    """
+
+    __slots__ = ("cpu", "floor", "need", "replicas", "team")
+
+    def __init__(
+        self, team: str, need: Need, replicas: int, cpu: bool, floor: float | None
+    ) -> None:
+        self.team = team
+        self.need = need
+        self.replicas = replicas
+        self.cpu = cpu  # may fall back to CPU slots (``cpu_fallback`` of a GPU job)
+        self.floor = floor  # a lower bound of the run-time estimates in it; None: none
+
+    def __repr__(self) -> str:
+        return f"Group({self.team!r}, {self.need!r}, {self.replicas}, {self.cpu}, {self.floor})"
 
 
 Holders = dict[str, list[Job]]
@@ -69,6 +81,7 @@ class Queue:
         self.label_keys: Counter[str] = Counter()
         self.models: Counter[str] = Counter()
         self._needs: dict[ResourceRequest, Need] = {}
+        self._groups: dict[tuple[str, Need, int, bool, float | None], Group] = {}  # interned
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -80,13 +93,12 @@ class Queue:
         need = self.need(job)
         self.needs[job_id] = need
         estimate = job.estimated_runtime_s
-        group = Group(
-            job.team,
-            need,
-            job.replicas,
-            r.cpu_fallback and r.wants_gpu,
-            None if estimate is None else runtime_floor(estimate),
-        )
+        cpu = r.cpu_fallback and r.wants_gpu
+        floor = None if estimate is None else runtime_floor(estimate)
+        key = (job.team, need, job.replicas, cpu, floor)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = Group(*key)
         self.groups[job_id] = group
         if job.node_selector:
             for label in job.node_selector:
