@@ -16,8 +16,8 @@ from corral.scheduler.api import (
     Unplaced,
 )
 from corral.scheduler.fragmentation import Fragmentation, fragmentation
-from corral.scheduler.incremental import KeptSchedule, Scheduler
-from corral.scheduler.pipeline import DEFAULT_CONFIG, schedule
+from corral.scheduler.incremental import Scheduler
+from corral.scheduler.pipeline import DEFAULT_CONFIG, KeptSchedule, schedule
 
 __all__ = [
     "DEFAULT_CONFIG",

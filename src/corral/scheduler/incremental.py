@@ -185,6 +185,11 @@ class Scheduler:
         """
         return self._decide(now, explain, keep=True)
 
+    def once(self, now: float = 0.0, seed: int = 0) -> Plan:
+        """``schedule`` for a throwaway scheduler (``schedule`` itself): the kept cluster is
+        left in its end-of-cycle state and dropped, which saves undoing the cycle."""
+        return self._decide(now, explain=True, keep=False)
+
     def _decide(self, now: float, explain: bool, keep: bool) -> Plan:
         """One cycle; ``keep=False`` leaves the kept cluster in its end-of-cycle state and
         drops it (a throwaway scheduler saves the rollback)."""
@@ -340,41 +345,6 @@ def _check_unique(snapshot: Snapshot) -> None:
             if name in seen:
                 raise InvalidSpec(field, f"duplicate {name!r}")
             seen.add(name)
-
-
-class KeptSchedule:
-    """``schedule``-shaped, for a caller that only has snapshots (the server's loop).
-
-    Keeps a ``Scheduler`` and brings it to each snapshot by difference
-    (``sync``: objects compared by identity, so a snapshot cache that reuses
-    unchanged rows makes a call cost what changed, plus the explanations).
-    The same plans as ``schedule``; a new config, or an error, starts afresh.
-    """
-
-    def __init__(self, *, explain: bool = True) -> None:
-        self.explain = explain
-        self._kept: Scheduler | None = None
-        self._config: Config | None = None
-
-    def __call__(
-        self, snapshot: Snapshot, config: Config = DEFAULT_CONFIG, now: float = 0.0, seed: int = 0
-    ) -> Plan:
-        try:
-            if self._kept is None or config != self._config:
-                self._kept, self._config = Scheduler.from_snapshot(snapshot, config), config
-            else:
-                self._kept.sync(snapshot)
-                self._kept.served = snapshot.served  # the shell's ledger, new every cycle
-            return self._kept.schedule(now, seed, explain=self.explain)
-        except BaseException:
-            self._kept = None  # whatever half-happened, the next call starts from its snapshot
-            raise
-
-
-def schedule_once(snapshot: Snapshot, config: Config, now: float, seed: int) -> Plan:
-    """``Scheduler.from_snapshot(snapshot, config).schedule(now, seed)``, for a throwaway
-    scheduler: what ``schedule`` is."""
-    return Scheduler.from_snapshot(snapshot, config)._decide(now, explain=True, keep=False)
 
 
 def _adjust(

@@ -20,9 +20,9 @@ Pure: the snapshot is read, never changed; the same inputs give the same plan.
 from __future__ import annotations
 
 from corral.scheduler.api import Config, Plan, Snapshot
-from corral.scheduler.incremental import DEFAULT_CONFIG, schedule_once
+from corral.scheduler.incremental import DEFAULT_CONFIG, Scheduler
 
-__all__ = ["DEFAULT_CONFIG", "schedule"]
+__all__ = ["DEFAULT_CONFIG", "KeptSchedule", "schedule"]
 
 
 def schedule(
@@ -34,4 +34,33 @@ def schedule(
     equal inputs give equal plans. ``seed`` is part of the contract for
     policies that randomise; none of the current ones needs it.
     """
-    return schedule_once(snapshot, config, now, seed)
+    return Scheduler.from_snapshot(snapshot, config).once(now, seed)
+
+
+class KeptSchedule:
+    """``schedule``-shaped, for a caller that only has snapshots (the server's loop).
+
+    Keeps a ``Scheduler`` and brings it to each snapshot by difference
+    (``sync``: objects compared by identity, so a snapshot cache that reuses
+    unchanged rows makes a call cost what changed, plus the explanations).
+    The same plans as ``schedule``; a new config, or an error, starts afresh.
+    """
+
+    def __init__(self, *, explain: bool = True) -> None:
+        self.explain = explain
+        self._kept: Scheduler | None = None
+        self._config: Config | None = None
+
+    def __call__(
+        self, snapshot: Snapshot, config: Config = DEFAULT_CONFIG, now: float = 0.0, seed: int = 0
+    ) -> Plan:
+        try:
+            if self._kept is None or config != self._config:
+                self._kept, self._config = Scheduler.from_snapshot(snapshot, config), config
+            else:
+                self._kept.sync(snapshot)
+                self._kept.served = snapshot.served  # the shell's ledger, new every cycle
+            return self._kept.schedule(now, seed, explain=self.explain)
+        except BaseException:
+            self._kept = None  # whatever half-happened, the next call starts from its snapshot
+            raise
