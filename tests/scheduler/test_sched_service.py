@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from corral.core import Job, Node, ResourceRequest
-from corral.scheduler import Config, Snapshot, schedule
+from corral.scheduler import Config, KeptSchedule, Plan, Snapshot, schedule
 from corral.scheduler.service import ServiceLedger
+
+Schedule = Callable[[Snapshot, Config, float], Plan]
 
 ONE_SLOT = (Node("home-4090", cpus=1),)
 CPU = ResourceRequest(cpus=1)
 
 
-def run_one_at_a_time(jobs: list[Job], ledger: ServiceLedger | None) -> list[str]:
+def run_one_at_a_time(
+    jobs: list[Job], ledger: ServiceLedger | None, decide: Schedule = schedule
+) -> list[str]:
     """Place one job per cycle on a one-slot node; each finishes before the next cycle."""
     queued, order, now = list(jobs), [], 100.0
     while queued:
         served = ledger.view(now) if ledger else {}
-        plan = schedule(Snapshot(ONE_SLOT, tuple(queued), served=served), Config(), now)
+        plan = decide(Snapshot(ONE_SLOT, tuple(queued), served=served), Config(), now)
         [placement] = plan.placements
         [job_id] = placement.job_ids
         job = next(j for j in queued if j.id == job_id)
@@ -65,16 +71,5 @@ def test_a_ledger_needs_a_positive_half_life() -> None:
 
 def test_a_kept_schedule_takes_each_snapshots_service() -> None:
     """The server's loop keeps its scheduler between cycles: the ledger must still reach it."""
-    from corral.scheduler import KeptSchedule
-
-    kept, ledger, now = KeptSchedule(), ServiceLedger(), 100.0
-    queued, order = flood_then_one(), []
-    while queued:
-        plan = kept(Snapshot(ONE_SLOT, tuple(queued), served=ledger.view(now)), Config(), now)
-        [job_id] = plan.placements[0].job_ids
-        job = next(j for j in queued if j.id == job_id)
-        ledger.record(job.user, now)
-        order.append(job.user)
-        queued.remove(job)
-        now += 5.0
+    order = run_one_at_a_time(flood_then_one(), ServiceLedger(), KeptSchedule())
     assert order[:2] == ["alice", "bob"]

@@ -59,7 +59,6 @@ class KeptSchedule:
                 self._kept, self._config = Scheduler.from_snapshot(snapshot, config), config
             else:
                 self._kept.sync(snapshot)
-                self._kept.served = snapshot.served  # the shell's ledger, new every cycle
             return self._kept.schedule(now, seed, explain=self.explain)
         except BaseException:
             self._kept = None  # whatever half-happened, the next call starts from its snapshot
