@@ -9,28 +9,14 @@ so no test ever reads or writes the real ``~/.corral``.
 from __future__ import annotations
 
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk"))
 
+import live_fixtures
 from cli_runner import Cli
-from live_server import Running, corral_server, stub_server
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    with corral_server(tmp_path_factory.mktemp("corral-server")) as running:
-        yield running
-
-
-@pytest.fixture(scope="session")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    with stub_server(tmp_path_factory.mktemp("stub-server")) as running:
-        yield running
 
 
 @pytest.fixture
@@ -46,6 +32,4 @@ def cli(tmp_path: Path) -> Cli:
     )
 
 
-@pytest.fixture
-def team() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}"
+server, stub, team = live_fixtures.server, live_fixtures.stub, live_fixtures.team  # shared fixtures
