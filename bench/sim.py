@@ -28,23 +28,43 @@ it. Prints, per policy::
 
 then the headline (corral's scheduler, or the first policy run) and a table::
 
-    simulated jobs/s (1000 nodes, 100000 jobs): N
+    simulated jobs/s (1000 nodes, 100000 jobs): N   <- compiled (mypyc, build/native)
+    simulated jobs/s (1000 nodes, 100000 jobs, pure Python): M
+    compiled and pure Python runs give the same results: yes
     gpu_allocation_ratio corral / first-fit / best-fit: R1 / R2 / R3
+
+Two builds of the same sources run, each in its own process: pure Python (what
+the server and tests import) and, when ``scripts/build-native`` has compiled the
+current sources into ``build/native``, the mypyc-compiled build (``--build``
+chooses; a missing or stale build is said so and skipped). Each line is tagged
+``[pure]`` or ``[compiled]``; the headline names the build it measures, and the
+two builds' reports (everything but speed) must agree.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import native  # scripts/native.py: the compiled build, if any
 
 from corral.sim import generate
 from corral.sim.policies import POLICIES
 from corral.sim.runner import Progress, simulate
 
 DEFAULT_POLICIES = "corral,first-fit,best-fit"
+CHILD_MARK = "@@results "
+LABELS = {"pure": "pure Python", "native": "compiled (mypyc, build/native)"}
+TAGS = {"pure": "[pure]     ", "native": "[compiled] "}
 
 
 SIZES = ("0.5", "1", "2", "4", "8", "2x8")
@@ -64,22 +84,86 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs=args.jobs, total_gpus=args.nodes * 8, load=args.load, seed=args.seed
     )
     until = args.until if args.until is not None else _last_arrival(shape)
+    if args.child:  # one build's runs, in the process this build was imported into
+        results = {name: _run(name, args, until) for name in policies}
+        print(CHILD_MARK + json.dumps(results), flush=True)
+        return 0
     print(
         f"trace: {args.nodes} nodes x 8 GPUs, {args.jobs} jobs, load {args.load:g}, "
         f"seed {args.seed}, cycle every {args.cycle_interval:g} s, until {until:,.0f} s",
         flush=True,
     )
-    results: dict[str, tuple[float, dict[str, Any]]] = {}
-    for name in policies:
-        results[name] = _run(name, args, until)
-        _print_policy(name, args.nodes, *results[name])
-    head = "corral" if "corral" in results else policies[0]
-    rate, summary = results[head]
-    print(f"simulated jobs/s ({args.nodes} nodes, {summary['jobs_total']} jobs): {rate:,.0f}")
+    builds: dict[str, dict[str, tuple[float, dict[str, Any]]]] = {}
+    for build in _builds(args.build):
+        builds[build] = _run_build(build, argv, until)
+        for name in policies:
+            _print_policy(name, args.nodes, *builds[build][name], tag=TAGS[build])
+    _print_headline(builds, args.nodes, policies)
+    return 0
+
+
+def _builds(wanted: str) -> list[str]:
+    """The builds to run: pure Python always; the compiled one when asked and usable."""
+    if wanted == "pure":
+        return ["pure"]
+    problem = native.stale()
+    if problem is None:
+        return ["pure", "native"] if wanted == "both" else ["native"]
+    print(f"compiled build: not run ({problem})", flush=True)
+    if wanted == "native":
+        raise SystemExit(2)
+    return ["pure"]
+
+
+def _run_build(
+    build: str, argv: Sequence[str] | None, until: float
+) -> dict[str, tuple[float, dict[str, Any]]]:
+    """Run this bench's policies in a child process importing ``build``'s corral."""
+    env = native.env() if build == "native" else _pure_env()
+    args = sys.argv[1:] if argv is None else list(argv)
+    child = [sys.executable, __file__, *args, "--until", repr(until), "--child"]
+    out = subprocess.run(child, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith(CHILD_MARK))
+    results = json.loads(line[len(CHILD_MARK) :])
+    return {name: (rate, summary) for name, (rate, summary) in results.items()}
+
+
+def _pure_env() -> dict[str, str]:
+    """The environment of a child that must import pure Python (never ``build/native``)."""
+    env = dict(os.environ)
+    build = str(native.BUILD)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != build]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def _print_headline(
+    builds: dict[str, dict[str, tuple[float, dict[str, Any]]]], nodes: int, policies: list[str]
+) -> None:
+    """The goal's line (the fastest build run, named), the other build's, quality tables."""
+    head = "corral" if "corral" in policies else policies[0]
+    order = [b for b in ("native", "pure") if b in builds]
+    for i, build in enumerate(order):
+        rate, summary = builds[build][head]
+        tag = "" if i == 0 else f", {LABELS[build]}"
+        print(
+            f"simulated jobs/s ({nodes} nodes, {summary['jobs_total']} jobs{tag}): {rate:,.0f}"
+            + (f"   <- {LABELS[build]}" if i == 0 else "")
+        )
+    if len(order) == 2:
+        same = all(
+            _quality(builds["native"][p][1]) == _quality(builds["pure"][p][1]) for p in policies
+        )
+        print(f"compiled and pure Python runs give the same results: {'yes' if same else 'NO'}")
+    results = builds[order[0]]
     ratios = " / ".join(f"{results[p][1]['gpu_allocation_ratio']:.4f}" for p in policies)
     print(f"gpu_allocation_ratio {' / '.join(policies)}: {ratios}")
     _print_table(results)
-    return 0
+
+
+def _quality(summary: dict[str, Any]) -> str:
+    """Everything a run reports but its speed."""
+    return json.dumps({k: v for k, v in summary.items() if k != "cpu_jobs_per_s"}, sort_keys=True)
 
 
 def _print_table(results: dict[str, tuple[float, dict[str, Any]]]) -> None:
@@ -110,6 +194,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--until", type=float, default=None, help="default: last arrival")
     parser.add_argument("--fragmentation-sample", type=float, default=3600.0, help="simulated s")
     parser.add_argument("--policies", default=None, help=f"default: {DEFAULT_POLICIES}")
+    parser.add_argument(
+        "--build",
+        choices=("both", "pure", "native"),
+        default="both",
+        help="pure Python, the compiled build of scripts/build-native, or both (default; "
+        "the compiled one only when built from the current sources)",
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -150,14 +242,14 @@ def _progress(name: str) -> Any:
     return show
 
 
-def _print_policy(name: str, nodes: int, rate: float, summary: dict[str, Any]) -> None:
+def _print_policy(name: str, nodes: int, rate: float, summary: dict[str, Any], *, tag: str) -> None:
     frag = summary.get("fragmentation") or {}
     print(
-        f"simulated jobs/s ({nodes} nodes, {summary['jobs_total']} jobs, {name}): {rate:,.0f}"
+        f"{tag}simulated jobs/s ({nodes} nodes, {summary['jobs_total']} jobs, {name}): {rate:,.0f}"
         f"   (per CPU second: {summary['cpu_jobs_per_s']:,.0f})"
     )
     print(
-        f"gpu_allocation_ratio ({name}): {summary['gpu_allocation_ratio']:.4f}   "
+        f"{tag}gpu_allocation_ratio ({name}): {summary['gpu_allocation_ratio']:.4f}   "
         f"wait p50/p95 s: {summary['wait_p50_s']} / {summary['wait_p95_s']}   "
         f"preemptions: {summary['preemptions']}   "
         f"fragmentation: {frag.get('score_mean', '-')}   cycles: {summary['cycles']}",
@@ -166,9 +258,9 @@ def _print_policy(name: str, nodes: int, rate: float, summary: dict[str, Any]) -
     by = summary["wait_by_gpus"]
     started = " ".join(f"{k}: {_num(by.get(k, {}).get('p95_s'))}" for k in SIZES)
     queued = " ".join(f"{k}: {_num(by.get(k, {}).get('p95_incl_queued_s'))}" for k in SIZES)
-    print(f"  p95 wait s by size ({name}): {started}")
+    print(f"{tag}  p95 wait s by size ({name}): {started}")
     print(
-        f"  p95 wait s incl. queued by size ({name}): {queued}   "
+        f"{tag}  p95 wait s incl. queued by size ({name}): {queued}   "
         f"(all jobs: {_num(summary['wait_p95_incl_queued_s'])})",
         flush=True,
     )

@@ -146,7 +146,10 @@ def test_the_bench_runs_small_and_prints_its_figures() -> None:
         check=True,
         timeout=120,
     ).stdout
-    assert "simulated jobs/s (6 nodes, " in out
+    assert "simulated jobs/s (6 nodes, 300 jobs" in out
+    assert "[pure]     simulated jobs/s (6 nodes, 300 jobs, corral): " in out
+    if "[compiled] " in out:  # scripts/build-native built the current sources
+        assert "compiled and pure Python runs give the same results: yes" in out
     for policy in ("corral", "first-fit", "best-fit"):
         assert f"gpu_allocation_ratio ({policy}): " in out
         assert f"  p95 wait s by size ({policy}): 0.5: " in out

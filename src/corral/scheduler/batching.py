@@ -44,8 +44,8 @@ class Batcher:
 
     @classmethod
     def over(cls, groups: Mapping[Hashable, Sequence[Job]], max_size: int) -> Batcher:
-        batcher = cls.__new__(cls)
-        batcher._start(groups, max_size)
+        batcher = cls((), max_size)
+        batcher._groups = groups
         return batcher
 
     def _start(self, groups: Mapping[Hashable, Sequence[Job]], max_size: int) -> None:

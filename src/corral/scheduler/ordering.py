@@ -64,7 +64,7 @@ class FairQueue:
         keep: Callable[[Job], bool] | None = None,
     ) -> FairQueue:
         """A queue over per-user lists sorted by ``job_key`` (not copied, not changed)."""
-        queue = cls.__new__(cls)
+        queue = cls((), weights, running)
         queue._start(per_user, weights, running, keep)
         return queue
 

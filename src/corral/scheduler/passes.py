@@ -146,7 +146,7 @@ class Passes:
         if not big or count < 1 or planner.stopped:
             return
         headroom, usable, groups = planner.ledger.headroom, self.usable, self.queue.groups
-        blocked: dict[str, int] = {}  # team -> the least milli it was found to lack room for
+        blocked: dict[str, float] = {}  # team -> the least milli it was found to lack room for
         teams = {job.team for job in big}
         heads: list[Job] = []
         for job in big:
