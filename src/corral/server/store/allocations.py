@@ -8,11 +8,18 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.server.store.guard import guarded_update
+from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import AllocRecord, alloc_from_row, alloc_row
 from corral.server.store.tables import allocations
 
+_RAW = codec(allocations)
+
 
 async def insert(conn: AsyncConnection, rec: AllocRecord) -> None:
+    db = driver(conn)
+    if db is not None:
+        _RAW.insert(db, [alloc_row(rec)])
+        return
     await conn.execute(sa.insert(allocations).values(**alloc_row(rec)))
 
 
@@ -25,12 +32,20 @@ _ACTIVE_VERSIONS = sa.select(allocations.c.id, allocations.c.version).where(
 
 
 async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
+    db = driver(conn)
+    if db is not None:
+        rows = _RAW.by_keys(db, "id", [alloc_id])
+        return alloc_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"id": alloc_id})).first()
     return alloc_from_row(row) if row else None
 
 
 async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRecord]:
     """Allocations holding resources (pending or running), optionally on one node."""
+    db = driver(conn)
+    if db is not None:
+        clause = "WHERE active = 1" + (" AND node = ?" if node is not None else "") + " ORDER BY id"
+        return [alloc_from_row(r) for r in _RAW.where(db, clause, [node] if node else [])]
     query = sa.select(allocations).where(allocations.c.active.is_(True))
     if node is not None:
         query = query.where(allocations.c.node == node)
@@ -38,12 +53,18 @@ async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRe
 
 
 async def active_versions(conn: AsyncConnection) -> dict[str, int]:
+    db = driver(conn)
+    if db is not None:
+        return dict(db.execute("SELECT id, version FROM allocations WHERE active = 1"))
     return {r.id: r.version for r in await conn.execute(_ACTIVE_VERSIONS)}
 
 
 async def get_many(conn: AsyncConnection, ids: list[str]) -> list[AllocRecord]:
     if not ids:
         return []
+    db = driver(conn)
+    if db is not None:
+        return [alloc_from_row(r) for r in _RAW.by_keys(db, "id", ids)]
     rows = await conn.execute(_GET_MANY, {"ids": ids})
     return [alloc_from_row(r) for r in rows]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +12,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.events import Event, EventKind
+from corral.server.store.rawsql import codec, driver
 from corral.server.store.tables import events
 
+_RAW = codec(events)
+_RAW_APPEND = "INSERT INTO events (kind, at, job_id, node, team, data) VALUES (?, ?, ?, ?, ?, ?)"
 _APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
 
 
@@ -28,6 +32,16 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent]) -> list[int]
     """Insert ``batch``; returns the ``seq`` each event got, in order."""
     if not batch:
         return []
+    db = driver(conn)
+    if db is not None:  # one writer holds the transaction: each row's rowid is its seq
+        seqs = []
+        cursor = db.cursor()
+        for te in batch:
+            e = te.event
+            row = (e.kind.value, e.at, e.job_id, e.node, te.team, json.dumps(dict(e.data)))
+            cursor.execute(_RAW_APPEND, row)
+            seqs.append(int(cursor.lastrowid or 0))
+        return seqs
     rows = await conn.execute(
         _APPEND,
         [
@@ -54,6 +68,15 @@ async def after(
     limit: int = 500,
 ) -> list[tuple[Event, str | None]]:
     """Events with ``seq`` greater than ``seq``, oldest first, with their team."""
+    db = driver(conn)
+    if db is not None:
+        clause = "WHERE seq > ?" + (" AND job_id = ?" if job_id is not None else "")
+        clause += (" AND team = ?" if team is not None else "") + " ORDER BY seq LIMIT ?"
+        args = [seq, *(v for v in (job_id, team) if v is not None), limit]
+        return [
+            (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
+            for r in _RAW.where(db, clause, args)
+        ]
     params = {"seq": seq, "limit": limit, "job_id": job_id, "team": team}
     rows = await conn.execute(_after(job_id is not None, team is not None), params)
     return [

@@ -8,6 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.store.rawsql import codec, driver
+
 
 async def guarded_update(
     conn: AsyncConnection,
@@ -21,6 +23,9 @@ async def guarded_update(
     A False return means the row moved on (or vanished): the caller's view is
     stale, and it must re-read and decide again rather than force the write.
     """
+    db = driver(conn)
+    if db is not None:
+        return codec(table).guarded_update(db, key, version, values)
     column, value = key
     statement = _statement(table, column, tuple(sorted(values)))
     params = {f"v_{k}": v for k, v in values.items()} | {"k_key": value, "k_version": version}

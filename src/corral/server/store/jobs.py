@@ -10,17 +10,25 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.states import JobState
 from corral.server.store.guard import guarded_update
+from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import JobRecord, job_from_row, job_row
 from corral.server.store.tables import jobs
 
+_RAW = codec(jobs)
+
 
 async def insert(conn: AsyncConnection, rec: JobRecord) -> None:
-    await conn.execute(sa.insert(jobs).values(**job_row(rec)))
+    await insert_many(conn, [rec])
 
 
 async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
-    if recs:
-        await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
+    if not recs:
+        return
+    db = driver(conn)
+    if db is not None:
+        _RAW.insert(db, [job_row(r) for r in recs])
+        return
+    await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
 
 
 # Hot queries are built once (building a statement costs more than running it on SQLite).
@@ -34,6 +42,10 @@ _QUEUED_VERSIONS = (
 
 
 async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
+    db = driver(conn)
+    if db is not None:
+        rows = _RAW.by_keys(db, "id", [job_id])
+        return job_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"id": job_id})).first()
     return job_from_row(row) if row else None
 
@@ -41,6 +53,9 @@ async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
 async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, JobRecord]:
     if not ids:
         return {}
+    db = driver(conn)
+    if db is not None:
+        return {r.id: job_from_row(r) for r in _RAW.by_keys(db, "id", list(ids))}
     rows = await conn.execute(_GET_MANY, {"ids": list(ids)})
     return {r.id: job_from_row(r) for r in rows}
 
@@ -93,6 +108,10 @@ async def queued(conn: AsyncConnection) -> list[JobRecord]:
 
 async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
     """(id, version) of every queued job in submission order: cheap, for the snapshot cache."""
+    db = driver(conn)
+    if db is not None:
+        sql = "SELECT id, version FROM jobs WHERE state = ? ORDER BY seq"
+        return list(db.execute(sql, (JobState.QUEUED.value,)))
     return [(r.id, r.version) for r in await conn.execute(_QUEUED_VERSIONS)]
 
 

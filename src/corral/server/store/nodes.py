@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import Team
 from corral.server.store.guard import guarded_update
+from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import NodeRecord, node_from_row, team_from_row
 from corral.server.store.tables import nodes, teams
 
@@ -16,9 +17,15 @@ from corral.server.store.tables import nodes, teams
 _GET = sa.select(nodes).where(nodes.c.name == sa.bindparam("name"))
 _VERSIONS = sa.select(nodes.c.name, nodes.c.version)
 _TEAMS = sa.select(teams).order_by(teams.c.name)
+_RAW = codec(nodes)
+_RAW_TEAMS = codec(teams)
 
 
 async def get(conn: AsyncConnection, name: str) -> NodeRecord | None:
+    db = driver(conn)
+    if db is not None:
+        rows = _RAW.by_keys(db, "name", [name])
+        return node_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"name": name})).first()
     return node_from_row(row) if row else None
 
@@ -28,12 +35,18 @@ async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
 
 
 async def versions(conn: AsyncConnection) -> dict[str, int]:
+    db = driver(conn)
+    if db is not None:
+        return dict(db.execute("SELECT name, version FROM nodes"))
     return {r.name: r.version for r in await conn.execute(_VERSIONS)}
 
 
 async def get_many(conn: AsyncConnection, names: list[str]) -> list[NodeRecord]:
     if not names:
         return []
+    db = driver(conn)
+    if db is not None:
+        return [node_from_row(r) for r in _RAW.by_keys(db, "name", names)]
     rows = await conn.execute(sa.select(nodes).where(nodes.c.name.in_(names)))
     return [node_from_row(r) for r in rows]
 
@@ -56,6 +69,9 @@ async def touch(conn: AsyncConnection, name: str, at: float) -> bool:
 
 
 async def all_teams(conn: AsyncConnection) -> list[Team]:
+    db = driver(conn)
+    if db is not None:
+        return [team_from_row(r) for r in _RAW_TEAMS.where(db, "ORDER BY name")]
     return [team_from_row(r) for r in await conn.execute(_TEAMS)]
 
 
