@@ -11,14 +11,17 @@ import pytest
 
 from corral.core import VirtualClock
 from corral.core.model import JobKind
+from corral.proto.bundles import unpack_server
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.server.agentlink.base import Assignment, HelloReply, JobWork, StopOrder, StopReason
 from corral.server.agentlink.grpc_convert import (
+    ack_message,
     assign_message,
     checkpoint_ref,
     split_ref,
     welcome_messages,
 )
+from corral.server.agentlink.grpc_link import Session
 from corral.server.agentlink.grpc_service import bearer
 from corral.server.agentlink.grpc_uploads import UploadError, Uploads
 from corral.server.blobs import LocalBlobStore
@@ -133,3 +136,18 @@ def test_refused_uploads_say_why(tmp_path: Path, case: str, want_code: str) -> N
     with pytest.raises(UploadError) as caught:
         asyncio.run(scenario())
     assert caught.value.code == want_code
+
+
+def test_a_session_writes_what_is_queued_as_one_bundle_to_an_agent_that_reads_them() -> None:
+    async def written(bundling: bool) -> list[list[str]]:
+        session = Session("n1")
+        session.bundles = bundling
+        session.welcome([])
+        for i in range(3):
+            session.send(ack_message(i, f"a{i}", "accepted"))
+        session.end()
+        out = [msg async for msg in session.messages()]
+        return [[m.ack.allocation_id for m in unpack_server(msg)] for msg in out]
+
+    assert asyncio.run(written(True)) == [["a0", "a1", "a2"]]
+    assert asyncio.run(written(False)) == [["a0"], ["a1"], ["a2"]], "an older agent: one by one"

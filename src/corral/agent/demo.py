@@ -133,6 +133,7 @@ def _write_checkpoint(assignment: Assignment, step: int) -> str:
     if assignment.checkpoint_dir is None:
         return name
     path = Path(assignment.checkpoint_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"step": step}))
     return str(path)
 

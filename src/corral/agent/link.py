@@ -41,6 +41,7 @@ from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
 from corral.agent.supervisor import Done, JobResult, Report, Supervisor
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
+from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 
@@ -111,6 +112,7 @@ class LinkSettings:
     heartbeat_s: float | None = None  # beat at least this often (default: as the server asks)
     shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported by path
     max_checkpoint_bytes: int = 512 * 1024 * 1024  # larger ones are reported by path only
+    start_linger_s: float = 0.002  # a start waits this long for its job's end, to share a write
 
 
 Queued = tuple[int, Report | pb.Heartbeat | pb.ModelStatus]
@@ -144,6 +146,7 @@ class LinkClient:
         self.server: Target | None = None  # the one connected to
         self.sessions = 0  # welcomed sessions so far
         self.heartbeat_s = 5.0  # until the server says
+        self.bundles = False  # the connected server reads AgentBundle (its Welcome says)
         self._outbox: dict[int, Report] = {}
         self._live: asyncio.Queue[Queued] | None = None
         self._seq = itertools.count(1)
@@ -217,11 +220,13 @@ class LinkClient:
             stub = pb_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=self._metadata)
             try:
-                await self._hello(call, target)
+                early = await self._hello(call, target)
                 live: asyncio.Queue[Queued] = asyncio.Queue()
                 for seq in sorted(self._outbox):  # resend what the server has not acknowledged
                     live.put_nowait((seq, self._outbox[seq]))
                 self._live, self.server, self._stub = live, target, stub
+                for msg in early:  # what came in one bundle with the Welcome
+                    self._obey(msg)
                 self.sessions += 1
                 self.connected.set()
                 log.info("connected to %s as node %s", target, self.identity.node)
@@ -249,7 +254,8 @@ class LinkClient:
             return grpc.aio.secure_channel(target.address, grpc.ssl_channel_credentials(), options)
         return grpc.aio.insecure_channel(target.address, options)
 
-    async def _hello(self, call: Any, target: Target) -> None:
+    async def _hello(self, call: Any, target: Target) -> Sequence[pb.ServerMessage]:
+        """Say hello, read the Welcome; returns what came with it in the same bundle."""
         snapshot = self.gpus.snapshot()
         inventory = wire.inventory(self.identity, snapshot, self.supervisor.held())
         if self.reporter is not None:  # the model cache is part of the inventory
@@ -257,37 +263,59 @@ class LinkClient:
             inventory.models_on_disk[:] = status.models_on_disk
             for backend, loaded in status.loaded_by_backend.items():
                 inventory.loaded_by_backend[backend].CopyFrom(loaded)
-        hello = pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory))
+        hello = pb.AgentMessage(
+            seq=next(self._seq), hello=pb.Hello(inventory=inventory, bundles=True)
+        )
         with contextlib.suppress(grpc.aio.AioRpcError):
             # The server may end the call before the hello is written (it refused the token);
             # the write then fails with a generic error and read() raises the real status.
             await call.write(hello)
-        msg = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
-        if msg is grpc.aio.EOF or not msg.HasField("welcome"):
+        got = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
+        inner = [] if got is grpc.aio.EOF else list(bundles.unpack_server(got))
+        if not inner or not inner[0].HasField("welcome"):
             raise LinkError("the server did not answer the hello with a welcome")
+        msg, rest = inner[0], inner[1:]
         if msg.welcome.heartbeat_interval_s > 0:
             self.heartbeat_s = msg.welcome.heartbeat_interval_s
         if self.settings.heartbeat_s is not None:
             self.heartbeat_s = min(self.heartbeat_s, self.settings.heartbeat_s)
         self.api_base = api_base(target.address, target.tls, msg.welcome)
+        self.bundles = msg.welcome.bundles
+        return rest
 
     async def _write(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
+        """Write what is queued, then wait for more (one bundle per write when the server can).
+
+        An idle link writes each report the moment it is queued; on a busy one,
+        reports queue up while a write is under way and leave together.
+        """
         while True:
-            seq, item = await live.get()
-            if isinstance(item, pb.Heartbeat):
-                await call.write(pb.AgentMessage(seq=seq, heartbeat=item))
-                continue
-            if isinstance(item, pb.ModelStatus):
-                await call.write(pb.AgentMessage(seq=seq, models=item))
-                continue
-            try:
-                blob_ids = await self._upload_large(stub, item)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code().name not in _UPLOAD_REFUSED:
-                    raise  # the connection broke: the result is resent after a reconnect
-                item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
-                blob_ids = {}
-            await call.write(wire.update_message(seq, item, blob_ids))
+            batch = [await live.get()]
+            while self.bundles and not live.empty():
+                batch.append(live.get_nowait())
+            if self.bundles and all(_starts(item) for _, item in batch):
+                await _linger(live, batch, self.settings.start_linger_s)
+            messages = [await self._message(stub, seq, item) for seq, item in batch]
+            if len(messages) > 1:
+                messages = bundles.pack(messages, bundles.agent_bundle)
+            for msg in messages:
+                await call.write(msg)
+
+    async def _message(
+        self, stub: Any, seq: int, item: Report | pb.Heartbeat | pb.ModelStatus
+    ) -> pb.AgentMessage:
+        if isinstance(item, pb.Heartbeat):
+            return pb.AgentMessage(seq=seq, heartbeat=item)
+        if isinstance(item, pb.ModelStatus):
+            return pb.AgentMessage(seq=seq, models=item)
+        try:
+            blob_ids = await self._upload_large(stub, item)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code().name not in _UPLOAD_REFUSED:
+                raise  # the connection broke: the result is resent after a reconnect
+            item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
+            blob_ids = {}
+        return wire.update_message(seq, item, blob_ids)
 
     def _replace(self, seq: int, report: Report, error: str) -> Report:
         """A result the server will never take becomes a failure (also in the outbox)."""
@@ -302,7 +330,8 @@ class LinkClient:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 return
-            self._obey(msg)
+            for one in bundles.unpack_server(msg):
+                self._obey(one)
 
     def _obey(self, msg: pb.ServerMessage) -> None:
         body = msg.WhichOneof("body")
@@ -368,6 +397,26 @@ class LinkClient:
             mime=jr.result.mime,
         )
         return await upload(stub, self._metadata, chunk, jr.result.data, self.settings.chunk_bytes)
+
+
+def _starts(item: Report | pb.Heartbeat | pb.ModelStatus) -> bool:
+    return isinstance(item, Report) and isinstance(item.update, Started)
+
+
+async def _linger(live: asyncio.Queue[Queued], batch: list[Queued], linger_s: float) -> None:
+    """Wait up to ``linger_s`` for what follows a start, and add it (and all queued) to ``batch``.
+
+    Work that ends at once (a no-op handler, a cached answer) then sends its
+    start and its end in one write instead of two; work that takes longer has
+    its start reported ``linger_s`` late.
+    """
+    try:
+        async with asyncio.timeout(linger_s):
+            batch.append(await live.get())
+    except TimeoutError:
+        return
+    while not live.empty():
+        batch.append(live.get_nowait())
 
 
 async def _first_to_end(*coroutines: Any) -> None:

@@ -139,6 +139,7 @@ class Supervisor:
         if default not in executors:
             raise ValueError(f"default executor {default!r} is not among {sorted(executors)}")
         self.executors = dict(executors)
+        self._owners = any(isinstance(e, OwnsProcesses) for e in executors.values())
         self.clock = clock
         self.default = default
         self.by_kind = dict(by_kind or {})
@@ -151,6 +152,7 @@ class Supervisor:
         self.prepare: Callable[[Assignment], Awaitable[Assignment]] | None = None
         self.intake_open = True  # the server's word; it only affects what it sends
         self._slots: dict[str, _Slot] = {}
+        self._by_job: dict[str, str] = {}  # job id -> the allocation holding its latest attempt
 
     @property
     def backends(self) -> list[str]:
@@ -184,13 +186,18 @@ class Supervisor:
         must not share its GPU and checkpoint directory. (Its reports would be
         refused as stale anyway.)
         """
-        jobs = {j.job_id for j in order.jobs}
-        for alloc_id, slot in self._slots.items():
-            older = slot.order.attempt < order.attempt
-            if older and not slot.finished and jobs & {j.job_id for j in slot.order.jobs}:
+        for job in order.jobs:
+            alloc_id = self._by_job.get(job.job_id)
+            slot = self._slots.get(alloc_id) if alloc_id is not None else None
+            if slot is None or slot.order.attempt >= order.attempt:
+                continue
+            self._by_job[job.job_id] = order.allocation_id
+            if not slot.finished:
                 note = f"superseded by attempt {order.attempt}"
                 log.info("allocation %s: %s", alloc_id, note)
-                self.stop(alloc_id, StopReason.CANCEL, 0.0, note)
+                self.stop(slot.order.allocation_id, StopReason.CANCEL, 0.0, note)
+        for job in order.jobs:
+            self._by_job.setdefault(job.job_id, order.allocation_id)
 
     def stop(self, allocation_id: str, reason: StopReason, grace_s: float, note: str = "") -> bool:
         """Ask a running allocation to stop. False when it is not running here."""
@@ -216,6 +223,9 @@ class Supervisor:
         slot = self._slots.get(allocation_id)
         if slot is not None and slot.finished:
             del self._slots[allocation_id]
+            for job in slot.order.jobs:
+                if self._by_job.get(job.job_id) == allocation_id:
+                    del self._by_job[job.job_id]
 
     def running(self) -> list[str]:
         return [a for a, s in self._slots.items() if not s.finished]
@@ -223,6 +233,8 @@ class Supervisor:
     def process_owners(self) -> dict[int, str]:
         """pid -> allocation, for work running in child processes (see ``OwnsProcesses``)."""
         owners: dict[int, str] = {}
+        if not self._owners:
+            return owners
         for alloc_id, slot in self._slots.items():
             if slot.finished or not isinstance(slot.executor, OwnsProcesses):
                 continue

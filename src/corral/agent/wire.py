@@ -53,7 +53,11 @@ class Identity:
 
 
 def order_from(msg: pb.Assign, checkpoint_root: Path | None = None, api_base: str = "") -> Order:
-    """The supervisor's order for an assignment; each job gets its checkpoint directory.
+    """The supervisor's order for an assignment; each job is given its checkpoint directory.
+
+    The directory is named, not made: whoever writes there first creates it (the
+    handler's ``ctx.checkpoint_dir``, the command and demo executors), so a job
+    that never checkpoints costs no file-system call.
 
     ``api_base`` resolves the sources of models the server holds (``/v1/models/...``).
     """
@@ -73,10 +77,6 @@ def order_from(msg: pb.Assign, checkpoint_root: Path | None = None, api_base: st
 
 
 def _job(msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None) -> Assignment:
-    checkpoint_dir = None
-    if root is not None:
-        checkpoint_dir = root / w.job_id
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
     return Assignment(
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
@@ -85,7 +85,7 @@ def _job(msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None) -
         payload=_payload(w.payload_json),
         model=w.model or None,
         gpu_indices=gpus,
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=None if root is None else root / w.job_id,
         resume_from=w.resume_from or None,
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,

@@ -153,6 +153,7 @@ class StopSignal:
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self._request: StopRequest | None = None
+        self._future: asyncio.Future[None] | None = None
 
     @property
     def requested(self) -> StopRequest | None:
@@ -168,7 +169,19 @@ class StopSignal:
             return False
         self._request = StopRequest(reason, grace_s, note)
         self._event.set()
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
         return True
+
+    def future(self) -> asyncio.Future[None]:
+        """A future done once a stop is requested: to pass to ``asyncio.wait`` or to watch
+        with a callback, without a task per waiter. Shared: never cancel it (read the
+        request from ``requested``)."""
+        if self._future is None or self._future.cancelled():
+            self._future = asyncio.get_running_loop().create_future()
+            if self._request is not None:
+                self._future.set_result(None)
+        return self._future
 
     async def wait(self) -> StopRequest:
         await self._event.wait()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib
 import inspect
 import mimetypes
@@ -47,6 +48,7 @@ from corral.agent.executors.base import (
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 Handler = Callable[["HandlerContext"], Any]
+FIRST = asyncio.FIRST_COMPLETED
 
 
 @dataclass
@@ -56,6 +58,7 @@ class HandlerContext:
     assignment: Assignment
     _stop: StopSignal
     modified: dict[str, str] = field(default_factory=dict)  # report request changes here
+    _dir_made: bool = field(default=False, repr=False)
 
     @property
     def stopping(self) -> StopReason | None:
@@ -90,7 +93,12 @@ class HandlerContext:
 
     @property
     def checkpoint_dir(self) -> Path | None:
-        return self.assignment.checkpoint_dir
+        """The job's own directory for checkpoints (made on first use), or None."""
+        path = self.assignment.checkpoint_dir
+        if path is not None and not self._dir_made:
+            path.mkdir(parents=True, exist_ok=True)
+            self._dir_made = True
+        return path
 
     @property
     def resume_from(self) -> str | None:
@@ -131,6 +139,13 @@ class PythonExecutor:
         self._label = getattr(self._handler, "__qualname__", repr(self._handler))
         self._clock = clock
         self._name = name
+        handler = self._handler
+        # A plain function (the common no-frills handler) is one call in a worker thread.
+        self._plain = not (
+            inspect.isasyncgenfunction(handler)
+            or inspect.isgeneratorfunction(handler)
+            or inspect.iscoroutinefunction(handler)
+        )
 
     @property
     def name(self) -> str:
@@ -140,8 +155,13 @@ class PythonExecutor:
         ctx = HandlerContext(assignment, stop)
         results: list[Result] = []
         last_fraction = 0.0
+        items = (
+            self._call(ctx, stop)
+            if self._plain
+            else self._obedient(_items(self._handler, ctx), stop)
+        )
         try:
-            async for item in self._obedient(_items(self._handler, ctx), stop):
+            async for item in items:
                 if isinstance(item, _Returned):
                     results += to_results(item.value)
                 elif isinstance(item, Result):
@@ -163,31 +183,26 @@ class PythonExecutor:
             return
         yield Finished(tuple(results), ctx.modified)
 
+    async def _call(self, ctx: HandlerContext, stop: StopSignal) -> AsyncIterator[object]:
+        """A plain function's one call, in a worker thread, as ``_Returned`` (unless abandoned)."""
+        context = contextvars.copy_context()
+        call = asyncio.get_running_loop().run_in_executor(None, context.run, self._handler, ctx)
+        if await _Obedience(stop, self._clock).wait(call):
+            yield _Returned(call.result())
+        else:
+            call.add_done_callback(_retrieve)  # its late end is nobody's business
+
     async def _obedient(
         self, items: AsyncIterator[object], stop: StopSignal
     ) -> AsyncIterator[object]:
         """``items``, until they end or a stop's grace runs out (then abandon them)."""
-        deadline: float | None = None
+        obedience = _Obedience(stop, self._clock)
         pending: asyncio.Future[object] | None = None
         try:
             while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(anext(items))
-                request = stop.requested
-                if request is not None and deadline is None:
-                    deadline = self._clock.now() + request.grace_s
-                wake = (
-                    stop.wait()
-                    if deadline is None
-                    else self._clock.sleep(deadline - self._clock.now())
-                )
-                timer: asyncio.Future[Any] = asyncio.ensure_future(wake)
-                await asyncio.wait({pending, timer}, return_when=asyncio.FIRST_COMPLETED)
-                timer.cancel()
-                if not pending.done():
-                    if deadline is not None:
-                        return  # the grace ran out: abandon the handler
-                    continue  # a stop arrived: start the grace clock
+                pending = asyncio.ensure_future(anext(items))
+                if not await obedience.wait(pending):
+                    return  # the grace ran out: abandon the handler
                 try:
                     item = pending.result()
                 except StopAsyncIteration:
@@ -199,13 +214,45 @@ class PythonExecutor:
                 pending.cancel()
 
 
+class _Obedience:
+    """Waits for a handler on its stop's terms: as long as no stop is asked for, then
+    until the stop's grace (counted from the first request seen, across one run's
+    items) runs out."""
+
+    def __init__(self, stop: StopSignal, clock: Clock) -> None:
+        self._stop, self._clock = stop, clock
+        self._deadline: float | None = None
+
+    async def wait(self, pending: asyncio.Future[Any]) -> bool:
+        """Until ``pending`` is done (True) or the grace ran out first (False)."""
+        while not pending.done():
+            request = self._stop.requested
+            if request is None:
+                await asyncio.wait({pending, self._stop.future()}, return_when=FIRST)
+                continue
+            if self._deadline is None:
+                self._deadline = self._clock.now() + request.grace_s
+            timer = asyncio.ensure_future(self._clock.sleep(self._deadline - self._clock.now()))
+            try:
+                await asyncio.wait({pending, timer}, return_when=FIRST)
+            finally:
+                timer.cancel()
+            return pending.done()
+        return True
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass(frozen=True, slots=True)
 class _Returned:
     value: object
 
 
 async def _items(handler: Handler, ctx: HandlerContext) -> AsyncIterator[object]:
-    """Every kind of handler as one async stream of yielded items, then ``_Returned``."""
+    """A generator or async handler as one async stream of yielded items, then ``_Returned``."""
     if inspect.isasyncgenfunction(handler):
         async for item in handler(ctx):
             yield item
@@ -220,10 +267,8 @@ async def _items(handler: Handler, ctx: HandlerContext) -> AsyncIterator[object]
                     return
         finally:
             _close_quietly(gen)
-    elif inspect.iscoroutinefunction(handler):
+    else:  # a coroutine function (plain functions go through PythonExecutor._call)
         yield _Returned(await handler(ctx))
-    else:
-        yield _Returned(await asyncio.to_thread(handler, ctx))
 
 
 def _next(gen: Iterator[object]) -> object:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,9 +58,9 @@ async def execute(
     yield Started()
     queue: asyncio.Queue[Update | _Ended] = asyncio.Queue()
     producer = asyncio.create_task(_pump(executor.run(assignment, stop), queue))
-    watchdog = asyncio.create_task(
-        _watch(assignment.timeout_s, timeout_grace_s, stop, clock, producer)
-    )
+    watchdog = _Watchdog(stop, clock, producer)
+    if assignment.timeout_s is not None:
+        watchdog.start(_time_out(assignment.timeout_s, timeout_grace_s, stop, clock))
     terminal: Terminal | None = None
     ended = _Ended()
     try:
@@ -75,9 +75,10 @@ async def execute(
                 terminal = item
             yield item
     finally:
-        for task in (producer, watchdog):
+        tasks = [producer, *watchdog.close()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(producer, watchdog, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
     if terminal is None:
         yield synthesise_terminal(executor.name, stop, ended.error, abandoned=ended.abandoned)
 
@@ -127,21 +128,42 @@ async def _pump(updates: AsyncIterator[Update], queue: asyncio.Queue[Update | _E
                 await aclose()
 
 
-async def _watch(
-    timeout_s: float | None,
-    timeout_grace_s: float,
-    stop: StopSignal,
-    clock: Clock,
-    producer: asyncio.Task[None],
-) -> None:
-    """Turn the timeout into a stop; abandon the producer when it outlives its grace."""
-    if timeout_s is not None:
-        timed_out = await first_of(clock.sleep(timeout_s), stop.wait()) == 0
-        if timed_out:
-            stop.request(StopReason.TIMEOUT, timeout_grace_s, f"after {timeout_s:g}s")
-    request = await stop.wait()
-    await clock.sleep(request.grace_s + ABANDON_MARGIN_S)
-    producer.cancel()
+class _Watchdog:
+    """Abandons the producer when it outlives a stop's grace (plus ``ABANDON_MARGIN_S``).
+
+    It costs a run nothing until a stop arrives: a callback on the stop's future
+    starts the timer then. ``start`` adds a task of its own (the timeout's).
+    """
+
+    def __init__(self, stop: StopSignal, clock: Clock, producer: asyncio.Task[None]) -> None:
+        self._stop, self._clock, self._producer = stop, clock, producer
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = stop.future()
+        self._stopped.add_done_callback(self._on_stop)
+
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.ensure_future(work))
+
+    def close(self) -> list[asyncio.Task[None]]:
+        """Stop watching; the tasks to cancel and reap."""
+        self._stopped.remove_done_callback(self._on_stop)
+        return self._tasks
+
+    def _on_stop(self, _: object) -> None:
+        self.start(self._abandon())
+
+    async def _abandon(self) -> None:
+        request = self._stop.requested
+        assert request is not None
+        await self._clock.sleep(request.grace_s + ABANDON_MARGIN_S)
+        self._producer.cancel()
+
+
+async def _time_out(timeout_s: float, grace_s: float, stop: StopSignal, clock: Clock) -> None:
+    """Turn the job's timeout into a stop (unless another stop comes first)."""
+    timed_out = await first_of(clock.sleep(timeout_s), stop.wait()) == 0
+    if timed_out:
+        stop.request(StopReason.TIMEOUT, grace_s, f"after {timeout_s:g}s")
 
 
 async def first_of(*awaitables: Awaitable[Any]) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from corral.core.clock import Clock
 from corral.core.errors import LinkError
+from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
@@ -67,6 +68,25 @@ class Session:
         self.ended: tuple[str, str] | None = None  # (gRPC status name, details)
         self._held: list[pb.ServerMessage] | None = []  # None once welcomed
         self.beating: asyncio.Task[None] | None = None  # the heartbeat being recorded
+        self.bundles = False  # the agent reads ServerBundle (its Hello says)
+
+    async def messages(self) -> AsyncIterator[pb.ServerMessage]:
+        """What to write, until the session ends: each time, all that is queued.
+
+        An idle stream writes each message as it comes; while a write is under
+        way, messages queue up and leave together as one bundle (when the
+        agent reads bundles), so a busy agent costs one write per batch.
+        """
+        while (msg := await self.outbox.get()) is not None:
+            batch = [msg]
+            while self.bundles and not self.outbox.empty():
+                more = self.outbox.get_nowait()
+                if more is None:
+                    self.outbox.put_nowait(None)  # write what came before, then end
+                    break
+                batch.append(more)
+            for out in bundles.pack(batch, bundles.server_bundle):
+                yield out
 
     def send(self, msg: pb.ServerMessage) -> None:
         if self.ended is not None:
@@ -159,6 +179,7 @@ class GrpcLink:
             if msg.HasField("welcome"):
                 msg.welcome.api_url = self.api_url
                 msg.welcome.api_port = self.api_port
+                msg.welcome.bundles = True
             attach_refs(msg, self.model_refs)
         return messages
 

@@ -27,6 +27,7 @@ import grpc
 from corral.core.clock import Clock
 from corral.core.errors import Forbidden, LinkError, Unauthenticated
 from corral.core.model import Gpu
+from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
@@ -90,6 +91,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         hello = await self._first_hello(requests, context)
         inventory = convert.inventory_from(hello.inventory)
         session = self.link.open(inventory.node)
+        session.bundles = hello.bundles
         reader: asyncio.Task[None] | None = None
         try:
             try:
@@ -99,7 +101,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             session.welcome(self.link.outgoing(convert.welcome_messages(inventory.node, reply)))
             log.info("agent %s connected (%d GPUs)", inventory.node, len(inventory.gpus))
             reader = asyncio.create_task(self._read(session, requests))
-            while (msg := await session.outbox.get()) is not None:
+            async for msg in session.messages():
                 yield msg
             code, details = session.ended or ("OK", "")
             if code != "OK":
@@ -182,15 +184,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         """
         in_flight: set[asyncio.Task[None]] = set()
         try:
-            async for msg in requests:
-                if msg.WhichOneof("body") != "update":
-                    await self._handle(session, msg)
-                    continue
-                task = asyncio.create_task(self._handle(session, msg))
-                in_flight.add(task)
-                task.add_done_callback(lambda t: self._settled(session, in_flight, t))
-                if len(in_flight) >= MAX_IN_FLIGHT:
-                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            async for received in requests:
+                for msg in bundles.unpack_agent(received):
+                    await self._take(session, msg, in_flight)
             if in_flight:
                 await asyncio.wait(in_flight)
             session.end()  # the agent closed its side
@@ -198,6 +194,22 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             raise
         except Exception as exc:
             _end_for(session, exc)
+
+    async def _take(
+        self, session: Session, msg: pb.AgentMessage, in_flight: set[asyncio.Task[None]]
+    ) -> None:
+        """Handle one message: an update as a task of its own, anything else in turn."""
+        body = msg.WhichOneof("body")
+        if body == "bundle":
+            raise Refused("INVALID_ARGUMENT", "a bundle inside a bundle")
+        if body != "update":
+            await self._handle(session, msg)
+            return
+        task = asyncio.create_task(self._handle(session, msg))
+        in_flight.add(task)
+        task.add_done_callback(lambda t: self._settled(session, in_flight, t))
+        if len(in_flight) >= MAX_IN_FLIGHT:
+            await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
 
     def _settled(
         self, session: Session, in_flight: set[asyncio.Task[None]], task: asyncio.Task[None]

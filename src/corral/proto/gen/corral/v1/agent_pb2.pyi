@@ -60,6 +60,7 @@ class AgentMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     UPDATE_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
+    BUNDLE_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """per connection, for logs and duplicate detection"""
     @_builtins.property
@@ -72,6 +73,10 @@ class AgentMessage(_message.Message):
     def models(self) -> Global___ModelStatus:
         """the model cache changed, or a download moved"""
 
+    @_builtins.property
+    def bundle(self) -> Global___AgentBundle:
+        """several messages at once (only to a server whose Welcome says so)"""
+
     def __init__(
         self,
         *,
@@ -80,16 +85,41 @@ class AgentMessage(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         update: Global___AllocationUpdate | None = ...,
         models: Global___ModelStatus | None = ...,
+        bundle: Global___AgentBundle | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "models", b"models", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "bundle", b"bundle", "heartbeat", b"heartbeat", "hello", b"hello", "models", b"models", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "hello", b"hello", "models", b"models", "seq", b"seq", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "bundle", b"bundle", "heartbeat", b"heartbeat", "hello", b"hello", "models", b"models", "seq", b"seq", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "update", "models"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "heartbeat", "update", "models", "bundle"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class AgentBundle(_message.Message):
+    """Messages written together (each with its own seq, handled in order), so a busy agent
+    pays for one stream write instead of one per update. Never nested, never a hello.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___AgentMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentBundle: _TypeAlias = AgentBundle  # noqa: Y015
 
 @_typing.final
 class Gpu(_message.Message):
@@ -298,16 +328,20 @@ class Hello(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INVENTORY_FIELD_NUMBER: _builtins.int
+    BUNDLES_FIELD_NUMBER: _builtins.int
+    bundles: _builtins.bool
+    """this agent reads ServerBundle"""
     @_builtins.property
     def inventory(self) -> Global___Inventory: ...
     def __init__(
         self,
         *,
         inventory: Global___Inventory | None = ...,
+        bundles: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundles", b"bundles", "inventory", b"inventory"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -739,6 +773,7 @@ class ServerMessage(_message.Message):
     INTAKE_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
     PREFETCH_FIELD_NUMBER: _builtins.int
+    BUNDLE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -751,6 +786,10 @@ class ServerMessage(_message.Message):
     def ack(self) -> Global___UpdateAck: ...
     @_builtins.property
     def prefetch(self) -> Global___Prefetch: ...
+    @_builtins.property
+    def bundle(self) -> Global___ServerBundle:
+        """several messages at once (only to an agent whose Hello says so)"""
+
     def __init__(
         self,
         *,
@@ -760,16 +799,41 @@ class ServerMessage(_message.Message):
         intake: Global___Intake | None = ...,
         ack: Global___UpdateAck | None = ...,
         prefetch: Global___Prefetch | None = ...,
+        bundle: Global___ServerBundle | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "bundle", b"bundle", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "bundle", b"bundle", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack", "prefetch"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack", "prefetch", "bundle"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
+
+@_typing.final
+class ServerBundle(_message.Message):
+    """Messages written together, read in order: assignments and acks queued while the
+    stream was busy travel as one write. Never nested.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ServerMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerBundle: _TypeAlias = ServerBundle  # noqa: Y015
 
 @_typing.final
 class UpdateAck(_message.Message):
@@ -812,6 +876,7 @@ class Welcome(_message.Message):
     STOP_ALLOCATIONS_FIELD_NUMBER: _builtins.int
     API_URL_FIELD_NUMBER: _builtins.int
     API_PORT_FIELD_NUMBER: _builtins.int
+    BUNDLES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     heartbeat_interval_s: _builtins.float
     api_url: _builtins.str
@@ -819,6 +884,8 @@ class Welcome(_message.Message):
     dialled, on api_port". Relative ModelRef sources ("/v1/models/...") resolve against it.
     """
     api_port: _builtins.int
+    bundles: _builtins.bool
+    """this server reads AgentBundle"""
     @_builtins.property
     def stop_allocations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """running ones the server no longer wants"""
@@ -831,10 +898,11 @@ class Welcome(_message.Message):
         stop_allocations: _abc.Iterable[_builtins.str] | None = ...,
         api_url: _builtins.str = ...,
         api_port: _builtins.int = ...,
+        bundles: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_port", b"api_port", "api_url", b"api_url", "heartbeat_interval_s", b"heartbeat_interval_s", "node", b"node", "stop_allocations", b"stop_allocations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_port", b"api_port", "api_url", b"api_url", "bundles", b"bundles", "heartbeat_interval_s", b"heartbeat_interval_s", "node", b"node", "stop_allocations", b"stop_allocations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,70 @@
+"""Several link messages per stream write: packing keeps order and size, unpacking gives
+back exactly what was packed, and the link lets a start wait briefly for its end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.agent.executors.base import Started
+from corral.agent.link import Queued, _linger
+from corral.agent.supervisor import Done, Report
+from corral.proto import bundles
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def update(seq: int, size: int = 0) -> pb.AgentMessage:
+    u = pb.AllocationUpdate(allocation_id=f"a{seq}", attempt=1)
+    u.log.line = "x" * size
+    return pb.AgentMessage(seq=seq, update=u)
+
+
+def test_one_message_travels_as_itself() -> None:
+    msg = update(1)
+    assert bundles.pack([msg], bundles.agent_bundle) == [msg]
+    assert list(bundles.unpack_agent(msg)) == [msg]
+
+
+def test_small_messages_travel_together_in_order() -> None:
+    msgs = [update(i) for i in range(1, 6)]
+    [packed] = bundles.pack(msgs, bundles.agent_bundle)
+    assert packed.WhichOneof("body") == "bundle"
+    assert [m.seq for m in bundles.unpack_agent(packed)] == [1, 2, 3, 4, 5]
+
+
+def test_a_bundle_stays_under_its_limit_and_a_large_message_goes_alone() -> None:
+    limit = 1000
+    msgs = [update(1, 300), update(2, 300), update(3, 300), update(4, 5000), update(5, 10)]
+    packed = bundles.pack(msgs, bundles.agent_bundle, limit)
+    seqs = [[m.seq for m in bundles.unpack_agent(p)] for p in packed]
+    assert seqs == [[1, 2, 3], [4], [5]]
+    assert all(p.ByteSize() <= limit for p in packed if p.HasField("bundle"))
+
+
+def test_server_messages_bundle_the_same_way() -> None:
+    msgs = [pb.ServerMessage(ack=pb.UpdateAck(seq=i, status="accepted")) for i in range(3)]
+    [packed] = bundles.pack(msgs, bundles.server_bundle)
+    assert [m.ack.seq for m in bundles.unpack_server(packed)] == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_start_waits_briefly_for_its_end_to_share_a_write() -> None:
+    live: asyncio.Queue[Queued] = asyncio.Queue()
+    batch: list[Queued] = [(1, Report("a1", 1, Started()))]
+    asyncio.get_running_loop().call_soon(live.put_nowait, (2, Report("a1", 1, Done())))
+    await _linger(live, batch, linger_s=5.0)
+    assert [seq for seq, _ in batch] == [1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_start_alone_leaves_after_the_linger() -> None:
+    live: asyncio.Queue[Queued] = asyncio.Queue()
+    batch: list[Queued] = [(1, Report("a1", 1, Started()))]
+    await _linger(live, batch, linger_s=0.001)
+    assert [seq for seq, _ in batch] == [1]
