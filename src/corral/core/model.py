@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from corral.core.errors import InvalidSpec
 from corral.core.resources import ResourceRequest
@@ -148,6 +148,9 @@ class Job:
         return self.replicas > 1
 
 
+_ACTIVE: Final = frozenset({AllocObserved.PENDING, AllocObserved.RUNNING})
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """One attempt of a job (or of a batch of sample jobs) on a node.
@@ -180,7 +183,7 @@ class Allocation:
     @property
     def active(self) -> bool:
         """Holds resources: wanted or still running."""
-        return self.observed in (AllocObserved.PENDING, AllocObserved.RUNNING)
+        return self.observed in _ACTIVE
 
     @property
     def milli(self) -> int:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Final
 
 from corral.core.errors import InvalidSpec
 
-MILLI = 1000
+MILLI: Final = 1000  # Final: a compiled build (scripts/build-native) inlines it
 """Milli-GPUs in one whole GPU."""
 
-GIB = 1024**3
+GIB: Final = 1024**3
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 

@@ -27,21 +27,22 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
+from typing import Final
 
 from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
 
-LOADED = 2
-ON_DISK = 1
-ABSENT = 0
+LOADED: Final = 2
+ON_DISK: Final = 1
+ABSENT: Final = 0
 """Model locality of a node for a job's model (``ABSENT`` also when there is no model)."""
 
-PARTIAL_STEP = 50
+PARTIAL_STEP: Final = 50
 """Width, in milli-GPUs, of a bucket of the shared-card index (20 buckets per card)."""
 
-_RESERVE = 0
-_RELEASE = 1
-_HIDE = 2
+_RESERVE: Final = 0
+_RELEASE: Final = 1
+_HIDE: Final = 2
 _IDX = attrgetter("idx")
 
 Layout = tuple[list[int], list[str], dict[int, int] | None]

@@ -16,7 +16,7 @@ state rather than from its own plan).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from corral.core.model import Allocation, Node
 from corral.scheduler.api import Config, Snapshot
@@ -39,7 +39,7 @@ _MISSING = object()
 Mark = tuple[tuple[int, int], int]
 """A capacity mark and a memo-log length: what ``Cycle.rollback`` returns to."""
 
-FEW_CLASSES = 8
+FEW_CLASSES: Final = 8
 """Up to this many feasible classes, walk their own indexes; past it, walk the
 overall index and skip other classes (cheaper than many nearly empty buckets)."""
 

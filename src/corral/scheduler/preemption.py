@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle, Memo
@@ -33,7 +34,7 @@ from corral.scheduler.need import Need
 from corral.scheduler.quota import Ledger
 from corral.scheduler.victims import Victim, VictimIndex, milli_on
 
-NODES_TO_TRY = 16
+NODES_TO_TRY: Final = 16
 """Nodes where evictions would work, evaluated per attempt at most (those with the
 most reclaimable room first): bounds the cost in a full cluster. A one-victim
 option stops the search at once."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from corral.core.model import Job
 from corral.core.resources import ResourceRequest
@@ -28,7 +28,7 @@ from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import job_key
 
 HK = TypeVar("HK", bound=Hashable)
-NEED_CACHE = 4096  # distinct resource requests remembered; past it the cache starts afresh
+NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
 
 
 class Group:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
 
 from corral.core.model import Allocation
 from corral.core.resources import MILLI
@@ -44,7 +45,7 @@ from corral.scheduler.need import Need
 NodeWork = Callable[[str], Iterable[tuple[Allocation, float | None]]]
 """The active allocations on a node (by name), each with its expected end (None: unknown)."""
 
-CANDIDATES = 16
+CANDIDATES: Final = 16
 """Nodes rated per reservation (those with the most free cards): bounds the cost per cycle."""
 
 INF = math.inf

@@ -18,6 +18,7 @@ import random
 from bisect import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from corral.core.model import Gpu, Job, Node, Team
 from corral.core.resources import GIB, MILLI, ResourceRequest
@@ -33,10 +34,10 @@ SHAPES: tuple[tuple[float, int, float], ...] = (
     (8, 2, 0.03),
 )
 PRIORITY_MIX = (("interactive", 0.05), ("paid", 0.25), ("free", 0.30), ("batch", 0.40))
-MEDIAN_RUN_S = 600.0  # log-normal run time: median 10 minutes ...
-RUN_SIGMA = 1.0  # ... mean about 16.5 minutes, a long tail
-MAX_RUN_S = 86_400.0  # one day
-_DAY_RAD = 2 * math.pi / 86_400.0
+MEDIAN_RUN_S: Final = 600.0  # log-normal run time: median 10 minutes ...
+RUN_SIGMA: Final = 1.0  # ... mean about 16.5 minutes, a long tail
+MAX_RUN_S: Final = 86_400.0  # one day
+_DAY_RAD: Final = 2 * math.pi / 86_400.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Final, Protocol
 
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Team
 from corral.core.resources import MILLI
@@ -29,7 +29,9 @@ from corral.sim.report import JobRecord, Metrics, PlacementRecord
 from corral.sim.scenario import Scenario, SimJob
 
 Sink = Callable[[JobRecord], None]
-QUEUED, PLACED, RUNNING = JobState.QUEUED, JobState.PLACED, JobState.RUNNING
+QUEUED: Final = JobState.QUEUED
+PLACED: Final = JobState.PLACED
+RUNNING: Final = JobState.RUNNING
 
 
 class Observer(Protocol):
