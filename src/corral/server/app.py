@@ -8,8 +8,10 @@ link, the scheduler). Tests pass their own (a stub link, a virtual clock).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -121,6 +123,7 @@ def create_app(
         lifespan=lifespan,
         docs_url="/docs",
         openapi_url="/openapi.json",
+        **_without_telemetry(),
     )
     app.state.plane = plane
     errors.install(app)
@@ -131,3 +134,13 @@ def create_app(
     web.install(app)
     app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
     return app
+
+
+def _without_telemetry() -> dict[str, Any]:
+    """FastAPI's built-in OpenTelemetry hooks, off: corral exports Prometheus metrics, and the
+    hooks ask the global providers (and the environment) on every request (docs/performance.md).
+    """
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}  # a FastAPI without them
+    off = ("tracing", "metrics", "logs", "operation_spans")
+    return {"telemetry": dict.fromkeys(off, False)}

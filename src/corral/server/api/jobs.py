@@ -176,6 +176,8 @@ async def result_file(job_id: str, name: str, plane: Plane, who: Caller) -> Resp
     """The bytes of one result file (streamed from disk)."""
     f = await plane.jobs.result_ref(who, job_id, name)
     headers = {"ETag": f'"{f.sha256}"'}
+    if f.inline is not None:
+        return Response(f.inline, media_type=f.content_type, headers=headers)
     path = plane.rt.blobs.path(f.key)
     if path is not None:
         return FileResponse(path, media_type=f.content_type, headers=headers)

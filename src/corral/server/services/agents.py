@@ -10,6 +10,7 @@ answered ``STALE`` and change nothing.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import Sequence
@@ -50,6 +51,8 @@ from corral.server.store.records import AllocRecord, JobRecord, ResultFile, inve
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_LOG_LINES = 200
 MAX_LOG_LINE = 4096
+INLINE_RESULT = 16 * 1024
+"""Results up to this size (each) are kept in the job row: a no-op's ``b"ok"`` costs no file."""
 _EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
 
 
@@ -335,19 +338,27 @@ class AgentService:
     async def finished(
         self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
     ) -> Ack:
-        """Store the result blobs, then end the allocation; only the current attempt counts."""
-        async with self.rt.db.read() as conn:
-            pre = await self._fenced_read(
-                conn, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED
-            )
-        if isinstance(pre, Ack):
-            return pre
-        files = await self._store_results(pre, results)
+        """Store the results, then end the allocation; only the current attempt counts.
+
+        Small results (all of them under ``INLINE_RESULT``) go into the job row with the
+        end (durable with that commit, no read or blob file of their own); larger ones are
+        written to the blob store first, after a fenced read.
+        """
+        stored: dict[str, list[ResultFile]] | None = None
+        if any(len(b.data) > INLINE_RESULT for b in results):
+            async with self.rt.db.read() as conn:
+                pre = await self._fenced_read(
+                    conn, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED
+                )
+            if isinstance(pre, Ack):
+                return pre
+            stored = await self._store_results(pre, results)
 
         async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
             if isinstance(rec, Ack):
                 return rec
+            files = stored if stored is not None else _inline_results(rec, results)
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files)
             return Ack.ACCEPTED
 
@@ -357,11 +368,10 @@ class AgentService:
         self, rec: AllocRecord, results: Sequence[ResultBlob]
     ) -> dict[str, list[ResultFile]]:
         files: dict[str, list[ResultFile]] = {}
-        prefix = f"r{rec.alloc.replica}-" if rec.alloc.replica else ""
         for blob in results:
             if blob.job_id not in rec.alloc.job_ids:
                 continue  # an agent cannot write results for work it was not given
-            name = prefix + (_UNSAFE.sub("_", blob.name).strip("._") or "result")
+            name = _result_name(rec, blob)
             key = f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"
             stored = await self.rt.blobs.put(key, blob.data)
             files.setdefault(blob.job_id, []).append(
@@ -431,6 +441,26 @@ class AgentService:
         ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
         jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
         return [j for j in jobs.values() if is_current(j, rec.alloc)]
+
+
+def _result_name(rec: AllocRecord, blob: ResultBlob) -> str:
+    prefix = f"r{rec.alloc.replica}-" if rec.alloc.replica else ""
+    return prefix + (_UNSAFE.sub("_", blob.name).strip("._") or "result")
+
+
+def _inline_results(rec: AllocRecord, results: Sequence[ResultBlob]) -> dict[str, list[ResultFile]]:
+    """Small results kept in the job row (no blob file, no fsync of their own)."""
+    files: dict[str, list[ResultFile]] = {}
+    for blob in results:
+        if blob.job_id not in rec.alloc.job_ids:
+            continue  # an agent cannot write results for work it was not given
+        name = _result_name(rec, blob)
+        key = f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"  # as if in the blob store
+        digest = hashlib.sha256(blob.data).hexdigest()
+        files.setdefault(blob.job_id, []).append(
+            ResultFile(name, key, len(blob.data), blob.content_type, digest, blob.data)
+        )
+    return files
 
 
 def _replicas(jobs: dict[str, JobRecord]) -> int:

@@ -234,6 +234,8 @@ class JobService:
 
     async def result_file(self, who: Principal, job_id: str, name: str) -> tuple[ResultFile, bytes]:
         f = await self.result_ref(who, job_id, name)
+        if f.inline is not None:
+            return f, f.inline
         return f, await self.rt.blobs.get(f.key)
 
     async def preview(self, who: Principal, job_id: str, key: str) -> bytes:

@@ -7,6 +7,7 @@ Row <-> record conversion lives here so repos stay a list of queries.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,24 +22,34 @@ class ResultFile:
     """One result blob of a job: what a client downloads from ``/v1/jobs/{id}/result/{name}``."""
 
     name: str
-    key: str  # blob store key
+    key: str  # blob store key (its name alone when the bytes are inline)
     size: int
     content_type: str
     sha256: str
+    inline: bytes | None = None  # a small result kept in the job row, not in the blob store
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "key": self.key,
             "size": self.size,
             "content_type": self.content_type,
             "sha256": self.sha256,
         }
+        if self.inline is not None:
+            out["data"] = base64.b64encode(self.inline).decode()
+        return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> ResultFile:
+        inline = data.get("data")
         return ResultFile(
-            data["name"], data["key"], data["size"], data["content_type"], data["sha256"]
+            data["name"],
+            data["key"],
+            data["size"],
+            data["content_type"],
+            data["sha256"],
+            None if inline is None else base64.b64decode(inline),
         )
 
 
