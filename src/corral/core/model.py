@@ -140,8 +140,11 @@ class Job:
             raise InvalidSpec("max_attempts", "must be >= 1")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise InvalidSpec("timeout_s", "must be > 0")
-        object.__setattr__(self, "node_selector", frozen_map(self.node_selector))
-        object.__setattr__(self, "payload", frozen_map(self.payload))
+        # Freeze the mappings (the defaults, EMPTY, are frozen already: most jobs skip this).
+        if self.node_selector is not EMPTY:
+            object.__setattr__(self, "node_selector", frozen_map(self.node_selector))
+        if self.payload is not EMPTY:
+            object.__setattr__(self, "payload", frozen_map(self.payload))
 
     @property
     def gang(self) -> bool:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
+
+_RUN: Final = AllocDesired.RUN  # a module constant: a compiled build reads it directly
 
 
 @dataclass(slots=True, eq=False)
@@ -49,7 +52,7 @@ class VictimIndex:
 
     def add(self, alloc: Allocation) -> None:
         """An active allocation started."""
-        if alloc.desired is not AllocDesired.RUN:
+        if alloc.desired is not _RUN:
             return
         self.by_jobs.setdefault(alloc.job_ids, {})[alloc.id] = alloc
         if self._evictable(alloc):
@@ -58,7 +61,7 @@ class VictimIndex:
 
     def remove(self, alloc: Allocation) -> None:
         """An active allocation ended."""
-        if alloc.desired is not AllocDesired.RUN:
+        if alloc.desired is not _RUN:
             return
         members = self.by_jobs[alloc.job_ids]
         del members[alloc.id]

@@ -16,6 +16,7 @@ from typing import Protocol, cast
 
 from corral.core.model import Allocation, Job, Team
 from corral.scheduler.api import Config, Plan, Snapshot
+from corral.scheduler.incremental import Scheduler
 from corral.sim.baselines import best_fit, first_fit
 from corral.sim.errors import SimInputError
 from corral.sim.scenario import Scenario
@@ -88,11 +89,7 @@ class Kept:
     snapshot (``unplaced`` aside: nothing is explained), at the cost of what changed."""
 
     def __init__(self, scenario: Scenario) -> None:
-        module = importlib.import_module("corral.scheduler")
-        kept = getattr(module, "Scheduler", None)
-        if kept is None:
-            raise SimInputError("policy", "corral.scheduler.Scheduler is not in this build")
-        self.scheduler = kept(scenario.nodes, scenario.teams, scenario.config)
+        self.scheduler = Scheduler(scenario.nodes, scenario.teams, scenario.config)
 
     def submitted(self, job: Job) -> None:
         self.scheduler.submit(job)
@@ -118,7 +115,7 @@ class Kept:
         served: Mapping[str, float],
     ) -> Plan:
         self.scheduler.served = served
-        return cast(Plan, self.scheduler.schedule(now, seed, explain=False))
+        return self.scheduler.schedule(now, seed, explain=False)
 
 
 def resolve(name: str) -> ScheduleFn:

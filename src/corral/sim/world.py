@@ -32,6 +32,8 @@ Sink = Callable[[JobRecord], None]
 QUEUED: Final = JobState.QUEUED
 PLACED: Final = JobState.PLACED
 RUNNING: Final = JobState.RUNNING
+SUCCEEDED: Final = JobState.SUCCEEDED
+ALLOC_RUNNING: Final = AllocObserved.RUNNING
 
 
 class Observer(Protocol):
@@ -151,7 +153,7 @@ class World:
             return False
         for alloc_id in run.allocs:
             self._leave(alloc_id, now)
-        run.state = transition(JOB, job_id, RUNNING, JobState.SUCCEEDED, at=now, why="done")
+        run.state = transition(JOB, job_id, RUNNING, SUCCEEDED, at=now, why="done")
         self._emit(run)
         return True
 
@@ -201,7 +203,7 @@ class World:
             borrowed=p.borrowed,
             attempt=self.runs[job.id].attempts + 1,
             started_at=now,
-            observed=AllocObserved.RUNNING,
+            observed=ALLOC_RUNNING,
         )
         self.allocations[p.allocation_id] = alloc
         if len(p.job_ids) > 1:
