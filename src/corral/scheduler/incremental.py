@@ -274,8 +274,8 @@ class Scheduler:
         else:
             self._victims.remove(alloc)
             del on_node[alloc.id]
-            if expected_end is not None:
-                self._recompute_end(alloc.node, on_node)
+            if expected_end is not None and expected_end >= self._latest_end(alloc.node):
+                self._recompute_end(alloc.node, on_node)  # it may have been the latest there
             if not on_node:
                 del self._on_node[alloc.node]
         cluster = self._cluster
@@ -292,6 +292,10 @@ class Scheduler:
             return  # the last cycle gave this capacity back already
         milli, vram, cpus = -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
         _adjust(cluster, alloc.node, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
+
+    def _latest_end(self, node: str) -> float:
+        idx = self._index.get(node)
+        return float("inf") if idx is None else self._node_end.get(idx, float("inf"))
 
     def _recompute_end(self, node: str, allocs: Mapping[str, Allocation]) -> None:
         idx = self._index.get(node)
