@@ -14,7 +14,7 @@ from corral.server.store.db import Database, parse_db
 
 pytestmark = pytest.mark.anyio
 
-FULL, NORMAL = 2, 1  # what PRAGMA synchronous reads back
+NORMAL = 1  # what PRAGMA synchronous reads back
 
 
 async def _level(db: Database, **write: bool) -> int:
@@ -22,41 +22,69 @@ async def _level(db: Database, **write: bool) -> int:
         return int((await conn.execute(sa.text("PRAGMA synchronous"))).scalar_one())
 
 
-async def test_only_writes_marked_not_durable_skip_the_fsync(tmp_path: Path) -> None:
+async def test_a_durable_write_returns_after_an_fsync_of_the_wal_that_followed_its_commit(
+    tmp_path: Path,
+) -> None:
     db = Database(parse_db(str(tmp_path / "c.db")))
     await db.prepare()
+    sync = db.wal_sync
+    assert sync is not None
     try:
-        assert await _level(db) == FULL
+        # Commits themselves skip SQLite's fsync (the write lock is not held through it) ...
+        assert await _level(db) == NORMAL
+        assert sync.synced == sync.committed, "... and the durable write waited for its fsync"
+        syncs = sync.syncs
         assert await _level(db, durable=False) == NORMAL
-        assert await _level(db) == FULL, "the relaxed level must not stick to the connection"
+        assert (sync.syncs, sync.synced) == (syncs, sync.committed - 1), "relaxed: no fsync"
+        await _level(db)
+        assert sync.syncs == syncs + 1
+        assert sync.synced == sync.committed
     finally:
         await db.close()
 
 
-async def test_a_configured_off_stays_off_for_relaxed_writes(tmp_path: Path) -> None:
-    db = Database(parse_db(str(tmp_path / "c.db")), sqlite_synchronous="OFF")
+async def test_concurrent_durable_writes_share_fsyncs(tmp_path: Path) -> None:
+    db = Database(parse_db(str(tmp_path / "c.db")))
     await db.prepare()
+    sync = db.wal_sync
+    assert sync is not None
     try:
-        assert await _level(db, durable=False) == 0
-        assert await _level(db) == 0
+        before = sync.syncs
+        await asyncio.gather(*(_level(db) for _ in range(20)))
+        assert sync.synced == sync.committed
+        assert sync.syncs - before < 20, "commits made during an fsync wait for the next one"
     finally:
         await db.close()
 
 
-async def test_a_group_with_one_durable_unit_commits_durably(tmp_path: Path) -> None:
+async def test_a_configured_normal_or_off_never_fsyncs(tmp_path: Path) -> None:
+    for level, want in (("OFF", 0), ("NORMAL", NORMAL)):
+        db = Database(parse_db(str(tmp_path / f"{level}.db")), sqlite_synchronous=level)
+        await db.prepare()
+        try:
+            assert db.wal_sync is None
+            assert await _level(db, durable=False) == want
+            assert await _level(db) == want
+        finally:
+            await db.close()
+
+
+async def test_a_group_with_one_durable_unit_waits_for_the_disk(tmp_path: Path) -> None:
     world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path)
     try:
         group = world.plane.agents.updates
+        sync = world.plane.rt.db.wal_sync
+        assert sync is not None
 
-        async def level(tx: Tx) -> int:
-            return int((await tx.conn.execute(sa.text("PRAGMA synchronous"))).scalar_one())
+        async def position(tx: Tx) -> int:
+            return sync.committed + 1  # the commit this group is about to make
 
         relaxed = await asyncio.gather(
-            group.run(level, durable=False), group.run(level, durable=False)
+            group.run(position, durable=False), group.run(position, durable=False)
         )
-        mixed = await asyncio.gather(group.run(level, durable=False), group.run(level))
-        assert list(relaxed) == [NORMAL, NORMAL]
-        assert list(mixed) == [FULL, FULL]
+        assert sync.synced < max(relaxed), "a relaxed group does not wait for an fsync"
+        mixed = await asyncio.gather(group.run(position, durable=False), group.run(position))
+        assert sync.synced >= max(mixed), "one durable unit makes the group wait for the disk"
     finally:
         await world.close()
 

@@ -45,12 +45,20 @@ class EventFeed:
         signal = self.rt.events_committed
         api = self.rt.settings.api
         idle = 0.0
+        end_pending = False  # the job ended, its last event not yet published (its fsync)
         while disconnected is None or not await disconnected():
             ticket = signal.ticket()
             # Read the job's state before its events: both commit together, so an
             # ended job's terminal event is in (or before) the batch read next.
             ended = job_id is not None and await self._ended(job_id)
             batch = self.rt.recent.after(last, job_id=job_id, team=team, limit=PAGE)
+            if end_pending and not _has_end(batch):  # waited once for it: read the table
+                batch = None
+            elif ended and batch is not None:
+                # A durable change is readable in the table before its events are published
+                # (they wait for its fsync): wait for the publication rather than end early.
+                end_pending = not _has_end(batch)
+                ended = not end_pending
             if batch is None:  # behind the events kept in memory (or PostgreSQL): the table
                 async with self.rt.db.read() as conn:
                     batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
@@ -109,6 +117,10 @@ class EventFeed:
                 yield sim_record(rec, origin)
             if len(batch) < PAGE:
                 return
+
+
+def _has_end(batch: list[tuple[Event, str | None]] | None) -> bool:
+    return batch is not None and any(e.kind in TERMINAL_JOB_EVENTS for e, _ in batch)
 
 
 def sim_record(rec: JobRecord, origin: float) -> dict[str, Any]:

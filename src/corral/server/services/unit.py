@@ -86,6 +86,44 @@ class Trigger:
         return True
 
 
+class Turn:
+    """One committed change's place in the order its events are published in."""
+
+    def __init__(self, before: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+        self._before = before
+        self._mine = mine
+
+    async def wait(self) -> None:
+        """Until every change committed before this one has published its events."""
+        if self._before is not None and not self._before.done():
+            await asyncio.shield(self._before)
+
+    def done(self) -> None:
+        """This change is out (or has nothing to publish): later ones may go once earlier
+        ones have; a change that did not wait hands its place on when its predecessor goes."""
+        if self._before is not None and not self._before.done():
+            self._before.add_done_callback(lambda _: self._finish())
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self._mine.done():
+            self._mine.set_result(None)
+
+
+class InOrder:
+    """Hands out ``Turn``s: a durable change waits for its fsync, and a change committed
+    after it must not reach SSE readers first (a reader past its ``seq`` would miss it)."""
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+
+    def take(self) -> Turn:
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turn, self._last = Turn(self._last, mine), mine
+        return turn
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -99,6 +137,7 @@ class Runtime:
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
+    publishing: InOrder = field(default_factory=lambda: InOrder())  # events out in commit order
 
     def __post_init__(self) -> None:
         # Other replicas commit events too on PostgreSQL: memory would miss theirs.
@@ -109,17 +148,29 @@ class Runtime:
         """One unit of work. ``reschedule`` pokes the scheduling loop after the commit.
 
         ``durable=False``: no promise rests on this change alone (see ``Database.write``).
+        The scheduling loop is poked as soon as the change committed (before a durable
+        one's fsync); its events reach SSE readers after that, in commit order.
         """
         tx = Tx(self.clock.now())
-        async with self.db.write(durable=durable) as conn:
-            tx.conn = conn
-            yield tx
-            seqs = await event_repo.append(conn, tx.events)
-        if tx.events:
-            self.recent.add(tx.events, seqs)  # before the wake-up: readers find them there
-            self.events_committed.fire()
-        if reschedule or tx.reschedule:
-            self.schedule_needed.fire()
+        turn: Turn | None = None
+
+        def committed() -> None:
+            if reschedule or tx.reschedule:
+                self.schedule_needed.fire()
+
+        try:
+            async with self.db.write(durable=durable, on_commit=committed) as conn:
+                tx.conn = conn
+                yield tx
+                seqs = await event_repo.append(conn, tx.events)
+                turn = self.publishing.take()  # under the write lock: commit order
+            if tx.events:
+                await turn.wait()  # events committed before these are out first
+                self.recent.add(tx.events, seqs)  # before the wake-up: readers find them there
+                self.events_committed.fire()
+        finally:
+            if turn is not None:
+                turn.done()
         for action in tx.after_commit:
             await self._run_follow_up(action)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from corral.core.errors import InvalidSpec
 from corral.server.store import sqlite_inline
 from corral.server.store.sqlite_lock import SqliteLock
+from corral.server.store.wal_sync import WalSync
 
 DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
@@ -93,7 +94,11 @@ class Database:
 
     def __init__(self, target: DbTarget, *, sqlite_synchronous: str = "FULL", pool_size: int = 10):
         self.target = target
-        self.engine = _make_engine(target, sqlite_synchronous, pool_size)
+        # A SQLite file that must survive power loss: commits skip SQLite's own fsync and a
+        # durable write waits for WalSync's, taken after the write lock is released.
+        self.wal_sync = _wal_sync(target, sqlite_synchronous)
+        deferred = self.wal_sync is not None
+        self.engine = _make_engine(target, sqlite_synchronous, pool_size, deferred)
         self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
         self.file_lock = _file_lock(target)
@@ -109,7 +114,11 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def write(
-        self, *, ordered_events: bool = True, durable: bool = True
+        self,
+        *,
+        ordered_events: bool = True,
+        durable: bool = True,
+        on_commit: Callable[[], None] | None = None,
     ) -> AsyncIterator[AsyncConnection]:
         """One write transaction; commits on exit, rolls back on error.
 
@@ -118,6 +127,12 @@ class Database:
         ``durable=False`` is for writes no promise rests on until a later durable
         one (placements, starts, progress): on SQLite they commit without an
         fsync (see ``_sqlite_begin``); PostgreSQL commits every write the same.
+
+        On a SQLite file with ``synchronous`` FULL, every commit is written to the
+        WAL without an fsync, the write lock is released, and then a durable write
+        waits for an fsync of the WAL (``WalSync``) before returning: what FULL
+        does, but other writers go on meanwhile and one fsync covers every commit
+        before it. ``on_commit`` runs right after the commit, before that wait.
         """
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
@@ -128,6 +143,11 @@ class Database:
             if self.is_postgres and ordered_events:
                 await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
             yield conn
+        position = self.wal_sync.mark() if self.wal_sync is not None else 0
+        if on_commit is not None:
+            on_commit()
+        if durable and self.wal_sync is not None:
+            await self.wal_sync.wait(position)
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
@@ -161,7 +181,18 @@ def _file_lock(target: DbTarget) -> SqliteLock | None:
     return SqliteLock(Path(str(database)))
 
 
-def _make_engine(target: DbTarget, synchronous: str, pool_size: int) -> AsyncEngine:
+def _wal_sync(target: DbTarget, synchronous: str) -> WalSync | None:
+    database = target.url.database
+    if target.dialect != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    if synchronous not in ("FULL", "EXTRA"):
+        return None  # the operator chose to survive kill -9 only (NORMAL) or nothing (OFF)
+    return WalSync(Path(f"{database}-wal"))
+
+
+def _make_engine(
+    target: DbTarget, synchronous: str, pool_size: int, deferred: bool = False
+) -> AsyncEngine:
     if target.dialect == "postgresql":
         connect_args: dict[str, Any] = {}
         if target.schema:
@@ -173,11 +204,11 @@ def _make_engine(target: DbTarget, synchronous: str, pool_size: int) -> AsyncEng
     path = target.url.database or ":memory:"
     engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
-    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous))
+    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous, deferred))
     return engine
 
 
-def _sqlite_begin(synchronous: str) -> Any:
+def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:
     """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT).
 
     Before a write, set how its commit reaches the disk (SQLite allows that
@@ -186,13 +217,15 @@ def _sqlite_begin(synchronous: str) -> Any:
     write with ``durable=False`` with NORMAL: no fsync, yet it survives a kill
     of the process (it is in the WAL), and the next durable commit's fsync
     covers it as well, since the WAL is one file written in order.
+    ``deferred``: every write commits with NORMAL, and ``Database.write``
+    fsyncs the WAL for the durable ones (``WalSync``).
     """
     relaxed = "OFF" if synchronous == "OFF" else "NORMAL"
 
     def begin(conn: Any) -> None:
         durable = conn.get_execution_options().get(DURABLE)
         if durable is not None:  # a write (reads leave the setting alone)
-            level = synchronous if durable else relaxed
+            level = synchronous if durable and not deferred else relaxed
             if conn.info.get(DURABLE) != level:
                 conn.exec_driver_sql(f"PRAGMA synchronous={level}")
                 conn.info[DURABLE] = level

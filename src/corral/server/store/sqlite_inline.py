@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-_COMMITS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite-commit")
+COMMITS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite-commit")
 """One thread for every commit: there is one writer at a time anyway."""
 
 
@@ -67,7 +67,7 @@ class InlineConnection:
         if not raw.in_transaction:
             return
         if self.commit_waits_for_disk:
-            await asyncio.get_running_loop().run_in_executor(_COMMITS, raw.commit)
+            await asyncio.get_running_loop().run_in_executor(COMMITS, raw.commit)
         else:
             raw.commit()
 
