@@ -59,6 +59,12 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 """A ping unanswered this long ends the connection."""
 
 
+ACK_LINGER_S = 0.005
+"""How long acknowledgements alone wait for other messages to share their write: no
+latency is added (an ack only lets the agent forget a report) and a few milliseconds
+span the gap between a finished job's ack and the agent's next assignment."""
+
+
 class Session:
     """One agent's open Connect stream, as the rest of the server sees it."""
 
@@ -79,14 +85,37 @@ class Session:
         """
         while (msg := await self.outbox.get()) is not None:
             batch = [msg]
-            while self.bundles and not self.outbox.empty():
-                more = self.outbox.get_nowait()
-                if more is None:
-                    self.outbox.put_nowait(None)  # write what came before, then end
-                    break
-                batch.append(more)
+            self._drain(batch)
+            if self.bundles and all(m.HasField("ack") for m in batch):
+                await self._linger(batch)
             for out in bundles.pack(batch, bundles.server_bundle):
                 yield out
+
+    def _drain(self, batch: list[pb.ServerMessage]) -> None:
+        while self.bundles and not self.outbox.empty():
+            more = self.outbox.get_nowait()
+            if more is None:
+                self.outbox.put_nowait(None)  # write what came before, then end
+                return
+            batch.append(more)
+
+    async def _linger(self, batch: list[pb.ServerMessage]) -> None:
+        """Acks alone wait up to ``ACK_LINGER_S`` for company (the agent's next work, more acks).
+
+        An ack's only effect is that the agent may forget a report it keeps for
+        resending, so it can wait: a busy agent then reads its acks with its
+        next assignment instead of in a write of their own.
+        """
+        try:
+            async with asyncio.timeout(ACK_LINGER_S):
+                more = await self.outbox.get()
+        except TimeoutError:
+            return
+        if more is None:
+            self.outbox.put_nowait(None)
+            return
+        batch.append(more)
+        self._drain(batch)
 
     def send(self, msg: pb.ServerMessage) -> None:
         if self.ended is not None:
