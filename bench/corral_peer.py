@@ -137,12 +137,13 @@ class CorralPeer:
                 w.event.set()
 
     def cpu_s(self) -> dict[str, float]:
-        """CPU seconds used so far by the server and by all agents (Linux ``/proc``; else {})."""
+        """CPU seconds used so far by the server, all agents (Linux ``/proc``; else {}) and
+        this client process (its HTTP calls and SSE parsing)."""
         try:
             used = [_proc_cpu_s(p.pid) for p in self._procs]
         except OSError:
             return {}
-        return {"server": used[0], "agents": sum(used[1:])}
+        return {"server": used[0], "agents": sum(used[1:]), "client": time.process_time()}
 
     def close(self) -> None:
         for p in reversed(self._procs):

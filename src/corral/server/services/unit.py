@@ -149,7 +149,8 @@ class Runtime:
 
         ``durable=False``: no promise rests on this change alone (see ``Database.write``).
         The scheduling loop is poked as soon as the change committed (before a durable
-        one's fsync); its events reach SSE readers after that, in commit order.
+        one's fsync); follow-ups run once it is durable as asked; its events reach SSE
+        readers after that, in commit order (after the fsyncs of earlier durable changes).
         """
         tx = Tx(self.clock.now())
         turn: Turn | None = None
@@ -164,15 +165,17 @@ class Runtime:
                 yield tx
                 seqs = await event_repo.append(conn, tx.events)
                 turn = self.publishing.take()  # under the write lock: commit order
-            if tx.events:
-                await turn.wait()  # events committed before these are out first
-                self.recent.add(tx.events, seqs)  # before the wake-up: readers find them there
-                self.events_committed.fire()
+            try:
+                for action in tx.after_commit:  # e.g. assignments: not held up by others' fsyncs
+                    await self._run_follow_up(action)
+            finally:  # committed events are published whatever became of the follow-ups
+                if tx.events:
+                    await turn.wait()  # events committed before these are out first
+                    self.recent.add(tx.events, seqs)  # before the wake-up: readers find them
+                    self.events_committed.fire()
         finally:
             if turn is not None:
                 turn.done()
-        for action in tx.after_commit:
-            await self._run_follow_up(action)
 
     async def _run_follow_up(self, action: Callable[[], Awaitable[None]]) -> None:
         try:
