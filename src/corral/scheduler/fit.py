@@ -11,22 +11,33 @@ cycle costs O(jobs x few buckets), not O(jobs x nodes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from corral.core.resources import MILLI
 from corral.scheduler.capacity import PARTIAL_STEP, Index, NodeCap
 from corral.scheduler.need import Need
 
 
-@dataclass(frozen=True, slots=True)
 class Fit:
-    """Where exactly a need fits on a node: which cards, how much of each."""
+    """Where exactly a need fits on a node: which cards, how much of each.
 
-    node: NodeCap
-    gpus: tuple[int, ...]
-    milli: int  # per card: MILLI for whole cards
-    vram: int  # per card
-    cpus: int
+    A plain class, not a dataclass: several are made per placement, and a compiled
+    build (scripts/build-native) compiles this ``__init__`` but not a generated one
+    (about 20x cheaper). Treat it as immutable.
+    """
+
+    __slots__ = ("cpus", "gpus", "milli", "node", "vram")
+
+    def __init__(
+        self, node: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int
+    ) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.milli = milli  # per card: MILLI for whole cards
+        self.vram = vram  # per card
+        self.cpus = cpus
+
+    def __repr__(self) -> str:
+        return f"Fit({self.node.name!r}, {self.gpus}, {self.milli}, {self.vram}, {self.cpus})"
 
     @property
     def total_milli(self) -> int:

@@ -17,7 +17,6 @@ work that ends together on a node frees the whole node together.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from corral.scheduler.capacity import LOADED
@@ -25,13 +24,20 @@ from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
 
 
-@dataclass(frozen=True, slots=True)
 class Candidate:
-    """A fit and what scorers may want to know about its node."""
+    """A fit and what scorers may want to know about its node (a plain class, like
+    ``Fit``: cheap to make in a compiled build; treat it as immutable)."""
 
-    fit: Fit
-    locality: int  # LOADED, ON_DISK or ABSENT for the job's model
-    end_gap: float | None = None  # 0: ends with the node's other work; 1: far apart; None: unknown
+    __slots__ = ("end_gap", "fit", "locality")
+
+    def __init__(self, fit: Fit, locality: int, end_gap: float | None = None) -> None:
+        self.fit = fit
+        self.locality = locality  # LOADED, ON_DISK or ABSENT for the job's model
+        # 0: ends with the node's other work; 1: far apart; None: unknown
+        self.end_gap = end_gap
+
+    def __repr__(self) -> str:
+        return f"Candidate({self.fit!r}, {self.locality}, {self.end_gap})"
 
 
 class Scorer(Protocol):

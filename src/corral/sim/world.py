@@ -16,7 +16,7 @@ raises ``PlanRejected`` (a scheduler bug) instead of being half applied.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Final, Protocol
 
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Team
@@ -50,21 +50,36 @@ class Observer(Protocol):
     def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
 
 
-@dataclass(slots=True)
 class JobRun:
-    """A job while it is in the world (queued or running)."""
+    """A job while it is in the world (queued or running). A plain class: one is made
+    per job, and a compiled build compiles this ``__init__`` (not a generated one)."""
 
-    job: Job  # the latest frozen view; replaced when requeued (attempt changes)
-    remaining: float | None  # seconds of work left at the start of this attempt
-    where: str
-    state: JobState = QUEUED
-    attempts: int = 0
-    first_start: float | None = None
-    started_at: float = 0.0
-    token: int = 0  # bumped per attempt: a completion timer of an old attempt is stale
-    done: float = 0.0  # seconds of work done by earlier attempts
-    allocs: list[str] = field(default_factory=list)
-    placements: list[PlacementRecord] | None = None
+    __slots__ = (
+        "allocs",
+        "attempts",
+        "done",
+        "first_start",
+        "job",
+        "placements",
+        "remaining",
+        "started_at",
+        "state",
+        "token",
+        "where",
+    )
+
+    def __init__(self, job: Job, remaining: float | None, where: str) -> None:
+        self.job = job  # the latest frozen view; replaced when requeued (attempt changes)
+        self.remaining = remaining  # seconds of work left at the start of this attempt
+        self.where = where
+        self.state: JobState = QUEUED
+        self.attempts = 0
+        self.first_start: float | None = None
+        self.started_at = 0.0
+        self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
+        self.done = 0.0  # seconds of work done by earlier attempts
+        self.allocs: list[str] = []
+        self.placements: list[PlacementRecord] | None = None
 
 
 class World:
