@@ -175,6 +175,10 @@ async def run(args: argparse.Namespace, home: Path) -> list[Figures]:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # let the hellos' answers and model reports settle
         bench = Bench(link, inbound, [p.pid for p in procs])
+        rest0 = bench.agents_cpu()
+        await asyncio.sleep(args.rest)
+        rest = (bench.agents_cpu() - rest0) / args.rest / args.agents
+        print(f"an agent at rest (connected, no work): {rest * 100:.2f} % of one core")
         if args.warmup:
             await bench.shape("warm-up", args.warmup, 8)
         out = [await bench.shape("idle", args.idle, 1)]
@@ -205,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=4000)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--idle", type=int, default=300, help="sequential round trips")
+    ap.add_argument("--rest", type=float, default=3.0, help="seconds measured with no work")
     ap.add_argument("--warmup", type=int, default=200, help="jobs run first, not measured")
     args = ap.parse_args(argv)
     logging.getLogger("corral").setLevel(logging.CRITICAL)  # agents leaving at the end is noise

@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 
+from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Started
-from corral.agent.link import Queued, _linger
+from corral.agent.link import LinkSettings
+from corral.agent.sender import Queued, Sender, linger
 from corral.agent.supervisor import Done, Report
 from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -58,7 +60,7 @@ async def test_a_start_waits_briefly_for_its_end_to_share_a_write() -> None:
     live: asyncio.Queue[Queued] = asyncio.Queue()
     batch: list[Queued] = [(1, Report("a1", 1, Started()))]
     asyncio.get_running_loop().call_soon(live.put_nowait, (2, Report("a1", 1, Done())))
-    await _linger(live, batch, linger_s=5.0)
+    await linger(live, batch, linger_s=5.0)
     assert [seq for seq, _ in batch] == [1, 2]
 
 
@@ -66,5 +68,39 @@ async def test_a_start_waits_briefly_for_its_end_to_share_a_write() -> None:
 async def test_a_start_alone_leaves_after_the_linger() -> None:
     live: asyncio.Queue[Queued] = asyncio.Queue()
     batch: list[Queued] = [(1, Report("a1", 1, Started()))]
-    await _linger(live, batch, linger_s=0.001)
+    await linger(live, batch, linger_s=0.001)
     assert [seq for seq, _ in batch] == [1]
+
+
+class FakeCall:
+    def __init__(self) -> None:
+        self.written: list[pb.AgentMessage] = []
+
+    async def write(self, msg: pb.AgentMessage) -> None:
+        self.written.append(msg)
+
+
+async def sent(bundling: bool) -> list[list[int]]:
+    """What a sender writes for a job's start and end and a heartbeat, all queued at once."""
+    courier = CheckpointCourier((), chunk_bytes=1024, max_bytes=1024)
+    sender = Sender(LinkSettings(token="t"), {}, courier, ())
+    sender.bundles = bundling
+    live: asyncio.Queue[Queued] = asyncio.Queue()
+    for item in [
+        (1, Report("a1", 1, Started())),
+        (2, Report("a1", 1, Done())),
+        (3, pb.Heartbeat()),
+    ]:
+        live.put_nowait(item)
+    call = FakeCall()
+    task = asyncio.create_task(sender.run(call, None, live))
+    while len(call.written) < (1 if bundling else 3):
+        await asyncio.sleep(0.001)
+    task.cancel()
+    return [[m.seq for m in bundles.unpack_agent(msg)] for msg in call.written]
+
+
+@pytest.mark.anyio
+async def test_a_sender_bundles_what_is_queued_only_for_a_server_that_reads_bundles() -> None:
+    assert await sent(True) == [[1, 2, 3]]
+    assert await sent(False) == [[1], [2], [3]], "an older server: one message per write"

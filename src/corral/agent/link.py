@@ -34,12 +34,12 @@ from urllib.parse import urlsplit
 import grpc
 
 from corral.agent import wire
-from corral.agent.blobs import upload
 from corral.agent.checkpoints import CheckpointCourier
-from corral.agent.executors.base import Checkpoint, Failed, Preview, Started
+from corral.agent.executors.base import Checkpoint, Preview, Started
 from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
-from corral.agent.supervisor import Done, JobResult, Report, Supervisor
+from corral.agent.sender import Queued, Sender
+from corral.agent.supervisor import Report, Supervisor
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
 from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -49,7 +49,6 @@ log = logging.getLogger("corral.agent.link")
 
 DEFAULT_AGENT_PORT = 8471
 _FATAL = ("UNAUTHENTICATED", "PERMISSION_DENIED")
-_UPLOAD_REFUSED = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DATA_LOSS", "PERMISSION_DENIED")
 
 
 class LinkRefused(CorralError):
@@ -115,9 +114,6 @@ class LinkSettings:
     start_linger_s: float = 0.002  # a start waits this long for its job's end, to share a write
 
 
-Queued = tuple[int, Report | pb.Heartbeat | pb.ModelStatus]
-
-
 class LinkClient:
     def __init__(  # noqa: PLR0913 (the link's seams, each passed in)
         self,
@@ -146,7 +142,6 @@ class LinkClient:
         self.server: Target | None = None  # the one connected to
         self.sessions = 0  # welcomed sessions so far
         self.heartbeat_s = 5.0  # until the server says
-        self.bundles = False  # the connected server reads AgentBundle (its Welcome says)
         self._outbox: dict[int, Report] = {}
         self._live: asyncio.Queue[Queued] | None = None
         self._seq = itertools.count(1)
@@ -163,6 +158,7 @@ class LinkClient:
             scratch=checkpoint_root,
         )
         supervisor.prepare = self.checkpoints.prepare
+        self.sender = Sender(settings, self._outbox, self.checkpoints, self._metadata)
         self.reporter = reporter  # tells the server about the model cache (model_report.py)
         self.models = reporter.models if reporter else None  # prefetch hints go there
         self.api_base = ""  # the server's HTTP API, for the model files it holds
@@ -230,7 +226,7 @@ class LinkClient:
                 self.sessions += 1
                 self.connected.set()
                 log.info("connected to %s as node %s", target, self.identity.node)
-                tasks = [self._write(call, stub, live), self._read(call), self._beat(live)]
+                tasks = [self.sender.run(call, stub, live), self._read(call), self._beat(live)]
                 if self.reporter is not None:
                     tasks.append(self._report_models(live, self.reporter))
                 await _first_to_end(*tasks)
@@ -280,50 +276,8 @@ class LinkClient:
         if self.settings.heartbeat_s is not None:
             self.heartbeat_s = min(self.heartbeat_s, self.settings.heartbeat_s)
         self.api_base = api_base(target.address, target.tls, msg.welcome)
-        self.bundles = msg.welcome.bundles
+        self.sender.bundles = msg.welcome.bundles
         return rest
-
-    async def _write(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
-        """Write what is queued, then wait for more (one bundle per write when the server can).
-
-        An idle link writes each report the moment it is queued; on a busy one,
-        reports queue up while a write is under way and leave together.
-        """
-        while True:
-            batch = [await live.get()]
-            while self.bundles and not live.empty():
-                batch.append(live.get_nowait())
-            if self.bundles and all(_starts(item) for _, item in batch):
-                await _linger(live, batch, self.settings.start_linger_s)
-            messages = [await self._message(stub, seq, item) for seq, item in batch]
-            if len(messages) > 1:
-                messages = bundles.pack(messages, bundles.agent_bundle)
-            for msg in messages:
-                await call.write(msg)
-
-    async def _message(
-        self, stub: Any, seq: int, item: Report | pb.Heartbeat | pb.ModelStatus
-    ) -> pb.AgentMessage:
-        if isinstance(item, pb.Heartbeat):
-            return pb.AgentMessage(seq=seq, heartbeat=item)
-        if isinstance(item, pb.ModelStatus):
-            return pb.AgentMessage(seq=seq, models=item)
-        try:
-            blob_ids = await self._upload_large(stub, item)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code().name not in _UPLOAD_REFUSED:
-                raise  # the connection broke: the result is resent after a reconnect
-            item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
-            blob_ids = {}
-        return wire.update_message(seq, item, blob_ids)
-
-    def _replace(self, seq: int, report: Report, error: str) -> Report:
-        """A result the server will never take becomes a failure (also in the outbox)."""
-        log.error("allocation %s: %s", report.allocation_id, error)
-        failed = Report(report.allocation_id, report.attempt, Failed(error, retryable=False))
-        if seq in self._outbox:
-            self._outbox[seq] = failed
-        return failed
 
     async def _read(self, call: Any) -> None:
         while True:
@@ -373,50 +327,6 @@ class LinkClient:
     def model_headers(self, source: str) -> dict[str, str]:
         """The agent's token goes to the server's own model files, and nowhere else."""
         return token_headers(self.api_base, self.settings.token, source)
-
-    async def _upload_large(self, stub: Any, report: Report) -> dict[int, str]:
-        """Upload a checkpoint, or the results too large to ride inline; blob ids by index."""
-        if isinstance(report.update, Checkpoint):
-            return await self.checkpoints.ship(stub, report)
-        if not isinstance(report.update, Done):
-            return {}
-        s, inline, blob_ids = self.settings, 0, {}
-        for i, jr in enumerate(report.update.results):
-            size = len(jr.result.data)
-            if size > s.inline_bytes or inline + size > s.inline_total_bytes:
-                blob_ids[i] = await self._upload(stub, report, jr)
-            else:
-                inline += size
-        return blob_ids
-
-    async def _upload(self, stub: Any, report: Report, jr: JobResult) -> str:
-        chunk = pb.BlobChunk(
-            allocation_id=report.allocation_id,
-            attempt=report.attempt,
-            name=f"{jr.job_id}/{jr.result.name}",
-            mime=jr.result.mime,
-        )
-        return await upload(stub, self._metadata, chunk, jr.result.data, self.settings.chunk_bytes)
-
-
-def _starts(item: Report | pb.Heartbeat | pb.ModelStatus) -> bool:
-    return isinstance(item, Report) and isinstance(item.update, Started)
-
-
-async def _linger(live: asyncio.Queue[Queued], batch: list[Queued], linger_s: float) -> None:
-    """Wait up to ``linger_s`` for what follows a start, and add it (and all queued) to ``batch``.
-
-    Work that ends at once (a no-op handler, a cached answer) then sends its
-    start and its end in one write instead of two; work that takes longer has
-    its start reported ``linger_s`` late.
-    """
-    try:
-        async with asyncio.timeout(linger_s):
-            batch.append(await live.get())
-    except TimeoutError:
-        return
-    while not live.empty():
-        batch.append(live.get_nowait())
 
 
 async def _first_to_end(*coroutines: Any) -> None:

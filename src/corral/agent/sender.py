@@ -1,0 +1,133 @@
+"""The writing half of the agent's stream: reports, heartbeats and model reports out.
+
+One task (``Sender.run``) is the only writer of a session's stream. It takes
+what is queued, turns it into messages (uploading a checkpoint, or results too
+large to ride inline, first) and writes them, then waits for more. When the
+server reads bundles (its Welcome says so) everything queued leaves in one
+write (``corral.proto.bundles``): an idle agent still writes each report the
+moment it is queued, a busy one writes fewer, fuller messages. A start waits
+a moment (``LinkSettings.start_linger_s``) for its job's end, so work that
+ends at once costs one write, not two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from corral.agent import wire
+from corral.agent.blobs import upload
+from corral.agent.checkpoints import CheckpointCourier
+from corral.agent.executors.base import Checkpoint, Failed, Started
+from corral.agent.supervisor import Done, JobResult, Report
+from corral.proto import bundles
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
+
+if TYPE_CHECKING:
+    from corral.agent.link import LinkSettings
+
+log = logging.getLogger("corral.agent.link")
+
+_UPLOAD_REFUSED = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DATA_LOSS", "PERMISSION_DENIED")
+
+Item = Report | pb.Heartbeat | pb.ModelStatus
+Queued = tuple[int, Item]
+
+
+class Sender:
+    def __init__(
+        self,
+        settings: LinkSettings,
+        outbox: dict[int, Report],
+        checkpoints: CheckpointCourier,
+        metadata: Sequence[tuple[str, str]],
+    ) -> None:
+        self.settings = settings
+        self.outbox = outbox  # the link's: reports kept until acknowledged, by seq
+        self.checkpoints = checkpoints
+        self.metadata = metadata
+        self.bundles = False  # the connected server reads AgentBundle (its Welcome says)
+
+    async def run(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
+        """Write what is queued, then wait for more, until the stream breaks."""
+        while True:
+            batch = [await live.get()]
+            while self.bundles and not live.empty():
+                batch.append(live.get_nowait())
+            if self.bundles and all(_starts(item) for _, item in batch):
+                await linger(live, batch, self.settings.start_linger_s)
+            messages = [await self._message(stub, seq, item) for seq, item in batch]
+            if len(messages) > 1:
+                messages = bundles.pack(messages, bundles.agent_bundle)
+            for msg in messages:
+                await call.write(msg)
+
+    async def _message(self, stub: Any, seq: int, item: Item) -> pb.AgentMessage:
+        if isinstance(item, pb.Heartbeat):
+            return pb.AgentMessage(seq=seq, heartbeat=item)
+        if isinstance(item, pb.ModelStatus):
+            return pb.AgentMessage(seq=seq, models=item)
+        try:
+            blob_ids = await self._upload_large(stub, item)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code().name not in _UPLOAD_REFUSED:
+                raise  # the connection broke: the result is resent after a reconnect
+            item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
+            blob_ids = {}
+        return wire.update_message(seq, item, blob_ids)
+
+    def _replace(self, seq: int, report: Report, error: str) -> Report:
+        """A result the server will never take becomes a failure (also in the outbox)."""
+        log.error("allocation %s: %s", report.allocation_id, error)
+        failed = Report(report.allocation_id, report.attempt, Failed(error, retryable=False))
+        if seq in self.outbox:
+            self.outbox[seq] = failed
+        return failed
+
+    async def _upload_large(self, stub: Any, report: Report) -> dict[int, str]:
+        """Upload a checkpoint, or the results too large to ride inline; blob ids by index."""
+        if isinstance(report.update, Checkpoint):
+            return await self.checkpoints.ship(stub, report)
+        if not isinstance(report.update, Done):
+            return {}
+        s, inline, blob_ids = self.settings, 0, {}
+        for i, jr in enumerate(report.update.results):
+            size = len(jr.result.data)
+            if size > s.inline_bytes or inline + size > s.inline_total_bytes:
+                blob_ids[i] = await self._upload(stub, report, jr)
+            else:
+                inline += size
+        return blob_ids
+
+    async def _upload(self, stub: Any, report: Report, jr: JobResult) -> str:
+        chunk = pb.BlobChunk(
+            allocation_id=report.allocation_id,
+            attempt=report.attempt,
+            name=f"{jr.job_id}/{jr.result.name}",
+            mime=jr.result.mime,
+        )
+        return await upload(stub, self.metadata, chunk, jr.result.data, self.settings.chunk_bytes)
+
+
+def _starts(item: Item) -> bool:
+    return isinstance(item, Report) and isinstance(item.update, Started)
+
+
+async def linger(live: asyncio.Queue[Queued], batch: list[Queued], linger_s: float) -> None:
+    """Wait up to ``linger_s`` for what follows a start, and add it (and all queued) to ``batch``.
+
+    Work that ends at once (a no-op handler, a cached answer) then sends its
+    start and its end in one write instead of two; work that takes longer has
+    its start reported ``linger_s`` late.
+    """
+    try:
+        async with asyncio.timeout(linger_s):
+            batch.append(await live.get())
+    except TimeoutError:
+        return
+    while not live.empty():
+        batch.append(live.get_nowait())
