@@ -29,8 +29,11 @@ BATCH = 500  # jobs per POST /v1/jobs/batch
 
 
 class CorralPeer:
-    def __init__(self, agents: int, db: str | None = None, label: str = "corral") -> None:
+    def __init__(
+        self, agents: int, db: str | None = None, label: str = "corral", sqlite_sync: str = ""
+    ) -> None:
         self.name = label
+        self._sqlite_sync = sqlite_sync  # "" keeps the server's default (FULL)
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-e2e-")
         self._procs: list[subprocess.Popen[str]] = []
         try:
@@ -43,6 +46,8 @@ class CorralPeer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
         path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))
         env |= {"CORRAL_ADMIN_TOKEN": ADMIN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+        if self._sqlite_sync:
+            env["CORRAL_STORE__SQLITE_SYNCHRONOUS"] = self._sqlite_sync
         argv = [sys.executable, "-c", CLI, "server", "--home", str(home), "--port", "0"]
         argv += ["--agent-port", "0"]  # never the default port: another server may hold it
         argv += ["--log-level", "warning"] + (["--db", db] if db else [])

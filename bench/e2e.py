@@ -31,12 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=int, default=200, help="sequential round trips")
     ap.add_argument("--postgres", default=PG, help="PostgreSQL URL, or 'none' to skip")
     ap.add_argument("--skip-celery", action="store_true")
+    ap.add_argument(
+        "--sqlite-sync",
+        default="",
+        choices=("", "FULL", "NORMAL"),
+        help="the server's SQLite synchronous (default FULL: an accepted job survives power "
+        "loss; NORMAL: it survives kill -9 of the server, not a power loss)",
+    )
     args = ap.parse_args(argv)
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
 
     results: dict[str, list[Figures]] = {}
     systems: list[tuple[str, Callable[[], Peer]]] = [
-        ("corral/sqlite", lambda: CorralPeer(args.agents, None, "corral/sqlite"))
+        ("corral/sqlite", lambda: CorralPeer(args.agents, None, "corral/sqlite", args.sqlite_sync))
     ]
     if args.postgres != "none":
         systems.append(
