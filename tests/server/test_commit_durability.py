@@ -17,8 +17,8 @@ pytestmark = pytest.mark.anyio
 NORMAL = 1  # what PRAGMA synchronous reads back
 
 
-async def _level(db: Database, **write: bool) -> int:
-    async with db.write(**write) as conn:
+async def _level(db: Database, *, durable: bool = True) -> int:
+    async with db.write(durable=durable) as conn:
         return int((await conn.execute(sa.text("PRAGMA synchronous"))).scalar_one())
 
 
