@@ -133,19 +133,21 @@ class Bench:
         await self.link.assign(node, Assignment(alloc, 1, node, (work,), cpus=1, on_cpu=True))
         return await done - t0
 
-    async def shape(self, name: str, jobs: int, clients: int) -> Figures:
+    async def shape(self, name: str, jobs: int, clients: int, gap_s: float = 0.0) -> Figures:
         nodes = itertools.cycle(self.nodes)
         latencies: list[float] = []
 
         async def client(count: int) -> None:
             for _ in range(count):
                 latencies.append(await self.one(next(nodes)))
+                if gap_s:
+                    await asyncio.sleep(gap_s)
 
-        agents0, link0, t0 = self.agents_cpu(), time.process_time(), time.perf_counter()
+        agents0, link0, t0 = self.agents_cpu(), self_cpu_s(), time.perf_counter()
         per, extra = divmod(jobs, clients)
         await asyncio.gather(*(client(per + (i < extra)) for i in range(clients)))
         seconds = time.perf_counter() - t0
-        agents, link = self.agents_cpu() - agents0, time.process_time() - link0
+        agents, link = self.agents_cpu() - agents0, self_cpu_s() - link0
         return Figures(name, jobs, seconds, agents, link, latencies)
 
     def agents_cpu(self) -> float:
@@ -182,6 +184,8 @@ async def run(args: argparse.Namespace, home: Path) -> list[Figures]:
         if args.warmup:
             await bench.shape("warm-up", args.warmup, 8)
         out = [await bench.shape("idle", args.idle, 1)]
+        if args.gap_ms:
+            out.append(await bench.shape("idle+gap", args.idle, 1, args.gap_ms / 1000))
         out.append(await bench.shape("concurrent", args.jobs, args.clients))
         out.append(await bench.shape("batch", args.jobs, args.jobs))
         return out
@@ -197,8 +201,17 @@ async def run(args: argparse.Namespace, home: Path) -> list[Figures]:
 
 
 def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of every thread of ``pid``: the scheduler's nanosecond count (schedstat),
+    not ``stat``'s clock ticks, which charge a whole tick to whoever runs when it fires and
+    so overcharge processes woken briefly by timers."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def self_cpu_s() -> float:
+    return proc_cpu_s(os.getpid())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=4000)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--idle", type=int, default=300, help="sequential round trips")
+    ap.add_argument(
+        "--gap-ms", type=float, default=15.0, help="idle again, with this pause between jobs"
+    )
     ap.add_argument("--rest", type=float, default=3.0, help="seconds measured with no work")
     ap.add_argument("--warmup", type=int, default=200, help="jobs run first, not measured")
     args = ap.parse_args(argv)
