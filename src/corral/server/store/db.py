@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from corral.core.errors import InvalidSpec
 from corral.server.store import sqlite_inline
 from corral.server.store.sqlite_lock import SqliteLock
+from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
 
 DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
@@ -100,6 +101,11 @@ class Database:
         deferred = self.wal_sync is not None
         self.engine = _make_engine(target, sqlite_synchronous, pool_size, deferred)
         self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
+        self._writer = (
+            KeptWriter(self.engine, sqlite_synchronous, deferred)
+            if target.dialect == "sqlite"
+            else None
+        )
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
         self.file_lock = _file_lock(target)
 
@@ -137,12 +143,15 @@ class Database:
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
                 await stack.enter_async_context(self._write_lock)
-            conn = await stack.enter_async_context(self.engine.connect())
-            await conn.execution_options(**{DURABLE: durable})
-            await stack.enter_async_context(conn.begin())
-            if self.is_postgres and ordered_events:
-                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
-            yield conn
+            if self._writer is not None:  # SQLite: the kept connection (sqlite_writer)
+                yield await stack.enter_async_context(self._writer.transaction(durable=durable))
+            else:
+                conn = await stack.enter_async_context(self.engine.connect())
+                await conn.execution_options(**{DURABLE: durable})
+                await stack.enter_async_context(conn.begin())
+                if ordered_events:
+                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
+                yield conn
         position = self.wal_sync.mark() if self.wal_sync is not None else 0
         if on_commit is not None:
             on_commit()
@@ -169,6 +178,8 @@ class Database:
             await conn.run_sync(upgrade)
 
     async def close(self) -> None:
+        if self._writer is not None:
+            await self._writer.close()
         await self.engine.dispose()
         if self.file_lock is not None:
             self.file_lock.release()
@@ -223,13 +234,15 @@ def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:
     relaxed = "OFF" if synchronous == "OFF" else "NORMAL"
 
     def begin(conn: Any) -> None:
+        driver = conn.connection.driver_connection
+        if isinstance(driver, sqlite_inline.InlineConnection) and driver._conn.in_transaction:
+            return  # the kept writer began it (sqlite_writer): SQLAlchemy's runs inside
         durable = conn.get_execution_options().get(DURABLE)
         if durable is not None:  # a write (reads leave the setting alone)
             level = synchronous if durable and not deferred else relaxed
             if conn.info.get(DURABLE) != level:
                 conn.exec_driver_sql(f"PRAGMA synchronous={level}")
                 conn.info[DURABLE] = level
-                driver = conn.connection.driver_connection
                 if isinstance(driver, sqlite_inline.InlineConnection):
                     driver.commit_waits_for_disk = level in ("FULL", "EXTRA")
         conn.exec_driver_sql("BEGIN")
