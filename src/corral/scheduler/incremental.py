@@ -40,7 +40,7 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.service import with_served
-from corral.scheduler.victims import VictimIndex
+from corral.scheduler.victims import VictimIndex, inner_map
 
 DEFAULT_CONFIG = Config()
 
@@ -261,9 +261,9 @@ class Scheduler:
         """An active allocation starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
             self._usage[alloc.team] = self._usage.get(alloc.team, 0) + sign * alloc.milli
-        users = self._running.setdefault(alloc.priority, {})
+        users = inner_map(self._running, alloc.priority)
         users[alloc.user] = users.get(alloc.user, 0.0) + sign
-        on_node = self._on_node.setdefault(alloc.node, {})
+        on_node = inner_map(self._on_node, alloc.node)
         if sign > 0:
             self._victims.add(alloc)
             on_node[alloc.id] = alloc

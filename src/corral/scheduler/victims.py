@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
 
+K = TypeVar("K")
+V = TypeVar("V")
 _RUN: Final = AllocDesired.RUN  # a module constant: a compiled build reads it directly
 
 
@@ -54,9 +56,9 @@ class VictimIndex:
         """An active allocation started."""
         if alloc.desired is not _RUN:
             return
-        self.by_jobs.setdefault(alloc.job_ids, {})[alloc.id] = alloc
+        inner_map(self.by_jobs, alloc.job_ids)[alloc.id] = alloc
         if self._evictable(alloc):
-            self.on_node.setdefault(alloc.node, {})[alloc.id] = alloc
+            inner_map(self.on_node, alloc.node)[alloc.id] = alloc
             self._count(alloc, 1)
 
     def remove(self, alloc: Allocation) -> None:
@@ -124,7 +126,7 @@ class VictimIndex:
         milli = 0 if alloc.on_cpu else alloc.milli
         key = (alloc.team, alloc.node)
         backing = self._backing.get(key, 0) + sign
-        nodes = self.team_nodes.setdefault(alloc.team, {})
+        nodes = inner_map(self.team_nodes, alloc.team)
         if backing:
             self._backing[key] = backing
             nodes[alloc.node] = nodes.get(alloc.node, 0) + sign * milli
@@ -145,6 +147,14 @@ def milli_on(victim: Victim, node: str) -> int:
     if len(allocs) == 1:
         return victim.milli
     return sum(a.milli for a in allocs if a.node == node and not a.on_cpu)
+
+
+def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
+    """``outer[key]``, made empty when missing (``setdefault`` would make a dict per call)."""
+    inner = outer.get(key)
+    if inner is None:
+        inner = outer[key] = {}
+    return inner
 
 
 def _alloc_id(alloc: Allocation) -> str:
