@@ -45,6 +45,7 @@ from corral.agent.executors.base import (
     sniff_mime,
     stopped_terminal,
 )
+from corral.agent.executors.workers import Workers
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 Handler = Callable[["HandlerContext"], Any]
@@ -139,6 +140,7 @@ class PythonExecutor:
         self._label = getattr(self._handler, "__qualname__", repr(self._handler))
         self._clock = clock
         self._name = name
+        self._workers = Workers()
         handler = self._handler
         # A plain function (the common no-frills handler) is one call in a worker thread.
         self._plain = not (
@@ -185,8 +187,7 @@ class PythonExecutor:
 
     async def _call(self, ctx: HandlerContext, stop: StopSignal) -> AsyncIterator[object]:
         """A plain function's one call, in a worker thread, as ``_Returned`` (unless abandoned)."""
-        context = contextvars.copy_context()
-        call = asyncio.get_running_loop().run_in_executor(None, context.run, self._handler, ctx)
+        call = self._workers.submit(contextvars.copy_context().run, self._handler, ctx)
         if await _Obedience(stop, self._clock).wait(call):
             yield _Returned(call.result())
         else:
