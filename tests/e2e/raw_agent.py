@@ -52,6 +52,18 @@ class RawAgent:
         self._reader = asyncio.create_task(self._read())
         return first.welcome  # type: ignore[no-any-return]
 
+    async def knock(self) -> Any:
+        """Open a stream and send nothing: the server's first answer (a refusal raises).
+
+        A refused agent must be told why before it says anything. Writing a hello
+        first would race the refusal: a write that loses the race makes grpc.aio
+        replace the server's status with its own INTERNAL error.
+        """
+        await self.close()
+        self.channel = grpc.aio.insecure_channel(self.target)
+        self.call = self.stub.Connect(metadata=self.metadata)
+        return await asyncio.wait_for(self.call.read(), 10)
+
     async def _read(self) -> None:
         while (msg := await self.call.read()) is not grpc.aio.EOF:
             self.inbox.put_nowait(msg)

@@ -27,7 +27,7 @@ def test_tokens_are_checked_before_anything_else(cluster: Cluster) -> None:
         agent = RawAgent(cluster.agents_url, token)
         try:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await agent.connect()
+                await agent.knock()  # refused before any message: no hello needed
             return caught.value
         finally:
             await agent.close()
