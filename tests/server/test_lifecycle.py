@@ -298,7 +298,7 @@ async def test_preemption_checkpoints_requeues_and_resumes(world: World) -> None
             Preemption(a.allocation_id, (victim.job.id,), "n1", urgent.job.id, "priority"),
         ),
     )
-    applied = await apply_plan(world.plane.rt, plan, {urgent.job.id: urgent.version})
+    applied = await apply_plan(world.plane.rt, plan, {urgent.job.id: urgent})
     assert applied.placed == []
     assert applied.preempted == [a.allocation_id]
     order = await agent.receive()

@@ -129,7 +129,7 @@ class SchedulingLoop:
         """One cycle. Public so tests (and a future leader election) can drive it directly."""
         started = time.perf_counter()
         async with self.rt.db.read() as conn:
-            snapshot, versions = await self.cache.load(conn)
+            snapshot, records = await self.cache.load(conn)
             if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
                 snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         now = self.rt.clock.now()
@@ -139,7 +139,7 @@ class SchedulingLoop:
             plan = self.schedule(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
             plan = await asyncio.to_thread(self.schedule, seen, self.config(), now, seed)
-        applied = await apply_plan(self.rt, plan, versions)
+        applied = await apply_plan(self.rt, plan, records)
         self._served(seen, applied, now)
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now)

@@ -9,7 +9,9 @@ updates), nothing can be missed; heartbeats (``last_seen``) do not bump it,
 and the scheduler does not need them.
 
 ``rebuild`` drops everything (start, change of leader); ``load`` is the
-incremental read.
+incremental read. The queued jobs' full records are kept too: the placement
+transaction writes from them (guarded by the version the snapshot saw)
+instead of reading every placed job again.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.model import Allocation, Job, Node
+from corral.core.model import Allocation, Node
 from corral.scheduler.api import Snapshot
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store.records import AllocRecord
+from corral.server.store.records import AllocRecord, JobRecord
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
 
@@ -35,7 +37,7 @@ class SnapshotCache:
     """Queued jobs, active allocations and nodes as of the last ``load``, with their versions."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, tuple[int, Job]] = {}
+        self.jobs: dict[str, JobRecord] = {}
         self.allocations: dict[str, tuple[int, Allocation]] = {}
         self.expected_ends: dict[str, float] = {}
         self.nodes: dict[str, tuple[int, Node]] = {}
@@ -47,8 +49,8 @@ class SnapshotCache:
         self.expected_ends.clear()
         self.nodes.clear()
 
-    async def load(self, conn: AsyncConnection) -> tuple[Snapshot, dict[str, int]]:
-        """The current snapshot and the job versions it saw."""
+    async def load(self, conn: AsyncConnection) -> tuple[Snapshot, dict[str, JobRecord]]:
+        """The current snapshot and the queued jobs' records it saw (their versions with them)."""
         self.rows_read = 0
         order = await job_repo.queued_versions(conn)
         await self._refresh_jobs(conn, order)
@@ -57,25 +59,24 @@ class SnapshotCache:
         teams = await node_repo.all_teams(conn)
         snapshot = Snapshot(
             nodes=tuple(n for _, n in self.nodes.values()),
-            queued=tuple(self.jobs[job_id][1] for job_id, _ in order if job_id in self.jobs),
+            queued=tuple(self.jobs[job_id].job for job_id, _ in order if job_id in self.jobs),
             allocations=tuple(a for _, a in self.allocations.values()),
             teams=tuple(teams),
             expected_ends=self.expected_ends,
         )
-        return snapshot, {job_id: version for job_id, (version, _) in self.jobs.items()}
+        return snapshot, dict(self.jobs)
 
     async def _refresh_jobs(self, conn: AsyncConnection, order: list[tuple[str, int]]) -> None:
         wanted = dict(order)
-        self.jobs = {k: v for k, v in self.jobs.items() if wanted.get(k) == v[0]}
+        self.jobs = {k: r for k, r in self.jobs.items() if wanted.get(k) == r.version}
         stale = [job_id for job_id in wanted if job_id not in self.jobs]
 
-        async def fetch(ids: list[str]) -> list[tuple[str, int, Job]]:
-            recs = await job_repo.get_many(conn, ids)
-            return [(r.job.id, r.version, r.job) for r in recs.values()]
+        async def fetch(ids: list[str]) -> list[JobRecord]:
+            return list((await job_repo.get_many(conn, ids)).values())
 
-        for key, version, job in await _chunked(stale, fetch):
-            if wanted.get(key) == version:  # else it moved on since the version read: next cycle
-                self.jobs[key] = (version, job)
+        for rec in await _chunked(stale, fetch):
+            if wanted.get(rec.job.id) == rec.version:  # else it moved on since: next cycle
+                self.jobs[rec.job.id] = rec
         self.rows_read += len(stale)
 
     async def _refresh_allocations(self, conn: AsyncConnection, wanted: dict[str, int]) -> None:

@@ -1,8 +1,10 @@
 """Verify a Plan against the latest state and apply the accepted part (STYLE.md habit 3).
 
 The scheduler decided on a snapshot; by the time the plan arrives, a job may
-have been cancelled, a node paused or lost. ``apply_plan`` re-reads what each
-decision depends on inside one short transaction, applies every placement
+have been cancelled, a node paused or lost. ``apply_plan`` checks what each
+decision depends on inside one short transaction (a job's row is not read
+again: its update is guarded by the version the snapshot saw, so a job that
+moved on fails that update; nodes are re-read), applies every placement
 group (one batch, or all replicas of a gang) inside a savepoint so a gang is
 all or nothing, and skips what went stale: it is retried next cycle, never
 forced. Messages to agents go out after the commit.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.core.events import EventKind
@@ -44,8 +46,8 @@ class Applied:
     stale: int = 0  # placement groups or preemptions skipped because the state moved on
 
 
-async def apply_plan(rt: Runtime, plan: Plan, versions: dict[str, int]) -> Applied:
-    """Apply ``plan``; ``versions`` are the job versions the scheduler's snapshot saw."""
+async def apply_plan(rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord]) -> Applied:
+    """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler's snapshot saw."""
     applied = Applied()
     if not plan.placements and not plan.preemptions:
         return applied
@@ -56,7 +58,7 @@ async def apply_plan(rt: Runtime, plan: Plan, versions: dict[str, int]) -> Appli
             if victims:
                 applied.awaiting.update(dict.fromkeys(group[0].job_ids, victims))
                 continue
-            assignments = await _place_atomically(rt, tx, group, versions, schedulable)
+            assignments = await _place_atomically(rt, tx, group, seen, schedulable)
             if assignments is None:
                 applied.stale += 1
                 continue
@@ -97,7 +99,7 @@ async def _place_atomically(
     rt: Runtime,
     tx: Tx,
     group: list[Placement],
-    versions: dict[str, int],
+    seen: Mapping[str, JobRecord],
     schedulable: dict[str, bool],
 ) -> list[Assignment] | None:
     """``_place_group`` all or nothing: None (and nothing written) when anything is stale.
@@ -107,10 +109,10 @@ async def _place_atomically(
     """
     mark = len(tx.events)
     if len(group) == 1 and len(group[0].job_ids) == 1:
-        placed = await _place_group(rt, tx, group, versions, schedulable)
+        placed = await _place_group(rt, tx, group, seen, schedulable)
     else:
         async with tx.conn.begin_nested() as savepoint:
-            placed = await _place_group(rt, tx, group, versions, schedulable)
+            placed = await _place_group(rt, tx, group, seen, schedulable)
             if placed is None:
                 await savepoint.rollback()
     if placed is None:
@@ -122,13 +124,17 @@ async def _place_group(
     rt: Runtime,
     tx: Tx,
     group: list[Placement],
-    versions: dict[str, int],
+    seen: Mapping[str, JobRecord],
     schedulable: dict[str, bool],
 ) -> list[Assignment] | None:
-    """Move the jobs to placed, then insert the allocations; None when anything is stale."""
+    """Move the jobs to placed, then insert the allocations; None when anything is stale.
+
+    The jobs' records are the snapshot's: each update is guarded by the version
+    it saw, so a job changed since (cancelled, placed elsewhere) makes it fail.
+    """
     job_ids = group[0].job_ids
-    jobs = await job_repo.get_many(tx.conn, job_ids)
-    if not await _still_valid(tx, group, jobs, versions, schedulable):
+    jobs = {j: seen[j] for j in job_ids if j in seen}
+    if not await _still_valid(tx, group, jobs, schedulable):
         return None
     attempt = max(r.job.attempt for r in jobs.values()) + 1
     first = jobs[job_ids[0]].job
@@ -171,15 +177,16 @@ async def _still_valid(
     tx: Tx,
     group: list[Placement],
     jobs: dict[str, JobRecord],
-    versions: dict[str, int],
     schedulable: dict[str, bool],
 ) -> bool:
-    """Every job still queued as the snapshot saw it, every node still taking work."""
+    """Every job seen queued by the snapshot, every node still taking work.
+
+    Whether a job is still as seen is left to its guarded update.
+    """
     if len(jobs) != len(group[0].job_ids):
         return False
-    for rec in jobs.values():
-        if rec.state is not JobState.QUEUED or versions.get(rec.job.id) != rec.version:
-            return False
+    if any(rec.state is not JobState.QUEUED for rec in jobs.values()):
+        return False
     for p in group:
         if p.node not in schedulable:
             node = await node_repo.get(tx.conn, p.node)
