@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from server_harness import ADMIN, World
 
@@ -23,6 +25,7 @@ async def test_changes_trigger_a_cycle(world: World) -> None:
 
 async def test_the_snapshot_cache_decodes_only_what_changed(world: World) -> None:
     jobs = [await world.submit(resources={"gpus": 4}) for _ in range(5)]
+    world.plane.rt.fresh_jobs.clear()  # without the submissions' hints (see below)
     await world.cycle()
     cache = world.plane.schedule.cache
     assert cache.rows_read == 5
@@ -55,6 +58,34 @@ async def test_only_one_replica_leads(pg_url: str) -> None:
         await second.release()
         await a.close()
         await b.close()
+
+
+async def test_submitted_jobs_reach_the_snapshot_without_a_row_read(world: World) -> None:
+    jobs = [await world.submit(resources={"gpus": 1}) for _ in range(3)]
+    fresh = world.plane.rt.fresh_jobs
+    assert set(fresh) == {j.job.id for j in jobs}
+    # A hint the version read does not confirm is not taken: the row is read.
+    fresh[jobs[2].job.id] = replace(jobs[2], version=jobs[2].version + 1, progress=0.5)
+    async with world.plane.rt.db.read() as conn:
+        snapshot, seen = await world.plane.schedule.cache.load(conn, fresh)
+    assert world.plane.schedule.cache.rows_read == 1
+    assert fresh == {}, "the hints are taken once"
+    assert [j.id for j in snapshot.queued] == [j.job.id for j in jobs]
+    assert seen[jobs[2].job.id].version == jobs[2].version
+    assert seen[jobs[2].job.id].progress == 0.0
+    agent = await world.agent("n1", gpus=3)
+    await world.cycle()
+    placed = {(await agent.next_assignment()).jobs[0].job_id for _ in range(3)}
+    assert placed == {j.job.id for j in jobs}
+
+
+async def test_a_hint_for_a_job_that_moved_on_is_not_placed(world: World) -> None:
+    job = await world.submit(resources={"gpus": 1})
+    await world.plane.jobs.cancel(ADMIN, job.job.id)
+    world.plane.rt.fresh_jobs[job.job.id] = job  # as if the cancellation had not been seen
+    await world.agent("n1")
+    await world.cycle()
+    assert world.link.sent.assigned == []
 
 
 async def test_running_allocations_carry_their_expected_end(world: World) -> None:

@@ -88,6 +88,7 @@ class SchedulingLoop:
             trigger.clear()
             try:
                 if not await self._lead():
+                    self.rt.fresh_jobs.clear()  # only the leader's snapshot takes them
                     if fired and self.on_follow is not None:
                         self.on_follow()
                     continue
@@ -129,7 +130,7 @@ class SchedulingLoop:
         """One cycle. Public so tests (and a future leader election) can drive it directly."""
         started = time.perf_counter()
         async with self.rt.db.read() as conn:
-            snapshot, records = await self.cache.load(conn)
+            snapshot, records = await self.cache.load(conn, self.rt.fresh_jobs)
             if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
                 snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         now = self.rt.clock.now()

@@ -49,11 +49,20 @@ class SnapshotCache:
         self.expected_ends.clear()
         self.nodes.clear()
 
-    async def load(self, conn: AsyncConnection) -> tuple[Snapshot, dict[str, JobRecord]]:
-        """The current snapshot and the queued jobs' records it saw (their versions with them)."""
+    async def load(
+        self, conn: AsyncConnection, fresh: dict[str, JobRecord] | None = None
+    ) -> tuple[Snapshot, dict[str, JobRecord]]:
+        """The current snapshot and the queued jobs' records it saw (their versions with them).
+
+        ``fresh``: records the server just inserted (``Runtime.fresh_jobs``); one whose
+        version the version read confirms is taken instead of reading its row again.
+        The mapping is emptied.
+        """
         self.rows_read = 0
         order = await job_repo.queued_versions(conn)
-        await self._refresh_jobs(conn, order)
+        await self._refresh_jobs(conn, order, fresh or {})
+        if fresh:
+            fresh.clear()
         await self._refresh_allocations(conn, await alloc_repo.active_versions(conn))
         await self._refresh_nodes(conn, await node_repo.versions(conn))
         teams = await node_repo.all_teams(conn)
@@ -66,10 +75,20 @@ class SnapshotCache:
         )
         return snapshot, dict(self.jobs)
 
-    async def _refresh_jobs(self, conn: AsyncConnection, order: list[tuple[str, int]]) -> None:
+    async def _refresh_jobs(
+        self, conn: AsyncConnection, order: list[tuple[str, int]], fresh: dict[str, JobRecord]
+    ) -> None:
         wanted = dict(order)
         self.jobs = {k: r for k, r in self.jobs.items() if wanted.get(k) == r.version}
-        stale = [job_id for job_id in wanted if job_id not in self.jobs]
+        stale = []
+        for job_id, version in order:
+            if job_id in self.jobs:
+                continue
+            rec = fresh.get(job_id)
+            if rec is not None and rec.version == version:
+                self.jobs[job_id] = rec
+            else:
+                stale.append(job_id)
 
         async def fetch(ids: list[str]) -> list[JobRecord]:
             return list((await job_repo.get_many(conn, ids)).values())

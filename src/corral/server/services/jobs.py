@@ -28,6 +28,9 @@ from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.records import JobRecord, ResultFile
 
+FRESH_JOBS_MAX = 50_000
+"""Submitted jobs kept for the next snapshot at most (a server not scheduling drops them)."""
+
 
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(10)
@@ -35,10 +38,13 @@ def new_job_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Draft:
-    """A validated job to submit and a hash of the request that produced it."""
+    """A validated job to submit and a hash of the request that produced it.
+
+    The hash is only needed (and only taken) when the job has an idempotency key.
+    """
 
     job: Job
-    request_hash: str
+    request_hash: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,9 @@ class JobService:
             for d in drafts
         ]
         await job_repo.insert_many(tx.conn, records)
+        fresh = self.rt.fresh_jobs  # the scheduling loop's snapshot takes them (a hint)
+        if len(fresh) < FRESH_JOBS_MAX:
+            fresh.update((r.job.id, r) for r in records)
         teams = {r.job.team for r in records}
         if not teams <= self.rt.known_teams:
             await node_repo.ensure_teams(tx.conn, teams - self.rt.known_teams, tx.now)

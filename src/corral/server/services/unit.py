@@ -31,6 +31,7 @@ from corral.server.settings import Settings
 from corral.server.store import events as event_repo
 from corral.server.store.db import Database
 from corral.server.store.events import TeamEvent
+from corral.server.store.records import JobRecord
 
 log = logging.getLogger("corral.server")
 
@@ -138,6 +139,9 @@ class Runtime:
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
     publishing: InOrder = field(default_factory=lambda: InOrder())  # events out in commit order
+    # Jobs just inserted, for the scheduling loop's snapshot (loops/snapshot.py): it takes them
+    # instead of reading and decoding their rows again. Only a hint: the version read decides.
+    fresh_jobs: dict[str, JobRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Other replicas commit events too on PostgreSQL: memory would miss theirs.
