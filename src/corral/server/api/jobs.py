@@ -43,7 +43,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
     team = spec.team or who.team or "default"
-    return Draft(spec.to_job(new_job_id(), team=team, idempotency_key=key), spec.request_hash(team))
+    job = spec.to_job(new_job_id(), team=team, idempotency_key=key)
+    # Only a submission under an idempotency key is ever compared with another one.
+    return Draft(job, spec.request_hash(team) if job.idempotency_key else None)
 
 
 @router.post(
