@@ -41,6 +41,8 @@ async def test_the_snapshot_cache_decodes_only_what_changed(world: World) -> Non
     assert jobs[0].job.id not in placed
     await world.cycle()
     assert len(cache.jobs) == 2, "placed jobs leave the cached queue"
+    assert cache.rows_read == 0, "the placed allocations come from the placement itself"
+    assert len(cache.allocations) == 2
 
 
 async def test_only_one_replica_leads(pg_url: str) -> None:

@@ -89,6 +89,7 @@ class SchedulingLoop:
             try:
                 if not await self._lead():
                     self.rt.fresh_jobs.clear()  # only the leader's snapshot takes them
+                    self.rt.fresh_allocs.clear()
                     if fired and self.on_follow is not None:
                         self.on_follow()
                     continue
@@ -130,7 +131,8 @@ class SchedulingLoop:
         """One cycle. Public so tests (and a future leader election) can drive it directly."""
         started = time.perf_counter()
         async with self.rt.db.read() as conn:
-            snapshot, records = await self.cache.load(conn, self.rt.fresh_jobs)
+            rt = self.rt
+            snapshot, records = await self.cache.load(conn, rt.fresh_jobs, rt.fresh_allocs)
             if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
                 snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         now = self.rt.clock.now()

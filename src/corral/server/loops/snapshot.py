@@ -50,20 +50,26 @@ class SnapshotCache:
         self.nodes.clear()
 
     async def load(
-        self, conn: AsyncConnection, fresh: dict[str, JobRecord] | None = None
+        self,
+        conn: AsyncConnection,
+        fresh: dict[str, JobRecord] | None = None,
+        fresh_allocs: dict[str, AllocRecord] | None = None,
     ) -> tuple[Snapshot, dict[str, JobRecord]]:
         """The current snapshot and the queued jobs' records it saw (their versions with them).
 
-        ``fresh``: records the server just inserted (``Runtime.fresh_jobs``); one whose
-        version the version read confirms is taken instead of reading its row again.
-        The mapping is emptied.
+        ``fresh`` / ``fresh_allocs``: records the server just inserted
+        (``Runtime.fresh_jobs`` / ``fresh_allocs``); one whose version the version read
+        confirms is taken instead of reading its row again. Both mappings are emptied.
         """
         self.rows_read = 0
         order = await job_repo.queued_versions(conn)
         await self._refresh_jobs(conn, order, fresh or {})
         if fresh:
             fresh.clear()
-        await self._refresh_allocations(conn, await alloc_repo.active_versions(conn))
+        active = await alloc_repo.active_versions(conn)
+        await self._refresh_allocations(conn, active, fresh_allocs or {})
+        if fresh_allocs:
+            fresh_allocs.clear()
         await self._refresh_nodes(conn, await node_repo.versions(conn))
         teams = await node_repo.all_teams(conn)
         snapshot = Snapshot(
@@ -98,9 +104,19 @@ class SnapshotCache:
                 self.jobs[rec.job.id] = rec
         self.rows_read += len(stale)
 
-    async def _refresh_allocations(self, conn: AsyncConnection, wanted: dict[str, int]) -> None:
+    async def _refresh_allocations(
+        self, conn: AsyncConnection, wanted: dict[str, int], fresh: dict[str, AllocRecord]
+    ) -> None:
         self.allocations = {k: v for k, v in self.allocations.items() if wanted.get(k) == v[0]}
-        stale = [a for a in wanted if a not in self.allocations]
+        stale = []
+        for alloc_id, version in wanted.items():
+            if alloc_id in self.allocations:
+                continue
+            hint = fresh.get(alloc_id)
+            if hint is not None and hint.version == version and hint.expected_end_at is None:
+                self.allocations[alloc_id] = (version, hint.alloc)  # placed: no end expected yet
+            else:
+                stale.append(alloc_id)
 
         async def fetch(ids: list[str]) -> list[AllocRecord]:
             return await alloc_repo.get_many(conn, ids)

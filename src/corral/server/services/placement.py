@@ -169,7 +169,9 @@ async def _place_group(
             data=resume,
         )
     for alloc in allocs:
-        await alloc_repo.insert(tx.conn, AllocRecord(alloc=alloc, created_at=tx.now))
+        placed = AllocRecord(alloc=alloc, created_at=tx.now)
+        await alloc_repo.insert(tx.conn, placed)
+        rt.fresh_allocs[alloc.id] = placed  # the next snapshot takes it (loops/snapshot.py)
     return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
 
 

@@ -31,7 +31,7 @@ from corral.server.settings import Settings
 from corral.server.store import events as event_repo
 from corral.server.store.db import Database
 from corral.server.store.events import TeamEvent
-from corral.server.store.records import JobRecord
+from corral.server.store.records import AllocRecord, JobRecord
 
 log = logging.getLogger("corral.server")
 
@@ -142,6 +142,7 @@ class Runtime:
     # Jobs just inserted, for the scheduling loop's snapshot (loops/snapshot.py): it takes them
     # instead of reading and decoding their rows again. Only a hint: the version read decides.
     fresh_jobs: dict[str, JobRecord] = field(default_factory=dict)
+    fresh_allocs: dict[str, AllocRecord] = field(default_factory=dict)  # just placed, likewise
 
     def __post_init__(self) -> None:
         # Other replicas commit events too on PostgreSQL: memory would miss theirs.
