@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server"))
+from pg_schema import drop_schema
 from process_harness import ServerProcess
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
@@ -121,19 +122,6 @@ def run_one(label: str, db: str, home: Path, args: argparse.Namespace) -> None:
         )
     finally:
         server.stop()
-
-
-def drop_schema(schema: str) -> None:
-    import asyncpg
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(host="127.0.0.1", port=5432, user="postgres", database="test")
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from pg_schema import drop_schema
 
 ADMIN = "corral_admin_chaos-harness-token"
 CLI = "from corral.cli.main import main; main()"
@@ -188,19 +189,6 @@ async def leading(http: httpx.AsyncClient, replica: Replica) -> bool:
         return False
     m = _LEADER.search(text)
     return bool(m and float(m.group(1)) == 1.0)
-
-
-def drop_schema(schema: str) -> None:
-    import asyncpg  # type: ignore[import-untyped]
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(host="127.0.0.1", port=5432, user="postgres", database="test")
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from pg_schema import drop_schema_of
 from workload import Timing
 
 HERE = Path(__file__).resolve().parent
@@ -44,7 +45,7 @@ class CorralPeer:
 
     def _start(self, agents: int, db: str | None, home: Path) -> None:
         if db is not None:
-            _fresh_schema(db)  # each run starts empty: an earlier run's rows skew the figures
+            drop_schema_of(db)  # each run starts empty: an earlier run's rows skew the figures
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
         path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))
         env |= {"CORRAL_ADMIN_TOKEN": ADMIN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
@@ -176,28 +177,6 @@ class _Waiter:
         assert self.done is not None
         started = self.started or self.done
         return Timing(started - self.submitted, self.done - self.submitted)
-
-
-def _fresh_schema(url: str) -> None:
-    """Drop the PostgreSQL schema named by ``?schema=`` in ``url`` (the server recreates it)."""
-    import asyncio
-    from urllib.parse import parse_qs, urlsplit, urlunsplit
-
-    import asyncpg
-
-    parts = urlsplit(url)
-    schema = parse_qs(parts.query).get("schema", [""])[0]
-    if not schema:
-        return  # no schema of its own: nothing the benchmark may drop
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(urlunsplit(parts._replace(query="")))
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
 
 
 def _proc_cpu_s(pid: int) -> float:
