@@ -156,6 +156,20 @@ class Life:
             nodes[i] = replace(nodes[i], paused=not nodes[i].paused)
             self.sched.set_nodes(tuple(nodes))
 
+    def step(self, kind: str, arg: int, data: st.DataObject) -> bool:
+        """Do one non-clock op of a drawn sequence; False for a tick (the caller's to do)."""
+        if kind == "arrive":
+            self.arrive(data.draw(arrivals(arg)))
+        elif kind == "finish":
+            self.finish(arg)
+        elif kind == "pause":
+            self.pause(arg)
+        elif kind == "flood":
+            self.flood(arg)
+        else:
+            return False
+        return True
+
 
 @settings(max_examples=150, deadline=None)
 @given(busy(), configs, st.lists(op, min_size=1, max_size=30), st.data())
@@ -168,15 +182,7 @@ def test_the_kept_scheduler_plans_exactly_as_schedule_on_its_snapshot(
     life = Life(Scheduler(*world, config))
     life.flood(data.draw(st.integers(0, 16)))  # borrowers first: reclaim country
     for kind, arg in ops:
-        if kind == "arrive":
-            life.arrive(data.draw(arrivals(arg)))
-        elif kind == "finish":
-            life.finish(arg)
-        elif kind == "pause":
-            life.pause(arg)
-        elif kind == "flood":
-            life.flood(arg)
-        else:
+        if not life.step(kind, arg, data):
             life.now += arg
             kept = life.sched.schedule(life.now)
             fresh = schedule(life.sched.snapshot(), config, life.now)
@@ -195,15 +201,7 @@ def test_sync_brings_a_kept_scheduler_to_any_snapshot(cluster, squad, ops, data)
     life = Life(Scheduler(cluster, squad, config))
     other = Scheduler(cluster, squad, config)
     for kind, arg in ops:
-        if kind == "arrive":
-            life.arrive(data.draw(arrivals(arg)))
-        elif kind == "finish":
-            life.finish(arg)
-        elif kind == "pause":
-            life.pause(arg)
-        elif kind == "flood":
-            life.flood(arg)
-        else:
+        if not life.step(kind, arg, data):
             life.now += arg
             life.apply(schedule(life.sched.snapshot(), config, life.now))
         other.sync(life.sched.snapshot())
