@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 ADMIN = "corral_admin_bench-e2e-token"
 CLI = "from corral.cli.main import main; main()"
 BATCH = 500  # jobs per POST /v1/jobs/batch
+WATCHED = ("job.started", "job.succeeded", "job.failed")  # the events a waiting client needs
 
 
 class CorralPeer:
@@ -124,7 +125,11 @@ class CorralPeer:
             try:
                 headers = {"Last-Event-ID": str(last)} if last else {}
                 with self._http.stream(
-                    "GET", "/v1/events", headers=headers, timeout=httpx.Timeout(60, read=None)
+                    "GET",
+                    "/v1/events",
+                    params={"kind": list(WATCHED)},  # not submitted/placed: never read here
+                    headers=headers,
+                    timeout=httpx.Timeout(60, read=None),
                 ) as r:
                     for kind, seq, job_id in _frames(r.iter_lines()):
                         last = seq
@@ -133,7 +138,7 @@ class CorralPeer:
                 time.sleep(0.1)
 
     def _on_event(self, kind: str, job_id: str | None) -> None:
-        if job_id is None or kind not in ("job.started", "job.succeeded", "job.failed"):
+        if job_id is None or kind not in WATCHED:
             return
         now = time.perf_counter()
         with self._lock:

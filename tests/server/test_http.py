@@ -243,6 +243,36 @@ async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served)
     assert resumed == kinds[3:]
 
 
+async def test_event_streams_keep_only_the_kinds_asked_for(served: Served) -> None:
+    job = await submit(served, resources={"gpus": 1})
+    agent = await served.agent("gpu-1")
+    a = await agent.next_assignment()
+    await agent.start(a)
+    await agent.progress(a, 0.5, "halfway")
+    await agent.finish(a)
+    wanted = {"kind": ["job.started", "job.succeeded"]}
+    # One job's stream: only those kinds, and it still ends after the job's final event.
+    async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events", params=wanted) as r:
+        assert [f["event"] async for f in sse_events(r)] == ["job.started", "job.succeeded"]
+    # The ended job's stream with a filter that excludes its end still ends.
+    only = {"kind": ["job.progress"]}
+    async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events", params=only) as r:
+        assert [f["data"]["data"] async for f in sse_events(r)] == [
+            {"progress": 0.5, "message": "halfway"}
+        ]
+    # Every event: submitted, placed and progress are read past, never sent.
+    seen: list[str] = []
+    async with served.admin.stream("GET", "/v1/events", params=wanted) as r:
+        async for frame in sse_events(r):
+            seen.append(frame["event"])
+            if frame["event"] == "job.succeeded":
+                break
+    assert seen == ["job.started", "job.succeeded"]
+    bad = await served.admin.get("/v1/events", params={"kind": "job.exploded"})
+    assert bad.status_code == 422
+    assert bad.json()["field"] == "kind[0]"  # the first ?kind= is not an event kind
+
+
 async def test_cancel_and_interrupt_over_http(served_sqlite: Served) -> None:
     queued = await submit(served_sqlite, resources={"gpus": 1})
     r = await served_sqlite.admin.post(f"/v1/jobs/{queued['id']}/cancel")

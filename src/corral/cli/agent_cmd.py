@@ -7,12 +7,13 @@ agent join token (``POST /v1/tokens`` with ``{"kind": "agent"}``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from corral.cli import loop as event_loop
 
 if TYPE_CHECKING:
     from corral.agent.main import AgentOptions
@@ -122,7 +123,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             models_budget=models_budget,
             shared_storage=tuple(shared_storage or ()),
         )
-        asyncio.run(_run(options))
+        event_loop.run(_run(options))
     except InvalidSpec as exc:
         typer.echo(f"corral agent: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from corral.cli import loop as event_loop
+
 if TYPE_CHECKING:
     from corral.server.plane import StartReport
 
@@ -154,6 +156,7 @@ def _serve(settings: Any) -> None:
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=3,
+        loop=event_loop.choice(),
     )
     uvicorn.Server(config).run(sockets=[sock])
     sys.stdout.flush()

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from corral.cli import loop as event_loop
+
 if TYPE_CHECKING:
     from corral.agent.main import Agent
 
@@ -81,7 +83,7 @@ def up(
     try:
         home.mkdir(parents=True, exist_ok=True)
         token = admin_token(home)
-        asyncio.run(_up(home, token, host, port, agent_port, demo, fake_gpus, handler))
+        event_loop.run(_up(home, token, host, port, agent_port, demo, fake_gpus, handler))
     except InvalidSpec as exc:
         typer.echo(f"corral up: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -149,7 +151,11 @@ async def _serve(
     settings.api.port = sock.getsockname()[1]  # agents fetch model files from here
     plane = create_plane(settings)
     app = create_app(plane=plane)
-    server = _quiet_server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = _quiet_server(
+        uvicorn.Config(
+            app, log_level="warning", timeout_graceful_shutdown=2, loop=event_loop.choice()
+        )
+    )
     served = asyncio.create_task(server.serve(sockets=[sock]))
     with _signals() as stopping:
         while not server.started and not served.done():

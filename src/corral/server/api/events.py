@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from corral.server.api.deps import ERRORS, Caller, Plane
-from corral.server.api.jobs import MAX_SEQ, SSE_HEADERS, _resume_point, sse
+from corral.server.api.jobs import MAX_SEQ, SSE_HEADERS, KindFilter, _resume_point, kind_set, sse
 from corral.server.api.render import event_json
 from corral.server.services.auth import Principal
 from corral.server.services.feed import EventFeed
@@ -29,11 +29,16 @@ async def all_events(
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
     after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    kind: KindFilter = None,
 ) -> StreamingResponse:
-    """Every event (a team token: its team's job events), live. Resumable with Last-Event-ID."""
+    """Every event (a team token: its team's job events), live. Resumable with Last-Event-ID.
+
+    ``?kind=job.started&kind=job.succeeded`` keeps only those kinds.
+    """
     who.require_client()
     start = _resume_point(last_event_id, after)
-    stream = plane.feed.follow(who, start, disconnected=request.is_disconnected)
+    kinds = kind_set(kind)
+    stream = plane.feed.follow(who, start, kinds=kinds, disconnected=request.is_disconnected)
     return StreamingResponse(sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
 from corral.core.errors import InvalidSpec
-from corral.core.events import Event
+from corral.core.events import Event, EventKind
 from corral.core.states import JobState
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.render import event_json, job_out
@@ -133,8 +133,12 @@ async def job_events(
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
     after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="like Last-Event-ID")] = 0,
+    kind: KindFilter = None,
 ) -> StreamingResponse:
     """Server-Sent Events of one job: state changes, progress, previews (as URLs), logs.
+
+    ``?kind=job.progress&kind=job.succeeded`` keeps only those kinds (the
+    stream still ends after the job's final event, sent or not).
 
     Each event has ``id:`` (its sequence number) and ``event:`` (its kind).
     Reconnect with ``Last-Event-ID`` to resume; the stream ends after the
@@ -142,8 +146,20 @@ async def job_events(
     """
     start = _resume_point(last_event_id, after)
     await plane.jobs.get(who, job_id)  # 404 now, not inside the stream
-    stream = plane.feed.follow(who, start, job_id=job_id, disconnected=request.is_disconnected)
+    stream = plane.feed.follow(
+        who, start, job_id=job_id, kinds=kind_set(kind), disconnected=request.is_disconnected
+    )
     return StreamingResponse(sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+KindFilter = Annotated[
+    list[EventKind] | None,
+    Query(description="only events of these kinds (repeat the parameter); default: all"),
+]
+
+
+def kind_set(kinds: list[EventKind] | None) -> frozenset[str] | None:
+    return frozenset(kinds) if kinds else None
 
 
 def _resume_point(last_event_id: str | None, after: int) -> int:

@@ -30,9 +30,14 @@ class EventFeed:
         after: int,
         *,
         job_id: str | None = None,
+        kinds: frozenset[str] | None = None,
         disconnected: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[Event | None]:
         """Events after ``after``, then new ones as they commit. ``None`` means "idle a while".
+
+        ``kinds``, when given, keeps only events of those kinds (the others are
+        read past, never sent: a client that waits for starts and ends does not
+        pay for every progress line).
 
         A job's stream ends after the job's terminal event (or at once, when
         resuming past it); the all-events stream runs until the client leaves.
@@ -45,6 +50,7 @@ class EventFeed:
         signal = self.rt.events_committed
         api = self.rt.settings.api
         idle = 0.0
+        sent = False  # an event went out since the last wait (else count toward a keep-alive)
         end_pending = False  # the job ended, its last event not yet published (its fsync)
         while disconnected is None or not await disconnected():
             ticket = signal.ticket()
@@ -64,7 +70,9 @@ class EventFeed:
                     batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
             for event, _team in batch:
                 last = event.seq
-                yield event
+                if kinds is None or event.kind in kinds:
+                    sent = True
+                    yield event
                 if job_id is not None and event.kind in TERMINAL_JOB_EVENTS:
                     return
             if len(batch) == PAGE:
@@ -72,7 +80,8 @@ class EventFeed:
             if ended:
                 return
             fired = await signal.wait(ticket, api.sse_poll_s)
-            idle = 0.0 if fired or batch else idle + api.sse_poll_s
+            idle = 0.0 if fired or sent else idle + api.sse_poll_s
+            sent = False
             if idle >= api.sse_keepalive_s:
                 idle = 0.0
                 yield None
