@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,41 @@ async def test_concurrent_durable_writes_share_fsyncs(tmp_path: Path) -> None:
         assert sync.syncs - before < 20, "commits made during an fsync wait for the next one"
     finally:
         await db.close()
+
+
+async def test_fast_fsyncs_run_on_the_loop_and_a_slow_one_sends_them_back_to_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.store import wal_sync
+
+    took = {"s": 0.0001}
+    threads: list[bool] = []
+
+    def timed(path: Path) -> float:  # stands in for the disk: no real fsync is timed
+        threads.append(threading.current_thread() is threading.main_thread())
+        return took["s"]
+
+    monkeypatch.setattr(wal_sync, "_fsync", timed)
+    sync = wal_sync.WalSync(tmp_path / "x.db-wal")
+
+    async def durable_commit() -> None:
+        await sync.wait(sync.mark())
+
+    await durable_commit()
+    assert threads == [False], "nothing known yet: the first fsync goes to the thread"
+    for _ in range(3):
+        await durable_commit()
+    assert threads[1:] == [True] * 3, "fast fsyncs run on the loop"
+    assert sync.inline == 3
+    took["s"] = 0.02  # the disk slows down: the fsync that shows it is the last inline one
+    await durable_commit()
+    await durable_commit()
+    assert threads[-2:] == [True, False]
+    took["s"] = 0.0001
+    for _ in range(20):
+        await durable_commit()
+    assert threads[-1], "once the average is low again, back on the loop"
+    assert sync.synced == sync.committed
 
 
 async def test_a_configured_normal_or_off_never_fsyncs(tmp_path: Path) -> None:
