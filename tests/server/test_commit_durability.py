@@ -131,22 +131,29 @@ async def test_a_trigger_after_a_quiet_spell_is_scheduled_at_once_and_bursts_are
     world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path, debounce_s=60.0)
     loop = world.plane.schedule
     runner = asyncio.create_task(loop.run())
-    try:
-        world.plane.rt.schedule_needed.fire()
+
+    async def cycles_reach(n: int) -> None:
         for _ in range(100):  # the virtual clock never moves: only an immediate cycle can run
             await asyncio.sleep(0.01)
-            if loop.cycles:
+            if loop.cycles >= n:
                 break
+
+    try:
+        await world.submit(resources={"gpus": 1})  # no node: it stays queued, alone
+        await cycles_reach(1)
         assert loop.cycles == 1, "the first trigger waits for nothing"
         world.plane.rt.schedule_needed.fire()
+        await cycles_reach(2)
+        assert loop.cycles == 2, "one job waiting is no burst: the next cycle runs at once too"
+        await world.submit(resources={"gpus": 1})  # now the cycle finds two: a burst
+        await cycles_reach(3)
+        assert loop.cycles == 3
+        world.plane.rt.schedule_needed.fire()
         await asyncio.sleep(0.2)
-        assert loop.cycles == 1, "the next cycle waits out the spacing (60 s of virtual time)"
+        assert loop.cycles == 3, "the next cycle waits out the spacing (60 s of virtual time)"
         world.clock.advance(60.0)
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if loop.cycles == 2:
-                break
-        assert loop.cycles == 2
+        await cycles_reach(4)
+        assert loop.cycles == 4
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)

@@ -54,6 +54,7 @@ class SchedulingLoop:
         self.service = ServiceLedger()  # who was served lately: fairness across cycles
         self.last_cycle_s = 0.0
         self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
+        self._burst = False  # the last cycle found more than one job waiting
         self._next_timer: float | None = None
         # Models (issue 10): registry sizes for the snapshot; what runs after each cycle.
         self.model_sizes: Callable[[AsyncConnection], Awaitable[Mapping[str, int]]] | None = None
@@ -78,10 +79,13 @@ class SchedulingLoop:
         trigger = self.rt.schedule_needed
         while True:
             fired = await trigger.wait(self._wait_s())
-            # Never cycle back to back: cycles start at least max(debounce, the last one's
-            # length) apart, so a burst gathers into one cycle and scheduling takes at most
-            # about half of the process (pacing). A trigger after a quiet spell runs at once.
-            spacing = max(self.rt.settings.scheduling.debounce_s, self.last_cycle_s)
+            # Never cycle back to back: cycles start at least the last one's length apart, so
+            # scheduling takes at most about half of the process (pacing), and while work
+            # arrives in bursts (the last cycle found more than one job waiting) at least
+            # debounce_s apart, so a burst gathers into one cycle. A job arriving at a quiet
+            # server (the last cycle found at most one) is scheduled at once.
+            debounce = self.rt.settings.scheduling.debounce_s if self._burst else 0.0
+            spacing = max(debounce, self.last_cycle_s)
             pause = spacing - (time.perf_counter() - self._cycle_ended)
             if pause > 0:
                 await self.rt.clock.sleep(pause)
@@ -138,6 +142,7 @@ class SchedulingLoop:
         now = self.rt.clock.now()
         seen, seed = self._without_awaiting(snapshot), self.rt.settings.scheduling.seed
         seen = replace(seen, served=self.service.view(now))
+        self._burst = len(seen.queued) > 1
         if len(seen.queued) * max(1, len(seen.nodes)) <= INLINE_WORK:
             plan = self.schedule(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
