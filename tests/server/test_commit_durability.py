@@ -58,39 +58,38 @@ async def test_concurrent_durable_writes_share_fsyncs(tmp_path: Path) -> None:
         await db.close()
 
 
-async def test_fast_fsyncs_run_on_the_loop_and_a_slow_one_sends_them_back_to_the_thread(
+async def test_fast_fsyncs_run_on_the_loop_and_slow_ones_on_the_thread_with_probes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from corral.server.store import wal_sync
 
     took = {"s": 0.0001}
-    threads: list[bool] = []
+    on_loop: list[bool] = []
 
     def timed(path: Path) -> float:  # stands in for the disk: no real fsync is timed
-        threads.append(threading.current_thread() is threading.main_thread())
+        on_loop.append(threading.current_thread() is threading.main_thread())
         return took["s"]
 
     monkeypatch.setattr(wal_sync, "_fsync", timed)
     sync = wal_sync.WalSync(tmp_path / "x.db-wal")
 
-    async def durable_commit() -> None:
-        await sync.wait(sync.mark())
+    async def durable_commits(n: int) -> list[bool]:
+        before = len(on_loop)
+        for _ in range(n):
+            await sync.wait(sync.mark())
+        return on_loop[before:]
 
-    await durable_commit()
-    assert threads == [False], "nothing known yet: the first fsync goes to the thread"
-    for _ in range(3):
-        await durable_commit()
-    assert threads[1:] == [True] * 3, "fast fsyncs run on the loop"
-    assert sync.inline == 3
-    took["s"] = 0.02  # the disk slows down: the fsync that shows it is the last inline one
-    await durable_commit()
-    await durable_commit()
-    assert threads[-2:] == [True, False]
-    took["s"] = 0.0001
-    for _ in range(20):
-        await durable_commit()
-    assert threads[-1], "once the average is low again, back on the loop"
+    assert await durable_commits(3) == [True] * 3, "fast fsyncs run on the loop"
+    took["s"] = 0.02  # the disk slows down: the fsync that shows it is the last on the loop
+    assert await durable_commits(2) == [True, False]
+    every = wal_sync.FIRST_PROBE_EVERY
+    # Every `every`-th fsync probes on the loop; slow again, the interval doubles.
+    assert await durable_commits(every + 1) == [False] * (every - 1) + [True, False]
+    assert sync.probe_every == 2 * every
+    took["s"] = 0.0001  # fast again: the next probe brings fsyncs back to the loop
+    assert await durable_commits(2 * every + 2) == [False] * (2 * every - 1) + [True] * 3
     assert sync.synced == sync.committed
+    assert sync.syncs == len(on_loop)
 
 
 async def test_a_configured_normal_or_off_never_fsyncs(tmp_path: Path) -> None:

@@ -20,12 +20,14 @@ accepted).
 Where the fsync itself is fast (SSDs with a write cache that honours flushes
 take 0.1-0.3 ms), handing it to a thread costs more than it saves: the thread
 hop (queue, wake-up, the GIL handed over and back, the loop woken) was 5% of
-the server's CPU under load. ``WalSync`` times every fsync and keeps a moving
-average; while it stays under ``INLINE_BELOW_S`` the fsync runs on the loop
-itself (os.fsync releases the GIL, so the server's gRPC threads keep going),
-and as soon as one is slow the average rises and fsyncs go back to the
-thread, so a slow disk never stalls the loop for more than the one fsync that
-showed it.
+the server's CPU under load. So fsyncs run on the loop itself (os.fsync
+releases the GIL, so the server's gRPC threads keep going) while the ones
+timed there average under ``INLINE_BELOW_S``. Only fsyncs on the loop are
+timed: on the thread, the time to get the GIL back would count as the disk's.
+Once one is slow, fsyncs go to the thread, and every ``probe``-th one after
+that runs on the loop again to see whether the disk got faster (the interval
+doubles each time it did not, up to ``MAX_PROBE_EVERY``): a slow disk stalls
+the loop for one fsync in a thousand at most.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from corral.server.store.sqlite_inline import COMMITS
 INLINE_BELOW_S: Final = 0.0005
 """fsyncs run on the loop while their moving average is below this (seconds)."""
 WEIGHT: Final = 0.2  # of the newest fsync in the moving average
+FIRST_PROBE_EVERY: Final = 16
+MAX_PROBE_EVERY: Final = 1024
 
 
 class WalSync:
@@ -50,7 +54,9 @@ class WalSync:
         self.synced = 0  # every commit up to this position is on disk
         self.syncs = 0  # fsyncs done (for tests and metrics)
         self.inline = 0  # of which on the loop itself
-        self.average_s = INLINE_BELOW_S  # first fsync on the thread: nothing is known yet
+        self.average_s = 0.0  # of the fsyncs timed on the loop
+        self.probe_every = FIRST_PROBE_EVERY
+        self._until_probe = 0
         self._running: asyncio.Future[None] | None = None
 
     def mark(self) -> int:
@@ -70,9 +76,20 @@ class WalSync:
         if self.average_s < INLINE_BELOW_S:
             took = _fsync(self.wal)
             self.inline += 1
+            self.average_s += WEIGHT * (took - self.average_s)
+            if self.average_s >= INLINE_BELOW_S:  # the disk is slow: to the thread from now
+                self._until_probe = self.probe_every
+        elif self._until_probe <= 0:  # a probe: is the disk fast again?
+            took = _fsync(self.wal)
+            self.inline += 1
+            if took < INLINE_BELOW_S:
+                self.average_s, self.probe_every = took, FIRST_PROBE_EVERY
+            else:
+                self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+                self._until_probe = self.probe_every
         else:
-            took = await asyncio.get_running_loop().run_in_executor(COMMITS, _fsync, self.wal)
-        self.average_s += WEIGHT * (took - self.average_s)
+            await asyncio.get_running_loop().run_in_executor(COMMITS, _fsync, self.wal)
+            self._until_probe -= 1
         self.synced = max(self.synced, covered)
         self.syncs += 1
 
