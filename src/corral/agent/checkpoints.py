@@ -129,7 +129,8 @@ class CheckpointCourier:
     async def _download(self, request: pb.BlobRequest) -> bytes:
         """The blob, over whichever session is up; a session ending mid-way is retried."""
         for _ in range(blobs.FETCH_TRIES):
-            await asyncio.wait_for(self.connected.wait(), CONNECT_WAIT_S)
+            async with asyncio.timeout(CONNECT_WAIT_S):  # not wait_for: it can lose a cancel
+                await self.connected.wait()
             stub = self.stub()
             if stub is None:
                 await asyncio.sleep(0.1)

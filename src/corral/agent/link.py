@@ -266,7 +266,11 @@ class LinkClient:
             # The server may end the call before the hello is written (it refused the token);
             # the write then fails with a generic error and read() raises the real status.
             await call.write(hello)
-        got = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns the inner result (here the
+        # dead server's UNAVAILABLE) when a cancel races its completion, and the cancel is lost;
+        # run() then dials on and whoever cancelled it (Ctrl-C, a test's teardown) waits forever.
+        async with asyncio.timeout(self.settings.welcome_timeout_s):
+            got = await call.read()
         inner = [] if got is grpc.aio.EOF else list(bundles.unpack_server(got))
         if not inner or not inner[0].HasField("welcome"):
             raise LinkError("the server did not answer the hello with a welcome")
@@ -330,7 +334,11 @@ class LinkClient:
 
 
 async def _first_to_end(*coroutines: Any) -> None:
-    """Run ``coroutines`` until one ends; cancel the others; re-raise its error."""
+    """Run ``coroutines`` until one ends; cancel the others; re-raise its error.
+
+    The others are awaited through ``gather``: a cancel of this task that lands while they
+    wind down propagates (awaiting each under ``suppress(CancelledError)`` swallowed it).
+    """
     tasks = [asyncio.ensure_future(c) for c in coroutines]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -339,9 +347,7 @@ async def _first_to_end(*coroutines: Any) -> None:
     finally:
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _translate(exc: grpc.aio.AioRpcError) -> CorralError:
