@@ -155,9 +155,12 @@ class Reason:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Placement:
-    """Run ``job_ids`` (one job, or a batch of sample jobs) on ``node``."""
+    """Run ``job_ids`` (one job, or a batch of sample jobs) on ``node``.
+
+    ``__init__`` is written out for a compiled build's sake, as ``Job``'s is.
+    """
 
     allocation_id: str
     job_ids: tuple[str, ...]
@@ -170,6 +173,32 @@ class Placement:
     on_cpu: bool = False
     borrowed: bool = False
     preempts: tuple[str, ...] = ()  # allocation ids that must stop before this one starts
+
+    def __init__(  # noqa: PLR0913 (the dataclass's fields, as the generated one takes them)
+        self,
+        allocation_id: str,
+        job_ids: tuple[str, ...],
+        node: str,
+        replica: int = 0,
+        gpu_indices: tuple[int, ...] = (),
+        gpu_milli: int = 0,
+        vram_bytes: int = 0,
+        cpus: int = 0,
+        on_cpu: bool = False,
+        borrowed: bool = False,
+        preempts: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "allocation_id", allocation_id)
+        object.__setattr__(self, "job_ids", job_ids)
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "replica", replica)
+        object.__setattr__(self, "gpu_indices", gpu_indices)
+        object.__setattr__(self, "gpu_milli", gpu_milli)
+        object.__setattr__(self, "vram_bytes", vram_bytes)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "on_cpu", on_cpu)
+        object.__setattr__(self, "borrowed", borrowed)
+        object.__setattr__(self, "preempts", preempts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from corral.core.model import Job, Node, Team
 from corral.scheduler.api import Config
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class SimJob:
     """One job of a trace: the job as submitted, and how much work it is.
 
@@ -29,6 +29,12 @@ class SimJob:
     job: Job
     duration: float | None
     where: str = ""
+
+    def __init__(self, job: Job, duration: float | None, where: str = "") -> None:
+        # Written out (``init=False``): a compiled build compiles it to three slot stores.
+        object.__setattr__(self, "job", job)
+        object.__setattr__(self, "duration", duration)
+        object.__setattr__(self, "where", where)
 
     @property
     def submit_at(self) -> float:
