@@ -63,6 +63,8 @@ async def test_async_events_resume_after_a_drop(
                 assert proxy.cut() > 0
         assert stream.reconnects >= 1
         assert seqs == [e.seq async for e in corral.events(job.id)]
+        ends = [e.kind async for e in job.events(kinds=["job.started", "job.succeeded"])]
+        assert ends == ["job.started", "job.succeeded"]
 
 
 async def test_nodes_teams_and_queue(server: Running, team: str) -> None:

@@ -79,6 +79,18 @@ def test_events_resume_after_a_given_sequence_number(runner_client: Client, team
     assert list(job.events(after=everything[-1].seq)) == []
 
 
+def test_events_of_chosen_kinds_only(runner_client: Client, team: str) -> None:
+    job = runner_client.submit(team=team, payload={"steps": 3})
+    wanted = ["job.progress", "job.succeeded"]
+    events = list(job.events(kinds=wanted))
+    assert [e.kind for e in events] == ["job.progress"] * 3 + ["job.succeeded"]
+    # The server ends the stream after the job's final event even when it is filtered out.
+    assert [e.progress for e in runner_client.events(job.id, kinds=["job.progress"])] == (
+        pytest.approx([1 / 3, 2 / 3, 1.0])
+    )
+    assert job.wait(timeout=10).state is JobState.SUCCEEDED  # wait() follows only the end
+
+
 def test_wait_times_out_then_a_cancelled_job_has_no_result(
     runner_client: Client, team: str, gate: Path
 ) -> None:

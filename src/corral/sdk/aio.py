@@ -192,9 +192,16 @@ class AsyncClient:
         return (await self.request("GET", path)).content
 
     def events(
-        self, job_id: str, *, after: int = 0, idle_timeout: float | None = None
+        self,
+        job_id: str,
+        *,
+        after: int = 0,
+        idle_timeout: float | None = None,
+        kinds: Iterable[str] = (),
     ) -> AsyncEventStream:
-        follow = Follow(job_id, self.url, self.retry, last=after, idle_timeout=idle_timeout)
+        follow = Follow(
+            job_id, self.url, self.retry, last=after, idle_timeout=idle_timeout, kinds=tuple(kinds)
+        )
         return AsyncEventStream(self.stream_events(follow), follow)
 
     async def run(self, call: calls.Call[T]) -> T:
@@ -254,7 +261,7 @@ class AsyncClient:
         timeout = httpx.Timeout(10.0, read=follow.read_timeout(time.monotonic()))
         path = calls.events_path(follow.job_id)
         async with self._http.stream(
-            "GET", path, headers=follow.headers(), timeout=timeout
+            "GET", path, params=follow.params(), headers=follow.headers(), timeout=timeout
         ) as resp:
             if resp.status_code >= 400:
                 await resp.aread()

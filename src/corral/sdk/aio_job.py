@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.sdk.errors import WaitTimeout
-from corral.sdk.events import JobEvent
+from corral.sdk.events import WAIT_KINDS, JobEvent
 from corral.sdk.models import JobStatus, ResultFile
 from corral.sdk.results import check_result, pick_file, save_path
 from corral.sdk.retry import Follow
@@ -62,15 +62,18 @@ class AsyncJob:
         self.status = (await self.client.job(self.id)).status
         return self.status
 
-    def events(self, *, after: int = 0, idle_timeout: float | None = None) -> AsyncEventStream:
+    def events(
+        self, *, after: int = 0, idle_timeout: float | None = None, kinds: Iterable[str] = ()
+    ) -> AsyncEventStream:
         """The job's events, live, resumed after a dropped connection (see ``Job.events``)."""
-        return self.client.events(self.id, after=after, idle_timeout=idle_timeout)
+        return self.client.events(self.id, after=after, idle_timeout=idle_timeout, kinds=kinds)
 
     async def wait(self, timeout: float | None = None) -> JobStatus:
         """Until the job ends; its final status. ``WaitTimeout`` after ``timeout`` seconds."""
         if (await self.refresh()).done:
             return self.status
-        stream = self.client.stream_events(Follow(self.id, self.client.url, self.client.retry))
+        follow = Follow(self.id, self.client.url, self.client.retry, kinds=WAIT_KINDS)
+        stream = self.client.stream_events(follow)
         try:
             async with asyncio.timeout(timeout):
                 async for _ in stream:

@@ -258,10 +258,17 @@ class Client:
         return self.request("GET", path).content
 
     def events(
-        self, job_id: str, *, after: int = 0, idle_timeout: float | None = None
+        self,
+        job_id: str,
+        *,
+        after: int = 0,
+        idle_timeout: float | None = None,
+        kinds: Iterable[str] = (),
     ) -> EventStream:
         """Follow a job's events (see ``Job.events``)."""
-        follow = Follow(job_id, self.url, self.retry, last=after, idle_timeout=idle_timeout)
+        follow = Follow(
+            job_id, self.url, self.retry, last=after, idle_timeout=idle_timeout, kinds=tuple(kinds)
+        )
         return EventStream(self.stream_events(follow), follow)
 
     def run(self, call: calls.Call[T]) -> T:
@@ -322,7 +329,9 @@ class Client:
     def _stream_once(self, follow: Follow) -> Iterator[JobEvent]:
         timeout = httpx.Timeout(10.0, read=follow.read_timeout(time.monotonic()))
         path = calls.events_path(follow.job_id)
-        with self._http.stream("GET", path, headers=follow.headers(), timeout=timeout) as resp:
+        with self._http.stream(
+            "GET", path, params=follow.params(), headers=follow.headers(), timeout=timeout
+        ) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 raise api_error(resp)

@@ -16,6 +16,7 @@ from pydantic import Field
 from corral.sdk.models import _Out
 
 TERMINAL_KINDS = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
+WAIT_KINDS = tuple(sorted(TERMINAL_KINDS))  # what ``wait`` asks the server for: only the end
 
 
 class JobEvent(_Out):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.sdk.errors import WaitTimeout
-from corral.sdk.events import JobEvent
+from corral.sdk.events import WAIT_KINDS, JobEvent
 from corral.sdk.models import JobStatus, ResultFile
 from corral.sdk.results import check_result, pick_file, save_path
 from corral.sdk.retry import Follow
@@ -67,15 +67,19 @@ class Job:
         self.status = self.client.job(self.id).status
         return self.status
 
-    def events(self, *, after: int = 0, idle_timeout: float | None = None) -> EventStream:
+    def events(
+        self, *, after: int = 0, idle_timeout: float | None = None, kinds: Iterable[str] = ()
+    ) -> EventStream:
         """The job's events from the start (or after seq ``after``), live, until its final one.
 
         Progress (``event.progress``), previews (``event.preview_url``, fetch
         with ``preview``), logs (``event.lines``) and state changes. A dropped
         connection is resumed with Last-Event-ID. ``idle_timeout``: stop when
         no event came for that many seconds (to read what is there and leave).
+        ``kinds`` (e.g. ``["job.progress", "job.succeeded"]``): only those; the
+        server leaves the others out of the stream.
         """
-        return self.client.events(self.id, after=after, idle_timeout=idle_timeout)
+        return self.client.events(self.id, after=after, idle_timeout=idle_timeout, kinds=kinds)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Block until the job ends; returns its final status (check ``status.state``).
@@ -85,7 +89,9 @@ class Job:
         if self.refresh().done:
             return self.status
         deadline = None if timeout is None else time.monotonic() + timeout
-        follow = Follow(self.id, self.client.url, self.client.retry, deadline=deadline)
+        follow = Follow(
+            self.id, self.client.url, self.client.retry, deadline=deadline, kinds=WAIT_KINDS
+        )
         follow.timeout = timeout
         try:
             for _ in self.client.stream_events(follow):

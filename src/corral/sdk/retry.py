@@ -80,6 +80,7 @@ class Follow:
     retry: Retry
     last: int = 0
     idle_timeout: float | None = None  # stop quietly after this long without an event
+    kinds: tuple[str, ...] = ()  # only events of these kinds (the server filters); () = all
     deadline: float | None = None  # monotonic time; past it, raise WaitTimeout
     timeout: float | None = None  # the caller's timeout, for the WaitTimeout message
     stream_timeout: float = 60.0  # no byte for this long (keep-alives come every 15 s): dead
@@ -89,6 +90,9 @@ class Follow:
 
     def headers(self) -> dict[str, str]:
         return {"Last-Event-ID": str(self.last)} if self.last else {}
+
+    def params(self) -> dict[str, list[str]]:
+        return {"kind": list(self.kinds)} if self.kinds else {}
 
     def read_timeout(self, now: float) -> float:
         """How long one read may block before the client must decide again.
