@@ -273,6 +273,25 @@ async def test_event_streams_keep_only_the_kinds_asked_for(served: Served) -> No
     assert bad.json()["field"] == "kind[0]"  # the first ?kind= is not an event kind
 
 
+async def test_a_client_leaving_an_event_stream_ends_it_on_the_server(served: Served) -> None:
+    async def open_streams() -> float:
+        text = (await served.admin.get("/metrics")).text
+        line = next(x for x in text.splitlines() if x.startswith("corral_event_streams "))
+        return float(line.split()[1])
+
+    async def streams_are(n: float) -> bool:
+        return await open_streams() == n
+
+    job = await submit(served, resources={"gpus": 1})
+    assert await open_streams() == 0
+    async with served.admin.stream("GET", "/v1/events") as every:
+        async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events") as one:
+            assert one.status_code == every.status_code == 200
+            await eventually(lambda: streams_are(2))
+    # Both clients left while nothing was being sent: the server notices and lets go.
+    await eventually(lambda: streams_are(0))
+
+
 async def test_cancel_and_interrupt_over_http(served_sqlite: Served) -> None:
     queued = await submit(served_sqlite, resources={"gpus": 1})
     r = await served_sqlite.admin.post(f"/v1/jobs/{queued['id']}/cancel")

@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
 from corral.server.api.deps import ERRORS, Caller, Plane
@@ -24,7 +24,6 @@ router = APIRouter(prefix="/v1/events", tags=["events"], responses=ERRORS)
     responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
 )
 async def all_events(
-    request: Request,
     plane: Plane,
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
@@ -38,8 +37,10 @@ async def all_events(
     who.require_client()
     start = _resume_point(last_event_id, after)
     kinds = kind_set(kind)
-    stream = plane.feed.follow(who, start, kinds=kinds, disconnected=request.is_disconnected)
-    return StreamingResponse(sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+    # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
+    stream = plane.feed.follow_batches(who, start, kinds=kinds)
+    body = sse(stream, plane.rt.metrics.event_streams)
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 @router.get(

@@ -6,8 +6,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import FileResponse, StreamingResponse
+from prometheus_client import Gauge
 
 from corral.core.errors import InvalidSpec
 from corral.core.events import Event, EventKind
@@ -128,7 +129,6 @@ async def get_job(job_id: str, plane: Plane, who: Caller) -> JobOut:
 )
 async def job_events(
     job_id: str,
-    request: Request,
     plane: Plane,
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
@@ -146,10 +146,10 @@ async def job_events(
     """
     start = _resume_point(last_event_id, after)
     await plane.jobs.get(who, job_id)  # 404 now, not inside the stream
-    stream = plane.feed.follow(
-        who, start, job_id=job_id, kinds=kind_set(kind), disconnected=request.is_disconnected
-    )
-    return StreamingResponse(sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+    # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
+    stream = plane.feed.follow_batches(who, start, job_id=job_id, kinds=kind_set(kind))
+    body = sse(stream, plane.rt.metrics.event_streams)
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 KindFilter = Annotated[
@@ -170,14 +170,24 @@ def _resume_point(last_event_id: str | None, after: int) -> int:
     return int(last_event_id)
 
 
-async def sse(stream: AsyncIterator[Event | None]) -> AsyncIterator[str]:
-    """Frame events as SSE; ``None`` from the feed becomes a keep-alive comment."""
-    async for event in stream:
-        if event is None:
-            yield ": keep-alive\n\n"
-            continue
-        body = event_json(event)
-        yield f"id: {body['seq']}\nevent: {body['kind']}\ndata: {json.dumps(body)}\n\n"
+async def sse(stream: AsyncIterator[list[Event] | None], open_streams: Gauge) -> AsyncIterator[str]:
+    """Frame events as SSE, each list read together in one write; ``None`` from the feed
+    becomes a keep-alive comment. ``open_streams`` counts the streams being served: the
+    response stops this one (and the feed under it) when its client leaves."""
+    open_streams.inc()
+    try:
+        async for events in stream:
+            if events is None:
+                yield ": keep-alive\n\n"
+                continue
+            yield "".join(map(_frame, events))
+    finally:
+        open_streams.dec()
+
+
+def _frame(event: Event) -> str:
+    body = event_json(event)
+    return f"id: {body['seq']}\nevent: {body['kind']}\ndata: {json.dumps(body)}\n\n"
 
 
 @router.get("/{job_id}/result", response_model=ResultOut)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +33,36 @@ class EventFeed:
         kinds: frozenset[str] | None = None,
         disconnected: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[Event | None]:
-        """Events after ``after``, then new ones as they commit. ``None`` means "idle a while".
+        """``follow_batches`` one event at a time."""
+        batches = self.follow_batches(
+            who, after, job_id=job_id, kinds=kinds, disconnected=disconnected
+        )
+        async for batch in batches:
+            if batch is None:
+                yield None
+                continue
+            for event in batch:
+                yield event
+
+    async def follow_batches(
+        self,
+        who: Principal,
+        after: int,
+        *,
+        job_id: str | None = None,
+        kinds: frozenset[str] | None = None,
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> AsyncIterator[list[Event] | None]:
+        """Events after ``after``, then new ones as they commit, in lists of what was read
+        together (an SSE stream writes each list at once). ``None`` means "idle a while".
 
         ``kinds``, when given, keeps only events of those kinds (the others are
         read past, never sent: a client that waits for starts and ends does not
         pay for every progress line).
 
         A job's stream ends after the job's terminal event (or at once, when
-        resuming past it); the all-events stream runs until the client leaves.
+        resuming past it); the all-events stream runs until the client leaves
+        (``disconnected`` says so, or the caller stops iterating).
         """
         who.require_client()
         team = None if who.is_admin else who.team
@@ -68,13 +90,12 @@ class EventFeed:
             if batch is None:  # behind the events kept in memory (or PostgreSQL): the table
                 async with self.rt.db.read() as conn:
                     batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
-            for event, _team in batch:
-                last = event.seq
-                if kinds is None or event.kind in kinds:
-                    sent = True
-                    yield event
-                if job_id is not None and event.kind in TERMINAL_JOB_EVENTS:
-                    return
+            out, last, final = _pick(batch, last, kinds, job_id is not None)
+            if out:
+                sent = True
+                yield out
+            if final:
+                return
             if len(batch) == PAGE:
                 continue
             if ended:
@@ -126,6 +147,24 @@ class EventFeed:
                 yield sim_record(rec, origin)
             if len(batch) < PAGE:
                 return
+
+
+def _pick(
+    batch: Sequence[tuple[Event, str | None]],
+    last: int,
+    kinds: frozenset[str] | None,
+    one_job: bool,
+) -> tuple[list[Event], int, bool]:
+    """The events of ``batch`` to send, the seq read up to, and whether the job's final event
+    was among them (one job's stream ends with it)."""
+    out: list[Event] = []
+    for event, _team in batch:
+        last = event.seq
+        if kinds is None or event.kind in kinds:
+            out.append(event)
+        if one_job and event.kind in TERMINAL_JOB_EVENTS:
+            return out, last, True
+    return out, last, False
 
 
 def _has_end(batch: list[tuple[Event, str | None]] | None) -> bool:

@@ -39,6 +39,11 @@ class Metrics:
         self.cycle_seconds = Histogram(
             "corral_schedule_cycle_seconds", "One scheduling cycle", registry=r
         )
+        self.event_streams = Gauge(
+            "corral_event_streams",
+            "Open SSE event streams (/v1/events, a job's events)",
+            registry=r,
+        )
         self.leader = Gauge(
             "corral_scheduling_leader", "1 while this replica runs the scheduling loop", registry=r
         )
