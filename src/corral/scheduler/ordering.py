@@ -183,7 +183,10 @@ class LiveQueue(Generic[Q]):
                 slot[2] = at
                 if at < len(jobs):
                     job = jobs[at]
-                    mine.setdefault(user, []).append((job.submitted_at, job.id, slot[3], slot))
+                    own = mine.get(user)
+                    if own is None:
+                        own = mine[user] = []
+                    own.append((job.submitted_at, job.id, slot[3], slot))
         heap = []
         for user, own in mine.items():
             heapq.heapify(own)

@@ -154,12 +154,11 @@ class World:
         for p in plan.placements:
             for job_id in p.job_ids:
                 placed[job_id] = placed.get(job_id, 0) + 1
-        for job_id, count in placed.items():
-            self._check_placeable(job_id, count)
+        runs = [self._placeable(job_id, count) for job_id, count in placed.items()]
         for p in plan.placements:
             self._allocate(p, now)
-        for job_id in placed:
-            self._start(job_id, now)
+        for run in runs:
+            self._start(run, now)
 
     def complete(self, job_id: str, token: int, now: float) -> bool:
         """A completion timer fired; False when it was stale (the job was preempted)."""
@@ -183,7 +182,8 @@ class World:
 
     # -- applying a plan -------------------------------------------------------------
 
-    def _check_placeable(self, job_id: str, count: int) -> None:
+    def _placeable(self, job_id: str, count: int) -> JobRun:
+        """The run of a job the plan places, checked: queued, and placed whole, once."""
         run = self.runs.get(job_id)
         if run is None or run.state is not QUEUED:
             raise PlanRejected(f"the plan places job {job_id!r}, which is not queued")
@@ -192,6 +192,7 @@ class World:
                 f"the plan places {count} of the {run.job.replicas} replicas of job "
                 f"{job_id!r}: a gang is all or nothing, a job is placed once"
             )
+        return run
 
     def _allocate(self, p: Placement, now: float) -> None:
         i = self._index.get(p.node)
@@ -200,7 +201,9 @@ class World:
         if p.allocation_id in self.allocations:
             raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
         self._take(i, p)
-        job = self.runs[p.job_ids[0]].job
+        runs = self.runs
+        first = runs[p.job_ids[0]]
+        job = first.job
         alloc = Allocation(
             id=p.allocation_id,
             job_ids=p.job_ids,
@@ -216,28 +219,33 @@ class World:
             on_cpu=p.on_cpu,
             preemptible=job.preemptible,
             borrowed=p.borrowed,
-            attempt=self.runs[job.id].attempts + 1,
+            attempt=first.attempts + 1,
             started_at=now,
             observed=ALLOC_RUNNING,
         )
         self.allocations[p.allocation_id] = alloc
         if len(p.job_ids) > 1:
             self._batch_left[p.allocation_id] = len(p.job_ids)
-        for job_id in p.job_ids:
-            run = self.runs[job_id]
-            run.allocs.append(p.allocation_id)
-            if run.placements is not None:
-                record = PlacementRecord(p.node, alloc.milli / MILLI, now)
-                run.placements.append(record)
-                self._records.setdefault(p.allocation_id, []).append(record)
+            for job_id in p.job_ids:
+                self._joined(runs[job_id], p, alloc, now)
+        else:
+            self._joined(first, p, alloc, now)
         self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
         end = None
         if estimate is not None:
-            end = now + max(0.0, estimate - self.runs[job.id].done)
+            end = now + max(0.0, estimate - first.done)
             self._expected_ends[p.allocation_id] = end
         if self._observer is not None:
             self._observer.started(alloc, end)
+
+    def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
+        """``run``'s job is one of those allocation ``alloc`` (of placement ``p``) runs."""
+        run.allocs.append(p.allocation_id)
+        if run.placements is not None:
+            record = PlacementRecord(p.node, alloc.milli / MILLI, now)
+            run.placements.append(record)
+            self._records.setdefault(p.allocation_id, []).append(record)
 
     def _take(self, i: int, p: Placement) -> None:
         """Reserve the placement's GPUs and CPUs on node ``i``, refusing over-commit."""
@@ -264,8 +272,8 @@ class World:
         if milli > 0 and cap is not None and used > cap:
             self._metrics.quota_violations += 1
 
-    def _start(self, job_id: str, now: float) -> None:
-        run = self.runs[job_id]
+    def _start(self, run: JobRun, now: float) -> None:
+        job_id = run.job.id
         transition(JOB, job_id, QUEUED, PLACED, at=now, why="placed by the plan")
         run.state = transition(JOB, job_id, PLACED, RUNNING, at=now, why="started at once")
         run.attempts += 1
