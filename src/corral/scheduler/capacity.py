@@ -24,9 +24,8 @@ iterators walk live buckets: finish iterating before you reserve or release.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
 from typing import Final
 
 from corral.core.model import Allocation, Gpu, Node
@@ -43,7 +42,6 @@ PARTIAL_STEP: Final = 50
 _RESERVE: Final = 0
 _RELEASE: Final = 1
 _HIDE: Final = 2
-_IDX = attrgetter("idx")
 
 Layout = tuple[list[int], list[str], dict[int, int] | None]
 """VRAM and model per card position, and ``Gpu.index`` -> position (None: the same)."""
@@ -170,64 +168,84 @@ class Index:
     whose roomiest partly used card has k x ``PARTIAL_STEP`` milli free;
     ``cpu[0]``/``cpu[1]``: nodes with free CPU slots and no / some wholly free
     card (CPU work looks at the first kind first: their CPUs serve no GPU job).
-    Every bucket is a list in node order (see the module docstring).
+    Every bucket is a list in node order (see the module docstring), with a
+    parallel list of the node indices (``*_keys``) that moves are bisected on:
+    integers compare without a key function call per probe.
     """
 
-    __slots__ = ("cpu", "partial", "whole")
+    __slots__ = ("cpu", "cpu_keys", "partial", "partial_keys", "whole", "whole_keys")
 
     def __init__(self, max_gpus: int) -> None:
         self.whole: list[list[NodeCap]] = [[] for _ in range(max_gpus + 1)]  # [0] stays empty
         self.partial: list[list[NodeCap]] = [[] for _ in range(MILLI // PARTIAL_STEP)]
         self.cpu: tuple[list[NodeCap], list[NodeCap]] = ([], [])
+        self.whole_keys: list[list[int]] = [[] for _ in self.whole]
+        self.partial_keys: list[list[int]] = [[] for _ in self.partial]
+        self.cpu_keys: tuple[list[int], list[int]] = ([], [])
 
     def add(self, nc: NodeCap) -> None:
         if nc.whole_free > 0:
-            insort(self.whole[nc.whole_free], nc, key=_IDX)
+            _put(self.whole[nc.whole_free], self.whole_keys[nc.whole_free], nc)
         if nc.partial_level >= 0:
-            insort(self.partial[nc.partial_level], nc, key=_IDX)
+            _put(self.partial[nc.partial_level], self.partial_keys[nc.partial_level], nc)
         if nc.cpus_free > 0:
-            insort(self.cpu[nc.whole_free > 0], nc, key=_IDX)
+            has_whole = nc.whole_free > 0
+            _put(self.cpu[has_whole], self.cpu_keys[has_whole], nc)
 
     def append(self, nc: NodeCap) -> None:
         """``add`` for a node after every node already in the index (building in node order)."""
         if nc.whole_free > 0:
             self.whole[nc.whole_free].append(nc)
+            self.whole_keys[nc.whole_free].append(nc.idx)
         if nc.partial_level >= 0:
             self.partial[nc.partial_level].append(nc)
+            self.partial_keys[nc.partial_level].append(nc.idx)
         if nc.cpus_free > 0:
             self.cpu[nc.whole_free > 0].append(nc)
+            self.cpu_keys[nc.whole_free > 0].append(nc.idx)
 
     def remove(self, nc: NodeCap) -> None:
         if nc.whole_free > 0:
-            _drop(self.whole[nc.whole_free], nc)
+            _drop(self.whole[nc.whole_free], self.whole_keys[nc.whole_free], nc)
         if nc.partial_level >= 0:
-            _drop(self.partial[nc.partial_level], nc)
+            _drop(self.partial[nc.partial_level], self.partial_keys[nc.partial_level], nc)
         if nc.cpus_free > 0:
-            _drop(self.cpu[nc.whole_free > 0], nc)
+            has_whole = nc.whole_free > 0
+            _drop(self.cpu[has_whole], self.cpu_keys[has_whole], nc)
 
     def move(self, nc: NodeCap, whole: int, partial: int, cpu: bool) -> None:
         """``nc`` changed from (``whole``, ``partial``, ``cpu``): move it where it changed."""
         now_whole = nc.whole_free
         if whole != now_whole:
             if whole > 0:
-                _drop(self.whole[whole], nc)
+                _drop(self.whole[whole], self.whole_keys[whole], nc)
             if now_whole > 0:
-                insort(self.whole[now_whole], nc, key=_IDX)
-        if partial != nc.partial_level:
+                _put(self.whole[now_whole], self.whole_keys[now_whole], nc)
+        now_partial = nc.partial_level
+        if partial != now_partial:
             if partial >= 0:
-                _drop(self.partial[partial], nc)
-            if nc.partial_level >= 0:
-                insort(self.partial[nc.partial_level], nc, key=_IDX)
+                _drop(self.partial[partial], self.partial_keys[partial], nc)
+            if now_partial >= 0:
+                _put(self.partial[now_partial], self.partial_keys[now_partial], nc)
         has_cpu = nc.cpus_free > 0
         if cpu != has_cpu or (whole > 0) != (now_whole > 0):
             if cpu:
-                _drop(self.cpu[whole > 0], nc)
+                _drop(self.cpu[whole > 0], self.cpu_keys[whole > 0], nc)
             if has_cpu:
-                insort(self.cpu[now_whole > 0], nc, key=_IDX)
+                _put(self.cpu[now_whole > 0], self.cpu_keys[now_whole > 0], nc)
 
 
-def _drop(bucket: list[NodeCap], nc: NodeCap) -> None:
-    del bucket[bisect_left(bucket, nc.idx, key=_IDX)]
+def _put(bucket: list[NodeCap], keys: list[int], nc: NodeCap) -> None:
+    """Insert ``nc`` into ``bucket`` in node order (after an equal index, as ``insort``)."""
+    at = bisect_right(keys, nc.idx)
+    keys.insert(at, nc.idx)
+    bucket.insert(at, nc)
+
+
+def _drop(bucket: list[NodeCap], keys: list[int], nc: NodeCap) -> None:
+    at = bisect_left(keys, nc.idx)
+    del keys[at]
+    del bucket[at]
 
 
 Change = tuple[int, NodeCap, tuple[int, ...], int, int, int]
