@@ -153,7 +153,8 @@ class LiveQueue(Generic[Q]):
         self._live = live
         self._usable = usable
         # [group, jobs, cursor, seq] per (group, user); seq breaks ties in a user's heap
-        self._slots: dict[tuple[Q, str], list[Any]] = {}
+        self._slots: dict[Q, dict[str, list[Any]]] = {}  # group -> user -> its slot
+        self._made = 0  # slots made so far: the next one's seq
         self._vt: dict[str, float] = {}
         self._step: dict[str, float] = {}
         self._tie: dict[str, float] = {}
@@ -173,10 +174,14 @@ class LiveQueue(Generic[Q]):
         for group in self._candidates:
             if not live(group):
                 continue
+            own_slots = slots.get(group)
+            if own_slots is None:
+                own_slots = slots[group] = {}
             for user, jobs in self._groups[group].items():
-                slot = slots.get((group, user))
+                slot = own_slots.get(user)
                 if slot is None:
-                    slot = slots[group, user] = [group, jobs, 0, len(slots)]
+                    slot = own_slots[user] = [group, jobs, 0, self._made]
+                    self._made += 1
                 at = slot[2]
                 while at < len(jobs) and not usable(jobs[at]):
                     at += 1

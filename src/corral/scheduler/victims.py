@@ -123,22 +123,24 @@ class VictimIndex:
 
     def _count(self, alloc: Allocation, sign: int) -> None:
         """Keep the per-team and per-node sums; an entry lives while an allocation backs it."""
-        milli = 0 if alloc.on_cpu else alloc.milli
-        key = (alloc.team, alloc.node)
+        milli = 0 if alloc.on_cpu else sign * alloc.milli
+        team, node = alloc.team, alloc.node
+        key = (team, node)
         backing = self._backing.get(key, 0) + sign
-        nodes = inner_map(self.team_nodes, alloc.team)
         if backing:
             self._backing[key] = backing
-            nodes[alloc.node] = nodes.get(alloc.node, 0) + sign * milli
+            nodes = inner_map(self.team_nodes, team)
+            nodes[node] = nodes.get(node, 0) + milli
         else:
             del self._backing[key]
-            del nodes[alloc.node]
+            nodes = self.team_nodes[team]
+            del nodes[node]
             if not nodes:
-                del self.team_nodes[alloc.team]
-        if alloc.node in self.on_node:
-            self.node_milli[alloc.node] = self.node_milli.get(alloc.node, 0) + sign * milli
+                del self.team_nodes[team]
+        if node in self.on_node:
+            self.node_milli[node] = self.node_milli.get(node, 0) + milli
         else:
-            del self.node_milli[alloc.node]
+            del self.node_milli[node]
 
 
 def milli_on(victim: Victim, node: str) -> int:

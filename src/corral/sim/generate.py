@@ -38,6 +38,7 @@ MEDIAN_RUN_S: Final = 600.0  # log-normal run time: median 10 minutes ...
 RUN_SIGMA: Final = 1.0  # ... mean about 16.5 minutes, a long tail
 MAX_RUN_S: Final = 86_400.0  # one day
 _DAY_RAD: Final = 2 * math.pi / 86_400.0
+_NV_MAGIC: Final = 4 * math.exp(-0.5) / math.sqrt(2.0)  # random.NV_MAGICCONST
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +75,7 @@ def teams(count: int, total_gpus: int) -> tuple[Team, ...]:
 
 def trace(shape: TraceShape) -> Iterator[SimJob]:
     """A stream of ``shape.jobs`` jobs, sorted by submission time."""
-    rng = random.Random(shape.seed)
-    rand, expo, lognormal = rng.random, rng.expovariate, rng.lognormvariate
+    rand = random.Random(shape.seed).random
     rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
     kinds = [(_request(g), r) for g, r, _ in SHAPES]
     kind_cdf = list(itertools.accumulate(w for _, _, w in SHAPES))
@@ -87,12 +87,12 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
     estimate = _estimator(shape)
     clock = 0.0
     for n in range(1, shape.jobs + 1):
-        clock += expo(peak)
+        clock += expovariate(rand, peak)
         while rand() * peak > rate * (1 + shape.daily_swing * math.sin(clock * _DAY_RAD)):
-            clock += expo(peak)  # thinning: fewer arrivals at night
+            clock += expovariate(rand, peak)  # thinning: fewer arrivals at night
         request, replicas = kinds[bisect(kind_cdf, rand() * kind_cdf[-1])]
         user, team = users[int(rand() * shape.users)]
-        run_s = min(MAX_RUN_S, max(1.0, round(lognormal(mu, RUN_SIGMA))))
+        run_s = min(MAX_RUN_S, max(1.0, round(lognormvariate(rand, mu, RUN_SIGMA))))
         job = Job(
             id=f"g{n}",
             resources=request,
@@ -104,6 +104,24 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
             estimated_runtime_s=estimate(run_s),
         )
         yield SimJob(job, run_s, "generated")
+
+
+def expovariate(rand: Callable[[], float], rate: float) -> float:
+    """``random.Random.expovariate(rate)`` drawn from ``rand`` (its ``random``): the same
+    formula, so the same value, without the interpreted method call (a compiled build
+    compiles this one; tests check that both agree)."""
+    return -math.log(1.0 - rand()) / rate
+
+
+def lognormvariate(rand: Callable[[], float], mu: float, sigma: float) -> float:
+    """``random.Random.lognormvariate(mu, sigma)`` drawn from ``rand``, as ``expovariate``:
+    exp of a normal variate by Kinderman and Monahan's method, as ``random`` does it."""
+    while True:
+        u1 = rand()
+        u2 = 1.0 - rand()
+        z = _NV_MAGIC * (u1 - 0.5) / u2
+        if z * z / 4.0 <= -math.log(u2):
+            return math.exp(mu + z * sigma)
 
 
 def scenario(
@@ -136,8 +154,9 @@ def _estimator(shape: TraceShape) -> Callable[[float], float | None]:
     if shape.estimates is None:
         return lambda run_s: None
     low, high = shape.estimates
-    uniform = random.Random(f"estimates-{shape.seed}").uniform
-    return lambda run_s: 60.0 * math.ceil(run_s * uniform(low, high) / 60.0)
+    rand = random.Random(f"estimates-{shape.seed}").random
+    span = high - low  # random.Random.uniform(low, high) is low + (high - low) * random()
+    return lambda run_s: 60.0 * math.ceil(run_s * (low + span * rand()) / 60.0)
 
 
 def _request(gpus: float) -> ResourceRequest:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,7 @@ class Metrics:
         fairness = jain(
             [self.team_milli_s.get(t, 0.0) / weights.get(t, 1.0) for t in sorted(self.gpu_teams)]
         )
+        p50, p95 = percentiles(self.waits, (50, 95))
         return {
             "jobs_total": self.jobs_total,
             "jobs_completed": self.states[JobState.SUCCEEDED],
@@ -154,8 +155,8 @@ class Metrics:
             "preemptions": self.preemptions,
             "quota_violations": self.quota_violations,
             "gpu_allocation_ratio": round(self.gpu_milli_s / capacity, 6) if capacity else 0.0,
-            "wait_p50_s": percentile(self.waits, 50),
-            "wait_p95_s": percentile(self.waits, 95),
+            "wait_p50_s": p50,
+            "wait_p95_s": p95,
             "wait_mean_s": _mean(self.waits),
             "wait_p95_incl_queued_s": percentile(self.waits + self.queued_waits, 95),
             "wait_by_priority": _groups(self.waits_by["priority"]),
@@ -225,6 +226,14 @@ def percentile(values: array[float] | list[float], pct: float) -> float | None:
     return ordered[rank - 1]
 
 
+def percentiles(values: array[float] | list[float], pcts: Sequence[float]) -> list[float | None]:
+    """``percentile`` of each of ``pcts``, sorting ``values`` once."""
+    if not values:
+        return [None for _ in pcts]
+    ordered = sorted(values)
+    return [ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1] for pct in pcts]
+
+
 def jain(values: list[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n * sum x^2): 1.0 all equal, 1/n one takes all."""
     if not values:
@@ -269,12 +278,8 @@ def _by_size(
 
 
 def _groups(groups: Mapping[str, array[float]]) -> dict[str, dict[str, Any]]:
-    return {
-        key: {
-            "jobs": len(values),
-            "p50_s": percentile(values, 50),
-            "p95_s": percentile(values, 95),
-            "mean_s": _mean(values),
-        }
-        for key, values in sorted(groups.items())
-    }
+    out: dict[str, dict[str, Any]] = {}
+    for key, values in sorted(groups.items()):
+        p50, p95 = percentiles(values, (50, 95))
+        out[key] = {"jobs": len(values), "p50_s": p50, "p95_s": p95, "mean_s": _mean(values)}
+    return out

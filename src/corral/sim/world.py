@@ -334,7 +334,8 @@ class World:
         self, alloc_id: str, now: float, *, preempted: bool, still_running: bool = False
     ) -> None:
         alloc = self.allocations.pop(alloc_id)
-        self._batch_left.pop(alloc_id, None)
+        if len(alloc.job_ids) > 1:
+            self._batch_left.pop(alloc_id, None)
         self._expected_ends.pop(alloc_id, None)
         if self._observer is not None:
             self._observer.ended(alloc_id)
@@ -347,8 +348,8 @@ class World:
         milli = alloc.milli
         self._team_milli[alloc.team] -= milli
         self._metrics.allocation_ended(alloc.team, milli, now - alloc.started_at)
-        if still_running:
-            return
+        if still_running or self._sink is None:
+            return  # placement records are kept only for a sink
         for record in self._records.pop(alloc_id, ()):
             record.end = now
             record.preempted = preempted
