@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from corral.agent.executors.base import Executor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.fingerprint import FakeGpus
@@ -105,6 +106,9 @@ class Inbound:
     async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
         return Ack.ACCEPTED
 
+    async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
+        return True
+
     def kinds(self) -> list[str]:
         return [k for k, _ in self.calls]
 
@@ -126,7 +130,10 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     inbound = Inbound()
     link = GrpcLink(AgentLinkSettings(port=0, max_blob_bytes=4096))
     address = await link.start(inbound, LocalBlobStore(tmp_path / "blobs"), clock)
-    executors = {"scripted": ScriptedExecutor(clock), "python": PythonExecutor(huge, clock)}
+    executors: dict[str, Executor] = {
+        "scripted": ScriptedExecutor(clock),
+        "python": PythonExecutor(huge, clock),
+    }
     supervisor = Supervisor(executors, clock, default="scripted")
     settings = LinkSettings(token=TOKEN, inline_bytes=64, backoff_base_s=0.02, backoff_cap_s=0.1)
     targets = [parse_server(f"127.0.0.1:{_dead_port()}"), parse_server(address)]  # one is down
@@ -136,9 +143,10 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     try:
         yield Pair(link, inbound, agent)
     finally:
-        running.cancel()
+        running.cancel()  # even mid-dial to the dead server (this once hung: test_link_cancel.py)
         await asyncio.gather(running, return_exceptions=True)
-        await link.close(0)
+        await link.close(0)  # nothing of grpc.aio outlives this test's event loop
+        assert running.cancelled(), running.exception()
 
 
 @pytest.fixture
@@ -201,8 +209,8 @@ async def test_an_unacknowledged_result_is_held_and_resent_after_a_reconnect(pai
 async def test_a_node_declared_lost_says_hello_again(pair: Pair) -> None:
     await pair.until(pair.agent.connected.is_set)
     pair.inbound.fail_heartbeat = 1
-    await pair.until(lambda: len(pair.inbound.hellos) == 2)
-    assert pair.agent.sessions == 2
+    await pair.until(lambda: pair.agent.sessions == 2)  # welcomed again (the server's side
+    assert len(pair.inbound.hellos) == 2  # records the hello before the agent reads the Welcome)
 
 
 @pytest.mark.anyio
