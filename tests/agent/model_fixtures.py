@@ -99,7 +99,8 @@ class Served:
 
 @dataclass
 class Hit:
-    """One request, logged when it arrives; ``status`` is filled in once answered."""
+    """One request, logged when it arrives; ``status`` is filled in before the head is sent
+    (so a client that has read the head sees it, even while the body is still going)."""
 
     path: str
     range: str | None
@@ -177,6 +178,7 @@ class _Httpd(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Httpd
+    _hit: Hit
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -185,7 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.lstrip("/")
         hit = Hit(path, self.headers.get("Range"), self.headers.get("X-Agent"))
         self.server.owner.record(hit)
-        hit.status = self._answer(self.server.owner.files.get(path), hit.range)
+        self._hit = hit
+        self._answer(self.server.owner.files.get(path), hit.range)
 
     def _answer(self, served: Served | None, range_header: str | None) -> int:
         if served is None or served.statuses:
@@ -213,6 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
         return 206
 
     def _head(self, status: int, length: int, extra: dict[str, str]) -> None:
+        self._hit.status = status
         self.send_response(status)
         self.send_header("Content-Length", str(length))
         self.send_header("Content-Type", "application/octet-stream")
