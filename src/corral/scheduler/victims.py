@@ -50,7 +50,7 @@ class VictimIndex:
         self.by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}  # running, per job set
         self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node -> milli it holds there
         self.node_milli: dict[str, int] = {}  # node -> milli of its evictable allocations
-        self._backing: dict[tuple[str, str], int] = {}  # (team, node) -> allocations there
+        self._backing: dict[str, dict[str, int]] = {}  # team -> node -> allocations there
 
     def add(self, alloc: Allocation) -> None:
         """An active allocation started."""
@@ -125,18 +125,19 @@ class VictimIndex:
         """Keep the per-team and per-node sums; an entry lives while an allocation backs it."""
         milli = 0 if alloc.on_cpu else sign * alloc.milli
         team, node = alloc.team, alloc.node
-        key = (team, node)
-        backing = self._backing.get(key, 0) + sign
+        counts = inner_map(self._backing, team)  # nested by name: no tuple key per call
+        backing = counts.get(node, 0) + sign
         if backing:
-            self._backing[key] = backing
+            counts[node] = backing
             nodes = inner_map(self.team_nodes, team)
             nodes[node] = nodes.get(node, 0) + milli
         else:
-            del self._backing[key]
+            del counts[node]
             nodes = self.team_nodes[team]
             del nodes[node]
             if not nodes:
                 del self.team_nodes[team]
+                del self._backing[team]
         if node in self.on_node:
             self.node_milli[node] = self.node_milli.get(node, 0) + milli
         else:
