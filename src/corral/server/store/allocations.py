@@ -7,18 +7,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import AllocRecord, alloc_from_row, alloc_row
 from corral.server.store.tables import allocations
 
 _RAW = codec(allocations)
+_PG = pgraw.codec(allocations)
 
 
 async def insert(conn: AsyncConnection, rec: AllocRecord) -> None:
     db = driver(conn)
     if db is not None:
         _RAW.insert(db, [alloc_row(rec)])
+        return
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        await _PG.insert(raw, [alloc_row(rec)])
         return
     await conn.execute(sa.insert(allocations).values(**alloc_row(rec)))
 
@@ -29,12 +35,17 @@ _GET_MANY = sa.select(allocations).where(allocations.c.id.in_(sa.bindparam("ids"
 _ACTIVE_VERSIONS = sa.select(allocations.c.id, allocations.c.version).where(
     allocations.c.active.is_(True)
 )
+_PG_ACTIVE_VERSIONS = "SELECT id, version FROM allocations WHERE active"
 
 
 async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
     db = driver(conn)
     if db is not None:
         rows = _RAW.by_keys(db, "id", [alloc_id])
+        return alloc_from_row(rows[0]) if rows else None
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        rows = await _PG.by_keys(raw, "id", [alloc_id])
         return alloc_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"id": alloc_id})).first()
     return alloc_from_row(row) if row else None
@@ -46,6 +57,10 @@ async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRe
     if db is not None:
         clause = "WHERE active = 1" + (" AND node = ?" if node is not None else "") + " ORDER BY id"
         return [alloc_from_row(r) for r in _RAW.where(db, clause, [node] if node else [])]
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        clause = "WHERE active" + (" AND node = $1" if node is not None else "") + " ORDER BY id"
+        return [alloc_from_row(r) for r in await _PG.where(raw, clause, [node] if node else [])]
     query = sa.select(allocations).where(allocations.c.active.is_(True))
     if node is not None:
         query = query.where(allocations.c.node == node)
@@ -56,6 +71,9 @@ async def active_versions(conn: AsyncConnection) -> dict[str, int]:
     db = driver(conn)
     if db is not None:
         return dict(db.execute("SELECT id, version FROM allocations WHERE active = 1"))
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return {r[0]: r[1] for r in await raw.fetch(_PG_ACTIVE_VERSIONS)}
     return {r.id: r.version for r in await conn.execute(_ACTIVE_VERSIONS)}
 
 
@@ -65,6 +83,9 @@ async def get_many(conn: AsyncConnection, ids: list[str]) -> list[AllocRecord]:
     db = driver(conn)
     if db is not None:
         return [alloc_from_row(r) for r in _RAW.by_keys(db, "id", ids)]
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return [alloc_from_row(r) for r in await _PG.by_keys(raw, "id", ids)]
     rows = await conn.execute(_GET_MANY, {"ids": ids})
     return [alloc_from_row(r) for r in rows]
 

@@ -30,7 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from corral.core.errors import InvalidSpec
-from corral.server.store import sqlite_inline
+from corral.server.store import pgraw, sqlite_inline
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
@@ -107,6 +107,13 @@ class Database:
             else None
         )
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
+        self._pg_begin = {
+            (ordered, durable): "BEGIN"
+            + ("" if durable else "; SET LOCAL synchronous_commit TO off")
+            + (f"; SELECT pg_advisory_xact_lock({self.event_lock})" if ordered else "")
+            for ordered in (False, True)
+            for durable in (False, True)
+        }
         self.file_lock = _file_lock(target)
 
     def claim(self) -> None:
@@ -132,7 +139,8 @@ class Database:
         which then do not queue behind the event-ordering lock on PostgreSQL.
         ``durable=False`` is for writes no promise rests on until a later durable
         one (placements, starts, progress): on SQLite they commit without an
-        fsync (see ``_sqlite_begin``); PostgreSQL commits every write the same.
+        fsync (see ``_sqlite_begin``); on PostgreSQL with ``synchronous_commit``
+        off (see ``_pg_transaction``).
 
         On a SQLite file with ``synchronous`` FULL, every commit is written to the
         WAL without an fsync, the write lock is released, and then a durable write
@@ -145,13 +153,11 @@ class Database:
                 await stack.enter_async_context(self._write_lock)
             if self._writer is not None:  # SQLite: the kept connection (sqlite_writer)
                 yield await stack.enter_async_context(self._writer.transaction(durable=durable))
-            else:
+            else:  # PostgreSQL: the transaction runs on the asyncpg connection (pgraw)
                 conn = await stack.enter_async_context(self.engine.connect())
-                await conn.execution_options(**{DURABLE: durable})
-                await stack.enter_async_context(conn.begin())
-                if ordered_events:
-                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
-                yield conn
+                yield await stack.enter_async_context(
+                    self._pg_transaction(conn, ordered_events, durable)
+                )
         position = self.wal_sync.mark() if self.wal_sync is not None else 0
         if on_commit is not None:
             on_commit()
@@ -159,10 +165,72 @@ class Database:
             await self.wal_sync.wait(position)
 
     @contextlib.asynccontextmanager
+    async def _pg_transaction(
+        self, conn: AsyncConnection, ordered_events: bool, durable: bool
+    ) -> AsyncIterator[AsyncConnection]:
+        """Run ``conn``'s transaction on its asyncpg connection, in as few round trips as can be.
+
+        One simple query opens it: ``BEGIN``, for a write no promise rests on
+        (``durable=False``) ``SET LOCAL synchronous_commit TO off`` (its commit
+        does not wait for PostgreSQL's WAL flush; a crash of PostgreSQL may lose
+        it, as SQLite's relaxed commits may, and reconciliation recovers those),
+        and the event-ordering lock. ``COMMIT`` closes it. Meanwhile the
+        SQLAlchemy adapter is in autocommit (``pgraw.RAW``), so statements sent
+        through SQLAlchemy run inside this transaction and its own commit and
+        rollback do nothing, and ``pgraw.pg(conn)`` hands the repos the asyncpg
+        connection. A connection whose rollback failed, or that a cancel left
+        mid-statement, is invalidated (closed; PostgreSQL rolls back).
+        """
+        adapted = pgraw.adapter(conn)
+        if adapted is None:  # not asyncpg under SQLAlchemy: let SQLAlchemy run it
+            async with conn.begin():
+                if ordered_events:
+                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
+                yield conn
+            return
+        raw = adapted._connection
+        adapted.isolation_level = pgraw.RAW
+        try:
+            await raw.execute(self._pg_begin[ordered_events, durable])
+            try:
+                yield conn
+            except Exception:
+                try:
+                    await raw.execute("ROLLBACK")
+                except Exception:
+                    await conn.invalidate()
+                raise
+            except BaseException:  # cancelled, perhaps mid-statement: never reuse it
+                await conn.invalidate()
+                raise
+            await raw.execute("COMMIT")
+        finally:
+            adapted.isolation_level = adapted._isolation_setting
+
+    @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A connection for reads (autocommit-free; nothing is written through it)."""
+        """A connection for reads (nothing is written through it).
+
+        On PostgreSQL each statement runs on its own (autocommit: no ``BEGIN``
+        and ``ROLLBACK`` round trips); under READ COMMITTED a statement sees
+        its own snapshot either way.
+        """
         async with self.engine.connect() as conn:
-            yield conn
+            adapted = pgraw.adapter(conn) if self.target.dialect == "postgresql" else None
+            if adapted is None:
+                yield conn
+                return
+            adapted.isolation_level = pgraw.RAW
+            try:
+                yield conn
+            except BaseException:
+                # asyncpg cancels a statement whose task was cancelled and the connection
+                # stays usable; one left inside a transaction (a stray BEGIN) is not.
+                if adapted._connection.is_in_transaction():
+                    await conn.invalidate()
+                raise
+            finally:
+                adapted.isolation_level = adapted._isolation_setting
 
     async def prepare(self) -> None:
         """Create the directory or schema, then bring the tables to the latest migration."""

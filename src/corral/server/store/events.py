@@ -12,11 +12,23 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.events import Event, EventKind
+from corral.server.store import pgraw
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.tables import events
 
 _RAW = codec(events)
 _RAW_APPEND = "INSERT INTO events (kind, at, job_id, node, team, data) VALUES (?, ?, ?, ?, ?, ?)"
+_PG = pgraw.codec(events)
+_PG_APPEND = (
+    "INSERT INTO events (kind, at, job_id, node, team, data) "
+    "VALUES ($1, $2, $3, $4, $5, $6) RETURNING seq"
+)
+# Several events in one statement; rows are inserted (and their seq drawn) in array order.
+_PG_APPEND_MANY = (
+    "INSERT INTO events (kind, at, job_id, node, team, data) SELECT * FROM unnest("
+    "$1::varchar[], $2::float8[], $3::varchar[], $4::varchar[], $5::varchar[], $6::json[]) "
+    "RETURNING seq"
+)
 _APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
 
 
@@ -42,6 +54,9 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent]) -> list[int]
             cursor.execute(_RAW_APPEND, row)
             seqs.append(int(cursor.lastrowid or 0))
         return seqs
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return await _pg_append(raw, batch)
     rows = await conn.execute(
         _APPEND,
         [
@@ -77,12 +92,48 @@ async def after(
             (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
             for r in _RAW.where(db, clause, args)
         ]
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        clause = "WHERE seq > $1" + (" AND job_id = $2" if job_id is not None else "")
+        if team is not None:
+            clause += f" AND team = ${2 + (job_id is not None)}"
+        clause += f" ORDER BY seq LIMIT ${2 + (job_id is not None) + (team is not None)}"
+        args = [seq, *(v for v in (job_id, team) if v is not None), limit]
+        return [
+            (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
+            for r in await _PG.where(raw, clause, args)
+        ]
     params = {"seq": seq, "limit": limit, "job_id": job_id, "team": team}
     rows = await conn.execute(_after(job_id is not None, team is not None), params)
     return [
         (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
         for r in rows
     ]
+
+
+async def _pg_append(raw: Any, batch: Sequence[TeamEvent]) -> list[int]:
+    """One round trip: a single row, or all of them through ``unnest``.
+
+    The rows of the ``unnest`` insert are drawn from the arrays in order and
+    each takes the next ``seq`` as it is inserted, so the returned seqs,
+    sorted, are those of ``batch`` in order (RETURNING promises no order).
+    """
+    if len(batch) == 1:
+        te = batch[0]
+        e = te.event
+        args = (e.kind.value, e.at, e.job_id, e.node, te.team, json.dumps(dict(e.data)))
+        return [int(await raw.fetchval(_PG_APPEND, *args))]
+    columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+    kinds, ats, job_ids, nodes, teams, datas = columns
+    for te in batch:
+        e = te.event
+        kinds.append(e.kind.value)
+        ats.append(e.at)
+        job_ids.append(e.job_id)
+        nodes.append(e.node)
+        teams.append(te.team)
+        datas.append(json.dumps(dict(e.data)))
+    return sorted(int(r[0]) for r in await raw.fetch(_PG_APPEND_MANY, *columns))
 
 
 @functools.cache

@@ -8,6 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.store import pgraw
 from corral.server.store.rawsql import codec, driver
 
 
@@ -26,6 +27,9 @@ async def guarded_update(
     db = driver(conn)
     if db is not None:
         return codec(table).guarded_update(db, key, version, values)
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return await pgraw.codec(table).guarded_update(raw, key, version, values)
     column, value = key
     statement = _statement(table, column, tuple(sorted(values)))
     params = {f"v_{k}": v for k, v in values.items()} | {"k_key": value, "k_version": version}

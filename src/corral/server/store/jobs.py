@@ -9,12 +9,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.states import JobState
+from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import JobRecord, job_from_row, job_row
 from corral.server.store.tables import jobs
 
 _RAW = codec(jobs)
+_PG = pgraw.codec(jobs)
 
 
 async def insert(conn: AsyncConnection, rec: JobRecord) -> None:
@@ -27,6 +29,10 @@ async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
     db = driver(conn)
     if db is not None:
         _RAW.insert(db, [job_row(r) for r in recs])
+        return
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        await _PG.insert(raw, [job_row(r) for r in recs])
         return
     await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
 
@@ -46,6 +52,10 @@ async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
     if db is not None:
         rows = _RAW.by_keys(db, "id", [job_id])
         return job_from_row(rows[0]) if rows else None
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        rows = await _PG.by_keys(raw, "id", [job_id])
+        return job_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"id": job_id})).first()
     return job_from_row(row) if row else None
 
@@ -56,6 +66,9 @@ async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, Job
     db = driver(conn)
     if db is not None:
         return {r.id: job_from_row(r) for r in _RAW.by_keys(db, "id", list(ids))}
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return {r.id: job_from_row(r) for r in await _PG.by_keys(raw, "id", list(ids))}
     rows = await conn.execute(_GET_MANY, {"ids": list(ids)})
     return {r.id: job_from_row(r) for r in rows}
 
@@ -112,6 +125,10 @@ async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
     if db is not None:
         sql = "SELECT id, version FROM jobs WHERE state = ? ORDER BY seq"
         return list(db.execute(sql, (JobState.QUEUED.value,)))
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        sql = "SELECT id, version FROM jobs WHERE state = $1 ORDER BY seq"
+        return [(r[0], r[1]) for r in await raw.fetch(sql, JobState.QUEUED.value)]
     return [(r.id, r.version) for r in await conn.execute(_QUEUED_VERSIONS)]
 
 

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import Team
+from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import NodeRecord, node_from_row, team_from_row
@@ -19,12 +20,18 @@ _VERSIONS = sa.select(nodes.c.name, nodes.c.version)
 _TEAMS = sa.select(teams).order_by(teams.c.name)
 _RAW = codec(nodes)
 _RAW_TEAMS = codec(teams)
+_PG = pgraw.codec(nodes)
+_PG_TEAMS = pgraw.codec(teams)
 
 
 async def get(conn: AsyncConnection, name: str) -> NodeRecord | None:
     db = driver(conn)
     if db is not None:
         rows = _RAW.by_keys(db, "name", [name])
+        return node_from_row(rows[0]) if rows else None
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        rows = await _PG.by_keys(raw, "name", [name])
         return node_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"name": name})).first()
     return node_from_row(row) if row else None
@@ -38,6 +45,9 @@ async def versions(conn: AsyncConnection) -> dict[str, int]:
     db = driver(conn)
     if db is not None:
         return dict(db.execute("SELECT name, version FROM nodes"))
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return {r[0]: r[1] for r in await raw.fetch("SELECT name, version FROM nodes")}
     return {r.name: r.version for r in await conn.execute(_VERSIONS)}
 
 
@@ -47,6 +57,9 @@ async def get_many(conn: AsyncConnection, names: list[str]) -> list[NodeRecord]:
     db = driver(conn)
     if db is not None:
         return [node_from_row(r) for r in _RAW.by_keys(db, "name", names)]
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return [node_from_row(r) for r in await _PG.by_keys(raw, "name", names)]
     rows = await conn.execute(sa.select(nodes).where(nodes.c.name.in_(names)))
     return [node_from_row(r) for r in rows]
 
@@ -72,6 +85,9 @@ async def all_teams(conn: AsyncConnection) -> list[Team]:
     db = driver(conn)
     if db is not None:
         return [team_from_row(r) for r in _RAW_TEAMS.where(db, "ORDER BY name")]
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        return [team_from_row(r) for r in await _PG_TEAMS.where(raw, "ORDER BY name")]
     return [team_from_row(r) for r in await conn.execute(_TEAMS)]
 
 

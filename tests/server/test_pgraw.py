@@ -1,0 +1,144 @@
+"""The raw asyncpg path (``store.pgraw``) on PostgreSQL: same rows as SQLAlchemy, same
+transaction, rolled back on errors and cancels, events numbered in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_rawsql import _alloc, _job, _read, _write_and_change
+
+from corral.core.events import Event, EventKind
+from corral.server.store import allocations as alloc_repo
+from corral.server.store import events as event_repo
+from corral.server.store import jobs as job_repo
+from corral.server.store import pgraw
+from corral.server.store.db import Database, parse_db
+from corral.server.store.events import TeamEvent
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+async def _open(url: str) -> Database:
+    db = Database(parse_db(url))
+    await db.prepare()
+    return db
+
+
+async def test_rows_written_by_either_path_read_the_same_by_either(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = await _open(pg_url)
+    try:
+        async with db.read() as conn:
+            assert pgraw.pg(conn) is not None, "a read hands the repos asyncpg"
+        async with db.write() as conn:
+            assert pgraw.pg(conn) is not None, "so does a write"
+        async with db.engine.connect() as conn:
+            assert pgraw.pg(conn) is None, "a connection SQLAlchemy runs keeps SQLAlchemy"
+        await _write_and_change(db, 1)  # raw
+        raw_read = await _read(db, 1)
+        with monkeypatch.context() as m:
+            m.setattr(pgraw, "pg", lambda conn: None)
+            await _write_and_change(db, 2)  # SQLAlchemy, inside the transaction db runs
+            sa_read_of_raw = await _read(db, 1)
+            sa_read = await _read(db, 2)
+        raw_read_of_sa = await _read(db, 2)
+    finally:
+        await db.close()
+    assert raw_read == sa_read_of_raw
+    assert sa_read == raw_read_of_sa
+
+
+async def test_a_failed_write_leaves_nothing_and_its_connection_serves_on(pg_url: str) -> None:
+    db = await _open(pg_url)
+    try:
+
+        async def fail_after_insert() -> None:
+            async with db.write() as conn:
+                await job_repo.insert(conn, _job("gone"))
+                raise RuntimeError("after the insert")
+
+        async def insert_twice() -> None:
+            async with db.write() as conn:
+                await job_repo.insert(conn, _job("twice"))
+                await job_repo.insert(conn, _job("twice"))
+
+        with pytest.raises(RuntimeError):
+            await fail_after_insert()
+        with pytest.raises(Exception, match="duplicate key"):
+            await insert_twice()
+        async with db.write() as conn:  # the pool's connections are usable, outside any tx
+            await job_repo.insert(conn, _job("kept"))
+        async with db.read() as conn:
+            found = await job_repo.get_many(conn, ["gone", "twice", "kept"])
+        assert set(found) == {"kept"}
+    finally:
+        await db.close()
+
+
+async def test_a_write_cancelled_mid_transaction_commits_nothing(pg_url: str) -> None:
+    db = await _open(pg_url)
+    inserted = asyncio.Event()
+
+    async def slow_write() -> None:
+        async with db.write() as conn:
+            await job_repo.insert(conn, _job("cancelled"))
+            inserted.set()
+            await conn.exec_driver_sql("SELECT pg_sleep(5)")
+
+    try:
+        task = asyncio.create_task(slow_write())
+        await inserted.wait()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with db.write() as conn:
+            await job_repo.insert(conn, _job("after"))
+        async with db.read() as conn:
+            found = await job_repo.get_many(conn, ["cancelled", "after"])
+        assert set(found) == {"after"}
+    finally:
+        await db.close()
+
+
+async def test_events_appended_together_get_their_seqs_in_order(pg_url: str) -> None:
+    db = await _open(pg_url)
+    batch = [
+        TeamEvent(Event(EventKind.JOB_LOG, float(i), f"j{i % 3}", None, {"i": i}), "t")
+        for i in range(50)
+    ]
+    try:
+        async with db.write() as conn:
+            first = await event_repo.append(conn, batch[:1])
+            seqs = await event_repo.append(conn, batch[1:])
+        async with db.read() as conn:
+            read = await event_repo.after(conn, 0, limit=100)
+            of_j1 = await event_repo.after(conn, seqs[5], job_id="j1", team="t", limit=3)
+    finally:
+        await db.close()
+    assert [*first, *seqs] == sorted({*first, *seqs}), "increasing, one each"
+    assert [(e.seq, e.data["i"]) for e, _ in read] == [(s, i) for i, s in enumerate(first + seqs)]
+    assert [e.data["i"] for e, _ in of_j1] == [7, 10, 13]
+
+
+async def test_guarded_updates_stay_guarded_across_connections(pg_url: str) -> None:
+    db = await _open(pg_url)
+    try:
+        async with db.write() as conn:
+            await job_repo.insert(conn, _job("j"))
+            await alloc_repo.insert(conn, _alloc("a", "j"))
+        async with db.read() as conn:
+            seen = await job_repo.get(conn, "j")
+        assert seen is not None
+        async with db.write() as conn:
+            assert await job_repo.update(conn, seen, progress=0.5)
+        async with db.write() as conn:
+            assert not await job_repo.update(conn, seen, progress=0.9), "stale"
+        async with db.read() as conn:
+            now = await job_repo.get(conn, "j")
+        assert now is not None
+        assert (now.progress, now.version) == (0.5, seen.version + 1)
+    finally:
+        await db.close()
