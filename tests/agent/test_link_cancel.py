@@ -18,12 +18,14 @@ from typing import Any
 import grpc
 import pytest
 
+from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.fingerprint import FakeGpus
 from corral.agent.link import LinkClient, LinkSettings, _first_to_end, parse_server
 from corral.agent.supervisor import Supervisor
 from corral.agent.wire import Identity
 from corral.core import WallClock
+from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 UNAVAILABLE = grpc.aio.AioRpcError(
     grpc.StatusCode.UNAVAILABLE,
@@ -189,6 +191,22 @@ def test_a_cancel_while_the_sessions_tasks_wind_down_ends_the_session() -> None:
         release.set()
         await turns()
         assert task.cancelled(), "the cancel was swallowed with the tasks' own"
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_that_lands_as_the_link_comes_up_ends_a_checkpoint_download() -> None:
+    """A resuming job waits for the link to fetch its checkpoint; a stop lands as it connects."""
+
+    async def scenario() -> None:
+        connected = asyncio.Event()
+        courier = CheckpointCourier((), chunk_bytes=1024, max_bytes=1024, connected=connected)
+        task = asyncio.create_task(courier._download(pb.BlobRequest(blob_id="b1")))
+        await turns()
+        connected.set()
+        task.cancel()
+        await turns()
+        assert task.cancelled(), "the cancel was lost and the download went on"
 
     asyncio.run(scenario())
 
