@@ -12,6 +12,7 @@ from corral.core.events import Event, EventKind
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import events as event_repo
 from corral.server.store import jobs as job_repo
+from corral.server.store import nodes as node_repo
 from corral.server.store import pgraw
 from corral.server.store.db import Database, parse_db
 from corral.server.store.events import TeamEvent
@@ -142,3 +143,68 @@ async def test_guarded_updates_stay_guarded_across_connections(pg_url: str) -> N
         assert (now.progress, now.version) == (0.5, seen.version + 1)
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("path", ["asyncpg", "sqlalchemy"])
+async def test_a_success_resets_the_failure_count_in_one_statement(
+    pg_url: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if path == "sqlalchemy":
+        monkeypatch.setattr(pgraw, "pg", lambda conn: None)
+    db = await _open(pg_url)
+    try:
+        async with db.write() as conn:
+            await node_repo.insert(
+                conn, name="n1", state="ready", inventory={}, joined_at=1.0, last_seen=1.0
+            )
+            await node_repo.insert(
+                conn, name="n2", state="ready", inventory={}, joined_at=1.0, last_seen=1.0
+            )
+            n1 = await node_repo.get(conn, "n1")
+            assert n1 is not None
+            assert await node_repo.update(conn, n1, failure_streak=2)
+        async with db.write() as conn:
+            await node_repo.reset_streak(conn, "n1")
+            await node_repo.reset_streak(conn, "n2")  # already 0: left alone
+            await node_repo.reset_streak(conn, "gone")  # no such node: nothing
+        async with db.read() as conn:
+            after = {r.node.name: r for r in await node_repo.get_many(conn, ["n1", "n2"])}
+    finally:
+        await db.close()
+    assert (after["n1"].failure_streak, after["n1"].version) == (0, 3)
+    assert (after["n2"].failure_streak, after["n2"].version) == (0, 1)
+
+
+async def test_jobs_read_with_their_allocation_are_never_staler_than_the_transaction(
+    pg_url: str,
+) -> None:
+    db = await _open(pg_url)
+    try:
+        async with db.write() as conn:
+            await job_repo.insert(conn, _job("j"))
+            await alloc_repo.insert(conn, _alloc("a", "j"))
+        async with db.write() as conn:
+            assert await alloc_repo.get(conn, "a") is not None
+            assert set(pgraw.seen_jobs(conn)) == {"j"}, "read along with its allocation"
+            ahead = await job_repo.get_many(conn, ["j"])
+            assert not pgraw.seen_jobs(conn), "taken once"
+            assert await job_repo.update(conn, ahead["j"], progress=0.25)
+            await alloc_repo.get(conn, "a")
+            assert await job_repo.update(conn, ahead["j"], progress=0.5) is False
+            assert not pgraw.seen_jobs(conn), "a write to jobs forgets what was read ahead"
+            now = await job_repo.get(conn, "j")
+            assert now is not None
+            assert (now.progress, now.version) == (0.25, ahead["j"].version + 1)
+            savepoint = await conn.begin_nested()
+            assert await job_repo.update(conn, now, progress=0.75)
+            await alloc_repo.get(conn, "a")  # reads the savepoint's write
+            await savepoint.rollback()
+            assert not pgraw.seen_jobs(conn), "a rolled back savepoint forgets it too"
+            back = await job_repo.get(conn, "j")
+            assert back == now
+        async with db.read() as conn:
+            assert not pgraw.seen_jobs(conn), "each transaction or read starts afresh"
+            final = await job_repo.get(conn, "j")
+    finally:
+        await db.close()
+    assert final == now

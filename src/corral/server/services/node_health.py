@@ -37,12 +37,11 @@ async def note_outcome(rt: Runtime, tx: Tx, node: str, *, ok: bool, error: str |
 
     Best effort: if the node row changed meanwhile (a hello), this one outcome is not counted.
     """
+    if ok:  # the common case: one statement (a round trip on PostgreSQL), no read first
+        await node_repo.reset_streak(tx.conn, node)
+        return
     rec = await node_repo.get(tx.conn, node)
     if rec is None:
-        return
-    if ok:
-        if rec.failure_streak:
-            await node_repo.update(tx.conn, rec, failure_streak=0)
         return
     streak = rec.failure_streak + 1
     reason = None

@@ -11,7 +11,7 @@ from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import AllocRecord, alloc_from_row, alloc_row
-from corral.server.store.tables import allocations
+from corral.server.store.tables import allocations, jobs
 
 _RAW = codec(allocations)
 _PG = pgraw.codec(allocations)
@@ -45,10 +45,34 @@ async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
         return alloc_from_row(rows[0]) if rows else None
     raw = pgraw.pg(conn)
     if raw is not None:
-        rows = await _PG.by_keys(raw, "id", [alloc_id])
-        return alloc_from_row(rows[0]) if rows else None
+        return await _pg_get_with_jobs(conn, raw, alloc_id)
     row = (await conn.execute(_GET, {"id": alloc_id})).first()
     return alloc_from_row(row) if row else None
+
+
+_PG_JOBS = pgraw.codec(jobs)
+# The allocation and its jobs in one round trip: whoever reads an allocation by id
+# (an agent's start or end, a cancel) reads its jobs next.
+_PG_GET_WITH_JOBS = (
+    f"SELECT {', '.join(f'a.{c}' for c in _PG.select_columns)}, "
+    f"{', '.join(f'j.{c}' for c in _PG_JOBS.select_columns)} FROM allocations a "
+    "LEFT JOIN LATERAL json_array_elements_text(a.job_ids) AS k(id) ON true "
+    "LEFT JOIN jobs j ON j.id = k.id WHERE a.id = $1"
+)
+_JOB_ID_AT = _PG_JOBS.names.index("id")
+
+
+async def _pg_get_with_jobs(conn: AsyncConnection, raw: Any, alloc_id: str) -> AllocRecord | None:
+    rows = await raw.fetch(_PG_GET_WITH_JOBS, alloc_id)
+    if not rows:
+        return None
+    width = len(_PG.names)
+    seen = pgraw.seen_jobs(conn)
+    for r in rows:
+        job = r[width:]
+        if job[_JOB_ID_AT] is not None:  # a job that is gone leaves NULLs
+            seen[job[_JOB_ID_AT]] = _PG_JOBS.decode(job)
+    return alloc_from_row(_PG.decode(rows[0][:width]))
 
 
 async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRecord]:

@@ -190,6 +190,7 @@ class Database:
             return
         raw = adapted._connection
         adapted.isolation_level = pgraw.RAW
+        pgraw.forget_jobs(conn)
         try:
             await raw.execute(self._pg_begin[ordered_events, durable])
             try:
@@ -221,6 +222,7 @@ class Database:
                 yield conn
                 return
             adapted.isolation_level = pgraw.RAW
+            pgraw.forget_jobs(conn)
             try:
                 yield conn
             except BaseException:
@@ -276,15 +278,22 @@ def _make_engine(
         connect_args: dict[str, Any] = {}
         if target.schema:
             connect_args["server_settings"] = {"search_path": target.schema}
-        return create_async_engine(
+        engine = create_async_engine(
             target.url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args
         )
+        # Job rows read ahead (pgraw.seen_jobs) may hold what a rolled-back savepoint wrote.
+        sa.event.listen(engine.sync_engine, "rollback_savepoint", _forget_read_ahead)
+        return engine
     # Statements run inline on the loop, commits on a thread (see sqlite_inline).
     path = target.url.database or ":memory:"
     engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
     sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous, deferred))
     return engine
+
+
+def _forget_read_ahead(conn: Any, _name: Any, _context: Any) -> None:
+    conn.info.pop(pgraw.SEEN_JOBS, None)
 
 
 def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:

@@ -29,6 +29,8 @@ async def guarded_update(
         return codec(table).guarded_update(db, key, version, values)
     raw = pgraw.pg(conn)
     if raw is not None:
+        if table.name == "jobs":
+            pgraw.forget_jobs(conn)  # rows read ahead are no longer what the table holds
         return await pgraw.codec(table).guarded_update(raw, key, version, values)
     column, value = key
     statement = _statement(table, column, tuple(sorted(values)))

@@ -32,6 +32,7 @@ async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
         return
     raw = pgraw.pg(conn)
     if raw is not None:
+        pgraw.forget_jobs(conn)
         await _PG.insert(raw, [job_row(r) for r in recs])
         return
     await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
@@ -54,6 +55,9 @@ async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
         return job_from_row(rows[0]) if rows else None
     raw = pgraw.pg(conn)
     if raw is not None:
+        seen = pgraw.seen_jobs(conn)
+        if job_id in seen:  # read along with its allocation a moment ago (allocations.get)
+            return job_from_row(seen.pop(job_id))
         rows = await _PG.by_keys(raw, "id", [job_id])
         return job_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"id": job_id})).first()
@@ -68,6 +72,9 @@ async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, Job
         return {r.id: job_from_row(r) for r in _RAW.by_keys(db, "id", list(ids))}
     raw = pgraw.pg(conn)
     if raw is not None:
+        seen = pgraw.seen_jobs(conn)
+        if seen and all(i in seen for i in ids):  # read along with their allocation
+            return {i: job_from_row(seen.pop(i)) for i in ids}
         return {r.id: job_from_row(r) for r in await _PG.by_keys(raw, "id", list(ids))}
     rows = await conn.execute(_GET_MANY, {"ids": list(ids)})
     return {r.id: job_from_row(r) for r in rows}

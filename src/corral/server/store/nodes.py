@@ -73,6 +73,34 @@ async def update(conn: AsyncConnection, rec: NodeRecord, **values: Any) -> bool:
     return await guarded_update(conn, nodes, ("name", rec.node.name), rec.version, values)
 
 
+_RESET_STREAK = (
+    sa.update(nodes)
+    .where(nodes.c.name == sa.bindparam("k_name"), nodes.c.failure_streak != 0)
+    .values(failure_streak=0, version=nodes.c.version + 1)
+)
+_RAW_RESET_STREAK = (
+    "UPDATE nodes SET failure_streak = 0, version = version + 1 "
+    "WHERE name = {} AND failure_streak <> 0"
+)
+
+
+async def reset_streak(conn: AsyncConnection, name: str) -> None:
+    """A job succeeded on ``name``: its count of failures in a row goes back to 0.
+
+    One statement, no read first: it changes the row (and its version) only when
+    the count is not 0 already.
+    """
+    db = driver(conn)
+    if db is not None:
+        db.execute(_RAW_RESET_STREAK.format("?"), (name,))
+        return
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        await raw.execute(_RAW_RESET_STREAK.format("$1"), name)
+        return
+    await conn.execute(_RESET_STREAK, {"k_name": name})
+
+
 async def touch(conn: AsyncConnection, name: str, at: float) -> bool:
     """Record a heartbeat. Unguarded on purpose: ``last_seen`` only moves forward."""
     result = await conn.execute(

@@ -61,6 +61,28 @@ def pg(conn: AsyncConnection) -> Any:
     return adapted._connection
 
 
+SEEN_JOBS = "corral_pg_seen_jobs"
+"""``conn.info`` key: job rows read with their allocation (``allocations.get``), by id."""
+
+
+def seen_jobs(conn: AsyncConnection) -> dict[str, Any]:
+    """The job rows ``allocations.get`` read along with an allocation in this transaction.
+
+    ``jobs.get``/``get_many`` take them (once) instead of asking again: they
+    were read in the same transaction a moment before, as a read statement
+    there would have. Any write to ``jobs`` (``forget_jobs``), a rollback to a
+    savepoint (``db``) and the start of every transaction or read forget them.
+    """
+    found: dict[str, Any] | None = conn.info.get(SEEN_JOBS)
+    if found is None:
+        found = conn.info[SEEN_JOBS] = {}
+    return found
+
+
+def forget_jobs(conn: AsyncConnection) -> None:
+    conn.info.pop(SEEN_JOBS, None)
+
+
 class PgCodec:
     """One table's columns, its prebuilt statements, how to bind values and read rows."""
 
@@ -68,7 +90,8 @@ class PgCodec:
         cols = list(table.columns)
         self.name = table.name
         self.names = tuple(c.name for c in cols)
-        self.select = f"SELECT {', '.join(_q(n) for n in self.names)} FROM {_q(table.name)}"
+        self.select_columns = tuple(_q(n) for n in self.names)
+        self.select = f"SELECT {', '.join(self.select_columns)} FROM {_q(table.name)}"
         self._types = {c.name: c.type.compile(dialect=_DIALECT) for c in cols}
         self._json = frozenset(c.name for c in cols if isinstance(c.type, sa.JSON))
         self._bool = frozenset(c.name for c in cols if isinstance(c.type, sa.Boolean))
