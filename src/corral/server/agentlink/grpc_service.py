@@ -159,7 +159,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self, requests: AsyncIterator[pb.AgentMessage], context: Any
     ) -> pb.Hello:
         try:
-            first = await asyncio.wait_for(anext(requests), self.settings.hello_timeout_s)
+            async with asyncio.timeout(self.settings.hello_timeout_s):  # not wait_for: see unit.py
+                first = await anext(requests)
         except (TimeoutError, StopAsyncIteration):
             first = None
         if first is None or not first.HasField("hello"):

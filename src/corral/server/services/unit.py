@@ -55,8 +55,13 @@ class Signal:
 
     async def wait(self, ticket: asyncio.Event, timeout: float) -> bool:
         """True when fired since ``ticket`` was taken, False when ``timeout`` passed first."""
+        if ticket.is_set():
+            return True
         try:
-            await asyncio.wait_for(ticket.wait(), timeout)
+            # asyncio.timeout, not wait_for: no task per wait, and on 3.11 wait_for loses a
+            # cancel that races the wake-up (the waiter then never stops; docs/agent-link.md).
+            async with asyncio.timeout(timeout):
+                await ticket.wait()
         except TimeoutError:
             return False
         return True
@@ -80,8 +85,11 @@ class Trigger:
 
     async def wait(self, timeout: float) -> bool:
         """True when poked, False when ``timeout`` passed first. Does not clear."""
+        if self._event.is_set():
+            return True
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # see Signal.wait
+                await self._event.wait()
         except TimeoutError:
             return False
         return True
