@@ -85,6 +85,7 @@ class Memo(Generic[K, V]):
         self._data: dict[K, V] = {}
         self._log = log
         self.get = self._data.get  # the hot path: a bound dict method, no wrapper call
+        self.data = self._data  # read-only view for hot paths of a compiled build (typed dict)
 
     def put(self, key: K, value: V) -> None:
         self._log.append((self._data, key, self._data.get(key, _MISSING)))
@@ -125,8 +126,10 @@ class Cycle:
         self._feasible = cluster.feasible
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
-        self._base_ends: Mapping[int, float] = ends or {}
+        # Both read as typed dicts: a compiled build looks them up directly (no method call).
+        self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
+        self._end_data = self._ends.data
         self.start = self.checkpoint()
 
     def hold(self, alloc: Allocation) -> None:
@@ -209,7 +212,7 @@ class Cycle:
 
     def expected_end(self, idx: int) -> float | None:
         """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
-        end = self._ends.get(idx)
+        end = self._end_data.get(idx)
         return self._base_ends.get(idx) if end is None else end
 
     def book(self, idx: int, end: float) -> None:
