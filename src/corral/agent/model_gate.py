@@ -97,5 +97,7 @@ async def _wait(
     finally:
         forget()
         stopped.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ModelError):
-            await fetch
+        # gather, not suppress(CancelledError): a cancel of this wait itself propagates
+        (outcome,) = await asyncio.gather(fetch, return_exceptions=True)
+        if isinstance(outcome, Exception) and not isinstance(outcome, ModelError):
+            raise outcome

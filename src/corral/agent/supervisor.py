@@ -268,8 +268,8 @@ class Supervisor:
             await asyncio.wait(tasks, timeout=grace_s + 3.0)
         for task in tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # gather, not each under suppress(CancelledError): a cancel of shutdown itself propagates
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, slot: _Slot) -> None:
         try:
