@@ -208,3 +208,43 @@ async def test_jobs_read_with_their_allocation_are_never_staler_than_the_transac
     finally:
         await db.close()
     assert final == now
+
+
+async def test_a_write_cancelled_while_waiting_for_the_event_lock_leaves_a_clean_connection(
+    pg_url: str,
+) -> None:
+    db = Database(parse_db(pg_url), pool_size=1)  # two connections: both get reused below
+    await db.prepare()
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_lock() -> None:
+        async with db.write() as conn:
+            await job_repo.insert(conn, _job("first"))
+            holding.set()
+            await release.wait()
+
+    async def wait_for_the_lock() -> None:
+        async with db.write() as conn:
+            await job_repo.insert(conn, _job("never"))
+
+    try:
+        holder = asyncio.create_task(hold_the_lock())
+        await holding.wait()
+        waiter = asyncio.create_task(wait_for_the_lock())
+        await asyncio.sleep(0.2)  # in BEGIN, queued behind the holder's lock
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        release.set()
+        await holder
+        for n in range(4):  # each pooled connection serves reads and writes again
+            async with db.read() as conn, db.read() as other:
+                assert await job_repo.get(conn, "first") is not None
+                assert await job_repo.get(other, "never") is None
+            async with db.write() as conn:
+                await job_repo.insert(conn, _job(f"after_{n}"))
+        async with db.read() as conn:
+            found = await job_repo.get_many(conn, ["never", *(f"after_{n}" for n in range(4))])
+        assert set(found) == {f"after_{n}" for n in range(4)}
+    finally:
+        await db.close()

@@ -192,19 +192,13 @@ class Database:
         adapted.isolation_level = pgraw.RAW
         pgraw.forget_jobs(conn)
         try:
-            await raw.execute(self._pg_begin[ordered_events, durable])
             try:
+                await raw.execute(self._pg_begin[ordered_events, durable])
                 yield conn
-            except Exception:
-                try:
-                    await raw.execute("ROLLBACK")
-                except Exception:
-                    await conn.invalidate()
+                await raw.execute("COMMIT")
+            except BaseException as exc:  # from BEGIN (a cancelled lock wait), the body, COMMIT
+                await _pg_abandon(conn, raw, exc)
                 raise
-            except BaseException:  # cancelled, perhaps mid-statement: never reuse it
-                await conn.invalidate()
-                raise
-            await raw.execute("COMMIT")
         finally:
             adapted.isolation_level = adapted._isolation_setting
 
@@ -253,6 +247,26 @@ class Database:
         await self.engine.dispose()
         if self.file_lock is not None:
             self.file_lock.release()
+
+
+async def _pg_abandon(conn: AsyncConnection, raw: Any, exc: BaseException) -> None:
+    """Roll back after ``exc``; a connection that cannot be trusted is closed instead.
+
+    After an error the transaction is rolled back and the connection serves on.
+    After a cancel (the statement in flight may still run: asyncpg only asks the
+    server to cancel it), or when the rollback fails, the connection is
+    invalidated: closed, so PostgreSQL rolls back whatever it held.
+    """
+    clean = False
+    try:
+        if isinstance(exc, Exception) and not raw.is_closed():
+            await raw.execute("ROLLBACK")  # only a warning when COMMIT already ended it
+            clean = True
+    except Exception:
+        pass
+    finally:
+        if not clean:
+            await conn.invalidate()
 
 
 def _file_lock(target: DbTarget) -> SqliteLock | None:
