@@ -198,8 +198,13 @@ def _fragmentation_measure() -> Callable[[Snapshot], Any] | None:
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:
-    times = [t for t in (None if nxt is None else nxt.submit_at, timer, cycle_at) if t is not None]
-    return min(times) if times else None
+    """The soonest of what is next (None: nothing is). Once per instant: no list built."""
+    best = None if nxt is None else nxt.submit_at
+    if timer is not None and (best is None or timer < best):
+        best = timer
+    if cycle_at is not None and (best is None or cycle_at < best):
+        best = cycle_at
+    return best
 
 
 def _next_tick(t: float, interval: float) -> float:
