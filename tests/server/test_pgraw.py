@@ -248,3 +248,28 @@ async def test_a_write_cancelled_while_waiting_for_the_event_lock_leaves_a_clean
         assert set(found) == {f"after_{n}" for n in range(4)}
     finally:
         await db.close()
+
+
+async def _generic_plan(db: Database, sql: str) -> str:
+    """The plan PostgreSQL caches for ``sql`` as a prepared statement (on this schema now)."""
+    async with db.read() as conn:
+        raw = pgraw.pg(conn)
+        await raw.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            await raw.execute(f"PREPARE corral_plan(varchar) AS {sql}")
+            rows = await raw.fetch("EXPLAIN EXECUTE corral_plan('x')")
+            await raw.execute("DEALLOCATE corral_plan")
+        finally:
+            await raw.execute("RESET plan_cache_mode")
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_reading_an_allocation_with_its_jobs_never_scans_every_job(pg_url: str) -> None:
+    """On a fresh schema (no statistics, small tables) too: the plan cached then is kept."""
+    db = await _open(pg_url)
+    try:
+        plan = await _generic_plan(db, alloc_repo._PG_GET_WITH_JOBS)
+    finally:
+        await db.close()
+    assert "Seq Scan on jobs" not in plan, plan
+    assert "jobs_id_key" in plan, plan

@@ -52,12 +52,16 @@ async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
 
 _PG_JOBS = pgraw.codec(jobs)
 # The allocation and its jobs in one round trip: whoever reads an allocation by id
-# (an agent's start or end, a cancel) reads its jobs next.
+# (an agent's start or end, a cancel) reads its jobs next. Each job is looked up on its
+# own (LATERAL ... LIMIT 1: never flattened into a join), so the plan is an index lookup
+# per job even when it was prepared while the tables were small: as a plain join, the plan
+# cached on a fresh schema was a hash join scanning every job, each time.
 _PG_GET_WITH_JOBS = (
     f"SELECT {', '.join(f'a.{c}' for c in _PG.select_columns)}, "
     f"{', '.join(f'j.{c}' for c in _PG_JOBS.select_columns)} FROM allocations a "
     "LEFT JOIN LATERAL json_array_elements_text(a.job_ids) AS k(id) ON true "
-    "LEFT JOIN jobs j ON j.id = k.id WHERE a.id = $1"
+    "LEFT JOIN LATERAL (SELECT * FROM jobs WHERE jobs.id = k.id LIMIT 1) j ON true "
+    "WHERE a.id = $1"
 )
 _JOB_ID_AT = _PG_JOBS.names.index("id")
 
