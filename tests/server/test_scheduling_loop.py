@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from server_harness import ADMIN, World
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader
 from corral.server.store.db import Database, lock_key, parse_db
@@ -104,3 +109,30 @@ async def test_running_allocations_carry_their_expected_end(world: World) -> Non
     async with world.plane.rt.db.read() as conn:
         snapshot, _ = await world.plane.schedule.cache.load(conn)
     assert dict(snapshot.expected_ends) == {}
+
+
+async def test_the_kept_read_connection_never_holds_the_wal_back(tmp_path: Path) -> None:
+    db_file = tmp_path / "w.db"
+    world = await World.open(f"sqlite:///{db_file}", tmp_path)
+    loop = world.plane.schedule
+
+    async def sizes(conn: AsyncConnection) -> dict[str, int]:  # a read through SQLAlchemy
+        await conn.execute(sa.text("SELECT count(*) FROM jobs"))
+        return {}
+
+    loop.model_sizes = sizes
+    try:
+        await world.agent("n1", gpus=2)
+        for _ in range(3):
+            await world.submit(resources={"gpus": 1})
+            await world.cycle()
+        assert loop._reader is not None, "cycles keep one read connection"
+        assert not loop._reader.in_transaction(), "... with no read transaction between cycles"
+        # A full checkpoint succeeds only if no reader still sees an old snapshot.
+        with contextlib.closing(sqlite3.connect(db_file)) as other:
+            busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert busy == 0
+        assert (db_file.parent / "w.db-wal").stat().st_size == 0
+    finally:
+        await world.close()
+    assert world.plane.schedule._reader is None, "stopping gives it back"

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -103,10 +102,9 @@ class ControlPlane:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # a cancel of stop propagates
         self._tasks = []
+        await self.schedule.close()
         if self.notifier is not None:
             await self.notifier.close()
         await self.schedule.leader.release()

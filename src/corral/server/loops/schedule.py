@@ -16,9 +16,10 @@ submissions pour in; a job arriving at a quiet server is scheduled at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -55,6 +56,7 @@ class SchedulingLoop:
         self.last_cycle_s = 0.0
         self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
         self._burst = False  # the last cycle found more than one job waiting
+        self._reader: AsyncConnection | None = None  # SQLite: the cycles' kept read connection
         self._next_timer: float | None = None
         # Models (issue 10): registry sizes for the snapshot; what runs after each cycle.
         self.model_sizes: Callable[[AsyncConnection], Awaitable[Mapping[str, int]]] | None = None
@@ -134,7 +136,7 @@ class SchedulingLoop:
     async def cycle(self) -> Applied:
         """One cycle. Public so tests (and a future leader election) can drive it directly."""
         started = time.perf_counter()
-        async with self.rt.db.read() as conn:
+        async with self._reading() as conn:
             rt = self.rt
             snapshot, records = await self.cache.load(conn, rt.fresh_jobs, rt.fresh_allocs)
             if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
@@ -159,6 +161,32 @@ class SchedulingLoop:
         self.last_cycle_s = time.perf_counter() - started
         self.rt.metrics.cycle_seconds.observe(self.last_cycle_s)
         return applied
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+        """The cycle's reads. On SQLite one connection kept across cycles: checking one out
+        of the pool and resetting it on return was 0.1-0.2 ms of a one-job cycle (of ~0.7).
+        Its read transaction ends with each cycle, so it never holds the WAL back. On
+        PostgreSQL, the pool's (``Database.read``)."""
+        db = self.rt.db
+        if db.is_postgres:
+            async with db.read() as conn:
+                yield conn
+            return
+        if self._reader is None:
+            self._reader = await db.engine.connect()
+        try:
+            yield self._reader
+        except BaseException:
+            await self.close()  # a failed or cancelled read: start from a fresh connection
+            raise
+        await self._reader.rollback()
+
+    async def close(self) -> None:
+        """Give back the kept read connection (the server is stopping)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
 
     def _without_awaiting(self, snapshot: Snapshot) -> Snapshot:
         """Hide jobs whose preemption victims are still stopping; forget those whose are gone."""
