@@ -29,7 +29,7 @@ def test_asyncio_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_wrong_choice_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(loop.ENV, "trio")
-    with pytest.raises(InvalidSpec, match="CORRAL_EVENT_LOOP.*'trio'"):
+    with pytest.raises(InvalidSpec, match=r"CORRAL_EVENT_LOOP.*'trio'"):
         loop.choice()
 
 

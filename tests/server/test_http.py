@@ -284,10 +284,12 @@ async def test_a_client_leaving_an_event_stream_ends_it_on_the_server(served: Se
 
     job = await submit(served, resources={"gpus": 1})
     assert await open_streams() == 0
-    async with served.admin.stream("GET", "/v1/events") as every:
-        async with served.admin.stream("GET", f"/v1/jobs/{job['id']}/events") as one:
-            assert one.status_code == every.status_code == 200
-            await eventually(lambda: streams_are(2))
+    async with (
+        served.admin.stream("GET", "/v1/events") as every,
+        served.admin.stream("GET", f"/v1/jobs/{job['id']}/events") as one,
+    ):
+        assert one.status_code == every.status_code == 200
+        await eventually(lambda: streams_are(2))
     # Both clients left while nothing was being sent: the server notices and lets go.
     await eventually(lambda: streams_are(0))
 
