@@ -16,6 +16,7 @@ from corral.server.store import nodes as node_repo
 from corral.server.store import pgraw
 from corral.server.store.db import Database, parse_db
 from corral.server.store.events import TeamEvent
+from corral.server.store.tables import allocations, jobs, nodes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -250,14 +251,14 @@ async def test_a_write_cancelled_while_waiting_for_the_event_lock_leaves_a_clean
         await db.close()
 
 
-async def _generic_plan(db: Database, sql: str) -> str:
+async def _generic_plan(db: Database, sql: str, arg: str = "varchar") -> str:
     """The plan PostgreSQL caches for ``sql`` as a prepared statement (on this schema now)."""
     async with db.read() as conn:
         raw = pgraw.pg(conn)
         await raw.execute("SET plan_cache_mode = force_generic_plan")
         try:
-            await raw.execute(f"PREPARE corral_plan(varchar) AS {sql}")
-            rows = await raw.fetch("EXPLAIN EXECUTE corral_plan('x')")
+            await raw.execute(f"PREPARE corral_plan({arg}) AS {sql}")
+            rows = await raw.fetch("EXPLAIN EXECUTE corral_plan(NULL)")
             await raw.execute("DEALLOCATE corral_plan")
         finally:
             await raw.execute("RESET plan_cache_mode")
@@ -273,3 +274,23 @@ async def test_reading_an_allocation_with_its_jobs_never_scans_every_job(pg_url:
         await db.close()
     assert "Seq Scan on jobs" not in plan, plan
     assert "jobs_id_key" in plan, plan
+
+
+async def test_rows_by_several_keys_are_index_lookups_on_a_fresh_schema(pg_url: str) -> None:
+    db = await _open(pg_url)
+    try:
+        plans = {
+            table: await _generic_plan(
+                db, pgraw.codec(table)._key_sql(column)[1], f"{pgraw.codec(table)._types[column]}[]"
+            )
+            for table, column in ((jobs, "id"), (allocations, "id"), (nodes, "name"))
+        }
+        async with db.write() as conn:
+            await job_repo.insert_many(conn, [_job("a"), _job("b")])
+        async with db.read() as conn:
+            found = await job_repo.get_many(conn, ["b", "a", "b", "gone"])
+    finally:
+        await db.close()
+    for table, plan in plans.items():
+        assert f"Seq Scan on {table.name}" not in plan, plan
+    assert sorted(found) == ["a", "b"]

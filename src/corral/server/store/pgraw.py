@@ -119,18 +119,27 @@ class PgCodec:
         found = self._by_key.get(column)
         if found is None:
             one = f"{self.select} WHERE {_q(column)} = $1"
-            many = f"{self.select} WHERE {_q(column)} = ANY($1::{self._types[column]}[])"
+            # One index lookup per key (LATERAL ... LIMIT 1 is never flattened into a join):
+            # "= ANY($1)" is planned as a scan of the whole table when the plan PostgreSQL
+            # keeps for the prepared statement was made while the table was small.
+            cols = ", ".join(f"t.{c}" for c in self.select_columns)
+            many = (
+                f"SELECT {cols} FROM unnest($1::{self._types[column]}[]) AS k(key) "
+                f"CROSS JOIN LATERAL (SELECT * FROM {_q(self.name)} "
+                f"WHERE {_q(column)} = k.key LIMIT 1) t"
+            )
             found = self._by_key[column] = (one, many)
         return found
 
     async def by_keys(self, raw: Any, column: str, keys: Sequence[Any]) -> list[Any]:
-        """Rows whose ``column`` is one of ``keys`` (any order)."""
+        """Rows whose ``column`` (unique) is one of ``keys`` (any order, each row once)."""
         if not keys:
             return []
         one, many = self._key_sql(column)
         if len(keys) == 1:
             return [self.row._make(r) for r in await raw.fetch(one, keys[0])]  # type: ignore[attr-defined]
-        return [self.row._make(r) for r in await raw.fetch(many, list(keys))]  # type: ignore[attr-defined]
+        unique = list(dict.fromkeys(keys))
+        return [self.row._make(r) for r in await raw.fetch(many, unique)]  # type: ignore[attr-defined]
 
     async def where(self, raw: Any, clause: str, params: Sequence[Any] = ()) -> list[Any]:
         """Rows of ``SELECT <all columns> <clause>`` (``$1``... placeholders)."""
