@@ -6,6 +6,7 @@ import pytest
 from server_harness import ADMIN, World
 
 from corral.core.events import Event, EventKind
+from corral.server.services.feed import one_by_one
 from corral.server.services.recent import RecentEvents
 from corral.server.store import events as event_repo
 from corral.server.store.events import TeamEvent
@@ -49,8 +50,8 @@ def test_a_batch_without_seqs_closes_the_window() -> None:
 async def test_the_feed_from_memory_equals_the_table(world: World) -> None:
     for _ in range(3):
         await world.submit()
-    from_feed = []
-    async for event in world.plane.feed.follow(ADMIN, 0):
+    from_feed: list[Event] = []
+    async for event in one_by_one(world.plane.feed.follow(ADMIN, 0)):
         if event is None or len(from_feed) == 3:
             break
         from_feed.append(event)

@@ -38,6 +38,7 @@ from corral.server.services.compat_comfyui_events import (
     status_message,
     translate,
 )
+from corral.server.services.feed import one_by_one
 from corral.server.store import events as event_repo
 from corral.server.store import jobs as job_repo
 
@@ -179,7 +180,11 @@ async def _stream(ws: WebSocket, who: Caller, sid: str) -> None:
 
     try:
         await _relay(
-            ws, who, sid, plane.feed.follow(who.principal, after, disconnected=gone), watches
+            ws,
+            who,
+            sid,
+            one_by_one(plane.feed.follow(who.principal, after, disconnected=gone)),
+            watches,
         )
     finally:
         reader.cancel()

@@ -38,7 +38,7 @@ async def all_events(
     start = _resume_point(last_event_id, after)
     kinds = kind_set(kind)
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
-    stream = plane.feed.follow_batches(who, start, kinds=kinds)
+    stream = plane.feed.follow(who, start, kinds=kinds)
     body = sse(stream, plane.rt.metrics.event_streams)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -31,6 +31,7 @@ from corral.server.api.schemas import JobIn
 from corral.server.compat_settings import CompatSettings
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
+from corral.server.services.feed import one_by_one
 from corral.server.services.jobs import Draft, new_job_id
 from corral.server.store.records import JobRecord
 
@@ -167,7 +168,9 @@ class CompatJobs:
         When the client goes away first the job is cancelled (nobody wants its
         answer any more) and ``Conflict`` is raised.
         """
-        feed = self.plane.feed.follow(caller.principal, 0, job_id=job_id, disconnected=disconnected)
+        feed = one_by_one(
+            self.plane.feed.follow(caller.principal, 0, job_id=job_id, disconnected=disconnected)
+        )
         async for event in feed:
             if event is not None and on_event is not None:
                 await on_event(event)

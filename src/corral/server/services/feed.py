@@ -20,31 +20,23 @@ from corral.server.store.records import JobRecord
 PAGE = 500
 
 
+async def one_by_one(
+    batches: AsyncIterator[list[Event] | None],
+) -> AsyncIterator[Event | None]:
+    """``EventFeed.follow``'s lists, one event at a time (``None`` still means "idle")."""
+    async for batch in batches:
+        if batch is None:
+            yield None
+            continue
+        for event in batch:
+            yield event
+
+
 class EventFeed:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
     async def follow(
-        self,
-        who: Principal,
-        after: int,
-        *,
-        job_id: str | None = None,
-        kinds: frozenset[str] | None = None,
-        disconnected: Callable[[], Awaitable[bool]] | None = None,
-    ) -> AsyncIterator[Event | None]:
-        """``follow_batches`` one event at a time."""
-        batches = self.follow_batches(
-            who, after, job_id=job_id, kinds=kinds, disconnected=disconnected
-        )
-        async for batch in batches:
-            if batch is None:
-                yield None
-                continue
-            for event in batch:
-                yield event
-
-    async def follow_batches(
         self,
         who: Principal,
         after: int,
