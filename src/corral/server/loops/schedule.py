@@ -180,7 +180,8 @@ class SchedulingLoop:
         except BaseException:
             await self.close()  # a failed or cancelled read: start from a fresh connection
             raise
-        await self._reader.rollback()
+        if self._reader.in_transaction():  # a read through SQLAlchemy began one: end it
+            await self._reader.rollback()
 
     async def close(self) -> None:
         """Give back the kept read connection (the server is stopping)."""
