@@ -136,3 +136,28 @@ async def test_the_kept_read_connection_never_holds_the_wal_back(tmp_path: Path)
     finally:
         await world.close()
     assert world.plane.schedule._reader is None, "stopping gives it back"
+
+
+async def test_queue_and_node_gauges_follow_the_cycles(world: World) -> None:
+    def gauges() -> dict[str, float]:
+        text = world.plane.rt.metrics.render().decode()
+        wanted = ("corral_queue_depth{", "corral_nodes{")
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(wanted)
+        }
+
+    await world.submit(resources={"gpus": 1}, team="vision")
+    await world.submit(resources={"gpus": 1}, team="vision")
+    await world.cycle()
+    seen = gauges()
+    assert seen['corral_queue_depth{priority="free",team="vision"}'] == 2
+    assert seen['corral_nodes{state="ready"}'] == 0
+    await world.cycle()
+    assert gauges() == seen, "an unchanged cycle leaves them as they were"
+    await world.agent("n1", gpus=1)
+    await world.cycle()
+    seen = gauges()
+    assert seen['corral_queue_depth{priority="free",team="vision"}'] == 1  # one was placed
+    assert seen['corral_nodes{state="ready"}'] == 1

@@ -18,6 +18,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 360
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._queue_seen: Tally[tuple[str, str]] | None = None  # what the gauges show now
+        self._nodes_seen: Tally[str] | None = None
         r = self.registry
         self.submitted = Counter(
             "corral_jobs_submitted", "Jobs accepted", ["priority", "team"], registry=r
@@ -49,14 +51,21 @@ class Metrics:
         )
 
     def observe_queue(self, queued: Iterable[Job]) -> None:
-        """Replace the queue-depth gauges with the counts in ``queued``."""
+        """Replace the queue-depth gauges with the counts in ``queued`` (every cycle: the
+        gauges are rewritten only when a count changed)."""
         counts = Tally((j.priority, j.team) for j in queued)
+        if counts == self._queue_seen:
+            return
+        self._queue_seen = counts
         self.queue_depth.clear()
         for (priority, team), n in counts.items():
             self.queue_depth.labels(priority, team).set(n)
 
     def observe_nodes(self, nodes: Iterable[Node]) -> None:
         counts = Tally(_node_state(n) for n in nodes)
+        if counts == self._nodes_seen:
+            return
+        self._nodes_seen = counts
         for state in ("ready", "paused", "draining", "lost"):
             self.nodes.labels(state).set(counts.get(state, 0))
 
