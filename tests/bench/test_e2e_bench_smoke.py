@@ -36,3 +36,14 @@ def test_e2e_benchmark_runs_corral_and_celery_and_prints_the_ratio() -> None:
     assert any(line.startswith("celery           batch") for line in lines), out.stdout
     [ratio] = [line for line in lines if line.startswith("throughput ratio corral/celery: ")]
     assert float(ratio.rsplit(" ", 1)[1]) > 0
+
+
+def test_the_idle_steps_benchmark_stamps_each_step_of_a_job() -> None:
+    argv = [sys.executable, "e2e_steps.py", "--jobs", "5"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line[:40].strip(): line.split()[-1] for line in out.stdout.splitlines()[3:]}
+    # Stamps came from the server and the agent processes, for every job.
+    for step in ("server: cycle >", "agent: assignment read", "server: SSE event framed"):
+        assert rows.get(step) == "5", out.stdout
+    assert rows["client: saw it done"] == "5"

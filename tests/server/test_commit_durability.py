@@ -92,6 +92,32 @@ async def test_fast_fsyncs_run_on_the_loop_and_slow_ones_on_the_thread_with_prob
     assert sync.syncs == len(on_loop)
 
 
+async def test_an_fsync_for_the_thread_is_under_way_before_the_writer_wakes_anyone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.store import wal_sync
+
+    called = threading.Event()
+
+    def timed(path: Path) -> float:
+        called.set()
+        return 0.02  # a slow disk: fsyncs stay on the thread
+
+    monkeypatch.setattr(wal_sync, "_fsync", timed)
+    sync = wal_sync.WalSync(tmp_path / "x.db-wal")
+    sync.start(sync.mark())
+    assert not called.is_set(), "on the loop (nothing known yet) it waits for wait()"
+    await sync.wait(sync.committed)
+    assert sync.average_s >= wal_sync.INLINE_BELOW_S  # now the thread's
+    called.clear()
+    position = sync.mark()
+    sync.start(position)
+    await asyncio.sleep(0)  # one turn: the task hands the fsync to the thread ...
+    assert await asyncio.to_thread(called.wait, 5.0), "... before anyone waits for it"
+    await sync.wait(position)
+    assert sync.synced == position
+
+
 async def test_a_configured_normal_or_off_never_fsyncs(tmp_path: Path) -> None:
     for level, want in (("OFF", 0), ("NORMAL", NORMAL)):
         db = Database(parse_db(str(tmp_path / f"{level}.db")), sqlite_synchronous=level)

@@ -146,7 +146,8 @@ class Database:
         WAL without an fsync, the write lock is released, and then a durable write
         waits for an fsync of the WAL (``WalSync``) before returning: what FULL
         does, but other writers go on meanwhile and one fsync covers every commit
-        before it. ``on_commit`` runs right after the commit, before that wait.
+        before it. ``on_commit`` runs right after the commit (and after that fsync
+        was handed to the thread, when fsyncs go there), before the wait.
         """
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
@@ -159,6 +160,10 @@ class Database:
                     self._pg_transaction(conn, ordered_events, durable)
                 )
         position = self.wal_sync.mark() if self.wal_sync is not None else 0
+        if durable and self.wal_sync is not None:
+            # An fsync on the thread starts before on_commit pokes anyone: a scheduling
+            # cycle woken by the poke would otherwise run first and hold it back.
+            self.wal_sync.start(position)
         if on_commit is not None:
             on_commit()
         if durable and self.wal_sync is not None:

@@ -64,12 +64,24 @@ class WalSync:
         self.committed += 1
         return self.committed
 
+    def start(self, position: int) -> None:
+        """While fsyncs go to the thread, have one under way for the commit at ``position``
+        now, so it overlaps whatever the caller wakes next (a scheduling cycle). Fsyncs on
+        the loop wait for ``wait``: they would hold that cycle (and the next assignment)
+        back instead."""
+        if self.average_s >= INLINE_BELOW_S:
+            self._syncing(position)
+
     async def wait(self, position: int) -> None:
         """Return once the commit at ``position`` is on disk (start an fsync if none runs)."""
         while self.synced < position:
-            if self._running is None or self._running.done():
-                self._running = asyncio.ensure_future(self._sync())
-            await asyncio.shield(self._running)
+            await asyncio.shield(self._syncing(position))
+
+    def _syncing(self, position: int) -> asyncio.Future[None]:
+        """The fsync under way, started now unless one runs (or ``position`` is on disk)."""
+        if self._running is None or (self._running.done() and self.synced < position):
+            self._running = asyncio.ensure_future(self._sync())
+        return self._running
 
     async def _sync(self) -> None:
         covered = self.committed  # commits made before this fsync starts are in the file

@@ -1,0 +1,95 @@
+"""Where an idle round trip's time goes, step by step (issue 9's idle latency).
+
+    python bench/e2e_steps.py [--jobs N] [--agents K]
+
+Starts a real server and K agents as ``bench/e2e.py`` does, with
+``bench/stamps`` on their ``PYTHONPATH``: each step of a job (the submission,
+its group commit, fsyncs, the scheduling cycle, the assignment, the agent
+reading it and writing its updates, the events published and framed for SSE)
+writes a time stamp. Then N jobs run one at a time, and for each step this
+prints the median time from the client's submit to that step's first stamp
+within the job's round trip, ending with the client seeing it done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from corral_peer import CorralPeer
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=200, help="idle round trips stamped")
+    ap.add_argument("--agents", type=int, default=1)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="corral-steps-") as tmp:
+        prefix = str(Path(tmp) / "stamps")
+        os.environ["BENCH_STAMPS"] = prefix
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, (str(HERE / "stamps"), os.environ.get("PYTHONPATH")))
+        )
+        print(f"starting a server and {args.agents} agent(s) ...", file=sys.stderr, flush=True)
+        peer = CorralPeer(args.agents, None, "corral/sqlite")
+        try:
+            for _ in range(20):  # warm connections, imports and the first cycles
+                peer.round_trip()
+            trips = []
+            for i in range(args.jobs):
+                submitted = time.time()
+                peer.round_trip()
+                trips.append((submitted, time.time()))
+                if (i + 1) % 50 == 0:
+                    print(f"  {i + 1}/{args.jobs} jobs", file=sys.stderr, flush=True)
+        finally:
+            peer.close()
+        stamps = sorted(
+            (float(at), step.strip())
+            for f in Path(tmp).glob("stamps.*")
+            for at, step in (line.split(" ", 1) for line in f.read_text().splitlines())
+        )
+    report(offsets(stamps, trips), args.jobs)
+    return 0
+
+
+def offsets(
+    stamps: list[tuple[float, str]], trips: list[tuple[float, float]]
+) -> dict[str, list[float]]:
+    """Per step, the ms from each trip's submit to the step's first stamp inside that trip."""
+    out: dict[str, list[float]] = defaultdict(list)
+    i = 0
+    for submitted, done in trips:
+        while i < len(stamps) and stamps[i][0] < submitted:
+            i += 1
+        seen: set[str] = set()
+        j = i
+        while j < len(stamps) and stamps[j][0] <= done:
+            at, step = stamps[j]
+            if step not in seen:
+                seen.add(step)
+                out[step].append((at - submitted) * 1000)
+            j += 1
+        out["client: saw it done"].append((done - submitted) * 1000)
+    return out
+
+
+def report(steps: dict[str, list[float]], jobs: int) -> None:
+    print(f"\nidle round trip, step by step ({jobs} jobs; ms from the client's submit)\n")
+    print(f"{'step':40} {'p50':>8} {'p90':>8} {'jobs':>6}")
+    for step, ms in sorted(steps.items(), key=lambda kv: statistics.median(kv[1])):
+        ordered = sorted(ms)
+        p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+        print(f"{step:40} {statistics.median(ms):8.2f} {p90:8.2f} {len(ms):6d}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

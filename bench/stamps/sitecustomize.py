@@ -1,0 +1,91 @@
+"""Step stamps for ``bench/e2e_steps.py``: imported by every Python process started with this
+folder on ``PYTHONPATH`` (the server, the agents) when ``BENCH_STAMPS`` names a file prefix.
+
+Each step below is wrapped as its module is imported; every call writes ``<time.time()>
+<step>`` to ``<prefix>.<pid>`` (``>``/``<`` mark the start and end of a coroutine). Nothing
+is wrapped, and nothing written, without the variable.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+PREFIX = os.environ.get("BENCH_STAMPS")
+
+# module -> (class or None for a module function, attribute, step name, is it a coroutine)
+STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
+    "corral.server.services.jobs": [("JobService", "submit", "server: submit", True)],
+    "corral.server.services.group": [("GroupCommitter", "_commit", "server: group commit", True)],
+    "corral.server.store.wal_sync": [("WalSync", "_sync", "server: fsync", True)],
+    "corral.server.loops.schedule": [("SchedulingLoop", "cycle", "server: cycle", True)],
+    "corral.server.services.placement": [(None, "apply_plan", "server: apply plan", True)],
+    "corral.server.agentlink.grpc_link": [("GrpcLink", "assign", "server: assign sent", True)],
+    "corral.server.agentlink.grpc_service": [
+        ("AgentLinkService", "_handle", "server: agent update", True)
+    ],
+    "corral.server.services.recent": [("RecentEvents", "add", "server: events published", False)],
+    "corral.server.api.render": [(None, "event_json", "server: SSE event framed", False)],
+    "corral.agent.wire": [
+        (None, "order_from", "agent: assignment read", False),
+        (None, "update_message", "agent: update written", False),
+    ],
+}
+
+
+def _wrap(fn: Callable[..., Any], step: str, is_async: bool, out: Any) -> Callable[..., Any]:
+    if is_async:
+
+        @functools.wraps(fn)
+        async def timed(*args: Any, **kw: Any) -> Any:
+            out.write(f"{time.time():.6f} {step} >\n")
+            try:
+                return await fn(*args, **kw)
+            finally:
+                out.write(f"{time.time():.6f} {step} <\n")
+
+        return timed
+
+    @functools.wraps(fn)
+    def stamped(*args: Any, **kw: Any) -> Any:
+        out.write(f"{time.time():.6f} {step}\n")
+        return fn(*args, **kw)
+
+    return stamped
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in STEPS:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            for owner_name, attr, step, is_async in STEPS[name]:
+                owner = getattr(module, owner_name) if owner_name else module
+                setattr(owner, attr, _wrap(getattr(owner, attr), step, is_async, self.out))
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if PREFIX:
+    sys.meta_path.insert(0, _Finder(open(f"{PREFIX}.{os.getpid()}", "a", buffering=1)))  # noqa: SIM115
