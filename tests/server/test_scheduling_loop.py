@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from server_harness import ADMIN, World
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.core.states import JobState
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader
 from corral.server.store.db import Database, lock_key, parse_db
 
@@ -161,3 +162,38 @@ async def test_queue_and_node_gauges_follow_the_cycles(world: World) -> None:
     seen = gauges()
     assert seen['corral_queue_depth{priority="free",team="vision"}'] == 1  # one was placed
     assert seen['corral_nodes{state="ready"}'] == 1
+
+
+async def test_an_end_pokes_the_scheduler_only_when_work_waits(world: World) -> None:
+    trigger = world.plane.rt.schedule_needed
+    agent = await world.agent("n1", gpus=1)
+    await world.submit(resources={"gpus": 1})
+    await world.cycle()
+    a = await agent.next_assignment()
+    assert not world.plane.rt.work_waiting, "everything was placed"
+    trigger.clear()
+    await agent.start(a)
+    await agent.finish(a)
+    assert not trigger.fired, "nothing waits for the freed GPU: no cycle for it"
+
+    await world.submit(resources={"gpus": 1})
+    await world.submit(resources={"gpus": 1})
+    await world.cycle()
+    b = await agent.next_assignment()
+    assert world.plane.rt.work_waiting, "one job did not fit"
+    trigger.clear()
+    await agent.start(b)
+    await agent.finish(b)
+    assert trigger.fired, "the waiting job may fit now"
+
+    await world.cycle()
+    c = await agent.next_assignment()
+    assert not world.plane.rt.work_waiting
+    trigger.clear()
+    await agent.start(c)
+    await agent.fail(c, retryable=True)
+    assert trigger.fired, "a requeued job is work waiting"
+    await world.cycle()
+    requeued = await world.plane.jobs.get(ADMIN, c.jobs[0].job_id)
+    still_queued = requeued.state is JobState.QUEUED  # waiting out its retry backoff
+    assert world.plane.rt.work_waiting is still_queued

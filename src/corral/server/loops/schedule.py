@@ -94,6 +94,7 @@ class SchedulingLoop:
             trigger.clear()
             try:
                 if not await self._lead():
+                    self.rt.work_waiting = True  # a follower forwards every change to the leader
                     self.rt.fresh_jobs.clear()  # only the leader's snapshot takes them
                     self.rt.fresh_allocs.clear()
                     if fired and self.on_follow is not None:
@@ -103,6 +104,7 @@ class SchedulingLoop:
                 self._cycle_ended = time.perf_counter()
             except Exception:  # a bad cycle must not stop scheduling forever
                 log.exception("scheduling cycle failed; retrying")
+                self.rt.work_waiting = True
                 self.cache.rebuild()
                 await self.rt.clock.sleep(1.0)
                 trigger.fire()
@@ -210,6 +212,7 @@ class SchedulingLoop:
         self.unplaced = {u.job_id: u for u in plan.unplaced}
         waiting = [j.not_before for j in snapshot.queued if j.not_before > now]
         self._next_timer = min(waiting) if waiting else None
+        self.rt.work_waiting = bool(self.unplaced or self.awaiting or waiting)
         placed = {j for p in plan.placements for j in p.job_ids}
         self.rt.metrics.observe_queue(j for j in snapshot.queued if j.id not in placed)
         self.rt.metrics.observe_nodes(snapshot.nodes)

@@ -73,7 +73,8 @@ async def end_allocation(
         tx.conn, rec, observed=observed.value, active=False, ended_at=tx.now
     ):
         raise Conflict(f"allocation {alloc.id} changed while it was being ended")
-    tx.reschedule = True
+    # The freed capacity matters to work still waiting (a job it requeues pokes on its own).
+    tx.reschedule = tx.reschedule or rt.work_waiting
     if ending is Ending.SUCCEEDED or (ending is Ending.FAILED and retryable):
         await note_outcome(rt, tx, alloc.node, ok=ending is Ending.SUCCEEDED, error=error)
     jobs = await job_repo.get_many(tx.conn, alloc.job_ids)
@@ -156,6 +157,7 @@ async def apply_settlement(
     target = transition(JOB, job.job.id, state, decision.state, at=tx.now, why=decision.event.value)
     failures = job.failures + (1 if decision.count_failure else 0)
     if target is JobState.QUEUED:
+        tx.reschedule = True  # back in the queue: the scheduling loop must see it
         values, data = _requeued(rt, tx.now, job, decision, failures)
         tx.count(lambda: rt.metrics.requeues.labels(_requeue_why(decision)).inc())
     else:

@@ -146,6 +146,10 @@ class Runtime:
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
+    # Work the scheduling loop could not place yet (or victims it awaits, or a backoff timer).
+    # Only the leading loop ever clears it, after a cycle that left nothing waiting: an
+    # allocation's end then needs no cycle of its own (see ``settling.end_allocation``).
+    work_waiting: bool = True
     publishing: InOrder = field(default_factory=lambda: InOrder())  # events out in commit order
     # Jobs just inserted, for the scheduling loop's snapshot (loops/snapshot.py): it takes them
     # instead of reading and decoding their rows again. Only a hint: the version read decides.
