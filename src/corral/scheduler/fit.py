@@ -156,6 +156,8 @@ def slots(nc: NodeCap, need: Need, most: int) -> int:
     if need.cpu_only or count == 0:
         return count
     if need.gpus:
+        if not need.vram and not need.gpu_models:  # every wholly free card will do
+            return min(count, nc.whole_free // need.gpus)
         return min(count, len(nc.whole_free_cards(need.vram, need.gpu_models)) // need.gpus)
     room = 0
     for card, free in enumerate(nc.gpu_free):

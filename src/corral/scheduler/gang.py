@@ -102,10 +102,11 @@ def _fewest_nodes(room: Sequence[tuple[NodeCap, int]], replicas: int) -> Choice 
         left -= count
     last_nc, last_count = chosen[-1]
     used = {nc.idx for nc, _ in chosen}
+    last_room = _room_of(room, last_nc)  # once, not once per node (it was O(nodes^2))
     tighter = [
         (nc, count)
         for nc, count in room
-        if nc.idx not in used and count >= last_count and count < _room_of(room, last_nc)
+        if nc.idx not in used and count >= last_count and count < last_room
     ]
     if tighter:
         nc, _ = min(tighter, key=lambda item: (item[1], item[0].whole_free, item[0].idx))
