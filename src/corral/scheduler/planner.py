@@ -88,6 +88,20 @@ class Planner:
         self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = cycle.memo()
         self._gang_failed: Memo[tuple[Need, int], int] = cycle.memo()
         self._preempt_failed: Memo[tuple[Need, int, Ask], int] = cycle.memo()
+        # made once per (pass kind, class, team): asked for on every liveness check after a
+        # failed fit; an equal Ask, so the memos above see the same keys
+        self._asks: tuple[dict[str, dict[str, Ask]], dict[str, dict[str, Ask]]] = ({}, {})
+
+    def ask(self, team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
+        """``_ask(team, pclass, guaranteed)``, made once per cycle (classes keep their names)."""
+        by_class = self._asks[1 if guaranteed else 0]
+        by_team = by_class.get(pclass.name)
+        if by_team is None:
+            by_team = by_class[pclass.name] = {}
+        ask = by_team.get(team)
+        if ask is None:
+            ask = by_team[team] = _ask(team, pclass, guaranteed)
+        return ask
 
     @property
     def preemptor(self) -> Preemptor:
@@ -143,7 +157,7 @@ class Planner:
             return True
         if replicas == 1 and self.reservations.could_backfill(need, group.floor):
             return True
-        ask = _ask(group.team, pclass, guaranteed)
+        ask = self.ask(group.team, pclass, guaranteed)
         may_evict = self.config.preemption and (ask.reclaim or ask.priority)
         generation = self.cycle.cap.generation
         if may_evict and self._preempt_failed.get((need, replicas, ask)) != generation:
@@ -207,7 +221,7 @@ class Planner:
         A failure is remembered (outside the rolled-back what-if) until capacity
         is given back: the same job shape would fail the same way.
         """
-        ask = _ask(job.team, pclass, guaranteed)
+        ask = self.ask(job.team, pclass, guaranteed)
         if not (ask.reclaim or ask.priority):
             return None  # it may evict nobody (and the job did not fit without evictions)
         key = (need, job.replicas, ask)
@@ -254,7 +268,7 @@ class Planner:
     def _make_room(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
     ) -> Room | None:
-        ask = _ask(job.team, pclass, guaranteed)
+        ask = self.ask(job.team, pclass, guaranteed)
         if not (ask.reclaim or ask.priority):
             return None
         key = (need, ask, patient)
@@ -341,7 +355,7 @@ class Planner:
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool
     ) -> bool:
         """Would evictions let the job fit once victims have run long enough? (a what-if)"""
-        ask = _ask(job.team, pclass, guaranteed)
+        ask = self.ask(job.team, pclass, guaranteed)
         key = (need, ask, job.replicas)
         cached = self._patient.get(key)
         if cached is not None and cached[0] == self.cycle.cap.generation:
