@@ -24,7 +24,7 @@ not let the preemptor run.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from corral.scheduler.capacity import NodeCap
@@ -42,12 +42,24 @@ option stops the search at once."""
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """Who wants room, and which kinds of preemption it may use."""
+    """Who wants room, and which kinds of preemption it may use.
+
+    The hash is kept (as ``Need`` keeps its own): asks are parts of memo keys
+    looked up on every liveness check.
+    """
 
     team: str
     rank: int
     reclaim: bool  # the team is under quota: it may take back borrowed capacity
     priority: bool  # its class can_preempt: it may evict lower classes of its team
+    _hash: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        key = (self.team, self.rank, self.reclaim, self.priority)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
