@@ -85,29 +85,32 @@ class WalSync:
 
     async def _sync(self) -> None:
         covered = self.committed  # commits made before this fsync starts are in the file
-        if self.average_s < INLINE_BELOW_S:
+        fast = self.average_s < INLINE_BELOW_S
+        if fast or self._until_probe <= 0:  # on the loop (or a probe: is the disk fast again?)
             # One turn of the loop first: what the commit's wake-ups made ready (a cycle's
             # assignments on their way to agents) goes out before the loop blocks on the disk.
             await asyncio.sleep(0)
             covered = self.committed
-            took = _fsync(self.wal)
-            self.inline += 1
-            self.average_s += WEIGHT * (took - self.average_s)
-            if self.average_s >= INLINE_BELOW_S:  # the disk is slow: to the thread from now
-                self._until_probe = self.probe_every
-        elif self._until_probe <= 0:  # a probe: is the disk fast again?
-            took = _fsync(self.wal)
-            self.inline += 1
-            if took < INLINE_BELOW_S:
-                self.average_s, self.probe_every = took, FIRST_PROBE_EVERY
-            else:
-                self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
-                self._until_probe = self.probe_every
+            self._timed(_fsync(self.wal), probe=not fast)
         else:
             await asyncio.get_running_loop().run_in_executor(COMMITS, _fsync, self.wal)
             self._until_probe -= 1
         self.synced = max(self.synced, covered)
         self.syncs += 1
+
+    def _timed(self, took: float, *, probe: bool) -> None:
+        """Count an fsync done on the loop and decide where the next ones run."""
+        self.inline += 1
+        if probe and took < INLINE_BELOW_S:  # fast again: back on the loop
+            self.average_s, self.probe_every = took, FIRST_PROBE_EVERY
+            return
+        if probe:  # still slow: probe less often
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+            self._until_probe = self.probe_every
+            return
+        self.average_s += WEIGHT * (took - self.average_s)
+        if self.average_s >= INLINE_BELOW_S:  # the disk is slow: to the thread from now
+            self._until_probe = self.probe_every
 
 
 def _fsync(path: Path) -> float:
