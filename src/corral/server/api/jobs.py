@@ -40,6 +40,14 @@ IdempotencyKey = Annotated[
 ]
 MAX_SEQ = 2**63 - 1  # event ids are 64-bit
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KindFilter = Annotated[
+    list[EventKind] | None,
+    Query(description="only events of these kinds (repeat the parameter); default: all"),
+]
+
+
+def kind_set(kinds: list[EventKind] | None) -> frozenset[str] | None:
+    return frozenset(kinds) if kinds else None
 
 
 def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
@@ -150,16 +158,6 @@ async def job_events(
     stream = plane.feed.follow(who, start, job_id=job_id, kinds=kind_set(kind))
     body = sse(stream, plane.rt.metrics.event_streams)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-KindFilter = Annotated[
-    list[EventKind] | None,
-    Query(description="only events of these kinds (repeat the parameter); default: all"),
-]
-
-
-def kind_set(kinds: list[EventKind] | None) -> frozenset[str] | None:
-    return frozenset(kinds) if kinds else None
 
 
 def _resume_point(last_event_id: str | None, after: int) -> int:
