@@ -158,6 +158,34 @@ async def test_malformed_json_and_bad_query_are_422(served_sqlite: Served) -> No
     assert r.json()["field"] == "after"
 
 
+async def test_submit_checks_token_then_every_field_at_once(served_sqlite: Served) -> None:
+    """POST /v1/jobs gathers its arguments by hand (api/direct.py): the same answers."""
+    s = served_sqlite
+    bad = {"resources": {"gpus": -1}}
+    async with s.client(None) as stranger:
+        anonymous = await stranger.post("/v1/jobs", json=bad)
+        assert anonymous.status_code == 401  # the token first: nothing is parsed for a stranger
+        assert anonymous.headers["www-authenticate"] == "Bearer"
+        basic = await stranger.post("/v1/jobs", json={}, headers={"Authorization": "Basic eDp5"})
+        assert basic.status_code == 401
+    both = await s.admin.post("/v1/jobs", json=bad, headers={"Idempotency-Key": "k" * 201})
+    assert both.status_code == 422
+    fields = [f["field"] for f in both.json()["fields"]]
+    assert fields == ["Idempotency-Key header", "resources.gpus"]
+    untyped = await s.admin.post("/v1/jobs", content=b"{}", headers={"content-type": "text/plain"})
+    assert untyped.status_code == 422
+    assert untyped.json()["field"] == "body"
+    assert "Content-Type: application/json" in untyped.json()["message"]
+    empty = await s.admin.post("/v1/jobs")
+    assert (empty.status_code, empty.json()["field"]) == (422, "body")
+    ok = await s.admin.post(
+        "/v1/jobs", content=b"{}", headers={"content-type": "application/json; charset=utf-8"}
+    )
+    assert ok.status_code == 201, ok.text
+    listed = (await s.admin.get("/v1/jobs")).json()["jobs"]
+    assert [j["id"] for j in listed] == [ok.json()["id"]]  # what was refused left nothing
+
+
 async def test_oversize_bodies_get_413_and_leave_nothing(served_sqlite: Served) -> None:
     big = {"payload": {"blob": "x" * 70_000}}
     r = await served_sqlite.admin.post("/v1/jobs", json=big)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from prometheus_client import Gauge
+from pydantic import StringConstraints, TypeAdapter
 
 from corral.core.errors import InvalidSpec
 from corral.core.events import Event, EventKind
 from corral.core.states import JobState
 from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.server.api.direct import caller, gathered_by, header, json_body, refuse
 from corral.server.api.render import event_json, job_out
 from corral.server.api.schemas import (
     BatchIn,
@@ -29,15 +31,16 @@ from corral.server.services.jobs import Draft, new_job_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
+KEY_LENGTH = {"min_length": 1, "max_length": 200}
 IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        min_length=1,
-        max_length=200,
         description="the same key (per team) returns the same job, never a second one",
+        **KEY_LENGTH,
     ),
 ]
+_KEY: TypeAdapter[str] = TypeAdapter(Annotated[str, StringConstraints(**KEY_LENGTH)])
 MAX_SEQ = 2**63 - 1  # event ids are 64-bit
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KindFilter = Annotated[
@@ -57,15 +60,6 @@ def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
     return Draft(job, spec.request_hash(team) if job.idempotency_key else None)
 
 
-@router.post(
-    "",
-    status_code=201,
-    response_model=JobOut,
-    responses={
-        200: {"model": JobOut, "description": "a replay of an Idempotency-Key"},
-        409: {"model": ErrorOut},
-    },
-)
 async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = None) -> Response:
     """Submit a job. 201 with the job; 200 with the same job when the Idempotency-Key was seen."""
     records, created = await plane.jobs.submit(who, [_draft(who, spec, key)])
@@ -77,6 +71,31 @@ async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = N
         media_type="application/json",
         headers=None if created else {"Idempotent-Replayed": "true"},
     )
+
+
+async def _submit_args(request: Request) -> dict[str, Any]:
+    """``submit``'s arguments, gathered as its declared dependencies would (direct.py)."""
+    plane, who = await caller(request)
+    errors: list[dict[str, Any]] = []
+    key = header(request, "Idempotency-Key", _KEY, errors)
+    spec = await json_body(request, JobIn, errors)
+    refuse(errors)
+    return {"spec": spec, "plane": plane, "who": who, "key": key}
+
+
+# The hot path: served without per-request dependency solving, documented as declared.
+router.add_api_route(
+    "",
+    submit,
+    methods=["POST"],
+    status_code=201,
+    response_model=JobOut,
+    responses={
+        200: {"model": JobOut, "description": "a replay of an Idempotency-Key"},
+        409: {"model": ErrorOut},
+    },
+    route_class_override=gathered_by(_submit_args),
+)
 
 
 @router.post(
