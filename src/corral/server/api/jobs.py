@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -28,6 +27,7 @@ from corral.server.api.schemas import (
 )
 from corral.server.services.auth import Principal
 from corral.server.services.jobs import Draft, new_job_id
+from corral.server.store.jsontext import dumps
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
@@ -204,7 +204,7 @@ async def sse(stream: AsyncIterator[list[Event] | None], open_streams: Gauge) ->
 
 def _frame(event: Event) -> str:
     body = event_json(event)
-    return f"id: {body['seq']}\nevent: {body['kind']}\ndata: {json.dumps(body)}\n\n"
+    return f"id: {body['seq']}\nevent: {body['kind']}\ndata: {dumps(body)}\n\n"
 
 
 @router.get("/{job_id}/result", response_model=ResultOut)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.events import Event, EventKind
 from corral.server.store import pgraw
+from corral.server.store.jsontext import dumps
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.tables import events
 
@@ -50,7 +50,7 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent]) -> list[int]
         cursor = db.cursor()
         for te in batch:
             e = te.event
-            row = (e.kind.value, e.at, e.job_id, e.node, te.team, json.dumps(dict(e.data)))
+            row = (e.kind.value, e.at, e.job_id, e.node, te.team, dumps(dict(e.data)))
             cursor.execute(_RAW_APPEND, row)
             seqs.append(int(cursor.lastrowid or 0))
         return seqs
@@ -121,7 +121,7 @@ async def _pg_append(raw: Any, batch: Sequence[TeamEvent]) -> list[int]:
     if len(batch) == 1:
         te = batch[0]
         e = te.event
-        args = (e.kind.value, e.at, e.job_id, e.node, te.team, json.dumps(dict(e.data)))
+        args = (e.kind.value, e.at, e.job_id, e.node, te.team, dumps(dict(e.data)))
         return [int(await raw.fetchval(_PG_APPEND, *args))]
     columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
     kinds, ats, job_ids, nodes, teams, datas = columns
@@ -132,7 +132,7 @@ async def _pg_append(raw: Any, batch: Sequence[TeamEvent]) -> list[int]:
         job_ids.append(e.job_id)
         nodes.append(e.node)
         teams.append(te.team)
-        datas.append(json.dumps(dict(e.data)))
+        datas.append(dumps(dict(e.data)))
     return sorted(int(r[0]) for r in await raw.fetch(_PG_APPEND_MANY, *columns))
 
 

@@ -20,7 +20,6 @@ dialect's JSON codec on the connection already decodes JSON).
 
 from __future__ import annotations
 
-import json
 from collections import namedtuple
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -28,6 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.server.store.jsontext import dumps
 
 RAW = "autocommit"
 """The adapter's isolation level while ``Database`` runs the transaction itself (see db.py)."""
@@ -110,7 +111,7 @@ class PgCodec:
 
     def bind(self, name: str, value: Any) -> Any:
         if name in self._json:
-            return json.dumps(value)
+            return dumps(value)
         if name in self._bool and value is not None:
             return bool(value)
         return value

@@ -11,7 +11,7 @@ SQL on it, inside the same transaction (the connection is the same one; its
 PostgreSQL, they go through SQLAlchemy as before.
 
 ``Codec`` encodes values the way SQLAlchemy's types do on SQLite (JSON as
-``json.dumps`` text, ``None`` in a JSON column as ``'null'``; booleans as
+JSON text (``jsontext.dumps``), ``None`` in a JSON column as ``'null'``; booleans as
 0/1; scalar column defaults on insert) and decodes rows into named tuples
 with the same attribute names, so ``records`` converts both alike.
 """
@@ -27,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.store.jsontext import dumps
 from corral.server.store.sqlite_inline import InlineConnection
 
 CHUNK = 900  # keys per IN (...): below SQLite's default bound-parameter limit
@@ -79,7 +80,7 @@ class Codec:
 
     def bind(self, name: str, value: Any) -> Any:
         if name in self._json:
-            return json.dumps(value)
+            return dumps(value)
         return value
 
     def by_keys(self, db: sqlite3.Connection, column: str, keys: Sequence[Any]) -> list[Any]:
