@@ -24,6 +24,7 @@ from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
 from corral.server.api import compat, errors, events, health, jobs, nodes, tokens, web
 from corral.server.api import models as model_api
+from corral.server.api.direct import HotRoutes
 from corral.server.api.limits import BodyLimit
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
@@ -132,6 +133,7 @@ def create_app(
     model_api.install(app, plane)
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)
     web.install(app)
+    app.add_middleware(HotRoutes, routes=jobs.router.routes)  # inside BodyLimit: limits apply
     app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
     return app
 
