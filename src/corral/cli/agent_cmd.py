@@ -141,6 +141,7 @@ async def _run(options: AgentOptions) -> None:
         f"dialling {', '.join(str(t) for t in agent.link.targets)}",
         flush=True,
     )
+    event_loop.settle_heap()  # what the agent built to start lives as long as it does
     await run_agent(options, agent)
 
 

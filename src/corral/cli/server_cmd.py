@@ -149,6 +149,7 @@ def _serve(settings: Any) -> None:
                 "  (shown once, only its hash is stored: keep it now)",
             ]
         print("\n".join(lines), flush=True)
+        event_loop.settle_heap()  # started: what exists now lives as long as the server
 
     app = create_app(plane=plane, on_started=banner)
     config = uvicorn.Config(
@@ -168,6 +169,9 @@ def _agents_line(address: str | None) -> list[str]:
     return [f"  agents join with: corral agent --server {address} --token <agent token>"]
 
 
+BACKLOG = 2048  # uvicorn's own default
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so (accepted ones
@@ -175,5 +179,6 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(BACKLOG)  # the banner says "listening": a client may connect before uvicorn runs
     sock.set_inheritable(True)
     return sock

@@ -174,6 +174,7 @@ async def _serve(
         agent = Agent(options)
         linked = asyncio.create_task(agent.run(), name="corral-up-agent")
         _banner(base, address, token, home, agent)
+        event_loop.settle_heap()  # server and agent started: that much lives until Ctrl-C
         extras = [asyncio.create_task(_compat_banner(base, backends, agent))]
         extras += [asyncio.create_task(_demo(base, token))] if demo else []
         await _until_stopped(stopping, served, linked)
