@@ -1,8 +1,10 @@
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from corral.core import InvalidSpec, Job, Node, Team, VirtualClock
+from corral.core.events import Event, EventKind
 
 
 def test_frozen_mappings_cannot_be_changed_behind_the_dataclass() -> None:
@@ -51,3 +53,11 @@ def test_virtual_clock_wakes_sleepers_in_deadline_order_without_sleeping() -> No
         return woke
 
     assert asyncio.run(scenario()) == [("early", 2.0), ("late", 10.0)]
+
+
+def test_a_numbered_event_is_the_event_with_its_seq() -> None:
+    event = Event(EventKind.JOB_STARTED, 12.5, "job_1", "node-a", {"attempt": 2})
+    numbered = event.numbered(41)
+    assert numbered == replace(event, seq=41)
+    assert (event.seq, numbered.seq) == (0, 41)  # the original is untouched
+    assert numbered.data is event.data  # frozen already: shared, not copied

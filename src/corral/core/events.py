@@ -6,9 +6,9 @@ They feed SSE streams, the dashboard, audit and trace replay (``corral sim``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from corral.core.model import EMPTY, frozen_map
 
@@ -52,3 +52,15 @@ class Event:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", frozen_map(self.data))
+
+    def numbered(self, seq: int) -> Event:
+        """This event with the ``seq`` the store gave it (``replace`` without re-freezing
+        ``data``, which is frozen already: a committed event's copy, four per job)."""
+        twin = object.__new__(Event)
+        for name in _COPIED:
+            object.__setattr__(twin, name, getattr(self, name))
+        object.__setattr__(twin, "seq", seq)
+        return twin
+
+
+_COPIED: Final = tuple(f.name for f in fields(Event) if f.name != "seq")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 
 from corral.core.events import Event
 from corral.server.store.events import TeamEvent
@@ -43,7 +42,7 @@ class RecentEvents:
         for te, seq in zip(batch, seqs, strict=True):
             if len(self._kept) == self._kept.maxlen:
                 self._floor = self._kept[0][0].seq  # the oldest one falls out of the window
-            self._kept.append((replace(te.event, seq=seq), te.team))
+            self._kept.append((te.event.numbered(seq), te.team))
 
     def after(
         self, seq: int, *, job_id: str | None = None, team: str | None = None, limit: int = 500
