@@ -78,11 +78,6 @@ class Codec:
                 values[i] = bool(values[i])
         return self.row._make(values)  # type: ignore[attr-defined]
 
-    def bind(self, name: str, value: Any) -> Any:
-        if name in self._json:
-            return dumps(value)
-        return value
-
     def by_keys(self, db: sqlite3.Connection, column: str, keys: Sequence[Any]) -> list[Any]:
         """Rows whose ``column`` is one of ``keys`` (any order)."""
         out: list[Any] = []
@@ -107,7 +102,10 @@ class Codec:
             cols = ", ".join(_q(n) for n in names)
             sql = f"INSERT INTO {_q(self.name)} ({cols}) VALUES ({', '.join('?' * len(names))})"
             self._inserts[names] = sql
-        db.executemany(sql, [tuple(self.bind(n, r[n]) for n in names) for r in batch])
+        json = self._json
+        db.executemany(
+            sql, [[dumps(r[n]) if n in json else r[n] for n in names] for r in batch]
+        )  # JSON columns as text, inline: a call per column was a third of an insert's time
 
     def guarded_update(
         self,
@@ -127,7 +125,9 @@ class Codec:
                 f"WHERE {_q(column)} = ? AND version = ?"
             )
             self._updates[(column, names)] = sql
-        params = (*(self.bind(n, values[n]) for n in names), value, version)
+        json = self._json
+        params = [dumps(values[n]) if n in json else values[n] for n in names]
+        params += (value, version)
         return db.execute(sql, params).rowcount == 1
 
 
