@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_a_batched_assignment_lists_every_job_and_resumes_from_its_checkpoint() 
         ("j1", "/ck", 7),
         ("j2", "", 0),
     ]
-    assert a.payload_json == '[{"prompt": "a"}, {"prompt": "b"}]'
+    assert json.loads(a.payload_json) == [{"prompt": "a"}, {"prompt": "b"}]
     assert (a.attempt, list(a.gpu_indices), a.vram_bytes, a.model) == (2, [0], 99, "sdxl")
 
 

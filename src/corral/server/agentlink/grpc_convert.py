@@ -14,7 +14,6 @@ older one-string form ``path#step=N``, still understood.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Iterable, Iterator
 
@@ -29,6 +28,7 @@ from corral.server.agentlink.base import (
     StopOrder,
     StopReason,
 )
+from corral.server.store.jsontext import dumps
 
 _STOP_TO_WIRE = {
     StopReason.CANCEL: pb.STOP_REASON_CANCEL,
@@ -92,8 +92,10 @@ def welcome_messages(node: str, reply: HelloReply) -> list[pb.ServerMessage]:
 def assign_message(a: Assignment) -> pb.ServerMessage:
     jobs = [_work(w) for w in a.jobs]
     first = jobs[0] if jobs else pb.Work()
-    payloads = [json.loads(w.payload_json) for w in jobs]
-    payload_json = jobs[0].payload_json if len(jobs) == 1 else json.dumps(payloads)
+    if len(jobs) == 1:  # the common case: its payload as it is
+        payload_json = first.payload_json
+    else:  # a batch (or none): the list of every job's payload
+        payload_json = dumps([dict(w.payload) for w in a.jobs])
     return pb.ServerMessage(
         assign=pb.Assign(
             allocation_id=a.allocation_id,
@@ -124,7 +126,7 @@ def _work(w: JobWork) -> pb.Work:
     return pb.Work(
         job_id=w.job_id,
         kind=w.kind.value,
-        payload_json=json.dumps(dict(w.payload)),
+        payload_json=dumps(dict(w.payload)),
         model=w.model or "",
         backend=w.backend or "",
         timeout_s=w.timeout_s or 0.0,
