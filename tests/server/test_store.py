@@ -12,6 +12,7 @@ from corral.core.events import Event, EventKind
 from corral.core.model import Job
 from corral.server.store import events as event_repo
 from corral.server.store import jobs as job_repo
+from corral.server.store import nodes as node_repo
 from corral.server.store.db import Database, parse_db
 from corral.server.store.events import TeamEvent
 from corral.server.store.records import JobRecord
@@ -92,6 +93,39 @@ async def test_guarded_update_refuses_a_stale_version(db_url: str) -> None:
             final = await job_repo.get(conn, "j1")
         assert final is not None
         assert (final.progress, final.version) == (0.5, 2)
+    finally:
+        await db.close()
+
+
+async def test_a_node_s_flags_alone_say_whether_it_takes_work(db_url: str) -> None:
+    db = await _db(db_url)
+    flags = {
+        "ready": ("ready", False, False),
+        "paused": ("ready", True, False),
+        "draining": ("ready", False, True),
+        "lost": ("lost", False, False),
+    }
+    try:
+        async with db.write() as conn:
+            for name, (state, paused, draining) in flags.items():
+                await node_repo.insert(
+                    conn,
+                    name=name,
+                    state=state,
+                    paused=paused,
+                    draining=draining,
+                    inventory={"gpus": [], "cpus": 4},
+                    joined_at=1.0,
+                    last_seen=1.0,
+                )
+        for reading in (db.write, db.read):  # the raw driver in a write, SQLAlchemy in a read
+            async with reading() as conn:
+                full = {n: await node_repo.get(conn, n) for n in flags}
+                said = {n: await node_repo.schedulable(conn, n) for n in [*flags, "nowhere"]}
+            assert said == {n: r is not None and r.node.schedulable for n, r in full.items()} | {
+                "nowhere": False
+            }
+            assert [n for n, ok in said.items() if ok] == ["ready"]
     finally:
         await db.close()
 

@@ -191,8 +191,7 @@ async def _still_valid(
         return False
     for p in group:
         if p.node not in schedulable:
-            node = await node_repo.get(tx.conn, p.node)
-            schedulable[p.node] = node is not None and node.node.schedulable
+            schedulable[p.node] = await node_repo.schedulable(tx.conn, p.node)
         if not schedulable[p.node]:
             return False
     return True

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import Team
+from corral.core.states import NodeState
 from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
 from corral.server.store.rawsql import codec, driver
@@ -35,6 +36,30 @@ async def get(conn: AsyncConnection, name: str) -> NodeRecord | None:
         return node_from_row(rows[0]) if rows else None
     row = (await conn.execute(_GET, {"name": name})).first()
     return node_from_row(row) if row else None
+
+
+_SCHEDULABLE = sa.select(nodes.c.state, nodes.c.paused, nodes.c.draining).where(
+    nodes.c.name == sa.bindparam("name")
+)
+_RAW_SCHEDULABLE = "SELECT state, paused, draining FROM nodes WHERE name = ?"
+_PG_SCHEDULABLE = "SELECT state, paused, draining FROM nodes WHERE name = $1"
+
+
+async def schedulable(conn: AsyncConnection, name: str) -> bool:
+    """Whether node ``name`` exists and takes work (``Node.schedulable``), from its flags
+    alone: a placement checks it for every node it uses, and a whole row decodes the
+    node's inventory JSON for nothing."""
+    db = driver(conn)
+    if db is not None:
+        row = db.execute(_RAW_SCHEDULABLE, (name,)).fetchone()
+    elif (raw := pgraw.pg(conn)) is not None:
+        row = await raw.fetchrow(_PG_SCHEDULABLE, name)
+    else:
+        row = (await conn.execute(_SCHEDULABLE, {"name": name})).first()
+    if row is None:
+        return False
+    state, paused, draining = row
+    return NodeState(state) is NodeState.READY and not paused and not draining
 
 
 async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
