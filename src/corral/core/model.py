@@ -86,7 +86,12 @@ class Node:
 
     @property
     def schedulable(self) -> bool:
-        return self.state is NodeState.READY and not self.paused and not self.draining
+        return takes_work(self.state, paused=self.paused, draining=self.draining)
+
+
+def takes_work(state: NodeState, *, paused: bool, draining: bool) -> bool:
+    """Whether a node in ``state`` with these flags is given new work (``Node.schedulable``)."""
+    return state is NodeState.READY and not paused and not draining
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from corral.server.api.deps import get_plane
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 
@@ -112,7 +113,7 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def caller(request: Request) -> tuple[ControlPlane, Principal]:
-    plane: ControlPlane = request.app.state.plane
+    plane = await get_plane(request)
     return plane, await plane.auth.authenticate(bearer_token(request))
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.model import Team
+from corral.core.model import Team, takes_work
 from corral.core.states import NodeState
 from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
@@ -59,7 +59,7 @@ async def schedulable(conn: AsyncConnection, name: str) -> bool:
     if row is None:
         return False
     state, paused, draining = row
-    return NodeState(state) is NodeState.READY and not paused and not draining
+    return takes_work(NodeState(state), paused=bool(paused), draining=bool(draining))
 
 
 async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
