@@ -32,10 +32,16 @@ WATCHED = ("job.started", "job.succeeded", "job.failed")  # the events a waiting
 
 class CorralPeer:
     def __init__(
-        self, agents: int, db: str | None = None, label: str = "corral", sqlite_sync: str = ""
+        self,
+        agents: int,
+        db: str | None = None,
+        label: str = "corral",
+        sqlite_sync: str = "",
+        server_env: dict[str, str] | None = None,
     ) -> None:
         self.name = label
         self._sqlite_sync = sqlite_sync  # "" keeps the server's default (FULL)
+        self._server_env = dict(server_env or {})  # settings for the server, e.g. A/B runs
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-e2e-")
         self._procs: list[subprocess.Popen[str]] = []
         try:
@@ -52,12 +58,13 @@ class CorralPeer:
         env |= {"CORRAL_ADMIN_TOKEN": ADMIN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         if self._sqlite_sync:
             env["CORRAL_STORE__SQLITE_SYNCHRONOUS"] = self._sqlite_sync
+        server_env = env | self._server_env
         argv = [sys.executable, "-c", CLI, "server", "--home", str(home), "--port", "0"]
         argv += ["--agent-port", "0"]  # never the default port: another server may hold it
         argv += ["--log-level", "warning"] + (["--db", db] if db else [])
         self._procs.append(
             subprocess.Popen(
-                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                argv, env=server_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
         banner = _read_until(self._procs[0], r"--server (grpc://\S+)")

@@ -38,16 +38,32 @@ def main(argv: list[str] | None = None) -> int:
         help="the server's SQLite synchronous (default FULL: an accepted job survives power "
         "loss; NORMAL: it survives kill -9 of the server, not a power loss)",
     )
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for corral's server, e.g. CORRAL_SCHEDULING__DEBOUNCE_S=0.002 (A/B runs)",
+    )
     args = ap.parse_args(argv)
+    server_env = dict(kv.split("=", 1) for kv in args.server_env)
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
 
     results: dict[str, list[Figures]] = {}
     systems: list[tuple[str, Callable[[], Peer]]] = [
-        ("corral/sqlite", lambda: CorralPeer(args.agents, None, "corral/sqlite", args.sqlite_sync))
+        (
+            "corral/sqlite",
+            lambda: CorralPeer(args.agents, None, "corral/sqlite", args.sqlite_sync, server_env),
+        )
     ]
     if args.postgres != "none":
         systems.append(
-            ("corral/postgres", lambda: CorralPeer(args.agents, args.postgres, "corral/postgres"))
+            (
+                "corral/postgres",
+                lambda: CorralPeer(
+                    args.agents, args.postgres, "corral/postgres", server_env=server_env
+                ),
+            )
         )
     if not args.skip_celery:
         from celery_peer import CeleryPeer
