@@ -191,6 +191,13 @@ class AgentInbound(Protocol):
         self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
     ) -> Ack: ...
 
+    async def ran(
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+    ) -> tuple[Ack, Ack]:
+        """``started`` and ``finished`` of one allocation, reported together (work that ended
+        at once): the same effects and acks as the two calls, in one unit of work."""
+        ...
+
     async def failed(
         self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
     ) -> Ack: ...

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -186,8 +186,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         in_flight: set[asyncio.Task[None]] = set()
         try:
             async for received in requests:
-                for msg in bundles.unpack_agent(received):
-                    await self._take(session, msg, in_flight)
+                for msg, end in paired(bundles.unpack_agent(received)):
+                    await self._take(session, msg, in_flight, end)
             if in_flight:
                 await asyncio.wait(in_flight)
             session.end()  # the agent closed its side
@@ -197,16 +197,22 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             _end_for(session, exc)
 
     async def _take(
-        self, session: Session, msg: pb.AgentMessage, in_flight: set[asyncio.Task[None]]
+        self,
+        session: Session,
+        msg: pb.AgentMessage,
+        in_flight: set[asyncio.Task[None]],
+        end: pb.AgentMessage | None = None,
     ) -> None:
-        """Handle one message: an update as a task of its own, anything else in turn."""
+        """Handle one message: an update as a task of its own (a start with the ``end`` that
+        came with it, as one), anything else in turn."""
         body = msg.WhichOneof("body")
         if body == "bundle":
             raise Refused("INVALID_ARGUMENT", "a bundle inside a bundle")
         if body != "update":
             await self._handle(session, msg)
             return
-        task = asyncio.create_task(self._handle(session, msg))
+        handling = self._handle(session, msg) if end is None else self._ran(session, msg, end)
+        task = asyncio.create_task(handling)
         in_flight.add(task)
         task.add_done_callback(lambda t: self._settled(session, in_flight, t))
         if len(in_flight) >= MAX_IN_FLIGHT:
@@ -235,6 +241,14 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             raise Refused("INVALID_ARGUMENT", "hello twice on one stream: reconnect to resync")
         elif body == "models" and self.link.on_models is not None:
             await self.link.on_models(session.node, report_from(msg.models))
+
+    async def _ran(self, session: Session, start: pb.AgentMessage, end: pb.AgentMessage) -> None:
+        """A start and the end that came with it (see ``paired``), as one unit; two acks."""
+        u = start.update
+        blobs = await self._results(end.update)
+        acks = await self.inbound.ran(session.node, u.allocation_id, u.attempt, blobs)
+        for msg, ack in zip((start, end), acks, strict=True):
+            session.send(convert.ack_message(msg.seq, u.allocation_id, ack.value))
 
     def _heartbeat(self, session: Session, hb: pb.Heartbeat) -> None:
         """Note the heartbeat without making the stream wait for the store.
@@ -292,6 +306,15 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         )
 
     async def _finished(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        blobs = await self._results(u)
+        if u.finished.modified:
+            changes = ", ".join(f"{k}={v}" for k, v in sorted(u.finished.modified.items()))
+            line = f"[agent] the agent changed the request: {changes}"
+            await self.inbound.log(node, u.allocation_id, u.attempt, [line])
+        return await self.inbound.finished(node, u.allocation_id, u.attempt, blobs)
+
+    async def _results(self, u: pb.AllocationUpdate) -> list[ResultBlob]:
+        """A finished update's results: inline, or read from the blobs the agent uploaded."""
         blobs = []
         for r in u.finished.results:
             try:
@@ -302,16 +325,54 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 raise Refused("FAILED_PRECONDITION", f"result {r.name}: {exc}") from None
             mime = r.mime or "application/octet-stream"
             blobs.append(ResultBlob(r.job_id, r.name, data, mime))
-        if u.finished.modified:
-            changes = ", ".join(f"{k}={v}" for k, v in sorted(u.finished.modified.items()))
-            line = f"[agent] the agent changed the request: {changes}"
-            await self.inbound.log(node, u.allocation_id, u.attempt, [line])
-        return await self.inbound.finished(node, u.allocation_id, u.attempt, blobs)
+        return blobs
 
     async def _failed(self, node: str, u: pb.AllocationUpdate) -> Ack:
         return await self.inbound.failed(
             node, u.allocation_id, u.attempt, u.failed.error, retryable=u.failed.retryable
         )
+
+
+Pair = tuple[pb.AgentMessage, pb.AgentMessage | None]
+
+
+def paired(messages: Sequence[pb.AgentMessage]) -> Iterator[Pair]:
+    """``messages`` in order, each ``started`` update with its allocation's ``finished`` when
+    that is the next message naming the allocation (same attempt, nothing changed by the
+    agent): work that ended at once, whose agent sent both in one bundle. The end is then
+    left out of the order; other allocations' messages are independent of the pair.
+    """
+    if len(messages) < 2:
+        yield from ((m, None) for m in messages)
+        return
+    following: dict[int, int] = {}  # message index -> the next message naming its allocation
+    last: dict[str, int] = {}
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.WhichOneof("body") == "update":
+            key = m.update.allocation_id
+            if key in last:
+                following[i] = last[key]
+            last[key] = i
+    merged: set[int] = set()
+    for i, m in enumerate(messages):
+        if i in merged:
+            continue
+        j = following.get(i)
+        end = messages[j] if j is not None and _ends(m, messages[j]) else None
+        if end is not None:
+            merged.add(j)  # type: ignore[arg-type]
+        yield m, end
+
+
+def _ends(start: pb.AgentMessage, end: pb.AgentMessage) -> bool:
+    s, e = start.update, end.update
+    return (
+        s.WhichOneof("body") == "started"
+        and e.WhichOneof("body") == "finished"
+        and e.attempt == s.attempt
+        and not e.finished.modified
+    )
 
 
 def _end_for(session: Session, exc: BaseException) -> None:

@@ -164,15 +164,18 @@ class StubAgent:
         self, a: Assignment, results: Mapping[str, Mapping[str, bytes]] | None = None
     ) -> Ack:
         """Report success; ``results`` maps job id -> file name -> bytes (default: one per job)."""
-        if results is None:
-            results = {w.job_id: {"out.txt": f"done {w.job_id}".encode()} for w in a.jobs}
-        blobs = [
-            ResultBlob(job_id, name, data, "text/plain")
-            for job_id, files in results.items()
-            for name, data in files.items()
-        ]
         self.running.pop(a.allocation_id, None)
+        blobs = _blobs(a, results)
         return self._note(await self.server.finished(self.node, a.allocation_id, a.attempt, blobs))
+
+    async def ran(
+        self, a: Assignment, results: Mapping[str, Mapping[str, bytes]] | None = None
+    ) -> tuple[Ack, Ack]:
+        """Report the start and the success together, as a gRPC agent's bundle of both is."""
+        self.running.pop(a.allocation_id, None)
+        blobs = _blobs(a, results)
+        started, finished = await self.server.ran(self.node, a.allocation_id, a.attempt, blobs)
+        return self._note(started), self._note(finished)
 
     async def fail(self, a: Assignment, error: str = "boom", *, retryable: bool = True) -> Ack:
         self.running.pop(a.allocation_id, None)
@@ -211,3 +214,14 @@ class StubAgent:
             await self.start(item)
             await self.progress(item, 0.5)
             await self.finish(item)
+
+
+def _blobs(a: Assignment, results: Mapping[str, Mapping[str, bytes]] | None) -> list[ResultBlob]:
+    """``results`` (job id -> file name -> bytes; default: one file per job) as blobs."""
+    if results is None:
+        results = {w.job_id: {"out.txt": f"done {w.job_id}".encode()} for w in a.jobs}
+    return [
+        ResultBlob(job_id, name, data, "text/plain")
+        for job_id, files in results.items()
+        for name, data in files.items()
+    ]

@@ -41,7 +41,7 @@ from corral.server.services.auth import AuthService, TokenKind
 from corral.server.services.group import GroupCommitter
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
-from corral.server.services.settling import end_allocation, is_current
+from corral.server.services.settling import end_allocation, is_current, record_start
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
@@ -212,16 +212,7 @@ class AgentService:
     async def _start_job(self, tx: Tx, job: JobRecord) -> None:
         target = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
         await job_repo.update(tx.conn, job, state=target.value, started_at=tx.now)
-        tx.emit(
-            EventKind.JOB_STARTED,
-            team=job.job.team,
-            job_id=job.job.id,
-            node=job.node,
-            state="running",
-            attempt=job.job.attempt,
-        )
-        wait = max(0.0, tx.now - job.job.submitted_at)
-        tx.count(lambda: self.rt.metrics.wait_seconds.observe(wait))
+        record_start(self.rt, tx, job)
 
     async def progress(
         self,
@@ -361,6 +352,27 @@ class AgentService:
             files = stored if stored is not None else _inline_results(rec, results)
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files)
             return Ack.ACCEPTED
+
+        return await self.updates.run(unit)
+
+    async def ran(
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+    ) -> tuple[Ack, Ack]:
+        """``started`` then ``finished`` of work that ended at once (the agent sent both in
+        one message): one unit, one fenced read, each row written once. Returns the two acks,
+        as the two calls would have. Results too large for the job row take the two calls."""
+        if any(len(b.data) > INLINE_RESULT for b in results):
+            started = await self.started(node, allocation_id, attempt)
+            return started, await self.finished(node, allocation_id, attempt, results)
+
+        async def unit(tx: Tx) -> tuple[Ack, Ack]:
+            rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
+            if isinstance(rec, Ack):  # a start of an allocation no longer active is stale
+                return (Ack.STALE if rec is Ack.DUPLICATE else rec), rec
+            starts = rec.alloc.observed is AllocObserved.PENDING
+            files = _inline_results(rec, results)
+            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files, started=starts)
+            return (Ack.ACCEPTED if starts else Ack.DUPLICATE), Ack.ACCEPTED
 
         return await self.updates.run(unit)
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from corral.core.errors import Conflict
+from corral.core.events import EventKind
 from corral.core.model import Allocation
 from corral.core.states import (
     ALLOCATION,
@@ -53,10 +54,17 @@ async def end_allocation(
     retryable: bool = True,
     error: str | None = None,
     results: dict[str, list[ResultFile]] | None = None,
+    started: bool = False,
 ) -> None:
-    """Record that ``rec`` ended, free its resources, and settle the jobs it still owns."""
+    """Record that ``rec`` ended, free its resources, and settle the jobs it still owns.
+
+    ``started``: the agent reported the allocation's start together with this end (work
+    that ended at once). The start is then recorded in the same row updates: its time on
+    the allocation and its jobs, and each job's ``job.started`` event before its end's.
+    """
     alloc = rec.alloc
     observed = alloc.observed
+    started = started and observed is AllocObserved.PENDING
     if observed is AllocObserved.PENDING and ending is Ending.SUCCEEDED:
         observed = transition(
             ALLOCATION,
@@ -69,9 +77,10 @@ async def end_allocation(
     observed = transition(
         ALLOCATION, alloc.id, observed, _OBSERVED[ending], at=tx.now, why=ending.value
     )
-    if not await alloc_repo.update(
-        tx.conn, rec, observed=observed.value, active=False, ended_at=tx.now
-    ):
+    values: dict[str, object] = {"observed": observed.value, "active": False, "ended_at": tx.now}
+    if started:
+        values["started_at"] = tx.now
+    if not await alloc_repo.update(tx.conn, rec, **values):
         raise Conflict(f"allocation {alloc.id} changed while it was being ended")
     # The freed capacity matters to work still waiting (a job it requeues pokes on its own).
     tx.reschedule = tx.reschedule or rt.work_waiting
@@ -83,7 +92,7 @@ async def end_allocation(
         job = jobs.get(job_id)
         if job is None or not is_current(job, alloc):
             continue
-        how = How(ending, stop_reason, retryable, error)
+        how = How(ending, stop_reason, retryable, error, started)
         await _settle_job(rt, tx, job, alloc, how, (results or {}).get(job_id, []))
 
 
@@ -95,6 +104,7 @@ class How:
     stop_reason: StopReason | None
     retryable: bool
     error: str | None
+    started: bool = False  # its start came with its end: record that too
 
 
 async def _settle_job(
@@ -102,7 +112,7 @@ async def _settle_job(
 ) -> None:
     gang = job.job.replicas > 1
     if how.ending is Ending.SUCCEEDED and gang and await _gang_still_running(tx, job, alloc):
-        await _record_partial_result(tx, job, files)
+        await _record_partial_result(rt, tx, job, files, started=how.started)
         return
     alike = 1
     if how.ending is Ending.FAILED:
@@ -128,6 +138,7 @@ async def _settle_job(
         files=files,
         interrupted=job.stop_request == "interrupt",
         failed=failed,
+        started=how.started,
     )
     if decision.state is not JobState.SUCCEEDED and job.job.replicas > 1:
         await stop_siblings(rt, tx, job, alloc)
@@ -142,17 +153,23 @@ async def apply_settlement(
     files: Sequence[ResultFile] = (),
     interrupted: bool = False,
     failed: AttemptError | None = None,
+    started: bool = False,
 ) -> None:
     """Move ``job`` to the decided state with its bookkeeping and event.
 
     ``failed`` is the attempt that just failed (kept in the job's history); a
     job that fails for good after several attempts reports every one of them.
+    ``started``: a placed job's start came with this end; it is recorded with it.
     """
     history = remember(job.attempt_errors, failed) if failed else list(job.attempt_errors)
     if decision.state is JobState.FAILED and len(history) > 1:
         decision = replace(decision, error=f"{decision.error}. Attempts: {summary(history)}")
     state = job.state
-    if state is JobState.PLACED and decision.state is JobState.SUCCEEDED:
+    started = started and state is JobState.PLACED
+    if started:
+        state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="started")
+        job = record_start(rt, tx, job)
+    elif state is JobState.PLACED and decision.state is JobState.SUCCEEDED:
         state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="implied")
     target = transition(JOB, job.job.id, state, decision.state, at=tx.now, why=decision.event.value)
     failures = job.failures + (1 if decision.count_failure else 0)
@@ -164,12 +181,30 @@ async def apply_settlement(
         values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
         tx.count(lambda: _observe_finish(rt, job, target, tx.now))
     values |= {"state": target.value, "failures": failures}
+    if started:
+        values["started_at"] = tx.now
     if failed is not None:
         values["attempt_errors"] = [e.to_json() for e in history]
     data |= {"attempt": job.job.attempt}
     if not await job_repo.update(tx.conn, job, **values):
         raise Conflict(f"job {job.job.id} changed while it was being settled")
     tx.emit(decision.event, team=job.job.team, job_id=job.job.id, state=target.value, data=data)
+
+
+def record_start(rt: Runtime, tx: Tx, job: JobRecord) -> JobRecord:
+    """The ``job.started`` event and wait metric of a job starting now; ``job`` as started
+    (its row is written by the caller, with whatever else changes)."""
+    tx.emit(
+        EventKind.JOB_STARTED,
+        team=job.job.team,
+        job_id=job.job.id,
+        node=job.node,
+        state="running",
+        attempt=job.job.attempt,
+    )
+    wait = max(0.0, tx.now - job.job.submitted_at)
+    tx.count(lambda: rt.metrics.wait_seconds.observe(wait))
+    return replace(job, started_at=tx.now)
 
 
 Changes = tuple[dict[str, object], dict[str, object]]  # row values, event data
@@ -228,11 +263,20 @@ async def _gang_still_running(tx: Tx, job: JobRecord, alloc: Allocation) -> bool
     return False
 
 
-async def _record_partial_result(tx: Tx, job: JobRecord, files: list[ResultFile]) -> None:
+async def _record_partial_result(
+    rt: Runtime, tx: Tx, job: JobRecord, files: list[ResultFile], *, started: bool
+) -> None:
+    """One replica of a gang succeeded while others run: keep its results (and the job's
+    start, when this replica's start came with its end and the job had not started)."""
+    values: dict[str, object] = {}
+    if started and job.state is JobState.PLACED:
+        running = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
+        record_start(rt, tx, job)
+        values |= {"state": running.value, "started_at": tx.now}
     if files:
-        result = [f.to_json() for f in (*job.result, *files)]
-        if not await job_repo.update(tx.conn, job, result=result):
-            raise Conflict(f"job {job.job.id} changed while recording a replica's result")
+        values["result"] = [f.to_json() for f in (*job.result, *files)]
+    if values and not await job_repo.update(tx.conn, job, **values):
+        raise Conflict(f"job {job.job.id} changed while recording a replica's result")
 
 
 async def stop_siblings(rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation) -> None:
