@@ -82,6 +82,12 @@ class Inbound:
             waiter.set_result(time.perf_counter())
         return Ack.ACCEPTED
 
+    async def ran(
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+    ) -> tuple[Ack, Ack]:
+        started = await self._other()
+        return started, await self.finished(node, allocation_id, attempt, results)
+
     async def failed(
         self, node: str, allocation_id: str, attempt: int, error: str, **_: Any
     ) -> Ack:

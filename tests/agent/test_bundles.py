@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from corral.agent.checkpoints import CheckpointCourier
-from corral.agent.executors.base import Started
+from corral.agent.executors.base import Failed, Started
 from corral.agent.link import LinkSettings
-from corral.agent.sender import Queued, Sender, linger
+from corral.agent.sender import Queued, Sender, linger, open_starts
 from corral.agent.supervisor import Done, Report
 from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -70,6 +70,29 @@ async def test_a_start_alone_leaves_after_the_linger() -> None:
     batch: list[Queued] = [(1, Report("a1", 1, Started()))]
     await linger(live, batch, linger_s=0.001)
     assert [seq for seq, _ in batch] == [1]
+
+
+@pytest.mark.anyio
+async def test_starts_wait_for_every_end_that_comes_soon() -> None:
+    live: asyncio.Queue[Queued] = asyncio.Queue()
+    batch: list[Queued] = [(1, Report("a1", 1, Started())), (2, Report("a2", 1, Started()))]
+    loop = asyncio.get_running_loop()
+    loop.call_soon(live.put_nowait, (3, Report("a1", 1, Done())))
+    loop.call_later(0.01, live.put_nowait, (4, Report("a2", 1, Failed("boom", retryable=True))))
+    loop.call_later(0.02, live.put_nowait, (5, Report("a3", 1, Started())))
+    await linger(live, batch, linger_s=5.0)
+    assert [seq for seq, _ in batch] == [1, 2, 3, 4], "every start has its end: no more waiting"
+
+
+@pytest.mark.anyio
+async def test_what_is_queued_with_an_open_start_leaves_after_the_linger() -> None:
+    live: asyncio.Queue[Queued] = asyncio.Queue()
+    batch: list[Queued] = [(1, Report("a0", 1, Done())), (2, Report("a1", 1, Started()))]
+    asyncio.get_running_loop().call_soon(live.put_nowait, (3, Report("a2", 1, Done())))
+    await linger(live, batch, linger_s=0.01)
+    assert [seq for seq, _ in batch] == [1, 2, 3]
+    assert open_starts(batch)
+    assert not open_starts([(1, Report("a0", 1, Done()))])
 
 
 class FakeCall:

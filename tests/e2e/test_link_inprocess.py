@@ -88,6 +88,11 @@ class Inbound:
         self.calls.append(("checkpoint", ref))
         return Ack.ACCEPTED
 
+    async def ran(self, node: str, allocation_id: str, attempt: int,
+                  results: Sequence[ResultBlob]) -> tuple[Ack, Ack]:  # fmt: skip
+        started = await self.started(node, allocation_id, attempt)
+        return started, await self.finished(node, allocation_id, attempt, results)
+
     async def finished(self, node: str, allocation_id: str, attempt: int,
                        results: Sequence[ResultBlob]) -> Ack:  # fmt: skip
         if self.fail_finished:

@@ -111,7 +111,7 @@ class LinkSettings:
     heartbeat_s: float | None = None  # beat at least this often (default: as the server asks)
     shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported by path
     max_checkpoint_bytes: int = 512 * 1024 * 1024  # larger ones are reported by path only
-    start_linger_s: float = 0.002  # a start waits this long for its job's end, to share a write
+    start_linger_s: float = 0.005  # a start waits this long for its job's end, to share a write
 
 
 class LinkClient:

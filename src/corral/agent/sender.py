@@ -58,7 +58,7 @@ class Sender:
             batch = [await live.get()]
             while self.bundles and not live.empty():
                 batch.append(live.get_nowait())
-            if self.bundles and all(_starts(item) for _, item in batch):
+            if self.bundles and open_starts(batch):
                 await linger(live, batch, self.settings.start_linger_s)
             messages = [await self._message(stub, seq, item) for seq, item in batch]
             if len(messages) > 1:
@@ -113,21 +113,34 @@ class Sender:
         return await upload(stub, self.metadata, chunk, jr.result.data, self.settings.chunk_bytes)
 
 
-def _starts(item: Item) -> bool:
-    return isinstance(item, Report) and isinstance(item.update, Started)
+def open_starts(batch: list[Queued]) -> bool:
+    """Whether a start in ``batch`` has no end (success or failure) after it in ``batch``."""
+    waiting: set[str] = set()
+    for _, item in batch:
+        if not isinstance(item, Report):
+            continue
+        if isinstance(item.update, Started):
+            waiting.add(item.allocation_id)
+        elif isinstance(item.update, Done | Failed):
+            waiting.discard(item.allocation_id)
+    return bool(waiting)
 
 
 async def linger(live: asyncio.Queue[Queued], batch: list[Queued], linger_s: float) -> None:
-    """Wait up to ``linger_s`` for what follows a start, and add it (and all queued) to ``batch``.
+    """Wait up to ``linger_s`` for the ends of the starts in ``batch``, adding what is queued
+    meanwhile (in order) to ``batch``.
 
     Work that ends at once (a no-op handler, a cached answer) then sends its
-    start and its end in one write instead of two; work that takes longer has
-    its start reported ``linger_s`` late.
+    start and its end in one write instead of two, and the server handles them
+    as one (``AgentInbound.ran``), also when several jobs start and end at once
+    on a busy agent; work that takes longer has its start reported ``linger_s``
+    late, and what was queued with it waits as long.
     """
     try:
         async with asyncio.timeout(linger_s):
-            batch.append(await live.get())
+            while open_starts(batch):
+                batch.append(await live.get())
+                while not live.empty():
+                    batch.append(live.get_nowait())
     except TimeoutError:
         return
-    while not live.empty():
-        batch.append(live.get_nowait())
