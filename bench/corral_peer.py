@@ -3,11 +3,13 @@
 The client side is what a web app does: submit over HTTP and follow one
 ``/v1/events`` SSE stream for every job (a background thread routes each
 event to the job waiting for it), so start and completion are timed as a
-client watching SSE sees them.
+client watching SSE sees them. The HTTP client is the standard library's
+(``plain_http.py``, the default) or httpx (``client="httpx"``).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -18,9 +20,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pg_schema import drop_schema_of
+from plain_http import PlainHttp
 from workload import Timing
 
 HERE = Path(__file__).resolve().parent
@@ -28,6 +32,8 @@ ADMIN = "corral_admin_bench-e2e-token"
 CLI = "from corral.cli.main import main; main()"
 BATCH = 500  # jobs per POST /v1/jobs/batch
 WATCHED = ("job.started", "job.succeeded", "job.failed")  # the events a waiting client needs
+CLIENTS = ("stdlib", "httpx")  # the HTTP client the load generator uses (see plain_http.py)
+ONE_JOB = b'{"kind": "custom", "resources": {"cpus": 1}}'
 
 
 class CorralPeer:
@@ -38,8 +44,12 @@ class CorralPeer:
         label: str = "corral",
         sqlite_sync: str = "",
         server_env: dict[str, str] | None = None,
+        client: str = "stdlib",
     ) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(CLIENTS)}, not {client!r}")
         self.name = label
+        self.client = client
         self._sqlite_sync = sqlite_sync  # "" keeps the server's default (FULL)
         self._server_env = dict(server_env or {})  # settings for the server, e.g. A/B runs
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-e2e-")
@@ -83,6 +93,7 @@ class CorralPeer:
             timeout=60,
             limits=httpx.Limits(max_connections=64),
         )
+        self._plain = PlainHttp(self.url, {"Authorization": f"Bearer {ADMIN}"})
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
         self._listener = threading.Thread(target=self._listen, daemon=True)
@@ -100,21 +111,27 @@ class CorralPeer:
 
     def round_trip(self) -> Timing:
         w = _Waiter(time.perf_counter())
-        reply = self._http.post("/v1/jobs", json={"kind": "custom", "resources": {"cpus": 1}})
-        reply.raise_for_status()
-        return self._register(reply.json()["id"], w).wait()
+        return self._register(self._post(b"/v1/jobs", ONE_JOB)["id"], w).wait()
 
     def submit_all_then_wait(self, n: int) -> list[Timing]:
         waiters = []
         for start in range(0, n, BATCH):
             count = min(BATCH, n - start)
             w_at = time.perf_counter()
-            reply = self._http.post(
-                "/v1/jobs/batch", json={"jobs": [{"resources": {"cpus": 1}}] * count}
-            )
-            reply.raise_for_status()
-            waiters += [self._register(j["id"], _Waiter(w_at)) for j in reply.json()["jobs"]]
+            body = json.dumps({"jobs": [{"resources": {"cpus": 1}}] * count}).encode()
+            jobs = self._post(b"/v1/jobs/batch", body)["jobs"]
+            waiters += [self._register(j["id"], _Waiter(w_at)) for j in jobs]
         return [w.wait() for w in waiters]
+
+    def _post(self, path: bytes, body: bytes) -> Any:
+        """POST ``body`` with the chosen client; its JSON answer."""
+        if self.client == "stdlib":
+            return json.loads(self._plain.post(path.decode(), body))
+        reply = self._http.post(
+            path.decode(), content=body, headers={"Content-Type": "application/json"}
+        )
+        reply.raise_for_status()
+        return reply.json()
 
     def _register(self, job_id: str, w: _Waiter) -> _Waiter:
         with self._lock:
@@ -129,6 +146,16 @@ class CorralPeer:
     def _listen(self) -> None:
         last = 0
         while True:
+            if self.client == "stdlib":
+                try:
+                    for kind, seq, job_id in self._plain.events(
+                        "/v1/events", {"kind": list(WATCHED)}, last
+                    ):
+                        last = seq
+                        self._on_event(kind, job_id)
+                except (OSError, http.client.HTTPException):
+                    time.sleep(0.1)
+                continue
             try:
                 headers = {"Last-Event-ID": str(last)} if last else {}
                 with self._http.stream(

@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from corral_peer import CorralPeer
+from corral_peer import CLIENTS, CorralPeer
 from workload import Figures, Peer, run_all
 
 PG = "postgresql://postgres@127.0.0.1:5432/test?schema=bench_e2e"
@@ -45,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a setting for corral's server, e.g. CORRAL_SCHEDULING__DEBOUNCE_S=0.002 (A/B runs)",
     )
+    ap.add_argument(
+        "--client",
+        default="stdlib",
+        choices=CLIENTS,
+        help="the HTTP client corral's load generator uses: the standard library's "
+        "http.client (default; see plain_http.py) or httpx (what the SDK uses)",
+    )
     args = ap.parse_args(argv)
     server_env = dict(kv.split("=", 1) for kv in args.server_env)
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -53,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     systems: list[tuple[str, Callable[[], Peer]]] = [
         (
             "corral/sqlite",
-            lambda: CorralPeer(args.agents, None, "corral/sqlite", args.sqlite_sync, server_env),
+            lambda: CorralPeer(
+                args.agents, None, "corral/sqlite", args.sqlite_sync, server_env, args.client
+            ),
         )
     ]
     if args.postgres != "none":
@@ -61,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
             (
                 "corral/postgres",
                 lambda: CorralPeer(
-                    args.agents, args.postgres, "corral/postgres", server_env=server_env
+                    args.agents,
+                    args.postgres,
+                    "corral/postgres",
+                    server_env=server_env,
+                    client=args.client,
                 ),
             )
         )
@@ -81,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
-    print(f"\nend to end: {args.jobs} no-op jobs, {args.agents} workers, {args.clients} clients\n")
+    print(
+        f"\nend to end: {args.jobs} no-op jobs, {args.agents} workers, {args.clients} clients "
+        f"(corral's HTTP client: {args.client})\n"
+    )
     cols = ("jobs/s", "start p50", "start p99", "done p50", "done p99")
     head = f"{'system':16} {'shape':11} " + " ".join(f"{c:>10}" for c in cols)
     print(head + "\n" + "-" * len(head))

@@ -38,6 +38,17 @@ def test_e2e_benchmark_runs_corral_and_celery_and_prints_the_ratio() -> None:
     assert float(ratio.rsplit(" ", 1)[1]) > 0
 
 
+def test_e2e_benchmark_measures_corral_with_httpx_as_its_client_too() -> None:
+    argv = [sys.executable, "e2e.py", "--jobs", "20", "--idle", "3", "--agents", "1"]
+    argv += ["--clients", "2", "--postgres", "none", "--skip-celery", "--client", "httpx"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "corral's HTTP client: httpx" in out.stdout
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("corral/sqlite")]
+    assert [r[1] for r in rows] == ["idle", "concurrent", "batch"], out.stdout
+    assert all(float(r[2]) > 0 for r in rows), out.stdout
+
+
 def test_the_idle_steps_benchmark_stamps_each_step_of_a_job() -> None:
     argv = [sys.executable, "e2e_steps.py", "--jobs", "5"]
     out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
