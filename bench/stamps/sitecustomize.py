@@ -29,8 +29,10 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     "corral.server.services.placement": [(None, "apply_plan", "server: apply plan", True)],
     "corral.server.agentlink.grpc_link": [("GrpcLink", "assign", "server: assign sent", True)],
     "corral.server.agentlink.grpc_service": [
-        ("AgentLinkService", "_handle", "server: agent update", True)
+        ("AgentLinkService", "_handle", "server: agent update", True),
+        ("AgentLinkService", "_ran", "server: agent start+end", True),
     ],
+    "corral.server.services.agents": [("AgentService", "ran", "server: start+end unit", True)],
     "corral.server.services.recent": [("RecentEvents", "add", "server: events published", False)],
     "corral.server.api.render": [(None, "event_json", "server: SSE event framed", False)],
     "corral.agent.wire": [
