@@ -359,10 +359,11 @@ def paired(messages: Sequence[pb.AgentMessage]) -> Iterator[Pair]:
         if i in merged:
             continue
         j = following.get(i)
-        end = messages[j] if j is not None and _ends(m, messages[j]) else None
-        if end is not None:
-            merged.add(j)  # type: ignore[arg-type]
-        yield m, end
+        if j is not None and _ends(m, messages[j]):
+            merged.add(j)
+            yield m, messages[j]
+        else:
+            yield m, None
 
 
 def _ends(start: pb.AgentMessage, end: pb.AgentMessage) -> bool:
