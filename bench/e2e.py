@@ -1,12 +1,16 @@
 """End-to-end: corral against Celery + Redis on this machine, in one run (issue 9).
 
     python bench/e2e.py [--jobs N] [--agents K] [--clients C] [--idle N] [--postgres URL]
+                        [--rounds R] [--client stdlib|httpx]
 
 Each system gets K worker processes doing no-op work and the same three
 loads (see ``workload.py``): idle round trips, C concurrent clients, and
-everything submitted in batches. corral runs on SQLite, then on PostgreSQL.
-Prints a table, the ratios corral/Celery, and on a line of its own
-``throughput ratio corral/celery: X.XX`` (the concurrent shape on SQLite).
+everything submitted in batches. corral runs on SQLite and on PostgreSQL.
+Every system is started first; then each shape's jobs run in R parts, the
+systems taking turns, so a machine whose speed drifts over the minutes of a
+run weighs on all of them alike. Prints a table, the ratios corral/Celery,
+and on a line of its own ``throughput ratio corral/celery: X.XX`` (the
+concurrent shape on SQLite).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 from collections.abc import Callable
 
 from corral_peer import CLIENTS, CorralPeer
-from workload import Figures, Peer, run_all
+from workload import Figures, Peer, run_interleaved
 
 PG = "postgresql://postgres@127.0.0.1:5432/test?schema=bench_e2e"
 
@@ -52,11 +56,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the HTTP client corral's load generator uses: the standard library's "
         "http.client (default; see plain_http.py) or httpx (what the SDK uses)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="each shape's jobs run in this many parts, system after system in turn, so a "
+        "machine whose speed drifts weighs on every system alike (1: one system after another)",
+    )
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     server_env = dict(kv.split("=", 1) for kv in args.server_env)
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
 
-    results: dict[str, list[Figures]] = {}
+    results: dict[str, list[Figures]]
     systems: list[tuple[str, Callable[[], Peer]]] = [
         (
             "corral/sqlite",
@@ -82,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         from celery_peer import CeleryPeer
 
         systems.append(("celery", lambda: CeleryPeer(args.agents)))
-    for label, make in systems:
-        log(f"starting {label} with {args.agents} workers ...")
-        peer = make()
-        try:
-            results[label] = run_all(peer, args.jobs, args.clients, args.idle, log)
-        finally:
+    peers: list[Peer] = []
+    try:
+        for label, make in systems:
+            log(f"starting {label} with {args.agents} workers ...")
+            peers.append(make())
+        results = run_interleaved(peers, args.jobs, args.clients, args.idle, args.rounds, log)
+    finally:
+        for peer in peers:
             peer.close()  # type: ignore[attr-defined]
     report(results, args)
     return 0
@@ -96,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
     print(
         f"\nend to end: {args.jobs} no-op jobs, {args.agents} workers, {args.clients} clients "
-        f"(corral's HTTP client: {args.client})\n"
+        f"(corral's HTTP client: {args.client}; {args.rounds} rounds, systems in turn)\n"
     )
     cols = ("jobs/s", "start p50", "start p99", "done p50", "done p99")
     head = f"{'system':16} {'shape':11} " + " ".join(f"{c:>10}" for c in cols)

@@ -49,6 +49,7 @@ class Figures:
     start_p99_ms: float
     done_p50_ms: float
     done_p99_ms: float
+    timings: tuple[Timing, ...] = ()  # what they were computed from
 
     @property
     def jobs_per_s(self) -> float:
@@ -73,6 +74,7 @@ def figures(shape: str, timings: Sequence[Timing], seconds: float) -> Figures:
         percentile(starts, 0.99),
         percentile(dones, 0.5),
         percentile(dones, 0.99),
+        tuple(timings),
     )
 
 
@@ -107,20 +109,60 @@ def batch(peer: Peer, n: int) -> Figures:
 def run_all(
     peer: Peer, n: int, clients: int, idle_n: int, log: Callable[[str], None]
 ) -> list[Figures]:
-    out = []
-    for label, run in (
-        ("idle", lambda: idle(peer, idle_n)),
-        ("concurrent", lambda: concurrent(peer, n, clients)),
-        ("batch", lambda: batch(peer, n)),
-    ):
-        log(f"{peer.name}: {label} ...")
-        cpu = getattr(peer, "cpu_s", dict)
-        before = cpu()
-        out.append(run())
-        used = {k: (v - before[k]) * 1000 / out[-1].jobs for k, v in cpu().items()}
-        costs = "".join(f", {k} {ms:.1f} ms CPU/job" for k, ms in used.items())
-        log(f"{peer.name}: {label}: {out[-1].jobs_per_s:,.0f} jobs/s{costs}")
+    """Every shape on one peer, one after the other."""
+    return run_interleaved([peer], n, clients, idle_n, 1, log)[peer.name]
+
+
+def run_interleaved(
+    peers: Sequence[Peer],
+    n: int,
+    clients: int,
+    idle_n: int,
+    rounds: int,
+    log: Callable[[str], None],
+) -> dict[str, list[Figures]]:
+    """Every shape on every peer, each shape's jobs split into ``rounds`` parts run peer after
+    peer in turn: a machine whose speed drifts over minutes (shared hosts, turbo, other work)
+    then weighs on every peer alike instead of on whichever ran in its slow spell. A shape's
+    figures join its parts (their timings, and their seconds added up)."""
+    out: dict[str, list[Figures]] = {p.name: [] for p in peers}
+    for shape in ("idle", "concurrent", "batch"):
+        parts: dict[str, list[Figures]] = {p.name: [] for p in peers}
+        used: dict[str, dict[str, float]] = {p.name: {} for p in peers}
+        total = idle_n if shape == "idle" else n
+        for r in range(rounds):
+            size = total // rounds + (1 if r < total % rounds else 0)
+            for peer in peers:
+                log(f"{peer.name}: {shape} ({r + 1}/{rounds}) ...")
+                cpu = getattr(peer, "cpu_s", dict)
+                before = cpu()
+                parts[peer.name].append(_shape(peer, shape, size, clients))
+                for k, v in cpu().items():
+                    used[peer.name][k] = used[peer.name].get(k, 0.0) + v - before[k]
+        for peer in peers:
+            joined = join(shape, parts[peer.name])
+            costs = "".join(
+                f", {k} {s * 1000 / joined.jobs:.1f} ms CPU/job" for k, s in used[peer.name].items()
+            )
+            log(f"{peer.name}: {shape}: {joined.jobs_per_s:,.0f} jobs/s{costs}")
+            out[peer.name].append(joined)
     return out
+
+
+def _shape(peer: Peer, shape: str, size: int, clients: int) -> Figures:
+    if shape == "idle":
+        return idle(peer, size)
+    if shape == "concurrent":
+        return concurrent(peer, size, clients)
+    return batch(peer, size)
+
+
+def join(shape: str, parts: Sequence[Figures]) -> Figures:
+    """Figures of ``parts`` taken together: jobs and seconds added, percentiles over all."""
+    if len(parts) == 1:
+        return parts[0]
+    timings = [t for p in parts for t in p.timings]
+    return figures(shape, timings, sum(p.seconds for p in parts))
 
 
 def median(values: Sequence[float]) -> float:
