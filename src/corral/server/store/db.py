@@ -33,7 +33,6 @@ from corral.core.errors import InvalidSpec
 from corral.server.store import pgraw, sqlite_inline
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
-from corral.server.store.wal_checkpoint import Checkpointer
 from corral.server.store.wal_sync import WalSync
 
 DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
@@ -100,12 +99,8 @@ class Database:
         # durable write waits for WalSync's, taken after the write lock is released.
         self.wal_sync = _wal_sync(target, sqlite_synchronous)
         deferred = self.wal_sync is not None
-        self.engine = _make_engine(
-            target, sqlite_synchronous, pool_size, deferred, own_checkpoints=_file(target)
-        )
+        self.engine = _make_engine(target, sqlite_synchronous, pool_size, deferred)
         self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
-        # A SQLite file is checkpointed on a thread, never inside a commit (wal_checkpoint).
-        self.checkpointer = _checkpointer(target, self._write_lock)
         self._writer = (
             KeptWriter(self.engine, sqlite_synchronous, deferred)
             if target.dialect == "sqlite"
@@ -164,8 +159,6 @@ class Database:
                 yield await stack.enter_async_context(
                     self._pg_transaction(conn, ordered_events, durable)
                 )
-        if self.checkpointer is not None:
-            self.checkpointer.committed()
         position = self.wal_sync.mark() if self.wal_sync is not None else 0
         if durable and self.wal_sync is not None:
             # An fsync on the thread starts before on_commit pokes anyone: a scheduling
@@ -254,8 +247,6 @@ class Database:
             await conn.run_sync(upgrade)
 
     async def close(self) -> None:
-        if self.checkpointer is not None:
-            await self.checkpointer.close()
         if self._writer is not None:
             await self._writer.close()
         await self.engine.dispose()
@@ -290,20 +281,9 @@ def _file_lock(target: DbTarget) -> SqliteLock | None:
     return SqliteLock(Path(str(database)))
 
 
-def _file(target: DbTarget) -> bool:
-    """A SQLite database in a file (not in memory, not PostgreSQL)."""
-    return target.dialect == "sqlite" and target.url.database not in (None, "", ":memory:")
-
-
-def _checkpointer(target: DbTarget, writers: asyncio.Lock | None) -> Checkpointer | None:
-    if not _file(target) or writers is None:
-        return None
-    return Checkpointer(Path(str(target.url.database)), writers)
-
-
 def _wal_sync(target: DbTarget, synchronous: str) -> WalSync | None:
     database = target.url.database
-    if not _file(target):
+    if target.dialect != "sqlite" or database in (None, "", ":memory:"):
         return None
     if synchronous not in ("FULL", "EXTRA"):
         return None  # the operator chose to survive kill -9 only (NORMAL) or nothing (OFF)
@@ -311,12 +291,7 @@ def _wal_sync(target: DbTarget, synchronous: str) -> WalSync | None:
 
 
 def _make_engine(
-    target: DbTarget,
-    synchronous: str,
-    pool_size: int,
-    deferred: bool = False,
-    *,
-    own_checkpoints: bool = False,
+    target: DbTarget, synchronous: str, pool_size: int, deferred: bool = False
 ) -> AsyncEngine:
     if target.dialect == "postgresql":
         connect_args: dict[str, Any] = {}
@@ -331,7 +306,7 @@ def _make_engine(
     # Statements run inline on the loop, commits on a thread (see sqlite_inline).
     path = target.url.database or ":memory:"
     engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
-    sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous, own_checkpoints))
+    sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
     sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous, deferred))
     return engine
 
@@ -371,9 +346,8 @@ def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:
     return begin
 
 
-def _sqlite_pragmas(synchronous: str, own_checkpoints: bool = False) -> Any:
-    """WAL (readers never block the writer), a busy timeout, foreign keys on; with
-    ``own_checkpoints`` no checkpoint inside a commit (``wal_checkpoint.Checkpointer``)."""
+def _sqlite_pragmas(synchronous: str) -> Any:
+    """WAL (readers never block the writer), a busy timeout, foreign keys on."""
 
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # autocommit at the driver; _sqlite_begin opens txs
@@ -382,8 +356,6 @@ def _sqlite_pragmas(synchronous: str, own_checkpoints: bool = False) -> Any:
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
-        if own_checkpoints:
-            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.close()
 
     return on_connect
