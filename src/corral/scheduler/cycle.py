@@ -21,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 from corral.core.model import Allocation, Node
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
+from corral.scheduler.ends import NodeEnds
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
@@ -106,13 +107,15 @@ class Cycle:
         config: Config,
         now: float,
         scorers: Sequence[Scorer] = DEFAULT_SCORERS,
-        ends: Mapping[int, float] | None = None,
+        ends: NodeEnds | Mapping[int, float] | None = None,
     ) -> None:
         if isinstance(source, Snapshot):
             cluster = Cluster.of(source)
             ends = node_ends(cluster.cap, source.allocations, source.expected_ends)
         else:
             cluster = source
+        if not isinstance(ends, NodeEnds):
+            ends = NodeEnds(ends)
         self.cluster = cluster
         self.config = config
         self.now = now
@@ -127,7 +130,8 @@ class Cycle:
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
         # Both read as typed dicts: a compiled build looks them up directly (no method call).
-        self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
+        self._base_ends: dict[int, float] = ends.of
+        self.end_order = ends.order  # the same, (end, node index) soonest first
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         self.start = self.checkpoint()
@@ -214,6 +218,11 @@ class Cycle:
         """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
         end = self._end_data.get(idx)
         return self._base_ends.get(idx) if end is None else end
+
+    def changed_ends(self) -> dict[int, float]:
+        """The nodes whose expected end this cycle moved (its placements, bookings), with
+        their end now; every other node's is its entry in ``end_order``, if any."""
+        return self._end_data
 
     def book(self, idx: int, end: float) -> None:
         """Note that node ``idx`` is spoken for until ``end`` (a job waiting for it; undone
