@@ -16,7 +16,6 @@ from scheduler_builders import alloc, job, node, snapshot
 
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
 from corral.scheduler.cycle import Cycle
-from corral.scheduler.ends import NodeEnds
 from corral.scheduler.need import need_of
 from corral.scheduler.reservation import Reservations
 
@@ -146,16 +145,3 @@ def test_the_soonest_ending_nodes_read_off_the_kept_order_are_those_a_walk_finds
     assert feasible
     fast = reservations._soonest_ending(feasible, seen)
     assert [nc.idx for nc in fast] == [nc.idx for nc in reservations._all_by_end(feasible, seen)]
-
-
-@given(st.lists(st.tuples(st.integers(0, 9), st.one_of(st.none(), st.integers(0, 5)))))
-def test_node_ends_keep_their_entries_sorted_soonest_first(
-    ops: list[tuple[int, int | None]],
-) -> None:
-    ends = NodeEnds({3: 2.0})
-    for idx, end in ops:
-        if end is None:
-            ends.drop(idx)
-        else:
-            ends.set(idx, float(end))
-    assert ends.order == sorted((end, idx) for idx, end in ends.of.items())

@@ -21,7 +21,6 @@ from typing import Any, Final, Generic, TypeVar
 from corral.core.model import Allocation, Node
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
-from corral.scheduler.ends import NodeEnds
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
@@ -107,15 +106,13 @@ class Cycle:
         config: Config,
         now: float,
         scorers: Sequence[Scorer] = DEFAULT_SCORERS,
-        ends: NodeEnds | Mapping[int, float] | None = None,
+        ends: Mapping[int, float] | None = None,
     ) -> None:
         if isinstance(source, Snapshot):
             cluster = Cluster.of(source)
             ends = node_ends(cluster.cap, source.allocations, source.expected_ends)
         else:
             cluster = source
-        if not isinstance(ends, NodeEnds):
-            ends = NodeEnds(ends)
         self.cluster = cluster
         self.config = config
         self.now = now
@@ -130,8 +127,8 @@ class Cycle:
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
         # Both read as typed dicts: a compiled build looks them up directly (no method call).
-        self._base_ends: dict[int, float] = ends.of
-        self.end_order = ends.order  # the same, (end, node index) soonest first
+        self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
+        self._end_order: list[tuple[float, int]] | None = None  # the same sorted, when asked
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         self.start = self.checkpoint()
@@ -219,9 +216,17 @@ class Cycle:
         end = self._end_data.get(idx)
         return self._base_ends.get(idx) if end is None else end
 
+    def ends_in_order(self) -> list[tuple[float, int]]:
+        """The expected ends the cycle started from, as ``(end, node index)`` soonest first:
+        sorted once per cycle, when first asked (a reservation looking for busy nodes)."""
+        order = self._end_order
+        if order is None:
+            order = self._end_order = sorted((end, idx) for idx, end in self._base_ends.items())
+        return order
+
     def changed_ends(self) -> dict[int, float]:
         """The nodes whose expected end this cycle moved (its placements, bookings), with
-        their end now; every other node's is its entry in ``end_order``, if any."""
+        their end now; every other node's is its entry in ``ends_in_order``, if any."""
         return self._end_data
 
     def book(self, idx: int, end: float) -> None:

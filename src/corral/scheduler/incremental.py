@@ -35,7 +35,6 @@ from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
 from corral.scheduler.api import Config, Placement, Plan, Snapshot
 from corral.scheduler.cycle import Cluster, Cycle
-from corral.scheduler.ends import NodeEnds
 from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
@@ -66,7 +65,7 @@ class Scheduler:
         self._usage: dict[str, int] = {}  # team -> milli-GPUs its active allocations hold
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
         self._on_node: dict[str, dict[str, Allocation]] = {}  # node -> its active allocations
-        self._node_end = NodeEnds()  # node index -> latest expected end there
+        self._node_end: dict[int, float] = {}  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes)  # what preemption could evict
         self._cluster: Cluster | None = None
         self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
@@ -134,7 +133,7 @@ class Scheduler:
         self.nodes, self._index = nodes, index
         self._cluster = None
         self._pending, self._released = {}, {}
-        self._node_end = NodeEnds()
+        self._node_end = {}
         for name, allocs in self._on_node.items():
             self._recompute_end(name, allocs)
 
@@ -270,8 +269,8 @@ class Scheduler:
             on_node[alloc.id] = alloc
             if expected_end is not None:
                 idx = self._index.get(alloc.node)
-                if idx is not None and expected_end > self._node_end.of.get(idx, float("-inf")):
-                    self._node_end.set(idx, expected_end)
+                if idx is not None and expected_end > self._node_end.get(idx, float("-inf")):
+                    self._node_end[idx] = expected_end
         else:
             self._victims.remove(alloc)
             del on_node[alloc.id]
@@ -296,7 +295,7 @@ class Scheduler:
 
     def _latest_end(self, node: str) -> float:
         idx = self._index.get(node)
-        return float("inf") if idx is None else self._node_end.of.get(idx, float("inf"))
+        return float("inf") if idx is None else self._node_end.get(idx, float("inf"))
 
     def _recompute_end(self, node: str, allocs: Mapping[str, Allocation]) -> None:
         idx = self._index.get(node)
@@ -304,9 +303,9 @@ class Scheduler:
             return
         ends = [self.expected_ends[a] for a in allocs if a in self.expected_ends]
         if ends:
-            self._node_end.set(idx, max(ends))
+            self._node_end[idx] = max(ends)
         else:
-            self._node_end.drop(idx)
+            self._node_end.pop(idx, None)
 
     def _sync_queued(self, queued: tuple[Job, ...]) -> None:
         wanted = {job.id: job for job in queued}

@@ -155,13 +155,14 @@ class Reservations:
     def _soonest_ending(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
         """Busy nodes (no free card) whose work should all end first: the rest of the candidates.
 
-        Read off the front of the kept order (``ends.py``) and this cycle's changes; only
-        when too few nodes have a known end are all nodes walked (``_all_by_end``).
+        Read off the front of the cycle's ends in order (sorted once per cycle) and this
+        cycle's changes; only when too few nodes have a known end are all nodes walked
+        (``_all_by_end``).
         """
         cycle, want = self.cycle, CANDIDATES - len(seen)
         nodes, changed = cycle.cap.nodes, cycle.changed_ends()
         picked: list[tuple[float, int]] = []
-        for end, idx in cycle.end_order:
+        for end, idx in cycle.ends_in_order():
             if idx in changed or not _candidate(nodes[idx], feasible, seen):
                 continue
             picked.append((end, idx))
