@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scheduler_builders import alloc, job, node, snapshot
 
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
+from corral.scheduler.cycle import Cycle
+from corral.scheduler.need import need_of
+from corral.scheduler.reservation import Reservations
 
 ON = Config(reserve_min_gpus=4)
 OFF = Config(reserve_min_gpus=None)
@@ -110,3 +115,33 @@ def test_a_gang_reserves_one_node_per_replica() -> None:
     reservation = next(r for r in held if r.code is ReasonCode.HOLDS_RESERVATION)
     assert reservation.nodes == 2
     assert "s" not in where(plan)  # both nodes are held: the small job waits
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ends=st.lists(st.one_of(st.none(), st.integers(1, 50)), min_size=20, max_size=40),
+    booked=st.dictionaries(st.integers(0, 19), st.integers(1, 80), max_size=10),
+    hidden=st.sets(st.integers(0, 39), max_size=6),
+    seen=st.sets(st.integers(0, 39), max_size=10),
+)
+def test_the_soonest_ending_nodes_read_off_the_kept_order_are_those_a_walk_finds(
+    ends: list[int | None], booked: dict[int, int], hidden: set[int], seen: set[int]
+) -> None:
+    # Busy one-card nodes, some with a known end; this cycle books later ends on some
+    # and hides others; the candidates read off NodeEnds' order match walking them all.
+    nodes = [node(f"n{i:02}").gpus(1) for i in range(len(ends))]
+    allocs = [alloc(f"a{i}", f"n{i:02}").cards(0) for i in range(len(ends))]
+    expected = {f"a{i}": float(end) for i, end in enumerate(ends) if end is not None}
+    snap = replace(snapshot(nodes, [], allocs), expected_ends=expected)
+    cycle = Cycle(snap, ON, now=0.0)
+    for idx, end in booked.items():
+        cycle.book(idx, float(end))
+    for idx in hidden:
+        if idx < len(ends):
+            cycle.cap.hide(cycle.cap.nodes[idx])
+    reservations = Reservations(cycle, lambda name: ())
+    feasible = set(cycle.feasible_classes(need_of(job("one").gpus(1).build())))
+    seen = {i for i in seen if i < len(ends)}
+    assert feasible
+    fast = reservations._soonest_ending(feasible, seen)
+    assert [nc.idx for nc in fast] == [nc.idx for nc in reservations._all_by_end(feasible, seen)]

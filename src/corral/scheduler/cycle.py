@@ -128,6 +128,7 @@ class Cycle:
         self._failed: Memo[Need, int] = self.memo()
         # Both read as typed dicts: a compiled build looks them up directly (no method call).
         self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
+        self._end_order: list[tuple[float, int]] | None = None  # the same sorted, when asked
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         self.start = self.checkpoint()
@@ -214,6 +215,19 @@ class Cycle:
         """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
         end = self._end_data.get(idx)
         return self._base_ends.get(idx) if end is None else end
+
+    def ends_in_order(self) -> list[tuple[float, int]]:
+        """The expected ends the cycle started from, as ``(end, node index)`` soonest first:
+        sorted once per cycle, when first asked (a reservation looking for busy nodes)."""
+        order = self._end_order
+        if order is None:
+            order = self._end_order = sorted((end, idx) for idx, end in self._base_ends.items())
+        return order
+
+    def changed_ends(self) -> dict[int, float]:
+        """The nodes whose expected end this cycle moved (its placements, bookings), with
+        their end now; every other node's is its entry in ``ends_in_order``, if any."""
+        return self._end_data
 
     def book(self, idx: int, end: float) -> None:
         """Note that node ``idx`` is spoken for until ``end`` (a job waiting for it; undone

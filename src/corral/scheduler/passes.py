@@ -145,18 +145,21 @@ class Passes:
         big = self.queue.big.get(pclass.name)
         if not big or count < 1 or planner.stopped:
             return
-        headroom, usable, groups = planner.ledger.headroom, self.usable, self.queue.groups
+        ledger, groups = planner.ledger, self.queue.groups
+        decided, now = planner.decided, self.now
         blocked: dict[str, float] = {}  # team -> the least milli it was found to lack room for
-        teams = {job.team for job in big}
+        teams = len(self.queue.big_teams[pclass.name])  # teams with big jobs queued
         heads: list[Job] = []
-        for job in big:
-            group = groups[job.id]
-            lowest = group.need.nominal_milli() * group.replicas
-            if lowest >= blocked.get(job.team, math.inf) or not usable(job):
+        for job in big:  # the checks of ``usable`` written out: this loop walks long lists
+            if job.id in decided or job.not_before > now:
                 continue
-            if lowest > headroom(job.team, not guaranteed):
-                blocked[job.team] = min(lowest, blocked.get(job.team, lowest))
-                if len(blocked) == len(teams):
+            lowest = groups[job.id].lowest
+            team = job.team
+            if lowest >= blocked.get(team, math.inf):
+                continue
+            if lowest > ledger.headroom(team, not guaranteed):
+                blocked[team] = min(lowest, blocked.get(team, lowest))
+                if len(blocked) == teams:
                     break
                 continue
             heads.append(job)
@@ -215,9 +218,8 @@ class Liveness:
     def __call__(self, group: Group) -> bool:
         known = self._known.get(group)
         if known is None:
-            lowest = group.need.nominal_milli() * group.replicas
             fits = self._may_fit(group, self._pclass, self._guaranteed)
-            known = self._known[group] = (lowest, fits)
+            known = self._known[group] = (group.lowest, fits)
         if not known[1]:
             return False
         team = group.team

@@ -145,7 +145,7 @@ class Planner:
 
     def in_quota(self, group: Group, guaranteed: bool) -> bool:
         """Is there quota (guaranteed pass) or borrowing room (the other) for a job of it?"""
-        lowest = group.need.nominal_milli() * group.replicas
+        lowest = group.lowest
         if guaranteed:
             return self.ledger.within_quota(group.team, lowest)
         return self.ledger.within_limit(group.team, lowest)

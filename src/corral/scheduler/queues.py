@@ -38,7 +38,7 @@ class Group:
     dictionary key by identity (hashing it is free on the hot path).
     """
 
-    __slots__ = ("cpu", "floor", "need", "replicas", "team")
+    __slots__ = ("cpu", "floor", "lowest", "need", "replicas", "team")
 
     def __init__(
         self, team: str, need: Need, replicas: int, cpu: bool, floor: float | None
@@ -48,6 +48,7 @@ class Group:
         self.replicas = replicas
         self.cpu = cpu  # may fall back to CPU slots (``cpu_fallback`` of a GPU job)
         self.floor = floor  # a lower bound of the run-time estimates in it; None: none
+        self.lowest = need.nominal_milli() * replicas  # the least milli a job of it takes
 
     def __repr__(self) -> str:
         return f"Group({self.team!r}, {self.need!r}, {self.replicas}, {self.cpu}, {self.floor})"
@@ -76,6 +77,7 @@ class Queue:
         self.groups: dict[str, Group] = {}
         self.lists: dict[str, dict[Group, Holders]] = {c: {} for c in classes}
         self.big: dict[str, list[Job]] = {c: [] for c in self.lists}  # per class, oldest first
+        self.big_teams: dict[str, Counter[str]] = {c: Counter() for c in self.lists}  # their teams
         self.unknown: set[str] = set()  # jobs of an unknown priority class
         self.batches: dict[Hashable, list[Job]] = {}
         self.label_keys: Counter[str] = Counter()
@@ -115,6 +117,7 @@ class Queue:
             return
         if self._is_big(need, job.replicas):
             _insert(self.big[cls], job, sort)
+            self.big_teams[cls][job.team] += 1
         holders = groups.get(group)
         if holders is None:
             groups[group] = {job.user: [job]}
@@ -143,6 +146,7 @@ class Queue:
         groups = self.lists[job.priority]
         if self._is_big(group.need, job.replicas):
             _remove_from(self.big[job.priority], job)
+            _decrement(self.big_teams[job.priority], job.team)
         holders = groups[group]
         _remove(holders, job.user, job)
         if not holders:

@@ -153,7 +153,31 @@ class Reservations:
         return rated
 
     def _soonest_ending(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
-        """Busy nodes (no free card) whose work should all end first: the rest of the candidates."""
+        """Busy nodes (no free card) whose work should all end first: the rest of the candidates.
+
+        Read off the front of the cycle's ends in order (sorted once per cycle) and this
+        cycle's changes; only when too few nodes have a known end are all nodes walked
+        (``_all_by_end``).
+        """
+        cycle, want = self.cycle, CANDIDATES - len(seen)
+        nodes, changed = cycle.cap.nodes, cycle.changed_ends()
+        picked: list[tuple[float, int]] = []
+        for end, idx in cycle.ends_in_order():
+            if idx in changed or not _candidate(nodes[idx], feasible, seen):
+                continue
+            picked.append((end, idx))
+            if len(picked) >= want:
+                break
+        for idx, end in changed.items():
+            if _candidate(nodes[idx], feasible, seen):
+                picked.append((end, idx))
+        if len(picked) < want:
+            return self._all_by_end(feasible, seen)
+        picked.sort()
+        return [nodes[idx] for _, idx in picked[:want]]
+
+    def _all_by_end(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
+        """``_soonest_ending`` by walking every node (nodes with no known end come last)."""
         cycle = self.cycle
         ends: list[tuple[float, int]] = []
         for cls in feasible:
@@ -188,3 +212,8 @@ class Reservations:
             for i in usable:
                 free_at.setdefault(i, rest)
         return sorted(free_at[i] for i in usable)[need.gpus - 1]
+
+
+def _candidate(nc: NodeCap, feasible: set[int], seen: set[int]) -> bool:
+    """May ``nc`` be rated for a reservation (of a feasible class, shown, not yet rated)?"""
+    return nc.cls in feasible and nc.idx not in seen and not nc.hidden and nc.schedulable
