@@ -111,7 +111,7 @@ class CorralPeer:
 
     def round_trip(self) -> Timing:
         w = _Waiter(time.perf_counter())
-        return self._register(self._post(b"/v1/jobs", ONE_JOB)["id"], w).wait()
+        return self._register(self._post("/v1/jobs", ONE_JOB)["id"], w).wait()
 
     def submit_all_then_wait(self, n: int) -> list[Timing]:
         waiters = []
@@ -119,17 +119,15 @@ class CorralPeer:
             count = min(BATCH, n - start)
             w_at = time.perf_counter()
             body = json.dumps({"jobs": [{"resources": {"cpus": 1}}] * count}).encode()
-            jobs = self._post(b"/v1/jobs/batch", body)["jobs"]
+            jobs = self._post("/v1/jobs/batch", body)["jobs"]
             waiters += [self._register(j["id"], _Waiter(w_at)) for j in jobs]
         return [w.wait() for w in waiters]
 
-    def _post(self, path: bytes, body: bytes) -> Any:
+    def _post(self, path: str, body: bytes) -> Any:
         """POST ``body`` with the chosen client; its JSON answer."""
         if self.client == "stdlib":
-            return json.loads(self._plain.post(path.decode(), body))
-        reply = self._http.post(
-            path.decode(), content=body, headers={"Content-Type": "application/json"}
-        )
+            return json.loads(self._plain.post(path, body))
+        reply = self._http.post(path, content=body, headers={"Content-Type": "application/json"})
         reply.raise_for_status()
         return reply.json()
 

@@ -106,13 +106,6 @@ def batch(peer: Peer, n: int) -> Figures:
     return figures("batch", timings, time.perf_counter() - t0)
 
 
-def run_all(
-    peer: Peer, n: int, clients: int, idle_n: int, log: Callable[[str], None]
-) -> list[Figures]:
-    """Every shape on one peer, one after the other."""
-    return run_interleaved([peer], n, clients, idle_n, 1, log)[peer.name]
-
-
 def run_interleaved(
     peers: Sequence[Peer],
     n: int,

@@ -20,7 +20,6 @@ from corral.core.events import EventKind
 from corral.core.model import Gpu, Node
 from corral.core.states import (
     ALLOCATION,
-    JOB,
     NODE,
     AllocDesired,
     AllocObserved,
@@ -210,9 +209,8 @@ class AgentService:
         return await self.updates.run(unit, durable=False)
 
     async def _start_job(self, tx: Tx, job: JobRecord) -> None:
-        target = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
-        await job_repo.update(tx.conn, job, state=target.value, started_at=tx.now)
-        record_start(self.rt, tx, job)
+        running = record_start(self.rt, tx, job)
+        await job_repo.update(tx.conn, job, state=running.value, started_at=tx.now)
 
     async def progress(
         self,

@@ -167,8 +167,8 @@ async def apply_settlement(
     state = job.state
     started = started and state is JobState.PLACED
     if started:
-        state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="started")
-        job = record_start(rt, tx, job)
+        state = record_start(rt, tx, job)
+        job = replace(job, started_at=tx.now)
     elif state is JobState.PLACED and decision.state is JobState.SUCCEEDED:
         state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="implied")
     target = transition(JOB, job.job.id, state, decision.state, at=tx.now, why=decision.event.value)
@@ -191,9 +191,11 @@ async def apply_settlement(
     tx.emit(decision.event, team=job.job.team, job_id=job.job.id, state=target.value, data=data)
 
 
-def record_start(rt: Runtime, tx: Tx, job: JobRecord) -> JobRecord:
-    """The ``job.started`` event and wait metric of a job starting now; ``job`` as started
-    (its row is written by the caller, with whatever else changes)."""
+def record_start(rt: Runtime, tx: Tx, job: JobRecord) -> JobState:
+    """A placed job starts now: its transition, ``job.started`` event and wait metric; the
+    state it is in (its row, state and ``started_at``, is written by the caller with whatever
+    else changes)."""
+    running = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
     tx.emit(
         EventKind.JOB_STARTED,
         team=job.job.team,
@@ -204,7 +206,7 @@ def record_start(rt: Runtime, tx: Tx, job: JobRecord) -> JobRecord:
     )
     wait = max(0.0, tx.now - job.job.submitted_at)
     tx.count(lambda: rt.metrics.wait_seconds.observe(wait))
-    return replace(job, started_at=tx.now)
+    return running
 
 
 Changes = tuple[dict[str, object], dict[str, object]]  # row values, event data
@@ -270,8 +272,7 @@ async def _record_partial_result(
     start, when this replica's start came with its end and the job had not started)."""
     values: dict[str, object] = {}
     if started and job.state is JobState.PLACED:
-        running = transition(JOB, job.job.id, job.state, JobState.RUNNING, at=tx.now, why="started")
-        record_start(rt, tx, job)
+        running = record_start(rt, tx, job)
         values |= {"state": running.value, "started_at": tx.now}
     if files:
         values["result"] = [f.to_json() for f in (*job.result, *files)]
