@@ -64,19 +64,20 @@ def main(argv: list[str] | None = None) -> int:
 def offsets(
     stamps: list[tuple[float, str]], trips: list[tuple[float, float]]
 ) -> dict[str, list[float]]:
-    """Per step, the ms from each trip's submit to the step's first stamp inside that trip."""
+    """Per step, the ms from each trip's submit to the step's stamps inside that trip: the
+    first under the step's name, a later one of the same step as ``step (2)``, ``(3)`` ..."""
     out: dict[str, list[float]] = defaultdict(list)
     i = 0
     for submitted, done in trips:
         while i < len(stamps) and stamps[i][0] < submitted:
             i += 1
-        seen: set[str] = set()
+        seen: dict[str, int] = defaultdict(int)
         j = i
         while j < len(stamps) and stamps[j][0] <= done:
             at, step = stamps[j]
-            if step not in seen:
-                seen.add(step)
-                out[step].append((at - submitted) * 1000)
+            seen[step] += 1
+            name = step if seen[step] == 1 else f"{step} ({seen[step]})"
+            out[name].append((at - submitted) * 1000)
             j += 1
         out["client: saw it done"].append((done - submitted) * 1000)
     return out

@@ -24,7 +24,12 @@ PREFIX = os.environ.get("BENCH_STAMPS")
 STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     "corral.server.services.jobs": [("JobService", "submit", "server: submit", True)],
     "corral.server.services.group": [("GroupCommitter", "_commit", "server: group commit", True)],
-    "corral.server.store.wal_sync": [("WalSync", "_sync", "server: fsync", True)],
+    "corral.server.store.wal_sync": [
+        ("WalSync", "_sync", "server: fsync", True),
+        ("WalSync", "wait", "server: walwait", True),
+    ],
+    "corral.server.services.settling": [(None, "end_allocation", "server: end_allocation", True)],
+    "corral.server.store.events": [(None, "append", "server: events append", True)],
     "corral.server.loops.schedule": [("SchedulingLoop", "cycle", "server: cycle", True)],
     "corral.server.services.placement": [(None, "apply_plan", "server: apply plan", True)],
     "corral.server.agentlink.grpc_link": [("GrpcLink", "assign", "server: assign sent", True)],
@@ -32,7 +37,10 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
         ("AgentLinkService", "_handle", "server: agent update", True),
         ("AgentLinkService", "_ran", "server: agent start+end", True),
     ],
-    "corral.server.services.agents": [("AgentService", "ran", "server: start+end unit", True)],
+    "corral.server.services.agents": [
+        ("AgentService", "ran", "server: start+end unit", True),
+        ("AgentService", "_fenced", "server: fenced", True),
+    ],
     "corral.server.services.recent": [("RecentEvents", "add", "server: events published", False)],
     "corral.server.api.render": [(None, "event_json", "server: SSE event framed", False)],
     "corral.agent.wire": [

@@ -18,11 +18,17 @@ see earlier: a reader can read a committed row before its fsync finished
 accepted).
 
 Where the fsync itself is fast (SSDs with a write cache that honours flushes
-take 0.1-0.3 ms), handing it to a thread costs more than it saves: the thread
+take 0.1-0.5 ms), handing it to a thread costs more than it saves: the thread
 hop (queue, wake-up, the GIL handed over and back, the loop woken) was 5% of
-the server's CPU under load. So fsyncs run on the loop itself (os.fsync
-releases the GIL, so the server's gRPC threads keep going) while the ones
-timed there average under ``INLINE_BELOW_S``. Only fsyncs on the loop are
+the server's CPU under load, and on a busy loop the thread waits for the GIL
+(up to the interpreter's switch interval, 5 ms) before and after the disk.
+So fsyncs run on the loop itself (os.fsync releases the GIL, so the server's
+gRPC threads keep going) while the ones timed there average under
+``INLINE_BELOW_S``. It was 0.5 ms until a machine whose WAL fsyncs took
+0.36 ms (p50; 0.4 mean, bursts above) put them on the thread, where, against
+the loop, the idle round trip was 1 ms slower (7.6 against 6.6 ms) and
+concurrent throughput 8% lower (334 against 362 jobs/s, 2.31 against 2.06 ms
+of server CPU per job; the two builds in turn in one run). Only fsyncs on the loop are
 timed: on the thread, the time to get the GIL back would count as the disk's.
 Once one is slow, fsyncs go to the thread, and every ``probe``-th one after
 that runs on the loop again to see whether the disk got faster (the interval
@@ -40,7 +46,7 @@ from typing import Final
 
 from corral.server.store.sqlite_inline import COMMITS
 
-INLINE_BELOW_S: Final = 0.0005
+INLINE_BELOW_S: Final = 0.002
 """fsyncs run on the loop while their moving average is below this (seconds)."""
 WEIGHT: Final = 0.2  # of the newest fsync in the moving average
 FIRST_PROBE_EVERY: Final = 16
