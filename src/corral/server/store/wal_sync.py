@@ -28,8 +28,9 @@ gRPC threads keep going) while the ones timed there average under
 0.36 ms (p50; 0.4 mean, bursts above) put them on the thread, where, against
 the loop, the idle round trip was 1 ms slower (7.6 against 6.6 ms) and
 concurrent throughput 8% lower (334 against 362 jobs/s, 2.31 against 2.06 ms
-of server CPU per job; the two builds in turn in one run). Only fsyncs on the loop are
-timed: on the thread, the time to get the GIL back would count as the disk's.
+of server CPU per job; the two builds in turn in one run). Only fsyncs on the
+loop are timed: on the thread, the time to get the GIL back would count as
+the disk's.
 Once one is slow, fsyncs go to the thread, and every ``probe``-th one after
 that runs on the loop again to see whether the disk got faster (the interval
 doubles each time it did not, up to ``MAX_PROBE_EVERY``): a slow disk stalls
