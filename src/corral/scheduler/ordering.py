@@ -148,27 +148,11 @@ class Line(Generic[Q]):
 
     def drop(self, group: Q, first: Job) -> None:
         """``group`` no longer starts with ``first`` (it left, or was preceded)."""
-        at = self._at(group, first)
+        at = bisect_left(self.keys, (first.submitted_at, first.id))
+        if self.groups[at] is not group:
+            raise RuntimeError(f"line out of order at {first.id!r}")
         del self.keys[at]
         del self.groups[at]
-
-    def move(self, group: Q, first: Job, then: Job) -> None:
-        """``group`` started with ``first`` and now starts with ``then`` (a later job: its
-        first left). Usually it keeps its place: the key is replaced, nothing shifts."""
-        at = self._at(group, first)
-        key, keys = (then.submitted_at, then.id), self.keys
-        if at + 1 == len(keys) or key < keys[at + 1]:
-            keys[at] = key
-            return
-        del keys[at]
-        del self.groups[at]
-        self.put(group, then)
-
-    def _at(self, group: Q, first: Job) -> int:
-        at = bisect_left(self.keys, (first.submitted_at, first.id))
-        if at >= len(self.groups) or self.groups[at] is not group:
-            raise RuntimeError(f"line out of order at {first.id!r}")
-        return at
 
 
 def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
@@ -190,14 +174,13 @@ class LiveQueue(Generic[Q]):
     ``groups`` maps each group to its jobs by user (each user's sorted by
     ``job_key``); ``lines`` gives each user's groups in the order of its oldest
     job in each (one mapping user -> ``Line`` per team; made from ``groups``
-    when not given), and holds no group that ``groups`` does not. Only groups
-    ``live`` says may still be placed are looked at; a user's next job is its
-    oldest job in such a group (``usable`` rejects jobs already decided or not
-    ready). A group found dead is skipped whole, never job by job. A user's
-    turn is used only when ``done`` says the job was placed: a job that stays
-    queued costs its user nothing. Each job is handed out at most once; after
-    a change that may revive groups (capacity given back), ``refill``. The
-    lists must not change while the queue is in use.
+    when not given). Only groups ``live`` says may still be placed are looked
+    at; a user's next job is its oldest job in such a group (``usable`` rejects
+    jobs already decided or not ready). A group found dead is skipped whole,
+    never job by job. A user's turn is used only when ``done`` says the job was
+    placed: a job that stays queued costs its user nothing. Each job is handed
+    out at most once; after a change that may revive groups (capacity given
+    back), ``refill``. The lists must not change while the queue is in use.
 
     A user's next job is the sooner of two: the first live group of each of its
     lines whose next job is still its first (a group's oldest job never comes
@@ -240,30 +223,15 @@ class LiveQueue(Generic[Q]):
         self._mine: dict[str, list[tuple[float, str, int, _Slot[Q]]]] = {}
         self._heap: list[tuple[float, float, float, str, str, _Slot[Q]]] = []
         self._popped: _Slot[Q] | None = None
-        self._wanted: dict[str, None] = {}  # users with a job in a live group, at a refill
         self.refill()
 
     def __bool__(self) -> bool:
         return bool(self._heap)
 
     def refill(self) -> None:
-        """Find every user's next job again (groups may have come back to life).
-
-        Only users holding jobs in a live group are looked at: in a busy cluster most
-        groups are dead, and a user with none live would walk its whole lines for nothing.
-        """
-        live, wanted = self._live, self._wanted
-        wanted.clear()
-        for group, holders in self._groups.items():
-            if live(group):
-                for user in holders:
-                    wanted[user] = None
+        """Find every user's next job again (groups may have come back to life)."""
         heap = []
-        every = self._lines
-        for user in wanted:
-            lines = every.get(user)
-            if lines is None:
-                continue
+        for user, lines in self._lines.items():
             self._pos[user] = [0] * len(lines)
             self._mine[user] = []
             entry = self._entry(user)

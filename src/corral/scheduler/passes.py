@@ -116,7 +116,7 @@ class Passes:
         running = self.running.get(pclass.name, EMPTY)
         lines = self.queue.lines[pclass.name]
         queues = {
-            t: LiveQueue(by_team[t], self.weights, running, live, self.usable, (lines[t],))
+            t: LiveQueue(groups, self.weights, running, live, self.usable, (lines[t],))
             for t in teams
         }
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
