@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given
+from hypothesis import strategies as st
+from live_queue_reference import ReferenceLiveQueue
 from scheduler_builders import alloc, job, node, snapshot, team
 
 from corral.core import Job
 from corral.scheduler import Config, schedule
-from corral.scheduler.ordering import FairQueue
+from corral.scheduler.need import Need
+from corral.scheduler.ordering import FairQueue, LiveQueue, lines_of
+from corral.scheduler.queues import Group, Queue
 
 
 def jobs_of(user: str, count: int, start: float = 0.0) -> list[Job]:
@@ -87,8 +92,6 @@ def test_jobs_that_cannot_run_now_do_not_use_their_users_turns() -> None:
 
 
 def test_the_live_queue_skips_dead_groups_whole_and_charges_only_placements() -> None:
-    from corral.scheduler.ordering import LiveQueue
-
     small = {"u": [job(f"u{i}").gpus(1).set(user="u").build() for i in range(3)]}
     big = {"u": [job("ubig").gpus(8).set(user="u", submitted_at=-1).build()]}
     other = {"v": [job(f"v{i}").gpus(1).set(user="v", submitted_at=i).build() for i in range(3)]}
@@ -106,3 +109,143 @@ def test_the_live_queue_skips_dead_groups_whole_and_charges_only_placements() ->
     third = queue.pop()
     assert third is not None
     assert third.id == "v0"
+
+
+@st.composite
+def queue_jobs(draw: st.DrawFn) -> list[Job]:
+    """Jobs of a few teams, users, classes and sizes (so groups share needs and teams)."""
+    count = draw(st.integers(0, 24))
+    return [
+        job(f"j{i}")
+        .gpus(draw(st.sampled_from([1, 2, 8])))
+        .set(
+            team=draw(st.sampled_from(["a", "b", "c"])),
+            user=draw(st.sampled_from(["u", "v", "w"])),
+            priority=draw(st.sampled_from(["paid", "batch", "unknown"])),
+            submitted_at=draw(st.integers(0, 5)),
+        )
+        .build()
+        for i in range(count)
+    ]
+
+
+Splits = tuple[dict[str, dict[str, list[Group]]], dict[str, dict[Need, list[Group]]]]
+
+
+def _splits(queue: Queue) -> Splits:
+    """The groups of ``Queue.by_team`` and ``Queue.by_need`` as a rebuild from ``Queue.lists``
+    has them, in the lists' order."""
+    by_team: dict[str, dict[str, list[Group]]] = {}
+    by_need: dict[str, dict[Need, list[Group]]] = {}
+    for cls, groups in queue.lists.items():
+        teams_of, needs_of = by_team.setdefault(cls, {}), by_need.setdefault(cls, {})
+        for group in groups:
+            teams_of.setdefault(group.team, []).append(group)
+            needs_of.setdefault(group.need, []).append(group)
+    return by_team, by_need
+
+
+@given(queue_jobs(), st.lists(st.integers(0, 10_000), max_size=40))
+def test_the_queue_keeps_its_splits_by_team_and_need_as_a_rebuild_has_them(
+    jobs: list[Job], picks: list[int]
+) -> None:
+    """Jobs come and go in any order; the kept splits and users' lines always equal ones
+    rebuilt from the lists, in the same order (a pass walks a team's groups in it),
+    holding the same per-user lists."""
+    queue = Queue(["paid", "batch"], big_gpus=8)
+    waiting = list(jobs)
+    for pick in picks:
+        held = list(queue.jobs)
+        if waiting and (not held or pick % 3):
+            queue.add(waiting.pop(pick % len(waiting)))
+        elif held:
+            queue.remove(held[pick % len(held)])
+        by_team, by_need = _splits(queue)
+        assert {c: {t: list(own) for t, own in ts.items()} for c, ts in queue.by_team.items()} == (
+            by_team
+        )
+        assert queue.by_need == by_need
+        for cls, teams_of in queue.by_team.items():
+            for own in teams_of.values():
+                assert all(holders is queue.lists[cls][g] for g, holders in own.items())
+            kept = {
+                (team, user): (line.groups, line.keys)
+                for team, users in queue.lines[cls].items()
+                for user, line in users.items()
+            }
+            rebuilt = {
+                (team, user): (line.groups, line.keys)
+                for team, own in teams_of.items()
+                for user, line in lines_of(own).items()
+            }
+            assert kept == rebuilt
+
+
+@st.composite
+def live_queue_runs(draw: st.DrawFn) -> tuple[dict[str, dict[str, list[Job]]], list[int]]:
+    """Groups of jobs by user (each user's sorted), and a script of decisions."""
+    groups: dict[str, dict[str, list[Job]]] = {}
+    for g in range(draw(st.integers(1, 6))):
+        holders: dict[str, list[Job]] = {}
+        for user in draw(st.sets(st.sampled_from(["u", "v", "w", "x"]), max_size=4)):
+            times = sorted(draw(st.lists(st.integers(0, 9), min_size=1, max_size=5)))
+            holders[user] = sorted(
+                (
+                    job(f"{g}{user}{i}").gpus(1).set(user=user, submitted_at=t).build()
+                    for i, t in enumerate(times)
+                ),
+                key=lambda j: (j.submitted_at, j.id),
+            )
+        groups[f"g{g}"] = holders
+    return groups, draw(st.lists(st.integers(0, 99), max_size=60))
+
+
+@given(live_queue_runs(), st.booleans())
+def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
+    run: tuple[dict[str, dict[str, list[Job]]], list[int]], by_team: bool
+) -> None:
+    """Pop for pop, the queue over kept lines agrees with the one that heaps every live
+    group (the implementation before the sim2 round): groups die as the script says,
+    jobs are decided, placed or not, with riders, and a refill revives groups."""
+    groups, script = run
+    dead: set[str] = set()
+    decided: set[str] = set()
+    weights = {"v": 2.0}
+    running = {"w": 1.0}
+
+    def live(g: str) -> bool:
+        return g not in dead
+
+    def usable(j: Job) -> bool:
+        return j.id not in decided
+
+    if by_team:  # two "teams": even and odd groups, each with its own lines
+        halves = [{g: h for g, h in groups.items() if int(g[1:]) % 2 == k} for k in (0, 1)]
+        lines = [lines_of(half) for half in halves]
+        ours = LiveQueue(groups, weights, running, live, usable, lines)
+    else:
+        ours = LiveQueue(groups, weights, running, live, usable)
+    reference = ReferenceLiveQueue(groups, weights, running, live, usable)
+    names = sorted(groups)
+    every = [j for holders in groups.values() for own in holders.values() for j in own]
+    for step in script:
+        if step < 15:  # a group dies (only between refills may it come back)
+            dead.add(names[step % len(names)])
+        elif step < 25:  # capacity came back: everything lives again
+            dead.clear()
+            ours.refill()
+            reference.refill()
+            continue
+        elif step < 30 and every:  # some job is decided elsewhere (a rider, another pass)
+            decided.add(every[step % len(every)].id)
+        want, got = reference.pop(), ours.pop()
+        assert (got and got.id) == (want and want.id)
+        if want is None or got is None:
+            continue
+        placed = step % 2 == 0
+        riders = [every[step % len(every)]] if placed and step % 5 == 0 else []
+        if placed:
+            decided.add(want.id)
+        reference.done(want, placed, riders)
+        ours.done(got, placed, riders)
+    assert bool(ours) == bool(reference)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scheduler_builders import alloc, job, node, snapshot
 
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
-from corral.scheduler.cycle import Cycle
+from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.need import need_of
 from corral.scheduler.reservation import Reservations
 
@@ -145,3 +145,14 @@ def test_the_soonest_ending_nodes_read_off_the_kept_order_are_those_a_walk_finds
     assert feasible
     fast = reservations._soonest_ending(feasible, seen)
     assert [nc.idx for nc in fast] == [nc.idx for nc in reservations._all_by_end(feasible, seen)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ends=st.dictionaries(st.integers(0, 60), st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9])))
+def test_the_cycle_orders_ends_as_end_then_index_tuples_would(ends: dict[int, float]) -> None:
+    # Many ties (few distinct ends, 0.0 and -0.0 among them), indices in any dict order:
+    # the order by float key over sorted indices is the order of (end, index) tuples.
+    cycle = Cycle(Cluster.of(snapshot([node("n").gpus(1)])), ON, now=0.0, ends=ends)
+    want = [idx for _, idx in sorted((end, idx) for idx, end in ends.items())]
+    assert cycle.ends_in_order() == want
+    assert [cycle.started_end(idx) for idx in want] == sorted(ends.values())

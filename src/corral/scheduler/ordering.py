@@ -14,6 +14,7 @@ name: deterministic, and it carries fairness from cycle to cycle.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
@@ -123,22 +124,70 @@ class FairQueue:
         return job
 
 
+class Line(Generic[Q]):
+    """One user's groups (of one class and team), ordered by the user's oldest job in each.
+
+    Kept by ``Queue`` as jobs come and go, so a pass finds a user's next job by walking
+    the front of its lines instead of sorting every live group's slot into a heap.
+    ``keys[i]`` is ``job_key`` of the user's first job in ``groups[i]`` (unique: a job is
+    in one group).
+    """
+
+    __slots__ = ("groups", "keys")
+
+    def __init__(self) -> None:
+        self.groups: list[Q] = []
+        self.keys: list[tuple[float, str]] = []
+
+    def put(self, group: Q, first: Job) -> None:
+        """``group`` now starts with ``first`` (for this user)."""
+        key = (first.submitted_at, first.id)
+        at = bisect_left(self.keys, key)
+        self.keys.insert(at, key)
+        self.groups.insert(at, group)
+
+    def drop(self, group: Q, first: Job) -> None:
+        """``group`` no longer starts with ``first`` (it left, or was preceded)."""
+        at = bisect_left(self.keys, (first.submitted_at, first.id))
+        if self.groups[at] is not group:
+            raise RuntimeError(f"line out of order at {first.id!r}")
+        del self.keys[at]
+        del self.groups[at]
+
+
+def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
+    """The lines of ``groups`` (group -> user -> jobs sorted by ``job_key``), made afresh."""
+    lines: dict[str, Line[Q]] = {}
+    for group, holders in groups.items():
+        for user, jobs in holders.items():
+            if jobs:
+                line = lines.get(user)
+                if line is None:
+                    line = lines[user] = Line()
+                line.put(group, jobs[0])
+    return lines
+
+
 class LiveQueue(Generic[Q]):
     """Weighted round robin across users, over the jobs of groups that are still live.
 
     ``groups`` maps each group to its jobs by user (each user's sorted by
-    ``job_key``). Only groups ``live`` says may still be placed are walked,
-    and only their users are looked at; a user's next job is its oldest job in
-    such a group (``usable`` rejects jobs already decided or not ready). A
-    group found dead is skipped whole, never job by job. A user's turn is used
-    only when ``done`` says the job was placed: a job that stays queued costs
-    its user nothing. Each job is handed out at most once; after a change that
-    may revive groups (capacity given back), ``refill``. The lists must not
-    change while the queue is in use.
+    ``job_key``); ``lines`` gives each user's groups in the order of its oldest
+    job in each (one mapping user -> ``Line`` per team; made from ``groups``
+    when not given). Only groups ``live`` says may still be placed are looked
+    at; a user's next job is its oldest job in such a group (``usable`` rejects
+    jobs already decided or not ready). A group found dead is skipped whole,
+    never job by job. A user's turn is used only when ``done`` says the job was
+    placed: a job that stays queued costs its user nothing. Each job is handed
+    out at most once; after a change that may revive groups (capacity given
+    back), ``refill``. The lists must not change while the queue is in use.
 
-    The containers are concrete (``dict``, ``list``) and a slot is a small class, so a
-    compiled build indexes them directly: a pass builds one of these per class (and per
-    team when borrowing), about 20 a cycle, and building them is a tenth of a long run.
+    A user's next job is the sooner of two: the first live group of each of its
+    lines whose next job is still its first (a group's oldest job never comes
+    before those of the groups after it in the line), and the top of a heap of
+    the groups whose cursor moved on (handed out or skipped jobs), keyed by
+    their next job. So a pass looks at the front of each user's lines, not at
+    every live group; ``Queue`` keeps the lines between cycles.
     """
 
     def __init__(
@@ -148,20 +197,29 @@ class LiveQueue(Generic[Q]):
         running: Mapping[str, float],
         live: Callable[[Q], bool],
         usable: Callable[[Job], bool],
-        only: Callable[[Q], bool] | None = None,
+        lines: Iterable[Mapping[str, Line[Q]]] | None = None,
     ) -> None:
         self._groups = groups
-        self._candidates = [g for g in groups if only is None or only(g)]
         self._weights = weights
         self._running = running
         self._live = live
         self._usable = usable
+        by_user: dict[str, list[Line[Q]]] = {}
+        for per_user in (lines_of(groups),) if lines is None else lines:
+            for user, line in per_user.items():
+                own_lines = by_user.get(user)
+                if own_lines is None:
+                    by_user[user] = [line]
+                else:
+                    own_lines.append(line)
+        self._lines = by_user
         self._slots: dict[Q, dict[str, _Slot[Q]]] = {}  # group -> user -> its slot
         self._made = 0  # slots made so far: the next one's seq
         self._vt: dict[str, float] = {}
         self._step: dict[str, float] = {}
         self._tie: dict[str, float] = {}
-        # per user: a heap of its live slots by their next job's key
+        self._pos: dict[str, list[int]] = {}  # user -> how far each of its lines was walked
+        # per user: a heap of its live slots whose cursor moved on, by their next job's key
         self._mine: dict[str, list[tuple[float, str, int, _Slot[Q]]]] = {}
         self._heap: list[tuple[float, float, float, str, str, _Slot[Q]]] = []
         self._popped: _Slot[Q] | None = None
@@ -172,39 +230,13 @@ class LiveQueue(Generic[Q]):
 
     def refill(self) -> None:
         """Find every user's next job again (groups may have come back to life)."""
-        mine: dict[str, list[tuple[float, str, int, _Slot[Q]]]] = {}
-        slots, live, usable, groups = self._slots, self._live, self._usable, self._groups
-        for group in self._candidates:
-            if not live(group):
-                continue
-            own_slots = slots.get(group)
-            if own_slots is None:
-                own_slots = slots[group] = {}
-            for user, jobs in groups[group].items():
-                slot = own_slots.get(user)
-                if slot is None:
-                    slot = own_slots[user] = _Slot(group, jobs, self._made)
-                    self._made += 1
-                at, end = slot.at, len(jobs)
-                while at < end and not usable(jobs[at]):
-                    at += 1
-                slot.at = at
-                if at < end:
-                    job = jobs[at]
-                    own = mine.get(user)
-                    if own is None:
-                        own = mine[user] = []
-                    own.append((job.submitted_at, job.id, slot.seq, slot))
         heap = []
-        vt = self._vt
-        for user, own in mine.items():
-            heapq.heapify(own)
-            if user not in vt:
-                self._start(user)
-            entry = self._entry_of(user, own)
+        for user, lines in self._lines.items():
+            self._pos[user] = [0] * len(lines)
+            self._mine[user] = []
+            entry = self._entry(user)
             if entry is not None:
                 heap.append(entry)
-        self._mine = mine
         heapq.heapify(heap)
         self._heap = heap
 
@@ -252,21 +284,91 @@ class LiveQueue(Generic[Q]):
             heapq.heappush(self._heap, entry)
 
     def _entry(self, user: str) -> tuple[float, float, float, str, str, _Slot[Q]] | None:
-        own = self._mine.get(user)
-        return None if own is None else self._entry_of(user, own)
+        """The heap entry of ``user``'s next live, usable job (None: it has none)."""
+        lines = self._lines.get(user)
+        if lines is None:
+            return None
+        mine = self._mine[user]
+        best: _Slot[Q] | None = None
+        best_key = (0.0, "")
+        pos = self._pos[user]
+        for i, line in enumerate(lines):
+            slot = self._walk(user, line, pos, i, mine)
+            if slot is not None:
+                job = slot.jobs[slot.at]
+                key = (job.submitted_at, job.id)
+                if best is None or key < best_key:
+                    best, best_key = slot, key
+        moved = self._moved_on(mine)
+        if moved is not None:
+            job = moved.jobs[moved.at]
+            key = (job.submitted_at, job.id)
+            if best is None or key < best_key:
+                best, best_key = moved, key
+        if best is None:
+            return None
+        if user not in self._vt:
+            self._start(user)
+        return (self._vt[user], self._tie[user], best_key[0], best_key[1], user, best)
 
-    def _entry_of(
-        self, user: str, own: list[tuple[float, str, int, _Slot[Q]]]
-    ) -> tuple[float, float, float, str, str, _Slot[Q]] | None:
-        """The heap entry of ``user``'s next live, usable job.
+    def _walk(
+        self,
+        user: str,
+        line: Line[Q],
+        pos: list[int],
+        i: int,
+        mine: list[tuple[float, str, int, _Slot[Q]]],
+    ) -> _Slot[Q] | None:
+        """The first live slot of ``line`` (from ``pos[i]`` on) whose next job is still its
+        first; slots passed on the way leave the line for this refill: dead or spent ones
+        for good, moved-on ones into ``mine``."""
+        groups, live, usable = line.groups, self._live, self._usable
+        at_line = pos[i]
+        end_line = len(groups)
+        found: _Slot[Q] | None = None
+        while at_line < end_line:
+            group = groups[at_line]
+            if not live(group):
+                at_line += 1
+                continue
+            slot = self._slot(group, user)
+            jobs, at = slot.jobs, slot.at
+            end = len(jobs)
+            while at < end and not usable(jobs[at]):
+                at += 1
+            slot.at = at
+            if at >= end:
+                at_line += 1
+                continue
+            if at > 0:  # moved on: its place in the line no longer says when its turn is
+                job = jobs[at]
+                heapq.heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
+                at_line += 1
+                continue
+            found = slot
+            break
+        pos[i] = at_line
+        return found
 
-        ``own`` holds the user's slots by the key of their next job. A group only dies
-        between refills, so a dead slot leaves for good; a slot whose next job moved
-        on (decided, or handed out) goes back with its new key.
+    def _slot(self, group: Q, user: str) -> _Slot[Q]:
+        own_slots = self._slots.get(group)
+        if own_slots is None:
+            own_slots = self._slots[group] = {}
+        slot = own_slots.get(user)
+        if slot is None:
+            slot = own_slots[user] = _Slot(group, self._groups[group][user], self._made)
+            self._made += 1
+        return slot
+
+    def _moved_on(self, own: list[tuple[float, str, int, _Slot[Q]]]) -> _Slot[Q] | None:
+        """The slot of the soonest next job among the moved-on ones (``own``).
+
+        A group only dies between refills, so a dead slot leaves for good; a slot whose
+        next job moved on again goes back with its new key.
         """
         usable, live = self._usable, self._live
         while own:
-            sub, job_id, seq, slot = own[0]
+            _, job_id, seq, slot = own[0]
             if not live(slot.group):
                 heapq.heappop(own)
                 continue
@@ -282,7 +384,7 @@ class LiveQueue(Generic[Q]):
             if job.id != job_id:
                 heapq.heapreplace(own, (job.submitted_at, job.id, seq, slot))
                 continue
-            return (self._vt[user], self._tie[user], sub, job_id, user, slot)
+            return slot
         return None
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 from corral.core.model import EMPTY, Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
+from corral.scheduler.need import Need
 from corral.scheduler.ordering import FairQueue, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Group, Queue
@@ -82,8 +83,11 @@ class Passes:
             return
         self._head(pclass, guaranteed=True)
         live = self._live(pclass, guaranteed=True)
+        if not any(live(g) for g in groups):  # most passes of a busy cluster: cheaper to say
+            return
         running = self.running.get(pclass.name, EMPTY)
-        queue = LiveQueue(groups, self.weights, running, live, self.usable)
+        lines = self.queue.lines[pclass.name].values()
+        queue = LiveQueue(groups, self.weights, running, live, self.usable, lines)
         planner, of = self.planner, self.queue.groups
         state = planner.state()
         while (job := queue.pop()) is not None:
@@ -105,12 +109,15 @@ class Passes:
             return
         self._head(pclass, guaranteed=False)
         live = self._live(pclass, guaranteed=False)
-        teams = sorted({g.team for g in groups if live(g)})
+        by_team = self.queue.by_team[pclass.name]
+        teams = sorted(t for t, own in by_team.items() if any(live(g) for g in own))
         if not teams:
             return
         running = self.running.get(pclass.name, EMPTY)
+        lines = self.queue.lines[pclass.name]
         queues = {
-            t: LiveQueue(groups, self.weights, running, live, self.usable, _team(t)) for t in teams
+            t: LiveQueue(groups, self.weights, running, live, self.usable, (lines[t],))
+            for t in teams
         }
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
@@ -171,7 +178,7 @@ class Passes:
             planner.head(job, pclass, guaranteed)
 
     def _live(self, pclass: PriorityClass, guaranteed: bool) -> Liveness:
-        return Liveness(self.planner, pclass, guaranteed, self.queue.lists[pclass.name])
+        return Liveness(self.planner, pclass, guaranteed, self.queue.by_need[pclass.name])
 
     def _explain(self) -> None:
         """Every job still queued, with reasons: classes by rank, fair order inside each."""
@@ -202,7 +209,11 @@ class Liveness:
     """
 
     def __init__(
-        self, planner: Planner, pclass: PriorityClass, guaranteed: bool, groups: Iterable[Group]
+        self,
+        planner: Planner,
+        pclass: PriorityClass,
+        guaranteed: bool,
+        by_need: Mapping[Need, list[Group]],
     ) -> None:
         self._headroom = planner.ledger.headroom
         self._bound: dict[str, float] = {}  # team -> usage it may reach in this pass
@@ -211,9 +222,7 @@ class Liveness:
         self._pclass = pclass
         self._guaranteed = guaranteed
         self._known: dict[Group, tuple[int, bool]] = {}  # group -> (milli it takes, may fit)
-        self._by_need: dict[object, list[Group]] = {}
-        for group in groups:
-            self._by_need.setdefault(group.need, []).append(group)
+        self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
 
     def __call__(self, group: Group) -> bool:
         known = self._known.get(group)
@@ -240,7 +249,3 @@ class Liveness:
 
     def reset(self) -> None:
         self._known.clear()
-
-
-def _team(team: str) -> Callable[[Group], bool]:
-    return lambda group: group.team == team

@@ -25,7 +25,7 @@ from corral.core.model import Job
 from corral.core.resources import ResourceRequest
 from corral.scheduler.batching import batch_key
 from corral.scheduler.need import Need, need_of
-from corral.scheduler.ordering import job_key
+from corral.scheduler.ordering import Line, job_key
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
@@ -76,6 +76,14 @@ class Queue:
         self.needs: dict[str, Need] = {}
         self.groups: dict[str, Group] = {}
         self.lists: dict[str, dict[Group, Holders]] = {c: {} for c in classes}
+        # The same groups per class split two ways, kept so that a pass does not sort
+        # every group of its class out again: by team (the borrowing pass's queue per
+        # team) and by need (a failed fit touches the groups of its need).
+        self.by_team: dict[str, dict[str, dict[Group, Holders]]] = {c: {} for c in self.lists}
+        self.by_need: dict[str, dict[Need, list[Group]]] = {c: {} for c in self.lists}
+        # Per class, team and user: the user's groups by its oldest job in each (``Line``):
+        # where a pass looks for each user's next job.
+        self.lines: dict[str, dict[str, dict[str, Line[Group]]]] = {c: {} for c in self.lists}
         self.big: dict[str, list[Job]] = {c: [] for c in self.lists}  # per class, oldest first
         self.big_teams: dict[str, Counter[str]] = {c: Counter() for c in self.lists}  # their teams
         self.unknown: set[str] = set()  # jobs of an unknown priority class
@@ -118,15 +126,32 @@ class Queue:
         if self._is_big(need, job.replicas):
             _insert(self.big[cls], job, sort)
             self.big_teams[cls][job.team] += 1
+        self._hold(cls, groups, group, job, sort)
+
+    def _hold(
+        self, cls: str, groups: dict[Group, Holders], group: Group, job: Job, sort: bool
+    ) -> None:
+        """Put ``job`` in its group's list of its user (and the kept splits and lines)."""
         holders = groups.get(group)
         if holders is None:
-            groups[group] = {job.user: [job]}
+            holders = groups[group] = {job.user: [job]}
+            _inner(self.by_team[cls], group.team)[group] = holders
+            self.by_need[cls].setdefault(group.need, []).append(group)
+            if sort:
+                self._line(cls, job).put(group, job)
             return
         own = holders.get(job.user)
         if own is None:
             holders[job.user] = [job]
-        else:
-            _insert(own, job, sort)
+            if sort:
+                self._line(cls, job).put(group, job)
+            return
+        first = own[0]
+        _insert(own, job, sort)
+        if sort and own[0] is job:  # it is now the user's oldest in the group
+            line = self._line(cls, job)
+            line.drop(group, first)
+            line.put(group, job)
 
     def remove(self, job_id: str) -> Job:
         """Take ``job_id`` out of the queue (placed, cancelled); KeyError when not queued."""
@@ -148,10 +173,47 @@ class Queue:
             _remove_from(self.big[job.priority], job)
             _decrement(self.big_teams[job.priority], job.team)
         holders = groups[group]
+        first = holders[job.user][0] is job
         _remove(holders, job.user, job)
+        if first:  # the user's oldest in the group: its place in the user's line moves
+            self._relined(job, group, holders.get(job.user))
         if not holders:
             del groups[group]
+            self._forget(job.priority, group)
         return job
+
+    def _line(self, cls: str, job: Job) -> Line[Group]:
+        """The line of ``job``'s user in its class and team (made when missing)."""
+        users = _inner_lines(self.lines[cls], job.team)
+        line = users.get(job.user)
+        if line is None:
+            line = users[job.user] = Line()
+        return line
+
+    def _relined(self, job: Job, group: Group, own: list[Job] | None) -> None:
+        """``job``, the first of its user's jobs in ``group``, left; ``own``: the rest."""
+        users = self.lines[job.priority][job.team]
+        line = users[job.user]
+        line.drop(group, job)
+        if own:
+            line.put(group, own[0])
+        elif not line.groups:
+            del users[job.user]
+            if not users:
+                del self.lines[job.priority][job.team]
+
+    def _forget(self, cls: str, group: Group) -> None:
+        """``group`` of class ``cls`` has no job left: out of the kept splits too."""
+        by_team = self.by_team[cls]
+        own = by_team[group.team]
+        del own[group]
+        if not own:
+            del by_team[group.team]
+        by_need = self.by_need[cls]
+        alike = by_need[group.need]
+        alike.remove(group)
+        if not alike:
+            del by_need[group.need]
 
     def sort(self) -> None:
         """Sort every list after ``add(..., sort=False)`` calls."""
@@ -163,6 +225,16 @@ class Queue:
             batch.sort(key=job_key)
         for big in self.big.values():
             big.sort(key=job_key)
+        for cls, groups in self.lists.items():  # the lines afresh, from the sorted lists
+            lines: dict[str, dict[str, Line[Group]]] = {}
+            for group, holders in groups.items():
+                users = _inner_lines(lines, group.team)
+                for user, own in holders.items():
+                    line = users.get(user)
+                    if line is None:
+                        line = users[user] = Line()
+                    line.put(group, own[0])
+            self.lines[cls] = lines
 
     def _is_big(self, need: Need, replicas: int) -> bool:
         return self.big_gpus is not None and need.gpus * replicas >= self.big_gpus
@@ -178,6 +250,20 @@ class Queue:
                 self._needs.clear()
             need = self._needs[r] = need_of(job)
         return need
+
+
+def _inner(outer: dict[str, dict[Group, Holders]], key: str) -> dict[Group, Holders]:
+    inner = outer.get(key)
+    if inner is None:
+        inner = outer[key] = {}
+    return inner
+
+
+def _inner_lines(outer: dict[str, dict[str, Line[Group]]], key: str) -> dict[str, Line[Group]]:
+    inner = outer.get(key)
+    if inner is None:
+        inner = outer[key] = {}
+    return inner
 
 
 def _insert(own: list[Job], job: Job, sort: bool) -> None:

@@ -162,10 +162,10 @@ class Reservations:
         cycle, want = self.cycle, CANDIDATES - len(seen)
         nodes, changed = cycle.cap.nodes, cycle.changed_ends()
         picked: list[tuple[float, int]] = []
-        for end, idx in cycle.ends_in_order():
+        for idx in cycle.ends_in_order():
             if idx in changed or not _candidate(nodes[idx], feasible, seen):
                 continue
-            picked.append((end, idx))
+            picked.append((cycle.started_end(idx), idx))
             if len(picked) >= want:
                 break
         for idx, end in changed.items():
