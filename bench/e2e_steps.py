@@ -1,6 +1,6 @@
 """Where an idle round trip's time goes, step by step (issue 9's idle latency).
 
-    python bench/e2e_steps.py [--jobs N] [--agents K]
+    python bench/e2e_steps.py [--jobs N] [--agents K] [--db POSTGRES_URL]
 
 Starts a real server and K agents as ``bench/e2e.py`` does, with
 ``bench/stamps`` on their ``PYTHONPATH``: each step of a job (the submission,
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=200, help="idle round trips stamped")
     ap.add_argument("--agents", type=int, default=1)
+    ap.add_argument("--db", default=None, help="a PostgreSQL URL (default: SQLite in a temp dir)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="corral-steps-") as tmp:
         prefix = str(Path(tmp) / "stamps")
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             filter(None, (str(HERE / "stamps"), os.environ.get("PYTHONPATH")))
         )
         print(f"starting a server and {args.agents} agent(s) ...", file=sys.stderr, flush=True)
-        peer = CorralPeer(args.agents, None, "corral/sqlite")
+        peer = CorralPeer(args.agents, args.db, "corral/postgres" if args.db else "corral/sqlite")
         try:
             for _ in range(20):  # warm connections, imports and the first cycles
                 peer.round_trip()

@@ -31,6 +31,7 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     "corral.server.services.settling": [(None, "end_allocation", "server: end_allocation", True)],
     "corral.server.store.events": [(None, "append", "server: events append", True)],
     "corral.server.loops.schedule": [("SchedulingLoop", "cycle", "server: cycle", True)],
+    "corral.server.loops.leader": [("AdvisoryLockLeader", "acquire", "server: leader check", True)],
     "corral.server.services.placement": [(None, "apply_plan", "server: apply plan", True)],
     "corral.server.agentlink.grpc_link": [("GrpcLink", "assign", "server: assign sent", True)],
     "corral.server.agentlink.grpc_service": [

@@ -68,6 +68,30 @@ async def test_only_one_replica_leads(pg_url: str) -> None:
         await b.close()
 
 
+async def test_a_leader_whose_connection_broke_stops_leading_and_another_takes_over(
+    pg_url: str,
+) -> None:
+    a, b = Database(parse_db(pg_url)), Database(parse_db(pg_url))
+    key = lock_key(LEADER_LOCK, a.target.schema)
+    first, second = AdvisoryLockLeader(a.engine, key), AdvisoryLockLeader(b.engine, key)
+    try:
+        assert await first.acquire()
+        assert first._conn is not None
+        raw = (await first._conn.get_raw_connection()).driver_connection
+        pid = raw.get_server_pid()
+        async with b.engine.connect() as admin:  # PostgreSQL ends the leader's session
+            ended = await admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            assert ended.scalar() is True
+            await admin.commit()
+        assert await second.acquire(), "the session lock went with the session"
+        assert not await first.acquire(), "the old leader notices at its next check"
+    finally:
+        await first.release()
+        await second.release()
+        await a.close()
+        await b.close()
+
+
 async def test_submitted_jobs_reach_the_snapshot_without_a_row_read(world: World) -> None:
     jobs = [await world.submit(resources={"gpus": 1}) for _ in range(3)]
     fresh = world.plane.rt.fresh_jobs

@@ -50,12 +50,11 @@ class AdvisoryLockLeader:
     async def acquire(self) -> bool:
         if self._conn is not None:
             try:
-                await self._conn.execute(sa.text("SELECT 1"))
-                await self._conn.commit()
+                await _ping(self._conn)
                 return True
             except Exception:  # the connection (and with it the lock) is gone
                 log.warning("lost the scheduling leadership (connection broke)")
-                await self._drop()
+                await self._drop(broken=True)
         conn = await self.engine.connect()
         try:
             got = (await conn.execute(sa.select(sa.func.pg_try_advisory_lock(self.key)))).scalar()
@@ -76,8 +75,28 @@ class AdvisoryLockLeader:
                 await self._conn.execute(sa.select(sa.func.pg_advisory_unlock(self.key)))
             await self._drop()
 
-    async def _drop(self) -> None:
+    async def _drop(self, *, broken: bool = False) -> None:
+        """Let go of the leader's connection; a ``broken`` one never goes back to the pool
+        (the ping runs on asyncpg itself, so SQLAlchemy did not see it fail)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
+                if broken:
+                    await conn.invalidate()
                 await conn.close()
+
+
+async def _ping(conn: AsyncConnection) -> None:
+    """Raise unless ``conn`` (and so the session lock it holds) is still there.
+
+    Every cycle asks, so it is one round trip on the asyncpg connection itself
+    (no transaction around it), not SQLAlchemy's begin, select and commit:
+    those were 2 ms of an idle round trip's critical path on the benchmark
+    machine (docs/performance.md, item 45).
+    """
+    raw = (await conn.get_raw_connection()).driver_connection
+    if hasattr(raw, "fetchval"):  # asyncpg
+        await raw.fetchval("SELECT 1")
+        return
+    await conn.execute(sa.text("SELECT 1"))
+    await conn.commit()
