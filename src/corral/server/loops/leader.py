@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -94,7 +94,7 @@ async def _ping(conn: AsyncConnection) -> None:
     those were 2 ms of an idle round trip's critical path on the benchmark
     machine (docs/performance.md, item 45).
     """
-    raw = (await conn.get_raw_connection()).driver_connection
+    raw: Any = (await conn.get_raw_connection()).driver_connection
     if hasattr(raw, "fetchval"):  # asyncpg
         await raw.fetchval("SELECT 1")
         return
