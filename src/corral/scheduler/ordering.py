@@ -322,7 +322,7 @@ class LiveQueue(Generic[Q]):
         """The first live slot of ``line`` (from ``pos[i]`` on) whose next job is still its
         first; slots passed on the way leave the line for this refill: dead or spent ones
         for good, moved-on ones into ``mine``."""
-        groups, live, usable = line.groups, self._live, self._usable
+        groups, live = line.groups, self._live
         at_line = pos[i]
         end_line = len(groups)
         found: _Slot[Q] | None = None
@@ -332,16 +332,12 @@ class LiveQueue(Generic[Q]):
                 at_line += 1
                 continue
             slot = self._slot(group, user)
-            jobs, at = slot.jobs, slot.at
-            end = len(jobs)
-            while at < end and not usable(jobs[at]):
-                at += 1
-            slot.at = at
-            if at >= end:
+            at = self._skip_unusable(slot)
+            if at >= len(slot.jobs):
                 at_line += 1
                 continue
             if at > 0:  # moved on: its place in the line no longer says when its turn is
-                job = jobs[at]
+                job = slot.jobs[at]
                 heapq.heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
                 at_line += 1
                 continue
@@ -349,6 +345,15 @@ class LiveQueue(Generic[Q]):
             break
         pos[i] = at_line
         return found
+
+    def _skip_unusable(self, slot: _Slot[Q]) -> int:
+        """Move ``slot``'s cursor past the jobs ``usable`` rejects; where it now stands."""
+        jobs, at, usable = slot.jobs, slot.at, self._usable
+        end = len(jobs)
+        while at < end and not usable(jobs[at]):
+            at += 1
+        slot.at = at
+        return at
 
     def _slot(self, group: Q, user: str) -> _Slot[Q]:
         own_slots = self._slots.get(group)
@@ -366,21 +371,17 @@ class LiveQueue(Generic[Q]):
         A group only dies between refills, so a dead slot leaves for good; a slot whose
         next job moved on again goes back with its new key.
         """
-        usable, live = self._usable, self._live
+        live = self._live
         while own:
             _, job_id, seq, slot = own[0]
             if not live(slot.group):
                 heapq.heappop(own)
                 continue
-            jobs, at = slot.jobs, slot.at
-            end = len(jobs)
-            while at < end and not usable(jobs[at]):
-                at += 1
-            slot.at = at
-            if at >= end:
+            at = self._skip_unusable(slot)
+            if at >= len(slot.jobs):
                 heapq.heappop(own)
                 continue
-            job = jobs[at]
+            job = slot.jobs[at]
             if job.id != job_id:
                 heapq.heapreplace(own, (job.submitted_at, job.id, seq, slot))
                 continue

@@ -25,7 +25,7 @@ from corral.core.model import Job
 from corral.core.resources import ResourceRequest
 from corral.scheduler.batching import batch_key
 from corral.scheduler.need import Need, need_of
-from corral.scheduler.ordering import Line, job_key
+from corral.scheduler.ordering import Line, job_key, lines_of
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
@@ -225,16 +225,8 @@ class Queue:
             batch.sort(key=job_key)
         for big in self.big.values():
             big.sort(key=job_key)
-        for cls, groups in self.lists.items():  # the lines afresh, from the sorted lists
-            lines: dict[str, dict[str, Line[Group]]] = {}
-            for group, holders in groups.items():
-                users = _inner_lines(lines, group.team)
-                for user, own in holders.items():
-                    line = users.get(user)
-                    if line is None:
-                        line = users[user] = Line()
-                    line.put(group, own[0])
-            self.lines[cls] = lines
+        for cls, by_team in self.by_team.items():  # the lines afresh, from the sorted lists
+            self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
 
     def _is_big(self, need: Need, replicas: int) -> bool:
         return self.big_gpus is not None and need.gpus * replicas >= self.big_gpus
