@@ -30,13 +30,23 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     ],
     "corral.server.services.settling": [(None, "end_allocation", "server: end_allocation", True)],
     "corral.server.store.events": [(None, "append", "server: events append", True)],
-    "corral.server.loops.schedule": [("SchedulingLoop", "cycle", "server: cycle", True)],
+    "corral.server.loops.schedule": [
+        ("SchedulingLoop", "cycle", "server: cycle", True),
+        ("SchedulingLoop", "_remember", "server: cycle remembers", False),
+    ],
     "corral.server.loops.leader": [("AdvisoryLockLeader", "acquire", "server: leader check", True)],
+    "corral.scheduler.pipeline": [("KeptSchedule", "__call__", "server: schedule", False)],
+    "corral.server.loops.snapshot": [("SnapshotCache", "load", "server: snapshot", True)],
+    "corral.agent.supervisor": [
+        ("Supervisor", "assign", "agent: supervisor assign", False),
+        ("Supervisor", "_run", "agent: slot run", True),
+    ],
     "corral.server.services.placement": [(None, "apply_plan", "server: apply plan", True)],
     "corral.server.agentlink.grpc_link": [("GrpcLink", "assign", "server: assign sent", True)],
     "corral.server.agentlink.grpc_service": [
         ("AgentLinkService", "_handle", "server: agent update", True),
         ("AgentLinkService", "_ran", "server: agent start+end", True),
+        (None, "paired", "server: agent message read", False),
     ],
     "corral.server.services.agents": [
         ("AgentService", "ran", "server: start+end unit", True),

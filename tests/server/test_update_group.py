@@ -79,3 +79,37 @@ async def test_a_unit_that_raises_reruns_its_group_and_effects_count_once(world:
     assert counted == ["good", "good"], "effects run after the commit, once, for kept units only"
     lines = [e.data["lines"] for e in await world.events() if e.kind is EventKind.JOB_LOG]
     assert lines == [["kept"], ["kept"]]
+
+
+async def test_a_submission_and_an_agents_update_share_one_transaction(world: World) -> None:
+    running = await world.submit(resources={"gpus": 1})
+    agent = await world.agent("n1", gpus=2)
+    await world.cycle()
+    a = await agent.next_assignment()
+    writes = world.plane.jobs.group
+    assert writes is world.plane.agents.updates, "one writer queue for both"
+    world.plane.rt.schedule_needed.clear()
+    before = writes.groups
+
+    ack, queued = await asyncio.gather(
+        world.plane.agents.started("n1", a.allocation_id, a.attempt),
+        world.submit(resources={"gpus": 1}),
+    )
+
+    assert ack is Ack.ACCEPTED
+    assert writes.groups - before == 1, "the start and the submission committed together"
+    assert (await world.job(running.job.id)).state is JobState.RUNNING
+    assert (await world.job(queued.job.id)).state is JobState.QUEUED
+    assert world.plane.rt.schedule_needed.fired, "the submission asks for a cycle"
+
+
+async def test_an_update_alone_does_not_ask_for_a_cycle(world: World) -> None:
+    await world.submit(resources={"gpus": 1})
+    agent = await world.agent("n1", gpus=2)
+    await world.cycle()
+    a = await agent.next_assignment()
+    world.plane.rt.schedule_needed.clear()
+
+    assert await world.plane.agents.started("n1", a.allocation_id, a.attempt) is Ack.ACCEPTED
+
+    assert not world.plane.rt.schedule_needed.fired, "a start frees nothing"

@@ -20,6 +20,7 @@ from corral.server.services.agents import AgentService
 from corral.server.services.auth import AuthService
 from corral.server.services.delivery import Delivery
 from corral.server.services.feed import EventFeed, QueueService
+from corral.server.services.group import GroupCommitter
 from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
@@ -45,9 +46,12 @@ class ControlPlane:
         self.rt = rt
         self.run_loops = run_loops
         self.auth = AuthService(rt)
-        self.jobs = JobService(rt)
+        # One writer queue for submissions and agents' updates: under load a group of both
+        # is one transaction and one fsync instead of two (docs/performance.md, item 46).
+        writes = GroupCommitter(rt)
+        self.jobs = JobService(rt, writes)
         self.nodes = NodeService(rt)
-        self.agents = AgentService(rt, self.auth)
+        self.agents = AgentService(rt, self.auth, writes)
         self.feed = EventFeed(rt)
         self.models = ModelService(rt)  # the registry (issue 10)
         self.model_status = ModelStatusService(rt)  # where models are, from agents' reports

@@ -58,14 +58,14 @@ _EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image
 class AgentService:
     """Implements ``corral.server.agentlink.base.AgentInbound``."""
 
-    def __init__(self, rt: Runtime, auth: AuthService) -> None:
+    def __init__(self, rt: Runtime, auth: AuthService, group: GroupCommitter | None = None) -> None:
         self.rt = rt
         self.auth = auth
         self._written_seen: dict[str, float] = {}  # last heartbeat written, per node
         # Allocation updates from every agent share transactions (one fsync per group). Starts,
         # progress, previews and logs need no fsync of their own (see Database.write); ends,
         # results and checkpoints do, before anyone is told of them.
-        self.updates = GroupCommitter(rt, reschedule=False)
+        self.updates = group or GroupCommitter(rt)
 
     async def authenticate(self, token: str) -> None:
         who = await self.auth.authenticate(token)

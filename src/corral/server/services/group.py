@@ -15,6 +15,12 @@ commit itself fails, every unit of the group gets that error: nobody is told
 
 When requests arrive one at a time, a group is a single unit and nothing
 waits: batching happens only when there is a queue to batch.
+
+The server has one committer for submissions and agents' allocation updates
+(``ControlPlane``): under load, the submissions and the ends that arrive
+together are one transaction and one fsync, not one of each. A unit whose
+change needs a scheduling cycle (a submission, an end while work waits) sets
+``tx.reschedule``; a group pokes the scheduler only when one of its units did.
 """
 
 from __future__ import annotations
@@ -32,10 +38,9 @@ Outcome = tuple["asyncio.Future[Any]", bool, Any]  # the caller's future, ok, va
 
 
 class GroupCommitter:
-    def __init__(self, rt: Runtime, max_group: int = 256, *, reschedule: bool = True) -> None:
+    def __init__(self, rt: Runtime, max_group: int = 256) -> None:
         self.rt = rt
         self.max_group = max_group
-        self.reschedule = reschedule  # poke the scheduler after every group (else: units say)
         self._queue: list[Queued] = []
         self._flusher: asyncio.Task[None] | None = None
         self.groups = 0  # committed groups (for tests and metrics)
@@ -85,7 +90,7 @@ class GroupCommitter:
     async def _run(self, group: list[Queued], durable: bool, *, careful: bool) -> list[Outcome]:
         """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints."""
         outcomes: list[Outcome] = []
-        async with self.rt.tx(reschedule=self.reschedule, durable=durable) as tx:
+        async with self.rt.tx(durable=durable) as tx:  # a unit that needs a cycle says so
             for unit, future, _ in group:
                 if careful:
                     outcomes.append((future, *await _attempt(tx, unit)))

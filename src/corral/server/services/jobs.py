@@ -54,9 +54,11 @@ class Page:
 
 
 class JobService:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, group: GroupCommitter | None = None) -> None:
         self.rt = rt
-        self.group = GroupCommitter(rt)  # concurrent submissions share a commit
+        # Concurrent submissions share a commit, with agents' updates too when the composition
+        # root hands both services the same committer (plane.py).
+        self.group = group or GroupCommitter(rt)
         self._classes = {c.name for c in rt.priority_classes}
 
     async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
@@ -87,6 +89,7 @@ class JobService:
         fresh = self.rt.fresh_jobs  # the scheduling loop's snapshot takes them (a hint)
         if len(fresh) < FRESH_JOBS_MAX:
             fresh.update((r.job.id, r) for r in records)
+        tx.reschedule = True  # new work: the scheduling loop must see it
         teams = {r.job.team for r in records}
         if not teams <= self.rt.known_teams:
             await node_repo.ensure_teams(tx.conn, teams - self.rt.known_teams, tx.now)
