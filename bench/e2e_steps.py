@@ -9,6 +9,12 @@ reading it and writing its updates, the events published and framed for SSE)
 writes a time stamp. Then N jobs run one at a time, and for each step this
 prints the median time from the client's submit to that step's first stamp
 within the job's round trip, ending with the client seeing it done.
+
+``--timeline K`` also prints K whole round trips (those nearest the median
+length) as timelines: every stamp, and every callback the server's event loop
+ran with how long it took (``bench/stamps``, ``BENCH_LOOP_TRACE``). The server
+then runs on asyncio's own loop, slowed by the tracing: the order of what
+runs, and what waits behind what, is what a timeline shows, not uvloop's times.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=200, help="idle round trips stamped")
     ap.add_argument("--agents", type=int, default=1)
     ap.add_argument("--db", default=None, help="a PostgreSQL URL (default: SQLite in a temp dir)")
+    ap.add_argument(
+        "--timeline", type=int, default=0, metavar="K", help="print K round trips in full"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="corral-steps-") as tmp:
         prefix = str(Path(tmp) / "stamps")
@@ -39,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, (str(HERE / "stamps"), os.environ.get("PYTHONPATH")))
         )
+        server_env = {}
+        if args.timeline:
+            os.environ["BENCH_LOOP_TRACE"] = "1"
+            server_env["CORRAL_EVENT_LOOP"] = "asyncio"  # uvloop's callbacks cannot be traced
         print(f"starting a server and {args.agents} agent(s) ...", file=sys.stderr, flush=True)
-        peer = CorralPeer(args.agents, args.db, "corral/postgres" if args.db else "corral/sqlite")
+        label = "corral/postgres" if args.db else "corral/sqlite"
+        peer = CorralPeer(args.agents, args.db, label, server_env=server_env)
         try:
             for _ in range(20):  # warm connections, imports and the first cycles
                 peer.round_trip()
@@ -58,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             for f in Path(tmp).glob("stamps.*")
             for at, step in (line.split(" ", 1) for line in f.read_text().splitlines())
         )
-    report(offsets(stamps, trips), args.jobs)
+    report(offsets([s for s in stamps if not s[1].startswith("loop ")], trips), args.jobs)
+    if args.timeline:
+        timelines(stamps, trips, args.timeline)
     return 0
 
 
@@ -82,6 +98,18 @@ def offsets(
             j += 1
         out["client: saw it done"].append((done - submitted) * 1000)
     return out
+
+
+def timelines(stamps: list[tuple[float, str]], trips: list[tuple[float, float]], k: int) -> None:
+    """The ``k`` trips nearest the median length, every stamp and loop callback in each."""
+    median = statistics.median(done - submitted for submitted, done in trips)
+    chosen = sorted(trips, key=lambda t: abs(t[1] - t[0] - median))[:k]
+    for submitted, done in sorted(chosen):
+        print(f"\nround trip of {(done - submitted) * 1000:.2f} ms (ms from the submit; loop")
+        print("lines: loop <pid> <callback> <ms it ran>)")
+        for at, step in stamps:
+            if submitted <= at <= done:
+                print(f"{(at - submitted) * 1000:8.3f}  {step}")
 
 
 def report(steps: dict[str, list[float]], jobs: int) -> None:

@@ -4,6 +4,11 @@ folder on ``PYTHONPATH`` (the server, the agents) when ``BENCH_STAMPS`` names a 
 Each step below is wrapped as its module is imported; every call writes ``<time.time()>
 <step>`` to ``<prefix>.<pid>`` (``>``/``<`` mark the start and end of a coroutine). Nothing
 is wrapped, and nothing written, without the variable.
+
+With ``BENCH_LOOP_TRACE`` set too, every callback an asyncio event loop runs writes
+``<time.time()> loop <pid> <what> <ms it took>``: a task's step is named by its coroutine and
+the innermost coroutine it then waits in. Only asyncio's own loop can be traced
+(``CORRAL_EVENT_LOOP=asyncio``; uvloop runs its callbacks in C), and the tracing slows it.
 """
 
 from __future__ import annotations
@@ -110,3 +115,37 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if PREFIX:
     sys.meta_path.insert(0, _Finder(open(f"{PREFIX}.{os.getpid()}", "a", buffering=1)))  # noqa: SIM115
+
+
+def _callback_name(callback: Any) -> str:
+    """A task step as ``task <coroutine> @<innermost coroutine it waits in>``; else the name."""
+    owner = getattr(callback, "__self__", None)
+    if owner is None or not hasattr(owner, "get_coro"):
+        return getattr(callback, "__qualname__", None) or repr(callback)[:80]
+    coro = inner = owner.get_coro()
+    while hasattr(getattr(inner, "cr_await", None), "cr_frame"):
+        inner = inner.cr_await
+    return f"task {getattr(coro, '__qualname__', '?')} @{getattr(inner, '__qualname__', '?')}"
+
+
+def _trace_loop(out: Any) -> None:
+    import asyncio.events
+
+    run = asyncio.events.Handle._run
+    pid = os.getpid()
+
+    def traced(self: Any) -> None:
+        started = time.time()
+        run(self)
+        took = time.time() - started
+        try:
+            name = _callback_name(self._callback)
+        except Exception as exc:  # a name is all this wants: never break the loop
+            name = f"? {exc!r}"
+        out.write(f"{started:.6f} loop {pid} {name} {1000 * took:.3f}\n")
+
+    asyncio.events.Handle._run = traced  # type: ignore[method-assign]
+
+
+if PREFIX and os.environ.get("BENCH_LOOP_TRACE"):
+    _trace_loop(open(f"{PREFIX}.{os.getpid()}.loop", "a", buffering=1))  # noqa: SIM115
