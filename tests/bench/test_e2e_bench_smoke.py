@@ -50,11 +50,15 @@ def test_e2e_benchmark_measures_corral_with_httpx_as_its_client_too() -> None:
 
 
 def test_the_idle_steps_benchmark_stamps_each_step_of_a_job() -> None:
-    argv = [sys.executable, "e2e_steps.py", "--jobs", "5"]
+    argv = [sys.executable, "e2e_steps.py", "--jobs", "5", "--timeline", "1"]
     out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {line[:40].strip(): line.split()[-1] for line in out.stdout.splitlines()[3:]}
+    steps, _, timeline = out.stdout.partition("round trip of")
+    rows = {line[:40].strip(): line.split()[-1] for line in steps.splitlines()[3:] if line}
     # Stamps came from the server and the agent processes, for every job.
     for step in ("server: cycle >", "agent: assignment read", "server: SSE event framed"):
         assert rows.get(step) == "5", out.stdout
     assert rows["client: saw it done"] == "5"
+    # --timeline: one whole trip, with the server loop's callbacks among the stamps.
+    assert "server: cycle >" in timeline, out.stdout
+    assert any(" loop " in ln and "SchedulingLoop" in ln for ln in timeline.splitlines()), timeline
