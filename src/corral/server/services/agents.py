@@ -62,7 +62,8 @@ class AgentService:
         self.rt = rt
         self.auth = auth
         self._written_seen: dict[str, float] = {}  # last heartbeat written, per node
-        # Allocation updates from every agent share transactions (one fsync per group). Starts,
+        # Allocation updates from every agent share transactions (one fsync per group), with
+        # submissions too when the composition root hands over its one committer. Starts,
         # progress, previews and logs need no fsync of their own (see Database.write); ends,
         # results and checkpoints do, before anyone is told of them.
         self.updates = group or GroupCommitter(rt)
