@@ -1,8 +1,9 @@
 """The scheduling leader's derived, in-memory snapshot (DESIGN.md section 2).
 
 The store stays the source of truth. Each cycle asks it only for the
-``(id, version)`` of queued jobs, active allocations and nodes (narrow,
-index-backed reads), and re-reads full rows only for what is new or whose
+``(id, version)`` of queued jobs, active allocations and nodes, and the teams
+(narrow, index-backed reads; one round trip on PostgreSQL: ``store/versions.py``),
+and re-reads full rows only for what is new or whose
 version moved. A cycle over 10,000 queued jobs therefore decodes a handful
 of rows instead of 10,000. Because every write bumps ``version`` (guarded
 updates), nothing can be missed; heartbeats (``last_seen``) do not bump it,
@@ -26,6 +27,7 @@ from corral.scheduler.api import Snapshot
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
+from corral.server.store import versions
 from corral.server.store.records import AllocRecord, JobRecord
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
@@ -62,21 +64,20 @@ class SnapshotCache:
         confirms is taken instead of reading its row again. Both mappings are emptied.
         """
         self.rows_read = 0
-        order = await job_repo.queued_versions(conn)
+        seen = await versions.read(conn)  # on PostgreSQL one round trip
+        order = seen.queued
         await self._refresh_jobs(conn, order, fresh or {})
         if fresh:
             fresh.clear()
-        active = await alloc_repo.active_versions(conn)
-        await self._refresh_allocations(conn, active, fresh_allocs or {})
+        await self._refresh_allocations(conn, seen.active, fresh_allocs or {})
         if fresh_allocs:
             fresh_allocs.clear()
-        await self._refresh_nodes(conn, await node_repo.versions(conn))
-        teams = await node_repo.all_teams(conn)
+        await self._refresh_nodes(conn, seen.nodes)
         snapshot = Snapshot(
             nodes=tuple(n for _, n in self.nodes.values()),
             queued=tuple(self.jobs[job_id].job for job_id, _ in order if job_id in self.jobs),
             allocations=tuple(a for _, a in self.allocations.values()),
-            teams=tuple(teams),
+            teams=tuple(seen.teams),
             expected_ends=self.expected_ends,
         )
         return snapshot, dict(self.jobs)
