@@ -33,7 +33,9 @@ async def test_one_read_gives_what_the_four_reads_give(world: World) -> None:
         nodes = await node_repo.versions(conn)
         teams = await node_repo.all_teams(conn)
 
-    assert len(queued) == 2 and len(active) == 3 and set(nodes) == {"n1", "n2"}
+    assert len(queued) == 2
+    assert len(active) == 3
+    assert set(nodes) == {"n1", "n2"}
     assert got.queued == queued, "the same jobs in submission order"
     assert got.active == active
     assert got.nodes == nodes
