@@ -107,7 +107,9 @@ class _Finder(importlib.abc.MetaPathFinder):
             run(module)
             for owner_name, attr, step, is_async in STEPS[name]:
                 owner = getattr(module, owner_name) if owner_name else module
-                setattr(owner, attr, _wrap(getattr(owner, attr), step, is_async, self.out))
+                fn = getattr(owner, attr, None)
+                if fn is not None:  # an older build may lack a step (A/B runs of two builds)
+                    setattr(owner, attr, _wrap(fn, step, is_async, self.out))
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
