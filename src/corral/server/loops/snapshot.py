@@ -3,11 +3,10 @@
 The store stays the source of truth. Each cycle asks it only for the
 ``(id, version)`` of queued jobs, active allocations and nodes, and the teams
 (narrow, index-backed reads; one round trip on PostgreSQL: ``store/versions.py``),
-and re-reads full rows only for what is new or whose
-version moved. A cycle over 10,000 queued jobs therefore decodes a handful
-of rows instead of 10,000. Because every write bumps ``version`` (guarded
-updates), nothing can be missed; heartbeats (``last_seen``) do not bump it,
-and the scheduler does not need them.
+and re-reads full rows only for what is new or whose version moved. A cycle
+over 10,000 queued jobs therefore decodes a handful of rows instead of 10,000.
+Because every write bumps ``version`` (guarded updates), nothing can be missed;
+heartbeats (``last_seen``) do not bump it, and the scheduler does not need them.
 
 ``rebuild`` drops everything (start, change of leader); ``load`` is the
 incremental read. The queued jobs' full records are kept too: the placement

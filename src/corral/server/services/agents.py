@@ -58,15 +58,15 @@ _EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image
 class AgentService:
     """Implements ``corral.server.agentlink.base.AgentInbound``."""
 
-    def __init__(self, rt: Runtime, auth: AuthService, group: GroupCommitter | None = None) -> None:
+    def __init__(self, rt: Runtime, auth: AuthService, group: GroupCommitter) -> None:
         self.rt = rt
         self.auth = auth
         self._written_seen: dict[str, float] = {}  # last heartbeat written, per node
         # Allocation updates from every agent share transactions (one fsync per group), with
-        # submissions too when the composition root hands over its one committer. Starts,
+        # submissions too: the plane hands both services its one committer. Starts,
         # progress, previews and logs need no fsync of their own (see Database.write); ends,
         # results and checkpoints do, before anyone is told of them.
-        self.updates = group or GroupCommitter(rt)
+        self.updates = group
 
     async def authenticate(self, token: str) -> None:
         who = await self.auth.authenticate(token)

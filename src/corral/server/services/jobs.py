@@ -54,11 +54,9 @@ class Page:
 
 
 class JobService:
-    def __init__(self, rt: Runtime, group: GroupCommitter | None = None) -> None:
+    def __init__(self, rt: Runtime, group: GroupCommitter) -> None:
         self.rt = rt
-        # Concurrent submissions share a commit, with agents' updates too when the composition
-        # root hands both services the same committer (plane.py).
-        self.group = group or GroupCommitter(rt)
+        self.group = group  # concurrent submissions share a commit, with agents' updates too
         self._classes = {c.name for c in rt.priority_classes}
 
     async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
