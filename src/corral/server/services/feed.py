@@ -12,7 +12,7 @@ from corral.core.resources import GIB, MILLI
 from corral.core.states import JOB
 from corral.scheduler.api import Unplaced
 from corral.server.services.auth import Principal
-from corral.server.services.unit import Runtime
+from corral.server.services.unit import Runtime, Wakeup
 from corral.server.store import events as event_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import JobRecord
@@ -61,43 +61,53 @@ class EventFeed:
         if job_id is not None:
             await self._visible_job(who, job_id)
         last = after
-        signal = self.rt.events_committed
+        wakeups = self.rt.wakeups
+        # A job's stream wakes for that job's events; the all-events stream for events it sends.
+        interest = {"job_id": job_id} if job_id is not None else {"kinds": kinds, "team": team}
         api = self.rt.settings.api
         idle = 0.0
         sent = False  # an event went out since the last wait (else count toward a keep-alive)
         end_pending = False  # the job ended, its last event not yet published (its fsync)
-        while disconnected is None or not await disconnected():
-            ticket = signal.ticket()
-            # Read the job's state before its events: both commit together, so an
-            # ended job's terminal event is in (or before) the batch read next.
-            ended = job_id is not None and await self._ended(job_id)
-            batch = self.rt.recent.after(last, job_id=job_id, team=team, limit=PAGE)
-            if end_pending and not _has_end(batch):  # waited once for it: read the table
-                batch = None
-            elif ended and batch is not None:
-                # A durable change is readable in the table before its events are published
-                # (they wait for its fsync): wait for the publication rather than end early.
-                end_pending = not _has_end(batch)
-                ended = not end_pending
-            if batch is None:  # behind the events kept in memory (or PostgreSQL): the table
-                async with self.rt.db.read() as conn:
-                    batch = await event_repo.after(conn, last, job_id=job_id, team=team, limit=PAGE)
-            out, last, final = _pick(batch, last, kinds, job_id is not None)
-            if out:
-                sent = True
-                yield out
-            if final:
-                return
-            if len(batch) == PAGE:
-                continue
-            if ended:
-                return
-            fired = await signal.wait(ticket, api.sse_poll_s)
-            idle = 0.0 if fired or sent else idle + api.sse_poll_s
-            sent = False
-            if idle >= api.sse_keepalive_s:
-                idle = 0.0
-                yield None
+        ticket: Wakeup | None = None
+        try:
+            while disconnected is None or not await disconnected():
+                ticket = wakeups.ticket(**interest)
+                # Read the job's state before its events: both commit together, so an
+                # ended job's terminal event is in (or before) the batch read next.
+                ended = job_id is not None and await self._ended(job_id)
+                batch = self.rt.recent.after(last, job_id=job_id, team=team, limit=PAGE)
+                if end_pending and not _has_end(batch):  # waited once for it: read the table
+                    batch = None
+                elif ended and batch is not None:
+                    # A durable change is readable in the table before its events are published
+                    # (they wait for its fsync): wait for the publication rather than end early.
+                    end_pending = not _has_end(batch)
+                    ended = not end_pending
+                if batch is None:  # behind the events kept in memory (or PostgreSQL): the table
+                    async with self.rt.db.read() as conn:
+                        batch = await event_repo.after(
+                            conn, last, job_id=job_id, team=team, limit=PAGE
+                        )
+                out, last, final = _pick(batch, last, kinds, job_id is not None)
+                if out:
+                    sent = True
+                    yield out
+                if final:
+                    return
+                if len(batch) == PAGE:
+                    wakeups.forget(ticket)  # more to read at once
+                    continue
+                if ended:
+                    return
+                fired = await wakeups.wait(ticket, api.sse_poll_s)
+                idle = 0.0 if fired or sent else idle + api.sse_poll_s
+                sent = False
+                if idle >= api.sse_keepalive_s:
+                    idle = 0.0
+                    yield None
+        finally:
+            if ticket is not None:  # the reader stopped (or went away) between waits
+                wakeups.forget(ticket)
 
     async def _visible_job(self, who: Principal, job_id: str) -> JobRecord:
         async with self.rt.db.read() as conn:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,35 +36,117 @@ from corral.server.store.records import AllocRecord, JobRecord
 log = logging.getLogger("corral.server")
 
 
-class Signal:
-    """A broadcast wake-up for readers (SSE streams).
+class Wakeup:
+    """One reader's wait for the next publication it would read (see ``Wakeups``)."""
 
-    Take a ``ticket()`` *before* reading, then ``wait(ticket)``: a fire that
-    happens between the read and the wait is not lost.
+    __slots__ = ("job_id", "kinds", "team", "woken")
+
+    def __init__(self, job_id: str | None, kinds: frozenset[str] | None, team: str | None) -> None:
+        self.job_id = job_id
+        self.kinds = kinds
+        self.team = team
+        self.woken = asyncio.Event()
+
+    def wants(self, te: TeamEvent) -> bool:
+        """Would the all-events stream this waits for send ``te``? (its kinds and team)"""
+        kinds = self.kinds
+        return (kinds is None or te.event.kind in kinds) and (
+            self.team is None or te.team == self.team
+        )
+
+
+class Wakeups:
+    """Wake-ups for SSE readers, each by what it reads.
+
+    A reader takes a ``ticket(...)`` *before* reading, then ``wait(ticket)``: a
+    publication between the read and the wait is not lost. ``publish(events)``
+    wakes only the readers those events concern: a job's stream by that job's
+    events (any kind: its end may come under a kind it does not send), the
+    all-events stream by an event it would send (its kinds, its team). Every
+    commit used to wake every open stream, and a job's stream then read the
+    job's row to see whether it had ended: with many clients waiting on their
+    jobs (the SDK's ``Job.wait`` follows one stream per job), each commit cost a
+    read per waiting client (docs/performance.md, item 53).
     """
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._by_job: dict[str, list[Wakeup]] = {}
+        self._others: set[Wakeup] = set()
+
+    def ticket(
+        self,
+        *,
+        job_id: str | None = None,
+        kinds: frozenset[str] | None = None,
+        team: str | None = None,
+    ) -> Wakeup:
+        """Register a wait for ``job_id``'s events, or else for events of ``kinds`` (None:
+        any) readable by ``team`` (None: an admin, every team's)."""
+        ticket = Wakeup(job_id, kinds, team)
+        if job_id is not None:
+            self._by_job.setdefault(job_id, []).append(ticket)
+        else:
+            self._others.add(ticket)
+        return ticket
+
+    def publish(self, events: Sequence[TeamEvent]) -> None:
+        """Wake the readers ``events`` (just made readable) concern."""
+        by_job = self._by_job
+        if by_job:
+            for te in events:
+                job_id = te.event.job_id
+                if job_id is not None and job_id in by_job:
+                    for ticket in by_job.pop(job_id):
+                        ticket.woken.set()
+        if self._others:
+            woken = [t for t in self._others if any(t.wants(te) for te in events)]
+            for ticket in woken:
+                self._others.discard(ticket)
+                ticket.woken.set()
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        """Wake every reader (what was published is not known)."""
+        for tickets in self._by_job.values():
+            for ticket in tickets:
+                ticket.woken.set()
+        for ticket in self._others:
+            ticket.woken.set()
+        self._by_job.clear()
+        self._others.clear()
 
-    def ticket(self) -> asyncio.Event:
-        return self._event
-
-    async def wait(self, ticket: asyncio.Event, timeout: float) -> bool:
-        """True when fired since ``ticket`` was taken, False when ``timeout`` passed first."""
-        if ticket.is_set():
-            return True
+    async def wait(self, ticket: Wakeup, timeout: float) -> bool:
+        """True when woken since ``ticket`` was taken, False when ``timeout`` passed first."""
         try:
+            if ticket.woken.is_set():
+                return True
             # asyncio.timeout, not wait_for: no task per wait, and on 3.11 wait_for loses a
             # cancel that races the wake-up (the waiter then never stops; docs/agent-link.md).
             async with asyncio.timeout(timeout):
-                await ticket.wait()
+                await ticket.woken.wait()
         except TimeoutError:
             return False
+        finally:
+            self.forget(ticket)
         return True
+
+    def forget(self, ticket: Wakeup) -> None:
+        """Drop ``ticket`` unwaited (the reader stops, or reads again at once). Idempotent."""
+        if ticket.woken.is_set():
+            return  # publish or fire took it out already, or it was forgotten
+        ticket.woken.set()
+        if ticket.job_id is None:
+            self._others.discard(ticket)
+            return
+        tickets = self._by_job.get(ticket.job_id)
+        if tickets is not None:
+            tickets.remove(ticket)
+            if not tickets:
+                del self._by_job[ticket.job_id]
+
+    @property
+    def waiting(self) -> int:
+        """Readers registered now (for tests)."""
+        return len(self._others) + sum(len(t) for t in self._by_job.values())
 
 
 class Trigger:
@@ -88,7 +170,7 @@ class Trigger:
         if self._event.is_set():
             return True
         try:
-            async with asyncio.timeout(timeout):  # see Signal.wait
+            async with asyncio.timeout(timeout):  # see Wakeups.wait
                 await self._event.wait()
         except TimeoutError:
             return False
@@ -142,7 +224,7 @@ class Runtime:
     link: AgentLink
     metrics: Metrics
     priority_classes: tuple[PriorityClass, ...]
-    events_committed: Signal = field(default_factory=Signal)  # SSE readers wait on it
+    wakeups: Wakeups = field(default_factory=Wakeups)  # SSE readers wait on it
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
@@ -189,7 +271,7 @@ class Runtime:
                 if tx.events:
                     await turn.wait()  # events committed before these are out first
                     self.recent.add(tx.events, seqs)  # before the wake-up: readers find them
-                    self.events_committed.fire()
+                    self.wakeups.publish(tx.events)
         finally:
             if turn is not None:
                 turn.done()
