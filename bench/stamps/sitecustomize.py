@@ -59,6 +59,7 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     ],
     "corral.server.services.recent": [("RecentEvents", "add", "server: events published", False)],
     "corral.server.api.render": [(None, "event_json", "server: SSE event framed", False)],
+    "corral.proto.bundles": [(None, "pack", "link: messages written", False)],
     "corral.agent.wire": [
         (None, "order_from", "agent: assignment read", False),
         (None, "update_message", "agent: update written", False),
