@@ -104,16 +104,6 @@ class Wakeups:
                 self._others.discard(ticket)
                 ticket.woken.set()
 
-    def fire(self) -> None:
-        """Wake every reader (what was published is not known)."""
-        for tickets in self._by_job.values():
-            for ticket in tickets:
-                ticket.woken.set()
-        for ticket in self._others:
-            ticket.woken.set()
-        self._by_job.clear()
-        self._others.clear()
-
     async def wait(self, ticket: Wakeup, timeout: float) -> bool:
         """True when woken since ``ticket`` was taken, False when ``timeout`` passed first."""
         try:
@@ -132,7 +122,7 @@ class Wakeups:
     def forget(self, ticket: Wakeup) -> None:
         """Drop ``ticket`` unwaited (the reader stops, or reads again at once). Idempotent."""
         if ticket.woken.is_set():
-            return  # publish or fire took it out already, or it was forgotten
+            return  # publish took it out already, or it was forgotten
         ticket.woken.set()
         if ticket.job_id is None:
             self._others.discard(ticket)
