@@ -62,8 +62,6 @@ class EventFeed:
             await self._visible_job(who, job_id)
         last = after
         wakeups = self.rt.wakeups
-        # A job's stream wakes for that job's events; the all-events stream for events it sends.
-        interest = {"job_id": job_id} if job_id is not None else {"kinds": kinds, "team": team}
         api = self.rt.settings.api
         idle = 0.0
         sent = False  # an event went out since the last wait (else count toward a keep-alive)
@@ -71,7 +69,7 @@ class EventFeed:
         ticket: Wakeup | None = None
         try:
             while disconnected is None or not await disconnected():
-                ticket = wakeups.ticket(**interest)
+                ticket = wakeups.ticket(job_id=job_id, kinds=kinds, team=team)
                 # Read the job's state before its events: both commit together, so an
                 # ended job's terminal event is in (or before) the batch read next.
                 ended = job_id is not None and await self._ended(job_id)

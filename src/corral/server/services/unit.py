@@ -80,8 +80,9 @@ class Wakeups:
         kinds: frozenset[str] | None = None,
         team: str | None = None,
     ) -> Wakeup:
-        """Register a wait for ``job_id``'s events, or else for events of ``kinds`` (None:
-        any) readable by ``team`` (None: an admin, every team's)."""
+        """Register a wait for ``job_id``'s events (of any kind and team: a job's stream
+        wakes for all of them), or, without a job, for events of ``kinds`` (None: any)
+        readable by ``team`` (None: an admin, every team's)."""
         ticket = Wakeup(job_id, kinds, team)
         if job_id is not None:
             self._by_job.setdefault(job_id, []).append(ticket)
