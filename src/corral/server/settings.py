@@ -62,7 +62,7 @@ class SchedulingSettings(BaseModel):
     """The scheduling loop and the liveness loop."""
 
     debounce_s: float = Field(
-        default=0.005,
+        default=0.002,
         ge=0,
         description="cycles start at least this far apart, so a burst of changes is one cycle",
     )
