@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 
 from corral_peer import CLIENTS, CorralPeer
-from workload import Figures, Peer, run_interleaved
+from workload import Figures, Peer, median, round_ratios, run_interleaved
 
 PG = "postgresql://postgres@127.0.0.1:5432/test?schema=bench_e2e"
 
@@ -137,6 +137,13 @@ def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
     print(f"\nthroughput ratio corral/celery: {ratio:.2f}")
     corral_ms, celery_ms = ours["idle"].done_p50_ms, celery["idle"].done_p50_ms
     print(f"idle submit->completion p50: corral {corral_ms:.1f} ms, celery {celery_ms:.1f} ms")
+    per_round = round_ratios(ours["concurrent"], celery["concurrent"])
+    if len(per_round) > 1:  # how much the machine moved the figures during the run
+        listed = " ".join(f"{r:.2f}" for r in per_round)
+        print(f"  concurrent ratio by round: {listed} (median {median(per_round):.2f})")
+        idle_rounds = zip(ours["idle"].parts, celery["idle"].parts, strict=False)
+        listed = " ".join(f"{a.done_p50_ms:.1f}/{b.done_p50_ms:.1f}" for a, b in idle_rounds)
+        print(f"  idle p50 by round, corral/celery ms: {listed}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the timestamps into the figures printed side by side:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ class Figures:
     done_p50_ms: float
     done_p99_ms: float
     timings: tuple[Timing, ...] = ()  # what they were computed from
+    parts: tuple[Figures, ...] = ()  # the rounds these were joined from (run_interleaved)
 
     @property
     def jobs_per_s(self) -> float:
@@ -151,11 +153,23 @@ def _shape(peer: Peer, shape: str, size: int, clients: int) -> Figures:
 
 
 def join(shape: str, parts: Sequence[Figures]) -> Figures:
-    """Figures of ``parts`` taken together: jobs and seconds added, percentiles over all."""
+    """Figures of ``parts`` taken together: jobs and seconds added, percentiles over all;
+    the parts kept (``Figures.parts``) for per-round comparisons."""
     if len(parts) == 1:
         return parts[0]
     timings = [t for p in parts for t in p.timings]
-    return figures(shape, timings, sum(p.seconds for p in parts))
+    joined = figures(shape, timings, sum(p.seconds for p in parts))
+    return dataclasses.replace(joined, parts=tuple(parts))
+
+
+def round_ratios(ours: Figures, theirs: Figures) -> list[float]:
+    """Throughput ratio ours/theirs of each round: the two ran one after the other in it, so
+    a slow spell of the machine weighs on both (empty unless both were run in rounds)."""
+    return [
+        a.jobs_per_s / b.jobs_per_s
+        for a, b in zip(ours.parts, theirs.parts, strict=False)
+        if b.jobs_per_s
+    ]
 
 
 def median(values: Sequence[float]) -> float:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from workload import Timing, run_interleaved  # noqa: E402
+from workload import Timing, round_ratios, run_interleaved  # noqa: E402
 
 
 class FakePeer:
@@ -50,3 +53,22 @@ def test_each_shape_runs_in_parts_with_the_systems_in_turn() -> None:
         assert (concurrent.jobs, batch.jobs) == (10, 10)
         assert concurrent.start_p50_ms == delay
         assert concurrent.done_p50_ms == 2 * delay
+
+
+def test_joined_figures_keep_their_rounds_for_per_round_ratios() -> None:
+    calls: list[tuple[str, str]] = []
+    a, b = FakePeer("a", calls, 0.001), FakePeer("b", calls, 0.004)
+
+    out = run_interleaved([a, b], n=10, clients=2, idle_n=4, rounds=2, log=lambda _: None)
+
+    idle_a, conc_a, _ = out["a"]
+    idle_b, conc_b, _ = out["b"]
+    assert [p.jobs for p in conc_a.parts] == [5, 5]
+    assert [p.jobs for p in idle_b.parts] == [2, 2]
+    assert conc_a.jobs == sum(p.jobs for p in conc_a.parts)
+    ratios = round_ratios(conc_a, conc_b)
+    assert len(ratios) == 2
+    for ratio, pa, pb in zip(ratios, conc_a.parts, conc_b.parts, strict=True):
+        assert ratio == pytest.approx(pa.jobs_per_s / pb.jobs_per_s)
+    not_in_rounds = dataclasses.replace(idle_b, parts=())
+    assert round_ratios(idle_a, not_in_rounds) == []
