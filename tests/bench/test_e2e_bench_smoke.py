@@ -62,3 +62,24 @@ def test_the_idle_steps_benchmark_stamps_each_step_of_a_job() -> None:
     # --timeline: one whole trip, with the server loop's callbacks among the stamps.
     assert "server: cycle >" in timeline, out.stdout
     assert any(" loop " in ln and "SchedulingLoop" in ln for ln in timeline.splitlines()), timeline
+
+
+def test_the_ab_benchmark_runs_peers_in_turn_and_prints_their_medians() -> None:
+    argv = [sys.executable, "ab.py", "--rounds", "2", "--jobs", "10", "--idle", "3"]
+    argv += ["--agents", "1", "--clients", "2"]
+    argv += ["as-is=-", "d1=-,CORRAL_SCHEDULING__DEBOUNCE_S=0.001"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rounds = [line.split(":")[0] for line in out.stdout.splitlines() if line.startswith("round")]
+    # The second round runs the peers in the other order.
+    assert rounds == ["round 1/2 as-is", "round 1/2 d1", "round 2/2 d1", "round 2/2 as-is"]
+    _, _, medians = out.stdout.partition("medians of the rounds\n")
+    assert [line.split(":")[0] for line in medians.splitlines()] == ["as-is", "d1"], out.stdout
+    assert "jobs/s" in medians
+
+
+def test_the_ab_benchmark_names_a_bad_spec() -> None:
+    argv = [sys.executable, "ab.py", "a=/nonexistent", "b=-,DEBOUNCE"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "'/nonexistent' holds no corral package" in out.stderr
