@@ -59,6 +59,7 @@ class ControlPlane:
         if rt.db.is_postgres:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
         self.schedule = SchedulingLoop(rt, schedule, leader)
+        writes.place = self.schedule.place_in  # a lone submission to a quiet server
         # With the loops running, only the scheduling leader watches liveness; a test driving
         # the plane by hand (run_loops=False) ticks it directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)

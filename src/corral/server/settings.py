@@ -69,6 +69,11 @@ class SchedulingSettings(BaseModel):
     idle_cycle_s: float = Field(
         default=2.0, gt=0, description="a cycle runs at least this often, even with no trigger"
     )
+    place_on_submit: bool = Field(
+        default=True,
+        description="on a quiet SQLite server, a lone submission is scheduled and placed in "
+        "its own transaction (one commit, not two; docs/server.md)",
+    )
     node_timeout_s: float = Field(
         default=30.0, gt=0, description="a node not heard from for this long is lost"
     )

@@ -29,7 +29,9 @@ from corral.scheduler.service import ServiceLedger
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.snapshot import SnapshotCache
 from corral.server.services.placement import Applied, apply_plan
-from corral.server.services.unit import Runtime
+from corral.server.services.unit import Runtime, Tx
+from corral.server.store.rawsql import driver
+from corral.server.store.records import JobRecord
 
 log = logging.getLogger("corral.server.schedule")
 
@@ -56,6 +58,7 @@ class SchedulingLoop:
         self.last_cycle_s = 0.0
         self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
         self._burst = False  # the last cycle found more than one job waiting
+        self._one_at_a_time = asyncio.Lock()  # a cycle, or ``place_in``'s, at a time
         self._reader: AsyncConnection | None = None  # SQLite: the cycles' kept read connection
         self._next_timer: float | None = None
         # Models (issue 10): registry sizes for the snapshot; what runs after each cycle.
@@ -137,12 +140,65 @@ class SchedulingLoop:
 
     async def cycle(self) -> Applied:
         """One cycle. Public so tests (and a future leader election) can drive it directly."""
-        started = time.perf_counter()
-        async with self._reading() as conn:
-            rt = self.rt
-            snapshot, records = await self.cache.load(conn, rt.fresh_jobs, rt.fresh_allocs)
-            if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
-                snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
+        async with self._one_at_a_time:
+            started = time.perf_counter()
+            async with self._reading() as conn:
+                snapshot, records = await self._load(conn)
+            return await self._decide(snapshot, records, started)
+
+    async def place_in(self, tx: Tx) -> bool:
+        """Run a cycle inside ``tx``, a lone submission's open transaction; True if it ran.
+
+        Only on a quiet server: SQLite (one process, one writer), leading, no cycle under
+        way, and the last cycle left nothing waiting and found at most one job (not a
+        burst), so the cycle sees just this submission and the store's state, read
+        through ``tx``'s own connection. The job is then inserted and placed in one
+        commit, and its assignment leaves as that commit is made, before its fsync. What
+        the cycle wrote is undone (a savepoint) if it fails: the submission stands, and
+        the loop schedules it as usual.
+        """
+        if not self.rt.settings.scheduling.place_on_submit or not self.leading:
+            return False
+        if self._one_at_a_time.locked() or self._burst or self.rt.work_waiting:
+            return False
+        raw = driver(tx.conn)  # None unless SQLite runs inline (never on PostgreSQL)
+        if raw is None:
+            return False
+        async with self._one_at_a_time:  # free: taken without waiting
+            started = time.perf_counter()
+            marks = len(tx.events), len(tx.after_commit), len(tx.at_once)
+            raw.execute("SAVEPOINT corral_place")
+            try:
+                snapshot, records = await self._load(tx.conn)
+                await self._decide(snapshot, records, started, tx)
+            except Exception:
+                raw.execute("ROLLBACK TO corral_place")
+                del tx.events[marks[0] :]
+                del tx.after_commit[marks[1] :]
+                del tx.at_once[marks[2] :]
+                self.cache.rebuild()
+                log.exception("scheduling inside a submission failed; the loop schedules it")
+                return False
+            finally:
+                raw.execute("RELEASE corral_place")
+            self._cycle_ended = time.perf_counter()
+        return True
+
+    async def _load(self, conn: AsyncConnection) -> tuple[Snapshot, dict[str, JobRecord]]:
+        rt = self.rt
+        snapshot, records = await self.cache.load(conn, rt.fresh_jobs, rt.fresh_allocs)
+        if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
+            snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
+        return snapshot, records
+
+    async def _decide(
+        self,
+        snapshot: Snapshot,
+        records: dict[str, JobRecord],
+        started: float,
+        within: Tx | None = None,
+    ) -> Applied:
+        """``schedule`` on ``snapshot``, then apply the plan (in ``within``, when given)."""
         now = self.rt.clock.now()
         seen, seed = self._without_awaiting(snapshot), self.rt.settings.scheduling.seed
         seen = replace(seen, served=self.service.view(now))
@@ -151,7 +207,7 @@ class SchedulingLoop:
             plan = self.schedule(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
             plan = await asyncio.to_thread(self.schedule, seen, self.config(), now, seed)
-        applied = await apply_plan(self.rt, plan, records)
+        applied = await apply_plan(self.rt, plan, records, within)
         self._served(seen, applied, now)
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now)

@@ -14,7 +14,10 @@ commit itself fails, every unit of the group gets that error: nobody is told
 "accepted" for work that was not committed.
 
 When requests arrive one at a time, a group is a single unit and nothing
-waits: batching happens only when there is a queue to batch.
+waits: batching happens only when there is a queue to batch. Such a lone
+unit that needs a cycle (a submission to a quiet server) may have it run
+inside its own transaction (``place``: ``SchedulingLoop.place_in``), so the
+job is inserted and placed in one commit.
 
 The server has one committer for submissions and agents' allocation updates
 (``ControlPlane``): under load, the submissions and the ends that arrive
@@ -44,6 +47,9 @@ class GroupCommitter:
         self._queue: list[Queued] = []
         self._flusher: asyncio.Task[None] | None = None
         self.groups = 0  # committed groups (for tests and metrics)
+        # Schedules inside a lone unit's transaction when the server is quiet; True when it
+        # did (the scheduling loop's ``place_in``, wired by ``ControlPlane``).
+        self.place: Callable[[Tx], Awaitable[bool]] | None = None
 
     async def run(self, unit: Callable[[Tx], Awaitable[T]], *, durable: bool = True) -> T:
         """Run ``unit`` in the next group; returns its result once the group has committed.
@@ -96,6 +102,9 @@ class GroupCommitter:
                     outcomes.append((future, *await _attempt(tx, unit)))
                 else:
                     outcomes.append((future, True, await _bare(tx, unit)))
+            if tx.reschedule and len(group) == 1 and self.place is not None:
+                if await self.place(tx):  # scheduled already: no cycle of its own
+                    tx.reschedule = False
         return outcomes
 
 
@@ -116,7 +125,7 @@ async def _bare(tx: Tx, unit: Unit) -> Any:
 
 async def _attempt(tx: Tx, unit: Unit) -> tuple[bool, Any]:
     """Run one unit in a savepoint; on error roll it (its events and follow-ups too) back."""
-    marks = len(tx.events), len(tx.after_commit)
+    marks = len(tx.events), len(tx.after_commit), len(tx.at_once)
     savepoint = await tx.conn.begin_nested()
     try:
         value = await unit(tx)
@@ -124,6 +133,7 @@ async def _attempt(tx: Tx, unit: Unit) -> tuple[bool, Any]:
         await savepoint.rollback()
         del tx.events[marks[0] :]
         del tx.after_commit[marks[1] :]
+        del tx.at_once[marks[2] :]
         return False, exc
     await savepoint.commit()
     return True, value

@@ -46,45 +46,62 @@ class Applied:
     stale: int = 0  # placement groups or preemptions skipped because the state moved on
 
 
-async def apply_plan(rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord]) -> Applied:
-    """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler's snapshot saw."""
+async def apply_plan(
+    rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord], within: Tx | None = None
+) -> Applied:
+    """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler's snapshot saw.
+
+    ``within``: apply it in that (open) transaction instead of one of its own; its
+    assignments then go out as soon as it commits, before its fsync.
+    """
     applied = Applied()
     if not plan.placements and not plan.preemptions:
         return applied
-    async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
-        schedulable: dict[str, bool] = {}  # node -> taking work (read once per plan)
-        for group in _groups(plan.placements):
-            victims = frozenset(v for p in group for v in p.preempts)
-            if victims:
-                applied.awaiting.update(dict.fromkeys(group[0].job_ids, victims))
-                continue
-            assignments = await _place_atomically(rt, tx, group, seen, schedulable)
-            if assignments is None:
-                applied.stale += 1
-                continue
-            applied.placed.extend(assignments)
-        for p in plan.preemptions:
-            rec = await alloc_repo.get(tx.conn, p.allocation_id)
-            if rec is None or not rec.alloc.active:
-                applied.stale += 1
-                continue
-            grace = rt.settings.scheduling.preemption_grace_s
-            if await request_stop(rt, tx, rec, StopReason.PREEMPT, grace):
-                applied.preempted.append(p.allocation_id)
-                for job_id in rec.alloc.job_ids:
-                    tx.emit(
-                        EventKind.JOB_PREEMPTED,
-                        team=rec.alloc.team,
-                        job_id=job_id,
-                        node=rec.alloc.node,
-                        for_job=p.for_job,
-                        why=p.reason,
-                    )
+    if within is not None:
+        await _apply(rt, within, plan, seen, applied)
         for a in applied.placed:
-            tx.then(_sender(rt, a))
+            within.at_commit(_sender(rt, a))
+    else:
+        async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
+            await _apply(rt, tx, plan, seen, applied)
+            for a in applied.placed:
+                tx.then(_sender(rt, a))
     rt.metrics.placements.inc(len(applied.placed))
     rt.metrics.preemptions.inc(len(applied.preempted))
     return applied
+
+
+async def _apply(
+    rt: Runtime, tx: Tx, plan: Plan, seen: Mapping[str, JobRecord], applied: Applied
+) -> None:
+    schedulable: dict[str, bool] = {}  # node -> taking work (read once per plan)
+    for group in _groups(plan.placements):
+        victims = frozenset(v for p in group for v in p.preempts)
+        if victims:
+            applied.awaiting.update(dict.fromkeys(group[0].job_ids, victims))
+            continue
+        assignments = await _place_atomically(rt, tx, group, seen, schedulable)
+        if assignments is None:
+            applied.stale += 1
+            continue
+        applied.placed.extend(assignments)
+    for p in plan.preemptions:
+        rec = await alloc_repo.get(tx.conn, p.allocation_id)
+        if rec is None or not rec.alloc.active:
+            applied.stale += 1
+            continue
+        grace = rt.settings.scheduling.preemption_grace_s
+        if await request_stop(rt, tx, rec, StopReason.PREEMPT, grace):
+            applied.preempted.append(p.allocation_id)
+            for job_id in rec.alloc.job_ids:
+                tx.emit(
+                    EventKind.JOB_PREEMPTED,
+                    team=rec.alloc.team,
+                    job_id=job_id,
+                    node=rec.alloc.node,
+                    for_job=p.for_job,
+                    why=p.reason,
+                )
 
 
 def _groups(placements: Sequence[Placement]) -> list[list[Placement]]:

@@ -239,15 +239,18 @@ class Runtime:
 
         ``durable=False``: no promise rests on this change alone (see ``Database.write``).
         The scheduling loop is poked as soon as the change committed (before a durable
-        one's fsync); follow-ups run once it is durable as asked; its events reach SSE
-        readers after that, in commit order (after the fsyncs of earlier durable changes).
+        one's fsync), and ``Tx.at_commit`` actions run then too; follow-ups run once it
+        is durable as asked; its events reach SSE readers after that, in commit order
+        (after the fsyncs of earlier durable changes).
         """
         tx = Tx(self.clock.now())
         turn: Turn | None = None
 
-        def committed() -> None:
+        async def committed() -> None:
             if reschedule or tx.reschedule:
                 self.schedule_needed.fire()
+            for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
+                await self._run_follow_up(action)
 
         try:
             async with self.db.write(durable=durable, on_commit=committed) as conn:
@@ -283,6 +286,7 @@ class Tx:
     conn: AsyncConnection = field(init=False)
     events: list[TeamEvent] = field(default_factory=list)
     after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    at_once: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     reschedule: bool = False
 
     def emit(
@@ -302,6 +306,11 @@ class Tx:
     def then(self, action: Callable[[], Awaitable[None]]) -> None:
         """Run ``action`` after the commit (never inside the transaction)."""
         self.after_commit.append(action)
+
+    def at_commit(self, action: Callable[[], Awaitable[None]]) -> None:
+        """Run ``action`` right after the commit, before a durable one's fsync ends: for
+        what no promise rests on (a placement's assignment: reconciliation recovers it)."""
+        self.at_once.append(action)
 
     def count(self, effect: Callable[[], None]) -> None:
         """Run ``effect`` (a metric) once the change committed: a unit of a group may run twice."""

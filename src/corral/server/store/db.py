@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,7 @@ class Database:
         *,
         ordered_events: bool = True,
         durable: bool = True,
-        on_commit: Callable[[], None] | None = None,
+        on_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[AsyncConnection]:
         """One write transaction; commits on exit, rolls back on error.
 
@@ -146,8 +146,8 @@ class Database:
         WAL without an fsync, the write lock is released, and then a durable write
         waits for an fsync of the WAL (``WalSync``) before returning: what FULL
         does, but other writers go on meanwhile and one fsync covers every commit
-        before it. ``on_commit`` runs right after the commit (and after that fsync
-        was handed to the thread, when fsyncs go there), before the wait.
+        before it. ``on_commit`` is awaited right after the commit (and after that
+        fsync was handed to the thread, when fsyncs go there), before the wait.
         """
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
@@ -165,7 +165,7 @@ class Database:
             # cycle woken by the poke would otherwise run first and hold it back.
             self.wal_sync.start(position)
         if on_commit is not None:
-            on_commit()
+            await on_commit()
         if durable and self.wal_sync is not None:
             await self.wal_sync.wait(position)
 
