@@ -37,6 +37,7 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     "corral.server.store.events": [(None, "append", "server: events append", True)],
     "corral.server.loops.schedule": [
         ("SchedulingLoop", "cycle", "server: cycle", True),
+        ("SchedulingLoop", "place_in", "server: cycle in the submission", True),
         ("SchedulingLoop", "_remember", "server: cycle remembers", False),
     ],
     "corral.server.loops.leader": [("AdvisoryLockLeader", "acquire", "server: leader check", True)],

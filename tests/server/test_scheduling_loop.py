@@ -221,3 +221,97 @@ async def test_an_end_pokes_the_scheduler_only_when_work_waits(world: World) -> 
     requeued = await world.plane.jobs.get(ADMIN, c.jobs[0].job_id)
     still_queued = requeued.state is JobState.QUEUED  # waiting out its retry backoff
     assert world.plane.rt.work_waiting is still_queued
+
+
+# -- a lone submission to a quiet server is placed in its own transaction ------------------
+
+
+async def _quiet(world: World) -> None:
+    """A leading loop whose last cycle left nothing waiting (what ``run`` would reach)."""
+    world.plane.schedule.leading = True
+    await world.cycle()
+    assert not world.plane.rt.work_waiting
+    world.plane.rt.schedule_needed.clear()
+
+
+async def test_a_lone_submission_to_a_quiet_server_is_placed_in_its_own_transaction(
+    world: World,
+) -> None:
+    await world.agent("n1", gpus=1)
+    await _quiet(world)
+    cycles = world.plane.schedule.cycles
+    rec = await world.submit(resources={"gpus": 1})
+    job = await world.job(rec.job.id)
+    if world.plane.rt.db.is_postgres:  # replicas: the leader's loop places it, never a write
+        assert job.state is JobState.QUEUED
+        assert world.plane.rt.schedule_needed.fired
+        return
+    assert job.state is JobState.PLACED, "placed before the submission returned"
+    assert world.plane.schedule.cycles == cycles + 1
+    assert [a.jobs[0].job_id for a in world.link.sent.assigned] == [rec.job.id]
+    assert not world.plane.rt.schedule_needed.fired, "no second cycle for what is placed"
+    events = await world.events(rec.job.id)
+    assert [e.kind.value for e in events] == ["job.submitted", "job.placed"]
+    assert events[0].at == events[1].at, "one transaction: one time for both"
+
+
+async def test_place_on_submit_off_leaves_it_to_the_loop(db_url: str, tmp_path: Path) -> None:
+    world = await World.open(db_url, tmp_path, place_on_submit=False)
+    try:
+        await world.agent("n1", gpus=1)
+        await _quiet(world)
+        rec = await world.submit(resources={"gpus": 1})
+        assert (await world.job(rec.job.id)).state is JobState.QUEUED
+        assert world.plane.rt.schedule_needed.fired
+        await world.cycle()
+        assert (await world.job(rec.job.id)).state is JobState.PLACED
+    finally:
+        await world.close()
+
+
+async def test_work_already_waiting_takes_the_loop_path(world: World) -> None:
+    await world.agent("n1", gpus=1)
+    await _quiet(world)
+    big = await world.submit(resources={"gpus": 4})  # fits nowhere: the loop keeps it waiting
+    await world.cycle()
+    assert world.plane.rt.work_waiting
+    world.plane.rt.schedule_needed.clear()
+    rec = await world.submit(resources={"gpus": 1})
+    assert (await world.job(rec.job.id)).state is JobState.QUEUED
+    assert world.plane.rt.schedule_needed.fired
+    await world.cycle()
+    assert (await world.job(rec.job.id)).state is JobState.PLACED
+    assert (await world.job(big.job.id)).state is JobState.QUEUED
+
+
+async def test_a_cycle_failing_inside_a_submission_leaves_the_submission_standing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = await World.open(str(tmp_path / "corral.db"), tmp_path)  # SQLite: it schedules
+    try:
+        await _a_failing_cycle(world, caplog)
+    finally:
+        await world.close()
+
+
+async def _a_failing_cycle(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    await world.agent("n1", gpus=1)
+    await _quiet(world)
+    loop = world.plane.schedule
+    schedule = loop.schedule
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("scheduler bug")
+
+    loop.schedule = broken  # type: ignore[assignment]
+    rec = await world.submit(resources={"gpus": 1})
+    assert "scheduling inside a submission failed" in caplog.text
+    job = await world.job(rec.job.id)
+    assert job.state is JobState.QUEUED, "accepted all the same"
+    assert await world.kinds(rec.job.id) == ["job.submitted"]
+    assert world.plane.rt.schedule_needed.fired, "the loop is told to schedule it"
+    assert world.link.sent.assigned == []
+    loop.schedule = schedule
+    await world.cycle()
+    assert (await world.job(rec.job.id)).state is JobState.PLACED
+    assert [a.jobs[0].job_id for a in world.link.sent.assigned] == [rec.job.id]
