@@ -102,9 +102,9 @@ class GroupCommitter:
                     outcomes.append((future, *await _attempt(tx, unit)))
                 else:
                     outcomes.append((future, True, await _bare(tx, unit)))
-            if tx.reschedule and len(group) == 1 and self.place is not None:
-                if await self.place(tx):  # scheduled already: no cycle of its own
-                    tx.reschedule = False
+            place = self.place
+            if tx.reschedule and len(group) == 1 and place is not None and await place(tx):
+                tx.reschedule = False  # scheduled inside this transaction: no cycle of its own
         return outcomes
 
 
