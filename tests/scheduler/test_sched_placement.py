@@ -35,6 +35,26 @@ CASES = [
         want_cards={"j": (6,)},
     ),
     Case(
+        "a retry passes over the node where it failed, best fit or not",
+        nodes=[node("empty").gpus(8), node("busy").gpus(8)],
+        allocs=[alloc("x", "busy").cards(0, 1, 2, 3, 4, 5)],
+        jobs=[job("j").gpus(1).set(avoid_nodes=frozenset({"busy"}), attempt=1)],
+        want_on={"j": "empty"},
+    ),
+    Case(
+        "a retry goes back to the node where it failed when nothing else fits now",
+        nodes=[node("full").gpus(8), node("busy").gpus(8)],
+        allocs=[alloc("x", "full").cards(*range(8)), alloc("y", "busy").cards(0, 1, 2, 3)],
+        jobs=[job("j").gpus(2).set(avoid_nodes=frozenset({"busy"}), attempt=1)],
+        want_on={"j": "busy"},
+    ),
+    Case(
+        "nodes a retry passes over that have left the cluster change nothing",
+        nodes=[node("n1").gpus(8)],
+        jobs=[job("j").gpus(1).set(avoid_nodes=frozenset({"gone"}), attempt=1)],
+        want_on={"j": "n1"},
+    ),
+    Case(
         "a job too big for the busy node takes the empty one",
         nodes=[node("empty").gpus(8), node("busy").gpus(8)],
         allocs=[alloc("x", "busy").cards(0, 1, 2, 3, 4, 5)],

@@ -86,6 +86,42 @@ async def test_failing_twice_on_one_node_is_not_several_nodes(world: World) -> N
     assert (rec.state, rec.failures) == (JobState.QUEUED, 3)
 
 
+async def test_a_retry_runs_on_another_node_when_one_has_room(world: World) -> None:
+    """Best fit alone would send the retry back to the node that just failed it (its card
+    is free again and it is the fuller node); the retry passes that node over."""
+    job = await world.submit(resources={"gpus": 1}, max_attempts=3)
+    n1 = await world.agent("n1", gpus=2)
+    await world.cycle()
+    first = await n1.next_assignment()
+    n2 = await world.agent("n2", gpus=2)
+    await world.submit(resources={"gpus": 1})  # keeps n1 the fuller node: best fit's pick
+    await world.cycle()
+    filler = await n1.next_assignment()
+    assert filler.jobs[0].job_id != job.job.id
+    await n1.start(first)
+    await n1.fail(first, "CUDA error: an illegal memory access was encountered")
+    world.clock.advance(600)  # past the backoff
+    await n1.heartbeat()
+    await n2.heartbeat()
+    await world.cycle()
+    retry = await n2.next_assignment()
+    assert retry.jobs[0].job_id == job.job.id
+    rec = await world.job(job.job.id)
+    assert (rec.state, rec.node, rec.job.avoid_nodes) == (JobState.PLACED, "n2", {"n1"})
+
+
+async def test_a_retry_goes_back_to_the_node_it_failed_on_when_no_other_has_room(
+    world: World,
+) -> None:
+    job = await world.submit(resources={"gpus": 1}, max_attempts=3)
+    n1 = await world.agent("n1")
+    await run_and_fail(world, n1, "flaky")
+    await run_and_fail(world, n1, "flaky")  # the only node: it runs there again
+    rec = await world.job(job.job.id)
+    assert (rec.state, rec.failures) == (JobState.QUEUED, 2)
+    assert [e.node for e in rec.attempt_errors] == ["n1", "n1"]
+
+
 async def test_different_failures_use_every_attempt(world: World) -> None:
     job = await world.submit(resources={"gpus": 1}, max_attempts=3)
     for name, error in (("n1", "disk full"), ("n2", "CUDA out of memory"), ("n3", "timeout")):

@@ -144,6 +144,8 @@ class Job:
     estimated_runtime_s: float | None = None
     state: JobState = JobState.QUEUED
     attempt: int = 0
+    # Nodes where earlier attempts failed: a retry goes elsewhere when it fits elsewhere now.
+    avoid_nodes: frozenset[str] = frozenset()
 
     def __init__(  # noqa: PLR0913 (the dataclass's fields, as the generated one takes them)
         self,
@@ -169,6 +171,7 @@ class Job:
         estimated_runtime_s: float | None = None,
         state: JobState = JobState.QUEUED,
         attempt: int = 0,
+        avoid_nodes: frozenset[str] = frozenset(),
     ) -> None:
         if not id:
             raise InvalidSpec("id", "must not be empty")
@@ -205,6 +208,7 @@ class Job:
         object.__setattr__(self, "estimated_runtime_s", estimated_runtime_s)
         object.__setattr__(self, "state", state)
         object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "avoid_nodes", avoid_nodes)
 
     @property
     def gang(self) -> bool:

@@ -151,26 +151,47 @@ class Cycle:
         """``find(need)`` is known to find nothing now (a memo hit)."""
         return self._failed.get(need) == self.cap.generation
 
-    def find(self, need: Need, model: str | None, runtime: float | None = None) -> Fit | None:
+    def find(
+        self,
+        need: Need,
+        model: str | None,
+        runtime: float | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Fit | None:
         """The best place for ``need`` now, or ``None`` (cached until capacity grows).
 
         ``runtime``: the job's estimated run time, when known (end-together scoring).
+        ``avoid``: nodes to pass over while the need fits anywhere else (where a job's
+        earlier attempts failed); where nothing else fits, they are used all the same.
+        That a need fits at all does not depend on ``avoid``, so the memo holds.
         """
         if self._failed.get(need) == self.cap.generation:
             return None
         limit = self.config.candidates_per_tier
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:
             limit = 1  # no locality, no end time: the best-fit order is the score order
-        seen: set[int] = set()
+        candidates: list[Candidate] = []
+        if avoid:
+            passed = self.cap.by_name
+            skip = {passed[n].idx for n in avoid if n in passed}
+            candidates = self._candidates(need, model, runtime, limit, skip)
+        if not candidates:
+            candidates = self._candidates(need, model, runtime, limit, set())
+        if not candidates:
+            self._failed.put(need, self.cap.generation)
+            return None
+        return choose(need, candidates, self._chain)
+
+    def _candidates(
+        self, need: Need, model: str | None, runtime: float | None, limit: int, seen: set[int]
+    ) -> list[Candidate]:
+        """Up to ``limit`` fits per tier, nodes in ``seen`` passed over."""
         candidates: list[Candidate] = []
         for sources in self._tiers(need, model):
             for fit in search(need, sources, limit, seen):
                 gap = self._end_gap(fit.node, runtime)
                 candidates.append(Candidate(fit, locality(fit.node, model), gap))
-        if not candidates:
-            self._failed.put(need, self.cap.generation)
-            return None
-        return choose(need, candidates, self._chain)
+        return candidates
 
     def _end_gap(self, nc: NodeCap, runtime: float | None) -> float | None:
         """How far apart this job's end and the node's expected end are, in [0, 1]."""

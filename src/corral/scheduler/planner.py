@@ -251,7 +251,7 @@ class Planner:
         """All replicas on the working copy, or none (rolled back)."""
         if not job.gang:
             runtime = job.estimated_runtime_s
-            fit = self.cycle.find(need, job.model, runtime)
+            fit = self.cycle.find(need, job.model, runtime, job.avoid_nodes)
             if fit is not None:
                 self.cycle.take(fit, runtime)
             return None if fit is None else [fit]

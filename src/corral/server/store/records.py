@@ -178,6 +178,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
 
 def job_from_row(row: Any) -> JobRecord:
     spec = row.spec
+    errors = tuple(AttemptError.from_json(e) for e in row.attempt_errors or ())
     job = Job(
         id=row.id,
         resources=resources_from_json(spec["resources"]),
@@ -201,6 +202,7 @@ def job_from_row(row: Any) -> JobRecord:
         estimated_runtime_s=spec.get("estimated_runtime_s"),
         state=JobState(row.state),
         attempt=row.attempt,
+        avoid_nodes=frozenset(e.node for e in errors if e.node) if errors else frozenset(),
     )
     return JobRecord(
         job=job,
@@ -215,7 +217,7 @@ def job_from_row(row: Any) -> JobRecord:
         checkpoint=row.checkpoint,
         checkpoint_step=row.checkpoint_step,
         resumed_step=row.resumed_step,
-        attempt_errors=tuple(AttemptError.from_json(e) for e in row.attempt_errors or ()),
+        attempt_errors=errors,
         stop_request=row.stop_request,
         error=row.error,
         result=tuple(ResultFile.from_json(f) for f in row.result or ()),
