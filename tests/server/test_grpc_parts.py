@@ -115,6 +115,22 @@ def test_an_upload_resumes_overlaps_harmlessly_and_a_retry_is_the_same_blob(tmp_
     asyncio.run(scenario())
 
 
+def test_a_deleted_upload_leaves_no_empty_folders_and_the_same_bytes_are_stored_again(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        up, store = uploads(tmp_path), LocalBlobStore(tmp_path)
+        done = await up.receive(stream(chunks()))
+        assert await store.delete(done.blob_id)  # a replaced checkpoint (services/checkpoints)
+        assert not await store.delete(done.blob_id), "already gone"
+        assert list(tmp_path.iterdir()) == [], "its empty folders went with it"
+        again = await up.receive(stream(chunks()))
+        assert again.blob_id == done.blob_id
+        assert await up.read_for("al_1", 1, again.blob_id) == DATA
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("case", "want_code"),
     [

@@ -1,4 +1,4 @@
-"""The blob store seam: result files and preview images.
+"""The blob store seam: result files, preview images and uploaded checkpoints.
 
 ``LocalBlobStore`` keeps them under one directory. A blob is written to a
 temporary file, flushed to disk and renamed into place, so a reader never
@@ -41,6 +41,10 @@ class BlobStore(Protocol):
         """A local file for ``key`` (to stream it), or None when the store is remote."""
         ...
 
+    async def delete(self, key: str) -> bool:
+        """Remove ``key``; False when there was nothing to remove."""
+        ...
+
 
 def check_key(key: str) -> str:
     """Refuse keys that could escape the store (``..``, absolute paths, odd characters)."""
@@ -70,6 +74,25 @@ class LocalBlobStore:
     def path(self, key: str) -> Path | None:
         path = self.root / check_key(key)
         return path if path.is_file() else None
+
+    async def delete(self, key: str) -> bool:
+        return await asyncio.to_thread(_remove, self.root, self.root / check_key(key))
+
+
+def _remove(root: Path, path: Path) -> bool:
+    """Unlink ``path``, then its folders up to ``root`` that it leaves empty."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    folder = path.parent
+    while folder != root and root in folder.parents:
+        try:
+            folder.rmdir()  # only if empty: a blob written there meanwhile keeps it
+        except OSError:
+            break
+        folder = folder.parent
+    return True
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -53,7 +53,6 @@ class Uploads:
         self._max = max_bytes
         self._idle_s = idle_s
         self._partial: dict[tuple[str, int, str], _Partial] = {}
-        self._done: set[str] = set()
 
     async def receive(self, chunks: AsyncIterator[pb.BlobChunk]) -> pb.BlobAck:
         """Take one call's chunks; answer with the blob id, or with how much arrived so far."""
@@ -125,11 +124,12 @@ class Uploads:
         done = blob_id(key[0], key[1], sha)
         if not self._has(done):
             await self._blobs.put(done, data)
-            self._done.add(done)
         return pb.BlobAck(blob_id=done, received=len(data))
 
     def _has(self, blob: str) -> bool:
-        return blob in self._done or self._blobs.path(blob) is not None
+        """Stored already, as the store says now (a replaced checkpoint is deleted from it:
+        the same bytes uploaded again are stored again)."""
+        return self._blobs.path(blob) is not None
 
     def _forget_idle(self) -> None:
         cutoff = self._clock.now() - self._idle_s

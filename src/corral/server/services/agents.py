@@ -37,6 +37,7 @@ from corral.server.agentlink.base import (
     StopReason,
 )
 from corral.server.services.auth import AuthService, TokenKind
+from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.group import GroupCommitter
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
@@ -314,6 +315,8 @@ class AgentService:
             await alloc_repo.update(tx.conn, rec, last_checkpoint_at=tx.now)
             for job in await self._current_jobs(tx, rec, job_id):
                 await job_repo.update(tx.conn, job, checkpoint=ref, checkpoint_step=step or None)
+                if job.checkpoint != ref:  # the one it replaces is no use to anyone now
+                    drop_after_commit(self.rt, tx, job.checkpoint)
                 tx.emit(
                     EventKind.JOB_CHECKPOINT,
                     team=job.job.team,

@@ -20,6 +20,7 @@ from corral.core.model import Job
 from corral.core.states import JOB, JobState, transition
 from corral.server.agentlink.base import StopReason
 from corral.server.services.auth import Principal
+from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.group import GroupCommitter
 from corral.server.services.settling import request_stop
 from corral.server.services.unit import Runtime, Tx
@@ -203,6 +204,7 @@ class JobService:
         )
         if not ok:
             raise Conflict(f"job {rec.job.id} changed while cancelling it; retry")
+        drop_after_commit(self.rt, tx, rec.checkpoint)  # a requeued job may have one
         self.rt.metrics.finished.labels(target.value).inc()
         tx.emit(
             EventKind.JOB_CANCELLED,

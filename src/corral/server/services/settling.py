@@ -24,6 +24,7 @@ from corral.core.states import (
 )
 from corral.server.agentlink.base import StopOrder, StopReason
 from corral.server.services.attempts import nodes_failing_alike, remember, summary
+from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.node_health import note_outcome
 from corral.server.services.outcomes import Ending, Settlement, backoff_s, settle
 from corral.server.services.unit import Runtime, Tx
@@ -180,6 +181,7 @@ async def apply_settlement(
     else:
         values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
         tx.count(lambda: _observe_finish(rt, job, target, tx.now))
+        drop_after_commit(rt, tx, job.checkpoint)  # it will never resume now
     values |= {"state": target.value, "failures": failures}
     if started:
         values["started_at"] = tx.now

@@ -1,0 +1,113 @@
+"""Uploaded checkpoints are deleted once no attempt can resume from them (services/checkpoints.py).
+
+* a checkpoint replaced by a newer one is deleted; the newer one stays;
+* a requeued job keeps its latest one (its next attempt resumes from it), and it goes when
+  the job ends: succeeded, failed for good, cancelled;
+* a checkpoint on shared storage, or a blob not named as the upload service names them, is
+  never touched.
+"""
+
+from __future__ import annotations
+
+import pytest
+from server_harness import ADMIN, World
+
+from corral.core.states import JobState
+from corral.server.agentlink.base import Assignment
+from corral.server.agentlink.inprocess import StubAgent
+from corral.server.services.checkpoints import uploaded
+
+pytestmark = pytest.mark.anyio
+
+
+async def _upload(world: World, a: Assignment, name: str) -> str:
+    """Store a checkpoint as the upload service would; its ``blob:`` reference."""
+    key = f"uploads/{a.allocation_id}/{a.attempt}/{name}"
+    await world.plane.rt.blobs.put(key, b"weights " + name.encode())
+    return f"blob:{key}"
+
+
+def _stored(world: World, ref: str) -> bool:
+    return world.plane.rt.blobs.path(ref.removeprefix("blob:")) is not None
+
+
+async def _running(world: World, name: str = "n1", **spec: object) -> tuple[StubAgent, Assignment]:
+    job = await world.submit(resources={"gpus": 1}, kind="train", **spec)
+    agent = await world.agent(name)
+    await world.cycle()
+    a = await agent.next_assignment()
+    assert a.jobs[0].job_id == job.job.id
+    await agent.start(a)
+    return agent, a
+
+
+async def test_a_replaced_checkpoint_is_deleted_and_the_latest_kept(world: World) -> None:
+    agent, a = await _running(world)
+    first, second = await _upload(world, a, "aa"), await _upload(world, a, "bb")
+    await agent.checkpoint(a, first, step=10)
+    assert _stored(world, first)
+    await agent.checkpoint(a, second, step=20)
+    assert not _stored(world, first), "no attempt can resume from it any more"
+    assert _stored(world, second)
+    await agent.checkpoint(a, second, step=20)  # reported twice: still the one to keep
+    assert _stored(world, second)
+    await agent.checkpoint(a, "/shared/ck/30", step=30)  # shared storage: the user's
+    assert not _stored(world, second)
+    job = await world.job(a.jobs[0].job_id)
+    assert (job.checkpoint, job.checkpoint_step) == ("/shared/ck/30", 30)
+
+
+async def test_the_latest_checkpoint_stays_through_a_retry_and_goes_when_the_job_ends(
+    world: World,
+) -> None:
+    agent, a = await _running(world, max_attempts=3)
+    ref = await _upload(world, a, "cc")
+    await agent.checkpoint(a, ref, step=40)
+    await agent.fail(a, "CUDA error: unspecified launch failure")
+    job = await world.job(a.jobs[0].job_id)
+    assert job.state is JobState.QUEUED
+    assert _stored(world, ref), "the next attempt resumes from it"
+
+    world.clock.advance(600)  # past the backoff
+    await agent.heartbeat()
+    await world.cycle()
+    retry = await agent.next_assignment()
+    assert retry.jobs[0].checkpoint == ref
+    await agent.start(retry)
+    await agent.finish(retry)
+    assert (await world.job(job.job.id)).state is JobState.SUCCEEDED
+    assert not _stored(world, ref)
+    assert (await world.job(job.job.id)).checkpoint == ref, "kept in the job as history"
+
+
+async def test_a_job_failing_for_good_or_cancelled_leaves_no_checkpoint(world: World) -> None:
+    agent, a = await _running(world, max_attempts=1)
+    ref = await _upload(world, a, "dd")
+    await agent.checkpoint(a, ref, step=5)
+    await agent.fail(a, "disk full")
+    assert (await world.job(a.jobs[0].job_id)).state is JobState.FAILED
+    assert not _stored(world, ref)
+
+    await world.plane.nodes.pause(ADMIN, "n1")  # the next job runs on n2
+    agent2, b = await _running(world, "n2")
+    ref2 = await _upload(world, b, "ee")
+    await agent2.checkpoint(b, ref2, step=5)
+    agent2.disconnect()
+    await world.tick(after=31)  # the node is lost: the job requeues with its checkpoint
+    assert (await world.job(b.jobs[0].job_id)).state is JobState.QUEUED
+    assert _stored(world, ref2)
+    await world.plane.jobs.cancel(ADMIN, b.jobs[0].job_id)
+    assert not _stored(world, ref2)
+
+
+def test_only_the_upload_services_blobs_are_ever_deleted() -> None:
+    assert uploaded("blob:uploads/al_1/2/abc") == ("uploads/al_1/2/abc", "al_1")
+    for ref in (
+        None,
+        "/shared/ck/1",
+        "s3://bucket/ck",
+        "blob:results/j/1/out.png",
+        "blob:uploads/al_1/abc",
+        "blob:uploads//2/abc",
+    ):
+        assert uploaded(ref) is None, ref
