@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
@@ -123,12 +125,81 @@ def test_a_deleted_upload_leaves_no_empty_folders_and_the_same_bytes_are_stored_
         done = await up.receive(stream(chunks()))
         assert await store.delete(done.blob_id)  # a replaced checkpoint (services/checkpoints)
         assert not await store.delete(done.blob_id), "already gone"
-        assert list(tmp_path.iterdir()) == [], "its empty folders went with it"
+        assert not (tmp_path / "uploads").exists(), "its empty folders went with it"
         again = await up.receive(stream(chunks()))
         assert again.blob_id == done.blob_id
         assert await up.read_for("al_1", 1, again.blob_id) == DATA
 
     asyncio.run(scenario())
+
+
+def test_an_upload_is_assembled_on_disk_and_leaves_no_scratch_behind(tmp_path: Path) -> None:
+    scratch = tmp_path / ".partial"
+
+    async def scenario() -> None:
+        up = uploads(tmp_path)
+        await up.receive(stream(chunks(stop=4000)))
+        files = list(scratch.iterdir())
+        assert [f.stat().st_size for f in files] == [4000], "the bytes so far, on disk"
+        done = await up.receive(stream(chunks(start=4000)))
+        assert list(scratch.iterdir()) == [], "moved into place"
+        assert (tmp_path / done.blob_id).read_bytes() == DATA
+        again = await up.receive(stream(chunks()))  # the same bytes: stored once
+        assert again.blob_id == done.blob_id
+        assert list(scratch.iterdir()) == []
+
+    asyncio.run(scenario())
+
+
+def test_refused_and_abandoned_uploads_delete_their_scratch_files(tmp_path: Path) -> None:
+    scratch = tmp_path / ".partial"
+
+    async def scenario() -> None:
+        clock = VirtualClock()
+        up = Uploads(LocalBlobStore(tmp_path), clock, max_bytes=5000, idle_s=60)
+        with pytest.raises(UploadError):
+            await up.receive(stream(chunks()))  # 10 KiB against a 5,000-byte limit
+        assert list(scratch.iterdir()) == []
+        await up.receive(stream(chunks(stop=4000, sha="0" * 64)))
+        with pytest.raises(UploadError):  # too big on the way
+            await up.receive(stream(chunks(start=4000, sha="0" * 64)))
+        await up.receive(stream(chunks(stop=2000, alloc="al_2")))
+        assert len(list(scratch.iterdir())) == 1
+        clock.advance(61)
+        await up.receive(stream(chunks(probe=True, alloc="al_3")))  # any call sweeps
+        assert list(scratch.iterdir()) == [], "abandoned; and a probe starts no file"
+        await up.receive(stream(chunks(stop=2000, alloc="al_4")))
+        up.close()  # the server stops
+        assert list(scratch.iterdir()) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_deletes_scratch_files_no_upload_writes_any_more(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    old, fresh = store.scratch("al_1-1-old"), store.scratch("al_1-1-fresh")
+    old.write_bytes(b"cut off")
+    fresh.write_bytes(b"a replica is writing this")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    Uploads(store, VirtualClock(), max_bytes=1 << 20, idle_s=600)
+    assert (old.exists(), fresh.exists()) == (False, True)
+
+
+def test_a_fetch_streams_the_file_from_an_offset(tmp_path: Path) -> None:
+    async def scenario() -> list[pb.BlobChunk]:
+        up = uploads(tmp_path)
+        done = await up.receive(stream(chunks()))
+        request = pb.BlobRequest(allocation_id="al_9", attempt=2, blob_id=done.blob_id, offset=3000)
+        return list(up.chunks(request, 4096))
+
+    got = asyncio.run(scenario())
+    assert [c.offset for c in got] == [3000, 7096]
+    assert b"".join(c.data for c in got) == DATA[3000:]
+    assert [c.last for c in got] == [False, True]
+    assert {c.sha256 for c in got} == {SHA}
+    with pytest.raises(UploadError) as caught:
+        list(uploads(tmp_path).chunks(pb.BlobRequest(blob_id=f"uploads/al_1/1/{'0' * 64}"), 10))
+    assert caught.value.code == "NOT_FOUND"
 
 
 @pytest.mark.parametrize(

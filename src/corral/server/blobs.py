@@ -10,10 +10,12 @@ accepted result therefore always has its bytes on disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -43,6 +45,18 @@ class BlobStore(Protocol):
 
     async def delete(self, key: str) -> bool:
         """Remove ``key``; False when there was nothing to remove."""
+        ...
+
+    def scratch(self, name: str) -> Path:
+        """A file to assemble a blob in (an upload in progress), beside the store's files."""
+        ...
+
+    async def put_file(self, key: str, source: Path) -> None:
+        """Move the finished ``scratch`` file ``source`` into place as ``key``, durably."""
+        ...
+
+    def clear_scratch(self, idle_s: float) -> int:
+        """Delete scratch files untouched for ``idle_s``; how many."""
         ...
 
 
@@ -77,6 +91,35 @@ class LocalBlobStore:
 
     async def delete(self, key: str) -> bool:
         return await asyncio.to_thread(_remove, self.root, self.root / check_key(key))
+
+    def scratch(self, name: str) -> Path:
+        path = self.root / SCRATCH / check_key(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    async def put_file(self, key: str, source: Path) -> None:
+        await asyncio.to_thread(_move_durably, source, self.root / check_key(key))
+
+    def clear_scratch(self, idle_s: float) -> int:
+        """Delete scratch files untouched for ``idle_s`` (uploads a restart cut off start
+        over; a replica sharing the folder keeps the ones it is still writing)."""
+        cutoff, removed = time.time() - idle_s, 0
+        for path in (self.root / SCRATCH).glob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+        return removed
+
+
+SCRATCH = ".partial"  # not a valid key (keys start with a letter or digit): never served
+
+
+def _move_durably(source: Path, path: Path) -> None:
+    with source.open("rb") as f:
+        os.fsync(f.fileno())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, path)
 
 
 def _remove(root: Path, path: Path) -> bool:

@@ -13,9 +13,8 @@ older one-string form ``path#step=N``, still understood.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from corral.core.model import Gpu
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -182,20 +181,3 @@ def log_line(line: pb.LogLine) -> str:
     if line.stream in ("", "stdout"):
         return line.line
     return f"[{line.stream}] {line.line}"
-
-
-def blob_chunks(request: pb.BlobRequest, data: bytes, size: int) -> Iterator[pb.BlobChunk]:
-    """``data`` from ``request.offset`` in chunks of ``size``; every chunk names the sha256."""
-    sha = hashlib.sha256(data).hexdigest()
-    start = min(max(0, request.offset), len(data))
-    offsets = range(start, len(data), size) if start < len(data) else [start]
-    for offset in offsets:
-        yield pb.BlobChunk(
-            allocation_id=request.allocation_id,
-            attempt=request.attempt,
-            name=request.blob_id,
-            offset=offset,
-            data=data[offset : offset + size],
-            last=offset + size >= len(data),
-            sha256=sha,
-        )

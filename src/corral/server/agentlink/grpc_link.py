@@ -188,6 +188,7 @@ class GrpcLink:
         self.stats = LinkStats()
         self.address: str | None = None  # grpc://host:port once started
         self._server: Any = None
+        self._uploads: Uploads | None = None
         # Models (issue 10, see model_wire.py): registry lookups for assignments, where agents
         # find the server's model files, and who hears the agents' model reports.
         self.model_refs: RefLookup = no_refs
@@ -250,7 +251,9 @@ class GrpcLink:
         s = self.settings
         if registry is not None:
             self.stats.export(registry, lambda: len(self.sessions))
-        uploads = Uploads(blobs, clock, max_bytes=s.max_blob_bytes, idle_s=s.upload_idle_s)
+        uploads = self._uploads = Uploads(
+            blobs, clock, max_bytes=s.max_blob_bytes, idle_s=s.upload_idle_s
+        )
         server = grpc.aio.server(options=server_options(s.max_message_bytes))
         pb_grpc.add_AgentLinkServicer_to_server(
             AgentLinkService(self, inbound, uploads, s, clock), server
@@ -287,6 +290,8 @@ class GrpcLink:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        if self._uploads is not None:
+            self._uploads.close()
 
 
 def server_options(max_message_bytes: int) -> list[tuple[str, int]]:

@@ -133,11 +133,10 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 f"blob {r.blob_id} is not the checkpoint of a job {r.allocation_id} runs",
             )
         try:
-            data = await self.uploads.read(r.blob_id)
+            for chunk in self.uploads.chunks(r, FETCH_CHUNK_BYTES):  # read as they go out
+                yield chunk
         except UploadError as exc:
             await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        for chunk in convert.blob_chunks(r, data, FETCH_CHUNK_BYTES):
-            yield chunk
 
     async def _authenticate(self, context: Any) -> None:
         token = bearer(context.invocation_metadata())

@@ -12,15 +12,22 @@ past the message size limit. The blob id is the content address
 * a result may only name blobs of its own allocation and attempt
   (``read_for``): an agent cannot pass off another job's bytes as its own.
 
-Partial uploads live in memory (bounded by ``max_bytes`` each) and are
-forgotten after ``idle_s`` without a chunk.
+Partial uploads are assembled in a scratch file beside the blob store's
+files (``BlobStore.scratch``; never in memory, so a checkpoint of hundreds
+of MiB costs the server disk, not RAM), hashed as their bytes arrive,
+bounded by ``max_bytes`` each, and moved into place when complete; one with
+no chunk for ``idle_s`` is forgotten and its file deleted. ``FetchBlob``
+streams a blob from its file the same way (``chunks``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from corral.core.clock import Clock
 from corral.core.errors import CorralError, NotFound
@@ -42,8 +49,17 @@ def blob_id(allocation_id: str, attempt: int, sha256: str) -> str:
 
 @dataclass
 class _Partial:
-    data: bytearray = field(default_factory=bytearray)
+    """An upload in progress: its scratch file, how much arrived, the hash so far."""
+
+    path: Path
+    file: BinaryIO
+    size: int = 0
+    sha: Any = field(default_factory=hashlib.sha256)
     touched: float = 0.0
+
+    def drop(self) -> None:
+        self.file.close()
+        self.path.unlink(missing_ok=True)
 
 
 class Uploads:
@@ -53,6 +69,7 @@ class Uploads:
         self._max = max_bytes
         self._idle_s = idle_s
         self._partial: dict[tuple[str, int, str], _Partial] = {}
+        blobs.clear_scratch(idle_s)  # what a restart cut off: those uploads start over
 
     async def receive(self, chunks: AsyncIterator[pb.BlobChunk]) -> pb.BlobAck:
         """Take one call's chunks; answer with the blob id, or with how much arrived so far."""
@@ -66,26 +83,45 @@ class Uploads:
                 done = blob_id(chunk.allocation_id, chunk.attempt, chunk.sha256)
                 if self._has(done):
                     return pb.BlobAck(blob_id=done)
-            part = self._partial.setdefault(key, _Partial())
-            part.touched = self._clock.now()
-            if first and not chunk.data and not chunk.last:
-                return pb.BlobAck(received=len(part.data))  # a probe: resume from here
+            part = self._partial.get(key)
+            if first and not chunk.data and not chunk.last:  # a probe: resume from here
+                return pb.BlobAck(received=part.size if part else 0)
             first = False
-            if chunk.offset > len(part.data):
-                return pb.BlobAck(received=len(part.data))  # a gap: send again from here
-            self._append(part, chunk)
+            part = part or self._start(key)
+            part.touched = self._clock.now()
+            if chunk.offset > part.size:
+                return pb.BlobAck(received=part.size)  # a gap: send again from here
+            self._append(key, part, chunk)
             if chunk.last:
                 return await self._complete(key, part, chunk.sha256)
-        return pb.BlobAck(received=len(part.data) if part else 0)
+        return pb.BlobAck(received=part.size if part else 0)
 
-    async def read(self, blob: str) -> bytes:
-        """The bytes of an uploaded blob (the caller checked who may read it)."""
-        if not blob.startswith("uploads/") or ".." in blob:
-            raise UploadError("INVALID_ARGUMENT", f"not an uploaded blob: {blob!r}")
-        try:
-            return await self._blobs.get(blob)
-        except NotFound:
-            raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded") from None
+    def chunks(self, request: pb.BlobRequest, size: int) -> Iterator[pb.BlobChunk]:
+        """An uploaded blob from ``request.offset`` in chunks of ``size``, read from its file
+        as they are sent; every chunk names the blob's sha256 (the last part of its id)."""
+        blob = request.blob_id
+        path = self._blobs.path(blob) if blob.startswith("uploads/") else None
+        if path is None or ".." in blob:
+            raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded")
+        sha = blob.rsplit("/", 1)[-1]
+        with path.open("rb") as f:
+            total = os.fstat(f.fileno()).st_size
+            offset = min(max(0, request.offset), total)
+            f.seek(offset)
+            while True:
+                data = f.read(size)
+                yield pb.BlobChunk(
+                    allocation_id=request.allocation_id,
+                    attempt=request.attempt,
+                    name=blob,
+                    offset=offset,
+                    data=data,
+                    last=offset + len(data) >= total,
+                    sha256=sha,
+                )
+                offset += len(data)
+                if offset >= total:
+                    return
 
     def owns(self, allocation_id: str, attempt: int, blob: str) -> bool:
         """Whether ``blob`` is an upload of this allocation and attempt."""
@@ -102,29 +138,52 @@ class Uploads:
         except NotFound:
             raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded") from None
 
-    def _append(self, part: _Partial, chunk: pb.BlobChunk) -> None:
-        skip = len(part.data) - chunk.offset  # bytes of this chunk already received
-        if skip < len(chunk.data):
-            part.data += chunk.data[skip:]
-        if len(part.data) > self._max:
-            self._partial = {k: v for k, v in self._partial.items() if v is not part}
+    def _start(self, key: tuple[str, int, str]) -> _Partial:
+        name = hashlib.sha256(repr(key).encode()).hexdigest()  # any name the sender chose
+        path = self._blobs.scratch(f"{key[0]}-{key[1]}-{name}")
+        part = self._partial[key] = _Partial(path, path.open("wb", buffering=0))
+        return part
+
+    def _append(self, key: tuple[str, int, str], part: _Partial, chunk: pb.BlobChunk) -> None:
+        skip = part.size - chunk.offset  # bytes of this chunk already received
+        if skip >= len(chunk.data):
+            return
+        new = chunk.data[skip:] if skip else chunk.data
+        if part.size + len(new) > self._max:
+            self._forget(key)
             raise UploadError(
                 "RESOURCE_EXHAUSTED",
                 f"blob {chunk.name} is larger than the limit of {self._max} bytes",
             )
+        part.file.write(new)
+        part.sha.update(new)
+        part.size += len(new)
 
     async def _complete(self, key: tuple[str, int, str], part: _Partial, want: str) -> pb.BlobAck:
-        data = bytes(part.data)
-        self._partial.pop(key, None)
-        sha = hashlib.sha256(data).hexdigest()
+        del self._partial[key]
+        part.file.close()
+        sha = part.sha.hexdigest()
         if want and want != sha:
+            part.path.unlink(missing_ok=True)
             raise UploadError(
                 "DATA_LOSS", f"blob {key[2]}: sha256 {sha} does not match the sender's {want}"
             )
         done = blob_id(key[0], key[1], sha)
-        if not self._has(done):
-            await self._blobs.put(done, data)
-        return pb.BlobAck(blob_id=done, received=len(data))
+        if self._has(done):
+            part.path.unlink(missing_ok=True)
+        else:
+            await self._blobs.put_file(done, part.path)
+        return pb.BlobAck(blob_id=done, received=part.size)
+
+    def close(self) -> None:
+        """Drop every upload in progress (the server stops: their senders start over)."""
+        for key in list(self._partial):
+            self._forget(key)
+
+    def _forget(self, key: tuple[str, int, str]) -> None:
+        part = self._partial.pop(key, None)
+        if part is not None:
+            part.drop()
 
     def _has(self, blob: str) -> bool:
         """Stored already, as the store says now (a replaced checkpoint is deleted from it:
@@ -133,7 +192,8 @@ class Uploads:
 
     def _forget_idle(self) -> None:
         cutoff = self._clock.now() - self._idle_s
-        self._partial = {k: v for k, v in self._partial.items() if v.touched >= cutoff}
+        for key in [k for k, v in self._partial.items() if v.touched < cutoff]:
+            self._forget(key)
 
 
 def _validate(chunk: pb.BlobChunk) -> None:
