@@ -47,6 +47,7 @@ class Inbound:
         self.hellos: list[tuple[Inventory, list[Running]]] = []
         self.calls: list[tuple[str, Any]] = []
         self.results: list[ResultBlob] = []
+        self.uploads_taken: list[str] = []  # results the server took from uploads
         self.fail_finished = 0
         self.fail_heartbeat = 0
 
@@ -114,6 +115,9 @@ class Inbound:
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         return True
 
+    async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
+        self.uploads_taken.extend(blob_ids)
+
     def kinds(self) -> list[str]:
         return [k for k, _ in self.calls]
 
@@ -138,6 +142,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     executors: dict[str, Executor] = {
         "scripted": ScriptedExecutor(clock),
         "python": PythonExecutor(huge, clock),
+        "medium": PythonExecutor(medium, clock),
     }
     supervisor = Supervisor(executors, clock, default="scripted")
     settings = LinkSettings(token=TOKEN, inline_bytes=64, backoff_base_s=0.02, backoff_cap_s=0.1)
@@ -163,6 +168,11 @@ def _dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def medium(ctx: object) -> bytes:
+    """A handler whose result rides an upload (over ``inline_bytes``, under the limit)."""
+    return b"m" * 1_000
 
 
 def huge(ctx: object) -> bytes:
@@ -236,6 +246,17 @@ async def test_stop_orders_reach_the_running_work(pair: Pair) -> None:
 async def test_a_node_without_a_stream_is_a_link_error(pair: Pair) -> None:
     with pytest.raises(LinkError, match="not connected"):
         await pair.link.assign("nobody", work("al-4", "j5"))
+
+
+@pytest.mark.anyio
+async def test_a_result_uploaded_is_read_and_its_upload_released(pair: Pair) -> None:
+    await pair.until(pair.agent.connected.is_set)
+    await pair.link.assign("n1", work("al-6", "j7", backend="medium"))
+    await pair.until(lambda: "finished" in pair.inbound.kinds())
+    assert [r.data for r in pair.inbound.results] == [b"m" * 1_000]
+    await pair.until(lambda: pair.agent.supervisor.held() == [])
+    [taken] = pair.inbound.uploads_taken  # copied into the result: the server drops it
+    assert taken.startswith("uploads/al-6/1/")
 
 
 @pytest.mark.anyio

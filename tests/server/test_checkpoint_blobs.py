@@ -4,7 +4,9 @@
 * a requeued job keeps its latest one (its next attempt resumes from it), and it goes when
   the job ends: succeeded, failed for good, cancelled;
 * a checkpoint on shared storage, or a blob not named as the upload service names them, is
-  never touched.
+  never touched;
+* a result's upload goes once the server took the result, unless it is also a checkpoint
+  a job still resumes from.
 """
 
 from __future__ import annotations
@@ -111,3 +113,20 @@ def test_only_the_upload_services_blobs_are_ever_deleted() -> None:
         "blob:uploads//2/abc",
     ):
         assert uploaded(ref) is None, ref
+
+
+async def test_a_results_upload_goes_once_taken_unless_a_job_resumes_from_it(
+    world: World,
+) -> None:
+    agent, a = await _running(world)
+    result, checkpoint = await _upload(world, a, "ff"), await _upload(world, a, "gg")
+    await agent.checkpoint(a, checkpoint, step=1)
+    other = await _upload(world, a, "hh")
+    foreign = f"uploads/al_else/1/{'0' * 64}"
+    await world.plane.rt.blobs.put(foreign, b"another allocation's")
+    keys = [r.removeprefix("blob:") for r in (result, checkpoint, other)]
+    await world.plane.agents.uploads_read(a.allocation_id, [*keys, foreign])
+    assert not _stored(world, result)
+    assert _stored(world, checkpoint), "the running job resumes from it if requeued"
+    assert not _stored(world, other)
+    assert world.plane.rt.blobs.path(foreign) is not None, "not this allocation's to drop"

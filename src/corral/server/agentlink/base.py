@@ -209,3 +209,8 @@ class AgentInbound(Protocol):
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         """Whether ``blob_id`` is the checkpoint of a job that this live attempt runs."""
         ...
+
+    async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
+        """The results uploaded as ``blob_ids`` were taken (copied under ``results/``, or
+        refused for good): delete the uploads. A resent report uploads them again."""
+        ...

@@ -246,8 +246,16 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         u = start.update
         blobs = await self._results(end.update)
         acks = await self.inbound.ran(session.node, u.allocation_id, u.attempt, blobs)
+        await self._uploads_read(end.update)
         for msg, ack in zip((start, end), acks, strict=True):
             session.send(convert.ack_message(msg.seq, u.allocation_id, ack.value))
+
+    async def _uploads_read(self, u: pb.AllocationUpdate) -> None:
+        """The server took the update's results (or refused them for good): their uploads
+        are no use now (copied under ``results/``; a resent update uploads them again)."""
+        ids = [r.blob_id for r in u.finished.results if r.blob_id]
+        if ids:
+            await self.inbound.uploads_read(u.allocation_id, ids)
 
     def _heartbeat(self, session: Session, hb: pb.Heartbeat) -> None:
         """Note the heartbeat without making the stream wait for the store.
@@ -310,7 +318,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             changes = ", ".join(f"{k}={v}" for k, v in sorted(u.finished.modified.items()))
             line = f"[agent] the agent changed the request: {changes}"
             await self.inbound.log(node, u.allocation_id, u.attempt, [line])
-        return await self.inbound.finished(node, u.allocation_id, u.attempt, blobs)
+        ack = await self.inbound.finished(node, u.allocation_id, u.attempt, blobs)
+        await self._uploads_read(u)
+        return ack
 
     async def _results(self, u: pb.AllocationUpdate) -> list[ResultBlob]:
         """A finished update's results: inline, or read from the blobs the agent uploaded."""

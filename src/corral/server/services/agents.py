@@ -37,7 +37,7 @@ from corral.server.agentlink.base import (
     StopReason,
 )
 from corral.server.services.auth import AuthService, TokenKind
-from corral.server.services.checkpoints import drop_after_commit
+from corral.server.services.checkpoints import drop_after_commit, drop_uploads
 from corral.server.services.group import GroupCommitter
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
@@ -427,6 +427,9 @@ class AgentService:
                 return False
             jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
         return any(j.checkpoint == f"blob:{blob_id}" for j in jobs.values())
+
+    async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
+        await drop_uploads(self.rt, allocation_id, blob_ids)
 
     async def _fenced(
         self, tx: Tx, node: str, allocation_id: str, attempt: int, done: AllocObserved | None = None

@@ -10,11 +10,13 @@ that stopped needing it has committed: the one a newer checkpoint replaces, and 
 job's last one when the job ends (succeeded, failed for good, cancelled). A blob
 stays while any job of the allocation that uploaded it (a batch shares one) still
 names it and has not ended. Jobs keep the reference in their JSON as history.
+Results uploaded the same way are deleted once copied under ``results/``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from corral.core.states import JOB
 from corral.server.services.unit import Runtime, Tx
@@ -46,14 +48,29 @@ def drop_after_commit(rt: Runtime, tx: Tx, ref: str | None) -> None:
     key, allocation_id = found
 
     async def drop() -> None:
-        async with rt.db.read() as conn:
-            rec = await alloc_repo.get(conn, allocation_id)
-            jobs = await job_repo.get_many(conn, rec.alloc.job_ids if rec else ())
-        if any(j.checkpoint == ref and j.state not in JOB.terminal for j in jobs.values()):
-            return  # another job of the batch resumes from it
-        try:
-            await rt.blobs.delete(key)
-        except OSError as exc:  # the disk said no: the next drop of it, or an admin, retries
-            log.warning("could not delete checkpoint %s: %s", key, exc)
+        await drop_uploads(rt, allocation_id, [key])
 
     tx.then(drop)
+
+
+async def drop_uploads(rt: Runtime, allocation_id: str, keys: Sequence[str]) -> None:
+    """Delete ``allocation_id``'s uploads ``keys`` that no job of it resumes from.
+
+    Results travel through the same uploads as checkpoints (``uploads_read``: once a
+    result is copied under ``results/``, its upload is no use), and a result with a
+    checkpoint's bytes is that very blob: it stays while a job still names it.
+    """
+    mine = [k for k in keys if (found := uploaded(BLOB + k)) and found[1] == allocation_id]
+    if not mine:
+        return
+    async with rt.db.read() as conn:
+        rec = await alloc_repo.get(conn, allocation_id)
+        jobs = await job_repo.get_many(conn, rec.alloc.job_ids if rec else ())
+    needed = {j.checkpoint for j in jobs.values() if j.state not in JOB.terminal}
+    for key in mine:
+        if BLOB + key in needed:
+            continue  # a job of the allocation (a batch shares one) resumes from it
+        try:
+            await rt.blobs.delete(key)
+        except OSError as exc:  # the disk said no: an admin, or the next drop of it, retries
+            log.warning("could not delete upload %s: %s", key, exc)
