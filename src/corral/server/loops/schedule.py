@@ -212,7 +212,10 @@ class SchedulingLoop:
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now)
         for follow_up in self.after_cycle:  # e.g. the prefetch policy (loops/prefetch.py)
-            await follow_up(snapshot, plan)
+            if within is None:
+                await follow_up(snapshot, plan)
+            else:  # not inside the submission's transaction: once it committed
+                within.at_commit(_after(follow_up, snapshot, plan))
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
             self.rt.schedule_needed.fire()  # something moved on, or more fits: go again
         self.cycles += 1
@@ -272,6 +275,21 @@ class SchedulingLoop:
         placed = {j for p in plan.placements for j in p.job_ids}
         self.rt.metrics.observe_queue(j for j in snapshot.queued if j.id not in placed)
         self.rt.metrics.observe_nodes(snapshot.nodes)
+
+
+def _after(
+    follow_up: Callable[[Snapshot, Plan], Awaitable[object]], snapshot: Snapshot, plan: Plan
+) -> Callable[[], Awaitable[None]]:
+    """``follow_up`` as an action after a submission's commit: its failure is logged, never
+    the submission's (which has committed)."""
+
+    async def run() -> None:
+        try:
+            await follow_up(snapshot, plan)
+        except Exception:
+            log.exception("after a cycle in a submission")
+
+    return run
 
 
 def _hit_cycle_limit(u: Unplaced) -> bool:

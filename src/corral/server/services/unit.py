@@ -250,7 +250,10 @@ class Runtime:
             if reschedule or tx.reschedule:
                 self.schedule_needed.fire()
             for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
-                await self._run_follow_up(action)
+                try:
+                    await self._run_follow_up(action)
+                except Exception:  # the change has committed: never report it as failed
+                    log.exception("an action right after a commit failed")
 
         try:
             async with self.db.write(durable=durable, on_commit=committed) as conn:
