@@ -137,7 +137,7 @@ class Pair:
 async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     clock = WallClock()
     inbound = Inbound()
-    link = GrpcLink(AgentLinkSettings(port=0, max_blob_bytes=4096))
+    link = GrpcLink(AgentLinkSettings(port=0, max_blob_bytes=4096, upload_idle_s=0.05))
     address = await link.start(inbound, LocalBlobStore(tmp_path / "blobs"), clock)
     executors: dict[str, Executor] = {
         "scripted": ScriptedExecutor(clock),
@@ -255,6 +255,7 @@ async def test_a_result_uploaded_is_read_and_its_upload_released(pair: Pair) -> 
     await pair.until(lambda: "finished" in pair.inbound.kinds())
     assert [r.data for r in pair.inbound.results] == [b"m" * 1_000]
     await pair.until(lambda: pair.agent.supervisor.held() == [])
+    await pair.until(lambda: pair.inbound.uploads_taken != [])  # upload_idle_s later
     [taken] = pair.inbound.uploads_taken  # copied into the result: the server drops it
     assert taken.startswith("uploads/al-6/1/")
 

@@ -189,6 +189,7 @@ class GrpcLink:
         self.address: str | None = None  # grpc://host:port once started
         self._server: Any = None
         self._uploads: Uploads | None = None
+        self._service: AgentLinkService | None = None
         # Models (issue 10, see model_wire.py): registry lookups for assignments, where agents
         # find the server's model files, and who hears the agents' model reports.
         self.model_refs: RefLookup = no_refs
@@ -255,9 +256,8 @@ class GrpcLink:
             blobs, clock, max_bytes=s.max_blob_bytes, idle_s=s.upload_idle_s
         )
         server = grpc.aio.server(options=server_options(s.max_message_bytes))
-        pb_grpc.add_AgentLinkServicer_to_server(
-            AgentLinkService(self, inbound, uploads, s, clock), server
-        )
+        service = self._service = AgentLinkService(self, inbound, uploads, s, clock)
+        pb_grpc.add_AgentLinkServicer_to_server(service, server)
         shown = f"[{self.host}]" if ":" in self.host else self.host
         port = self._bind(server, f"{shown}:{s.port}")
         await server.start()
@@ -292,6 +292,8 @@ class GrpcLink:
             self._server = None
         if self._uploads is not None:
             self._uploads.close()
+        if self._service is not None:
+            self._service.close()
 
 
 def server_options(max_message_bytes: int) -> list[tuple[str, int]]:

@@ -74,6 +74,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self.uploads = uploads
         self.settings = settings
         self.clock = clock
+        self._releases: set[asyncio.TimerHandle] = set()  # uploads to delete, not yet due
+        self._releasing: set[asyncio.Task[None]] = set()
         self._updates: dict[str, Callable[[str, pb.AllocationUpdate], Awaitable[Ack]]] = {
             "started": self._started,
             "progress": self._progress,
@@ -252,10 +254,33 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
 
     async def _uploads_read(self, u: pb.AllocationUpdate) -> None:
         """The server took the update's results (or refused them for good): their uploads
-        are no use now (copied under ``results/``; a resent update uploads them again)."""
+        are no use once copied under ``results/``. They go ``upload_idle_s`` later, so an
+        update resent meanwhile (its ack was lost) still finds them and is answered
+        ``duplicate``; the corral agent uploads again before it resends anyway."""
         ids = [r.blob_id for r in u.finished.results if r.blob_id]
-        if ids:
-            await self.inbound.uploads_read(u.allocation_id, ids)
+        if not ids:
+            return
+
+        def due() -> None:
+            self._releases.discard(handle)
+            task = asyncio.ensure_future(self._release(u.allocation_id, ids))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+        handle = asyncio.get_running_loop().call_later(self.settings.upload_idle_s, due)
+        self._releases.add(handle)
+
+    async def _release(self, allocation_id: str, ids: list[str]) -> None:
+        try:
+            await self.inbound.uploads_read(allocation_id, ids)
+        except Exception:  # the files stay: disk, not correctness
+            log.warning("could not delete the uploads of %s", allocation_id, exc_info=True)
+
+    def close(self) -> None:
+        """Forget the deletions not yet due (the server stops; those uploads stay)."""
+        for handle in self._releases:
+            handle.cancel()
+        self._releases.clear()
 
     def _heartbeat(self, session: Session, hb: pb.Heartbeat) -> None:
         """Note the heartbeat without making the stream wait for the store.

@@ -10,7 +10,8 @@ that stopped needing it has committed: the one a newer checkpoint replaces, and 
 job's last one when the job ends (succeeded, failed for good, cancelled). A blob
 stays while any job of the allocation that uploaded it (a batch shares one) still
 names it and has not ended. Jobs keep the reference in their JSON as history.
-Results uploaded the same way are deleted once copied under ``results/``.
+Results uploaded the same way are deleted once copied under ``results/`` (the
+agent link asks for it a while later: ``AgentLinkService._uploads_read``).
 """
 
 from __future__ import annotations
