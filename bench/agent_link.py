@@ -102,6 +102,12 @@ class Inbound:
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         return False
 
+    async def claim(self, node: str, key: str) -> None:
+        return None  # every agent of the bench has its own name
+
+    async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
+        return None
+
 
 @dataclass(frozen=True)
 class Figures:

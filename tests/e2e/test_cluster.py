@@ -107,3 +107,18 @@ def test_a_result_made_while_the_server_was_down_is_delivered_after_it_returns(
         done = wait_state(http, job_id, "succeeded", timeout=20)
         assert done["attempt"] == 1, done  # the held result was resent, not the work redone
         assert done["result"][0]["name"] == "image.png"
+
+
+def test_a_second_agent_cannot_take_a_live_nodes_name(cluster: Cluster) -> None:
+    """Two machines with one hostname (or a stolen join token): the second agent is told the
+    name is taken and keeps trying; the first keeps its name and its work."""
+    cluster.start_server()
+    cluster.start_agent("a1", "--cpus", "1")
+    other = cluster.tmp / "another-machine"
+    clone = cluster.start_agent("a1", "--cpus", "1", "--work-dir", str(other), wait=False)
+    clone.wait_for(r"held by another agent that is still connected")
+    assert (other / "node-key").read_text() != (cluster.tmp / "a1" / "node-key").read_text()
+    with cluster.client() as http:
+        done = wait_state(http, submit(http, payload=QUICK)["id"], "succeeded")
+        assert done["node"] == "a1"
+        assert [n["name"] for n in http.get("/v1/nodes").json()] == ["a1"]

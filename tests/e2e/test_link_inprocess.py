@@ -48,6 +48,7 @@ class Inbound:
         self.calls: list[tuple[str, Any]] = []
         self.results: list[ResultBlob] = []
         self.uploads_taken: list[str] = []  # results the server took from uploads
+        self.keys: list[str] = []  # the node key of each connection
         self.fail_finished = 0
         self.fail_heartbeat = 0
 
@@ -114,6 +115,9 @@ class Inbound:
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         return True
+
+    async def claim(self, node: str, key: str) -> None:
+        self.keys.append(key)
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
         self.uploads_taken.extend(blob_ids)

@@ -260,7 +260,8 @@ class LinkClient:
             for backend, loaded in status.loaded_by_backend.items():
                 inventory.loaded_by_backend[backend].CopyFrom(loaded)
         hello = pb.AgentMessage(
-            seq=next(self._seq), hello=pb.Hello(inventory=inventory, bundles=True)
+            seq=next(self._seq),
+            hello=pb.Hello(inventory=inventory, bundles=True, node_key=self.identity.key),
         )
         with contextlib.suppress(grpc.aio.AioRpcError):
             # The server may end the call before the hello is written (it refused the token);

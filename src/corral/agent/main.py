@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -111,6 +112,7 @@ class Agent:
             labels=options.labels,
             backends=tuple(sorted(executors)),
             version=__version__,
+            key=node_key(work_dir),
         )
         self.link = LinkClient(
             [parse_server(url) for url in options.servers],
@@ -157,6 +159,28 @@ class Agent:
         await self.supervisor.shutdown(self.options.shutdown_grace_s)
         await self.link.drain(FLUSH_S)
         await self.models.aclose()  # partial downloads stay for the next start
+
+
+def node_key(work_dir: Path) -> str:
+    """This installation's secret, made on first start and kept in ``<work_dir>/node-key``
+    (owner-only): the server binds the node name to it, so another agent (a cloned machine,
+    or someone with the join token) cannot take over a live node's name and its work."""
+    path = work_dir / NODE_KEY
+    with contextlib.suppress(FileNotFoundError):
+        key = path.read_text().strip()
+        if len(key) == KEY_CHARS and all(c in "0123456789abcdef" for c in key):
+            return key
+        raise InvalidSpec("work_dir", f"{path} is not a node key: remove it to make a new one")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(KEY_CHARS // 2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+NODE_KEY = "node-key"
+KEY_CHARS = 64
 
 
 def build_executors(

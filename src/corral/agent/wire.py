@@ -50,6 +50,7 @@ class Identity:
     models_on_disk: tuple[str, ...] = ()
     version: str = ""
     loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)  # per backend
+    key: str = ""  # this installation's secret (``node_key``): the node name is bound to it
 
 
 def order_from(msg: pb.Assign, checkpoint_root: Path | None = None, api_base: str = "") -> Order:

@@ -90,6 +90,7 @@ class Inventory:
     models_loaded: frozenset[str] = frozenset()
     backends: frozenset[str] = frozenset()
     agent_version: str = ""
+    key: str = ""  # the agent's node key (``Hello.node_key``); "" from an agent without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,11 @@ class AgentInbound(Protocol):
 
     async def authenticate(self, token: str) -> None:
         """Accept an agent join token or raise ``Unauthenticated`` / ``Forbidden``."""
+        ...
+
+    async def claim(self, node: str, key: str) -> None:
+        """May an agent with ``key`` connect as ``node``? Raises ``Conflict`` if another
+        agent holds the name and is not lost (checked before the stream replaces any)."""
         ...
 
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply: ...

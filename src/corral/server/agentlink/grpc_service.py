@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
 from corral.core.clock import Clock
-from corral.core.errors import Forbidden, LinkError, Unauthenticated
+from corral.core.errors import Conflict, Forbidden, LinkError, Unauthenticated
 from corral.core.model import Gpu
 from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -91,7 +92,11 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
     ) -> AsyncIterator[pb.ServerMessage]:
         await self._authenticate(context)
         hello = await self._first_hello(requests, context)
-        inventory = convert.inventory_from(hello.inventory)
+        inventory = replace(convert.inventory_from(hello.inventory), key=hello.node_key)
+        try:  # before ``open``: a stream for a name held by another agent replaces nothing
+            await self.inbound.claim(inventory.node, hello.node_key)
+        except Conflict as exc:
+            await abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
         session = self.link.open(inventory.node)
         session.bundles = hello.bundles
         reader: asyncio.Task[None] | None = None

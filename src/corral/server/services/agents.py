@@ -15,7 +15,7 @@ import re
 import secrets
 from collections.abc import Sequence
 
-from corral.core.errors import Forbidden, LinkError
+from corral.core.errors import Conflict, Forbidden, LinkError
 from corral.core.events import EventKind
 from corral.core.model import Gpu, Node
 from corral.core.states import (
@@ -46,7 +46,13 @@ from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store.records import AllocRecord, JobRecord, ResultFile, inventory_to_json
+from corral.server.store.records import (
+    AllocRecord,
+    JobRecord,
+    NodeRecord,
+    ResultFile,
+    inventory_to_json,
+)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_LOG_LINES = 200
@@ -80,6 +86,17 @@ class AgentService:
     def heartbeat_s(self) -> float:
         return min(5.0, self.rt.settings.scheduling.node_timeout_s / 3)
 
+    async def claim(self, node: str, key: str) -> None:
+        async with self.rt.db.read() as conn:
+            rec = await node_repo.get(conn, node)
+        if rec is not None and not _may_hold(rec, key):
+            raise Conflict(
+                f"node name {node!r} is held by another agent that is still connected (another "
+                "machine with this name, or an agent started with another --work-dir); start "
+                "this one with a different --name. The name is free again once that agent has "
+                "been lost (silent for scheduling.node_timeout_s)"
+            )
+
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
         """Register or refresh the node, then reconcile what it runs with what the server wants."""
         name = inventory.node
@@ -106,8 +123,12 @@ class AgentService:
             inv.models_loaded,
             inv.backends,
         )
-        values = {"inventory": inventory_to_json(probe), "last_seen": tx.now}
+        values: dict[str, object] = {"inventory": inventory_to_json(probe), "last_seen": tx.now}
         rec = await node_repo.get(tx.conn, inv.node)
+        if rec is not None and not _may_hold(rec, inv.key):  # claimed since ``claim``
+            raise LinkError(f"node name {inv.node!r} is held by another agent")
+        if inv.key:  # bound to this agent (first join, or the one before it was lost)
+            values["key_hash"] = key_hash(inv.key)
         if rec is None:
             await node_repo.insert(
                 tx.conn,
@@ -458,6 +479,18 @@ class AgentService:
         ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
         jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
         return [j for j in jobs.values() if is_current(j, rec.alloc)]
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _may_hold(rec: NodeRecord, key: str) -> bool:
+    """An agent may hold a node's name when the name is bound to its key, bound to no key
+    yet, or the agent bound to it is lost (a re-imaged machine comes back as itself)."""
+    if rec.key_hash is None or rec.node.state is NodeState.LOST:
+        return True
+    return bool(key) and secrets.compare_digest(rec.key_hash, key_hash(key))
 
 
 def _result_name(rec: AllocRecord, blob: ResultBlob) -> str:

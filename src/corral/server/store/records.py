@@ -117,6 +117,7 @@ class NodeRecord:
     version: int = 1
     failure_streak: int = 0  # jobs failed here in a row (a success resets it)
     pause_reason: str | None = None  # set when the server paused it automatically
+    key_hash: str | None = None  # sha256 of the node key of the agent that holds the name
 
 
 def resources_to_json(r: ResourceRequest) -> dict[str, Any]:
@@ -330,6 +331,7 @@ def node_from_row(row: Any) -> NodeRecord:
         version=row.version,
         failure_streak=row.failure_streak or 0,
         pause_reason=row.pause_reason,
+        key_hash=row.key_hash,
     )
 
 

@@ -99,6 +99,7 @@ nodes = sa.Table(
     sa.Column("last_seen", sa.Double, nullable=False),
     sa.Column("failure_streak", sa.Integer, nullable=False, default=0),  # failed jobs in a row
     sa.Column("pause_reason", sa.String(512), nullable=True),  # why it was paused automatically
+    sa.Column("key_hash", sa.String(64), nullable=True),  # sha256 of the agent's node key
     sa.Column("version", sa.Integer, nullable=False, default=1),
 )
 

@@ -329,8 +329,13 @@ class Hello(_message.Message):
 
     INVENTORY_FIELD_NUMBER: _builtins.int
     BUNDLES_FIELD_NUMBER: _builtins.int
+    NODE_KEY_FIELD_NUMBER: _builtins.int
     bundles: _builtins.bool
     """this agent reads ServerBundle"""
+    node_key: _builtins.str
+    """A secret the agent keeps in its work dir: the node name is bound to it on first
+    join, and another agent may take the name only once this one is lost.
+    """
     @_builtins.property
     def inventory(self) -> Global___Inventory: ...
     def __init__(
@@ -338,10 +343,11 @@ class Hello(_message.Message):
         *,
         inventory: Global___Inventory | None = ...,
         bundles: _builtins.bool = ...,
+        node_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundles", b"bundles", "inventory", b"inventory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundles", b"bundles", "inventory", b"inventory", "node_key", b"node_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
