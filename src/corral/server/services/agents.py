@@ -39,6 +39,7 @@ from corral.server.agentlink.base import (
 from corral.server.services.auth import AuthService, TokenKind
 from corral.server.services.checkpoints import drop_after_commit, drop_uploads
 from corral.server.services.group import GroupCommitter
+from corral.server.services.node_keys import key_hash, may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.settling import end_allocation, is_current, record_start
@@ -46,13 +47,7 @@ from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store.records import (
-    AllocRecord,
-    JobRecord,
-    NodeRecord,
-    ResultFile,
-    inventory_to_json,
-)
+from corral.server.store.records import AllocRecord, JobRecord, ResultFile, inventory_to_json
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_LOG_LINES = 200
@@ -89,13 +84,8 @@ class AgentService:
     async def claim(self, node: str, key: str) -> None:
         async with self.rt.db.read() as conn:
             rec = await node_repo.get(conn, node)
-        if rec is not None and not _may_hold(rec, key):
-            raise Conflict(
-                f"node name {node!r} is held by another agent that is still connected (another "
-                "machine with this name, or an agent started with another --work-dir); start "
-                "this one with a different --name. The name is free again once that agent has "
-                "been lost (silent for scheduling.node_timeout_s)"
-            )
+        if rec is not None and not may_hold(rec, key):
+            raise Conflict(taken(node))
 
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
         """Register or refresh the node, then reconcile what it runs with what the server wants."""
@@ -125,8 +115,8 @@ class AgentService:
         )
         values: dict[str, object] = {"inventory": inventory_to_json(probe), "last_seen": tx.now}
         rec = await node_repo.get(tx.conn, inv.node)
-        if rec is not None and not _may_hold(rec, inv.key):  # claimed since ``claim``
-            raise LinkError(f"node name {inv.node!r} is held by another agent")
+        if rec is not None and not may_hold(rec, inv.key):  # claimed since ``claim``
+            raise LinkError(taken(inv.node))
         if inv.key:  # bound to this agent (first join, or the one before it was lost)
             values["key_hash"] = key_hash(inv.key)
         if rec is None:
@@ -479,18 +469,6 @@ class AgentService:
         ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
         jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
         return [j for j in jobs.values() if is_current(j, rec.alloc)]
-
-
-def key_hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def _may_hold(rec: NodeRecord, key: str) -> bool:
-    """An agent may hold a node's name when the name is bound to its key, bound to no key
-    yet, or the agent bound to it is lost (a re-imaged machine comes back as itself)."""
-    if rec.key_hash is None or rec.node.state is NodeState.LOST:
-        return True
-    return bool(key) and secrets.compare_digest(rec.key_hash, key_hash(key))
 
 
 def _result_name(rec: AllocRecord, blob: ResultBlob) -> str:
