@@ -8,6 +8,7 @@ full clusters where owed work arrives (``crowded``: preemption country).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -175,3 +176,32 @@ def _usage_after(snapshot: Snapshot, plan: Plan) -> dict[str, int]:
         if not p.on_cpu:
             usage[jobs[p.job_ids[0]].team] += p.gpu_milli * len(p.gpu_indices)
     return usage
+
+
+@settings(max_examples=100, deadline=None)
+@given(situations(), st.data())
+def test_passing_over_nodes_never_decides_whether_a_lone_job_runs(
+    case: Case, data: st.DataObject
+) -> None:
+    """``Job.avoid_nodes`` (a retry passing over where it failed) only moves a job: placed
+    with it iff placed without, and passing over every node is no preference at all."""
+    snapshot, config, now = case
+    lone = [j for j in snapshot.queued if j.replicas == 1 and j.model is None]
+    if not lone or not snapshot.nodes:
+        return
+    job = lone[0]
+    names = [n.name for n in snapshot.nodes]
+    avoid = frozenset(data.draw(st.lists(st.sampled_from(names), unique=True)))
+    alone = replace(snapshot, queued=(job,))
+    retry = replace(snapshot, queued=(replace(job, avoid_nodes=avoid),))
+    plain, passed = schedule(alone, config, now), schedule(retry, config, now)
+    assert bool(plain.placements) == bool(passed.placements), (avoid, plain, passed)
+    if avoid == frozenset(names):
+        assert where(passed) == where(plain)
+    elif passed.placements and where(plain)[0][0] not in avoid:
+        assert passed.placements[0].node not in avoid
+    check_all((retry, config, now), 0)
+
+
+def where(plan: Plan) -> list[tuple[str, tuple[int, ...], bool]]:
+    return [(p.node, p.gpu_indices, p.on_cpu) for p in plan.placements]
