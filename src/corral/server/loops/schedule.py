@@ -166,16 +166,14 @@ class SchedulingLoop:
             return False
         async with self._one_at_a_time:  # free: taken without waiting
             started = time.perf_counter()
-            marks = len(tx.events), len(tx.after_commit), len(tx.at_once)
+            mark = tx.mark()
             raw.execute("SAVEPOINT corral_place")
             try:
                 snapshot, records = await self._load(tx.conn)
                 await self._decide(snapshot, records, started, tx)
             except Exception:
                 raw.execute("ROLLBACK TO corral_place")
-                del tx.events[marks[0] :]
-                del tx.after_commit[marks[1] :]
-                del tx.at_once[marks[2] :]
+                tx.undo_since(mark)
                 self.cache.rebuild()
                 log.exception("scheduling inside a submission failed; the loop schedules it")
                 return False

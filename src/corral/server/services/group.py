@@ -125,15 +125,13 @@ async def _bare(tx: Tx, unit: Unit) -> Any:
 
 async def _attempt(tx: Tx, unit: Unit) -> tuple[bool, Any]:
     """Run one unit in a savepoint; on error roll it (its events and follow-ups too) back."""
-    marks = len(tx.events), len(tx.after_commit), len(tx.at_once)
+    mark = tx.mark()
     savepoint = await tx.conn.begin_nested()
     try:
         value = await unit(tx)
     except Exception as exc:
         await savepoint.rollback()
-        del tx.events[marks[0] :]
-        del tx.after_commit[marks[1] :]
-        del tx.at_once[marks[2] :]
+        tx.undo_since(mark)
         return False, exc
     await savepoint.commit()
     return True, value

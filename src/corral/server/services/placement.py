@@ -124,7 +124,7 @@ async def _place_atomically(
     One job on one node needs no savepoint: its only write that can fail (the
     guarded job update) comes first. A batch or a gang gets a savepoint.
     """
-    mark = len(tx.events)
+    mark = tx.mark()
     if len(group) == 1 and len(group[0].job_ids) == 1:
         placed = await _place_group(rt, tx, group, seen, schedulable)
     else:
@@ -133,7 +133,7 @@ async def _place_atomically(
             if placed is None:
                 await savepoint.rollback()
     if placed is None:
-        del tx.events[mark:]  # the events of a group's first jobs go with its rows
+        tx.undo_since(mark)  # the events of a group's first jobs go with its rows
     return placed
 
 

@@ -315,6 +315,17 @@ class Tx:
         what no promise rests on (a placement's assignment: reconciliation recovers it)."""
         self.at_once.append(action)
 
+    def mark(self) -> tuple[int, int, int]:
+        """Where this transaction's events and actions stand now (for ``undo_since``)."""
+        return len(self.events), len(self.after_commit), len(self.at_once)
+
+    def undo_since(self, mark: tuple[int, int, int]) -> None:
+        """Forget the events and actions collected since ``mark`` (their rows were rolled
+        back to a savepoint)."""
+        del self.events[mark[0] :]
+        del self.after_commit[mark[1] :]
+        del self.at_once[mark[2] :]
+
     def count(self, effect: Callable[[], None]) -> None:
         """Run ``effect`` (a metric) once the change committed: a unit of a group may run twice."""
 
