@@ -94,7 +94,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         hello = await self._first_hello(requests, context)
         inventory = replace(convert.inventory_from(hello.inventory), key=hello.node_key)
         try:  # before ``open``: a stream for a name held by another agent replaces nothing
-            await self.inbound.claim(inventory.node, hello.node_key)
+            await self.inbound.claim(inventory.node, inventory.key)
         except Conflict as exc:
             await abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
         session = self.link.open(inventory.node)

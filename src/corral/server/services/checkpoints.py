@@ -35,10 +35,17 @@ def uploaded(ref: str | None) -> tuple[str, str] | None:
     if ref is None or not ref.startswith(BLOB):
         return None
     key = ref[len(BLOB) :]
+    allocation_id = _uploader(key)
+    return None if allocation_id is None else (key, allocation_id)
+
+
+def _uploader(key: str) -> str | None:
+    """The allocation that uploaded blob ``key``; None if not the upload service's naming
+    (then it is not ours to delete)."""
     parts = key.split("/")
     if len(parts) != 4 or parts[0] != UPLOADS or not all(parts):
-        return None  # not the upload service's naming: not ours to delete
-    return key, parts[1]
+        return None
+    return parts[1]
 
 
 def drop_after_commit(rt: Runtime, tx: Tx, ref: str | None) -> None:
@@ -61,7 +68,7 @@ async def drop_uploads(rt: Runtime, allocation_id: str, keys: Sequence[str]) -> 
     result is copied under ``results/``, its upload is no use), and a result with a
     checkpoint's bytes is that very blob: it stays while a job still names it.
     """
-    mine = [k for k in keys if (found := uploaded(BLOB + k)) and found[1] == allocation_id]
+    mine = [k for k in keys if _uploader(k) == allocation_id]
     if not mine:
         return
     async with rt.db.read() as conn:
