@@ -59,6 +59,18 @@ class BlobStore(Protocol):
         """Delete scratch files untouched for ``idle_s``; how many."""
         ...
 
+    async def keys(self, prefix: str) -> list[str]:
+        """The keys directly under folder ``prefix``, oldest first (by when written)."""
+        ...
+
+    async def folders(self, prefix: str) -> list[str]:
+        """The names of the folders directly under folder ``prefix``."""
+        ...
+
+    async def delete_tree(self, prefix: str) -> int:
+        """Remove folder ``prefix`` and every blob under it; how many blobs."""
+        ...
+
 
 def check_key(key: str) -> str:
     """Refuse keys that could escape the store (``..``, absolute paths, odd characters)."""
@@ -111,6 +123,15 @@ class LocalBlobStore:
                     removed += 1
         return removed
 
+    async def keys(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(_keys, self.root / check_key(prefix), prefix)
+
+    async def folders(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(_folders, self.root / check_key(prefix))
+
+    async def delete_tree(self, prefix: str) -> int:
+        return await asyncio.to_thread(_remove_tree, self.root, self.root / check_key(prefix))
+
 
 SCRATCH = ".partial"  # not a valid key (keys start with a letter or digit): never served
 
@@ -136,6 +157,44 @@ def _remove(root: Path, path: Path) -> bool:
             break
         folder = folder.parent
     return True
+
+
+def _keys(folder: Path, prefix: str) -> list[str]:
+    """Blobs in ``folder`` (not temp files, not subfolders), oldest first, then by name."""
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(folder):
+            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                found.append((entry.stat().st_mtime_ns, entry.name))
+    return [f"{prefix}/{name}" for _, name in sorted(found)]
+
+
+def _folders(folder: Path) -> list[str]:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        return sorted(e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False))
+    return []
+
+
+def _remove_tree(root: Path, folder: Path) -> int:
+    """Unlink every file under ``folder``, then the folders it leaves empty up to ``root``."""
+    removed = 0
+    for dirpath, _, filenames in os.walk(folder, topdown=False):
+        for name in filenames:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(dirpath, name))
+                removed += 0 if name.startswith(".") else 1
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)
+    parent = folder.parent
+    while parent != root and root in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
+    return removed
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

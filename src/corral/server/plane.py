@@ -15,6 +15,7 @@ from corral.server.agentlink.relay import RelayLink
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
+from corral.server.loops.retention import RetentionLoop
 from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
 from corral.server.services.agents import AgentService
 from corral.server.services.auth import AuthService
@@ -60,9 +61,10 @@ class ControlPlane:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
         self.schedule = SchedulingLoop(rt, schedule, leader)
         writes.place = self.schedule.place_in  # a lone submission to a quiet server
-        # With the loops running, only the scheduling leader watches liveness; a test driving
-        # the plane by hand (run_loops=False) ticks it directly.
+        # With the loops running, only the scheduling leader watches liveness and sweeps old
+        # work away; a test driving the plane by hand (run_loops=False) ticks them directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
+        self.retention = RetentionLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.queue = QueueService(rt, lambda: self.schedule.unplaced)
         self.schedule.model_sizes = self.models.sizes
         self.prefetch = PrefetchLoop(rt, self.models, self.model_status, lambda: self.link)
@@ -96,6 +98,7 @@ class ControlPlane:
             self._tasks = [
                 asyncio.create_task(self.schedule.run(), name="corral-schedule"),
                 asyncio.create_task(self.liveness.run(), name="corral-liveness"),
+                asyncio.create_task(self.retention.run(), name="corral-retention"),
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
             ]
             self.rt.schedule_needed.fire()  # work may be waiting from before a restart

@@ -168,6 +168,33 @@ class ModelRegistrySettings(BaseModel):
     )
 
 
+class RetentionSettings(BaseModel):
+    """What the server deletes, and when (docs/server.md, "Retention")."""
+
+    finished_jobs_s: float = Field(
+        default=30 * 86400.0,
+        ge=0,
+        description="finished jobs (succeeded, failed, cancelled) are deleted this long after "
+        "they ended, with their events, allocations, results and previews (0: keep forever)",
+    )
+    previews_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="a finished job's preview images, and its progress and preview events, "
+        "are deleted this long after it ended (0: keep them as long as the job)",
+    )
+    previews_per_job: int = Field(
+        default=100,
+        ge=0,
+        description="a job keeps its latest previews only: older ones are deleted as new ones "
+        "arrive (0: no limit)",
+    )
+    sweep_s: float = Field(default=300.0, gt=0, description="how often the sweep runs")
+    batch: int = Field(
+        default=500, ge=1, le=10_000, description="jobs deleted per transaction by the sweep"
+    )
+
+
 class Settings(BaseSettings):
     """Everything ``corral server`` can be told."""
 
@@ -190,6 +217,7 @@ class Settings(BaseSettings):
     agents: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
     models: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
     compat: CompatSettings = Field(default_factory=CompatSettings)  # docs/compat.md
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     def resolved_home(self) -> Path:
         return self.home.expanduser()

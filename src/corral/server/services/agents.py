@@ -42,6 +42,7 @@ from corral.server.services.group import GroupCommitter
 from corral.server.services.node_keys import key_hash, may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
+from corral.server.services.previews import keep_latest, preview_key
 from corral.server.services.settling import end_allocation, is_current, record_start
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -266,7 +267,7 @@ class AgentService:
             pre = await self._fenced_read(conn, node, allocation_id, attempt)
         if isinstance(pre, Ack):
             return pre
-        await self.rt.blobs.put(f"previews/{job_id}/{key}", data)
+        await self.rt.blobs.put(preview_key(job_id, key), data)
 
         async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt)
@@ -283,7 +284,9 @@ class AgentService:
                 )
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit, durable=False)
+        ack = await self.updates.run(unit, durable=False)
+        await keep_latest(self.rt, job_id)
+        return ack
 
     async def log(
         self,

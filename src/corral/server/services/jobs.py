@@ -22,6 +22,7 @@ from corral.server.agentlink.base import StopReason
 from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.group import GroupCommitter
+from corral.server.services.previews import preview_key
 from corral.server.services.settling import request_stop
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -252,7 +253,7 @@ class JobService:
 
     async def preview(self, who: Principal, job_id: str, key: str) -> bytes:
         await self.get(who, job_id)
-        return await self.rt.blobs.get(f"previews/{job_id}/{key}")
+        return await self.rt.blobs.get(preview_key(job_id, key))
 
 
 def encode_cursor(seq: int) -> str:

@@ -28,6 +28,12 @@ class Metrics:
         self.placements = Counter("corral_placements", "Allocations created", registry=r)
         self.preemptions = Counter("corral_preemptions", "Allocations preempted", registry=r)
         self.requeues = Counter("corral_requeues", "Jobs requeued", ["why"], registry=r)
+        self.retention_deleted = Counter(
+            "corral_retention_deleted",
+            "What the retention sweep deleted: jobs, events, result files, previews",
+            ["what"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "corral_queue_depth", "Queued jobs", ["priority", "team"], registry=r
         )
