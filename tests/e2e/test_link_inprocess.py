@@ -5,6 +5,7 @@ resend paths are checked on every run."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -253,11 +254,17 @@ async def test_a_node_without_a_stream_is_a_link_error(pair: Pair) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_result_uploaded_is_read_and_its_upload_released(pair: Pair) -> None:
+async def test_a_result_uploaded_is_passed_on_by_reference_and_its_upload_released(
+    pair: Pair,
+) -> None:
     await pair.until(pair.agent.connected.is_set)
     await pair.link.assign("n1", work("al-6", "j7", backend="medium"))
     await pair.until(lambda: "finished" in pair.inbound.kinds())
-    assert [r.data for r in pair.inbound.results] == [b"m" * 1_000]
+    [result] = pair.inbound.results
+    assert result.data == b"", "never read into the server's memory"
+    assert result.upload is not None
+    assert result.size == 1_000
+    assert result.upload.sha256 == hashlib.sha256(b"m" * 1_000).hexdigest()
     await pair.until(lambda: pair.agent.supervisor.held() == [])
     await pair.until(lambda: pair.inbound.uploads_taken != [])  # upload_idle_s later
     [taken] = pair.inbound.uploads_taken  # copied into the result: the server drops it

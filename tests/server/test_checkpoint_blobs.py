@@ -6,16 +6,20 @@
 * a checkpoint on shared storage, or a blob not named as the upload service names them, is
   never touched;
 * a result's upload goes once the server took the result, unless it is also a checkpoint
-  a job still resumes from.
+  a job still resumes from;
+* an uploaded result is linked under ``results/``, never read into memory or copied, and
+  stays when its upload goes.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 from server_harness import ADMIN, World
 
 from corral.core.states import JobState
-from corral.server.agentlink.base import Assignment
+from corral.server.agentlink.base import Assignment, ResultBlob
 from corral.server.agentlink.inprocess import StubAgent
 from corral.server.services.checkpoints import uploaded
 
@@ -130,3 +134,38 @@ async def test_a_results_upload_goes_once_taken_unless_a_job_resumes_from_it(
     assert _stored(world, checkpoint), "the running job resumes from it if requeued"
     assert not _stored(world, other)
     assert world.plane.rt.blobs.path(foreign) is not None, "not this allocation's to drop"
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["finished", "started-and-finished"])
+async def test_an_uploaded_result_is_linked_not_read_and_outlives_its_upload(
+    world: World, together: bool
+) -> None:
+    job = await world.submit(resources={"gpus": 1})
+    agent = await world.agent("n1")
+    await world.cycle()
+    a = await agent.next_assignment()
+    if not together:
+        await agent.start(a)
+    data = b"weights " * 50_000
+    key = f"uploads/{a.allocation_id}/{a.attempt}/{hashlib.sha256(data).hexdigest()}"
+    upload = await world.plane.rt.blobs.put(key, data)
+    blob = ResultBlob(job.job.id, "model.bin", b"", "application/octet-stream", upload)
+    inbound = world.plane.agents
+    if together:
+        acks = await inbound.ran("n1", a.allocation_id, a.attempt, [blob])
+        assert [ack.value for ack in acks] == ["accepted", "accepted"]
+    else:
+        assert (
+            await inbound.finished("n1", a.allocation_id, a.attempt, [blob])
+        ).value == "accepted"
+    [f] = (await world.job(job.job.id)).result
+    assert (f.size, f.sha256, f.inline) == (len(data), upload.sha256, None)
+    blobs = world.plane.rt.blobs
+    linked, source = blobs.path(f.key), blobs.path(key)
+    assert linked is not None
+    assert source is not None
+    assert linked.stat().st_ino == source.stat().st_ino, "one file, two names: no copy"
+    await inbound.uploads_read(a.allocation_id, [key])
+    assert blobs.path(key) is None
+    _, got = await world.plane.jobs.result_file(ADMIN, job.job.id, "model.bin")
+    assert got == data

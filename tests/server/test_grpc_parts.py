@@ -110,7 +110,9 @@ def test_an_upload_resumes_overlaps_harmlessly_and_a_retry_is_the_same_blob(tmp_
         assert (await up.receive(stream(chunks(probe=True)))).received == 4000
         done = await up.receive(stream(chunks(start=3000)))  # overlaps what arrived
         assert done.blob_id == f"uploads/al_1/1/{SHA}"
-        assert await up.read_for("al_1", 1, done.blob_id) == DATA
+        stored = up.stored_for("al_1", 1, done.blob_id)
+        assert (stored.size, stored.sha256) == (len(DATA), SHA)
+        assert await LocalBlobStore(tmp_path).get(done.blob_id) == DATA
         assert (await up.receive(stream(chunks(probe=True)))).blob_id == done.blob_id
         assert (await up.receive(stream(chunks()))).blob_id == done.blob_id
 
@@ -128,7 +130,7 @@ def test_a_deleted_upload_leaves_no_empty_folders_and_the_same_bytes_are_stored_
         assert not (tmp_path / "uploads").exists(), "its empty folders went with it"
         again = await up.receive(stream(chunks()))
         assert again.blob_id == done.blob_id
-        assert await up.read_for("al_1", 1, again.blob_id) == DATA
+        assert await store.get(again.blob_id) == DATA
 
     asyncio.run(scenario())
 
@@ -216,7 +218,7 @@ def test_refused_uploads_say_why(tmp_path: Path, case: str, want_code: str) -> N
         up = uploads(tmp_path, max_bytes=5000 if case == "too-big" else 1 << 20)
         if case == "not-its-blob":
             done = await up.receive(stream(chunks()))
-            await up.read_for("al_2", 1, done.blob_id)
+            up.stored_for("al_2", 1, done.blob_id)
         sha = "0" * 64 if case == "bad-checksum" else SHA
         alloc = "../etc" if case == "bad-id" else "al_1"
         await up.receive(stream(chunks(sha=sha, alloc=alloc)))

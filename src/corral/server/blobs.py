@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -53,6 +54,11 @@ class BlobStore(Protocol):
 
     async def put_file(self, key: str, source: Path) -> None:
         """Move the finished ``scratch`` file ``source`` into place as ``key``, durably."""
+        ...
+
+    async def link(self, source: StoredBlob, key: str) -> StoredBlob:
+        """Store the bytes of blob ``source`` as ``key`` too, without reading them into
+        memory (a hard link where the store can, else a copy); NotFound if it is gone."""
         ...
 
     def clear_scratch(self, idle_s: float) -> int:
@@ -112,6 +118,14 @@ class LocalBlobStore:
     async def put_file(self, key: str, source: Path) -> None:
         await asyncio.to_thread(_move_durably, source, self.root / check_key(key))
 
+    async def link(self, source: StoredBlob, key: str) -> StoredBlob:
+        src, dst = self.root / check_key(source.key), self.root / check_key(key)
+        try:
+            await asyncio.to_thread(_link_or_copy, src, dst)
+        except FileNotFoundError:
+            raise NotFound(f"blob {source.key} not found") from None
+        return StoredBlob(key, source.size, source.sha256)
+
     def clear_scratch(self, idle_s: float) -> int:
         """Delete scratch files untouched for ``idle_s`` (uploads a restart cut off start
         over; a replica sharing the folder keeps the ones it is still writing)."""
@@ -141,6 +155,28 @@ def _move_durably(source: Path, path: Path) -> None:
         os.fsync(f.fileno())
     path.parent.mkdir(parents=True, exist_ok=True)
     os.replace(source, path)
+
+
+def _link_or_copy(source: Path, path: Path) -> None:
+    """``path`` holds ``source``'s bytes: a hard link (no copy, no read), or where links are
+    not possible (another file system), a copy written and flushed like ``put``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+        try:
+            os.link(source, tmp)
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _remove(root: Path, path: Path) -> bool:

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from corral.core.model import EMPTY, Gpu, JobKind
+from corral.server.blobs import StoredBlob
 
 
 class StopReason(StrEnum):
@@ -113,12 +114,19 @@ class HelloReply:
 
 @dataclass(frozen=True, slots=True)
 class ResultBlob:
-    """One result file of one job in a finished allocation."""
+    """One result file of one job in a finished allocation: its bytes, or (a large one) the
+    blob the agent uploaded them into, which the server links under ``results/`` without
+    reading it."""
 
     job_id: str
     name: str
     data: bytes
     content_type: str = "application/octet-stream"
+    upload: StoredBlob | None = None  # when set, the bytes are there (``data`` is empty)
+
+    @property
+    def size(self) -> int:
+        return self.upload.size if self.upload is not None else len(self.data)
 
 
 class AgentLink(Protocol):

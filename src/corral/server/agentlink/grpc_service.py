@@ -353,17 +353,20 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         return ack
 
     async def _results(self, u: pb.AllocationUpdate) -> list[ResultBlob]:
-        """A finished update's results: inline, or read from the blobs the agent uploaded."""
+        """A finished update's results: inline, or the blobs the agent uploaded (linked under
+        ``results/`` by the server, never read into its memory)."""
         blobs = []
         for r in u.finished.results:
+            mime = r.mime or "application/octet-stream"
             try:
-                data = r.data
-                if r.blob_id:
-                    data = await self.uploads.read_for(u.allocation_id, u.attempt, r.blob_id)
+                upload = (
+                    self.uploads.stored_for(u.allocation_id, u.attempt, r.blob_id)
+                    if r.blob_id
+                    else None
+                )
             except UploadError as exc:
                 raise Refused("FAILED_PRECONDITION", f"result {r.name}: {exc}") from None
-            mime = r.mime or "application/octet-stream"
-            blobs.append(ResultBlob(r.job_id, r.name, data, mime))
+            blobs.append(ResultBlob(r.job_id, r.name, r.data, mime, upload))
         return blobs
 
     async def _failed(self, node: str, u: pb.AllocationUpdate) -> Ack:

@@ -10,7 +10,7 @@ past the message size limit. The blob id is the content address
   with an empty chunk is answered at once with how much has arrived, so a
   client cut off half-way resumes where it stopped;
 * a result may only name blobs of its own allocation and attempt
-  (``read_for``): an agent cannot pass off another job's bytes as its own.
+  (``stored_for``): an agent cannot pass off another job's bytes as its own.
 
 Partial uploads are assembled in a scratch file beside the blob store's
 files (``BlobStore.scratch``; never in memory, so a checkpoint of hundreds
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from corral.core.clock import Clock
-from corral.core.errors import CorralError, NotFound
+from corral.core.errors import CorralError
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
-from corral.server.blobs import BlobStore
+from corral.server.blobs import BlobStore, StoredBlob
 
 
 class UploadError(CorralError):
@@ -127,16 +127,21 @@ class Uploads:
         """Whether ``blob`` is an upload of this allocation and attempt."""
         return blob.startswith(blob_id(allocation_id, attempt, "")) and ".." not in blob
 
-    async def read_for(self, allocation_id: str, attempt: int, blob: str) -> bytes:
-        """The bytes of ``blob``, if it was uploaded for this allocation and attempt."""
+    def stored_for(self, allocation_id: str, attempt: int, blob: str) -> StoredBlob:
+        """``blob`` as stored (its size; its sha256 is its name), if it was uploaded for this
+        allocation and attempt: a large result is linked from it, never read into memory."""
         if not self.owns(allocation_id, attempt, blob):
             raise UploadError(
                 "PERMISSION_DENIED", f"blob {blob} does not belong to {allocation_id}"
             )
+        path = self._blobs.path(blob)
         try:
-            return await self._blobs.get(blob)
-        except NotFound:
-            raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded") from None
+            size = path.stat().st_size if path is not None else -1
+        except FileNotFoundError:
+            size = -1
+        if size < 0:
+            raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded")
+        return StoredBlob(blob, size, blob.rsplit("/", 1)[1])
 
     def _start(self, key: tuple[str, int, str]) -> _Partial:
         name = hashlib.sha256(repr(key).encode()).hexdigest()  # any name the sender chose

@@ -10,8 +10,6 @@ answered ``STALE`` and change nothing.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import secrets
 from collections.abc import Sequence
 
@@ -43,6 +41,7 @@ from corral.server.services.node_keys import key_hash, may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
+from corral.server.services.results import apart, inline_results, store_results
 from corral.server.services.settling import end_allocation, is_current, record_start
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -50,11 +49,8 @@ from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.records import AllocRecord, JobRecord, ResultFile, inventory_to_json
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_LOG_LINES = 200
 MAX_LOG_LINE = 4096
-INLINE_RESULT = 16 * 1024
-"""Results up to this size (each) are kept in the job row: a no-op's ``b"ok"`` costs no file."""
 _EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif"}
 
 
@@ -347,25 +343,25 @@ class AgentService:
     ) -> Ack:
         """Store the results, then end the allocation; only the current attempt counts.
 
-        Small results (all of them under ``INLINE_RESULT``) go into the job row with the
+        Small results (all of them under ``results.INLINE_RESULT``) go into the job row with the
         end (durable with that commit, no read or blob file of their own); larger ones are
-        written to the blob store first, after a fenced read.
+        written to the blob store first (an uploaded one linked there), after a fenced read.
         """
         stored: dict[str, list[ResultFile]] | None = None
-        if any(len(b.data) > INLINE_RESULT for b in results):
+        if apart(results):
             async with self.rt.db.read() as conn:
                 pre = await self._fenced_read(
                     conn, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED
                 )
             if isinstance(pre, Ack):
                 return pre
-            stored = await self._store_results(pre, results)
+            stored = await store_results(self.rt, pre, results)
 
         async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
             if isinstance(rec, Ack):
                 return rec
-            files = stored if stored is not None else _inline_results(rec, results)
+            files = stored if stored is not None else inline_results(rec, results)
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files)
             return Ack.ACCEPTED
 
@@ -377,7 +373,7 @@ class AgentService:
         """``started`` then ``finished`` of work that ended at once (the agent sent both in
         one message): one unit, one fenced read, each row written once. Returns the two acks,
         as the two calls would have. Results too large for the job row take the two calls."""
-        if any(len(b.data) > INLINE_RESULT for b in results):
+        if apart(results):
             started = await self.started(node, allocation_id, attempt)
             return started, await self.finished(node, allocation_id, attempt, results)
 
@@ -386,26 +382,11 @@ class AgentService:
             if isinstance(rec, Ack):  # a start of an allocation no longer active is stale
                 return (Ack.STALE if rec is Ack.DUPLICATE else rec), rec
             starts = rec.alloc.observed is AllocObserved.PENDING
-            files = _inline_results(rec, results)
+            files = inline_results(rec, results)
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files, started=starts)
             return (Ack.ACCEPTED if starts else Ack.DUPLICATE), Ack.ACCEPTED
 
         return await self.updates.run(unit)
-
-    async def _store_results(
-        self, rec: AllocRecord, results: Sequence[ResultBlob]
-    ) -> dict[str, list[ResultFile]]:
-        files: dict[str, list[ResultFile]] = {}
-        for blob in results:
-            if blob.job_id not in rec.alloc.job_ids:
-                continue  # an agent cannot write results for work it was not given
-            name = _result_name(rec, blob)
-            key = f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"
-            stored = await self.rt.blobs.put(key, blob.data)
-            files.setdefault(blob.job_id, []).append(
-                ResultFile(name, key, stored.size, blob.content_type, stored.sha256)
-            )
-        return files
 
     async def failed(
         self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
@@ -472,26 +453,6 @@ class AgentService:
         ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
         jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
         return [j for j in jobs.values() if is_current(j, rec.alloc)]
-
-
-def _result_name(rec: AllocRecord, blob: ResultBlob) -> str:
-    prefix = f"r{rec.alloc.replica}-" if rec.alloc.replica else ""
-    return prefix + (_UNSAFE.sub("_", blob.name).strip("._") or "result")
-
-
-def _inline_results(rec: AllocRecord, results: Sequence[ResultBlob]) -> dict[str, list[ResultFile]]:
-    """Small results kept in the job row (no blob file, no fsync of their own)."""
-    files: dict[str, list[ResultFile]] = {}
-    for blob in results:
-        if blob.job_id not in rec.alloc.job_ids:
-            continue  # an agent cannot write results for work it was not given
-        name = _result_name(rec, blob)
-        key = f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"  # as if in the blob store
-        digest = hashlib.sha256(blob.data).hexdigest()
-        files.setdefault(blob.job_id, []).append(
-            ResultFile(name, key, len(blob.data), blob.content_type, digest, blob.data)
-        )
-    return files
 
 
 def _replicas(jobs: dict[str, JobRecord]) -> int:
