@@ -35,9 +35,9 @@ def test_a_file_and_a_directory_round_trip(tmp_path: Path) -> None:
     (folder / "opt" / "state").write_text("adam")
     (folder / "step").write_text("7")
 
-    got = blobs.unpack(blobs.pack(file), tmp_path / "out1")
+    got = blobs.unpack(blobs.pack(file, tmp_path / "a1.tar"), tmp_path / "out1")
     assert (got.name, got.read_bytes()) == ("model.pt", b"weights")
-    got = blobs.unpack(blobs.pack(folder), tmp_path / "out2")
+    got = blobs.unpack(blobs.pack(folder, tmp_path / "a2.tar"), tmp_path / "out2")
     assert got.is_dir()
     assert (got / "opt" / "state").read_text() == "adam"
     assert blobs.size_of(folder) == len("adam") + len("7")
@@ -49,8 +49,10 @@ def test_an_archive_that_escapes_its_directory_is_refused(tmp_path: Path) -> Non
         info = tarfile.TarInfo("../escape")
         info.size = 1
         archive.addfile(info, io.BytesIO(b"x"))
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(buffer.getvalue())
     with pytest.raises((tarfile.TarError, LinkError)):
-        blobs.unpack(buffer.getvalue(), tmp_path / "in")
+        blobs.unpack(bad, tmp_path / "in")
     assert not (tmp_path / "escape").exists()
 
 
@@ -86,8 +88,12 @@ async def test_a_local_checkpoint_is_uploaded_and_named_by_its_blob(tmp_path: Pa
     ids = await courier(tmp_path).ship(stub, report(ckpt))
     assert list(ids) == [0]
     assert ids[0].startswith("uploads/al_1/1/")
-    back = blobs.unpack(stub.stored[ids[0]], tmp_path / "back")
+    archive = tmp_path / "got.tar"
+    archive.write_bytes(stub.stored[ids[0]])
+    back = blobs.unpack(archive, tmp_path / "back")
     assert back.read_text() == '{"step": 3}'
+    assert ids[0].endswith(hashlib.sha256(stub.stored[ids[0]]).hexdigest())
+    assert list((tmp_path / "scratch").iterdir()) == [], "the archive went once uploaded"
 
 
 @pytest.mark.parametrize(
@@ -149,7 +155,7 @@ async def test_an_uploaded_checkpoint_is_fetched_even_when_the_session_drops(
 ) -> None:
     saved = tmp_path / "k-step5.json"
     saved.write_text('{"step": 5}')
-    stub = FlakyFetch(blobs.pack(saved))
+    stub = FlakyFetch(blobs.pack(saved, tmp_path / "saved.tar").read_bytes())
     connected = asyncio.Event()
     connected.set()
     c = courier(tmp_path, stub=lambda: stub, connected=connected)
@@ -161,3 +167,57 @@ async def test_an_uploaded_checkpoint_is_fetched_even_when_the_session_drops(
     assert ready.resume_from == str(tmp_path / "ckpt" / "j1" / "resume-2" / "k-step5.json")
     assert Path(ready.resume_from).read_text() == '{"step": 5}'
     assert (ready.resume_step, stub.calls, c.fetched) == (5, 2, 1)
+    assert list((tmp_path / "scratch").iterdir()) == [], "the archive went once unpacked"
+
+
+class CutOffUpload:
+    """UploadBlob that keeps only the first ``keep`` bytes of the first full call (a cut-off
+    connection), then takes the rest from where it stopped, as the server does."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep, self.got, self.starts = keep, bytearray(), []
+
+    async def UploadBlob(self, chunks: Any, metadata: Any = None) -> pb.BlobAck:
+        parts = list(chunks)
+        if len(parts) == 1 and not parts[0].data and not parts[0].last:
+            return pb.BlobAck(received=len(self.got))
+        self.starts.append(parts[0].offset)
+        for part in parts:
+            if part.offset == len(self.got):
+                self.got += part.data
+            if len(self.starts) == 1 and len(self.got) >= self.keep:
+                return pb.BlobAck(received=len(self.got))
+        return pb.BlobAck(blob_id=f"uploads/al_1/1/{parts[0].sha256}", received=len(self.got))
+
+
+async def test_a_file_upload_resumes_where_it_was_cut_off(tmp_path: Path) -> None:
+    source = tmp_path / "big.tar"
+    source.write_bytes(bytes(range(256)) * 40)
+    stub = CutOffUpload(keep=4000)
+    base = pb.BlobChunk(allocation_id="al_1", attempt=1, name="big.tar")
+    blob = await blobs.upload(stub, (), base, source, 1000)
+    assert stub.starts == [0, 4000]
+    assert bytes(stub.got) == source.read_bytes()
+    assert blob.endswith(hashlib.sha256(source.read_bytes()).hexdigest())
+
+
+async def test_a_download_that_does_not_match_its_sha256_is_dropped(tmp_path: Path) -> None:
+    saved = tmp_path / "k.json"
+    saved.write_text("{}")
+    stub = FlakyFetch(blobs.pack(saved, tmp_path / "k.tar").read_bytes())
+    stub.calls = 1  # no flake: serve at once
+    original = stub._chunks
+
+    async def lying(request: pb.BlobRequest) -> Any:  # the bytes do not match the sha256
+        async for part in original(request):
+            part.sha256 = "0" * 64
+            yield part
+
+    stub._chunks = lying  # type: ignore[method-assign]
+    connected = asyncio.Event()
+    connected.set()
+    c = courier(tmp_path, stub=lambda: stub, connected=connected)
+    job = Assignment("al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=5)
+    ready = await c.prepare(job)
+    assert (ready.resume_from, ready.resume_step, c.fetched) == (None, 0, 0)
+    assert list((tmp_path / "scratch").iterdir()) == [], "nothing left half-written"

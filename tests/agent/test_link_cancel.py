@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -195,13 +196,16 @@ def test_a_cancel_while_the_sessions_tasks_wind_down_ends_the_session() -> None:
     asyncio.run(scenario())
 
 
-def test_a_cancel_that_lands_as_the_link_comes_up_ends_a_checkpoint_download() -> None:
+def test_a_cancel_that_lands_as_the_link_comes_up_ends_a_checkpoint_download(
+    tmp_path: Path,
+) -> None:
     """A resuming job waits for the link to fetch its checkpoint; a stop lands as it connects."""
 
     async def scenario() -> None:
         connected = asyncio.Event()
         courier = CheckpointCourier((), chunk_bytes=1024, max_bytes=1024, connected=connected)
-        task = asyncio.create_task(courier._download(pb.BlobRequest(blob_id="b1")))
+        into = tmp_path / "b1.tar"
+        task = asyncio.create_task(courier._download(pb.BlobRequest(blob_id="b1"), into))
         await turns()
         connected.set()
         task.cancel()

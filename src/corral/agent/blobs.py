@@ -9,13 +9,15 @@ is checked at the end.
 
 Checkpoints are files or directories: they travel as one tar archive whose
 single top entry is the checkpoint's own name, and are unpacked with
-tarfile's ``data`` filter (no absolute paths, no links out, no devices).
+tarfile's ``data`` filter (no absolute paths, no links out, no devices). The
+archive is a file, written, uploaded and downloaded a chunk at a time: a
+checkpoint of hundreds of MiB costs the agent disk while it travels, not RAM.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import io
 import shutil
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -29,6 +31,7 @@ from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 FETCH_TRIES = 4
 """A download cut off this many times in a row is given up (the attempt starts afresh)."""
+READ_BYTES = 1 << 20  # hashing a file reads it this much at a time
 
 
 class FetchRefused(LinkError):
@@ -39,11 +42,17 @@ async def upload(
     stub: Any,
     metadata: Sequence[tuple[str, str]],
     chunk: pb.BlobChunk,
-    data: bytes,
+    source: bytes | Path,
     chunk_bytes: int,
 ) -> str:
-    """Upload ``data`` as described by ``chunk`` (allocation, attempt, name, mime); its blob id."""
-    sha = hashlib.sha256(data).hexdigest()
+    """Upload ``source`` (bytes, or a file read a chunk at a time: a checkpoint archive is
+    never held in memory) as described by ``chunk`` (allocation, attempt, name, mime); its
+    blob id."""
+    size, sha = (
+        (len(source), hashlib.sha256(source).hexdigest())
+        if isinstance(source, bytes)
+        else await asyncio.to_thread(_size_and_sha, source)
+    )
     base = pb.BlobChunk(
         allocation_id=chunk.allocation_id,
         attempt=chunk.attempt,
@@ -56,12 +65,10 @@ async def upload(
         if start is None:  # a probe: has the server got it, or how much of it?
             yield base
             return
-        for offset in range(start, max(len(data), 1), chunk_bytes):
-            piece = data[offset : offset + chunk_bytes]
-            last = offset + chunk_bytes >= len(data)
+        for offset, piece in _pieces(source, start, size, chunk_bytes):
             part = pb.BlobChunk()
             part.CopyFrom(base)
-            part.offset, part.data, part.last = offset, piece, last
+            part.offset, part.data, part.last = offset, piece, offset + chunk_bytes >= size
             yield part
 
     ack = await stub.UploadBlob(chunks(None), metadata=metadata)
@@ -72,53 +79,80 @@ async def upload(
     raise LinkError(f"upload of {chunk.name} did not complete")
 
 
-async def fetch(stub: Any, metadata: Sequence[tuple[str, str]], request: pb.BlobRequest) -> bytes:
-    """Download a blob, resuming after a cut-off; raises ``LinkError`` if it cannot finish."""
-    data, sha, tries = bytearray(), "", 0
-    while True:
-        ask = pb.BlobRequest()
-        ask.CopyFrom(request)
-        ask.offset = len(data)
-        try:
-            async for part in stub.FetchBlob(ask, metadata=metadata):
-                if part.offset == len(data):
-                    data += part.data
-                sha = part.sha256 or sha
-                if part.last:
-                    return _checked(bytes(data), sha, request.blob_id)
-            raise LinkError(f"the download of {request.blob_id} ended early")
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
-                raise FetchRefused(f"{request.blob_id}: {exc.details()}") from None
-            tries += 1
-            if tries >= FETCH_TRIES:
-                raise LinkError(f"the download of {request.blob_id} kept breaking") from None
+def _pieces(
+    source: bytes | Path, start: int, size: int, chunk_bytes: int
+) -> Iterator[tuple[int, bytes]]:
+    """``(offset, bytes)`` from ``start`` on, at least one piece (an empty blob is one)."""
+    if isinstance(source, bytes):
+        for offset in range(start, max(size, 1), chunk_bytes):
+            yield offset, source[offset : offset + chunk_bytes]
+        return
+    with source.open("rb") as f:
+        f.seek(start)
+        for offset in range(start, max(size, 1), chunk_bytes):
+            yield offset, f.read(chunk_bytes)
 
 
-def _checked(data: bytes, sha: str, name: str) -> bytes:
-    if sha and hashlib.sha256(data).hexdigest() != sha:
-        raise LinkError(f"{name}: the downloaded bytes do not match their sha256")
-    return data
+def _size_and_sha(path: Path) -> tuple[int, str]:
+    sha, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while piece := f.read(READ_BYTES):
+            sha.update(piece)
+            size += len(piece)
+    return size, sha.hexdigest()
 
 
-def pack(path: Path) -> bytes:
-    """A file or directory as a tar archive with one top entry: ``path.name``."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.add(path, arcname=path.name)
-    return buffer.getvalue()
+async def fetch(
+    stub: Any, metadata: Sequence[tuple[str, str]], request: pb.BlobRequest, into: Path
+) -> Path:
+    """Download a blob into the file ``into`` (hashed as it arrives, never held in memory),
+    resuming after a cut-off; raises ``LinkError`` if it cannot finish or does not match."""
+    into.parent.mkdir(parents=True, exist_ok=True)
+    sha, want, tries = hashlib.sha256(), "", 0
+    with into.open("wb") as out:
+        while True:
+            ask = pb.BlobRequest()
+            ask.CopyFrom(request)
+            ask.offset = out.tell()
+            try:
+                async for part in stub.FetchBlob(ask, metadata=metadata):
+                    if part.offset == out.tell():
+                        out.write(part.data)
+                        sha.update(part.data)
+                    want = part.sha256 or want
+                    if part.last:
+                        if want and sha.hexdigest() != want:
+                            raise LinkError(
+                                f"{request.blob_id}: the downloaded bytes do not match their sha256"
+                            )
+                        return into
+                raise LinkError(f"the download of {request.blob_id} ended early")
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
+                    raise FetchRefused(f"{request.blob_id}: {exc.details()}") from None
+                tries += 1
+                if tries >= FETCH_TRIES:
+                    raise LinkError(f"the download of {request.blob_id} kept breaking") from None
 
 
-def unpack(data: bytes, into: Path) -> Path:
+def pack(path: Path, archive: Path) -> Path:
+    """A file or directory as the tar file ``archive`` with one top entry: ``path.name``."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, mode="w") as tar:
+        tar.add(path, arcname=path.name)
+    return archive
+
+
+def unpack(archive: Path, into: Path) -> Path:
     """Unpack ``pack``'s archive into ``into`` (emptied first); the path of its top entry."""
     if into.exists():
         shutil.rmtree(into)
     into.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
-        tops = {Path(m.name).parts[0] for m in archive.getmembers() if m.name}
+    with tarfile.open(archive, mode="r") as tar:
+        tops = {Path(m.name).parts[0] for m in tar.getmembers() if m.name}
         if len(tops) != 1:
             raise LinkError(f"a checkpoint archive must hold one entry, it holds {len(tops)}")
-        archive.extractall(into, filter="data")
+        tar.extractall(into, filter="data")
     return into / tops.pop()
 
 

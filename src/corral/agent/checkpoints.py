@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -82,22 +83,31 @@ class CheckpointCourier:
         if size > self.max_bytes:
             log.warning("checkpoint %s is %d bytes, over the upload limit: path only", path, size)
             return {}
-        data = await asyncio.to_thread(blobs.pack, path)
         chunk = pb.BlobChunk(
             allocation_id=report.allocation_id,
             attempt=report.attempt,
             name=f"{report.job_id or 'job'}/checkpoint-{update.step}.tar",
             mime="application/x-tar",
         )
-        try:
-            blob = await blobs.upload(stub, self.metadata, chunk, data, self.chunk_bytes)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is grpc.StatusCode.UNAVAILABLE:
-                raise
-            log.warning("the server refused checkpoint %s (%s): path only", path, exc.details())
-            return {}
+        with tempfile.TemporaryDirectory(dir=self._temp_root(), prefix="ship-") as tmp:
+            archive = await asyncio.to_thread(blobs.pack, path, Path(tmp) / "checkpoint.tar")
+            try:
+                blob = await blobs.upload(stub, self.metadata, chunk, archive, self.chunk_bytes)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    raise
+                log.warning("the server refused checkpoint %s (%s): path only", path, exc.details())
+                return {}
         self.shipped += 1
         return {0: blob}
+
+    def _temp_root(self) -> Path | None:
+        """Where archives travel from and to: the agent's scratch folder (its work dir, on
+        the disk checkpoints live on), else the system's temp folder."""
+        if self.scratch is None:
+            return None
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        return self.scratch
 
     async def prepare(self, job: Assignment) -> Assignment:
         """``job`` with an uploaded checkpoint fetched and unpacked locally (see the module doc)."""
@@ -119,15 +129,17 @@ class CheckpointCourier:
         request = pb.BlobRequest(
             allocation_id=job.allocation_id, attempt=job.attempt, blob_id=blob_id
         )
-        data = await self._download(request)
         base = job.checkpoint_dir or self.scratch
         if base is None:
             raise LinkError("no directory to unpack the checkpoint into")
         into = Path(base) / f"resume-{job.attempt}"
-        return await asyncio.to_thread(blobs.unpack, data, into)
+        with tempfile.TemporaryDirectory(dir=self._temp_root(), prefix="fetch-") as tmp:
+            archive = await self._download(request, Path(tmp) / "checkpoint.tar")
+            return await asyncio.to_thread(blobs.unpack, archive, into)
 
-    async def _download(self, request: pb.BlobRequest) -> bytes:
-        """The blob, over whichever session is up; a session ending mid-way is retried."""
+    async def _download(self, request: pb.BlobRequest, into: Path) -> Path:
+        """The blob into the file ``into``, over whichever session is up; a session ending
+        mid-way is retried."""
         for _ in range(blobs.FETCH_TRIES):
             async with asyncio.timeout(CONNECT_WAIT_S):  # not wait_for: it can lose a cancel
                 await self.connected.wait()
@@ -136,7 +148,7 @@ class CheckpointCourier:
                 await asyncio.sleep(0.1)
                 continue
             try:
-                return await blobs.fetch(stub, self.metadata, request)
+                return await blobs.fetch(stub, self.metadata, request, into)
             except blobs.FetchRefused:
                 raise
             except (LinkError, grpc.aio.UsageError) as exc:  # its channel closed under it
