@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from corral.agent.executors.base import Progress, Result, StopReason
+from corral.agent.executors.base import Failed, Progress, Result, StopReason
 from corral.agent.link import Target, backoff_s, parse_server
 from corral.agent.main import parse_labels
 from corral.agent.supervisor import Done, JobResult, Report
@@ -106,3 +106,16 @@ def test_updates_carry_allocation_attempt_and_job_and_large_results_go_by_blob()
     small, big = msg.update.finished.results
     assert (small.job_id, small.data, small.blob_id) == ("j1", b"small", "")
     assert (big.job_id, big.data, big.blob_id) == ("j2", b"", "uploads/al-1/2/abc")
+
+
+def test_a_batch_cut_short_carries_what_finished_with_its_failure() -> None:
+    before = Done((JobResult("j1", Result("a.png", b"png")),), jobs=("j1", "j2"))
+    failed = Failed("CUDA out of memory", retryable=True)
+    msg = update_message(7, Report("al-1", 2, failed, "j3", before), {0: "uploads/al-1/2/f"})
+    u = msg.update
+    assert (u.job_id, u.failed.error, u.failed.retryable) == ("j3", "CUDA out of memory", True)
+    assert list(u.failed.finished_jobs) == ["j1", "j2"]
+    [r] = u.failed.results
+    assert (r.job_id, r.name, r.blob_id, r.data) == ("j1", "a.png", "uploads/al-1/2/f", b"")
+    plain = update_message(8, Report("al-2", 1, failed)).update.failed
+    assert (list(plain.finished_jobs), list(plain.results)) == ([], [])

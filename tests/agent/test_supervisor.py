@@ -96,6 +96,54 @@ def test_a_batch_runs_its_jobs_in_turn_and_ends_once() -> None:
     asyncio.run(scenario())
 
 
+def test_a_batch_cut_short_by_a_failure_reports_what_finished_before_it() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        jobs = order("al-b", "j1", "j2", "j3", "j4", steps=2).jobs
+        failing = Assignment("al-b", 1, ("j3",), payload={"steps": 2, "fail_at": 1})
+        b.sup.assign(Order("al-b", 1, (*jobs[:2], failing, jobs[3])))
+        await b.until(lambda: b.ended("al-b"))
+        end = b.of("al-b")[-1]
+        assert isinstance(end.update, Failed)
+        assert end.job_id == "j3", "the job that failed"
+        assert end.before is not None
+        assert end.before.jobs == ("j1", "j2")
+        assert [jr.job_id for jr in end.before.results] == ["j1", "j2"]
+        progress = {r.job_id for r in b.of("al-b") if isinstance(r.update, Progress)}
+        assert "j4" not in progress, "j4 never ran"
+
+    asyncio.run(scenario())
+
+
+def test_a_single_job_or_a_failure_before_anything_finished_reports_no_batch() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-1", "j1", steps=2, fail_at=1))
+        b.sup.assign(order("al-2", "j1", "j2", steps=2, fail_at=1))
+        await b.until(lambda: b.ended("al-1") and b.ended("al-2"))
+        one, two = b.of("al-1")[-1], b.of("al-2")[-1]
+        assert (one.job_id, one.before) == ("", None)
+        assert (two.job_id, two.before) == ("j1", None)  # a batch: names the failing job
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_between_a_batchs_jobs_reports_what_finished() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-b", "j1", "j2", "j3", steps=2))
+        await b.until(lambda: any(r.job_id == "j2" for r in b.of("al-b")))
+        assert b.sup.stop("al-b", StopReason.PREEMPT, grace_s=0.0)
+        await b.until(lambda: b.ended("al-b"))
+        end = b.of("al-b")[-1]
+        assert isinstance(end.update, Failed)
+        assert end.job_id == "", "a stop is no job's fault"
+        assert end.before is not None
+        assert end.before.jobs == ("j1",)
+
+    asyncio.run(scenario())
+
+
 def test_orders_run_at_once_exactly_as_assigned_and_a_resent_one_is_ignored() -> None:
     async def scenario() -> None:
         b = Bench()

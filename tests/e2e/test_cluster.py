@@ -122,3 +122,31 @@ def test_a_second_agent_cannot_take_a_live_nodes_name(cluster: Cluster) -> None:
         done = wait_state(http, submit(http, payload=QUICK)["id"], "succeeded")
         assert done["node"] == "a1"
         assert [n["name"] for n in http.get("/v1/nodes").json()] == ["a1"]
+
+
+def test_a_batch_cut_short_keeps_what_finished_and_reruns_only_what_never_ran(
+    cluster: Cluster,
+) -> None:
+    cluster.start_server()
+    with cluster.client() as http:
+        sample = {"kind": "sample", "batch_key": "sd15"}
+        quick = {"steps": 2, "step_s": 0.05, "preview_every": 0}
+        ids = [
+            submit(http, **sample, payload={**quick, "prompt": "ok"}),
+            submit(http, **sample, payload={**quick, "size": 1}),  # refused by the executor
+            submit(http, **sample, payload={**quick, "prompt": "later"}),
+        ]
+        cluster.start_agent("a1", "--cpus", "1")  # all three queued: one batch
+        first, bad, later = (j["id"] for j in ids)
+        done = wait_state(http, first, "succeeded")
+        [result] = done["result"]
+        assert http.get(result["url"]).content.startswith(b"\x89PNG")
+        failed = wait_state(http, bad, "failed")
+        assert failed["attempt"] == 1
+        assert "size" in failed["error"]
+        rerun = wait_state(http, later, "succeeded")
+        assert rerun["attempt"] == 2, "it ran once, after the batch was cut short"
+        assert rerun["failures"] == 0
+        kinds = [e["event"] for e in events(http, later)]
+        assert kinds.count("job.requeued") == 1
+        assert done["attempt"] == 1, "what finished was not run again"

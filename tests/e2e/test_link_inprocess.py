@@ -107,7 +107,7 @@ class Inbound:
         return Ack.DUPLICATE if already else Ack.ACCEPTED
 
     async def failed(self, node: str, allocation_id: str, attempt: int, error: str, *,
-                     retryable: bool) -> Ack:  # fmt: skip
+                     retryable: bool, **_: Any) -> Ack:  # fmt: skip
         self.calls.append(("failed", (error, retryable)))
         return Ack.ACCEPTED
 

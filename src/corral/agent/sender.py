@@ -92,10 +92,11 @@ class Sender:
         """Upload a checkpoint, or the results too large to ride inline; blob ids by index."""
         if isinstance(report.update, Checkpoint):
             return await self.checkpoints.ship(stub, report)
-        if not isinstance(report.update, Done):
+        done = report.update if isinstance(report.update, Done) else report.before
+        if done is None:
             return {}
         s, inline, blob_ids = self.settings, 0, {}
-        for i, jr in enumerate(report.update.results):
+        for i, jr in enumerate(done.results):
             size = len(jr.result.data)
             if size > s.inline_bytes or inline + size > s.inline_total_bytes:
                 blob_ids[i] = await self._upload(stub, report, jr)

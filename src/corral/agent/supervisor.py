@@ -76,11 +76,13 @@ class JobResult:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """An order's successful end: every job's results (partial when interrupted)."""
+    """An order's successful end: every job's results (partial when interrupted). Also what a
+    batch cut short finished before it failed (``Report.before``: ``jobs`` says which)."""
 
     results: tuple[JobResult, ...] = ()
     modified: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     interrupted: bool = False
+    jobs: tuple[str, ...] = ()  # the jobs that finished (set for a batch cut short)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +92,8 @@ class Report:
     allocation_id: str
     attempt: int
     update: Update | Done  # never ``Finished``: an order's success is one ``Done``
-    job_id: str = ""
+    job_id: str = ""  # the job it is about (for a batch's failure: the job that failed)
+    before: Done | None = None  # a batch cut short by a failure: what finished before it
 
     @property
     def terminal(self) -> bool:
@@ -305,9 +308,16 @@ class Supervisor:
                 self.on_change()
 
     async def _run_ready(self, slot: _Slot, jobs: tuple[Assignment, ...]) -> None:
+        """Run the order's jobs in turn. A batch cut short (a job failed, or a stop came
+        between jobs) reports what finished before with the failure, so those jobs keep
+        their results and the ones that never ran are not counted as failed."""
         assert slot.executor is not None
-        results, modified = list[JobResult](), dict[str, str]()
+        results, modified, finished = list[JobResult](), dict[str, str](), list[str]()
         started = False
+
+        def before() -> Done | None:
+            return Done(tuple(results), modified, jobs=tuple(finished)) if finished else None
+
         for index, job in enumerate(jobs):
             terminal: Finished | Failed | None = None
             job = await self._prepared(slot, job)
@@ -325,13 +335,17 @@ class Supervisor:
                     self._track(slot, update, index)
                     self._emit(slot, update, job.job_id)
             if not isinstance(terminal, Finished):
-                self._end(slot, terminal or Failed("no result (a bug)", retryable=False))
+                failure = terminal or Failed("no result (a bug)", retryable=False)
+                failing = job.job_id if len(jobs) > 1 and failure.stopped is None else ""
+                self._end(slot, failure, failing, before())
                 return
             results += [JobResult(job.job_id, r) for r in terminal.results]
             modified |= terminal.modified
+            finished.append(job.job_id)
             request = slot.stop.requested
             if request is not None and request.reason is not StopReason.INTERRUPT:
-                self._end(slot, _failed(stopped_terminal(request)))  # the batch was stopped
+                stopped = _failed(stopped_terminal(request))  # the batch was stopped
+                self._end(slot, stopped, "", before() if index + 1 < len(jobs) else None)
                 return
             if terminal.interrupted or request is not None:
                 self._end(slot, Done(tuple(results), modified, interrupted=True))
@@ -355,10 +369,17 @@ class Supervisor:
         order = slot.order
         self.sink(Report(order.allocation_id, order.attempt, update, job_id))
 
-    def _end(self, slot: _Slot, terminal: Done | Failed) -> None:
+    def _end(
+        self,
+        slot: _Slot,
+        terminal: Done | Failed,
+        job_id: str = "",
+        before: Done | None = None,
+    ) -> None:
         slot.finished = True
         slot.progress = 1.0 if isinstance(terminal, Done) else slot.progress
-        self._emit(slot, terminal)
+        order = slot.order
+        self.sink(Report(order.allocation_id, order.attempt, terminal, job_id, before))
 
 
 def _failed(terminal: Finished | Failed) -> Failed:

@@ -194,12 +194,21 @@ def update_message(
         u.finished.CopyFrom(_finished(x, blob_ids or {}))
     elif isinstance(x, Failed):
         u.failed.CopyFrom(pb.Failed(error=x.error, retryable=x.retryable))
+        if report.before is not None:  # a batch cut short: what finished before the failure
+            u.failed.finished_jobs.extend(report.before.jobs)
+            u.failed.results.extend(_results(report.before, blob_ids or {}))
     else:
         raise TypeError(f"cannot send {type(x).__name__}")  # Finished is folded into Done
     return pb.AgentMessage(seq=seq, update=u)
 
 
 def _finished(done: Done, blob_ids: Mapping[int, str]) -> pb.Finished:
+    results = _results(done, blob_ids)
+    return pb.Finished(results=results, modified=dict(done.modified), interrupted=done.interrupted)
+
+
+def _results(done: Done, blob_ids: Mapping[int, str]) -> list[pb.Result]:
+    """``done``'s results on the wire: inline, or by the blob each was uploaded into."""
     results = []
     for i, jr in enumerate(done.results):
         blob = blob_ids.get(i, "")
@@ -212,4 +221,4 @@ def _finished(done: Done, blob_ids: Mapping[int, str]) -> pb.Finished:
                 job_id=jr.job_id,
             )
         )
-    return pb.Finished(results=results, modified=dict(done.modified), interrupted=done.interrupted)
+    return results

@@ -213,8 +213,21 @@ class AgentInbound(Protocol):
         ...
 
     async def failed(
-        self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
-    ) -> Ack: ...
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        error: str,
+        *,
+        retryable: bool,
+        job_id: str = "",
+        finished: Sequence[str] = (),
+        results: Sequence[ResultBlob] = (),
+    ) -> Ack:
+        """The allocation failed. A batch cut short says which job failed (``job_id``) and
+        which finished before it (``finished``, with their ``results``): those succeed, and
+        the jobs that never ran go back to the queue without counting a failure."""
+        ...
 
     async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
         """The allocation obeyed a stop order (after checkpointing, for a preemption)."""

@@ -258,17 +258,20 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             session.send(convert.ack_message(msg.seq, u.allocation_id, ack.value))
 
     async def _uploads_read(self, u: pb.AllocationUpdate) -> None:
-        """The server took the update's results (or refused them for good): their uploads
-        are no use once copied under ``results/``. They go ``upload_idle_s`` later, so an
-        update resent meanwhile (its ack was lost) still finds them and is answered
-        ``duplicate``; the corral agent uploads again before it resends anyway."""
-        ids = [r.blob_id for r in u.finished.results if r.blob_id]
+        self._release_later(u.allocation_id, u.finished.results)
+
+    def _release_later(self, allocation_id: str, results: Sequence[pb.Result]) -> None:
+        """The server took these results (or refused them for good): their uploads are no
+        use once linked under ``results/``. They go ``upload_idle_s`` later, so an update
+        resent meanwhile (its ack was lost) still finds them and is answered ``duplicate``;
+        the corral agent uploads again before it resends anyway."""
+        ids = [r.blob_id for r in results if r.blob_id]
         if not ids:
             return
 
         def due() -> None:
             self._releases.discard(handle)
-            task = asyncio.ensure_future(self._release(u.allocation_id, ids))
+            task = asyncio.ensure_future(self._release(allocation_id, ids))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
 
@@ -353,14 +356,19 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         return ack
 
     async def _results(self, u: pb.AllocationUpdate) -> list[ResultBlob]:
-        """A finished update's results: inline, or the blobs the agent uploaded (linked under
+        return self._blobs(u.allocation_id, u.attempt, u.finished.results)
+
+    def _blobs(
+        self, allocation_id: str, attempt: int, results: Sequence[pb.Result]
+    ) -> list[ResultBlob]:
+        """Results on the wire: inline, or the blobs the agent uploaded (linked under
         ``results/`` by the server, never read into its memory)."""
         blobs = []
-        for r in u.finished.results:
+        for r in results:
             mime = r.mime or "application/octet-stream"
             try:
                 upload = (
-                    self.uploads.stored_for(u.allocation_id, u.attempt, r.blob_id)
+                    self.uploads.stored_for(allocation_id, attempt, r.blob_id)
                     if r.blob_id
                     else None
                 )
@@ -370,9 +378,19 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         return blobs
 
     async def _failed(self, node: str, u: pb.AllocationUpdate) -> Ack:
-        return await self.inbound.failed(
-            node, u.allocation_id, u.attempt, u.failed.error, retryable=u.failed.retryable
+        f = u.failed
+        ack = await self.inbound.failed(
+            node,
+            u.allocation_id,
+            u.attempt,
+            f.error,
+            retryable=f.retryable,
+            job_id=u.job_id,
+            finished=list(f.finished_jobs),
+            results=self._blobs(u.allocation_id, u.attempt, f.results),
         )
+        self._release_later(u.allocation_id, f.results)
+        return ack
 
 
 Pair = tuple[pb.AgentMessage, pb.AgentMessage | None]

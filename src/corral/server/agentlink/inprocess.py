@@ -177,10 +177,27 @@ class StubAgent:
         started, finished = await self.server.ran(self.node, a.allocation_id, a.attempt, blobs)
         return self._note(started), self._note(finished)
 
-    async def fail(self, a: Assignment, error: str = "boom", *, retryable: bool = True) -> Ack:
+    async def fail(
+        self,
+        a: Assignment,
+        error: str = "boom",
+        *,
+        retryable: bool = True,
+        job_id: str = "",
+        finished: Mapping[str, Mapping[str, bytes]] | None = None,
+    ) -> Ack:
+        """Report a failure; a batch cut short names the job that failed (``job_id``) and
+        the jobs that finished before it (``finished``: job id -> file name -> bytes)."""
         self.running.pop(a.allocation_id, None)
         ack = await self.server.failed(
-            self.node, a.allocation_id, a.attempt, error, retryable=retryable
+            self.node,
+            a.allocation_id,
+            a.attempt,
+            error,
+            retryable=retryable,
+            job_id=job_id,
+            finished=list(finished or ()),
+            results=_blobs(a, finished) if finished else (),
         )
         return self._note(ack)
 

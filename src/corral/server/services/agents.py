@@ -41,13 +41,13 @@ from corral.server.services.node_keys import key_hash, may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
-from corral.server.services.results import apart, inline_results, store_results
-from corral.server.services.settling import end_allocation, is_current, record_start
+from corral.server.services.results import Files, apart, cut_batch, inline_results, store_results
+from corral.server.services.settling import Said, end_allocation, is_current, record_start
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store.records import AllocRecord, JobRecord, ResultFile, inventory_to_json
+from corral.server.store.records import AllocRecord, JobRecord, inventory_to_json
 
 MAX_LOG_LINES = 200
 MAX_LOG_LINE = 4096
@@ -347,22 +347,17 @@ class AgentService:
         end (durable with that commit, no read or blob file of their own); larger ones are
         written to the blob store first (an uploaded one linked there), after a fenced read.
         """
-        stored: dict[str, list[ResultFile]] | None = None
-        if apart(results):
-            async with self.rt.db.read() as conn:
-                pre = await self._fenced_read(
-                    conn, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED
-                )
-            if isinstance(pre, Ack):
-                return pre
-            stored = await store_results(self.rt, pre, results)
+        done = AllocObserved.SUCCEEDED
+        stored = await self._results_first(node, allocation_id, attempt, results, done)
+        if isinstance(stored, Ack):
+            return stored
 
         async def unit(tx: Tx) -> Ack:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
             if isinstance(rec, Ack):
                 return rec
             files = stored if stored is not None else inline_results(rec, results)
-            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files)
+            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=Said(files))
             return Ack.ACCEPTED
 
         return await self.updates.run(unit)
@@ -383,26 +378,67 @@ class AgentService:
                 return (Ack.STALE if rec is Ack.DUPLICATE else rec), rec
             starts = rec.alloc.observed is AllocObserved.PENDING
             files = inline_results(rec, results)
-            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, results=files, started=starts)
+            said = Said(files, started=starts)
+            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)
             return (Ack.ACCEPTED if starts else Ack.DUPLICATE), Ack.ACCEPTED
 
         return await self.updates.run(unit)
 
     async def failed(
-        self, node: str, allocation_id: str, attempt: int, error: str, *, retryable: bool
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        error: str,
+        *,
+        retryable: bool,
+        job_id: str = "",
+        finished: Sequence[str] = (),
+        results: Sequence[ResultBlob] = (),
     ) -> Ack:
+        done = AllocObserved.FAILED
+        stored = await self._results_first(node, allocation_id, attempt, results, done)
+        if isinstance(stored, Ack):
+            return stored
+
         async def unit(tx: Tx) -> Ack:
-            rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.FAILED)
+            rec = await self._fenced(tx, node, allocation_id, attempt, done=done)
             if isinstance(rec, Ack):
                 return rec
             # An allocation told to stop may report its end as a failure: it still obeyed the stop.
             ending = Ending.FAILED if rec.alloc.desired is AllocDesired.RUN else Ending.STOPPED
+            files = stored if stored is not None else inline_results(rec, results)
             await end_allocation(
-                self.rt, tx, rec, ending, retryable=retryable, error=error[:MAX_LOG_LINE]
+                self.rt,
+                tx,
+                rec,
+                ending,
+                retryable=retryable,
+                error=error[:MAX_LOG_LINE],
+                said=Said(files, endings=cut_batch(rec, finished, job_id)),
             )
             return Ack.ACCEPTED
 
         return await self.updates.run(unit)
+
+    async def _results_first(
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        results: Sequence[ResultBlob],
+        done: AllocObserved,
+    ) -> Files | Ack | None:
+        """Results too large for the job row, stored before the end that names them commits
+        (after a fenced read: the Ack when the update may not change the allocation); None
+        when every result rides in the row."""
+        if not apart(results):
+            return None
+        async with self.rt.db.read() as conn:
+            pre = await self._fenced_read(conn, node, allocation_id, attempt, done=done)
+        if isinstance(pre, Ack):
+            return pre
+        return await store_results(self.rt, pre, results)
 
     async def stopped(self, node: str, allocation_id: str, attempt: int) -> Ack:
         async def unit(tx: Tx) -> Ack:

@@ -20,6 +20,7 @@ class Ending(StrEnum):
     FAILED = "failed"  # the agent reported an error
     STOPPED = "stopped"  # the agent obeyed a stop order
     LOST = "lost"  # the node vanished, or the agent forgot the allocation
+    CUT_SHORT = "cut_short"  # its batch ended before it ran: another job of the batch failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,9 @@ def settle(
         return Settlement(JobState.SUCCEEDED, EventKind.JOB_SUCCEEDED)
     if ending is Ending.STOPPED and stop_reason is not None:
         return _stopped(stop_reason)
+    if ending is Ending.CUT_SHORT:  # it never ran: nothing to count, nothing to wait for
+        error = error or "its batch ended before it ran"
+        return Settlement(JobState.QUEUED, EventKind.JOB_REQUEUED, error=error)
     if ending is Ending.LOST:
         # Not the job's fault as far as we know, but it counts: a job that kills nodes must end.
         # No backoff: the work should resume elsewhere at once.

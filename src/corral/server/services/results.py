@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 
 from corral.server.agentlink.base import ResultBlob
+from corral.server.services.outcomes import Ending
 from corral.server.services.unit import Runtime
 from corral.server.store.records import AllocRecord, ResultFile
 
@@ -57,6 +58,20 @@ async def store_results(rt: Runtime, rec: AllocRecord, results: Sequence[ResultB
             ResultFile(name, key, stored.size, blob.content_type, stored.sha256)
         )
     return files
+
+
+def cut_batch(rec: AllocRecord, finished: Sequence[str], failed_job: str) -> dict[str, Ending]:
+    """How the jobs of a batch cut short ended, when not as the allocation did: the jobs that
+    finished before the failure succeeded; when the agent named the job that failed, the
+    others never ran (they go back to the queue, no failure counted). Empty: all alike."""
+    jobs = rec.alloc.job_ids
+    if len(jobs) < 2 or not (finished or failed_job):
+        return {}
+    done = set(finished)
+    endings = {j: Ending.SUCCEEDED for j in jobs if j in done}
+    if failed_job in jobs:
+        endings |= {j: Ending.CUT_SHORT for j in jobs if j not in done and j != failed_job}
+    return endings
 
 
 def _named(rec: AllocRecord, blob: ResultBlob) -> tuple[str, str]:

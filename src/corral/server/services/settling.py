@@ -7,8 +7,8 @@ decision itself is ``outcomes.settle``; this module applies it to the rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from corral.core.errors import Conflict
 from corral.core.events import EventKind
@@ -39,6 +39,7 @@ _OBSERVED = {
     Ending.LOST: AllocObserved.LOST,
 }
 LIVE = (JobState.PLACED, JobState.RUNNING)
+_BATCH_CUT = {Ending.CUT_SHORT: "another job of its batch failed before it ran"}
 
 
 def is_current(job: JobRecord, alloc: Allocation) -> bool:
@@ -54,18 +55,14 @@ async def end_allocation(
     *,
     retryable: bool = True,
     error: str | None = None,
-    results: dict[str, list[ResultFile]] | None = None,
-    started: bool = False,
+    said: Said | None = None,
 ) -> None:
-    """Record that ``rec`` ended, free its resources, and settle the jobs it still owns.
-
-    ``started``: the agent reported the allocation's start together with this end (work
-    that ended at once). The start is then recorded in the same row updates: its time on
-    the allocation and its jobs, and each job's ``job.started`` event before its end's.
-    """
+    """Record that ``rec`` ended, free its resources, and settle the jobs it still owns,
+    with what the agent ``said`` of them (results, a start, jobs that ended otherwise)."""
+    said = said or Said()
     alloc = rec.alloc
     observed = alloc.observed
-    started = started and observed is AllocObserved.PENDING
+    started = said.started and observed is AllocObserved.PENDING
     if observed is AllocObserved.PENDING and ending is Ending.SUCCEEDED:
         observed = transition(
             ALLOCATION,
@@ -93,8 +90,24 @@ async def end_allocation(
         job = jobs.get(job_id)
         if job is None or not is_current(job, alloc):
             continue
-        how = How(ending, stop_reason, retryable, error, started)
-        await _settle_job(rt, tx, job, alloc, how, (results or {}).get(job_id, []))
+        own = said.endings.get(job_id, ending)
+        why = error if own is ending else _BATCH_CUT.get(own, error)
+        how = How(own, stop_reason, retryable, why, started)
+        await _settle_job(rt, tx, job, alloc, how, list(said.files.get(job_id, ())))
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """What the agent said of an allocation's jobs with its end."""
+
+    files: Mapping[str, Sequence[ResultFile]] = field(default_factory=dict)  # results by job
+    # Work that ended at once: its start came with its end. It is recorded in the same row
+    # updates: its time on the allocation and its jobs, each job's ``job.started`` event
+    # before its end's.
+    started: bool = False
+    # Jobs that ended otherwise than the allocation did: a batch cut short (those that
+    # finished before the failure succeeded; those that never ran were cut short).
+    endings: Mapping[str, Ending] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -679,17 +679,30 @@ class Failed(_message.Message):
 
     ERROR_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    FINISHED_JOBS_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
     error: _builtins.str
     retryable: _builtins.bool
+    @_builtins.property
+    def finished_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A batch cut short: the jobs that finished before the failure (they succeeded, with
+        these results). The update's job_id names the job that failed; the batch's other jobs
+        never ran. Empty for an allocation of one job, or one that failed as a whole.
+        """
+
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___Result]: ...
     def __init__(
         self,
         *,
         error: _builtins.str = ...,
         retryable: _builtins.bool = ...,
+        finished_jobs: _abc.Iterable[_builtins.str] | None = ...,
+        results: _abc.Iterable[Global___Result] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "retryable", b"retryable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finished_jobs", b"finished_jobs", "results", b"results", "retryable", b"retryable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,83 @@
+"""A batch cut short by one job's failure (services/results.py ``cut_batch``).
+
+Jobs that finished before the failure keep their results and succeed; the job that failed
+is retried or fails as its error says; jobs that never ran go back to the queue without a
+failure counted. A failure that names no job fails every unfinished job, as before; a stop
+mid-batch leaves the finished jobs succeeded and the others stopped.
+"""
+
+from __future__ import annotations
+
+import pytest
+from server_harness import ADMIN, World
+
+from corral.core.states import JobState
+from corral.server.agentlink.base import Ack, Assignment
+from corral.server.agentlink.inprocess import StubAgent
+
+pytestmark = pytest.mark.anyio
+
+
+async def _batch(
+    world: World, n: int = 4, **spec: object
+) -> tuple[list[str], StubAgent, Assignment]:
+    one = {"kind": "sample", "resources": {"gpus": 1}, "batch_key": "sd15", **spec}
+    jobs = await world.submit_many([one] * n)
+    agent = await world.agent("n1")
+    await world.cycle()
+    a = await agent.next_assignment()
+    order = [w.job_id for w in a.jobs]  # the order the agent runs them in
+    assert sorted(order) == sorted(j.job.id for j in jobs)
+    await agent.start(a)
+    return order, agent, a
+
+
+@pytest.mark.parametrize("retryable", [True, False], ids=["retryable", "final"])
+async def test_finished_jobs_keep_their_results_and_unrun_ones_are_requeued_uncounted(
+    world: World, retryable: bool
+) -> None:
+    ids, agent, a = await _batch(world)
+    first, second, bad, never = ids
+    done = {first: {"1.png": b"one"}, second: {"2.png": b"two"}}
+    ack = await agent.fail(a, "CUDA out of memory", retryable=retryable, job_id=bad, finished=done)
+    assert ack is Ack.ACCEPTED
+
+    for job_id, name, data in ((first, "1.png", b"one"), (second, "2.png", b"two")):
+        rec = await world.job(job_id)
+        assert rec.state is JobState.SUCCEEDED
+        _, got = await world.plane.jobs.result_file(ADMIN, job_id, name)
+        assert got == data
+    failed = await world.job(bad)
+    assert failed.failures == 1
+    assert failed.state is (JobState.QUEUED if retryable else JobState.FAILED)
+    assert "CUDA out of memory" in failed.attempt_errors[-1].error
+    untouched = await world.job(never)
+    assert untouched.state is JobState.QUEUED
+    assert untouched.failures == 0, "it never ran: no failure counted"
+    assert untouched.job.not_before <= world.clock.now(), "and no retry delay"
+    assert (await world.kinds(never))[-1] == "job.requeued"
+
+
+async def test_a_failure_naming_no_job_fails_every_unfinished_job_as_before(world: World) -> None:
+    ids, agent, a = await _batch(world, 3)
+    await agent.fail(a, "the backend crashed", retryable=False, finished={ids[0]: {"a": b"a"}})
+    states = [(await world.job(j)).state for j in ids]
+    assert states == [JobState.SUCCEEDED, JobState.FAILED, JobState.FAILED]
+
+
+async def test_a_stop_mid_batch_keeps_what_finished(world: World) -> None:
+    ids, agent, a = await _batch(world, 3, timeout_s=10)
+    world.clock.advance(11)
+    assert (await world.plane.liveness.tick()).timed_out == [a.allocation_id]
+    await agent.fail(a, "stopped", retryable=False, finished={ids[0]: {"a": b"a"}})
+    done, *cut = [await world.job(j) for j in ids]
+    assert done.state is JobState.SUCCEEDED
+    assert [(j.state, j.error) for j in cut] == [(JobState.FAILED, "timed out")] * 2
+
+
+async def test_only_the_allocations_own_jobs_can_be_reported_finished(world: World) -> None:
+    ids, agent, a = await _batch(world, 2)
+    other = await world.submit(resources={"gpus": 1})
+    await agent.fail(a, "boom", retryable=False, job_id=ids[1], finished={other.job.id: {}})
+    assert (await world.job(other.job.id)).state is JobState.QUEUED
+    assert [(await world.job(j)).state for j in ids] == [JobState.QUEUED, JobState.FAILED]
