@@ -142,12 +142,9 @@ class PythonExecutor:
         self._name = name
         self._workers = Workers()
         handler = self._handler
+        self._kind = _kind_of(handler)  # once, not per run: inspect is not free
         # A plain function (the common no-frills handler) is one call in a worker thread.
-        self._plain = not (
-            inspect.isasyncgenfunction(handler)
-            or inspect.isgeneratorfunction(handler)
-            or inspect.iscoroutinefunction(handler)
-        )
+        self._plain = self._kind == "plain"
 
     @property
     def name(self) -> str:
@@ -160,7 +157,7 @@ class PythonExecutor:
         items = (
             self._call(ctx, stop)
             if self._plain
-            else self._obedient(_items(self._handler, ctx), stop)
+            else self._obedient(_items(self._handler, self._kind, ctx), stop)
         )
         try:
             async for item in items:
@@ -210,9 +207,12 @@ class PythonExecutor:
                     return
                 pending = None
                 yield item
+                if isinstance(item, _Returned):  # always the last: no task to hear the end
+                    return
         finally:
             if pending is not None:
                 pending.cancel()
+            await _aclose(items)
 
 
 class _Obedience:
@@ -229,7 +229,7 @@ class _Obedience:
         while not pending.done():
             request = self._stop.requested
             if request is None:
-                await asyncio.wait({pending, self._stop.future()}, return_when=FIRST)
+                await _either(pending, self._stop.future())
                 continue
             if self._deadline is None:
                 self._deadline = self._clock.now() + request.grace_s
@@ -242,6 +242,45 @@ class _Obedience:
         return True
 
 
+async def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> None:
+    """Until ``a`` or ``b`` is done: ``asyncio.wait(FIRST_COMPLETED)`` for two futures,
+    without its sets and checks (it runs once per item a handler yields)."""
+    if a.done() or b.done():
+        return
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    a.add_done_callback(wake)
+    b.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        a.remove_done_callback(wake)
+        b.remove_done_callback(wake)
+
+
+async def _aclose(items: AsyncIterator[object]) -> None:
+    """Close the handler's stream (its ``finally`` blocks run now, not whenever it is
+    collected); what closing raises is the abandoned handler's business."""
+    aclose = getattr(items, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+def _kind_of(handler: Handler) -> str:
+    if inspect.isasyncgenfunction(handler):
+        return "asyncgen"
+    if inspect.isgeneratorfunction(handler):
+        return "generator"
+    if inspect.iscoroutinefunction(handler):
+        return "coroutine"
+    return "plain"
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
@@ -252,13 +291,14 @@ class _Returned:
     value: object
 
 
-async def _items(handler: Handler, ctx: HandlerContext) -> AsyncIterator[object]:
-    """A generator or async handler as one async stream of yielded items, then ``_Returned``."""
-    if inspect.isasyncgenfunction(handler):
+async def _items(handler: Handler, kind: str, ctx: HandlerContext) -> AsyncIterator[object]:
+    """A generator or async handler as one async stream of yielded items, then ``_Returned``
+    (always last)."""
+    if kind == "asyncgen":
         async for item in handler(ctx):
             yield item
         yield _Returned(None)
-    elif inspect.isgeneratorfunction(handler):
+    elif kind == "generator":
         gen: Iterator[object] = handler(ctx)
         try:
             while True:
