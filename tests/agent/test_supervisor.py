@@ -144,6 +144,39 @@ def test_a_stop_between_a_batchs_jobs_reports_what_finished() -> None:
     asyncio.run(scenario())
 
 
+def test_a_job_of_a_batch_cancelled_on_its_own_is_skipped_or_stopped_and_the_rest_runs() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-b", "j1", "j2", "j3", "j4", steps=3))
+        await b.until(lambda: any(r.job_id == "j1" for r in b.of("al-b")))
+        assert b.sup.drop("al-b", "j1")  # running: stopped now
+        assert b.sup.drop("al-b", "j3")  # not yet run: skipped
+        assert not b.sup.drop("al-b", "j3"), "dropped already"
+        assert not b.sup.drop("al-b", "j9"), "not in this batch"
+        await b.until(lambda: b.ended("al-b"))
+        done = b.of("al-b")[-1].update
+        assert isinstance(done, Done)
+        assert [jr.job_id for jr in done.results] == ["j2", "j4"]
+        ran = {r.job_id for r in b.of("al-b") if isinstance(r.update, Progress)}
+        assert "j3" not in ran
+        assert b.clock.now() < 10 * 60.0, "j1 stopped early, j3 never ran"
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_of_the_whole_batch_reaches_the_job_running_now() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-b", "j1", "j2", steps=100))
+        await b.until(lambda: any(r.job_id == "j1" for r in b.of("al-b")))
+        assert b.sup.stop("al-b", StopReason.CANCEL, grace_s=0.0)
+        await b.until(lambda: b.ended("al-b"))
+        assert isinstance(b.of("al-b")[-1].update, Failed)
+        assert b.clock.now() < 100 * 60.0
+
+    asyncio.run(scenario())
+
+
 def test_orders_run_at_once_exactly_as_assigned_and_a_resent_one_is_ignored() -> None:
     async def scenario() -> None:
         b = Bench()

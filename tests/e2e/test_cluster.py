@@ -150,3 +150,22 @@ def test_a_batch_cut_short_keeps_what_finished_and_reruns_only_what_never_ran(
         kinds = [e["event"] for e in events(http, later)]
         assert kinds.count("job.requeued") == 1
         assert done["attempt"] == 1, "what finished was not run again"
+
+
+def test_cancelling_one_job_of_a_running_batch_skips_it_and_the_rest_run(
+    cluster: Cluster,
+) -> None:
+    cluster.start_server()
+    with cluster.client() as http:
+        sample = {"kind": "sample", "batch_key": "sd15"}
+        slow = {"steps": 20, "step_s": 0.1, "preview_every": 0}
+        first, dropped, last = (
+            submit(http, **sample, payload={**slow, "prompt": p})["id"] for p in "abc"
+        )
+        cluster.start_agent("a1", "--cpus", "1")  # all three queued: one batch
+        eventually(lambda: job(http, first)["progress"] > 0, what="the first job runs")
+        assert http.post(f"/v1/jobs/{dropped}/cancel").json()["state"] == "cancelled"
+        assert wait_state(http, last, "succeeded")["attempt"] == 1
+        assert wait_state(http, first, "succeeded")["attempt"] == 1
+        assert [e["event"] for e in events(http, dropped)][-1] == "job.cancelled"
+    assert f"job {dropped} was cancelled; skipping it, the batch goes on" in cluster.logs()

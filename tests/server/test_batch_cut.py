@@ -4,6 +4,9 @@ Jobs that finished before the failure keep their results and succeed; the job th
 is retried or fails as its error says; jobs that never ran go back to the queue without a
 failure counted. A failure that names no job fails every unfinished job, as before; a stop
 mid-batch leaves the finished jobs succeeded and the others stopped.
+
+Cancelling one job of a running batch drops just that job (a job-level stop, resent by the
+resync); cancelling the last one still running stops the allocation.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pytest
 from server_harness import ADMIN, World
 
 from corral.core.states import JobState
-from corral.server.agentlink.base import Ack, Assignment
+from corral.server.agentlink.base import Ack, Assignment, StopOrder, StopReason
 from corral.server.agentlink.inprocess import StubAgent
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +84,43 @@ async def test_only_the_allocations_own_jobs_can_be_reported_finished(world: Wor
     await agent.fail(a, "boom", retryable=False, job_id=ids[1], finished={other.job.id: {}})
     assert (await world.job(other.job.id)).state is JobState.QUEUED
     assert [(await world.job(j)).state for j in ids] == [JobState.QUEUED, JobState.FAILED]
+
+
+async def test_cancelling_one_job_of_a_running_batch_drops_just_that_job(world: World) -> None:
+    ids, agent, a = await _batch(world, 3)
+    cancelled = await world.plane.jobs.cancel(ADMIN, ids[1])
+    assert cancelled.state is JobState.CANCELLED
+    order = await agent.receive()
+    assert isinstance(order, StopOrder)
+    assert (order.allocation_id, order.reason, order.job_id) == (
+        a.allocation_id,
+        StopReason.CANCEL,
+        ids[1],
+    )
+    alloc = (await world.plane.nodes.get(ADMIN, "n1")).allocations
+    assert [x.desired.value for x in alloc] == ["run"], "the batch runs on"
+    await agent.finish(a, {ids[0]: {"a": b"a"}, ids[2]: {"c": b"c"}})
+    states = [(await world.job(j)).state for j in ids]
+    assert states == [JobState.SUCCEEDED, JobState.CANCELLED, JobState.SUCCEEDED]
+
+
+async def test_the_resync_tells_the_agent_again_to_drop_a_cancelled_job(world: World) -> None:
+    ids, agent, _ = await _batch(world, 2)
+    await world.plane.jobs.cancel(ADMIN, ids[0])
+    await agent.receive()  # the first order, lost on the way in real life
+    world.clock.advance(10)
+    assert await world.plane.delivery.resync(older_than_s=5) == 1
+    order = await agent.receive()
+    assert isinstance(order, StopOrder)
+    assert order.job_id == ids[0]
+    assert await world.plane.delivery.resync(older_than_s=60) == 0, "not yet due again"
+
+
+async def test_cancelling_every_job_of_a_batch_stops_the_allocation(world: World) -> None:
+    ids, agent, _ = await _batch(world, 2)
+    await world.plane.jobs.cancel(ADMIN, ids[0])
+    await world.plane.jobs.cancel(ADMIN, ids[1])
+    first, second = await agent.receive(), await agent.receive()
+    assert isinstance(first, StopOrder)
+    assert isinstance(second, StopOrder)
+    assert (first.job_id, second.job_id) == (ids[0], "")  # the last stops the whole batch

@@ -94,6 +94,25 @@ async def test_a_cancel_on_one_replica_stops_the_work_on_the_other(replicas: Any
     assert (order.allocation_id, order.reason) == (a.allocation_id, StopReason.CANCEL)
 
 
+async def test_a_cancel_of_one_job_of_a_batch_reaches_the_agent_on_the_other_replica(
+    replicas: Any,
+) -> None:
+    api, holding = await replicas(), await replicas()
+    jobs = await _submit(api.plane, 3, kind="sample", batch_key="sd15")
+    agent = await holding.agent("n1")
+    await holding.plane.schedule.cycle()
+    a = await agent.next_assignment()
+    assert len(a.jobs) == 3
+    await agent.start(a)
+
+    dropped = a.jobs[1].job_id
+    await api.plane.jobs.cancel(ADMIN, dropped)
+    order = await agent.receive(timeout=5)
+    assert isinstance(order, StopOrder)
+    assert (order.allocation_id, order.job_id) == (a.allocation_id, dropped)
+    assert {j.job.id for j in jobs} == {w.job_id for w in a.jobs}
+
+
 async def test_a_lost_note_is_covered_by_the_resync(replicas: Any) -> None:
     deciding, holding = await replicas(), await replicas()
     agent = await holding.agent("n1")
@@ -167,17 +186,21 @@ def test_notes_are_batched_under_the_payload_limit() -> None:
     assert decode("not json") == ("", [])
 
 
-async def _submit(plane: ControlPlane) -> Any:
+async def _submit(plane: ControlPlane, count: int = 1, **spec: Any) -> Any:
+    """One job (``count`` 1), or a list of ``count`` jobs submitted together."""
     from corral.server.api.schemas import JobIn
     from corral.server.services.jobs import Draft, new_job_id
 
-    body = JobIn.model_validate({"resources": {"gpus": 1}})
-    draft = Draft(
-        body.to_job(new_job_id(), team="default", idempotency_key=None),
-        body.request_hash("default"),
-    )
-    records, _ = await plane.jobs.submit(ADMIN, [draft])
-    return records[0]
+    body = JobIn.model_validate({"resources": {"gpus": 1}, **spec})
+    drafts = [
+        Draft(
+            body.to_job(new_job_id(), team="default", idempotency_key=None),
+            body.request_hash("default"),
+        )
+        for _ in range(count)
+    ]
+    records, _ = await plane.jobs.submit(ADMIN, drafts)
+    return records[0] if count == 1 else records
 
 
 async def _succeeded(plane: ControlPlane, job_id: str) -> bool:

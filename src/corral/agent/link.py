@@ -301,7 +301,10 @@ class LinkClient:
             hint(self.models, msg.prefetch, self.api_base)
         elif body == "stop":
             allocation_id, reason, grace_s = wire.stop_from(msg.stop)
-            self.supervisor.stop(allocation_id, reason, grace_s)
+            if msg.stop.job_id:  # one job of a batch, cancelled on its own
+                self.supervisor.drop(allocation_id, msg.stop.job_id)
+            else:
+                self.supervisor.stop(allocation_id, reason, grace_s)
         elif body == "intake":
             self.supervisor.intake_open = not msg.intake.paused
         elif body == "ack":

@@ -125,6 +125,11 @@ class _Slot:
     task: asyncio.Task[None] | None = None
     finished: bool = False
     progress: float = 0.0
+    # A batch: the job running now and its own stop signal (``stop`` reaches it too), and
+    # the jobs cancelled on their own (``drop``: skipped, or stopped while they run).
+    running: str = ""
+    job_stop: StopSignal | None = None
+    dropped: set[str] = field(default_factory=set)
 
 
 class Supervisor:
@@ -208,6 +213,28 @@ class Supervisor:
         if slot is None or slot.finished:
             return False
         slot.stop.request(reason, max(0.0, grace_s), note)
+        if slot.job_stop is not None:
+            slot.job_stop.request(reason, max(0.0, grace_s), note)
+        return True
+
+    def drop(self, allocation_id: str, job_id: str) -> bool:
+        """One job of a running batch was cancelled on its own: skip it, or stop it now if
+        it runs; the batch goes on with the others. False when there is nothing to drop."""
+        slot = self._slots.get(allocation_id)
+        if slot is None or slot.finished or job_id in slot.dropped:
+            return False
+        if job_id not in {j.job_id for j in slot.order.jobs}:
+            return False
+        slot.dropped.add(job_id)
+        running = slot.running == job_id and slot.job_stop is not None
+        log.info(
+            "allocation %s: job %s was cancelled; %s, the batch goes on",
+            allocation_id,
+            job_id,
+            "stopping it" if running else "skipping it",
+        )
+        if running and slot.job_stop is not None:
+            slot.job_stop.request(StopReason.CANCEL, 0.0, "cancelled on its own")
         return True
 
     def held(self) -> list[Held]:
@@ -319,21 +346,29 @@ class Supervisor:
             return Done(tuple(results), modified, jobs=tuple(finished)) if finished else None
 
         for index, job in enumerate(jobs):
+            if job.job_id in slot.dropped:
+                continue  # cancelled on its own before its turn
             terminal: Finished | Failed | None = None
             job = await self._prepared(slot, job)
+            signal = slot.stop if len(jobs) == 1 else _job_signal(slot, job.job_id)
             updates = execute(
-                slot.executor, job, slot.stop, self.clock, timeout_grace_s=self.timeout_grace_s
+                slot.executor, job, signal, self.clock, timeout_grace_s=self.timeout_grace_s
             )
-            async for update in updates:
-                if isinstance(update, Started):
-                    if not started:
+            try:
+                async for update in updates:
+                    if isinstance(update, Started):
+                        if not started:
+                            self._emit(slot, update, job.job_id)
+                        started = True
+                    elif isinstance(update, Finished | Failed):
+                        terminal = update
+                    else:
+                        self._track(slot, update, index)
                         self._emit(slot, update, job.job_id)
-                    started = True
-                elif isinstance(update, Finished | Failed):
-                    terminal = update
-                else:
-                    self._track(slot, update, index)
-                    self._emit(slot, update, job.job_id)
+            finally:
+                slot.running, slot.job_stop = "", None
+            if job.job_id in slot.dropped and slot.stop.requested is None:
+                continue  # cancelled on its own while it ran: the batch goes on
             if not isinstance(terminal, Finished):
                 failure = terminal or Failed("no result (a bug)", retryable=False)
                 failing = job.job_id if len(jobs) > 1 and failure.stopped is None else ""
@@ -380,6 +415,17 @@ class Supervisor:
         slot.progress = 1.0 if isinstance(terminal, Done) else slot.progress
         order = slot.order
         self.sink(Report(order.allocation_id, order.attempt, terminal, job_id, before))
+
+
+def _job_signal(slot: _Slot, job_id: str) -> StopSignal:
+    """The stop signal of one job of a batch: a stop of the whole batch reaches it (also one
+    asked for before it started), and ``Supervisor.drop`` stops it alone."""
+    signal = StopSignal()
+    request = slot.stop.requested
+    if request is not None:
+        signal.request(request.reason, request.grace_s, request.note)
+    slot.running, slot.job_stop = job_id, signal
+    return signal
 
 
 def _failed(terminal: Finished | Failed) -> Failed:

@@ -77,6 +77,7 @@ class StopOrder:
     allocation_id: str
     reason: StopReason
     grace_s: float = 0.0
+    job_id: str = ""  # set: only this job of a batch (cancelled on its own); the rest run on
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,7 @@ def stop_message(order: StopOrder) -> pb.ServerMessage:
             allocation_id=order.allocation_id,
             reason=_STOP_TO_WIRE[order.reason],
             grace_s=order.grace_s,
+            job_id=order.job_id,
         )
     )
 

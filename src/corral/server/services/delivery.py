@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import LinkError
-from corral.core.states import AllocDesired, AllocObserved
+from corral.core.states import AllocDesired, AllocObserved, JobState
 from corral.server.agentlink.base import AgentLink, StopOrder, StopReason
 from corral.server.agentlink.relay import holds
 from corral.server.services.placement import assignment
@@ -68,6 +68,8 @@ class Delivery:
                 await self._assign(conn, rec)
             elif note.kind == "stop" and rec.alloc.desired is not AllocDesired.RUN:
                 await self._send(self.transport.stop(note.node, _stop_order(rec)))
+            elif note.kind == "stop":  # a job of a batch cancelled on its own
+                await self._stop_jobs(conn, rec, older_than_s=-1.0)
 
     async def resync(self, older_than_s: float) -> int:
         """Send again what has waited longer than ``older_than_s``; returns how many."""
@@ -81,8 +83,22 @@ class Delivery:
                     sent += await self._assign(conn, rec)
                 elif _stopping_since(rec, now) > older_than_s:
                     sent += await self._send(self.transport.stop(rec.alloc.node, _stop_order(rec)))
+                elif len(rec.alloc.job_ids) > 1:
+                    sent += await self._stop_jobs(conn, rec, older_than_s)
         if sent:
             log.info("resent %d assignments and stops to agents held here", sent)
+        return sent
+
+    async def _stop_jobs(self, conn: AsyncConnection, rec: AllocRecord, older_than_s: float) -> int:
+        """Tell the agent again to drop the jobs of batch ``rec`` cancelled on their own more
+        than ``older_than_s`` ago (the agent ignores a job it dropped or finished)."""
+        now, grace = self.rt.clock.now(), self.rt.settings.scheduling.stop_grace_s
+        sent = 0
+        for job in (await job_repo.get_many(conn, rec.alloc.job_ids)).values():
+            cancelled_at = job.finished_at if job.state is JobState.CANCELLED else None
+            if cancelled_at is not None and now - cancelled_at > older_than_s:
+                order = StopOrder(rec.alloc.id, StopReason.CANCEL, grace, job.job.id)
+                sent += await self._send(self.transport.stop(rec.alloc.node, order))
         return sent
 
     async def _assign(self, conn: AsyncConnection, rec: AllocRecord) -> int:

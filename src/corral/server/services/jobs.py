@@ -23,7 +23,7 @@ from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.group import GroupCommitter
 from corral.server.services.previews import preview_key
-from corral.server.services.settling import request_stop
+from corral.server.services.settling import request_stop, stop_job
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
@@ -177,7 +177,8 @@ class JobService:
         await self.get(who, job_id)  # visibility and 404 before taking the write lock
         async with self.rt.tx(reschedule=True) as tx:
             rec = await job_repo.get(tx.conn, job_id)
-            assert rec is not None  # jobs are never deleted
+            if rec is None:  # the retention sweep deleted it meanwhile (it had long ended)
+                raise NotFound(f"job {job_id} not found")
             if rec.state in JOB.terminal:
                 if rec.state is JobState.CANCELLED:
                     return rec  # cancelling twice is harmless
@@ -225,7 +226,8 @@ class JobService:
         await self._stop_allocations(tx, rec, StopReason.INTERRUPT)
 
     async def _stop_allocations(self, tx: Tx, rec: JobRecord, reason: StopReason) -> None:
-        """Stop each allocation of ``rec`` whose every job now wants to stop (batches share one)."""
+        """Stop each allocation of ``rec`` whose every job now wants to stop (batches share
+        one); in a batch whose other jobs run on, a cancel drops just this job."""
         grace = self.rt.settings.scheduling.stop_grace_s
         for alloc_id in rec.allocation_ids:
             alloc = await alloc_repo.get(tx.conn, alloc_id)
@@ -236,6 +238,8 @@ class JobService:
             )
             if all(o.state in JOB.terminal or o.stop_request for o in others.values()):
                 await request_stop(self.rt, tx, alloc, reason, grace)
+            elif reason is StopReason.CANCEL:
+                stop_job(self.rt, tx, alloc, rec.job.id, grace)
 
     async def result_ref(self, who: Principal, job_id: str, name: str) -> ResultFile:
         """The descriptor of one result file of a job visible to ``who``."""

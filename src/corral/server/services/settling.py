@@ -305,6 +305,18 @@ async def stop_siblings(rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation) 
             )
 
 
+def stop_job(rt: Runtime, tx: Tx, rec: AllocRecord, job_id: str, grace_s: float) -> None:
+    """Ask the agent to drop one job of batch ``rec`` (cancelled on its own) while the rest
+    runs on (after the commit). The allocation's row does not change: ``Delivery`` finds
+    such jobs again from their state to resend the order."""
+    order = StopOrder(rec.alloc.id, StopReason.CANCEL, grace_s, job_id)
+
+    async def send() -> None:
+        await rt.link.stop(rec.alloc.node, order)
+
+    tx.then(send)
+
+
 async def request_stop(
     rt: Runtime, tx: Tx, rec: AllocRecord, reason: StopReason, grace_s: float
 ) -> bool:

@@ -1134,19 +1134,25 @@ class Stop(_message.Message):
     ALLOCATION_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     reason: Global___StopReason.ValueType
     grace_s: _builtins.float
+    job_id: _builtins.str
+    """Set: stop only this job of a batch (cancelled on its own); the others run on. An agent
+    skips it if it has not started and stops it if it runs; unknown or done: ignored.
+    """
     def __init__(
         self,
         *,
         allocation_id: _builtins.str = ...,
         reason: Global___StopReason.ValueType = ...,
         grace_s: _builtins.float = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "grace_s", b"grace_s", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "grace_s", b"grace_s", "job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
