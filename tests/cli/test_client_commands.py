@@ -81,6 +81,19 @@ def test_submit_a_yaml_list_then_list_show_and_cancel(
     ]
 
 
+def test_delete_removes_finished_jobs_and_refuses_queued_ones(
+    cli: Cli, server: Running, team: str
+) -> None:
+    cli = cli.against(server)
+    done, waiting = (j["id"] for j in submit_json(cli, "[{}, {}]", "--team", team))
+    assert cli("cancel", str(done)).exit_code == 0
+    result = cli("delete", str(done), str(waiting))
+    assert result.exit_code == 1
+    assert f"{done} deleted" in result.stdout  # the first went before the second was refused
+    assert "cancel it first" in result.stderr
+    assert [j["id"] for j in cli_json(cli, "jobs", "--team", team)] == [waiting]
+
+
 def cli_json(cli: Cli, *args: str) -> list[dict[str, object]]:
     result = cli(*args, "--json")
     assert result.exit_code == 0, result.output

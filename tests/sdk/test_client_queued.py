@@ -39,6 +39,20 @@ def test_a_submitted_job_can_be_read_listed_and_cancelled(admin: Client, team: s
     assert [j.id for j in admin.jobs(team=team, state=["cancelled", "failed"])] == [job.id]
 
 
+def test_a_finished_job_can_be_deleted_and_a_queued_one_cannot(admin: Client, team: str) -> None:
+    job = admin.submit(kind="sample", payload={"prompt": "a fox"}, team=team)
+    with pytest.raises(Conflict) as err:
+        job.delete()
+    assert "cancel it first" in str(err.value)
+    job.cancel()
+    job.delete()
+    with pytest.raises(NotFound):
+        admin.job(job.id)
+    with pytest.raises(NotFound):
+        admin.delete_job(job.id)  # twice: it is gone
+    assert admin.jobs(team=team) == []
+
+
 def test_listing_follows_pages_newest_first(admin: Client, team: str) -> None:
     jobs = admin.submit_many([{"team": team, "user": f"u{i}"} for i in range(7)])
 

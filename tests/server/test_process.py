@@ -54,7 +54,7 @@ def test_accepted_jobs_survive_kill_9_and_restart(db_url: str, tmp_path: Path) -
         second.stop()
 
 
-OK, CREATED, NOPE, FORBIDDEN, MISSING = 200, 201, 401, 403, 404
+OK, CREATED, GONE, NOPE, FORBIDDEN, MISSING, CONFLICT = 200, 201, 204, 401, 403, 404, 409
 
 
 def _matrix(a_job: str, b_job: str) -> list[tuple[str, str, dict[str, Any] | None, dict[str, int]]]:
@@ -90,6 +90,9 @@ def _matrix(a_job: str, b_job: str) -> list[tuple[str, str, dict[str, Any] | Non
         ("GET", "/v1/events", None, row(OK, OK)),
         ("GET", "/healthz", None, dict.fromkeys(("admin", "team", "agent", "none", "bogus"), OK)),
         ("GET", "/metrics", None, dict.fromkeys(("admin", "team", "agent", "none", "bogus"), OK)),
+        # last: deleting b_job (cancelled, so finished) leaves nothing for the rows above
+        ("DELETE", f"/v1/jobs/{a_job}", None, row(CONFLICT, CONFLICT)),  # queued: cancel first
+        ("DELETE", f"/v1/jobs/{b_job}", None, row(GONE, MISSING)),
     ]
 
 

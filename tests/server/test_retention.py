@@ -7,7 +7,8 @@
 * batches: every expired job goes whatever the batch size, a recent one between them stays;
 * a preview folder of no job is deleted; only the leader sweeps;
 * a running job keeps its latest ``previews_per_job`` previews;
-* a real server process runs the sweep on its own.
+* a real server process runs the sweep on its own;
+* ``DELETE /v1/jobs/{id}`` does the same to one finished job at once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 from process_harness import ServerProcess
 from server_harness import ADMIN, World
 
-from corral.core.errors import NotFound
+from corral.core.errors import Conflict, NotFound
 from corral.core.states import JobState
 from corral.server.agentlink.base import Assignment
 from corral.server.agentlink.inprocess import StubAgent
@@ -184,3 +185,24 @@ def test_a_server_process_sweeps_on_its_own(db_url: str, tmp_path: Path) -> None
     finally:
         server.stop()
     assert not [line for line in server.output if "sweep failed" in line], server.output
+
+
+@pytest.mark.anyio
+async def test_a_finished_job_can_be_deleted_at_once_and_a_running_one_cannot(
+    world: World,
+) -> None:
+    agent = await world.agent("n1")
+    job_id, a = await _run(world, agent)
+    await agent.preview(a, job_id, b"png")
+    with pytest.raises(Conflict, match="cancel it first"):
+        await world.plane.jobs.delete(ADMIN, job_id)
+    await agent.finish(a, {job_id: {"out.bin": BIG}})
+    await world.plane.jobs.delete(ADMIN, job_id)
+    with pytest.raises(NotFound):
+        await world.job(job_id)
+    assert await world.events(job_id) == []
+    assert _files(world, f"results/{job_id}") == []
+    assert _files(world, f"previews/{job_id}") == []
+    assert a.allocation_id not in await _allocation_ids(world)
+    with pytest.raises(NotFound):
+        await world.plane.jobs.delete(ADMIN, job_id)

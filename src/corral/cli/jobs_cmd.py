@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
     app.command("job")(show_job)
     app.command("cancel")(cancel)
     app.command("interrupt")(interrupt)
+    app.command("delete")(delete)
     app.command("logs")(logs)
 
 
@@ -172,6 +173,27 @@ def interrupt(
 ) -> None:
     """Stop running jobs early, keeping what they made so far as the result."""
     _stop(job_ids, "interrupt", url, token, as_json)
+
+
+def delete(
+    job_ids: Annotated[list[str], typer.Argument(help="Job ids.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished jobs now, with their events, results and previews (the server deletes
+    them by itself 30 days after they ended). Cancel a queued or running job first."""
+    deleted = []
+    try:
+        with connect(url, token) as client, cli_errors():
+            for job_id in job_ids:
+                client.delete_job(job_id)
+                deleted.append(job_id)
+                if not as_json:
+                    out().print(f"{job_id} deleted")  # as it goes: a later refusal keeps these
+    finally:
+        if as_json:
+            print_json([{"id": job_id, "deleted": True} for job_id in deleted])
 
 
 def _stop(job_ids: list[str], how: str, url: str | None, token: str | None, as_json: bool) -> None:

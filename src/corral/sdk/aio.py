@@ -188,6 +188,10 @@ class AsyncClient:
     async def stop_job(self, job_id: str, how: str) -> JobStatus:
         return await self.run(calls.stop(job_id, how))
 
+    async def delete_job(self, job_id: str) -> None:
+        """``Client.delete_job``."""
+        await self.run(calls.delete_job(job_id))
+
     async def download(self, path: str) -> bytes:
         return (await self.request("GET", path)).content
 

@@ -100,6 +100,9 @@ class AsyncJob:
         self.status = await self.client.stop_job(self.id, "interrupt")
         return self.status
 
+    async def delete(self) -> None:
+        await self.client.delete_job(self.id)
+
     async def preview(self, event: JobEvent | str) -> bytes:
         url = event if isinstance(event, str) else event.preview_url
         if not url:

@@ -138,6 +138,11 @@ def stop(job_id: str, how: str) -> Call[JobStatus]:
     return Call("POST", f"/v1/jobs/{_seg(job_id)}/{how}", _model(JobStatus))
 
 
+def delete_job(job_id: str) -> Call[None]:
+    """Delete a finished job with its events, results and previews (409 while it runs)."""
+    return Call("DELETE", f"/v1/jobs/{_seg(job_id)}", lambda _: None)
+
+
 def events_path(job_id: str) -> str:
     return f"/v1/jobs/{_seg(job_id)}/events"
 

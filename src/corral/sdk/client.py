@@ -253,6 +253,11 @@ class Client:
     def stop_job(self, job_id: str, how: str) -> JobStatus:
         return self.run(calls.stop(job_id, how))
 
+    def delete_job(self, job_id: str) -> None:
+        """Delete a finished job now, with its events, results and previews (the server's
+        retention does it after 30 days). ``Conflict`` while it is queued or running."""
+        self.run(calls.delete_job(job_id))
+
     def download(self, path: str) -> bytes:
         """The bytes at an API path (a result file's or a preview's ``url``)."""
         return self.request("GET", path).content

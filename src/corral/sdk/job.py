@@ -117,6 +117,11 @@ class Job:
         self.status = self.client.stop_job(self.id, "interrupt")
         return self.status
 
+    def delete(self) -> None:
+        """Delete the finished job with its events, results and previews (``Conflict`` while
+        it is queued or running: cancel it first)."""
+        self.client.delete_job(self.id)
+
     def preview(self, event: JobEvent | str) -> bytes:
         """The image of a ``job.preview`` event (or a preview URL)."""
         url = event if isinstance(event, str) else event.preview_url

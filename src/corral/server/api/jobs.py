@@ -243,6 +243,20 @@ async def preview(job_id: str, key: str, plane: Plane, who: Caller) -> Response:
     return Response(data, media_type=media.get(key.rsplit(".", 1)[-1], "application/octet-stream"))
 
 
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    response_class=Response,
+    responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}},
+)
+async def delete_job(job_id: str, plane: Plane, who: Caller) -> Response:
+    """Delete a finished job now, with its events, results and previews (the retention
+    sweep does the same after ``retention.finished_jobs_s``). A queued or running job
+    answers 409: cancel it first."""
+    await plane.jobs.delete(who, job_id)
+    return Response(status_code=204)
+
+
 @router.post("/{job_id}/cancel", response_model=JobOut, responses={409: {"model": ErrorOut}})
 async def cancel(job_id: str, plane: Plane, who: Caller) -> JobOut:
     """Cancel: the job ends now; running work is told to stop. Cancelling twice is harmless."""

@@ -16,10 +16,11 @@ Every ``retention.sweep_s`` the leader (one replica, as for liveness) deletes
   read again, so a sweep costs what it deletes plus the few old jobs still
   running. Events of no job (nodes, teams) go at the same age.
 
-Files go before rows: a sweep cut off between the two leaves an expired job
-whose files are already gone (the next sweep deletes it), never a file that
-nothing refers to. Previews are the other way round (their events first), for
-the same reason: the next sweep finds the folder again.
+Files go before rows (``services/forget.py``): a sweep cut off between the
+two leaves an expired job whose files are already gone (the next sweep
+deletes it), never a file that nothing refers to. Previews are the other way
+round (their events first), for the same reason: the next sweep finds the
+folder again.
 
 A job keeps at most ``retention.previews_per_job`` previews while it runs
 (``AgentService.preview`` deletes the oldest as new ones arrive).
@@ -30,27 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from corral.core.errors import InvalidSpec
+from corral.server.services.forget import Forgotten, delete_tree, forget
 from corral.server.services.previews import PREVIEWS, preview_folder
 from corral.server.services.unit import Runtime
 from corral.server.store import retention as repo
 
 log = logging.getLogger("corral.server.retention")
-
-
-@dataclass
-class SweepReport:
-    """What one sweep deleted."""
-
-    jobs: int = 0
-    events: int = 0
-    previews: int = 0  # preview files
-    results: int = 0  # result files (those too large to ride in the job row)
-
-    def __bool__(self) -> bool:
-        return any((self.jobs, self.events, self.previews, self.results))
 
 
 class RetentionLoop:
@@ -66,9 +53,9 @@ class RetentionLoop:
             except Exception:  # keep sweeping even if one pass hits a bad row or file
                 log.exception("retention sweep failed")
 
-    async def sweep(self) -> SweepReport:
+    async def sweep(self) -> Forgotten:
         """One pass; nothing when this replica does not lead or retention is off."""
-        report = SweepReport()
+        report = Forgotten()
         if not self.leading():
             return report
         settings = self.rt.settings.retention
@@ -91,7 +78,7 @@ class RetentionLoop:
             )
         return report
 
-    async def _previews(self, cutoff: float, batch: int, report: SweepReport) -> None:
+    async def _previews(self, cutoff: float, batch: int, report: Forgotten) -> None:
         blobs = self.rt.blobs
         folders = await blobs.folders(PREVIEWS)
         for start in range(0, len(folders), batch):
@@ -104,9 +91,9 @@ class RetentionLoop:
             async with self.rt.tx() as tx:  # events first: a folder left behind is found again
                 report.events += await repo.delete_detail(tx.conn, [f for f in done if f in known])
             for job_id in done:
-                report.previews += await _delete_tree(self.rt, preview_folder(job_id))
+                report.previews += await delete_tree(self.rt, preview_folder(job_id))
 
-    async def _jobs(self, cutoff: float, batch: int, report: SweepReport) -> None:
+    async def _jobs(self, cutoff: float, batch: int, report: Forgotten) -> None:
         after = 0
         while True:
             async with self.rt.db.read() as conn:
@@ -114,25 +101,9 @@ class RetentionLoop:
             if not window:
                 break
             after = window[-1].seq
-            expired = [j for j in window if j.ended_before(cutoff)]
-            for job in expired:  # files first: a job cut off here is deleted next time
-                report.results += await _delete_tree(self.rt, f"results/{job.id}")
-                report.previews += await _delete_tree(self.rt, preview_folder(job.id))
-            if expired:
-                async with self.rt.tx() as tx:
-                    jobs, events = await repo.delete_jobs(tx.conn, expired)
-                report.jobs += jobs
-                report.events += events
+            report.add(await forget(self.rt, [j for j in window if j.ended_before(cutoff)]))
             if window[-1].submitted_at >= cutoff:
                 break  # every later job was submitted after the cutoff: none ended before it
             await asyncio.sleep(0)  # let requests through between batches
         async with self.rt.tx() as tx:
             report.events += await repo.delete_unattached_events(tx.conn, cutoff, batch * 10)
-
-
-async def _delete_tree(rt: Runtime, prefix: str) -> int:
-    try:
-        return await rt.blobs.delete_tree(prefix)
-    except InvalidSpec:  # a folder not named as the server names them: not ours to delete
-        log.warning("retention: left %s alone (not a name the server writes)", prefix)
-        return 0

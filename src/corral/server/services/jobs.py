@@ -21,6 +21,7 @@ from corral.core.states import JOB, JobState, transition
 from corral.server.agentlink.base import StopReason
 from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit
+from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
 from corral.server.services.previews import preview_key
 from corral.server.services.settling import request_stop, stop_job
@@ -28,6 +29,7 @@ from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
+from corral.server.store import retention as retention_repo
 from corral.server.store.records import JobRecord, ResultFile
 
 FRESH_JOBS_MAX = 50_000
@@ -240,6 +242,16 @@ class JobService:
                 await request_stop(self.rt, tx, alloc, reason, grace)
             elif reason is StopReason.CANCEL:
                 stop_job(self.rt, tx, alloc, rec.job.id, grace)
+
+    async def delete(self, who: Principal, job_id: str) -> None:
+        """Delete a finished job with its events, results and previews (``forget``); a job
+        still queued or running must be cancelled first (409)."""
+        rec = await self.get(who, job_id)  # visibility and 404
+        if rec.state not in JOB.terminal:
+            raise Conflict(f"job {job_id} is {rec.state.value}: cancel it first, then delete it")
+        async with self.rt.db.read() as conn:
+            ages = await retention_repo.ages(conn, [job_id])
+        await forget(self.rt, ages)
 
     async def result_ref(self, who: Principal, job_id: str, name: str) -> ResultFile:
         """The descriptor of one result file of a job visible to ``who``."""

@@ -1,0 +1,64 @@
+"""Deleting finished jobs with everything they left: their rows, events, ended allocations,
+result files and previews. Used by the retention sweep (``loops/retention.py``) and by
+``DELETE /v1/jobs/{id}``.
+
+Files go before rows: a deletion cut off between the two leaves a finished job whose files
+are already gone (deleting it again finishes the work), never a file that nothing refers to.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from corral.core.errors import InvalidSpec
+from corral.server.services.previews import preview_folder
+from corral.server.services.unit import Runtime
+from corral.server.store import retention as repo
+from corral.server.store.retention import JobAge
+
+log = logging.getLogger("corral.server.retention")
+
+
+@dataclass
+class Forgotten:
+    """What was deleted."""
+
+    jobs: int = 0
+    events: int = 0
+    previews: int = 0  # preview files
+    results: int = 0  # result files (those too large to ride in the job row)
+
+    def __bool__(self) -> bool:
+        return any((self.jobs, self.events, self.previews, self.results))
+
+    def add(self, other: Forgotten) -> None:
+        self.jobs += other.jobs
+        self.events += other.events
+        self.previews += other.previews
+        self.results += other.results
+
+
+async def forget(rt: Runtime, jobs: Sequence[JobAge]) -> Forgotten:
+    """Delete the finished ``jobs`` (others are left alone) and what they left."""
+    done = Forgotten()
+    finished = [j for j in jobs if j.state in repo.TERMINAL]
+    if not finished:
+        return done
+    for job in finished:
+        done.results += await delete_tree(rt, f"results/{job.id}")
+        done.previews += await delete_tree(rt, preview_folder(job.id))
+    async with rt.tx() as tx:
+        done.jobs, done.events = await repo.delete_jobs(tx.conn, finished)
+    return done
+
+
+async def delete_tree(rt: Runtime, prefix: str) -> int:
+    """Delete the blob folder ``prefix``; how many files. A name the server would not have
+    written (a folder someone else put there) is left alone."""
+    try:
+        return await rt.blobs.delete_tree(prefix)
+    except InvalidSpec:
+        log.warning("left %s alone (not a name the server writes)", prefix)
+        return 0
