@@ -13,14 +13,19 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+from pathlib import Path
 
 import pytest
 from server_harness import ADMIN, World
 
+from corral.core.errors import NotFound
 from corral.core.states import JobState
 from corral.server.agentlink.base import Assignment, ResultBlob
 from corral.server.agentlink.inprocess import StubAgent
+from corral.server.blobs import LocalBlobStore, StoredBlob
 from corral.server.services.checkpoints import uploaded
 
 pytestmark = pytest.mark.anyio
@@ -169,3 +174,25 @@ async def test_an_uploaded_result_is_linked_not_read_and_outlives_its_upload(
     assert blobs.path(key) is None
     _, got = await world.plane.jobs.result_file(ADMIN, job.job.id, "model.bin")
     assert got == data
+
+
+async def test_a_blob_is_copied_where_it_cannot_be_linked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalBlobStore(tmp_path)
+    source = await store.put("uploads/al_1/1/abc", b"bytes" * 1000)
+
+    def cross_device(*_: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    copied = await store.link(source, "results/j1/1/out.bin")
+    assert (copied.size, copied.sha256) == (source.size, source.sha256)
+    assert await store.get(copied.key) == b"bytes" * 1000
+    a, b = store.path(source.key), store.path(copied.key)
+    assert a is not None
+    assert b is not None
+    assert a.stat().st_ino != b.stat().st_ino, "a copy, not a link"
+    assert [p.name for p in b.parent.iterdir()] == ["out.bin"], "no temp file left"
+    with pytest.raises(NotFound):
+        await store.link(StoredBlob("uploads/al_1/1/gone", 1, "x"), "results/j1/1/gone")

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -161,21 +162,19 @@ def _link_or_copy(source: Path, path: Path) -> None:
     """``path`` holds ``source``'s bytes: a hard link (no copy, no read), or where links are
     not possible (another file system), a copy written and flushed like ``put``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    os.close(fd)
+    tmp = path.with_name(f".tmp-{secrets.token_hex(8)}")  # never a key: keys start alnum
     try:
-        os.unlink(tmp)
         try:
             os.link(source, tmp)
         except OSError as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
             shutil.copyfile(source, tmp)
-            with open(tmp, "rb") as f:
+            with tmp.open("rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
