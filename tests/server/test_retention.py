@@ -79,9 +79,11 @@ async def test_previews_go_an_hour_after_the_end_and_the_job_a_month_after(world
     _, data = await world.plane.jobs.result_file(ADMIN, job_id, "out.bin")
     assert data == BIG, "results stay as long as the job"
 
+    assert [e.kind.value for e in await world.events() if e.job_id is None] == ["node.joined"]
     world.clock.advance(30 * DAY - HOUR)
     report = await world.plane.retention.sweep()
     assert (report.jobs, report.results) == (1, 1)
+    assert [e for e in await world.events() if e.job_id is None] == [], "node events age too"
     with pytest.raises(NotFound):
         await world.job(job_id)
     assert await world.events(job_id) == []
