@@ -75,7 +75,7 @@ class Inbound:
         return None
 
     async def finished(
-        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob], **_: Any
     ) -> Ack:
         waiter = self.waiters.pop(allocation_id, None)
         if waiter is not None and not waiter.done():
@@ -83,7 +83,7 @@ class Inbound:
         return Ack.ACCEPTED
 
     async def ran(
-        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob], **_: Any
     ) -> tuple[Ack, Ack]:
         started = await self._other()
         return started, await self.finished(node, allocation_id, attempt, results)

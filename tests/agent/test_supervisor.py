@@ -149,17 +149,36 @@ def test_a_job_of_a_batch_cancelled_on_its_own_is_skipped_or_stopped_and_the_res
         b = Bench()
         b.sup.assign(order("al-b", "j1", "j2", "j3", "j4", steps=3))
         await b.until(lambda: any(r.job_id == "j1" for r in b.of("al-b")))
-        assert b.sup.drop("al-b", "j1")  # running: stopped now
-        assert b.sup.drop("al-b", "j3")  # not yet run: skipped
-        assert not b.sup.drop("al-b", "j3"), "dropped already"
-        assert not b.sup.drop("al-b", "j9"), "not in this batch"
+        assert b.sup.stop_job("al-b", "j1", StopReason.CANCEL)  # running: stopped now
+        assert b.sup.stop_job("al-b", "j3", StopReason.CANCEL)  # not yet run: skipped
+        assert not b.sup.stop_job("al-b", "j3", StopReason.CANCEL), "stopped already"
+        assert not b.sup.stop_job("al-b", "j9", StopReason.CANCEL), "not in this batch"
         await b.until(lambda: b.ended("al-b"))
         done = b.of("al-b")[-1].update
         assert isinstance(done, Done)
         assert [jr.job_id for jr in done.results] == ["j2", "j4"]
+        assert done.stopped == ("j1", "j3")
         ran = {r.job_id for r in b.of("al-b") if isinstance(r.update, Progress)}
         assert "j3" not in ran
         assert b.clock.now() < 10 * 60.0, "j1 stopped early, j3 never ran"
+
+    asyncio.run(scenario())
+
+
+def test_an_interrupt_of_one_job_of_a_batch_keeps_what_it_made_and_the_rest_runs() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.sup.assign(order("al-b", "j1", "j2", "j3", steps=50))
+        await b.until(lambda: any(r.job_id == "j1" for r in b.of("al-b")))
+        assert b.sup.stop_job("al-b", "j1", StopReason.INTERRUPT, grace_s=30.0)
+        assert b.sup.stop_job("al-b", "j2", StopReason.INTERRUPT, grace_s=30.0)
+        await b.until(lambda: b.ended("al-b"))
+        done = b.of("al-b")[-1].update
+        assert isinstance(done, Done)
+        assert not done.interrupted, "the batch itself ran to its end"
+        assert [jr.job_id for jr in done.results] == ["j1", "j3"]  # j1's picture so far
+        assert done.stopped == ("j2",)  # never ran
+        assert b.clock.now() < 100 * 60.0, "j1 stopped early, j2 never ran"
 
     asyncio.run(scenario())
 

@@ -169,3 +169,23 @@ def test_cancelling_one_job_of_a_running_batch_skips_it_and_the_rest_run(
         assert wait_state(http, first, "succeeded")["attempt"] == 1
         assert [e["event"] for e in events(http, dropped)][-1] == "job.cancelled"
     assert f"job {dropped} was cancelled; skipping it, the batch goes on" in cluster.logs()
+
+
+def test_interrupting_one_job_of_a_running_batch_keeps_its_picture_so_far(
+    cluster: Cluster,
+) -> None:
+    cluster.start_server()
+    with cluster.client() as http:
+        sample = {"kind": "sample", "batch_key": "sd15"}
+        slow = {"steps": 400, "step_s": 0.05, "preview_every": 0}  # 20 s unless stopped
+        quick = {"steps": 2, "step_s": 0.05, "preview_every": 0}
+        first = submit(http, **sample, payload={**slow, "prompt": "a"})["id"]
+        last = submit(http, **sample, payload={**quick, "prompt": "b"})["id"]
+        cluster.start_agent("a1", "--cpus", "1")  # both queued: one batch
+        eventually(lambda: job(http, first)["progress"] > 0.01, what="the first job runs")
+        assert http.post(f"/v1/jobs/{first}/interrupt").status_code == 200
+        stopped = wait_state(http, first, "succeeded", "cancelled")
+        assert stopped["state"] == "succeeded", stopped  # what was made is kept
+        assert [f["name"] for f in stopped["result"]] == ["image.png"]
+        assert wait_state(http, last, "succeeded")["attempt"] == 1, "the batch went on"
+    assert f"job {first} was interrupted; stopping it, the batch goes on" in cluster.logs()

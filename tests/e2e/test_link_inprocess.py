@@ -92,12 +92,12 @@ class Inbound:
         return Ack.ACCEPTED
 
     async def ran(self, node: str, allocation_id: str, attempt: int,
-                  results: Sequence[ResultBlob]) -> tuple[Ack, Ack]:  # fmt: skip
+                  results: Sequence[ResultBlob], **_: Any) -> tuple[Ack, Ack]:  # fmt: skip
         started = await self.started(node, allocation_id, attempt)
         return started, await self.finished(node, allocation_id, attempt, results)
 
     async def finished(self, node: str, allocation_id: str, attempt: int,
-                       results: Sequence[ResultBlob]) -> Ack:  # fmt: skip
+                       results: Sequence[ResultBlob], **_: Any) -> Ack:  # fmt: skip
         if self.fail_finished:
             self.fail_finished -= 1
             raise RuntimeError("the store is down")

@@ -124,3 +124,21 @@ async def test_cancelling_every_job_of_a_batch_stops_the_allocation(world: World
     assert isinstance(first, StopOrder)
     assert isinstance(second, StopOrder)
     assert (first.job_id, second.job_id) == (ids[0], "")  # the last stops the whole batch
+
+
+async def test_interrupting_one_job_of_a_running_batch_stops_just_that_job(world: World) -> None:
+    ids, agent, a = await _batch(world, 3)
+    for job_id in ids[:2]:  # the one running now, and one whose turn has not come
+        rec = await world.plane.jobs.interrupt(ADMIN, job_id)
+        assert rec.state is JobState.RUNNING  # until the agent answers
+        order = await agent.receive()
+        assert isinstance(order, StopOrder)
+        assert (order.reason, order.job_id) == (StopReason.INTERRUPT, job_id)
+    made = {ids[0]: {"so-far.png": b"half"}, ids[2]: {"c.png": b"c"}}
+    await agent.finish(a, made, stopped=[ids[1]])
+    first, second, third = [await world.job(j) for j in ids]
+    assert first.state is JobState.SUCCEEDED
+    assert [f.name for f in first.result] == ["so-far.png"]
+    assert (await world.events(ids[0]))[-1].data.get("interrupted") is True
+    assert (second.state, second.error) == (JobState.CANCELLED, "interrupted")
+    assert third.state is JobState.SUCCEEDED

@@ -301,8 +301,8 @@ class LinkClient:
             hint(self.models, msg.prefetch, self.api_base)
         elif body == "stop":
             allocation_id, reason, grace_s = wire.stop_from(msg.stop)
-            if msg.stop.job_id:  # one job of a batch, cancelled on its own
-                self.supervisor.drop(allocation_id, msg.stop.job_id)
+            if msg.stop.job_id:  # one job of a batch, stopped on its own
+                self.supervisor.stop_job(allocation_id, msg.stop.job_id, reason, grace_s)
             else:
                 self.supervisor.stop(allocation_id, reason, grace_s)
         elif body == "intake":

@@ -83,6 +83,7 @@ class Done:
     modified: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     interrupted: bool = False
     jobs: tuple[str, ...] = ()  # the jobs that finished (set for a batch cut short)
+    stopped: tuple[str, ...] = ()  # jobs of a batch stopped on their own, with no result
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +127,10 @@ class _Slot:
     finished: bool = False
     progress: float = 0.0
     # A batch: the job running now and its own stop signal (``stop`` reaches it too), and
-    # the jobs cancelled on their own (``drop``: skipped, or stopped while they run).
+    # the jobs stopped on their own (``stop_job``: skipped, or stopped while they run).
     running: str = ""
     job_stop: StopSignal | None = None
-    dropped: set[str] = field(default_factory=set)
+    dropped: dict[str, StopReason] = field(default_factory=dict)
 
 
 class Supervisor:
@@ -217,24 +218,28 @@ class Supervisor:
             slot.job_stop.request(reason, max(0.0, grace_s), note)
         return True
 
-    def drop(self, allocation_id: str, job_id: str) -> bool:
-        """One job of a running batch was cancelled on its own: skip it, or stop it now if
-        it runs; the batch goes on with the others. False when there is nothing to drop."""
+    def stop_job(
+        self, allocation_id: str, job_id: str, reason: StopReason, grace_s: float = 0.0
+    ) -> bool:
+        """One job of a running batch was cancelled or interrupted on its own: skip it, or
+        stop it now if it runs (an interrupt keeps what it made); the batch goes on with the
+        others. False when there is nothing to stop."""
         slot = self._slots.get(allocation_id)
         if slot is None or slot.finished or job_id in slot.dropped:
             return False
         if job_id not in {j.job_id for j in slot.order.jobs}:
             return False
-        slot.dropped.add(job_id)
+        slot.dropped[job_id] = reason
         running = slot.running == job_id and slot.job_stop is not None
         log.info(
-            "allocation %s: job %s was cancelled; %s, the batch goes on",
+            "allocation %s: job %s was %s; %s, the batch goes on",
             allocation_id,
             job_id,
+            "interrupted" if reason is StopReason.INTERRUPT else "cancelled",
             "stopping it" if running else "skipping it",
         )
         if running and slot.job_stop is not None:
-            slot.job_stop.request(StopReason.CANCEL, 0.0, "cancelled on its own")
+            slot.job_stop.request(reason, max(0.0, grace_s), "stopped on its own")
         return True
 
     def held(self) -> list[Held]:
@@ -340,6 +345,7 @@ class Supervisor:
         their results and the ones that never ran are not counted as failed."""
         assert slot.executor is not None
         results, modified, finished = list[JobResult](), dict[str, str](), list[str]()
+        stopped: list[str] = []  # stopped on their own (``stop_job``) without a result
         started = False
 
         def before() -> Done | None:
@@ -347,7 +353,8 @@ class Supervisor:
 
         for index, job in enumerate(jobs):
             if job.job_id in slot.dropped:
-                continue  # cancelled on its own before its turn
+                stopped.append(job.job_id)  # stopped on its own before its turn
+                continue
             terminal: Finished | Failed | None = None
             job = await self._prepared(slot, job)
             signal = slot.stop if len(jobs) == 1 else _job_signal(slot, job.job_id)
@@ -367,8 +374,10 @@ class Supervisor:
                         self._emit(slot, update, job.job_id)
             finally:
                 slot.running, slot.job_stop = "", None
-            if job.job_id in slot.dropped and slot.stop.requested is None:
-                continue  # cancelled on its own while it ran: the batch goes on
+            alone = job.job_id in slot.dropped and slot.stop.requested is None
+            if alone and not isinstance(terminal, Finished):
+                stopped.append(job.job_id)  # stopped on its own while it ran: the batch goes on
+                continue
             if not isinstance(terminal, Finished):
                 failure = terminal or Failed("no result (a bug)", retryable=False)
                 failing = job.job_id if len(jobs) > 1 and failure.stopped is None else ""
@@ -379,13 +388,13 @@ class Supervisor:
             finished.append(job.job_id)
             request = slot.stop.requested
             if request is not None and request.reason is not StopReason.INTERRUPT:
-                stopped = _failed(stopped_terminal(request))  # the batch was stopped
-                self._end(slot, stopped, "", before() if index + 1 < len(jobs) else None)
+                halted = _failed(stopped_terminal(request))  # the batch was stopped
+                self._end(slot, halted, "", before() if index + 1 < len(jobs) else None)
                 return
-            if terminal.interrupted or request is not None:
+            if request is not None or (terminal.interrupted and not alone):
                 self._end(slot, Done(tuple(results), modified, interrupted=True))
                 return
-        self._end(slot, Done(tuple(results), modified))
+        self._end(slot, Done(tuple(results), modified, stopped=tuple(stopped)))
 
     async def _prepared(self, slot: _Slot, job: Assignment) -> Assignment:
         if self.prepare is None or not job.resume_from:

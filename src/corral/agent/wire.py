@@ -203,8 +203,12 @@ def update_message(
 
 
 def _finished(done: Done, blob_ids: Mapping[int, str]) -> pb.Finished:
-    results = _results(done, blob_ids)
-    return pb.Finished(results=results, modified=dict(done.modified), interrupted=done.interrupted)
+    return pb.Finished(
+        results=_results(done, blob_ids),
+        modified=dict(done.modified),
+        interrupted=done.interrupted,
+        stopped_jobs=done.stopped,
+    )
 
 
 def _results(done: Done, blob_ids: Mapping[int, str]) -> list[pb.Result]:

@@ -203,11 +203,26 @@ class AgentInbound(Protocol):
         ...
 
     async def finished(
-        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
-    ) -> Ack: ...
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        results: Sequence[ResultBlob],
+        *,
+        stopped: Sequence[str] = (),
+    ) -> Ack:
+        """The allocation finished. ``stopped``: jobs of a batch stopped on their own (a
+        job-level cancel or interrupt) that left no result; they end as their stop says."""
+        ...
 
     async def ran(
-        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        results: Sequence[ResultBlob],
+        *,
+        stopped: Sequence[str] = (),
     ) -> tuple[Ack, Ack]:
         """``started`` and ``finished`` of one allocation, reported together (work that ended
         at once): the same effects and acks as the two calls, in one unit of work."""

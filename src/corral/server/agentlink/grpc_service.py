@@ -252,7 +252,10 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         """A start and the end that came with it (see ``paired``), as one unit; two acks."""
         u = start.update
         blobs = await self._results(end.update)
-        acks = await self.inbound.ran(session.node, u.allocation_id, u.attempt, blobs)
+        stopped = list(end.update.finished.stopped_jobs)
+        acks = await self.inbound.ran(
+            session.node, u.allocation_id, u.attempt, blobs, stopped=stopped
+        )
         await self._uploads_read(end.update)
         for msg, ack in zip((start, end), acks, strict=True):
             session.send(convert.ack_message(msg.seq, u.allocation_id, ack.value))
@@ -351,7 +354,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             changes = ", ".join(f"{k}={v}" for k, v in sorted(u.finished.modified.items()))
             line = f"[agent] the agent changed the request: {changes}"
             await self.inbound.log(node, u.allocation_id, u.attempt, [line])
-        ack = await self.inbound.finished(node, u.allocation_id, u.attempt, blobs)
+        stopped = list(u.finished.stopped_jobs)
+        ack = await self.inbound.finished(node, u.allocation_id, u.attempt, blobs, stopped=stopped)
         await self._uploads_read(u)
         return ack
 

@@ -161,12 +161,20 @@ class StubAgent:
         return self._note(ack)
 
     async def finish(
-        self, a: Assignment, results: Mapping[str, Mapping[str, bytes]] | None = None
+        self,
+        a: Assignment,
+        results: Mapping[str, Mapping[str, bytes]] | None = None,
+        *,
+        stopped: Sequence[str] = (),
     ) -> Ack:
-        """Report success; ``results`` maps job id -> file name -> bytes (default: one per job)."""
+        """Report success; ``results`` maps job id -> file name -> bytes (default: one per job);
+        ``stopped``: jobs of a batch stopped on their own with no result."""
         self.running.pop(a.allocation_id, None)
         blobs = _blobs(a, results)
-        return self._note(await self.server.finished(self.node, a.allocation_id, a.attempt, blobs))
+        ack = await self.server.finished(
+            self.node, a.allocation_id, a.attempt, blobs, stopped=stopped
+        )
+        return self._note(ack)
 
     async def ran(
         self, a: Assignment, results: Mapping[str, Mapping[str, bytes]] | None = None

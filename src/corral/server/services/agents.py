@@ -35,7 +35,7 @@ from corral.server.agentlink.base import (
     StopReason,
 )
 from corral.server.services.auth import AuthService, TokenKind
-from corral.server.services.checkpoints import drop_after_commit, drop_uploads
+from corral.server.services.checkpoints import drop_after_commit, drop_uploads, may_fetch
 from corral.server.services.group import GroupCommitter
 from corral.server.services.node_keys import key_hash, may_hold, taken
 from corral.server.services.outcomes import Ending
@@ -158,7 +158,7 @@ class AgentService:
                     )
             elif a.observed is AllocObserved.PENDING and a.desired is AllocDesired.RUN:
                 jobs = await job_repo.get_many(tx.conn, a.job_ids)
-                assign.append(assignment(a, list(jobs.values()), replicas=_replicas(jobs)))
+                assign.append(assignment(a, list(jobs.values())))
             elif a.observed is AllocObserved.PENDING:
                 await end_allocation(self.rt, tx, rec, Ending.STOPPED)
             else:
@@ -339,7 +339,13 @@ class AgentService:
         return await self.updates.run(unit)
 
     async def finished(
-        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        results: Sequence[ResultBlob],
+        *,
+        stopped: Sequence[str] = (),
     ) -> Ack:
         """Store the results, then end the allocation; only the current attempt counts.
 
@@ -357,20 +363,29 @@ class AgentService:
             if isinstance(rec, Ack):
                 return rec
             files = stored if stored is not None else inline_results(rec, results)
-            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=Said(files))
+            said = Said(files, endings=dict.fromkeys(stopped, Ending.STOPPED))
+            await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)
             return Ack.ACCEPTED
 
         return await self.updates.run(unit)
 
     async def ran(
-        self, node: str, allocation_id: str, attempt: int, results: Sequence[ResultBlob]
+        self,
+        node: str,
+        allocation_id: str,
+        attempt: int,
+        results: Sequence[ResultBlob],
+        *,
+        stopped: Sequence[str] = (),
     ) -> tuple[Ack, Ack]:
         """``started`` then ``finished`` of work that ended at once (the agent sent both in
         one message): one unit, one fenced read, each row written once. Returns the two acks,
         as the two calls would have. Results too large for the job row take the two calls."""
         if apart(results):
             started = await self.started(node, allocation_id, attempt)
-            return started, await self.finished(node, allocation_id, attempt, results)
+            return started, await self.finished(
+                node, allocation_id, attempt, results, stopped=stopped
+            )
 
         async def unit(tx: Tx) -> tuple[Ack, Ack]:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
@@ -378,7 +393,7 @@ class AgentService:
                 return (Ack.STALE if rec is Ack.DUPLICATE else rec), rec
             starts = rec.alloc.observed is AllocObserved.PENDING
             files = inline_results(rec, results)
-            said = Said(files, started=starts)
+            said = Said(files, starts, dict.fromkeys(stopped, Ending.STOPPED))
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)
             return (Ack.ACCEPTED if starts else Ack.DUPLICATE), Ack.ACCEPTED
 
@@ -429,9 +444,8 @@ class AgentService:
         results: Sequence[ResultBlob],
         done: AllocObserved,
     ) -> Files | Ack | None:
-        """Results too large for the job row, stored before the end that names them commits
-        (after a fenced read: the Ack when the update may not change the allocation); None
-        when every result rides in the row."""
+        """Results too large for the job row, stored before the end that names them (after
+        a fenced read: its Ack if refused); None when every result rides in the row."""
         if not apart(results):
             return None
         async with self.rt.db.read() as conn:
@@ -451,13 +465,7 @@ class AgentService:
         return await self.updates.run(unit)
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
-        """Only an allocation resuming from ``blob_id`` may download it."""
-        async with self.rt.db.read() as conn:
-            rec = await alloc_repo.get(conn, allocation_id)
-            if rec is None or rec.alloc.attempt != attempt or not rec.alloc.active:
-                return False
-            jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
-        return any(j.checkpoint == f"blob:{blob_id}" for j in jobs.values())
+        return await may_fetch(self.rt, allocation_id, attempt, blob_id)
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
         await drop_uploads(self.rt, allocation_id, blob_ids)
@@ -489,7 +497,3 @@ class AgentService:
         ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
         jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
         return [j for j in jobs.values() if is_current(j, rec.alloc)]
-
-
-def _replicas(jobs: dict[str, JobRecord]) -> int:
-    return max((j.job.replicas for j in jobs.values()), default=1)

@@ -82,3 +82,13 @@ async def drop_uploads(rt: Runtime, allocation_id: str, keys: Sequence[str]) -> 
             await rt.blobs.delete(key)
         except OSError as exc:  # the disk said no: an admin, or the next drop of it, retries
             log.warning("could not delete upload %s: %s", key, exc)
+
+
+async def may_fetch(rt: Runtime, allocation_id: str, attempt: int, blob_id: str) -> bool:
+    """Only a live allocation resuming from ``blob_id`` may download it."""
+    async with rt.db.read() as conn:
+        rec = await alloc_repo.get(conn, allocation_id)
+        if rec is None or rec.alloc.attempt != attempt or not rec.alloc.active:
+            return False
+        jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
+    return any(j.checkpoint == f"blob:{blob_id}" for j in jobs.values())

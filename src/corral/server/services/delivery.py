@@ -90,21 +90,25 @@ class Delivery:
         return sent
 
     async def _stop_jobs(self, conn: AsyncConnection, rec: AllocRecord, older_than_s: float) -> int:
-        """Tell the agent again to drop the jobs of batch ``rec`` cancelled on their own more
-        than ``older_than_s`` ago (the agent ignores a job it dropped or finished)."""
+        """Tell the agent (again) to stop the jobs of batch ``rec`` stopped on their own:
+        those cancelled more than ``older_than_s`` ago, and (when ``older_than_s`` < 0: a
+        relayed note) those interrupted. The agent ignores a job it stopped or finished."""
         now, grace = self.rt.clock.now(), self.rt.settings.scheduling.stop_grace_s
         sent = 0
         for job in (await job_repo.get_many(conn, rec.alloc.job_ids)).values():
-            cancelled_at = job.finished_at if job.state is JobState.CANCELLED else None
-            if cancelled_at is not None and now - cancelled_at > older_than_s:
-                order = StopOrder(rec.alloc.id, StopReason.CANCEL, grace, job.job.id)
+            reason = None
+            if job.state is JobState.CANCELLED and now - (job.finished_at or now) > older_than_s:
+                reason = StopReason.CANCEL
+            elif job.stop_request == StopReason.INTERRUPT.value and older_than_s < 0:
+                reason = StopReason.INTERRUPT  # no time kept: relayed, never resent
+            if reason is not None:
+                order = StopOrder(rec.alloc.id, reason, grace, job.job.id)
                 sent += await self._send(self.transport.stop(rec.alloc.node, order))
         return sent
 
     async def _assign(self, conn: AsyncConnection, rec: AllocRecord) -> int:
         jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
-        replicas = max((j.job.replicas for j in jobs.values()), default=1)
-        work = assignment(rec.alloc, list(jobs.values()), replicas=replicas)
+        work = assignment(rec.alloc, list(jobs.values()))
         return await self._send(self.transport.assign(rec.alloc.node, work))
 
     async def _send(self, message: Awaitable[None]) -> int:

@@ -229,7 +229,7 @@ class JobService:
 
     async def _stop_allocations(self, tx: Tx, rec: JobRecord, reason: StopReason) -> None:
         """Stop each allocation of ``rec`` whose every job now wants to stop (batches share
-        one); in a batch whose other jobs run on, a cancel drops just this job."""
+        one); in a batch whose other jobs run on, stop just this job."""
         grace = self.rt.settings.scheduling.stop_grace_s
         for alloc_id in rec.allocation_ids:
             alloc = await alloc_repo.get(tx.conn, alloc_id)
@@ -240,8 +240,8 @@ class JobService:
             )
             if all(o.state in JOB.terminal or o.stop_request for o in others.values()):
                 await request_stop(self.rt, tx, alloc, reason, grace)
-            elif reason is StopReason.CANCEL:
-                stop_job(self.rt, tx, alloc, rec.job.id, grace)
+            else:
+                stop_job(self.rt, tx, alloc, rec.job.id, reason, grace)
 
     async def delete(self, who: Principal, job_id: str) -> None:
         """Delete a finished job with its events, results and previews (``forget``); a job

@@ -237,8 +237,13 @@ def _allocation(
     )
 
 
-def assignment(alloc: Allocation, jobs: Sequence[JobRecord], *, replicas: int = 1) -> Assignment:
-    """The message that tells an agent to run ``alloc``."""
+def assignment(
+    alloc: Allocation, jobs: Sequence[JobRecord], *, replicas: int | None = None
+) -> Assignment:
+    """The message that tells an agent to run ``alloc`` (``replicas``: of its gang; by
+    default its jobs' own)."""
+    if replicas is None:
+        replicas = max((r.job.replicas for r in jobs), default=1)
     work = tuple(
         JobWork(
             job_id=r.job.id,

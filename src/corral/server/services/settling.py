@@ -92,7 +92,10 @@ async def end_allocation(
             continue
         own = said.endings.get(job_id, ending)
         why = error if own is ending else _BATCH_CUT.get(own, error)
-        how = How(own, stop_reason, retryable, why, started)
+        reason = stop_reason
+        if own is Ending.STOPPED and reason is None and job.stop_request:
+            reason = StopReason(job.stop_request)  # stopped on its own, in a batch running on
+        how = How(own, reason, retryable, why, started)
         await _settle_job(rt, tx, job, alloc, how, list(said.files.get(job_id, ())))
 
 
@@ -305,11 +308,13 @@ async def stop_siblings(rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation) 
             )
 
 
-def stop_job(rt: Runtime, tx: Tx, rec: AllocRecord, job_id: str, grace_s: float) -> None:
-    """Ask the agent to drop one job of batch ``rec`` (cancelled on its own) while the rest
-    runs on (after the commit). The allocation's row does not change: ``Delivery`` finds
-    such jobs again from their state to resend the order."""
-    order = StopOrder(rec.alloc.id, StopReason.CANCEL, grace_s, job_id)
+def stop_job(
+    rt: Runtime, tx: Tx, rec: AllocRecord, job_id: str, reason: StopReason, grace_s: float
+) -> None:
+    """Ask the agent to stop one job of batch ``rec`` (cancelled or interrupted on its own)
+    while the rest runs on (after the commit). The allocation's row does not change:
+    ``Delivery`` finds such jobs again from their state to resend the order."""
+    order = StopOrder(rec.alloc.id, reason, grace_s, job_id)
 
     async def send() -> None:
         await rt.link.stop(rec.alloc.node, order)

@@ -650,6 +650,7 @@ class Finished(_message.Message):
     RESULTS_FIELD_NUMBER: _builtins.int
     MODIFIED_FIELD_NUMBER: _builtins.int
     INTERRUPTED_FIELD_NUMBER: _builtins.int
+    STOPPED_JOBS_FIELD_NUMBER: _builtins.int
     interrupted: _builtins.bool
     """stopped early on request; results are partial"""
     @_builtins.property
@@ -658,16 +659,23 @@ class Finished(_message.Message):
     def modified(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """what the agent changed in the request, e.g. model"""
 
+    @_builtins.property
+    def stopped_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Jobs of the batch stopped on their own (a Stop naming them) that left no result: skipped
+        before their turn, or stopped while they ran. The others finished.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___Result] | None = ...,
         modified: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         interrupted: _builtins.bool = ...,
+        stopped_jobs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["interrupted", b"interrupted", "modified", b"modified", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["interrupted", b"interrupted", "modified", b"modified", "results", b"results", "stopped_jobs", b"stopped_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
