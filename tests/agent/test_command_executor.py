@@ -259,3 +259,19 @@ def test_the_running_process_is_known_by_allocation_for_the_vram_guard() -> None
     run(sh("echo $$"), executor, on_update=look)
     assert seen[0] == seen[1]
     assert executor.root_pid("alloc-7") is None  # forgotten once it ended
+
+
+def test_with_a_scratch_folder_results_are_kept_as_files_not_read(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"weights" * 1000)
+    body = 'echo \'CORRAL_RESULT model.safetensors\'; printf "log" > "$CORRAL_OUTPUT_DIR/train.txt"'
+    keep = tmp_path / "scratch" / "alloc-7" / "job-7"
+    updates = run(sh(body, scratch_dir=keep), CommandExecutor(WallClock(), workdir=tmp_path))
+    terminal = updates[-1]
+    assert isinstance(terminal, Finished)
+    model, log = terminal.results
+    assert (model.name, model.data, model.size) == ("model.safetensors", b"", 7000)
+    assert model.path is not None
+    assert model.path.parent == keep, "it outlives the command's output folder"
+    assert model.read() == b"weights" * 1000
+    assert (log.name, log.read(), log.mime) == ("train.txt", b"log", "text/plain")
+    assert (tmp_path / "model.safetensors").exists(), "the user's own file is left in place"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from corral.agent.executors.base import Executor
+from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.fingerprint import FakeGpus
@@ -148,8 +149,9 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
         "scripted": ScriptedExecutor(clock),
         "python": PythonExecutor(huge, clock),
         "medium": PythonExecutor(medium, clock),
+        "command": CommandExecutor(clock),
     }
-    supervisor = Supervisor(executors, clock, default="scripted")
+    supervisor = Supervisor(executors, clock, default="scripted", scratch=tmp_path / "results")
     settings = LinkSettings(token=TOKEN, inline_bytes=64, backoff_base_s=0.02, backoff_cap_s=0.1)
     targets = [parse_server(f"127.0.0.1:{_dead_port()}"), parse_server(address)]  # one is down
     agent = LinkClient(targets, settings, supervisor, Identity("n1", 4, backends=("scripted",)),
@@ -269,6 +271,23 @@ async def test_a_result_uploaded_is_passed_on_by_reference_and_its_upload_releas
     await pair.until(lambda: pair.inbound.uploads_taken != [])  # upload_idle_s later
     [taken] = pair.inbound.uploads_taken  # copied into the result: the server drops it
     assert taken.startswith("uploads/al-6/1/")
+
+
+@pytest.mark.anyio
+async def test_a_result_file_is_uploaded_from_its_file_and_deleted_once_acknowledged(
+    pair: Pair, tmp_path: Path
+) -> None:
+    await pair.until(pair.agent.connected.is_set)
+    script = 'head -c 3000 /dev/zero | tr "\\0" f > "$CORRAL_OUTPUT_DIR/weights.bin"'
+    await pair.link.assign(
+        "n1", work("al-8", "j9", backend="command", command=["sh", "-c", script])
+    )
+    await pair.until(lambda: "finished" in pair.inbound.kinds())
+    [result] = pair.inbound.results
+    assert result.upload is not None, "over inline_bytes: uploaded"
+    assert result.upload.sha256 == hashlib.sha256(b"f" * 3000).hexdigest()
+    await pair.until(lambda: pair.agent.supervisor.held() == [])
+    assert not (tmp_path / "results" / "al-8").exists(), "the file went once the end was acked"
 
 
 @pytest.mark.anyio

@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 from collections.abc import Mapping, Sequence
@@ -104,7 +105,12 @@ class Agent:
         )
         self.models = ModelManager.open(cache, self.clock, headers_for=self._model_headers)
         self.supervisor = Supervisor(
-            executors, self.clock, default=default, by_kind=by_kind, models=self.models
+            executors,
+            self.clock,
+            default=default,
+            by_kind=by_kind,
+            models=self.models,
+            scratch=fresh_scratch(work_dir / "results"),
         )
         self.identity = Identity(
             node=options.name or socket.gethostname(),
@@ -159,6 +165,14 @@ class Agent:
         await self.supervisor.shutdown(self.options.shutdown_grace_s)
         await self.link.drain(FLUSH_S)
         await self.models.aclose()  # partial downloads stay for the next start
+
+
+def fresh_scratch(folder: Path) -> Path:
+    """The folder where result files wait to be sent, emptied: what a previous run left
+    there belongs to ends the server has (or that are lost with that run's outbox)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def node_key(work_dir: Path) -> str:

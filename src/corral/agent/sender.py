@@ -97,7 +97,7 @@ class Sender:
             return {}
         s, inline, blob_ids = self.settings, 0, {}
         for i, jr in enumerate(done.results):
-            size = len(jr.result.data)
+            size = jr.result.size
             if size > s.inline_bytes or inline + size > s.inline_total_bytes:
                 blob_ids[i] = await self._upload(stub, report, jr)
             else:
@@ -111,7 +111,8 @@ class Sender:
             name=f"{jr.job_id}/{jr.result.name}",
             mime=jr.result.mime,
         )
-        return await upload(stub, self.metadata, chunk, jr.result.data, self.settings.chunk_bytes)
+        source = jr.result.path or jr.result.data  # a file is read a chunk at a time
+        return await upload(stub, self.metadata, chunk, source, self.settings.chunk_bytes)
 
 
 def open_starts(batch: list[Queued]) -> bool:

@@ -220,7 +220,7 @@ def _results(done: Done, blob_ids: Mapping[int, str]) -> list[pb.Result]:
             pb.Result(
                 name=jr.result.name,
                 mime=jr.result.mime,
-                data=b"" if blob else jr.result.data,
+                data=b"" if blob else jr.result.read(),
                 blob_id=blob,
                 job_id=jr.job_id,
             )

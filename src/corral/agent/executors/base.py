@@ -54,6 +54,9 @@ class Assignment:
     resume_from: str | None = None  # a checkpoint reported by an earlier attempt
     resume_step: int = 0
     timeout_s: float | None = None
+    # Kept by the agent until the server has the allocation's end: an executor may leave
+    # the files its results name there (``Result.path``) instead of reading them.
+    scratch_dir: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))
@@ -102,9 +105,21 @@ class Checkpoint:
 
 @dataclass(frozen=True, slots=True)
 class Result:
+    """A result file: its bytes, or (``path``) the file that holds them, read only when it is
+    sent, a chunk at a time when large (``data`` is then empty)."""
+
     name: str
     data: bytes
     mime: str = "application/octet-stream"
+    path: Path | None = None
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path is not None else len(self.data)
+
+    def read(self) -> bytes:
+        """The bytes (of a small result: a large one is uploaded from its file)."""
+        return self.path.read_bytes() if self.path is not None else self.data
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from corral.agent.executors.base import (
     monotone,
     stopped_terminal,
 )
-from corral.agent.executors.lines import ResultFile, parse_line, read_result
+from corral.agent.executors.lines import ResultFile, file_result, parse_line, read_result
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 EX_TEMPFAIL = 75
@@ -82,11 +82,12 @@ class CommandExecutor:
             yield stopped_terminal(stop.requested)
             return
         out_dir = Path(tempfile.mkdtemp(prefix=f"corral-{assignment.allocation_id}-"))
+        keep = assignment.scratch_dir  # results stay there as files until the server has them
         try:
             env = job_env(assignment, out_dir, _payload_env(assignment.payload))
             proc = await _spawn(argv, env, self._workdir)
             self._pids[assignment.allocation_id] = proc.pid
-            async for update in self._supervise(proc, stop, out_dir):
+            async for update in self._supervise(proc, stop, out_dir, keep):
                 yield update
         finally:
             self._pids.pop(assignment.allocation_id, None)
@@ -107,7 +108,11 @@ class CommandExecutor:
         return argv
 
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, stop: StopSignal, out_dir: Path
+        self,
+        proc: asyncio.subprocess.Process,
+        stop: StopSignal,
+        out_dir: Path,
+        keep: Path | None = None,
     ) -> AsyncIterator[Update]:
         queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
         assert proc.stdout is not None
@@ -138,7 +143,7 @@ class CommandExecutor:
             _kill_group(proc, signal.SIGKILL)  # leftovers of a finished command, too
             await proc.wait()
             await asyncio.gather(*readers, killer, return_exceptions=True)
-        results = _collect_results(out_dir, result_files)
+        results = await asyncio.to_thread(_collect_results, out_dir, result_files, keep)
         yield _terminal(code, stop, results, list(tail))
 
     async def _kill_when_stopped(self, proc: asyncio.subprocess.Process, stop: StopSignal) -> None:
@@ -237,11 +242,19 @@ def _kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _collect_results(out_dir: Path, named: list[ResultFile]) -> tuple[Result, ...]:
-    """Files named by ``CORRAL_RESULT`` lines, then files left in the output directory."""
+def _collect_results(
+    out_dir: Path, named: list[ResultFile], keep: Path | None
+) -> tuple[Result, ...]:
+    """Files named by ``CORRAL_RESULT`` lines, then files left in the output directory: kept
+    as files in ``keep`` (never read into memory: a training run's weights may be large), or
+    read when the agent has no such folder."""
     paths = [f.path for f in named] + sorted(p for p in out_dir.iterdir() if p.is_file())
     unique = list(dict.fromkeys(p.resolve() for p in paths))
-    return tuple(r for r in map(read_result, unique) if r is not None)
+    if keep is None:
+        return tuple(r for r in map(read_result, unique) if r is not None)
+    keep.mkdir(parents=True, exist_ok=True)
+    kept = (file_result(p, keep, i) for i, p in enumerate(unique))
+    return tuple(r for r in kept if r is not None)
 
 
 def _terminal(

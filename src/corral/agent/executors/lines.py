@@ -18,6 +18,8 @@ A malformed protocol line is passed on as a log line with a note, never fatal.
 from __future__ import annotations
 
 import mimetypes
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +114,24 @@ def read_result(path: Path) -> Result | None:
     except OSError:
         return None
     return Result(path.name, data, mimetypes.guess_type(path.name)[0] or sniff_mime(data))
+
+
+def file_result(path: Path, keep_in: Path, index: int) -> Result | None:
+    """A result that names its file instead of holding its bytes: the file is linked (or,
+    across file systems, copied) into ``keep_in``, which outlives the job's own folders, and
+    read only when sent. None when it vanished."""
+    kept = keep_in / f"{index}-{path.name}"
+    try:
+        if path.resolve() != kept.resolve():
+            try:
+                os.link(path, kept)
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                shutil.copyfile(path, kept)
+        with kept.open("rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None
+    mime = mimetypes.guess_type(path.name)[0] or sniff_mime(head)
+    return Result(path.name, b"", mime, path=kept)
