@@ -67,6 +67,18 @@ def test_returned_files_become_results(tmp_path: Path) -> None:
     assert (result.name, result.mime) == ("image.png", "image/png")
 
 
+def test_returned_files_are_kept_as_files_where_the_agent_keeps_results(tmp_path: Path) -> None:
+    keep = tmp_path / "results" / "a1" / "j1"
+    job = Assignment("a1", 1, ("j1",), checkpoint_dir=tmp_path / "ck", scratch_dir=keep)
+    updates = run("writes_a_file", job)
+    assert isinstance(updates[-1], Finished)
+    [result] = updates[-1].results
+    assert (result.name, result.mime, result.data) == ("image.png", "image/png", b"")
+    assert result.path is not None
+    assert result.path.parent == keep
+    assert result.read() == (tmp_path / "ck" / "image.png").read_bytes()
+
+
 def test_a_handler_may_ask_for_a_retry() -> None:
     terminal = run("out_of_memory")[-1]
     assert terminal == Failed("CUDA out of memory", retryable=True)

@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import importlib
 import inspect
+import itertools
 import mimetypes
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -45,6 +46,7 @@ from corral.agent.executors.base import (
     sniff_mime,
     stopped_terminal,
 )
+from corral.agent.executors.lines import file_result
 from corral.agent.executors.workers import Workers
 from corral.core import Clock, ExecutorError, InvalidSpec
 
@@ -162,7 +164,7 @@ class PythonExecutor:
         try:
             async for item in items:
                 if isinstance(item, _Returned):
-                    results += to_results(item.value)
+                    results += to_results(item.value, ctx.assignment.scratch_dir)
                 elif isinstance(item, Result):
                     results.append(item)
                 else:
@@ -344,35 +346,48 @@ def _as_update(item: object, label: str) -> Update:
     )
 
 
-def to_results(value: object) -> list[Result]:
-    """A handler's return value as results (see the module docstring for the shapes)."""
-    if value is None:
-        return []
-    if isinstance(value, Result):
-        return [value]
-    if isinstance(value, bytes | bytearray):
-        data = bytes(value)
-        mime = sniff_mime(data)
-        return [Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)]
-    if isinstance(value, str | os.PathLike):
-        return [_file_result(Path(value))]
-    if isinstance(value, Mapping):
-        return [_named(str(name), item) for name, item in value.items()]
-    if isinstance(value, list | tuple):
-        return [r for item in value for r in to_results(item)]
-    raise ExecutorError(
-        f"a handler returned {type(value).__name__}; return bytes, a file path, a Result, "
-        "or a dict or list of those",
-        retryable=False,
-    )
+def to_results(value: object, keep: Path | None = None) -> list[Result]:
+    """A handler's return value as results (see the module docstring for the shapes). A file
+    path is kept as a file in ``keep`` (the agent's folder for the allocation) when given,
+    not read: it is uploaded from there a chunk at a time."""
+    files = itertools.count()
+
+    def convert(value: object) -> list[Result]:
+        if value is None:
+            return []
+        if isinstance(value, Result):
+            return [value]
+        if isinstance(value, bytes | bytearray):
+            data = bytes(value)
+            mime = sniff_mime(data)
+            return [Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)]
+        if isinstance(value, str | os.PathLike):
+            return [_file_result(Path(value), keep, next(files))]
+        if isinstance(value, Mapping):
+            return [_named(str(name), convert(item)) for name, item in value.items()]
+        if isinstance(value, list | tuple):
+            return [r for item in value for r in convert(item)]
+        raise ExecutorError(
+            f"a handler returned {type(value).__name__}; return bytes, a file path, a Result, "
+            "or a dict or list of those",
+            retryable=False,
+        )
+
+    return convert(value)
 
 
-def _named(name: str, item: object) -> Result:
-    [result] = to_results(item) or [Result(name, b"")]
-    return Result(name, result.data, result.mime)
+def _named(name: str, results: list[Result]) -> Result:
+    [result] = results or [Result(name, b"")]
+    return Result(name, result.data, result.mime, result.path)
 
 
-def _file_result(path: Path) -> Result:
+def _file_result(path: Path, keep: Path | None, index: int) -> Result:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        kept = file_result(path, keep, index)
+        if kept is None:
+            raise ExecutorError(f"result file {path} cannot be read", retryable=False)
+        return kept
     try:
         data = path.read_bytes()
     except OSError as exc:
