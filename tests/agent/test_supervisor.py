@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -197,28 +198,20 @@ def test_a_stop_of_the_whole_batch_reaches_the_job_running_now() -> None:
     asyncio.run(scenario())
 
 
-def test_an_allocations_scratch_folder_lasts_until_its_end_is_acknowledged(
+def test_an_allocations_results_folder_lasts_until_its_end_is_acknowledged(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
         b = Bench()
-        b.sup.scratch = tmp_path
-        seen: list[Assignment] = []
-        executor = b.sup.executors["scripted"]
-        original = executor.run
-
-        def spy(assignment: Assignment, stop: object) -> object:
-            seen.append(assignment)
-            (assignment.scratch_dir or tmp_path / "none").mkdir(parents=True)
-            return original(assignment, stop)  # type: ignore[arg-type]
-
-        executor.run = spy  # type: ignore[method-assign]
-        b.sup.assign(order("al-1", "j1", steps=1))
+        folder = tmp_path / "al-1"
+        [job] = order("al-1", "j1", steps=1).jobs
+        (folder / "j1").mkdir(parents=True)  # an executor left a result file there
+        (folder / "j1" / "weights.bin").write_bytes(b"w")
+        b.sup.assign(Order("al-1", 1, (replace(job, scratch_dir=folder / "j1"),)))
         await b.until(lambda: b.ended("al-1"))
-        assert [a.scratch_dir for a in seen] == [tmp_path / "al-1" / "j1"]
-        assert (tmp_path / "al-1" / "j1").is_dir(), "kept until the server has the end"
+        assert (folder / "j1" / "weights.bin").exists(), "kept until the server has the end"
         b.sup.acknowledge("al-1")
-        assert not (tmp_path / "al-1").exists()
+        assert not folder.exists()
 
     asyncio.run(scenario())
 

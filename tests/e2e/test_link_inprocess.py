@@ -151,11 +151,12 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
         "medium": PythonExecutor(medium, clock),
         "command": CommandExecutor(clock),
     }
-    supervisor = Supervisor(executors, clock, default="scripted", scratch=tmp_path / "results")
+    supervisor = Supervisor(executors, clock, default="scripted")
     settings = LinkSettings(token=TOKEN, inline_bytes=64, backoff_base_s=0.02, backoff_cap_s=0.1)
     targets = [parse_server(f"127.0.0.1:{_dead_port()}"), parse_server(address)]  # one is down
     agent = LinkClient(targets, settings, supervisor, Identity("n1", 4, backends=("scripted",)),
-                       FakeGpus.parse("1x RTX 4090 24GiB"), clock)  # fmt: skip
+                       FakeGpus.parse("1x RTX 4090 24GiB"), clock,
+                       results_root=tmp_path / "results")  # fmt: skip
     running = asyncio.create_task(agent.run())
     try:
         yield Pair(link, inbound, agent)

@@ -125,6 +125,7 @@ class LinkClient:
         clock: Clock,
         *,
         checkpoint_root: Path | None = None,
+        results_root: Path | None = None,
         rng: random.Random | None = None,
         reporter: ModelReporter | None = None,
     ) -> None:
@@ -137,6 +138,7 @@ class LinkClient:
         self.gpus = gpus
         self.clock = clock
         self.checkpoint_root = checkpoint_root
+        self.results_root = results_root  # result files wait there (``wire.order_from``)
         self.rng = rng or random.Random()
         self.connected = asyncio.Event()
         self.server: Target | None = None  # the one connected to
@@ -295,7 +297,9 @@ class LinkClient:
     def _obey(self, msg: pb.ServerMessage) -> None:
         body = msg.WhichOneof("body")
         if body == "assign":
-            order = wire.order_from(msg.assign, self.checkpoint_root, self.api_base)
+            order = wire.order_from(
+                msg.assign, self.checkpoint_root, self.api_base, self.results_root
+            )
             self.supervisor.assign(order)
         elif body == "prefetch" and self.models is not None:
             hint(self.models, msg.prefetch, self.api_base)

@@ -105,12 +105,7 @@ class Agent:
         )
         self.models = ModelManager.open(cache, self.clock, headers_for=self._model_headers)
         self.supervisor = Supervisor(
-            executors,
-            self.clock,
-            default=default,
-            by_kind=by_kind,
-            models=self.models,
-            scratch=fresh_scratch(work_dir / "results"),
+            executors, self.clock, default=default, by_kind=by_kind, models=self.models
         )
         self.identity = Identity(
             node=options.name or socket.gethostname(),
@@ -128,6 +123,7 @@ class Agent:
             self.gpus,
             self.clock,
             checkpoint_root=work_dir / "checkpoints",
+            results_root=fresh_scratch(work_dir / "results"),
             reporter=ModelReporter(self.models, self._native_models, executors),
         )
         self.supervisor.on_change = self.link.reporter.mark if self.link.reporter else lambda: None

@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from corral.agent.executors.base import (
@@ -146,7 +146,6 @@ class Supervisor:
         timeout_grace_s: float = TIMEOUT_GRACE_S,
         guard: VramGuard | None = None,
         models: ModelManager | None = None,
-        scratch: Path | None = None,
     ) -> None:
         if default not in executors:
             raise ValueError(f"default executor {default!r} is not among {sorted(executors)}")
@@ -158,9 +157,6 @@ class Supervisor:
         self.timeout_grace_s = timeout_grace_s
         self.guard = guard or VramGuard()
         self.models = models  # the model cache: jobs wait for their models (model_gate.py)
-        # Per allocation, a folder kept until the server acknowledged its end: result files
-        # wait there to be sent (``Assignment.scratch_dir``).
-        self.scratch = scratch
         self.on_change: Callable[[], None] = lambda: None  # work started or ended (loaded models)
         self.sink: Callable[[Report], None] = lambda report: None
         # Readies a job before it runs (fetches an uploaded checkpoint: checkpoints.py).
@@ -178,10 +174,6 @@ class Supervisor:
         if order.allocation_id in self._slots:
             return False
         self._supersede(order)
-        if self.scratch is not None:
-            folder = self.scratch / order.allocation_id
-            jobs = tuple(replace(j, scratch_dir=folder / j.job_id) for j in order.jobs)
-            order = replace(order, jobs=jobs)
         slot = _Slot(order)
         self._slots[order.allocation_id] = slot
         name = order.backend or self.by_kind.get(order.kind) or self.default
@@ -271,8 +263,7 @@ class Supervisor:
             for job in slot.order.jobs:
                 if self._by_job.get(job.job_id) == allocation_id:
                     del self._by_job[job.job_id]
-            if self.scratch is not None:  # its result files were sent and taken
-                shutil.rmtree(self.scratch / allocation_id, ignore_errors=True)
+            _drop_scratch(slot.order)  # its result files were sent and taken
 
     def running(self) -> list[str]:
         return [a for a, s in self._slots.items() if not s.finished]
@@ -436,6 +427,15 @@ class Supervisor:
         slot.progress = 1.0 if isinstance(terminal, Done) else slot.progress
         order = slot.order
         self.sink(Report(order.allocation_id, order.attempt, terminal, job_id, before))
+
+
+def _drop_scratch(order: Order) -> None:
+    """Delete the folder where the order's result files waited (``Assignment.scratch_dir``:
+    ``<results>/<allocation>/<job>``), if any job wrote there."""
+    for job in order.jobs:
+        if job.scratch_dir is not None and os.path.isdir(job.scratch_dir.parent):
+            shutil.rmtree(job.scratch_dir.parent, ignore_errors=True)
+            return
 
 
 def _job_signal(slot: _Slot, job_id: str) -> StopSignal:

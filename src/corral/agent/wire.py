@@ -53,17 +53,25 @@ class Identity:
     key: str = ""  # this installation's secret (``node_key``): the node name is bound to it
 
 
-def order_from(msg: pb.Assign, checkpoint_root: Path | None = None, api_base: str = "") -> Order:
-    """The supervisor's order for an assignment; each job is given its checkpoint directory.
+def order_from(
+    msg: pb.Assign,
+    checkpoint_root: Path | None = None,
+    api_base: str = "",
+    results_root: Path | None = None,
+) -> Order:
+    """The supervisor's order for an assignment; each job is given its checkpoint directory
+    and (``results_root``) the folder where its result files wait to be sent
+    (``<results_root>/<allocation>/<job>``, deleted once the server has the end).
 
-    The directory is named, not made: whoever writes there first creates it (the
+    The directories are named, not made: whoever writes there first creates them (the
     handler's ``ctx.checkpoint_dir``, the command and demo executors), so a job
     that never checkpoints costs no file-system call.
 
     ``api_base`` resolves the sources of models the server holds (``/v1/models/...``).
     """
     gpus = tuple(msg.gpu_indices)
-    jobs = tuple(_job(msg, w, gpus, checkpoint_root) for w in msg.jobs)
+    results = None if results_root is None else results_root / msg.allocation_id
+    jobs = tuple(_job(msg, w, gpus, checkpoint_root, results) for w in msg.jobs)
     whole = msg.gpu_milli >= 1000 or msg.gpu_milli == 0
     return Order(
         model_specs=model_specs(msg, api_base),
@@ -77,7 +85,9 @@ def order_from(msg: pb.Assign, checkpoint_root: Path | None = None, api_base: st
     )
 
 
-def _job(msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None) -> Assignment:
+def _job(
+    msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None, results: Path | None
+) -> Assignment:
     return Assignment(
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
@@ -90,6 +100,7 @@ def _job(msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None) -
         resume_from=w.resume_from or None,
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,
+        scratch_dir=None if results is None else results / w.job_id,
     )
 
 
