@@ -265,7 +265,9 @@ def test_with_a_scratch_folder_results_are_kept_as_files_not_read(tmp_path: Path
     (tmp_path / "model.safetensors").write_bytes(b"weights" * 1000)
     body = 'echo \'CORRAL_RESULT model.safetensors\'; printf "log" > "$CORRAL_OUTPUT_DIR/train.txt"'
     keep = tmp_path / "scratch" / "alloc-7" / "job-7"
-    updates = run(sh(body, scratch_dir=keep), CommandExecutor(WallClock(), workdir=tmp_path))
+    job = sh(body, results_root=tmp_path / "scratch")
+    assert job.scratch_dir == keep
+    updates = run(job, CommandExecutor(WallClock(), workdir=tmp_path))
     terminal = updates[-1]
     assert isinstance(terminal, Finished)
     model, log = terminal.results

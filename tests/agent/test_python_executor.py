@@ -69,7 +69,9 @@ def test_returned_files_become_results(tmp_path: Path) -> None:
 
 def test_returned_files_are_kept_as_files_where_the_agent_keeps_results(tmp_path: Path) -> None:
     keep = tmp_path / "results" / "a1" / "j1"
-    job = Assignment("a1", 1, ("j1",), checkpoint_dir=tmp_path / "ck", scratch_dir=keep)
+    job = Assignment(
+        "a1", 1, ("j1",), checkpoint_dir=tmp_path / "ck", results_root=keep.parent.parent
+    )
     updates = run("writes_a_file", job)
     assert isinstance(updates[-1], Finished)
     [result] = updates[-1].results

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from corral.agent.executors.base import (
     Started,
     StopReason,
 )
+from corral.agent.executors.python import HandlerContext, PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.supervisor import Done, Order, Report, Supervisor
 from corral.core import VirtualClock
@@ -201,18 +201,28 @@ def test_a_stop_of_the_whole_batch_reaches_the_job_running_now() -> None:
 def test_an_allocations_results_folder_lasts_until_its_end_is_acknowledged(
     tmp_path: Path,
 ) -> None:
-    async def scenario() -> None:
-        b = Bench()
-        folder = tmp_path / "al-1"
-        [job] = order("al-1", "j1", steps=1).jobs
-        (folder / "j1").mkdir(parents=True)  # an executor left a result file there
-        (folder / "j1" / "weights.bin").write_bytes(b"w")
-        b.sup.assign(Order("al-1", 1, (replace(job, scratch_dir=folder / "j1"),)))
-        await b.until(lambda: b.ended("al-1"))
-        assert (folder / "j1" / "weights.bin").exists(), "kept until the server has the end"
-        b.sup.acknowledge("al-1")
-        assert not folder.exists()
+    async def writes_weights(ctx: HandlerContext) -> Path:
+        path = tmp_path / "work" / "weights.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"w" * 100)
+        return path
 
+    async def scenario() -> None:
+        sup = Supervisor({"py": PythonExecutor(writes_weights, b.clock)}, b.clock, default="py")
+        reports: list[Report] = []
+        sup.sink = reports.append
+        job = Assignment("al-1", 1, ("j1",), results_root=tmp_path / "results")
+        sup.assign(Order("al-1", 1, (job,)))
+        await b.until(lambda: any(r.terminal for r in reports))
+        done = reports[-1].update
+        assert isinstance(done, Done)
+        [kept] = done.results
+        assert kept.result.path == tmp_path / "results" / "al-1" / "j1" / "0-weights.bin"
+        assert kept.result.path.exists(), "kept until the server has the end"
+        sup.acknowledge("al-1")
+        assert not (tmp_path / "results" / "al-1").exists()
+
+    b = Bench()
     asyncio.run(scenario())
 
 

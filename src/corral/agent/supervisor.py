@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -133,6 +132,7 @@ class _Slot:
     running: str = ""
     job_stop: StopSignal | None = None
     dropped: dict[str, StopReason] = field(default_factory=dict)
+    kept_files: bool = False  # a result names a file kept for it (deleted once acknowledged)
 
 
 class Supervisor:
@@ -263,7 +263,8 @@ class Supervisor:
             for job in slot.order.jobs:
                 if self._by_job.get(job.job_id) == allocation_id:
                     del self._by_job[job.job_id]
-            _drop_scratch(slot.order)  # its result files were sent and taken
+            if slot.kept_files:  # its result files were sent and taken
+                _drop_scratch(slot.order)
 
     def running(self) -> list[str]:
         return [a for a, s in self._slots.items() if not s.finished]
@@ -387,6 +388,7 @@ class Supervisor:
                 self._end(slot, failure, failing, before())
                 return
             results += [JobResult(job.job_id, r) for r in terminal.results]
+            slot.kept_files = slot.kept_files or any(r.path for r in terminal.results)
             modified |= terminal.modified
             finished.append(job.job_id)
             request = slot.stop.requested
@@ -431,11 +433,10 @@ class Supervisor:
 
 def _drop_scratch(order: Order) -> None:
     """Delete the folder where the order's result files waited (``Assignment.scratch_dir``:
-    ``<results>/<allocation>/<job>``), if any job wrote there."""
-    for job in order.jobs:
-        if job.scratch_dir is not None and os.path.isdir(job.scratch_dir.parent):
-            shutil.rmtree(job.scratch_dir.parent, ignore_errors=True)
-            return
+    ``<results_root>/<allocation>/<job>``)."""
+    roots = {job.results_root for job in order.jobs if job.results_root is not None}
+    for root in roots:
+        shutil.rmtree(root / order.allocation_id, ignore_errors=True)
 
 
 def _job_signal(slot: _Slot, job_id: str) -> StopSignal:

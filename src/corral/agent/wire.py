@@ -70,8 +70,7 @@ def order_from(
     ``api_base`` resolves the sources of models the server holds (``/v1/models/...``).
     """
     gpus = tuple(msg.gpu_indices)
-    results = None if results_root is None else results_root / msg.allocation_id
-    jobs = tuple(_job(msg, w, gpus, checkpoint_root, results) for w in msg.jobs)
+    jobs = tuple(_job(msg, w, gpus, checkpoint_root, results_root) for w in msg.jobs)
     whole = msg.gpu_milli >= 1000 or msg.gpu_milli == 0
     return Order(
         model_specs=model_specs(msg, api_base),
@@ -100,7 +99,7 @@ def _job(
         resume_from=w.resume_from or None,
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,
-        scratch_dir=None if results is None else results / w.job_id,
+        results_root=results,
     )
 
 

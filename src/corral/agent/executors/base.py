@@ -54,9 +54,9 @@ class Assignment:
     resume_from: str | None = None  # a checkpoint reported by an earlier attempt
     resume_step: int = 0
     timeout_s: float | None = None
-    # Kept by the agent until the server has the allocation's end: an executor may leave
-    # the files its results name there (``Result.path``) instead of reading them.
-    scratch_dir: Path | None = None
+    # Where the agent keeps result files until the server has the allocation's end
+    # (``scratch_dir``); None: an executor reads its result files instead.
+    results_root: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))
@@ -65,6 +65,14 @@ class Assignment:
     def job_id(self) -> str:
         """The (first) job this allocation runs."""
         return self.job_ids[0] if self.job_ids else self.allocation_id
+
+    @property
+    def scratch_dir(self) -> Path | None:
+        """The folder the agent keeps until the server has the allocation's end: an executor
+        may leave the files its results name there (``Result.path``) instead of reading them
+        (``<results_root>/<allocation>/<job>``, named here, made by whoever writes there)."""
+        root = self.results_root
+        return None if root is None else root / self.allocation_id / self.job_id
 
 
 # ---- updates ---------------------------------------------------------------

@@ -164,7 +164,7 @@ class PythonExecutor:
         try:
             async for item in items:
                 if isinstance(item, _Returned):
-                    results += to_results(item.value, ctx.assignment.scratch_dir)
+                    results += to_results(item.value, ctx.assignment)
                 elif isinstance(item, Result):
                     results.append(item)
                 else:
@@ -346,10 +346,15 @@ def _as_update(item: object, label: str) -> Update:
     )
 
 
-def to_results(value: object, keep: Path | None = None) -> list[Result]:
+def to_results(value: object, job: Assignment | None = None) -> list[Result]:
     """A handler's return value as results (see the module docstring for the shapes). A file
-    path is kept as a file in ``keep`` (the agent's folder for the allocation) when given,
-    not read: it is uploaded from there a chunk at a time."""
+    path is kept as a file in ``job.scratch_dir`` (the agent's folder for the allocation)
+    when there is one, not read: it is uploaded from there a chunk at a time."""
+    if isinstance(value, bytes | bytearray):  # the common case first: no file to keep
+        data = bytes(value)
+        mime = sniff_mime(data)
+        return [Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)]
+    keep = None if job is None else job.scratch_dir
     files = itertools.count()
 
     def convert(value: object) -> list[Result]:
