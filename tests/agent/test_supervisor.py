@@ -16,10 +16,11 @@ from corral.agent.executors.base import (
     Started,
     StopReason,
 )
+from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.python import HandlerContext, PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.supervisor import Done, Order, Report, Supervisor
-from corral.core import VirtualClock
+from corral.core import VirtualClock, WallClock
 
 
 def order(alloc: str, *jobs: str, steps: int = 3, backend: str = "", **payload: object) -> Order:
@@ -223,6 +224,30 @@ def test_an_allocations_results_folder_lasts_until_its_end_is_acknowledged(
         assert not (tmp_path / "results" / "al-1").exists()
 
     b = Bench()
+    asyncio.run(scenario())
+
+
+def test_files_a_failed_command_left_go_once_its_end_is_acknowledged(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        clock = WallClock()
+        sup = Supervisor({"cmd": CommandExecutor(clock)}, clock, default="cmd")
+        reports: list[Report] = []
+        sup.sink = reports.append
+        body = 'echo w > "$CORRAL_OUTPUT_DIR/half.bin"; exit 3'
+        job = Assignment(
+            "al-f", 1, ("j1",), payload={"command": ["sh", "-c", body]},
+            results_root=tmp_path / "results",
+        )  # fmt: skip
+        sup.assign(Order("al-f", 1, (job,)))
+        for _ in range(500):
+            if any(r.terminal for r in reports):
+                break
+            await asyncio.sleep(0.01)
+        assert isinstance(reports[-1].update, Failed)
+        assert (tmp_path / "results" / "al-f" / "j1" / "0-half.bin").exists()
+        sup.acknowledge("al-f")
+        assert not (tmp_path / "results" / "al-f").exists()
+
     asyncio.run(scenario())
 
 

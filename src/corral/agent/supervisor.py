@@ -132,7 +132,9 @@ class _Slot:
     running: str = ""
     job_stop: StopSignal | None = None
     dropped: dict[str, StopReason] = field(default_factory=dict)
-    kept_files: bool = False  # a result names a file kept for it (deleted once acknowledged)
+    # A result names a file kept for it, or a run ended otherwise (it may have left some):
+    # the allocation's results folder is deleted once its end is acknowledged.
+    kept_files: bool = False
 
 
 class Supervisor:
@@ -319,6 +321,7 @@ class Supervisor:
             raise
         except Exception as exc:  # a bug here must still end the allocation
             log.exception("allocation %s crashed", slot.order.allocation_id)
+            slot.kept_files = True  # whatever it left goes once the end is acknowledged
             if not slot.finished:
                 self._end(slot, Failed(f"agent error: {type(exc).__name__}: {exc}", False))
 
@@ -359,25 +362,9 @@ class Supervisor:
             if job.job_id in slot.dropped:
                 stopped.append(job.job_id)  # stopped on its own before its turn
                 continue
-            terminal: Finished | Failed | None = None
             job = await self._prepared(slot, job)
-            signal = slot.stop if len(jobs) == 1 else _job_signal(slot, job.job_id)
-            updates = execute(
-                slot.executor, job, signal, self.clock, timeout_grace_s=self.timeout_grace_s
-            )
-            try:
-                async for update in updates:
-                    if isinstance(update, Started):
-                        if not started:
-                            self._emit(slot, update, job.job_id)
-                        started = True
-                    elif isinstance(update, Finished | Failed):
-                        terminal = update
-                    else:
-                        self._track(slot, update, index)
-                        self._emit(slot, update, job.job_id)
-            finally:
-                slot.running, slot.job_stop = "", None
+            terminal = await self._run_one(slot, job, index, batch=len(jobs) > 1, first=not started)
+            started = True
             alone = job.job_id in slot.dropped and slot.stop.requested is None
             if alone and not isinstance(terminal, Finished):
                 stopped.append(job.job_id)  # stopped on its own while it ran: the batch goes on
@@ -400,6 +387,34 @@ class Supervisor:
                 self._end(slot, Done(tuple(results), modified, interrupted=True))
                 return
         self._end(slot, Done(tuple(results), modified, stopped=tuple(stopped)))
+
+    async def _run_one(
+        self, slot: _Slot, job: Assignment, index: int, *, batch: bool, first: bool
+    ) -> Finished | Failed | None:
+        """Run one job of the order; its terminal (None: the executor gave none, a bug).
+        Only the order's ``first`` job reports ``Started``; a ``batch``'s job gets a stop
+        signal of its own (``stop_job``)."""
+        assert slot.executor is not None
+        terminal: Finished | Failed | None = None
+        signal = _job_signal(slot, job.job_id) if batch else slot.stop
+        updates = execute(
+            slot.executor, job, signal, self.clock, timeout_grace_s=self.timeout_grace_s
+        )
+        try:
+            async for update in updates:
+                if isinstance(update, Started):
+                    if first:
+                        self._emit(slot, update, job.job_id)
+                elif isinstance(update, Finished | Failed):
+                    terminal = update
+                else:
+                    self._track(slot, update, index)
+                    self._emit(slot, update, job.job_id)
+        finally:
+            slot.running, slot.job_stop = "", None
+            if not isinstance(terminal, Finished) and job.results_root is not None:
+                slot.kept_files = True  # a failed or stopped run may have left files too
+        return terminal
 
     async def _prepared(self, slot: _Slot, job: Assignment) -> Assignment:
         if self.prepare is None or not job.resume_from:
