@@ -234,16 +234,16 @@ class Supervisor:
         if job_id not in {j.job_id for j in slot.order.jobs}:
             return False
         slot.dropped[job_id] = reason
-        running = slot.running == job_id and slot.job_stop is not None
+        running = slot.job_stop if slot.running == job_id else None
         log.info(
             "allocation %s: job %s was %s; %s, the batch goes on",
             allocation_id,
             job_id,
             "interrupted" if reason is StopReason.INTERRUPT else "cancelled",
-            "stopping it" if running else "skipping it",
+            "stopping it" if running is not None else "skipping it",
         )
-        if running and slot.job_stop is not None:
-            slot.job_stop.request(reason, max(0.0, grace_s), "stopped on its own")
+        if running is not None:
+            running.request(reason, max(0.0, grace_s), "stopped on its own")
         return True
 
     def held(self) -> list[Held]:
@@ -429,9 +429,11 @@ class Supervisor:
         if isinstance(update, Progress):
             slot.progress = (index + update.fraction) / max(1, len(slot.order.jobs))
 
-    def _emit(self, slot: _Slot, update: Update | Done, job_id: str = "") -> None:
+    def _emit(
+        self, slot: _Slot, update: Update | Done, job_id: str = "", before: Done | None = None
+    ) -> None:
         order = slot.order
-        self.sink(Report(order.allocation_id, order.attempt, update, job_id))
+        self.sink(Report(order.allocation_id, order.attempt, update, job_id, before))
 
     def _end(
         self,
@@ -442,8 +444,7 @@ class Supervisor:
     ) -> None:
         slot.finished = True
         slot.progress = 1.0 if isinstance(terminal, Done) else slot.progress
-        order = slot.order
-        self.sink(Report(order.allocation_id, order.attempt, terminal, job_id, before))
+        self._emit(slot, terminal, job_id, before)
 
 
 def _drop_scratch(order: Order) -> None:
@@ -456,7 +457,7 @@ def _drop_scratch(order: Order) -> None:
 
 def _job_signal(slot: _Slot, job_id: str) -> StopSignal:
     """The stop signal of one job of a batch: a stop of the whole batch reaches it (also one
-    asked for before it started), and ``Supervisor.drop`` stops it alone."""
+    asked for before it started), and ``Supervisor.stop_job`` stops it alone."""
     signal = StopSignal()
     request = slot.stop.requested
     if request is not None:

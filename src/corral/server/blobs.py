@@ -184,14 +184,18 @@ def _remove(root: Path, path: Path) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    folder = path.parent
+    _prune(root, path.parent)
+    return True
+
+
+def _prune(root: Path, folder: Path) -> None:
+    """Remove ``folder`` and its parents below ``root`` while they are empty."""
     while folder != root and root in folder.parents:
         try:
             folder.rmdir()  # only if empty: a blob written there meanwhile keeps it
         except OSError:
             break
         folder = folder.parent
-    return True
 
 
 def _keys(folder: Path, prefix: str) -> list[str]:
@@ -222,13 +226,7 @@ def _remove_tree(root: Path, folder: Path) -> int:
                 removed += 0 if name.startswith(".") else 1
         with contextlib.suppress(OSError):
             os.rmdir(dirpath)
-    parent = folder.parent
-    while parent != root and root in parent.parents:
-        try:
-            parent.rmdir()
-        except OSError:
-            break
-        parent = parent.parent
+    _prune(root, folder.parent)
     return removed
 
 

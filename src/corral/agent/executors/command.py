@@ -252,7 +252,6 @@ def _collect_results(
     unique = list(dict.fromkeys(p.resolve() for p in paths))
     if keep is None:
         return tuple(r for r in map(read_result, unique) if r is not None)
-    keep.mkdir(parents=True, exist_ok=True)
     kept = (file_result(p, keep, i) for i, p in enumerate(unique))
     return tuple(r for r in kept if r is not None)
 

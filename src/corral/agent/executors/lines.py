@@ -122,6 +122,7 @@ def file_result(path: Path, keep_in: Path, index: int) -> Result | None:
     read only when sent. None when it vanished."""
     kept = keep_in / f"{index}-{path.name}"
     try:
+        keep_in.mkdir(parents=True, exist_ok=True)
         if path.resolve() != kept.resolve():
             try:
                 os.link(path, kept)

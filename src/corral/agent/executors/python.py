@@ -350,11 +350,8 @@ def to_results(value: object, job: Assignment | None = None) -> list[Result]:
     """A handler's return value as results (see the module docstring for the shapes). A file
     path is kept as a file in ``job.scratch_dir`` (the agent's folder for the allocation)
     when there is one, not read: it is uploaded from there a chunk at a time."""
-    if isinstance(value, bytes | bytearray):  # the common case first: no file to keep
-        data = bytes(value)
-        mime = sniff_mime(data)
-        return [Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)]
-    keep = None if job is None else job.scratch_dir
+    if isinstance(value, bytes | bytearray):  # the common case: nothing else to set up
+        return [_bytes_result(value)]
     files = itertools.count()
 
     def convert(value: object) -> list[Result]:
@@ -363,11 +360,9 @@ def to_results(value: object, job: Assignment | None = None) -> list[Result]:
         if isinstance(value, Result):
             return [value]
         if isinstance(value, bytes | bytearray):
-            data = bytes(value)
-            mime = sniff_mime(data)
-            return [Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)]
+            return [_bytes_result(value)]
         if isinstance(value, str | os.PathLike):
-            return [_file_result(Path(value), keep, next(files))]
+            return [_file_result(Path(value), job, next(files))]
         if isinstance(value, Mapping):
             return [_named(str(name), convert(item)) for name, item in value.items()]
         if isinstance(value, list | tuple):
@@ -381,14 +376,20 @@ def to_results(value: object, job: Assignment | None = None) -> list[Result]:
     return convert(value)
 
 
+def _bytes_result(value: bytes | bytearray) -> Result:
+    data = bytes(value)
+    mime = sniff_mime(data)
+    return Result("result" + (mimetypes.guess_extension(mime) or ".bin"), data, mime)
+
+
 def _named(name: str, results: list[Result]) -> Result:
     [result] = results or [Result(name, b"")]
     return Result(name, result.data, result.mime, result.path)
 
 
-def _file_result(path: Path, keep: Path | None, index: int) -> Result:
+def _file_result(path: Path, job: Assignment | None, index: int) -> Result:
+    keep = None if job is None else job.scratch_dir
     if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
         kept = file_result(path, keep, index)
         if kept is None:
             raise ExecutorError(f"result file {path} cannot be read", retryable=False)

@@ -47,6 +47,11 @@ def blob_id(allocation_id: str, attempt: int, sha256: str) -> str:
     return f"uploads/{allocation_id}/{attempt}/{sha256}"
 
 
+def _sha_of(blob: str) -> str:
+    """An uploaded blob's sha256: the last part of its id (``blob_id``)."""
+    return blob.rsplit("/", 1)[-1]
+
+
 @dataclass
 class _Partial:
     """An upload in progress: its scratch file, how much arrived, the hash so far."""
@@ -103,7 +108,7 @@ class Uploads:
         path = self._blobs.path(blob) if blob.startswith("uploads/") else None
         if path is None or ".." in blob:
             raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded")
-        sha = blob.rsplit("/", 1)[-1]
+        sha = _sha_of(blob)
         with path.open("rb") as f:
             total = os.fstat(f.fileno()).st_size
             offset = min(max(0, request.offset), total)
@@ -141,7 +146,7 @@ class Uploads:
             size = -1
         if size < 0:
             raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded")
-        return StoredBlob(blob, size, blob.rsplit("/", 1)[1])
+        return StoredBlob(blob, size, _sha_of(blob))
 
     def _start(self, key: tuple[str, int, str]) -> _Partial:
         name = hashlib.sha256(repr(key).encode()).hexdigest()  # any name the sender chose

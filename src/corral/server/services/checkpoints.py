@@ -91,4 +91,4 @@ async def may_fetch(rt: Runtime, allocation_id: str, attempt: int, blob_id: str)
         if rec is None or rec.alloc.attempt != attempt or not rec.alloc.active:
             return False
         jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
-    return any(j.checkpoint == f"blob:{blob_id}" for j in jobs.values())
+    return any(j.checkpoint == BLOB + blob_id for j in jobs.values())

@@ -29,8 +29,8 @@ from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store import retention as retention_repo
 from corral.server.store.records import JobRecord, ResultFile
+from corral.server.store.retention import JobAge
 
 FRESH_JOBS_MAX = 50_000
 """Submitted jobs kept for the next snapshot at most (a server not scheduling drops them)."""
@@ -249,9 +249,7 @@ class JobService:
         rec = await self.get(who, job_id)  # visibility and 404
         if rec.state not in JOB.terminal:
             raise Conflict(f"job {job_id} is {rec.state.value}: cancel it first, then delete it")
-        async with self.rt.db.read() as conn:
-            ages = await retention_repo.ages(conn, [job_id])
-        await forget(self.rt, ages)
+        await forget(self.rt, [JobAge.of(rec)])  # finished: nothing can change it meanwhile
 
     async def result_ref(self, who: Principal, job_id: str, name: str) -> ResultFile:
         """The descriptor of one result file of a job visible to ``who``."""

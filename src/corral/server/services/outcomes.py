@@ -56,8 +56,8 @@ def settle(
     if ending is Ending.STOPPED and stop_reason is not None:
         return _stopped(stop_reason)
     if ending is Ending.CUT_SHORT:  # it never ran: nothing to count, nothing to wait for
-        error = error or "its batch ended before it ran"
-        return Settlement(JobState.QUEUED, EventKind.JOB_REQUEUED, error=error)
+        why = "another job of its batch failed before it ran"  # not that job's error
+        return Settlement(JobState.QUEUED, EventKind.JOB_REQUEUED, error=why)
     if ending is Ending.LOST:
         # Not the job's fault as far as we know, but it counts: a job that kills nodes must end.
         # No backoff: the work should resume elsewhere at once.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from corral.server.agentlink.base import ResultBlob
 from corral.server.services.outcomes import Ending
@@ -32,10 +32,7 @@ def apart(results: Sequence[ResultBlob]) -> bool:
 def inline_results(rec: AllocRecord, results: Sequence[ResultBlob]) -> Files:
     """Small results kept in the job row (no blob file, no fsync of their own)."""
     files: Files = {}
-    for blob in results:
-        if blob.job_id not in rec.alloc.job_ids:
-            continue  # an agent cannot write results for work it was not given
-        name, key = _named(rec, blob)
+    for blob, name, key in _owned(rec, results):
         digest = hashlib.sha256(blob.data).hexdigest()
         files.setdefault(blob.job_id, []).append(
             ResultFile(name, key, len(blob.data), blob.content_type, digest, blob.data)
@@ -46,10 +43,7 @@ def inline_results(rec: AllocRecord, results: Sequence[ResultBlob]) -> Files:
 async def store_results(rt: Runtime, rec: AllocRecord, results: Sequence[ResultBlob]) -> Files:
     """Results as files in the blob store (before the end that names them commits)."""
     files: Files = {}
-    for blob in results:
-        if blob.job_id not in rec.alloc.job_ids:
-            continue  # an agent cannot write results for work it was not given
-        name, key = _named(rec, blob)
+    for blob, name, key in _owned(rec, results):
         if blob.upload is not None:  # uploaded: linked, never read into memory
             stored = await rt.blobs.link(blob.upload, key)
         else:
@@ -74,8 +68,13 @@ def cut_batch(rec: AllocRecord, finished: Sequence[str], failed_job: str) -> dic
     return endings
 
 
-def _named(rec: AllocRecord, blob: ResultBlob) -> tuple[str, str]:
-    """The result's file name (safe, a gang replica's prefixed) and its blob key."""
+def _owned(
+    rec: AllocRecord, results: Sequence[ResultBlob]
+) -> Iterator[tuple[ResultBlob, str, str]]:
+    """The results of ``rec``'s own jobs (an agent cannot write results for work it was not
+    given), each with its file name (safe, a gang replica's prefixed) and its blob key."""
     prefix = f"r{rec.alloc.replica}-" if rec.alloc.replica else ""
-    name = prefix + (_UNSAFE.sub("_", blob.name).strip("._") or "result")
-    return name, f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"
+    for blob in results:
+        if blob.job_id in rec.alloc.job_ids:
+            name = prefix + (_UNSAFE.sub("_", blob.name).strip("._") or "result")
+            yield blob, name, f"results/{blob.job_id}/{rec.alloc.attempt}/{name}"

@@ -39,7 +39,6 @@ _OBSERVED = {
     Ending.LOST: AllocObserved.LOST,
 }
 LIVE = (JobState.PLACED, JobState.RUNNING)
-_BATCH_CUT = {Ending.CUT_SHORT: "another job of its batch failed before it ran"}
 
 
 def is_current(job: JobRecord, alloc: Allocation) -> bool:
@@ -91,12 +90,11 @@ async def end_allocation(
         if job is None or not is_current(job, alloc):
             continue
         own = said.endings.get(job_id, ending)
-        why = error if own is ending else _BATCH_CUT.get(own, error)
         reason = stop_reason
         if own is Ending.STOPPED and reason is None and job.stop_request:
             reason = StopReason(job.stop_request)  # stopped on its own, in a batch running on
-        how = How(own, reason, retryable, why, started)
-        await _settle_job(rt, tx, job, alloc, how, list(said.files.get(job_id, ())))
+        how = How(own, reason, retryable, error, started)
+        await _settle_job(rt, tx, job, alloc, how, said.files.get(job_id, ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +123,7 @@ class How:
 
 
 async def _settle_job(
-    rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation, how: How, files: list[ResultFile]
+    rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation, how: How, files: Sequence[ResultFile]
 ) -> None:
     gang = job.job.replicas > 1
     if how.ending is Ending.SUCCEEDED and gang and await _gang_still_running(tx, job, alloc):
@@ -284,7 +282,7 @@ async def _gang_still_running(tx: Tx, job: JobRecord, alloc: Allocation) -> bool
 
 
 async def _record_partial_result(
-    rt: Runtime, tx: Tx, job: JobRecord, files: list[ResultFile], *, started: bool
+    rt: Runtime, tx: Tx, job: JobRecord, files: Sequence[ResultFile], *, started: bool
 ) -> None:
     """One replica of a gang succeeded while others run: keep its results (and the job's
     start, when this replica's start came with its end and the job had not started)."""

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.events import EventKind
 from corral.core.states import JOB
+from corral.server.store.records import JobRecord
 from corral.server.store.tables import allocations, events, jobs
 
 TERMINAL = tuple(s.value for s in JOB.terminal)
@@ -30,6 +31,11 @@ class JobAge:
     state: str
     submitted_at: float
     finished_at: float | None
+
+    @classmethod
+    def of(cls, rec: JobRecord) -> JobAge:
+        """A job already read in full."""
+        return cls(rec.seq, rec.job.id, rec.state.value, rec.job.submitted_at, rec.finished_at)
 
     def ended_before(self, cutoff: float) -> bool:
         return self.state in TERMINAL and self.finished_at is not None and self.finished_at < cutoff
