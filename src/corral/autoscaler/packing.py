@@ -1,0 +1,131 @@
+"""Pending work packed onto machines that are coming (or idle), to count what to launch.
+
+Each pending job's replicas go first-fit onto the supply that is already
+there (members still booting, idle members), then onto machines opened in
+this decision, and only when none has room is a new machine of the cheapest
+pool that fits opened, within the pool's ``max_nodes``. A gang is all or
+nothing: its replicas are placed on a working copy and rolled back when one
+does not fit (STYLE.md habit 6), so no machine is started for half a gang.
+
+This is an estimate of capacity, not a placement: the scheduler still
+decides where each job runs once the machines have joined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corral.autoscaler.api import Pool
+from corral.core.model import Job
+from corral.core.resources import MILLI, ResourceRequest
+
+
+@dataclass(slots=True)
+class Machine:
+    """A machine's free room in the estimate: per card (compute share, VRAM), and CPUs."""
+
+    pool: Pool
+    name: str | None  # a member's name; None for one this decision would launch
+    cards: list[list[int]] = field(default_factory=list)
+    cpus: int = 0
+    used: bool = False
+
+    @classmethod
+    def empty(cls, pool: Pool, name: str | None) -> Machine:
+        cards = [[MILLI, pool.vram_bytes] for _ in range(pool.gpus)]
+        return cls(pool, name, cards, pool.cpus)
+
+    def copy(self) -> Machine:
+        return Machine(self.pool, self.name, [card[:] for card in self.cards], self.cpus, self.used)
+
+    def take(self, r: ResourceRequest) -> bool:
+        """Reserve one replica's room here; False (and nothing changed) when it does not fit."""
+        if r.cpus > self.cpus:
+            return False
+        if r.gpus:
+            whole = [c for c in self.cards if c[0] == MILLI and c[1] == self.pool.vram_bytes]
+            if len(whole) < r.gpus:
+                return False
+            for card in whole[: r.gpus]:
+                card[0] = card[1] = 0
+        elif r.shared:
+            milli = r.milli_on(self.pool.vram_bytes)
+            card = next((c for c in self.cards if c[0] >= milli and c[1] >= r.vram_bytes), None)
+            if card is None:
+                return False
+            card[0] -= milli
+            card[1] -= r.vram_bytes
+        self.cpus -= r.cpus
+        self.used = True
+        return True
+
+
+def fits(pool: Pool, job: Job) -> str | None:
+    """None when one of ``pool``'s machines could ever run a replica of ``job``, else why not."""
+    r = job.resources
+    if r.cpus > pool.cpus:
+        return f"needs {r.cpus} CPUs, {pool.name} has {pool.cpus}"
+    if r.wants_gpu:
+        if r.gpus > pool.gpus or not pool.gpus:
+            return f"needs {max(r.gpus, 1)} GPUs, {pool.name} has {pool.gpus}"
+        if r.gpu_models and pool.gpu_model not in r.gpu_models:
+            return f"needs {'/'.join(sorted(r.gpu_models))}, {pool.name} has {pool.gpu_model}"
+        if r.vram_bytes > pool.vram_bytes:
+            return f"needs more VRAM per GPU than {pool.name}'s"
+    for key, value in job.node_selector.items():
+        if pool.labels.get(key) != value:
+            return f"selector {key}={value} does not match {pool.name}'s labels"
+    if job.backend and pool.backends and job.backend not in pool.backends:
+        return f"needs backend {job.backend}, {pool.name} offers {', '.join(sorted(pool.backends))}"
+    return None
+
+
+class Packing:
+    """The supply, the machines this decision opens, and how many each pool may still open."""
+
+    def __init__(self, room: dict[str, int], limit: int) -> None:
+        self.machines: list[Machine] = []
+        self.room = room  # pool -> machines it may still open (max_nodes - members, or 0)
+        self.limit = limit  # machines this decision may open over all pools
+
+    def supply(self, machine: Machine) -> None:
+        self.machines.append(machine)
+
+    def place(self, job: Job, pools: list[Pool]) -> str | None:
+        """Pack every replica of ``job``; None when done, else why not (nothing changed)."""
+        kept = ([m.copy() for m in self.machines], dict(self.room), self.limit)
+        for _ in range(job.replicas):
+            why = self._one(job, pools)
+            if why is not None:
+                self.machines, self.room, self.limit = kept
+                return why
+        return None
+
+    def opened(self) -> dict[str, int]:
+        """Machines to launch, per pool."""
+        counts: dict[str, int] = {}
+        for m in self.machines:
+            if m.name is None:
+                counts[m.pool.name] = counts.get(m.pool.name, 0) + 1
+        return counts
+
+    def rescued(self) -> set[str]:
+        """Members the estimate put work on (a drained idle one must take work again)."""
+        return {m.name for m in self.machines if m.name is not None and m.used}
+
+    def _one(self, job: Job, pools: list[Pool]) -> str | None:
+        r = job.resources
+        for m in self.machines:
+            if fits(m.pool, job) is None and m.take(r):
+                return None
+        if self.limit <= 0:
+            return "the launch limit of one decision is reached; more next time"
+        for pool in pools:
+            if self.room.get(pool.name, 0) > 0:
+                machine = Machine.empty(pool, None)
+                if machine.take(r):
+                    self.machines.append(machine)
+                    self.room[pool.name] -= 1
+                    self.limit -= 1
+                    return None
+        return "every pool that fits it is at max_nodes or backing off"

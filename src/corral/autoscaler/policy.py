@@ -1,0 +1,184 @@
+"""``autoscale(request) -> Reply``: which machines to start and which to stop (docs/autoscaler.md).
+
+One decision, in order:
+
+1. **Broken members go.** A member whose agent has not joined within
+   ``boot_timeout_s`` is removed and its pool backs off for ``backoff_s`` (the
+   provider may be out of that machine); a member whose node has been lost for
+   ``lost_s`` is removed (its work was requeued when it was lost).
+2. **Pending work is packed** (``packing.py``) onto what is coming: members still
+   booting and idle members first, then new machines of the cheapest pool that
+   fits, within ``max_nodes`` and ``max_launch``. Only work that has waited
+   ``scale_up_delay_s`` may open a machine, and only work that more capacity
+   could help (not a team at its quota, a retry's back-off, a job waiting for a
+   node with its model). Work that waited less may still keep an idle member.
+3. **Pools are topped up** to ``min_nodes``.
+4. **Idle members are drained, then removed**: a member idle for ``idle_s``
+   that no pending work needs is drained (no new work), and removed at the
+   next decision if it is still empty; if work comes back first, it is
+   undrained instead. Never below ``min_nodes``, at most ``max_remove`` per
+   decision.
+
+Machines that are no pool's member are never touched, nor members a person
+paused or drained.
+"""
+
+from __future__ import annotations
+
+from corral.autoscaler.api import Launch, Member, Pool, Removal, Reply, Request, Unmet
+from corral.autoscaler.packing import Machine, Packing, fits
+from corral.core.model import Node
+from corral.core.states import NodeState
+
+NO_HELP = frozenset({"quota_exceeded", "not_before", "unknown_priority", "model_wait"})
+"""Reason codes more machines cannot help (scheduler ``ReasonCode`` values)."""
+
+
+def autoscale(request: Request) -> Reply:
+    pools = {p.name: p for p in request.pools}
+    backoff = {p: t for p, t in request.backoff.items() if t > request.now}
+    removals, alive = _broken(request, backoff)
+    counts = {p.name: 0 for p in request.pools}
+    for m in alive:
+        counts[m.pool] = counts.get(m.pool, 0) + 1
+    packing, unmet = _pack(request, alive, pools, counts, backoff)
+    opened = packing.opened()
+    launches = [Launch(p, n, f"{n} for pending work") for p, n in opened.items()]
+    launches += _top_up(request, counts, opened, backoff, packing.limit)
+    rescued = packing.rescued()
+    drain, idle_removals = _scale_down(request, alive, pools, counts, rescued)
+    return Reply(
+        launches=tuple(launches),
+        drain=tuple(drain),
+        undrain=tuple(sorted(request.draining & rescued)),
+        remove=tuple(removals + idle_removals),
+        backoff=backoff,
+        unmet=tuple(unmet),
+    )
+
+
+def _broken(request: Request, backoff: dict[str, float]) -> tuple[list[Removal], list[Member]]:
+    """Members to remove because they never joined or are lost; the rest are alive."""
+    cfg, now = request.config, request.now
+    removals: list[Removal] = []
+    alive: list[Member] = []
+    for m in request.members:
+        node = request.nodes.get(m.name)
+        if node is None and now - m.launched_at >= cfg.boot_timeout_s:
+            why = f"its agent did not join within {cfg.boot_timeout_s:g}s"
+            removals.append(Removal(m.name, m.pool, why))
+            backoff[m.pool] = now + cfg.backoff_s
+        elif node is not None and _lost_for(node, now) >= cfg.lost_s:
+            removals.append(Removal(m.name, m.pool, f"its node was lost for {cfg.lost_s:g}s"))
+        else:
+            alive.append(m)
+    return removals, alive
+
+
+def _lost_for(node: Node, now: float) -> float:
+    return now - node.last_seen if node.state is NodeState.LOST else -1.0
+
+
+def _pack(
+    request: Request,
+    alive: list[Member],
+    pools: dict[str, Pool],
+    counts: dict[str, int],
+    backoff: dict[str, float],
+) -> tuple[Packing, list[Unmet]]:
+    cfg, now = request.config, request.now
+    room = {
+        p.name: 0 if p.name in backoff else max(p.max_nodes - counts[p.name], 0)
+        for p in request.pools
+    }
+    packing = Packing(room, cfg.max_launch)
+    for m in alive:
+        if _can_take_work(request, m):
+            packing.supply(Machine.empty(pools.get(m.pool) or _gone(m.pool), m.name))
+    by_cost = sorted(request.pools, key=lambda p: p.cost_per_hour)  # stable: ties by order given
+    unmet: list[Unmet] = []
+    for pending in request.pending:
+        if pending.reasons & NO_HELP:
+            continue
+        job = pending.job
+        fitting = [p for p in by_cost if fits(p, job) is None]
+        if not fitting:
+            whys = "; ".join(filter(None, (fits(p, job) for p in by_cost))) or "no pools"
+            unmet.append(Unmet(job.id, f"no pool's machines fit it: {whys}"))
+            continue
+        waited = now - pending.since >= cfg.scale_up_delay_s
+        why = packing.place(job, fitting if waited else [])
+        if why is not None and waited:
+            unmet.append(Unmet(job.id, why))
+    return packing, unmet
+
+
+def _can_take_work(request: Request, m: Member) -> bool:
+    """Booting, or joined, ready and idle (and not paused or drained by a person)."""
+    return m.name not in request.nodes or _idle(request, m)
+
+
+def _gone(name: str) -> Pool:
+    """A pool no longer configured: its members take no new launches and go when idle."""
+    return Pool(name, max_nodes=0)
+
+
+def _top_up(
+    request: Request,
+    counts: dict[str, int],
+    opened: dict[str, int],
+    backoff: dict[str, float],
+    limit: int,
+) -> list[Launch]:
+    launches: list[Launch] = []
+    for pool in request.pools:
+        short = pool.min_nodes - counts[pool.name] - opened.get(pool.name, 0)
+        n = min(short, limit)
+        if n > 0 and pool.name not in backoff:
+            launches.append(Launch(pool.name, n, f"{n} to reach min_nodes {pool.min_nodes}"))
+            limit -= n
+    return launches
+
+
+def _scale_down(
+    request: Request,
+    alive: list[Member],
+    pools: dict[str, Pool],
+    counts: dict[str, int],
+    rescued: set[str],
+) -> tuple[list[str], list[Removal]]:
+    """Idle members to drain now, and drained members still empty to remove."""
+    cfg, now = request.config, request.now
+    left = dict(counts)
+    drain: list[str] = []
+    removals: list[Removal] = []
+    idle = sorted(
+        (m for m in alive if _idle(request, m) and m.name not in rescued),
+        key=lambda m: (request.idle_since.get(m.name, now), m.name),
+    )
+    for m in idle:
+        if len(drain) + len(removals) >= cfg.max_remove:
+            break
+        pool = pools.get(m.pool) or _gone(m.pool)
+        if left[m.pool] <= pool.min_nodes:
+            continue
+        if m.name in request.draining:
+            removals.append(Removal(m.name, m.pool, "idle, drained and still empty"))
+        elif now - request.idle_since.get(m.name, now) >= cfg.idle_s:
+            drain.append(m.name)
+        else:
+            continue
+        left[m.pool] -= 1
+    return drain, removals
+
+
+def _idle(request: Request, m: Member) -> bool:
+    """Joined, ready and without work (and not paused or drained by a person)."""
+    node = request.nodes.get(m.name)
+    return (
+        node is not None
+        and node.state is NodeState.READY
+        and m.name not in request.busy
+        and (not node.draining or m.name in request.draining)
+        and not node.paused
+    )
