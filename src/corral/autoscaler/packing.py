@@ -50,7 +50,8 @@ class Machine:
                 card[0] = card[1] = 0
         elif r.shared:
             milli = r.milli_on(self.pool.vram_bytes)
-            card = next((c for c in self.cards if c[0] >= milli and c[1] >= r.vram_bytes), None)
+            found = (c for c in self.cards if c[0] >= milli and c[1] >= r.vram_bytes)
+            card: list[int] | None = next(found, None)
             if card is None:
                 return False
             card[0] -= milli
