@@ -46,12 +46,12 @@ class Machine:
             whole = [c for c in self.cards if c[0] == MILLI and c[1] == self.pool.vram_bytes]
             if len(whole) < r.gpus:
                 return False
-            for card in whole[: r.gpus]:
-                card[0] = card[1] = 0
+            for taken in whole[: r.gpus]:
+                taken[0] = taken[1] = 0
         elif r.shared:
             milli = r.milli_on(self.pool.vram_bytes)
             found = (c for c in self.cards if c[0] >= milli and c[1] >= r.vram_bytes)
-            card: list[int] | None = next(found, None)
+            card = next(found, None)
             if card is None:
                 return False
             card[0] -= milli
