@@ -31,6 +31,8 @@ class EventKind(StrEnum):
     NODE_PAUSED = "node.paused"
     NODE_RESUMED = "node.resumed"
     NODE_DRAINING = "node.draining"
+    NODE_LAUNCHED = "node.launched"  # the autoscaler asked its provider for this machine
+    NODE_REMOVED = "node.removed"  # forgotten: the autoscaler removed its machine
     TEAM_UPDATED = "team.updated"
 
 

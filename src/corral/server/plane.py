@@ -10,8 +10,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from corral.autoscaler import Pool, Provider
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.relay import RelayLink
+from corral.server.loops.autoscale import AutoscaleLoop
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
@@ -43,7 +45,14 @@ class StartReport:
 
 
 class ControlPlane:
-    def __init__(self, rt: Runtime, schedule: ScheduleFn, *, run_loops: bool = True) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        schedule: ScheduleFn,
+        *,
+        run_loops: bool = True,
+        scaling: tuple[Provider, tuple[Pool, ...]] | None = None,
+    ) -> None:
         self.rt = rt
         self.run_loops = run_loops
         self.auth = AuthService(rt)
@@ -76,6 +85,19 @@ class ControlPlane:
             rt.link = RelayLink(self.transport, notifier)
             self.schedule.on_follow = lambda: notifier.publish(Note("kick"))
         self.delivery = Delivery(rt, self.transport, lambda: self.schedule.leading)
+        self.autoscale: AutoscaleLoop | None = None
+        if scaling is not None:  # docs/autoscaler.md
+            provider, pools = scaling
+            self.autoscale = AutoscaleLoop(
+                rt,
+                self.schedule,
+                provider,
+                pools,
+                self.auth,
+                self.nodes,
+                lambda: getattr(self.transport, "address", None),
+                (lambda: self.schedule.leading) if run_loops else None,
+            )
         self._tasks: list[asyncio.Task[None]] = []
         self.report: StartReport | None = None
 
@@ -101,6 +123,8 @@ class ControlPlane:
                 asyncio.create_task(self.retention.run(), name="corral-retention"),
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
             ]
+            if self.autoscale is not None:
+                self._tasks.append(asyncio.create_task(self.autoscale.run(), name="corral-autoscale"))
             self.rt.schedule_needed.fire()  # work may be waiting from before a restart
         self.report = StartReport(
             self.rt.db.target.display(), str(self.rt.settings.blob_path()), token

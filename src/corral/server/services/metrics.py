@@ -34,6 +34,24 @@ class Metrics:
             ["what"],
             registry=r,
         )
+        self.autoscaler_members = Gauge(
+            "corral_autoscaler_members",
+            "Machines the autoscaler's provider runs, by pool and state",
+            ["pool", "state"],
+            registry=r,
+        )
+        self.autoscaler_launched = Counter(
+            "corral_autoscaler_launched", "Machines the autoscaler launched", ["pool"], registry=r
+        )
+        self.autoscaler_removed = Counter(
+            "corral_autoscaler_removed", "Machines the autoscaler removed", ["pool"], registry=r
+        )
+        self.autoscaler_errors = Counter(
+            "corral_autoscaler_errors",
+            "Provider calls that failed (list, launch, terminate)",
+            ["call"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "corral_queue_depth", "Queued jobs", ["priority", "team"], registry=r
         )
@@ -74,6 +92,12 @@ class Metrics:
         self._nodes_seen = counts
         for state in ("ready", "paused", "draining", "lost"):
             self.nodes.labels(state).set(counts.get(state, 0))
+
+    def observe_members(self, counts: dict[tuple[str, str], int]) -> None:
+        """Replace the autoscaler's member gauges with ``counts`` by (pool, state)."""
+        self.autoscaler_members.clear()
+        for (pool, state), n in counts.items():
+            self.autoscaler_members.labels(pool, state).set(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

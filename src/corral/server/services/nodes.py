@@ -14,6 +14,10 @@ from corral.server.store import nodes as node_repo
 from corral.server.store.records import NodeRecord
 
 
+DRAINED_BY_AUTOSCALER = "autoscaler"
+"""``pause_reason`` of a node the autoscaler drained on its way out (its own, not a person's)."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeView:
     record: NodeRecord
@@ -55,19 +59,45 @@ class NodeService:
         """No new work; the node becomes removable once its allocations end."""
         return await self._set(who, name, "drain this node", draining=True)
 
+    async def mark(self, name: str, *, draining: bool, reason: str | None) -> None:
+        """The autoscaler drains an idle member (``reason`` marks it as its own) or takes it
+        back; no principal: the server acts on its own."""
+        await self._flags(name, {"draining": draining}, {"pause_reason": reason}, by=reason)
+
+    async def forget(self, name: str, why: str) -> bool:
+        """Delete an empty node's row (the autoscaler removed its machine). False, and the
+        node kept, when it still has active allocations or is already gone."""
+        async with self.rt.tx(reschedule=True) as tx:
+            if await alloc_repo.active(tx.conn, node=name):
+                return False
+            if not await node_repo.delete(tx.conn, name):
+                return False
+            tx.emit(EventKind.NODE_REMOVED, team=None, node=name, data={"reason": why})
+        return True
+
+    async def launched(self, names: list[str], pool: str, why: str) -> None:
+        """Record machines the autoscaler asked for (their nodes appear when agents join)."""
+        async with self.rt.tx() as tx:
+            for name in names:
+                tx.emit(EventKind.NODE_LAUNCHED, team=None, node=name, pool=pool, reason=why)
+
     async def _set(self, who: Principal, name: str, action: str, **flags: bool) -> NodeView:
         who.require_admin(action)
+        extra = {"failure_streak": 0, "pause_reason": None} if flags.get("paused") is False else {}
+        await self._flags(name, flags, extra)  # a resume also forgets an automatic pause
+        return await self.get(who, name)
+
+    async def _flags(
+        self, name: str, flags: dict[str, bool], extra: dict[str, object], by: str | None = None
+    ) -> None:
         async with self.rt.tx(reschedule=True) as tx:
             rec = await node_repo.get(tx.conn, name)
             if rec is None:
                 raise NotFound(f"node {name} not found")
-            values: dict[str, object] = dict(flags)
-            if flags.get("paused") is False:  # a resume also forgets an automatic pause
-                values |= {"failure_streak": 0, "pause_reason": None}
-            if not await node_repo.update(tx.conn, rec, **values):
+            if not await node_repo.update(tx.conn, rec, **flags, **extra):
                 raise Conflict(f"node {name} changed meanwhile; retry")
             kind = _event_for(flags)
-            tx.emit(kind, team=None, node=name, data=flags)
+            tx.emit(kind, team=None, node=name, data=flags | ({"by": by} if by else {}))
             intake_open = not (
                 flags.get("paused", rec.node.paused) or flags.get("draining", rec.node.draining)
             )
@@ -76,7 +106,6 @@ class NodeService:
                 await self.rt.link.set_intake(name, open=intake_open)
 
             tx.then(tell_agent)
-        return await self.get(who, name)
 
     async def teams(self, who: Principal) -> list[Team]:
         who.require_client()

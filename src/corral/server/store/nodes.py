@@ -98,6 +98,12 @@ async def update(conn: AsyncConnection, rec: NodeRecord, **values: Any) -> bool:
     return await guarded_update(conn, nodes, ("name", rec.node.name), rec.version, values)
 
 
+async def delete(conn: AsyncConnection, name: str) -> bool:
+    """Forget a node (the autoscaler removed its machine); False when it was not there."""
+    result = await conn.execute(sa.delete(nodes).where(nodes.c.name == name))
+    return bool(result.rowcount)
+
+
 _RESET_STREAK = (
     sa.update(nodes)
     .where(nodes.c.name == sa.bindparam("k_name"), nodes.c.failure_streak != 0)
