@@ -15,7 +15,10 @@ from corral.core.errors import InvalidSpec
 def test_the_polling_engine_by_default() -> None:
     env: dict[str, str] = {}
     assert grpc_engine.choose(env) == "poller"
-    assert env == {"GRPC_EXPERIMENTS": grpc_engine.POLLER_EXPERIMENTS}
+    assert env == {
+        "GRPC_EXPERIMENTS": grpc_engine.POLLER_EXPERIMENTS,
+        "GRPC_ENABLE_FORK_SUPPORT": "false",  # no log line per subprocess the server starts
+    }
 
 
 def test_grpcs_own_setting_is_kept() -> None:

@@ -4,8 +4,6 @@ work, and it is drained, then removed, once idle."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from server_harness import World
 
@@ -22,7 +20,7 @@ POOL = Pool("g4090", gpus=1, gpu_model="RTX 4090", vram_bytes=24 * GIB, cpus=8, 
 
 
 @pytest.fixture
-async def scaled(world: World) -> AsyncIterator[tuple[World, AutoscaleLoop, SimulatedProvider]]:
+async def scaled(world: World) -> tuple[World, AutoscaleLoop, SimulatedProvider]:
     world.plane.rt.settings.autoscale.scale_up_delay_s = 30
     world.plane.rt.settings.autoscale.idle_s = 600
     world.plane.rt.settings.autoscale.boot_timeout_s = 900
@@ -32,7 +30,7 @@ async def scaled(world: World) -> AsyncIterator[tuple[World, AutoscaleLoop, Simu
         plane.rt, plane.schedule, provider, (POOL,), plane.auth, plane.nodes,
         lambda: "grpc://control:8471",
     )  # fmt: skip
-    yield world, loop, provider
+    return world, loop, provider
 
 
 async def test_a_machine_comes_for_waiting_work_and_goes_when_idle(
@@ -49,6 +47,7 @@ async def test_a_machine_comes_for_waiting_work_and_goes_when_idle(
     assert reply is not None
     assert [(x.pool, x.count) for x in reply.launches] == [("g4090", 1)]
     [(name, pool, join)] = provider.launched
+    assert pool == "g4090"
     assert name.startswith("g4090-")
     assert join.server == "grpc://control:8471"
     who = await world.plane.auth.authenticate(join.token)  # a real agent token was made
@@ -143,4 +142,3 @@ async def test_a_failing_provider_is_counted_and_backs_the_pool_off(
     assert "g4090" in loop.backoff
     errors = world.plane.rt.metrics.autoscaler_errors.labels("launch")._value.get()
     assert errors == 1
-

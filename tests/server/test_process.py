@@ -80,6 +80,7 @@ def _matrix(a_job: str, b_job: str) -> list[tuple[str, str, dict[str, Any] | Non
         ("POST", "/v1/nodes/gpu-x/pause", None, row(MISSING, FORBIDDEN)),
         ("POST", "/v1/nodes/gpu-x/resume", None, row(MISSING, FORBIDDEN)),
         ("POST", "/v1/nodes/gpu-x/drain", None, row(MISSING, FORBIDDEN)),
+        ("GET", "/v1/autoscaler", None, row(OK, FORBIDDEN)),
         ("GET", "/v1/teams", None, row(OK, OK)),
         ("PUT", "/v1/teams/mx-b", {"quota_gpus": 1}, row(OK, FORBIDDEN)),
         ("GET", "/v1/queue", None, row(OK, OK)),

@@ -51,7 +51,9 @@ def _pool(item: Any, where: str) -> Pool:
         raise InvalidSpec(where, "must be a mapping of pool fields")
     unknown = sorted(set(item) - _KEYS)
     if unknown:
-        raise InvalidSpec(f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(_KEYS))})")
+        raise InvalidSpec(
+            f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(_KEYS))})"
+        )
     name = item.get("name")
     if not isinstance(name, str) or not name or not set(name) <= _NAME_CHARS:
         raise InvalidSpec(f"{where}.name", "must be lower-case letters, digits and '-'")

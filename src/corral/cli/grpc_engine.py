@@ -42,4 +42,8 @@ def choose(environ: MutableMapping[str, str] = os.environ) -> str:
         raise InvalidSpec(ENV, f"must be {' or '.join(CHOICES)}, not {wanted!r}")
     if wanted == "poller":
         environ.setdefault("GRPC_EXPERIMENTS", POLLER_EXPERIMENTS)
+    # corral's processes fork only to exec (the autoscaler's provider command, the agent's
+    # command executor), never to use gRPC in the child: without this, gRPC's fork handlers
+    # log "skipping fork() handlers" on every subprocess while its threads are busy.
+    environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     return wanted

@@ -22,10 +22,11 @@ from corral.scheduler import KeptSchedule
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
-from corral.server.api import compat, errors, events, health, jobs, nodes, tokens, web
+from corral.server.api import autoscaler, compat, errors, events, health, jobs, nodes, tokens, web
 from corral.server.api import models as model_api
 from corral.server.api.direct import HotRoutes
 from corral.server.api.limits import BodyLimit
+from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
 from corral.server.plane import ControlPlane, StartReport
@@ -90,7 +91,8 @@ def create_plane(
     rt = build_runtime(settings, link=link, clock=clock, blobs=blobs)
     # The scheduler kept between cycles, synced to each snapshot by difference: the same
     # plans as ``corral.scheduler.schedule``, at the cost of what changed.
-    return ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops)
+    scaling = scaling_from(settings.autoscale)  # docs/autoscaler.md; None when off
+    return ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops, scaling=scaling)
 
 
 def create_app(
@@ -128,7 +130,7 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app)
-    for module in (jobs, nodes, tokens, events, health):
+    for module in (jobs, nodes, autoscaler, tokens, events, health):
         app.include_router(module.router)
     model_api.install(app, plane)
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)

@@ -124,7 +124,9 @@ class ControlPlane:
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
             ]
             if self.autoscale is not None:
-                self._tasks.append(asyncio.create_task(self.autoscale.run(), name="corral-autoscale"))
+                self._tasks.append(
+                    asyncio.create_task(self.autoscale.run(), name="corral-autoscale")
+                )
             self.rt.schedule_needed.fire()  # work may be waiting from before a restart
         self.report = StartReport(
             self.rt.db.target.display(), str(self.rt.settings.blob_path()), token
@@ -137,6 +139,9 @@ class ControlPlane:
         await asyncio.gather(*self._tasks, return_exceptions=True)  # a cancel of stop propagates
         self._tasks = []
         await self.schedule.close()
+        closing = getattr(self.autoscale and self.autoscale.provider, "aclose", None)
+        if closing is not None:  # a webhook provider's HTTP client
+            await closing()
         if self.notifier is not None:
             await self.notifier.close()
         await self.schedule.leader.release()

@@ -63,7 +63,7 @@ class Decision:
 
 
 class AutoscaleLoop:
-    def __init__(  # noqa: PLR0913 (the loop's collaborators, each needed)
+    def __init__(
         self,
         rt: Runtime,
         scheduling: SchedulingLoop,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.core.errors import Conflict, NotFound
@@ -12,7 +13,6 @@ from corral.server.services.unit import Runtime
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.records import NodeRecord
-
 
 DRAINED_BY_AUTOSCALER = "autoscaler"
 """``pause_reason`` of a node the autoscaler drained on its way out (its own, not a person's)."""
@@ -88,7 +88,7 @@ class NodeService:
         return await self.get(who, name)
 
     async def _flags(
-        self, name: str, flags: dict[str, bool], extra: dict[str, object], by: str | None = None
+        self, name: str, flags: dict[str, bool], extra: Mapping[str, object], by: str | None = None
     ) -> None:
         async with self.rt.tx(reschedule=True) as tx:
             rec = await node_repo.get(tx.conn, name)
