@@ -1,0 +1,73 @@
+"""Pools as users write them: every mistake names its place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.autoscaler.config import pools_from_json
+from corral.core.errors import InvalidSpec
+from corral.core.resources import GIB
+from corral.server.autoscaling import load_pools, provider_from
+from corral.server.providers import CommandProvider, WebhookProvider
+from corral.server.settings import AutoscaleSettings
+
+
+def test_a_pool_with_every_field() -> None:
+    [pool] = pools_from_json(
+        {
+            "pools": [
+                {"name": "a100", "gpus": 8, "gpu_model": "A100", "vram": "80GiB", "cpus": 64,
+                 "labels": {"rack": "r1"}, "backends": ["python"], "min_nodes": 1,
+                 "max_nodes": 4, "cost_per_hour": 20}  # fmt: skip
+            ]
+        }
+    )
+    assert (pool.gpus, pool.vram_bytes, pool.cpus) == (8, 80 * GIB, 64)
+    assert dict(pool.labels) == {"rack": "r1"}
+    assert pool.backends == frozenset({"python"})
+    assert (pool.min_nodes, pool.max_nodes, pool.cost_per_hour) == (1, 4, 20.0)
+
+
+@pytest.mark.parametrize(
+    ("document", "field", "words"),
+    [
+        ({}, "pools", "non-empty list"),
+        ({"pools": [{"name": "a", "max_node": 3}]}, "pools[0].max_node", "unknown field"),
+        ({"pools": [{"name": "A B"}]}, "pools[0].name", "lower-case"),
+        ({"pools": [{"name": "a", "vram": "lots"}]}, "pools[0].vram", "not a size"),
+        ({"pools": [{"name": "a", "gpus": 2}]}, "pools[a].vram", "say their VRAM"),
+        ({"pools": [{"name": "a", "gpus": 1.5, "vram": "8GiB"}]}, "pools[0].gpus", "whole"),
+        ({"pools": [{"name": "a", "min_nodes": 3, "max_nodes": 2}]}, "pools[a].min_nodes", "<="),
+        ({"pools": [{"name": "a"}, {"name": "a"}]}, "pools", "unique"),
+        ({"pools": [{"name": "a", "labels": {"x": 1}}]}, "pools[0].labels", "strings"),
+    ],
+)
+def test_mistakes_name_the_field(document: object, field: str, words: str) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        pools_from_json(document)
+    assert caught.value.field == field
+    assert words in caught.value.message
+
+
+def test_a_pools_file_that_is_missing_or_broken_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="cannot read .*nope.yaml"):
+        load_pools(tmp_path / "nope.yaml")
+    broken = tmp_path / "pools.yaml"
+    broken.write_text("pools: [ {name: a, ")
+    with pytest.raises(InvalidSpec, match="not YAML or JSON"):
+        load_pools(broken)
+    broken.write_text("pools:\n  - {name: a, max_nodes: -1}\n")
+    with pytest.raises(InvalidSpec, match=r"pools.yaml: pools\[0\].max_nodes"):
+        load_pools(broken)
+
+
+def test_exactly_one_provider() -> None:
+    with pytest.raises(InvalidSpec, match="exactly one provider"):
+        provider_from(AutoscaleSettings())
+    both = AutoscaleSettings(command="x", webhook_url="http://h/")
+    with pytest.raises(InvalidSpec, match="exactly one provider"):
+        provider_from(both)
+    assert isinstance(provider_from(AutoscaleSettings(command="prov --x")), CommandProvider)
+    assert isinstance(provider_from(AutoscaleSettings(webhook_url="http://h/")), WebhookProvider)
