@@ -15,15 +15,9 @@ from corral.server.settings import AutoscaleSettings
 
 
 def test_a_pool_with_every_field() -> None:
-    [pool] = pools_from_json(
-        {
-            "pools": [
-                {"name": "a100", "gpus": 8, "gpu_model": "A100", "vram": "80GiB", "cpus": 64,
-                 "labels": {"rack": "r1"}, "backends": ["python"], "min_nodes": 1,
-                 "max_nodes": 4, "cost_per_hour": 20}  # fmt: skip
-            ]
-        }
-    )
+    fields = {"name": "a100", "gpus": 8, "gpu_model": "A100", "vram": "80GiB", "cpus": 64}
+    fields |= {"labels": {"rack": "r1"}, "backends": ["python"], "min_nodes": 1}
+    [pool] = pools_from_json({"pools": [fields | {"max_nodes": 4, "cost_per_hour": 20}]})
     assert (pool.gpus, pool.vram_bytes, pool.cpus) == (8, 80 * GIB, 64)
     assert dict(pool.labels) == {"rack": "r1"}
     assert pool.backends == frozenset({"python"})
@@ -52,7 +46,7 @@ def test_mistakes_name_the_field(document: object, field: str, words: str) -> No
 
 
 def test_a_pools_file_that_is_missing_or_broken_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(InvalidSpec, match="cannot read .*nope.yaml"):
+    with pytest.raises(InvalidSpec, match=r"cannot read .*nope\.yaml"):
         load_pools(tmp_path / "nope.yaml")
     broken = tmp_path / "pools.yaml"
     broken.write_text("pools: [ {name: a, ")

@@ -187,6 +187,12 @@ def test_nodes_on_a_server_without_agents(cli: Cli, server: Running) -> None:
     assert "ghost" in missing.stderr
 
 
+def test_the_autoscaler_says_when_it_is_off(cli: Cli, server: Running) -> None:
+    cli = cli.against(server)
+    assert cli_json(cli, "autoscaler") == {"enabled": False, "pools": [], "last": None}
+    assert "autoscaler is off" in cli("autoscaler").stderr
+
+
 def test_an_unreachable_server_says_where_it_looked(cli: Cli) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = cli("jobs", "--url", url)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_harness import Cluster, eventually, submit, wait_state
+from e2e_harness import ADMIN, CLI, Cluster, eventually, submit, wait_state
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +55,15 @@ def test_a_machine_is_launched_for_work_and_removed_when_idle(cluster: Cluster) 
             status = http.get("/v1/autoscaler").json()
             assert status["enabled"] is True
             assert [p["name"] for p in status["pools"]] == ["g4090"]
+            shown = subprocess.run(
+                [sys.executable, "-c", CLI, "autoscaler", "--url", cluster.http, "--token", ADMIN],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+            assert "g4090" in shown
+            assert "1x RTX 4090 24GiB" in shown
 
             def removed() -> bool:
                 return node not in {n["name"] for n in http.get("/v1/nodes").json()}

@@ -11,7 +11,7 @@ from collections import Counter
 from rich.markup import escape
 from rich.table import Table
 
-from corral.sdk import JobStatus, NodeStatus, QueueEntry, TeamQuota, WaitInfo
+from corral.sdk import AutoscalerStatus, JobStatus, NodeStatus, QueueEntry, TeamQuota, WaitInfo
 
 STATE_STYLE = {
     "queued": "yellow",
@@ -143,6 +143,27 @@ def nodes_table(nodes: list[NodeStatus], now: float) -> Table:
             models_summary(n),
             str(sum(len(a.job_ids) for a in n.allocations)),
             age(n.last_seen, now) + " ago",
+        )
+    return table
+
+
+def pools_table(status: AutoscalerStatus, now: float) -> Table:
+    """One row per pool: its machine, its bounds, how many it runs and any back-off."""
+    members = Counter(m.pool for m in status.last.members) if status.last else Counter[str]()
+    table = Table(box=None, pad_edge=False)
+    for name in ("POOL", "MACHINE", "MIN", "MAX", "RUNNING", "COST/H", "BACKOFF"):
+        table.add_column(name, no_wrap=True)
+    for p in status.pools:
+        machine = f"{p.gpus}x {p.gpu_model} {p.vram_bytes / GIB:g}GiB" if p.gpus else "CPU"
+        backoff = f"{p.backoff_until - now:.0f}s" if p.backoff_until else "-"
+        table.add_row(
+            escape(p.name),
+            escape(f"{machine}, {p.cpus} CPUs"),
+            str(p.min_nodes),
+            str(p.max_nodes),
+            str(members[p.name]),
+            f"{p.cost_per_hour:g}",
+            backoff,
         )
     return table
 

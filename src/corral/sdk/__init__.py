@@ -34,6 +34,7 @@ from corral.sdk.events import JobEvent
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
     AllocationStatus,
+    AutoscalerStatus,
     GpuStatus,
     JobSpec,
     JobStatus,
@@ -60,6 +61,7 @@ __all__ = [
     "AsyncEventStream",
     "AsyncJob",
     "AsyncResult",
+    "AutoscalerStatus",
     "BadRequest",
     "Client",
     "ClientError",

@@ -30,6 +30,7 @@ from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
 from corral.sdk.events import JobEvent, SseDecoder
 from corral.sdk.models import (
+    AutoscalerStatus,
     JobSpec,
     JobStatus,
     NewToken,
@@ -141,6 +142,10 @@ class AsyncClient:
         return await self.run(calls.queue(limit))
 
     # -- nodes, teams, tokens ------------------------------------------------------------
+
+    async def autoscaler(self) -> AutoscalerStatus:
+        """The autoscaler's pools, its machines and its last decision (admin)."""
+        return await self.run(calls.autoscaler())
 
     async def nodes(self) -> list[NodeStatus]:
         return await self.run(calls.list_nodes())

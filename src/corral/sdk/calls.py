@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from corral.sdk.errors import BadRequest
 from corral.sdk.models import (
+    AutoscalerStatus,
     JobPage,
     JobSpec,
     JobStatus,
@@ -167,6 +168,10 @@ def list_teams() -> Call[list[TeamQuota]]:
 def put_team(team: TeamQuota) -> Call[TeamQuota]:
     body = team.model_dump(mode="json", exclude={"name"})
     return Call("PUT", f"/v1/teams/{_seg(team.name)}", _model(TeamQuota), json=body)
+
+
+def autoscaler() -> Call[AutoscalerStatus]:
+    return Call("GET", "/v1/autoscaler", _model(AutoscalerStatus))
 
 
 def queue(limit: int = 100) -> Call[QueueStatus]:

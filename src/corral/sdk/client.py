@@ -30,6 +30,7 @@ from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, ap
 from corral.sdk.events import JobEvent, SseDecoder
 from corral.sdk.job import EventStream, Job
 from corral.sdk.models import (
+    AutoscalerStatus,
     JobSpec,
     JobStatus,
     NewToken,
@@ -167,6 +168,10 @@ class Client:
         return self.run(calls.queue(limit))
 
     # -- nodes, teams, tokens ------------------------------------------------------------
+
+    def autoscaler(self) -> AutoscalerStatus:
+        """The autoscaler's pools, its machines and its last decision (admin)."""
+        return self.run(calls.autoscaler())
 
     def nodes(self) -> list[NodeStatus]:
         return self.run(calls.list_nodes())

@@ -240,3 +240,41 @@ class TokenStatus(_Out):
 
 class NewToken(TokenStatus):
     token: str = Field(description="the secret, shown once")
+
+
+class ScalingPool(_Out):
+    """A pool the autoscaler can start machines of (``GET /v1/autoscaler``)."""
+
+    name: str
+    gpus: int = 0
+    gpu_model: str = ""
+    vram_bytes: int = 0
+    cpus: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    backends: list[str] = Field(default_factory=list)
+    min_nodes: int = 0
+    max_nodes: int = 0
+    cost_per_hour: float = 0.0
+    backoff_until: float | None = None
+
+
+class ScalingMember(_Out):
+    name: str
+    pool: str
+    launched_at: float = 0.0
+
+
+class ScalingDecision(_Out):
+    at: float
+    members: list[ScalingMember] = Field(default_factory=list)
+    launches: list[dict[str, Any]] = Field(default_factory=list)
+    drain: list[str] = Field(default_factory=list)
+    undrain: list[str] = Field(default_factory=list)
+    remove: list[dict[str, Any]] = Field(default_factory=list)
+    unmet: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class AutoscalerStatus(_Out):
+    enabled: bool
+    pools: list[ScalingPool] = Field(default_factory=list)
+    last: ScalingDecision | None = None
