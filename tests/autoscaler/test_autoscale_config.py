@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,14 @@ def test_exactly_one_provider() -> None:
         provider_from(both)
     assert isinstance(provider_from(AutoscaleSettings(command="prov --x")), CommandProvider)
     assert isinstance(provider_from(AutoscaleSettings(webhook_url="http://h/")), WebhookProvider)
+
+
+def test_corral_server_refuses_a_bad_pools_file_at_start(tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: a, gpus: 1, vram: lots}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env |= {"CORRAL_AUTOSCALE__POOLS_FILE": str(pools), "CORRAL_AUTOSCALE__COMMAND": "true"}
+    argv = [sys.executable, "-m", "corral", "server", "--home", str(tmp_path), "--port", "0"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert f"{pools}: pools[0].vram: not a size: 'lots'" in done.stderr

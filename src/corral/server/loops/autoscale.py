@@ -40,7 +40,7 @@ from corral.autoscaler import (
     Request,
     autoscale,
 )
-from corral.core.errors import InvalidSpec
+from corral.core.errors import Conflict, InvalidSpec, NotFound
 from corral.server.loops.schedule import SchedulingLoop
 from corral.server.services.auth import AuthService, TokenKind
 from corral.server.services.nodes import DRAINED_BY_AUTOSCALER, NodeService
@@ -168,15 +168,21 @@ class AutoscaleLoop:
 
     async def _apply(self, now: float, reply: Reply) -> None:
         for name in reply.drain:
-            await self.nodes.mark(name, draining=True, reason=DRAINED_BY_AUTOSCALER)
+            await self._mark(name, draining=True, reason=DRAINED_BY_AUTOSCALER)
         for name in reply.undrain:
-            await self.nodes.mark(name, draining=False, reason=None)
+            await self._mark(name, draining=False, reason=None)
         if reply.remove:
             await self._remove(reply)
         for launch in reply.launches:
             await self._launch(now, launch.pool, launch.count, launch.reason)
         for unmet in reply.unmet:
             log.debug("autoscaler: job %s not served: %s", unmet.job_id, unmet.reason)
+
+    async def _mark(self, name: str, *, draining: bool, reason: str | None) -> None:
+        try:
+            await self.nodes.mark(name, draining=draining, reason=reason)
+        except (NotFound, Conflict) as e:  # gone or changed meanwhile: the next decision sees it
+            log.info("autoscaler: %s %s skipped: %s", "drain" if draining else "undrain", name, e)
 
     async def _remove(self, reply: Reply) -> None:
         names = [r.name for r in reply.remove]
