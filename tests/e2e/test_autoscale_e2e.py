@@ -30,7 +30,12 @@ pools:
 """
 
 
-def test_a_machine_is_launched_for_work_and_removed_when_idle(cluster: Cluster) -> None:
+def test_a_machine_is_launched_for_work_and_removed_when_idle(
+    cluster: Cluster, browser: object
+) -> None:
+    from playwright.sync_api import Browser, expect
+
+    assert isinstance(browser, Browser)
     pools = cluster.tmp / "pools.yaml"
     pools.write_text(POOLS)
     provider_dir = cluster.tmp / "provider"
@@ -64,6 +69,13 @@ def test_a_machine_is_launched_for_work_and_removed_when_idle(cluster: Cluster) 
             ).stdout
             assert "g4090" in shown
             assert "1x RTX 4090 24GiB" in shown
+
+            page = browser.new_page()  # the dashboard shows the pool (an admin sees it)
+            page.goto(f"{cluster.http}/#token={ADMIN}")
+            pool = page.locator('#pools tr[data-pool="g4090"]')
+            expect(pool).to_be_visible(timeout=10_000)
+            expect(pool).to_contain_text("1x RTX 4090")
+            expect(pool).to_contain_text("0..2")
 
             def removed() -> bool:
                 return node not in {n["name"] for n in http.get("/v1/nodes").json()}

@@ -9,8 +9,6 @@ API. Screenshots land in ``test-artifacts/dashboard/``.
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,31 +16,7 @@ from e2e_harness import ADMIN, Cluster, eventually, submit, wait_state
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("CORRAL_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
-FLAGS = [  # no sandbox as root; no background calls to the closed network
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian chromium is required for the dashboard test (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def test_dashboard_shows_nodes_live_progress_and_pauses_a_node(

@@ -94,9 +94,12 @@ class Packing:
 
     def place(self, job: Job, pools: list[Pool]) -> str | None:
         """Pack every replica of ``job``; None when done, else why not (nothing changed)."""
+        static: dict[str, bool] = {}  # pool -> its machines could run the job (asked once)
+        if job.replicas == 1:  # one replica changes nothing unless it fits: no working copy
+            return self._one(job, pools, static)
         kept = ([m.copy() for m in self.machines], dict(self.room), self.limit)
         for _ in range(job.replicas):
-            why = self._one(job, pools)
+            why = self._one(job, pools, static)
             if why is not None:
                 self.machines, self.room, self.limit = kept
                 return why
@@ -114,10 +117,13 @@ class Packing:
         """Members the estimate put work on (a drained idle one must take work again)."""
         return {m.name for m in self.machines if m.name is not None and m.used}
 
-    def _one(self, job: Job, pools: list[Pool]) -> str | None:
+    def _one(self, job: Job, pools: list[Pool], static: dict[str, bool]) -> str | None:
         r = job.resources
         for m in self.machines:
-            if fits(m.pool, job) is None and m.take(r):
+            ok = static.get(m.pool.name)
+            if ok is None:
+                ok = static[m.pool.name] = fits(m.pool, job) is None
+            if ok and m.take(r):
                 return None
         if self.limit <= 0:
             return "the launch limit of one decision is reached; more next time"

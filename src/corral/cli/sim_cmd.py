@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def sim(
             )
             raise typer.Exit(3) from None
         except CorralError as exc:
-            err.print(f"[red]error:[/] {exc}", highlight=False)
+            err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)  # pools[g]: text
             raise typer.Exit(2) from None
         head = {
             "scenario": loaded.name,
@@ -170,10 +171,28 @@ def _print_tables(head: dict[str, Any], summary: dict[str, Any], jobs: list[JobR
         for name, stats in groups.items():
             waits.add_row(name, *(_fmt(stats[k]) for k in ("jobs", "p50_s", "p95_s", "mean_s")))
         out.print(waits)
+    if summary.get("autoscaler"):
+        _print_autoscaler(out, summary["autoscaler"])
     if len(jobs) > MAX_TABLE_JOBS:
         out.print(f"{summary['jobs_total']:,} jobs: use --json for each job's placements")
         return
     _print_jobs(out, jobs)
+
+
+def _print_autoscaler(out: Console, scaled: dict[str, Any]) -> None:
+    """One line of totals and a row per pool: node-hours and what they cost."""
+    out.print(
+        f"autoscaler: {scaled['launched']} launched, {scaled['removed']} removed, "
+        f"{scaled['nodes_at_end']} at the end, at most {scaled['peak_nodes']} at once, "
+        f"{scaled['decisions']} decisions, cost {_fmt(scaled['cost'])}",
+        highlight=False,
+    )
+    table = Table(title="autoscaled pools")
+    table.add_column("pool")
+    table.add_column("node-hours", justify="right")
+    for pool, hours in scaled["node_hours"].items():
+        table.add_row(pool, _fmt(hours))
+    out.print(table)
 
 
 def _print_jobs(out: Console, jobs: list[JobRecord]) -> None:

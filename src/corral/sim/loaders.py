@@ -17,6 +17,10 @@ from typing import Any
 
 import yaml
 
+from corral.autoscaler import Config as AutoscaleConfig
+from corral.autoscaler import Pool
+from corral.autoscaler.config import pools_from_json
+from corral.core.errors import InvalidSpec
 from corral.core.model import PriorityClass, Team
 from corral.scheduler.api import Config
 from corral.sim.errors import SimInputError
@@ -30,7 +34,14 @@ from corral.sim.fields import (
     parse_nodes,
     parse_team,
 )
-from corral.sim.scenario import Scenario, SimJob, fixed_jobs
+from corral.sim.scenario import (
+    DEFAULT_BOOT_S,
+    DEFAULT_TICK_S,
+    Autoscaling,
+    Scenario,
+    SimJob,
+    fixed_jobs,
+)
 from corral.sim.traces import read_trace
 
 SCENARIO_KEYS = (
@@ -45,7 +56,10 @@ SCENARIO_KEYS = (
     "cycle_interval_s",
     "fragmentation_sample_s",
     "config",
+    "pools",
+    "autoscale",
 )
+AUTOSCALE_KEYS = (*(f.name for f in fields(AutoscaleConfig)), "tick_s", "boot_s")
 PRIORITY_CLASS_KEYS = ("name", "rank", "can_preempt", "preemptible", "cpu_offload")
 Lines = Callable[[object], str]
 
@@ -70,7 +84,9 @@ def scenario_from_document(
     """Validate a parsed scenario document and build the ``Scenario``."""
     top = check_keys(document, SCENARIO_KEYS, "scenario", "scenario")
     config = parse_config(top.get("config"), where)
-    nodes = _nodes(top.get("nodes"), where)
+    pools = _pools(top.get("pools"), where)
+    autoscaling = parse_autoscale(top.get("autoscale"), where, pools)
+    nodes = _nodes(top.get("nodes"), where, required=not pools)
     teams = _teams(top.get("teams"), where)
     declared = {t.name for t in teams} if teams else None
     parser = JobParser((c.name for c in config.priority_classes), declared)
@@ -90,6 +106,8 @@ def scenario_from_document(
         fragmentation_sample_s=_seconds(top, "fragmentation_sample_s", 60.0),
         auto_teams=declared is None,
         name=str(top.get("name") or name),
+        pools=pools,
+        autoscaling=autoscaling,
     )
 
 
@@ -115,6 +133,74 @@ def parse_config(value: Any, where: Lines) -> Config:
         return Config(**kwargs)
     except (TypeError, ValueError) as err:
         raise SimInputError("config", str(err), "scenario") from None
+
+
+def parse_autoscale(value: Any, where: Lines, pools: tuple[Pool, ...]) -> Autoscaling:
+    """The ``autoscale`` mapping: ``corral.autoscaler.Config``'s fields, ``tick_s`` and
+    ``boot_s``; omitted ones keep their defaults. Errors name ``autoscale.<field>``."""
+    if omitted(value):
+        return Autoscaling()
+    spot = f"autoscale {where(value)}".strip()
+    if not pools:
+        raise SimInputError("autoscale", "needs pools to launch machines from", spot)
+    if not isinstance(value, Mapping):
+        raise SimInputError("autoscale", f"expected a mapping of fields, got {value!r}", spot)
+    for key in value:
+        if key not in AUTOSCALE_KEYS:
+            known = ", ".join(AUTOSCALE_KEYS)
+            raise SimInputError(f"autoscale.{key}", f"unknown field (known: {known})", spot)
+    defaults, kwargs = AutoscaleConfig(), {}
+    for key, raw in value.items():
+        if key in ("tick_s", "boot_s"):
+            continue
+        kwargs[key] = _like(getattr(defaults, key), raw, f"autoscale.{key}", spot)
+    try:
+        config = AutoscaleConfig(**kwargs)
+    except InvalidSpec as err:
+        raise SimInputError(err.field, err.message, spot) from None
+    tick = _autoscale_seconds(value, "tick_s", DEFAULT_TICK_S, spot, zero_ok=False)
+    boot = _autoscale_seconds(value, "boot_s", DEFAULT_BOOT_S, spot, zero_ok=True)
+    if boot >= config.boot_timeout_s:
+        raise SimInputError(
+            "autoscale.boot_s",
+            f"must be less than boot_timeout_s ({config.boot_timeout_s:g}): a machine that "
+            "boots slower never joins",
+            spot,
+        )
+    return Autoscaling(config, tick, boot)
+
+
+def _autoscale_seconds(
+    row: Mapping[str, Any], key: str, default: float, spot: str, *, zero_ok: bool
+) -> float:
+    """``autoscale.<key>`` in seconds: > 0 (>= 0 when ``zero_ok``)."""
+    raw = row.get(key)
+    if omitted(raw):
+        return default
+    number = as_float(raw, f"autoscale.{key}", spot)
+    if number < 0 or (number == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise SimInputError(f"autoscale.{key}", f"must be {bound}, got {raw!r}", spot)
+    return number
+
+
+def _pools(value: Any, where: Lines) -> tuple[Pool, ...]:
+    """The ``pools`` list, read as the server reads its pools file."""
+    if omitted(value):
+        return ()
+    try:
+        return pools_from_json(value)
+    except InvalidSpec as err:
+        raise SimInputError(err.field, err.message, _pool_line(value, err.field, where)) from None
+
+
+def _pool_line(value: Any, culprit: str, where: Lines) -> str:
+    """The line of the pool entry ``culprit`` (``pools[1].vram``, ``pools[g].vram``) names."""
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if culprit.startswith((f"pools[{i}]", f"pools[{name}]")):
+            return where(item).strip("()")
+    return ""
 
 
 def _read_document(path: Path) -> tuple[Any, Lines]:
@@ -166,12 +252,12 @@ def _entries(value: Any, section: str) -> list[Any]:
     return value
 
 
-def _nodes(value: Any, where: Lines) -> tuple[Any, ...]:
+def _nodes(value: Any, where: Lines, *, required: bool) -> tuple[Any, ...]:
     nodes = []
     for i, entry in enumerate(_entries(value, "nodes")):
         nodes.extend(parse_nodes(entry, f"nodes[{i}] {where(entry)}".strip()))
-    if not nodes:
-        raise SimInputError("nodes", "a scenario needs at least one node", "scenario")
+    if not nodes and required:
+        raise SimInputError("nodes", "a scenario needs at least one node (or pools)", "scenario")
     seen: set[str] = set()
     for node in nodes:
         if node.name in seen:

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
-from corral.core.model import Allocation, Job, Team
+from corral.core.model import Allocation, Job, Node, Team
 from corral.scheduler.api import Config, Plan, Snapshot
 from corral.scheduler.incremental import Scheduler
 from corral.sim.baselines import best_fit, first_fit
@@ -41,6 +41,8 @@ class Policy(Protocol):
     def ended(self, alloc_id: str) -> None: ...
 
     def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
+
+    def nodes_changed(self, nodes: tuple[Node, ...]) -> None: ...
 
     def plan(
         self,
@@ -73,6 +75,9 @@ class Rebuilding:
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         pass
 
+    def nodes_changed(self, nodes: tuple[Node, ...]) -> None:
+        pass
+
     def plan(
         self,
         snapshot: Callable[[], Snapshot],
@@ -86,10 +91,12 @@ class Rebuilding:
 
 class Kept:
     """corral's scheduler kept between cycles: the same plans as ``schedule`` on the world's
-    snapshot (``unplaced`` aside: nothing is explained), at the cost of what changed."""
+    snapshot, at the cost of what changed. ``unplaced`` is explained only when the scenario
+    autoscales (the autoscaler reads its reason codes); otherwise nothing is explained."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scheduler = Scheduler(scenario.nodes, scenario.teams, scenario.config)
+        self.explain = bool(scenario.pools)
 
     def submitted(self, job: Job) -> None:
         self.scheduler.submit(job)
@@ -106,6 +113,9 @@ class Kept:
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         self.scheduler.set_teams(teams)
 
+    def nodes_changed(self, nodes: tuple[Node, ...]) -> None:
+        self.scheduler.set_nodes(nodes)
+
     def plan(
         self,
         snapshot: Callable[[], Snapshot],
@@ -115,7 +125,7 @@ class Kept:
         served: Mapping[str, float],
     ) -> Plan:
         self.scheduler.served = served
-        return self.scheduler.schedule(now, seed, explain=False)
+        return self.scheduler.schedule(now, seed, explain=self.explain)
 
 
 def resolve(name: str) -> ScheduleFn:

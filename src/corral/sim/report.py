@@ -10,8 +10,10 @@ to a sink as soon as its job is finished. Definitions (all in ``docs/sim.md``):
   end as having waited until then (a policy that never starts some jobs
   must not look better for it: without them, the jobs it starves drop out);
 * percentiles: nearest rank (p95 of 20 values is the 19th smallest);
-* ``gpu_allocation_ratio``: GPU-seconds allocated / (GPUs x (end - start)),
-  with ``start`` the first submission and ``end`` the end of the simulation;
+* ``gpu_allocation_ratio``: GPU-seconds allocated / GPU-seconds that existed
+  between ``start``, the first submission, and ``end``, the end of the
+  simulation: GPUs x (end - start) for a fixed cluster, plus each autoscaled
+  node's GPUs x its time in the cluster within that span;
 * ``fragmentation``: the time-weighted mean of the scheduler's
   fragmentation score (0: every free GPU sits in a wholly free node) over
   samples taken after scheduling cycles;
@@ -138,10 +140,21 @@ class Metrics:
         if not placed:
             self.never_placed += 1
 
-    def summary(self, end: float, total_gpus: int, weights: Mapping[str, float]) -> dict[str, Any]:
-        """The ``summary`` object of the report (see the module docstring)."""
+    def summary(
+        self,
+        end: float,
+        total_gpus: int,
+        weights: Mapping[str, float],
+        *,
+        extra_gpu_s: float | None = None,
+    ) -> dict[str, Any]:
+        """The ``summary`` object of the report (see the module docstring). ``total_gpus``
+        were there all along; ``extra_gpu_s`` are GPU-seconds of nodes that came and went
+        (autoscaling) between the start and ``end``."""
         start = self.start if self.start is not None else end
         capacity = total_gpus * MILLI * (end - start)
+        if extra_gpu_s is not None:
+            capacity += extra_gpu_s * MILLI
         fairness = jain(
             [self.team_milli_s.get(t, 0.0) / weights.get(t, 1.0) for t in sorted(self.gpu_teams)]
         )

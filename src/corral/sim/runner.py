@@ -27,8 +27,9 @@ from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.policies import Policy, ScheduleFn, drive
 from corral.sim.report import FragmentationSampler, Metrics
+from corral.sim.scaling import Busy, Scaling
 from corral.sim.scenario import Scenario, SimJob
-from corral.sim.world import Sink, World
+from corral.sim.world import Observer, Sink, World
 
 __all__ = ["MAX_CYCLES_PER_INSTANT", "Progress", "ScheduleFn", "simulate"]
 
@@ -92,7 +93,10 @@ class _Run:
         self.policy = policy
         self.clock = EventClock()
         self.metrics = Metrics()
-        self.world = World(scenario, self.clock, self.metrics, sink=sink, observer=policy)
+        busy = Busy(policy) if scenario.pools else None
+        observer: Observer = policy if busy is None else busy
+        self.world = World(scenario, self.clock, self.metrics, sink=sink, observer=observer)
+        self.scaling = None if busy is None else Scaling(scenario, self.world, busy)
         self.service = ServiceLedger()
         self.progress = progress
         self.arrived = 0
@@ -107,14 +111,21 @@ class _Run:
         arrivals = self.scenario.jobs()
         nxt = next(arrivals, None)
         cycle_at: float | None = None
+        scaling = self.scaling  # None without pools: one test per instant, nothing per job
         while True:
             t = _earliest(nxt, self.clock.next_time(), cycle_at)
+            if scaling is not None:
+                t = _sooner(t, scaling.next_time())
             if t is None or (until is not None and t > until):
                 break
             self.clock.advance_to(t)
             changed, nxt = self._arrive(nxt, arrivals, t)
             for job_id, token in self.clock.pop_due():
                 changed = self.world.complete(job_id, token, t) or changed
+            if scaling is not None:
+                changed = scaling.joins(t) or changed
+                if changed:
+                    scaling.wake(t)
             if changed and cycle_at is None:
                 cycle_at = _next_tick(t, self.scenario.cycle_interval_s)
             if cycle_at == t:
@@ -122,14 +133,40 @@ class _Run:
                 self._cycles(t, seed)
                 if self.fragmentation is not None and self.fragmentation.due(t):
                     self.fragmentation.sample(self.world.snapshot(), t)
+                if scaling is not None:
+                    scaling.wake(t)  # the cycle changed what waits
+            if scaling is not None and scaling.tick(t) and cycle_at is None:
+                cycle_at = _next_tick(t, self.scenario.cycle_interval_s)  # nodes changed
+        return self._finish(until)
+
+    def _finish(self, until: float | None) -> dict[str, Any]:
+        """End the run at ``until`` (or now) and build the summary."""
+        scaling = self.scaling
         end = self.clock.now if until is None else until
+        if scaling is not None and until is None:
+            end = scaling.changed_at  # not the last decision, which found nothing to do
         self.clock.advance_to(max(end, self.clock.now))
         self.world.finish(end)
         self._report(done=True)
         weights = {name: team.weight for name, team in self.world.teams.items()}
-        summary = self.metrics.summary(end, self.scenario.total_gpus, weights)
+        if scaling is None:
+            summary = self.metrics.summary(end, self.scenario.total_gpus, weights)
+        else:
+            summary = self._scaled_summary(scaling, end, weights)
         if self.fragmentation is not None:
             summary["fragmentation"] = self.fragmentation.summary(end)
+        return summary
+
+    def _scaled_summary(
+        self, scaling: Scaling, end: float, weights: dict[str, float]
+    ) -> dict[str, Any]:
+        """The summary when nodes came and went: the allocation ratio over the GPU-seconds
+        that existed, ``gpus_total`` the most GPUs there were at once, and ``autoscaler``."""
+        start = self.metrics.start if self.metrics.start is not None else end
+        extra = scaling.capacity_gpu_s(start, end)
+        summary = self.metrics.summary(end, scaling.static_gpus, weights, extra_gpu_s=extra)
+        summary["gpus_total"] = scaling.peak_gpus
+        summary["autoscaler"] = scaling.summary(end)
         return summary
 
     def _arrive(
@@ -157,10 +194,14 @@ class _Run:
         world, config = self.world, self.scenario.config
         for _ in range(MAX_CYCLES_PER_INSTANT):
             if not world.queued:
+                if self.scaling is not None:
+                    self.scaling.unplaced = ()
                 return
             world.served = served = self.service.view(now)  # fair mixing across cycles
             plan = self.policy.plan(world.snapshot, config, now, seed + self.metrics.cycles, served)
             self.metrics.cycles += 1
+            if self.scaling is not None:
+                self.scaling.unplaced = plan.unplaced  # the autoscaler's pending work
             for job_id in (j for p in plan.placements if p.replica == 0 for j in p.job_ids):
                 run = world.runs.get(job_id)
                 if run is not None:
@@ -205,6 +246,12 @@ def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -
     if cycle_at is not None and (best is None or cycle_at < best):
         best = cycle_at
     return best
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None or a <= b else b
 
 
 def _next_tick(t: float, interval: float) -> float:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from corral.autoscaler import Config as AutoscaleConfig
+from corral.autoscaler import Pool
 from corral.core.model import Job, Node, Team
 from corral.scheduler.api import Config
 
@@ -41,6 +43,21 @@ class SimJob:
         return self.job.submitted_at
 
 
+DEFAULT_TICK_S = 15.0  # the server's default autoscale.tick_s
+DEFAULT_BOOT_S = 60.0  # launch to join: a cloud VM's boot and its agent's start
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    """How the simulated autoscaler runs (``scaling.py``): the pure autoscaler's hysteresis
+    (``config``), how often it decides (``tick_s``) and how long a launched machine takes
+    to join as a node (``boot_s``)."""
+
+    config: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    tick_s: float = DEFAULT_TICK_S
+    boot_s: float = DEFAULT_BOOT_S
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """A cluster, its teams and a job stream, with the simulation's settings.
@@ -53,6 +70,9 @@ class Scenario:
     this often (simulated seconds); 0 measures after every cycle.
     ``auto_teams``: a job naming a team that ``teams`` lacks gets a team
     without quota (True when the scenario declares no teams).
+    ``pools``: machines the simulated autoscaler may launch (none: a fixed
+    cluster, and the run does no autoscaling work at all), run as
+    ``autoscaling`` says.
     """
 
     nodes: tuple[Node, ...]
@@ -65,9 +85,12 @@ class Scenario:
     fragmentation_sample_s: float = 60.0
     auto_teams: bool = True
     name: str = ""
+    pools: tuple[Pool, ...] = ()
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
 
     @property
     def total_gpus(self) -> int:
+        """GPUs of the fixed nodes (``nodes``; autoscaled ones come and go)."""
         return sum(len(n.gpus) for n in self.nodes)
 
 

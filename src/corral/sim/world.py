@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final, Protocol
 
-from corral.core.model import DEFAULT_TEAM, Allocation, Job, Team
+from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
 from corral.core.states import JOB, AllocObserved, JobState, transition
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
@@ -48,6 +48,8 @@ class Observer(Protocol):
     def ended(self, alloc_id: str) -> None: ...  # finished, preempted, or the run ended
 
     def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
+
+    def nodes_changed(self, nodes: tuple[Node, ...]) -> None: ...  # joined, drained, removed
 
 
 class JobRun:
@@ -179,6 +181,35 @@ class World:
             if run.first_start is None:
                 self._metrics.still_waiting(run.job, end - run.job.submitted_at)
             self._emit(run)
+
+    def set_nodes(self, nodes: tuple[Node, ...]) -> None:
+        """The cluster changed (autoscaling: a node joined, was drained or removed).
+
+        Nodes kept (by name) keep what is free on them; a node that leaves must hold
+        no allocation. O(nodes): it runs per autoscaling change, never per job.
+        """
+        names = {n.name for n in nodes}
+        for alloc in self.allocations.values():
+            if alloc.node not in names:
+                raise PlanRejected(f"node {alloc.node!r} left while allocation {alloc.id} ran")
+        gpu_free: list[list[int]] = []
+        vram_free: list[list[int]] = []
+        cpu_free: list[int] = []
+        for node in nodes:
+            i = self._index.get(node.name)
+            if i is None:  # joined: wholly free
+                gpu_free.append([MILLI] * len(node.gpus))
+                vram_free.append([g.vram_bytes for g in node.gpus])
+                cpu_free.append(node.cpus)
+            else:
+                gpu_free.append(self._gpu_free[i])
+                vram_free.append(self._vram_free[i])
+                cpu_free.append(self._cpu_free[i])
+        self.nodes = nodes
+        self._index = {n.name: i for i, n in enumerate(nodes)}
+        self._gpu_free, self._vram_free, self._cpu_free = gpu_free, vram_free, cpu_free
+        if self._observer is not None:
+            self._observer.nodes_changed(nodes)
 
     # -- applying a plan -------------------------------------------------------------
 

@@ -168,6 +168,29 @@ function renderModels(models) {
     el("td", { class: "cached" }, where(m))))];
 }
 
+// The autoscaler (admin only; hidden when it is off or the token may not see it): each pool's
+// machine, how many run of min..max, any back-off, and the last decision's actions and the
+// waiting jobs it did not serve, with why.
+function renderAutoscaler(status) {
+  const running = {};
+  for (const m of (status.last ? status.last.members : [])) running[m.pool] = (running[m.pool] || 0) + 1;
+  const head = el("tr", {}, ["pool", "machine", "running", "min..max", "cost/h", "back-off"].map((h) => el("th", {}, h)));
+  const rows = status.pools.map((p) => el("tr", { "data-pool": p.name },
+    el("td", {}, el("strong", {}, p.name)),
+    el("td", {}, p.gpus ? `${p.gpus}x ${p.gpu_model} ${gib(p.vram_bytes)}, ${p.cpus} CPUs` : `${p.cpus} CPUs`),
+    el("td", { class: "running" }, String(running[p.name] || 0)), el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
+    el("td", {}, String(p.cost_per_hour)),
+    el("td", {}, p.backoff_until ? `until ${new Date(p.backoff_until * 1000).toLocaleTimeString()}` : "-")));
+  const last = status.last;
+  const lines = !last ? [el("li", { class: "muted" }, "No decision yet.")] : [
+    ...last.launches.map((l) => el("li", {}, `launch ${l.count} × ${l.pool}: ${l.reason}`)),
+    ...last.drain.map((n) => el("li", {}, `drain ${n}: idle`)),
+    ...last.remove.map((r) => el("li", {}, `remove ${r.name}: ${r.reason}`)),
+    ...last.unmet.map((u) => el("li", { class: "error" }, `not served ${u.job_id}: ${u.reason}`)),
+  ];
+  return [[head, ...rows], lines.length ? lines : [el("li", { class: "muted" }, "Nothing to do.")]];
+}
+
 async function refresh() {
   const [nodes, queue, teams, running, finished] = await Promise.all([
     getJson("/v1/nodes"), getJson("/v1/queue"), getJson("/v1/teams").catch(() => []),
@@ -183,6 +206,13 @@ async function refresh() {
     el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"))));
   $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
   $("finished").replaceChildren(...finished.jobs.map(renderFinished));
+  const scaling = await getJson("/v1/autoscaler").catch(() => null);  // 403 for a team token
+  $("autoscaler-section").hidden = !(scaling && scaling.enabled);
+  if (scaling && scaling.enabled) {
+    const [table, lines] = renderAutoscaler(scaling);
+    $("pools").replaceChildren(...table);
+    $("autoscaler-last").replaceChildren(...lines);
+  }
   const models = await getJson("/v1/models").catch(() => []);
   $("models-count").textContent = `(${models.length})`;
   $("models").replaceChildren(...(models.length ? renderModels(models) : [el("tr", {}, el("td", { class: "muted" }, "No models registered (corral model add).") )]));
