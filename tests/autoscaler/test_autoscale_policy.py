@@ -234,3 +234,16 @@ def test_invariants(request: Request) -> None:
     assert not (drained & removed)
     assert not (set(reply.undrain) & removed)
     assert autoscale(request) == reply  # deterministic
+
+
+def test_only_the_priorities_given_start_machines() -> None:
+    config = Config(scale_up_delay_s=30, priorities=frozenset({"paid"}))
+    free, paid = gpu_job("f", priority="free"), gpu_job("p", priority="paid")
+    reply = decide(config=config, pending=waiting(free))
+    assert reply.launches == ()
+    assert "free starts no machine" in reply.unmet[0].reason
+    reply = decide(config=config, pending=waiting(paid, free))
+    assert launched(reply) == {"4090": 1}  # for the paid job only
+    assert [u.job_id for u in reply.unmet] == ["f"]
+    booting = (Member("4090-a", "4090", NOW - 10),)
+    assert decide(config=config, members=booting, pending=waiting(free)).unmet == ()  # rides along

@@ -90,6 +90,7 @@ class Config:
     backoff_s: float = 300.0  # a pool whose member failed to join gets no launch for this long
     max_launch: int = 10  # machines started per decision, over all pools
     max_remove: int = 5  # machines removed per decision
+    priorities: frozenset[str] = frozenset()  # classes whose work may start machines; empty: all
 
     def __post_init__(self) -> None:
         for name in ("scale_up_delay_s", "idle_s", "boot_timeout_s", "lost_s", "backoff_s"):
@@ -97,6 +98,10 @@ class Config:
                 raise InvalidSpec(f"autoscale.{name}", "must not be negative")
         if self.max_launch < 0 or self.max_remove < 0:
             raise InvalidSpec("autoscale.max_launch", "limits must not be negative")
+        classes = self.priorities
+        if isinstance(classes, str) or not all(isinstance(c, str) for c in classes):
+            raise InvalidSpec("autoscale.priorities", "must be a list of priority class names")
+        object.__setattr__(self, "priorities", frozenset(classes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ One decision, in order:
    fits, within ``max_nodes`` and ``max_launch``. Only work that has waited
    ``scale_up_delay_s`` may open a machine, and only work that more capacity
    could help (not a team at its quota, a retry's back-off, a job waiting for a
-   node with its model). Work that waited less may still keep an idle member.
+   node with its model), and only work of the ``priorities`` classes when
+   that is set (free work may use machines paid work started, never start
+   one). Work that waited less may still keep an idle member.
 3. **Pools are topped up** to ``min_nodes``.
 4. **Idle members are drained, then removed**: a member idle for ``idle_s``
    that no pending work needs is drained (no new work), and removed at the
@@ -30,6 +32,7 @@ from corral.autoscaler.packing import Machine, Packing, fits
 from corral.core.model import Node
 from corral.core.states import NodeState
 
+_NOT_PAYING = "its priority class {} starts no machine (not in autoscale.priorities)"
 NO_HELP = frozenset({"quota_exceeded", "not_before", "unknown_priority", "model_wait"})
 """Reason codes more machines cannot help (scheduler ``ReasonCode`` values)."""
 
@@ -107,9 +110,10 @@ def _pack(
             unmet.append(Unmet(job.id, f"no pool's machines fit it: {whys}"))
             continue
         waited = now - pending.since >= cfg.scale_up_delay_s
-        why = packing.place(job, fitting if waited else [])
+        paying = not cfg.priorities or job.priority in cfg.priorities
+        why = packing.place(job, fitting if waited and paying else [])
         if why is not None and waited:
-            unmet.append(Unmet(job.id, why))
+            unmet.append(Unmet(job.id, why if paying else _NOT_PAYING.format(job.priority)))
     return packing, unmet
 
 

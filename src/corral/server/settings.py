@@ -236,6 +236,11 @@ class AutoscaleSettings(BaseModel):
     backoff_s: float = Field(
         default=300.0, ge=0, description="a pool whose launch failed gets none for this long"
     )
+    priorities: list[str] = Field(
+        default_factory=list,
+        description="only work of these priority classes starts machines (empty: every "
+        "class); other work still runs on machines that are there",
+    )
     max_launch: int = Field(default=10, ge=0, description="machines started per decision")
     max_remove: int = Field(default=5, ge=0, description="idle machines removed per decision")
     provider_timeout_s: float = Field(

@@ -164,6 +164,7 @@ class AutoscaleLoop:
             backoff_s=s.backoff_s,
             max_launch=s.max_launch,
             max_remove=s.max_remove,
+            priorities=frozenset(s.priorities),
         )
 
     async def _apply(self, now: float, reply: Reply) -> None:
