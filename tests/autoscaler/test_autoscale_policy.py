@@ -233,6 +233,7 @@ def test_invariants(request: Request) -> None:
     assert not (drained & hand)
     assert not (drained & removed)
     assert not (set(reply.undrain) & removed)
+    assert set(reply.undrain) <= request.draining  # only its own drains are undone
     assert autoscale(request) == reply  # deterministic
 
 
@@ -247,3 +248,12 @@ def test_only_the_priorities_given_start_machines() -> None:
     assert [u.job_id for u in reply.unmet] == ["f"]
     booting = (Member("4090-a", "4090", NOW - 10),)
     assert decide(config=config, members=booting, pending=waiting(free)).unmet == ()  # rides along
+
+
+def test_a_drained_member_is_kept_when_its_pool_is_down_to_min_nodes() -> None:
+    pool = Pool("warm", gpus=1, gpu_model="L4", vram_bytes=24 * GIB, min_nodes=1, max_nodes=5)
+    reply = decide(pools=(pool,), members=(Member("w1", "warm", 0.0),),
+                   nodes={"w1": joined(pool, "w1", draining=True)}, idle_since={"w1": 0.0},
+                   draining=frozenset({"w1"}))  # fmt: skip
+    assert reply.undrain == ("w1",)  # min_nodes was raised after it was drained
+    assert reply.remove == ()

@@ -49,11 +49,11 @@ def autoscale(request: Request) -> Reply:
     launches = [Launch(p, n, f"{n} for pending work") for p, n in opened.items()]
     launches += _top_up(request, counts, opened, backoff, packing.limit)
     rescued = packing.rescued()
-    drain, idle_removals = _scale_down(request, alive, pools, counts, rescued)
+    drain, idle_removals, keep = _scale_down(request, alive, pools, counts, rescued)
     return Reply(
         launches=tuple(launches),
         drain=tuple(drain),
-        undrain=tuple(sorted(request.draining & rescued)),
+        undrain=tuple(sorted(request.draining & (rescued | keep))),
         remove=tuple(removals + idle_removals),
         backoff=backoff,
         unmet=tuple(unmet),
@@ -150,12 +150,14 @@ def _scale_down(
     pools: dict[str, Pool],
     counts: dict[str, int],
     rescued: set[str],
-) -> tuple[list[str], list[Removal]]:
-    """Idle members to drain now, and drained members still empty to remove."""
+) -> tuple[list[str], list[Removal], set[str]]:
+    """Idle members to drain now, drained members still empty to remove, and drained
+    members to keep after all (their pool is down to ``min_nodes``)."""
     cfg, now = request.config, request.now
     left = dict(counts)
     drain: list[str] = []
     removals: list[Removal] = []
+    keep: set[str] = set()
     idle = sorted(
         (m for m in alive if _idle(request, m) and m.name not in rescued),
         key=lambda m: (request.idle_since.get(m.name, now), m.name),
@@ -165,6 +167,8 @@ def _scale_down(
             break
         pool = pools.get(m.pool) or _gone(m.pool)
         if left[m.pool] <= pool.min_nodes:
+            if m.name in request.draining:
+                keep.add(m.name)
             continue
         if m.name in request.draining:
             removals.append(Removal(m.name, m.pool, "idle, drained and still empty"))
@@ -173,7 +177,7 @@ def _scale_down(
         else:
             continue
         left[m.pool] -= 1
-    return drain, removals
+    return drain, removals, keep
 
 
 def _idle(request: Request, m: Member) -> bool:
