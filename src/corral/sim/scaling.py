@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from corral.autoscaler import Member, Pending, Pool, Reply, Request, autoscale
+from corral.autoscaler.clocks import Clocks
 from corral.core.model import Allocation, Gpu, Job, Node, Team
 from corral.scheduler.api import Unplaced
 from corral.sim.scenario import Scenario
@@ -105,8 +106,7 @@ class Scaling:
         self.booting: deque[tuple[float, str]] = deque()  # (joins at, member): launch order
         self.lives: dict[str, Life] = {}  # joined members' nodes
         self.ended: list[Life] = []
-        self.idle_since: dict[str, float] = {}
-        self.waiting_since: dict[str, float] = {}
+        self.clocks = Clocks()  # since when members are idle and jobs wait, as the server's
         self.backoff: dict[str, float] = {}
         self.draining: set[str] = set()
         self.unplaced: tuple[Unplaced, ...] = ()  # of the last scheduling cycle
@@ -186,18 +186,13 @@ class Scaling:
     def _request(self, now: float) -> Request:
         nodes = {n.name: n for n in self.world.nodes}
         busy = self.busy.on_node
-        for name in self.lives:  # only members' idleness matters to a decision
-            if name in busy:
-                self.idle_since.pop(name, None)
-            else:
-                self.idle_since.setdefault(name, now)
         return Request(
             now=now,
             pools=tuple(self.pools.values()),
             members=tuple(self.members.values()),
             nodes=nodes,
             busy=frozenset(busy),
-            idle_since=dict(self.idle_since),
+            idle_since=self.clocks.idle(self.lives, busy, now),  # members' idleness only
             draining=frozenset(self.draining),
             pending=self._pending(now),
             backoff=self.backoff,
@@ -207,16 +202,13 @@ class Scaling:
     def _pending(self, now: float) -> tuple[Pending, ...]:
         """The last cycle's unplaced jobs still queued, as the server's loop gathers them."""
         queued = self.world.queued
-        unplaced = [u for u in self.unplaced if u.job_id in queued]
-        self.waiting_since = {u.job_id: self.waiting_since.get(u.job_id, now) for u in unplaced}
-        return tuple(
-            Pending(
-                queued[u.job_id],
-                self.waiting_since[u.job_id],
-                frozenset(str(r.code) for r in u.reasons),
-            )
-            for u in sorted(unplaced, key=lambda u: u.position)
+        unplaced = sorted(self.unplaced, key=lambda u: u.position)
+        waiting = (
+            (queued[u.job_id], frozenset(str(r.code) for r in u.reasons))
+            for u in unplaced
+            if u.job_id in queued
         )
+        return self.clocks.pending(waiting, now)
 
     # -- carrying out the reply ------------------------------------------------------
 
@@ -246,7 +238,6 @@ class Scaling:
             return  # gone already, or busy: the next decision sees it
         del self.members[name]
         self.removed += 1
-        self.idle_since.pop(name, None)
         self.draining.discard(name)
         life = self.lives.pop(name, None)
         if life is None:

@@ -40,6 +40,7 @@ from corral.autoscaler import (
     Request,
     autoscale,
 )
+from corral.autoscaler.clocks import Clocks
 from corral.core.errors import Conflict, InvalidSpec, NotFound
 from corral.server.loops.schedule import SchedulingLoop
 from corral.server.services.auth import AuthService, TokenKind
@@ -83,8 +84,7 @@ class AutoscaleLoop:
         self.address = address  # the agent link's address once it listens
         self.leading = leading or (lambda: True)
         self.last: Decision | None = None
-        self.idle_since: dict[str, float] = {}
-        self.waiting_since: dict[str, float] = {}
+        self.clocks = Clocks()  # since when nodes are idle and jobs wait
         self.backoff: dict[str, float] = {}
         self._token: str | None = None
 
@@ -104,8 +104,7 @@ class AutoscaleLoop:
         """One decision, carried out; None when this replica does not lead or the provider
         could not list its machines."""
         if not self.leading():
-            self.idle_since.clear()  # a later leadership starts the clocks again
-            self.waiting_since.clear()
+            self.clocks.forget()  # a later leadership starts the clocks again
             return None
         now = self.rt.clock.now()
         try:
@@ -126,18 +125,13 @@ class AutoscaleLoop:
             records = await node_repo.all_nodes(conn)
             busy = frozenset(a.alloc.node for a in await alloc_repo.active(conn))
         nodes = {r.node.name: r.node for r in records}
-        for name in nodes:
-            if name in busy:
-                self.idle_since.pop(name, None)
-            else:
-                self.idle_since.setdefault(name, now)
         return Request(
             now=now,
             pools=self.pools,
             members=members,
             nodes=nodes,
             busy=busy,
-            idle_since={n: t for n, t in self.idle_since.items() if n in nodes},
+            idle_since=self.clocks.idle(nodes, busy, now),
             draining=frozenset(r.node.name for r in records if _ours(r)),
             pending=self._pending(now),
             backoff=self.backoff,
@@ -145,14 +139,14 @@ class AutoscaleLoop:
         )
 
     def _pending(self, now: float) -> tuple[Pending, ...]:
-        unplaced = self.scheduling.unplaced
         known = self.scheduling.cache.jobs
-        self.waiting_since = {j: self.waiting_since.get(j, now) for j in unplaced}
-        return tuple(
-            Pending(known[j].job, self.waiting_since[j], frozenset(r.code for r in u.reasons))
-            for j, u in sorted(unplaced.items(), key=lambda item: item[1].position)
-            if j in known
+        unplaced = sorted(self.scheduling.unplaced.values(), key=lambda u: u.position)
+        waiting = (
+            (known[u.job_id].job, frozenset(r.code for r in u.reasons))
+            for u in unplaced
+            if u.job_id in known
         )
+        return self.clocks.pending(waiting, now)
 
     def _config(self) -> Config:
         s = self.settings
@@ -194,7 +188,6 @@ class AutoscaleLoop:
             return
         for removal in reply.remove:
             gone = await self.nodes.forget(removal.name, f"autoscaler: {removal.reason}")
-            self.idle_since.pop(removal.name, None)
             self.rt.metrics.autoscaler_removed.labels(removal.pool).inc()
             log.info(
                 "autoscaler: removed %s (%s)%s",
