@@ -142,3 +142,22 @@ async def test_a_failing_provider_is_counted_and_backs_the_pool_off(
     assert "g4090" in loop.backoff
     errors = world.plane.rt.metrics.autoscaler_errors.labels("launch")._value.get()
     assert errors == 1
+
+
+async def test_a_wildcard_agent_address_is_refused_not_handed_to_machines(
+    scaled: tuple[World, AutoscaleLoop, SimulatedProvider],
+) -> None:
+    world, loop, provider = scaled
+    loop.address = lambda: "grpc://0.0.0.0:8471"  # corral server --host 0.0.0.0
+    await world.submit(resources={"gpus": 1})
+    await world.cycle()
+    await loop.tick()
+    world.clock.advance(31)
+    await loop.tick()
+    assert provider.running == {}  # nothing launched that could never join
+    assert "g4090" in loop.backoff
+    world.plane.rt.settings.autoscale.agent_server = "grpc://vps.example.com:8471"
+    world.clock.advance(301)
+    await loop.tick()
+    [(_, _, join)] = provider.launched
+    assert join.server == "grpc://vps.example.com:8471"

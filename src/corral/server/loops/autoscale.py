@@ -214,6 +214,11 @@ class AutoscaleLoop:
         server = self.settings.agent_server or self.address()
         if not server:
             raise InvalidSpec("autoscale.agent_server", "set it: the agent link is not listening")
+        if any(f"//{wild}:" in server for wild in ("0.0.0.0", "[::]")):
+            raise InvalidSpec(
+                "autoscale.agent_server",
+                f"set it: the agent link listens on {server}, which no machine can dial",
+            )
         if self._token is None:
             given = self.settings.agent_token
             if given is not None:
