@@ -12,9 +12,9 @@ import pytest
 from corral.autoscaler.config import pools_from_json
 from corral.core.errors import InvalidSpec
 from corral.core.resources import GIB
-from corral.server.autoscaling import load_pools, provider_from
+from corral.server.autoscaling import load_pools, provider_from, scaling_from
 from corral.server.providers import CommandProvider, WebhookProvider
-from corral.server.settings import AutoscaleSettings
+from corral.server.settings import AutoscaleSettings, Settings
 
 
 def test_a_pool_with_every_field() -> None:
@@ -79,3 +79,19 @@ def test_corral_server_refuses_a_bad_pools_file_at_start(tmp_path: Path) -> None
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert f"{pools}: pools[0].vram: not a size: 'lots'" in done.stderr
+
+
+def test_a_server_on_every_address_must_say_where_machines_dial(tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: a, cpus: 2}\n")
+    scaling = {"pools_file": pools, "command": "true"}
+    wide = Settings(api={"host": "0.0.0.0"}, autoscale=scaling)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpec, match=r"autoscale.agent_server.*0\.0\.0\.0"):
+        scaling_from(wide)
+    told = Settings(
+        api={"host": "0.0.0.0"},  # type: ignore[arg-type]
+        autoscale=scaling | {"agent_server": "grpc://vps:8471"},  # type: ignore[arg-type]
+    )
+    provided = scaling_from(told)
+    assert provided is not None
+    assert [p.name for p in provided[1]] == ["a"]

@@ -91,7 +91,7 @@ def create_plane(
     rt = build_runtime(settings, link=link, clock=clock, blobs=blobs)
     # The scheduler kept between cycles, synced to each snapshot by difference: the same
     # plans as ``corral.scheduler.schedule``, at the cost of what changed.
-    scaling = scaling_from(settings.autoscale)  # docs/autoscaler.md; None when off
+    scaling = scaling_from(settings)  # docs/autoscaler.md; None when off
     return ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops, scaling=scaling)
 
 

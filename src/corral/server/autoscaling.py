@@ -15,15 +15,23 @@ from corral.autoscaler import Pool, Provider
 from corral.autoscaler.config import pools_from_json
 from corral.core.errors import InvalidSpec
 from corral.server.providers import CommandProvider, WebhookProvider
-from corral.server.settings import AutoscaleSettings
+from corral.server.settings import AutoscaleSettings, Settings
 
 
-def scaling_from(settings: AutoscaleSettings) -> tuple[Provider, tuple[Pool, ...]] | None:
+def scaling_from(settings: Settings) -> tuple[Provider, tuple[Pool, ...]] | None:
     """The provider and pools to scale with; None when the autoscaler is off."""
-    if settings.pools_file is None:
+    scaling = settings.autoscale
+    if scaling.pools_file is None:
         return None
-    pools = load_pools(settings.pools_file)
-    return provider_from(settings), pools
+    listens = settings.agents.host or settings.api.host
+    if not scaling.agent_server and listens in ("0.0.0.0", "::", ""):
+        raise InvalidSpec(
+            "autoscale.agent_server",
+            f"set it (e.g. grpc://vps.example.com:{settings.agents.port}): the agent link "
+            f"listens on {listens or 'every address'}, which launched machines cannot dial",
+        )
+    pools = load_pools(scaling.pools_file)
+    return provider_from(scaling), pools
 
 
 def load_pools(path: Path) -> tuple[Pool, ...]:
