@@ -257,3 +257,28 @@ def test_a_drained_member_is_kept_when_its_pool_is_down_to_min_nodes() -> None:
                    draining=frozenset({"w1"}))  # fmt: skip
     assert reply.undrain == ("w1",)  # min_nodes was raised after it was drained
     assert reply.remove == ()
+
+
+class _Forgetful(dict):  # type: ignore[type-arg]
+    """``Packing.first`` that never remembers: plain first fit over every machine."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests())
+def test_remembering_where_first_fit_starts_changes_no_decision(request: Request) -> None:
+    from unittest import mock
+
+    from corral.autoscaler import packing
+
+    real_init = packing.Packing.__init__
+
+    def plain(self: packing.Packing, room: dict[str, int], limit: int) -> None:
+        real_init(self, room, limit)
+        self.first = _Forgetful()
+
+    with mock.patch.object(packing.Packing, "__init__", plain):
+        reference = autoscale(request)
+    assert autoscale(request) == reference
