@@ -23,6 +23,7 @@ sooner. A provider call that fails is logged and counted
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import Callable
@@ -113,7 +114,9 @@ class AutoscaleLoop:
             self._failed("list", e)
             return None
         request = await self._request(now, members)
-        reply = autoscale(request)
+        # Pure and self-contained: on a worker thread, a decision over thousands of waiting
+        # jobs (tens to hundreds of ms) lets the event loop keep serving meanwhile.
+        reply = await asyncio.to_thread(autoscale, request)
         self.backoff = dict(reply.backoff)
         await self._apply(now, reply)
         self.last = Decision(now, members, reply)
