@@ -151,7 +151,7 @@ def pools_table(status: AutoscalerStatus, now: float) -> Table:
     """One row per pool: its machine, its bounds, how many it runs and any back-off."""
     members = Counter(m.pool for m in status.last.members) if status.last else Counter[str]()
     table = Table(box=None, pad_edge=False)
-    for name in ("POOL", "MACHINE", "MIN", "MAX", "RUNNING", "COST/H", "BACKOFF"):
+    for name in ("POOL", "MACHINE", "MIN", "MAX", "MACHINES", "COST/H", "BACKOFF"):
         table.add_column(name, no_wrap=True)
     for p in status.pools:
         machine = f"{p.gpus}x {p.gpu_model} {p.vram_bytes / GIB:g}GiB" if p.gpus else "CPU"

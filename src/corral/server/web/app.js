@@ -174,11 +174,11 @@ function renderModels(models) {
 function renderAutoscaler(status) {
   const running = {};
   for (const m of (status.last ? status.last.members : [])) running[m.pool] = (running[m.pool] || 0) + 1;
-  const head = el("tr", {}, ["pool", "machine", "running", "min..max", "cost/h", "back-off"].map((h) => el("th", {}, h)));
+  const head = el("tr", {}, ["pool", "machine", "machines (booting or joined)", "min..max", "cost/h", "back-off"].map((h) => el("th", {}, h)));
   const rows = status.pools.map((p) => el("tr", { "data-pool": p.name },
     el("td", {}, el("strong", {}, p.name)),
     el("td", {}, p.gpus ? `${p.gpus}x ${p.gpu_model} ${gib(p.vram_bytes)}, ${p.cpus} CPUs` : `${p.cpus} CPUs`),
-    el("td", { class: "running" }, String(running[p.name] || 0)), el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
+    el("td", { class: "machines" }, String(running[p.name] || 0)), el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
     el("td", {}, String(p.cost_per_hour)),
     el("td", {}, p.backoff_until ? `until ${new Date(p.backoff_until * 1000).toLocaleTimeString()}` : "-")));
   const last = status.last;
