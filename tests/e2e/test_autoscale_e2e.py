@@ -9,6 +9,7 @@ terminated and forgotten.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,35 @@ def _terminate_all(provider_dir: Path) -> None:
             timeout=30,
             check=False,
         )
+
+
+def test_work_no_pool_fits_is_listed_as_not_served(cluster: Cluster) -> None:
+    pools = cluster.tmp / "pools.yaml"
+    pools.write_text("pools:\n  - {name: cpu, cpus: 4, max_nodes: 2}\n")
+    provider_dir = cluster.tmp / "provider"
+    cluster.start_server(
+        CORRAL_AUTOSCALE__POOLS_FILE=str(pools),
+        CORRAL_AUTOSCALE__COMMAND=f"{sys.executable} {EXAMPLE}",
+        CORRAL_AUTOSCALE__TICK_S="0.3",
+        CORRAL_AUTOSCALE__SCALE_UP_DELAY_S="0",
+        CORRAL_LOCAL_PROVIDER_DIR=str(provider_dir),
+    )
+    try:
+        with cluster.client() as http:
+            ids = [submit(http, resources={"gpus": 1})["id"] for _ in range(25)]
+
+            def decided() -> list[dict[str, str]]:
+                last = http.get("/v1/autoscaler").json()["last"]
+                return last["unmet"] if last and len(last["unmet"]) == 25 else []
+
+            unmet = eventually(decided, timeout=30, what="a decision over all 25 jobs")
+            assert {u["job_id"] for u in unmet} == set(ids)
+            assert "needs 1 GPU, cpu has 0" in unmet[0]["reason"]
+        argv = [sys.executable, "-c", CLI, "autoscaler", "--url", cluster.http, "--token", ADMIN]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True, env=env)
+        assert done.stdout.count("not served") == 20 + 1  # 20 listed, then how many more
+        assert "and 5 more waiting jobs not served" in done.stdout
+        assert _members(provider_dir) == []  # nothing launched for work no machine fits
+    finally:
+        _terminate_all(provider_dir)

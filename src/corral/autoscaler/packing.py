@@ -69,7 +69,8 @@ def fits(pool: Pool, job: Job) -> str | None:
         return f"needs {r.cpus} CPUs, {pool.name} has {pool.cpus}"
     if r.wants_gpu:
         if r.gpus > pool.gpus or not pool.gpus:
-            return f"needs {max(r.gpus, 1)} GPUs, {pool.name} has {pool.gpus}"
+            n = max(r.gpus, 1)
+            return f"needs {n} GPU{'s' * (n != 1)}, {pool.name} has {pool.gpus}"
         if r.gpu_models and pool.gpu_model not in r.gpu_models:
             return f"needs {'/'.join(sorted(r.gpu_models))}, {pool.name} has {pool.gpu_model}"
         if r.vram_bytes > pool.vram_bytes:

@@ -16,6 +16,7 @@ from corral.sdk import Client, NodeStatus
 node_app = typer.Typer(
     name="node", help="Change one node: pause, resume or drain it.", no_args_is_help=True
 )
+SHOWN = 20  # waiting jobs listed as not served; --json has them all
 NameArg = Annotated[str, typer.Argument(help="The node's name (see corral nodes).")]
 
 
@@ -60,8 +61,10 @@ def autoscaler(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fa
         out().print(f"  drain {escape(name)}: idle")
     for removal in last.remove:
         out().print(f"  remove {escape(removal['name'])}: {removal['reason']}")
-    for unmet in last.unmet:
+    for unmet in last.unmet[:SHOWN]:
         out().print(f"  [yellow]not served[/] {escape(unmet['job_id'])}: {escape(unmet['reason'])}")
+    if len(last.unmet) > SHOWN:
+        out().print(f"  ... and {len(last.unmet) - SHOWN} more waiting jobs not served (--json)")
     if not (last.launches or last.drain or last.remove or last.unmet):
         out().print("  nothing to do")
 

@@ -186,7 +186,8 @@ function renderAutoscaler(status) {
     ...last.launches.map((l) => el("li", {}, `launch ${l.count} × ${l.pool}: ${l.reason}`)),
     ...last.drain.map((n) => el("li", {}, `drain ${n}: idle`)),
     ...last.remove.map((r) => el("li", {}, `remove ${r.name}: ${r.reason}`)),
-    ...last.unmet.map((u) => el("li", { class: "error" }, `not served ${u.job_id}: ${u.reason}`)),
+    ...last.unmet.slice(0, 20).map((u) => el("li", { class: "error" }, `not served ${u.job_id}: ${u.reason}`)),
+    ...(last.unmet.length > 20 ? [el("li", { class: "muted" }, `… and ${last.unmet.length - 20} more waiting jobs not served`)] : []),
   ];
   return [[head, ...rows], lines.length ? lines : [el("li", { class: "muted" }, "Nothing to do.")]];
 }
