@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.server.providers import pool_to_json
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -57,22 +58,7 @@ async def autoscaler(plane: Plane, who: Caller) -> AutoscalerOut:
     loop = plane.autoscale
     if loop is None:
         return AutoscalerOut(enabled=False, last=None)
-    pools = [
-        PoolOut(
-            name=p.name,
-            gpus=p.gpus,
-            gpu_model=p.gpu_model,
-            vram_bytes=p.vram_bytes,
-            cpus=p.cpus,
-            labels=dict(p.labels),
-            backends=sorted(p.backends),
-            min_nodes=p.min_nodes,
-            max_nodes=p.max_nodes,
-            cost_per_hour=p.cost_per_hour,
-            backoff_until=loop.backoff.get(p.name),
-        )
-        for p in loop.pools
-    ]
+    pools = [PoolOut(**pool_to_json(p), backoff_until=loop.backoff.get(p.name)) for p in loop.pools]
     last = loop.last
     if last is None:
         return AutoscalerOut(enabled=True, pools=pools, last=None)
