@@ -27,7 +27,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from corral.autoscaler import (
     Config,
@@ -152,17 +152,8 @@ class AutoscaleLoop:
         return self.clocks.pending(waiting, now)
 
     def _config(self) -> Config:
-        s = self.settings
-        return Config(
-            scale_up_delay_s=s.scale_up_delay_s,
-            idle_s=s.idle_s,
-            boot_timeout_s=s.boot_timeout_s,
-            lost_s=s.lost_s,
-            backoff_s=s.backoff_s,
-            max_launch=s.max_launch,
-            max_remove=s.max_remove,
-            priorities=frozenset(s.priorities),
-        )
+        """The decision's knobs: the ``autoscale.*`` settings of the same names."""
+        return Config(**{f.name: getattr(self.settings, f.name) for f in fields(Config)})
 
     async def _apply(self, now: float, reply: Reply) -> None:
         for name in reply.drain:
