@@ -20,7 +20,7 @@ Words:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from corral.core.errors import InvalidSpec
@@ -171,14 +171,10 @@ class Reply:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "launches": [vars_of(x) for x in self.launches],
+            "launches": [asdict(x) for x in self.launches],
             "drain": list(self.drain),
             "undrain": list(self.undrain),
-            "remove": [vars_of(x) for x in self.remove],
+            "remove": [asdict(x) for x in self.remove],
             "backoff": dict(self.backoff),
-            "unmet": [vars_of(x) for x in self.unmet],
+            "unmet": [asdict(x) for x in self.unmet],
         }
-
-
-def vars_of(value: Launch | Removal | Unmet) -> dict[str, Any]:
-    return {name: getattr(value, name) for name in value.__slots__}

@@ -99,9 +99,11 @@ class Packing:
     def supply(self, machine: Machine) -> None:
         self.machines.append(machine)
 
-    def place(self, job: Job, pools: list[Pool]) -> str | None:
-        """Pack every replica of ``job``; None when done, else why not (nothing changed)."""
-        static: dict[str, bool] = {}  # pool -> its machines could run the job (asked once)
+    def place(self, job: Job, pools: list[Pool], static: dict[str, bool]) -> str | None:
+        """Pack every replica of ``job``; None when done, else why not (nothing changed).
+
+        ``static``: pool -> whether its machines could ever run the job (``fits``), as far
+        as the caller knows; machines of other pools are asked once and added."""
         need = (job.resources, tuple(sorted(job.node_selector.items())), job.backend)
         if job.replicas == 1:  # one replica changes nothing unless it fits: no working copy
             return self._one(job, need, pools, static)

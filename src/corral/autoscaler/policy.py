@@ -104,14 +104,16 @@ def _pack(
         if pending.reasons & NO_HELP:
             continue
         job = pending.job
-        fitting = [p for p in by_cost if fits(p, job) is None]
+        verdicts = {p.name: fits(p, job) for p in by_cost}  # None: its machines fit the job
+        fitting = [p for p in by_cost if verdicts[p.name] is None]
         if not fitting:
-            whys = "; ".join(filter(None, (fits(p, job) for p in by_cost))) or "no pools"
+            whys = "; ".join(filter(None, verdicts.values())) or "no pools"
             unmet.append(Unmet(job.id, f"no pool's machines fit it: {whys}"))
             continue
         waited = now - pending.since >= cfg.scale_up_delay_s
         paying = not cfg.priorities or job.priority in cfg.priorities
-        why = packing.place(job, fitting if waited and paying else [])
+        static = {name: why is None for name, why in verdicts.items()}
+        why = packing.place(job, fitting if waited and paying else [], static)
         if why is not None and waited:
             unmet.append(Unmet(job.id, why if paying else _NOT_PAYING.format(job.priority)))
     return packing, unmet
