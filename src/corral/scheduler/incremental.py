@@ -30,6 +30,7 @@ snapshot by difference (a caller that only has snapshots, like the server).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from operator import attrgetter
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
@@ -43,6 +44,8 @@ from corral.scheduler.service import with_served
 from corral.scheduler.victims import VictimIndex, inner_map
 
 DEFAULT_CONFIG = Config()
+_ID = attrgetter("id")
+_NAME = attrgetter("name")
 
 
 class Scheduler:
@@ -308,15 +311,30 @@ class Scheduler:
             self._node_end.pop(idx, None)
 
     def _sync_queued(self, queued: tuple[Job, ...]) -> None:
-        wanted = {job.id: job for job in queued}
+        """Withdraw what is held and not in ``queued`` (by identity), submit what is new.
+
+        Walks only the difference (sets of object ids, built by C-level iteration): a
+        server's loop calls this every cycle with thousands of jobs queued and a few
+        changed."""
         held = self.queue.jobs
-        for job_id in [j for j, job in held.items() if wanted.get(j) is not job]:
-            self.withdraw(job_id)
-        for job in queued:
-            if job.id not in held:
+        have = dict(zip(map(id, held.values()), held, strict=True))  # object id -> job id, held
+        want = set(map(id, queued))
+        gone = have.keys() - want
+        for oid in gone:
+            self.withdraw(have[oid])
+        new = len(queued) - (len(have) - len(gone))
+        if new:  # in the snapshot's order; new jobs are mostly at its end
+            found: list[Job] = []
+            for job in reversed(queued):
+                if id(job) not in have:
+                    found.append(job)
+                    if len(found) == new:
+                        break
+            for job in reversed(found):
                 self.submit(job)
-        if list(held) != list(wanted):  # keep the snapshot's order (it orders explanations)
-            self.queue.jobs = {job_id: held[job_id] for job_id in wanted}
+        ids = list(map(_ID, queued))
+        if list(held) != ids:  # keep the snapshot's order (it orders explanations)
+            self.queue.jobs = dict(zip(ids, map(held.__getitem__, ids), strict=True))
 
     def _sync_allocations(
         self, allocations: tuple[Allocation, ...], ends: Mapping[str, float]
@@ -339,11 +357,13 @@ class Scheduler:
 def _check_unique(snapshot: Snapshot) -> None:
     """Names that identify things must do so: a duplicate is bad input, named."""
     for field, names in (
-        ("snapshot.nodes", [n.name for n in snapshot.nodes]),
-        ("snapshot.queued", [j.id for j in snapshot.queued]),
-        ("snapshot.allocations", [a.id for a in snapshot.allocations]),
-        ("snapshot.teams", [t.name for t in snapshot.teams]),
+        ("snapshot.nodes", list(map(_NAME, snapshot.nodes))),
+        ("snapshot.queued", list(map(_ID, snapshot.queued))),
+        ("snapshot.allocations", list(map(_ID, snapshot.allocations))),
+        ("snapshot.teams", list(map(_NAME, snapshot.teams))),
     ):
+        if len(set(names)) == len(names):
+            continue
         seen: set[str] = set()
         for name in names:
             if name in seen:

@@ -52,14 +52,23 @@ class KeptSchedule:
         self._config: Config | None = None
 
     def __call__(
-        self, snapshot: Snapshot, config: Config = DEFAULT_CONFIG, now: float = 0.0, seed: int = 0
+        self,
+        snapshot: Snapshot,
+        config: Config = DEFAULT_CONFIG,
+        now: float = 0.0,
+        seed: int = 0,
+        *,
+        explain: bool | None = None,
     ) -> Plan:
+        """``explain``: this call's choice (``Scheduler.schedule``); None: the one given at
+        construction."""
+        explain = self.explain if explain is None else explain
         try:
             if self._kept is None or config != self._config:
                 self._kept, self._config = Scheduler.from_snapshot(snapshot, config), config
             else:
                 self._kept.sync(snapshot)
-            return self._kept.schedule(now, seed, explain=self.explain)
+            return self._kept.schedule(now, seed, explain=explain)
         except BaseException:
             self._kept = None  # whatever half-happened, the next call starts from its snapshot
             raise

@@ -74,6 +74,12 @@ class SchedulingSettings(BaseModel):
         description="on a quiet SQLite server, a lone submission is scheduled and placed in "
         "its own transaction (one commit, not two; docs/server.md)",
     )
+    explain_interval_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="with more than 256 jobs queued, why each waits is worked out at most "
+        "this often; the cycles between only place (0: every cycle; docs/server.md)",
+    )
     node_timeout_s: float = Field(
         default=30.0, gt=0, description="a node not heard from for this long is lost"
     )

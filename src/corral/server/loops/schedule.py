@@ -21,9 +21,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
+from functools import partial
+from operator import attrgetter
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.scheduler import KeptSchedule
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
 from corral.scheduler.service import ServiceLedger
 from corral.server.loops.leader import AlwaysLeader, Leadership
@@ -41,6 +44,15 @@ INLINE_WORK = 4096
 """Queued jobs x nodes up to which ``schedule`` runs on the loop itself (well under a
 millisecond); larger cycles run on a thread so the API stays responsive meanwhile."""
 
+EXPLAIN_ALWAYS = 256
+"""Queued jobs up to which every cycle works out why each job waits. Past it, a cycle
+explains at most every ``scheduling.explain_interval_s``, and no more often than keeps
+explaining under ``EXPLAIN_SHARE`` of the time: explaining 40,000 waiting jobs took half of
+what a cycle cost, every cycle."""
+
+EXPLAIN_SHARE = 0.05
+_NOT_BEFORE = attrgetter("not_before")
+
 
 class SchedulingLoop:
     """Owns the cycle and remembers the last plan's reasons for ``GET /v1/queue``."""
@@ -57,6 +69,8 @@ class SchedulingLoop:
         self.service = ServiceLedger()  # who was served lately: fairness across cycles
         self.last_cycle_s = 0.0
         self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
+        self._explained_at = float("-inf")  # clock time of the last cycle that explained
+        self._explain_took = 0.0  # how long that cycle took (s)
         self._burst = False  # the last cycle found more than one job waiting
         self._one_at_a_time = asyncio.Lock()  # a cycle, or ``place_in``'s, at a time
         self._reader: AsyncConnection | None = None  # SQLite: the cycles' kept read connection
@@ -201,14 +215,18 @@ class SchedulingLoop:
         seen, seed = self._without_awaiting(snapshot), self.rt.settings.scheduling.seed
         seen = replace(seen, served=self.service.view(now))
         self._burst = len(seen.queued) > 1
+        explain = self._explain_due(len(seen.queued), now)
+        decide = self.schedule
+        if not explain and isinstance(decide, KeptSchedule):
+            decide = partial(decide, explain=False)
         if len(seen.queued) * max(1, len(seen.nodes)) <= INLINE_WORK:
-            plan = self.schedule(seen, self.config(), now, seed)  # a thread hop costs more
+            plan = decide(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
-            plan = await asyncio.to_thread(self.schedule, seen, self.config(), now, seed)
+            plan = await asyncio.to_thread(decide, seen, self.config(), now, seed)
         applied = await apply_plan(self.rt, plan, records, within)
-        self._served(seen, applied, now)
+        self._served(records, applied, now)
         self.awaiting.update(applied.awaiting)
-        self._remember(snapshot, plan, now)
+        self._remember(snapshot, plan, now, explain, len(seen.queued))
         for follow_up in self.after_cycle:  # e.g. the prefetch policy (loops/prefetch.py)
             if within is None:
                 await follow_up(snapshot, plan)
@@ -218,6 +236,8 @@ class SchedulingLoop:
             self.rt.schedule_needed.fire()  # something moved on, or more fits: go again
         self.cycles += 1
         self.last_cycle_s = time.perf_counter() - started
+        if explain:
+            self._explain_took = self.last_cycle_s
         self.rt.metrics.cycle_seconds.observe(self.last_cycle_s)
         return applied
 
@@ -257,21 +277,42 @@ class SchedulingLoop:
         queued = tuple(j for j in snapshot.queued if j.id not in self.awaiting)
         return replace(snapshot, queued=queued)
 
-    def _served(self, snapshot: Snapshot, applied: Applied, now: float) -> None:
+    def _explain_due(self, queued: int, now: float) -> bool:
+        """Does this cycle work out why each job it leaves waits? Always on a short queue;
+        on a long one at most every ``explain_interval_s``: the cycles between place only
+        (the same placements), and the last reasons stand, less the jobs placed since.
+        Only a kept scheduler can leave explanations out; any other always explains."""
+        interval = self.rt.settings.scheduling.explain_interval_s
+        if queued <= EXPLAIN_ALWAYS or interval == 0 or not isinstance(self.schedule, KeptSchedule):
+            return True
+        return now - self._explained_at >= max(interval, self._explain_took / EXPLAIN_SHARE)
+
+    def _served(self, records: Mapping[str, JobRecord], applied: Applied, now: float) -> None:
         """Record each placed job's user in the service ledger."""
-        users = {j.id: j.user for j in snapshot.queued}
         for assignment in applied.placed:
             for work in assignment.jobs:
-                if work.job_id in users:
-                    self.service.record(users[work.job_id], now)
+                rec = records.get(work.job_id)
+                if rec is not None:
+                    self.service.record(rec.job.user, now)
 
-    def _remember(self, snapshot: Snapshot, plan: Plan, now: float) -> None:
-        self.unplaced = {u.job_id: u for u in plan.unplaced}
-        waiting = [j.not_before for j in snapshot.queued if j.not_before > now]
-        self._next_timer = min(waiting) if waiting else None
-        self.rt.work_waiting = bool(self.unplaced or self.awaiting or waiting)
+    def _remember(
+        self, snapshot: Snapshot, plan: Plan, now: float, explained: bool, offered: int
+    ) -> None:
+        """Keep the cycle's reasons (``GET /v1/queue``) and what the next cycle waits for.
+        ``offered``: the queued jobs the cycle was given (not those awaiting victims)."""
         placed = {j for p in plan.placements for j in p.job_ids}
-        self.rt.metrics.observe_queue(j for j in snapshot.queued if j.id not in placed)
+        if explained:
+            self.unplaced = {u.job_id: u for u in plan.unplaced}
+            self._explained_at = now
+            self.rt.metrics.observe_queue(j for j in snapshot.queued if j.id not in placed)
+        else:  # the last explained cycle's reasons, less the jobs placed since
+            for job_id in placed:
+                self.unplaced.pop(job_id, None)
+            self.unplaced.update((u.job_id, u) for u in plan.unplaced)
+        # The earliest retry back-off still to end (C-level: this runs over the whole queue).
+        self._next_timer = min(filter(now.__lt__, map(_NOT_BEFORE, snapshot.queued)), default=None)
+        left = offered > len(placed)  # what an explained cycle would leave unplaced
+        self.rt.work_waiting = bool(left or self.awaiting or self._next_timer is not None)
         self.rt.metrics.observe_nodes(snapshot.nodes)
 
 

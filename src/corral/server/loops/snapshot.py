@@ -17,6 +17,7 @@ instead of reading every placed job again.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from operator import attrgetter, itemgetter
 from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +31,8 @@ from corral.server.store import versions
 from corral.server.store.records import AllocRecord, JobRecord
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
+_FIRST = itemgetter(0)
+_JOB = attrgetter("job")
 
 T = TypeVar("T")
 
@@ -39,6 +42,7 @@ class SnapshotCache:
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobRecord] = {}
+        self._queued: set[tuple[str, int]] = set()  # (id, version) of each job in ``jobs``
         self.allocations: dict[str, tuple[int, Allocation]] = {}
         self.expected_ends: dict[str, float] = {}
         self.nodes: dict[str, tuple[int, Node]] = {}
@@ -46,6 +50,7 @@ class SnapshotCache:
 
     def rebuild(self) -> None:
         self.jobs.clear()
+        self._queued.clear()
         self.allocations.clear()
         self.expected_ends.clear()
         self.nodes.clear()
@@ -72,9 +77,12 @@ class SnapshotCache:
         if fresh_allocs:
             fresh_allocs.clear()
         await self._refresh_nodes(conn, seen.nodes)
+        # In the version read's order; a job whose row moved on since is left for the next
+        # cycle. Built by C-level iteration: this runs over every queued job, every cycle.
+        in_order = filter(None, map(self.jobs.get, map(_FIRST, order)))
         snapshot = Snapshot(
             nodes=tuple(n for _, n in self.nodes.values()),
-            queued=tuple(self.jobs[job_id].job for job_id, _ in order if job_id in self.jobs),
+            queued=tuple(map(_JOB, in_order)),
             allocations=tuple(a for _, a in self.allocations.values()),
             teams=tuple(seen.teams),
             expected_ends=self.expected_ends,
@@ -84,24 +92,30 @@ class SnapshotCache:
     async def _refresh_jobs(
         self, conn: AsyncConnection, order: list[tuple[str, int]], fresh: dict[str, JobRecord]
     ) -> None:
-        wanted = dict(order)
-        self.jobs = {k: r for k, r in self.jobs.items() if wanted.get(k) == r.version}
-        stale = []
-        for job_id, version in order:
-            if job_id in self.jobs:
-                continue
+        # Only the difference is walked: on a deep queue almost every (id, version) pair is
+        # the one held already, and a Python loop over all of them cost more than the read.
+        wanted = set(order)
+        jobs, held = self.jobs, self._queued
+        for job_id, _ in held - wanted:  # left the queue, or its row moved on
+            jobs.pop(job_id, None)
+        self._queued = wanted  # less, below, the rows that could not be read as seen
+        stale: list[tuple[str, int]] = []
+        for job_id, version in wanted - held:
             rec = fresh.get(job_id)
             if rec is not None and rec.version == version:
-                self.jobs[job_id] = rec
+                jobs[job_id] = rec
             else:
-                stale.append(job_id)
+                stale.append((job_id, version))
 
         async def fetch(ids: list[str]) -> list[JobRecord]:
             return list((await job_repo.get_many(conn, ids)).values())
 
-        for rec in await _chunked(stale, fetch):
-            if wanted.get(rec.job.id) == rec.version:  # else it moved on since: next cycle
-                self.jobs[rec.job.id] = rec
+        for rec in await _chunked([job_id for job_id, _ in stale], fetch):
+            if (rec.job.id, rec.version) in wanted:  # else it moved on since: next cycle
+                jobs[rec.job.id] = rec
+        for pair in stale:
+            if pair[0] not in jobs:  # moved on or gone since the version read
+                wanted.discard(pair)
         self.rows_read += len(stale)
 
     async def _refresh_allocations(

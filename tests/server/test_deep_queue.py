@@ -1,0 +1,144 @@
+"""A deep queue: a cycle's cost follows what changed, not how many jobs wait.
+
+Past ``EXPLAIN_ALWAYS`` queued jobs the loop works out why each job waits at
+most every ``scheduling.explain_interval_s``; the cycles between only place.
+The snapshot cache and the kept scheduler walk only the jobs that changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from server_harness import ADMIN, World
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.server.loops import schedule as schedule_loop
+from corral.server.store import jobs as job_repo
+from corral.server.store.records import JobRecord
+
+pytestmark = pytest.mark.anyio
+
+DEEP = schedule_loop.EXPLAIN_ALWAYS + 20
+INTERVAL = 5.0
+
+
+@pytest.fixture
+async def deep(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
+    w = await World.open(db_url, tmp_path, explain_interval_s=INTERVAL)
+    try:
+        await w.submit_many([{"resources": {"gpus": 1}}] * DEEP)
+        yield w
+    finally:
+        await w.close()
+
+
+async def test_a_deep_queue_is_explained_at_most_every_interval(deep: World) -> None:
+    loop = deep.plane.schedule
+    agent = await deep.agent("n1", gpus=2)
+    await deep.cycle()
+    first = [(await agent.next_assignment()) for _ in range(2)]
+    reasons = dict(loop.unplaced)
+    assert len(reasons) == DEEP - 2, "the first cycle explains every job it leaves"
+
+    for a in first:
+        await agent.start(a)
+        await agent.finish(a)
+    await deep.cycle()  # the same instant: places only
+    second = [(await agent.next_assignment()) for _ in range(2)]
+    placed = {a.jobs[0].job_id for a in second}
+    assert len(loop.unplaced) == DEEP - 4, "the jobs placed since lose their reasons"
+    assert placed.isdisjoint(loop.unplaced)
+    assert all(loop.unplaced[j] is reasons[j] for j in loop.unplaced), "the rest keep theirs"
+    assert deep.plane.rt.work_waiting, "jobs still wait, though this cycle explained none"
+
+    for a in second:
+        await agent.start(a)
+        await agent.finish(a)
+    deep.clock.advance(INTERVAL)
+    await deep.cycle()
+    for _ in range(2):
+        await agent.next_assignment()
+    assert len(loop.unplaced) == DEEP - 6
+    assert all(loop.unplaced[j] is not reasons.get(j) for j in loop.unplaced), "explained anew"
+
+    # What users see: the queue lists every waiting job, each with a reason.
+    entries, total = await deep.plane.queue.queue(ADMIN, limit=10_000)
+    assert total == DEEP - 6
+    assert all(e.unplaced is not None for e in entries)
+
+
+async def test_explain_interval_zero_explains_every_cycle(db_url: str, tmp_path: Path) -> None:
+    world = await World.open(db_url, tmp_path, explain_interval_s=0)
+    try:
+        await world.submit_many([{"resources": {"gpus": 1}}] * DEEP)
+        agent = await world.agent("n1", gpus=1)
+        await world.cycle()
+        a = await agent.next_assignment()
+        before = dict(world.plane.schedule.unplaced)
+        await agent.start(a)
+        await agent.finish(a)
+        await world.cycle()
+        await agent.next_assignment()
+        after = world.plane.schedule.unplaced
+        assert len(after) == DEEP - 2
+        assert all(after[j] is not before[j] for j in after)
+    finally:
+        await world.close()
+
+
+async def test_the_cache_reads_only_rows_whose_version_moved(db_url: str, tmp_path: Path) -> None:
+    world = await World.open(db_url, tmp_path, retry_backoff_s=0)
+    try:
+        jobs = await world.submit_many([{"resources": {"gpus": 1}}] * DEEP)
+        loop = world.plane.schedule
+        world.plane.rt.fresh_jobs.clear()  # no hints: every row is read once
+        await world.cycle()
+        assert loop.cache.rows_read == DEEP
+        await world.cycle()
+        assert loop.cache.rows_read == 0, "an unchanged queue costs no row reads"
+
+        agent = await world.agent("n1", gpus=1)
+        await world.cycle()
+        a = await agent.next_assignment()
+        first = a.jobs[0].job_id  # the scheduler's first: submitted together, by id
+        other = next(r.job.id for r in jobs if r.job.id != first)
+        await agent.start(a)
+        await agent.fail(a, retryable=True)  # back in the queue, ahead of the rest
+        await world.plane.jobs.cancel(ADMIN, other)
+        await world.cycle()
+        b = await agent.next_assignment()
+        assert b.jobs[0].job_id == first, "the requeued job goes first again"
+        assert loop.cache.rows_read == 2, "the node and the requeued job; nothing else"
+        assert other not in loop.cache.jobs, "a cancelled job leaves the cached queue"
+        assert len(loop.cache.jobs) == DEEP - 1, "as read: all but the cancelled one"
+    finally:
+        await world.close()
+
+
+async def test_a_row_that_moved_on_after_the_version_read_is_read_again(
+    deep: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = deep.plane.schedule
+    deep.plane.rt.fresh_jobs.clear()
+    real = job_repo.get_many
+    late: list[str] = []
+
+    async def racing(conn: AsyncConnection, ids: list[str]) -> dict[str, JobRecord]:
+        rows = await real(conn, ids)
+        victim = min(rows)  # as if it changed between the version read and this read
+        late.append(victim)
+        rows[victim] = replace(rows[victim], version=rows[victim].version + 1)
+        return rows
+
+    monkeypatch.setattr(job_repo, "get_many", racing)
+    await deep.cycle()
+    monkeypatch.setattr(job_repo, "get_many", real)
+    assert late, "the rows were read"
+    assert not any(j in loop.cache.jobs for j in late), "not taken at a version unseen"
+    await deep.cycle()
+    assert all(j in loop.cache.jobs for j in late), "... and read again by the next cycle"
+    assert len(loop.cache.jobs) == DEEP
