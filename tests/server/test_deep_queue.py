@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from server_harness import ADMIN, World
-
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.server.loops import schedule as schedule_loop
