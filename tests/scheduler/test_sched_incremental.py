@@ -19,7 +19,15 @@ from scheduler_replay import _allocation
 from scheduler_strategies import nodes, teams
 
 from corral.core import GIB, Gpu, InvalidSpec, Job, JobKind, Node, ResourceRequest, Team
-from corral.scheduler import Config, KeptSchedule, Plan, Scheduler, Snapshot, schedule
+from corral.scheduler import (
+    Config,
+    KeptSchedule,
+    Plan,
+    QueueDelta,
+    Scheduler,
+    Snapshot,
+    schedule,
+)
 
 CLASSES = ("interactive", "paid", "free", "batch")
 
@@ -253,3 +261,61 @@ def test_kept_schedule_on_a_stream_of_snapshots_plans_as_schedule(
             plan = kept(snap, config, life.now)
             assert plan == schedule(snap, config, life.now)
             life.apply(plan)
+
+
+def _delta_between(before: tuple[Job, ...], after: tuple[Job, ...]) -> QueueDelta:
+    """The true difference, by identity: what a snapshot cache knows without comparing."""
+    now = {id(j) for j in after}
+    was = {id(j) for j in before}
+    gone = tuple(j.id for j in before if id(j) not in now)
+    return QueueDelta(before, gone, tuple(j for j in after if id(j) not in was))
+
+
+@settings(max_examples=40, deadline=None)
+@given(nodes(), teams(), st.lists(op, min_size=1, max_size=15), st.data())
+def test_kept_schedule_given_queue_deltas_plans_as_schedule(
+    cluster: tuple[Node, ...],
+    squad: tuple[Team, ...],
+    ops: list[tuple[str, int]],
+    data: st.DataObject,
+) -> None:
+    """Deltas whose added jobs end the queue are applied; others (a requeued job goes back
+    to its place) and deltas from another base fall back to comparing: the same plans."""
+    config = Config()
+    life = Life(Scheduler(cluster, squad, config))
+    kept = KeptSchedule()
+    before: tuple[Job, ...] = ()
+    for kind, arg in ops:
+        if kind in ("arrive", "flood"):
+            life.arrive(data.draw(arrivals(arg)))
+        elif kind == "finish":
+            life.finish(arg)
+        else:
+            life.now += arg
+            snap = life.sched.snapshot()
+            delta = _delta_between(before, snap.queued)
+            if data.draw(st.booleans()):  # a delta against some other snapshot: ignored
+                delta = QueueDelta(tuple(snap.queued), delta.gone, delta.added)
+            plan = kept(snap, config, life.now, delta=delta)
+            assert plan == schedule(snap, config, life.now)
+            before = snap.queued
+            life.apply(plan)
+
+
+def test_a_queue_delta_that_does_not_add_up_is_not_applied() -> None:
+    one = ResourceRequest(gpus=1)
+    a, b, c = Job("a", one), Job("b", one), Job("c", one)
+    sched = Scheduler()
+    sched.sync(Snapshot(queued=(a, b)))
+    # Counts that do not add up, an added job not at the end, a gone job not held:
+    for queued, delta in [
+        ((a, b, c), QueueDelta((a, b), (), ())),
+        ((c, a, b), QueueDelta((a, b), (), (c,))),
+        ((a, c), QueueDelta((a, b), ("x",), (c,))),
+    ]:
+        other = Scheduler()
+        other.sync(Snapshot(queued=(a, b)))
+        other.sync(Snapshot(queued=queued), delta)
+        assert other.snapshot().queued == queued, delta
+    sched.sync(Snapshot(queued=(b, c)), QueueDelta((a, b), ("a",), (c,)))
+    assert sched.snapshot().queued == (b, c)

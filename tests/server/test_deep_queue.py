@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from server_harness import ADMIN, World
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -141,3 +142,49 @@ async def test_a_row_that_moved_on_after_the_version_read_is_read_again(
     await deep.cycle()
     assert all(j in loop.cache.jobs for j in late), "... and read again by the next cycle"
     assert len(loop.cache.jobs) == DEEP
+
+
+async def test_sqlite_cycles_follow_the_queue_and_forget_what_they_followed(
+    world: World, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schedule_loop, "FORGET_EVERY", 4)
+    loop = world.plane.schedule
+    await world.submit_many([{"resources": {"gpus": 1}}] * 3)
+    await world.cycle()
+    on_sqlite = "://" not in db_url
+    assert loop.cache.queue.mark is not None if on_sqlite else loop.cache.queue.mark is None
+    if not on_sqlite:
+        return  # PostgreSQL reads every queued job's version, every cycle
+    await world.submit_many([{"resources": {"gpus": 1}}] * 2)
+    await world.cycle()
+    assert loop.cache.queue.followed == 2, "the two submissions, nothing else"
+    agent = await world.agent("n1", gpus=5)
+    await world.cycle()
+    assert {(await agent.next_assignment()).jobs[0].job_id for _ in range(5)}
+    await world.cycle()
+    assert loop.cache.queue.followed == 5, "the five placements left the queue"
+    async with world.plane.rt.db.read() as conn:
+        left = (await conn.execute(sa.text("SELECT count(*) FROM job_changes"))).scalar()
+    assert left == 1, "what every cycle has read is deleted, all but the last change"
+    assert loop.cache.queue.order == []
+
+
+async def test_each_snapshot_says_how_its_queue_differs_from_the_last(world: World) -> None:
+    loop = world.plane.schedule
+    first = await world.submit_many([{"resources": {"gpus": 1}}] * 3)
+    await world.cycle()
+    base = loop.cache._queued
+    assert base is not None
+    assert len(base) == 3
+    later = await world.submit_many([{"resources": {"gpus": 1}}] * 2)
+    await world.plane.jobs.cancel(ADMIN, first[0].job.id)
+    await world.cycle()
+    delta = loop.cache.delta
+    assert delta is not None
+    assert delta.base is base
+    assert delta.gone == (first[0].job.id,)
+    assert [j.id for j in delta.added] == [r.job.id for r in later]
+    kept = loop.schedule._kept  # type: ignore[attr-defined]
+    now = loop.cache._queued
+    assert now is not None
+    assert list(kept.queue.jobs) == [j.id for j in now], "the scheduler follows"

@@ -34,7 +34,7 @@ from operator import attrgetter
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
-from corral.scheduler.api import Config, Placement, Plan, Snapshot
+from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
@@ -151,9 +151,14 @@ class Scheduler:
     def set_model_sizes(self, sizes: Mapping[str, int]) -> None:
         self.model_sizes = frozen_map(sizes)
 
-    def sync(self, snapshot: Snapshot) -> None:
-        """Apply the difference between what is held and ``snapshot`` (objects compared by id)."""
-        _check_unique(snapshot)
+    def sync(self, snapshot: Snapshot, delta: QueueDelta | None = None) -> None:
+        """Apply the difference between what is held and ``snapshot`` (objects compared by id).
+
+        ``delta``: how ``snapshot.queued`` differs from the queued jobs held (the caller
+        knows ``delta.base`` is what the last sync was given). Used when it adds up and
+        its added jobs end the queue (the usual case: new submissions); else every
+        queued job is compared."""
+        _check_unique(snapshot, queued=delta is None)
         if len(snapshot.nodes) != len(self.nodes) or any(
             a is not b for a, b in zip(snapshot.nodes, self.nodes, strict=True)
         ):
@@ -163,7 +168,10 @@ class Scheduler:
         if snapshot.model_sizes != self.model_sizes:
             self.set_model_sizes(snapshot.model_sizes)
         self.served = snapshot.served
-        self._sync_queued(snapshot.queued)
+        if delta is None or not self._sync_delta(snapshot.queued, delta):
+            if delta is not None:
+                _check_unique(snapshot)
+            self._sync_queued(snapshot.queued)
         self._sync_allocations(snapshot.allocations, snapshot.expected_ends)
 
     def snapshot(self) -> Snapshot:
@@ -310,6 +318,25 @@ class Scheduler:
         else:
             self._node_end.pop(idx, None)
 
+    def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:
+        """Apply ``delta`` if it adds up (counts, gone jobs held, added jobs new and at the
+        end of ``queued``, as they are then in the queue's order); False (nothing done) if not."""
+        held, gone, added = self.queue.jobs, delta.gone, delta.added
+        if len(held) - len(gone) + len(added) != len(queued) or len(set(gone)) != len(gone):
+            return False
+        tail = queued[len(queued) - len(added) :] if added else ()
+        if any(a is not b for a, b in zip(tail, added, strict=True)):
+            return False
+        if any(job_id not in held for job_id in gone):
+            return False
+        if any(job.id in held and job.id not in gone for job in added):
+            return False
+        for job_id in gone:
+            self.withdraw(job_id)
+        for job in added:
+            self.submit(job)
+        return True
+
     def _sync_queued(self, queued: tuple[Job, ...]) -> None:
         """Withdraw what is held and not in ``queued`` (by identity), submit what is new.
 
@@ -354,11 +381,12 @@ class Scheduler:
             self.allocations = {alloc_id: held[alloc_id] for alloc_id in wanted}
 
 
-def _check_unique(snapshot: Snapshot) -> None:
-    """Names that identify things must do so: a duplicate is bad input, named."""
+def _check_unique(snapshot: Snapshot, *, queued: bool = True) -> None:
+    """Names that identify things must do so: a duplicate is bad input, named.
+    ``queued=False``: leave the queued jobs to ``submit``'s own check."""
     for field, names in (
         ("snapshot.nodes", list(map(_NAME, snapshot.nodes))),
-        ("snapshot.queued", list(map(_ID, snapshot.queued))),
+        ("snapshot.queued", list(map(_ID, snapshot.queued)) if queued else []),
         ("snapshot.allocations", list(map(_ID, snapshot.allocations))),
         ("snapshot.teams", list(map(_NAME, snapshot.teams))),
     ):

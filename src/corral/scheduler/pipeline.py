@@ -19,7 +19,8 @@ Pure: the snapshot is read, never changed; the same inputs give the same plan.
 
 from __future__ import annotations
 
-from corral.scheduler.api import Config, Plan, Snapshot
+from corral.core.model import Job
+from corral.scheduler.api import Config, Plan, QueueDelta, Snapshot
 from corral.scheduler.incremental import DEFAULT_CONFIG, Scheduler
 
 __all__ = ["DEFAULT_CONFIG", "KeptSchedule", "schedule"]
@@ -50,6 +51,7 @@ class KeptSchedule:
         self.explain = explain
         self._kept: Scheduler | None = None
         self._config: Config | None = None
+        self._queued: tuple[Job, ...] | None = None  # the last snapshot's queued jobs
 
     def __call__(
         self,
@@ -59,16 +61,20 @@ class KeptSchedule:
         seed: int = 0,
         *,
         explain: bool | None = None,
+        delta: QueueDelta | None = None,
     ) -> Plan:
         """``explain``: this call's choice (``Scheduler.schedule``); None: the one given at
-        construction."""
+        construction. ``delta``: how ``snapshot.queued`` differs from an earlier snapshot's
+        (``QueueDelta``); used only when that snapshot is the last one given here."""
         explain = self.explain if explain is None else explain
         try:
             if self._kept is None or config != self._config:
                 self._kept, self._config = Scheduler.from_snapshot(snapshot, config), config
             else:
-                self._kept.sync(snapshot)
+                known = delta is not None and delta.base is self._queued
+                self._kept.sync(snapshot, delta if known else None)
+            self._queued = snapshot.queued
             return self._kept.schedule(now, seed, explain=explain)
         except BaseException:
-            self._kept = None  # whatever half-happened, the next call starts from its snapshot
+            self._kept = self._queued = None  # whatever half-happened: start from the next one
             raise

@@ -33,6 +33,7 @@ from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.snapshot import SnapshotCache
 from corral.server.services.placement import Applied, apply_plan
 from corral.server.services.unit import Runtime, Tx
+from corral.server.store import jobs as job_repo
 from corral.server.store.rawsql import driver
 from corral.server.store.records import JobRecord
 
@@ -51,6 +52,7 @@ explaining under ``EXPLAIN_SHARE`` of the time: explaining 40,000 waiting jobs t
 what a cycle cost, every cycle."""
 
 EXPLAIN_SHARE = 0.05
+FORGET_EVERY = 10_000  # queue changes (SQLite's ``job_changes``) followed between deletions
 _NOT_BEFORE = attrgetter("not_before")
 
 
@@ -71,6 +73,7 @@ class SchedulingLoop:
         self._cycle_ended = float("-inf")  # perf_counter() when the last cycle ended
         self._explained_at = float("-inf")  # clock time of the last cycle that explained
         self._explain_took = 0.0  # how long that cycle took (s)
+        self._forgot = 0  # ``job_changes`` rows up to this one are deleted
         self._burst = False  # the last cycle found more than one job waiting
         self._one_at_a_time = asyncio.Lock()  # a cycle, or ``place_in``'s, at a time
         self._reader: AsyncConnection | None = None  # SQLite: the cycles' kept read connection
@@ -158,7 +161,21 @@ class SchedulingLoop:
             started = time.perf_counter()
             async with self._reading() as conn:
                 snapshot, records = await self._load(conn)
-            return await self._decide(snapshot, records, started)
+            applied = await self._decide(snapshot, records, started)
+            await self._forget_followed()
+            return applied
+
+    async def _forget_followed(self) -> None:
+        """Delete the queue's changes the cycles have followed (SQLite), every
+        ``FORGET_EVERY`` of them: one short write now and then."""
+        mark = self.cache.queue.mark
+        if mark is None or mark - self._forgot < FORGET_EVERY:
+            return
+        async with self.rt.db.write(ordered_events=False, durable=False) as conn:
+            db = driver(conn)
+            if db is not None:
+                job_repo.forget_queue_changes(db, mark)
+        self._forgot = mark
 
     async def place_in(self, tx: Tx) -> bool:
         """Run a cycle inside ``tx``, a lone submission's open transaction; True if it ran.
@@ -183,7 +200,7 @@ class SchedulingLoop:
             mark = tx.mark()
             raw.execute("SAVEPOINT corral_place")
             try:
-                snapshot, records = await self._load(tx.conn)
+                snapshot, records = await self._load(tx.conn, advance=False)
                 await self._decide(snapshot, records, started, tx)
             except Exception:
                 raw.execute("ROLLBACK TO corral_place")
@@ -196,9 +213,13 @@ class SchedulingLoop:
             self._cycle_ended = time.perf_counter()
         return True
 
-    async def _load(self, conn: AsyncConnection) -> tuple[Snapshot, dict[str, JobRecord]]:
+    async def _load(
+        self, conn: AsyncConnection, *, advance: bool = True
+    ) -> tuple[Snapshot, dict[str, JobRecord]]:
         rt = self.rt
-        snapshot, records = await self.cache.load(conn, rt.fresh_jobs, rt.fresh_allocs)
+        snapshot, records = await self.cache.load(
+            conn, rt.fresh_jobs, rt.fresh_allocs, advance=advance
+        )
         if self.model_sizes is not None:  # the registry's sizes, for model-aware routing
             snapshot = replace(snapshot, model_sizes=await self.model_sizes(conn))
         return snapshot, records
@@ -217,8 +238,9 @@ class SchedulingLoop:
         self._burst = len(seen.queued) > 1
         explain = self._explain_due(len(seen.queued), now)
         decide = self.schedule
-        if not explain and isinstance(decide, KeptSchedule):
-            decide = partial(decide, explain=False)
+        if isinstance(decide, KeptSchedule):  # what changed since the last snapshot, if known
+            delta = self.cache.delta if seen.queued is snapshot.queued else None
+            decide = partial(decide, explain=None if explain else False, delta=delta)
         if len(seen.queued) * max(1, len(seen.nodes)) <= INLINE_WORK:
             plan = decide(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
@@ -232,6 +254,8 @@ class SchedulingLoop:
                 await follow_up(snapshot, plan)
             else:  # not inside the submission's transaction: once it committed
                 within.at_commit(_after(follow_up, snapshot, plan))
+        if applied.stale:  # a row moved on unseen (a transaction read here rolled back?)
+            self.cache.queue.reset()  # the next cycle reads the whole queue once
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
             self.rt.schedule_needed.fire()  # something moved on, or more fits: go again
         self.cycles += 1

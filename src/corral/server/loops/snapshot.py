@@ -17,21 +17,22 @@ instead of reading every placed job again.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.model import Allocation, Node
-from corral.scheduler.api import Snapshot
+from corral.core.model import Allocation, Job, Node
+from corral.scheduler.api import QueueDelta, Snapshot
+from corral.server.loops.queue_view import QueueView
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store import versions
+from corral.server.store.rawsql import driver
 from corral.server.store.records import AllocRecord, JobRecord
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
-_FIRST = itemgetter(0)
 _JOB = attrgetter("job")
 
 T = TypeVar("T")
@@ -41,8 +42,12 @@ class SnapshotCache:
     """Queued jobs, active allocations and nodes as of the last ``load``, with their versions."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, JobRecord] = {}
-        self._queued: set[tuple[str, int]] = set()  # (id, version) of each job in ``jobs``
+        self.jobs: dict[str, JobRecord] = {}  # queued jobs' records, at ``queue``'s versions
+        self.queue = QueueView()  # which jobs are queued, at which version, in which order
+        self._missing: set[str] = set()  # queued, with no record read at that version yet
+        self._follow: bool | None = None  # SQLite with migration 0006's triggers (None: ask)
+        self._queued: tuple[Job, ...] | None = None  # the last snapshot's queued jobs
+        self.delta: QueueDelta | None = None  # how the last snapshot's differ from the one before
         self.allocations: dict[str, tuple[int, Allocation]] = {}
         self.expected_ends: dict[str, float] = {}
         self.nodes: dict[str, tuple[int, Node]] = {}
@@ -50,7 +55,9 @@ class SnapshotCache:
 
     def rebuild(self) -> None:
         self.jobs.clear()
-        self._queued.clear()
+        self.queue = QueueView()
+        self._missing.clear()
+        self._queued = self.delta = None
         self.allocations.clear()
         self.expected_ends.clear()
         self.nodes.clear()
@@ -60,63 +67,86 @@ class SnapshotCache:
         conn: AsyncConnection,
         fresh: dict[str, JobRecord] | None = None,
         fresh_allocs: dict[str, AllocRecord] | None = None,
+        *,
+        advance: bool = True,
     ) -> tuple[Snapshot, dict[str, JobRecord]]:
         """The current snapshot and the queued jobs' records it saw (their versions with them).
 
         ``fresh`` / ``fresh_allocs``: records the server just inserted
         (``Runtime.fresh_jobs`` / ``fresh_allocs``); one whose version the version read
         confirms is taken instead of reading its row again. Both mappings are emptied.
+        ``advance=False``: a read inside a transaction that may still roll back; the next
+        load reads the queue's changes seen here again (``QueueView.follow``).
         """
         self.rows_read = 0
-        seen = await versions.read(conn)  # on PostgreSQL one round trip
-        order = seen.queued
-        await self._refresh_jobs(conn, order, fresh or {})
+        db = driver(conn)
+        if self._follow is None and db is not None:
+            self._follow = job_repo.follows_queue_changes(db)
+        if db is not None and self._follow:
+            changed = self.queue.follow(db, advance=advance)
+            seen = await versions.read(conn, with_queued=False)
+        else:
+            seen = await versions.read(conn)  # on PostgreSQL one round trip
+            changed = self.queue.replace(seen.queued)
+        dropped, loaded = await self._refresh_jobs(conn, changed, fresh or {})
         if fresh:
             fresh.clear()
         await self._refresh_allocations(conn, seen.active, fresh_allocs or {})
         if fresh_allocs:
             fresh_allocs.clear()
         await self._refresh_nodes(conn, seen.nodes)
-        # In the version read's order; a job whose row moved on since is left for the next
-        # cycle. Built by C-level iteration: this runs over every queued job, every cycle.
-        in_order = filter(None, map(self.jobs.get, map(_FIRST, order)))
+        # In submission order; a job whose row moved on since is left for the next cycle.
+        # Built by C-level iteration: this runs over every queued job, every cycle.
+        in_order = filter(None, map(self.jobs.get, self.queue.order))
+        queued = tuple(map(_JOB, in_order))
+        self.delta = _delta(self._queued, queued, dropped, loaded)
+        self._queued = queued
         snapshot = Snapshot(
             nodes=tuple(n for _, n in self.nodes.values()),
-            queued=tuple(map(_JOB, in_order)),
+            queued=queued,
             allocations=tuple(a for _, a in self.allocations.values()),
             teams=tuple(seen.teams),
             expected_ends=self.expected_ends,
         )
-        return snapshot, dict(self.jobs)
+        return snapshot, self.jobs  # as read; valid until the next load
 
     async def _refresh_jobs(
-        self, conn: AsyncConnection, order: list[tuple[str, int]], fresh: dict[str, JobRecord]
-    ) -> None:
-        # Only the difference is walked: on a deep queue almost every (id, version) pair is
-        # the one held already, and a Python loop over all of them cost more than the read.
-        wanted = set(order)
-        jobs, held = self.jobs, self._queued
-        for job_id, _ in held - wanted:  # left the queue, or its row moved on
-            jobs.pop(job_id, None)
-        self._queued = wanted  # less, below, the rows that could not be read as seen
-        stale: list[tuple[str, int]] = []
-        for job_id, version in wanted - held:
+        self, conn: AsyncConnection, changed: dict[str, int | None], fresh: dict[str, JobRecord]
+    ) -> tuple[list[str], list[str]]:
+        """Drop the records of jobs that ``changed`` (and left the queue or moved on), then
+        read the missing ones: only the difference is walked, never the whole queue.
+        Returns the ids of the records dropped and of those put in."""
+        jobs, missing, held = self.jobs, self._missing, self.queue.versions
+        dropped: list[str] = []
+        for job_id, version in changed.items():
+            rec = jobs.get(job_id)
+            if rec is not None and rec.version != version:
+                del jobs[job_id]
+                dropped.append(job_id)
+            if version is None:
+                missing.discard(job_id)
+            elif job_id not in jobs:
+                missing.add(job_id)
+        stale = []
+        loaded: list[str] = []
+        for job_id in missing:
             rec = fresh.get(job_id)
-            if rec is not None and rec.version == version:
+            if rec is not None and rec.version == held[job_id]:
                 jobs[job_id] = rec
+                loaded.append(job_id)
             else:
-                stale.append((job_id, version))
+                stale.append(job_id)
 
         async def fetch(ids: list[str]) -> list[JobRecord]:
             return list((await job_repo.get_many(conn, ids)).values())
 
-        for rec in await _chunked([job_id for job_id, _ in stale], fetch):
-            if (rec.job.id, rec.version) in wanted:  # else it moved on since: next cycle
+        for rec in await _chunked(stale, fetch):
+            if held.get(rec.job.id) == rec.version:  # else it moved on since: next cycle
                 jobs[rec.job.id] = rec
-        for pair in stale:
-            if pair[0] not in jobs:  # moved on or gone since the version read
-                wanted.discard(pair)
+                loaded.append(rec.job.id)
+        self._missing = {job_id for job_id in missing if job_id not in jobs}
         self.rows_read += len(stale)
+        return dropped, loaded
 
     async def _refresh_allocations(
         self, conn: AsyncConnection, wanted: dict[str, int], fresh: dict[str, AllocRecord]
@@ -153,6 +183,19 @@ class SnapshotCache:
         for key, version, node in await _chunked(stale, fetch):
             self.nodes[key] = (version, node)
         self.rows_read += len(stale)
+
+
+def _delta(
+    base: tuple[Job, ...] | None, queued: tuple[Job, ...], dropped: list[str], loaded: list[str]
+) -> QueueDelta | None:
+    """How ``queued`` differs from ``base``, when the jobs put in are the ones ending it (the
+    usual case: new submissions); else None (the scheduler compares the whole queue)."""
+    if base is None:
+        return None
+    tail = queued[len(queued) - len(loaded) :] if loaded else ()
+    if {job.id for job in tail} != set(loaded):
+        return None
+    return QueueDelta(base, tuple(dropped), tail)
 
 
 async def _chunked(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Collection, Sequence
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,11 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.states import JobState
 from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
-from corral.server.store.rawsql import codec, driver
+from corral.server.store.rawsql import CHUNK, codec, driver
 from corral.server.store.records import JobRecord, job_from_row, job_row
 from corral.server.store.tables import jobs
 
 _RAW = codec(jobs)
+_SECOND = itemgetter(1)
 _PG = pgraw.codec(jobs)
 
 
@@ -137,6 +140,56 @@ async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
         sql = "SELECT id, version FROM jobs WHERE state = $1 ORDER BY seq"
         return [(r[0], r[1]) for r in await raw.fetch(sql, JobState.QUEUED.value)]
     return [(r.id, r.version) for r in await conn.execute(_QUEUED_VERSIONS)]
+
+
+# -- what changed in the queue (SQLite: the triggers of migration 0006) -----------------------
+
+QUEUE_TRIGGER = "jobs_queue_update"
+
+
+def follows_queue_changes(db: sqlite3.Connection) -> bool:
+    """Does this database record its queue's changes in ``job_changes``?"""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = ?"
+    return db.execute(sql, (QUEUE_TRIGGER,)).fetchone() is not None
+
+
+def last_queue_change(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT coalesce(max(n), 0) FROM job_changes").fetchone()[0])
+
+
+def queue_changes(db: sqlite3.Connection, after: int) -> tuple[int, list[str]]:
+    """The last change's ``n`` and the ids of the jobs changed after ``after`` (repeats
+    removed), in commit order."""
+    sql = "SELECT n, job_id FROM job_changes WHERE n > ? ORDER BY n"
+    rows = db.execute(sql, (after,)).fetchall()
+    if not rows:
+        return after, []
+    return int(rows[-1][0]), list(dict.fromkeys(map(_SECOND, rows)))
+
+
+def queued_seqs(
+    db: sqlite3.Connection, ids: Sequence[str] | None = None
+) -> list[tuple[int, str, int]]:
+    """(seq, id, version) of the queued jobs (of ``ids``, when given) by submission order."""
+    queued = JobState.QUEUED.value
+    if ids is None:
+        sql = "SELECT seq, id, version FROM jobs WHERE state = ? ORDER BY seq"
+        return list(db.execute(sql, (queued,)))
+    out: list[tuple[int, str, int]] = []
+    for i in range(0, len(ids), CHUNK):
+        part = ids[i : i + CHUNK]
+        marks = ", ".join("?" * len(part))
+        # ``+state``: look the ids up by their index, never walk the queued jobs by state
+        sql = f"SELECT seq, id, version FROM jobs WHERE id IN ({marks}) AND +state = ?"
+        out.extend(db.execute(sql, (*part, queued)))
+    return out
+
+
+def forget_queue_changes(db: sqlite3.Connection, upto: int) -> int:
+    """Delete the changes before ``upto`` (read by every cycle since); how many. The row
+    ``upto`` stays: a new row's ``n`` is one more than the largest left, and must stay
+    above every ``n`` a reader has seen."""
+    return db.execute("DELETE FROM job_changes WHERE n < ?", (upto,)).rowcount
 
 
 async def update(conn: AsyncConnection, rec: JobRecord, **values: Any) -> bool:

@@ -52,6 +52,15 @@ jobs = sa.Table(
     sa.Index("ix_jobs_team_seq", "team", "seq"),
 )
 
+# SQLite only: triggers (migration 0006) append each job entering, changing in or leaving
+# the queue, in commit order, so the scheduling loop re-reads just those (loops/snapshot.py).
+job_changes = sa.Table(
+    "job_changes",
+    metadata,
+    sa.Column("n", BigSerial, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(40), nullable=False),
+)
+
 allocations = sa.Table(
     "allocations",
     metadata,

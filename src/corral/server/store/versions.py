@@ -44,11 +44,13 @@ class Versions:
     teams: list[Team]  # by name
 
 
-async def read(conn: AsyncConnection) -> Versions:
+async def read(conn: AsyncConnection, *, with_queued: bool = True) -> Versions:
+    """``with_queued=False``: leave the queued jobs out (SQLite, when the cycle follows
+    ``job_changes`` instead: ``loops/queue_view.py``)."""
     raw = pgraw.pg(conn)
     if raw is None:
         return Versions(
-            await job_repo.queued_versions(conn),
+            await job_repo.queued_versions(conn) if with_queued else [],
             await alloc_repo.active_versions(conn),
             await node_repo.versions(conn),
             await node_repo.all_teams(conn),
