@@ -18,6 +18,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
+from operator import attrgetter
 
 from corral.core.errors import LinkError
 from corral.scheduler.api import Plan, Snapshot
@@ -34,6 +35,8 @@ RESEND_S = 120.0
 """A hint for a (node, model) is sent again at most this often."""
 
 POPULARITY_HALF_S = 300.0
+_MODEL = attrgetter("model")
+_ID = attrgetter("id")
 """Recent demand per model (jobs seen queued) halves every five minutes."""
 
 
@@ -96,11 +99,12 @@ class PrefetchLoop:
         decay = 0.5 ** (max(0.0, now - self._counted_at) / POPULARITY_HALF_S)
         self._counted_at = now
         self.popularity = {m: v * decay for m, v in self.popularity.items() if v * decay > 0.01}
-        queued = {j.id for j in snapshot.queued}
-        for job in snapshot.queued:
-            if job.model and job.id not in self._seen:
-                self.popularity[job.model] = self.popularity.get(job.model, 0.0) + 1.0
-        self._seen = queued
+        modelled = tuple(filter(_MODEL, snapshot.queued))  # C-level: the queue may be deep
+        for job in modelled:
+            model = job.model
+            if model and job.id not in self._seen:
+                self.popularity[model] = self.popularity.get(model, 0.0) + 1.0
+        self._seen = set(map(_ID, modelled))
 
     def _new(self, p: Prefetch) -> bool:
         at = self.sent.get((p.node, p.model))
