@@ -190,6 +190,10 @@ class CorralPeer:
             return {}
         return {"server": used[0], "agents": sum(used[1:]), "client": time.process_time()}
 
+    def metrics(self) -> str:
+        """The server's Prometheus text (``GET /metrics``)."""
+        return self._http.get("/metrics").text
+
     def close(self) -> None:
         for p in reversed(self._procs):
             p.terminate()
