@@ -188,3 +188,26 @@ async def test_each_snapshot_says_how_its_queue_differs_from_the_last(world: Wor
     now = loop.cache._queued
     assert now is not None
     assert list(kept.queue.jobs) == [j.id for j in now], "the scheduler follows"
+
+
+async def test_a_submission_placed_in_its_own_transaction_moves_the_mark_once_committed(
+    world: World,
+) -> None:
+    if world.plane.rt.db.is_postgres:
+        return  # no submission is placed in its own transaction there, no changes followed
+    loop = world.plane.schedule
+    agent = await world.agent("n1", gpus=1)
+    loop.leading = True
+    await world.cycle()
+    world.plane.rt.schedule_needed.clear()
+    mark = loop.cache.queue.mark
+    assert mark is not None
+    for _ in range(3):  # each placed in its own transaction; the last one's end frees the GPU
+        rec = await world.submit(resources={"gpus": 1})
+        assert (await world.job(rec.job.id)).state.value == "placed"
+        a = await agent.next_assignment()
+        await agent.start(a)
+        await agent.finish(a)
+        assert loop.cache.queue.mark > mark, "the submission committed: its changes are kept"
+        mark = loop.cache.queue.mark
+        assert loop.cache.queue.followed <= 2, "only what changed since, never a growing tail"

@@ -34,6 +34,7 @@ class QueueView:
         self.versions: dict[str, int] = {}  # queued job id -> version
         self.order: list[str] = []  # the queued job ids, by submission (``seq``)
         self.mark: int | None = None  # the last ``job_changes`` row followed; None: read all
+        self.unconfirmed: int | None = None  # the last row read by ``follow(advance=False)``
         self.followed = 0  # changes read by the last ``follow`` (for tests)
         self._seqs: dict[str, int] = {}  # queued job id -> seq, while following
 
@@ -53,8 +54,9 @@ class QueueView:
         return changed
 
     def follow(self, db: sqlite3.Connection, *, advance: bool = True) -> Changed:
-        """Bring the view up to date from ``job_changes`` (SQLite). ``advance=False`` reads
-        the same changes again next time (a read inside a transaction that may roll back)."""
+        """Bring the view up to date from ``job_changes`` (SQLite). ``advance=False``: a
+        read inside a transaction that may still roll back; the changes read are read
+        again next time, unless ``confirm`` says that transaction committed."""
         if self.mark is None:
             mark = job_repo.last_queue_change(db)  # before the rows: nothing falls between
             rows = job_repo.queued_seqs(db)
@@ -66,8 +68,17 @@ class QueueView:
             self.followed = len(ids)
             changed = self._take(ids, job_repo.queued_seqs(db, ids) if ids else [])
         if advance:
-            self.mark = mark
+            self.mark, self.unconfirmed = mark, None
+        else:
+            self.unconfirmed = mark
         return changed
+
+    def confirm(self, mark: int | None) -> None:
+        """The transaction a ``follow(advance=False)`` read ``mark`` in has committed: what it
+        read is in the store for good (a rolled-back transaction's row numbers are used
+        again, so only a commit may move the mark past them)."""
+        if mark is not None and self.mark is not None and mark > self.mark:
+            self.mark = mark
 
     def _take(self, ids: list[str], rows: list[tuple[int, str, int]]) -> Changed:
         """Apply what the changed ``ids`` are now (``rows`` of the ones still queued)."""

@@ -202,6 +202,7 @@ class SchedulingLoop:
             try:
                 snapshot, records = await self._load(tx.conn, advance=False)
                 await self._decide(snapshot, records, started, tx)
+                tx.at_commit(self._confirm(self.cache.queue.unconfirmed))
             except Exception:
                 raw.execute("ROLLBACK TO corral_place")
                 tx.undo_since(mark)
@@ -212,6 +213,14 @@ class SchedulingLoop:
                 raw.execute("RELEASE corral_place")
             self._cycle_ended = time.perf_counter()
         return True
+
+    def _confirm(self, mark: int | None) -> Callable[[], Awaitable[None]]:
+        """After the submission's commit: the queue's changes ``place_in`` read are kept."""
+
+        async def confirm() -> None:
+            self.cache.queue.confirm(mark)
+
+        return confirm
 
     async def _load(
         self, conn: AsyncConnection, *, advance: bool = True
