@@ -279,6 +279,9 @@ def test_kept_schedule_on_a_stream_of_snapshots_plans_as_schedule(
             delta = hints[data.draw(st.sampled_from(sorted(hints)))]
             plan = kept(snap, config, life.now, delta=delta)
             assert plan == schedule(snap, config, life.now)
+            held = kept._kept  # white box: what it holds is the snapshot, job for job
+            assert held is not None
+            assert held.snapshot().queued == snap.queued
             before = snap.queued
             life.apply(plan)
 
