@@ -17,6 +17,7 @@ from server_harness import ADMIN, World
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.server.loops import schedule as schedule_loop
+from corral.server.services.auth import Principal, TokenKind
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import JobRecord
 
@@ -208,6 +209,36 @@ async def test_a_submission_placed_in_its_own_transaction_moves_the_mark_once_co
         a = await agent.next_assignment()
         await agent.start(a)
         await agent.finish(a)
-        assert loop.cache.queue.mark > mark, "the submission committed: its changes are kept"
-        mark = loop.cache.queue.mark
+        now = loop.cache.queue.mark
+        assert now is not None
+        assert now > mark, "the submission committed: its changes are kept"
+        mark = now
         assert loop.cache.queue.followed <= 2, "only what changed since, never a growing tail"
+
+
+async def test_the_queue_page_reads_whole_only_the_rows_it_shows(
+    deep: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await deep.submit_many([{"resources": {"gpus": 1}, "team": "vision"}] * 3)
+    await deep.cycle()  # explains: every job gets its place in the scheduler's order
+    reasons = deep.plane.schedule.unplaced
+    real = job_repo.get_many
+    asked: list[int] = []
+
+    async def counting(conn: AsyncConnection, ids: list[str]) -> dict[str, JobRecord]:
+        asked.append(len(ids))
+        return await real(conn, ids)
+
+    monkeypatch.setattr(job_repo, "get_many", counting)
+    entries, total = await deep.plane.queue.queue(ADMIN, limit=5)
+    assert total == DEEP + 3
+    assert asked == [5], "five rows read whole, not every queued job"
+    ranked = sorted(reasons.values(), key=lambda u: u.position)[:5]
+    assert [e.job.job.id for e in entries] == [u.job_id for u in ranked]
+    assert [e.position for e in entries] == [u.position for u in ranked]
+
+    vision = Principal("tok_vision", TokenKind.TEAM, "v", team="vision")
+    entries, total = await deep.plane.queue.queue(vision, limit=10)
+    assert total == 3, "a team sees its own jobs only"
+    assert {e.job.job.team for e in entries} == {"vision"}
+    assert [e.position for e in entries] == sorted(reasons[e.job.job.id].position for e in entries)

@@ -9,7 +9,7 @@ from typing import Any
 from corral.core.errors import NotFound
 from corral.core.events import TERMINAL_JOB_EVENTS, Event
 from corral.core.resources import GIB, MILLI
-from corral.core.states import JOB
+from corral.core.states import JOB, JobState
 from corral.scheduler.api import Unplaced
 from corral.server.services.auth import Principal
 from corral.server.services.unit import Runtime, Wakeup
@@ -206,22 +206,29 @@ class QueueService:
         self.reasons = reasons
 
     async def queue(self, who: Principal, limit: int) -> tuple[list[QueueEntry], int]:
-        """The first ``limit`` visible entries, and how many jobs are queued in all (visible)."""
+        """The first ``limit`` visible entries, and how many jobs are queued in all (visible).
+
+        Ranked from a narrow read of every queued job (id, team) and the last cycle's
+        reasons; only the ``limit`` rows shown are read whole."""
         who.require_client()
         async with self.rt.db.read() as conn:
-            queued = await job_repo.queued(conn)
-        unplaced = self.reasons()
-        fallback = len(unplaced)
+            queued = await job_repo.queued_teams(conn)
+            unplaced = self.reasons()
+            fallback = len(unplaced)
 
-        def order(item: tuple[int, JobRecord]) -> tuple[int, int]:
-            seq, rec = item
-            u = unplaced.get(rec.job.id)
-            return (u.position, 0) if u else (fallback, seq)
+            def order(seq: int) -> tuple[int, int]:
+                u = unplaced.get(queued[seq][0])
+                return (u.position, 0) if u else (fallback, seq)
 
-        ranked = sorted(enumerate(queued), key=order)
+            ranked = sorted(range(len(queued)), key=order)
+            visible = [
+                (pos, queued[seq][0]) for pos, seq in enumerate(ranked) if who.sees(queued[seq][1])
+            ]
+            shown = visible[:limit]
+            records = await job_repo.get_many(conn, [job_id for _, job_id in shown])
         entries = [
-            QueueEntry(rec, pos, unplaced.get(rec.job.id))
-            for pos, (_, rec) in enumerate(ranked)
-            if who.sees(rec.job.team)
+            QueueEntry(rec, pos, unplaced.get(job_id))
+            for pos, job_id in shown
+            if (rec := records.get(job_id)) is not None and rec.job.state is JobState.QUEUED
         ]
-        return entries[:limit], len(entries)
+        return entries, len(visible)

@@ -123,10 +123,25 @@ async def after_seq(conn: AsyncConnection, seq: int, limit: int) -> list[JobReco
     return [job_from_row(r) for r in await conn.execute(query)]
 
 
-async def queued(conn: AsyncConnection) -> list[JobRecord]:
-    """Every queued job, in submission order."""
-    query = sa.select(jobs).where(jobs.c.state == JobState.QUEUED.value).order_by(jobs.c.seq)
-    return [job_from_row(r) for r in await conn.execute(query)]
+_QUEUED_TEAMS = (
+    sa.select(jobs.c.id, jobs.c.team)
+    .where(jobs.c.state == JobState.QUEUED.value)
+    .order_by(jobs.c.seq)
+)
+
+
+async def queued_teams(conn: AsyncConnection) -> list[tuple[str, str]]:
+    """(id, team) of every queued job, in submission order: a narrow read (decoding every
+    queued job's row took 2 s at 40,000 on a slow machine)."""
+    db = driver(conn)
+    if db is not None:
+        sql = "SELECT id, team FROM jobs WHERE state = ? ORDER BY seq"
+        return list(db.execute(sql, (JobState.QUEUED.value,)))
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        sql = "SELECT id, team FROM jobs WHERE state = $1 ORDER BY seq"
+        return [(r[0], r[1]) for r in await raw.fetch(sql, JobState.QUEUED.value)]
+    return [(r.id, r.team) for r in await conn.execute(_QUEUED_TEAMS)]
 
 
 async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:

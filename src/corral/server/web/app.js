@@ -222,11 +222,14 @@ async function refresh() {
 // ---- live updates ----------------------------------------------------------
 
 // Throttle, not debounce: a job reporting progress every 50 ms must not
-// postpone the refresh forever.
+// postpone the refresh forever. At most one refresh a second: a busy server
+// sends hundreds of events a second, and each refresh asks it six questions
+// (progress and previews still update at once, from the events themselves).
+const REFRESH_MS = 1000;
 let refreshTimer = null;
 function refreshSoon() {
   if (refreshTimer) return;
-  refreshTimer = setTimeout(() => { refreshTimer = null; refresh().catch(() => {}); }, 200);
+  refreshTimer = setTimeout(() => { refreshTimer = null; refresh().catch(() => {}); }, REFRESH_MS);
 }
 
 function onEvent(kind, data) {
