@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.states import JobState
 from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update
-from corral.server.store.rawsql import CHUNK, codec, driver
+from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import JobRecord, job_from_row, job_row
 from corral.server.store.tables import jobs
 
@@ -172,32 +172,30 @@ def last_queue_change(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT coalesce(max(n), 0) FROM job_changes").fetchone()[0])
 
 
-def queue_changes(db: sqlite3.Connection, after: int) -> tuple[int, list[str]]:
-    """The last change's ``n`` and the ids of the jobs changed after ``after`` (repeats
-    removed), in commit order."""
-    sql = "SELECT n, job_id FROM job_changes WHERE n > ? ORDER BY n"
+def queue_changes(
+    db: sqlite3.Connection, after: int
+) -> tuple[int, list[str], list[tuple[int, str, int]]]:
+    """The changes after ``after``, in one read: the last change's ``n``, the ids of the
+    jobs changed (repeats removed, in commit order), and (seq, id, version) of those
+    still queued now."""
+    sql = (
+        "SELECT c.n, c.job_id, j.seq, j.version, j.state FROM job_changes c"
+        " LEFT JOIN jobs j ON j.id = c.job_id WHERE c.n > ? ORDER BY c.n"
+    )
     rows = db.execute(sql, (after,)).fetchall()
     if not rows:
-        return after, []
-    return int(rows[-1][0]), list(dict.fromkeys(map(_SECOND, rows)))
-
-
-def queued_seqs(
-    db: sqlite3.Connection, ids: Sequence[str] | None = None
-) -> list[tuple[int, str, int]]:
-    """(seq, id, version) of the queued jobs (of ``ids``, when given) by submission order."""
+        return after, [], []
     queued = JobState.QUEUED.value
-    if ids is None:
-        sql = "SELECT seq, id, version FROM jobs WHERE state = ? ORDER BY seq"
-        return list(db.execute(sql, (queued,)))
-    out: list[tuple[int, str, int]] = []
-    for i in range(0, len(ids), CHUNK):
-        part = ids[i : i + CHUNK]
-        marks = ", ".join("?" * len(part))
-        # ``+state``: look the ids up by their index, never walk the queued jobs by state
-        sql = f"SELECT seq, id, version FROM jobs WHERE id IN ({marks}) AND +state = ?"
-        out.extend(db.execute(sql, (*part, queued)))
-    return out
+    now = {
+        job_id: (seq, job_id, version) for _, job_id, seq, version, state in rows if state == queued
+    }
+    return int(rows[-1][0]), list(dict.fromkeys(map(_SECOND, rows))), list(now.values())
+
+
+def queued_seqs(db: sqlite3.Connection) -> list[tuple[int, str, int]]:
+    """(seq, id, version) of every queued job, by submission order."""
+    sql = "SELECT seq, id, version FROM jobs WHERE state = ? ORDER BY seq"
+    return list(db.execute(sql, (JobState.QUEUED.value,)))
 
 
 def forget_queue_changes(db: sqlite3.Connection, upto: int) -> int:
