@@ -347,8 +347,8 @@ class Scheduler:
         have = dict(zip(map(id, held.values()), held, strict=True))  # object id -> job id, held
         want = set(map(id, queued))
         gone = have.keys() - want
-        for oid in gone:
-            self.withdraw(have[oid])
+        for job_id in sorted(have[oid] for oid in gone):  # by id: the same order every run
+            self.withdraw(job_id)
         new = len(queued) - (len(have) - len(gone))
         if new:  # in the snapshot's order; new jobs are mostly at its end
             found: list[Job] = []

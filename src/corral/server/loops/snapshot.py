@@ -7,6 +7,10 @@ and re-reads full rows only for what is new or whose version moved. A cycle
 over 10,000 queued jobs therefore decodes a handful of rows instead of 10,000.
 Because every write bumps ``version`` (guarded updates), nothing can be missed;
 heartbeats (``last_seen``) do not bump it, and the scheduler does not need them.
+On SQLite the queued jobs' versions come from the queue's changes since the last
+cycle instead (``queue_view.py``), so a deep queue costs what changed; and each
+snapshot says how its queued jobs differ from the last one's (``delta``), so the
+kept scheduler does not compare them all either.
 
 ``rebuild`` drops everything (start, change of leader); ``load`` is the
 incremental read. The queued jobs' full records are kept too: the placement
@@ -76,7 +80,8 @@ class SnapshotCache:
         (``Runtime.fresh_jobs`` / ``fresh_allocs``); one whose version the version read
         confirms is taken instead of reading its row again. Both mappings are emptied.
         ``advance=False``: a read inside a transaction that may still roll back; the next
-        load reads the queue's changes seen here again (``QueueView.follow``).
+        load reads the queue's changes seen here again, unless ``self.queue.confirm`` is
+        told that transaction committed (``QueueView.follow``).
         """
         self.rows_read = 0
         db = driver(conn)
