@@ -80,7 +80,11 @@ async def test_a_leader_whose_connection_broke_stops_leading_and_another_takes_o
         raw = (await first._conn.get_raw_connection()).driver_connection
         pid = raw.get_server_pid()
         async with b.engine.connect() as admin:  # PostgreSQL ends the leader's session
-            ended = await admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            # ... and waits (up to 10 s) until it has ended: the lock goes when the
+            # backend exits, a moment after the signal (a slow machine lost the race).
+            ended = await admin.execute(
+                sa.text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid}
+            )
             assert ended.scalar() is True
             await admin.commit()
         assert await second.acquire(), "the session lock went with the session"

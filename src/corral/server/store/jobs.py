@@ -44,11 +44,12 @@ async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
 # Hot queries are built once (building a statement costs more than running it on SQLite).
 _GET = sa.select(jobs).where(jobs.c.id == sa.bindparam("id"))
 _GET_MANY = sa.select(jobs).where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
-_QUEUED_VERSIONS = (
-    sa.select(jobs.c.id, jobs.c.version)
+_QUEUED_WITH = {  # (id, column) of every queued job, by submission order
+    column: sa.select(jobs.c.id, jobs.c[column])
     .where(jobs.c.state == JobState.QUEUED.value)
     .order_by(jobs.c.seq)
-)
+    for column in ("team", "version")
+}
 
 
 async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
@@ -123,38 +124,28 @@ async def after_seq(conn: AsyncConnection, seq: int, limit: int) -> list[JobReco
     return [job_from_row(r) for r in await conn.execute(query)]
 
 
-_QUEUED_TEAMS = (
-    sa.select(jobs.c.id, jobs.c.team)
-    .where(jobs.c.state == JobState.QUEUED.value)
-    .order_by(jobs.c.seq)
-)
-
-
 async def queued_teams(conn: AsyncConnection) -> list[tuple[str, str]]:
     """(id, team) of every queued job, in submission order: a narrow read (decoding every
     queued job's row took 2 s at 40,000 on a slow machine)."""
-    db = driver(conn)
-    if db is not None:
-        sql = "SELECT id, team FROM jobs WHERE state = ? ORDER BY seq"
-        return list(db.execute(sql, (JobState.QUEUED.value,)))
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        sql = "SELECT id, team FROM jobs WHERE state = $1 ORDER BY seq"
-        return [(r[0], r[1]) for r in await raw.fetch(sql, JobState.QUEUED.value)]
-    return [(r.id, r.team) for r in await conn.execute(_QUEUED_TEAMS)]
+    return await _queued_with(conn, "team")
 
 
 async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
     """(id, version) of every queued job in submission order: cheap, for the snapshot cache."""
+    return await _queued_with(conn, "version")
+
+
+async def _queued_with(conn: AsyncConnection, column: str) -> list[tuple[str, Any]]:
+    """(id, ``column``) of every queued job, in submission order."""
     db = driver(conn)
     if db is not None:
-        sql = "SELECT id, version FROM jobs WHERE state = ? ORDER BY seq"
+        sql = f"SELECT id, {column} FROM jobs WHERE state = ? ORDER BY seq"
         return list(db.execute(sql, (JobState.QUEUED.value,)))
     raw = pgraw.pg(conn)
     if raw is not None:
-        sql = "SELECT id, version FROM jobs WHERE state = $1 ORDER BY seq"
+        sql = f"SELECT id, {column} FROM jobs WHERE state = $1 ORDER BY seq"
         return [(r[0], r[1]) for r in await raw.fetch(sql, JobState.QUEUED.value)]
-    return [(r.id, r.version) for r in await conn.execute(_QUEUED_VERSIONS)]
+    return [(r[0], r[1]) for r in await conn.execute(_QUEUED_WITH[column])]
 
 
 # -- what changed in the queue (SQLite: the triggers of migration 0006) -----------------------
