@@ -169,8 +169,8 @@ class Scheduler:
             self.set_model_sizes(snapshot.model_sizes)
         self.served = snapshot.served
         if delta is None or not self._sync_delta(snapshot.queued, delta):
-            if delta is not None:
-                _check_unique(snapshot)
+            if delta is not None:  # the rest was checked above
+                _unique("snapshot.queued", list(map(_ID, snapshot.queued)))
             self._sync_queued(snapshot.queued)
         self._sync_allocations(snapshot.allocations, snapshot.expected_ends)
 
@@ -384,19 +384,22 @@ class Scheduler:
 def _check_unique(snapshot: Snapshot, *, queued: bool = True) -> None:
     """Names that identify things must do so: a duplicate is bad input, named.
     ``queued=False``: leave the queued jobs to ``submit``'s own check."""
-    for field, names in (
-        ("snapshot.nodes", list(map(_NAME, snapshot.nodes))),
-        ("snapshot.queued", list(map(_ID, snapshot.queued)) if queued else []),
-        ("snapshot.allocations", list(map(_ID, snapshot.allocations))),
-        ("snapshot.teams", list(map(_NAME, snapshot.teams))),
-    ):
-        if len(set(names)) == len(names):
-            continue
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise InvalidSpec(field, f"duplicate {name!r}")
-            seen.add(name)
+    _unique("snapshot.nodes", list(map(_NAME, snapshot.nodes)))
+    if queued:
+        _unique("snapshot.queued", list(map(_ID, snapshot.queued)))
+    _unique("snapshot.allocations", list(map(_ID, snapshot.allocations)))
+    _unique("snapshot.teams", list(map(_NAME, snapshot.teams)))
+
+
+def _unique(field: str, names: list[str]) -> None:
+    """InvalidSpec naming ``field`` and the first name that repeats in ``names``."""
+    if len(set(names)) == len(names):
+        return
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidSpec(field, f"duplicate {name!r}")
+        seen.add(name)
 
 
 def _adjust(
