@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from server_harness import World
 
+from corral.core.events import EventKind
+from corral.core.states import JobState
+from corral.server.agentlink.base import Ack
 from corral.server.services.unit import Tx
 from corral.server.store.db import Database, parse_db
 
@@ -189,4 +193,88 @@ async def test_a_trigger_after_a_quiet_spell_is_scheduled_at_once_and_bursts_are
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+        await world.close()
+
+
+class _Disk:
+    """A slow disk whose fsyncs (on the WAL's thread) finish only when let through."""
+
+    def __init__(self, sync: Any) -> None:
+        self.gate = threading.Event()
+        sync.average_s, sync._until_probe = 1.0, 10**6  # slow: every fsync goes to the thread
+
+    def fsync(self, path: Path) -> float:
+        assert self.gate.wait(10), "the test never let the fsync through"
+        return 0.0
+
+
+async def _woken(ticket: Any) -> bool:
+    try:
+        async with asyncio.timeout(5):
+            await ticket.woken.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+async def test_an_agents_end_reaches_readers_at_its_commit_and_its_ack_waits_for_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.store import wal_sync
+
+    world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path)
+    try:
+        job = await world.submit(resources={"gpus": 1})
+        agent = await world.agent("n1", gpus=1)
+        await world.cycle()
+        a = await agent.next_assignment()
+        await agent.start(a)
+        rt = world.plane.rt
+        disk = _Disk(rt.db.wal_sync)
+        monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+        ticket = rt.wakeups.ticket(job_id=job.job.id)
+
+        ack = asyncio.create_task(agent.finish(a, {job.job.id: {"out.txt": b"ok"}}))
+        assert await _woken(ticket), "the end's events were published before its fsync"
+        assert not ack.done(), "the agent's ack waits for the disk (it keeps the report)"
+        seen = rt.recent.after(0, job_id=job.job.id, team=None, limit=100)
+        assert seen is not None and seen[-1][0].kind is EventKind.JOB_SUCCEEDED
+        assert (await world.job(job.job.id)).state is JobState.SUCCEEDED
+
+        disk.gate.set()
+        assert await ack is Ack.ACCEPTED
+        assert rt.db.wal_sync is not None and rt.db.wal_sync.synced == rt.db.wal_sync.committed
+    finally:
+        await world.close()
+
+
+async def test_a_group_holding_a_submission_publishes_only_once_it_is_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.store import wal_sync
+
+    world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path)
+    try:
+        rt, group = world.plane.rt, world.plane.agents.updates
+        disk = _Disk(rt.db.wal_sync)
+        monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+
+        def logging(job_id: str) -> Any:
+            async def unit(tx: Tx) -> None:
+                tx.emit(EventKind.JOB_LOG, team="default", job_id=job_id, lines=["x"])
+
+            return unit
+
+        early, late = rt.wakeups.ticket(job_id="early"), rt.wakeups.ticket(job_id="late")
+        # Queued together, the two share a group: a submission-like unit (not early) in it
+        # holds the early one's events back until the group's fsync.
+        both = asyncio.gather(
+            group.run(logging("early"), early=True), group.run(logging("late"))
+        )
+        await asyncio.sleep(0.2)
+        assert not early.woken.is_set() and not late.woken.is_set()
+        disk.gate.set()
+        await both
+        assert early.woken.is_set() and late.woken.is_set()
+    finally:
         await world.close()

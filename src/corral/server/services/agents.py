@@ -64,7 +64,10 @@ class AgentService:
         # Allocation updates from every agent share transactions (one fsync per group), with
         # submissions too: the plane hands both services its one committer. Starts,
         # progress, previews and logs need no fsync of their own (see Database.write); ends,
-        # results and checkpoints do, before anyone is told of them.
+        # results and checkpoints do, before the agent is told (its ack). Their events reach
+        # readers at the commit (``early``): the agent keeps each report in its outbox until
+        # that ack and sends it again after a reconnect, so a crash that loses the commit
+        # before its fsync loses nothing the agent will not tell again.
         self.updates = group
 
     async def authenticate(self, token: str) -> None:
@@ -336,7 +339,7 @@ class AgentService:
                 )
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, early=True)
 
     async def finished(
         self,
@@ -367,7 +370,7 @@ class AgentService:
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, early=True)
 
     async def ran(
         self,
@@ -397,7 +400,7 @@ class AgentService:
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)
             return (Ack.ACCEPTED if starts else Ack.DUPLICATE), Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, early=True)
 
     async def failed(
         self,
@@ -434,7 +437,7 @@ class AgentService:
             )
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, early=True)
 
     async def _results_first(
         self,
@@ -462,7 +465,7 @@ class AgentService:
             await end_allocation(self.rt, tx, rec, Ending.STOPPED)
             return Ack.ACCEPTED
 
-        return await self.updates.run(unit)
+        return await self.updates.run(unit, early=True)
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         return await may_fetch(self.rt, allocation_id, attempt, blob_id)

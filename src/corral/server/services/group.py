@@ -36,7 +36,7 @@ from corral.server.services.unit import Runtime, Tx
 
 T = TypeVar("T")
 Unit = Callable[[Tx], Awaitable[Any]]
-Queued = tuple[Unit, "asyncio.Future[Any]", bool]  # the unit, its caller's future, durable
+Queued = tuple[Unit, "asyncio.Future[Any]", bool, bool]  # the unit, its future, durable, early
 Outcome = tuple["asyncio.Future[Any]", bool, Any]  # the caller's future, ok, value or error
 
 
@@ -51,13 +51,16 @@ class GroupCommitter:
         # did (the scheduling loop's ``place_in``, wired by ``ControlPlane``).
         self.place: Callable[[Tx], Awaitable[bool]] | None = None
 
-    async def run(self, unit: Callable[[Tx], Awaitable[T]], *, durable: bool = True) -> T:
+    async def run(
+        self, unit: Callable[[Tx], Awaitable[T]], *, durable: bool = True, early: bool = False
+    ) -> T:
         """Run ``unit`` in the next group; returns its result once the group has committed.
 
-        A group commits durably (waits for the disk) when any of its units asks to.
+        A group commits durably (waits for the disk) when any of its units asks to, and
+        publishes its events at its commit (``Runtime.tx``'s ``early``) only when all do.
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append((unit, future, durable))
+        self._queue.append((unit, future, durable, early))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -68,7 +71,7 @@ class GroupCommitter:
             await self._commit(group)
 
     async def _commit(self, group: list[Queued]) -> None:
-        durable = any(d for _, _, d in group)
+        durable = any(d for _, _, d, _ in group)
         try:
             try:
                 outcomes = await self._run(group, durable, careful=False)
@@ -78,7 +81,7 @@ class GroupCommitter:
                 else:
                     outcomes = await self._run(group, durable, careful=True)
         except BaseException as exc:  # the commit failed: no unit of this group happened
-            for _, future, _ in group:
+            for _, future, _, _ in group:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             if not isinstance(exc, Exception):
@@ -96,8 +99,9 @@ class GroupCommitter:
     async def _run(self, group: list[Queued], durable: bool, *, careful: bool) -> list[Outcome]:
         """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints."""
         outcomes: list[Outcome] = []
-        async with self.rt.tx(durable=durable) as tx:  # a unit that needs a cycle says so
-            for unit, future, _ in group:
+        early = all(e for _, _, _, e in group)
+        async with self.rt.tx(durable=durable, early=early) as tx:  # a unit needing a cycle says so
+            for unit, future, _, _ in group:
                 if careful:
                     outcomes.append((future, *await _attempt(tx, unit)))
                 else:

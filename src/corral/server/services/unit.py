@@ -175,6 +175,11 @@ class Turn:
         self._before = before
         self._mine = mine
 
+    @property
+    def ready(self) -> bool:
+        """Every change committed before this one has published its events."""
+        return self._before is None or self._before.done()
+
     async def wait(self) -> None:
         """Until every change committed before this one has published its events."""
         if self._before is not None and not self._before.done():
@@ -234,7 +239,9 @@ class Runtime:
         self.recent.enabled = not self.db.is_postgres
 
     @contextlib.asynccontextmanager
-    async def tx(self, *, reschedule: bool = False, durable: bool = True) -> AsyncIterator[Tx]:
+    async def tx(
+        self, *, reschedule: bool = False, durable: bool = True, early: bool = False
+    ) -> AsyncIterator[Tx]:
         """One unit of work. ``reschedule`` pokes the scheduling loop after the commit.
 
         ``durable=False``: no promise rests on this change alone (see ``Database.write``).
@@ -242,13 +249,31 @@ class Runtime:
         one's fsync), and ``Tx.at_commit`` actions run then too; follow-ups run once it
         is durable as asked; its events reach SSE readers after that, in commit order
         (after the fsyncs of earlier durable changes).
+
+        ``early=True``: the change's events may reach readers at its commit, before its
+        fsync, when every change committed before it is out already. For a change whose
+        source keeps it until told it is durable and sends it again otherwise (an agent's
+        report, kept in its outbox until the follow-up acknowledges it): readers then see
+        what they could already read from the committed rows, and the fsync is off the
+        path to them (docs/performance.md, item 70). Follow-ups still wait for the fsync.
         """
         tx = Tx(self.clock.now())
         turn: Turn | None = None
+        seqs: list[int] = []
+        published = False
+
+        def publish() -> None:
+            nonlocal published
+            published = True
+            self.recent.add(tx.events, seqs)  # before the wake-up: readers find them
+            self.wakeups.publish(tx.events)
 
         async def committed() -> None:
             if reschedule or tx.reschedule:
                 self.schedule_needed.fire()
+            if early and tx.events and turn is not None and turn.ready:
+                publish()
+                turn.done()
             for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
                 try:
                     await self._run_follow_up(action)
@@ -265,10 +290,9 @@ class Runtime:
                 for action in tx.after_commit:  # e.g. assignments: not held up by others' fsyncs
                     await self._run_follow_up(action)
             finally:  # committed events are published whatever became of the follow-ups
-                if tx.events:
+                if tx.events and not published:
                     await turn.wait()  # events committed before these are out first
-                    self.recent.add(tx.events, seqs)  # before the wake-up: readers find them
-                    self.wakeups.publish(tx.events)
+                    publish()
         finally:
             if turn is not None:
                 turn.done()
