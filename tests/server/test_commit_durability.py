@@ -238,12 +238,14 @@ async def test_an_agents_end_reaches_readers_at_its_commit_and_its_ack_waits_for
         assert await _woken(ticket), "the end's events were published before its fsync"
         assert not ack.done(), "the agent's ack waits for the disk (it keeps the report)"
         seen = rt.recent.after(0, job_id=job.job.id, team=None, limit=100)
-        assert seen is not None and seen[-1][0].kind is EventKind.JOB_SUCCEEDED
+        assert seen is not None
+        assert seen[-1][0].kind is EventKind.JOB_SUCCEEDED
         assert (await world.job(job.job.id)).state is JobState.SUCCEEDED
 
         disk.gate.set()
         assert await ack is Ack.ACCEPTED
-        assert rt.db.wal_sync is not None and rt.db.wal_sync.synced == rt.db.wal_sync.committed
+        assert rt.db.wal_sync is not None
+        assert rt.db.wal_sync.synced == rt.db.wal_sync.committed
     finally:
         await world.close()
 
@@ -268,13 +270,13 @@ async def test_a_group_holding_a_submission_publishes_only_once_it_is_on_disk(
         early, late = rt.wakeups.ticket(job_id="early"), rt.wakeups.ticket(job_id="late")
         # Queued together, the two share a group: a submission-like unit (not early) in it
         # holds the early one's events back until the group's fsync.
-        both = asyncio.gather(
-            group.run(logging("early"), early=True), group.run(logging("late"))
-        )
+        both = asyncio.gather(group.run(logging("early"), early=True), group.run(logging("late")))
         await asyncio.sleep(0.2)
-        assert not early.woken.is_set() and not late.woken.is_set()
+        assert not early.woken.is_set()
+        assert not late.woken.is_set()
         disk.gate.set()
         await both
-        assert early.woken.is_set() and late.woken.is_set()
+        assert early.woken.is_set()
+        assert late.woken.is_set()
     finally:
         await world.close()
