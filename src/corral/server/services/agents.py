@@ -64,10 +64,8 @@ class AgentService:
         # Allocation updates from every agent share transactions (one fsync per group), with
         # submissions too: the plane hands both services its one committer. Starts,
         # progress, previews and logs need no fsync of their own (see Database.write); ends,
-        # results and checkpoints do, before the agent is told (its ack). Their events reach
-        # readers at the commit (``early``): the agent keeps each report in its outbox until
-        # that ack and sends it again after a reconnect, so a crash that loses the commit
-        # before its fsync loses nothing the agent will not tell again.
+        # results and checkpoints do, before the agent's ack; their events go out at the
+        # commit (``early``: the agent keeps the report until that ack; docs/server.md).
         self.updates = group
 
     async def authenticate(self, token: str) -> None:
