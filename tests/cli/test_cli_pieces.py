@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +99,29 @@ def test_event_lines_for_logs() -> None:
         "on box attempt 2 (oom)"
     )
     assert ev("job.log", lines=["a", "b"]).endswith("a | b")
+
+
+def test_corral_up_keeps_its_data_in_corral_home_when_it_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli import up_cmd
+    from corral.cli.main import app
+
+    served: list[Path] = []
+
+    async def up(home: Path, *args: Any) -> None:  # records where it would serve, serves nothing
+        served.append(home)
+
+    monkeypatch.setattr(up_cmd, "_up", up)
+    home = tmp_path / "corral-home"
+    result = CliRunner().invoke(app, ["up"], env={"CORRAL_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    flag = tmp_path / "flag"
+    result = CliRunner().invoke(
+        app, ["up", "--data-dir", str(flag)], env={"CORRAL_HOME": str(home)}
+    )
+    assert result.exit_code == 0, result.output
+    assert served == [home, flag], "the flag beats the variable"
+    assert (home / "admin-token").is_file(), "the token `corral jobs` finds through CORRAL_HOME"

@@ -224,3 +224,15 @@ def test_the_local_admin_token_of_corral_up_is_used_only_for_this_machine(tmp_pa
     assert resolve("http://localhost:9000", env={}, path=path).token == "corral_admin_local"
     assert resolve("http://gpu-box:8470", env={}, path=path).token is None
     assert resolve(env={"CORRAL_TOKEN": "mine"}, path=path).token == "mine"
+
+
+def test_the_local_admin_token_is_read_from_corral_home_when_it_is_set(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    (tmp_path / "admin-token").write_text("corral_admin_default\n")
+    home = tmp_path / "elsewhere"
+    home.mkdir()
+    (home / "admin-token").write_text("corral_admin_home\n")
+    env = {"CORRAL_HOME": str(home)}
+    assert resolve(env=env, path=path).token == "corral_admin_home"  # where `corral up` kept it
+    assert resolve("http://gpu-box:8470", env=env, path=path).token is None
+    assert resolve(env={"CORRAL_HOME": str(tmp_path / "none")}, path=path).token is None

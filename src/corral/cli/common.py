@@ -58,7 +58,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).
 LOGIN_HINT = (
     "pass --token, set CORRAL_TOKEN, or run `corral login URL --token TOKEN` "
     "(the admin token is printed when the server first starts; `corral up` keeps it "
-    "in ~/.corral/admin-token)"
+    "in ~/.corral/admin-token, or $CORRAL_HOME/admin-token)"
 )
 
 

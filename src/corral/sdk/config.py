@@ -9,8 +9,9 @@
 from the first of: the argument (a CLI flag), ``CORRAL_URL`` /
 ``CORRAL_TOKEN``, the file, the default; ``Target.url_from`` remembers which,
 so an error can say where the URL came from. With no token anywhere and a
-server on this machine, the admin token that ``corral up`` keeps in
-``~/.corral/admin-token`` is used, so ``corral up`` then ``corral jobs`` just works.
+server on this machine, the admin token that ``corral up`` keeps in its data
+directory (``$CORRAL_HOME``, else next to the config file: ``~/.corral/admin-token``)
+is used, so ``corral up`` then ``corral jobs`` just works.
 """
 
 from __future__ import annotations
@@ -67,17 +68,19 @@ def resolve(
     )
     chosen, source = next((v, s) for v, s in url_choices if v)
     url = normalize_url(chosen)
-    token = token or env.get("CORRAL_TOKEN") or file.get("token") or _local_admin(url, path)
-    return Target(url, token, source)
+    token = token or env.get("CORRAL_TOKEN") or file.get("token")
+    return Target(url, token or _local_admin(url, path, env.get("CORRAL_HOME")), source)
 
 
-def _local_admin(url: str, path: Path) -> str | None:
-    """The admin token ``corral up`` keeps next to the config file, for a server on this
-    machine only: a local secret is never sent to another host."""
+def _local_admin(url: str, path: Path, home: str | None) -> str | None:
+    """The admin token ``corral up`` keeps in its data directory (``home``, what
+    ``$CORRAL_HOME`` names, else the config file's folder), for a server on this machine
+    only: a local secret is never sent to another host."""
     if urlsplit(url).hostname not in LOOPBACK:
         return None
+    folder = Path(home).expanduser() if home else path.parent
     try:
-        return (path.parent / ADMIN_TOKEN_FILE).read_text(encoding="utf-8").strip() or None
+        return (folder / ADMIN_TOKEN_FILE).read_text(encoding="utf-8").strip() or None
     except (OSError, UnicodeDecodeError):
         return None
 
