@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ from corral.agent.executors.base import (
     StopSignal,
     Update,
 )
-from corral.agent.executors.http_comfyui import ComfyUIExecutor
+from corral.agent.executors.http_comfyui import ComfyUIExecutor, _saved_files, _unique
 from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
 from corral.agent.reference.serve import free_port, serving
 from corral.agent.testing import CHECKS, Harness, run_to_end
@@ -183,6 +184,63 @@ def test_interrupt_keeps_the_outputs_already_saved() -> None:
     assert isinstance(terminal, Finished)
     assert terminal.interrupted
     assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png"]
+
+
+def video_workflow() -> dict[str, Any]:
+    """txt2img saving the picture and, through VideoHelperSuite's node, an animation of it."""
+    workflow = txt2img_workflow("a loop", steps=2, size=32)
+    workflow["10"] = {
+        "class_type": "VHS_VideoCombine",
+        "inputs": {
+            "images": ["8", 0],
+            "frame_rate": 8.0,
+            "filename_prefix": "clip",
+            "format": "image/gif",
+        },
+    }
+    return workflow
+
+
+def test_every_file_an_output_node_saved_comes_back_whatever_its_kind() -> None:
+    job = Assignment("a", 1, ("j",), payload={"workflow": video_workflow()})
+    terminal = run_against(job)[-1]
+    assert isinstance(terminal, Finished)
+    by_name = {r.name: r for r in terminal.results}
+    assert sorted(by_name) == ["ComfyUI_00001_.png", "clip_00001.gif"]  # images, and gifs
+    clip = by_name["clip_00001.gif"]
+    assert clip.mime == "image/gif"
+    assert clip.path is None  # no results folder: held in memory, as before
+    assert Image.open(io.BytesIO(clip.data)).n_frames == 2
+
+
+def test_with_a_results_folder_each_output_is_streamed_into_a_file_there(tmp_path: Path) -> None:
+    payload = {"workflow": video_workflow()}
+    job = Assignment("a", 1, ("j",), payload=payload, results_root=tmp_path)
+    terminal = run_against(job)[-1]
+    assert isinstance(terminal, Finished)
+    assert len(terminal.results) == 2
+    for result in terminal.results:
+        assert result.data == b""  # nothing in memory: sent from its file
+        assert result.path is not None
+        assert result.path.parent == job.scratch_dir
+        assert result.size == result.path.stat().st_size > 0
+    gif = next(r for r in terminal.results if r.name == "clip_00001.gif")
+    assert gif.mime == "image/gif"
+    assert gif.path is not None
+    with Image.open(gif.path) as animation:
+        assert animation.n_frames == 2
+
+
+def test_outputs_sharing_a_file_name_get_distinct_names() -> None:
+    names: set[str] = set()
+    got = [_unique(n, names) for n in ("a.png", "a.png", "sub/a.png", "b")]
+    assert got == ["a.png", "a-2.png", "a-3.png", "b"]
+    node = {
+        "images": [{"filename": "x.png", "type": "output"}, {"filename": "p.png", "type": "temp"}],
+        "animated": [True],
+        "audio": [{"filename": "x.flac", "subfolder": "audio", "type": "output"}],
+    }
+    assert [f["filename"] for f in _saved_files(node)] == ["x.png", "x.flac"]
 
 
 def test_backend_down_is_a_retryable_failure() -> None:

@@ -5,7 +5,11 @@ The executor opens the websocket first (``/ws?clientId=...``, so no message is
 missed), submits with a ``prompt_id`` it chose itself (so it never depends on
 the answer to know its prompt), then turns ``progress`` messages and binary
 preview frames into updates until ``execution_success``, ``execution_error`` or
-``execution_interrupted``. The outputs come from ``/history/{id}`` and ``/view``.
+``execution_interrupted``. The outputs come from ``/history/{id}`` and ``/view``:
+every file an output node saved, whatever its kind (``images``, ``gifs`` and
+videos of video nodes, ``audio``; not ``temp`` previews). With a results
+folder (``Assignment.scratch_dir``) each is streamed into it and sent from
+there, so a long video never sits in the agent's memory.
 
 A websocket drop loses messages, so the executor then reconciles through
 ``/history`` (which holds the outcome once the prompt ended) while it
@@ -54,6 +58,7 @@ PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
 IMAGE_MIME = {1: "image/jpeg", 2: "image/png"}
 LOADERS = ("CheckpointLoaderSimple",)
 FINAL = ("execution_success", "execution_error", "execution_interrupted")
+CHUNK_BYTES = 1 << 20  # a saved file is streamed to disk this much at a time
 
 
 @dataclass
@@ -134,7 +139,7 @@ class ComfyUIExecutor:
                     raise
                 async for update in self._follow(ws, client, client_id, watch, stop):
                     yield update
-                results = await self._outputs(client, prompt_id)
+                results = await self._outputs(client, prompt_id, assignment.scratch_dir)
         if watch.outcome == "success" and stop.requested is None:
             yield Progress(1.0)
         yield _terminal(watch, stop, results, modified)
@@ -247,21 +252,72 @@ class ComfyUIExecutor:
         entry = response.json().get(prompt_id)
         return entry if isinstance(entry, dict) else {}
 
-    async def _outputs(self, client: httpx.AsyncClient, prompt_id: str) -> tuple[Result, ...]:
-        """Every saved image of the prompt, fetched through /view."""
+    async def _outputs(
+        self, client: httpx.AsyncClient, prompt_id: str, keep: Path | None
+    ) -> tuple[Result, ...]:
+        """Every file the prompt saved, fetched through /view (into ``keep`` when given)."""
         outputs = (await self._history(client, prompt_id)).get("outputs", {})
-        results = []
+        results: list[Result] = []
+        names: set[str] = set()
         for node_id in sorted(outputs, key=str):
-            for image in outputs[node_id].get("images", []):
-                if image.get("type") == "temp":
-                    continue  # PreviewImage nodes: not results
-                params = {k: image.get(k, "") for k in ("filename", "subfolder", "type")}
-                response = check_response(
-                    await client.get("/view", params=params), self._name, "/view"
-                )
-                mime = response.headers.get("content-type", "image/png").split(";")[0]
-                results.append(Result(str(image["filename"]), response.content, mime))
+            for saved in _saved_files(outputs[node_id]):
+                params = {k: str(saved.get(k, "")) for k in ("filename", "subfolder", "type")}
+                name = _unique(params["filename"], names)
+                results.append(await self._fetch(client, params, name, keep, len(results)))
         return tuple(results)
+
+    async def _fetch(
+        self,
+        client: httpx.AsyncClient,
+        params: dict[str, str],
+        name: str,
+        keep: Path | None,
+        index: int,
+    ) -> Result:
+        """One saved file: its bytes, or (``keep``) streamed into a file there."""
+        if keep is None:
+            response = check_response(await client.get("/view", params=params), self._name, "/view")
+            return Result(name, response.content, _mime(response))
+        keep.mkdir(parents=True, exist_ok=True)
+        path = keep / f"{index}-{name}"
+        async with client.stream("GET", "/view", params=params) as response:
+            if not response.is_success:
+                await response.aread()
+                check_response(response, self._name, "/view")
+            with path.open("wb") as out:
+                async for chunk in response.aiter_bytes(CHUNK_BYTES):
+                    out.write(chunk)
+        return Result(name, b"", _mime(response), path=path)
+
+
+def _saved_files(node_output: object) -> list[Mapping[str, Any]]:
+    """The files one output node saved: entries naming a ``filename`` under any key
+    (``images``, ``gifs``, ``audio`` ...), less ``temp`` ones (previews, not results)."""
+    if not isinstance(node_output, Mapping):
+        return []
+    return [
+        entry
+        for value in node_output.values()
+        if isinstance(value, list)
+        for entry in value
+        if isinstance(entry, Mapping) and entry.get("filename") and entry.get("type") != "temp"
+    ]
+
+
+def _unique(filename: str, taken: set[str]) -> str:
+    """``filename`` (its last part), with ``-2``, ``-3`` ... before the suffix when two
+    outputs share a name (two subfolders)."""
+    name = Path(filename).name or "output"
+    stem, suffix, n = Path(name).stem, Path(name).suffix, 1
+    while name in taken:
+        n += 1
+        name = f"{stem}-{n}{suffix}"
+    taken.add(name)
+    return name
+
+
+def _mime(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "application/octet-stream").split(";")[0]
 
 
 def _workflow(

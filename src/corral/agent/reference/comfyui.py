@@ -145,7 +145,7 @@ class ReferenceComfyUI:
         path = (self.output_dir / request.query_params.get("subfolder", "") / name).resolve()
         if not name or self.output_dir.resolve() not in path.parents or not path.is_file():
             return Response(status_code=404)
-        return FileResponse(path, media_type="image/png")
+        return FileResponse(path)  # its type guessed from the name, as ComfyUI does
 
     async def object_info(self, request: Request) -> Response:
         return JSONResponse(nodes.object_info(self.checkpoints))

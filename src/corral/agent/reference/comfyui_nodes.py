@@ -1,7 +1,8 @@
 """The nodes of the reference ComfyUI: a txt2img graph with a cheap image maker.
 
 ``CheckpointLoaderSimple -> CLIPTextEncode -> EmptyLatentImage -> KSampler ->
-VAEDecode -> SaveImage``, with ComfyUI's input names and output types. The
+VAEDecode -> SaveImage`` (or VideoHelperSuite's ``VHS_VideoCombine``), with
+ComfyUI's input names and output types. The
 "latent" is a small RGB picture that KSampler moves from seeded noise toward a
 colour hashed from the prompt, one step at a time, so images are deterministic
 for a seed and every step is a real intermediate image for previews.
@@ -59,6 +60,18 @@ NODES: dict[str, NodeSpec] = {
     ),
     "VAEDecode": NodeSpec({"samples": "LATENT", "vae": "VAE"}, ("IMAGE",)),
     "SaveImage": NodeSpec({"images": "IMAGE", "filename_prefix": "STRING"}, (), output_node=True),
+    # VideoHelperSuite's video output (a custom node most video workflows end in): its files
+    # are listed under ``gifs`` in the history, not ``images``.
+    "VHS_VideoCombine": NodeSpec(
+        {
+            "images": "IMAGE",
+            "frame_rate": "FLOAT",
+            "filename_prefix": "STRING",
+            "format": ("image/gif", "image/webp"),
+        },
+        (),
+        output_node=True,
+    ),
 }
 
 
@@ -89,6 +102,8 @@ def run_node(class_type: str, inputs: dict[str, Any], ctx: Context) -> tuple[Any
         return (inputs["samples"],)
     if class_type == "SaveImage":
         return _save(inputs["images"], str(inputs.get("filename_prefix", "ComfyUI")), ctx)
+    if class_type == "VHS_VideoCombine":
+        return _combine(inputs, ctx)
     raise KeyError(class_type)
 
 
@@ -119,6 +134,24 @@ def _save(image: Image.Image, prefix: str, ctx: Context) -> tuple[Any, ...]:
     entry = {"filename": filename, "subfolder": "", "type": "output"}
     ctx.saved.append(entry)
     return ({"images": [entry]},)
+
+
+def _combine(inputs: dict[str, Any], ctx: Context) -> tuple[Any, ...]:
+    """A short animation of the image, as VideoHelperSuite saves one."""
+    image: Image.Image = inputs["images"]
+    fmt = str(inputs.get("format", "image/gif"))
+    prefix, ext = str(inputs.get("filename_prefix", "AnimateDiff")), fmt.split("/")[1]
+    index = len(list(ctx.output_dir.glob(f"{prefix}_*.{ext}"))) + 1
+    filename = f"{prefix}_{index:05d}.{ext}"
+    first = image.convert("RGB")
+    frames = [first, Image.eval(first, lambda v: 255 - v)]  # it, then its negative
+    duration = round(1000 / max(0.1, float(inputs.get("frame_rate", 8.0))))
+    frames[0].save(
+        ctx.output_dir / filename, save_all=True, append_images=frames[1:], duration=duration
+    )
+    entry = {"filename": filename, "subfolder": "", "type": "output", "format": fmt}
+    ctx.saved.append(entry)
+    return ({"gifs": [entry]},)
 
 
 def object_info(checkpoints: tuple[str, ...]) -> dict[str, Any]:
