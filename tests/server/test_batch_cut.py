@@ -116,6 +116,22 @@ async def test_the_resync_tells_the_agent_again_to_drop_a_cancelled_job(world: W
     assert await world.plane.delivery.resync(older_than_s=60) == 0, "not yet due again"
 
 
+async def test_the_resync_tells_the_agent_again_to_interrupt_a_job_of_a_batch(
+    world: World,
+) -> None:
+    ids, agent, a = await _batch(world, 2)
+    await world.plane.jobs.interrupt(ADMIN, ids[0])
+    await agent.receive()  # the first order, lost on the way in real life
+    world.clock.advance(10)
+    assert await world.plane.delivery.resync(older_than_s=5) == 1
+    order = await agent.receive()
+    assert isinstance(order, StopOrder)
+    assert (order.reason, order.job_id) == (StopReason.INTERRUPT, ids[0])
+    await agent.finish(a, {ids[0]: {"so-far.png": b"half"}, ids[1]: {"b.png": b"b"}})
+    assert (await world.job(ids[0])).state is JobState.SUCCEEDED
+    assert await world.plane.delivery.resync(older_than_s=5) == 0, "ended: nothing to resend"
+
+
 async def test_cancelling_every_job_of_a_batch_stops_the_allocation(world: World) -> None:
     ids, agent, _ = await _batch(world, 2)
     await world.plane.jobs.cancel(ADMIN, ids[0])

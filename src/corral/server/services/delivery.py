@@ -91,16 +91,17 @@ class Delivery:
 
     async def _stop_jobs(self, conn: AsyncConnection, rec: AllocRecord, older_than_s: float) -> int:
         """Tell the agent (again) to stop the jobs of batch ``rec`` stopped on their own:
-        those cancelled more than ``older_than_s`` ago, and (when ``older_than_s`` < 0: a
-        relayed note) those interrupted. The agent ignores a job it stopped or finished."""
+        those cancelled more than ``older_than_s`` ago, and those interrupted (no time is
+        kept for an interrupt: every resync pass sends it again while the batch runs). The
+        agent ignores a job it stopped or finished."""
         now, grace = self.rt.clock.now(), self.rt.settings.scheduling.stop_grace_s
         sent = 0
         for job in (await job_repo.get_many(conn, rec.alloc.job_ids)).values():
             reason = None
             if job.state is JobState.CANCELLED and now - (job.finished_at or now) > older_than_s:
                 reason = StopReason.CANCEL
-            elif job.stop_request == StopReason.INTERRUPT.value and older_than_s < 0:
-                reason = StopReason.INTERRUPT  # no time kept: relayed, never resent
+            elif job.stop_request == StopReason.INTERRUPT.value and job.state is JobState.RUNNING:
+                reason = StopReason.INTERRUPT
             if reason is not None:
                 order = StopOrder(rec.alloc.id, reason, grace, job.job.id)
                 sent += await self._send(self.transport.stop(rec.alloc.node, order))
