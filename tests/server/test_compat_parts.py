@@ -127,6 +127,22 @@ def test_outputs_go_to_the_node_whose_prefix_they_carry() -> None:
     }
 
 
+def test_history_lists_a_video_nodes_files_under_gifs_and_sound_under_audio() -> None:
+    workflow = {
+        **WORKFLOW,
+        "11": {"class_type": "VHS_VideoCombine", "inputs": {"filename_prefix": "clip"}},
+        "12": {"class_type": "SaveAudio", "inputs": {"filename_prefix": "song"}},
+    }
+    names = ["clip_00001.mp4", "song_00001_.flac", "ComfyUI_00001_.png"]
+    outputs = outputs_for(workflow, names, "job_1")
+    where = {"subfolder": "job_1", "type": "output"}
+    assert outputs["11"] == {
+        "gifs": [{"filename": "clip_00001.mp4", **where, "format": "video/mp4"}]
+    }
+    assert outputs["12"] == {"audio": [{"filename": "song_00001_.flac", **where}]}
+    assert outputs["9"] == {"images": [{"filename": "ComfyUI_00001_.png", **where}]}
+
+
 def event(kind: EventKind, **data: object) -> Event:
     return Event(kind, 5.0, "job_1", None, data)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mimetypes
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -249,8 +250,21 @@ def outputs_for(workflow: Mapping[str, Any], names: Iterable[str], job_id: str) 
             savers[0] if savers else "0",
         )
         entry = {"filename": name, "subfolder": job_id, "type": "output"}
-        outputs.setdefault(node, {"images": []})["images"].append(entry)
+        kind = _output_kind(workflow.get(node), name)
+        if kind == "gifs":  # VideoHelperSuite lists its files with their type
+            entry["format"] = mimetypes.guess_type(name)[0] or "video/mp4"
+        outputs.setdefault(node, {}).setdefault(kind, []).append(entry)
     return outputs
+
+
+def _output_kind(node: object, name: str) -> str:
+    """The key a file is listed under, as the node that saved it lists it: ``gifs`` for
+    VideoHelperSuite's nodes, ``audio`` for sound, ``images`` for the rest."""
+    if isinstance(node, Mapping) and str(node.get("class_type", "")).startswith("VHS_"):
+        return "gifs"
+    if (mimetypes.guess_type(name)[0] or "").startswith("audio/"):
+        return "audio"
+    return "images"
 
 
 def queue_item(rec: JobRecord) -> list[Any]:
