@@ -104,15 +104,24 @@ async def test_cancelling_one_job_of_a_running_batch_drops_just_that_job(world: 
     assert states == [JobState.SUCCEEDED, JobState.CANCELLED, JobState.SUCCEEDED]
 
 
-async def test_the_resync_tells_the_agent_again_to_drop_a_cancelled_job(world: World) -> None:
-    ids, agent, _ = await _batch(world, 2)
-    await world.plane.jobs.cancel(ADMIN, ids[0])
-    await agent.receive()  # the first order, lost on the way in real life
+async def _resent_after_a_lost_order(
+    world: World, agent: StubAgent, job_id: str, reason: StopReason
+) -> None:
+    """Stop ``job_id`` of a running batch on its own; its first order is lost on the way
+    (as in real life it may be), and the resync sends it again."""
+    stop = world.plane.jobs.cancel if reason is StopReason.CANCEL else world.plane.jobs.interrupt
+    await stop(ADMIN, job_id)
+    await agent.receive()  # the first order: lost
     world.clock.advance(10)
     assert await world.plane.delivery.resync(older_than_s=5) == 1
     order = await agent.receive()
     assert isinstance(order, StopOrder)
-    assert order.job_id == ids[0]
+    assert (order.reason, order.job_id) == (reason, job_id)
+
+
+async def test_the_resync_tells_the_agent_again_to_drop_a_cancelled_job(world: World) -> None:
+    ids, agent, _ = await _batch(world, 2)
+    await _resent_after_a_lost_order(world, agent, ids[0], StopReason.CANCEL)
     assert await world.plane.delivery.resync(older_than_s=60) == 0, "not yet due again"
 
 
@@ -120,13 +129,7 @@ async def test_the_resync_tells_the_agent_again_to_interrupt_a_job_of_a_batch(
     world: World,
 ) -> None:
     ids, agent, a = await _batch(world, 2)
-    await world.plane.jobs.interrupt(ADMIN, ids[0])
-    await agent.receive()  # the first order, lost on the way in real life
-    world.clock.advance(10)
-    assert await world.plane.delivery.resync(older_than_s=5) == 1
-    order = await agent.receive()
-    assert isinstance(order, StopOrder)
-    assert (order.reason, order.job_id) == (StopReason.INTERRUPT, ids[0])
+    await _resent_after_a_lost_order(world, agent, ids[0], StopReason.INTERRUPT)
     await agent.finish(a, {ids[0]: {"so-far.png": b"half"}, ids[1]: {"b.png": b"b"}})
     assert (await world.job(ids[0])).state is JobState.SUCCEEDED
     assert await world.plane.delivery.resync(older_than_s=5) == 0, "ended: nothing to resend"

@@ -317,7 +317,7 @@ def _unique(filename: str, taken: set[str]) -> str:
 
 
 def _mime(response: httpx.Response) -> str:
-    return response.headers.get("content-type", "application/octet-stream").split(";")[0]
+    return str(response.headers.get("content-type", "application/octet-stream")).split(";")[0]
 
 
 def _workflow(
