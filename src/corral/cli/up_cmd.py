@@ -68,9 +68,7 @@ def up(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     data_dir: Annotated[
         Path,
-        typer.Option(
-            help="Where the database, blobs and admin token live.", envvar="CORRAL_HOME"
-        ),
+        typer.Option(help="Where the database, blobs and admin token live.", envvar="CORRAL_HOME"),
     ] = Path("~/.corral"),
     fake_gpus: Annotated[
         str | None, typer.Option(help='Give the local agent pretend GPUs: "1x RTX 4090 24GiB".')
