@@ -136,13 +136,16 @@ def report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None:
     ratio = ours["concurrent"].jobs_per_s / celery["concurrent"].jobs_per_s
     print(f"\nthroughput ratio corral/celery: {ratio:.2f}")
     corral_ms, celery_ms = ours["idle"].done_p50_ms, celery["idle"].done_p50_ms
-    print(f"idle submit->completion p50: corral {corral_ms:.1f} ms, celery {celery_ms:.1f} ms")
+    print(
+        f"idle submit->completion p50: corral {corral_ms:.2f} ms, celery {celery_ms:.2f} ms"
+        f" ({corral_ms / celery_ms:.2f}x)"
+    )
     per_round = round_ratios(ours["concurrent"], celery["concurrent"])
     if len(per_round) > 1:  # how much the machine moved the figures during the run
         listed = " ".join(f"{r:.2f}" for r in per_round)
         print(f"  concurrent ratio by round: {listed} (median {median(per_round):.2f})")
         idle_rounds = zip(ours["idle"].parts, celery["idle"].parts, strict=False)
-        listed = " ".join(f"{a.done_p50_ms:.1f}/{b.done_p50_ms:.1f}" for a, b in idle_rounds)
+        listed = " ".join(f"{a.done_p50_ms:.2f}/{b.done_p50_ms:.2f}" for a, b in idle_rounds)
         print(f"  idle p50 by round, corral/celery ms: {listed}")
 
 
