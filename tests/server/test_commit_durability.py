@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,16 @@ async def test_a_trigger_after_a_quiet_spell_is_scheduled_at_once_and_bursts_are
         await world.close()
 
 
+@pytest.fixture
+async def sqlite_world(tmp_path: Path) -> AsyncIterator[World]:
+    """A world on a SQLite file (its WAL synced by ``WalSync``)."""
+    world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path)
+    try:
+        yield world
+    finally:
+        await world.close()
+
+
 class _Disk:
     """A slow disk whose fsyncs (on the WAL's thread) finish only when let through."""
 
@@ -218,65 +229,120 @@ async def _woken(ticket: Any) -> bool:
 
 
 async def test_an_agents_end_reaches_readers_at_its_commit_and_its_ack_waits_for_the_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from corral.server.store import wal_sync
 
-    world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path)
-    try:
-        job = await world.submit(resources={"gpus": 1})
-        agent = await world.agent("n1", gpus=1)
-        await world.cycle()
-        a = await agent.next_assignment()
-        await agent.start(a)
-        rt = world.plane.rt
-        disk = _Disk(rt.db.wal_sync)
-        monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
-        ticket = rt.wakeups.ticket(job_id=job.job.id)
+    world = sqlite_world
+    job = await world.submit(resources={"gpus": 1})
+    agent = await world.agent("n1", gpus=1)
+    await world.cycle()
+    a = await agent.next_assignment()
+    await agent.start(a)
+    rt = world.plane.rt
+    disk = _Disk(rt.db.wal_sync)
+    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+    ticket = rt.wakeups.ticket(job_id=job.job.id)
+    ticket_from = max(e.seq for e in await world.events(job.job.id))
 
-        ack = asyncio.create_task(agent.finish(a, {job.job.id: {"out.txt": b"ok"}}))
-        assert await _woken(ticket), "the end's events were published before its fsync"
-        assert not ack.done(), "the agent's ack waits for the disk (it keeps the report)"
-        seen = rt.recent.after(0, job_id=job.job.id, team=None, limit=100)
-        assert seen is not None
-        assert seen[-1][0].kind is EventKind.JOB_SUCCEEDED
-        assert (await world.job(job.job.id)).state is JobState.SUCCEEDED
+    ack = asyncio.create_task(agent.finish(a, {job.job.id: {"out.txt": b"ok"}}))
+    assert await _woken(ticket), "the end's events were published before its fsync"
+    assert not ack.done(), "the agent's ack waits for the disk (it keeps the report)"
+    seen = rt.recent.after(ticket_from, job_id=job.job.id, team=None, limit=100)
+    assert seen is not None
+    assert seen[-1][0].kind is EventKind.JOB_SUCCEEDED
+    assert (await world.job(job.job.id)).state is JobState.SUCCEEDED
 
-        disk.gate.set()
-        assert await ack is Ack.ACCEPTED
-        assert rt.db.wal_sync is not None
-        assert rt.db.wal_sync.synced == rt.db.wal_sync.committed
-    finally:
-        await world.close()
+    disk.gate.set()
+    assert await ack is Ack.ACCEPTED
+    assert rt.db.wal_sync is not None
+    assert rt.db.wal_sync.synced == rt.db.wal_sync.committed
 
 
 async def test_a_group_holding_a_submission_publishes_only_once_it_is_on_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from corral.server.store import wal_sync
 
-    world = await World.open(f"sqlite:///{tmp_path / 'w.db'}", tmp_path)
+    world = sqlite_world
+    rt, group = world.plane.rt, world.plane.agents.updates
+    disk = _Disk(rt.db.wal_sync)
+    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+
+    def logging(job_id: str) -> Any:
+        async def unit(tx: Tx) -> None:
+            tx.emit(EventKind.JOB_LOG, team="default", job_id=job_id, lines=["x"])
+
+        return unit
+
+    early, late = rt.wakeups.ticket(job_id="early"), rt.wakeups.ticket(job_id="late")
+    # Queued together, the two share a group: a submission-like unit (not early) in it
+    # holds the early one's events back until the group's fsync.
+    both = asyncio.gather(group.run(logging("early"), early=True), group.run(logging("late")))
+    await asyncio.sleep(0.2)
+    assert not early.woken.is_set()
+    assert not late.woken.is_set()
+    disk.gate.set()
+    await both
+    assert early.woken.is_set()
+    assert late.woken.is_set()
+
+
+async def test_a_restarted_sqlite_server_numbers_its_events_past_any_a_crash_forgot(
+    tmp_path: Path,
+) -> None:
+    from corral.server.store.events import SEQ_JUMP
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    world = await World.open(url, tmp_path)
     try:
-        rt, group = world.plane.rt, world.plane.agents.updates
-        disk = _Disk(rt.db.wal_sync)
-        monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
-
-        def logging(job_id: str) -> Any:
-            async def unit(tx: Tx) -> None:
-                tx.emit(EventKind.JOB_LOG, team="default", job_id=job_id, lines=["x"])
-
-            return unit
-
-        early, late = rt.wakeups.ticket(job_id="early"), rt.wakeups.ticket(job_id="late")
-        # Queued together, the two share a group: a submission-like unit (not early) in it
-        # holds the early one's events back until the group's fsync.
-        both = asyncio.gather(group.run(logging("early"), early=True), group.run(logging("late")))
-        await asyncio.sleep(0.2)
-        assert not early.woken.is_set()
-        assert not late.woken.is_set()
-        disk.gate.set()
-        await both
-        assert early.woken.is_set()
-        assert late.woken.is_set()
+        first = await world.submit(resources={"gpus": 1})
+        before = max(e.seq for e in await world.events())
+        assert min(e.seq for e in await world.events()) == SEQ_JUMP  # a first start jumps too
     finally:
         await world.close()
+    world = await World.open(url, tmp_path)  # a restart (after a power loss, say)
+    try:
+        await world.submit(resources={"gpus": 1})
+        await world.submit(resources={"gpus": 1})
+        seqs = sorted(e.seq for e in await world.events() if e.job_id != first.job.id)
+        assert seqs[0] == before + SEQ_JUMP, "the first event after the start jumps ..."
+        assert seqs[1:] == list(range(seqs[0] + 1, seqs[0] + len(seqs))), "... the next follow"
+    finally:
+        await world.close()
+
+
+async def test_the_jump_is_kept_for_the_next_event_when_its_change_rolls_back(
+    sqlite_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.services import unit
+
+    world = sqlite_world
+    db = world.plane.rt.db
+    jump = db.event_jump
+    assert jump > 0, "set by the start, not taken yet"
+
+    async def logging(tx: Tx) -> None:
+        tx.emit(EventKind.JOB_LOG, team="default", job_id="x", lines=["lost"])
+
+    async def failing(tx: Tx) -> None:
+        await logging(tx)
+        raise RuntimeError("this change fails before its events are written")
+
+    with pytest.raises(RuntimeError):
+        await world.plane.agents.updates.run(failing)
+    assert db.event_jump == jump
+    real = unit.event_repo.append
+
+    async def append_then_fail(*args: Any, **kwargs: Any) -> list[int]:
+        await real(*args, **kwargs)  # the jump is taken here ...
+        raise RuntimeError("... and the transaction rolls back")
+
+    monkeypatch.setattr(unit.event_repo, "append", append_then_fail)
+    with pytest.raises(RuntimeError):
+        await world.plane.agents.updates.run(logging)
+    monkeypatch.setattr(unit.event_repo, "append", real)
+    assert db.event_jump == jump, "nothing committed: the jump waits for the next event"
+    await world.submit(resources={"gpus": 1})
+    assert db.event_jump == 0
+    assert min(e.seq for e in await world.events()) == jump  # the first that committed

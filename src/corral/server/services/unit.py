@@ -261,6 +261,8 @@ class Runtime:
         turn: Turn | None = None
         seqs: list[int] = []
         published = False
+        done = False  # committed
+        jump = 0  # how far this change's first event jumped (``Database.event_jump``)
 
         def publish() -> None:
             nonlocal published
@@ -269,6 +271,8 @@ class Runtime:
             self.wakeups.publish(tx.events)
 
         async def committed() -> None:
+            nonlocal done
+            done = True
             if reschedule or tx.reschedule:
                 self.schedule_needed.fire()
             if early and tx.events and turn is not None and turn.ready:
@@ -284,7 +288,9 @@ class Runtime:
             async with self.db.write(durable=durable, on_commit=committed) as conn:
                 tx.conn = conn
                 yield tx
-                seqs = await event_repo.append(conn, tx.events)
+                jump = self.db.event_jump if tx.events else 0  # read under the write lock
+                self.db.event_jump -= jump  # taken (given back below if this does not commit)
+                seqs = await event_repo.append(conn, tx.events, jump=jump)
                 turn = self.publishing.take()  # under the write lock: commit order
             try:
                 for action in tx.after_commit:  # e.g. assignments: not held up by others' fsyncs
@@ -294,6 +300,8 @@ class Runtime:
                     await turn.wait()  # events committed before these are out first
                     publish()
         finally:
+            if not done:
+                self.db.event_jump += jump
             if turn is not None:
                 turn.done()
 

@@ -115,6 +115,9 @@ class Database:
             for durable in (False, True)
         }
         self.file_lock = _file_lock(target)
+        # A SQLite server's first event after a start is numbered past anything a crash may
+        # have forgotten (``events.SEQ_JUMP``); 0 once such an event is committed.
+        self.event_jump = 0
 
     def claim(self) -> None:
         """Make sure no other server uses this SQLite file (``StoreInUse`` otherwise)."""
@@ -245,6 +248,10 @@ class Database:
                 await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"'))
         async with self.engine.begin() as conn:
             await conn.run_sync(upgrade)
+        if self._writer is not None:  # SQLite: this process is its one writer
+            from corral.server.store.events import SEQ_JUMP
+
+            self.event_jump = SEQ_JUMP
 
     async def close(self) -> None:
         if self._writer is not None:
