@@ -16,8 +16,10 @@ first; then each round runs the idle shape and the concurrent shape on every
 peer, the order reversed every other round, so a machine whose speed drifts
 weighs on all of them alike. Prints each round, then per peer the medians of
 the rounds: idle p50, the server's CPU per idle trip, concurrent jobs/s and
-the server's CPU per concurrent job. On this kind of machine rounds move by
-10% or more: compare medians of several rounds, never one.
+the server's CPU per concurrent job, and for each peer after the first in how
+many rounds it beat the first (idle lower, concurrent higher). On this kind of
+machine rounds move by 10% or more: compare medians of several rounds, never
+one.
 """
 
 from __future__ import annotations
@@ -120,14 +122,26 @@ def run(
 
 
 def report(results: dict[str, Rounds]) -> None:
+    """Per peer the medians of its rounds and, for every peer after the first, in how many
+    rounds it beat the first (the same round ran both: a drifting machine moves both)."""
     print("\nmedians of the rounds")
+    base_name, base = next(iter(results.items()))
     for name, r in results.items():
-        print(
+        line = (
             f"{name}: idle p50 {statistics.median(r.idle_ms):.2f} ms "
             f"({statistics.median(r.idle_cpu_ms):.2f} ms server CPU per trip); "
             f"concurrent {statistics.median(r.jobs_per_s):,.0f} jobs/s "
             f"({statistics.median(r.cpu_ms):.3f} ms server CPU per job)"
         )
+        if r is not base:
+            n = len(r.idle_ms)
+            lower = sum(a < b for a, b in zip(r.idle_ms, base.idle_ms, strict=True))
+            higher = sum(a > b for a, b in zip(r.jobs_per_s, base.jobs_per_s, strict=True))
+            line += (
+                f"; against {base_name} round by round: idle lower in {lower} of {n},"
+                f" concurrent higher in {higher} of {n}"
+            )
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

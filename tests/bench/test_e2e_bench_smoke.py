@@ -78,6 +78,7 @@ def test_the_ab_benchmark_runs_peers_in_turn_and_prints_their_medians() -> None:
     _, _, medians = out.stdout.partition("medians of the rounds\n")
     assert [line.split(":")[0] for line in medians.splitlines()] == ["as-is", "d1"], out.stdout
     assert "jobs/s" in medians
+    assert "against as-is round by round: idle lower in " in medians.splitlines()[1]
 
 
 def test_the_ab_benchmark_names_a_bad_spec() -> None:
