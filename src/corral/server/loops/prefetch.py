@@ -35,9 +35,10 @@ RESEND_S = 120.0
 """A hint for a (node, model) is sent again at most this often."""
 
 POPULARITY_HALF_S = 300.0
+"""Recent demand per model (jobs seen queued) halves every five minutes."""
+
 _MODEL = attrgetter("model")
 _ID = attrgetter("id")
-"""Recent demand per model (jobs seen queued) halves every five minutes."""
 
 
 class PrefetchLoop:
