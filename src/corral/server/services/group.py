@@ -71,15 +71,14 @@ class GroupCommitter:
             await self._commit(group)
 
     async def _commit(self, group: list[Queued]) -> None:
-        durable = any(d for _, _, d, _ in group)
         try:
             try:
-                outcomes = await self._run(group, durable, careful=False)
+                outcomes = await self._run(group, careful=False)
             except _UnitFailed as failed:
                 if len(group) == 1:  # nothing else to keep: the unit's error is the outcome
                     outcomes = [(group[0][1], False, failed.error)]
                 else:
-                    outcomes = await self._run(group, durable, careful=True)
+                    outcomes = await self._run(group, careful=True)
         except BaseException as exc:  # the commit failed: no unit of this group happened
             for _, future, _, _ in group:
                 if not future.done():
@@ -96,9 +95,10 @@ class GroupCommitter:
             else:
                 future.set_exception(value)
 
-    async def _run(self, group: list[Queued], durable: bool, *, careful: bool) -> list[Outcome]:
+    async def _run(self, group: list[Queued], *, careful: bool) -> list[Outcome]:
         """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints."""
         outcomes: list[Outcome] = []
+        durable = any(d for _, _, d, _ in group)
         early = all(e for _, _, _, e in group)
         async with self.rt.tx(durable=durable, early=early) as tx:  # a unit needing a cycle says so
             for unit, future, _, _ in group:
