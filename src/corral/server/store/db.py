@@ -12,6 +12,8 @@ Two databases are supported with the same tables and code:
   after ``seq`` N can never miss an event with a smaller ``seq`` that commits
   later. Transactions are short, so this costs little; group commits
   (several requests per transaction) are the way to more throughput.
+  A connection's first such transaction also checks that no crash of
+  PostgreSQL forgot event numbers since (``events.pg_mark_epoch``).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from corral.core.errors import InvalidSpec
 from corral.server.store import pgraw, sqlite_inline
+from corral.server.store.events import pg_mark_epoch
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
 
 DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
+EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event marker
 
 
 def lock_key(base: int, schema: str | None) -> int:
@@ -199,11 +203,18 @@ class Database:
         raw = adapted._connection
         adapted.isolation_level = pgraw.RAW
         pgraw.forget_jobs(conn)
+        # A connection's first ordered write checks that no crash of PostgreSQL emptied
+        # the event marker since (every connection after such a crash is new).
+        unmarked = ordered_events and not conn.info.get(EPOCH_SEEN)
         try:
             try:
                 await raw.execute(self._pg_begin[ordered_events, durable])
+                if unmarked:
+                    await pg_mark_epoch(raw)
                 yield conn
                 await raw.execute("COMMIT")
+                if unmarked:
+                    conn.info[EPOCH_SEEN] = True
             except BaseException as exc:  # from BEGIN (a cancelled lock wait), the body, COMMIT
                 await _pg_abandon(conn, raw, exc)
                 raise

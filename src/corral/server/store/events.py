@@ -38,6 +38,12 @@ _PG_APPEND_MANY = (
     "RETURNING seq"
 )
 _APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
+# PostgreSQL: the sequence moved SEQ_JUMP past its last value, unless it was never drawn from.
+_PG_JUMP = (
+    "SELECT setval(s, pg_sequence_last_value(s) + $1) "
+    "FROM (SELECT pg_get_serial_sequence('events', 'seq')::regclass AS s) q "
+    "WHERE pg_sequence_last_value(s) IS NOT NULL"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +154,24 @@ async def _pg_append(raw: Any, batch: Sequence[TeamEvent]) -> list[int]:
         teams.append(te.team)
         datas.append(dumps(dict(e.data)))
     return sorted(int(r[0]) for r in await raw.fetch(_PG_APPEND_MANY, *columns))
+
+
+async def pg_mark_epoch(raw: Any) -> bool:
+    """After a crash of PostgreSQL, move the event sequence past what it may have forgotten.
+
+    Run inside a transaction holding the event-ordering lock, before the first
+    event a connection appends. ``event_epoch`` (migration 0007) is unlogged:
+    crash recovery empties it. Empty, the sequence is moved ``SEQ_JUMP`` past
+    its last value (events of relaxed commits reach readers before their WAL is
+    flushed, and a crash forgets them and the sequence's advance alike) and the
+    marker written again; a database never drawn from is only marked. True if
+    this call marked it.
+    """
+    if await raw.fetchval("SELECT EXISTS (SELECT 1 FROM event_epoch)"):
+        return False
+    await raw.execute(_PG_JUMP, SEQ_JUMP)
+    await raw.execute("INSERT INTO event_epoch (marked_at) VALUES (extract(epoch FROM now()))")
+    return True
 
 
 @functools.cache
