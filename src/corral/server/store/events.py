@@ -38,11 +38,11 @@ _PG_APPEND_MANY = (
     "RETURNING seq"
 )
 _APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
-# PostgreSQL: the sequence moved SEQ_JUMP past its last value, unless it was never drawn from.
+# PostgreSQL: the sequence moved SEQ_JUMP past its last value (0 if never drawn from, which
+# is also what a crash leaves when it forgot every draw).
 _PG_JUMP = (
-    "SELECT setval(s, pg_sequence_last_value(s) + $1) "
-    "FROM (SELECT pg_get_serial_sequence('events', 'seq')::regclass AS s) q "
-    "WHERE pg_sequence_last_value(s) IS NOT NULL"
+    "SELECT setval(s, coalesce(pg_sequence_last_value(s), 0) + $1) "
+    "FROM (SELECT pg_get_serial_sequence('events', 'seq')::regclass AS s) q"
 )
 
 
@@ -164,11 +164,15 @@ async def pg_mark_epoch(raw: Any) -> bool:
     crash recovery empties it. Empty, the sequence is moved ``SEQ_JUMP`` past
     its last value (events of relaxed commits reach readers before their WAL is
     flushed, and a crash forgets them and the sequence's advance alike) and the
-    marker written again; a database never drawn from is only marked. True if
-    this call marked it.
+    marker written again, in a commit that waits for its WAL flush. A new
+    database jumps too: after a crash that forgot every event, it looks the
+    same. True if this call marked it.
     """
     if await raw.fetchval("SELECT EXISTS (SELECT 1 FROM event_epoch)"):
         return False
+    # This commit waits for its WAL flush even in a relaxed write: a jump that a crash could
+    # forget would let the next one start below numbers readers have seen.
+    await raw.execute("SET LOCAL synchronous_commit TO on")
     await raw.execute(_PG_JUMP, SEQ_JUMP)
     await raw.execute("INSERT INTO event_epoch (marked_at) VALUES (extract(epoch FROM now()))")
     return True
