@@ -346,3 +346,41 @@ async def test_the_jump_is_kept_for_the_next_event_when_its_change_rolls_back(
     await world.submit(resources={"gpus": 1})
     assert db.event_jump == 0
     assert min(e.seq for e in await world.events()) == jump  # the first that committed
+
+
+@pytest.mark.parametrize("kind", ["relaxed", "early"])
+async def test_the_change_taking_the_jump_publishes_only_from_the_disk(
+    sqlite_world: World, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    from corral.server.store import wal_sync
+
+    world = sqlite_world
+    rt, group = world.plane.rt, world.plane.agents.updates
+    assert rt.db.event_jump > 0, "the start's jump is still to be taken"
+    disk = _Disk(rt.db.wal_sync)
+    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+
+    async def logging(tx: Tx) -> None:
+        tx.emit(EventKind.JOB_LOG, team="default", job_id="first", lines=["x"])
+
+    ticket = rt.wakeups.ticket(job_id="first")
+    # A relaxed or early change publishes before its fsync; the first after a start must not:
+    # a power loss would forget its jump and the next start would hand its numbers out again.
+    unit = (
+        group.run(logging, durable=False) if kind == "relaxed" else group.run(logging, early=True)
+    )
+    running = asyncio.ensure_future(unit)
+    await asyncio.sleep(0.2)
+    assert rt.db.event_jump == 0, "taken and committed"
+    assert not ticket.woken.is_set(), "published before the jump was on disk"
+    disk.gate.set()
+    await running
+    assert ticket.woken.is_set()
+    later = rt.wakeups.ticket(job_id="later")
+    disk.gate.clear()
+
+    async def more(tx: Tx) -> None:
+        tx.emit(EventKind.JOB_LOG, team="default", job_id="later", lines=["y"])
+
+    await group.run(more, durable=False)  # the jump taken, relaxed changes publish at once
+    assert later.woken.is_set()

@@ -251,7 +251,9 @@ class Runtime:
         (after the fsyncs of earlier durable changes).
 
         ``early=True``: the change's events may reach readers at its commit, before its
-        fsync, when every change committed before it is out already. For a change whose
+        fsync, when every change committed before it is out already (not the change that
+        takes the start's jump of event numbers: that one's events wait for the disk, as
+        do a relaxed change's then). For a change whose
         source keeps it until told it is durable and sends it again otherwise (an agent's
         report, kept in its outbox until the follow-up acknowledges it): readers then see
         what they could already read from the committed rows, and the fsync is off the
@@ -275,7 +277,7 @@ class Runtime:
             done = True
             if reschedule or tx.reschedule:
                 self.schedule_needed.fire()
-            if early and tx.events and turn is not None and turn.ready:
+            if early and not jump and tx.events and turn is not None and turn.ready:
                 publish()
                 turn.done()
             for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
@@ -292,6 +294,10 @@ class Runtime:
                 self.db.event_jump -= jump  # taken (given back below if this does not commit)
                 seqs = await event_repo.append(conn, tx.events, jump=jump)
                 turn = self.publishing.take()  # under the write lock: commit order
+            if jump and not durable:
+                # The jump reaches readers only from the disk: one a crash could forget would
+                # let the next start's jump land on numbers readers have seen.
+                await self.db.sync_committed()
             try:
                 for action in tx.after_commit:  # e.g. assignments: not held up by others' fsyncs
                     await self._run_follow_up(action)

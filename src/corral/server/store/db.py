@@ -176,6 +176,11 @@ class Database:
         if durable and self.wal_sync is not None:
             await self.wal_sync.wait(position)
 
+    async def sync_committed(self) -> None:
+        """Return once every commit made so far is on disk (SQLite with ``WalSync``)."""
+        if self.wal_sync is not None:
+            await self.wal_sync.wait(self.wal_sync.committed)
+
     @contextlib.asynccontextmanager
     async def _pg_transaction(
         self, conn: AsyncConnection, ordered_events: bool, durable: bool
