@@ -21,6 +21,7 @@ import secrets
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral.core.events import EventKind
 from corral.core.model import Allocation
@@ -75,16 +76,23 @@ async def _apply(
     rt: Runtime, tx: Tx, plan: Plan, seen: Mapping[str, JobRecord], applied: Applied
 ) -> None:
     schedulable: dict[str, bool] = {}  # node -> taking work (read once per plan)
+    lone: list[Placement] = []  # one job on one node: placed together (_place_lone)
     for group in _groups(plan.placements):
         victims = frozenset(v for p in group for v in p.preempts)
         if victims:
             applied.awaiting.update(dict.fromkeys(group[0].job_ids, victims))
             continue
+        if len(group) == 1 and len(group[0].job_ids) == 1:
+            lone.append(group[0])
+            continue
+        await _place_lone(rt, tx, lone, seen, schedulable, applied)  # events stay in order
+        lone = []
         assignments = await _place_atomically(rt, tx, group, seen, schedulable)
         if assignments is None:
             applied.stale += 1
             continue
         applied.placed.extend(assignments)
+    await _place_lone(rt, tx, lone, seen, schedulable, applied)
     for p in plan.preemptions:
         rec = await alloc_repo.get(tx.conn, p.allocation_id)
         if rec is None or not rec.alloc.active:
@@ -110,6 +118,71 @@ def _groups(placements: Sequence[Placement]) -> list[list[Placement]]:
     for p in placements:
         groups[p.job_ids].append(p)
     return list(groups.values())
+
+
+async def _place_lone(
+    rt: Runtime,
+    tx: Tx,
+    lone: list[Placement],
+    seen: Mapping[str, JobRecord],
+    schedulable: dict[str, bool],
+    applied: Applied,
+) -> None:
+    """Placements of one job on one node, each standing or falling on its own as
+    ``_place_atomically`` would place it, but their jobs moved in one guarded update and
+    their allocations inserted together: on PostgreSQL two round trips for a cycle's
+    placements instead of two each, under the lock that orders event commits."""
+    ready: list[tuple[JobRecord, Allocation, dict[str, Any]]] = []
+    for p in lone:
+        jobs = {j: seen[j] for j in p.job_ids if j in seen}
+        if not await _still_valid(tx, [p], jobs, schedulable):
+            applied.stale += 1
+            continue
+        rec = jobs[p.job_ids[0]]
+        job = rec.job
+        alloc = _allocation(p, job.team, job.user, job.priority, job.preemptible, job.attempt + 1)
+        ready.append((rec, alloc, _placed_values(tx, rec, [alloc.id], alloc)))
+    moved = await job_repo.update_many(tx.conn, [(rec, values) for rec, _, values in ready])
+    placed: list[AllocRecord] = []
+    for rec, alloc, values in ready:
+        if rec.job.id not in moved:
+            applied.stale += 1  # it changed since the snapshot: retried next cycle
+            continue
+        _emit_placed(tx, rec, values)
+        placed.append(AllocRecord(alloc=alloc, created_at=tx.now))
+        applied.placed.append(assignment(alloc, [rec], replicas=1))
+    await alloc_repo.insert_many(tx.conn, placed)
+    for r in placed:
+        rt.fresh_allocs[r.alloc.id] = r  # the next snapshot takes it (loops/snapshot.py)
+
+
+def _placed_values(
+    tx: Tx, rec: JobRecord, alloc_ids: list[str], alloc: Allocation
+) -> dict[str, Any]:
+    """The columns a job placed on ``alloc`` (and ``alloc_ids`` in all) gets."""
+    target = transition(JOB, rec.job.id, rec.state, JobState.PLACED, at=tx.now, why="placed")
+    resumed = (rec.checkpoint_step or 0) if rec.checkpoint else None  # what it will get
+    return {
+        "state": target.value,
+        "attempt": alloc.attempt,
+        "allocation_ids": alloc_ids,
+        "node": alloc.node,
+        "resumed_step": resumed,
+    }
+
+
+def _emit_placed(tx: Tx, rec: JobRecord, values: dict[str, Any]) -> None:
+    resumed = values["resumed_step"]
+    tx.emit(
+        EventKind.JOB_PLACED,
+        team=rec.job.team,
+        job_id=rec.job.id,
+        node=values["node"],
+        state="placed",
+        attempt=values["attempt"],
+        allocations=values["allocation_ids"],
+        data={} if resumed is None else {"resumed_from_step": resumed},
+    )
 
 
 async def _place_atomically(
@@ -161,34 +234,14 @@ async def _place_group(
     ]
     alloc_ids = [a.id for a in allocs]
     for rec in jobs.values():
-        target = transition(JOB, rec.job.id, rec.state, JobState.PLACED, at=tx.now, why="placed")
-        resumed = (rec.checkpoint_step or 0) if rec.checkpoint else None  # what it will get
-        ok = await job_repo.update(
-            tx.conn,
-            rec,
-            state=target.value,
-            attempt=attempt,
-            allocation_ids=alloc_ids,
-            node=group[0].node,
-            resumed_step=resumed,
-        )
-        if not ok:
+        values = _placed_values(tx, rec, alloc_ids, allocs[0])
+        if not await job_repo.update(tx.conn, rec, **values):
             return None
-        resume: dict[str, object] = {} if resumed is None else {"resumed_from_step": resumed}
-        tx.emit(
-            EventKind.JOB_PLACED,
-            team=rec.job.team,
-            job_id=rec.job.id,
-            node=group[0].node,
-            state="placed",
-            attempt=attempt,
-            allocations=alloc_ids,
-            data=resume,
-        )
-    for alloc in allocs:
-        placed = AllocRecord(alloc=alloc, created_at=tx.now)
-        await alloc_repo.insert(tx.conn, placed)
-        rt.fresh_allocs[alloc.id] = placed  # the next snapshot takes it (loops/snapshot.py)
+        _emit_placed(tx, rec, values)
+    placed = [AllocRecord(alloc=alloc, created_at=tx.now) for alloc in allocs]
+    await alloc_repo.insert_many(tx.conn, placed)
+    for r in placed:
+        rt.fresh_allocs[r.alloc.id] = r  # the next snapshot takes it (loops/snapshot.py)
     return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,15 +19,23 @@ _PG = pgraw.codec(allocations)
 
 
 async def insert(conn: AsyncConnection, rec: AllocRecord) -> None:
+    await insert_many(conn, [rec])
+
+
+async def insert_many(conn: AsyncConnection, recs: Sequence[AllocRecord]) -> None:
+    """Insert allocations (on PostgreSQL in one round trip: asyncpg pipelines the rows)."""
+    if not recs:
+        return
+    rows = [alloc_row(rec) for rec in recs]
     db = driver(conn)
     if db is not None:
-        _RAW.insert(db, [alloc_row(rec)])
+        _RAW.insert(db, rows)
         return
     raw = pgraw.pg(conn)
     if raw is not None:
-        await _PG.insert(raw, [alloc_row(rec)])
+        await _PG.insert(raw, rows)
         return
-    await conn.execute(sa.insert(allocations).values(**alloc_row(rec)))
+    await conn.execute(sa.insert(allocations), rows)
 
 
 # Hot queries are built once (building a statement costs more than running it on SQLite).

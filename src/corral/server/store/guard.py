@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,6 +38,27 @@ async def guarded_update(
     params = {f"v_{k}": v for k, v in values.items()} | {"k_key": value, "k_version": version}
     result = await conn.execute(statement, params)
     return bool(result.rowcount == 1)
+
+
+async def guarded_update_many(
+    conn: AsyncConnection,
+    table: sa.Table,
+    column: str,
+    rows: Sequence[tuple[Any, int, dict[str, Any]]],
+) -> set[Any]:
+    """``guarded_update`` of many rows, each (key, version, values), every ``values`` with the
+    same columns; the keys whose row matched. On PostgreSQL one statement (one round trip);
+    elsewhere one update each."""
+    raw = pgraw.pg(conn)
+    if raw is not None:
+        if table.name == "jobs":
+            pgraw.forget_jobs(conn)
+        return await pgraw.codec(table).guarded_update_many(raw, column, rows)
+    return {
+        key
+        for key, version, values in rows
+        if await guarded_update(conn, table, (column, key), version, values)
+    }
 
 
 @functools.lru_cache(maxsize=512)

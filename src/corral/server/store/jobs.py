@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.states import JobState
 from corral.server.store import pgraw
-from corral.server.store.guard import guarded_update
+from corral.server.store.guard import guarded_update, guarded_update_many
 from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import JobRecord, job_from_row, job_row
 from corral.server.store.tables import jobs
@@ -199,3 +199,11 @@ def forget_queue_changes(db: sqlite3.Connection, upto: int) -> int:
 async def update(conn: AsyncConnection, rec: JobRecord, **values: Any) -> bool:
     """Guarded by ``rec.version``: False when the job changed since ``rec`` was read."""
     return await guarded_update(conn, jobs, ("id", rec.job.id), rec.version, values)
+
+
+async def update_many(
+    conn: AsyncConnection, changes: Sequence[tuple[JobRecord, dict[str, Any]]]
+) -> set[str]:
+    """``update`` of many jobs (every change setting the same columns); the ids that matched."""
+    rows = [(rec.job.id, rec.version, values) for rec, values in changes]
+    return await guarded_update_many(conn, jobs, "id", rows)

@@ -181,6 +181,31 @@ class PgCodec:
         status = await raw.execute(sql, *(self.bind(n, values[n]) for n in names), value, version)
         return bool(status == "UPDATE 1")
 
+    async def guarded_update_many(
+        self, raw: Any, column: str, rows: Sequence[tuple[Any, int, Mapping[str, Any]]]
+    ) -> set[Any]:
+        """Many guarded updates in one statement: each row is (key, version, values), every
+        ``values`` with the same columns; the keys whose row matched (as ``guarded_update``
+        would have answered each, in one round trip instead of one each)."""
+        if not rows:
+            return set()
+        names = tuple(rows[0][2])
+        sql = self._updates.get((f"many:{column}", names))
+        if sql is None:
+            cols = (column, "version", *names)
+            arrays = ", ".join(f"${i}::{self._types[n]}[]" for i, n in enumerate(cols, 1))
+            alias = ", ".join(f"k{i}" for i in range(len(cols)))
+            sets = "".join(f"{_q(n)} = k.k{i}, " for i, n in enumerate(names, 2))
+            sql = (
+                f"UPDATE {_q(self.name)} AS t SET {sets}version = t.version + 1 "
+                f"FROM unnest({arrays}) AS k({alias}) "
+                f"WHERE t.{_q(column)} = k.k0 AND t.version = k.k1 RETURNING t.{_q(column)}"
+            )
+            self._updates[(f"many:{column}", names)] = sql
+        args = [[r[0] for r in rows], [r[1] for r in rows]]
+        args += [[self.bind(n, r[2][n]) for r in rows] for n in names]
+        return {r[0] for r in await raw.fetch(sql, *args)}
+
 
 _CODECS: dict[str, PgCodec] = {}
 
