@@ -1,6 +1,6 @@
 """A/B: two or more corral builds or settings in turn, in one run (issue 9's method).
 
-    python bench/ab.py [--rounds R] [--jobs N] [--idle N] [--agents K] SPEC SPEC [SPEC ...]
+    python bench/ab.py [--rounds R] [--jobs N] [--idle N] [--agents K] [--db URL] SPEC SPEC [...]
 
 A SPEC is ``NAME=SOURCE[,KEY=VALUE ...]``: SOURCE is a folder holding the
 ``corral`` package to run (put first on ``PYTHONPATH``; ``-`` for the one
@@ -10,6 +10,9 @@ installed here) and each KEY=VALUE a setting for that server, e.g.::
         d5=-,CORRAL_SCHEDULING__DEBOUNCE_S=0.005 d2=-,CORRAL_SCHEDULING__DEBOUNCE_S=0.002
 
 (a checkout of the code as it was: ``git archive HEAD src | tar -x -C /tmp/before``).
+``--db postgresql://...`` runs every server on PostgreSQL instead of a SQLite file,
+each peer in a schema of its own (the URL's ``schema`` or ``ab``, then ``_p1``,
+``_p2`` ... in the order given), emptied at its start.
 
 Every peer (a real server and K agents, as ``e2e.py`` starts them) is started
 first; then each round runs the idle shape and the concurrent shape on every
@@ -31,6 +34,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral_peer import CorralPeer
 from workload import concurrent, idle
@@ -85,6 +89,16 @@ def python_path(source: str | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
+def peer_db(url: str, index: int) -> str:
+    """``url`` for the ``index``-th peer: its ``schema`` (``ab`` if none) suffixed ``_p<index>``,
+    so every peer has tables of its own."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    base = next((v for k, v in query if k == "schema"), "ab")
+    query = [(k, v) for k, v in query if k != "schema"] + [("schema", f"{base}_p{index}")]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def one_round(peer: CorralPeer, rounds: Rounds, jobs: int, trips: int, clients: int) -> str:
     """The idle and concurrent shapes on ``peer``; what they measured, as a line."""
     before = peer.cpu_s()[SERVER]
@@ -107,10 +121,11 @@ def run(
     peers: list[CorralPeer] = []
     results = {s.name: Rounds() for s in specs}
     try:
-        for spec in specs:
+        for i, spec in enumerate(specs, 1):
             log(f"starting {spec.name} ({spec.source or 'installed'}) with {args.agents} agents")
             with python_path(spec.source):
-                peers.append(CorralPeer(args.agents, None, spec.name, "", spec.env))
+                db = None if args.db is None else peer_db(args.db, i)
+                peers.append(CorralPeer(args.agents, db, spec.name, "", spec.env))
         for r in range(args.rounds):
             for peer in peers if r % 2 == 0 else peers[::-1]:
                 line = one_round(peer, results[peer.name], args.jobs, args.idle, args.clients)
@@ -152,7 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=int, default=400, help="idle round trips per round")
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="run every server on this PostgreSQL database (a schema per peer) instead of SQLite",
+    )
     args = ap.parse_args(argv)
+    if args.db is not None and not args.db.startswith(("postgresql://", "postgres://")):
+        ap.error(f"--db {args.db!r}: expected a postgresql:// URL (SQLite is the default)")
     if args.rounds < 1 or args.jobs < 1 or args.idle < 1:
         ap.error("--rounds, --jobs and --idle must be at least 1")
     try:

@@ -2,28 +2,59 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+PG_HOST, PG_PORT = "127.0.0.1", 5432
+PG_BASE = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/test"
 pytestmark = pytest.mark.slow
 
 
-def _redis_up() -> bool:
+def _up(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
             return True
     except OSError:
         return False
 
 
+def require_postgres() -> None:
+    if _up(PG_PORT):
+        return
+    if os.environ.get("CORRAL_REQUIRE_SERVICES") == "1":
+        pytest.fail("PostgreSQL is required (CORRAL_REQUIRE_SERVICES=1) but 127.0.0.1:5432 is down")
+    pytest.skip("PostgreSQL not running on 127.0.0.1:5432")
+
+
+async def _pg(sql: str, *args: object) -> object:
+    import asyncpg
+
+    conn = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="test")
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+def drop_schema(schema: str) -> None:
+    asyncio.run(_pg(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+
+
+def _tables(schema: str) -> int:
+    sql = "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1"
+    return int(asyncio.run(_pg(sql, schema)))  # type: ignore[call-overload]
+
+
 def test_e2e_benchmark_runs_corral_and_celery_and_prints_the_ratio() -> None:
-    if not _redis_up():
+    if not _up(6379):
         if os.environ.get("CORRAL_REQUIRE_SERVICES") == "1":
             pytest.fail("Redis is required (CORRAL_REQUIRE_SERVICES=1) but 127.0.0.1:6379 is down")
         pytest.skip("Redis not running on 127.0.0.1:6379")
@@ -79,6 +110,30 @@ def test_the_ab_benchmark_runs_peers_in_turn_and_prints_their_medians() -> None:
     assert [line.split(":")[0] for line in medians.splitlines()] == ["as-is", "d1"], out.stdout
     assert "jobs/s" in medians
     assert "against as-is round by round: idle lower in " in medians.splitlines()[1]
+
+
+def test_the_ab_benchmark_runs_its_peers_on_postgresql_each_in_a_schema_of_its_own() -> None:
+    require_postgres()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    argv = [sys.executable, "ab.py", "--rounds", "1", "--jobs", "6", "--idle", "2"]
+    argv += ["--agents", "1", "--clients", "2", "--db", f"{PG_BASE}?schema={schema}"]
+    argv += ["a=-", "b=-"]
+    try:
+        out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "medians of the rounds" in out.stdout
+        assert _tables(f"{schema}_p1") > 0, "a schema per peer"
+        assert _tables(f"{schema}_p2") > 0, "a schema per peer"
+    finally:
+        drop_schema(f"{schema}_p1")
+        drop_schema(f"{schema}_p2")
+
+
+def test_the_ab_benchmark_refuses_a_db_that_is_not_postgresql() -> None:
+    argv = [sys.executable, "ab.py", "--db", "sqlite:///x.db", "a=-"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "expected a postgresql:// URL" in out.stderr
 
 
 def test_the_ab_benchmark_names_a_bad_spec() -> None:
