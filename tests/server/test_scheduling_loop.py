@@ -246,10 +246,6 @@ async def test_a_lone_submission_to_a_quiet_server_is_placed_in_its_own_transact
     cycles = world.plane.schedule.cycles
     rec = await world.submit(resources={"gpus": 1})
     job = await world.job(rec.job.id)
-    if world.plane.rt.db.is_postgres:  # replicas: the leader's loop places it, never a write
-        assert job.state is JobState.QUEUED
-        assert world.plane.rt.schedule_needed.fired
-        return
     assert job.state is JobState.PLACED, "placed before the submission returned"
     assert world.plane.schedule.cycles == cycles + 1
     assert [a.jobs[0].job_id for a in world.link.sent.assigned] == [rec.job.id]
@@ -257,6 +253,37 @@ async def test_a_lone_submission_to_a_quiet_server_is_placed_in_its_own_transact
     events = await world.events(rec.job.id)
     assert [e.kind.value for e in events] == ["job.submitted", "job.placed"]
     assert events[0].at == events[1].at, "one transaction: one time for both"
+
+
+class _Deposed:
+    """Leadership that was lost: the lock's connection says another replica has it."""
+
+    async def acquire(self) -> bool:
+        return False
+
+    async def release(self) -> None:
+        return None
+
+
+@pytest.mark.postgres
+async def test_a_replica_that_lost_the_lead_places_nothing_in_a_submission(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """On PostgreSQL the leadership is confirmed beside the snapshot's read: a replica whose
+    lock is gone (it still believed it led) leaves the job to whoever leads now."""
+    world = await World.open(pg_url, tmp_path)
+    try:
+        await world.agent("n1", gpus=1)
+        await _quiet(world)
+        world.plane.schedule.leader = _Deposed()
+        rec = await world.submit(resources={"gpus": 1})
+        assert (await world.job(rec.job.id)).state is JobState.QUEUED
+        assert await world.kinds(rec.job.id) == ["job.submitted"]
+        assert world.link.sent.assigned == []
+        assert not world.plane.schedule.leading
+        assert world.plane.rt.schedule_needed.fired, "the loop forwards it to the leader"
+    finally:
+        await world.close()
 
 
 async def test_place_on_submit_off_leaves_it_to_the_loop(db_url: str, tmp_path: Path) -> None:
@@ -288,34 +315,31 @@ async def test_work_already_waiting_takes_the_loop_path(world: World) -> None:
     assert (await world.job(big.job.id)).state is JobState.QUEUED
 
 
+@pytest.mark.parametrize("where", ["schedule", "after-writes"])
 async def test_a_cycle_failing_inside_a_submission_leaves_the_submission_standing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    where: str, world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
-    world = await World.open(str(tmp_path / "corral.db"), tmp_path)  # SQLite: it schedules
-    try:
-        await _a_failing_cycle(world, caplog)
-    finally:
-        await world.close()
-
-
-async def _a_failing_cycle(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """On both databases; ``after-writes`` fails once the placement's rows and events are
+    written in the submission's transaction, so the savepoint has something to undo."""
     await world.agent("n1", gpus=1)
     await _quiet(world)
     loop = world.plane.schedule
-    schedule = loop.schedule
 
-    def broken(*args: object) -> object:
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("scheduler bug")
 
-    loop.schedule = broken  # type: ignore[assignment]
+    name = "schedule" if where == "schedule" else "_remember"  # _remember runs after apply
+    kept = getattr(loop, name)
+    setattr(loop, name, broken)
     rec = await world.submit(resources={"gpus": 1})
     assert "scheduling inside a submission failed" in caplog.text
     job = await world.job(rec.job.id)
     assert job.state is JobState.QUEUED, "accepted all the same"
+    assert job.allocation_ids == ()
     assert await world.kinds(rec.job.id) == ["job.submitted"]
     assert world.plane.rt.schedule_needed.fired, "the loop is told to schedule it"
     assert world.link.sent.assigned == []
-    loop.schedule = schedule
+    setattr(loop, name, kept)
     await world.cycle()
     assert (await world.job(rec.job.id)).state is JobState.PLACED
     assert [a.jobs[0].job_id for a in world.link.sent.assigned] == [rec.job.id]
