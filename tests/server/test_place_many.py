@@ -45,7 +45,9 @@ async def test_update_many_moves_the_jobs_whose_version_matches(db_url: str) -> 
         async with db.read() as conn:
             after = {j: await job_repo.get(conn, j) for j in ("a", "b", "c")}
         a, b2, c = after["a"], after["b"], after["c"]
-        assert a is not None and b2 is not None and c is not None
+        assert a is not None
+        assert b2 is not None
+        assert c is not None
         assert (a.node, a.allocation_ids, a.checkpoint, a.version) == ("n-a", ("al-a",), None, 2)
         assert (c.node, c.allocation_ids, c.version) == ("n-c", ("al-c",), 2)
         assert (b2.node, b2.progress, b2.version) == (None, 0.5, 2), "b kept its own change"
@@ -96,7 +98,8 @@ async def test_a_plan_places_each_job_alone_and_skips_the_stale_one_in_order(
     async with world.plane.rt.db.read() as conn:
         for x in applied.placed:
             rec = await alloc_repo.get(conn, x.allocation_id)
-            assert rec is not None and rec.alloc.node == x.node
+            assert rec is not None
+            assert rec.alloc.node == x.node
     to_n1 = [(await n1.next_assignment()).jobs[0].job_id for _ in range(3)]
     assert sorted(to_n1) == sorted([a.job.id, g, c.job.id])
     assert (await n2.next_assignment()).jobs[0].job_id == g
