@@ -176,6 +176,53 @@ async def test_a_success_resets_the_failure_count_in_one_statement(
     assert (after["n2"].failure_streak, after["n2"].version) == (0, 1)
 
 
+async def test_an_allocation_read_spares_the_reset_of_a_healthy_node(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``allocations.get`` reads its node's failure streak too: at 0, a success's reset sends
+    nothing (nearly every end); above 0, or after a write to the node, it resets as before."""
+    db = await _open(pg_url)
+    sent: list[str] = []
+    try:
+        async with db.write() as conn:
+            await node_repo.insert(
+                conn, name="n1", state="ready", inventory={}, joined_at=1.0, last_seen=1.0
+            )
+            await job_repo.insert(conn, _job("j1"))
+            await alloc_repo.insert(conn, _alloc("a1", "j1"))
+        async with db.write() as conn:
+            kind = type(pgraw.pg(conn))
+            execute = kind.execute
+
+            async def counted(self: object, sql: str, *args: object) -> object:
+                sent.append(sql)
+                return await execute(self, sql, *args)
+
+            with monkeypatch.context() as patched:
+                patched.setattr(kind, "execute", counted)
+                assert await alloc_repo.get(conn, "a1") is not None
+                await node_repo.reset_streak(conn, "n1")  # seen at 0: no statement
+                assert not any("failure_streak" in q for q in sent)
+                n1 = await node_repo.get(conn, "n1")
+                assert n1 is not None
+                assert await node_repo.update(conn, n1, failure_streak=2)  # forgets what it saw
+                await node_repo.reset_streak(conn, "n1")
+                assert sum("failure_streak = 0" in q for q in sent) == 1
+        async with db.write() as conn:
+            n1 = await node_repo.get(conn, "n1")
+            assert n1 is not None
+            assert await node_repo.update(conn, n1, failure_streak=3)
+        async with db.write() as conn:
+            assert await alloc_repo.get(conn, "a1") is not None  # sees 3
+            await node_repo.reset_streak(conn, "n1")
+        async with db.read() as conn:
+            after = await node_repo.get(conn, "n1")
+    finally:
+        await db.close()
+    assert after is not None
+    assert after.failure_streak == 0
+
+
 async def test_jobs_read_with_their_allocation_are_never_staler_than_the_transaction(
     pg_url: str,
 ) -> None:

@@ -394,7 +394,14 @@ class _Savepoint:
 
             return cls(sqlite, pg=False)
         raw = pgraw.pg(conn)
-        return None if raw is None else cls(raw.execute, pg=True)
+        if raw is None:
+            return None
+
+        async def postgres(sql: str) -> object:
+            pgraw.forget_jobs(conn)  # rows read ahead may hold what is undone
+            return await raw.execute(sql)
+
+        return cls(postgres, pg=True)
 
     async def take(self) -> None:
         await self._execute("SAVEPOINT corral_place")

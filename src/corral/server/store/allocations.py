@@ -61,13 +61,16 @@ async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
 
 _PG_JOBS = pgraw.codec(jobs)
 # The allocation and its jobs in one round trip: whoever reads an allocation by id
-# (an agent's start or end, a cancel) reads its jobs next. Each job is looked up on its
+# (an agent's start or end, a cancel) reads its jobs next, and an end resets its node's
+# failure streak unless it is 0 already (last column; ``nodes.reset_streak``). Each job is looked up on its
 # own (LATERAL ... LIMIT 1: never flattened into a join), so the plan is an index lookup
 # per job even when it was prepared while the tables were small: as a plain join, the plan
 # cached on a fresh schema was a hash join scanning every job, each time.
 _PG_GET_WITH_JOBS = (
     f"SELECT {', '.join(f'a.{c}' for c in _PG.select_columns)}, "
-    f"{', '.join(f'j.{c}' for c in _PG_JOBS.select_columns)} FROM allocations a "
+    f"{', '.join(f'j.{c}' for c in _PG_JOBS.select_columns)}, "
+    "(SELECT n.failure_streak FROM nodes n WHERE n.name = a.node) AS node_streak "
+    "FROM allocations a "
     "LEFT JOIN LATERAL json_array_elements_text(a.job_ids) AS k(id) ON true "
     "LEFT JOIN LATERAL (SELECT * FROM jobs WHERE jobs.id = k.id LIMIT 1) j ON true "
     "WHERE a.id = $1"
@@ -82,10 +85,14 @@ async def _pg_get_with_jobs(conn: AsyncConnection, raw: Any, alloc_id: str) -> A
     width = len(_PG.names)
     seen = pgraw.seen_jobs(conn)
     for r in rows:
-        job = r[width:]
+        job = r[width:-1]
         if job[_JOB_ID_AT] is not None:  # a job that is gone leaves NULLs
             seen[job[_JOB_ID_AT]] = _PG_JOBS.decode(job)
-    return alloc_from_row(_PG.decode(rows[0][:width]))
+    rec = alloc_from_row(_PG.decode(rows[0][:width]))
+    streak = rows[0][-1]
+    if streak is not None:  # None: the node is gone
+        pgraw.seen_streaks(conn)[rec.alloc.node] = streak
+    return rec
 
 
 async def active(conn: AsyncConnection, node: str | None = None) -> list[AllocRecord]:

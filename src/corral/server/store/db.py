@@ -333,6 +333,7 @@ def _make_engine(
 
 def _forget_read_ahead(conn: Any, _name: Any, _context: Any) -> None:
     conn.info.pop(pgraw.SEEN_JOBS, None)
+    conn.info.pop(pgraw.SEEN_STREAKS, None)
 
 
 def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:

@@ -30,7 +30,7 @@ async def guarded_update(
         return codec(table).guarded_update(db, key, version, values)
     raw = pgraw.pg(conn)
     if raw is not None:
-        if table.name == "jobs":
+        if table.name in ("jobs", "nodes"):
             pgraw.forget_jobs(conn)  # rows read ahead are no longer what the table holds
         return await pgraw.codec(table).guarded_update(raw, key, version, values)
     column, value = key
@@ -51,7 +51,7 @@ async def guarded_update_many(
     elsewhere one update each."""
     raw = pgraw.pg(conn)
     if raw is not None:
-        if table.name == "jobs":
+        if table.name in ("jobs", "nodes"):
             pgraw.forget_jobs(conn)
         return await pgraw.codec(table).guarded_update_many(raw, column, rows)
     return {

@@ -119,7 +119,8 @@ async def reset_streak(conn: AsyncConnection, name: str) -> None:
     """A job succeeded on ``name``: its count of failures in a row goes back to 0.
 
     One statement, no read first: it changes the row (and its version) only when
-    the count is not 0 already.
+    the count is not 0 already. On PostgreSQL not even that when the allocation's read
+    in this transaction saw the count at 0 (``pgraw.seen_streaks``).
     """
     db = driver(conn)
     if db is not None:
@@ -127,7 +128,10 @@ async def reset_streak(conn: AsyncConnection, name: str) -> None:
         return
     raw = pgraw.pg(conn)
     if raw is not None:
-        await raw.execute(_RAW_RESET_STREAK.format("$1"), name)
+        seen = pgraw.seen_streaks(conn)
+        if seen.get(name) != 0:  # read as 0 in this transaction: nothing to reset
+            await raw.execute(_RAW_RESET_STREAK.format("$1"), name)
+            seen[name] = 0
         return
     await conn.execute(_RESET_STREAK, {"k_name": name})
 

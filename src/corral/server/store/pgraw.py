@@ -80,8 +80,25 @@ def seen_jobs(conn: AsyncConnection) -> dict[str, Any]:
     return found
 
 
+SEEN_STREAKS = "corral_pg_seen_streaks"
+"""``conn.info`` key: nodes' ``failure_streak`` read with an allocation (``allocations.get``)."""
+
+
+def seen_streaks(conn: AsyncConnection) -> dict[str, int]:
+    """The failure streak of each node whose allocation ``allocations.get`` read in this
+    transaction: ``nodes.reset_streak`` skips its statement when it was 0 already (a
+    success on a healthy node, nearly every end, costs no round trip for it). Forgotten
+    with the job rows read ahead, and by any write to ``nodes``."""
+    found: dict[str, int] | None = conn.info.get(SEEN_STREAKS)
+    if found is None:
+        found = conn.info[SEEN_STREAKS] = {}
+    return found
+
+
 def forget_jobs(conn: AsyncConnection) -> None:
+    """Forget the rows read ahead in this transaction (job rows and nodes' streaks)."""
     conn.info.pop(SEEN_JOBS, None)
+    conn.info.pop(SEEN_STREAKS, None)
 
 
 class PgCodec:
