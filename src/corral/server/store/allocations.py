@@ -62,10 +62,10 @@ async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
 _PG_JOBS = pgraw.codec(jobs)
 # The allocation and its jobs in one round trip: whoever reads an allocation by id
 # (an agent's start or end, a cancel) reads its jobs next, and an end resets its node's
-# failure streak unless it is 0 already (last column; ``nodes.reset_streak``). Each job is looked up on its
-# own (LATERAL ... LIMIT 1: never flattened into a join), so the plan is an index lookup
-# per job even when it was prepared while the tables were small: as a plain join, the plan
-# cached on a fresh schema was a hash join scanning every job, each time.
+# failure streak unless it is 0 already (the last column; ``nodes.reset_streak``). Each
+# job is looked up on its own (LATERAL ... LIMIT 1: never flattened into a join), so the
+# plan is an index lookup per job even when it was prepared while the tables were small:
+# as a plain join, the plan cached on a fresh schema was a hash join scanning every job.
 _PG_GET_WITH_JOBS = (
     f"SELECT {', '.join(f'a.{c}' for c in _PG.select_columns)}, "
     f"{', '.join(f'j.{c}' for c in _PG_JOBS.select_columns)}, "
