@@ -258,8 +258,10 @@ async def test_a_lone_submission_to_a_quiet_server_is_placed_in_its_own_transact
 class _Deposed:
     """Leadership that was lost: the lock's connection says another replica has it."""
 
+    leads = False
+
     async def acquire(self) -> bool:
-        return False
+        return self.leads
 
     async def release(self) -> None:
         return None
@@ -282,6 +284,31 @@ async def test_a_replica_that_lost_the_lead_places_nothing_in_a_submission(
         assert world.link.sent.assigned == []
         assert not world.plane.schedule.leading
         assert world.plane.rt.schedule_needed.fired, "the loop forwards it to the leader"
+    finally:
+        await world.close()
+
+
+@pytest.mark.postgres
+async def test_a_cycle_confirms_the_lead_beside_its_snapshot_and_places_nothing_without(
+    pg_url: str, tmp_path: Path
+) -> None:
+    world = await World.open(pg_url, tmp_path)
+    try:
+        await world.agent("n1", gpus=1)
+        await _quiet(world)
+        loop = world.plane.schedule
+        loop.leader = leader = _Deposed()
+        rec = await world.submit(resources={"gpus": 1})  # not placed in the submission either
+        loop.leading = True  # what the loop believed until it asked
+        applied = await loop.cycle(confirm=True)
+        assert applied.placed == []
+        assert not loop.leading
+        assert (await world.job(rec.job.id)).state is JobState.QUEUED
+        leader.leads = True
+        loop.leading = True
+        applied = await loop.cycle(confirm=True)
+        assert [a.jobs[0].job_id for a in applied.placed] == [rec.job.id]
+        assert loop.leading
     finally:
         await world.close()
 

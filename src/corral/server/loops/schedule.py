@@ -114,14 +114,17 @@ class SchedulingLoop:
                 await self.rt.clock.sleep(pause)
             trigger.clear()
             try:
-                if not await self._lead():
+                if self.leading:  # still? asked beside the snapshot's read (``cycle``)
+                    await self.cycle(confirm=True)
+                elif await self._lead():
+                    await self.cycle()
+                if not self.leading:
                     self.rt.work_waiting = True  # a follower forwards every change to the leader
                     self.rt.fresh_jobs.clear()  # only the leader's snapshot takes them
                     self.rt.fresh_allocs.clear()
                     if fired and self.on_follow is not None:
                         self.on_follow()
                     continue
-                await self.cycle()
                 self._cycle_ended = time.perf_counter()
             except Exception:  # a bad cycle must not stop scheduling forever
                 log.exception("scheduling cycle failed; retrying")
@@ -156,12 +159,24 @@ class SchedulingLoop:
             return idle
         return max(0.0, min(idle, self._next_timer - self.rt.clock.now()))
 
-    async def cycle(self) -> Applied:
-        """One cycle. Public so tests (and a future leader election) can drive it directly."""
+    async def cycle(self, *, confirm: bool = False) -> Applied:
+        """One cycle. Public so tests (and a future leader election) can drive it directly.
+
+        ``confirm``: first make sure this replica still leads, asking beside the
+        snapshot's read (two connections, one round trip's wait instead of two); one that
+        lost the lead places nothing.
+        """
         async with self._one_at_a_time:
             started = time.perf_counter()
             async with self._reading() as conn:
-                snapshot, records = await self._load(conn)
+                if confirm and not isinstance(self.leader, AlwaysLeader):
+                    leading, (snapshot, records) = await asyncio.gather(
+                        self._lead(), self._load(conn)
+                    )
+                    if not leading:
+                        return Applied()
+                else:
+                    snapshot, records = await self._load(conn)
             applied = await self._decide(snapshot, records, started)
             await self._forget_followed()
             return applied
