@@ -196,14 +196,13 @@ async def pg_mark_epoch(raw: Any) -> bool:
     """After a crash of PostgreSQL, move the event sequence past what it may have forgotten.
 
     Run inside a transaction holding the event-ordering lock, before the first
-    event a connection appends (``_pg_ordered_append``). ``event_epoch``
-    (migration 0007) is unlogged: crash recovery empties it. Empty, the
-    sequence is moved ``SEQ_JUMP`` past its last value (events of relaxed
-    commits reach readers before their WAL is flushed, and a crash forgets
-    them and the sequence's advance alike) and the marker written again, in a
-    commit that waits for its WAL flush. A new database jumps too: after a
-    crash that forgot every event, it looks the same. True if this call marked
-    it.
+    event a connection appends (``_pg_ordered_append``). ``event_epoch`` (migration 0007) is unlogged:
+    crash recovery empties it. Empty, the sequence is moved ``SEQ_JUMP`` past
+    its last value (events of relaxed commits reach readers before their WAL is
+    flushed, and a crash forgets them and the sequence's advance alike) and the
+    marker written again, in a commit that waits for its WAL flush. A new
+    database jumps too: after a crash that forgot every event, it looks the
+    same. True if this call marked it.
     """
     if await raw.fetchval("SELECT EXISTS (SELECT 1 FROM event_epoch)"):
         return False
