@@ -122,42 +122,6 @@ async def test_of_two_new_connections_racing_only_the_first_jumps(pg_url: str) -
         await db.close()
 
 
-async def test_writers_queue_for_the_ordering_lock_only_at_their_events(pg_url: str) -> None:
-    """The event-ordering lock is held from an append to its commit, and taken there: another
-    writer's statements run meanwhile, its append waits, and its events number after."""
-    db = await _open(pg_url)
-    try:
-        await _append(db)  # both writers' connections past the marker check
-        held, release = asyncio.Event(), asyncio.Event()
-
-        async def first() -> list[int]:
-            async with db.write() as conn:
-                seqs = await event_repo.append(
-                    conn, [TeamEvent(Event(EventKind.JOB_SUBMITTED, 1.0))]
-                )
-                held.set()
-                await release.wait()  # holds the lock until told to commit
-                return seqs
-
-        holder = asyncio.create_task(first())
-        await asyncio.wait_for(held.wait(), 10)
-        try:
-            async with asyncio.timeout(10), db.write() as conn:
-                await conn.execute(sa.text("SELECT count(*) FROM jobs"))  # not held up
-                append = asyncio.create_task(
-                    event_repo.append(conn, [TeamEvent(Event(EventKind.JOB_SUBMITTED, 2.0))])
-                )
-                await asyncio.sleep(0.3)
-                assert not append.done(), "the append waits for the first writer's commit"
-                release.set()
-                second = await append
-        finally:
-            release.set()
-        assert second[0] > (await holder)[0], "numbered in commit order"
-    finally:
-        await db.close()
-
-
 async def _backend(conn: AsyncConnection) -> int:
     return int((await conn.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one())
 

@@ -265,26 +265,21 @@ async def test_a_write_cancelled_while_waiting_for_the_event_lock_leaves_a_clean
     await db.prepare()
     holding, release = asyncio.Event(), asyncio.Event()
 
-    def event(job: str) -> list[TeamEvent]:
-        return [TeamEvent(Event(EventKind.JOB_SUBMITTED, 1.0, job), "t")]
-
     async def hold_the_lock() -> None:
         async with db.write() as conn:
             await job_repo.insert(conn, _job("first"))
-            await event_repo.append(conn, event("first"))  # takes the lock until the commit
             holding.set()
             await release.wait()
 
     async def wait_for_the_lock() -> None:
         async with db.write() as conn:
             await job_repo.insert(conn, _job("never"))
-            await event_repo.append(conn, event("never"))
 
     try:
         holder = asyncio.create_task(hold_the_lock())
         await holding.wait()
         waiter = asyncio.create_task(wait_for_the_lock())
-        await asyncio.sleep(0.2)  # in its append, queued behind the holder's lock
+        await asyncio.sleep(0.2)  # in BEGIN, queued behind the holder's lock
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter

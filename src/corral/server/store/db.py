@@ -7,15 +7,13 @@ Two databases are supported with the same tables and code:
   ``database is locked`` retries). A lock file next to the database keeps a
   second server process off it (``sqlite_lock``).
 * PostgreSQL (asyncpg): several replicas may share it. Every write
-  transaction that appends events holds a transaction-scoped advisory lock
-  from drawing its events' numbers to its commit, so events become visible in
-  ``seq`` order and an SSE reader resuming after ``seq`` N can never miss an
-  event with a smaller ``seq`` that commits later. The append takes it, the
-  last statement before the commit, so the rest of concurrent transactions
-  runs side by side; group commits (several requests per transaction) are the
-  way to more throughput. A connection's first such transaction also checks
-  that no crash of PostgreSQL forgot event numbers since
-  (``events.pg_mark_epoch``).
+  transaction that appends events first takes a transaction-scoped advisory
+  lock, so events become visible in ``seq`` order and an SSE reader resuming
+  after ``seq`` N can never miss an event with a smaller ``seq`` that commits
+  later. Transactions are short, so this costs little; group commits
+  (several requests per transaction) are the way to more throughput.
+  A connection's first such transaction also checks that no crash of
+  PostgreSQL forgot event numbers since (``events.pg_mark_epoch``).
 """
 
 from __future__ import annotations
@@ -35,13 +33,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from corral.core.errors import InvalidSpec
 from corral.server.store import pgraw, sqlite_inline
-from corral.server.store.events import EPOCH_CHECKED, EPOCH_SEEN, EVENT_ORDER
+from corral.server.store.events import pg_mark_epoch
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
 
 DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
+EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event marker
 
 
 def lock_key(base: int, schema: str | None) -> int:
@@ -112,7 +111,13 @@ class Database:
             else None
         )
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
-        self._pg_begin = {True: "BEGIN", False: "BEGIN; SET LOCAL synchronous_commit TO off"}
+        self._pg_begin = {
+            (ordered, durable): "BEGIN"
+            + ("" if durable else "; SET LOCAL synchronous_commit TO off")
+            + (f"; SELECT pg_advisory_xact_lock({self.event_lock})" if ordered else "")
+            for ordered in (False, True)
+            for durable in (False, True)
+        }
         self.file_lock = _file_lock(target)
         # A SQLite server's first event after a start is numbered past anything a crash may
         # have forgotten (``events.SEQ_JUMP``); 0 once such an event is committed.
@@ -185,10 +190,8 @@ class Database:
         One simple query opens it: ``BEGIN``, for a write no promise rests on
         (``durable=False``) ``SET LOCAL synchronous_commit TO off`` (its commit
         does not wait for PostgreSQL's WAL flush; a crash of PostgreSQL may lose
-        it, as SQLite's relaxed commits may, and reconciliation recovers those).
-        ``COMMIT`` closes it. An ordered write takes the event-ordering lock only
-        when it appends its events, the last thing before its commit
-        (``events.append``), so writers run beside each other up to there. Meanwhile the
+        it, as SQLite's relaxed commits may, and reconciliation recovers those),
+        and the event-ordering lock. ``COMMIT`` closes it. Meanwhile the
         SQLAlchemy adapter is in autocommit (``pgraw.RAW``), so statements sent
         through SQLAlchemy run inside this transaction and its own commit and
         rollback do nothing, and ``pgraw.pg(conn)`` hands the repos the asyncpg
@@ -205,22 +208,22 @@ class Database:
         raw = adapted._connection
         adapted.isolation_level = pgraw.RAW
         pgraw.forget_jobs(conn)
-        info = conn.info  # kept: an invalidated connection refuses to hand it out
-        if ordered_events:  # events.append takes the lock, right before the commit
-            info[EVENT_ORDER] = self.event_lock
+        # A connection's first ordered write checks that no crash of PostgreSQL emptied
+        # the event marker since (every connection after such a crash is new).
+        unmarked = ordered_events and not conn.info.get(EPOCH_SEEN)
         try:
             try:
-                await raw.execute(self._pg_begin[durable])
+                await raw.execute(self._pg_begin[ordered_events, durable])
+                if unmarked:
+                    await pg_mark_epoch(raw)
                 yield conn
                 await raw.execute("COMMIT")
-                if info.pop(EPOCH_CHECKED, False):
-                    info[EPOCH_SEEN] = True
-            except BaseException as exc:  # from BEGIN, the body (a cancelled lock wait), COMMIT
-                info.pop(EPOCH_CHECKED, None)
+                if unmarked:
+                    conn.info[EPOCH_SEEN] = True
+            except BaseException as exc:  # from BEGIN (a cancelled lock wait), the body, COMMIT
                 await _pg_abandon(conn, raw, exc)
                 raise
         finally:
-            info.pop(EVENT_ORDER, None)
             adapted.isolation_level = adapted._isolation_setting
 
     @contextlib.asynccontextmanager

@@ -27,11 +27,16 @@ numbered. Events may reach readers before their commit is on disk (docs/server.m
 power loss forgets those, and without the jump their numbers would be given to later
 events, which a reader resuming after the last number it saw would then skip."""
 _PG = pgraw.codec(events)
-EVENT_ORDER = "corral_event_order"
-"""``conn.info`` key (PostgreSQL): the event-ordering lock's key while an ordered write is
-open (``Database.write``). ``append`` takes the lock, the last thing before the commit."""
-EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event marker
-EPOCH_CHECKED = "corral_epoch_checked"  # conn.info: the open transaction checked it
+_PG_APPEND = (
+    "INSERT INTO events (kind, at, job_id, node, team, data) "
+    "VALUES ($1, $2, $3, $4, $5, $6) RETURNING seq"
+)
+# Several events in one statement; rows are inserted (and their seq drawn) in array order.
+_PG_APPEND_MANY = (
+    "INSERT INTO events (kind, at, job_id, node, team, data) SELECT * FROM unnest("
+    "$1::varchar[], $2::float8[], $3::varchar[], $4::varchar[], $5::varchar[], $6::json[]) "
+    "RETURNING seq"
+)
 _APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
 # PostgreSQL: the sequence moved SEQ_JUMP past its last value (0 if never drawn from, which
 # is also what a crash leaves when it forgot every draw).
@@ -71,7 +76,7 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent], *, jump: int
         return seqs
     raw = pgraw.pg(conn)
     if raw is not None:
-        return await _pg_ordered_append(conn, raw, batch)
+        return await _pg_append(raw, batch)
     rows = await conn.execute(
         _APPEND,
         [
@@ -126,59 +131,18 @@ async def after(
     ]
 
 
-async def _pg_ordered_append(
-    conn: AsyncConnection, raw: Any, batch: Sequence[TeamEvent]
-) -> list[int]:
-    """Append on PostgreSQL under the event-ordering lock, taken by the insert itself.
-
-    Events are numbered in commit order: a reader that saw ``seq`` N never misses a
-    smaller one committed later. So every write appending events holds the lock from
-    drawing its numbers to its commit, and takes it as late as it can: its other
-    statements (and other writers' up to their own appends) run beside each other,
-    instead of queueing behind whole transactions. The lock is the first thing the
-    insert evaluates, before any ``seq`` is drawn: a one-time filter on a scalar
-    subquery (PostgreSQL runs it before the rows it gates). A connection's first ordered
-    write takes the lock on its own first and checks the event marker under it
-    (``pg_mark_epoch``: after a crash of PostgreSQL, its numbers jump).
-    """
-    key = conn.info.get(EVENT_ORDER)
-    if key is not None and not conn.info.get(EPOCH_SEEN):
-        await raw.execute(f"SELECT pg_advisory_xact_lock({int(key)})")
-        await pg_mark_epoch(raw)
-        conn.info[EPOCH_CHECKED] = True  # seen for good once this transaction commits
-    return await _pg_append(raw, batch, key)
-
-
-@functools.cache
-def _pg_statements(key: int | None) -> tuple[str, str]:
-    """The one-row and ``unnest`` inserts, gated on the event-ordering lock ``key``."""
-    gate = "" if key is None else f" WHERE (SELECT pg_advisory_xact_lock({int(key)})) IS NOT NULL"
-    one = (
-        "INSERT INTO events (kind, at, job_id, node, team, data) "
-        f"SELECT $1::varchar, $2::float8, $3::varchar, $4::varchar, $5::varchar, $6::json{gate} "
-        "RETURNING seq"
-    )
-    many = (
-        "INSERT INTO events (kind, at, job_id, node, team, data) SELECT * FROM unnest("
-        "$1::varchar[], $2::float8[], $3::varchar[], $4::varchar[], $5::varchar[], $6::json[]) "
-        f"AS e{gate} RETURNING seq"
-    )
-    return one, many
-
-
-async def _pg_append(raw: Any, batch: Sequence[TeamEvent], key: int | None) -> list[int]:
+async def _pg_append(raw: Any, batch: Sequence[TeamEvent]) -> list[int]:
     """One round trip: a single row, or all of them through ``unnest``.
 
     The rows of the ``unnest`` insert are drawn from the arrays in order and
     each takes the next ``seq`` as it is inserted, so the returned seqs,
     sorted, are those of ``batch`` in order (RETURNING promises no order).
     """
-    one, many = _pg_statements(key)
     if len(batch) == 1:
         te = batch[0]
         e = te.event
         args = (e.kind.value, e.at, e.job_id, e.node, te.team, dumps(dict(e.data)))
-        return [int(await raw.fetchval(one, *args))]
+        return [int(await raw.fetchval(_PG_APPEND, *args))]
     columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
     kinds, ats, job_ids, nodes, teams, datas = columns
     for te in batch:
@@ -189,14 +153,14 @@ async def _pg_append(raw: Any, batch: Sequence[TeamEvent], key: int | None) -> l
         nodes.append(e.node)
         teams.append(te.team)
         datas.append(dumps(dict(e.data)))
-    return sorted(int(r[0]) for r in await raw.fetch(many, *columns))
+    return sorted(int(r[0]) for r in await raw.fetch(_PG_APPEND_MANY, *columns))
 
 
 async def pg_mark_epoch(raw: Any) -> bool:
     """After a crash of PostgreSQL, move the event sequence past what it may have forgotten.
 
     Run inside a transaction holding the event-ordering lock, before the first
-    event a connection appends (``_pg_ordered_append``). ``event_epoch`` (migration 0007) is unlogged:
+    event a connection appends. ``event_epoch`` (migration 0007) is unlogged:
     crash recovery empties it. Empty, the sequence is moved ``SEQ_JUMP`` past
     its last value (events of relaxed commits reach readers before their WAL is
     flushed, and a crash forgets them and the sequence's advance alike) and the
