@@ -1,6 +1,9 @@
-"""SSE readers served from the events this process committed last (SQLite), else the table."""
+"""SSE readers served from the events this process committed last, else the table (on
+PostgreSQL only runs of numbers without a gap: other replicas write events too)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from server_harness import ADMIN, World
@@ -61,7 +64,52 @@ async def test_the_feed_from_memory_equals_the_table(world: World) -> None:
         table = [e for e, _ in await event_repo.after(conn, 0)]
     assert from_feed == table[:3]
     in_memory = world.plane.rt.recent.after(table[0].seq - 1)  # from the first one on
-    if world.plane.rt.db.is_postgres:
-        assert in_memory is None, "other replicas write events too: always the table"
-    else:
-        assert [e for e, _ in in_memory or []] == table
+    assert [e for e, _ in in_memory or []] == table
+
+
+def test_with_other_writers_only_a_gapless_run_after_the_reader_is_served() -> None:
+    recent = RecentEvents(contiguous=True)
+    recent.add(_batch("a", "b"), [11, 12])
+    recent.add(_batch("a"), [14])  # 13: another replica's, or a number never used
+    recent.add(_batch("a", "b"), [15, 16])
+
+    assert [e.seq for e, _ in recent.after(13) or []] == [14, 15, 16], "13 is read: 14 is next"
+    assert [e.seq for e, _ in recent.after(14, team="a") or []] == [15]
+    assert recent.after(14, team="c") == [], "every number after 14 is kept: none is c's"
+    # Up to the gap would be true, but the reader would then wait for news of what is
+    # committed already (14-16 woke nobody since): the table gives it everything at once.
+    assert recent.after(10) is None
+    assert recent.after(11) is None
+    assert recent.after(12) is None, "13 is not kept: the table says what it was"
+    assert recent.after(16) is None, "nothing kept after it: others may have written since"
+    assert recent.after(17) is None
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_another_replica_s_event_reaches_the_reader_from_the_table(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A reader whose next event another replica wrote is sent to the table for it."""
+    world = await World.open(pg_url, tmp_path)
+    try:
+        await _another_replica_s_event(world)
+    finally:
+        await world.close()
+
+
+async def _another_replica_s_event(world: World) -> None:
+    await world.submit()
+    async with world.plane.rt.db.read() as conn:
+        read = max(e.seq for e, _ in await event_repo.after(conn, 0))
+    async with world.plane.rt.db.write() as conn:  # as another replica: memory never sees it
+        await event_repo.append(conn, [TeamEvent(Event(EventKind.JOB_LOG, 2.0, "elsewhere"))])
+    second = await world.submit()
+    assert world.plane.rt.recent.after(read) is None, "the next number is not kept"
+    seen: list[str | None] = []
+    async for event in one_by_one(world.plane.feed.follow(ADMIN, read)):
+        if event is None:
+            break
+        seen.append(event.job_id)
+        if event.job_id == second.job.id:
+            break
+    assert seen == ["elsewhere", second.job.id]

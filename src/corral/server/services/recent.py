@@ -9,7 +9,13 @@ them; a reader whose position is inside that window is served from memory,
 one further behind (resuming an old stream) reads the table as before.
 
 On PostgreSQL, other replicas commit events too, and a replica's memory
-would miss theirs: the window stays closed and every reader uses the table.
+would miss theirs. But events are numbered in commit order there too (the
+event-ordering lock), so a run of kept events whose numbers follow each other
+without a gap, starting right after a reader's position, is exactly what the
+table holds there: such a reader is served from memory (``contiguous``). A gap
+(another replica's event, a number a rolled-back write drew) or nothing kept
+after the position sends the reader to the table, which also brings it other
+replicas' events (it reads the table at least every ``api.sse_poll_s``).
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ MAX_KEPT = 10_000
 
 
 class RecentEvents:
-    def __init__(self, *, enabled: bool = True, max_kept: int = MAX_KEPT) -> None:
+    def __init__(
+        self, *, enabled: bool = True, max_kept: int = MAX_KEPT, contiguous: bool = False
+    ) -> None:
         self.enabled = enabled
+        self.contiguous = contiguous  # other writers: serve only gapless runs (PostgreSQL)
         self._kept: deque[tuple[Event, str | None]] = deque(maxlen=max_kept)
         self._floor: int | None = None  # every committed event after this seq is kept
 
@@ -51,10 +60,17 @@ class RecentEvents:
         if not self.enabled or self._floor is None or seq < self._floor:
             return None
         out: list[tuple[Event, str | None]] = []
+        expect = None  # contiguous: the number the next older kept event must have
         for event, owner in reversed(self._kept):  # readers are usually near the end
             if event.seq <= seq:
                 break
+            if self.contiguous:
+                if expect is not None and event.seq != expect:
+                    return None  # a gap: someone else's event, or a number never used
+                expect = event.seq - 1
             if (job_id is None or event.job_id == job_id) and (team is None or owner == team):
                 out.append((event, owner))
+        if self.contiguous and expect != seq:  # nothing kept after it, or a gap right after
+            return None
         out.reverse()
         return out[:limit]

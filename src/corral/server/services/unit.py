@@ -235,8 +235,8 @@ class Runtime:
     fresh_allocs: dict[str, AllocRecord] = field(default_factory=dict)  # just placed, likewise
 
     def __post_init__(self) -> None:
-        # Other replicas commit events too on PostgreSQL: memory would miss theirs.
-        self.recent.enabled = not self.db.is_postgres
+        # Other replicas commit events too on PostgreSQL: memory serves only gapless runs.
+        self.recent.contiguous = self.db.is_postgres
 
     @contextlib.asynccontextmanager
     async def tx(
