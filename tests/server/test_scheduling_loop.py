@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.states import JobState
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader
+from corral.server.store import nodes as node_repo
 from corral.server.store.db import Database, lock_key, parse_db
 
 pytestmark = pytest.mark.anyio
@@ -311,6 +312,31 @@ async def test_a_cycle_confirms_the_lead_beside_its_snapshot_and_places_nothing_
         assert loop.leading
     finally:
         await world.close()
+
+
+async def test_a_submission_s_own_cycle_takes_its_nodes_from_its_snapshot(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read in the same transaction, the snapshot's nodes say which take work: the
+    placement does not ask the store again (the loop's own cycle, read apart, does)."""
+    asked: list[str] = []
+    schedulable = node_repo.schedulable
+
+    async def counted(conn: object, name: str) -> bool:
+        asked.append(name)
+        return await schedulable(conn, name)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node_repo, "schedulable", counted)
+    await world.agent("n1", gpus=2)
+    await _quiet(world)
+    rec = await world.submit(resources={"gpus": 1})
+    assert (await world.job(rec.job.id)).state is JobState.PLACED
+    assert asked == []
+    world.plane.rt.work_waiting = True  # not quiet: the loop's path
+    other = await world.submit(resources={"gpus": 1})
+    await world.cycle()
+    assert (await world.job(other.job.id)).state is JobState.PLACED
+    assert asked == ["n1"]
 
 
 async def test_place_on_submit_off_leaves_it_to_the_loop(db_url: str, tmp_path: Path) -> None:

@@ -280,7 +280,9 @@ class SchedulingLoop:
             plan = decide(seen, self.config(), now, seed)  # a thread hop costs more
         else:  # keep the API serving meanwhile
             plan = await asyncio.to_thread(decide, seen, self.config(), now, seed)
-        applied = await apply_plan(self.rt, plan, records, within)
+        # Inside a transaction that read the snapshot, its nodes are as the store has them.
+        nodes = snapshot.nodes if within is not None else ()
+        applied = await apply_plan(self.rt, plan, records, within, nodes)
         self._served(records, applied, now)
         self.awaiting.update(applied.awaiting)
         self._remember(snapshot, plan, now, explain, len(seen.queued))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.events import EventKind
-from corral.core.model import Allocation
+from corral.core.model import Allocation, Node
 from corral.core.states import JOB, JobState, transition
 from corral.scheduler.api import Placement, Plan
 from corral.server.agentlink.base import Assignment, JobWork, StopReason
@@ -48,18 +48,25 @@ class Applied:
 
 
 async def apply_plan(
-    rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord], within: Tx | None = None
+    rt: Runtime,
+    plan: Plan,
+    seen: Mapping[str, JobRecord],
+    within: Tx | None = None,
+    nodes: Sequence[Node] = (),
 ) -> Applied:
     """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler's snapshot saw.
 
     ``within``: apply it in that (open) transaction instead of one of its own; its
-    assignments then go out as soon as it commits, before its fsync.
+    assignments then go out as soon as it commits, before its fsync. ``nodes``: the
+    snapshot's, when it was read in ``within`` too: whether each takes work is known
+    then, and not asked again (on PostgreSQL a round trip per node).
     """
     applied = Applied()
     if not plan.placements and not plan.preemptions:
         return applied
     if within is not None:
-        await _apply(rt, within, plan, seen, applied)
+        known = {n.name: n.schedulable for n in nodes}
+        await _apply(rt, within, plan, seen, applied, known)
         for a in applied.placed:
             within.at_commit(_sender(rt, a))
     else:
@@ -73,9 +80,14 @@ async def apply_plan(
 
 
 async def _apply(
-    rt: Runtime, tx: Tx, plan: Plan, seen: Mapping[str, JobRecord], applied: Applied
+    rt: Runtime,
+    tx: Tx,
+    plan: Plan,
+    seen: Mapping[str, JobRecord],
+    applied: Applied,
+    schedulable: dict[str, bool] | None = None,  # node -> taking work (read once per plan)
 ) -> None:
-    schedulable: dict[str, bool] = {}  # node -> taking work (read once per plan)
+    schedulable = {} if schedulable is None else schedulable
     lone: list[Placement] = []  # one job on one node: placed together (_place_lone)
     for group in _groups(plan.placements):
         victims = frozenset(v for p in group for v in p.preempts)
