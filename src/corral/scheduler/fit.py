@@ -87,7 +87,9 @@ def search(need: Need, sources: Sequence[Source], limit: int, seen: set[int]) ->
 def _search_whole(
     need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
-    top = max((len(index.whole) for index, _ in sources), default=0)
+    top = 0  # a loop, not max() over a generator: a compiled build runs it inline
+    for index, _ in sources:
+        top = max(top, len(index.whole))
     cpus = need.cpus
     for level in range(max(need.gpus, 1), top):
         for index, allowed in sources:
