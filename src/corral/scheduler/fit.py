@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.core.resources import MILLI
-from corral.scheduler.capacity import PARTIAL_STEP, Index, NodeCap
+from corral.scheduler.capacity import PARTIAL_STEP, Bucket, Index, NodeCap
 from corral.scheduler.need import Need
 
 
@@ -93,7 +93,10 @@ def _search_whole(
     cpus = need.cpus
     for level in range(max(need.gpus, 1), top):
         for index, allowed in sources:
-            for nc in index.whole[level]:
+            bucket = index.whole[level]
+            if not bucket.size:
+                continue
+            for nc in bucket:
                 if nc.cpus_free < cpus or nc.idx in seen:
                     continue
                 if allowed is not None and nc.cls not in allowed:
@@ -112,7 +115,10 @@ def _search_partial(
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
         for index, allowed in sources:
-            for nc in index.partial[level]:
+            bucket = index.partial[level]
+            if not bucket.size:
+                continue
+            for nc in bucket:
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
@@ -135,12 +141,14 @@ def _search_cpu(
 
 def _search_bucket(
     need: Need,
-    bucket: list[NodeCap],
+    bucket: Bucket,
     allowed: frozenset[int] | None,
     limit: int,
     seen: set[int],
     found: list[Fit],
 ) -> None:
+    if not bucket.size:
+        return
     for nc in bucket:
         if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
             continue
