@@ -76,6 +76,7 @@ class NodeCap:
         "groups",
         "hidden",
         "idx",
+        "milli_free",
         "node",
         "partial_level",
         "positions",
@@ -90,6 +91,7 @@ class NodeCap:
         self.schedulable = node.schedulable
         self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
         self.gpu_free = [MILLI] * len(self.gpu_vram)
+        self.milli_free = MILLI * len(self.gpu_vram)  # sum(gpu_free), kept: scorers read it
         self.gpu_vram_free = list(self.gpu_vram)
         self.cpus_free = node.cpus
         self.whole_free = len(self.gpu_vram)
@@ -322,6 +324,7 @@ class Capacity:
             whole = alloc.gpu_milli == MILLI
             for g in nc.to_positions(alloc.gpu_indices):
                 nc.gpu_free[g] -= alloc.gpu_milli
+                nc.milli_free -= alloc.gpu_milli
                 nc.gpu_vram_free[g] -= nc.gpu_vram[g] if whole else alloc.vram_bytes
         for nc in touched:
             nc._recount()
@@ -435,6 +438,7 @@ class Capacity:
                     continue
                 was = free[g]
                 now = free[g] = was + milli
+                nc.milli_free += milli
                 if milli == MILLI or milli == -MILLI:  # a whole card: all its VRAM goes with it
                     vram_free[g] += cards[g] if milli > 0 else -cards[g]
                 else:

@@ -62,7 +62,7 @@ class BestFit:
             total = nc.node.cpus or 1
             return 1.0 - (nc.cpus_free - fit.cpus) / total
         total_cards = nc.gpu_count or 1
-        free_after = sum(nc.gpu_free) - fit.total_milli
+        free_after = nc.milli_free - fit.total_milli
         return 1.0 - free_after / (total_cards * 1000)
 
 
