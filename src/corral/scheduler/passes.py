@@ -32,7 +32,7 @@ from corral.scheduler.explain import simple
 from corral.scheduler.need import Need
 from corral.scheduler.ordering import FairQueue, Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
-from corral.scheduler.queues import Group, Queue
+from corral.scheduler.queues import Group, Holders, Queue
 
 
 class Passes:
@@ -110,7 +110,14 @@ class Passes:
         self._head(pclass, guaranteed=False)
         live = self._live(pclass, guaranteed=False)
         by_team = self.queue.by_team[pclass.name]
-        teams = sorted(t for t, own in by_team.items() if any(live.live(g) for g in own))
+        # A team none of whose jobs may be handed out gets no queue: it would stay empty
+        # through every refill (usable jobs only get fewer in a cycle). The common case:
+        # the guaranteed pass placed them (96% of these queues were empty at 20,000 jobs).
+        teams = sorted(
+            t
+            for t, own in by_team.items()
+            if _any_usable(own, live) and any(live.live(g) for g in own)
+        )
         if not teams:
             return
         running = self.running.get(pclass.name, EMPTY)
@@ -194,6 +201,13 @@ class Passes:
             running = self.running.get(pclass.name, EMPTY)
             for job in FairQueue(left, self.weights, running):
                 planner.leave(job, planner.explanation(job, pclass))
+
+
+def _any_usable(groups: Mapping[Group, Holders], live: Liveness) -> bool:
+    """Does any group of ``groups`` hold a job that may be handed out (not decided yet)?"""
+    return any(
+        live.usable(job) for holders in groups.values() for jobs in holders.values() for job in jobs
+    )
 
 
 class Liveness(Gate[Group]):
