@@ -16,6 +16,7 @@ work that ends together on a node frees the whole node together.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -124,7 +125,7 @@ def choose(
     """The best of ``candidates`` by weighted score; the earlier wins ties."""
     if len(candidates) == 1:
         return candidates[0].fit
-    best, best_score = candidates[0].fit, float("-inf")
+    best, best_score = candidates[0].fit, -math.inf
     for candidate in candidates:
         total = 0.0
         for weight, s in chain:
