@@ -184,14 +184,13 @@ class Bucket:
         self.size = 0
 
     def __iter__(self) -> Iterator[NodeCap]:
-        nodes, words = self.nodes, self.words
-        for w in range(len(words)):
-            word = words[w]
-            base = w * WORD
+        nodes, base = self.nodes, 0
+        for word in self.words:
             while word:
                 low = word & -word  # the lowest bit: the next node in node order
                 yield nodes[base + low.bit_length() - 1]
                 word ^= low
+            base += WORD
 
     def __contains__(self, nc: NodeCap) -> bool:
         return (self.words[nc.idx // WORD] >> (nc.idx % WORD)) & 1 == 1
