@@ -121,7 +121,7 @@ def _fewest_nodes(room: list[tuple[NodeCap, int]], replicas: int) -> Choice | No
     used = {nc.idx for nc, _ in chosen}
     tightest: tuple[NodeCap, int] | None = None
     for nc, count in room:
-        if nc.idx in used or count < last_count or count >= last_room:
+        if count < last_count or count >= last_room or nc.idx in used:
             continue
         if tightest is None or _tighter(nc, count, tightest[0], tightest[1]):
             tightest = (nc, count)
