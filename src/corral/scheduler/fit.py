@@ -53,7 +53,10 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
-        cards = nc.whole_free_cards(need.vram, need.gpu_models)
+        if need.vram or need.gpu_models:
+            cards = nc.whole_free_cards(need.vram, need.gpu_models)
+        else:
+            cards = _first_free(nc.gpu_free, need.gpus)
         if len(cards) < need.gpus:
             return None
         chosen = tuple(cards[: need.gpus])
@@ -62,6 +65,18 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if card is None:
         return None
     return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+
+
+def _first_free(gpu_free: list[int], count: int) -> list[int]:
+    """The first ``count`` wholly free cards (fewer when there are not as many): the
+    cards ``whole_free_cards`` lists first, without listing them all."""
+    cards: list[int] = []
+    for i, free in enumerate(gpu_free):
+        if free == MILLI:
+            cards.append(i)
+            if len(cards) == count:
+                break
+    return cards
 
 
 Source = tuple[Index, frozenset[int] | None]
