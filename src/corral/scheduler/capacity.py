@@ -16,8 +16,8 @@ static filter treats alike) and per model they hold, so best-fit search walks
 a few buckets instead of every node. A bucket is walked in node order: its
 order is a function of the state alone, never of the history of changes, so
 a capacity kept across cycles and one built from a snapshot give the same
-search results. Nodes without a free card are in no whole-card
-bucket (no search looks there). A *hidden* node (reserved for a job ahead in
+search results. Nodes without a free card are in no whole-card bucket (no
+search looks there). A *hidden* node (reserved for a job ahead in
 the queue) is in no bucket at all until the cycle ends. The candidate
 iterators walk live buckets: finish iterating before you reserve or release.
 """
@@ -217,7 +217,7 @@ class Index:
     whose roomiest partly used card has k x ``PARTIAL_STEP`` milli free;
     ``cpu[0]``/``cpu[1]``: nodes with free CPU slots and no / some wholly free
     card (CPU work looks at the first kind first: their CPUs serve no GPU job).
-    ``nodes``: every node of the capacity, by index.
+    Every bucket is a ``Bucket`` over ``nodes``, the capacity's nodes by index.
     """
 
     __slots__ = ("cpu", "partial", "whole")
