@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from corral.core import GIB, MILLI, InvalidSpec, ResourceRequest, parse_bytes
@@ -64,3 +66,16 @@ def test_from_gpus_turns_fractions_into_shares() -> None:
     assert ResourceRequest.from_gpus(0.25).gpu_milli == 250
     with pytest.raises(InvalidSpec):
         ResourceRequest.from_gpus(1.5)
+
+
+def test_a_request_hashes_as_the_generated_dataclass_hash_would() -> None:
+    """``ResourceRequest.__hash__`` is written out (a compiled build compiles it); it must
+    stay the hash of every compared field, in order, as ``dataclass`` generates it."""
+    for r in (
+        ResourceRequest(),
+        ResourceRequest(gpus=2, vram_bytes=40 << 30, cpus=8, gpu_models=frozenset({"H100"})),
+        ResourceRequest(gpu_milli=250, cpu_fallback=True),
+    ):
+        compared = tuple(getattr(r, f.name) for f in dataclasses.fields(r) if f.compare)
+        assert hash(r) == hash(compared)
+        assert hash(r) == hash(dataclasses.replace(r))

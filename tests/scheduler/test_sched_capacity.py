@@ -38,6 +38,7 @@ def consistent(cap: Capacity) -> None:
     index = cap.everywhere
     for nc in cap.nodes:
         assert nc.whole_free == sum(1 for f in nc.gpu_free if f == 1000)
+        assert nc.milli_free == sum(nc.gpu_free)
         listed = not nc.hidden
         for level, bucket in enumerate(index.whole):
             assert (nc in bucket) == (listed and level == nc.whole_free > 0)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
+from random import Random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scheduler_builders import alloc, job, node, snapshot
 
+from corral.core import Gpu, Node
 from corral.scheduler import Config, ReasonCode, schedule
+from corral.scheduler.capacity import NodeCap
+from corral.scheduler.gang import _fewest_nodes
 
 
 def test_a_gang_is_placed_whole_on_the_fewest_nodes() -> None:
@@ -78,3 +84,52 @@ def test_jobs_in_backoff_do_not_join_a_batch() -> None:
     plan = schedule(snapshot([node("n").gpus(1)], jobs))
     assert [p.job_ids for p in plan.placements] == [("a",)]
     assert plan.unplaced[0].reasons[0].code is ReasonCode.NOT_BEFORE
+
+
+def _fewest_nodes_by_sorting(
+    room: list[tuple[NodeCap, int]], replicas: int
+) -> list[tuple[NodeCap, int]] | None:
+    """``gang._fewest_nodes`` as it was written first: every node with room sorted."""
+    if sum(count for _, count in room) < replicas:
+        return None
+    ordered = sorted(room, key=lambda item: (-item[1], item[0].whole_free, item[0].idx))
+    chosen: list[tuple[NodeCap, int]] = []
+    left = replicas
+    for nc, count in ordered:
+        if left <= 0:
+            break
+        chosen.append((nc, min(count, left)))
+        left -= count
+    last_nc, last_count = chosen[-1]
+    used = {nc.idx for nc, _ in chosen}
+    last_room = next(count for nc, count in room if nc is last_nc)
+    tighter = [
+        (nc, count)
+        for nc, count in room
+        if nc.idx not in used and count >= last_count and count < last_room
+    ]
+    if tighter:
+        nc, _ = min(tighter, key=lambda item: (item[1], item[0].whole_free, item[0].idx))
+        chosen[-1] = (nc, last_count)
+    return chosen
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 8), st.integers(1, 6)), max_size=30),
+    st.integers(2, 12),
+    st.randoms(use_true_random=False),
+)
+def test_a_gang_picks_the_nodes_a_full_sort_would(
+    nodes: list[tuple[int, int]], replicas: int, rnd: Random
+) -> None:
+    """Picking the most-room and tightest nodes by walks gives what sorting every node did
+    (ties in count and free cards broken by node index, whatever the room's order)."""
+    room = []
+    cards = tuple(Gpu(i, "H100", 80 << 30) for i in range(8))
+    for idx, (whole_free, count) in enumerate(nodes):
+        nc = NodeCap(idx, Node(f"n{idx}", gpus=cards), 0)
+        nc.whole_free = whole_free
+        room.append((nc, count))
+    rnd.shuffle(room)
+    assert _fewest_nodes(room, replicas) == _fewest_nodes_by_sorting(room, replicas)

@@ -12,7 +12,7 @@ from scheduler_builders import alloc, job, node, snapshot, team
 from corral.core import Job
 from corral.scheduler import Config, schedule
 from corral.scheduler.need import Need
-from corral.scheduler.ordering import FairQueue, LiveQueue, lines_of
+from corral.scheduler.ordering import Checks, FairQueue, LiveQueue, lines_of
 from corral.scheduler.queues import Group, Queue
 
 
@@ -97,7 +97,7 @@ def test_the_live_queue_skips_dead_groups_whole_and_charges_only_placements() ->
     other = {"v": [job(f"v{i}").gpus(1).set(user="v", submitted_at=i).build() for i in range(3)]}
     groups = {"small": small, "big": big, "other": other}
     dead = {"big"}
-    queue = LiveQueue(groups, {}, {}, lambda g: g not in dead, lambda j: True)
+    queue = LiveQueue(groups, {}, {}, Checks(lambda g: g not in dead, lambda j: True))
     first = queue.pop()
     assert first is not None
     assert first.id == "u0"  # ubig is older, but its group is dead
@@ -222,9 +222,9 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
     if by_team:  # two "teams": even and odd groups, each with its own lines
         halves = [{g: h for g, h in groups.items() if int(g[1:]) % 2 == k} for k in (0, 1)]
         lines = [lines_of(half) for half in halves]
-        ours = LiveQueue(groups, weights, running, live, usable, lines)
+        ours = LiveQueue(groups, weights, running, Checks(live, usable), lines)
     else:
-        ours = LiveQueue(groups, weights, running, live, usable)
+        ours = LiveQueue(groups, weights, running, Checks(live, usable))
     reference = ReferenceLiveQueue(groups, weights, running, live, usable)
     names = sorted(groups)
     every = [j for holders in groups.values() for own in holders.values() for j in own]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import replace
+from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scheduler_strategies import crowded, situations
 
 from corral.core import MILLI, Allocation, Gpu, Job, Node, ResourceRequest
-from corral.scheduler import Config, Placement, Plan, Snapshot, schedule
+from corral.scheduler import Config, Placement, Plan, Snapshot, passes, schedule
 from corral.scheduler.quota import Ledger
 
 Case = tuple[Snapshot, Config, float]
@@ -205,3 +207,19 @@ def test_passing_over_nodes_never_decides_whether_a_lone_job_runs(
 
 def where(plan: Plan) -> list[tuple[str, tuple[int, ...], bool]]:
     return [(p.node, p.gpu_indices, p.on_cpu) for p in plan.placements]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(situations(), crowded()), st.integers(0, 2**32))
+def test_the_borrowing_pass_makes_the_same_plan_with_every_team_queue_made_up_front(
+    case: Case, seed: int
+) -> None:
+    """The borrowing pass makes no fair queue for a team with no job left to hand out:
+    invisible in the plan, against making every team's queue."""
+    if passes.__file__ is None or not passes.__file__.endswith(".py"):
+        pytest.skip("a compiled module's functions cannot be patched")
+    snapshot, config, now = case
+    lazy = schedule(snapshot, config, now, seed)
+    with patch.object(passes, "_any_usable", lambda groups, live: True):
+        eager = schedule(snapshot, config, now, seed)
+    assert lazy == eager

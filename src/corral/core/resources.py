@@ -75,6 +75,21 @@ class ResourceRequest:
         if self.cpus < 0:
             raise InvalidSpec("resources.cpus", "must be >= 0")
 
+    def __hash__(self) -> int:
+        """The hash ``dataclass`` would generate (the same value), written out so that a
+        compiled build compiles it: requests key the scheduler's cache of needs, looked
+        up once per queued job, and a generated ``__hash__`` stays interpreted code."""
+        return hash(
+            (
+                self.gpus,
+                self.gpu_milli,
+                self.vram_bytes,
+                self.cpus,
+                self.gpu_models,
+                self.cpu_fallback,
+            )
+        )
+
     @property
     def shared(self) -> bool:
         """True when the job reserves a share of one GPU rather than whole cards."""

@@ -13,19 +13,18 @@ same way, and applies the world's changes between cycles with ``adjust``.
 Nodes are indexed by free whole cards (and by the room on their partly used
 cards, and by free CPUs), overall, per *equivalence class* (nodes that every
 static filter treats alike) and per model they hold, so best-fit search walks
-a few buckets instead of every node. A bucket is a list of nodes in node
-order: its order is a function of the state alone, never of the history of
-changes, so a capacity kept across cycles and one built from a snapshot give
-the same search results. Nodes without a free card are in no whole-card
-bucket (no search looks there). A *hidden* node (reserved for a job ahead in
+a few buckets instead of every node. A bucket is walked in node order: its
+order is a function of the state alone, never of the history of changes, so
+a capacity kept across cycles and one built from a snapshot give the same
+search results. Nodes without a free card are in no whole-card bucket (no
+search looks there). A *hidden* node (reserved for a job ahead in
 the queue) is in no bucket at all until the cycle ends. The candidate
 iterators walk live buckets: finish iterating before you reserve or release.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from corral.core.model import Allocation, Gpu, Node
@@ -38,6 +37,10 @@ ABSENT: Final = 0
 
 PARTIAL_STEP: Final = 50
 """Width, in milli-GPUs, of a bucket of the shared-card index (20 buckets per card)."""
+
+WORD: Final = 60
+"""Node indices per word of a bucket's bits: a word stays below 2**62, so a compiled
+build keeps it unboxed and setting or clearing a bit allocates nothing."""
 
 _RESERVE: Final = 0
 _RELEASE: Final = 1
@@ -73,6 +76,7 @@ class NodeCap:
         "groups",
         "hidden",
         "idx",
+        "milli_free",
         "node",
         "partial_level",
         "positions",
@@ -87,6 +91,7 @@ class NodeCap:
         self.schedulable = node.schedulable
         self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
         self.gpu_free = [MILLI] * len(self.gpu_vram)
+        self.milli_free = MILLI * len(self.gpu_vram)  # sum(gpu_free), kept: scorers read it
         self.gpu_vram_free = list(self.gpu_vram)
         self.cpus_free = node.cpus
         self.whole_free = len(self.gpu_vram)
@@ -161,6 +166,50 @@ class NodeCap:
         self.partial_level = level
 
 
+class Bucket:
+    """The nodes of one bucket of an ``Index``, walked in node order (``for nc in bucket``).
+
+    Kept as one bit per node index, in words of ``WORD`` bits: a node joins or leaves
+    with one bit operation whatever the bucket holds (a list in node order needed a
+    bisect and a shift of the list each time, twice per move between buckets; moves are
+    two per job started). ``size`` tells a search to skip an empty bucket. A walk reads
+    the words as it goes: finish walking before you reserve or release.
+    """
+
+    __slots__ = ("nodes", "size", "words")
+
+    def __init__(self, nodes: list[NodeCap]) -> None:
+        self.nodes = nodes  # every node of the capacity, by index (shared by its buckets)
+        self.words = [0] * (len(nodes) // WORD + 1)
+        self.size = 0
+
+    def __iter__(self) -> Iterator[NodeCap]:
+        nodes, base = self.nodes, 0
+        for word in self.words:
+            while word:
+                low = word & -word  # the lowest bit: the next node in node order
+                yield nodes[base + low.bit_length() - 1]
+                word ^= low
+            base += WORD
+
+    def __contains__(self, nc: NodeCap) -> bool:
+        return (self.words[nc.idx // WORD] >> (nc.idx % WORD)) & 1 == 1
+
+    def add(self, nc: NodeCap) -> None:
+        w, bit = nc.idx // WORD, 1 << (nc.idx % WORD)
+        word = self.words[w]
+        if not word & bit:
+            self.words[w] = word | bit
+            self.size += 1
+
+    def remove(self, nc: NodeCap) -> None:
+        w, bit = nc.idx // WORD, 1 << (nc.idx % WORD)
+        word = self.words[w]
+        if word & bit:
+            self.words[w] = word ^ bit
+            self.size -= 1
+
+
 class Index:
     """Nodes of one group (all, one class, or holders of one model) by free capacity.
 
@@ -168,84 +217,52 @@ class Index:
     whose roomiest partly used card has k x ``PARTIAL_STEP`` milli free;
     ``cpu[0]``/``cpu[1]``: nodes with free CPU slots and no / some wholly free
     card (CPU work looks at the first kind first: their CPUs serve no GPU job).
-    Every bucket is a list in node order (see the module docstring), with a
-    parallel list of the node indices (``*_keys``) that moves are bisected on:
-    integers compare without a key function call per probe.
+    Every bucket is a ``Bucket`` over ``nodes``, the capacity's nodes by index.
     """
 
-    __slots__ = ("cpu", "cpu_keys", "partial", "partial_keys", "whole", "whole_keys")
+    __slots__ = ("cpu", "partial", "whole")
 
-    def __init__(self, max_gpus: int) -> None:
-        self.whole: list[list[NodeCap]] = [[] for _ in range(max_gpus + 1)]  # [0] stays empty
-        self.partial: list[list[NodeCap]] = [[] for _ in range(MILLI // PARTIAL_STEP)]
-        self.cpu: tuple[list[NodeCap], list[NodeCap]] = ([], [])
-        self.whole_keys: list[list[int]] = [[] for _ in self.whole]
-        self.partial_keys: list[list[int]] = [[] for _ in self.partial]
-        self.cpu_keys: tuple[list[int], list[int]] = ([], [])
+    def __init__(self, max_gpus: int, nodes: list[NodeCap]) -> None:
+        self.whole = [Bucket(nodes) for _ in range(max_gpus + 1)]  # [0] stays empty
+        self.partial = [Bucket(nodes) for _ in range(MILLI // PARTIAL_STEP)]
+        self.cpu = (Bucket(nodes), Bucket(nodes))
 
     def add(self, nc: NodeCap) -> None:
         if nc.whole_free > 0:
-            _put(self.whole[nc.whole_free], self.whole_keys[nc.whole_free], nc)
+            self.whole[nc.whole_free].add(nc)
         if nc.partial_level >= 0:
-            _put(self.partial[nc.partial_level], self.partial_keys[nc.partial_level], nc)
+            self.partial[nc.partial_level].add(nc)
         if nc.cpus_free > 0:
-            has_whole = nc.whole_free > 0
-            _put(self.cpu[has_whole], self.cpu_keys[has_whole], nc)
-
-    def append(self, nc: NodeCap) -> None:
-        """``add`` for a node after every node already in the index (building in node order)."""
-        if nc.whole_free > 0:
-            self.whole[nc.whole_free].append(nc)
-            self.whole_keys[nc.whole_free].append(nc.idx)
-        if nc.partial_level >= 0:
-            self.partial[nc.partial_level].append(nc)
-            self.partial_keys[nc.partial_level].append(nc.idx)
-        if nc.cpus_free > 0:
-            self.cpu[nc.whole_free > 0].append(nc)
-            self.cpu_keys[nc.whole_free > 0].append(nc.idx)
+            self.cpu[nc.whole_free > 0].add(nc)
 
     def remove(self, nc: NodeCap) -> None:
         if nc.whole_free > 0:
-            _drop(self.whole[nc.whole_free], self.whole_keys[nc.whole_free], nc)
+            self.whole[nc.whole_free].remove(nc)
         if nc.partial_level >= 0:
-            _drop(self.partial[nc.partial_level], self.partial_keys[nc.partial_level], nc)
+            self.partial[nc.partial_level].remove(nc)
         if nc.cpus_free > 0:
-            has_whole = nc.whole_free > 0
-            _drop(self.cpu[has_whole], self.cpu_keys[has_whole], nc)
+            self.cpu[nc.whole_free > 0].remove(nc)
 
     def move(self, nc: NodeCap, whole: int, partial: int, cpu: bool) -> None:
         """``nc`` changed from (``whole``, ``partial``, ``cpu``): move it where it changed."""
         now_whole = nc.whole_free
         if whole != now_whole:
             if whole > 0:
-                _drop(self.whole[whole], self.whole_keys[whole], nc)
+                self.whole[whole].remove(nc)
             if now_whole > 0:
-                _put(self.whole[now_whole], self.whole_keys[now_whole], nc)
+                self.whole[now_whole].add(nc)
         now_partial = nc.partial_level
         if partial != now_partial:
             if partial >= 0:
-                _drop(self.partial[partial], self.partial_keys[partial], nc)
+                self.partial[partial].remove(nc)
             if now_partial >= 0:
-                _put(self.partial[now_partial], self.partial_keys[now_partial], nc)
+                self.partial[now_partial].add(nc)
         has_cpu = nc.cpus_free > 0
         if cpu != has_cpu or (whole > 0) != (now_whole > 0):
             if cpu:
-                _drop(self.cpu[whole > 0], self.cpu_keys[whole > 0], nc)
+                self.cpu[whole > 0].remove(nc)
             if has_cpu:
-                _put(self.cpu[now_whole > 0], self.cpu_keys[now_whole > 0], nc)
-
-
-def _put(bucket: list[NodeCap], keys: list[int], nc: NodeCap) -> None:
-    """Insert ``nc`` into ``bucket`` in node order (after an equal index, as ``insort``)."""
-    at = bisect_right(keys, nc.idx)
-    keys.insert(at, nc.idx)
-    bucket.insert(at, nc)
-
-
-def _drop(bucket: list[NodeCap], keys: list[int], nc: NodeCap) -> None:
-    at = bisect_left(keys, nc.idx)
-    del keys[at]
-    del bucket[at]
+                self.cpu[now_whole > 0].add(nc)
 
 
 Change = tuple[int, NodeCap, tuple[int, ...], int, int, int]
@@ -276,7 +293,7 @@ class Capacity:
         self.by_name: dict[str, NodeCap] = {nc.name: nc for nc in self.nodes}
         self._preload(held)
         self.max_gpus = max((nc.gpu_count for nc in self.nodes), default=0)
-        self.everywhere = Index(self.max_gpus)
+        self.everywhere = Index(self.max_gpus, self.nodes)
         self.by_class: dict[int, Index] = {}
         self.by_model: dict[tuple[str, int], Index] = {}
         self._journal: list[Change] = []
@@ -290,7 +307,7 @@ class Capacity:
             if nc.schedulable:
                 nc.groups = self._groups_of(nc, wanted, alone)
                 for index in nc.groups:
-                    index.append(nc)
+                    index.add(nc)
 
     def _preload(self, held: Iterable[Allocation]) -> None:
         """Subtract what existing allocations hold, before indexing (no journal)."""
@@ -306,6 +323,7 @@ class Capacity:
             whole = alloc.gpu_milli == MILLI
             for g in nc.to_positions(alloc.gpu_indices):
                 nc.gpu_free[g] -= alloc.gpu_milli
+                nc.milli_free -= alloc.gpu_milli
                 nc.gpu_vram_free[g] -= nc.gpu_vram[g] if whole else alloc.vram_bytes
         for nc in touched:
             nc._recount()
@@ -314,7 +332,9 @@ class Capacity:
         """The indexes of ``nc``; ``alone``: its class is every schedulable node (one index)."""
         own = self.by_class.get(nc.cls)
         if own is None:
-            own = self.by_class[nc.cls] = self.everywhere if alone else Index(self.max_gpus)
+            own = self.by_class[nc.cls] = (
+                self.everywhere if alone else Index(self.max_gpus, self.nodes)
+            )
         groups = [self.everywhere] if own is self.everywhere else [self.everywhere, own]
         node = nc.node
         if not models:
@@ -323,7 +343,7 @@ class Capacity:
             key = (model, LOADED if model in node.models_loaded else ON_DISK)
             holders = self.by_model.get(key)
             if holders is None:
-                holders = self.by_model[key] = Index(self.max_gpus)
+                holders = self.by_model[key] = Index(self.max_gpus, self.nodes)
             groups.append(holders)
         return groups
 
@@ -417,6 +437,7 @@ class Capacity:
                     continue
                 was = free[g]
                 now = free[g] = was + milli
+                nc.milli_free += milli
                 if milli == MILLI or milli == -MILLI:  # a whole card: all its VRAM goes with it
                     vram_free[g] += cards[g] if milli > 0 else -cards[g]
                 else:

@@ -30,6 +30,7 @@ from corral.scheduler.scorers import (
     Candidate,
     Scorer,
     choose,
+    fixed_weights,
     weighted,
 )
 
@@ -117,6 +118,7 @@ class Cycle:
         self.config = config
         self.now = now
         self._chain = weighted(scorers, config.scorer_weights)
+        self._fixed = fixed_weights(self._chain)
         self._tightest_wins = all(isinstance(s, TIGHTEST_FIRST_SCORERS) for _, s in self._chain)
         self.cap = cluster.cap
         self.checks = cluster.checks
@@ -180,7 +182,7 @@ class Cycle:
         if not candidates:
             self._failed.put(need, self.cap.generation)
             return None
-        return choose(need, candidates, self._chain)
+        return choose(need, candidates, self._chain, self._fixed)
 
     def _candidates(
         self, need: Need, model: str | None, runtime: float | None, limit: int, seen: set[int]

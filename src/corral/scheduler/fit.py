@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.core.resources import MILLI
-from corral.scheduler.capacity import PARTIAL_STEP, Index, NodeCap
+from corral.scheduler.capacity import PARTIAL_STEP, Bucket, Index, NodeCap
 from corral.scheduler.need import Need
 
 
@@ -53,7 +53,10 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
-        cards = nc.whole_free_cards(need.vram, need.gpu_models)
+        if need.vram or need.gpu_models:
+            cards = nc.whole_free_cards(need.vram, need.gpu_models)
+        else:
+            cards = _first_free(nc.gpu_free, need.gpus)
         if len(cards) < need.gpus:
             return None
         chosen = tuple(cards[: need.gpus])
@@ -62,6 +65,18 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if card is None:
         return None
     return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+
+
+def _first_free(gpu_free: list[int], count: int) -> list[int]:
+    """The first ``count`` wholly free cards (fewer when there are not as many): the
+    cards ``whole_free_cards`` lists first, without listing them all."""
+    cards: list[int] = []
+    for i, free in enumerate(gpu_free):
+        if free == MILLI:
+            cards.append(i)
+            if len(cards) == count:
+                break
+    return cards
 
 
 Source = tuple[Index, frozenset[int] | None]
@@ -87,11 +102,16 @@ def search(need: Need, sources: Sequence[Source], limit: int, seen: set[int]) ->
 def _search_whole(
     need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
-    top = max((len(index.whole) for index, _ in sources), default=0)
+    top = 0  # a loop, not max() over a generator: a compiled build runs it inline
+    for index, _ in sources:
+        top = max(top, len(index.whole))
     cpus = need.cpus
     for level in range(max(need.gpus, 1), top):
         for index, allowed in sources:
-            for nc in index.whole[level]:
+            bucket = index.whole[level]
+            if not bucket.size:
+                continue
+            for nc in bucket:
                 if nc.cpus_free < cpus or nc.idx in seen:
                     continue
                 if allowed is not None and nc.cls not in allowed:
@@ -110,7 +130,10 @@ def _search_partial(
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
         for index, allowed in sources:
-            for nc in index.partial[level]:
+            bucket = index.partial[level]
+            if not bucket.size:
+                continue
+            for nc in bucket:
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
@@ -133,12 +156,14 @@ def _search_cpu(
 
 def _search_bucket(
     need: Need,
-    bucket: list[NodeCap],
+    bucket: Bucket,
     allowed: frozenset[int] | None,
     limit: int,
     seen: set[int],
     found: list[Fit],
 ) -> None:
+    if not bucket.size:
+        return
     for nc in bucket:
         if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
             continue

@@ -29,6 +29,7 @@ snapshot by difference (a caller that only has snapshots, like the server).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
 
@@ -280,7 +281,7 @@ class Scheduler:
             on_node[alloc.id] = alloc
             if expected_end is not None:
                 idx = self._index.get(alloc.node)
-                if idx is not None and expected_end > self._node_end.get(idx, float("-inf")):
+                if idx is not None and expected_end > self._node_end.get(idx, -math.inf):
                     self._node_end[idx] = expected_end
         else:
             self._victims.remove(alloc)
@@ -306,7 +307,7 @@ class Scheduler:
 
     def _latest_end(self, node: str) -> float:
         idx = self._index.get(node)
-        return float("inf") if idx is None else self._node_end.get(idx, float("inf"))
+        return math.inf if idx is None else self._node_end.get(idx, math.inf)
 
     def _recompute_end(self, node: str, allocs: Mapping[str, Allocation]) -> None:
         idx = self._index.get(node)

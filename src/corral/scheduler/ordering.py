@@ -168,19 +168,47 @@ def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[
     return lines
 
 
+class Gate(Generic[Q]):
+    """What a ``LiveQueue`` asks as it walks: may a group still be placed now (``live``),
+    may a job be handed out (``usable``: not decided, ready). A class, not two functions:
+    a compiled build calls a subclass's methods directly (a pass's ``passes.Liveness``)
+    instead of making a generic call per group and job looked at."""
+
+    def live(self, group: Q) -> bool:
+        raise NotImplementedError
+
+    def usable(self, job: Job) -> bool:
+        raise NotImplementedError
+
+
+class Checks(Gate[Q]):
+    """A gate that asks two functions."""
+
+    def __init__(self, live: Callable[[Q], bool], usable: Callable[[Job], bool]) -> None:
+        self._live = live
+        self._usable = usable
+
+    def live(self, group: Q) -> bool:
+        return self._live(group)
+
+    def usable(self, job: Job) -> bool:
+        return self._usable(job)
+
+
 class LiveQueue(Generic[Q]):
     """Weighted round robin across users, over the jobs of groups that are still live.
 
     ``groups`` maps each group to its jobs by user (each user's sorted by
     ``job_key``); ``lines`` gives each user's groups in the order of its oldest
     job in each (one mapping user -> ``Line`` per team; made from ``groups``
-    when not given). Only groups ``live`` says may still be placed are looked
-    at; a user's next job is its oldest job in such a group (``usable`` rejects
-    jobs already decided or not ready). A group found dead is skipped whole,
-    never job by job. A user's turn is used only when ``done`` says the job was
-    placed: a job that stays queued costs its user nothing. Each job is handed
-    out at most once; after a change that may revive groups (capacity given
-    back), ``refill``. The lists must not change while the queue is in use.
+    when not given). Only groups ``gate.live`` says may still be placed are
+    looked at; a user's next job is its oldest job in such a group
+    (``gate.usable`` rejects jobs already decided or not ready). A group found
+    dead is skipped whole, never job by job. A user's turn is used only when
+    ``done`` says the job was placed: a job that stays queued costs its user
+    nothing. Each job is handed out at most once; after a change that may revive
+    groups (capacity given back), ``refill``. The lists must not change while the
+    queue is in use.
 
     A user's next job is the sooner of two: the first live group of each of its
     lines whose next job is still its first (a group's oldest job never comes
@@ -195,15 +223,13 @@ class LiveQueue(Generic[Q]):
         groups: dict[Q, dict[str, list[Job]]],
         weights: Mapping[str, float],
         running: Mapping[str, float],
-        live: Callable[[Q], bool],
-        usable: Callable[[Job], bool],
+        gate: Gate[Q],
         lines: Iterable[Mapping[str, Line[Q]]] | None = None,
     ) -> None:
         self._groups = groups
         self._weights = weights
         self._running = running
-        self._live = live
-        self._usable = usable
+        self._gate = gate
         by_user: dict[str, list[Line[Q]]] = {}
         for per_user in (lines_of(groups),) if lines is None else lines:
             for user, line in per_user.items():
@@ -250,14 +276,14 @@ class LiveQueue(Generic[Q]):
 
     def pop(self) -> Job | None:
         """The next job: the least served user's oldest live job (None: no live job left)."""
-        heap = self._heap
+        heap, gate = self._heap, self._gate
         while heap:
             entry = heapq.heappop(heap)
             user, slot = entry[4], entry[5]
-            if entry[0] == self._vt[user] and self._live(slot.group):
+            if entry[0] == self._vt[user] and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
                 job: Job | None = jobs[at] if at < len(jobs) else None
-                if job is not None and job.id == entry[3] and self._usable(job):
+                if job is not None and job.id == entry[3] and gate.usable(job):
                     self._popped = slot
                     return job
             again = self._entry(user)  # its group died, or its turn was used: look again
@@ -322,13 +348,13 @@ class LiveQueue(Generic[Q]):
         """The first live slot of ``line`` (from ``pos[i]`` on) whose next job is still its
         first; slots passed on the way leave the line for this refill: dead or spent ones
         for good, moved-on ones into ``mine``."""
-        groups, live = line.groups, self._live
+        groups, gate = line.groups, self._gate
         at_line = pos[i]
         end_line = len(groups)
         found: _Slot[Q] | None = None
         while at_line < end_line:
             group = groups[at_line]
-            if not live(group):
+            if not gate.live(group):
                 at_line += 1
                 continue
             slot = self._slot(group, user)
@@ -348,9 +374,9 @@ class LiveQueue(Generic[Q]):
 
     def _skip_unusable(self, slot: _Slot[Q]) -> int:
         """Move ``slot``'s cursor past the jobs ``usable`` rejects; where it now stands."""
-        jobs, at, usable = slot.jobs, slot.at, self._usable
+        jobs, at, gate = slot.jobs, slot.at, self._gate
         end = len(jobs)
-        while at < end and not usable(jobs[at]):
+        while at < end and not gate.usable(jobs[at]):
             at += 1
         slot.at = at
         return at
@@ -371,10 +397,10 @@ class LiveQueue(Generic[Q]):
         A group only dies between refills, so a dead slot leaves for good; a slot whose
         next job moved on again goes back with its new key.
         """
-        live = self._live
+        gate = self._gate
         while own:
             _, job_id, seq, slot = own[0]
-            if not live(slot.group):
+            if not gate.live(slot.group):
                 heapq.heappop(own)
                 continue
             at = self._skip_unusable(slot)

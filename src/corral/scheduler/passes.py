@@ -30,9 +30,9 @@ from corral.core.model import EMPTY, Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
 from corral.scheduler.need import Need
-from corral.scheduler.ordering import FairQueue, LiveQueue, by_rank
+from corral.scheduler.ordering import FairQueue, Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
-from corral.scheduler.queues import Group, Queue
+from corral.scheduler.queues import Group, Holders, Queue
 
 
 class Passes:
@@ -50,7 +50,7 @@ class Passes:
         decided, now = planner.decided, self.now
         self.usable: Callable[[Job], bool] = lambda job: (
             job.id not in decided and job.not_before <= now
-        )
+        )  # what ``Liveness.usable`` says, for the explanations
 
     def run(self) -> None:
         planner = self.planner
@@ -83,11 +83,11 @@ class Passes:
             return
         self._head(pclass, guaranteed=True)
         live = self._live(pclass, guaranteed=True)
-        if not any(live(g) for g in groups):  # most passes of a busy cluster: cheaper to say
+        if not any(live.live(g) for g in groups):  # most passes of a busy cluster: cheaper
             return
         running = self.running.get(pclass.name, EMPTY)
         lines = self.queue.lines[pclass.name].values()
-        queue = LiveQueue(groups, self.weights, running, live, self.usable, lines)
+        queue = LiveQueue(groups, self.weights, running, live, lines)
         planner, of = self.planner, self.queue.groups
         state = planner.state()
         while (job := queue.pop()) is not None:
@@ -110,15 +110,19 @@ class Passes:
         self._head(pclass, guaranteed=False)
         live = self._live(pclass, guaranteed=False)
         by_team = self.queue.by_team[pclass.name]
-        teams = sorted(t for t, own in by_team.items() if any(live(g) for g in own))
+        # A team none of whose jobs may be handed out gets no queue: it would stay empty
+        # through every refill (usable jobs only get fewer in a cycle). The common case:
+        # the guaranteed pass placed them (96% of these queues were empty at 20,000 jobs).
+        teams = sorted(
+            t
+            for t, own in by_team.items()
+            if _any_usable(own, live) and any(live.live(g) for g in own)
+        )
         if not teams:
             return
         running = self.running.get(pclass.name, EMPTY)
         lines = self.queue.lines[pclass.name]
-        queues = {
-            t: LiveQueue(groups, self.weights, running, live, self.usable, (lines[t],))
-            for t in teams
-        }
+        queues = {t: LiveQueue(groups, self.weights, running, live, (lines[t],)) for t in teams}
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
         heapq.heapify(heap)
@@ -199,9 +203,17 @@ class Passes:
                 planner.leave(job, planner.explanation(job, pclass))
 
 
-class Liveness:
+def _any_usable(groups: Mapping[Group, Holders], live: Liveness) -> bool:
+    """Does any group of ``groups`` hold a job that may be handed out (not decided yet)?"""
+    return any(
+        live.usable(job) for holders in groups.values() for jobs in holders.values() for job in jobs
+    )
+
+
+class Liveness(Gate[Group]):
     """``Planner.live`` for one pass and class: the quota part asked each time (one
-    lookup), the memo part remembered per group.
+    lookup), the memo part remembered per group; and whether a job may be handed out
+    (not decided yet, ready).
 
     A decision changes memos of its own need only (a failure), so afterwards only
     the groups of that need are asked again; every group is, after capacity
@@ -215,19 +227,21 @@ class Liveness:
         guaranteed: bool,
         by_need: Mapping[Need, list[Group]],
     ) -> None:
-        self._headroom = planner.ledger.headroom
+        self._decided = planner.decided
+        self._now = planner.now
+        self._planner = planner  # its methods and the ledger's called directly: no bound
+        self._ledger = planner.ledger  # method objects (generic calls in a compiled build)
         self._bound: dict[str, float] = {}  # team -> usage it may reach in this pass
         self._used = planner.ledger.usage_of
-        self._may_fit = planner.may_fit
         self._pclass = pclass
         self._guaranteed = guaranteed
         self._known: dict[Group, tuple[int, bool]] = {}  # group -> (milli it takes, may fit)
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
 
-    def __call__(self, group: Group) -> bool:
+    def live(self, group: Group) -> bool:
         known = self._known.get(group)
         if known is None:
-            fits = self._may_fit(group, self._pclass, self._guaranteed)
+            fits = self._planner.may_fit(group, self._pclass, self._guaranteed)
             known = self._known[group] = (group.lowest, fits)
         if not known[1]:
             return False
@@ -235,8 +249,11 @@ class Liveness:
         bound = self._bound.get(team)
         used = self._used(team) or 0
         if bound is None:
-            bound = self._bound[team] = self._headroom(team, not self._guaranteed) + used
+            bound = self._bound[team] = self._ledger.headroom(team, not self._guaranteed) + used
         return known[0] + used <= bound
+
+    def usable(self, job: Job) -> bool:
+        return job.id not in self._decided and job.not_before <= self._now
 
     def touched(self, group: Group) -> None:
         """A job of ``group`` was just decided."""

@@ -157,7 +157,7 @@ class Preemptor:
             for name, milli in self._by_team[team].items():
                 nc = cycle.node(name)
                 if nc is not None:
-                    scored.append((-(milli + sum(nc.gpu_free)), nc.idx, nc))
+                    scored.append((-(milli + nc.milli_free), nc.idx, nc))
             scored.sort(key=lambda item: (item[0], item[1]))
             cached = self._orders[team] = [nc for _, _, nc in scored]
         return cached
@@ -170,7 +170,7 @@ class Preemptor:
     def _try_node(
         self, cycle: Cycle, ledger: Ledger, nc: NodeCap, need: Need, ask: Ask, patient: bool
     ) -> Room | None:
-        if need.nominal_milli() > sum(nc.gpu_free) + self._evictable(nc.name):
+        if need.nominal_milli() > nc.milli_free + self._evictable(nc.name):
             return None  # even evicting everything there would not be enough
         mark = cycle.checkpoint()
         spent: dict[str, int] = {}

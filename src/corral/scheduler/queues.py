@@ -274,6 +274,9 @@ def _remove(lists: dict[HK, list[Job]], key: HK, job: Job) -> None:
 
 
 def _remove_from(own: list[Job], job: Job) -> None:
+    if own and own[0] is job:  # the usual case: jobs leave oldest first
+        del own[0]
+        return
     at = bisect_left(own, job_key(job), key=job_key)
     if at < len(own) and own[at] is job:
         del own[at]

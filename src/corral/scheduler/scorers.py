@@ -16,8 +16,9 @@ work that ends together on a node frees the whole node together.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from corral.scheduler.capacity import LOADED
 from corral.scheduler.fit import Fit
@@ -62,7 +63,7 @@ class BestFit:
             total = nc.node.cpus or 1
             return 1.0 - (nc.cpus_free - fit.cpus) / total
         total_cards = nc.gpu_count or 1
-        free_after = sum(nc.gpu_free) - fit.total_milli
+        free_after = nc.milli_free - fit.total_milli
         return 1.0 - free_after / (total_cards * 1000)
 
 
@@ -119,16 +120,55 @@ def weighted(scorers: Sequence[Scorer], weights: Mapping[str, float]) -> list[tu
 
 
 def choose(
-    need: Need, candidates: Sequence[Candidate], chain: Sequence[tuple[float, Scorer]]
+    need: Need,
+    candidates: Sequence[Candidate],
+    chain: Sequence[tuple[float, Scorer]],
+    fixed: Weights | None = None,
 ) -> Fit:
-    """The best of ``candidates`` by weighted score; the earlier wins ties."""
+    """The best of ``candidates`` by weighted score; the earlier wins ties.
+
+    ``fixed``: the chain's weights when it is the default chain (``fixed_weights``): the
+    same sums, each scorer called by its class (a compiled build calls it natively,
+    not through a generic method call per scorer and candidate).
+    """
     if len(candidates) == 1:
         return candidates[0].fit
-    best, best_score = candidates[0].fit, float("-inf")
+    best, best_score = candidates[0].fit, -math.inf
     for candidate in candidates:
-        total = 0.0
-        for weight, s in chain:
-            total += weight * s.score(need, candidate)
+        if fixed is not None:
+            total = _default_total(need, candidate, fixed)
+        else:
+            total = 0.0
+            for weight, s in chain:
+                total += weight * s.score(need, candidate)
         if total > best_score:
             best, best_score = candidate.fit, total
     return best
+
+
+Weights = tuple[float, float, float, float]
+"""The weights of ``DEFAULT_SCORERS``, in their order."""
+
+_BEST_FIT: Final = BestFit()
+_LOCALITY: Final = Locality()
+_KEEP_WHOLE: Final = KeepWholeNodes()
+_END_TOGETHER: Final = EndTogether()
+
+
+def fixed_weights(chain: Sequence[tuple[float, Scorer]]) -> Weights | None:
+    """The weights of ``chain`` when it is the default one (these four classes, in this
+    order, whatever their weights); else None."""
+    kinds = [type(s) for _, s in chain]
+    if kinds != [BestFit, Locality, KeepWholeNodes, EndTogether]:
+        return None
+    return (chain[0][0], chain[1][0], chain[2][0], chain[3][0])
+
+
+def _default_total(need: Need, candidate: Candidate, w: Weights) -> float:
+    """The default chain's weighted sum, in the chain's order (the same float operations)."""
+    total = 0.0
+    total += w[0] * _BEST_FIT.score(need, candidate)
+    total += w[1] * _LOCALITY.score(need, candidate)
+    total += w[2] * _KEEP_WHOLE.score(need, candidate)
+    total += w[3] * _END_TOGETHER.score(need, candidate)
+    return total
