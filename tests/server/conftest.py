@@ -9,6 +9,7 @@ fail when ``CORRAL_REQUIRE_SERVICES=1`` (CI).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import uuid
@@ -81,7 +82,20 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
     """A control plane on a virtual clock with the in-process link; loops are driven by hand."""
-    w = await World.open(db_url, tmp_path)
+    async with _world_on(db_url, tmp_path) as w:
+        yield w
+
+
+@pytest.fixture
+async def pg_world(pg_url: str, tmp_path: Path) -> AsyncIterator[World]:
+    """``world`` on PostgreSQL alone (what only replicas do: leadership, other writers)."""
+    async with _world_on(pg_url, tmp_path) as w:
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def _world_on(url: str, tmp_path: Path) -> AsyncIterator[World]:
+    w = await World.open(url, tmp_path)
     try:
         yield w
     finally:

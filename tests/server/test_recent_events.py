@@ -3,8 +3,6 @@ PostgreSQL only runs of numbers without a gap: other replicas write events too).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from server_harness import ADMIN, World
 
@@ -87,17 +85,10 @@ def test_with_other_writers_only_a_gapless_run_after_the_reader_is_served() -> N
 
 @pytest.mark.postgres
 async def test_on_postgresql_another_replica_s_event_reaches_the_reader_from_the_table(
-    pg_url: str, tmp_path: Path
+    pg_world: World,
 ) -> None:
     """A reader whose next event another replica wrote is sent to the table for it."""
-    world = await World.open(pg_url, tmp_path)
-    try:
-        await _another_replica_s_event(world)
-    finally:
-        await world.close()
-
-
-async def _another_replica_s_event(world: World) -> None:
+    world = pg_world
     await world.submit()
     async with world.plane.rt.db.read() as conn:
         read = max(e.seq for e, _ in await event_repo.after(conn, 0))

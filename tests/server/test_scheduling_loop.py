@@ -270,48 +270,42 @@ class _Deposed:
 
 @pytest.mark.postgres
 async def test_a_replica_that_lost_the_lead_places_nothing_in_a_submission(
-    pg_url: str, tmp_path: Path
+    pg_world: World,
 ) -> None:
     """On PostgreSQL the leadership is confirmed beside the snapshot's read: a replica whose
     lock is gone (it still believed it led) leaves the job to whoever leads now."""
-    world = await World.open(pg_url, tmp_path)
-    try:
-        await world.agent("n1", gpus=1)
-        await _quiet(world)
-        world.plane.schedule.leader = _Deposed()
-        rec = await world.submit(resources={"gpus": 1})
-        assert (await world.job(rec.job.id)).state is JobState.QUEUED
-        assert await world.kinds(rec.job.id) == ["job.submitted"]
-        assert world.link.sent.assigned == []
-        assert not world.plane.schedule.leading
-        assert world.plane.rt.schedule_needed.fired, "the loop forwards it to the leader"
-    finally:
-        await world.close()
+    world = pg_world
+    await world.agent("n1", gpus=1)
+    await _quiet(world)
+    world.plane.schedule.leader = _Deposed()
+    rec = await world.submit(resources={"gpus": 1})
+    assert (await world.job(rec.job.id)).state is JobState.QUEUED
+    assert await world.kinds(rec.job.id) == ["job.submitted"]
+    assert world.link.sent.assigned == []
+    assert not world.plane.schedule.leading
+    assert world.plane.rt.schedule_needed.fired, "the loop forwards it to the leader"
 
 
 @pytest.mark.postgres
 async def test_a_cycle_confirms_the_lead_beside_its_snapshot_and_places_nothing_without(
-    pg_url: str, tmp_path: Path
+    pg_world: World,
 ) -> None:
-    world = await World.open(pg_url, tmp_path)
-    try:
-        await world.agent("n1", gpus=1)
-        await _quiet(world)
-        loop = world.plane.schedule
-        loop.leader = leader = _Deposed()
-        rec = await world.submit(resources={"gpus": 1})  # not placed in the submission either
-        loop.leading = True  # what the loop believed until it asked
-        applied = await loop.cycle(confirm=True)
-        assert applied.placed == []
-        assert not loop.leading
-        assert (await world.job(rec.job.id)).state is JobState.QUEUED
-        leader.leads = True
-        loop.leading = True
-        applied = await loop.cycle(confirm=True)
-        assert [a.jobs[0].job_id for a in applied.placed] == [rec.job.id]
-        assert loop.leading
-    finally:
-        await world.close()
+    world = pg_world
+    await world.agent("n1", gpus=1)
+    await _quiet(world)
+    loop = world.plane.schedule
+    loop.leader = leader = _Deposed()
+    rec = await world.submit(resources={"gpus": 1})  # not placed in the submission either
+    loop.leading = True  # what the loop believed until it asked
+    applied = await loop.cycle(confirm=True)
+    assert applied.placed == []
+    assert not loop.leading
+    assert (await world.job(rec.job.id)).state is JobState.QUEUED
+    leader.leads = True
+    loop.leading = True
+    applied = await loop.cycle(confirm=True)
+    assert [a.jobs[0].job_id for a in applied.placed] == [rec.job.id]
+    assert loop.leading
 
 
 async def test_a_submission_s_own_cycle_takes_its_nodes_from_its_snapshot(
