@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 from dataclasses import replace
@@ -13,6 +14,7 @@ from server_harness import ADMIN, World
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.states import JobState
+from corral.server.loops import schedule as schedule_loop
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader
 from corral.server.store import nodes as node_repo
 from corral.server.store.db import Database, lock_key, parse_db
@@ -284,6 +286,33 @@ async def test_a_replica_that_lost_the_lead_places_nothing_in_a_submission(
     assert world.link.sent.assigned == []
     assert not world.plane.schedule.leading
     assert world.plane.rt.schedule_needed.fired, "the loop forwards it to the leader"
+
+
+class _Hung:
+    """A lock connection that never answers (a silently dropped TCP connection)."""
+
+    async def acquire(self) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    async def release(self) -> None:
+        return None
+
+
+@pytest.mark.postgres
+async def test_a_lock_connection_that_hangs_holds_a_submission_back_briefly_only(
+    pg_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submission's own cycle holds the event-ordering lock while it asks whether it
+    still leads: an answer that does not come counts as no, after ``LEAD_CONFIRM_S``."""
+    world = pg_world
+    monkeypatch.setattr(schedule_loop, "LEAD_CONFIRM_S", 0.05)
+    await world.agent("n1", gpus=1)
+    await _quiet(world)
+    world.plane.schedule.leader = _Hung()
+    rec = await asyncio.wait_for(world.submit(resources={"gpus": 1}), 5)
+    assert (await world.job(rec.job.id)).state is JobState.QUEUED
+    assert not world.plane.schedule.leading, "the loop asks again, holding nothing"
 
 
 @pytest.mark.postgres

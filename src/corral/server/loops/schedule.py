@@ -52,6 +52,10 @@ explains at most every ``scheduling.explain_interval_s``, and no more often than
 explaining under ``EXPLAIN_SHARE`` of the time: explaining 40,000 waiting jobs took half of
 what a cycle cost, every cycle."""
 
+LEAD_CONFIRM_S = 0.25
+"""How long a submission's own cycle waits for the leader's lock to say it is still held
+(on PostgreSQL; a ``SELECT 1`` answers in well under a millisecond)."""
+
 EXPLAIN_SHARE = 0.05
 FORGET_EVERY = 10_000  # queue changes (SQLite's ``job_changes``) followed between deletions
 _NOT_BEFORE = attrgetter("not_before")
@@ -220,7 +224,7 @@ class SchedulingLoop:
             try:
                 if savepoint.pg:  # one round trip to the lock's connection, beside the read
                     leading, (snapshot, records) = await asyncio.gather(
-                        self._lead(), self._load(tx.conn, advance=False)
+                        self._confirm_lead(), self._load(tx.conn, advance=False)
                     )
                     if not leading:
                         self.cache.rebuild()  # what it read may be seen by the new leader
@@ -239,6 +243,18 @@ class SchedulingLoop:
                 await savepoint.release()
             self._cycle_ended = time.perf_counter()
         return True
+
+    async def _confirm_lead(self) -> bool:
+        """``_lead`` from inside a submission's transaction, which holds the event-ordering
+        lock meanwhile: an answer slower than ``LEAD_CONFIRM_S`` counts as no (the loop asks
+        again, holding nothing), so a lock connection that hangs cannot hold every writer."""
+        try:
+            async with asyncio.timeout(LEAD_CONFIRM_S):
+                return await self._lead()
+        except TimeoutError:
+            log.warning("the leader's lock did not answer within %.2f s", LEAD_CONFIRM_S)
+            self.leading = False
+            return False
 
     def _confirm(self, mark: int | None) -> Callable[[], Awaitable[None]]:
         """After the submission's commit: the queue's changes ``place_in`` read are kept."""
