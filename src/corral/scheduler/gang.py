@@ -55,7 +55,11 @@ def _room(cycle: Cycle, need: Need, replicas: int) -> list[tuple[NodeCap, int]]:
         index = cycle.cap.everywhere
         buckets = index.whole[need.gpus :] if need.gpus else list(index.cpu)
         for bucket in buckets:
-            for nc in bucket:
+            nodes = bucket.nodes
+            at = bucket.next_at(0)
+            while at >= 0:  # ``for nc in bucket``, without a generator (``Bucket.next_at``)
+                nc = nodes[at]
+                at = bucket.next_at(at + 1)
                 if nc.cls in allowed:
                     _count_room(nc, need, replicas, found)
         return found
