@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corral.core import GIB, Gpu, Node
-from corral.scheduler.capacity import Bucket, Capacity, NodeCap
+from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.need import Need
 
 NODES = tuple(
@@ -131,27 +131,3 @@ def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
     assert memo.get("kept") == 1
     assert memo.get("new") is None
     assert cycle.cap.nodes[0].gpu_free[0] == 1000
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    members=st.sets(st.integers(min_value=0, max_value=249)),
-    start=st.integers(min_value=0, max_value=260),
-)
-@example(members={59, 60, 119, 120, 249}, start=60)
-@example(members=set(), start=0)
-def test_next_at_walks_a_bucket_as_iteration_does(members: set[int], start: int) -> None:
-    """``Bucket.next_at`` (the searches' walk) finds the nodes ``for nc in bucket`` gives,
-    in the same order, across word boundaries, from any start."""
-    nodes = [NodeCap(i, NODES[0], 0) for i in range(250)]
-    bucket = Bucket(nodes)
-    for i in members:
-        bucket.add(nodes[i])
-    walked = []
-    at = bucket.next_at(0)
-    while at >= 0:
-        walked.append(at)
-        at = bucket.next_at(at + 1)
-    assert walked == [nc.idx for nc in bucket] == sorted(members)
-    after = [i for i in sorted(members) if i >= start]
-    assert bucket.next_at(start) == (after[0] if after else -1)

@@ -192,27 +192,6 @@ class Bucket:
                 word ^= low
             base += WORD
 
-    def next_at(self, start: int) -> int:
-        """The index of the bucket's first node at or after index ``start``; -1: none.
-
-        The hot searches walk with it (``i = next_at(0)``, then ``next_at(i + 1)``) instead
-        of ``for nc in bucket``: the same nodes in the same order, but a compiled build
-        makes a native call per node where the iterator resumes a generator object."""
-        words = self.words
-        w = start // WORD
-        if w >= len(words):
-            return -1
-        word = words[w] >> (start % WORD)
-        if word:
-            return start + (word & -word).bit_length() - 1
-        w += 1
-        while w < len(words):
-            word = words[w]
-            if word:
-                return w * WORD + (word & -word).bit_length() - 1
-            w += 1
-        return -1
-
     def __contains__(self, nc: NodeCap) -> bool:
         return (self.words[nc.idx // WORD] >> (nc.idx % WORD)) & 1 == 1
 

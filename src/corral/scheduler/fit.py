@@ -111,11 +111,7 @@ def _search_whole(
             bucket = index.whole[level]
             if not bucket.size:
                 continue
-            nodes = bucket.nodes
-            at = bucket.next_at(0)
-            while at >= 0:  # ``for nc in bucket``, without a generator (``Bucket.next_at``)
-                nc = nodes[at]
-                at = bucket.next_at(at + 1)
+            for nc in bucket:
                 if nc.cpus_free < cpus or nc.idx in seen:
                     continue
                 if allowed is not None and nc.cls not in allowed:
@@ -137,11 +133,7 @@ def _search_partial(
             bucket = index.partial[level]
             if not bucket.size:
                 continue
-            nodes = bucket.nodes
-            at = bucket.next_at(0)
-            while at >= 0:
-                nc = nodes[at]
-                at = bucket.next_at(at + 1)
+            for nc in bucket:
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
@@ -172,11 +164,7 @@ def _search_bucket(
 ) -> None:
     if not bucket.size:
         return
-    nodes = bucket.nodes
-    at = bucket.next_at(0)
-    while at >= 0:
-        nc = nodes[at]
-        at = bucket.next_at(at + 1)
+    for nc in bucket:
         if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
             continue
         fit = fit_on(nc, need)

@@ -55,11 +55,7 @@ def _room(cycle: Cycle, need: Need, replicas: int) -> list[tuple[NodeCap, int]]:
         index = cycle.cap.everywhere
         buckets = index.whole[need.gpus :] if need.gpus else list(index.cpu)
         for bucket in buckets:
-            nodes = bucket.nodes
-            at = bucket.next_at(0)
-            while at >= 0:  # ``for nc in bucket``, without a generator (``Bucket.next_at``)
-                nc = nodes[at]
-                at = bucket.next_at(at + 1)
+            for nc in bucket:
                 if nc.cls in allowed:
                     _count_room(nc, need, replicas, found)
         return found

@@ -35,9 +35,6 @@ from corral.core.resources import MILLI
 from corral.core.states import JobState
 from corral.scheduler.api import Snapshot
 
-Add = Callable[[float], None]
-"""A float array's bound ``append``."""
-
 
 @dataclass(slots=True)
 class PlacementRecord:
@@ -110,14 +107,6 @@ class Metrics:
             "user": {},
             "gpus": {},
         }
-        # The arrays' bound ``append`` methods, per dimension and key: a compiled build
-        # calls a bound method object directly, while ``values.append(x)`` on an array
-        # is a method looked up by name per call (five per job placed).
-        self._add_wait: Add = self.waits.append
-        self._adds_priority: dict[str, Add] = {}
-        self._adds_team: dict[str, Add] = {}
-        self._adds_user: dict[str, Add] = {}
-        self._adds_gpus: dict[str, Add] = {}
 
     def arrived(self, job: Job) -> None:
         self.jobs_total += 1
@@ -128,12 +117,12 @@ class Metrics:
 
     def first_placed(self, job: Job, now: float) -> None:
         wait = now - job.submitted_at
-        self._add_wait(wait)
+        self.waits.append(wait)
         by = self.waits_by
-        _adder(self._adds_priority, by["priority"], job.priority)(wait)
-        _adder(self._adds_team, by["team"], job.team)(wait)
-        _adder(self._adds_user, by["user"], job.user)(wait)
-        _adder(self._adds_gpus, by["gpus"], _size(job))(wait)
+        _bucket(by["priority"], job.priority).append(wait)
+        _bucket(by["team"], job.team).append(wait)
+        _bucket(by["user"], job.user).append(wait)
+        _bucket(by["gpus"], _size(job)).append(wait)
 
     def still_waiting(self, job: Job, waited: float) -> None:
         """``job`` was never placed; the simulation ended ``waited`` s after it came."""
@@ -280,14 +269,6 @@ def _bucket(groups: dict[str, array[float]], key: str) -> array[float]:
     if values is None:
         values = groups[key] = array("d")
     return values
-
-
-def _adder(adds: dict[str, Add], groups: dict[str, array[float]], key: str) -> Add:
-    """The bound ``append`` of ``groups[key]`` (both made when missing), kept in ``adds``."""
-    add = adds.get(key)
-    if add is None:
-        add = adds[key] = _bucket(groups, key).append
-    return add
 
 
 def _mean(values: array[float]) -> float | None:
