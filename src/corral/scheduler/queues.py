@@ -155,8 +155,10 @@ class Queue:
 
     def remove(self, job_id: str) -> Job:
         """Take ``job_id`` out of the queue (placed, cancelled); KeyError when not queued."""
-        job = self.jobs.pop(job_id)
-        group = self.groups.pop(job_id)
+        job = self.jobs[job_id]  # get and del, not pop: a compiled build has both natively
+        del self.jobs[job_id]
+        group = self.groups[job_id]
+        del self.groups[job_id]
         del self.needs[job_id]
         for label in job.node_selector:
             _decrement(self.label_keys, label)
@@ -194,10 +196,11 @@ class Queue:
         """``job``, the first of its user's jobs in ``group``, left; ``own``: the rest."""
         users = self.lines[job.priority][job.team]
         line = users[job.user]
-        line.drop(group, job)
         if own:
-            line.put(group, own[0])
-        elif not line.groups:
+            line.move(group, job, own[0])
+            return
+        line.drop(group, job)
+        if not line.groups:
             del users[job.user]
             if not users:
                 del self.lines[job.priority][job.team]
