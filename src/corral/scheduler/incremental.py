@@ -295,16 +295,19 @@ class Scheduler:
             if not on_node:
                 del self._on_node[alloc.node]
         cluster = self._cluster
-        if cluster is None:
-            return
+        if cluster is not None:
+            self._hold(cluster, alloc, sign)
+
+    def _hold(self, cluster: Cluster, alloc: Allocation, sign: int) -> None:
+        """The kept cluster's capacity follows an allocation that starts (+1) or ends (-1),
+        unless the last cycle's plan took or gave it back already."""
         if sign > 0:
             planned = self._pending.get(alloc.id)  # get and del: see ``end``
             if planned is not None:
                 del self._pending[alloc.id]
-            if planned is not None and _same(planned, alloc):
-                return  # the last cycle took this capacity already
-            if planned is not None:  # applied differently: give the planned room back first
-                p = planned
+                if _same(planned, alloc):
+                    return  # the last cycle took this capacity already
+                p = planned  # applied differently: give the planned room back first
                 _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
         elif alloc.id in self._released:
             del self._released[alloc.id]
