@@ -12,7 +12,7 @@ from scheduler_builders import alloc, job, node, snapshot, team
 from corral.core import Job
 from corral.scheduler import Config, schedule
 from corral.scheduler.need import Need
-from corral.scheduler.ordering import Checks, FairQueue, Line, LiveQueue, lines_of
+from corral.scheduler.ordering import Checks, FairQueue, LiveQueue, lines_of
 from corral.scheduler.queues import Group, Queue
 
 
@@ -249,25 +249,3 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
         reference.done(want, placed, riders)
         ours.done(got, placed, riders)
     assert bool(ours) == bool(reference)
-
-
-@given(
-    firsts=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=8, unique=True),
-    pick=st.integers(min_value=0, max_value=7),
-    later=st.integers(min_value=1, max_value=45),
-)
-def test_a_line_moves_a_group_as_drop_then_put(firsts: list[int], pick: int, later: int) -> None:
-    """``Line.move`` (a group's first job left, a later one leads it now) leaves the line as
-    ``drop`` then ``put`` would, whether the group keeps its place or passes others."""
-    jobs = [job(f"j{t}").set(submitted_at=float(t)).build() for t in firsts]
-    groups = [f"g{i}" for i in range(len(jobs))]  # groups are compared by identity
-    moved, kept = Line[str](), Line[str]()
-    for group, first in zip(groups, jobs, strict=True):
-        moved.put(group, first)
-        kept.put(group, first)
-    i = pick % len(jobs)
-    then = job(f"k{i}").set(submitted_at=jobs[i].submitted_at + later).build()
-    moved.move(groups[i], jobs[i], then)
-    kept.drop(groups[i], jobs[i])
-    kept.put(groups[i], then)
-    assert (moved.groups, moved.keys) == (kept.groups, kept.keys)

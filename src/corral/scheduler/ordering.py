@@ -154,22 +154,6 @@ class Line(Generic[Q]):
         del self.keys[at]
         del self.groups[at]
 
-    def move(self, group: Q, first: Job, then: Job) -> None:
-        """``group`` now starts with ``then``, a later job than ``first``: ``drop`` then
-        ``put``, in one search when ``then`` still comes before the next group's first
-        job (the usual case: the group keeps its place in the line)."""
-        keys = self.keys
-        at = bisect_left(keys, (first.submitted_at, first.id))
-        if self.groups[at] is not group:
-            raise RuntimeError(f"line out of order at {first.id!r}")
-        key = (then.submitted_at, then.id)
-        if at + 1 == len(keys) or key < keys[at + 1]:
-            keys[at] = key
-            return
-        del keys[at]
-        del self.groups[at]
-        self.put(group, then)
-
 
 def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
     """The lines of ``groups`` (group -> user -> jobs sorted by ``job_key``), made afresh."""
