@@ -12,7 +12,9 @@ from scheduler_builders import alloc, job, node, snapshot
 from corral.core import Gpu, Node
 from corral.scheduler import Config, ReasonCode, schedule
 from corral.scheduler.capacity import NodeCap
-from corral.scheduler.gang import _fewest_nodes
+from corral.scheduler.cycle import Cycle
+from corral.scheduler.gang import _fewest_nodes, _room
+from corral.scheduler.need import need_of
 
 
 def test_a_gang_is_placed_whole_on_the_fewest_nodes() -> None:
@@ -133,3 +135,26 @@ def test_a_gang_picks_the_nodes_a_full_sort_would(
         room.append((nc, count))
     rnd.shuffle(room)
     assert _fewest_nodes(room, replicas) == _fewest_nodes_by_sorting(room, replicas)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 8), min_size=1, max_size=20),
+    st.integers(2, 4),
+    st.sets(st.integers(0, 19)),
+)
+def test_a_gang_of_whole_nodes_stops_walking_once_it_has_them(
+    busy: list[int], replicas: int, paused: set[int]
+) -> None:
+    """A gang whose replicas take every card of the largest nodes stops its walk after
+    ``replicas`` nodes with room (``gang._room``): the same nodes as looking at all."""
+    nodes = [node(f"n{i}").gpus(8) for i in range(len(busy))]
+    for i in paused & set(range(len(busy))):
+        nodes[i].paused()
+    allocs = [alloc(f"a{i}", f"n{i}").cards(*range(used)) for i, used in enumerate(busy) if used]
+    cycle = Cycle(snapshot(nodes, allocs=allocs), Config(), 0.0)
+    need = need_of(job("g").gpus(8).set(replicas=replicas).build())
+    walked = _room(cycle, need, replicas, None)
+    every = _room(cycle, need, replicas, "rack")  # a label: every node with room is listed
+    assert walked == every[:replicas]
+    assert _fewest_nodes(walked, replicas) == _fewest_nodes(every, replicas)

@@ -27,7 +27,7 @@ def place_gang(cycle: Cycle, need: Need, replicas: int, label: str | None) -> li
 
     The caller checkpoints before and rolls back on ``None``.
     """
-    room = _room(cycle, need, replicas)
+    room = _room(cycle, need, replicas, label)
     choice = _choose(room, replicas, label)
     if choice is None:
         return None
@@ -42,11 +42,15 @@ def place_gang(cycle: Cycle, need: Need, replicas: int, label: str | None) -> li
     return fits
 
 
-def _room(cycle: Cycle, need: Need, replicas: int) -> list[tuple[NodeCap, int]]:
+def _room(cycle: Cycle, need: Need, replicas: int, label: str | None) -> list[tuple[NodeCap, int]]:
     """Every statically feasible node with room for at least one replica now.
 
     Whole-card and CPU-only needs read the capacity index (only nodes with free
-    cards or CPUs); shared-card needs look at every feasible node.
+    cards or CPUs); shared-card needs look at every feasible node. A replica that
+    takes every card of the largest nodes (a 2x8 gang on 8-card nodes) without a
+    label: only the top bucket holds room, each node there one replica with the same
+    free cards, so ``_fewest_nodes`` takes the first ``replicas`` of them in node
+    order, and the walk stops once it has them.
     """
     feasible = cycle.feasible_classes(need)
     found: list[tuple[NodeCap, int]] = []
@@ -54,10 +58,13 @@ def _room(cycle: Cycle, need: Need, replicas: int) -> list[tuple[NodeCap, int]]:
         allowed = set(feasible)
         index = cycle.cap.everywhere
         buckets = index.whole[need.gpus :] if need.gpus else list(index.cpu)
+        enough = replicas if need.gpus and len(buckets) == 1 and label is None else -1
         for bucket in buckets:
             for nc in bucket:
                 if nc.cls in allowed:
                     _count_room(nc, need, replicas, found)
+                    if len(found) == enough:
+                        return found
         return found
     nodes = cycle.cap.nodes
     for cls in feasible:

@@ -122,8 +122,12 @@ class Scheduler:
 
     def end(self, alloc_id: str) -> Allocation:
         """``alloc_id`` no longer exists (ended, preempted, lost). KeyError if unknown."""
-        alloc = self.allocations.pop(alloc_id)
-        expected_end = self.expected_ends.pop(alloc_id, None)
+        # get and del, not pop: a compiled build has both natively, pop is a generic call
+        alloc = self.allocations[alloc_id]
+        del self.allocations[alloc_id]
+        expected_end = self.expected_ends.get(alloc_id)
+        if expected_end is not None:
+            del self.expected_ends[alloc_id]
         if alloc.active:
             self._count(alloc, -1, expected_end)
         return alloc
@@ -291,16 +295,22 @@ class Scheduler:
             if not on_node:
                 del self._on_node[alloc.node]
         cluster = self._cluster
-        if cluster is None:
-            return
+        if cluster is not None:
+            self._hold(cluster, alloc, sign)
+
+    def _hold(self, cluster: Cluster, alloc: Allocation, sign: int) -> None:
+        """The kept cluster's capacity follows an allocation that starts (+1) or ends (-1),
+        unless the last cycle's plan took or gave it back already."""
         if sign > 0:
-            planned = self._pending.pop(alloc.id, None)
-            if planned is not None and _same(planned, alloc):
-                return  # the last cycle took this capacity already
-            if planned is not None:  # applied differently: give the planned room back first
-                p = planned
+            planned = self._pending.get(alloc.id)  # get and del: see ``end``
+            if planned is not None:
+                del self._pending[alloc.id]
+                if _same(planned, alloc):
+                    return  # the last cycle took this capacity already
+                p = planned  # applied differently: give the planned room back first
                 _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
-        elif self._released.pop(alloc.id, None) is not None:
+        elif alloc.id in self._released:
+            del self._released[alloc.id]
             return  # the last cycle gave this capacity back already
         milli, vram, cpus = -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
         _adjust(cluster, alloc.node, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)

@@ -235,22 +235,21 @@ class Liveness(Gate[Group]):
         self._used = planner.ledger.usage_of
         self._pclass = pclass
         self._guaranteed = guaranteed
-        self._known: dict[Group, tuple[int, bool]] = {}  # group -> (milli it takes, may fit)
+        self._known: dict[Group, bool] = {}  # group -> may it fit (memos of its need)
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
 
     def live(self, group: Group) -> bool:
-        known = self._known.get(group)
-        if known is None:
-            fits = self._planner.may_fit(group, self._pclass, self._guaranteed)
-            known = self._known[group] = (group.lowest, fits)
-        if not known[1]:
+        fits = self._known.get(group)
+        if fits is None:
+            fits = self._known[group] = self._planner.may_fit(group, self._pclass, self._guaranteed)
+        if not fits:
             return False
         team = group.team
         bound = self._bound.get(team)
         used = self._used(team) or 0
         if bound is None:
             bound = self._bound[team] = self._ledger.headroom(team, not self._guaranteed) + used
-        return known[0] + used <= bound
+        return group.lowest + used <= bound
 
     def usable(self, job: Job) -> bool:
         return job.id not in self._decided and job.not_before <= self._now

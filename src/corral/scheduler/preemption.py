@@ -84,6 +84,7 @@ class Preemptor:
         self._gone: Memo[str, bool] = cycle.memo()
         self._left: Memo[str, int] = cycle.memo()
         self._min_runtime_s = min_runtime_s
+        index.settle()  # the changes since the last cycle that preempted
         self._index = index
         self._by_team = index.team_nodes  # team -> node -> milli
         self._victim_milli = index.node_milli  # node -> milli all its victims hold there

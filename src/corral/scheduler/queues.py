@@ -155,8 +155,10 @@ class Queue:
 
     def remove(self, job_id: str) -> Job:
         """Take ``job_id`` out of the queue (placed, cancelled); KeyError when not queued."""
-        job = self.jobs.pop(job_id)
-        group = self.groups.pop(job_id)
+        job = self.jobs[job_id]  # get and del, not pop: a compiled build has both natively
+        del self.jobs[job_id]
+        group = self.groups[job_id]
+        del self.groups[job_id]
         del self.needs[job_id]
         for label in job.node_selector:
             _decrement(self.label_keys, label)

@@ -7,6 +7,15 @@ node, with the milli-GPUs each team holds on each node. The kept
 to preempt does not first walk every allocation; the ``Preemptor`` turns the
 allocations of the nodes it looks at into ``Victim`` units when it looks
 (a gang is one unit, with every replica, and only if every replica may go).
+
+The index is kept lazily: ``add`` and ``remove`` only note the change, and
+``settle`` (called by the ``Preemptor`` when a cycle first needs victims)
+brings the maps up to date. Most cycles preempt nothing, and work that
+starts and ends between two cycles that do is never indexed at all (kept
+eagerly, it cost 4% of a 20,000-job simulation in which no cycle asked).
+The maps' contents after ``settle`` are what eager upkeep gives; the order
+of their keys may differ, and no reader depends on it (victims and nodes
+are sorted by total orders).
 """
 
 from __future__ import annotations
@@ -51,20 +60,41 @@ class VictimIndex:
         self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node -> milli it holds there
         self.node_milli: dict[str, int] = {}  # node -> milli of its evictable allocations
         self._backing: dict[str, dict[str, int]] = {}  # team -> node -> allocations there
+        self._adding: dict[str, Allocation] = {}  # started since the last settle
+        self._removing: list[Allocation] = []  # indexed, and ended since the last settle
 
     def add(self, alloc: Allocation) -> None:
-        """An active allocation started."""
+        """An active allocation started (indexed at the next ``settle``)."""
+        if alloc.desired is _RUN:
+            self._adding[alloc.id] = alloc
+
+    def remove(self, alloc: Allocation) -> None:
+        """An active allocation ended (the same object ``add`` was given)."""
         if alloc.desired is not _RUN:
             return
+        if self._adding.get(alloc.id) is alloc:  # never indexed: nothing to undo
+            del self._adding[alloc.id]
+        else:
+            self._removing.append(alloc)
+
+    def settle(self) -> None:
+        """Bring the maps up to date with every ``add`` and ``remove`` since the last call."""
+        removing, adding = self._removing, self._adding
+        if not removing and not adding:
+            return
+        self._removing, self._adding = [], {}
+        for alloc in removing:
+            self._unindex(alloc)
+        for alloc in adding.values():
+            self._index(alloc)
+
+    def _index(self, alloc: Allocation) -> None:
         inner_map(self.by_jobs, alloc.job_ids)[alloc.id] = alloc
         if self._evictable(alloc):
             inner_map(self.on_node, alloc.node)[alloc.id] = alloc
             self._count(alloc, 1)
 
-    def remove(self, alloc: Allocation) -> None:
-        """An active allocation ended."""
-        if alloc.desired is not _RUN:
-            return
+    def _unindex(self, alloc: Allocation) -> None:
         members = self.by_jobs[alloc.job_ids]
         del members[alloc.id]
         if not members:
@@ -77,7 +107,8 @@ class VictimIndex:
             self._count(alloc, -1)
 
     def units(self, node: str, now: float) -> list[Victim]:
-        """The victims holding something on ``node``, cheapest to evict first."""
+        """The victims holding something on ``node``, cheapest to evict first (as of the
+        last ``settle``)."""
         out: list[Victim] = []
         seen: set[tuple[str, ...]] = set()
         for alloc in self.on_node.get(node, {}).values():

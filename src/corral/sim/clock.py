@@ -5,29 +5,41 @@ asks for the earliest timer, jumps there and handles everything due at that
 instant together. A timer carries a token so that one made stale by a
 preemption is ignored when it fires (lazy deletion: cheaper than removing
 it from the heap).
+
+Timers are kept by instant: a heap of the distinct instants, and per
+instant its timers in the order they were set. Many jobs end at the same
+instant (whole-second run times started at a cycle), and a heap of floats
+compares floats where one of ``(when, seq, ...)`` tuples compared tuples:
+the same order, ``(when, order set)``, for fewer and cheaper comparisons.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 
 
 class EventClock:
-    """Virtual time and a heap of ``(when, seq, job_id, token)`` timers."""
+    """Virtual time and its timers: ``(job_id, token)`` pairs, by the instant they fire."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
-        self._timers: list[tuple[float, int, str, int]] = []
-        self._seq = itertools.count()
+        self._instants: list[float] = []  # a heap: every instant that has timers
+        self._at: dict[float, list[tuple[str, int]]] = {}  # instant -> timers, in order set
+        self._count = 0
 
     def set_timer(self, when: float, job_id: str, token: int) -> None:
         """Fire ``(job_id, token)`` at ``when`` (never earlier than now)."""
-        heapq.heappush(self._timers, (max(when, self.now), next(self._seq), job_id, token))
+        when = max(when, self.now)
+        timers = self._at.get(when)
+        if timers is None:
+            timers = self._at[when] = []
+            heapq.heappush(self._instants, when)
+        timers.append((job_id, token))
+        self._count += 1
 
     def next_time(self) -> float | None:
         """When the earliest timer fires, or None when none is set."""
-        return self._timers[0][0] if self._timers else None
+        return self._instants[0] if self._instants else None
 
     def advance_to(self, when: float) -> None:
         if when < self.now:
@@ -35,13 +47,20 @@ class EventClock:
         self.now = when
 
     def pop_due(self) -> list[tuple[str, int]]:
-        """Remove and return the timers due now, in the order they were set."""
-        due: list[tuple[str, int]] = []
-        timers, now = self._timers, self.now
-        while timers and timers[0][0] <= now:
-            _, _, job_id, token = heapq.heappop(timers)
-            due.append((job_id, token))
+        """Remove and return the timers due now, in the order they were set (earlier
+        instants first)."""
+        instants, now = self._instants, self.now
+        if not instants or instants[0] > now:
+            return []
+        when = heapq.heappop(instants)
+        due = self._at[when]
+        del self._at[when]
+        while instants and instants[0] <= now:
+            when = heapq.heappop(instants)
+            due.extend(self._at[when])
+            del self._at[when]
+        self._count -= len(due)
         return due
 
     def __len__(self) -> int:
-        return len(self._timers)
+        return self._count

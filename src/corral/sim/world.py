@@ -364,10 +364,13 @@ class World:
     def _release(
         self, alloc_id: str, now: float, *, preempted: bool, still_running: bool = False
     ) -> None:
-        alloc = self.allocations.pop(alloc_id)
+        # get and del, not pop: a compiled build has both natively, pop is a generic call
+        alloc = self.allocations[alloc_id]
+        del self.allocations[alloc_id]
         if len(alloc.job_ids) > 1:
             self._batch_left.pop(alloc_id, None)
-        self._expected_ends.pop(alloc_id, None)
+        if alloc_id in self._expected_ends:
+            del self._expected_ends[alloc_id]
         if self._observer is not None:
             self._observer.ended(alloc_id)
         i = self._index[alloc.node]

@@ -1,0 +1,40 @@
+"""The virtual clock fires timers in the order of (instant, order set), clamped to now."""
+
+from __future__ import annotations
+
+import heapq
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.sim.clock import EventClock
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), st.integers(0, 20)),  # a timer this many seconds from 10
+        st.tuples(st.just("advance"), st.integers(0, 5)),  # time moves on, due timers fire
+    ),
+    max_size=60,
+)
+
+
+@given(STEPS)
+def test_timers_fire_as_a_heap_of_when_and_seq_would(steps: list[tuple[str, int]]) -> None:
+    """``EventClock`` gives what one heap of ``(max(when, now), seq, ...)`` tuples gives:
+    instants in order, a shared instant's timers in the order they were set."""
+    clock = EventClock()
+    reference: list[tuple[float, int, str, int]] = []
+    for seq, (step, value) in enumerate(steps):
+        if step == "set":
+            when = 10.0 + value - 5
+            clock.set_timer(when, f"j{seq}", seq)
+            heapq.heappush(reference, (max(when, clock.now), seq, f"j{seq}", seq))
+        else:
+            clock.advance_to(clock.now + value)
+            want = []
+            while reference and reference[0][0] <= clock.now:
+                _, _, job_id, token = heapq.heappop(reference)
+                want.append((job_id, token))
+            assert clock.pop_due() == want
+        assert clock.next_time() == (reference[0][0] if reference else None)
+        assert len(clock) == len(reference)
