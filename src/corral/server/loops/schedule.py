@@ -431,7 +431,7 @@ class _Savepoint:
             return None
 
         async def postgres(sql: str) -> object:
-            pgraw.forget_jobs(conn)  # rows read ahead may hold what is undone
+            pgraw.forget_read_ahead(conn)  # rows read ahead may hold what is undone
             return await raw.execute(sql)
 
         return cls(postgres, pg=True)

@@ -207,7 +207,7 @@ class Database:
             return
         raw = adapted._connection
         adapted.isolation_level = pgraw.RAW
-        pgraw.forget_jobs(conn)
+        pgraw.forget_read_ahead(conn)
         # A connection's first ordered write checks that no crash of PostgreSQL emptied
         # the event marker since (every connection after such a crash is new).
         unmarked = ordered_events and not conn.info.get(EPOCH_SEEN)
@@ -240,7 +240,7 @@ class Database:
                 yield conn
                 return
             adapted.isolation_level = pgraw.RAW
-            pgraw.forget_jobs(conn)
+            pgraw.forget_read_ahead(conn)
             try:
                 yield conn
             except BaseException:
@@ -335,8 +335,7 @@ def _make_engine(
 
 
 def _forget_read_ahead(conn: Any, _name: Any, _context: Any) -> None:
-    conn.info.pop(pgraw.SEEN_JOBS, None)
-    conn.info.pop(pgraw.SEEN_STREAKS, None)
+    pgraw.drop_read_ahead(conn.info)
 
 
 def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:

@@ -30,8 +30,8 @@ async def guarded_update(
         return codec(table).guarded_update(db, key, version, values)
     raw = pgraw.pg(conn)
     if raw is not None:
-        if table.name in ("jobs", "nodes"):
-            pgraw.forget_jobs(conn)  # rows read ahead are no longer what the table holds
+        if table.name in pgraw.READ_AHEAD_TABLES:
+            pgraw.forget_read_ahead(conn)  # rows read ahead are no longer what the table holds
         return await pgraw.codec(table).guarded_update(raw, key, version, values)
     column, value = key
     statement = _statement(table, column, tuple(sorted(values)))
@@ -51,8 +51,8 @@ async def guarded_update_many(
     elsewhere one update each."""
     raw = pgraw.pg(conn)
     if raw is not None:
-        if table.name in ("jobs", "nodes"):
-            pgraw.forget_jobs(conn)
+        if table.name in pgraw.READ_AHEAD_TABLES:
+            pgraw.forget_read_ahead(conn)
         return await pgraw.codec(table).guarded_update_many(raw, column, rows)
     return {
         key

@@ -35,7 +35,7 @@ async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
         return
     raw = pgraw.pg(conn)
     if raw is not None:
-        pgraw.forget_jobs(conn)
+        pgraw.forget_read_ahead(conn)
         await _PG.insert(raw, [job_row(r) for r in recs])
         return
     await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])

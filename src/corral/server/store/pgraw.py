@@ -71,7 +71,7 @@ def seen_jobs(conn: AsyncConnection) -> dict[str, Any]:
 
     ``jobs.get``/``get_many`` take them (once) instead of asking again: they
     were read in the same transaction a moment before, as a read statement
-    there would have. Any write to ``jobs`` (``forget_jobs``), a rollback to a
+    there would have. Any write to ``jobs`` (``forget_read_ahead``), a rollback to a
     savepoint (``db``) and the start of every transaction or read forget them.
     """
     found: dict[str, Any] | None = conn.info.get(SEEN_JOBS)
@@ -95,10 +95,20 @@ def seen_streaks(conn: AsyncConnection) -> dict[str, int]:
     return found
 
 
-def forget_jobs(conn: AsyncConnection) -> None:
+READ_AHEAD_TABLES = ("jobs", "nodes")
+"""Tables whose rows are read ahead (``seen_jobs``, ``seen_streaks``): a write to one
+forgets what was read ahead."""
+
+
+def forget_read_ahead(conn: AsyncConnection) -> None:
     """Forget the rows read ahead in this transaction (job rows and nodes' streaks)."""
-    conn.info.pop(SEEN_JOBS, None)
-    conn.info.pop(SEEN_STREAKS, None)
+    drop_read_ahead(conn.info)
+
+
+def drop_read_ahead(info: dict[Any, Any]) -> None:
+    """``forget_read_ahead`` on a connection's ``info`` (SQLAlchemy's events give that)."""
+    info.pop(SEEN_JOBS, None)
+    info.pop(SEEN_STREAKS, None)
 
 
 class PgCodec:
