@@ -113,6 +113,23 @@ class CorralPeer:
         w = _Waiter(time.perf_counter())
         return self._register(self._post("/v1/jobs", ONE_JOB)["id"], w).wait()
 
+    def stamped_trip(self) -> tuple[str, float, float, float]:
+        """One round trip in wall-clock seconds, comparable with the server's event times
+        (``events``): the job's id, when it was submitted, when the submission's answer
+        arrived, and when the waiting client heard of its end."""
+        w = _Waiter(time.perf_counter())
+        submitted = time.time()
+        job_id = self._post("/v1/jobs", ONE_JOB)["id"]
+        answered = time.time()
+        self._register(job_id, w).wait()
+        return job_id, submitted, answered, time.time()
+
+    def events(self) -> list[dict[str, Any]]:
+        """The server's whole event log (``GET /v1/events/export``), oldest first."""
+        reply = self._http.get("/v1/events/export")
+        reply.raise_for_status()
+        return [json.loads(line) for line in reply.text.splitlines() if line]
+
     def submit_all_then_wait(self, n: int) -> list[Timing]:
         waiters = []
         for start in range(0, n, BATCH):

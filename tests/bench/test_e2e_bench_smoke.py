@@ -97,6 +97,28 @@ def test_the_idle_steps_benchmark_stamps_each_step_of_a_job() -> None:
     assert any(" loop " in ln and "GroupCommitter" in ln for ln in timeline.splitlines()), timeline
 
 
+def test_the_steps_benchmark_cuts_concurrent_trips_into_stages() -> None:
+    argv = [sys.executable, "e2e_steps.py", "--concurrent", "12", "--clients", "3"]
+    argv += ["--agents", "1"]
+    out = subprocess.run(argv, cwd=BENCH, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "12 jobs, 3 clients, 1 agents" in out.stdout, out.stdout
+    rows = {line[:46].strip(): line.split()[-3:] for line in out.stdout.splitlines()[4:] if line}
+    # Every job's events were found in the server's log and its stages measured.
+    stages = [
+        "client: POST -> the submission's transaction",
+        "server: submission -> placement",
+        "placement -> the agent's end handled",
+        "the end -> the client saw it",
+        "client: the whole round trip",
+    ]
+    for stage in stages:
+        assert rows[stage][-1] == "12", out.stdout
+    whole = float(rows["client: the whole round trip"][0])
+    parts = [float(rows[stage][0]) for stage in stages[:4]]
+    assert all(p >= 0 for p in parts) and 0 < whole < 60_000, out.stdout
+
+
 def test_the_ab_benchmark_runs_peers_in_turn_and_prints_their_medians() -> None:
     argv = [sys.executable, "ab.py", "--rounds", "2", "--jobs", "10", "--idle", "3"]
     argv += ["--agents", "1", "--clients", "2"]
