@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from concurrent.futures import ThreadPoolExecutor
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from corral_peer import CorralPeer
@@ -126,7 +126,8 @@ def concurrent_stages(n: int, clients: int, agents: int, db: str | None) -> int:
         job = points.get(event.get("job_id") or "")
         if job is not None:
             job.setdefault(event["kind"], event["at"])
-    print(f"\nconcurrent round trips, stage by stage ({n} jobs, {clients} clients, {agents} agents)")
+    shape = f"{n} jobs, {clients} clients, {agents} agents"
+    print(f"\nconcurrent round trips, stage by stage ({shape})")
     print(f"{n / seconds:,.0f} jobs/s; ms from the client's clock and the events' times\n")
     print(f"{'stage':46} {'p50':>8} {'p90':>8} {'jobs':>6}")
     for name, start, end in STAGES:
