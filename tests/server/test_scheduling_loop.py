@@ -258,6 +258,49 @@ async def test_a_lone_submission_to_a_quiet_server_is_placed_in_its_own_transact
     assert events[0].at == events[1].at, "one transaction: one time for both"
 
 
+async def _after_a_burst(world: World) -> None:
+    """A leading loop whose last cycle placed two jobs (a burst) and left nothing waiting."""
+    await world.agent("n1", gpus=8)
+    # Not leading yet: each waits for the loop's cycle, which then finds two jobs.
+    recs = [await world.submit(resources={"gpus": 1}) for _ in range(2)]
+    await _quiet(world)
+    for rec in recs:
+        assert (await world.job(rec.job.id)).state is JobState.PLACED
+
+
+async def test_submissions_gathered_in_one_group_are_placed_in_its_transaction(
+    world: World,
+) -> None:
+    """Submissions that queued while the last group committed are a burst already gathered:
+    their group runs the cycle in its own transaction, even right after another burst."""
+    await _after_a_burst(world)
+    writes = world.plane.jobs.group
+    cycles, groups = world.plane.schedule.cycles, writes.groups
+
+    recs = await asyncio.gather(*(world.submit(resources={"gpus": 1}) for _ in range(3)))
+
+    assert writes.groups - groups == 1, "the three submissions committed together"
+    assert world.plane.schedule.cycles == cycles + 1, "one cycle, inside that commit"
+    assert not world.plane.rt.schedule_needed.fired, "no second cycle for what is placed"
+    ids = sorted(r.job.id for r in recs)
+    assert sorted(a.jobs[0].job_id for a in world.link.sent.assigned[-3:]) == ids
+    for rec in recs:
+        assert (await world.job(rec.job.id)).state is JobState.PLACED
+        events = await world.events(rec.job.id)
+        assert [e.kind.value for e in events] == ["job.submitted", "job.placed"]
+        assert events[0].at == events[1].at, "one transaction: one time for both"
+
+
+async def test_a_lone_submission_right_after_a_burst_is_left_to_the_loop(world: World) -> None:
+    """The loop's debounce gathers a burst that arrives one by one into one cycle."""
+    await _after_a_burst(world)
+    rec = await world.submit(resources={"gpus": 1})
+    assert (await world.job(rec.job.id)).state is JobState.QUEUED
+    assert world.plane.rt.schedule_needed.fired
+    await world.cycle()
+    assert (await world.job(rec.job.id)).state is JobState.PLACED
+
+
 class _Deposed:
     """Leadership that was lost: the lock's connection says another replica has it."""
 

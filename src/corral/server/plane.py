@@ -69,7 +69,7 @@ class ControlPlane:
         if rt.db.is_postgres:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
         self.schedule = SchedulingLoop(rt, schedule, leader)
-        writes.place = self.schedule.place_in  # a lone submission to a quiet server
+        writes.place = self.schedule.place_in  # submissions placed in their own commit
         # With the loops running, only the scheduling leader watches liveness and sweeps old
         # work away; a test driving the plane by hand (run_loops=False) ticks them directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)

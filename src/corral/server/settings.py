@@ -71,8 +71,9 @@ class SchedulingSettings(BaseModel):
     )
     place_on_submit: bool = Field(
         default=True,
-        description="on a quiet SQLite server, a lone submission is scheduled and placed in "
-        "its own transaction (one commit, not two; docs/server.md)",
+        description="with nothing else waiting, submissions (a lone one on a quiet server, or "
+        "those that gathered in one group commit) are scheduled and placed in their own "
+        "transaction (one commit, not two; docs/server.md)",
     )
     explain_interval_s: float = Field(
         default=1.0,

@@ -197,22 +197,26 @@ class SchedulingLoop:
                 job_repo.forget_queue_changes(db, mark)
         self._forgot = mark
 
-    async def place_in(self, tx: Tx) -> bool:
-        """Run a cycle inside ``tx``, a lone submission's open transaction; True if it ran.
+    async def place_in(self, tx: Tx, gathered: bool = False) -> bool:
+        """Run a cycle inside ``tx``, a group of submissions' open transaction; True if it ran.
 
-        Only on a quiet server: leading, no cycle under way, and the last cycle left
-        nothing waiting and found at most one job (not a burst), so the cycle sees just
-        this submission and the store's state, read through ``tx``'s own connection. The
-        job is then inserted and placed in one commit, and its assignment leaves as that
-        commit is made (on SQLite before its fsync). What the cycle wrote is undone (a
-        savepoint) if it fails: the submission stands, and the loop schedules it as usual.
+        Only when nothing else waits: leading, no cycle under way, and the last cycle left
+        nothing waiting, so the cycle sees just these submissions and the store's state,
+        read through ``tx``'s own connection. A lone submission (not ``gathered``) is placed
+        so only on a quiet server: the last cycle found at most one job (not a burst,
+        which the loop's debounce gathers into one cycle). A ``gathered`` group is such a
+        burst already (the submissions that queued while the last group committed), so its
+        own cycle replaces the loop's, its commit, and the wait for it. The jobs are then
+        inserted and placed in one commit, and their assignments leave as that commit is
+        made (on SQLite before its fsync). What the cycle wrote is undone (a savepoint) if
+        it fails: the submissions stand, and the loop schedules them as usual.
         On PostgreSQL the leadership is confirmed as the loop's cycle confirms it (the
         advisory lock's connection answers), while the snapshot is read: a replica that
         lost it places nothing.
         """
         if not self.rt.settings.scheduling.place_on_submit or not self.leading:
             return False
-        if self._one_at_a_time.locked() or self._burst or self.rt.work_waiting:
+        if self._one_at_a_time.locked() or (self._burst and not gathered) or self.rt.work_waiting:
             return False
         savepoint = _Savepoint.of(tx.conn)
         if savepoint is None:  # a connection the store does not run itself (tests)

@@ -14,10 +14,12 @@ commit itself fails, every unit of the group gets that error: nobody is told
 "accepted" for work that was not committed.
 
 When requests arrive one at a time, a group is a single unit and nothing
-waits: batching happens only when there is a queue to batch. Such a lone
-unit that needs a cycle (a submission to a quiet server) may have it run
-inside its own transaction (``place``: ``SchedulingLoop.place_in``), so the
-job is inserted and placed in one commit.
+waits: batching happens only when there is a queue to batch. A group whose
+units need a cycle (submissions to a server with nothing else waiting) may
+have it run inside its own transaction (``place``: ``SchedulingLoop.place_in``),
+so its jobs are inserted and placed in one commit: a lone submission to a
+quiet server, or the submissions that gathered while the last group committed
+(those are already the burst a separate cycle would wait to gather).
 
 The server has one committer for submissions and agents' allocation updates
 (``ControlPlane``): under load, the submissions and the ends that arrive
@@ -47,9 +49,10 @@ class GroupCommitter:
         self._queue: list[Queued] = []
         self._flusher: asyncio.Task[None] | None = None
         self.groups = 0  # committed groups (for tests and metrics)
-        # Schedules inside a lone unit's transaction when the server is quiet; True when it
-        # did (the scheduling loop's ``place_in``, wired by ``ControlPlane``).
-        self.place: Callable[[Tx], Awaitable[bool]] | None = None
+        # Schedules inside a group's transaction when nothing else waits; True when it did
+        # (the scheduling loop's ``place_in``, wired by ``ControlPlane``). Its second
+        # argument: the group gathered several units (a burst, already gathered).
+        self.place: Callable[[Tx, bool], Awaitable[bool]] | None = None
 
     async def run(
         self, unit: Callable[[Tx], Awaitable[T]], *, durable: bool = True, early: bool = False
@@ -107,7 +110,7 @@ class GroupCommitter:
                 else:
                     outcomes.append((future, True, await _bare(tx, unit)))
             place = self.place
-            if tx.reschedule and len(group) == 1 and place is not None and await place(tx):
+            if tx.reschedule and place is not None and await place(tx, len(group) > 1):
                 tx.reschedule = False  # scheduled inside this transaction: no cycle of its own
         return outcomes
 
