@@ -274,6 +274,7 @@ async def test_submissions_gathered_in_one_group_are_placed_in_its_transaction(
     """Submissions that queued while the last group committed are a burst already gathered:
     their group runs the cycle in its own transaction, even right after another burst."""
     await _after_a_burst(world)
+    await asyncio.sleep(max(0.0, world.plane.schedule.pause_s()))  # the loop's pacing
     writes = world.plane.jobs.group
     cycles, groups = world.plane.schedule.cycles, writes.groups
 
@@ -289,6 +290,24 @@ async def test_submissions_gathered_in_one_group_are_placed_in_its_transaction(
         events = await world.events(rec.job.id)
         assert [e.kind.value for e in events] == ["job.submitted", "job.placed"]
         assert events[0].at == events[1].at, "one transaction: one time for both"
+
+
+async def test_a_group_within_the_loop_s_pacing_is_left_to_the_loop(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A stream of small groups is scheduled at the loop's pace, not a cycle per group."""
+    world = await World.open(db_url, tmp_path, debounce_s=60.0)
+    try:
+        await _after_a_burst(world)
+        assert world.plane.schedule.pause_s() > 50, "a burst: cycles 60 s apart"
+        cycles = world.plane.schedule.cycles
+        recs = await asyncio.gather(*(world.submit(resources={"gpus": 1}) for _ in range(3)))
+        assert world.plane.schedule.cycles == cycles
+        for rec in recs:
+            assert (await world.job(rec.job.id)).state is JobState.QUEUED
+        assert world.plane.rt.schedule_needed.fired, "the loop schedules them at its pace"
+    finally:
+        await world.close()
 
 
 async def test_a_lone_submission_right_after_a_burst_is_left_to_the_loop(world: World) -> None:

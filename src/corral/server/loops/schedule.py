@@ -106,14 +106,7 @@ class SchedulingLoop:
         trigger = self.rt.schedule_needed
         while True:
             fired = await trigger.wait(self._wait_s())
-            # Never cycle back to back: cycles start at least the last one's length apart, so
-            # scheduling takes at most about half of the process (pacing), and while work
-            # arrives in bursts (the last cycle found more than one job waiting) at least
-            # debounce_s apart, so a burst gathers into one cycle. A job arriving at a quiet
-            # server (the last cycle found at most one) is scheduled at once.
-            debounce = self.rt.settings.scheduling.debounce_s if self._burst else 0.0
-            spacing = max(debounce, self.last_cycle_s)
-            pause = spacing - (time.perf_counter() - self._cycle_ended)
+            pause = self.pause_s()
             if pause > 0:
                 await self.rt.clock.sleep(pause)
             trigger.clear()
@@ -129,13 +122,25 @@ class SchedulingLoop:
                     if fired and self.on_follow is not None:
                         self.on_follow()
                     continue
-                self._cycle_ended = time.perf_counter()
             except Exception:  # a bad cycle must not stop scheduling forever
                 log.exception("scheduling cycle failed; retrying")
                 self.rt.work_waiting = True
                 self.cache.rebuild()
                 await self.rt.clock.sleep(1.0)
                 trigger.fire()
+
+    def pause_s(self) -> float:
+        """How long until the next cycle may start (0 or less: now).
+
+        Never cycle back to back: cycles start at least the last one's length apart, so
+        scheduling takes at most about half of the process (pacing), and while work
+        arrives in bursts (the last cycle found more than one job waiting) at least
+        debounce_s apart, so a burst gathers into one cycle. A job arriving at a quiet
+        server (the last cycle found at most one) is scheduled at once.
+        """
+        debounce = self.rt.settings.scheduling.debounce_s if self._burst else 0.0
+        spacing = max(debounce, self.last_cycle_s)
+        return spacing - (time.perf_counter() - self._cycle_ended)
 
     async def _lead(self) -> bool:
         """Are we the leader? A new leader starts from a fresh snapshot.
@@ -206,7 +211,9 @@ class SchedulingLoop:
         so only on a quiet server: the last cycle found at most one job (not a burst,
         which the loop's debounce gathers into one cycle). A ``gathered`` group is such a
         burst already (the submissions that queued while the last group committed), so its
-        own cycle replaces the loop's, its commit, and the wait for it. The jobs are then
+        own cycle replaces the loop's, its commit, and the wait for it, when the loop's
+        pacing would let a cycle start now (``pause_s``): a stream of small groups is
+        still scheduled at the loop's pace, not a cycle per group. The jobs are then
         inserted and placed in one commit, and their assignments leave as that commit is
         made (on SQLite before its fsync). What the cycle wrote is undone (a savepoint) if
         it fails: the submissions stand, and the loop schedules them as usual.
@@ -216,7 +223,9 @@ class SchedulingLoop:
         """
         if not self.rt.settings.scheduling.place_on_submit or not self.leading:
             return False
-        if self._one_at_a_time.locked() or (self._burst and not gathered) or self.rt.work_waiting:
+        if self._one_at_a_time.locked() or self.rt.work_waiting:
+            return False
+        if (self.pause_s() > 0) if gathered else self._burst:
             return False
         savepoint = _Savepoint.of(tx.conn)
         if savepoint is None:  # a connection the store does not run itself (tests)
@@ -245,7 +254,6 @@ class SchedulingLoop:
                 return False
             finally:
                 await savepoint.release()
-            self._cycle_ended = time.perf_counter()
         return True
 
     async def _confirm_lead(self) -> bool:
@@ -316,7 +324,8 @@ class SchedulingLoop:
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
             self.rt.schedule_needed.fire()  # something moved on, or more fits: go again
         self.cycles += 1
-        self.last_cycle_s = time.perf_counter() - started
+        self._cycle_ended = time.perf_counter()  # for the pacing of the next (``pause_s``)
+        self.last_cycle_s = self._cycle_ended - started
         if explain:
             self._explain_took = self.last_cycle_s
         self.rt.metrics.cycle_seconds.observe(self.last_cycle_s)
