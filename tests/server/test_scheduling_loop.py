@@ -258,6 +258,15 @@ async def test_a_lone_submission_to_a_quiet_server_is_placed_in_its_own_transact
     assert events[0].at == events[1].at, "one transaction: one time for both"
 
 
+async def _left_to_the_loop(world: World) -> None:
+    """A submission that stays queued, pokes the loop, and is placed by the loop's cycle."""
+    rec = await world.submit(resources={"gpus": 1})
+    assert (await world.job(rec.job.id)).state is JobState.QUEUED
+    assert world.plane.rt.schedule_needed.fired
+    await world.cycle()
+    assert (await world.job(rec.job.id)).state is JobState.PLACED
+
+
 async def _after_a_burst(world: World) -> None:
     """A leading loop whose last cycle placed two jobs (a burst) and left nothing waiting."""
     await world.agent("n1", gpus=8)
@@ -313,11 +322,7 @@ async def test_a_group_within_the_loop_s_pacing_is_left_to_the_loop(
 async def test_a_lone_submission_right_after_a_burst_is_left_to_the_loop(world: World) -> None:
     """The loop's debounce gathers a burst that arrives one by one into one cycle."""
     await _after_a_burst(world)
-    rec = await world.submit(resources={"gpus": 1})
-    assert (await world.job(rec.job.id)).state is JobState.QUEUED
-    assert world.plane.rt.schedule_needed.fired
-    await world.cycle()
-    assert (await world.job(rec.job.id)).state is JobState.PLACED
+    await _left_to_the_loop(world)
 
 
 class _Deposed:
@@ -429,11 +434,7 @@ async def test_place_on_submit_off_leaves_it_to_the_loop(db_url: str, tmp_path: 
     try:
         await world.agent("n1", gpus=1)
         await _quiet(world)
-        rec = await world.submit(resources={"gpus": 1})
-        assert (await world.job(rec.job.id)).state is JobState.QUEUED
-        assert world.plane.rt.schedule_needed.fired
-        await world.cycle()
-        assert (await world.job(rec.job.id)).state is JobState.PLACED
+        await _left_to_the_loop(world)
     finally:
         await world.close()
 
@@ -445,11 +446,7 @@ async def test_work_already_waiting_takes_the_loop_path(world: World) -> None:
     await world.cycle()
     assert world.plane.rt.work_waiting
     world.plane.rt.schedule_needed.clear()
-    rec = await world.submit(resources={"gpus": 1})
-    assert (await world.job(rec.job.id)).state is JobState.QUEUED
-    assert world.plane.rt.schedule_needed.fired
-    await world.cycle()
-    assert (await world.job(rec.job.id)).state is JobState.PLACED
+    await _left_to_the_loop(world)
     assert (await world.job(big.job.id)).state is JobState.QUEUED
 
 
