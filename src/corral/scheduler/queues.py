@@ -38,7 +38,7 @@ class Group:
     dictionary key by identity (hashing it is free on the hot path).
     """
 
-    __slots__ = ("cpu", "floor", "lowest", "need", "replicas", "team")
+    __slots__ = ("bound", "cpu", "fits", "floor", "lowest", "need", "replicas", "seen", "team")
 
     def __init__(
         self, team: str, need: Need, replicas: int, cpu: bool, floor: float | None
@@ -49,6 +49,11 @@ class Group:
         self.cpu = cpu  # may fall back to CPU slots (``cpu_fallback`` of a GPU job)
         self.floor = floor  # a lower bound of the run-time estimates in it; None: none
         self.lowest = need.nominal_milli() * replicas  # the least milli a job of it takes
+        # What a pass's ``passes.Liveness`` found, valid while ``seen`` is its stamp: may
+        # a job of it fit (memos of its need), and the most its team may hold in the pass.
+        self.seen = 0
+        self.fits = False
+        self.bound = 0.0
 
     def __repr__(self) -> str:
         return f"Group({self.team!r}, {self.need!r}, {self.replicas}, {self.cpu}, {self.floor})"
@@ -92,6 +97,7 @@ class Queue:
         self.models: Counter[str] = Counter()
         self._needs: dict[ResourceRequest, Need] = {}
         self._groups: dict[tuple[str, Need, int, bool, float | None], Group] = {}  # interned
+        self._stamps = 0  # the last stamp handed out (``stamp``)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -229,6 +235,11 @@ class Queue:
             big.sort(key=job_key)
         for cls, by_team in self.by_team.items():  # the lines afresh, from the sorted lists
             self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
+
+    def stamp(self) -> int:
+        """A number never handed out before: marks what a pass noted on its groups."""
+        self._stamps += 1
+        return self._stamps
 
     def _is_big(self, need: Need, replicas: int) -> bool:
         return self.big_gpus is not None and need.gpus * replicas >= self.big_gpus
