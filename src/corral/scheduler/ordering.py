@@ -13,10 +13,10 @@ name: deterministic, and it carries fairness from cycle to cycle.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
@@ -93,7 +93,7 @@ class FairQueue:
             tie = running.get(user, 0.0) / weight
             job = own[first]
             self._heap.append((0.0, tie, job.submitted_at, job.id, user))
-        heapq.heapify(self._heap)
+        heapify(self._heap)
 
     def _next(self, own: Sequence[Job], at: int) -> int:
         """The first position at or after ``at`` holding a kept job (``len`` when none)."""
@@ -112,7 +112,7 @@ class FairQueue:
 
     def pop(self) -> Job:
         """The next job: the least served user's oldest job."""
-        vt, tie, _, _, user = heapq.heappop(self._heap)
+        vt, tie, _, _, user = heappop(self._heap)
         own = self._lists[user]
         at = self._cursor[user]
         job = own[at]
@@ -120,7 +120,7 @@ class FairQueue:
         if at < len(own):
             self._cursor[user] = at
             nxt = own[at]
-            heapq.heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
+            heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
         return job
 
 
@@ -148,11 +148,32 @@ class Line(Generic[Q]):
 
     def drop(self, group: Q, first: Job) -> None:
         """``group`` no longer starts with ``first`` (it left, or was preceded)."""
+        at = self._at(group, first)
+        del self.keys[at]
+        del self.groups[at]
+
+    def move(self, group: Q, first: Job, after: Job) -> None:
+        """``group`` now starts with ``after``, a later job than ``first`` (which left):
+        ``drop(group, first)`` then ``put(group, after)``, in one search of the part of
+        the line after its place, and no shift when it keeps that place."""
+        keys = self.keys
+        at = self._at(group, first)
+        key = (after.submitted_at, after.id)
+        to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
+        if to == at + 1:
+            keys[at] = key
+            return
+        del keys[at]
+        del self.groups[at]
+        keys.insert(to - 1, key)
+        self.groups.insert(to - 1, group)
+
+    def _at(self, group: Q, first: Job) -> int:
+        """Where ``group``, starting with ``first``, stands in the line."""
         at = bisect_left(self.keys, (first.submitted_at, first.id))
         if self.groups[at] is not group:
             raise RuntimeError(f"line out of order at {first.id!r}")
-        del self.keys[at]
-        del self.groups[at]
+        return at
 
 
 def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
@@ -257,7 +278,7 @@ class LiveQueue(Generic[Q]):
             entry = self._entry(user)
             if entry is not None:
                 heap.append(entry)
-        heapq.heapify(heap)
+        heapify(heap)
         self._heap = heap
 
     def _start(self, user: str, state: _User[Q]) -> None:
@@ -273,7 +294,7 @@ class LiveQueue(Generic[Q]):
         """The next job: the least served user's oldest live job (None: no live job left)."""
         heap, gate = self._heap, self._gate
         while heap:
-            entry = heapq.heappop(heap)
+            entry = heappop(heap)
             user, slot = entry[4], entry[5]
             if entry[0] == self._users[user].vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
@@ -283,7 +304,7 @@ class LiveQueue(Generic[Q]):
                     return job
             again = self._entry(user)  # its group died, or its turn was used: look again
             if again is not None:
-                heapq.heappush(heap, again)
+                heappush(heap, again)
         return None
 
     def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
@@ -304,7 +325,7 @@ class LiveQueue(Generic[Q]):
                 other.vt += other.step
         entry = self._entry(user)
         if entry is not None:
-            heapq.heappush(self._heap, entry)
+            heappush(self._heap, entry)
 
     def _entry(self, user: str) -> tuple[float, float, float, str, str, _Slot[Q]] | None:
         """The heap entry of ``user``'s next live, usable job (None: it has none)."""
@@ -361,7 +382,7 @@ class LiveQueue(Generic[Q]):
                 continue
             if at > 0:  # moved on: its place in the line no longer says when its turn is
                 job = slot.jobs[at]
-                heapq.heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
+                heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
                 at_line += 1
                 continue
             found = slot
@@ -398,15 +419,15 @@ class LiveQueue(Generic[Q]):
         while own:
             _, job_id, seq, slot = own[0]
             if not gate.live(slot.group):
-                heapq.heappop(own)
+                heappop(own)
                 continue
             at = self._skip_unusable(slot)
             if at >= len(slot.jobs):
-                heapq.heappop(own)
+                heappop(own)
                 continue
             job = slot.jobs[at]
             if job.id != job_id:
-                heapq.heapreplace(own, (job.submitted_at, job.id, seq, slot))
+                heapreplace(own, (job.submitted_at, job.id, seq, slot))
                 continue
             return slot
         return None

@@ -22,9 +22,9 @@ and preemptions.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Mapping
+from heapq import heapify, heappop, heappush
 
 from corral.core.model import EMPTY, Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
@@ -125,10 +125,10 @@ class Passes:
         queues = {t: LiveQueue(groups, self.weights, running, live, (lines[t],)) for t in teams}
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
-        heapq.heapify(heap)
+        heapify(heap)
         state = planner.state()
         while heap:
-            _, team = heapq.heappop(heap)
+            _, team = heappop(heap)
             queue = queues[team]
             job = queue.pop()
             if job is None:
@@ -145,9 +145,9 @@ class Passes:
                 for q in queues.values():
                     q.refill()
                 heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
-                heapq.heapify(heap)
+                heapify(heap)
             elif queue:
-                heapq.heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
+                heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
 
     def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
         """The oldest big jobs this pass may place go first (``reservation.py``)."""

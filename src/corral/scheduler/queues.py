@@ -202,10 +202,11 @@ class Queue:
         """``job``, the first of its user's jobs in ``group``, left; ``own``: the rest."""
         users = self.lines[job.priority][job.team]
         line = users[job.user]
-        line.drop(group, job)
         if own:
-            line.put(group, own[0])
-        elif not line.groups:
+            line.move(group, job, own[0])
+            return
+        line.drop(group, job)
+        if not line.groups:
             del users[job.user]
             if not users:
                 del self.lines[job.priority][job.team]
