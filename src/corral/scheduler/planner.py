@@ -129,7 +129,7 @@ class Planner:
             if not self.explain:
                 self.leave(job, CYCLE_LIMIT)  # callers watch for it
             return False
-        need = self.queue.needs[job.id]
+        need = self.queue.groups[job.id].need
         lowest = need.nominal_milli() * job.replicas
         if guaranteed and not self.ledger.within_quota(job.team, lowest):
             return False
@@ -211,7 +211,7 @@ class Planner:
         start (``reservation.py``)."""
         placed = self.consider(job, pclass, guaranteed)
         if not placed and job.id not in self.decided and not self.stopped:
-            self.reservations.reserve(job.id, self.queue.needs[job.id], job.replicas)
+            self.reservations.reserve(job.id, self.queue.groups[job.id].need, job.replicas)
 
     def _fit_with_preemption(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
@@ -326,7 +326,7 @@ class Planner:
             return reason
         if self.stopped:
             return CYCLE_LIMIT
-        need = self.queue.needs[job.id]
+        need = self.queue.groups[job.id].need
         lowest = need.nominal_milli() * job.replicas
         if not self.ledger.within_limit(job.team, lowest):
             return self._quota_reason(job)

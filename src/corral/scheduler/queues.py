@@ -78,8 +78,7 @@ class Queue:
     def __init__(self, classes: Iterable[str], big_gpus: int | None = None) -> None:
         self.jobs: dict[str, Job] = {}  # submission (insertion) order
         self.big_gpus = big_gpus  # jobs asking this many whole GPUs or more are "big"
-        self.needs: dict[str, Need] = {}
-        self.groups: dict[str, Group] = {}
+        self.groups: dict[str, Group] = {}  # a job's group (its need: ``group.need``)
         self.lists: dict[str, dict[Group, Holders]] = {c: {} for c in classes}
         # The same groups per class split two ways, kept so that a pass does not sort
         # every group of its class out again: by team (the borrowing pass's queue per
@@ -107,7 +106,6 @@ class Queue:
         job_id, cls, r = job.id, job.priority, job.resources
         self.jobs[job_id] = job
         need = self.need(job)
-        self.needs[job_id] = need
         estimate = job.estimated_runtime_s
         cpu = r.cpu_fallback and r.wants_gpu
         floor = None if estimate is None else runtime_floor(estimate)
@@ -165,7 +163,6 @@ class Queue:
         del self.jobs[job_id]
         group = self.groups[job_id]
         del self.groups[job_id]
-        del self.needs[job_id]
         for label in job.node_selector:
             _decrement(self.label_keys, label)
         if job.model:
