@@ -87,7 +87,7 @@ class Ledger:
         return known.weight if known else 1.0
 
     def used(self, team: str) -> int:
-        return self._usage.get(team) or 0
+        return self.usage.get(team) or 0
 
     def borrowed(self, team: str) -> int:
         """Milli-GPUs held past the quota."""
@@ -95,12 +95,12 @@ class Ledger:
 
     def within_quota(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under its guaranteed quota."""
-        return (self._usage.get(team) or 0) + charge <= self._quota.get(team, 0)
+        return (self.usage.get(team) or 0) + charge <= self._quota.get(team, 0)
 
     def within_limit(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under quota + borrowing limit."""
         limit = self._limit.get(team)
-        return limit is None or (self._usage.get(team) or 0) + charge <= limit
+        return limit is None or (self.usage.get(team) or 0) + charge <= limit
 
     def bound(self, team: str, borrowing: bool) -> float:
         """The most milli-GPUs ``team`` may hold: its quota, or (``borrowing``) its quota +
@@ -113,7 +113,7 @@ class Ledger:
     def headroom(self, team: str, borrowing: bool) -> float:
         """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its
         quota + borrowing limit (``inf`` without a limit)."""
-        used = self._usage.get(team) or 0
+        used = self.usage.get(team) or 0
         if not borrowing:
             return self._quota.get(team, 0) - used
         limit = self._limit.get(team)
