@@ -256,14 +256,16 @@ class LiveQueue(Generic[Q]):
             for user, line in per_user.items():
                 state = users.get(user)
                 if state is None:
-                    users[user] = _User(line)
+                    users[user] = _User(user, line)
                 else:
                     state.lines.append(line)
         self._users = users
-        self._slots: dict[Q, dict[str, _Slot[Q]]] = {}  # group -> user -> its slot
         self._made = 0  # slots made so far: the next one's seq
-        self._heap: list[tuple[float, float, float, str, str, _Slot[Q]]] = []
+        # (vt, tie, next job's submitted_at and id, its user, its slot): the job ids are
+        # unique, so entries never compare past them
+        self._heap: list[tuple[float, float, float, str, _User[Q], _Slot[Q]]] = []
         self._popped: _Slot[Q] | None = None
+        self._popped_by: _User[Q] | None = None
         self.refill()
 
     def __bool__(self) -> bool:
@@ -272,16 +274,17 @@ class LiveQueue(Generic[Q]):
     def refill(self) -> None:
         """Find every user's next job again (groups may have come back to life)."""
         heap = []
-        for user, state in self._users.items():
+        for state in self._users.values():
             state.pos = [0] * len(state.lines)
             state.mine = []
-            entry = self._entry(user)
+            entry = self._entry(state)
             if entry is not None:
                 heap.append(entry)
         heapify(heap)
         self._heap = heap
 
-    def _start(self, user: str, state: _User[Q]) -> None:
+    def _start(self, state: _User[Q]) -> None:
+        user = state.name
         weight = self._weights.get(user, 1.0)
         if weight <= 0:
             weight = 1.0
@@ -295,14 +298,14 @@ class LiveQueue(Generic[Q]):
         heap, gate = self._heap, self._gate
         while heap:
             entry = heappop(heap)
-            user, slot = entry[4], entry[5]
-            if entry[0] == self._users[user].vt and gate.live(slot.group):
+            state, slot = entry[4], entry[5]
+            if entry[0] == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
                 job: Job | None = jobs[at] if at < len(jobs) else None
                 if job is not None and job.id == entry[3] and gate.usable(job):
-                    self._popped = slot
+                    self._popped, self._popped_by = slot, state
                     return job
-            again = self._entry(user)  # its group died, or its turn was used: look again
+            again = self._entry(state)  # its group died, or its turn was used: look again
             if again is not None:
                 heappush(heap, again)
         return None
@@ -310,40 +313,34 @@ class LiveQueue(Generic[Q]):
     def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
         """``job`` (the last ``pop``) was decided; ``placed`` uses its user's turn, and each
         job that joined its allocation (a batch) uses its own user's."""
-        slot = self._popped
-        if slot is None:
+        slot, state = self._popped, self._popped_by
+        if slot is None or state is None:
             raise RuntimeError("done() without pop()")
-        self._popped = None
+        self._popped, self._popped_by = None, None
         slot.at += 1
-        user = job.user
         if placed:
-            state = self._users[user]
             state.vt += state.step
         for rider in riders:
             other = self._users.get(rider.user)
             if other is not None and other.started:
                 other.vt += other.step
-        entry = self._entry(user)
+        entry = self._entry(state)
         if entry is not None:
             heappush(self._heap, entry)
 
-    def _entry(self, user: str) -> tuple[float, float, float, str, str, _Slot[Q]] | None:
-        """The heap entry of ``user``'s next live, usable job (None: it has none)."""
-        state = self._users.get(user)
-        if state is None:
-            return None
-        mine = state.mine
+    def _entry(self, state: _User[Q]) -> tuple[float, float, float, str, _User[Q], _Slot[Q]] | None:
+        """The heap entry of a user's (``state``'s) next live, usable job (None: it has
+        none)."""
         best: _Slot[Q] | None = None
         best_key = (0.0, "")
-        pos = state.pos
         for i, line in enumerate(state.lines):
-            slot = self._walk(user, line, pos, i, mine)
+            slot = self._walk(state, line, i)
             if slot is not None:
                 job = slot.jobs[slot.at]
                 key = (job.submitted_at, job.id)
                 if best is None or key < best_key:
                     best, best_key = slot, key
-        moved = self._moved_on(mine)
+        moved = self._moved_on(state.mine)
         if moved is not None:
             job = moved.jobs[moved.at]
             key = (job.submitted_at, job.id)
@@ -352,21 +349,15 @@ class LiveQueue(Generic[Q]):
         if best is None:
             return None
         if not state.started:
-            self._start(user, state)
-        return (state.vt, state.tie, best_key[0], best_key[1], user, best)
+            self._start(state)
+        return (state.vt, state.tie, best_key[0], best_key[1], state, best)
 
-    def _walk(
-        self,
-        user: str,
-        line: Line[Q],
-        pos: list[int],
-        i: int,
-        mine: list[tuple[float, str, int, _Slot[Q]]],
-    ) -> _Slot[Q] | None:
-        """The first live slot of ``line`` (from ``pos[i]`` on) whose next job is still its
-        first; slots passed on the way leave the line for this refill: dead or spent ones
-        for good, moved-on ones into ``mine``."""
-        groups, gate = line.groups, self._gate
+    def _walk(self, state: _User[Q], line: Line[Q], i: int) -> _Slot[Q] | None:
+        """The first live slot of ``line``, the ``i``-th of a user's (``state``'s), from
+        ``state.pos[i]`` on, whose next job is still its first; slots passed on the way
+        leave the line for this refill: dead or spent ones for good, moved-on ones into
+        ``state.mine``."""
+        groups, gate, pos = line.groups, self._gate, state.pos
         at_line = pos[i]
         end_line = len(groups)
         found: _Slot[Q] | None = None
@@ -375,14 +366,14 @@ class LiveQueue(Generic[Q]):
             if not gate.live(group):
                 at_line += 1
                 continue
-            slot = self._slot(group, user)
+            slot = self._slot(group, state)
             at = self._skip_unusable(slot)
             if at >= len(slot.jobs):
                 at_line += 1
                 continue
             if at > 0:  # moved on: its place in the line no longer says when its turn is
                 job = slot.jobs[at]
-                heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
+                heappush(state.mine, (job.submitted_at, job.id, slot.seq, slot))
                 at_line += 1
                 continue
             found = slot
@@ -399,13 +390,13 @@ class LiveQueue(Generic[Q]):
         slot.at = at
         return at
 
-    def _slot(self, group: Q, user: str) -> _Slot[Q]:
-        own_slots = self._slots.get(group)
-        if own_slots is None:
-            own_slots = self._slots[group] = {}
-        slot = own_slots.get(user)
+    def _slot(self, group: Q, state: _User[Q]) -> _Slot[Q]:
+        """A user's (``state``'s) slot in ``group`` (made when first seen, kept across
+        refills)."""
+        slot = state.slots.get(group)
         if slot is None:
-            slot = own_slots[user] = _Slot(group, self._groups[group][user], self._made)
+            jobs = self._groups[group][state.name]
+            slot = state.slots[group] = _Slot(group, jobs, self._made)
             self._made += 1
         return slot
 
@@ -434,19 +425,21 @@ class LiveQueue(Generic[Q]):
 
 
 class _User(Generic[Q]):
-    """One user's state in a ``LiveQueue``: its lines, how far each was walked (``pos``),
-    a heap of its live slots whose cursor moved on, by their next job's key (``mine``),
-    and its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie`` breaks
-    ties), set when it first has a job to hand out (``started``). One object per user:
-    a compiled build reads its fields directly, where five maps by user cost a lookup
-    each."""
+    """One user's (``name``'s) state in a ``LiveQueue``: its lines, how far each was
+    walked (``pos``), a heap of its live slots whose cursor moved on, by their next job's
+    key (``mine``), its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie``
+    breaks ties), set when it first has a job to hand out (``started``), and its slots by
+    group (``slots``). One object per user, which the queue's heap entries carry: a
+    compiled build reads its fields directly, where maps by user cost a lookup each."""
 
-    __slots__ = ("lines", "mine", "pos", "started", "step", "tie", "vt")
+    __slots__ = ("lines", "mine", "name", "pos", "slots", "started", "step", "tie", "vt")
 
-    def __init__(self, line: Line[Q]) -> None:
+    def __init__(self, name: str, line: Line[Q]) -> None:
+        self.name = name
         self.lines = [line]
         self.pos: list[int] = []
         self.mine: list[tuple[float, str, int, _Slot[Q]]] = []
+        self.slots: dict[Q, _Slot[Q]] = {}
         self.started = False
         self.vt = 0.0
         self.step = 1.0
