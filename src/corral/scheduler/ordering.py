@@ -261,9 +261,7 @@ class LiveQueue(Generic[Q]):
                     state.lines.append(line)
         self._users = users
         self._made = 0  # slots made so far: the next one's seq
-        # (vt, tie, next job's submitted_at and id, its user, its slot): the job ids are
-        # unique, so entries never compare past them
-        self._heap: list[tuple[float, float, float, str, _User[Q], _Slot[Q]]] = []
+        self._heap: list[_Entry[Q]] = []
         self._popped: _Slot[Q] | None = None
         self._popped_by: _User[Q] | None = None
         self.refill()
@@ -298,11 +296,11 @@ class LiveQueue(Generic[Q]):
         heap, gate = self._heap, self._gate
         while heap:
             entry = heappop(heap)
-            state, slot = entry[4], entry[5]
-            if entry[0] == state.vt and gate.live(slot.group):
+            state, slot = entry.state, entry.slot
+            if entry.vt == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
                 job: Job | None = jobs[at] if at < len(jobs) else None
-                if job is not None and job.id == entry[3] and gate.usable(job):
+                if job is not None and job.id == entry.job_id and gate.usable(job):
                     self._popped, self._popped_by = slot, state
                     return job
             again = self._entry(state)  # its group died, or its turn was used: look again
@@ -328,7 +326,7 @@ class LiveQueue(Generic[Q]):
         if entry is not None:
             heappush(self._heap, entry)
 
-    def _entry(self, state: _User[Q]) -> tuple[float, float, float, str, _User[Q], _Slot[Q]] | None:
+    def _entry(self, state: _User[Q]) -> _Entry[Q] | None:
         """The heap entry of a user's (``state``'s) next live, usable job (None: it has
         none)."""
         best: _Slot[Q] | None = None
@@ -350,7 +348,7 @@ class LiveQueue(Generic[Q]):
             return None
         if not state.started:
             self._start(state)
-        return (state.vt, state.tie, best_key[0], best_key[1], state, best)
+        return _Entry(state.vt, state.tie, best_key[0], best_key[1], state, best)
 
     def _walk(self, state: _User[Q], line: Line[Q], i: int) -> _Slot[Q] | None:
         """The first live slot of ``line``, the ``i``-th of a user's (``state``'s), from
@@ -444,6 +442,31 @@ class _User(Generic[Q]):
         self.vt = 0.0
         self.step = 1.0
         self.tie = 0.0
+
+
+class _Entry(Generic[Q]):
+    """A user's (``state``'s) place in a ``LiveQueue``'s heap: its next job (``slot``'s)
+    comes by (``vt``, ``tie``, the job's ``at`` and ``job_id``), compared as a tuple of
+    them would be. Job ids are unique, so no two entries of different jobs tie. A class,
+    not a tuple: a compiled build compares the fields unboxed where ``heapq`` compared
+    tuples of boxed floats element by element (most of a pop's cost)."""
+
+    __slots__ = ("at", "job_id", "slot", "state", "tie", "vt")
+
+    def __init__(
+        self, vt: float, tie: float, at: float, job_id: str, state: _User[Q], slot: _Slot[Q]
+    ) -> None:
+        self.vt, self.tie, self.at, self.job_id = vt, tie, at, job_id
+        self.state, self.slot = state, slot
+
+    def __lt__(self, other: _Entry[Q]) -> bool:
+        if self.vt != other.vt:
+            return self.vt < other.vt
+        if self.tie != other.tie:
+            return self.tie < other.tie
+        if self.at != other.at:
+            return self.at < other.at
+        return self.job_id < other.job_id
 
 
 class _Slot(Generic[Q]):
