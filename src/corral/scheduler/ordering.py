@@ -169,7 +169,10 @@ class Line(Generic[Q]):
         self.groups.insert(to - 1, group)
 
     def _at(self, group: Q, first: Job) -> int:
-        """Where ``group``, starting with ``first``, stands in the line."""
+        """Where ``group``, starting with ``first``, stands in the line (a group is in it
+        once: at the front, the usual case, without a search)."""
+        if self.groups and self.groups[0] is group:
+            return 0
         at = bisect_left(self.keys, (first.submitted_at, first.id))
         if self.groups[at] is not group:
             raise RuntimeError(f"line out of order at {first.id!r}")
