@@ -140,10 +140,16 @@ class Line(Generic[Q]):
         self.keys: list[tuple[float, str]] = []
 
     def put(self, group: Q, first: Job) -> None:
-        """``group`` now starts with ``first`` (for this user)."""
+        """``group`` now starts with ``first`` (for this user). After every other group
+        (the usual case: the newest job of a new group) it is appended without a search."""
         key = (first.submitted_at, first.id)
-        at = bisect_left(self.keys, key)
-        self.keys.insert(at, key)
+        keys = self.keys
+        if not keys or keys[-1] < key:
+            keys.append(key)
+            self.groups.append(group)
+            return
+        at = bisect_left(keys, key)
+        keys.insert(at, key)
         self.groups.insert(at, group)
 
     def drop(self, group: Q, first: Job) -> None:
