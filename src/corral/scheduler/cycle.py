@@ -244,17 +244,11 @@ class Cycle:
         end first, ties by index: sorted once per cycle, when first asked (a reservation
         looking for busy nodes). A stable sort of the indices, in order, by their float
         end: the order of ``(end, index)`` tuples without making and comparing one per
-        node (a third of the cost). The indices are put in order by walking the node
-        indices (the ends' keys come in no order, and sorting them was 40% of the cost).
-        """
+        node (a third of the cost)."""
         order = self._end_order
         if order is None:
             ends = self._base_ends
-            order = [i for i in range(len(self.cap.nodes)) if i in ends]  # by index: no sort
-            if len(order) != len(ends):  # an index past the nodes: not from this cluster
-                order = sorted(ends)
-            order.sort(key=ends.__getitem__)
-            self._end_order = order
+            order = self._end_order = sorted(sorted(ends), key=ends.__getitem__)
         return order
 
     def started_end(self, idx: int) -> float:
