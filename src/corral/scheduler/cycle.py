@@ -151,7 +151,7 @@ class Cycle:
 
     def failed(self, need: Need) -> bool:
         """``find(need)`` is known to find nothing now (a memo hit)."""
-        return self._failed.get(need) == self.cap.generation
+        return self._failed.data.get(need) == self.cap.generation
 
     def find(
         self,
@@ -167,7 +167,7 @@ class Cycle:
         earlier attempts failed); where nothing else fits, they are used all the same.
         That a need fits at all does not depend on ``avoid``, so the memo holds.
         """
-        if self._failed.get(need) == self.cap.generation:
+        if self._failed.data.get(need) == self.cap.generation:
             return None
         limit = self.config.candidates_per_tier
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:

@@ -13,10 +13,10 @@ name: deterministic, and it carries fairness from cycle to cycle.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
@@ -93,7 +93,7 @@ class FairQueue:
             tie = running.get(user, 0.0) / weight
             job = own[first]
             self._heap.append((0.0, tie, job.submitted_at, job.id, user))
-        heapq.heapify(self._heap)
+        heapify(self._heap)
 
     def _next(self, own: Sequence[Job], at: int) -> int:
         """The first position at or after ``at`` holding a kept job (``len`` when none)."""
@@ -112,7 +112,7 @@ class FairQueue:
 
     def pop(self) -> Job:
         """The next job: the least served user's oldest job."""
-        vt, tie, _, _, user = heapq.heappop(self._heap)
+        vt, tie, _, _, user = heappop(self._heap)
         own = self._lists[user]
         at = self._cursor[user]
         job = own[at]
@@ -120,7 +120,7 @@ class FairQueue:
         if at < len(own):
             self._cursor[user] = at
             nxt = own[at]
-            heapq.heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
+            heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
         return job
 
 
@@ -140,19 +140,49 @@ class Line(Generic[Q]):
         self.keys: list[tuple[float, str]] = []
 
     def put(self, group: Q, first: Job) -> None:
-        """``group`` now starts with ``first`` (for this user)."""
+        """``group`` now starts with ``first`` (for this user). After every other group
+        (the usual case: the newest job of a new group) it is appended without a search."""
         key = (first.submitted_at, first.id)
-        at = bisect_left(self.keys, key)
-        self.keys.insert(at, key)
+        keys = self.keys
+        if not keys or keys[-1] < key:
+            keys.append(key)
+            self.groups.append(group)
+            return
+        at = bisect_left(keys, key)
+        keys.insert(at, key)
         self.groups.insert(at, group)
 
     def drop(self, group: Q, first: Job) -> None:
         """``group`` no longer starts with ``first`` (it left, or was preceded)."""
+        at = self._at(group, first)
+        del self.keys[at]
+        del self.groups[at]
+
+    def move(self, group: Q, first: Job, after: Job) -> None:
+        """``group`` now starts with ``after``, a later job than ``first`` (which left):
+        ``drop(group, first)`` then ``put(group, after)``, in one search of the part of
+        the line after its place, and no shift when it keeps that place."""
+        keys = self.keys
+        at = self._at(group, first)
+        key = (after.submitted_at, after.id)
+        to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
+        if to == at + 1:
+            keys[at] = key
+            return
+        del keys[at]
+        del self.groups[at]
+        keys.insert(to - 1, key)
+        self.groups.insert(to - 1, group)
+
+    def _at(self, group: Q, first: Job) -> int:
+        """Where ``group``, starting with ``first``, stands in the line (a group is in it
+        once: at the front, the usual case, without a search)."""
+        if self.groups and self.groups[0] is group:
+            return 0
         at = bisect_left(self.keys, (first.submitted_at, first.id))
         if self.groups[at] is not group:
             raise RuntimeError(f"line out of order at {first.id!r}")
-        del self.keys[at]
-        del self.groups[at]
+        return at
 
 
 def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
@@ -235,14 +265,14 @@ class LiveQueue(Generic[Q]):
             for user, line in per_user.items():
                 state = users.get(user)
                 if state is None:
-                    users[user] = _User(line)
+                    users[user] = _User(user, line)
                 else:
                     state.lines.append(line)
         self._users = users
-        self._slots: dict[Q, dict[str, _Slot[Q]]] = {}  # group -> user -> its slot
         self._made = 0  # slots made so far: the next one's seq
-        self._heap: list[tuple[float, float, float, str, str, _Slot[Q]]] = []
+        self._heap: list[_Entry[Q]] = []
         self._popped: _Slot[Q] | None = None
+        self._popped_by: _User[Q] | None = None
         self.refill()
 
     def __bool__(self) -> bool:
@@ -251,16 +281,17 @@ class LiveQueue(Generic[Q]):
     def refill(self) -> None:
         """Find every user's next job again (groups may have come back to life)."""
         heap = []
-        for user, state in self._users.items():
+        for state in self._users.values():
             state.pos = [0] * len(state.lines)
             state.mine = []
-            entry = self._entry(user)
+            entry = self._entry(state)
             if entry is not None:
                 heap.append(entry)
-        heapq.heapify(heap)
+        heapify(heap)
         self._heap = heap
 
-    def _start(self, user: str, state: _User[Q]) -> None:
+    def _start(self, state: _User[Q]) -> None:
+        user = state.name
         weight = self._weights.get(user, 1.0)
         if weight <= 0:
             weight = 1.0
@@ -273,56 +304,50 @@ class LiveQueue(Generic[Q]):
         """The next job: the least served user's oldest live job (None: no live job left)."""
         heap, gate = self._heap, self._gate
         while heap:
-            entry = heapq.heappop(heap)
-            user, slot = entry[4], entry[5]
-            if entry[0] == self._users[user].vt and gate.live(slot.group):
+            entry = heappop(heap)
+            state, slot = entry.state, entry.slot
+            if entry.vt == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
                 job: Job | None = jobs[at] if at < len(jobs) else None
-                if job is not None and job.id == entry[3] and gate.usable(job):
-                    self._popped = slot
+                if job is not None and job.id == entry.job_id and gate.usable(job):
+                    self._popped, self._popped_by = slot, state
                     return job
-            again = self._entry(user)  # its group died, or its turn was used: look again
+            again = self._entry(state)  # its group died, or its turn was used: look again
             if again is not None:
-                heapq.heappush(heap, again)
+                heappush(heap, again)
         return None
 
     def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
         """``job`` (the last ``pop``) was decided; ``placed`` uses its user's turn, and each
         job that joined its allocation (a batch) uses its own user's."""
-        slot = self._popped
-        if slot is None:
+        slot, state = self._popped, self._popped_by
+        if slot is None or state is None:
             raise RuntimeError("done() without pop()")
-        self._popped = None
+        self._popped, self._popped_by = None, None
         slot.at += 1
-        user = job.user
         if placed:
-            state = self._users[user]
             state.vt += state.step
         for rider in riders:
             other = self._users.get(rider.user)
             if other is not None and other.started:
                 other.vt += other.step
-        entry = self._entry(user)
+        entry = self._entry(state)
         if entry is not None:
-            heapq.heappush(self._heap, entry)
+            heappush(self._heap, entry)
 
-    def _entry(self, user: str) -> tuple[float, float, float, str, str, _Slot[Q]] | None:
-        """The heap entry of ``user``'s next live, usable job (None: it has none)."""
-        state = self._users.get(user)
-        if state is None:
-            return None
-        mine = state.mine
+    def _entry(self, state: _User[Q]) -> _Entry[Q] | None:
+        """The heap entry of a user's (``state``'s) next live, usable job (None: it has
+        none)."""
         best: _Slot[Q] | None = None
         best_key = (0.0, "")
-        pos = state.pos
         for i, line in enumerate(state.lines):
-            slot = self._walk(user, line, pos, i, mine)
+            slot = self._walk(state, line, i)
             if slot is not None:
                 job = slot.jobs[slot.at]
                 key = (job.submitted_at, job.id)
                 if best is None or key < best_key:
                     best, best_key = slot, key
-        moved = self._moved_on(mine)
+        moved = self._moved_on(state.mine)
         if moved is not None:
             job = moved.jobs[moved.at]
             key = (job.submitted_at, job.id)
@@ -331,21 +356,15 @@ class LiveQueue(Generic[Q]):
         if best is None:
             return None
         if not state.started:
-            self._start(user, state)
-        return (state.vt, state.tie, best_key[0], best_key[1], user, best)
+            self._start(state)
+        return _Entry(state.vt, state.tie, best_key[0], best_key[1], state, best)
 
-    def _walk(
-        self,
-        user: str,
-        line: Line[Q],
-        pos: list[int],
-        i: int,
-        mine: list[tuple[float, str, int, _Slot[Q]]],
-    ) -> _Slot[Q] | None:
-        """The first live slot of ``line`` (from ``pos[i]`` on) whose next job is still its
-        first; slots passed on the way leave the line for this refill: dead or spent ones
-        for good, moved-on ones into ``mine``."""
-        groups, gate = line.groups, self._gate
+    def _walk(self, state: _User[Q], line: Line[Q], i: int) -> _Slot[Q] | None:
+        """The first live slot of ``line``, the ``i``-th of a user's (``state``'s), from
+        ``state.pos[i]`` on, whose next job is still its first; slots passed on the way
+        leave the line for this refill: dead or spent ones for good, moved-on ones into
+        ``state.mine``."""
+        groups, gate, pos = line.groups, self._gate, state.pos
         at_line = pos[i]
         end_line = len(groups)
         found: _Slot[Q] | None = None
@@ -354,14 +373,14 @@ class LiveQueue(Generic[Q]):
             if not gate.live(group):
                 at_line += 1
                 continue
-            slot = self._slot(group, user)
+            slot = self._slot(group, state)
             at = self._skip_unusable(slot)
             if at >= len(slot.jobs):
                 at_line += 1
                 continue
             if at > 0:  # moved on: its place in the line no longer says when its turn is
                 job = slot.jobs[at]
-                heapq.heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
+                heappush(state.mine, (job.submitted_at, job.id, slot.seq, slot))
                 at_line += 1
                 continue
             found = slot
@@ -378,13 +397,13 @@ class LiveQueue(Generic[Q]):
         slot.at = at
         return at
 
-    def _slot(self, group: Q, user: str) -> _Slot[Q]:
-        own_slots = self._slots.get(group)
-        if own_slots is None:
-            own_slots = self._slots[group] = {}
-        slot = own_slots.get(user)
+    def _slot(self, group: Q, state: _User[Q]) -> _Slot[Q]:
+        """A user's (``state``'s) slot in ``group`` (made when first seen, kept across
+        refills)."""
+        slot = state.slots.get(group)
         if slot is None:
-            slot = own_slots[user] = _Slot(group, self._groups[group][user], self._made)
+            jobs = self._groups[group][state.name]
+            slot = state.slots[group] = _Slot(group, jobs, self._made)
             self._made += 1
         return slot
 
@@ -398,38 +417,65 @@ class LiveQueue(Generic[Q]):
         while own:
             _, job_id, seq, slot = own[0]
             if not gate.live(slot.group):
-                heapq.heappop(own)
+                heappop(own)
                 continue
             at = self._skip_unusable(slot)
             if at >= len(slot.jobs):
-                heapq.heappop(own)
+                heappop(own)
                 continue
             job = slot.jobs[at]
             if job.id != job_id:
-                heapq.heapreplace(own, (job.submitted_at, job.id, seq, slot))
+                heapreplace(own, (job.submitted_at, job.id, seq, slot))
                 continue
             return slot
         return None
 
 
 class _User(Generic[Q]):
-    """One user's state in a ``LiveQueue``: its lines, how far each was walked (``pos``),
-    a heap of its live slots whose cursor moved on, by their next job's key (``mine``),
-    and its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie`` breaks
-    ties), set when it first has a job to hand out (``started``). One object per user:
-    a compiled build reads its fields directly, where five maps by user cost a lookup
-    each."""
+    """One user's (``name``'s) state in a ``LiveQueue``: its lines, how far each was
+    walked (``pos``), a heap of its live slots whose cursor moved on, by their next job's
+    key (``mine``), its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie``
+    breaks ties), set when it first has a job to hand out (``started``), and its slots by
+    group (``slots``). One object per user, which the queue's heap entries carry: a
+    compiled build reads its fields directly, where maps by user cost a lookup each."""
 
-    __slots__ = ("lines", "mine", "pos", "started", "step", "tie", "vt")
+    __slots__ = ("lines", "mine", "name", "pos", "slots", "started", "step", "tie", "vt")
 
-    def __init__(self, line: Line[Q]) -> None:
+    def __init__(self, name: str, line: Line[Q]) -> None:
+        self.name = name
         self.lines = [line]
         self.pos: list[int] = []
         self.mine: list[tuple[float, str, int, _Slot[Q]]] = []
+        self.slots: dict[Q, _Slot[Q]] = {}
         self.started = False
         self.vt = 0.0
         self.step = 1.0
         self.tie = 0.0
+
+
+class _Entry(Generic[Q]):
+    """A user's (``state``'s) place in a ``LiveQueue``'s heap: its next job (``slot``'s)
+    comes by (``vt``, ``tie``, the job's ``at`` and ``job_id``), compared as a tuple of
+    them would be. Job ids are unique, so no two entries of different jobs tie. A class,
+    not a tuple: a compiled build compares the fields unboxed where ``heapq`` compared
+    tuples of boxed floats element by element (most of a pop's cost)."""
+
+    __slots__ = ("at", "job_id", "slot", "state", "tie", "vt")
+
+    def __init__(
+        self, vt: float, tie: float, at: float, job_id: str, state: _User[Q], slot: _Slot[Q]
+    ) -> None:
+        self.vt, self.tie, self.at, self.job_id = vt, tie, at, job_id
+        self.state, self.slot = state, slot
+
+    def __lt__(self, other: _Entry[Q]) -> bool:
+        if self.vt != other.vt:
+            return self.vt < other.vt
+        if self.tie != other.tie:
+            return self.tie < other.tie
+        if self.at != other.at:
+            return self.at < other.at
+        return self.job_id < other.job_id
 
 
 class _Slot(Generic[Q]):

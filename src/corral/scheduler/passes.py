@@ -22,9 +22,9 @@ and preemptions.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Mapping
+from heapq import heapify, heappop, heappush
 
 from corral.core.model import EMPTY, Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
@@ -125,10 +125,10 @@ class Passes:
         queues = {t: LiveQueue(groups, self.weights, running, live, (lines[t],)) for t in teams}
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
-        heapq.heapify(heap)
+        heapify(heap)
         state = planner.state()
         while heap:
-            _, team = heapq.heappop(heap)
+            _, team = heappop(heap)
             queue = queues[team]
             job = queue.pop()
             if job is None:
@@ -145,9 +145,9 @@ class Passes:
                 for q in queues.values():
                     q.refill()
                 heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
-                heapq.heapify(heap)
+                heapify(heap)
             elif queue:
-                heapq.heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
+                heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
 
     def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
         """The oldest big jobs this pass may place go first (``reservation.py``)."""
@@ -218,6 +218,10 @@ class Liveness(Gate[Group]):
     A decision changes memos of its own need only (a failure), so afterwards only
     the groups of that need are asked again; every group is, after capacity
     comes back or a reservation is made (``reset``), and after a CPU-offload try.
+    What it remembers lives on the groups themselves (``Group.seen``, ``fits``,
+    ``bound``), valid while ``seen`` is this pass's stamp (``Queue.stamp``: new for each
+    pass and each ``reset``): a compiled build reads fields where maps by group and team
+    cost a lookup each, on the passes' most frequent call.
     """
 
     def __init__(
@@ -231,25 +235,21 @@ class Liveness(Gate[Group]):
         self._now = planner.now
         self._planner = planner  # its methods and the ledger's called directly: no bound
         self._ledger = planner.ledger  # method objects (generic calls in a compiled build)
-        self._bound: dict[str, float] = {}  # team -> usage it may reach in this pass
-        self._used = planner.ledger.usage_of
+        self._usage = planner.ledger.usage  # team -> milli-GPUs held (read-only)
         self._pclass = pclass
         self._guaranteed = guaranteed
-        self._known: dict[Group, bool] = {}  # group -> may it fit (memos of its need)
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
+        self._queue = planner.queue
+        self._stamp = planner.queue.stamp()
 
     def live(self, group: Group) -> bool:
-        fits = self._known.get(group)
-        if fits is None:
-            fits = self._known[group] = self._planner.may_fit(group, self._pclass, self._guaranteed)
-        if not fits:
+        if group.seen != self._stamp:
+            group.seen = self._stamp
+            group.fits = self._planner.may_fit(group, self._pclass, self._guaranteed)
+            group.bound = self._ledger.bound(group.team, not self._guaranteed)
+        if not group.fits:
             return False
-        team = group.team
-        bound = self._bound.get(team)
-        used = self._used(team) or 0
-        if bound is None:
-            bound = self._bound[team] = self._ledger.headroom(team, not self._guaranteed) + used
-        return group.lowest + used <= bound
+        return group.lowest + (self._usage.get(group.team) or 0) <= group.bound
 
     def usable(self, job: Job) -> bool:
         return job.id not in self._decided and job.not_before <= self._now
@@ -257,11 +257,10 @@ class Liveness(Gate[Group]):
     def touched(self, group: Group) -> None:
         """A job of ``group`` was just decided."""
         if group.cpu:
-            self._known.clear()
+            self.reset()
             return
-        known = self._known
         for other in self._by_need.get(group.need, ()):
-            known.pop(other, None)
+            other.seen = 0  # no stamp: asked again
 
     def reset(self) -> None:
-        self._known.clear()
+        self._stamp = self._queue.stamp()

@@ -129,7 +129,7 @@ class Planner:
             if not self.explain:
                 self.leave(job, CYCLE_LIMIT)  # callers watch for it
             return False
-        need = self.queue.needs[job.id]
+        need = self.queue.groups[job.id].need
         lowest = need.nominal_milli() * job.replicas
         if guaranteed and not self.ledger.within_quota(job.team, lowest):
             return False
@@ -160,14 +160,14 @@ class Planner:
         ask = self.ask(group.team, pclass, guaranteed)
         may_evict = self.config.preemption and (ask.reclaim or ask.priority)
         generation = self.cycle.cap.generation
-        if may_evict and self._preempt_failed.get((need, replicas, ask)) != generation:
+        if may_evict and self._preempt_failed.data.get((need, replicas, ask)) != generation:
             return True
         return group.cpu and pclass.cpu_offload and not self._fit_failed(_on_cpu(need), replicas)
 
     def _fit_failed(self, need: Need, replicas: int) -> bool:
         if replicas == 1:
             return self.cycle.failed(need)
-        return self._gang_failed.get((need, replicas)) == self.cycle.cap.generation
+        return self._gang_failed.data.get((need, replicas)) == self.cycle.cap.generation
 
     def _place(self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool) -> bool:
         mark = self.cycle.checkpoint()
@@ -211,7 +211,7 @@ class Planner:
         start (``reservation.py``)."""
         placed = self.consider(job, pclass, guaranteed)
         if not placed and job.id not in self.decided and not self.stopped:
-            self.reservations.reserve(job.id, self.queue.needs[job.id], job.replicas)
+            self.reservations.reserve(job.id, self.queue.groups[job.id].need, job.replicas)
 
     def _fit_with_preemption(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
@@ -226,7 +226,7 @@ class Planner:
             return None  # it may evict nobody (and the job did not fit without evictions)
         key = (need, job.replicas, ask)
         generation = self.cycle.cap.generation
-        if not patient and self._preempt_failed.get(key) == generation:
+        if not patient and self._preempt_failed.data.get(key) == generation:
             return None
         mark = self.cycle.checkpoint()
         fits: list[Fit] = []
@@ -256,7 +256,7 @@ class Planner:
                 self.cycle.take(fit, runtime)
             return None if fit is None else [fit]
         key = (need, job.replicas)
-        if self._gang_failed.get(key) == self.cycle.cap.generation:
+        if self._gang_failed.data.get(key) == self.cycle.cap.generation:
             return None
         mark = self.cycle.checkpoint()
         fits = place_gang(self.cycle, need, job.replicas, job.gang_label)
@@ -272,7 +272,7 @@ class Planner:
         if not (ask.reclaim or ask.priority):
             return None
         key = (need, ask, patient)
-        if self._no_room.get(key) == self.cycle.cap.generation:
+        if self._no_room.data.get(key) == self.cycle.cap.generation:
             return None
         room = self.preemptor.make_room(self.cycle, self.ledger, need, ask, patient=patient)
         if room is None:
@@ -326,7 +326,7 @@ class Planner:
             return reason
         if self.stopped:
             return CYCLE_LIMIT
-        need = self.queue.needs[job.id]
+        need = self.queue.groups[job.id].need
         lowest = need.nominal_milli() * job.replicas
         if not self.ledger.within_limit(job.team, lowest):
             return self._quota_reason(job)

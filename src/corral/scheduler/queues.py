@@ -38,7 +38,7 @@ class Group:
     dictionary key by identity (hashing it is free on the hot path).
     """
 
-    __slots__ = ("cpu", "floor", "lowest", "need", "replicas", "team")
+    __slots__ = ("bound", "cpu", "fits", "floor", "lowest", "need", "replicas", "seen", "team")
 
     def __init__(
         self, team: str, need: Need, replicas: int, cpu: bool, floor: float | None
@@ -49,6 +49,11 @@ class Group:
         self.cpu = cpu  # may fall back to CPU slots (``cpu_fallback`` of a GPU job)
         self.floor = floor  # a lower bound of the run-time estimates in it; None: none
         self.lowest = need.nominal_milli() * replicas  # the least milli a job of it takes
+        # What a pass's ``passes.Liveness`` found, valid while ``seen`` is its stamp: may
+        # a job of it fit (memos of its need), and the most its team may hold in the pass.
+        self.seen = 0
+        self.fits = False
+        self.bound = 0.0
 
     def __repr__(self) -> str:
         return f"Group({self.team!r}, {self.need!r}, {self.replicas}, {self.cpu}, {self.floor})"
@@ -73,8 +78,7 @@ class Queue:
     def __init__(self, classes: Iterable[str], big_gpus: int | None = None) -> None:
         self.jobs: dict[str, Job] = {}  # submission (insertion) order
         self.big_gpus = big_gpus  # jobs asking this many whole GPUs or more are "big"
-        self.needs: dict[str, Need] = {}
-        self.groups: dict[str, Group] = {}
+        self.groups: dict[str, Group] = {}  # a job's group (its need: ``group.need``)
         self.lists: dict[str, dict[Group, Holders]] = {c: {} for c in classes}
         # The same groups per class split two ways, kept so that a pass does not sort
         # every group of its class out again: by team (the borrowing pass's queue per
@@ -92,6 +96,7 @@ class Queue:
         self.models: Counter[str] = Counter()
         self._needs: dict[ResourceRequest, Need] = {}
         self._groups: dict[tuple[str, Need, int, bool, float | None], Group] = {}  # interned
+        self._stamps = 0  # the last stamp handed out (``stamp``)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -101,7 +106,6 @@ class Queue:
         job_id, cls, r = job.id, job.priority, job.resources
         self.jobs[job_id] = job
         need = self.need(job)
-        self.needs[job_id] = need
         estimate = job.estimated_runtime_s
         cpu = r.cpu_fallback and r.wants_gpu
         floor = None if estimate is None else runtime_floor(estimate)
@@ -159,7 +163,6 @@ class Queue:
         del self.jobs[job_id]
         group = self.groups[job_id]
         del self.groups[job_id]
-        del self.needs[job_id]
         for label in job.node_selector:
             _decrement(self.label_keys, label)
         if job.model:
@@ -196,10 +199,11 @@ class Queue:
         """``job``, the first of its user's jobs in ``group``, left; ``own``: the rest."""
         users = self.lines[job.priority][job.team]
         line = users[job.user]
-        line.drop(group, job)
         if own:
-            line.put(group, own[0])
-        elif not line.groups:
+            line.move(group, job, own[0])
+            return
+        line.drop(group, job)
+        if not line.groups:
             del users[job.user]
             if not users:
                 del self.lines[job.priority][job.team]
@@ -229,6 +233,11 @@ class Queue:
             big.sort(key=job_key)
         for cls, by_team in self.by_team.items():  # the lines afresh, from the sorted lists
             self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
+
+    def stamp(self) -> int:
+        """A number never handed out before: marks what a pass noted on its groups."""
+        self._stamps += 1
+        return self._stamps
 
     def _is_big(self, need: Need, replicas: int) -> bool:
         return self.big_gpus is not None and need.gpus * replicas >= self.big_gpus

@@ -19,10 +19,14 @@ from corral.core.resources import MILLI
 
 
 class Store(Protocol):
-    """Where usage lives: a dict, or a ``Cycle.memo()`` so what-ifs roll back."""
+    """Where usage lives: a dict, or a ``Cycle.memo()`` so what-ifs roll back. ``data``:
+    the dict itself, read-only (a compiled build looks it up directly)."""
 
     @property
     def get(self) -> Callable[[str], int | None]: ...
+
+    @property
+    def data(self) -> dict[str, int]: ...
 
     def put(self, key: str, value: int) -> None: ...
 
@@ -31,6 +35,7 @@ class DictStore:
     def __init__(self) -> None:
         self._data: dict[str, int] = {}
         self.get = self._data.get
+        self.data = self._data
 
     def put(self, key: str, value: int) -> None:
         self._data[key] = value
@@ -54,7 +59,7 @@ class Ledger:
             for t in self._teams.values()
         }
         self._usage: Store = store if store is not None else DictStore()
-        self.usage_of = self._usage.get  # milli-GPUs a team holds (None: none), for hot paths
+        self.usage: dict[str, int] = self._usage.data  # read-only: team -> milli-GPUs held
         for team, milli in usage(allocations).items():
             self._usage.put(team, milli)
 
@@ -82,7 +87,7 @@ class Ledger:
         return known.weight if known else 1.0
 
     def used(self, team: str) -> int:
-        return self._usage.get(team) or 0
+        return self.usage.get(team) or 0
 
     def borrowed(self, team: str) -> int:
         """Milli-GPUs held past the quota."""
@@ -90,17 +95,25 @@ class Ledger:
 
     def within_quota(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under its guaranteed quota."""
-        return (self._usage.get(team) or 0) + charge <= self._quota.get(team, 0)
+        return (self.usage.get(team) or 0) + charge <= self._quota.get(team, 0)
 
     def within_limit(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under quota + borrowing limit."""
         limit = self._limit.get(team)
-        return limit is None or (self._usage.get(team) or 0) + charge <= limit
+        return limit is None or (self.usage.get(team) or 0) + charge <= limit
+
+    def bound(self, team: str, borrowing: bool) -> float:
+        """The most milli-GPUs ``team`` may hold: its quota, or (``borrowing``) its quota +
+        borrowing limit (``inf`` without a limit). ``headroom`` is this less its usage."""
+        if not borrowing:
+            return self._quota.get(team, 0)
+        limit = self._limit.get(team)
+        return math.inf if limit is None else limit
 
     def headroom(self, team: str, borrowing: bool) -> float:
         """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its
         quota + borrowing limit (``inf`` without a limit)."""
-        used = self._usage.get(team) or 0
+        used = self.usage.get(team) or 0
         if not borrowing:
             return self._quota.get(team, 0) - used
         limit = self._limit.get(team)

@@ -15,7 +15,7 @@ the same order, ``(when, order set)``, for fewer and cheaper comparisons.
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 
 
 class EventClock:
@@ -33,7 +33,7 @@ class EventClock:
         timers = self._at.get(when)
         if timers is None:
             timers = self._at[when] = []
-            heapq.heappush(self._instants, when)
+            heappush(self._instants, when)
         timers.append((job_id, token))
         self._count += 1
 
@@ -52,11 +52,11 @@ class EventClock:
         instants, now = self._instants, self.now
         if not instants or instants[0] > now:
             return []
-        when = heapq.heappop(instants)
+        when = heappop(instants)
         due = self._at[when]
         del self._at[when]
         while instants and instants[0] <= now:
-            when = heapq.heappop(instants)
+            when = heappop(instants)
             due.extend(self._at[when])
             del self._at[when]
         self._count -= len(due)

@@ -109,6 +109,11 @@ class Metrics:
             "user": {},
             "gpus": {},
         }
+        # the same maps, held directly: ``first_placed`` runs per job
+        self._by_priority = self.waits_by["priority"]
+        self._by_team = self.waits_by["team"]
+        self._by_user = self.waits_by["user"]
+        self._by_gpus = self.waits_by["gpus"]
 
     def arrived(self, job: Job) -> None:
         self.jobs_total += 1
@@ -120,11 +125,10 @@ class Metrics:
     def first_placed(self, job: Job, now: float) -> None:
         wait = now - job.submitted_at
         self.waits.append(wait)
-        by = self.waits_by
-        _bucket(by["priority"], job.priority).append(wait)
-        _bucket(by["team"], job.team).append(wait)
-        _bucket(by["user"], job.user).append(wait)
-        _bucket(by["gpus"], _size(job)).append(wait)
+        _bucket(self._by_priority, job.priority).append(wait)
+        _bucket(self._by_team, job.team).append(wait)
+        _bucket(self._by_user, job.user).append(wait)
+        _bucket(self._by_gpus, _size(job)).append(wait)
 
     def still_waiting(self, job: Job, waited: float) -> None:
         """``job`` was never placed; the simulation ended ``waited`` s after it came."""
