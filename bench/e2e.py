@@ -19,6 +19,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+import busy
 from corral_peer import CLIENTS, CorralPeer
 from workload import Figures, Peer, median, round_ratios, run_interleaved
 
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         from celery_peer import CeleryPeer
 
         systems.append(("celery", lambda: CeleryPeer(args.agents)))
+    warnings = [busy.warning("before", busy.sample())]
+    for line in filter(None, warnings):
+        log(line)
     peers: list[Peer] = []
     try:
         for label, make in systems:
@@ -104,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for peer in peers:
             peer.close()  # type: ignore[attr-defined]
+    warnings.append(busy.warning("after", busy.sample()))
     report(results, args)
+    for line in filter(None, warnings):  # where the ratio is read, not only at the start
+        print(line)
     return 0
 
 
