@@ -18,9 +18,9 @@ import hashlib
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import corral.scheduler.incremental as incremental
-from corral.core.model import Allocation, Job, Node, Team
 from corral.scheduler.api import Config, Plan, Snapshot
 from corral.sim import generate
 from corral.sim.policies import Kept
@@ -37,23 +37,9 @@ class Hashing:
         self.digest = hashlib.sha256()
         self.plans = 0
 
-    def submitted(self, job: Job) -> None:
-        self.kept.submitted(job)
-
-    def withdrawn(self, job_id: str) -> None:
-        self.kept.withdrawn(job_id)
-
-    def started(self, alloc: Allocation, expected_end: float | None) -> None:
-        self.kept.started(alloc, expected_end)
-
-    def ended(self, alloc_id: str) -> None:
-        self.kept.ended(alloc_id)
-
-    def teams_changed(self, teams: tuple[Team, ...]) -> None:
-        self.kept.teams_changed(teams)
-
-    def nodes_changed(self, nodes: tuple[Node, ...]) -> None:
-        self.kept.nodes_changed(nodes)
+    def __getattr__(self, name: str) -> Any:
+        """Every other event of the run (submitted, started, ended ...) goes to the policy."""
+        return getattr(self.kept, name)
 
     def plan(
         self,
