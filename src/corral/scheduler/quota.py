@@ -11,7 +11,7 @@ preemption. Teams missing from the snapshot get no quota and no limit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from corral.core.model import Allocation, Team
@@ -23,9 +23,6 @@ class Store(Protocol):
     the dict itself, read-only (a compiled build looks it up directly)."""
 
     @property
-    def get(self) -> Callable[[str], int | None]: ...
-
-    @property
     def data(self) -> dict[str, int]: ...
 
     def put(self, key: str, value: int) -> None: ...
@@ -34,7 +31,6 @@ class Store(Protocol):
 class DictStore:
     def __init__(self) -> None:
         self._data: dict[str, int] = {}
-        self.get = self._data.get
         self.data = self._data
 
     def put(self, key: str, value: int) -> None:
@@ -104,7 +100,7 @@ class Ledger:
 
     def bound(self, team: str, borrowing: bool) -> float:
         """The most milli-GPUs ``team`` may hold: its quota, or (``borrowing``) its quota +
-        borrowing limit (``inf`` without a limit). ``headroom`` is this less its usage."""
+        borrowing limit (``inf`` without a limit)."""
         if not borrowing:
             return self._quota.get(team, 0)
         limit = self._limit.get(team)
@@ -112,12 +108,8 @@ class Ledger:
 
     def headroom(self, team: str, borrowing: bool) -> float:
         """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its
-        quota + borrowing limit (``inf`` without a limit)."""
-        used = self.usage.get(team) or 0
-        if not borrowing:
-            return self._quota.get(team, 0) - used
-        limit = self._limit.get(team)
-        return math.inf if limit is None else limit - used
+        quota + borrowing limit (``inf`` without a limit): ``bound`` less its usage."""
+        return self.bound(team, borrowing) - self.used(team)
 
     def over_quota(self, team: str) -> bool:
         return self.used(team) > self.quota(team)

@@ -74,10 +74,7 @@ def seen_jobs(conn: AsyncConnection) -> dict[str, Any]:
     there would have. Any write to ``jobs`` (``forget_read_ahead``), a rollback to a
     savepoint (``db``) and the start of every transaction or read forget them.
     """
-    found: dict[str, Any] | None = conn.info.get(SEEN_JOBS)
-    if found is None:
-        found = conn.info[SEEN_JOBS] = {}
-    return found
+    return _read_ahead(conn, SEEN_JOBS)
 
 
 SEEN_STREAKS = "corral_pg_seen_streaks"
@@ -89,9 +86,14 @@ def seen_streaks(conn: AsyncConnection) -> dict[str, int]:
     transaction: ``nodes.reset_streak`` skips its statement when it was 0 already (a
     success on a healthy node, nearly every end, costs no round trip for it). Forgotten
     with the job rows read ahead, and by any write to ``nodes``."""
-    found: dict[str, int] | None = conn.info.get(SEEN_STREAKS)
+    return _read_ahead(conn, SEEN_STREAKS)
+
+
+def _read_ahead(conn: AsyncConnection, key: str) -> dict[str, Any]:
+    """The map of rows read ahead under ``key`` in ``conn.info`` (made empty when absent)."""
+    found: dict[str, Any] | None = conn.info.get(key)
     if found is None:
-        found = conn.info[SEEN_STREAKS] = {}
+        found = conn.info[key] = {}
     return found
 
 
