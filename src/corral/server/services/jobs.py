@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import secrets
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
+from corral.server.store.ids import sortable_id
 from corral.server.store.records import JobRecord, ResultFile
 from corral.server.store.retention import JobAge
 
@@ -37,7 +37,7 @@ FRESH_JOBS_MAX = 50_000
 
 
 def new_job_id() -> str:
-    return "job_" + secrets.token_hex(10)
+    return sortable_id("job_")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ snapshots meanwhile, so the same room is not bought twice.
 
 from __future__ import annotations
 
-import secrets
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
+from corral.server.store.ids import sortable_id
 from corral.server.store.records import AllocRecord, JobRecord
 
 
@@ -284,7 +284,7 @@ def _allocation(
 ) -> Allocation:
     # The scheduler's ids are only unique within one plan; the store needs them unique forever.
     return Allocation(
-        id="al_" + secrets.token_hex(8),
+        id=sortable_id("al_"),
         job_ids=p.job_ids,
         node=p.node,
         team=team,
