@@ -19,23 +19,26 @@ from corral.server.store.db import Database, parse_db
 from corral.server.store.ids import sortable_id
 from corral.server.store.records import JobRecord
 
-SHAPE = re.compile(r"(job_|al_)[0-9a-f]{28}")
+SHAPE = re.compile(r"(job_|al_)[0-9a-f]{22}")
 ID_COLUMN = 40  # jobs.id and allocations.id are String(40)
 
 
 def test_ids_sort_by_the_millisecond_they_were_made() -> None:
-    made = [1_764_000_000_000 + k for k in (0, 1, 2, 999, 86_400_000, 10**12)]
+    start = 1_764_000_000_000 // 2**32 * 2**32  # a wrap of the 32 bits of milliseconds
+    made = [start + k for k in (0, 1, 2, 15, 16, 999, 86_400_000, 40 * 86_400_000)]
     ids = [sortable_id("job_", ms * 1_000_000 + 999_999) for ms in made]
     assert ids == sorted(ids)
     assert all(SHAPE.fullmatch(i) and len(i) <= ID_COLUMN for i in ids)
-    assert ids[0][4:16] == f"{made[0]:012x}"  # the time first, then the random part
+    assert ids[0][4:12] == f"{made[0] % 2**32:08x}"  # the time first, then the random part
+    wrapped = sortable_id("job_", (start + 2**32) * 1_000_000)  # 49.7 days on: from the start
+    assert wrapped[4:12] == ids[0][4:12]
 
 
 def test_ids_made_in_one_millisecond_do_not_collide() -> None:
     same = 1_764_000_000_000 * 1_000_000
     ids = {sortable_id("al_", same) for _ in range(20_000)}
     assert len(ids) == 20_000
-    assert len({i[:15] for i in ids}) == 1  # one time prefix, 64 random bits each
+    assert len({i[:11] for i in ids}) == 1  # one time prefix, 56 random bits each
 
 
 @pytest.mark.anyio
