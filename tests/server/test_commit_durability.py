@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from corral.core.events import EventKind
 from corral.core.states import JobState
 from corral.server.agentlink.base import Ack
 from corral.server.services.unit import Tx
-from corral.server.store.db import Database, parse_db
+from corral.server.store.db import WAL_AUTOCHECKPOINT_PAGES, Database, parse_db
 
 pytestmark = pytest.mark.anyio
 
@@ -133,6 +134,33 @@ async def test_a_configured_normal_or_off_never_fsyncs(tmp_path: Path) -> None:
             assert await _level(db) == want
         finally:
             await db.close()
+
+
+async def test_commits_checkpoint_only_past_the_larger_wal(tmp_path: Path) -> None:
+    """Every connection (the kept writer's and the readers') checkpoints at 4,000 WAL pages,
+    not SQLite's 1,000: a commit of about 1,500 pages leaves them in the WAL."""
+    db = Database(parse_db(str(tmp_path / "k.db")))
+    await db.prepare()
+    try:
+        async with db.write() as conn:
+            pages = (await conn.execute(sa.text("PRAGMA wal_autocheckpoint"))).scalar_one()
+            await conn.execute(sa.text("CREATE TABLE filler (b BLOB)"))
+        async with db.read() as conn:
+            read = (await conn.execute(sa.text("PRAGMA wal_autocheckpoint"))).scalar_one()
+        assert pages == read == WAL_AUTOCHECKPOINT_PAGES == 4000
+        for _ in range(3):  # three commits of about 500 pages each
+            async with db.write() as conn:
+                await conn.execute(
+                    sa.text("INSERT INTO filler VALUES (randomblob(4000))"), [{}] * 500
+                )
+        # Past SQLite's default, and still only in the WAL: the database file alone (read as
+        # immutable, which ignores the WAL) has no table yet.
+        assert (tmp_path / "k.db-wal").stat().st_size > 1_200 * 4096
+        with sqlite3.connect(f"file:{tmp_path / 'k.db'}?immutable=1", uri=True) as raw:
+            found = raw.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'filler'")
+            assert found.fetchone() == (0,)
+    finally:
+        await db.close()
 
 
 async def test_a_group_with_one_durable_unit_waits_for_the_disk(tmp_path: Path) -> None:
