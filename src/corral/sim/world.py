@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final, Protocol
 
+from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
-from corral.core.states import JOB, AllocObserved, JobState, transition
+from corral.core.states import JOB, AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
