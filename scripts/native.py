@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "src" / "corral"
 BUILD = ROOT / "build" / "native"
 STAMP = BUILD / "SOURCES.sha256"
-# What is compiled: these packages, less the modules that stay interpreted: states.py
-# (mypyc cannot compile its generic dataclass, Lifecycle[S]); errors.py (other packages
+# What is compiled: these packages, less the modules that stay interpreted: lifecycle.py
+# (mypyc cannot compile its generic dataclass, Lifecycle[S]; the gate, gate.py, is
+# compiled) and states.py (its enums and tables, off the hot path); errors.py (other packages
 # subclass its exceptions together with built-in ones, which a compiled base forbids);
 # sim/loaders.py (a YAML loader subclass whose constructors are generators); sim/traces.py
 # (compiled, a generator expression handed to a generator was read ahead, so a bad row
@@ -39,6 +40,7 @@ NOT_COMPILED = (
     "core/clock.py",
     "core/errors.py",
     "core/events.py",
+    "core/lifecycle.py",
     "core/states.py",
     "sim/loaders.py",
     "sim/traces.py",

@@ -16,6 +16,7 @@ from scheduler_builders import alloc, job, node, snapshot
 
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
 from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.ends import EndOrder
 from corral.scheduler.need import need_of
 from corral.scheduler.reservation import Reservations
 
@@ -156,3 +157,26 @@ def test_the_cycle_orders_ends_as_end_then_index_tuples_would(ends: dict[int, fl
     want = [idx for _, idx in sorted((end, idx) for idx, end in ends.items())]
     assert cycle.ends_in_order() == want
     assert [cycle.started_end(idx) for idx in want] == sorted(ends.values())
+
+
+_END = st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9, None])  # None: the end is dropped
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.lists(st.tuples(st.integers(0, 40), _END), max_size=12), max_size=8))
+def test_a_kept_end_order_is_the_order_sorted_afresh(
+    rounds: list[list[tuple[int, float | None]]],
+) -> None:
+    # Rounds of ends set and dropped between cycles, many ties: merging the touched nodes
+    # into the last order gives what sorting every end again gives, (end, index) order.
+    ends: dict[int, float] = {}
+    kept = EndOrder()
+    for changes in [[], *rounds]:
+        for idx, end in changes:
+            if end is None:
+                ends.pop(idx, None)
+            else:
+                ends[idx] = end
+            kept.touch(idx)
+        want = [idx for _, idx in sorted((end, idx) for idx, end in ends.items())]
+        assert kept.of(ends) == want

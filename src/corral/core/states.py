@@ -3,17 +3,31 @@
 Every entity with a lifecycle has one table: an edge per allowed change and
 a comment saying when it happens. ``transition`` is the only gate: it checks
 the edge and appends a ``Transition`` to the entity's history, so every
-change is explained and recorded.
+change is explained and recorded. The table's and the record's types live in
+``lifecycle.py`` and the gate in ``gate.py`` (which the compiled build compiles);
+all three are named here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableSequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, TypeVar
 
-from corral.core.errors import IllegalTransition
+from corral.core.gate import transition
+from corral.core.lifecycle import Lifecycle, Transition
+
+__all__ = [
+    "ALLOCATION",
+    "DESIRED",
+    "JOB",
+    "NODE",
+    "AllocDesired",
+    "AllocObserved",
+    "JobState",
+    "Lifecycle",
+    "NodeState",
+    "Transition",
+    "transition",
+]
 
 
 class JobState(StrEnum):
@@ -47,57 +61,6 @@ class AllocObserved(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"  # ended because it was told to
     LOST = "lost"  # its node vanished
-
-
-S = TypeVar("S", bound=StrEnum)
-
-
-@dataclass(frozen=True, slots=True)
-class Lifecycle(Generic[S]):
-    """A named transition table. ``edges`` maps (from, to) to why that edge exists."""
-
-    name: str
-    edges: Mapping[tuple[S, S], str]
-    terminal: frozenset[S]
-
-    def allows(self, current: S, target: S) -> bool:
-        return (current, target) in self.edges
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """One recorded change of state."""
-
-    lifecycle: str
-    entity: str
-    current: str
-    target: str
-    at: float
-    why: str
-
-
-def transition(
-    lifecycle: Lifecycle[S],
-    entity: str,
-    current: S,
-    target: S,
-    *,
-    at: float,
-    why: str,
-    history: MutableSequence[Transition] | None = None,
-) -> S:
-    """The gate: check ``current -> target`` against the table, record it, return ``target``.
-
-    Raises ``IllegalTransition`` for an edge the table lacks: that is a bug in
-    the caller, never a normal outcome.
-    """
-    # ``lifecycle.allows``, inlined: this module stays interpreted in the compiled build,
-    # and the simulator passes this gate three times per job
-    if (current, target) not in lifecycle.edges:
-        raise IllegalTransition(lifecycle.name, current.value, target.value)
-    if history is not None:
-        history.append(Transition(lifecycle.name, entity, current.value, target.value, at, why))
-    return target
 
 
 Q, P, R = JobState.QUEUED, JobState.PLACED, JobState.RUNNING

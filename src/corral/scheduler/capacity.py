@@ -438,10 +438,12 @@ class Capacity:
                 was = free[g]
                 now = free[g] = was + milli
                 nc.milli_free += milli
+                # ``a[g] = a[g] + x``, not ``a[g] += x``: a compiled build (mypyc) makes the
+                # augmented form a generic in-place call, this one native integer arithmetic
                 if milli == MILLI or milli == -MILLI:  # a whole card: all its VRAM goes with it
-                    vram_free[g] += cards[g] if milli > 0 else -cards[g]
+                    vram_free[g] = vram_free[g] + (cards[g] if milli > 0 else -cards[g])
                 else:
-                    vram_free[g] += vram
+                    vram_free[g] = vram_free[g] + vram
                 whole += (now == MILLI) - (was == MILLI)
                 touched = touched or 0 < was < MILLI or 0 < now < MILLI
             nc.whole_free = whole

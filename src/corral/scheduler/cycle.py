@@ -21,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 from corral.core.model import Allocation, Node
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
+from corral.scheduler.ends import EndOrder, by_end
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
@@ -98,7 +99,8 @@ class Cycle:
 
     ``source`` is a snapshot (a throwaway cluster is built from it) or a kept
     ``Cluster``; ``ends`` gives, per node index, when its running work should
-    all have ended (from ``Snapshot.expected_ends``), when that is known.
+    all have ended (from ``Snapshot.expected_ends``), when that is known;
+    ``order``, their last order kept by the caller along with ``ends``.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class Cycle:
         now: float,
         scorers: Sequence[Scorer] = DEFAULT_SCORERS,
         ends: Mapping[int, float] | None = None,
+        order: EndOrder | None = None,
     ) -> None:
         if isinstance(source, Snapshot):
             cluster = Cluster.of(source)
@@ -131,6 +134,7 @@ class Cycle:
         # Both read as typed dicts: a compiled build looks them up directly (no method call).
         self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
         self._end_order: list[int] | None = None  # their nodes, soonest end first, when asked
+        self._kept_order = order
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         self.start = self.checkpoint()
@@ -241,14 +245,14 @@ class Cycle:
 
     def ends_in_order(self) -> list[int]:
         """The nodes with an expected end the cycle started from (``started_end``), soonest
-        end first, ties by index: sorted once per cycle, when first asked (a reservation
-        looking for busy nodes). A stable sort of the indices, in order, by their float
-        end: the order of ``(end, index)`` tuples without making and comparing one per
-        node (a third of the cost)."""
+        end first, ties by index: put in order once per cycle, when first asked (a
+        reservation looking for busy nodes), from the last cycle's order when the caller
+        keeps one (``ends.EndOrder``), else by a sort (``ends.by_end``)."""
         order = self._end_order
         if order is None:
-            ends = self._base_ends
-            order = self._end_order = sorted(sorted(ends), key=ends.__getitem__)
+            ends, kept = self._base_ends, self._kept_order
+            order = by_end(list(ends), ends) if kept is None else kept.of(ends)
+            self._end_order = order
         return order
 
     def started_end(self, idx: int) -> float:

@@ -37,6 +37,7 @@ from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
 from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
 from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.ends import EndOrder
 from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
@@ -70,6 +71,7 @@ class Scheduler:
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
         self._on_node: dict[str, dict[str, Allocation]] = {}  # node -> its active allocations
         self._node_end: dict[int, float] = {}  # node index -> latest expected end there
+        self._end_order = EndOrder()  # its nodes soonest end first, as of the last cycle that asked
         self._victims = VictimIndex(self.classes)  # what preemption could evict
         self._cluster: Cluster | None = None
         self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
@@ -142,6 +144,7 @@ class Scheduler:
         self._cluster = None
         self._pending, self._released = {}, {}
         self._node_end = {}
+        self._end_order.forget()
         for name, allocs in self._on_node.items():
             self._recompute_end(name, allocs)
 
@@ -212,7 +215,8 @@ class Scheduler:
         self._reconcile()
         if not self.queue:
             return Plan()
-        cycle = Cycle(self._cluster_now(), self.config, now, ends=self._node_end)
+        cluster = self._cluster_now()
+        cycle = Cycle(cluster, self.config, now, ends=self._node_end, order=self._end_order)
         try:
             ledger = Ledger.of_usage(self.teams, self._usage, cycle.memo())
             planner = Planner(
@@ -287,6 +291,7 @@ class Scheduler:
                 idx = self._index.get(alloc.node)
                 if idx is not None and expected_end > self._node_end.get(idx, -math.inf):
                     self._node_end[idx] = expected_end
+                    self._end_order.touch(idx)
         else:
             self._victims.remove(alloc)
             del on_node[alloc.id]
@@ -328,6 +333,7 @@ class Scheduler:
             self._node_end[idx] = max(ends)
         else:
             self._node_end.pop(idx, None)
+        self._end_order.touch(idx)
 
     def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:
         """Apply ``delta`` if it adds up (counts, gone jobs held, added jobs new and at the

@@ -249,7 +249,8 @@ class Liveness(Gate[Group]):
             group.bound = self._ledger.bound(group.team, not self._guaranteed)
         if not group.fits:
             return False
-        return group.lowest + (self._usage.get(group.team) or 0) <= group.bound
+        bound = group.bound  # inf: a borrowing pass of a team without a limit, no lookup
+        return bound == math.inf or group.lowest + (self._usage.get(group.team) or 0) <= bound
 
     def usable(self, job: Job) -> bool:
         return job.id not in self._decided and job.not_before <= self._now

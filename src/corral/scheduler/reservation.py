@@ -97,7 +97,7 @@ class Reservations:
         """Might a job of ``need`` ending after ``runtime`` backfill (no memo says no)?"""
         if runtime is None or self.now + runtime > self._latest:
             return False
-        failed = self._failed.get(need)
+        failed = self._failed.data.get(need)
         if failed is None:
             return True
         generation, count, shortest = failed
@@ -117,7 +117,7 @@ class Reservations:
                 if fit is not None:
                     self.cycle.take(fit, runtime)
                     return fit
-        failed = self._failed.get(need)
+        failed = self._failed.data.get(need)
         current = (self.cycle.cap.generation, len(self.held))
         shortest = runtime if failed is None or failed[:2] != current else min(failed[2], runtime)
         self._failed.put(need, (*current, shortest))

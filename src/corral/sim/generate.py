@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from bisect import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -83,24 +82,27 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
     class_cdf = list(itertools.accumulate(w for _, w in PRIORITY_MIX))
     users = [(f"user-{u}", f"team-{u % shape.teams}") for u in range(shape.users)]
     mu = math.log(MEDIAN_RUN_S)
-    peak = rate * (1 + shape.daily_swing)
+    # Read once, not per job: the shape's fields are attribute lookups and ``_DAY_RAD`` a
+    # module global's in a compiled build.
+    swing, user_count, day_rad = shape.daily_swing, shape.users, _DAY_RAD
+    peak = rate * (1 + swing)
     estimate = _estimator(shape)
     clock = 0.0
     for n in range(1, shape.jobs + 1):
         clock += expovariate(rand, peak)
-        while rand() * peak > rate * (1 + shape.daily_swing * math.sin(clock * _DAY_RAD)):
+        while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
             clock += expovariate(rand, peak)  # thinning: fewer arrivals at night
-        request, replicas = kinds[bisect(kind_cdf, rand() * kind_cdf[-1])]
-        user, team = users[int(rand() * shape.users)]
-        run_s = min(MAX_RUN_S, max(1.0, round(lognormvariate(rand, mu, RUN_SIGMA))))
+        request, replicas = kinds[_pick(kind_cdf, rand() * kind_cdf[-1])]
+        user, team = users[int(rand() * user_count)]
+        run_s = min(MAX_RUN_S, max(1.0, _round(lognormvariate(rand, mu, RUN_SIGMA))))
         job = Job(
             id=f"g{n}",
             resources=request,
-            priority=classes[bisect(class_cdf, rand() * class_cdf[-1])],
+            priority=classes[_pick(class_cdf, rand() * class_cdf[-1])],
             team=team,
             user=user,
             replicas=replicas,
-            submitted_at=float(round(clock)),
+            submitted_at=float(_round(clock)),
             estimated_runtime_s=estimate(run_s),
         )
         yield SimJob(job, run_s, "generated")
@@ -147,6 +149,26 @@ def scenario(
         auto_teams=False,
         name=f"generated {nodes} nodes x {jobs} jobs (load {load:g}, seed {seed})",
     )
+
+
+def _round(x: float) -> int:
+    """``round(x)``: the nearest integer, ties to even. Written out: a compiled build calls
+    ``round`` of a float through a generic lookup of its ``__round__`` method."""
+    low = math.floor(x)
+    rest = x - low  # exact: the fraction of x
+    if rest > 0.5 or (rest == 0.5 and low % 2 == 1):
+        low += 1
+    return low
+
+
+def _pick(cdf: list[float], x: float) -> int:
+    """``bisect.bisect(cdf, x)``: the first position of the sorted ``cdf`` whose value is
+    above ``x``. A loop over these short lists, which a compiled build runs inline, where
+    ``bisect`` was a generic call comparing boxed floats."""
+    at = 0
+    while at < len(cdf) and cdf[at] <= x:
+        at += 1
+    return at
 
 
 def _estimator(shape: TraceShape) -> Callable[[float], float | None]:

@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final, Protocol
 
+from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
-from corral.core.states import JOB, AllocObserved, JobState, transition
+from corral.core.states import JOB, AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
@@ -290,9 +291,11 @@ class World:
                 raise PlanRejected(
                     f"placement {p.allocation_id}: GPU {g} of {p.node} is over-committed"
                 )
-            free[g] -= p.gpu_milli
-            vram[g] -= p.vram_bytes
-        self._cpu_free[i] -= p.cpus
+            # ``a[i] = a[i] - x``, not ``a[i] -= x``: a compiled build (mypyc) makes the
+            # augmented form a generic in-place call, this one native integer arithmetic
+            free[g] = free[g] - p.gpu_milli
+            vram[g] = vram[g] - p.vram_bytes
+        self._cpu_free[i] = self._cpu_free[i] - p.cpus
         if self._cpu_free[i] < 0:
             raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
 
@@ -375,12 +378,12 @@ class World:
             self._observer.ended(alloc_id)
         i = self._index[alloc.node]
         free, vram = self._gpu_free[i], self._vram_free[i]
-        for g in alloc.gpu_indices:
-            free[g] += alloc.gpu_milli
-            vram[g] += alloc.vram_bytes
-        self._cpu_free[i] += alloc.cpus
+        for g in alloc.gpu_indices:  # not ``+=``: see ``_take``
+            free[g] = free[g] + alloc.gpu_milli
+            vram[g] = vram[g] + alloc.vram_bytes
+        self._cpu_free[i] = self._cpu_free[i] + alloc.cpus
         milli = alloc.milli
-        self._team_milli[alloc.team] -= milli
+        self._team_milli[alloc.team] = self._team_milli[alloc.team] - milli
         self._metrics.allocation_ended(alloc.team, milli, now - alloc.started_at)
         if still_running or self._sink is None:
             return  # placement records are kept only for a sink
