@@ -287,15 +287,13 @@ async def test_an_agents_end_reaches_readers_at_its_commit_and_its_ack_waits_for
     assert rt.db.wal_sync.synced == rt.db.wal_sync.committed
 
 
-async def test_a_group_holding_a_submission_publishes_only_once_it_is_on_disk(
+async def test_a_group_publishes_its_early_units_events_at_commit_and_the_rest_once_on_disk(
     sqlite_world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from corral.server.store import wal_sync
 
     world = sqlite_world
     rt, group = world.plane.rt, world.plane.agents.updates
-    disk = _Disk(rt.db.wal_sync)
-    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
 
     def logging(job_id: str) -> Any:
         async def unit(tx: Tx) -> None:
@@ -303,17 +301,58 @@ async def test_a_group_holding_a_submission_publishes_only_once_it_is_on_disk(
 
         return unit
 
+    await group.run(logging("first"))  # takes the start's jump of event numbers (on disk)
+    disk = _Disk(rt.db.wal_sync)
+    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
     early, late = rt.wakeups.ticket(job_id="early"), rt.wakeups.ticket(job_id="late")
-    # Queued together, the two share a group: a submission-like unit (not early) in it
-    # holds the early one's events back until the group's fsync.
-    both = asyncio.gather(group.run(logging("early"), early=True), group.run(logging("late")))
+    after = rt.wakeups.ticket(job_id="after")
+    # Queued together, the three share a group. The early unit (an agent's report) runs
+    # first whatever the order they came in: its events go out at the commit, the
+    # submission-like units' (not early) once the group is on disk.
+    both = asyncio.gather(
+        group.run(logging("late")),
+        group.run(logging("early"), early=True),
+        group.run(logging("after")),
+    )
+    assert await _woken(early), "the early unit's events were held for the fsync"
+    assert not late.woken.is_set()
+    assert not after.woken.is_set()
+    disk.gate.set()
+    await both
+    assert await _woken(late)
+    assert await _woken(after)
+    logged = [e for e in await world.events() if e.kind is EventKind.JOB_LOG]
+    assert [e.job_id for e in logged] == ["first", "early", "late", "after"]  # numbered so
+
+
+async def test_an_early_units_events_wait_for_an_earlier_changes_fsync(
+    sqlite_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.store import wal_sync
+
+    world = sqlite_world
+    rt, group = world.plane.rt, world.plane.agents.updates
+
+    def logging(job_id: str) -> Any:
+        async def unit(tx: Tx) -> None:
+            tx.emit(EventKind.JOB_LOG, team="default", job_id=job_id, lines=["x"])
+
+        return unit
+
+    await group.run(logging("first"))
+    disk = _Disk(rt.db.wal_sync)
+    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+    late, early = rt.wakeups.ticket(job_id="late"), rt.wakeups.ticket(job_id="early")
+    first = asyncio.create_task(group.run(logging("late")))  # a group of its own, on disk next
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(group.run(logging("early"), early=True))
     await asyncio.sleep(0.2)
+    # A reader given the early event (a higher number) would skip the one still held back.
     assert not early.woken.is_set()
     assert not late.woken.is_set()
     disk.gate.set()
-    await both
-    assert early.woken.is_set()
-    assert late.woken.is_set()
+    await asyncio.gather(first, second)
+    assert early.woken.is_set() and late.woken.is_set()
 
 
 async def test_a_restarted_sqlite_server_numbers_its_events_past_any_a_crash_forgot(

@@ -59,8 +59,9 @@ class GroupCommitter:
     ) -> T:
         """Run ``unit`` in the next group; returns its result once the group has committed.
 
-        A group commits durably (waits for the disk) when any of its units asks to, and
-        publishes its events at its commit (``Runtime.tx``'s ``early``) only when all do.
+        A group commits durably (waits for the disk) when any of its units asks to. The
+        events of ``early`` units reach readers at its commit (``Runtime.tx``'s ``early``),
+        the others' once it is durable.
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append((unit, future, durable, early))
@@ -99,20 +100,30 @@ class GroupCommitter:
                 future.set_exception(value)
 
     async def _run(self, group: list[Queued], *, careful: bool) -> list[Outcome]:
-        """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints."""
+        """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints.
+
+        The units that may publish early run first (in the order they came), so their events
+        take the transaction's first numbers and reach readers at its commit; the others'
+        events follow once it is durable (``Tx.early_events``)."""
         outcomes: list[Outcome] = []
         durable = any(d for _, _, d, _ in group)
-        early = all(e for _, _, _, e in group)
-        async with self.rt.tx(durable=durable, early=early) as tx:  # a unit needing a cycle says so
-            for unit, future, _, _ in group:
+        ordered = sorted(group, key=_late)  # stable: each kind keeps its order
+        async with self.rt.tx(durable=durable) as tx:  # a unit needing a cycle says so
+            for unit, future, _, early in ordered:
                 if careful:
                     outcomes.append((future, *await _attempt(tx, unit)))
                 else:
                     outcomes.append((future, True, await _bare(tx, unit)))
+                if early:
+                    tx.early_events = len(tx.events)
             place = self.place
             if tx.reschedule and place is not None and await place(tx, len(group) > 1):
                 tx.reschedule = False  # scheduled inside this transaction: no cycle of its own
         return outcomes
+
+
+def _late(queued: Queued) -> bool:
+    return not queued[3]
 
 
 class _UnitFailed(Exception):

@@ -258,28 +258,33 @@ class Runtime:
         report, kept in its outbox until the follow-up acknowledges it): readers then see
         what they could already read from the committed rows, and the fsync is off the
         path to them (docs/performance.md, item 70). Follow-ups still wait for the fsync.
+        Without it, the first ``tx.early_events`` events go out so (a group's early units';
+        the rest follow once durable, and later changes' events after them).
         """
         tx = Tx(self.clock.now())
         turn: Turn | None = None
         seqs: list[int] = []
-        published = False
+        published = 0  # how many of the events readers have been given
         done = False  # committed
         jump = 0  # how far this change's first event jumped (``Database.event_jump``)
 
-        def publish() -> None:
+        def publish(upto: int) -> None:
             nonlocal published
-            published = True
-            self.recent.add(tx.events, seqs)  # before the wake-up: readers find them
-            self.wakeups.publish(tx.events)
+            batch = tx.events[published:upto]
+            self.recent.add(batch, seqs[published:upto])  # before the wake-up: readers find them
+            self.wakeups.publish(batch)
+            published = upto
 
         async def committed() -> None:
             nonlocal done
             done = True
             if reschedule or tx.reschedule:
                 self.schedule_needed.fire()
-            if early and not jump and tx.events and turn is not None and turn.ready:
-                publish()
-                turn.done()
+            upto = len(tx.events) if early else tx.early_events
+            if upto and not jump and turn is not None and turn.ready:
+                publish(upto)
+                if upto == len(tx.events):
+                    turn.done()
             for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
                 try:
                     await self._run_follow_up(action)
@@ -302,9 +307,9 @@ class Runtime:
                 for action in tx.after_commit:  # e.g. assignments: not held up by others' fsyncs
                     await self._run_follow_up(action)
             finally:  # committed events are published whatever became of the follow-ups
-                if tx.events and not published:
+                if published < len(tx.events):
                     await turn.wait()  # events committed before these are out first
-                    publish()
+                    publish(len(tx.events))
         finally:
             if not done:
                 self.db.event_jump += jump
@@ -329,6 +334,9 @@ class Tx:
     after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     at_once: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     reschedule: bool = False
+    # The first this many events may reach readers at the commit, before its fsync, as all
+    # of them do with ``Runtime.tx(early=True)``: a group's early units' (``GroupCommitter``).
+    early_events: int = 0
 
     def emit(
         self,
