@@ -352,7 +352,8 @@ async def test_an_early_units_events_wait_for_an_earlier_changes_fsync(
     assert not late.woken.is_set()
     disk.gate.set()
     await asyncio.gather(first, second)
-    assert early.woken.is_set() and late.woken.is_set()
+    assert early.woken.is_set()
+    assert late.woken.is_set()
 
 
 async def test_a_restarted_sqlite_server_numbers_its_events_past_any_a_crash_forgot(

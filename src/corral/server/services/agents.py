@@ -474,7 +474,8 @@ class AgentService:
     async def _fenced(
         self, tx: Tx, node: str, allocation_id: str, attempt: int, done: AllocObserved | None = None
     ) -> AllocRecord | Ack:
-        return await self._fenced_read(tx.conn, node, allocation_id, attempt, done=done)
+        hint = self.rt.placed_allocs.pop(allocation_id, None)  # the record as placed, if kept
+        return await self._fenced_read(tx.conn, node, allocation_id, attempt, done=done, hint=hint)
 
     async def _fenced_read(
         self,
@@ -483,9 +484,10 @@ class AgentService:
         allocation_id: str,
         attempt: int,
         done: AllocObserved | None = None,
+        hint: AllocRecord | None = None,
     ) -> AllocRecord | Ack:
         """The allocation if this update may change it, else the Ack that explains why not."""
-        rec = await alloc_repo.get(conn, allocation_id)  # type: ignore[arg-type]
+        rec = await alloc_repo.get(conn, allocation_id, hint=hint)  # type: ignore[arg-type]
         if rec is None or rec.alloc.node != node:
             return Ack.UNKNOWN
         if rec.alloc.attempt != attempt:

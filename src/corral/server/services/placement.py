@@ -164,8 +164,7 @@ async def _place_lone(
         placed.append(AllocRecord(alloc=alloc, created_at=tx.now))
         applied.placed.append(assignment(alloc, [rec], replicas=1))
     await alloc_repo.insert_many(tx.conn, placed)
-    for r in placed:
-        rt.fresh_allocs[r.alloc.id] = r  # the next snapshot takes it (loops/snapshot.py)
+    rt.placed(placed)
 
 
 def _placed_values(
@@ -252,8 +251,7 @@ async def _place_group(
         _emit_placed(tx, rec, values)
     placed = [AllocRecord(alloc=alloc, created_at=tx.now) for alloc in allocs]
     await alloc_repo.insert_many(tx.conn, placed)
-    for r in placed:
-        rt.fresh_allocs[r.alloc.id] = r  # the next snapshot takes it (loops/snapshot.py)
+    rt.placed(placed)
     return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
 
 

@@ -33,6 +33,10 @@ from corral.server.store.db import Database
 from corral.server.store.events import TeamEvent
 from corral.server.store.records import AllocRecord, JobRecord
 
+PLACED_ALLOCS_MAX = 20_000
+"""Allocations kept as placed (``Runtime.placed_allocs``): the most a busy server has
+between placing work and hearing of it, many times over."""
+
 log = logging.getLogger("corral.server")
 
 
@@ -233,10 +237,24 @@ class Runtime:
     # instead of reading and decoding their rows again. Only a hint: the version read decides.
     fresh_jobs: dict[str, JobRecord] = field(default_factory=dict)
     fresh_allocs: dict[str, AllocRecord] = field(default_factory=dict)  # just placed, likewise
+    # Allocations as placed, until an agent's report reads each back (``AgentService._fenced``:
+    # the row's version alone is read, and the record taken when it is still this one's).
+    # The oldest go first past ``PLACED_ALLOCS_MAX`` (allocations no report ever names).
+    placed_allocs: dict[str, AllocRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Other replicas commit events too on PostgreSQL: memory serves only gapless runs.
         self.recent.contiguous = self.db.is_postgres
+
+    def placed(self, recs: Sequence[AllocRecord]) -> None:
+        """Note allocations just inserted: the next snapshot takes them (``fresh_allocs``,
+        loops/snapshot.py), and so does the first agent's report of each (``placed_allocs``).
+        Only hints: a version read decides, so a placement rolled back leaves none wrong."""
+        fresh, kept = self.fresh_allocs, self.placed_allocs
+        for r in recs:
+            fresh[r.alloc.id] = kept[r.alloc.id] = r
+        while len(kept) > PLACED_ALLOCS_MAX:
+            del kept[next(iter(kept))]  # the oldest: insertion order
 
     @contextlib.asynccontextmanager
     async def tx(
@@ -285,11 +303,7 @@ class Runtime:
                 publish(upto)
                 if upto == len(tx.events):
                     turn.done()
-            for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
-                try:
-                    await self._run_follow_up(action)
-                except Exception:  # the change has committed: never report it as failed
-                    log.exception("an action right after a commit failed")
+            await self._run_at_once(tx)
 
         try:
             async with self.db.write(durable=durable, on_commit=committed) as conn:
@@ -315,6 +329,13 @@ class Runtime:
                 self.db.event_jump += jump
             if turn is not None:
                 turn.done()
+
+    async def _run_at_once(self, tx: Tx) -> None:
+        for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
+            try:
+                await self._run_follow_up(action)
+            except Exception:  # the change has committed: never report it as failed
+                log.exception("an action right after a commit failed")
 
     async def _run_follow_up(self, action: Callable[[], Awaitable[None]]) -> None:
         try:

@@ -45,11 +45,22 @@ _ACTIVE_VERSIONS = sa.select(allocations.c.id, allocations.c.version).where(
     allocations.c.active.is_(True)
 )
 _PG_ACTIVE_VERSIONS = "SELECT id, version FROM allocations WHERE active"
+_VERSION = "SELECT version FROM allocations WHERE id = ?"
 
 
-async def get(conn: AsyncConnection, alloc_id: str) -> AllocRecord | None:
+async def get(
+    conn: AsyncConnection, alloc_id: str, *, hint: AllocRecord | None = None
+) -> AllocRecord | None:
+    """The allocation, or None. ``hint``: the record as this server last wrote it
+    (``Runtime.placed_allocs``); on SQLite it is returned when the row's version is still
+    its own, read alone instead of the row (a guarded update bumps the version on every
+    change, so an equal version is the same row)."""
     db = driver(conn)
     if db is not None:
+        if hint is not None and hint.alloc.id == alloc_id:
+            found = db.execute(_VERSION, (alloc_id,)).fetchone()
+            if found is not None and found[0] == hint.version:
+                return hint
         rows = _RAW.by_keys(db, "id", [alloc_id])
         return alloc_from_row(rows[0]) if rows else None
     raw = pgraw.pg(conn)
