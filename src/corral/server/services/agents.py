@@ -152,11 +152,8 @@ class AgentService:
             a = rec.alloc
             if reported.get(a.id) == a.attempt:
                 if a.desired is not AllocDesired.RUN:
-                    stop.append(
-                        StopOrder(
-                            a.id, StopReason(rec.stop_reason or "cancel"), rec.stop_grace_s or 0.0
-                        )
-                    )
+                    reason = StopReason(rec.stop_reason or "cancel")
+                    stop.append(StopOrder(a.id, reason, rec.stop_grace_s or 0.0))
             elif a.observed is AllocObserved.PENDING and a.desired is AllocDesired.RUN:
                 jobs = await job_repo.get_many(tx.conn, a.job_ids)
                 assign.append(assignment(a, list(jobs.values())))
