@@ -113,3 +113,28 @@ async def test_an_update_alone_does_not_ask_for_a_cycle(world: World) -> None:
     assert await world.plane.agents.started("n1", a.allocation_id, a.attempt) is Ack.ACCEPTED
 
     assert not world.plane.rt.schedule_needed.fired, "a start frees nothing"
+
+
+async def test_a_start_and_end_in_one_group_behind_a_submission_keep_their_order(
+    world: World,
+) -> None:
+    """A group runs agents' reports before submissions (their events need no fsync), but an
+    agent's start (relaxed) and its end (early) stay in the order they came."""
+    job = await world.submit(resources={"gpus": 1})
+    agent = await world.agent("n1", gpus=1)
+    await world.cycle()
+    a = await agent.next_assignment()
+    group = world.plane.agents.updates
+    before = group.groups
+    later = world.submit(resources={"gpus": 1})  # a durable unit, queued first
+
+    _, started, ended = await asyncio.gather(
+        later, agent.start(a), agent.finish(a, {job.job.id: {"out.txt": b"ok"}})
+    )
+
+    assert group.groups - before == 1, "the three shared one group"
+    assert (started, ended) == (Ack.ACCEPTED, Ack.ACCEPTED)
+    rec = await world.job(job.job.id)
+    assert rec.state is JobState.SUCCEEDED
+    assert rec.started_at is not None
+    assert (await world.kinds(job.job.id))[-2:] == ["job.started", "job.succeeded"]

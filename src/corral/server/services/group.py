@@ -102,19 +102,22 @@ class GroupCommitter:
     async def _run(self, group: list[Queued], *, careful: bool) -> list[Outcome]:
         """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints.
 
-        The units that may publish early run first (in the order they came), so their events
-        take the transaction's first numbers and reach readers at its commit; the others'
-        events follow once it is durable (``Tx.early_events``)."""
+        The units whose events need not wait for the disk (``early`` ones, and those that
+        are not ``durable``: agents' reports) run first, in the order they came, so their
+        events take the transaction's first numbers and reach readers at its commit; the
+        others' (submissions) follow once it is durable (``Tx.early_events``). An agent's
+        start and end keep their order; only units from different sources change places."""
         outcomes: list[Outcome] = []
         durable = any(d for _, _, d, _ in group)
-        ordered = sorted(group, key=_late)  # stable: each kind keeps its order
+        ordered = sorted(group, key=_held)  # stable: each kind keeps its order
         async with self.rt.tx(durable=durable) as tx:  # a unit needing a cycle says so
-            for unit, future, _, early in ordered:
+            for queued in ordered:
+                unit, future = queued[0], queued[1]
                 if careful:
                     outcomes.append((future, *await _attempt(tx, unit)))
                 else:
                     outcomes.append((future, True, await _bare(tx, unit)))
-                if early:
+                if not _held(queued):
                     tx.early_events = len(tx.events)
             place = self.place
             if tx.reschedule and place is not None and await place(tx, len(group) > 1):
@@ -122,8 +125,10 @@ class GroupCommitter:
         return outcomes
 
 
-def _late(queued: Queued) -> bool:
-    return not queued[3]
+def _held(queued: Queued) -> bool:
+    """Its events wait for the group's fsync: durable, and not ``early``."""
+    _, _, durable, early = queued
+    return durable and not early
 
 
 class _UnitFailed(Exception):
