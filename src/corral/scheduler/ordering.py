@@ -13,13 +13,13 @@ name: deterministic, and it carries fairness from cycle to cycle.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
+from corral.scheduler.lines import Line, lines_of
 
 Q = TypeVar("Q", bound=Hashable)
 
@@ -122,80 +122,6 @@ class FairQueue:
             nxt = own[at]
             heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
         return job
-
-
-class Line(Generic[Q]):
-    """One user's groups (of one class and team), ordered by the user's oldest job in each.
-
-    Kept by ``Queue`` as jobs come and go, so a pass finds a user's next job by walking
-    the front of its lines instead of sorting every live group's slot into a heap.
-    ``keys[i]`` is ``job_key`` of the user's first job in ``groups[i]`` (unique: a job is
-    in one group).
-    """
-
-    __slots__ = ("groups", "keys")
-
-    def __init__(self) -> None:
-        self.groups: list[Q] = []
-        self.keys: list[tuple[float, str]] = []
-
-    def put(self, group: Q, first: Job) -> None:
-        """``group`` now starts with ``first`` (for this user). After every other group
-        (the usual case: the newest job of a new group) it is appended without a search."""
-        key = (first.submitted_at, first.id)
-        keys = self.keys
-        if not keys or keys[-1] < key:
-            keys.append(key)
-            self.groups.append(group)
-            return
-        at = bisect_left(keys, key)
-        keys.insert(at, key)
-        self.groups.insert(at, group)
-
-    def drop(self, group: Q, first: Job) -> None:
-        """``group`` no longer starts with ``first`` (it left, or was preceded)."""
-        at = self._at(group, first)
-        del self.keys[at]
-        del self.groups[at]
-
-    def move(self, group: Q, first: Job, after: Job) -> None:
-        """``group`` now starts with ``after``, a later job than ``first`` (which left):
-        ``drop(group, first)`` then ``put(group, after)``, in one search of the part of
-        the line after its place, and no shift when it keeps that place."""
-        keys = self.keys
-        at = self._at(group, first)
-        key = (after.submitted_at, after.id)
-        to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
-        if to == at + 1:
-            keys[at] = key
-            return
-        del keys[at]
-        del self.groups[at]
-        keys.insert(to - 1, key)
-        self.groups.insert(to - 1, group)
-
-    def _at(self, group: Q, first: Job) -> int:
-        """Where ``group``, starting with ``first``, stands in the line (a group is in it
-        once: at the front, the usual case, without a search)."""
-        if self.groups and self.groups[0] is group:
-            return 0
-        at = bisect_left(self.keys, (first.submitted_at, first.id))
-        if self.groups[at] is not group:
-            raise RuntimeError(f"line out of order at {first.id!r}")
-        return at
-
-
-def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
-    """The lines of ``groups`` (group -> user -> jobs sorted by ``job_key``), made afresh."""
-    lines: dict[str, Line[Q]] = {}
-    for group, holders in groups.items():
-        for user, jobs in holders.items():
-            if jobs:
-                line = lines.get(user)
-                if line is None:
-                    line = lines[user] = Line()
-                line.put(group, jobs[0])
-    return lines
 
 
 class Gate(Generic[Q]):
