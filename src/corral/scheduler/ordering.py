@@ -213,7 +213,7 @@ class LiveQueue(Generic[Q]):
             entry = self._entry(state)
             if entry is not None:
                 heap.append(entry)
-        heapify(heap)
+        _heapify(heap)
         self._heap = heap
 
     def _start(self, state: _User[Q]) -> None:
@@ -230,7 +230,7 @@ class LiveQueue(Generic[Q]):
         """The next job: the least served user's oldest live job (None: no live job left)."""
         heap, gate = self._heap, self._gate
         while heap:
-            entry = heappop(heap)
+            entry = _pop(heap)
             state, slot = entry.state, entry.slot
             if entry.vt == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
@@ -240,7 +240,7 @@ class LiveQueue(Generic[Q]):
                     return job
             again = self._entry(state)  # its group died, or its turn was used: look again
             if again is not None:
-                heappush(heap, again)
+                _push(heap, again)
         return None
 
     def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
@@ -259,7 +259,7 @@ class LiveQueue(Generic[Q]):
                 other.vt += other.step
         entry = self._entry(state)
         if entry is not None:
-            heappush(self._heap, entry)
+            _push(self._heap, entry)
 
     def _entry(self, state: _User[Q]) -> _Entry[Q] | None:
         """The heap entry of a user's (``state``'s) next live, usable job (None: it has
@@ -395,6 +395,11 @@ class _Entry(Generic[Q]):
         self.state, self.slot = state, slot
 
     def __lt__(self, other: _Entry[Q]) -> bool:
+        return self.before(other)
+
+    def before(self, other: _Entry[Q]) -> bool:
+        """``self < other``: a method the queue's heap (``_push``, ``_pop``) calls, which a
+        compiled build calls natively where ``heapq`` made a generic comparison."""
         if self.vt != other.vt:
             return self.vt < other.vt
         if self.tie != other.tie:
@@ -415,3 +420,60 @@ class _Slot(Generic[Q]):
         self.jobs = jobs
         self.at = 0
         self.seq = seq
+
+
+# The queue's heap of ``_Entry``: ``heapq``'s algorithm written out (the same sifts, so the
+# same pops, ties included), comparing by ``_Entry.before``. ``heapq``'s C functions call
+# ``__lt__`` through a generic rich comparison per probe; a compiled build calls these and
+# ``before`` natively. Pure Python pays an interpreted loop instead of C (the compiled build
+# is the simulator's measure).
+
+
+def _push(heap: list[_Entry[Q]], entry: _Entry[Q]) -> None:
+    heap.append(entry)
+    _sift_down(heap, 0, len(heap) - 1)
+
+
+def _pop(heap: list[_Entry[Q]]) -> _Entry[Q]:
+    last = heap.pop()
+    if not heap:
+        return last
+    top = heap[0]
+    heap[0] = last
+    _sift_up(heap, 0)
+    return top
+
+
+def _heapify(heap: list[_Entry[Q]]) -> None:
+    for pos in range(len(heap) // 2 - 1, -1, -1):
+        _sift_up(heap, pos)
+
+
+def _sift_down(heap: list[_Entry[Q]], start: int, pos: int) -> None:
+    """``heapq._siftdown``: the entry at ``pos`` moves up towards ``start`` while less than
+    its parent."""
+    item = heap[pos]
+    while pos > start:
+        parent_pos = (pos - 1) >> 1
+        parent = heap[parent_pos]
+        if not item.before(parent):
+            break
+        heap[pos] = parent
+        pos = parent_pos
+    heap[pos] = item
+
+
+def _sift_up(heap: list[_Entry[Q]], pos: int) -> None:
+    """``heapq._siftup``: the lesser child moves up until a leaf, then the entry that was at
+    ``pos`` sifts down from there."""
+    end, start, item = len(heap), pos, heap[pos]
+    child = 2 * pos + 1
+    while child < end:
+        right = child + 1
+        if right < end and not heap[child].before(heap[right]):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    heap[pos] = item
+    _sift_down(heap, start, pos)
