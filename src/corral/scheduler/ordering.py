@@ -171,14 +171,16 @@ class LiveQueue(Generic[Q]):
     before those of the groups after it in the line), and the top of a heap of
     the groups whose cursor moved on (handed out or skipped jobs), keyed by
     their next job. So a pass looks at the front of each user's lines, not at
-    every live group; ``Queue`` keeps the lines between cycles.
+    every live group; ``Queue`` keeps the lines between cycles. ``weights`` and
+    ``running`` (users' weights, their running work) are dicts, not any mapping: a
+    compiled build reads them natively as each user starts.
     """
 
     def __init__(
         self,
         groups: dict[Q, dict[str, list[Job]]],
-        weights: Mapping[str, float],
-        running: Mapping[str, float],
+        weights: dict[str, float],
+        running: dict[str, float],
         gate: Gate[Q],
         lines: Iterable[Mapping[str, Line[Q]]] | None = None,
     ) -> None:

@@ -20,7 +20,6 @@ are sorted by total orders).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -53,8 +52,8 @@ class Victim:
 class VictimIndex:
     """Evictable running work by node and by team (see the module docstring)."""
 
-    def __init__(self, classes: Mapping[str, PriorityClass]) -> None:
-        self.classes = classes
+    def __init__(self, classes: dict[str, PriorityClass]) -> None:
+        self.classes = classes  # a dict, not any mapping: read natively per allocation
         self.on_node: dict[str, dict[str, Allocation]] = {}  # node -> evictable allocations
         self.by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}  # running, per job set
         self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node -> milli it holds there
