@@ -79,3 +79,28 @@ def test_a_request_hashes_as_the_generated_dataclass_hash_would() -> None:
         compared = tuple(getattr(r, f.name) for f in dataclasses.fields(r) if f.compare)
         assert hash(r) == hash(compared)
         assert hash(r) == hash(dataclasses.replace(r))
+
+
+def test_requests_compare_as_the_generated_dataclass_eq_would() -> None:
+    """``ResourceRequest.__eq__`` is written out too: equal exactly when every compared
+    field is, and never equal to another class (a tuple of the same fields included)."""
+    base = ResourceRequest(gpus=2, vram_bytes=40 << 30, cpus=8, gpu_models=frozenset({"H100"}))
+    changes: list[dict[str, object]] = [
+        {"gpus": 1},
+        {"vram_bytes": 0},
+        {"cpus": 4},
+        {"gpu_models": frozenset({"A100"})},
+        {"cpu_fallback": True},
+        {"gpus": 0, "gpu_milli": 500},
+    ]
+    assert base == dataclasses.replace(base)
+    assert base == ResourceRequest(
+        gpus=2, vram_bytes=40 << 30, cpus=8, gpu_models=frozenset({"H100"})
+    )
+    for change in changes:
+        other = dataclasses.replace(base, **change)  # type: ignore[arg-type]
+        assert base != other
+        assert other != base
+    compared = tuple(getattr(base, f.name) for f in dataclasses.fields(base) if f.compare)
+    assert base != compared
+    assert base != 2

@@ -11,8 +11,9 @@ from scheduler_builders import alloc, job, node, snapshot, team
 
 from corral.core import Job
 from corral.scheduler import Config, schedule
+from corral.scheduler.lines import lines_of
 from corral.scheduler.need import Need
-from corral.scheduler.ordering import Checks, FairQueue, LiveQueue, lines_of
+from corral.scheduler.ordering import Checks, FairQueue, LiveQueue
 from corral.scheduler.queues import Group, Queue
 
 

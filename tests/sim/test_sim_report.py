@@ -6,11 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from simtest import SCENARIOS, SimRun
 from typer.testing import CliRunner
 
 from corral.cli.main import app
-from corral.sim.report import jain, percentile
+from corral.sim.report import jain, kth, percentile
 
 HAND = SCENARIOS / "first_fit_waits.yaml"
 
@@ -132,3 +134,21 @@ def test_nearest_rank_percentiles_and_jain_index() -> None:
     assert percentile([], 50) is None
     assert jain([1.0, 1.0, 1.0]) == 1.0
     assert jain([1.0, 0.0]) == pytest.approx(0.5)  # one of two takes everything
+
+
+@given(
+    st.lists(st.integers(0, 20).map(float), max_size=30),
+    st.lists(st.integers(0, 20).map(float), max_size=30),
+)
+def test_the_kth_of_two_sorted_lists_is_that_of_their_sorted_union(
+    a: list[float], b: list[float]
+) -> None:
+    """The p95 counting queued jobs ranks across the sorted waits and the queued ones
+    (``report.kth``) instead of sorting their union: the same value for every rank, ties
+    and empty lists included."""
+    a.sort()
+    b.sort()
+    union = sorted(a + b)
+    for k in range(1, len(union) + 1):
+        assert kth(a, b, k) == union[k - 1]
+        assert kth(b, a, k) == union[k - 1]

@@ -90,6 +90,22 @@ class ResourceRequest:
             )
         )
 
+    def __eq__(self, other: object) -> bool:
+        """What ``dataclass`` would generate (every field compared, in order; another class
+        not equal), written out as ``__hash__`` is: a dict hit on the cache of needs compares
+        the request found with the job's, and a generated ``__eq__`` stays interpreted."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, ResourceRequest)
+        return (
+            self.gpus == other.gpus
+            and self.gpu_milli == other.gpu_milli
+            and self.vram_bytes == other.vram_bytes
+            and self.cpus == other.cpus
+            and self.gpu_models == other.gpu_models
+            and self.cpu_fallback == other.cpu_fallback
+        )
+
     @property
     def shared(self) -> bool:
         """True when the job reserves a share of one GPU rather than whole cards."""

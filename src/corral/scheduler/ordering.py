@@ -13,13 +13,13 @@ name: deterministic, and it carries fairness from cycle to cycle.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
+from corral.scheduler.lines import Line, lines_of
 
 Q = TypeVar("Q", bound=Hashable)
 
@@ -124,80 +124,6 @@ class FairQueue:
         return job
 
 
-class Line(Generic[Q]):
-    """One user's groups (of one class and team), ordered by the user's oldest job in each.
-
-    Kept by ``Queue`` as jobs come and go, so a pass finds a user's next job by walking
-    the front of its lines instead of sorting every live group's slot into a heap.
-    ``keys[i]`` is ``job_key`` of the user's first job in ``groups[i]`` (unique: a job is
-    in one group).
-    """
-
-    __slots__ = ("groups", "keys")
-
-    def __init__(self) -> None:
-        self.groups: list[Q] = []
-        self.keys: list[tuple[float, str]] = []
-
-    def put(self, group: Q, first: Job) -> None:
-        """``group`` now starts with ``first`` (for this user). After every other group
-        (the usual case: the newest job of a new group) it is appended without a search."""
-        key = (first.submitted_at, first.id)
-        keys = self.keys
-        if not keys or keys[-1] < key:
-            keys.append(key)
-            self.groups.append(group)
-            return
-        at = bisect_left(keys, key)
-        keys.insert(at, key)
-        self.groups.insert(at, group)
-
-    def drop(self, group: Q, first: Job) -> None:
-        """``group`` no longer starts with ``first`` (it left, or was preceded)."""
-        at = self._at(group, first)
-        del self.keys[at]
-        del self.groups[at]
-
-    def move(self, group: Q, first: Job, after: Job) -> None:
-        """``group`` now starts with ``after``, a later job than ``first`` (which left):
-        ``drop(group, first)`` then ``put(group, after)``, in one search of the part of
-        the line after its place, and no shift when it keeps that place."""
-        keys = self.keys
-        at = self._at(group, first)
-        key = (after.submitted_at, after.id)
-        to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
-        if to == at + 1:
-            keys[at] = key
-            return
-        del keys[at]
-        del self.groups[at]
-        keys.insert(to - 1, key)
-        self.groups.insert(to - 1, group)
-
-    def _at(self, group: Q, first: Job) -> int:
-        """Where ``group``, starting with ``first``, stands in the line (a group is in it
-        once: at the front, the usual case, without a search)."""
-        if self.groups and self.groups[0] is group:
-            return 0
-        at = bisect_left(self.keys, (first.submitted_at, first.id))
-        if self.groups[at] is not group:
-            raise RuntimeError(f"line out of order at {first.id!r}")
-        return at
-
-
-def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
-    """The lines of ``groups`` (group -> user -> jobs sorted by ``job_key``), made afresh."""
-    lines: dict[str, Line[Q]] = {}
-    for group, holders in groups.items():
-        for user, jobs in holders.items():
-            if jobs:
-                line = lines.get(user)
-                if line is None:
-                    line = lines[user] = Line()
-                line.put(group, jobs[0])
-    return lines
-
-
 class Gate(Generic[Q]):
     """What a ``LiveQueue`` asks as it walks: may a group still be placed now (``live``),
     may a job be handed out (``usable``: not decided, ready). A class, not two functions:
@@ -245,14 +171,16 @@ class LiveQueue(Generic[Q]):
     before those of the groups after it in the line), and the top of a heap of
     the groups whose cursor moved on (handed out or skipped jobs), keyed by
     their next job. So a pass looks at the front of each user's lines, not at
-    every live group; ``Queue`` keeps the lines between cycles.
+    every live group; ``Queue`` keeps the lines between cycles. ``weights`` and
+    ``running`` (users' weights, their running work) are dicts, not any mapping: a
+    compiled build reads them natively as each user starts.
     """
 
     def __init__(
         self,
         groups: dict[Q, dict[str, list[Job]]],
-        weights: Mapping[str, float],
-        running: Mapping[str, float],
+        weights: dict[str, float],
+        running: dict[str, float],
         gate: Gate[Q],
         lines: Iterable[Mapping[str, Line[Q]]] | None = None,
     ) -> None:
@@ -287,7 +215,7 @@ class LiveQueue(Generic[Q]):
             entry = self._entry(state)
             if entry is not None:
                 heap.append(entry)
-        heapify(heap)
+        _heapify(heap)
         self._heap = heap
 
     def _start(self, state: _User[Q]) -> None:
@@ -304,7 +232,7 @@ class LiveQueue(Generic[Q]):
         """The next job: the least served user's oldest live job (None: no live job left)."""
         heap, gate = self._heap, self._gate
         while heap:
-            entry = heappop(heap)
+            entry = _pop(heap)
             state, slot = entry.state, entry.slot
             if entry.vt == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
@@ -314,7 +242,7 @@ class LiveQueue(Generic[Q]):
                     return job
             again = self._entry(state)  # its group died, or its turn was used: look again
             if again is not None:
-                heappush(heap, again)
+                _push(heap, again)
         return None
 
     def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
@@ -333,7 +261,7 @@ class LiveQueue(Generic[Q]):
                 other.vt += other.step
         entry = self._entry(state)
         if entry is not None:
-            heappush(self._heap, entry)
+            _push(self._heap, entry)
 
     def _entry(self, state: _User[Q]) -> _Entry[Q] | None:
         """The heap entry of a user's (``state``'s) next live, usable job (None: it has
@@ -469,6 +397,11 @@ class _Entry(Generic[Q]):
         self.state, self.slot = state, slot
 
     def __lt__(self, other: _Entry[Q]) -> bool:
+        return self.before(other)
+
+    def before(self, other: _Entry[Q]) -> bool:
+        """``self < other``: a method the queue's heap (``_push``, ``_pop``) calls, which a
+        compiled build calls natively where ``heapq`` made a generic comparison."""
         if self.vt != other.vt:
             return self.vt < other.vt
         if self.tie != other.tie:
@@ -489,3 +422,60 @@ class _Slot(Generic[Q]):
         self.jobs = jobs
         self.at = 0
         self.seq = seq
+
+
+# The queue's heap of ``_Entry``: ``heapq``'s algorithm written out (the same sifts, so the
+# same pops, ties included), comparing by ``_Entry.before``. ``heapq``'s C functions call
+# ``__lt__`` through a generic rich comparison per probe; a compiled build calls these and
+# ``before`` natively. Pure Python pays an interpreted loop instead of C (the compiled build
+# is the simulator's measure).
+
+
+def _push(heap: list[_Entry[Q]], entry: _Entry[Q]) -> None:
+    heap.append(entry)
+    _sift_down(heap, 0, len(heap) - 1)
+
+
+def _pop(heap: list[_Entry[Q]]) -> _Entry[Q]:
+    last = heap.pop()
+    if not heap:
+        return last
+    top = heap[0]
+    heap[0] = last
+    _sift_up(heap, 0)
+    return top
+
+
+def _heapify(heap: list[_Entry[Q]]) -> None:
+    for pos in range(len(heap) // 2 - 1, -1, -1):
+        _sift_up(heap, pos)
+
+
+def _sift_down(heap: list[_Entry[Q]], start: int, pos: int) -> None:
+    """``heapq._siftdown``: the entry at ``pos`` moves up towards ``start`` while less than
+    its parent."""
+    item = heap[pos]
+    while pos > start:
+        parent_pos = (pos - 1) >> 1
+        parent = heap[parent_pos]
+        if not item.before(parent):
+            break
+        heap[pos] = parent
+        pos = parent_pos
+    heap[pos] = item
+
+
+def _sift_up(heap: list[_Entry[Q]], pos: int) -> None:
+    """``heapq._siftup``: the lesser child moves up until a leaf, then the entry that was at
+    ``pos`` sifts down from there."""
+    end, start, item = len(heap), pos, heap[pos]
+    child = 2 * pos + 1
+    while child < end:
+        right = child + 1
+        if right < end and not heap[child].before(heap[right]):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    heap[pos] = item
+    _sift_down(heap, start, pos)

@@ -45,7 +45,7 @@ class Passes:
         self.queue = queue
         self.running = running
         self.now = planner.now
-        self.weights = planner.config.user_weights
+        self.weights = dict(planner.config.user_weights)  # a dict: ``LiveQueue`` reads it
         self.ranked = by_rank(planner.config.priority_classes)
         decided, now = planner.decided, self.now
         self.usable: Callable[[Job], bool] = lambda job: (
@@ -85,7 +85,7 @@ class Passes:
         live = self._live(pclass, guaranteed=True)
         if not any(live.live(g) for g in groups):  # most passes of a busy cluster: cheaper
             return
-        running = self.running.get(pclass.name, EMPTY)
+        running = self.running.get(pclass.name) or {}
         lines = self.queue.lines[pclass.name].values()
         queue = LiveQueue(groups, self.weights, running, live, lines)
         planner, of = self.planner, self.queue.groups
@@ -120,7 +120,7 @@ class Passes:
         )
         if not teams:
             return
-        running = self.running.get(pclass.name, EMPTY)
+        running = self.running.get(pclass.name) or {}
         lines = self.queue.lines[pclass.name]
         queues = {t: LiveQueue(groups, self.weights, running, live, (lines[t],)) for t in teams}
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups

@@ -24,8 +24,9 @@ from typing import Final, TypeVar
 from corral.core.model import Job
 from corral.core.resources import ResourceRequest
 from corral.scheduler.batching import batch_key
+from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
-from corral.scheduler.ordering import Line, job_key, lines_of
+from corral.scheduler.ordering import job_key
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh

@@ -12,29 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Protocol
 
 from corral.core.model import Allocation, Team
 from corral.core.resources import MILLI
-
-
-class Store(Protocol):
-    """Where usage lives: a dict, or a ``Cycle.memo()`` so what-ifs roll back. ``data``:
-    the dict itself, read-only (a compiled build looks it up directly)."""
-
-    @property
-    def data(self) -> dict[str, int]: ...
-
-    def put(self, key: str, value: int) -> None: ...
-
-
-class DictStore:
-    def __init__(self) -> None:
-        self._data: dict[str, int] = {}
-        self.data = self._data
-
-    def put(self, key: str, value: int) -> None:
-        self._data[key] = value
+from corral.scheduler.cycle import Memo
 
 
 class Ledger:
@@ -44,7 +25,7 @@ class Ledger:
         self,
         teams: Iterable[Team],
         allocations: Iterable[Allocation],
-        store: Store | None = None,
+        store: Memo[str, int] | None = None,
     ) -> None:
         self._teams = {t.name: t for t in teams}
         self._quota = {t.name: round(t.quota_gpus * MILLI) for t in self._teams.values()}
@@ -54,14 +35,16 @@ class Ledger:
             else round((t.quota_gpus + t.borrow_limit_gpus) * MILLI)
             for t in self._teams.values()
         }
-        self._usage: Store = store if store is not None else DictStore()
+        # Where usage lives: a ``Cycle.memo()``, so what-ifs roll back, or one of its own
+        # (a class, not a protocol: a compiled build calls ``put`` natively per placement)
+        self._usage: Memo[str, int] = store if store is not None else Memo([])
         self.usage: dict[str, int] = self._usage.data  # read-only: team -> milli-GPUs held
         for team, milli in usage(allocations).items():
             self._usage.put(team, milli)
 
     @classmethod
     def of_usage(
-        cls, teams: Iterable[Team], used: Mapping[str, int], store: Store | None = None
+        cls, teams: Iterable[Team], used: Mapping[str, int], store: Memo[str, int] | None = None
     ) -> Ledger:
         """A ledger starting from known usage per team (kept between cycles by ``Scheduler``)."""
         ledger = cls(teams, (), store)

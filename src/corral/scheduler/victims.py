@@ -20,7 +20,6 @@ are sorted by total orders).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -53,13 +52,12 @@ class Victim:
 class VictimIndex:
     """Evictable running work by node and by team (see the module docstring)."""
 
-    def __init__(self, classes: Mapping[str, PriorityClass]) -> None:
-        self.classes = classes
+    def __init__(self, classes: dict[str, PriorityClass]) -> None:
+        self.classes = classes  # a dict, not any mapping: read natively per allocation
         self.on_node: dict[str, dict[str, Allocation]] = {}  # node -> evictable allocations
         self.by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}  # running, per job set
         self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node -> milli it holds there
         self.node_milli: dict[str, int] = {}  # node -> milli of its evictable allocations
-        self._backing: dict[str, dict[str, int]] = {}  # team -> node -> allocations there
         self._adding: dict[str, Allocation] = {}  # started since the last settle
         self._removing: list[Allocation] = []  # indexed, and ended since the last settle
 
@@ -90,21 +88,38 @@ class VictimIndex:
 
     def _index(self, alloc: Allocation) -> None:
         inner_map(self.by_jobs, alloc.job_ids)[alloc.id] = alloc
-        if self._evictable(alloc):
-            inner_map(self.on_node, alloc.node)[alloc.id] = alloc
-            self._count(alloc, 1)
+        if not self._evictable(alloc):
+            return
+        node, milli = alloc.node, 0 if alloc.on_cpu else alloc.milli
+        inner_map(self.on_node, node)[alloc.id] = alloc
+        nodes = inner_map(self.team_nodes, alloc.team)
+        nodes[node] = nodes.get(node, 0) + milli
+        self.node_milli[node] = self.node_milli.get(node, 0) + milli
 
     def _unindex(self, alloc: Allocation) -> None:
         members = self.by_jobs[alloc.job_ids]
         del members[alloc.id]
         if not members:
             del self.by_jobs[alloc.job_ids]
-        if self._evictable(alloc):
-            here = self.on_node[alloc.node]
-            del here[alloc.id]
-            if not here:
-                del self.on_node[alloc.node]
-            self._count(alloc, -1)
+        if not self._evictable(alloc):
+            return
+        node, team, milli = alloc.node, alloc.team, 0 if alloc.on_cpu else alloc.milli
+        here = self.on_node[node]
+        del here[alloc.id]
+        # The team's entry for the node lives while one of its evictable allocations is
+        # there: the node's few left in ``on_node`` say so (no count kept per team and node).
+        nodes = self.team_nodes[team]
+        if any(a.team == team for a in here.values()):  # a loop when compiled
+            nodes[node] = nodes[node] - milli
+        else:
+            del nodes[node]
+            if not nodes:
+                del self.team_nodes[team]
+        if here:
+            self.node_milli[node] = self.node_milli[node] - milli
+        else:
+            del self.on_node[node]
+            del self.node_milli[node]
 
     def units(self, node: str, now: float) -> list[Victim]:
         """The victims holding something on ``node``, cheapest to evict first (as of the
@@ -151,28 +166,6 @@ class VictimIndex:
     def _evictable(self, alloc: Allocation) -> bool:
         pclass = self.classes.get(alloc.priority)
         return alloc.preemptible and (pclass is None or pclass.preemptible)
-
-    def _count(self, alloc: Allocation, sign: int) -> None:
-        """Keep the per-team and per-node sums; an entry lives while an allocation backs it."""
-        milli = 0 if alloc.on_cpu else sign * alloc.milli
-        team, node = alloc.team, alloc.node
-        counts = inner_map(self._backing, team)  # nested by name: no tuple key per call
-        backing = counts.get(node, 0) + sign
-        if backing:
-            counts[node] = backing
-            nodes = inner_map(self.team_nodes, team)
-            nodes[node] = nodes.get(node, 0) + milli
-        else:
-            del counts[node]
-            nodes = self.team_nodes[team]
-            del nodes[node]
-            if not nodes:
-                del self.team_nodes[team]
-                del self._backing[team]
-        if node in self.on_node:
-            self.node_milli[node] = self.node_milli.get(node, 0) + milli
-        else:
-            del self.node_milli[node]
 
 
 def milli_on(victim: Victim, node: str) -> int:

@@ -19,6 +19,7 @@ from corral.scheduler.api import Config, Plan, Snapshot
 from corral.scheduler.incremental import Scheduler
 from corral.sim.baselines import best_fit, first_fit
 from corral.sim.errors import SimInputError
+from corral.sim.observing import Observing
 from corral.sim.scenario import Scenario
 
 ScheduleFn = Callable[[Snapshot, Config, float, int], Plan]
@@ -28,7 +29,7 @@ POLICIES = ("corral", "first-fit", "best-fit", "corral-rebuild")
 
 
 class Policy(Protocol):
-    """What the runner drives: told each change to the world (``world.Observer``), asked
+    """What the runner drives: told each change to the world (``observing.Observer``), asked
     for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed;
     ``served`` is users' recent service (``scheduler.service``), as the server keeps it."""
 
@@ -54,29 +55,11 @@ class Policy(Protocol):
     ) -> Plan: ...
 
 
-class Rebuilding:
+class Rebuilding(Observing):
     """A ``schedule``-shaped function, handed a fresh snapshot every cycle."""
 
     def __init__(self, schedule: ScheduleFn) -> None:
-        self.schedule = schedule
-
-    def submitted(self, job: Job) -> None:
-        pass
-
-    def withdrawn(self, job_id: str) -> None:
-        pass
-
-    def started(self, alloc: Allocation, expected_end: float | None) -> None:
-        pass
-
-    def ended(self, alloc_id: str) -> None:
-        pass
-
-    def teams_changed(self, teams: tuple[Team, ...]) -> None:
-        pass
-
-    def nodes_changed(self, nodes: tuple[Node, ...]) -> None:
-        pass
+        self.schedule = schedule  # told every change, it keeps none (``Observing``'s no-ops)
 
     def plan(
         self,
@@ -89,7 +72,7 @@ class Rebuilding:
         return self.schedule(snapshot(), config, now, seed)
 
 
-class Kept:
+class Kept(Observing):
     """corral's scheduler kept between cycles: the same plans as ``schedule`` on the world's
     snapshot, at the cost of what changed. ``unplaced`` is explained only when the scenario
     autoscales (the autoscaler reads its reason codes); otherwise nothing is explained."""

@@ -25,11 +25,12 @@ from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot
 from corral.scheduler.service import ServiceLedger
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
+from corral.sim.observing import Observer
 from corral.sim.policies import Policy, ScheduleFn, drive
 from corral.sim.report import FragmentationSampler, Metrics
 from corral.sim.scaling import Busy, Scaling
 from corral.sim.scenario import Scenario, SimJob
-from corral.sim.world import Observer, Sink, World
+from corral.sim.world import Sink, World
 
 __all__ = ["MAX_CYCLES_PER_INSTANT", "Progress", "ScheduleFn", "simulate"]
 

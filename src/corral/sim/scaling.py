@@ -38,18 +38,19 @@ from corral.autoscaler import Member, Pending, Pool, Reply, Request, autoscale
 from corral.autoscaler.clocks import Clocks
 from corral.core.model import Allocation, Gpu, Job, Node, Team
 from corral.scheduler.api import Unplaced
+from corral.sim.observing import Observer, Observing, observing
 from corral.sim.scenario import Scenario
-from corral.sim.world import Observer, World
+from corral.sim.world import World
 
 HOUR_S = 3600.0
 
 
-class Busy:
+class Busy(Observing):
     """The world's observer when a scenario autoscales: counts allocations per node (for
     ``Request.busy``) and passes every change on to the policy."""
 
     def __init__(self, policy: Observer) -> None:
-        self.policy = policy
+        self.policy = observing(policy)  # called directly when it is an ``Observing``
         self.on_node: dict[str, int] = {}  # node -> active allocations there
         self._node_of: dict[str, str] = {}  # allocation -> its node
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Final, Protocol
+from typing import Final
 
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
@@ -26,6 +26,7 @@ from corral.core.states import JOB, AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
+from corral.sim.observing import Observer, observing
 from corral.sim.report import JobRecord, Metrics, PlacementRecord
 from corral.sim.scenario import Scenario, SimJob
 
@@ -35,22 +36,6 @@ PLACED: Final = JobState.PLACED
 RUNNING: Final = JobState.RUNNING
 SUCCEEDED: Final = JobState.SUCCEEDED
 ALLOC_RUNNING: Final = AllocObserved.RUNNING
-
-
-class Observer(Protocol):
-    """Told every change the world makes to what a snapshot holds (a kept scheduler is)."""
-
-    def submitted(self, job: Job) -> None: ...  # queued (a new job, or a requeued one)
-
-    def withdrawn(self, job_id: str) -> None: ...  # left the queue (placed)
-
-    def started(self, alloc: Allocation, expected_end: float | None) -> None: ...
-
-    def ended(self, alloc_id: str) -> None: ...  # finished, preempted, or the run ended
-
-    def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
-
-    def nodes_changed(self, nodes: tuple[Node, ...]) -> None: ...  # joined, drained, removed
 
 
 class JobRun:
@@ -98,7 +83,7 @@ class World:
         observer: Observer | None = None,
     ) -> None:
         self.nodes = scenario.nodes
-        self._observer = observer
+        self._observer = observing(observer)  # a base class: called directly when compiled
         self._clock = clock
         self._metrics = metrics
         self._sink = sink
@@ -145,8 +130,7 @@ class World:
         self.runs[job.id] = run
         self.queued[job.id] = job
         self._metrics.arrived(job)
-        if self._observer is not None:
-            self._observer.submitted(job)
+        self._observer.submitted(job)
 
     def apply(self, plan: Plan, now: float) -> None:
         """Apply a plan: preemptions first (they free room), then placements."""
@@ -209,8 +193,7 @@ class World:
         self.nodes = nodes
         self._index = {n.name: i for i, n in enumerate(nodes)}
         self._gpu_free, self._vram_free, self._cpu_free = gpu_free, vram_free, cpu_free
-        if self._observer is not None:
-            self._observer.nodes_changed(nodes)
+        self._observer.nodes_changed(nodes)
 
     # -- applying a plan -------------------------------------------------------------
 
@@ -268,8 +251,7 @@ class World:
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
             self._expected_ends[p.allocation_id] = end
-        if self._observer is not None:
-            self._observer.started(alloc, end)
+        self._observer.started(alloc, end)
 
     def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
         """``run``'s job is one of those allocation ``alloc`` (of placement ``p``) runs."""
@@ -314,8 +296,7 @@ class World:
         run.token += 1
         run.started_at = now
         del self.queued[job_id]
-        if self._observer is not None:
-            self._observer.withdrawn(job_id)
+        self._observer.withdrawn(job_id)
         if run.first_start is None:
             run.first_start = now
             self._metrics.first_placed(run.job, now)
@@ -351,8 +332,7 @@ class World:
         run.job = replace(run.job, attempt=run.attempts)
         self.queued[job_id] = run.job
         self._metrics.preemptions += 1
-        if self._observer is not None:
-            self._observer.submitted(run.job)
+        self._observer.submitted(run.job)
 
     # -- releasing -------------------------------------------------------------------
 
@@ -374,8 +354,7 @@ class World:
             self._batch_left.pop(alloc_id, None)
         if alloc_id in self._expected_ends:
             del self._expected_ends[alloc_id]
-        if self._observer is not None:
-            self._observer.ended(alloc_id)
+        self._observer.ended(alloc_id)
         i = self._index[alloc.node]
         free, vram = self._gpu_free[i], self._vram_free[i]
         for g in alloc.gpu_indices:  # not ``+=``: see ``_take``
@@ -419,8 +398,7 @@ class World:
         self.teams[name] = team
         self._teams_view = tuple(self.teams.values())
         self._team_cap[name] = _cap_milli(team)
-        if self._observer is not None:
-            self._observer.teams_changed(self._teams_view)
+        self._observer.teams_changed(self._teams_view)
 
 
 def _cap_milli(team: Team) -> int | None:

@@ -1,0 +1,89 @@
+"""A user's groups of one class and team, in the order of the user's oldest job in each.
+
+``Queue`` keeps one ``Line`` per user, class and team as jobs come and go; a pass
+(``ordering.LiveQueue``) walks their fronts to find each user's next job.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+from corral.core.model import Job
+
+Q = TypeVar("Q", bound=Hashable)
+
+
+class Line(Generic[Q]):
+    """One user's groups (of one class and team), ordered by the user's oldest job in each.
+
+    Kept by ``Queue`` as jobs come and go, so a pass finds a user's next job by walking
+    the front of its lines instead of sorting every live group's slot into a heap.
+    ``keys[i]`` is ``job_key`` of the user's first job in ``groups[i]`` (unique: a job is
+    in one group).
+    """
+
+    __slots__ = ("groups", "keys")
+
+    def __init__(self) -> None:
+        self.groups: list[Q] = []
+        self.keys: list[tuple[float, str]] = []
+
+    def put(self, group: Q, first: Job) -> None:
+        """``group`` now starts with ``first`` (for this user). After every other group
+        (the usual case: the newest job of a new group) it is appended without a search."""
+        key = (first.submitted_at, first.id)
+        keys = self.keys
+        if not keys or keys[-1] < key:
+            keys.append(key)
+            self.groups.append(group)
+            return
+        at = bisect_left(keys, key)
+        keys.insert(at, key)
+        self.groups.insert(at, group)
+
+    def drop(self, group: Q, first: Job) -> None:
+        """``group`` no longer starts with ``first`` (it left, or was preceded)."""
+        at = self._at(group, first)
+        del self.keys[at]
+        del self.groups[at]
+
+    def move(self, group: Q, first: Job, after: Job) -> None:
+        """``group`` now starts with ``after``, a later job than ``first`` (which left):
+        ``drop(group, first)`` then ``put(group, after)``, in one search of the part of
+        the line after its place, and no shift when it keeps that place."""
+        keys = self.keys
+        at = self._at(group, first)
+        key = (after.submitted_at, after.id)
+        to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
+        if to == at + 1:
+            keys[at] = key
+            return
+        del keys[at]
+        del self.groups[at]
+        keys.insert(to - 1, key)
+        self.groups.insert(to - 1, group)
+
+    def _at(self, group: Q, first: Job) -> int:
+        """Where ``group``, starting with ``first``, stands in the line (a group is in it
+        once: at the front, the usual case, without a search)."""
+        if self.groups and self.groups[0] is group:
+            return 0
+        at = bisect_left(self.keys, (first.submitted_at, first.id))
+        if self.groups[at] is not group:
+            raise RuntimeError(f"line out of order at {first.id!r}")
+        return at
+
+
+def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:
+    """The lines of ``groups`` (group -> user -> jobs sorted by ``job_key``), made afresh."""
+    lines: dict[str, Line[Q]] = {}
+    for group, holders in groups.items():
+        for user, jobs in holders.items():
+            if jobs:
+                line = lines.get(user)
+                if line is None:
+                    line = lines[user] = Line()
+                line.put(group, jobs[0])
+    return lines
