@@ -30,6 +30,8 @@ def transition(
     Raises ``IllegalTransition`` for an edge the table lacks: that is a bug in
     the caller, never a normal outcome.
     """
+    # ``lifecycle.allows``, inlined: ``Lifecycle`` stays interpreted in the compiled build,
+    # and a method call on it from this compiled gate would be a generic call
     if (current, target) not in lifecycle.edges:
         raise IllegalTransition(lifecycle.name, current.value, target.value)
     if history is not None:
