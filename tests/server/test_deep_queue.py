@@ -59,7 +59,9 @@ async def test_a_deep_queue_is_explained_at_most_every_interval(deep: World) -> 
     for a in second:
         await agent.start(a)
         await agent.finish(a)
-    deep.clock.advance(INTERVAL)
+    # INTERVAL, or longer where the explaining cycle was slow (a loaded machine, PostgreSQL)
+    assert loop.explain_every >= INTERVAL
+    deep.clock.advance(loop.explain_every)
     await deep.cycle()
     for _ in range(2):
         await agent.next_assignment()
@@ -70,6 +72,40 @@ async def test_a_deep_queue_is_explained_at_most_every_interval(deep: World) -> 
     entries, total = await deep.plane.queue.queue(ADMIN, limit=10_000)
     assert total == DEEP - 6
     assert all(e.unplaced is not None for e in entries)
+
+
+async def test_a_slow_explaining_cycle_stretches_the_interval(
+    deep: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Explaining stays under ``EXPLAIN_SHARE`` of the time however slow it is."""
+    ticks = iter(range(0, 10**6, 2))  # each reading of the cycle's clock: 2 s later
+
+    class SlowClock:
+        @staticmethod
+        def perf_counter() -> float:
+            return float(next(ticks))
+
+    loop = deep.plane.schedule
+    monkeypatch.setattr(schedule_loop, "time", SlowClock)
+    agent = await deep.agent("n1", gpus=1)
+    await deep.cycle()
+    assert loop.last_cycle_s >= 2
+    assert loop.explain_every == loop.last_cycle_s / schedule_loop.EXPLAIN_SHARE > INTERVAL
+    a = await agent.next_assignment()
+    reasons = dict(loop.unplaced)
+
+    async def one_more(advance: float) -> None:
+        nonlocal a
+        await agent.start(a)
+        await agent.finish(a)
+        deep.clock.advance(advance)
+        await deep.cycle()
+        a = await agent.next_assignment()
+
+    await one_more(INTERVAL)
+    assert all(loop.unplaced[j] is reasons[j] for j in loop.unplaced), "not yet: places only"
+    await one_more(loop.explain_every - INTERVAL)
+    assert all(loop.unplaced[j] is not reasons.get(j) for j in loop.unplaced), "explained anew"
 
 
 async def test_explain_interval_zero_explains_every_cycle(db_url: str, tmp_path: Path) -> None:

@@ -375,7 +375,14 @@ class SchedulingLoop:
         interval = self.rt.settings.scheduling.explain_interval_s
         if queued <= EXPLAIN_ALWAYS or interval == 0 or not isinstance(self.schedule, KeptSchedule):
             return True
-        return now - self._explained_at >= max(interval, self._explain_took / EXPLAIN_SHARE)
+        return now - self._explained_at >= self.explain_every
+
+    @property
+    def explain_every(self) -> float:
+        """Seconds between explaining cycles on a long queue: ``explain_interval_s``,
+        stretched so that explaining stays under ``EXPLAIN_SHARE`` of the time."""
+        interval = self.rt.settings.scheduling.explain_interval_s
+        return max(interval, self._explain_took / EXPLAIN_SHARE)
 
     def _served(self, records: Mapping[str, JobRecord], applied: Applied, now: float) -> None:
         """Record each placed job's user in the service ledger."""
