@@ -12,7 +12,7 @@ from simtest import SCENARIOS, SimRun
 from typer.testing import CliRunner
 
 from corral.cli.main import app
-from corral.sim.report import jain, kth, percentile
+from corral.sim.report import Ranks, jain, kth, percentile
 
 HAND = SCENARIOS / "first_fit_waits.yaml"
 
@@ -152,3 +152,33 @@ def test_the_kth_of_two_sorted_lists_is_that_of_their_sorted_union(
     for k in range(1, len(union) + 1):
         assert kth(a, b, k) == union[k - 1]
         assert kth(b, a, k) == union[k - 1]
+
+
+@given(
+    st.lists(st.integers(0, 20).map(float) | st.floats(0, 1e6), max_size=60),
+    st.lists(st.integers(0, 20).map(float), max_size=20),
+    st.sampled_from([1, 5, 50, 95, 99, 100]),
+)
+def test_ranks_give_the_percentile_of_the_values_and_of_more_with_them(
+    values: list[float], more: list[float], pct: int
+) -> None:
+    """Counted (values repeat) or sorted (most differ), ``Ranks`` answers as ``percentile``
+    does, with and without the jobs still queued, and leaves its input as it was."""
+    given_values = list(values)
+    ranks = Ranks(values)
+    assert values == given_values
+    assert ranks.percentile(pct) == percentile(values, pct)
+    assert ranks.percentile(pct, more) == percentile(values + more, pct)
+    assert ranks.percentile(pct, []) == percentile(values, pct)
+
+
+def test_ranks_count_repeated_values_and_sort_distinct_ones() -> None:
+    repeated = Ranks([float(v % 7) for v in range(5000)])
+    assert repeated.upto is not None, "a few distinct values: counted"
+    assert repeated.values == [float(v) for v in range(7)]
+    assert repeated.kth(1) == 0.0
+    assert repeated.kth(5000) == 6.0
+    distinct = Ranks([float(v) for v in range(5000, 0, -1)])
+    assert distinct.upto is None, "all distinct: sorted as they are"
+    assert distinct.kth(1) == 1.0
+    assert distinct.percentile(50, [0.5] * 10) == 2495.0
