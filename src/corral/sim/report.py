@@ -29,8 +29,8 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from corral.core.model import Job
