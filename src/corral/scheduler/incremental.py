@@ -43,7 +43,7 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.service import with_served
-from corral.scheduler.slots import NOWHERE, Numbers, Slots
+from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots
 from corral.scheduler.victims import VictimIndex, inner_map
 
 DEFAULT_CONFIG = Config()
@@ -70,7 +70,7 @@ class Scheduler:
         self._team_numbers = Numbers()  # the teams of allocations given
         self._used: list[int] = []  # team number -> milli-GPUs its active allocations hold
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
-        self._here: list[list[int]] = []  # node index -> slots of its active allocations
+        self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._node_end: dict[int, float] = {}  # node index -> latest expected end there
         self._end_order = EndOrder()  # its nodes soonest end first, as of the last cycle that asked
         self._victims = VictimIndex(self.classes)  # what preemption could evict
@@ -128,26 +128,23 @@ class Scheduler:
 
     def end(self, alloc_id: str) -> Allocation:
         """``alloc_id`` no longer exists (ended, preempted, lost). KeyError if unknown."""
-        slots = self._slots
-        slot = slots.take(alloc_id)
-        alloc = slots.alloc[slot]
+        slot = self._slots.take(alloc_id)
+        alloc = slot.alloc
         if alloc.active:
-            self._count(slot, alloc, -1, slots.end[slot])
+            self._count(slot, alloc, -1, slot.end)
         return alloc
 
     @property
     def allocations(self) -> dict[str, Allocation]:
         """Allocation id -> allocation, as given, active or not (a new dict)."""
-        alloc = self._slots.alloc
-        return {alloc_id: alloc[slot] for alloc_id, slot in self._slots.of.items()}
+        return {alloc_id: slot.alloc for alloc_id, slot in self._slots.of.items()}
 
     @property
     def expected_ends(self) -> dict[str, float]:
         """Allocation id -> its expected end, where known (a new dict)."""
         ends: dict[str, float] = {}
-        end = self._slots.end
         for alloc_id, slot in self._slots.of.items():
-            known = end[slot]
+            known = slot.end
             if known is not None:
                 ends[alloc_id] = known
         return ends
@@ -163,11 +160,10 @@ class Scheduler:
         self._pending, self._released = {}, {}
         self._node_end = {}
         self._end_order.forget()
-        here: list[list[int]] = [[] for _ in nodes]
-        slots = self._slots
-        for slot in slots.held():
-            at = slots.node[slot] = index.get(slots.alloc[slot].node, NOWHERE)
-            if at != NOWHERE and slots.alloc[slot].active:
+        here: list[list[Slot]] = [[] for _ in nodes]
+        for slot in self._slots.of.values():
+            at = slot.node = index.get(slot.alloc.node, NOWHERE)
+            if at != NOWHERE and slot.alloc.active:
                 here[at].append(slot)
         self._here = here
         for at, held in enumerate(here):
@@ -210,11 +206,10 @@ class Scheduler:
 
     def snapshot(self) -> Snapshot:
         """What is held, as the ``Snapshot`` that ``schedule`` would be given."""
-        alloc = self._slots.alloc
         return Snapshot(
             nodes=self.nodes,
             queued=tuple(self.queue.jobs.values()),
-            allocations=tuple(alloc[slot] for slot in self._slots.of.values()),
+            allocations=tuple(slot.alloc for slot in self._slots.of.values()),
             teams=self.teams,
             expected_ends=self.expected_ends,
             model_sizes=self.model_sizes,
@@ -271,11 +266,11 @@ class Scheduler:
         # does not apply is undone when the next cycle starts (``_reconcile``).
         cycle.cap.commit()
         self._pending = {p.allocation_id: p for p in plan.placements}
-        slots = self._slots
+        held = self._slots.of
         for stop in plan.preemptions:
-            slot = slots.of.get(stop.allocation_id)
-            if slot is not None and slots.alloc[slot].active:
-                self._released[stop.allocation_id] = slots.alloc[slot]
+            slot = held.get(stop.allocation_id)
+            if slot is not None and slot.alloc.active:
+                self._released[stop.allocation_id] = slot.alloc
         return plan
 
     def _reconcile(self) -> None:
@@ -296,7 +291,7 @@ class Scheduler:
         models = set(self.queue.models)
         if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
             self._pending, self._released = {}, {}
-            held = (self._slots.alloc[slot] for slot in self._slots.held())
+            held = (slot.alloc for slot in self._slots.of.values())
             active = [alloc for alloc in held if alloc.active]
             cluster = self._cluster = Cluster(self.nodes, keys, models, active)
         return cluster
@@ -305,21 +300,19 @@ class Scheduler:
         idx = self._index.get(node)
         if idx is None:
             return
-        alloc, end = self._slots.alloc, self._slots.end
         for slot in self._here[idx]:
-            yield alloc[slot], end[slot]
+            yield slot.alloc, slot.end
 
     # -- bookkeeping ----------------------------------------------------------------
 
-    def _count(self, slot: int, alloc: Allocation, sign: int, expected_end: float | None) -> None:
+    def _count(self, slot: Slot, alloc: Allocation, sign: int, expected_end: float | None) -> None:
         """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
-        slots = self._slots
         if not alloc.on_cpu:
-            team = slots.team[slot]
+            team = slot.team
             self._used[team] = self._used[team] + sign * alloc.milli
         users = inner_map(self._running, alloc.priority)
         users[alloc.user] = users.get(alloc.user, 0.0) + sign
-        node = slots.node[slot]
+        node = slot.node
         if sign > 0:
             self._victims.add(alloc)
             if node != NOWHERE:
@@ -361,8 +354,7 @@ class Scheduler:
 
     def _recompute_end(self, node: int) -> None:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
-        end = self._slots.end
-        ends = [known for slot in self._here[node] if (known := end[slot]) is not None]
+        ends = [known for slot in self._here[node] if (known := slot.end) is not None]
         if ends:
             self._node_end[node] = max(ends)
         else:
@@ -419,11 +411,10 @@ class Scheduler:
     ) -> None:
         wanted = {a.id: a for a in allocations}
         slots = self._slots
-        alloc, end = slots.alloc, slots.end
         for alloc_id in [
             a
             for a, slot in slots.of.items()
-            if wanted.get(a) is not alloc[slot] or ends.get(a) != end[slot]
+            if wanted.get(a) is not slot.alloc or ends.get(a) != slot.end
         ]:
             self.end(alloc_id)
         for new in allocations:
@@ -481,9 +472,9 @@ def _same(p: Placement, alloc: Allocation) -> bool:
     )
 
 
-def _drop(slots: list[int], slot: int) -> None:
+def _drop(slots: list[Slot], slot: Slot) -> None:
     """Remove ``slot`` from ``slots`` (where it is), keeping the others' order."""
     for i in range(len(slots)):
-        if slots[i] == slot:
+        if slots[i] is slot:
             del slots[i]
             return

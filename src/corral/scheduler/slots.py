@@ -1,14 +1,15 @@
-"""The kept scheduler's allocations in numbered slots, and names numbered as they come.
+"""The kept scheduler's allocations in slots, and names numbered as they come.
 
 A kept ``Scheduler`` (``incremental.py``) updates its books on every start and end of
 an allocation: what it holds, its expected end, its team's usage, its node's work.
 Kept in maps by allocation id, team and node names, each of those was a lookup by a
 string, and at a million simulated jobs such lookups were about a quarter of the time,
 mostly cache misses on maps of allocations started long before (docs/performance.md,
-"The sim-speed-6 round"). Here an allocation's id is looked up once, for its slot, and
-the rest is read from lists by that slot: the allocation, its expected end, its team's
-number and its node's index. A slot freed by an end is reused by the next start (the
-one freed last first: its lists' entries are likely still in the cache).
+"The sim-speed-6 round"). Here an allocation's id is looked up once, for its slot, a
+small record of what the scheduler keeps about it (the allocation, its expected end,
+its team's number and its node's index, unboxed in a compiled build); its node's list
+of work holds the slot itself. A slot freed by an end is reused by the next start (the
+one freed last first: it is likely still in the cache).
 """
 
 from __future__ import annotations
@@ -19,41 +20,45 @@ NOWHERE = -1
 """The node index of an allocation on a node the scheduler does not hold."""
 
 
+class Slot:
+    """What the scheduler keeps about one allocation it holds; reused once it ends."""
+
+    __slots__ = ("alloc", "end", "node", "team")
+
+    def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
+        self.alloc = alloc
+        self.end = end  # expected end (None: not known)
+        self.team = team  # its team's number (``Numbers``)
+        self.node = node  # its node's index (``NOWHERE``: not a node held)
+
+
 class Slots:
-    """Allocations by slot, and each allocation id's slot (in the order they were given)."""
+    """Each allocation id's slot, in the order the allocations were given."""
 
     def __init__(self) -> None:
-        self.of: dict[str, int] = {}  # allocation id -> slot, in the order given
-        self.alloc: list[Allocation] = []  # slot -> allocation (a freed slot keeps its last)
-        self.end: list[float | None] = []  # slot -> expected end (None: not known)
-        self.team: list[int] = []  # slot -> its team's number (``Numbers``)
-        self.node: list[int] = []  # slot -> its node's index (``NOWHERE``: not held)
-        self._free: list[int] = []  # slots to reuse, the last freed last
+        self.of: dict[str, Slot] = {}  # allocation id -> its slot, in the order given
+        self._free: list[Slot] = []  # slots to reuse, the last freed last
 
     def __len__(self) -> int:
         return len(self.of)
 
-    def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> int:
-        """Give ``alloc`` (whose id is not held) a slot; its number."""
+    def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot:
+        """Give ``alloc`` (whose id is not held) a slot."""
         free = self._free
         if free:
             slot = free.pop()
-            self.alloc[slot] = alloc
-            self.end[slot] = end
-            self.team[slot] = team
-            self.node[slot] = node
+            slot.alloc = alloc
+            slot.end = end
+            slot.team = team
+            slot.node = node
         else:
-            slot = len(self.alloc)
-            self.alloc.append(alloc)
-            self.end.append(end)
-            self.team.append(team)
-            self.node.append(node)
+            slot = Slot(alloc, end, team, node)
         self.of[alloc.id] = slot
         return slot
 
-    def take(self, alloc_id: str) -> int:
-        """Free ``alloc_id``'s slot (KeyError if not held) and say which it was; its
-        entries stay readable until the slot is reused."""
+    def take(self, alloc_id: str) -> Slot:
+        """Free ``alloc_id``'s slot (KeyError if not held) and give it; what it holds
+        stays readable until the next ``put``."""
         slot = self.of[alloc_id]  # get and del, not pop: a compiled build has both natively
         del self.of[alloc_id]
         self._free.append(slot)
@@ -63,10 +68,6 @@ class Slots:
         """Hold the ids (exactly those held) in this order."""
         of = self.of
         self.of = {alloc_id: of[alloc_id] for alloc_id in ids}
-
-    def held(self) -> list[int]:
-        """The slots in use, in the order their allocations were given."""
-        return list(self.of.values())
 
 
 class Numbers:
