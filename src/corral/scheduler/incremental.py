@@ -73,7 +73,7 @@ class Scheduler:
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._node_end: dict[int, float] = {}  # node index -> latest expected end there
         self._end_order = EndOrder()  # its nodes soonest end first, as of the last cycle that asked
-        self._victims = VictimIndex(self.classes)  # what preemption could evict
+        self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
         self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
         self._released: dict[str, Allocation] = {}  # its preemptions, not yet ended
@@ -169,6 +169,11 @@ class Scheduler:
         for at, held in enumerate(here):
             if held:
                 self._recompute_end(at)
+        self._victims = VictimIndex(self.classes, len(nodes))  # it keys nodes by index
+        for slot in self._slots.of.values():
+            if slot.alloc.active:
+                slot.waiting = False
+                self._victims.add(slot)
 
     def set_teams(self, teams: Iterable[Team]) -> None:
         teams = tuple(teams)
@@ -314,14 +319,14 @@ class Scheduler:
         users[alloc.user] = users.get(alloc.user, 0.0) + sign
         node = slot.node
         if sign > 0:
-            self._victims.add(alloc)
+            self._victims.add(slot)
             if node != NOWHERE:
                 self._here[node].append(slot)
                 if expected_end is not None and expected_end > self._node_end.get(node, -math.inf):
                     self._node_end[node] = expected_end
                     self._end_order.touch(node)
         else:
-            self._victims.remove(alloc)
+            self._victims.remove(slot)
             if node != NOWHERE:
                 _drop(self._here[node], slot)
                 if expected_end is not None and expected_end >= self._node_end.get(node, math.inf):

@@ -8,8 +8,8 @@ mostly cache misses on maps of allocations started long before (docs/performance
 "The sim-speed-6 round"). Here an allocation's id is looked up once, for its slot, a
 small record of what the scheduler keeps about it (the allocation, its expected end,
 its team's number and its node's index, unboxed in a compiled build); its node's list
-of work holds the slot itself. A slot freed by an end is reused by the next start (the
-one freed last first: it is likely still in the cache).
+of work and the victims' index (``victims.py``) hold the slot itself. A slot is never
+reused: the victims' index, kept lazily, may still hold it after its allocation ended.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ NOWHERE = -1
 
 
 class Slot:
-    """What the scheduler keeps about one allocation it holds; reused once it ends."""
+    """What the scheduler keeps about one allocation it holds."""
 
-    __slots__ = ("alloc", "end", "node", "team")
+    __slots__ = ("alloc", "end", "node", "team", "waiting")
 
     def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
         self.alloc = alloc
         self.end = end  # expected end (None: not known)
         self.team = team  # its team's number (``Numbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
+        self.waiting = False  # added to the victims' index, not yet indexed there
 
 
 class Slots:
@@ -37,31 +38,19 @@ class Slots:
 
     def __init__(self) -> None:
         self.of: dict[str, Slot] = {}  # allocation id -> its slot, in the order given
-        self._free: list[Slot] = []  # slots to reuse, the last freed last
 
     def __len__(self) -> int:
         return len(self.of)
 
     def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot:
         """Give ``alloc`` (whose id is not held) a slot."""
-        free = self._free
-        if free:
-            slot = free.pop()
-            slot.alloc = alloc
-            slot.end = end
-            slot.team = team
-            slot.node = node
-        else:
-            slot = Slot(alloc, end, team, node)
-        self.of[alloc.id] = slot
+        slot = self.of[alloc.id] = Slot(alloc, end, team, node)
         return slot
 
     def take(self, alloc_id: str) -> Slot:
-        """Free ``alloc_id``'s slot (KeyError if not held) and give it; what it holds
-        stays readable until the next ``put``."""
+        """``alloc_id``'s slot, no longer held (KeyError if it was not)."""
         slot = self.of[alloc_id]  # get and del, not pop: a compiled build has both natively
         del self.of[alloc_id]
-        self._free.append(slot)
         return slot
 
     def order(self, ids: list[str]) -> None:
