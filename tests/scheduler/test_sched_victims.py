@@ -23,7 +23,8 @@ CLASSES = {
 
 NODES = {"node-0": 0, "node-1": 1}  # "node-2" is not held: its index is NOWHERE
 
-# Two allocations of one team on one node: the first to end leaves the team's entry there.
+# Two allocations of one team on one node: the first to end leaves the team's entry there,
+# the second takes it away (a count of the team's allocations there says when).
 _PAIR = [
     Allocation(f"a{n}", (f"j{n}",), "node-0", team="t0", gpu_indices=(n,), gpu_milli=1000)
     for n in range(2)
@@ -72,6 +73,7 @@ steps = st.lists(step, min_size=4, max_size=80)
 
 @given(allocations(), steps)
 @example(_PAIR, [("start", 0), ("start", 1), ("settle",), ("end", 0), ("settle",)])
+@example(_PAIR, [("start", 0), ("start", 1), ("settle",), ("end", 0), ("end", 1), ("settle",)])
 def test_a_settled_index_holds_what_a_walk_of_the_running_allocations_gives(
     allocs: list[Allocation], script: list[tuple[Any, ...]]
 ) -> None:

@@ -43,7 +43,7 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.service import with_served
-from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots
+from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, join, leave
 from corral.scheduler.victims import VictimIndex, inner_map
 
 DEFAULT_CONFIG = Config()
@@ -164,7 +164,7 @@ class Scheduler:
         for slot in self._slots.of.values():
             at = slot.node = index.get(slot.alloc.node, NOWHERE)
             if at != NOWHERE and slot.alloc.active:
-                here[at].append(slot)
+                join(here[at], slot)
         self._here = here
         for at, held in enumerate(here):
             if held:
@@ -321,14 +321,14 @@ class Scheduler:
         if sign > 0:
             self._victims.add(slot)
             if node != NOWHERE:
-                self._here[node].append(slot)
+                join(self._here[node], slot)
                 if expected_end is not None and expected_end > self._node_end.get(node, -math.inf):
                     self._node_end[node] = expected_end
                     self._end_order.touch(node)
         else:
             self._victims.remove(slot)
             if node != NOWHERE:
-                _drop(self._here[node], slot)
+                leave(self._here[node], slot)
                 if expected_end is not None and expected_end >= self._node_end.get(node, math.inf):
                     self._recompute_end(node)  # it may have been the latest there
         cluster = self._cluster
@@ -475,11 +475,3 @@ def _same(p: Placement, alloc: Allocation) -> bool:
         and p.cpus == alloc.cpus
         and p.on_cpu == alloc.on_cpu
     )
-
-
-def _drop(slots: list[Slot], slot: Slot) -> None:
-    """Remove ``slot`` from ``slots`` (where it is), keeping the others' order."""
-    for i in range(len(slots)):
-        if slots[i] is slot:
-            del slots[i]
-            return

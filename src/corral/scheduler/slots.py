@@ -23,14 +23,16 @@ NOWHERE = -1
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
-    __slots__ = ("alloc", "end", "node", "team", "waiting")
+    __slots__ = ("alloc", "at", "end", "node", "team", "victim_at", "waiting")
 
     def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
         self.alloc = alloc
         self.end = end  # expected end (None: not known)
         self.team = team  # its team's number (``Numbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
+        self.at = 0  # its place in its node's list of work (``join``)
         self.waiting = False  # added to the victims' index, not yet indexed there
+        self.victim_at = 0  # its place in its node's list of victims there
 
 
 class Slots:
@@ -57,6 +59,21 @@ class Slots:
         """Hold the ids (exactly those held) in this order."""
         of = self.of
         self.of = {alloc_id: of[alloc_id] for alloc_id in ids}
+
+
+def join(work: list[Slot], slot: Slot) -> None:
+    """Put ``slot`` at the end of a node's ``work``, noting where."""
+    slot.at = len(work)
+    work.append(slot)
+
+
+def leave(work: list[Slot], slot: Slot) -> None:
+    """Take ``slot`` out of a node's ``work``: the last one takes its place (no walk, and
+    no other slot touched; no reader depends on the order of a node's work)."""
+    last = work.pop()
+    if last is not slot:
+        work[slot.at] = last
+        last.at = slot.at
 
 
 class Numbers:

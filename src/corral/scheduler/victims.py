@@ -64,6 +64,9 @@ class VictimIndex:
         self.by_jobs: dict[tuple[str, ...], list[Slot]] = {}  # running, per job set
         self.team_nodes: dict[str, dict[int, int]] = {}  # team -> node -> milli it holds there
         self.node_milli: list[int] = [0] * nodes  # node -> milli of its evictable allocations
+        # node -> team number -> its evictable allocations there: whether the team's entry
+        # for the node stays, without a walk of the node's victims (each one touched)
+        self._teams_at: list[list[int]] = [[] for _ in range(nodes)]
         self._adding: list[Slot] = []  # started since the last settle (``Slot.waiting``)
         self._removing: list[Slot] = []  # indexed, and ended since the last settle
 
@@ -106,7 +109,11 @@ class VictimIndex:
         if node == NOWHERE or not self._evictable(alloc):
             return
         milli = 0 if alloc.on_cpu else alloc.milli
-        self.on_node[node].append(slot)
+        _enter(self.on_node[node], slot)
+        counts, team = self._teams_at[node], slot.team
+        while len(counts) <= team:
+            counts.append(0)
+        counts[team] = counts[team] + 1
         nodes = inner_map(self.team_nodes, alloc.team)
         nodes[node] = nodes.get(node, 0) + milli
         self.node_milli[node] = self.node_milli[node] + milli
@@ -121,12 +128,13 @@ class VictimIndex:
         if node == NOWHERE or not self._evictable(alloc):
             return
         team, milli = alloc.team, 0 if alloc.on_cpu else alloc.milli
-        here = self.on_node[node]
-        drop(here, slot)
-        # The team's entry for the node lives while one of its evictable allocations is
-        # there: the node's few left in ``on_node`` say so (no count kept per team and node).
+        _leave(self.on_node[node], slot)
+        # The team's entry for the node lives while one of its evictable allocations is there.
+        counts = self._teams_at[node]
+        left = counts[slot.team] - 1
+        counts[slot.team] = left
         nodes = self.team_nodes[team]
-        if any(other.team == slot.team for other in here):  # a loop when compiled
+        if left:
             nodes[node] = nodes[node] - milli
         else:
             del nodes[node]
@@ -190,6 +198,21 @@ def milli_on(victim: Victim, node: str) -> int:
     if len(allocs) == 1:
         return victim.milli
     return sum(a.milli for a in allocs if a.node == node and not a.on_cpu)
+
+
+def _enter(victims: list[Slot], slot: Slot) -> None:
+    """Put ``slot`` at the end of a node's ``victims``, noting where."""
+    slot.victim_at = len(victims)
+    victims.append(slot)
+
+
+def _leave(victims: list[Slot], slot: Slot) -> None:
+    """Take ``slot`` out of a node's ``victims``: the last one takes its place (as
+    ``slots.leave`` does for a node's work)."""
+    last = victims.pop()
+    if last is not slot:
+        victims[slot.victim_at] = last
+        last.victim_at = slot.victim_at
 
 
 def drop(slots: list[Slot], slot: Slot) -> None:
