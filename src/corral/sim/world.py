@@ -154,11 +154,10 @@ class World:
         for p in plan.placements:
             for job_id in p.job_ids:
                 placed[job_id] = placed.get(job_id, 0) + 1
-        # the plan's jobs' runs: a small map, where the map of all runs is large and cold
-        runs = {job_id: self._placeable(job_id, count) for job_id, count in placed.items()}
+        runs = [self._placeable(job_id, count) for job_id, count in placed.items()]
         for p in plan.placements:
-            self._allocate(p, now, runs)
-        for run in runs.values():
+            self._allocate(p, now)
+        for run in runs:
             self._start(run, now)
 
     def complete(self, job_id: str, token: int, now: float) -> bool:
@@ -227,13 +226,14 @@ class World:
             )
         return run
 
-    def _allocate(self, p: Placement, now: float, runs: dict[str, JobRun]) -> None:
+    def _allocate(self, p: Placement, now: float) -> None:
         i = self._index.get(p.node)
         if i is None:
             raise PlanRejected(f"placement {p.allocation_id}: no node {p.node!r}")
         if p.allocation_id in self.allocations:
             raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
         self._take(i, p)
+        runs = self.runs
         first = runs[p.job_ids[0]]
         job = first.job
         alloc = Allocation(
