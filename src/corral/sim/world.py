@@ -66,22 +66,8 @@ class JobRun:
         self.started_at = 0.0
         self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
         self.done = 0.0  # seconds of work done by earlier attempts
-        self.allocs: list[Placed] = []
+        self.allocs: list[str] = []
         self.placements: list[PlacementRecord] | None = None
-
-
-class Placed:
-    """An allocation in the world, with what releasing it needs, held by its jobs' runs:
-    a release then looks up no map by allocation id or node name but to delete from it."""
-
-    __slots__ = ("alloc", "ends", "left", "node", "released")
-
-    def __init__(self, alloc: Allocation, node: int, ends: bool, left: int) -> None:
-        self.alloc = alloc
-        self.node = node  # its node's index in the world (kept by ``set_nodes``)
-        self.ends = ends  # it has an expected end (in ``World._expected_ends``)
-        self.left = left  # jobs still running in it (a batch's; 1 for a job's own)
-        self.released = False
 
 
 class World:
@@ -116,6 +102,7 @@ class World:
         self._records: dict[str, list[PlacementRecord]] = {}
         self._expected_ends: dict[str, float] = {}  # allocation -> start + estimate left
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
+        self._batch_left: dict[str, int] = {}
 
     def snapshot(self) -> Snapshot:
         """The frozen view ``schedule`` gets: two tuple copies, nothing rebuilt."""
@@ -165,17 +152,16 @@ class World:
         run = self.runs.get(job_id)
         if run is None or run.token != token or run.state is not RUNNING:
             return False
-        for placed in run.allocs:
-            self._leave(placed, now)
+        for alloc_id in run.allocs:
+            self._leave(alloc_id, now)
         run.state = transition(JOB, job_id, RUNNING, SUCCEEDED, at=now, why="done")
         self._emit(run)
         return True
 
     def finish(self, end: float) -> None:
         """The simulation ends: count running allocations up to ``end``, emit every job."""
-        held = {p.alloc.id: p for run in self.runs.values() for p in run.allocs}
-        for alloc_id in list(self.allocations):  # in the order they started
-            self._release(held[alloc_id], end, preempted=False, still_running=True)
+        for alloc_id in list(self.allocations):
+            self._release(alloc_id, end, preempted=False, still_running=True)
         for run in list(self.runs.values()):
             if run.first_start is None:
                 self._metrics.still_waiting(run.job, end - run.job.submitted_at)
@@ -205,11 +191,8 @@ class World:
                 vram_free.append(self._vram_free[i])
                 cpu_free.append(self._cpu_free[i])
         self.nodes = nodes
-        self._index = index = {n.name: i for i, n in enumerate(nodes)}
+        self._index = {n.name: i for i, n in enumerate(nodes)}
         self._gpu_free, self._vram_free, self._cpu_free = gpu_free, vram_free, cpu_free
-        for run in self.runs.values():
-            for placed in run.allocs:
-                placed.node = index.get(placed.alloc.node, -1)  # released ones may have left
         self._observer.nodes_changed(nodes)
 
     # -- applying a plan -------------------------------------------------------------
@@ -256,25 +239,25 @@ class World:
             observed=ALLOC_RUNNING,
         )
         self.allocations[p.allocation_id] = alloc
+        if len(p.job_ids) > 1:
+            self._batch_left[p.allocation_id] = len(p.job_ids)
+            for job_id in p.job_ids:
+                self._joined(runs[job_id], p, alloc, now)
+        else:
+            self._joined(first, p, alloc, now)
+        self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
         end = None
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
             self._expected_ends[p.allocation_id] = end
-        placed = Placed(alloc, i, end is not None, len(p.job_ids))
-        if len(p.job_ids) > 1:
-            for job_id in p.job_ids:
-                self._joined(runs[job_id], p, placed, now)
-        else:
-            self._joined(first, p, placed, now)
-        self._count_team(job.team, alloc.milli)
         self._observer.started(alloc, end)
 
-    def _joined(self, run: JobRun, p: Placement, placed: Placed, now: float) -> None:
-        """``run``'s job is one of those allocation ``placed`` (of placement ``p``) runs."""
-        run.allocs.append(placed)
+    def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
+        """``run``'s job is one of those allocation ``alloc`` (of placement ``p``) runs."""
+        run.allocs.append(p.allocation_id)
         if run.placements is not None:
-            record = PlacementRecord(p.node, placed.alloc.milli / MILLI, now)
+            record = PlacementRecord(p.node, alloc.milli / MILLI, now)
             run.placements.append(record)
             self._records.setdefault(p.allocation_id, []).append(record)
 
@@ -331,14 +314,14 @@ class World:
         for job_id in alloc.job_ids:
             run = self.runs[job_id]
             if run.state is RUNNING:
-                ended.update(placed.alloc.id for placed in run.allocs)
+                ended.update(run.allocs)
                 self._requeue(run, now)
 
     def _requeue(self, run: JobRun, now: float) -> None:
         """End every allocation of the job; it queues again and keeps the work it did."""
-        for placed in run.allocs:
-            if not placed.released:  # a batch's, released with another of its jobs
-                self._release(placed, now, preempted=True)
+        for alloc_id in run.allocs:
+            if alloc_id in self.allocations:
+                self._release(alloc_id, now, preempted=True)
         run.allocs = []
         run.done += now - run.started_at
         if run.remaining is not None:
@@ -353,24 +336,26 @@ class World:
 
     # -- releasing -------------------------------------------------------------------
 
-    def _leave(self, placed: Placed, now: float) -> None:
+    def _leave(self, alloc_id: str, now: float) -> None:
         """A finished job leaves its allocation; a batch allocation ends with its last job."""
-        if placed.left > 1:
-            placed.left = placed.left - 1
+        left = self._batch_left.get(alloc_id)
+        if left is not None and left > 1:
+            self._batch_left[alloc_id] = left - 1
             return
-        self._release(placed, now, preempted=False)
+        self._release(alloc_id, now, preempted=False)
 
     def _release(
-        self, placed: Placed, now: float, *, preempted: bool, still_running: bool = False
+        self, alloc_id: str, now: float, *, preempted: bool, still_running: bool = False
     ) -> None:
-        alloc = placed.alloc
-        alloc_id = alloc.id
-        placed.released = True
+        # get and del, not pop: a compiled build has both natively, pop is a generic call
+        alloc = self.allocations[alloc_id]
         del self.allocations[alloc_id]
-        if placed.ends:
+        if len(alloc.job_ids) > 1:
+            self._batch_left.pop(alloc_id, None)
+        if alloc_id in self._expected_ends:
             del self._expected_ends[alloc_id]
         self._observer.ended(alloc_id)
-        i = placed.node
+        i = self._index[alloc.node]
         free, vram = self._gpu_free[i], self._vram_free[i]
         for g in alloc.gpu_indices:  # not ``+=``: see ``_take``
             free[g] = free[g] + alloc.gpu_milli
