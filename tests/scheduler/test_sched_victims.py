@@ -43,7 +43,7 @@ def allocations(draw: st.DrawFn) -> list[Allocation]:
         out.append(
             Allocation(
                 f"a{n}",
-                (f"j{n}",) if gang == 0 else (f"gang{gang}",),
+                (f"j{n}",) if gang == 0 else (f"gang{gang}",) * draw(st.sampled_from([1, 1, 2])),
                 f"node-{draw(st.sampled_from([0, 0, 0, 1, 1, 1, 2]))}",
                 team=f"t{draw(st.integers(0, 1))}",
                 priority=draw(st.sampled_from(["free", "free", "free", "locked"])),
@@ -102,7 +102,12 @@ def _maps(index: VictimIndex) -> tuple[object, ...]:
     on_node = {n: {s.alloc.id: s.alloc for s in slots} for n, slots in enumerate(index.on_node)}
     for n, slots in on_node.items():
         assert slots or index.node_milli[n] == 0
-    by_jobs = {jobs: {s.alloc.id: s.alloc for s in slots} for jobs, slots in index.by_jobs.items()}
+    by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
+    for first, slots in index.by_jobs.items():
+        assert slots
+        assert all(s.alloc.job_ids[0] == first for s in slots)
+        for s in slots:
+            by_jobs.setdefault(s.alloc.job_ids, {})[s.alloc.id] = s.alloc
     node_milli = {n: milli for n, milli in enumerate(index.node_milli) if on_node[n]}
     on_node = {n: slots for n, slots in on_node.items() if slots}
     return on_node, by_jobs, index.team_nodes, node_milli
@@ -112,7 +117,7 @@ def _walk(running: Any) -> tuple[object, ...]:
     """The four maps, built from scratch from the running allocations."""
     on_node: dict[int, dict[str, Allocation]] = {}
     by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
-    team_nodes: dict[str, dict[int, int]] = {}
+    team_nodes: dict[str, dict[str, int]] = {}
     node_milli: dict[int, int] = {}
     for a in running:
         if a.desired is not AllocDesired.RUN:
@@ -124,6 +129,22 @@ def _walk(running: Any) -> tuple[object, ...]:
         milli = 0 if a.on_cpu else a.milli
         on_node.setdefault(node, {})[a.id] = a
         nodes = team_nodes.setdefault(a.team, {})
-        nodes[node] = nodes.get(node, 0) + milli
+        nodes[a.node] = nodes.get(a.node, 0) + milli
         node_milli[node] = node_milli.get(node, 0) + milli
     return on_node, by_jobs, team_nodes, node_milli
+
+
+def test_a_unit_is_one_job_set_whole_even_where_sets_share_a_first_job() -> None:
+    """A gang's replicas are one victim; an allocation whose job set begins with the same
+    job (a set filed under the same key) is another."""
+    gang = [
+        Allocation(f"r{n}", ("g",), f"node-{n}", team="t0", gpu_indices=(0,), gpu_milli=1000)
+        for n in range(2)
+    ]
+    other = Allocation("b", ("g", "h"), "node-0", team="t0", gpu_indices=(1,), gpu_milli=1000)
+    index = VictimIndex(dict(CLASSES), len(NODES))
+    for alloc in [*gang, other]:
+        index.add(Slot(alloc, None, 0, NODES[alloc.node]))
+    index.settle()
+    units = sorted(tuple(a.id for a in v.allocs) for v in index.units(0, 0.0))
+    assert units == [("b",), ("r0", "r1")]

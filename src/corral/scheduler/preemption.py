@@ -86,7 +86,7 @@ class Preemptor:
         self._min_runtime_s = min_runtime_s
         index.settle()  # the changes since the last cycle that preempted
         self._index = index
-        self._by_team = index.team_nodes  # team -> node index -> milli
+        self._by_team = index.team_nodes  # team -> node name -> milli
         self._victim_milli = index.node_milli  # node index -> milli all its victims hold there
         self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at
         self._orders: dict[str, list[NodeCap]] = {}
@@ -158,10 +158,10 @@ class Preemptor:
         cached = self._orders.get(team)
         if cached is None:
             scored = []
-            nodes = cycle.cap.nodes
-            for idx, milli in self._by_team[team].items():
-                nc = nodes[idx]
-                scored.append((-(milli + nc.milli_free), nc.idx, nc))
+            for name, milli in self._by_team[team].items():
+                nc = cycle.node(name)
+                if nc is not None:
+                    scored.append((-(milli + nc.milli_free), nc.idx, nc))
             scored.sort(key=lambda item: (item[0], item[1]))
             cached = self._orders[team] = [nc for _, _, nc in scored]
         return cached

@@ -32,7 +32,6 @@ from corral.core.states import AllocDesired
 from corral.scheduler.slots import NOWHERE, Slot
 
 K = TypeVar("K")
-J = TypeVar("J")
 V = TypeVar("V")
 _RUN: Final = AllocDesired.RUN  # a module constant: a compiled build reads it directly
 
@@ -61,8 +60,10 @@ class VictimIndex:
     def __init__(self, classes: dict[str, PriorityClass], nodes: int) -> None:
         self.classes = classes  # a dict, not any mapping: read natively per allocation
         self.on_node: list[list[Slot]] = [[] for _ in range(nodes)]  # node -> evictable work
-        self.by_jobs: dict[tuple[str, ...], list[Slot]] = {}  # running, per job set
-        self.team_nodes: dict[str, dict[int, int]] = {}  # team -> node -> milli it holds there
+        # running, by the first job of their job set (a string key: no tuple hashed, and
+        # the map's fast path; a reader keeps those of the very job set)
+        self.by_jobs: dict[str, list[Slot]] = {}
+        self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node name -> milli there
         self.node_milli: list[int] = [0] * nodes  # node -> milli of its evictable allocations
         # node -> team number -> its evictable allocations there: whether the team's entry
         # for the node stays, without a walk of the node's victims (each one touched)
@@ -100,9 +101,10 @@ class VictimIndex:
 
     def _index(self, slot: Slot) -> None:
         alloc = slot.alloc
-        members = self.by_jobs.get(alloc.job_ids)
+        key = _first(alloc.job_ids)
+        members = self.by_jobs.get(key)
         if members is None:
-            self.by_jobs[alloc.job_ids] = [slot]
+            self.by_jobs[key] = [slot]
         else:
             members.append(slot)
         node = slot.node
@@ -114,16 +116,17 @@ class VictimIndex:
         while len(counts) <= team:
             counts.append(0)
         counts[team] = counts[team] + 1
-        nodes = inner_map(self.team_nodes, alloc.team)
-        nodes[node] = nodes.get(node, 0) + milli
+        nodes, name = inner_map(self.team_nodes, alloc.team), alloc.node
+        nodes[name] = nodes.get(name, 0) + milli
         self.node_milli[node] = self.node_milli[node] + milli
 
     def _unindex(self, slot: Slot) -> None:
         alloc = slot.alloc
-        members = self.by_jobs[alloc.job_ids]
+        key = _first(alloc.job_ids)
+        members = self.by_jobs[key]
         drop(members, slot)
         if not members:
-            del self.by_jobs[alloc.job_ids]
+            del self.by_jobs[key]
         node = slot.node
         if node == NOWHERE or not self._evictable(alloc):
             return
@@ -133,11 +136,11 @@ class VictimIndex:
         counts = self._teams_at[node]
         left = counts[slot.team] - 1
         counts[slot.team] = left
-        nodes = self.team_nodes[team]
+        nodes, name = self.team_nodes[team], alloc.node
         if left:
-            nodes[node] = nodes[node] - milli
+            nodes[name] = nodes[name] - milli
         else:
-            del nodes[node]
+            del nodes[name]
             if not nodes:
                 del self.team_nodes[team]
         self.node_milli[node] = self.node_milli[node] - milli
@@ -152,11 +155,16 @@ class VictimIndex:
             if alloc.job_ids in seen:
                 continue
             seen.add(alloc.job_ids)
-            members = self.by_jobs[alloc.job_ids]
+            members = self.by_jobs[_first(alloc.job_ids)]
             allocs = (
                 (alloc,)
                 if len(members) == 1
-                else tuple(sorted((m.alloc for m in members), key=_alloc_id))
+                else tuple(
+                    sorted(
+                        (m.alloc for m in members if m.alloc.job_ids == alloc.job_ids),
+                        key=_alloc_id,
+                    )
+                )
             )
             victim = self._unit(allocs, now)
             if victim is not None:
@@ -223,12 +231,17 @@ def drop(slots: list[Slot], slot: Slot) -> None:
             return
 
 
-def inner_map(outer: dict[K, dict[J, V]], key: K) -> dict[J, V]:
+def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
     """``outer[key]``, made empty when missing (``setdefault`` would make a dict per call)."""
     inner = outer.get(key)
     if inner is None:
         inner = outer[key] = {}
     return inner
+
+
+def _first(job_ids: tuple[str, ...]) -> str:
+    """The key of a job set in ``VictimIndex.by_jobs``."""
+    return job_ids[0] if job_ids else ""
 
 
 def _alloc_id(alloc: Allocation) -> str:
