@@ -2,19 +2,21 @@
 
 ``Scheduler`` keeps each allocation in a slot (``slots.py``) with its expected end, its
 team's number and its node's index, a list of slots per node, milli-GPUs per team number
-and the latest expected end per node index. After any sequence of starts, ends and
-changes of nodes, all of them must be what a walk of the allocations held gives, and
-each slot must be where its node's list says (``Slot.at``, ``Slot.victim_at``).
+and the latest expected end per node index (in a map and a list). After any sequence of
+starts, ends and changes of nodes, all of them must be what a walk of the allocations
+held gives, and each slot must be where its node's list says (``Slot.at``,
+``Slot.victim_at``). Starting an id held already is refused and changes nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from corral.core import Gpu, Node
+from corral.core import Gpu, InvalidSpec, Node
 from corral.core.model import Allocation
 from corral.core.states import AllocDesired, AllocObserved
 from corral.scheduler import Scheduler
@@ -77,7 +79,10 @@ def test_the_books_by_slot_agree_with_a_walk_of_the_allocations(
             sched.set_nodes(tuple(n for i, n in enumerate(NODES) if step[1] >> i & 1))
         elif step[1] >= len(allocs):
             continue
-        elif step[0] == "start" and allocs[step[1]].id not in held:
+        elif step[0] == "start" and allocs[step[1]].id in held:
+            with pytest.raises(InvalidSpec, match="duplicate"):
+                sched.start(allocs[step[1]], step[2])
+        elif step[0] == "start":
             held[allocs[step[1]].id] = (allocs[step[1]], step[2])
             sched.start(allocs[step[1]], step[2])
         elif step[0] == "end" and allocs[step[1]].id in held:
@@ -115,3 +120,4 @@ def _check(sched: Scheduler, held: dict[str, tuple[Allocation, float | None]]) -
     for work in sched._here:
         assert [slot.at for slot in work] == list(range(len(work)))
     assert sched._node_end == ends
+    assert sched._end_at == [ends.get(node) for node in range(len(sched.nodes))]

@@ -72,6 +72,7 @@ class Scheduler:
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._node_end: dict[int, float] = {}  # node index -> latest expected end there
+        self._end_at: list[float | None] = []  # the same by node index, read unboxed per event
         self._end_order = EndOrder()  # its nodes soonest end first, as of the last cycle that asked
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
@@ -116,13 +117,13 @@ class Scheduler:
     def start(self, alloc: Allocation, expected_end: float | None = None) -> None:
         """``alloc`` exists (if active, it holds resources), expected to end at ``expected_end``."""
         slots = self._slots
-        if alloc.id in slots.of:
-            raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
         team = self._team_numbers.number(alloc.team)
         if team == len(self._used):
             self._used.append(0)
         node = self._index.get(alloc.node, NOWHERE)
         slot = slots.put(alloc, expected_end, team, node)
+        if slot is None:
+            raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
         if alloc.active:
             self._count(slot, alloc, +1, expected_end)
 
@@ -158,7 +159,7 @@ class Scheduler:
         self.nodes, self._index = nodes, index
         self._cluster = None
         self._pending, self._released = {}, {}
-        self._node_end = {}
+        self._node_end, self._end_at = {}, [None] * len(nodes)
         self._end_order.forget()
         here: list[list[Slot]] = [[] for _ in nodes]
         for slot in self._slots.of.values():
@@ -322,14 +323,20 @@ class Scheduler:
             self._victims.add(slot)
             if node != NOWHERE:
                 join(self._here[node], slot)
-                if expected_end is not None and expected_end > self._node_end.get(node, -math.inf):
-                    self._node_end[node] = expected_end
+                latest = self._end_at[node]
+                if expected_end is not None and expected_end > (
+                    -math.inf if latest is None else latest
+                ):
+                    self._node_end[node] = self._end_at[node] = expected_end
                     self._end_order.touch(node)
         else:
             self._victims.remove(slot)
             if node != NOWHERE:
                 leave(self._here[node], slot)
-                if expected_end is not None and expected_end >= self._node_end.get(node, math.inf):
+                latest = self._end_at[node]
+                if expected_end is not None and expected_end >= (
+                    math.inf if latest is None else latest
+                ):
                     self._recompute_end(node)  # it may have been the latest there
         cluster = self._cluster
         if cluster is not None:
@@ -361,9 +368,10 @@ class Scheduler:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
         ends = [known for slot in self._here[node] if (known := slot.end) is not None]
         if ends:
-            self._node_end[node] = max(ends)
+            self._node_end[node] = self._end_at[node] = max(ends)
         else:
             self._node_end.pop(node, None)
+            self._end_at[node] = None
         self._end_order.touch(node)
 
     def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:

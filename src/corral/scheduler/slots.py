@@ -44,10 +44,11 @@ class Slots:
     def __len__(self) -> int:
         return len(self.of)
 
-    def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot:
-        """Give ``alloc`` (whose id is not held) a slot."""
-        slot = self.of[alloc.id] = Slot(alloc, end, team, node)
-        return slot
+    def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot | None:
+        """Give ``alloc`` a slot; None (and nothing changed) if its id is held already.
+        One look-up of the id (``setdefault``), where a test and a store were two."""
+        slot = Slot(alloc, end, team, node)
+        return slot if self.of.setdefault(alloc.id, slot) is slot else None
 
     def take(self, alloc_id: str) -> Slot:
         """``alloc_id``'s slot, no longer held (KeyError if it was not)."""
