@@ -31,6 +31,15 @@ _PAIR = [
 ]
 
 
+# Three replicas of a gang on two nodes: ending the middle one, then the latest indexed,
+# unlinks each from its job's chain (``Slot.kin``).
+_GANG = [
+    Allocation(f"r{n}", ("g",), f"node-{n % 2}", team="t0", gpu_indices=(0,), gpu_milli=1000)
+    for n in range(3)
+]
+_GANG_SCRIPT = [("start", 0), ("start", 1), ("start", 2), ("settle",), ("end", 1), ("settle",)]
+
+
 @st.composite
 def allocations(draw: st.DrawFn) -> list[Allocation]:
     """Allocations on two nodes of two teams (so that many share both; a few on a node not
@@ -74,6 +83,7 @@ steps = st.lists(step, min_size=4, max_size=80)
 @given(allocations(), steps)
 @example(_PAIR, [("start", 0), ("start", 1), ("settle",), ("end", 0), ("settle",)])
 @example(_PAIR, [("start", 0), ("start", 1), ("settle",), ("end", 0), ("end", 1), ("settle",)])
+@example(_GANG, [*_GANG_SCRIPT, ("end", 2), ("settle",)])
 def test_a_settled_index_holds_what_a_walk_of_the_running_allocations_gives(
     allocs: list[Allocation], script: list[tuple[Any, ...]]
 ) -> None:
@@ -103,11 +113,12 @@ def _maps(index: VictimIndex) -> tuple[object, ...]:
     for n, slots in on_node.items():
         assert slots or index.node_milli[n] == 0
     by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
-    for first, slots in index.by_jobs.items():
-        assert slots
-        assert all(s.alloc.job_ids[0] == first for s in slots)
-        for s in slots:
-            by_jobs.setdefault(s.alloc.job_ids, {})[s.alloc.id] = s.alloc
+    for first, latest in index.by_jobs.items():
+        kin: Slot | None = latest
+        while kin is not None:
+            assert kin.alloc.job_ids[0] == first
+            by_jobs.setdefault(kin.alloc.job_ids, {})[kin.alloc.id] = kin.alloc
+            kin = kin.kin
     node_milli = {n: milli for n, milli in enumerate(index.node_milli) if on_node[n]}
     on_node = {n: slots for n, slots in on_node.items() if slots}
     return on_node, by_jobs, index.team_nodes, node_milli

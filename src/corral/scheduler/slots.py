@@ -23,7 +23,7 @@ NOWHERE = -1
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
-    __slots__ = ("alloc", "at", "end", "node", "team", "victim_at", "waiting")
+    __slots__ = ("alloc", "at", "end", "kin", "node", "team", "victim_at", "waiting")
 
     def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
         self.alloc = alloc
@@ -33,6 +33,7 @@ class Slot:
         self.at = 0  # its place in its node's list of work (``join``)
         self.waiting = False  # added to the victims' index, not yet indexed there
         self.victim_at = 0  # its place in its node's list of victims there
+        self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
 
 
 class Slots:

@@ -61,8 +61,9 @@ class VictimIndex:
         self.classes = classes  # a dict, not any mapping: read natively per allocation
         self.on_node: list[list[Slot]] = [[] for _ in range(nodes)]  # node -> evictable work
         # running, by the first job of their job set (a string key: no tuple hashed, and
-        # the map's fast path; a reader keeps those of the very job set)
-        self.by_jobs: dict[str, list[Slot]] = {}
+        # the map's fast path; a reader keeps those of the very job set): the latest slot
+        # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
+        self.by_jobs: dict[str, Slot] = {}
         self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node name -> milli there
         self.node_milli: list[int] = [0] * nodes  # node -> milli of its evictable allocations
         # node -> team number -> its evictable allocations there: whether the team's entry
@@ -102,11 +103,8 @@ class VictimIndex:
     def _index(self, slot: Slot) -> None:
         alloc = slot.alloc
         key = _first(alloc.job_ids)
-        members = self.by_jobs.get(key)
-        if members is None:
-            self.by_jobs[key] = [slot]
-        else:
-            members.append(slot)
+        slot.kin = self.by_jobs.get(key)
+        self.by_jobs[key] = slot
         node = slot.node
         if node == NOWHERE or not self._evictable(alloc):
             return
@@ -123,10 +121,19 @@ class VictimIndex:
     def _unindex(self, slot: Slot) -> None:
         alloc = slot.alloc
         key = _first(alloc.job_ids)
-        members = self.by_jobs[key]
-        drop(members, slot)
-        if not members:
-            del self.by_jobs[key]
+        kin = self.by_jobs[key]
+        if kin is slot:
+            if slot.kin is None:
+                del self.by_jobs[key]
+            else:
+                self.by_jobs[key] = slot.kin
+        else:  # a gang's: a walk of its few
+            while kin.kin is not slot:
+                after = kin.kin
+                assert after is not None, "an indexed slot is in its first job's chain"
+                kin = after
+            kin.kin = slot.kin
+        slot.kin = None
         node = slot.node
         if node == NOWHERE or not self._evictable(alloc):
             return
@@ -155,17 +162,17 @@ class VictimIndex:
             if alloc.job_ids in seen:
                 continue
             seen.add(alloc.job_ids)
-            members = self.by_jobs[_first(alloc.job_ids)]
-            allocs = (
-                (alloc,)
-                if len(members) == 1
-                else tuple(
-                    sorted(
-                        (m.alloc for m in members if m.alloc.job_ids == alloc.job_ids),
-                        key=_alloc_id,
-                    )
-                )
-            )
+            kin: Slot | None = self.by_jobs[_first(alloc.job_ids)]
+            assert kin is not None
+            if kin.kin is None:
+                allocs: tuple[Allocation, ...] = (alloc,)
+            else:
+                members = []
+                while kin is not None:
+                    if kin.alloc.job_ids == alloc.job_ids:
+                        members.append(kin.alloc)
+                    kin = kin.kin
+                allocs = tuple(sorted(members, key=_alloc_id))
             victim = self._unit(allocs, now)
             if victim is not None:
                 out.append(victim)
@@ -221,14 +228,6 @@ def _leave(victims: list[Slot], slot: Slot) -> None:
     if last is not slot:
         victims[slot.victim_at] = last
         last.victim_at = slot.victim_at
-
-
-def drop(slots: list[Slot], slot: Slot) -> None:
-    """Remove ``slot`` from ``slots`` (where it is), keeping the others' order."""
-    for i in range(len(slots)):
-        if slots[i] is slot:
-            del slots[i]
-            return
 
 
 def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
