@@ -3,12 +3,12 @@
 ``VictimIndex`` holds the active allocations that are still meant to run
 (``desired`` run) whose allocation and priority class are preemptible, by
 node index, with the milli-GPUs each team holds on each node. The kept
-``Scheduler`` updates it as allocations start and end (giving their slots,
-``slots.py``: the index holds those, never looks an allocation up by its id,
-and keys nodes by index), so a cycle that needs
-to preempt does not first walk every allocation; the ``Preemptor`` turns the
-allocations of the nodes it looks at into ``Victim`` units when it looks
-(a gang is one unit, with every replica, and only if every replica may go).
+``Scheduler`` updates it as allocations start and end, giving their slots
+(``slots.py``: the index holds those and never looks an allocation up by its
+id), so a cycle that needs to preempt does not first walk every allocation;
+the ``Preemptor`` turns the allocations of the nodes it looks at into
+``Victim`` units when it looks (a gang is one unit, with every replica, and
+only if every replica may go).
 
 The index is kept lazily: ``add`` and ``remove`` only note the change, and
 ``settle`` (called by the ``Preemptor`` when a cycle first needs victims)
