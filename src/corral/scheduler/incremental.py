@@ -116,14 +116,12 @@ class Scheduler:
 
     def start(self, alloc: Allocation, expected_end: float | None = None) -> None:
         """``alloc`` exists (if active, it holds resources), expected to end at ``expected_end``."""
-        slots = self._slots
-        team = self._team_numbers.number(alloc.team)
-        if team == len(self._used):
-            self._used.append(0)
-        node = self._index.get(alloc.node, NOWHERE)
-        slot = slots.put(alloc, expected_end, team, node)
+        slot = self._slots.put(alloc, expected_end, 0, self._index.get(alloc.node, NOWHERE))
         if slot is None:
             raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
+        team = slot.team = self._team_numbers.number(alloc.team)
+        if team == len(self._used):
+            self._used.append(0)
         if alloc.active:
             self._count(slot, alloc, +1, expected_end)
 
