@@ -1,6 +1,7 @@
 """The victims' index, kept lazily across starts and ends, holds after each ``settle`` what
 a walk of the allocations then running gives: by node, by job set, each team's milli per
-node and each node's milli (only what may be evicted, CPU offload counting nothing)."""
+node and each node's milli (only what may be evicted, CPU offload counting nothing; work
+on a node the scheduler does not hold is in the job sets only)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
+from corral.scheduler.slots import NOWHERE, Numbers, Slot
 from corral.scheduler.victims import VictimIndex
 
 RUN = AllocDesired.RUN
@@ -19,18 +21,30 @@ CLASSES = {
     "locked": PriorityClass("locked", 5, preemptible=False),
 }
 
-# Two allocations of one team on one node: the first to end leaves the team's entry there.
+NODES = {"node-0": 0, "node-1": 1}  # "node-2" is not held: its index is NOWHERE
+
+# Two allocations of one team on one node: the first to end leaves the team's entry there,
+# the second takes it away (a count of the team's allocations there says when).
 _PAIR = [
     Allocation(f"a{n}", (f"j{n}",), "node-0", team="t0", gpu_indices=(n,), gpu_milli=1000)
     for n in range(2)
 ]
 
 
+# Three replicas of a gang on two nodes: ending the middle one, then the latest indexed,
+# unlinks each from its job's chain (``Slot.kin``).
+_GANG = [
+    Allocation(f"r{n}", ("g",), f"node-{n % 2}", team="t0", gpu_indices=(0,), gpu_milli=1000)
+    for n in range(3)
+]
+_GANG_SCRIPT = [("start", 0), ("start", 1), ("start", 2), ("settle",), ("end", 1), ("settle",)]
+
+
 @st.composite
 def allocations(draw: st.DrawFn) -> list[Allocation]:
-    """Allocations on two nodes of two teams (so that many share both); some share a job
-    set (a gang's replicas), some may not be evicted (their own flag or their class),
-    some run on CPU slots."""
+    """Allocations on two nodes of two teams (so that many share both; a few on a node not
+    held); some share a job set (a gang's replicas), some may not be evicted (their own
+    flag or their class), some run on CPU slots."""
     out = []
     for n in range(draw(st.integers(4, 12))):
         gang = draw(st.integers(0, 3))  # 0: a job of its own; else one of three gangs
@@ -38,8 +52,8 @@ def allocations(draw: st.DrawFn) -> list[Allocation]:
         out.append(
             Allocation(
                 f"a{n}",
-                (f"j{n}",) if gang == 0 else (f"gang{gang}",),
-                f"node-{draw(st.integers(0, 1))}",
+                (f"j{n}",) if gang == 0 else (f"gang{gang}",) * draw(st.sampled_from([1, 1, 2])),
+                f"node-{draw(st.sampled_from([0, 0, 0, 1, 1, 1, 2]))}",
                 team=f"t{draw(st.integers(0, 1))}",
                 priority=draw(st.sampled_from(["free", "free", "free", "locked"])),
                 gpu_indices=tuple(range(gpus)),
@@ -68,46 +82,80 @@ steps = st.lists(step, min_size=4, max_size=80)
 
 @given(allocations(), steps)
 @example(_PAIR, [("start", 0), ("start", 1), ("settle",), ("end", 0), ("settle",)])
+@example(_PAIR, [("start", 0), ("start", 1), ("settle",), ("end", 0), ("end", 1), ("settle",)])
+@example(_GANG, [*_GANG_SCRIPT, ("end", 2), ("settle",)])
 def test_a_settled_index_holds_what_a_walk_of_the_running_allocations_gives(
     allocs: list[Allocation], script: list[tuple[Any, ...]]
 ) -> None:
-    index = VictimIndex(dict(CLASSES))
-    running: dict[str, Allocation] = {}
+    index = VictimIndex(dict(CLASSES), len(NODES))
+    teams = Numbers()
+    running: dict[str, Slot] = {}  # a new slot per start, as the scheduler gives
     for step in [*script, ("settle",)]:
         if step[0] == "settle":
             index.settle()
-            assert _maps(index) == _walk(running.values())
+            assert _maps(index) == _walk(s.alloc for s in running.values())
             continue
         if step[1] >= len(allocs):
             continue
         alloc = allocs[step[1]]
         if step[0] == "start" and alloc.id not in running:
-            running[alloc.id] = alloc
-            index.add(alloc)
+            slot = Slot(alloc, None, teams.number(alloc.team), NODES.get(alloc.node, NOWHERE))
+            running[alloc.id] = slot
+            index.add(slot)
         elif step[0] == "end" and alloc.id in running:
-            del running[alloc.id]
-            index.remove(alloc)
+            index.remove(running.pop(alloc.id))
 
 
 def _maps(index: VictimIndex) -> tuple[object, ...]:
-    return index.on_node, index.by_jobs, index.team_nodes, index.node_milli
+    """The index's maps, as dicts (its lists of slots by allocation id; nodes without
+    evictable work left out, after checking they count nothing)."""
+    on_node = {n: {s.alloc.id: s.alloc for s in slots} for n, slots in enumerate(index.on_node)}
+    for n, slots in on_node.items():
+        assert slots or index.node_milli[n] == 0
+    by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
+    for first, latest in index.by_jobs.items():
+        kin: Slot | None = latest
+        while kin is not None:
+            assert kin.alloc.job_ids[0] == first
+            by_jobs.setdefault(kin.alloc.job_ids, {})[kin.alloc.id] = kin.alloc
+            kin = kin.kin
+    node_milli = {n: milli for n, milli in enumerate(index.node_milli) if on_node[n]}
+    on_node = {n: slots for n, slots in on_node.items() if slots}
+    return on_node, by_jobs, index.team_nodes, node_milli
 
 
 def _walk(running: Any) -> tuple[object, ...]:
     """The four maps, built from scratch from the running allocations."""
-    on_node: dict[str, dict[str, Allocation]] = {}
+    on_node: dict[int, dict[str, Allocation]] = {}
     by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
     team_nodes: dict[str, dict[str, int]] = {}
-    node_milli: dict[str, int] = {}
+    node_milli: dict[int, int] = {}
     for a in running:
         if a.desired is not AllocDesired.RUN:
             continue
         by_jobs.setdefault(a.job_ids, {})[a.id] = a
-        if not (a.preemptible and CLASSES[a.priority].preemptible):
+        node = NODES.get(a.node)
+        if node is None or not (a.preemptible and CLASSES[a.priority].preemptible):
             continue
         milli = 0 if a.on_cpu else a.milli
-        on_node.setdefault(a.node, {})[a.id] = a
+        on_node.setdefault(node, {})[a.id] = a
         nodes = team_nodes.setdefault(a.team, {})
         nodes[a.node] = nodes.get(a.node, 0) + milli
-        node_milli[a.node] = node_milli.get(a.node, 0) + milli
+        node_milli[node] = node_milli.get(node, 0) + milli
     return on_node, by_jobs, team_nodes, node_milli
+
+
+def test_a_unit_is_one_job_set_whole_even_where_sets_share_a_first_job() -> None:
+    """A gang's replicas are one victim; an allocation whose job set begins with the same
+    job (a set filed under the same key) is another."""
+    gang = [
+        Allocation(f"r{n}", ("g",), f"node-{n}", team="t0", gpu_indices=(0,), gpu_milli=1000)
+        for n in range(2)
+    ]
+    other = Allocation("b", ("g", "h"), "node-0", team="t0", gpu_indices=(1,), gpu_milli=1000)
+    index = VictimIndex(dict(CLASSES), len(NODES))
+    for alloc in [*gang, other]:
+        index.add(Slot(alloc, None, 0, NODES[alloc.node]))
+    index.settle()
+    units = sorted(tuple(a.id for a in v.allocs) for v in index.units(0, 0.0))
+    assert units == [("b",), ("r0", "r1")]

@@ -43,6 +43,7 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.service import with_served
+from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, join, leave
 from corral.scheduler.victims import VictimIndex, inner_map
 
 DEFAULT_CONFIG = Config()
@@ -65,14 +66,15 @@ class Scheduler:
         self.classes = {c.name: c for c in config.priority_classes}
         self.served: Mapping[str, float] = {}  # user -> recent service (see service.py)
         self.queue = Queue(self.classes, config.reserve_min_gpus)
-        self.allocations: dict[str, Allocation] = {}  # as given, active or not
-        self.expected_ends: dict[str, float] = {}
-        self._usage: dict[str, int] = {}  # team -> milli-GPUs its active allocations hold
+        self._slots = Slots()  # the allocations as given, active or not, and their ends
+        self._team_numbers = Numbers()  # the teams of allocations given
+        self._used: list[int] = []  # team number -> milli-GPUs its active allocations hold
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
-        self._on_node: dict[str, dict[str, Allocation]] = {}  # node -> its active allocations
+        self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._node_end: dict[int, float] = {}  # node index -> latest expected end there
+        self._end_at: list[float | None] = []  # the same by node index, read unboxed per event
         self._end_order = EndOrder()  # its nodes soonest end first, as of the last cycle that asked
-        self._victims = VictimIndex(self.classes)  # what preemption could evict
+        self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
         self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
         self._released: dict[str, Allocation] = {}  # its preemptions, not yet ended
@@ -114,25 +116,37 @@ class Scheduler:
 
     def start(self, alloc: Allocation, expected_end: float | None = None) -> None:
         """``alloc`` exists (if active, it holds resources), expected to end at ``expected_end``."""
-        if alloc.id in self.allocations:
+        slot = self._slots.put(alloc, expected_end, 0, self._index.get(alloc.node, NOWHERE))
+        if slot is None:
             raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
-        self.allocations[alloc.id] = alloc
-        if expected_end is not None:
-            self.expected_ends[alloc.id] = expected_end
+        team = slot.team = self._team_numbers.number(alloc.team)
+        if team == len(self._used):
+            self._used.append(0)
         if alloc.active:
-            self._count(alloc, +1, expected_end)
+            self._count(slot, alloc, +1, expected_end)
 
     def end(self, alloc_id: str) -> Allocation:
         """``alloc_id`` no longer exists (ended, preempted, lost). KeyError if unknown."""
-        # get and del, not pop: a compiled build has both natively, pop is a generic call
-        alloc = self.allocations[alloc_id]
-        del self.allocations[alloc_id]
-        expected_end = self.expected_ends.get(alloc_id)
-        if expected_end is not None:
-            del self.expected_ends[alloc_id]
+        slot = self._slots.take(alloc_id)
+        alloc = slot.alloc
         if alloc.active:
-            self._count(alloc, -1, expected_end)
+            self._count(slot, alloc, -1, slot.end)
         return alloc
+
+    @property
+    def allocations(self) -> dict[str, Allocation]:
+        """Allocation id -> allocation, as given, active or not (a new dict)."""
+        return {alloc_id: slot.alloc for alloc_id, slot in self._slots.of.items()}
+
+    @property
+    def expected_ends(self) -> dict[str, float]:
+        """Allocation id -> its expected end, where known (a new dict)."""
+        ends: dict[str, float] = {}
+        for alloc_id, slot in self._slots.of.items():
+            known = slot.end
+            if known is not None:
+                ends[alloc_id] = known
+        return ends
 
     def set_nodes(self, nodes: tuple[Node, ...]) -> None:
         index: dict[str, int] = {}
@@ -143,10 +157,22 @@ class Scheduler:
         self.nodes, self._index = nodes, index
         self._cluster = None
         self._pending, self._released = {}, {}
-        self._node_end = {}
+        self._node_end, self._end_at = {}, [None] * len(nodes)
         self._end_order.forget()
-        for name, allocs in self._on_node.items():
-            self._recompute_end(name, allocs)
+        here: list[list[Slot]] = [[] for _ in nodes]
+        for slot in self._slots.of.values():
+            at = slot.node = index.get(slot.alloc.node, NOWHERE)
+            if at != NOWHERE and slot.alloc.active:
+                join(here[at], slot)
+        self._here = here
+        for at, held in enumerate(here):
+            if held:
+                self._recompute_end(at)
+        self._victims = VictimIndex(self.classes, len(nodes))  # it keys nodes by index
+        for slot in self._slots.of.values():
+            if slot.alloc.active:
+                slot.waiting = False
+                self._victims.add(slot)
 
     def set_teams(self, teams: Iterable[Team]) -> None:
         teams = tuple(teams)
@@ -187,9 +213,9 @@ class Scheduler:
         return Snapshot(
             nodes=self.nodes,
             queued=tuple(self.queue.jobs.values()),
-            allocations=tuple(self.allocations.values()),
+            allocations=tuple(slot.alloc for slot in self._slots.of.values()),
             teams=self.teams,
-            expected_ends=dict(self.expected_ends),
+            expected_ends=self.expected_ends,
             model_sizes=self.model_sizes,
             served=self.served,
         )
@@ -218,7 +244,8 @@ class Scheduler:
         cluster = self._cluster_now()
         cycle = Cycle(cluster, self.config, now, ends=self._node_end, order=self._end_order)
         try:
-            ledger = Ledger.of_usage(self.teams, self._usage, cycle.memo())
+            used = dict(zip(self._team_numbers.names, self._used, strict=True))
+            ledger = Ledger.of_usage(self.teams, used, cycle.memo())
             planner = Planner(
                 cycle,
                 ledger,
@@ -243,10 +270,11 @@ class Scheduler:
         # does not apply is undone when the next cycle starts (``_reconcile``).
         cycle.cap.commit()
         self._pending = {p.allocation_id: p for p in plan.placements}
+        held = self._slots.of
         for stop in plan.preemptions:
-            alloc = self.allocations.get(stop.allocation_id)
-            if alloc is not None and alloc.active:
-                self._released[alloc.id] = alloc
+            slot = held.get(stop.allocation_id)
+            if slot is not None and slot.alloc.active:
+                self._released[stop.allocation_id] = slot.alloc
         return plan
 
     def _reconcile(self) -> None:
@@ -267,47 +295,56 @@ class Scheduler:
         models = set(self.queue.models)
         if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
             self._pending, self._released = {}, {}
-            active = (a for allocs in self._on_node.values() for a in allocs.values())
+            held = (slot.alloc for slot in self._slots.of.values())
+            active = [alloc for alloc in held if alloc.active]
             cluster = self._cluster = Cluster(self.nodes, keys, models, active)
         return cluster
 
     def _work(self, node: str) -> Iterator[tuple[Allocation, float | None]]:
-        for alloc in self._on_node.get(node, EMPTY).values():
-            yield alloc, self.expected_ends.get(alloc.id)
+        idx = self._index.get(node)
+        if idx is None:
+            return
+        for slot in self._here[idx]:
+            yield slot.alloc, slot.end
 
     # -- bookkeeping ----------------------------------------------------------------
 
-    def _count(self, alloc: Allocation, sign: int, expected_end: float | None) -> None:
-        """An active allocation starts (+1) or ends (-1) holding resources."""
+    def _count(self, slot: Slot, alloc: Allocation, sign: int, expected_end: float | None) -> None:
+        """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
-            self._usage[alloc.team] = self._usage.get(alloc.team, 0) + sign * alloc.milli
+            team = slot.team
+            self._used[team] = self._used[team] + sign * alloc.milli
         users = inner_map(self._running, alloc.priority)
         users[alloc.user] = users.get(alloc.user, 0.0) + sign
-        on_node = inner_map(self._on_node, alloc.node)
+        node = slot.node
         if sign > 0:
-            self._victims.add(alloc)
-            on_node[alloc.id] = alloc
-            if expected_end is not None:
-                idx = self._index.get(alloc.node)
-                if idx is not None and expected_end > self._node_end.get(idx, -math.inf):
-                    self._node_end[idx] = expected_end
-                    self._end_order.touch(idx)
+            self._victims.add(slot)
+            if node != NOWHERE:
+                join(self._here[node], slot)
+                latest = self._end_at[node]
+                if expected_end is not None and expected_end > (
+                    -math.inf if latest is None else latest
+                ):
+                    self._node_end[node] = self._end_at[node] = expected_end
+                    self._end_order.touch(node)
         else:
-            self._victims.remove(alloc)
-            del on_node[alloc.id]
-            if expected_end is not None and expected_end >= self._latest_end(alloc.node):
-                self._recompute_end(alloc.node, on_node)  # it may have been the latest there
-            if not on_node:
-                del self._on_node[alloc.node]
+            self._victims.remove(slot)
+            if node != NOWHERE:
+                leave(self._here[node], slot)
+                latest = self._end_at[node]
+                if expected_end is not None and expected_end >= (
+                    math.inf if latest is None else latest
+                ):
+                    self._recompute_end(node)  # it may have been the latest there
         cluster = self._cluster
         if cluster is not None:
-            self._hold(cluster, alloc, sign)
+            self._hold(cluster, node, alloc, sign)
 
-    def _hold(self, cluster: Cluster, alloc: Allocation, sign: int) -> None:
-        """The kept cluster's capacity follows an allocation that starts (+1) or ends (-1),
-        unless the last cycle's plan took or gave it back already."""
+    def _hold(self, cluster: Cluster, node: int, alloc: Allocation, sign: int) -> None:
+        """The kept cluster's capacity follows an allocation (on node index ``node``) that
+        starts (+1) or ends (-1), unless the last cycle's plan took or gave it back already."""
         if sign > 0:
-            planned = self._pending.get(alloc.id)  # get and del: see ``end``
+            planned = self._pending.get(alloc.id)  # get and del: see ``Slots.take``
             if planned is not None:
                 del self._pending[alloc.id]
                 if _same(planned, alloc):
@@ -317,23 +354,23 @@ class Scheduler:
         elif alloc.id in self._released:
             del self._released[alloc.id]
             return  # the last cycle gave this capacity back already
-        milli, vram, cpus = -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
-        _adjust(cluster, alloc.node, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
-
-    def _latest_end(self, node: str) -> float:
-        idx = self._index.get(node)
-        return math.inf if idx is None else self._node_end.get(idx, math.inf)
-
-    def _recompute_end(self, node: str, allocs: Mapping[str, Allocation]) -> None:
-        idx = self._index.get(node)
-        if idx is None:
+        if node == NOWHERE:
             return
-        ends = [self.expected_ends[a] for a in allocs if a in self.expected_ends]
+        nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
+        gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
+        cluster.cap.adjust(
+            nc, gpus, -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
+        )
+
+    def _recompute_end(self, node: int) -> None:
+        """Node index ``node``'s latest expected end, from its active allocations' own."""
+        ends = [known for slot in self._here[node] if (known := slot.end) is not None]
         if ends:
-            self._node_end[idx] = max(ends)
+            self._node_end[node] = self._end_at[node] = max(ends)
         else:
-            self._node_end.pop(idx, None)
-        self._end_order.touch(idx)
+            self._node_end.pop(node, None)
+            self._end_at[node] = None
+        self._end_order.touch(node)
 
     def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:
         """Apply ``delta`` if it adds up (counts, gone jobs held, added jobs new and at the
@@ -384,18 +421,18 @@ class Scheduler:
         self, allocations: tuple[Allocation, ...], ends: Mapping[str, float]
     ) -> None:
         wanted = {a.id: a for a in allocations}
-        held = self.allocations
+        slots = self._slots
         for alloc_id in [
             a
-            for a, alloc in held.items()
-            if wanted.get(a) is not alloc or ends.get(a) != self.expected_ends.get(a)
+            for a, slot in slots.of.items()
+            if wanted.get(a) is not slot.alloc or ends.get(a) != slot.end
         ]:
             self.end(alloc_id)
-        for alloc in allocations:
-            if alloc.id not in held:
-                self.start(alloc, ends.get(alloc.id))
-        if list(held) != list(wanted):
-            self.allocations = {alloc_id: held[alloc_id] for alloc_id in wanted}
+        for new in allocations:
+            if new.id not in slots.of:
+                self.start(new, ends.get(new.id))
+        if list(slots.of) != list(wanted):
+            slots.order(list(wanted))
 
 
 def _check_unique(snapshot: Snapshot, *, queued: bool = True) -> None:

@@ -82,16 +82,16 @@ class Preemptor:
         # Released on the working copy, and evictable milli left per node: memos,
         # so they roll back with the working copy.
         self._gone: Memo[str, bool] = cycle.memo()
-        self._left: Memo[str, int] = cycle.memo()
+        self._left: Memo[int, int] = cycle.memo()  # by node index
         self._min_runtime_s = min_runtime_s
         index.settle()  # the changes since the last cycle that preempted
         self._index = index
-        self._by_team = index.team_nodes  # team -> node -> milli
-        self._victim_milli = index.node_milli  # node -> milli all its victims hold there
-        self._units: dict[str, list[Victim]] = {}  # node -> victims, built when first looked at
+        self._by_team = index.team_nodes  # team -> node name -> milli
+        self._victim_milli = index.node_milli  # node index -> milli all its victims hold there
+        self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at
         self._orders: dict[str, list[NodeCap]] = {}
 
-    def _by_node(self, node: str) -> list[Victim]:
+    def _by_node(self, node: int) -> list[Victim]:
         units = self._units.get(node)
         if units is None:
             units = self._units[node] = self._index.units(node, self._now)
@@ -124,7 +124,10 @@ class Preemptor:
             self._gone.put(victim.allocs[0].id, True)
             ledger.add(victim.team, -victim.milli)
             for node in {a.node for a in victim.allocs}:
-                self._left.put(node, self._evictable(node) - milli_on(victim, node))
+                held = cycle.node(node)
+                if held is not None:  # nothing looks for victims on a node not held
+                    idx = held.idx
+                    self._left.put(idx, self._evictable(idx) - milli_on(victim, node))
         fit = fit_on(best[1].fit.node, need)
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
@@ -163,21 +166,21 @@ class Preemptor:
             cached = self._orders[team] = [nc for _, _, nc in scored]
         return cached
 
-    def _evictable(self, node: str) -> int:
-        """Milli-GPUs of not yet evicted victims on ``node``."""
+    def _evictable(self, node: int) -> int:
+        """Milli-GPUs of not yet evicted victims on node index ``node``."""
         left = self._left.get(node)
-        return self._victim_milli.get(node, 0) if left is None else left
+        return self._victim_milli[node] if left is None else left
 
     def _try_node(
         self, cycle: Cycle, ledger: Ledger, nc: NodeCap, need: Need, ask: Ask, patient: bool
     ) -> Room | None:
-        if need.nominal_milli() > nc.milli_free + self._evictable(nc.name):
+        if need.nominal_milli() > nc.milli_free + self._evictable(nc.idx):
             return None  # even evicting everything there would not be enough
         mark = cycle.checkpoint()
         spent: dict[str, int] = {}
         chosen: list[Victim] = []
         fit = None
-        for victim in self._by_node(nc.name):
+        for victim in self._by_node(nc.idx):
             if not self._eligible(victim, ledger, ask, patient, spent):
                 continue
             self._release(cycle, victim)

@@ -164,14 +164,15 @@ class Queue:
         del self.jobs[job_id]
         group = self.groups[job_id]
         del self.groups[job_id]
-        for label in job.node_selector:
-            _decrement(self.label_keys, label)
+        if job.node_selector:  # most have none: no iterator made for an empty one
+            for label in job.node_selector:
+                _decrement(self.label_keys, label)
         if job.model:
             _decrement(self.models, job.model)
         batch = None if job.batch_key is None else batch_key(job)
         if batch is not None:
             _remove(self.batches, batch, job)
-        if job_id in self.unknown:
+        if self.unknown and job_id in self.unknown:
             self.unknown.discard(job_id)
             return job
         groups = self.lists[job.priority]

@@ -2,11 +2,13 @@
 
 ``VictimIndex`` holds the active allocations that are still meant to run
 (``desired`` run) whose allocation and priority class are preemptible, by
-node, with the milli-GPUs each team holds on each node. The kept
-``Scheduler`` updates it as allocations start and end, so a cycle that needs
-to preempt does not first walk every allocation; the ``Preemptor`` turns the
-allocations of the nodes it looks at into ``Victim`` units when it looks
-(a gang is one unit, with every replica, and only if every replica may go).
+node index, with the milli-GPUs each team holds on each node. The kept
+``Scheduler`` updates it as allocations start and end, giving their slots
+(``slots.py``: the index holds those and never looks an allocation up by its
+id), so a cycle that needs to preempt does not first walk every allocation;
+the ``Preemptor`` turns the allocations of the nodes it looks at into
+``Victim`` units when it looks (a gang is one unit, with every replica, and
+only if every replica may go).
 
 The index is kept lazily: ``add`` and ``remove`` only note the change, and
 ``settle`` (called by the ``Preemptor`` when a cycle first needs victims)
@@ -14,8 +16,10 @@ brings the maps up to date. Most cycles preempt nothing, and work that
 starts and ends between two cycles that do is never indexed at all (kept
 eagerly, it cost 4% of a 20,000-job simulation in which no cycle asked).
 The maps' contents after ``settle`` are what eager upkeep gives; the order
-of their keys may differ, and no reader depends on it (victims and nodes
-are sorted by total orders).
+of their keys and lists may differ, and no reader depends on it (victims and
+nodes are sorted by total orders). Allocations on nodes the scheduler does not
+hold are in ``by_jobs`` only (a gang's unit counts every replica); nothing
+looks for victims there.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Final, TypeVar
 
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
+from corral.scheduler.slots import NOWHERE, Slot
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -52,88 +57,122 @@ class Victim:
 class VictimIndex:
     """Evictable running work by node and by team (see the module docstring)."""
 
-    def __init__(self, classes: dict[str, PriorityClass]) -> None:
+    def __init__(self, classes: dict[str, PriorityClass], nodes: int) -> None:
         self.classes = classes  # a dict, not any mapping: read natively per allocation
-        self.on_node: dict[str, dict[str, Allocation]] = {}  # node -> evictable allocations
-        self.by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}  # running, per job set
-        self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node -> milli it holds there
-        self.node_milli: dict[str, int] = {}  # node -> milli of its evictable allocations
-        self._adding: dict[str, Allocation] = {}  # started since the last settle
-        self._removing: list[Allocation] = []  # indexed, and ended since the last settle
+        self.on_node: list[list[Slot]] = [[] for _ in range(nodes)]  # node -> evictable work
+        # running, by the first job of their job set (a string key: no tuple hashed, and
+        # the map's fast path; a reader keeps those of the very job set): the latest slot
+        # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
+        self.by_jobs: dict[str, Slot] = {}
+        self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node name -> milli there
+        self.node_milli: list[int] = [0] * nodes  # node -> milli of its evictable allocations
+        # node -> team number -> its evictable allocations there: whether the team's entry
+        # for the node stays, without a walk of the node's victims (each one touched)
+        self._teams_at: list[list[int]] = [[] for _ in range(nodes)]
+        self._adding: list[Slot] = []  # started since the last settle (``Slot.waiting``)
+        self._removing: list[Slot] = []  # indexed, and ended since the last settle
 
-    def add(self, alloc: Allocation) -> None:
+    def add(self, slot: Slot) -> None:
         """An active allocation started (indexed at the next ``settle``)."""
-        if alloc.desired is _RUN:
-            self._adding[alloc.id] = alloc
+        if slot.alloc.desired is _RUN:
+            slot.waiting = True
+            self._adding.append(slot)
 
-    def remove(self, alloc: Allocation) -> None:
-        """An active allocation ended (the same object ``add`` was given)."""
-        if alloc.desired is not _RUN:
+    def remove(self, slot: Slot) -> None:
+        """An active allocation ended (the slot ``add`` was given)."""
+        if slot.alloc.desired is not _RUN:
             return
-        if self._adding.get(alloc.id) is alloc:  # never indexed: nothing to undo
-            del self._adding[alloc.id]
+        if slot.waiting:  # never indexed: nothing to undo
+            slot.waiting = False
         else:
-            self._removing.append(alloc)
+            self._removing.append(slot)
 
     def settle(self) -> None:
         """Bring the maps up to date with every ``add`` and ``remove`` since the last call."""
         removing, adding = self._removing, self._adding
         if not removing and not adding:
             return
-        self._removing, self._adding = [], {}
-        for alloc in removing:
-            self._unindex(alloc)
-        for alloc in adding.values():
-            self._index(alloc)
+        self._removing, self._adding = [], []
+        for slot in removing:
+            self._unindex(slot)
+        for slot in adding:
+            if slot.waiting:  # else it ended before this settle
+                slot.waiting = False
+                self._index(slot)
 
-    def _index(self, alloc: Allocation) -> None:
-        inner_map(self.by_jobs, alloc.job_ids)[alloc.id] = alloc
-        if not self._evictable(alloc):
+    def _index(self, slot: Slot) -> None:
+        alloc = slot.alloc
+        key = _first(alloc.job_ids)
+        slot.kin = self.by_jobs.get(key)
+        self.by_jobs[key] = slot
+        node = slot.node
+        if node == NOWHERE or not self._evictable(alloc):
             return
-        node, milli = alloc.node, 0 if alloc.on_cpu else alloc.milli
-        inner_map(self.on_node, node)[alloc.id] = alloc
-        nodes = inner_map(self.team_nodes, alloc.team)
-        nodes[node] = nodes.get(node, 0) + milli
-        self.node_milli[node] = self.node_milli.get(node, 0) + milli
+        milli = 0 if alloc.on_cpu else alloc.milli
+        _enter(self.on_node[node], slot)
+        counts, team = self._teams_at[node], slot.team
+        while len(counts) <= team:
+            counts.append(0)
+        counts[team] = counts[team] + 1
+        nodes, name = inner_map(self.team_nodes, alloc.team), alloc.node
+        nodes[name] = nodes.get(name, 0) + milli
+        self.node_milli[node] = self.node_milli[node] + milli
 
-    def _unindex(self, alloc: Allocation) -> None:
-        members = self.by_jobs[alloc.job_ids]
-        del members[alloc.id]
-        if not members:
-            del self.by_jobs[alloc.job_ids]
-        if not self._evictable(alloc):
+    def _unindex(self, slot: Slot) -> None:
+        alloc = slot.alloc
+        key = _first(alloc.job_ids)
+        kin = self.by_jobs[key]
+        if kin is slot:
+            if slot.kin is None:
+                del self.by_jobs[key]
+            else:
+                self.by_jobs[key] = slot.kin
+        else:  # a gang's: a walk of its few
+            while kin.kin is not slot:
+                after = kin.kin
+                assert after is not None, "an indexed slot is in its first job's chain"
+                kin = after
+            kin.kin = slot.kin
+        slot.kin = None
+        node = slot.node
+        if node == NOWHERE or not self._evictable(alloc):
             return
-        node, team, milli = alloc.node, alloc.team, 0 if alloc.on_cpu else alloc.milli
-        here = self.on_node[node]
-        del here[alloc.id]
-        # The team's entry for the node lives while one of its evictable allocations is
-        # there: the node's few left in ``on_node`` say so (no count kept per team and node).
-        nodes = self.team_nodes[team]
-        if any(a.team == team for a in here.values()):  # a loop when compiled
-            nodes[node] = nodes[node] - milli
+        team, milli = alloc.team, 0 if alloc.on_cpu else alloc.milli
+        _leave(self.on_node[node], slot)
+        # The team's entry for the node lives while one of its evictable allocations is there.
+        counts = self._teams_at[node]
+        left = counts[slot.team] - 1
+        counts[slot.team] = left
+        nodes, name = self.team_nodes[team], alloc.node
+        if left:
+            nodes[name] = nodes[name] - milli
         else:
-            del nodes[node]
+            del nodes[name]
             if not nodes:
                 del self.team_nodes[team]
-        if here:
-            self.node_milli[node] = self.node_milli[node] - milli
-        else:
-            del self.on_node[node]
-            del self.node_milli[node]
+        self.node_milli[node] = self.node_milli[node] - milli
 
-    def units(self, node: str, now: float) -> list[Victim]:
-        """The victims holding something on ``node``, cheapest to evict first (as of the
-        last ``settle``)."""
+    def units(self, node: int, now: float) -> list[Victim]:
+        """The victims holding something on node index ``node``, cheapest to evict first
+        (as of the last ``settle``)."""
         out: list[Victim] = []
         seen: set[tuple[str, ...]] = set()
-        for alloc in self.on_node.get(node, {}).values():
+        for slot in self.on_node[node]:
+            alloc = slot.alloc
             if alloc.job_ids in seen:
                 continue
             seen.add(alloc.job_ids)
-            members = self.by_jobs[alloc.job_ids]
-            allocs = (
-                (alloc,) if len(members) == 1 else tuple(sorted(members.values(), key=_alloc_id))
-            )
+            kin: Slot | None = self.by_jobs[_first(alloc.job_ids)]
+            assert kin is not None
+            if kin.kin is None:
+                allocs: tuple[Allocation, ...] = (alloc,)
+            else:
+                members = []
+                while kin is not None:
+                    if kin.alloc.job_ids == alloc.job_ids:
+                        members.append(kin.alloc)
+                    kin = kin.kin
+                allocs = tuple(sorted(members, key=_alloc_id))
             victim = self._unit(allocs, now)
             if victim is not None:
                 out.append(victim)
@@ -176,12 +215,32 @@ def milli_on(victim: Victim, node: str) -> int:
     return sum(a.milli for a in allocs if a.node == node and not a.on_cpu)
 
 
+def _enter(victims: list[Slot], slot: Slot) -> None:
+    """Put ``slot`` at the end of a node's ``victims``, noting where."""
+    slot.victim_at = len(victims)
+    victims.append(slot)
+
+
+def _leave(victims: list[Slot], slot: Slot) -> None:
+    """Take ``slot`` out of a node's ``victims``: the last one takes its place (as
+    ``slots.leave`` does for a node's work)."""
+    last = victims.pop()
+    if last is not slot:
+        victims[slot.victim_at] = last
+        last.victim_at = slot.victim_at
+
+
 def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
     """``outer[key]``, made empty when missing (``setdefault`` would make a dict per call)."""
     inner = outer.get(key)
     if inner is None:
         inner = outer[key] = {}
     return inner
+
+
+def _first(job_ids: tuple[str, ...]) -> str:
+    """The key of a job set in ``VictimIndex.by_jobs``."""
+    return job_ids[0] if job_ids else ""
 
 
 def _alloc_id(alloc: Allocation) -> str:

@@ -16,25 +16,29 @@ the same order, ``(when, order set)``, for fewer and cheaper comparisons.
 from __future__ import annotations
 
 from heapq import heappop, heappush
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
 
 
-class EventClock:
-    """Virtual time and its timers: ``(job_id, token)`` pairs, by the instant they fire."""
+class EventClock(Generic[K]):
+    """Virtual time and its timers: ``(key, token)`` pairs, by the instant they fire (the
+    world's keys are its jobs' runs: a timer that fires needs no look-up by job id)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
         self._instants: list[float] = []  # a heap: every instant that has timers
-        self._at: dict[float, list[tuple[str, int]]] = {}  # instant -> timers, in order set
+        self._at: dict[float, list[tuple[K, int]]] = {}  # instant -> timers, in order set
         self._count = 0
 
-    def set_timer(self, when: float, job_id: str, token: int) -> None:
-        """Fire ``(job_id, token)`` at ``when`` (never earlier than now)."""
+    def set_timer(self, when: float, key: K, token: int) -> None:
+        """Fire ``(key, token)`` at ``when`` (never earlier than now)."""
         when = max(when, self.now)
         timers = self._at.get(when)
         if timers is None:
             timers = self._at[when] = []
             heappush(self._instants, when)
-        timers.append((job_id, token))
+        timers.append((key, token))
         self._count += 1
 
     def next_time(self) -> float | None:
@@ -46,7 +50,7 @@ class EventClock:
             raise ValueError(f"a clock cannot go backwards ({when} < {self.now})")
         self.now = when
 
-    def pop_due(self) -> list[tuple[str, int]]:
+    def pop_due(self) -> list[tuple[K, int]]:
         """Remove and return the timers due now, in the order they were set (earlier
         instants first)."""
         instants, now = self._instants, self.now

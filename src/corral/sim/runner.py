@@ -30,7 +30,7 @@ from corral.sim.policies import Policy, ScheduleFn, drive
 from corral.sim.report import FragmentationSampler, Metrics
 from corral.sim.scaling import Busy, Scaling
 from corral.sim.scenario import Scenario, SimJob
-from corral.sim.world import Sink, World
+from corral.sim.world import JobRun, Sink, World
 
 __all__ = ["MAX_CYCLES_PER_INSTANT", "Progress", "ScheduleFn", "simulate"]
 
@@ -92,7 +92,7 @@ class _Run:
     ) -> None:
         self.scenario = scenario
         self.policy = policy
-        self.clock = EventClock()
+        self.clock: EventClock[JobRun] = EventClock()
         self.metrics = Metrics()
         busy = Busy(policy) if scenario.pools else None
         observer: Observer = policy if busy is None else busy
@@ -121,8 +121,8 @@ class _Run:
                 break
             self.clock.advance_to(t)
             changed, nxt = self._arrive(nxt, arrivals, t)
-            for job_id, token in self.clock.pop_due():
-                changed = self.world.complete(job_id, token, t) or changed
+            for run, token in self.clock.pop_due():
+                changed = self.world.complete(run, token, t) or changed
             if scaling is not None:
                 changed = scaling.joins(t) or changed
                 if changed:

@@ -76,7 +76,7 @@ class World:
     def __init__(
         self,
         scenario: Scenario,
-        clock: EventClock,
+        clock: EventClock[JobRun],
         metrics: Metrics,
         *,
         sink: Sink | None = None,
@@ -147,11 +147,12 @@ class World:
         for run in runs:
             self._start(run, now)
 
-    def complete(self, job_id: str, token: int, now: float) -> bool:
-        """A completion timer fired; False when it was stale (the job was preempted)."""
-        run = self.runs.get(job_id)
-        if run is None or run.token != token or run.state is not RUNNING:
+    def complete(self, run: JobRun, token: int, now: float) -> bool:
+        """A completion timer of ``run`` fired; False when it was stale (the job was
+        preempted, or this run is over). The timer holds the run: no look-up by job id."""
+        if run.token != token or run.state is not RUNNING:
             return False
+        job_id = run.job.id
         for alloc_id in run.allocs:
             self._leave(alloc_id, now)
         run.state = transition(JOB, job_id, RUNNING, SUCCEEDED, at=now, why="done")
@@ -301,7 +302,7 @@ class World:
             run.first_start = now
             self._metrics.first_placed(run.job, now)
         if run.remaining is not None:
-            self._clock.set_timer(now + run.remaining, job_id, run.token)
+            self._clock.set_timer(now + run.remaining, run, run.token)
 
     def _preempt(self, preemption: Preemption, now: float, ended: set[str]) -> None:
         alloc = self.allocations.get(preemption.allocation_id)

@@ -1,0 +1,94 @@
+"""The kept scheduler's allocations in slots, and names numbered as they come.
+
+A kept ``Scheduler`` (``incremental.py``) updates its books on every start and end of
+an allocation: what it holds, its expected end, its team's usage, its node's work.
+Kept in maps by allocation id, team and node names, each of those was a lookup by a
+string, and at a million simulated jobs such lookups were about a quarter of the time,
+mostly cache misses on maps of allocations started long before (docs/performance.md,
+"The sim-speed-6 round"). Here an allocation's id is looked up once, for its slot, a
+small record of what the scheduler keeps about it (the allocation, its expected end,
+its team's number and its node's index, unboxed in a compiled build); its node's list
+of work and the victims' index (``victims.py``) hold the slot itself. A slot is never
+reused: the victims' index, kept lazily, may still hold it after its allocation ended.
+"""
+
+from __future__ import annotations
+
+from corral.core.model import Allocation
+
+NOWHERE = -1
+"""The node index of an allocation on a node the scheduler does not hold."""
+
+
+class Slot:
+    """What the scheduler keeps about one allocation it holds."""
+
+    __slots__ = ("alloc", "at", "end", "kin", "node", "team", "victim_at", "waiting")
+
+    def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
+        self.alloc = alloc
+        self.end = end  # expected end (None: not known)
+        self.team = team  # its team's number (``Numbers``)
+        self.node = node  # its node's index (``NOWHERE``: not a node held)
+        self.at = 0  # its place in its node's list of work (``join``)
+        self.waiting = False  # added to the victims' index, not yet indexed there
+        self.victim_at = 0  # its place in its node's list of victims there
+        self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
+
+
+class Slots:
+    """Each allocation id's slot, in the order the allocations were given."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, Slot] = {}  # allocation id -> its slot, in the order given
+
+    def __len__(self) -> int:
+        return len(self.of)
+
+    def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot | None:
+        """Give ``alloc`` a slot; None (and nothing changed) if its id is held already.
+        One look-up of the id (``setdefault``), where a test and a store were two."""
+        slot = Slot(alloc, end, team, node)
+        return slot if self.of.setdefault(alloc.id, slot) is slot else None
+
+    def take(self, alloc_id: str) -> Slot:
+        """``alloc_id``'s slot, no longer held (KeyError if it was not)."""
+        slot = self.of[alloc_id]  # get and del, not pop: a compiled build has both natively
+        del self.of[alloc_id]
+        return slot
+
+    def order(self, ids: list[str]) -> None:
+        """Hold the ids (exactly those held) in this order."""
+        of = self.of
+        self.of = {alloc_id: of[alloc_id] for alloc_id in ids}
+
+
+def join(work: list[Slot], slot: Slot) -> None:
+    """Put ``slot`` at the end of a node's ``work``, noting where."""
+    slot.at = len(work)
+    work.append(slot)
+
+
+def leave(work: list[Slot], slot: Slot) -> None:
+    """Take ``slot`` out of a node's ``work``: the last one takes its place (no walk, and
+    no other slot touched; no reader depends on the order of a node's work)."""
+    last = work.pop()
+    if last is not slot:
+        work[slot.at] = last
+        last.at = slot.at
+
+
+class Numbers:
+    """Names (of teams) numbered 0, 1, ... as they first come; a number is never reused."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def number(self, name: str) -> int:
+        """``name``'s number, given now if it has none."""
+        n = self.of.get(name)
+        if n is None:
+            n = self.of[name] = len(self.names)
+            self.names.append(name)
+        return n
