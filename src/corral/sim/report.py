@@ -378,7 +378,8 @@ def _by_size(
         entry = out.setdefault(key, {"jobs": 0, "p50_s": None, "p95_s": None, "mean_s": None})
         entry["queued_at_end"] = len(waiting)
         mine = ordered.get(key)
-        entry["p95_incl_queued_s"] = (mine or Ranks(empty)).percentile(95, waiting)
+        ranks = mine if mine is not None else Ranks(empty)  # all of this size still queued
+        entry["p95_incl_queued_s"] = ranks.percentile(95, waiting)
     return dict(sorted(out.items()))
 
 
