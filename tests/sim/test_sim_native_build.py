@@ -1,8 +1,9 @@
 """The compiled build's bookkeeping (``scripts/native.py``): what is compiled, and the
 freshness stamp that keeps a stale build from being measured or tested.
 
-Building itself takes a minute or two and runs in ``scripts/build-native``;
-``scripts/test-native`` runs tests/scheduler and tests/sim against the build.
+Building itself takes about two minutes (profile-guided: two compiles and a training
+run) and runs in ``scripts/build-native``; ``scripts/test-native`` runs tests/scheduler
+and tests/sim against the build.
 """
 
 from __future__ import annotations
