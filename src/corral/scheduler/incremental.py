@@ -36,6 +36,7 @@ from operator import attrgetter
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
 from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
+from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.ends import EndOrder
 from corral.scheduler.passes import Passes
@@ -357,10 +358,8 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
-        cluster.cap.adjust(
-            nc, gpus, -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
-        )
+        milli, vram, cpus = -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
+        _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: int) -> None:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
@@ -468,7 +467,20 @@ def _adjust(
     """Between cycles: give back (positive) or take (negative) capacity on the kept cluster."""
     nc = cluster.cap.by_name.get(node)
     if nc is not None:
-        cluster.cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)
+        _adjust_on(cluster.cap, nc, indices, on_cpu, milli, vram, cpus)
+
+
+def _adjust_on(
+    cap: Capacity,
+    nc: NodeCap,
+    indices: tuple[int, ...],
+    on_cpu: bool,
+    milli: int,
+    vram: int,
+    cpus: int,
+) -> None:
+    """``_adjust`` on a node already found (``_hold`` has its index)."""
+    cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)
 
 
 def _same(p: Placement, alloc: Allocation) -> bool:

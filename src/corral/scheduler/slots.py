@@ -42,9 +42,6 @@ class Slots:
     def __init__(self) -> None:
         self.of: dict[str, Slot] = {}  # allocation id -> its slot, in the order given
 
-    def __len__(self) -> int:
-        return len(self.of)
-
     def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot | None:
         """Give ``alloc`` a slot; None (and nothing changed) if its id is held already.
         One look-up of the id (``setdefault``), where a test and a store were two."""
