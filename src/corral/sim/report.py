@@ -244,21 +244,12 @@ def percentile(values: Sequence[float], pct: float) -> float | None:
     """Nearest-rank percentile: the smallest value with ``pct`` % of values at or below it."""
     if not values:
         return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1]
+    return sorted(values)[_rank(pct, len(values)) - 1]
 
 
-def percentiles(values: Sequence[float], pcts: Sequence[float]) -> list[float | None]:
-    """``percentile`` of each of ``pcts``, sorting ``values`` once."""
-    return _ranked(sorted(values), pcts)
-
-
-def _ranked(ordered: list[float], pcts: Sequence[float]) -> list[float | None]:
-    """``percentiles`` of values already sorted (``ordered``)."""
-    if not ordered:
-        return [None for _ in pcts]
-    return [ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1] for pct in pcts]
+def _rank(pct: float, count: int) -> int:
+    """The nearest rank (from 1) of percentile ``pct`` among ``count`` values."""
+    return max(1, math.ceil(pct / 100 * count))
 
 
 class Ranks:
@@ -303,7 +294,7 @@ class Ranks:
         count = self.n + (len(more) if more else 0)
         if not count:
             return None
-        k = max(1, math.ceil(pct / 100 * count))
+        k = _rank(pct, count)
         if not more:
             return self.kth(k)
         if self.counts is None:
