@@ -27,7 +27,35 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def test_a_file_and_a_directory_round_trip(tmp_path: Path) -> None:
+@pytest.fixture(params=["stdlib filter", "by hand"])
+def extraction(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Unpack with tarfile's "data" filter (Python 3.11.4 on), or as a Python without
+    extraction filters does (``blobs.extract_data``: Debian 12's 3.11.2)."""
+    if request.param == "stdlib filter" and not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no tarfile extraction filters")
+    if request.param == "by hand":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    return str(request.param)
+
+
+def _archive(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for info, data in members:
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data else None)
+    path = tmp_path / "handmade.tar"
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def _entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, 0o4755  # setuid: must not survive
+    return info
+
+
+def test_a_file_and_a_directory_round_trip(tmp_path: Path, extraction: str) -> None:
     file = tmp_path / "model.pt"
     file.write_bytes(b"weights")
     folder = tmp_path / "ckpt"
@@ -43,7 +71,7 @@ def test_a_file_and_a_directory_round_trip(tmp_path: Path) -> None:
     assert blobs.size_of(folder) == len("adam") + len("7")
 
 
-def test_an_archive_that_escapes_its_directory_is_refused(tmp_path: Path) -> None:
+def test_an_archive_that_escapes_its_directory_is_refused(tmp_path: Path, extraction: str) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         info = tarfile.TarInfo("../escape")
@@ -54,6 +82,45 @@ def test_an_archive_that_escapes_its_directory_is_refused(tmp_path: Path) -> Non
     with pytest.raises((tarfile.TarError, LinkError)):
         blobs.unpack(bad, tmp_path / "in")
     assert not (tmp_path / "escape").exists()
+
+
+def test_links_inside_the_checkpoint_are_kept_and_modes_made_plain(
+    tmp_path: Path, extraction: str
+) -> None:
+    archive = _archive(
+        tmp_path,
+        (_entry("ck", tarfile.DIRTYPE), b""),
+        (_entry("ck/weights"), b"w"),
+        (_entry("ck/latest", tarfile.SYMTYPE, "weights"), b""),
+        (_entry("ck/again", tarfile.LNKTYPE, "ck/weights"), b""),
+    )
+    got = blobs.unpack(archive, tmp_path / "out")
+    assert (got / "latest").is_symlink()
+    assert (got / "latest").read_bytes() == b"w"
+    assert (got / "again").read_bytes() == b"w"
+    assert not (got / "weights").stat().st_mode & 0o4000
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        _entry("ck/../../outside"),
+        _entry("/ck"),
+        _entry("ck/up", tarfile.SYMTYPE, "../../outside"),
+        _entry("ck/abs", tarfile.SYMTYPE, "/etc/passwd"),
+        _entry("ck/hard", tarfile.LNKTYPE, "/etc/passwd"),
+        _entry("ck/pipe", tarfile.FIFOTYPE),
+    ],
+    ids=["dot-dot", "absolute", "symlink out", "absolute symlink", "hard link out", "pipe"],
+)
+def test_entries_that_leave_the_checkpoint_or_are_not_data_are_refused(
+    tmp_path: Path, extraction: str, entry: tarfile.TarInfo
+) -> None:
+    archive = _archive(tmp_path, (_entry("ck", tarfile.DIRTYPE), b""), (entry, b""))
+    with pytest.raises((tarfile.TarError, LinkError)):
+        blobs.unpack(archive, tmp_path / "deep" / "out")
+    assert not (tmp_path / "outside").exists()
+    assert not (tmp_path / "deep" / "outside").exists()
 
 
 class FakeStub:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shutil
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -152,8 +153,50 @@ def unpack(archive: Path, into: Path) -> Path:
         tops = {Path(m.name).parts[0] for m in tar.getmembers() if m.name}
         if len(tops) != 1:
             raise LinkError(f"a checkpoint archive must hold one entry, it holds {len(tops)}")
-        tar.extractall(into, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:
+            extract_data(tar, into)
     return into / tops.pop()
+
+
+def extract_data(tar: tarfile.TarFile, into: Path) -> None:
+    """``tar.extractall(into, filter="data")`` for a Python without extraction filters
+    (before 3.11.4, as Debian 12's 3.11.2): files, directories and links that stay inside
+    ``into``, written with plain permissions and the user's ownership; anything else is
+    refused before it is written."""
+    root = into.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if os.path.isabs(member.name) or not target.is_relative_to(root):
+            raise LinkError(f"a checkpoint archive's entry leaves its directory: {member.name!r}")
+        if member.isdir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if member.isfile():
+            source = tar.extractfile(member)
+            assert source is not None  # a regular file's member has data
+            with source, open(target, "wb") as out:
+                shutil.copyfileobj(source, out)
+            os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
+        elif member.issym() or member.islnk():
+            base = target.parent if member.issym() else root
+            linked = (base / member.linkname).resolve()
+            if os.path.isabs(member.linkname) or not linked.is_relative_to(root):
+                raise LinkError(
+                    f"a checkpoint archive's link leaves its directory: {member.name!r} -> "
+                    f"{member.linkname!r}"
+                )
+            if member.issym():
+                os.symlink(member.linkname, target)
+            else:
+                shutil.copyfile(linked, target)
+        else:
+            raise LinkError(
+                f"a checkpoint archive may hold files, directories and links, not "
+                f"{member.name!r} (a device or a pipe)"
+            )
 
 
 def size_of(path: Path) -> int:
