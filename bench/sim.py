@@ -109,7 +109,8 @@ def _interpreter() -> str:
     trace in 13% fewer instructions than a plain pyenv build: docs/performance.md)."""
     version = ".".join(str(v) for v in sys.version_info[:3])
     where = os.path.realpath(sys.executable)
-    return f"{sys.implementation.name} {version} ({where}; {sys.version.split('[')[-1].rstrip(']')})"
+    compiler = sys.version.split("[")[-1].rstrip("]")
+    return f"{sys.implementation.name} {version} ({where}; {compiler})"
 
 
 def _builds(wanted: str) -> list[str]:
