@@ -80,6 +80,13 @@ class Cluster:
         return Cluster(snapshot.nodes, keys, models, [a for a in snapshot.allocations if a.active])
 
 
+def current(stamp: int | None, generation: int) -> bool:
+    """Is a memo's capacity stamp (``None``: no entry) this ``generation``? A compiled
+    build compares two ints natively here, where ``memo.get(key) == generation`` made a
+    generic rich comparison of the boxed value (a memo's values are erased generics)."""
+    return stamp is not None and stamp == generation
+
+
 class Memo(Generic[K, V]):
     """A cache whose writes are undone by ``Cycle.rollback`` (what-ifs leave no trace)."""
 
@@ -155,7 +162,7 @@ class Cycle:
 
     def failed(self, need: Need) -> bool:
         """``find(need)`` is known to find nothing now (a memo hit)."""
-        return self._failed.data.get(need) == self.cap.generation
+        return current(self._failed.data.get(need), self.cap.generation)
 
     def find(
         self,
@@ -171,7 +178,7 @@ class Cycle:
         earlier attempts failed); where nothing else fits, they are used all the same.
         That a need fits at all does not depend on ``avoid``, so the memo holds.
         """
-        if self._failed.data.get(need) == self.cap.generation:
+        if current(self._failed.data.get(need), self.cap.generation):
             return None
         limit = self.config.candidates_per_tier
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:

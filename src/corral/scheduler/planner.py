@@ -31,7 +31,7 @@ from corral.scheduler.api import (
     Unplaced,
 )
 from corral.scheduler.batching import Batcher
-from corral.scheduler.cycle import Cycle, Memo
+from corral.scheduler.cycle import Cycle, Memo, current
 from corral.scheduler.explain import explain, simple
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
@@ -160,14 +160,16 @@ class Planner:
         ask = self.ask(group.team, pclass, guaranteed)
         may_evict = self.config.preemption and (ask.reclaim or ask.priority)
         generation = self.cycle.cap.generation
-        if may_evict and self._preempt_failed.data.get((need, replicas, ask)) != generation:
+        if may_evict and not current(
+            self._preempt_failed.data.get((need, replicas, ask)), generation
+        ):
             return True
         return group.cpu and pclass.cpu_offload and not self._fit_failed(_on_cpu(need), replicas)
 
     def _fit_failed(self, need: Need, replicas: int) -> bool:
         if replicas == 1:
             return self.cycle.failed(need)
-        return self._gang_failed.data.get((need, replicas)) == self.cycle.cap.generation
+        return current(self._gang_failed.data.get((need, replicas)), self.cycle.cap.generation)
 
     def _place(self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool) -> bool:
         mark = self.cycle.checkpoint()
@@ -226,7 +228,7 @@ class Planner:
             return None  # it may evict nobody (and the job did not fit without evictions)
         key = (need, job.replicas, ask)
         generation = self.cycle.cap.generation
-        if not patient and self._preempt_failed.data.get(key) == generation:
+        if not patient and current(self._preempt_failed.data.get(key), generation):
             return None
         mark = self.cycle.checkpoint()
         fits: list[Fit] = []
@@ -256,7 +258,7 @@ class Planner:
                 self.cycle.take(fit, runtime)
             return None if fit is None else [fit]
         key = (need, job.replicas)
-        if self._gang_failed.data.get(key) == self.cycle.cap.generation:
+        if current(self._gang_failed.data.get(key), self.cycle.cap.generation):
             return None
         mark = self.cycle.checkpoint()
         fits = place_gang(self.cycle, need, job.replicas, job.gang_label)
@@ -272,7 +274,7 @@ class Planner:
         if not (ask.reclaim or ask.priority):
             return None
         key = (need, ask, patient)
-        if self._no_room.data.get(key) == self.cycle.cap.generation:
+        if current(self._no_room.data.get(key), self.cycle.cap.generation):
             return None
         room = self.preemptor.make_room(self.cycle, self.ledger, need, ask, patient=patient)
         if room is None:
