@@ -17,7 +17,7 @@ from corral.core.errors import InvalidSpec
 from corral.core.resources import ResourceRequest
 from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
 
-DEFAULT_TEAM = "default"
+DEFAULT_TEAM: Final = "default"
 """Jobs without a team land here; it has no guaranteed quota."""
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})

@@ -37,7 +37,7 @@ from corral.scheduler.scorers import (
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-_MISSING = object()
+_MISSING: Final = object()
 Mark = tuple[tuple[int, int], int]
 """A capacity mark and a memo-log length: what ``Cycle.rollback`` returns to."""
 

@@ -48,7 +48,7 @@ NodeWork = Callable[[str], Iterable[tuple[Allocation, float | None]]]
 CANDIDATES: Final = 16
 """Nodes rated per reservation (those with the most free cards): bounds the cost per cycle."""
 
-INF = math.inf
+INF: Final = math.inf
 
 
 @dataclass(frozen=True, slots=True)

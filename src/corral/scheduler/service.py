@@ -16,12 +16,13 @@ history fades.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
-HALF_LIFE_S = 600.0
+HALF_LIFE_S: Final = 600.0
 """Service ten minutes ago counts half: long enough to span many short jobs,
 short enough that yesterday's heavy user is not punished today."""
 
-FORGET_BELOW = 0.01  # a user whose service decayed below this is dropped
+FORGET_BELOW: Final = 0.01  # a user whose service decayed below this is dropped
 
 
 class ServiceLedger:

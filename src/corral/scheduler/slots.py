@@ -14,9 +14,11 @@ reused: the victims' index, kept lazily, may still hold it after its allocation 
 
 from __future__ import annotations
 
+from typing import Final
+
 from corral.core.model import Allocation
 
-NOWHERE = -1
+NOWHERE: Final = -1
 """The node index of an allocation on a node the scheduler does not hold."""
 
 
