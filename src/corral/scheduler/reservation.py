@@ -191,27 +191,51 @@ class Reservations:
         return [cycle.cap.nodes[idx] for _, idx in ends[: CANDIDATES - len(seen)]]
 
     def _fits_at(self, nc: NodeCap, need: Need) -> float:
-        """When ``need.gpus`` usable cards of ``nc`` should be free (``inf``: not known)."""
-        now = self.now
-        usable = {i for i in range(nc.gpu_count) if nc.usable(i, need.vram, need.gpu_models)}
-        if len(usable) < need.gpus:
+        """When ``need.gpus`` usable cards of ``nc`` should be free (``inf``: not known).
+
+        Per card position, lists rather than sets and dicts of small ints: it rates up to
+        ``CANDIDATES`` nodes per reservation, each card a few times."""
+        now, count, free = self.now, nc.gpu_count, nc.gpu_free
+        usable, free_at, wanted, known = _cards(nc, need, now)
+        if wanted < need.gpus:
             return INF
-        free_at: dict[int, float] = {i: now for i in usable if nc.gpu_free[i] == MILLI}
-        if len(free_at) >= need.gpus:
+        if known >= need.gpus:
             return now
         for alloc, end in self._work(nc.name):
             if alloc.on_cpu:
                 continue
-            when = INF if end is None else max(end, now)
+            when = INF if end is None else (end if end > now else now)
             for pos in nc.to_positions(alloc.gpu_indices):
-                if pos in usable and nc.gpu_free[pos] < MILLI and free_at.get(pos, -INF) < when:
+                if pos < count and usable[pos] and free[pos] < MILLI and free_at[pos] < when:
+                    if free_at[pos] == -INF:
+                        known += 1
                     free_at[pos] = when
-        if len(free_at) < len(usable):  # cards taken by this cycle's own placements
+        if known < wanted:  # cards taken by this cycle's own placements
             node_end = self.cycle.expected_end(nc.idx)
-            rest = INF if node_end is None else max(node_end, now)
-            for i in usable:
-                free_at.setdefault(i, rest)
-        return sorted(free_at[i] for i in usable)[need.gpus - 1]
+            rest = INF if node_end is None else (node_end if node_end > now else now)
+            for i in range(count):
+                if usable[i] and free_at[i] == -INF:
+                    free_at[i] = rest
+        return sorted(free_at[i] for i in range(count) if usable[i])[need.gpus - 1]
+
+
+def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool], list[float], int, int]:
+    """Per card position of ``nc``: usable for ``need``, and when free (``now`` for a free
+    card, -inf: not known yet); how many are usable, and how many of those are known."""
+    usable = [nc.usable(i, need.vram, need.gpu_models) for i in range(nc.gpu_count)]
+    free_at: list[float] = []
+    wanted = known = 0
+    for i, ok in enumerate(usable):
+        if not ok:
+            free_at.append(-INF)
+            continue
+        wanted += 1
+        if nc.gpu_free[i] == MILLI:
+            free_at.append(now)
+            known += 1
+        else:
+            free_at.append(-INF)
+    return usable, free_at, wanted, known
 
 
 def _candidate(nc: NodeCap, feasible: set[int], seen: set[int]) -> bool:
