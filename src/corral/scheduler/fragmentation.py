@@ -11,7 +11,6 @@ is scattered. ``usable_for(n)`` answers "how many n-GPU jobs would still fit".
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -55,28 +54,35 @@ def fragmentation(snapshot: Snapshot) -> Fragmentation:
 
 def measure(nodes: Iterable[Node], allocations: Iterable[Allocation]) -> Fragmentation:
     """Like ``fragmentation``, from nodes and allocations directly."""
-    used: dict[tuple[str, int], int] = {}
+    # node -> card index -> milli taken: no (node, card) tuple made and hashed per card
+    used: dict[str, dict[int, int]] = {}
     for alloc in allocations:
         if alloc.active and not alloc.on_cpu:
+            cards = used.get(alloc.node)
+            if cards is None:
+                cards = used[alloc.node] = {}
             for card in alloc.gpu_indices:
-                key = (alloc.node, card)
-                used[key] = used.get(key, 0) + alloc.gpu_milli
+                cards[card] = cards.get(card, 0) + alloc.gpu_milli
+    nothing: dict[int, int] = {}
     total = free = whole_nodes_free = stranded = 0
-    blocks: Counter[int] = Counter()
+    blocks: dict[int, int] = {}  # not a Counter: a compiled build updates a dict natively
     for node in nodes:
         if not node.schedulable or not node.gpus:
             continue
         node_free = 0
+        cards = used.get(node.name, nothing)
         for gpu in node.gpus:
-            taken = min(used.get((node.name, gpu.index), 0), MILLI)
+            taken = cards.get(gpu.index, 0)
+            if taken > MILLI:
+                taken = MILLI
             if taken == 0:
                 node_free += 1
             else:
                 stranded += MILLI - taken
         total += len(node.gpus)
         free += node_free
-        blocks[node_free] += 1
+        blocks[node_free] = blocks.get(node_free, 0) + 1
         if node_free == len(node.gpus):
             whole_nodes_free += node_free
     blocks.pop(0, None)
-    return Fragmentation(total, free, whole_nodes_free, stranded, dict(blocks))
+    return Fragmentation(total, free, whole_nodes_free, stranded, blocks)
