@@ -10,6 +10,7 @@ from corral.core import (
     Transition,
     transition,
 )
+from corral.core.lifecycle import Lifecycle, S
 from corral.core.states import DESIRED
 
 
@@ -23,6 +24,27 @@ def test_terminal_states_have_no_way_out() -> None:
     for lifecycle in (JOB, ALLOCATION):
         for current, _ in lifecycle.edges:
             assert current not in lifecycle.terminal
+
+
+def test_the_gate_allows_exactly_the_table_s_edges() -> None:
+    # the gate reads each state's targets (``Lifecycle.targets``), derived from the edges
+    _gate_follows_table(JOB)
+    _gate_follows_table(NODE)
+    _gate_follows_table(ALLOCATION)
+    _gate_follows_table(DESIRED)
+
+
+def _gate_follows_table(lifecycle: Lifecycle[S]) -> None:
+    states = {state for edge in lifecycle.edges for state in edge}
+    for current in states:
+        for target in states:
+            edge = (current, target) in lifecycle.edges
+            assert lifecycle.allows(current, target) is edge, (lifecycle.name, current, target)
+            if edge:
+                assert transition(lifecycle, "x", current, target, at=0.0, why="") is target
+            else:
+                with pytest.raises(IllegalTransition):
+                    transition(lifecycle, "x", current, target, at=0.0, why="")
 
 
 def test_the_gate_records_history_in_order() -> None:

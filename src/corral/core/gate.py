@@ -32,7 +32,8 @@ def transition(
     """
     # ``lifecycle.allows``, inlined: ``Lifecycle`` stays interpreted in the compiled build,
     # and a method call on it from this compiled gate would be a generic call
-    if (current, target) not in lifecycle.edges:
+    allowed = lifecycle.targets.get(current)
+    if allowed is None or target not in allowed:
         raise IllegalTransition(lifecycle.name, current.value, target.value)
     if history is not None:
         history.append(Transition(lifecycle.name, entity, current.value, target.value, at, why))

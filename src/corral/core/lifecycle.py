@@ -10,7 +10,7 @@ dataclass ``Lifecycle``) and compiles the gate, which imports it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
 
@@ -24,9 +24,20 @@ class Lifecycle(Generic[S]):
     name: str
     edges: Mapping[tuple[S, S], str]
     terminal: frozenset[S]
+    # ``edges`` as each state's allowed targets, for the gate: a dict of sets looked up by
+    # state, not a (from, to) tuple made, hashed and compared per change
+    targets: dict[S, frozenset[S]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        targets: dict[S, set[S]] = {}
+        for current, target in self.edges:
+            targets.setdefault(current, set()).add(target)
+        frozen = {current: frozenset(them) for current, them in targets.items()}
+        object.__setattr__(self, "targets", frozen)
 
     def allows(self, current: S, target: S) -> bool:
-        return (current, target) in self.edges
+        allowed = self.targets.get(current)
+        return allowed is not None and target in allowed
 
 
 @dataclass(frozen=True, slots=True)
