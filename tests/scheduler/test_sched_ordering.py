@@ -12,7 +12,7 @@ from scheduler_builders import alloc, job, node, snapshot, team
 from corral.core import Job
 from corral.scheduler import Config, schedule
 from corral.scheduler.lines import lines_of
-from corral.scheduler.need import Need
+from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, FairQueue, LiveQueue
 from corral.scheduler.queues import Group, Queue
 
@@ -250,3 +250,17 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
         reference.done(want, placed, riders)
         ours.done(got, placed, riders)
     assert bool(ours) == bool(reference)
+
+
+def test_a_queue_s_need_cache_never_mistakes_a_new_request_for_a_freed_one() -> None:
+    # ``Queue.need`` finds a request by its id first; a request freed and another made in
+    # its place (the same id, a different shape) must get its own need.
+    queue = Queue(["free"])
+    for i in range(200):
+        made = job(f"j{i}").gpus(1 + i % 7).build()
+        assert queue.need(made) == need_of(made)
+        del made  # freed: the next request may be allocated where this one was
+    shared = job("s0").gpus(2).build()
+    twin = replace(shared, id="s1")  # the same request object
+    assert twin.resources is shared.resources
+    assert queue.need(twin) is queue.need(shared)

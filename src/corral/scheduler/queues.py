@@ -96,6 +96,7 @@ class Queue:
         self.label_keys: Counter[str] = Counter()
         self.models: Counter[str] = Counter()
         self._needs: dict[ResourceRequest, Need] = {}
+        self._by_request: dict[int, tuple[ResourceRequest, Need]] = {}  # by id(request)
         self._groups: dict[tuple[str, Need, int, bool, float | None], Group] = {}  # interned
         self._stamps = 0  # the last stamp handed out (``stamp``)
 
@@ -249,11 +250,20 @@ class Queue:
         if job.node_selector or job.backend is not None:
             return need_of(job)
         r = job.resources
+        # Jobs often share one request object (a trace's shapes, a batch's copies): found
+        # by identity first, without hashing the request's six fields. The entry holds the
+        # request, so no other object can take its id while it is cached.
+        same = self._by_request.get(id(r))
+        if same is not None:
+            return same[1]
         need = self._needs.get(r)
         if need is None:
             if len(self._needs) >= NEED_CACHE:
                 self._needs.clear()
             need = self._needs[r] = need_of(job)
+        if len(self._by_request) >= NEED_CACHE:
+            self._by_request.clear()
+        self._by_request[id(r)] = (r, need)
         return need
 
 
