@@ -422,8 +422,10 @@ class Capacity:
                 for index in nc.groups:
                     index.add(nc)
                 continue
-            sign = 1 if op == _RESERVE else -1
-            self._apply(nc, gpus, sign * milli, sign * vram, sign * cpus)
+            if op == _RESERVE:
+                self._apply(nc, gpus, milli, vram, cpus)
+            else:  # negated, not multiplied by -1: a compiled build multiplies that generically
+                self._apply(nc, gpus, -milli, -vram, -cpus)
         self.generation = generation
 
     def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:

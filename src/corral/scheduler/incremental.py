@@ -314,7 +314,9 @@ class Scheduler:
         """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
             team = slot.team
-            self._used[team] = self._used[team] + sign * alloc.milli
+            # not ``sign * milli``: a compiled build multiplies by a negative int generically
+            held = alloc.milli
+            self._used[team] = self._used[team] + (held if sign > 0 else -held)
         users = inner_map(self._running, alloc.priority)
         users[alloc.user] = users.get(alloc.user, 0.0) + sign
         node = slot.node
@@ -358,7 +360,9 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        milli, vram, cpus = -sign * alloc.gpu_milli, -sign * alloc.vram_bytes, -sign * alloc.cpus
+        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back (-1) ...
+        if sign > 0:  # ... or taken; negated, not multiplied by ``-sign`` (see ``_count``)
+            milli, vram, cpus = -milli, -vram, -cpus
         _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: int) -> None:
