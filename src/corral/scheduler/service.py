@@ -15,6 +15,7 @@ history fades.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Final
 
@@ -47,8 +48,11 @@ class ServiceLedger:
 
     def _at(self, user: str, now: float) -> float:
         value, at = self._value.get(user, (0.0, now))
-        decay: float = 0.5 ** (max(0.0, now - at) / self.half_life_s)
-        return value * decay
+        elapsed = now - at
+        if not elapsed > 0:  # no time passed (or the clock went back): no decay
+            return value
+        # ``math.pow``, not ``**``: the same C ``pow``, which a compiled build calls natively
+        return value * math.pow(0.5, elapsed / self.half_life_s)
 
 
 def with_served(
