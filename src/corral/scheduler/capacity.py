@@ -138,7 +138,13 @@ class NodeCap:
         """Milli-GPUs a shared reservation (``vram`` bytes, ``milli`` compute) takes on ``gpu``."""
         total = self.gpu_vram[gpu]
         share = -(-vram * MILLI // total) if total and vram else 0
-        return max(milli, min(share, MILLI), 1)
+        # ``max(milli, min(share, MILLI), 1)`` written out: a compiled build calls a
+        # three-argument ``max`` generically
+        if share > MILLI:
+            share = MILLI
+        if milli > share:
+            share = milli
+        return share if share > 1 else 1
 
     def best_shared_gpu(self, vram: int, milli: int, models: frozenset[str]) -> int | None:
         """The card where a shared reservation fits tightest (partly used cards first)."""
