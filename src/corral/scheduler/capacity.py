@@ -401,7 +401,8 @@ class Capacity:
     def commit(self) -> None:
         """End a cycle keeping its reserves and releases (the plan, as it will be applied);
         its hidden nodes come back."""
-        for op, nc, *_ in self._journal:
+        for change in self._journal:  # not ``op, nc, *_``: a starred rest makes a list each
+            op, nc = change[0], change[1]
             if op == _HIDE and nc.hidden:
                 nc.hidden = False
                 for index in nc.groups:
