@@ -265,10 +265,12 @@ class Index:
                 self.partial[now_partial].add(nc)
         has_cpu = nc.cpus_free > 0
         if cpu != has_cpu or (whole > 0) != (now_whole > 0):
+            # Constant indices: a compiled build keeps the pair unboxed and would build a
+            # tuple object to index it by a variable.
             if cpu:
-                self.cpu[whole > 0].remove(nc)
+                (self.cpu[1] if whole > 0 else self.cpu[0]).remove(nc)
             if has_cpu:
-                self.cpu[now_whole > 0].add(nc)
+                (self.cpu[1] if now_whole > 0 else self.cpu[0]).add(nc)
 
 
 Change = tuple[int, NodeCap, tuple[int, ...], int, int, int]
