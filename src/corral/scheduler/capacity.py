@@ -239,7 +239,7 @@ class Index:
         if nc.partial_level >= 0:
             self.partial[nc.partial_level].add(nc)
         if nc.cpus_free > 0:
-            self.cpu[nc.whole_free > 0].add(nc)
+            self._cpu(nc.whole_free).add(nc)
 
     def remove(self, nc: NodeCap) -> None:
         if nc.whole_free > 0:
@@ -247,7 +247,7 @@ class Index:
         if nc.partial_level >= 0:
             self.partial[nc.partial_level].remove(nc)
         if nc.cpus_free > 0:
-            self.cpu[nc.whole_free > 0].remove(nc)
+            self._cpu(nc.whole_free).remove(nc)
 
     def move(self, nc: NodeCap, whole: int, partial: int, cpu: bool) -> None:
         """``nc`` changed from (``whole``, ``partial``, ``cpu``): move it where it changed."""
@@ -265,12 +265,16 @@ class Index:
                 self.partial[now_partial].add(nc)
         has_cpu = nc.cpus_free > 0
         if cpu != has_cpu or (whole > 0) != (now_whole > 0):
-            # Constant indices: a compiled build keeps the pair unboxed and would build a
-            # tuple object to index it by a variable.
             if cpu:
-                (self.cpu[1] if whole > 0 else self.cpu[0]).remove(nc)
+                self._cpu(whole).remove(nc)
             if has_cpu:
-                (self.cpu[1] if now_whole > 0 else self.cpu[0]).add(nc)
+                self._cpu(now_whole).add(nc)
+
+    def _cpu(self, whole_free: int) -> Bucket:
+        """The CPU bucket of a node with ``whole_free`` wholly free cards. Constant indices:
+        a compiled build keeps the pair unboxed, and indexing it by a variable would build
+        a tuple object first."""
+        return self.cpu[1] if whole_free > 0 else self.cpu[0]
 
 
 Change = tuple[int, NodeCap, tuple[int, ...], int, int, int]

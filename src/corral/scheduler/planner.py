@@ -94,7 +94,7 @@ class Planner:
 
     def ask(self, team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
         """``_ask(team, pclass, guaranteed)``, made once per cycle (classes keep their names)."""
-        by_class = self._asks[1 if guaranteed else 0]
+        by_class = self._asks[1] if guaranteed else self._asks[0]  # constant indices: unboxed
         by_team = by_class.get(pclass.name)
         if by_team is None:
             by_team = by_class[pclass.name] = {}

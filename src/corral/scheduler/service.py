@@ -47,7 +47,10 @@ class ServiceLedger:
         return out
 
     def _at(self, user: str, now: float) -> float:
-        value, at = self._value.get(user, (0.0, now))
+        got = self._value.get(user)
+        if got is None:
+            return 0.0
+        value, at = got
         elapsed = now - at
         if not elapsed > 0:  # no time passed (or the clock went back): no decay
             return value
