@@ -283,10 +283,17 @@ def _inner_lines(outer: dict[str, dict[str, Line[Group]]], key: str) -> dict[str
 
 def _insert(own: list[Job], job: Job, sort: bool) -> None:
     last = own[-1] if own else None
-    if not sort or last is None or (last.submitted_at, last.id) <= (job.submitted_at, job.id):
+    if not sort or last is None or _not_after(last, job):
         own.append(job)
     else:
         insort(own, job, key=job_key)
+
+
+def _not_after(a: Job, b: Job) -> bool:
+    """``job_key(a) <= job_key(b)``, field by field: no two tuples made and compared."""
+    if a.submitted_at != b.submitted_at:
+        return a.submitted_at < b.submitted_at
+    return a.id <= b.id
 
 
 def _remove(lists: dict[HK, list[Job]], key: HK, job: Job) -> None:
