@@ -17,7 +17,14 @@ from corral.core.events import EventKind
 from corral.core.states import JobState
 from corral.server.agentlink.base import Ack
 from corral.server.services.unit import Tx
-from corral.server.store.db import WAL_AUTOCHECKPOINT_PAGES, Database, parse_db
+from corral.server.store.db import (
+    WAL_AUTOCHECKPOINT_PAGES,
+    WAL_FRAME_HEADER_BYTES,
+    WAL_HEADER_BYTES,
+    Database,
+    parse_db,
+)
+from corral.server.store.wal_sync import PREFILL_CHUNK, WalSync
 
 pytestmark = pytest.mark.anyio
 
@@ -139,7 +146,7 @@ async def test_a_configured_normal_or_off_never_fsyncs(tmp_path: Path) -> None:
 async def test_commits_checkpoint_only_past_the_larger_wal(tmp_path: Path) -> None:
     """Every connection (the kept writer's and the readers') checkpoints at 4,000 WAL pages,
     not SQLite's 1,000: a commit of about 1,500 pages leaves them in the WAL."""
-    db = Database(parse_db(str(tmp_path / "k.db")))
+    db = Database(parse_db(str(tmp_path / "k.db")), wal_prefill=False)  # the WAL as it grows
     await db.prepare()
     try:
         async with db.write() as conn:
@@ -159,6 +166,103 @@ async def test_commits_checkpoint_only_past_the_larger_wal(tmp_path: Path) -> No
         with sqlite3.connect(f"file:{tmp_path / 'k.db'}?immutable=1", uri=True) as raw:
             found = raw.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'filler'")
             assert found.fetchone() == (0,)
+    finally:
+        await db.close()
+
+
+WAL_FULL_BYTES = WAL_HEADER_BYTES + WAL_AUTOCHECKPOINT_PAGES * (WAL_FRAME_HEADER_BYTES + 4096)
+
+
+def _crash_copy(db_file: Path, into: Path) -> Path:
+    """The files a ``kill -9`` of the server leaves (the database and its WAL, not the
+    shared-memory index, which the next opener rebuilds from the WAL), copied while it is
+    still open: the copy's path."""
+    into.mkdir()
+    copy = into / db_file.name
+    copy.write_bytes(db_file.read_bytes())
+    Path(f"{copy}-wal").write_bytes(Path(f"{db_file}-wal").read_bytes())
+    return copy
+
+
+def _rows_and_check(db_file: Path) -> tuple[int, str]:
+    with sqlite3.connect(db_file) as raw:
+        rows = raw.execute("SELECT count(*) FROM filler").fetchone()[0]
+        return rows, raw.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+async def _fill(db: Database, rows: int, *, each: int = 100) -> None:
+    for _ in range(rows // each):
+        async with db.write() as conn:
+            await conn.execute(sa.text("INSERT INTO filler VALUES (randomblob(3000))"), [{}] * each)
+
+
+async def test_a_fresh_wal_is_zero_filled_once_and_commits_overwrite_it(tmp_path: Path) -> None:
+    """At start the WAL is zero-filled to the size it reaches between checkpoints; commits
+    then overwrite it in place (it never grows), and what they committed survives a crash
+    (recovery stops at the first frame of zeros)."""
+    db = Database(parse_db(str(tmp_path / "z.db")))
+    await db.prepare()
+    wal = tmp_path / "z.db-wal"
+    try:
+        assert wal.stat().st_size == WAL_FULL_BYTES
+        async with db.write() as conn:
+            await conn.execute(sa.text("CREATE TABLE filler (b BLOB)"))
+        await _fill(db, 300)
+        assert wal.stat().st_size == WAL_FULL_BYTES, "commits wrote inside the filled WAL"
+        assert _rows_and_check(_crash_copy(tmp_path / "z.db", tmp_path / "crash")) == (300, "ok")
+    finally:
+        await db.close()
+    assert not wal.exists(), "a clean close checkpoints and removes the WAL, as before"
+
+
+async def test_a_restart_keeps_what_a_crashed_filled_wal_held_and_fills_no_further(
+    tmp_path: Path,
+) -> None:
+    """A server killed after its WAL wrapped (a checkpoint, then commits from its start
+    again over older frames and zeros): the next one recovers every committed row, and its
+    prefill writes nothing into the WAL it found."""
+    db = Database(parse_db(str(tmp_path / "r.db")))
+    await db.prepare()
+    try:
+        async with db.write() as conn:
+            await conn.execute(sa.text("CREATE TABLE filler (b BLOB)"))
+        await _fill(db, 6_000)  # about 4,700 pages: past a checkpoint, into the WAL's start
+        crashed = _crash_copy(tmp_path / "r.db", tmp_path / "crash")
+    finally:
+        await db.close()
+    wal = Path(f"{crashed}-wal")
+    before = wal.read_bytes()
+    assert len(before) >= WAL_FULL_BYTES  # the commit that crossed the line went past it
+    assert int.from_bytes(before[12:16], "big") >= 1, "the WAL was reset: it wrapped"
+    restarted = Database(parse_db(str(crashed)))
+    await restarted.prepare()
+    try:
+        assert wal.read_bytes() == before, "the prefill wrote nothing into a WAL it found"
+        async with restarted.read() as conn:
+            rows = (await conn.execute(sa.text("SELECT count(*) FROM filler"))).scalar_one()
+        assert rows == 6_000
+    finally:
+        await restarted.close()
+    assert _rows_and_check(crashed) == (6_000, "ok")
+
+
+def test_prefill_writes_zeros_only_past_the_wals_end(tmp_path: Path) -> None:
+    wal = tmp_path / "p.db-wal"
+    sync = WalSync(wal)
+    assert sync.prefill(4096) == 0 and not wal.exists(), "no WAL yet: SQLite makes it"
+    wal.write_bytes(b"\x01" * 1000)
+    assert sync.prefill(3 * PREFILL_CHUNK + 5) == 3 * PREFILL_CHUNK + 5 - 1000
+    data = wal.read_bytes()
+    assert data[:1000] == b"\x01" * 1000, "what SQLite wrote is never touched"
+    assert len(data) == 3 * PREFILL_CHUNK + 5 and data[1000:] == bytes(len(data) - 1000)
+    assert sync.prefill(4096) == 0 and wal.stat().st_size == len(data), "never shrinks"
+
+
+async def test_a_server_told_not_to_prefill_leaves_the_wal_to_grow(tmp_path: Path) -> None:
+    db = Database(parse_db(str(tmp_path / "g.db")), wal_prefill=False)
+    await db.prepare()
+    try:
+        assert (tmp_path / "g.db-wal").stat().st_size < 100 * 4096
     finally:
         await db.close()
 

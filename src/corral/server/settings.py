@@ -35,6 +35,13 @@ class StoreSettings(BaseModel):
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",
         description="SQLite PRAGMA synchronous. FULL survives power loss; NORMAL survives kill -9.",
     )
+    sqlite_wal_prefill: bool = Field(
+        default=True,
+        description=(
+            "Zero-fill SQLite's WAL to the size it reaches between checkpoints (16 MB) at "
+            "start, so commits overwrite it in place (a cheaper fsync) instead of growing it."
+        ),
+    )
     pool_size: int = Field(default=10, ge=1, le=200, description="PostgreSQL connections")
 
 

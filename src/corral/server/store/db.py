@@ -47,6 +47,8 @@ EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event
 # few more pages than one every 1,000 (SQLite's default) did: a quarter of the stalls, for a
 # WAL of up to 16 MB (docs/performance.md, item 83).
 WAL_AUTOCHECKPOINT_PAGES = 4000
+WAL_HEADER_BYTES = 32  # SQLite's WAL: a header, then frames of a page and its header
+WAL_FRAME_HEADER_BYTES = 24
 
 
 def lock_key(base: int, schema: str | None) -> int:
@@ -103,8 +105,16 @@ def _pop_schema(rest: str) -> tuple[str, str | None]:
 class Database:
     """The engine plus the rules for reading and writing through it."""
 
-    def __init__(self, target: DbTarget, *, sqlite_synchronous: str = "FULL", pool_size: int = 10):
+    def __init__(
+        self,
+        target: DbTarget,
+        *,
+        sqlite_synchronous: str = "FULL",
+        pool_size: int = 10,
+        wal_prefill: bool = True,
+    ):
         self.target = target
+        self.wal_prefill = wal_prefill  # zero-fill the WAL at ``prepare`` (WalSync.prefill)
         # A SQLite file that must survive power loss: commits skip SQLite's own fsync and a
         # durable write waits for WalSync's, taken after the write lock is released.
         self.wal_sync = _wal_sync(target, sqlite_synchronous)
@@ -274,6 +284,18 @@ class Database:
             from corral.server.store.events import SEQ_JUMP
 
             self.event_jump = SEQ_JUMP
+            if self.wal_sync is not None and self.wal_prefill:
+                await self._prefill_wal()
+
+    async def _prefill_wal(self) -> None:
+        """Zero-fill the WAL to the size it reaches between checkpoints (``WalSync.prefill``),
+        holding SQLite's write lock so no commit appends to it meanwhile."""
+        assert self._writer is not None and self._write_lock is not None
+        assert self.wal_sync is not None
+        async with self._write_lock, self._writer.exclusive() as raw:
+            page = int(raw.execute("PRAGMA page_size").fetchone()[0])
+            size = WAL_HEADER_BYTES + WAL_AUTOCHECKPOINT_PAGES * (WAL_FRAME_HEADER_BYTES + page)
+            await asyncio.to_thread(self.wal_sync.prefill, size)
 
     async def close(self) -> None:
         if self._writer is not None:

@@ -15,6 +15,7 @@ or rolled back through SQLAlchemy with the raw one.
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -53,6 +54,19 @@ class KeptWriter:
         if conn.in_transaction():
             await conn.commit()  # ends SQLAlchemy's transaction; the driver commits the raw one
         await inline.commit()  # no-op when nothing is open any more
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[sqlite3.Connection]:
+        """SQLite's write lock held, no transaction of ours open on the kept connection: its
+        raw connection, for work on the files that no commit may interleave with (the
+        caller holds the write lock); nothing is written through it, it rolls back."""
+        _, inline = await self._connection()
+        raw = inline._conn
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            yield raw
+        finally:
+            raw.rollback()
 
     async def _connection(self) -> tuple[AsyncConnection, InlineConnection]:
         conn = self._conn

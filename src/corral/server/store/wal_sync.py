@@ -52,6 +52,7 @@ INLINE_BELOW_S: Final = 0.002
 WEIGHT: Final = 0.2  # of the newest fsync in the moving average
 FIRST_PROBE_EVERY: Final = 16
 MAX_PROBE_EVERY: Final = 1024
+PREFILL_CHUNK: Final = 1 << 20  # bytes written at a time by ``prefill``
 
 
 class WalSync:
@@ -118,6 +119,35 @@ class WalSync:
         self.average_s += WEIGHT * (took - self.average_s)
         if self.average_s >= INLINE_BELOW_S:  # the disk is slow: to the thread from now
             self._until_probe = self.probe_every
+
+
+    def prefill(self, size: int) -> int:
+        """Zero-fill the WAL from its end to ``size`` bytes and fsync it; the bytes added.
+
+        A commit that grows the WAL makes its fsync write the file's new size and blocks
+        too (a metadata change in the file system's journal): about 0.3 ms against 0.15 for
+        an overwrite of the same pages, on the machines measured. SQLite overwrites its WAL
+        from the start after a checkpoint and never shrinks it (``journal_size_limit`` is
+        not set), so only a fresh WAL grows: every commit until the first checkpoint, 16 MB
+        after each start. PostgreSQL zero-fills its WAL segments for the same reason.
+        Frames past the last valid one are never read: recovery stops at the first frame
+        whose salt or checksum does not match the header (zeros never do), and a fresh WAL
+        whose header is zeros is an empty one. The caller holds SQLite's write lock, so no
+        commit appends meanwhile; only bytes past the file's end are written."""
+        try:
+            fd = os.open(self.wal, os.O_WRONLY)
+        except FileNotFoundError:
+            return 0  # SQLite makes it at its first write; the next start fills it
+        try:
+            end = at = os.fstat(fd).st_size
+            zeros = memoryview(bytes(PREFILL_CHUNK))
+            while at < size:
+                at += os.pwrite(fd, zeros[: min(PREFILL_CHUNK, size - at)], at)
+            if at > end:
+                os.fsync(fd)
+            return at - end
+        finally:
+            os.close(fd)
 
 
 def _fsync(path: Path) -> float:
