@@ -16,6 +16,7 @@ benchmark's way before session 22 (each event then crosses threads).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -65,6 +66,7 @@ class CorralPeer:
         self._sqlite_sync = sqlite_sync  # "" keeps the server's default (FULL)
         self._server_env = dict(server_env or {})  # settings for the server, e.g. A/B runs
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-e2e-")
+        self._closed = False
         self._procs: list[subprocess.Popen[str]] = []
         try:
             self._start(agents, db, Path(self._tmp.name))
@@ -222,7 +224,7 @@ class CorralPeer:
     def _frames(self) -> Iterator[tuple[str, str | None]]:
         """The watched events of every job, for ever: reconnects after ``Last-Event-ID``."""
         last = 0
-        while True:
+        while not self._closed:
             if self.client == "stdlib":
                 try:
                     for kind, seq, job_id in self._plain.events(
@@ -274,6 +276,7 @@ class CorralPeer:
         return self._http.get("/metrics").text
 
     def close(self) -> None:
+        self._closed = True  # the stream's reader stops instead of reconnecting
         for p in reversed(self._procs):
             p.terminate()
         for p in self._procs:
@@ -281,6 +284,16 @@ class CorralPeer:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        if hasattr(self, "_http"):
+            self._http.close()
+            self._plain.close()  # a reading thread's stream then ends (EOF) and is closed
+            if self.reader == "thread":
+                self._listener.join(10)
+            elif not self._baton.locked():
+                self._stream.close()  # suspended at a frame: its connection is closed
         self._tmp.cleanup()
 
 
@@ -320,5 +333,12 @@ def _read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 60) 
         if time.monotonic() > deadline or proc.poll() is not None:
             raise RuntimeError(f"corral server did not start:\n{text}")
         text += proc.stdout.readline()
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     return text
+
+
+def _drain(out: Any) -> None:
+    """Read a process's output to its end (so it never blocks on a full pipe)."""
+    with contextlib.suppress(OSError, ValueError):  # closed under it by ``CorralPeer.close``
+        for _ in out:
+            pass

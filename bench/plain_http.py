@@ -14,8 +14,10 @@ the event stream is split into frames from the raw bytes.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from urllib.parse import urlencode, urlsplit
@@ -30,6 +32,8 @@ class PlainHttp:
         self._headers = headers
         self._timeout = timeout
         self._local = threading.local()
+        self._opened: list[http.client.HTTPConnection] = []  # every one, for ``close``
+        self._lock = threading.Lock()
 
     def post(self, path: str, body: bytes) -> bytes:
         """POST a JSON ``body``; the response body (raises on a status that is not 2xx)."""
@@ -54,7 +58,7 @@ class PlainHttp:
     def events(self, path: str, params: dict[str, list[str]], last: int) -> Iterator[Frame]:
         """Follow an SSE stream (from after ``last``, when not 0) on a connection of its own;
         a keep-alive comment is a ``KEEPALIVE`` frame (a reader may check its deadline)."""
-        conn = http.client.HTTPConnection(self._host, timeout=None)
+        conn = self._track(http.client.HTTPConnection(self._host, timeout=None))
         headers = self._headers | ({"Last-Event-ID": str(last)} if last else {})
         try:
             conn.request("GET", f"{path}?{urlencode(params, doseq=True)}", headers=headers)
@@ -70,10 +74,26 @@ class PlainHttp:
         finally:
             conn.close()
 
+    def close(self) -> None:
+        """Close every connection opened so far; a stream being read ends (EOF)."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            if conn.sock is not None:
+                with contextlib.suppress(OSError):  # wakes a thread blocked reading it
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
     def _connection(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = http.client.HTTPConnection(self._host, timeout=self._timeout)
+            conn = http.client.HTTPConnection(self._host, timeout=self._timeout)
+            self._local.conn = self._track(conn)
+        return conn
+
+    def _track(self, conn: http.client.HTTPConnection) -> http.client.HTTPConnection:
+        with self._lock:
+            self._opened.append(conn)
         return conn
 
 

@@ -249,13 +249,16 @@ async def test_a_restart_keeps_what_a_crashed_filled_wal_held_and_fills_no_furth
 def test_prefill_writes_zeros_only_past_the_wals_end(tmp_path: Path) -> None:
     wal = tmp_path / "p.db-wal"
     sync = WalSync(wal)
-    assert sync.prefill(4096) == 0 and not wal.exists(), "no WAL yet: SQLite makes it"
+    assert sync.prefill(4096) == 0
+    assert not wal.exists(), "no WAL yet: SQLite makes it"
     wal.write_bytes(b"\x01" * 1000)
     assert sync.prefill(3 * PREFILL_CHUNK + 5) == 3 * PREFILL_CHUNK + 5 - 1000
     data = wal.read_bytes()
     assert data[:1000] == b"\x01" * 1000, "what SQLite wrote is never touched"
-    assert len(data) == 3 * PREFILL_CHUNK + 5 and data[1000:] == bytes(len(data) - 1000)
-    assert sync.prefill(4096) == 0 and wal.stat().st_size == len(data), "never shrinks"
+    assert len(data) == 3 * PREFILL_CHUNK + 5
+    assert data[1000:] == bytes(len(data) - 1000)
+    assert sync.prefill(4096) == 0
+    assert wal.stat().st_size == len(data), "never shrinks"
 
 
 async def test_a_server_told_not_to_prefill_leaves_the_wal_to_grow(tmp_path: Path) -> None:

@@ -290,7 +290,8 @@ class Database:
     async def _prefill_wal(self) -> None:
         """Zero-fill the WAL to the size it reaches between checkpoints (``WalSync.prefill``),
         holding SQLite's write lock so no commit appends to it meanwhile."""
-        assert self._writer is not None and self._write_lock is not None
+        assert self._writer is not None
+        assert self._write_lock is not None
         assert self.wal_sync is not None
         async with self._write_lock, self._writer.exclusive() as raw:
             page = int(raw.execute("PRAGMA page_size").fetchone()[0])

@@ -120,7 +120,6 @@ class WalSync:
         if self.average_s >= INLINE_BELOW_S:  # the disk is slow: to the thread from now
             self._until_probe = self.probe_every
 
-
     def prefill(self, size: int) -> int:
         """Zero-fill the WAL from its end to ``size`` bytes and fsync it; the bytes added.
 
