@@ -1,17 +1,10 @@
 """corral as a peer of the end-to-end benchmark: a real server and K real agents.
 
 The client side is what a web app does: submit over HTTP and follow one
-``/v1/events`` SSE stream for every job, so start and completion are timed as a
+``/v1/events`` SSE stream for every job (a background thread routes each
+event to the job waiting for it), so start and completion are timed as a
 client watching SSE sees them. The HTTP client is the standard library's
 (``plain_http.py``, the default) or httpx (``client="httpx"``).
-
-The stream is read by the threads waiting on it, one at a time (leader and
-followers): the one holding the baton reads frames and hands each event to the
-job waiting for it; when its own job is done it passes the baton to a thread
-still waiting. A lone client therefore reads its own events in its own thread,
-as Celery's ``AsyncResult.get`` drains its result channel in the caller's
-thread; ``reader="thread"`` keeps a background thread reading instead, the
-benchmark's way before session 22 (each event then crosses threads).
 """
 
 from __future__ import annotations
@@ -41,7 +34,6 @@ CLI = "from corral.cli.main import main; main()"
 BATCH = 500  # jobs per POST /v1/jobs/batch
 WATCHED = ("job.started", "job.succeeded", "job.failed")  # the events a waiting client needs
 CLIENTS = ("stdlib", "httpx")  # the HTTP client the load generator uses (see plain_http.py)
-READERS = ("waiters", "thread")  # who reads the event stream (see the module's text)
 ONE_JOB = b'{"kind": "custom", "resources": {"cpus": 1}}'
 
 
@@ -54,13 +46,9 @@ class CorralPeer:
         sqlite_sync: str = "",
         server_env: dict[str, str] | None = None,
         client: str = "stdlib",
-        reader: str = "waiters",
     ) -> None:
         if client not in CLIENTS:
             raise ValueError(f"client must be one of {', '.join(CLIENTS)}, not {client!r}")
-        if reader not in READERS:
-            raise ValueError(f"reader must be one of {', '.join(READERS)}, not {reader!r}")
-        self.reader = reader
         self.name = label
         self.client = client
         self._sqlite_sync = sqlite_sync  # "" keeps the server's default (FULL)
@@ -110,12 +98,8 @@ class CorralPeer:
         self._plain = PlainHttp(self.url, {"Authorization": f"Bearer {ADMIN}"})
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
-        self._stream = self._frames()  # resumed by whoever holds the baton
-        self._baton = threading.Lock()
-        self._following: set[_Waiter] = set()  # waiting threads not reading, under _lock
-        if self.reader == "thread":
-            self._listener = threading.Thread(target=self._listen, daemon=True)
-            self._listener.start()
+        self._listener = threading.Thread(target=self._listen, daemon=True)
+        self._listener.start()
         self._wait_agents(agents)
 
     def _wait_agents(self, n: int, timeout: float = 60) -> None:
@@ -129,7 +113,7 @@ class CorralPeer:
 
     def round_trip(self) -> Timing:
         w = _Waiter(time.perf_counter())
-        return self._wait(self._register(self._post("/v1/jobs", ONE_JOB)["id"], w))
+        return self._register(self._post("/v1/jobs", ONE_JOB)["id"], w).wait()
 
     def stamped_trip(self) -> tuple[str, float, float, float]:
         """One round trip in wall-clock seconds, comparable with the server's event times
@@ -139,7 +123,7 @@ class CorralPeer:
         submitted = time.time()
         job_id = self._post("/v1/jobs", ONE_JOB)["id"]
         answered = time.time()
-        self._wait(self._register(job_id, w))
+        self._register(job_id, w).wait()
         return job_id, submitted, answered, time.time()
 
     def events(self) -> list[dict[str, Any]]:
@@ -156,7 +140,7 @@ class CorralPeer:
             body = json.dumps({"jobs": [{"resources": {"cpus": 1}}] * count}).encode()
             jobs = self._post("/v1/jobs/batch", body)["jobs"]
             waiters += [self._register(j["id"], _Waiter(w_at)) for j in jobs]
-        return [self._wait(w) for w in waiters]
+        return [w.wait() for w in waiters]
 
     def _post(self, path: str, body: bytes) -> Any:
         """POST ``body`` with the chosen client; its JSON answer."""
@@ -176,53 +160,7 @@ class CorralPeer:
             self._waiters[job_id] = w
         return w
 
-    def _wait(self, w: _Waiter, timeout: float = 300) -> Timing:
-        """Wait until ``w``'s job is done: reading the stream while this thread holds the
-        baton, else until the job is done or the baton is passed on to this thread."""
-        deadline = time.monotonic() + timeout
-        while w.done is None:
-            if self.reader == "waiters" and self._baton.acquire(blocking=False):
-                try:
-                    while w.done is None:
-                        kind, job_id = next(self._stream)
-                        self._on_event(kind, job_id)
-                        if time.monotonic() > deadline and w.done is None:
-                            raise TimeoutError(f"a job did not finish within {timeout:.0f} s")
-                finally:
-                    self._pass_baton()
-                break
-            with self._lock:
-                if w.done is not None:
-                    break
-                w.event.clear()
-                self._following.add(w)
-            if self.reader == "waiters" and not self._baton.locked():
-                with self._lock:  # freed before this thread said it follows: take it
-                    self._following.discard(w)
-                continue
-            woken = w.event.wait(max(0.0, deadline - time.monotonic()))
-            with self._lock:
-                self._following.discard(w)
-            if not woken and w.done is None:
-                raise TimeoutError(f"a job did not finish within {timeout:.0f} s")
-        return w.timing()
-
-    def _pass_baton(self) -> None:
-        """Free the baton and wake one waiting thread to read on (if any still waits)."""
-        self._baton.release()
-        with self._lock:
-            follower = next(iter(self._following), None)
-            if follower is not None:
-                self._following.discard(follower)
-                follower.event.set()
-
     def _listen(self) -> None:
-        """``reader="thread"``: a background thread reads every event."""
-        for kind, job_id in self._stream:
-            self._on_event(kind, job_id)
-
-    def _frames(self) -> Iterator[tuple[str, str | None]]:
-        """The watched events of every job, for ever: reconnects after ``Last-Event-ID``."""
         last = 0
         while not self._closed:
             if self.client == "stdlib":
@@ -231,7 +169,7 @@ class CorralPeer:
                         "/v1/events", {"kind": list(WATCHED)}, last
                     ):
                         last = seq or last  # 0: a keep-alive
-                        yield kind, job_id
+                        self._on_event(kind, job_id)
                 except (OSError, http.client.HTTPException):
                     time.sleep(0.1)
                 continue
@@ -246,7 +184,7 @@ class CorralPeer:
                 ) as r:
                     for kind, seq, job_id in _frames(r.iter_lines()):
                         last = seq
-                        yield kind, job_id
+                        self._on_event(kind, job_id)
             except httpx.HTTPError:
                 time.sleep(0.1)
 
@@ -276,7 +214,7 @@ class CorralPeer:
         return self._http.get("/metrics").text
 
     def close(self) -> None:
-        self._closed = True  # the stream's reader stops instead of reconnecting
+        self._closed = True  # the listener stops instead of reconnecting
         for p in reversed(self._procs):
             p.terminate()
         for p in self._procs:
@@ -289,11 +227,8 @@ class CorralPeer:
                 p.stdout.close()
         if hasattr(self, "_http"):
             self._http.close()
-            self._plain.close()  # a reading thread's stream then ends (EOF) and is closed
-            if self.reader == "thread":
-                self._listener.join(10)
-            elif not self._baton.locked():
-                self._stream.close()  # suspended at a frame: its connection is closed
+            self._plain.close()  # the listener's stream ends (EOF), and so does the listener
+            self._listener.join(10)
         self._tmp.cleanup()
 
 
@@ -304,7 +239,9 @@ class _Waiter:
         self.done: float | None = None
         self.event = threading.Event()
 
-    def timing(self) -> Timing:
+    def wait(self, timeout: float = 300) -> Timing:
+        if not self.event.wait(timeout):
+            raise TimeoutError("a job did not finish within 300 s")
         assert self.done is not None
         started = self.started or self.done
         return Timing(started - self.submitted, self.done - self.submitted)

@@ -39,7 +39,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from corral_peer import READERS, CorralPeer
+from corral_peer import CorralPeer
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,12 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrent", type=int, default=0, metavar="N", help="cut N concurrent trips into stages"
     )
     ap.add_argument("--clients", type=int, default=16, help="clients of --concurrent")
-    ap.add_argument(
-        "--reader",
-        choices=READERS,
-        default="waiters",
-        help="who reads the client's event stream: the waiting threads (default) or a thread",
-    )
     args = ap.parse_args(argv)
     if args.concurrent:
         agents = args.agents if "--agents" in (argv if argv is not None else sys.argv) else 4
@@ -78,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             server_env["CORRAL_EVENT_LOOP"] = "asyncio"  # uvloop's callbacks cannot be traced
         print(f"starting a server and {args.agents} agent(s) ...", file=sys.stderr, flush=True)
         label = "corral/postgres" if args.db else "corral/sqlite"
-        peer = CorralPeer(args.agents, args.db, label, server_env=server_env, reader=args.reader)
+        peer = CorralPeer(args.agents, args.db, label, server_env=server_env)
         try:
             for _ in range(20):  # warm connections, imports and the first cycles
                 peer.round_trip()
