@@ -53,13 +53,13 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
-        if need.vram or need.gpu_models:
+        if need.picky:  # a field: the frozenset's truth would be a generic call
             cards = nc.whole_free_cards(need.vram, need.gpu_models)
         else:
-            cards = _first_free(nc.gpu_free, need.gpus)
+            cards = _first_free(nc.gpu_free, need.gpus)  # never more than asked
         if len(cards) < need.gpus:
             return None
-        chosen = tuple(cards[: need.gpus])
+        chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
         return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus)
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
     if card is None:

@@ -31,12 +31,14 @@ class Need:
     on_cpu: bool = False
     shared: bool = field(init=False, compare=False)
     cpu_only: bool = field(init=False, compare=False)
+    picky: bool = field(init=False, compare=False, repr=False)  # a VRAM floor or models named
     _hash: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         shared = self.gpus == 0 and not self.on_cpu and (self.milli > 0 or self.vram > 0)
         object.__setattr__(self, "shared", shared)
         object.__setattr__(self, "cpu_only", self.on_cpu or (self.gpus == 0 and not shared))
+        object.__setattr__(self, "picky", self.vram != 0 or len(self.gpu_models) > 0)
         key = (self.gpus, self.milli, self.vram, self.cpus, self.gpu_models, self.selector)
         object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu)))
 

@@ -284,18 +284,27 @@ class Planner:
     def _record(
         self, job: Job, fits: list[Fit], on_cpu: bool, borrowed: bool, rooms: list[Room]
     ) -> None:
-        members = (
-            (job, *self.batcher.followers(job, self.decided, self.now)) if not job.gang else (job,)
-        )
-        job_ids = tuple(j.id for j in members)
-        self.decided.update(job_ids)
-        self.riders = members[1:]
+        # Written for the common case (one job, nobody preempted): a compiled build then
+        # makes no generator, starred tuple, set update or dict for it.
+        decided = self.decided
+        riders: tuple[Job, ...] = ()
+        if not job.gang:
+            followers = self.batcher.followers(job, decided, self.now)
+            if followers:
+                riders = tuple(followers)
+        job_ids: tuple[str, ...] = tuple([job.id] + [j.id for j in riders]) if riders else (job.id,)
+        for job_id in job_ids:
+            decided.add(job_id)
+        self.riders = riders
         by_node: dict[str, tuple[str, ...]] = {}
         for room in rooms:
             ids = tuple(a.id for v in room.victims for a in v.allocs)
             by_node[room.fit.node.name] = by_node.get(room.fit.node.name, ()) + ids
         for replica, fit in enumerate(fits):
-            alloc_id = f"{job.id}/{job.attempt + 1}" + (f"/r{replica}" if job.gang else "")
+            if job.gang:
+                alloc_id = f"{job.id}/{job.attempt + 1}/r{replica}"
+            else:
+                alloc_id = f"{job.id}/{job.attempt + 1}"
             self.placements.append(
                 Placement(
                     allocation_id=alloc_id,
@@ -308,17 +317,20 @@ class Planner:
                     cpus=fit.cpus,
                     on_cpu=on_cpu,
                     borrowed=borrowed,
-                    preempts=by_node.get(fit.node.name, ()),
+                    preempts=by_node.get(fit.node.name, ()) if rooms else (),
                 )
             )
             if not on_cpu:
                 self.ledger.add(job.team, fit.total_milli)
-        for victim in (v for room in rooms for v in room.victims):
-            for alloc in victim.allocs:
+        for room in rooms:
+            for victim in room.victims:
                 why = "reclaim borrowed capacity" if victim.team != job.team else "higher priority"
-                self.preemptions.append(
-                    Preemption(alloc.id, alloc.job_ids, alloc.node, job.id, f"{why} for {job.id}")
-                )
+                for alloc in victim.allocs:
+                    self.preemptions.append(
+                        Preemption(
+                            alloc.id, alloc.job_ids, alloc.node, job.id, f"{why} for {job.id}"
+                        )
+                    )
         self.position += 1
 
     def explanation(self, job: Job, pclass: PriorityClass) -> Explanation:
