@@ -40,7 +40,9 @@ class Need:
         object.__setattr__(self, "cpu_only", self.on_cpu or (self.gpus == 0 and not shared))
         object.__setattr__(self, "picky", self.vram != 0 or len(self.gpu_models) > 0)
         key = (self.gpus, self.milli, self.vram, self.cpus, self.gpu_models, self.selector)
-        object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu)))
+        # Shifted into 62 bits: a compiled build keeps such an int unboxed, and hashing a
+        # need (a dict key on every cycle's hot path) then reads no boxed int back.
+        object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu)) >> 2)
 
     def __hash__(self) -> int:
         return self._hash

@@ -245,7 +245,7 @@ class LiveQueue(Generic[Q]):
                 _push(heap, again)
         return None
 
-    def done(self, job: Job, placed: bool, riders: Iterable[Job] = ()) -> None:
+    def done(self, job: Job, placed: bool, riders: tuple[Job, ...] = ()) -> None:
         """``job`` (the last ``pop``) was decided; ``placed`` uses its user's turn, and each
         job that joined its allocation (a batch) uses its own user's."""
         slot, state = self._popped, self._popped_by

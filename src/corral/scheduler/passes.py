@@ -260,8 +260,10 @@ class Liveness(Gate[Group]):
         if group.cpu:
             self.reset()
             return
-        for other in self._by_need.get(group.need, ()):
-            other.seen = 0  # no stamp: asked again
+        alike = self._by_need.get(group.need)  # no default: a list is walked natively
+        if alike is not None:
+            for other in alike:
+                other.seen = 0  # no stamp: asked again
 
     def reset(self) -> None:
         self._stamp = self._queue.stamp()

@@ -121,7 +121,7 @@ def weighted(scorers: Sequence[Scorer], weights: Mapping[str, float]) -> list[tu
 
 def choose(
     need: Need,
-    candidates: Sequence[Candidate],
+    candidates: list[Candidate],  # a list, not a Sequence: a compiled build walks it natively
     chain: Sequence[tuple[float, Scorer]],
     fixed: Weights | None = None,
 ) -> Fit:
