@@ -20,7 +20,7 @@ from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
 DEFAULT_TEAM: Final = "default"
 """Jobs without a team land here; it has no guaranteed quota."""
 
-EMPTY: Mapping[str, Any] = MappingProxyType({})
+EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 NO_RESOURCES: Final = ResourceRequest()
 """A job's default request (one CPU); frozen, so every job without one shares it."""

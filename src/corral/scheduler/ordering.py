@@ -210,7 +210,7 @@ class LiveQueue(Generic[Q]):
         """Find every user's next job again (groups may have come back to life)."""
         heap = []
         for state in self._users.values():
-            state.pos = [0] * len(state.lines)
+            state.pos = [0 for _ in state.lines]  # not ``[0] * n``: a generic call compiled
             state.mine = []
             entry = self._entry(state)
             if entry is not None:

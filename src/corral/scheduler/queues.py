@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable
 from typing import Final, TypeVar
 
-from corral.core.model import Job
+from corral.core.model import EMPTY, Job
 from corral.core.resources import ResourceRequest
 from corral.scheduler.batching import batch_key
 from corral.scheduler.lines import Line, lines_of
@@ -116,7 +116,7 @@ class Queue:
         if group is None:
             group = self._groups[key] = Group(*key)
         self.groups[job_id] = group
-        if job.node_selector:
+        if job.node_selector is not EMPTY:  # not its truth: a generic call on a Mapping
             for label in job.node_selector:
                 self.label_keys[label] += 1
         if job.model:
@@ -165,7 +165,7 @@ class Queue:
         del self.jobs[job_id]
         group = self.groups[job_id]
         del self.groups[job_id]
-        if job.node_selector:  # most have none: no iterator made for an empty one
+        if job.node_selector is not EMPTY:  # most have none: no iterator made for them
             for label in job.node_selector:
                 _decrement(self.label_keys, label)
         if job.model:
@@ -220,7 +220,10 @@ class Queue:
             del by_team[group.team]
         by_need = self.by_need[cls]
         alike = by_need[group.need]
-        alike.remove(group)
+        for i, other in enumerate(alike):  # by identity: ``list.remove`` compares generically
+            if other is group:
+                del alike[i]
+                break
         if not alike:
             del by_need[group.need]
 
@@ -247,7 +250,7 @@ class Queue:
 
     def need(self, job: Job) -> Need:
         """``need_of(job)``, shared by jobs with equal requests (the common case)."""
-        if job.node_selector or job.backend is not None:
+        if job.node_selector is not EMPTY or job.backend is not None:
             return need_of(job)
         r = job.resources
         # Jobs often share one request object (a trace's shapes, a batch's copies): found

@@ -165,7 +165,7 @@ class Metrics:
 
     def job_done(self, state: JobState, *, placed: bool) -> None:
         """A job left the simulation (finished, or still there at the end)."""
-        self.states[state] += 1
+        self.states[state] = self.states[state] + 1  # not ``+=``: native in a compiled build
         if not placed:
             self.never_placed += 1
 
