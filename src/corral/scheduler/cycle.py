@@ -69,7 +69,8 @@ class Cluster:
             self.class_members[cls].append(i)
         self.cap = Capacity(nodes, classes, self.models, active)
         self.checks = StaticChecks(self.representatives, filters)
-        self.sources: dict[tuple[Need, str | None], list[list[Source]]] = {}
+        self.sources: dict[tuple[Need, str], list[list[Source]]] = {}  # by need and model
+        self.plain_sources: dict[Need, list[list[Source]]] = {}  # no model: no tuple to hash
         self.feasible: dict[Need, list[int]] = {}
 
     @staticmethod
@@ -135,6 +136,7 @@ class Cycle:
         self.representatives = cluster.representatives
         self.class_members = cluster.class_members
         self._sources = cluster.sources
+        self._plain_sources = cluster.plain_sources
         self._feasible = cluster.feasible
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
@@ -291,8 +293,9 @@ class Cycle:
 
     def _tiers(self, need: Need, model: str | None) -> list[list[Source]]:
         """Where to look, best locality first: model holders, then everything feasible."""
-        key = (need, model)
-        cached = self._sources.get(key)
+        cached = (
+            self._plain_sources.get(need) if model is None else self._sources.get((need, model))
+        )
         if cached is not None:
             return cached
         feasible = self.feasible_classes(need)
@@ -306,7 +309,10 @@ class Cycle:
                     if holders is not None:
                         tiers.append([(holders, allowed)])
             tiers.append(self._main_sources(need, feasible, allowed))
-        self._sources[key] = tiers
+        if model is None:
+            self._plain_sources[need] = tiers
+        else:
+            self._sources[(need, model)] = tiers
         return tiers
 
     def _main_sources(
