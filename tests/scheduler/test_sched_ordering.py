@@ -244,7 +244,7 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
         if want is None or got is None:
             continue
         placed = step % 2 == 0
-        riders = [every[step % len(every)]] if placed and step % 5 == 0 else []
+        riders = (every[step % len(every)],) if placed and step % 5 == 0 else ()
         if placed:
             decided.add(want.id)
         reference.done(want, placed, riders)
