@@ -168,7 +168,7 @@ class CorralPeer:
                     for kind, seq, job_id in self._plain.events(
                         "/v1/events", {"kind": list(WATCHED)}, last
                     ):
-                        last = seq or last  # 0: a keep-alive
+                        last = seq
                         self._on_event(kind, job_id)
                 except (OSError, http.client.HTTPException):
                     time.sleep(0.1)

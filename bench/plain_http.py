@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from urllib.parse import urlencode, urlsplit
 
 Frame = tuple[str, int, str | None]  # event kind, its seq, its job id
-KEEPALIVE: Frame = ("", 0, None)  # a comment: the stream is alive, nothing happened
 
 
 class PlainHttp:
@@ -56,8 +55,7 @@ class PlainHttp:
         raise AssertionError("unreachable")
 
     def events(self, path: str, params: dict[str, list[str]], last: int) -> Iterator[Frame]:
-        """Follow an SSE stream (from after ``last``, when not 0) on a connection of its own;
-        a keep-alive comment is a ``KEEPALIVE`` frame (a reader may check its deadline)."""
+        """Follow an SSE stream (from after ``last``, when not 0) on a connection of its own."""
         conn = self._track(http.client.HTTPConnection(self._host, timeout=None))
         headers = self._headers | ({"Last-Event-ID": str(last)} if last else {})
         try:
@@ -70,7 +68,9 @@ class PlainHttp:
                 buffered += chunk
                 *frames, buffered = buffered.split(b"\n\n")
                 for frame in frames:
-                    yield _frame(frame) or KEEPALIVE
+                    parsed = _frame(frame)
+                    if parsed is not None:
+                        yield parsed
         finally:
             conn.close()
 
