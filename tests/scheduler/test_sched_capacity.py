@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corral.core import GIB, Gpu, Node
-from corral.scheduler.capacity import Capacity, NodeCap
+from corral.scheduler.capacity import Bucket, Capacity, NodeCap
 from corral.scheduler.need import Need
 
 NODES = tuple(
@@ -131,3 +131,25 @@ def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
     assert memo.get("kept") == 1
     assert memo.get("new") is None
     assert cycle.cap.nodes[0].gpu_free[0] == 1000
+
+
+WIDE = tuple(Node(name=f"w{i}", gpus=(), cpus=1) for i in range(130))  # three words of bits
+
+
+@given(st.sets(st.integers(0, len(WIDE) - 1)), st.integers(0, len(WIDE) + 70))
+@example(set(), 0)
+@example({59, 60, 119, 120, 129}, 60)
+def test_a_bucket_walked_by_next_at_gives_its_nodes_in_order_from_any_index(
+    members: set[int], start: int
+) -> None:
+    cap = Capacity(WIDE, [0] * len(WIDE))
+    bucket = Bucket(cap.nodes)
+    for i in members:
+        bucket.add(cap.nodes[i])
+    after = sorted(i for i in members if i >= start)
+    assert bucket.next_at(start) == (after[0] if after else -1)
+    walked, i = [], bucket.next_at(0)
+    while i >= 0:
+        walked.append(i)
+        i = bucket.next_at(i + 1)
+    assert walked == sorted(members) == [nc.idx for nc in bucket]

@@ -198,6 +198,25 @@ class Bucket:
                 word ^= low
             base += WORD
 
+    def next_at(self, pos: int) -> int:
+        """The index of the first node in the bucket at or after index ``pos`` (-1: none).
+
+        The searches walk a bucket with it (``i = b.next_at(0)`` ... ``i = b.next_at(i +
+        1)``): a compiled build calls it natively, where ``for nc in bucket`` resumed a
+        generator through a generic ``next`` per node.
+        """
+        words = self.words
+        w = pos // WORD
+        if w >= len(words):
+            return -1
+        word = words[w] >> (pos % WORD) << (pos % WORD)  # the bits below ``pos`` cleared
+        while not word:
+            w += 1
+            if w >= len(words):
+                return -1
+            word = words[w]
+        return w * WORD + (word & -word).bit_length() - 1
+
     def __contains__(self, nc: NodeCap) -> bool:
         return (self.words[nc.idx // WORD] >> (nc.idx % WORD)) & 1 == 1
 

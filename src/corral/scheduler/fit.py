@@ -10,8 +10,6 @@ cycle costs O(jobs x few buckets), not O(jobs x nodes).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from corral.core.resources import MILLI
 from corral.scheduler.capacity import PARTIAL_STEP, Bucket, Index, NodeCap
 from corral.scheduler.need import Need
@@ -83,7 +81,7 @@ Source = tuple[Index, frozenset[int] | None]
 """An index to walk and the node classes allowed in it (``None``: all of them)."""
 
 
-def search(need: Need, sources: Sequence[Source], limit: int, seen: set[int]) -> list[Fit]:
+def search(need: Need, sources: list[Source], limit: int, seen: set[int]) -> list[Fit]:
     """Up to ``limit`` fits in best-fit order over ``sources``, skipping nodes in ``seen``.
 
     Nodes found are added to ``seen`` so that later tiers do not list them twice.
@@ -100,7 +98,7 @@ def search(need: Need, sources: Sequence[Source], limit: int, seen: set[int]) ->
 
 
 def _search_whole(
-    need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
+    need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
     top = 0  # a loop, not max() over a generator: a compiled build runs it inline
     for index, _ in sources:
@@ -111,7 +109,10 @@ def _search_whole(
             bucket = index.whole[level]
             if not bucket.size:
                 continue
-            for nc in bucket:
+            nodes, i = bucket.nodes, bucket.next_at(0)
+            while i >= 0:
+                nc = nodes[i]
+                i = bucket.next_at(i + 1)
                 if nc.cpus_free < cpus or nc.idx in seen:
                     continue
                 if allowed is not None and nc.cls not in allowed:
@@ -125,7 +126,7 @@ def _search_whole(
 
 
 def _search_partial(
-    need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
+    need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
@@ -133,7 +134,10 @@ def _search_partial(
             bucket = index.partial[level]
             if not bucket.size:
                 continue
-            for nc in bucket:
+            nodes, i = bucket.nodes, bucket.next_at(0)
+            while i >= 0:
+                nc = nodes[i]
+                i = bucket.next_at(i + 1)
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
@@ -145,7 +149,7 @@ def _search_partial(
 
 
 def _search_cpu(
-    need: Need, sources: Sequence[Source], limit: int, seen: set[int], found: list[Fit]
+    need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
     for index, allowed in sources:
         for bucket in index.cpu:  # nodes without free cards first
@@ -164,7 +168,10 @@ def _search_bucket(
 ) -> None:
     if not bucket.size:
         return
-    for nc in bucket:
+    nodes, i = bucket.nodes, bucket.next_at(0)
+    while i >= 0:
+        nc = nodes[i]
+        i = bucket.next_at(i + 1)
         if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
             continue
         fit = fit_on(nc, need)
