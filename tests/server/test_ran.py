@@ -54,6 +54,9 @@ async def test_a_start_with_its_end_leaves_what_the_two_reports_leave(world: Wor
         await world.events(apart.job.id)
     )
     assert await _alloc_row(world, both) == await _alloc_row(world, one)
+    registry = world.plane.rt.metrics.registry  # both runs observed, each 0 s long
+    assert registry.get_sample_value("corral_job_run_seconds_count") == 2
+    assert registry.get_sample_value("corral_job_run_seconds_sum") == 0
 
 
 async def test_every_job_of_a_batch_starts_and_ends(world: World) -> None:

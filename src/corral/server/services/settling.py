@@ -181,9 +181,10 @@ async def apply_settlement(
         decision = replace(decision, error=f"{decision.error}. Attempts: {summary(history)}")
     state = job.state
     started = started and state is JobState.PLACED
+    started_at = job.started_at  # not a copy of the record with it: a job's end is hot
     if started:
         state = record_start(rt, tx, job)
-        job = replace(job, started_at=tx.now)
+        started_at = tx.now
     elif state is JobState.PLACED and decision.state is JobState.SUCCEEDED:
         state = transition(JOB, job.job.id, state, JobState.RUNNING, at=tx.now, why="implied")
     target = transition(JOB, job.job.id, state, decision.state, at=tx.now, why=decision.event.value)
@@ -194,7 +195,7 @@ async def apply_settlement(
         tx.count(lambda: rt.metrics.requeues.labels(_requeue_why(decision)).inc())
     else:
         values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
-        tx.count(lambda: _observe_finish(rt, job, target, tx.now))
+        tx.count(lambda: _observe_finish(rt, started_at, target, tx.now))
         drop_after_commit(rt, tx, job.checkpoint)  # it will never resume now
     values |= {"state": target.value, "failures": failures}
     if started:
@@ -265,10 +266,10 @@ def _requeue_why(decision: Settlement) -> str:
     return "failed" if decision.backoff else "lost"
 
 
-def _observe_finish(rt: Runtime, job: JobRecord, state: JobState, now: float) -> None:
+def _observe_finish(rt: Runtime, started_at: float | None, state: JobState, now: float) -> None:
     rt.metrics.finished.labels(state.value).inc()
-    if job.started_at is not None:
-        rt.metrics.run_seconds.observe(max(0.0, now - job.started_at))
+    if started_at is not None:
+        rt.metrics.run_seconds.observe(max(0.0, now - started_at))
 
 
 async def _gang_still_running(tx: Tx, job: JobRecord, alloc: Allocation) -> bool:
