@@ -15,8 +15,6 @@ from corral.server.api.schemas import (
     JobOut,
     QueueInfo,
     ReasonOut,
-    ResourcesOut,
-    ResultFileOut,
 )
 from corral.server.services.auth import TokenInfo
 from corral.server.services.nodes import NodeView
@@ -34,60 +32,72 @@ def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
     )
 
 
-def job_out(rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True) -> JobOut:
+def job_fields(
+    rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True
+) -> dict[str, Any]:
+    """A job as ``JobOut``'s fields, in plain JSON values: ``job_out`` validates them into
+    the model; the submit route writes them as its 201's body directly (a ``JobOut`` built
+    and dumped cost 11 us per submission, these 3 us; a test holds the two to the same JSON).
+    """
     j, r = rec.job, rec.job.resources
-    return JobOut(
-        id=j.id,
-        kind=j.kind.value,
-        state=j.state.value,
-        priority=j.priority,
-        team=j.team,
-        user=j.user,
-        resources=ResourcesOut(
-            gpus=r.gpus,
-            gpu_milli=r.gpu_milli,
-            vram_bytes=r.vram_bytes,
-            cpus=r.cpus,
-            gpu_models=sorted(r.gpu_models),
-            cpu_fallback=r.cpu_fallback,
-        ),
-        payload=dict(j.payload),
-        node_selector=dict(j.node_selector),
-        replicas=j.replicas,
-        gang_label=j.gang_label,
-        model=j.model,
-        backend=j.backend,
-        batch_key=j.batch_key,
-        preemptible=j.preemptible,
-        timeout_s=j.timeout_s,
-        max_attempts=j.max_attempts,
-        idempotency_key=j.idempotency_key,
-        submitted_at=j.submitted_at,
-        not_before=j.not_before,
-        started_at=rec.started_at,
-        finished_at=rec.finished_at,
-        attempt=j.attempt,
-        failures=rec.failures,
-        node=rec.node,
-        allocations=list(rec.allocation_ids),
-        progress=rec.progress,
-        checkpoint=rec.checkpoint,
-        checkpoint_step=rec.checkpoint_step,
-        resumed_from_step=rec.resumed_step,
-        attempts=[AttemptOut(**e.to_json()) for e in rec.attempt_errors],
-        error=rec.error,
-        result=[
-            ResultFileOut(
-                name=f.name,
-                size=f.size,
-                content_type=f.content_type,
-                sha256=f.sha256,
-                url=f"/v1/jobs/{j.id}/result/{f.name}",
-            )
+    return {
+        "id": j.id,
+        "kind": j.kind.value,
+        "state": j.state.value,
+        "priority": j.priority,
+        "team": j.team,
+        "user": j.user,
+        "resources": {
+            "gpus": r.gpus,
+            "gpu_milli": r.gpu_milli,
+            "vram_bytes": r.vram_bytes,
+            "cpus": r.cpus,
+            "gpu_models": sorted(r.gpu_models),
+            "cpu_fallback": r.cpu_fallback,
+        },
+        "payload": dict(j.payload),
+        "node_selector": dict(j.node_selector),
+        "replicas": j.replicas,
+        "gang_label": j.gang_label,
+        "model": j.model,
+        "backend": j.backend,
+        "batch_key": j.batch_key,
+        "preemptible": j.preemptible,
+        "timeout_s": j.timeout_s,
+        "max_attempts": j.max_attempts,
+        "idempotency_key": j.idempotency_key,
+        "submitted_at": j.submitted_at,
+        "not_before": j.not_before,
+        "started_at": rec.started_at,
+        "finished_at": rec.finished_at,
+        "attempt": j.attempt,
+        "failures": rec.failures,
+        "node": rec.node,
+        "allocations": list(rec.allocation_ids),
+        "progress": rec.progress,
+        "checkpoint": rec.checkpoint,
+        "checkpoint_step": rec.checkpoint_step,
+        "resumed_from_step": rec.resumed_step,
+        "attempts": [AttemptOut(**e.to_json()).model_dump() for e in rec.attempt_errors],
+        "error": rec.error,
+        "result": [
+            {
+                "name": f.name,
+                "size": f.size,
+                "content_type": f.content_type,
+                "sha256": f.sha256,
+                "url": f"/v1/jobs/{j.id}/result/{f.name}",
+            }
             for f in rec.result
         ],
-        queue=queue_info(unplaced) if queued and j.state.value == "queued" else None,
-    )
+        "queue": (
+            queue_info(unplaced).model_dump() if queued and j.state.value == "queued" else None
+        ),
+    }
+
+
+def job_out(rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True) -> JobOut:
+    return JobOut.model_validate(job_fields(rec, unplaced, queued=queued))
 
 
 class GpuOut(BaseModel):
