@@ -123,3 +123,27 @@ async def test_rows_written_by_either_path_read_the_same_by_either(
     assert job.result[0].inline == b"ok"
     assert job.attempt_errors[0].error == "boom"
     assert job.job.payload == {"prompt": "a cat", "steps": 4}
+
+
+@pytest.mark.postgres
+async def test_the_driver_is_sqlites_own_connection_and_only_while_one_is_open(
+    tmp_path: Path, pg_url: str
+) -> None:
+    db = Database(parse_db(str(tmp_path / "d.db")))
+    await db.prepare()
+    try:
+        async with db.read() as conn:
+            raw = rawsql.driver(conn)
+            assert raw is not None and raw.execute("SELECT 1").fetchone() == (1,)
+            async with db.read() as other:  # each connection its own
+                assert rawsql.driver(other) not in (None, raw)
+        assert rawsql.driver(conn) is None  # given back to the pool
+    finally:
+        await db.close()
+    pg = Database(parse_db(pg_url))
+    await pg.prepare()
+    try:
+        async with pg.read() as conn:
+            assert rawsql.driver(conn) is None
+    finally:
+        await pg.close()
