@@ -134,7 +134,8 @@ async def test_the_driver_is_sqlites_own_connection_and_only_while_one_is_open(
     try:
         async with db.read() as conn:
             raw = rawsql.driver(conn)
-            assert raw is not None and raw.execute("SELECT 1").fetchone() == (1,)
+            assert raw is not None
+            assert raw.execute("SELECT 1").fetchone() == (1,)
             async with db.read() as other:  # each connection its own
                 assert rawsql.driver(other) not in (None, raw)
         assert rawsql.driver(conn) is None  # given back to the pool

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,7 +29,9 @@ records = st.builds(
     lambda state, gpus, models, payload, selector, attempts, files, started, ckpt: JobRecord(
         job=Job(
             id="j1",
-            resources=ResourceRequest(gpus=gpus, vram_bytes=0 if gpus else 8 * GIB, gpu_models=models),
+            resources=ResourceRequest(
+                gpus=gpus, vram_bytes=0 if gpus else 8 * GIB, gpu_models=models
+            ),
             payload=payload,
             node_selector=selector,
             state=state,
@@ -68,12 +69,9 @@ def test_a_jobs_fields_written_as_json_are_its_response_model(
     assert JobOut.model_validate_json(written) == model
 
 
-@pytest.mark.parametrize("unplaced", [None, WAITING])
-def test_a_queued_job_says_why_it_waits(unplaced: Unplaced | None) -> None:
+def test_a_queued_job_says_why_it_waits() -> None:
     rec = JobRecord(job=Job(id="j1", resources=ResourceRequest(gpus=1)))
-    queue = job_fields(rec, unplaced)["queue"]
-    if unplaced is None:
-        assert queue["position"] == 0 and queue["reasons"] == []
-    else:
-        assert queue["position"] == 3 and queue["remedy"] == "wait"
-        assert queue["reasons"] == [{"code": "gpu_model_mismatch", "nodes": 2, "message": "no H100"}]
+    fresh, waiting = job_fields(rec)["queue"], job_fields(rec, WAITING)["queue"]
+    assert (fresh["position"], fresh["reasons"]) == (0, [])
+    assert (waiting["position"], waiting["remedy"]) == (3, "wait")
+    assert waiting["reasons"] == [{"code": "gpu_model_mismatch", "nodes": 2, "message": "no H100"}]
