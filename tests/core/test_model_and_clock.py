@@ -5,8 +5,6 @@ import pytest
 
 from corral.core import InvalidSpec, Job, Node, Team, VirtualClock
 from corral.core.events import Event, EventKind
-from corral.core.resources import ResourceRequest
-from corral.core.states import JobState
 
 
 def test_frozen_mappings_cannot_be_changed_behind_the_dataclass() -> None:
@@ -63,23 +61,3 @@ def test_a_numbered_event_is_the_event_with_its_seq() -> None:
     assert numbered == replace(event, seq=41)
     assert (event.seq, numbered.seq) == (0, 41)  # the original is untouched
     assert numbered.data is event.data  # frozen already: shared, not copied
-
-
-def test_a_submitted_job_is_the_job_with_its_submission_time() -> None:
-    job = Job(
-        "job_1",
-        ResourceRequest(gpus=2, gpu_models=frozenset({"A100"})),
-        priority="paid",
-        team="a",
-        user="u",
-        node_selector={"rack": "r1"},
-        payload={"prompt": "fox"},
-        estimated_runtime_s=60.0,
-        state=JobState.QUEUED,
-        attempt=2,
-        avoid_nodes=frozenset({"n3"}),
-    )
-    stamped = job.submitted(1764230000.5)
-    assert stamped == replace(job, submitted_at=1764230000.5)
-    assert (job.submitted_at, stamped.submitted_at) == (0.0, 1764230000.5)
-    assert stamped.payload is job.payload  # frozen already: shared, not copied

@@ -11,7 +11,7 @@ import base64
 import binascii
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
 from corral.core.events import EventKind
@@ -84,7 +84,7 @@ class JobService:
         if existing is not None:
             return existing, False
         records = [
-            JobRecord(job=d.job.submitted(tx.now), request_hash=d.request_hash)
+            JobRecord(job=replace(d.job, submitted_at=tx.now), request_hash=d.request_hash)
             for d in drafts
         ]
         await job_repo.insert_many(tx.conn, records)
