@@ -25,6 +25,18 @@ WAITING = Unplaced(
 FILE = ResultFile(name="out.png", key="k", size=10, content_type="image/png", sha256="ab")
 ERROR = AttemptError(attempt=1, node="n2", error="lost", at=3.5)
 
+JSON_VALUES = st.recursive(  # a payload's values: nested, and integers past 64 bits
+    st.one_of(
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=5),
+        st.none(),
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 records = st.builds(
     lambda state, gpus, models, payload, selector, attempts, files, started, ckpt: JobRecord(
         job=Job(
@@ -50,7 +62,7 @@ records = st.builds(
     st.sampled_from(JobState),
     st.integers(0, 4),
     st.frozensets(st.sampled_from(("A100", "H100", "L4"))),
-    st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5), st.none())),
+    st.dictionaries(st.text(max_size=5), JSON_VALUES),
     st.dictionaries(st.sampled_from(("rack", "zone")), st.text(max_size=3)),
     st.integers(0, 2),
     st.integers(0, 2),
