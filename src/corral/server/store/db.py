@@ -172,16 +172,18 @@ class Database:
         before it. ``on_commit`` is awaited right after the commit (and after that
         fsync was handed to the thread, when fsyncs go there), before the wait.
         """
-        async with contextlib.AsyncExitStack() as stack:
-            if self._write_lock is not None:
-                await stack.enter_async_context(self._write_lock)
-            if self._writer is not None:  # SQLite: the kept connection (sqlite_writer)
-                yield await stack.enter_async_context(self._writer.transaction(durable=durable))
-            else:  # PostgreSQL: the transaction runs on the asyncpg connection (pgraw)
-                conn = await stack.enter_async_context(self.engine.connect())
-                yield await stack.enter_async_context(
-                    self._pg_transaction(conn, ordered_events, durable)
-                )
+        # Nested ``async with``, not an ``AsyncExitStack``: the same order of entering and
+        # leaving, without the stack's five calls per context (two writes per job).
+        if self._writer is not None and self._write_lock is not None:
+            # SQLite: the kept connection (sqlite_writer), one writer at a time
+            async with self._write_lock, self._writer.transaction(durable=durable) as conn:
+                yield conn
+        else:  # PostgreSQL: the transaction runs on the asyncpg connection (pgraw)
+            async with (
+                self.engine.connect() as conn,
+                self._pg_transaction(conn, ordered_events, durable) as raw,
+            ):
+                yield raw
         position = self.wal_sync.mark() if self.wal_sync is not None else 0
         if durable and self.wal_sync is not None:
             # An fsync on the thread starts before on_commit pokes anyone: a scheduling
