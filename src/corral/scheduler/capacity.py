@@ -190,13 +190,10 @@ class Bucket:
         self.size = 0
 
     def __iter__(self) -> Iterator[NodeCap]:
-        nodes, base = self.nodes, 0
-        for word in self.words:
-            while word:
-                low = word & -word  # the lowest bit: the next node in node order
-                yield nodes[base + low.bit_length() - 1]
-                word ^= low
-            base += WORD
+        nodes, i = self.nodes, self.next_at(0)  # the one walk of the bits: ``next_at``'s
+        while i >= 0:
+            yield nodes[i]
+            i = self.next_at(i + 1)
 
     def next_at(self, pos: int) -> int:
         """The index of the first node in the bucket at or after index ``pos`` (-1: none).
