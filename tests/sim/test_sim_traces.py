@@ -141,3 +141,26 @@ def test_the_generators_rounding_is_round() -> None:
     values += [0.49999999999999994, 2.5000000000000004, 4503599627370495.5]
     for value in values:
         assert generate._round(value) == round(value), value
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_traces_names_are_one_string_each(tmp_path: Path, suffix: str) -> None:
+    # A reader makes a new string per field; the parser interns team, user and class names,
+    # so a million jobs of one user hold one string, and the scheduler's maps keyed by a
+    # name (quotas, usage, lines) find it by identity, not by comparing characters.
+    shape = generate.TraceShape(jobs=400, total_gpus=32, seed=5)
+    path = tmp_path / f"trace{suffix}"
+    write_trace(generate.trace(shape), path)
+    jobs = [s.job for s in read_trace(path, _parser())]
+    for field in ("team", "user", "priority"):
+        by_name: dict[str, str] = {}
+        for job in jobs:
+            name = getattr(job, field)
+            assert by_name.setdefault(name, name) is name, (field, name)
+        assert 1 < len(by_name) < len(jobs)
+
+
+def test_the_generated_jobs_name_their_team_by_the_teams_own_string() -> None:
+    teams = {t.name: t.name for t in generate.teams(4, 32)}
+    for sim_job in generate.trace(generate.TraceShape(jobs=200, total_gpus=32, seed=2)):
+        assert teams[sim_job.job.team] is sim_job.job.team

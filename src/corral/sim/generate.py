@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -69,7 +70,14 @@ def cluster(nodes: int, gpus_per_node: int = 8, *, model: str = "A100") -> tuple
 
 def teams(count: int, total_gpus: int) -> tuple[Team, ...]:
     """``count`` teams splitting the cluster's GPUs as equal quotas, free to borrow."""
-    return tuple(Team(f"team-{k}", quota_gpus=total_gpus / count) for k in range(count))
+    return tuple(Team(team_name(k), quota_gpus=total_gpus / count) for k in range(count))
+
+
+def team_name(k: int) -> str:
+    """Team ``k``'s name, interned: the trace's jobs and the scenario's ``Team`` then name
+    it by one string object, and a map keyed by team finds it by identity (an equal but
+    distinct string costs a compare of its characters on every look-up)."""
+    return sys.intern(f"team-{k}")
 
 
 def trace(shape: TraceShape) -> Iterator[SimJob]:
@@ -80,7 +88,7 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
     kind_cdf = list(itertools.accumulate(w for _, _, w in SHAPES))
     classes = [name for name, _ in PRIORITY_MIX]
     class_cdf = list(itertools.accumulate(w for _, w in PRIORITY_MIX))
-    users = [(f"user-{u}", f"team-{u % shape.teams}") for u in range(shape.users)]
+    users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]
     mu = math.log(MEDIAN_RUN_S)
     # Read once, not per job: the shape's fields are attribute lookups and ``_DAY_RAD`` a
     # module global's in a compiled build.
