@@ -159,6 +159,31 @@ def test_the_cycle_orders_ends_as_end_then_index_tuples_would(ends: dict[int, fl
     assert [cycle.started_end(idx) for idx in want] == sorted(ends.values())
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    ends=st.dictionaries(st.integers(0, 5), st.sampled_from([0.0, 1.5, 7.25, 1e9])),
+    booked=st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.5, 3.0, 2e9])), max_size=6),
+)
+def test_a_nodes_expected_end_is_its_booking_else_the_end_it_started_with(
+    ends: dict[int, float], booked: list[tuple[int, float]]
+) -> None:
+    # ``expected_end`` reads the cycle's start by index (a list the kept scheduler keeps in
+    # step with its map, or one made from the map): both give each node's end, and a
+    # booking later than it wins until rolled back.
+    cluster = Cluster.of(snapshot([node(f"n{i}").gpus(1) for i in range(6)]))
+    end_at: list[float | None] = [ends.get(i) for i in range(6)]
+    made, kept = (Cycle(cluster, ON, 0.0, ends=ends, end_at=at) for at in (None, end_at))
+    mark = made.checkpoint()
+    want = dict(ends)
+    for idx, end in booked:
+        made.book(idx, end)
+        want[idx] = max(end, want.get(idx, end))
+    assert [made.expected_end(i) for i in range(6)] == [want.get(i) for i in range(6)]
+    assert [kept.expected_end(i) for i in range(6)] == [ends.get(i) for i in range(6)]
+    made.rollback(mark)
+    assert [made.expected_end(i) for i in range(6)] == [ends.get(i) for i in range(6)]
+
+
 _END = st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9, None])  # None: the end is dropped
 
 

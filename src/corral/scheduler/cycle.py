@@ -108,7 +108,9 @@ class Cycle:
     ``source`` is a snapshot (a throwaway cluster is built from it) or a kept
     ``Cluster``; ``ends`` gives, per node index, when its running work should
     all have ended (from ``Snapshot.expected_ends``), when that is known;
-    ``order``, their last order kept by the caller along with ``ends``.
+    ``order``, their last order kept by the caller along with ``ends``; ``end_at``, the
+    same ends as a list by node index (``None`` where unknown) when the caller keeps one
+    in step with ``ends`` (made from ``ends`` otherwise).
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class Cycle:
         scorers: Sequence[Scorer] = DEFAULT_SCORERS,
         ends: Mapping[int, float] | None = None,
         order: EndOrder | None = None,
+        end_at: list[float | None] | None = None,
     ) -> None:
         if isinstance(source, Snapshot):
             cluster = Cluster.of(source)
@@ -142,6 +145,11 @@ class Cycle:
         self._failed: Memo[Need, int] = self.memo()
         # Both read as typed dicts: a compiled build looks them up directly (no method call).
         self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
+        if end_at is None:
+            end_at = _by_index(self._base_ends, len(cluster.cap.nodes))
+        # Read by index: the look-up per candidate node of ``expected_end`` boxed the index
+        # and hashed it, twice (both maps), where a list is read natively.
+        self._base_at = end_at
         self._end_order: list[int] | None = None  # their nodes, soonest end first, when asked
         self._kept_order = order
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
@@ -249,8 +257,12 @@ class Cycle:
 
     def expected_end(self, idx: int) -> float | None:
         """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
-        end = self._end_data.get(idx)
-        return self._base_ends.get(idx) if end is None else end
+        changed = self._end_data
+        if changed:  # this cycle moved some node's end (usually few): is it this one's?
+            end = changed.get(idx)
+            if end is not None:
+                return end
+        return self._base_at[idx]
 
     def ends_in_order(self) -> list[int]:
         """The nodes with an expected end the cycle started from (``started_end``), soonest
@@ -343,6 +355,15 @@ def node_ends(
             old = out.get(nc.idx)
             if old is None or end > old:
                 out[nc.idx] = end
+    return out
+
+
+def _by_index(ends: dict[int, float], nodes: int) -> list[float | None]:
+    """``ends`` as a list by node index (``nodes`` long, or to the last index ``ends``
+    names), ``None`` where a node has no known end."""
+    out: list[float | None] = [None] * max(nodes, max(ends, default=-1) + 1)
+    for idx, end in ends.items():
+        out[idx] = end
     return out
 
 

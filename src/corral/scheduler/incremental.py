@@ -243,7 +243,14 @@ class Scheduler:
         if not self.queue:
             return Plan()
         cluster = self._cluster_now()
-        cycle = Cycle(cluster, self.config, now, ends=self._node_end, order=self._end_order)
+        cycle = Cycle(
+            cluster,
+            self.config,
+            now,
+            ends=self._node_end,
+            order=self._end_order,
+            end_at=self._end_at,
+        )
         try:
             used = dict(zip(self._team_numbers.names, self._used, strict=True))
             ledger = Ledger.of_usage(self.teams, used, cycle.memo())
