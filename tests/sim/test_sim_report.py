@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from corral.cli.main import app
 from corral.core.model import Job
+from corral.core.resources import ResourceRequest
 from corral.sim import report
 from corral.sim.report import Metrics, Ranks, jain, kth, percentile
 
@@ -201,3 +202,19 @@ def test_equal_waits_share_one_float_up_to_the_cap() -> None:
     assert metrics.waits_by["user"]["anonymous"][1] is waits[0], "the groups share it too"
     assert len(metrics._interned) == 2, "85 came after the cap: kept, not remembered"
     assert metrics.summary(90.0, 1, {})["wait_p50_s"] == 80.0
+
+
+def test_waits_by_size_group_every_job_by_its_size_however_many_requests() -> None:
+    # ``first_placed`` finds the first requests' size groups by the request's identity and
+    # the replicas; a gang of the same request is another size, and requests past the first
+    # few are grouped by name as before.
+    requests = [ResourceRequest(gpus=g % 4 + 1) for g in range(report.RECENT_REQUESTS + 4)]
+    requests.append(ResourceRequest(gpu_milli=500))
+    metrics, want = Metrics(), {}
+    for i in range(120):
+        request, replicas = requests[i * 7 % len(requests)], 1 + (i % 5 == 0)
+        job = Job(f"j{i}", resources=request, replicas=replicas, submitted_at=0.0)
+        metrics.first_placed(job, float(i))
+        want.setdefault(report._size(job), []).append(float(i))
+    assert metrics.waits_by["gpus"] == want
+    assert {"1", "4", "0.5", "2x1", "2x4"} <= set(want)

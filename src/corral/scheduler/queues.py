@@ -30,6 +30,7 @@ from corral.scheduler.ordering import job_key
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
+RECENT_REQUESTS: Final = 8  # the first requests seen, found by identity in a scan (``need``)
 
 
 class Group:
@@ -97,6 +98,7 @@ class Queue:
         self.models: Counter[str] = Counter()
         self._needs: dict[ResourceRequest, Need] = {}
         self._by_request: dict[int, tuple[ResourceRequest, Need]] = {}  # by id(request)
+        self._recent: list[tuple[ResourceRequest, Need]] = []  # the first few, scanned
         self._groups: dict[tuple[str, Need, int, bool, float | None], Group] = {}  # interned
         self._stamps = 0  # the last stamp handed out (``stamp``)
 
@@ -254,8 +256,12 @@ class Queue:
             return need_of(job)
         r = job.resources
         # Jobs often share one request object (a trace's shapes, a batch's copies): found
-        # by identity first, without hashing the request's six fields. The entry holds the
-        # request, so no other object can take its id while it is cached.
+        # by identity first, without hashing the request's six fields: among the first
+        # few requests seen by a scan (no int boxed for ``id`` and hashed), then by id.
+        # The entries hold the request, so no other object can take its id while cached.
+        for seen, known in self._recent:
+            if seen is r:
+                return known
         same = self._by_request.get(id(r))
         if same is not None:
             return same[1]
@@ -264,6 +270,9 @@ class Queue:
             if len(self._needs) >= NEED_CACHE:
                 self._needs.clear()
             need = self._needs[r] = need_of(job)
+        if len(self._recent) < RECENT_REQUESTS:
+            self._recent.append((r, need))
+            return need
         if len(self._by_request) >= NEED_CACHE:
             self._by_request.clear()
         self._by_request[id(r)] = (r, need)

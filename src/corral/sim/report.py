@@ -31,10 +31,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
 
 from corral.core.model import Job
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, ResourceRequest
 from corral.core.states import JobState
 from corral.scheduler.api import Snapshot
 
@@ -88,6 +88,7 @@ class JobRecord:
 
 
 INTERNED = 1 << 16  # distinct waits given one shared float each; the rest keep their own
+RECENT_REQUESTS: Final = 8  # requests whose size's waits ``first_placed`` finds by identity
 
 
 class Metrics:
@@ -124,6 +125,7 @@ class Metrics:
         self._by_team = self.waits_by["team"]
         self._by_user = self.waits_by["user"]
         self._by_gpus = self.waits_by["gpus"]
+        self._sizes: list[tuple[ResourceRequest, int, list[float]]] = []  # ``_size_bucket``
 
     def arrived(self, job: Job) -> None:
         self.jobs_total += 1
@@ -138,7 +140,20 @@ class Metrics:
         _bucket(self._by_priority, job.priority).append(wait)
         _bucket(self._by_team, job.team).append(wait)
         _bucket(self._by_user, job.user).append(wait)
-        _bucket(self._by_gpus, _size(job)).append(wait)
+        self._size_bucket(job).append(wait)
+
+    def _size_bucket(self, job: Job) -> list[float]:
+        """The waits of ``job``'s size (``_size``): for the first few requests seen, found
+        by the request's identity and the replicas, without making the size's name again
+        (a new string, hashed) per job."""
+        r, replicas = job.resources, job.replicas
+        for request, count, bucket in self._sizes:
+            if request is r and count == replicas:
+                return bucket
+        bucket = _bucket(self._by_gpus, _size(job))
+        if len(self._sizes) < RECENT_REQUESTS:
+            self._sizes.append((r, replicas, bucket))  # holds ``r``: its identity stays its own
+        return bucket
 
     def _shared(self, wait: float) -> Any:
         """``wait`` as the float object all equal waits share (the first ``interned_cap``
