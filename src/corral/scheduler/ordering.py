@@ -369,11 +369,14 @@ class _User(Generic[Q]):
 
     __slots__ = ("lines", "mine", "name", "pos", "slots", "started", "step", "tie", "vt")
 
+    # Set by ``LiveQueue.refill``, which runs before any walk: made here too, they were two
+    # lists made and freed per user and pass.
+    pos: list[int]
+    mine: list[tuple[float, str, int, _Slot[Q]]]
+
     def __init__(self, name: str, line: Line[Q]) -> None:
         self.name = name
         self.lines = [line]
-        self.pos: list[int] = []
-        self.mine: list[tuple[float, str, int, _Slot[Q]]] = []
         self.slots: dict[Q, _Slot[Q]] = {}
         self.started = False
         self.vt = 0.0
