@@ -7,6 +7,7 @@ from scheduler_builders import alloc, job, node, snapshot
 from scheduler_replay import World
 
 from corral.scheduler import fragmentation
+from corral.scheduler.fragmentation import of_free
 
 
 def test_an_empty_cluster_is_not_fragmented() -> None:
@@ -29,6 +30,18 @@ def test_scattered_free_cards_and_slivers_count_as_fragmentation() -> None:
     assert report.score == pytest.approx(1.0)
     assert report.blocks == {2: 1, 7: 1}
     assert report.usable_for(4) == 1
+
+
+def test_free_cards_give_what_the_allocations_holding_the_rest_give() -> None:
+    # ``of_free``: a shell that keeps each card's free milli-GPUs (the simulator's world)
+    # measures without walking allocations; the layout above, from what is free.
+    nodes = [node("a").gpus(8), node("b").gpus(8), node("c").gpus(2)]
+    free = [[0] * 6 + [1000] * 2, [500] + [1000] * 7, [1000, 1000]]
+    report = of_free([n.build() for n in nodes], free)
+    assert (report.free_gpus, report.free_in_whole_nodes, report.stranded_milli) == (11, 2, 500)
+    assert report.blocks == {2: 2, 7: 1}
+    allocs = [alloc("x", "a").cards(0, 1, 2, 3, 4, 5), alloc("y", "b").cards(0, milli=500)]
+    assert report == fragmentation(snapshot(nodes, allocs=allocs))
 
 
 def test_paused_nodes_do_not_count() -> None:

@@ -12,13 +12,16 @@ from collections.abc import Callable
 import pytest
 
 from corral.core import Job, ResourceRequest
+from corral.scheduler import fragmentation as from_allocations
 from corral.scheduler.api import Config, Placement, Plan, Preemption, Snapshot
-from corral.sim import generate
+from corral.scheduler.fragmentation import of_free
+from corral.sim import generate, runner
 from corral.sim.baselines import first_fit
 from corral.sim.errors import PlanRejected
 from corral.sim.report import JobRecord
 from corral.sim.runner import ScheduleFn, simulate
 from corral.sim.scenario import Scenario, SimJob, fixed_jobs
+from corral.sim.world import World
 
 
 def _job(job_id: str, at: float, duration: float | None, gpus: int = 4, **kw: object) -> SimJob:
@@ -230,3 +233,27 @@ def test_progress_is_reported_and_ends_with_a_final_report() -> None:
     simulate(scenario, first_fit, progress=reports.append)
     assert reports[-1].done
     assert (reports[-1].arrived, reports[-1].now, reports[-1].queued) == (1, 10, 0)
+
+
+def test_the_worlds_free_cards_measure_what_its_allocations_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The runner samples fragmentation from the world's free cards (``of_free``); at every
+    # sample of a run with half-card jobs, gangs and preemptions, that must be what the
+    # scheduler's measure makes of the world's snapshot (its allocations).
+    checked: list[float] = []
+
+    def measure(world: World) -> Callable[[], object]:
+        def both() -> object:
+            ours = of_free(world.nodes, world.gpu_free)
+            assert ours == from_allocations(world.snapshot())
+            checked.append(ours.score)
+            return ours
+
+        return both
+
+    monkeypatch.setattr(runner, "_fragmentation_measure", measure)
+    scenario = generate.scenario(6, 600, load=1.2, seed=4, cycle_interval_s=30.0)
+    summary = simulate(scenario, "corral")
+    assert summary["fragmentation"]["samples"] == len(checked) > 50
+    assert len(set(checked)) > 5, "the cluster's spread changed along the run"

@@ -36,7 +36,6 @@ from typing import Any, Final
 from corral.core.model import Job
 from corral.core.resources import MILLI, ResourceRequest
 from corral.core.states import JobState
-from corral.scheduler.api import Snapshot
 
 
 @dataclass(slots=True)
@@ -235,13 +234,14 @@ class Metrics:
 class FragmentationSampler:
     """Time-weighted mean of the scheduler's fragmentation score, sampled after cycles.
 
-    ``measure`` is ``corral.scheduler.fragmentation`` (any callable from a
-    snapshot to an object with a ``score`` in 0..1). Measuring costs
-    O(nodes + allocations), so it runs at most every ``every_s`` simulated
-    seconds; each sample holds until the next one.
+    ``measure`` measures the cluster now (the runner's: the scheduler's
+    ``fragmentation.of_free`` over the world's free cards; any callable giving
+    an object with a ``score`` in 0..1). Measuring costs O(cards), so it runs
+    at most every ``every_s`` simulated seconds; each sample holds until the
+    next one.
     """
 
-    def __init__(self, measure: Callable[[Snapshot], Any], every_s: float) -> None:
+    def __init__(self, measure: Callable[[], Any], every_s: float) -> None:
         self.measure = measure
         self.every_s = every_s
         self.samples = 0
@@ -253,8 +253,8 @@ class FragmentationSampler:
     def due(self, now: float) -> bool:
         return self.first is None or now - self.last_at >= self.every_s
 
-    def sample(self, snapshot: Snapshot, now: float) -> None:
-        score = float(self.measure(snapshot).score)
+    def sample(self, now: float) -> None:
+        score = float(self.measure().score)
         if self.first is None:
             self.first = now
         else:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot
+from corral.scheduler.api import Config, Plan, ReasonCode
 from corral.scheduler.service import ServiceLedger
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
@@ -104,7 +104,7 @@ class _Run:
         self.service = ServiceLedger()
         self.progress = progress
         self.arrived = 0
-        measure = _fragmentation_measure()
+        measure = _fragmentation_measure(self.world)
         self.fragmentation = (
             None
             if measure is None
@@ -136,7 +136,7 @@ class _Run:
                 cycle_at = None
                 self._cycles(t, seed)
                 if self.fragmentation is not None and self.fragmentation.due(t):
-                    self.fragmentation.sample(self.world.snapshot(), t)
+                    self.fragmentation.sample(t)
                 if scaling is not None:
                     scaling.wake(t)  # the cycle changed what waits
             if scaling is not None and scaling.tick(t) and cycle_at is None:
@@ -235,11 +235,15 @@ class _Run:
         )
 
 
-def _fragmentation_measure() -> Callable[[Snapshot], Any] | None:
-    """The scheduler's fragmentation measure, when this build of it has one."""
-    module = importlib.import_module("corral.scheduler")
+def _fragmentation_measure(world: World) -> Callable[[], Any] | None:
+    """The scheduler's fragmentation measure of ``world`` now, when this build of it has
+    one: from the world's free cards (``of_free``: O(cards), no map), else from a snapshot."""
+    module = importlib.import_module("corral.scheduler.fragmentation")
+    of_free = getattr(module, "of_free", None)
+    if callable(of_free):
+        return lambda: of_free(world.nodes, world.gpu_free)
     measure = getattr(module, "fragmentation", None)
-    return measure if callable(measure) else None
+    return (lambda: measure(world.snapshot())) if callable(measure) else None
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:

@@ -104,6 +104,11 @@ class World:
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
 
+    @property
+    def gpu_free(self) -> list[list[int]]:
+        """Each node's free milli-GPUs by card index, by node position (read-only)."""
+        return self._gpu_free
+
     def snapshot(self) -> Snapshot:
         """The frozen view ``schedule`` gets: two tuple copies, nothing rebuilt."""
         return Snapshot(
