@@ -15,6 +15,7 @@ from corral.scheduler.lines import lines_of
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, FairQueue, LiveQueue
 from corral.scheduler.queues import Group, Queue
+from corral.scheduler.service import with_served
 
 
 def jobs_of(user: str, count: int, start: float = 0.0) -> list[Job]:
@@ -201,18 +202,27 @@ def live_queue_runs(draw: st.DrawFn) -> tuple[dict[str, dict[str, list[Job]]], l
     return groups, draw(st.lists(st.integers(0, 99), max_size=60))
 
 
-@given(live_queue_runs(), st.booleans())
+@given(
+    live_queue_runs(),
+    st.booleans(),
+    st.dictionaries(st.sampled_from("uvwx"), st.sampled_from([0.25, 1.0, 2.5]), max_size=4),
+)
 def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
-    run: tuple[dict[str, dict[str, list[Job]]], list[int]], by_team: bool
+    run: tuple[dict[str, dict[str, list[Job]]], list[int]],
+    by_team: bool,
+    served: dict[str, float],
 ) -> None:
     """Pop for pop, the queue over kept lines agrees with the one that heaps every live
     group (the implementation before the sim2 round): groups die as the script says,
-    jobs are decided, placed or not, with riders, and a refill revives groups."""
+    jobs are decided, placed or not, with riders, and a refill revives groups. Users'
+    recent service, given apart, counts as the reference's running work with it added
+    (``with_served``)."""
     groups, script = run
     dead: set[str] = set()
     decided: set[str] = set()
     weights = {"v": 2.0}
     running = {"w": 1.0}
+    merged = with_served({"c": running}, served, ["c"]).get("c", {})
 
     def live(g: str) -> bool:
         return g not in dead
@@ -223,10 +233,10 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
     if by_team:  # two "teams": even and odd groups, each with its own lines
         halves = [{g: h for g, h in groups.items() if int(g[1:]) % 2 == k} for k in (0, 1)]
         lines = [lines_of(half) for half in halves]
-        ours = LiveQueue(groups, weights, running, Checks(live, usable), lines)
+        ours = LiveQueue(groups, weights, running, Checks(live, usable), lines, served)
     else:
-        ours = LiveQueue(groups, weights, running, Checks(live, usable))
-    reference = ReferenceLiveQueue(groups, weights, running, live, usable)
+        ours = LiveQueue(groups, weights, running, Checks(live, usable), served=served)
+    reference = ReferenceLiveQueue(groups, weights, merged, live, usable)
     names = sorted(groups)
     every = [j for holders in groups.values() for own in holders.values() for j in own]
     for step in script:

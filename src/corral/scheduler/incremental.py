@@ -43,7 +43,6 @@ from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
-from corral.scheduler.service import with_served
 from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, join, leave
 from corral.scheduler.victims import VictimIndex, inner_map
 
@@ -264,8 +263,13 @@ class Scheduler:
                 node_work=self._work,
                 explain=explain,
             )
-            running = with_served(self._running, self.served, self.classes)
-            Passes(planner, self.queue, running).run()
+            served = self.served
+            Passes(
+                planner,
+                self.queue,
+                self._running,
+                served if isinstance(served, dict) else dict(served),
+            ).run()
             plan = planner.plan()
         except BaseException:
             cycle.rollback(cycle.start)

@@ -171,9 +171,12 @@ class LiveQueue(Generic[Q]):
     before those of the groups after it in the line), and the top of a heap of
     the groups whose cursor moved on (handed out or skipped jobs), keyed by
     their next job. So a pass looks at the front of each user's lines, not at
-    every live group; ``Queue`` keeps the lines between cycles. ``weights`` and
-    ``running`` (users' weights, their running work) are dicts, not any mapping: a
-    compiled build reads them natively as each user starts.
+    every live group; ``Queue`` keeps the lines between cycles. ``weights``,
+    ``running`` and ``served`` (users' weights, their running work in the class, their
+    recent service in every class: ``service.py``) are dicts, not any mapping: a
+    compiled build reads them natively as each user starts. A user's tie is its running
+    work and its service added, per weight: what ``service.with_served`` would give,
+    added up only for the users that start rather than for every user and class.
     """
 
     def __init__(
@@ -183,10 +186,12 @@ class LiveQueue(Generic[Q]):
         running: dict[str, float],
         gate: Gate[Q],
         lines: Iterable[Mapping[str, Line[Q]]] | None = None,
+        served: dict[str, float] | None = None,
     ) -> None:
         self._groups = groups
         self._weights = weights
         self._running = running
+        self._served: dict[str, float] = {} if served is None else served
         self._gate = gate
         users: dict[str, _User[Q]] = {}
         for per_user in (lines_of(groups),) if lines is None else lines:
@@ -226,7 +231,13 @@ class LiveQueue(Generic[Q]):
         state.started = True
         state.vt = 0.0
         state.step = 1.0 / weight
-        state.tie = self._running.get(user, 0.0) / weight
+        served = self._served
+        running = self._running.get(user, 0.0)
+        if served:  # as ``with_served`` adds: only for a user it has
+            got = served.get(user)
+            if got is not None:
+                running = running + got
+        state.tie = running / weight
 
     def pop(self) -> Job | None:
         """The next job: the least served user's oldest live job (None: no live job left)."""

@@ -26,24 +26,30 @@ import math
 from collections.abc import Callable, Mapping
 from heapq import heapify, heappop, heappush
 
-from corral.core.model import EMPTY, Job, PriorityClass
+from corral.core.model import Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
 from corral.scheduler.need import Need
 from corral.scheduler.ordering import FairQueue, Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Group, Holders, Queue
+from corral.scheduler.service import with_served
 
 
 class Passes:
     """Runs the passes of one cycle over ``queue`` with ``planner``."""
 
     def __init__(
-        self, planner: Planner, queue: Queue, running: dict[str, dict[str, float]]
+        self,
+        planner: Planner,
+        queue: Queue,
+        running: dict[str, dict[str, float]],
+        served: dict[str, float] | None = None,
     ) -> None:
         self.planner = planner
         self.queue = queue
-        self.running = running
+        self.running = running  # class -> user -> running work
+        self.served: dict[str, float] = {} if served is None else served  # user -> service
         self.now = planner.now
         self.weights = dict(planner.config.user_weights)  # a dict: ``LiveQueue`` reads it
         self.ranked = by_rank(planner.config.priority_classes)
@@ -87,7 +93,7 @@ class Passes:
             return
         running = self.running.get(pclass.name) or {}
         lines = self.queue.lines[pclass.name].values()
-        queue = LiveQueue(groups, self.weights, running, live, lines)
+        queue = LiveQueue(groups, self.weights, running, live, lines, self.served)
         planner, of = self.planner, self.queue.groups
         state = planner.state()
         while (job := queue.pop()) is not None:
@@ -122,7 +128,10 @@ class Passes:
             return
         running = self.running.get(pclass.name) or {}
         lines = self.queue.lines[pclass.name]
-        queues = {t: LiveQueue(groups, self.weights, running, live, (lines[t],)) for t in teams}
+        queues = {
+            t: LiveQueue(groups, self.weights, running, live, (lines[t],), self.served)
+            for t in teams
+        }
         planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
         heapify(heap)
@@ -198,7 +207,7 @@ class Passes:
                 for job in jobs
                 if job.id in waiting or usable(job)  # a wait for a model holder has its reason
             ]
-            running = self.running.get(pclass.name, EMPTY)
+            running = with_served(self.running, self.served, (pclass.name,)).get(pclass.name, {})
             for job in FairQueue(left, self.weights, running):
                 planner.leave(job, planner.explanation(job, pclass))
 

@@ -16,7 +16,7 @@ history fades.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 HALF_LIFE_S: Final = 600.0
@@ -61,7 +61,7 @@ class ServiceLedger:
 def with_served(
     running: dict[str, dict[str, float]],
     served: Mapping[str, float],
-    classes: Mapping[str, object],
+    classes: Iterable[str],
 ) -> dict[str, dict[str, float]]:
     """Running work per class and user, plus each user's recent service (all classes)."""
     if not served:
