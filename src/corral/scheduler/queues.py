@@ -207,11 +207,14 @@ class Queue:
         if own:
             line.move(group, job, own[0])
             return
-        line.drop(group, job)
-        if not line.groups:
-            del users[job.user]
-            if not users:
-                del self.lines[job.priority][job.team]
+        groups = line.groups
+        if len(groups) > 1 or groups[0] is not group:
+            line.drop(group, job)
+            return
+        # its only group: the line goes whole, not emptied first (two list shifts saved)
+        del users[job.user]
+        if not users:
+            del self.lines[job.priority][job.team]
 
     def _forget(self, cls: str, group: Group) -> None:
         """``group`` of class ``cls`` has no job left: out of the kept splits too."""
@@ -310,6 +313,9 @@ def _not_after(a: Job, b: Job) -> bool:
 
 def _remove(lists: dict[HK, list[Job]], key: HK, job: Job) -> None:
     own = lists[key]
+    if len(own) == 1 and own[0] is job:  # its last job: the list goes whole, not emptied
+        del lists[key]
+        return
     _remove_from(own, job)
     if not own:
         del lists[key]
