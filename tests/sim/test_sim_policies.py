@@ -121,6 +121,21 @@ def test_every_policy_finishes_every_job_without_breaking_invariants(
         assert summary["quota_violations"] == 0  # a never exceeds quota 4 + borrow 4
 
 
+def test_a_policy_blind_to_quotas_is_counted_each_time_it_passes_a_teams_limit() -> None:
+    # a may hold 1 GPU (quota 1, no borrowing), b has no limit. First-fit ignores quotas:
+    # a's second and third jobs at once pass its limit (two violations); b's never do; a
+    # job of a's that starts after the others ended is within it again.
+    nodes = generate.cluster(1, 4)
+    teams = (Team("a", quota_gpus=1, borrow_limit_gpus=0), Team("b", quota_gpus=0))
+    one = ResourceRequest(gpus=1)
+    jobs = [SimJob(Job(f"a{i}", resources=one, team="a"), 10.0) for i in range(3)]
+    jobs.append(SimJob(Job("b0", resources=one, team="b"), 10.0))
+    jobs.append(SimJob(Job("a3", resources=one, team="a", submitted_at=50.0), 10.0))
+    scenario = Scenario(nodes=nodes, jobs=fixed_jobs(tuple(jobs)), teams=teams)
+    assert simulate(scenario, first_fit)["quota_violations"] == 2
+    assert simulate(scenario, "corral")["quota_violations"] == 0
+
+
 def test_the_same_seed_gives_the_same_report_and_another_trace_seed_another(
     run_sim: Callable[..., SimRun], write: Callable[[str, str], Path], tmp_path: Path
 ) -> None:

@@ -94,8 +94,8 @@ class World:
         self.teams: dict[str, Team] = {t.name: t for t in scenario.teams}
         self._teams_view = tuple(self.teams.values())
         self._auto_teams = scenario.auto_teams
-        self._team_milli: dict[str, int] = {}
-        self._team_cap = {t.name: _cap_milli(t) for t in scenario.teams}
+        # per team: milli-GPUs held and the most it may hold, one record (one look-up a change)
+        self._team_use = {t.name: _TeamUse(_cap_milli(t)) for t in scenario.teams}
         self.queued: dict[str, Job] = {}
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
@@ -288,9 +288,11 @@ class World:
             raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
 
     def _count_team(self, team: str, milli: int) -> None:
-        used = self._team_milli.get(team, 0) + milli
-        self._team_milli[team] = used
-        cap = self._team_cap.get(team)
+        use = self._team_use.get(team)
+        if use is None:  # every job's team is added on submission; kept safe all the same
+            use = self._team_use[team] = _TeamUse(None)
+        used = use.milli = use.milli + milli
+        cap = use.cap
         if milli > 0 and cap is not None and used > cap:
             self._metrics.quota_violations += 1
 
@@ -368,7 +370,8 @@ class World:
             vram[g] = vram[g] + alloc.vram_bytes
         self._cpu_free[i] = self._cpu_free[i] + alloc.cpus
         milli = alloc.milli
-        self._team_milli[alloc.team] = self._team_milli[alloc.team] - milli
+        use = self._team_use[alloc.team]
+        use.milli = use.milli - milli
         self._metrics.allocation_ended(alloc.team, milli, now - alloc.started_at)
         if still_running or self._sink is None:
             return  # placement records are kept only for a sink
@@ -403,8 +406,20 @@ class World:
         team = Team(name)
         self.teams[name] = team
         self._teams_view = tuple(self.teams.values())
-        self._team_cap[name] = _cap_milli(team)
+        self._team_use[name] = _TeamUse(_cap_milli(team))
         self._observer.teams_changed(self._teams_view)
+
+
+class _TeamUse:
+    """A team's milli-GPUs held in the world, and the most it may hold (``cap``; None: no
+    limit). A record, not two maps by team: a compiled build updates its field natively,
+    where each allocation's start and end looked a team up in both and boxed the sum."""
+
+    __slots__ = ("cap", "milli")
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self.milli = 0
 
 
 def _cap_milli(team: Team) -> int | None:
