@@ -95,14 +95,14 @@ class Metrics:
 
     def __init__(self) -> None:
         self.jobs_total = 0
-        self.states: dict[JobState, int] = dict.fromkeys(JobState, 0)
+        self._states: dict[JobState, _Count] = {state: _Count() for state in JobState}
         self.never_placed = 0
         self.preemptions = 0
         self.quota_violations = 0
         self.cycles = 0
         self.start: float | None = None
         self.gpu_milli_s = 0.0
-        self.team_milli_s: dict[str, float] = {}
+        self._team_milli_s: dict[str, _Sum] = {}  # per team: a record, one look-up a change
         self.gpu_teams: set[str] = set()
         # Lists, not float arrays: a compiled build appends to a list natively, while an
         # array's ``append`` is a generic method call (about 700 instructions, five per job)
@@ -172,14 +172,28 @@ class Metrics:
         self.queued_waits.append(waited)
         _bucket(self.queued_by_gpus, _size(job)).append(waited)
 
+    @property
+    def team_milli_s(self) -> dict[str, float]:
+        """Milli-GPU-seconds each team's ended allocations held (a new dict)."""
+        return {team: total.value for team, total in self._team_milli_s.items()}
+
     def allocation_ended(self, team: str, milli: int, seconds: float) -> None:
         used = milli * seconds
         self.gpu_milli_s += used
-        self.team_milli_s[team] = self.team_milli_s.get(team, 0.0) + used
+        total = self._team_milli_s.get(team)
+        if total is None:
+            total = self._team_milli_s[team] = _Sum()
+        total.value += used  # a float field: added natively, no float boxed per change
+
+    @property
+    def states(self) -> dict[JobState, int]:
+        """How many jobs left the simulation in each state (a new dict)."""
+        return {state: count.value for state, count in self._states.items()}
 
     def job_done(self, state: JobState, *, placed: bool) -> None:
         """A job left the simulation (finished, or still there at the end)."""
-        self.states[state] = self.states[state] + 1  # not ``+=``: native in a compiled build
+        count = self._states[state]
+        count.value = count.value + 1  # not ``+=``: native in a compiled build
         if not placed:
             self.never_placed += 1
 
@@ -195,19 +209,21 @@ class Metrics:
         were there all along; ``extra_gpu_s`` are GPU-seconds of nodes that came and went
         (autoscaling) between the start and ``end``."""
         start = self.start if self.start is not None else end
+        states = self.states
         capacity = total_gpus * MILLI * (end - start)
         if extra_gpu_s is not None:
             capacity += extra_gpu_s * MILLI
+        team_milli_s = self.team_milli_s
         fairness = jain(
-            [self.team_milli_s.get(t, 0.0) / weights.get(t, 1.0) for t in sorted(self.gpu_teams)]
+            [team_milli_s.get(t, 0.0) / weights.get(t, 1.0) for t in sorted(self.gpu_teams)]
         )
         ordered = Ranks(self.waits)  # once: the p95 counting queued jobs reads it too
         p50, p95 = ordered.percentile(50), ordered.percentile(95)
         return {
             "jobs_total": self.jobs_total,
-            "jobs_completed": self.states[JobState.SUCCEEDED],
-            "jobs_running": self.states[JobState.RUNNING] + self.states[JobState.PLACED],
-            "jobs_queued": self.states[JobState.QUEUED],
+            "jobs_completed": states[JobState.SUCCEEDED],
+            "jobs_running": states[JobState.RUNNING] + states[JobState.PLACED],
+            "jobs_queued": states[JobState.QUEUED],
             "jobs_never_placed": self.never_placed,
             "preemptions": self.preemptions,
             "quota_violations": self.quota_violations,
@@ -222,13 +238,32 @@ class Metrics:
             "wait_by_gpus": _by_size(self.waits_by["gpus"], self.queued_by_gpus),
             "jain_fairness": None if fairness is None else round(fairness, 6),
             "gpu_seconds_by_team": {
-                t: round(v / MILLI, 3) for t, v in sorted(self.team_milli_s.items())
+                t: round(v / MILLI, 3) for t, v in sorted(team_milli_s.items())
             },
             "gpus_total": total_gpus,
             "start_s": start,
             "end_s": end,
             "cycles": self.cycles,
         }
+
+
+class _Count:
+    """A count kept in a map, updated in place (see ``_Sum``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class _Sum:
+    """A running total kept in a map: updated in place, where a float in the map was
+    looked up, added to, boxed and stored again."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
 
 
 class FragmentationSampler:
