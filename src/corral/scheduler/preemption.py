@@ -86,7 +86,6 @@ class Preemptor:
         self._min_runtime_s = min_runtime_s
         index.settle()  # the changes since the last cycle that preempted
         self._index = index
-        self._by_team = index.team_nodes  # team -> node name -> milli
         self._victim_milli = index.node_milli  # node index -> milli all its victims hold there
         self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at
         self._orders: dict[str, list[NodeCap]] = {}
@@ -143,7 +142,7 @@ class Preemptor:
         feasible = set(cycle.feasible_classes(need))
         teams = [
             t
-            for t in self._by_team
+            for t in self._index.teams()
             if (t == ask.team and ask.priority)
             or (t != ask.team and ask.reclaim and ledger.over_quota(t))
         ]
@@ -158,10 +157,10 @@ class Preemptor:
         cached = self._orders.get(team)
         if cached is None:
             scored = []
-            for name, milli in self._by_team[team].items():
-                nc = cycle.node(name)
-                if nc is not None:
-                    scored.append((-(milli + nc.milli_free), nc.idx, nc))
+            nodes = cycle.cap.nodes  # the index's node indices are the cycle's
+            for idx, milli in self._index.nodes_of(team):
+                nc = nodes[idx]
+                scored.append((-(milli + nc.milli_free), nc.idx, nc))
             scored.sort(key=lambda item: (item[0], item[1]))
             cached = self._orders[team] = [nc for _, _, nc in scored]
         return cached

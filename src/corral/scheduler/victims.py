@@ -64,11 +64,17 @@ class VictimIndex:
         # the map's fast path; a reader keeps those of the very job set): the latest slot
         # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
         self.by_jobs: dict[str, Slot] = {}
-        self.team_nodes: dict[str, dict[str, int]] = {}  # team -> node name -> milli there
         self.node_milli: list[int] = [0] * nodes  # node -> milli of its evictable allocations
-        # node -> team number -> its evictable allocations there: whether the team's entry
-        # for the node stays, without a walk of the node's victims (each one touched)
+        # node -> team number -> its evictable allocations there: whether the team has an
+        # entry for the node, without a walk of the node's victims (each one touched)
         self._teams_at: list[list[int]] = [[] for _ in range(nodes)]
+        # By team number (``Slot.team``), lists where maps by team and node name were read
+        # and written per allocation: the milli its evictable allocations hold on each node,
+        # on how many nodes it has any, and its name (``teams``, ``nodes_of``)
+        self._nodes = nodes
+        self._team_milli: list[list[int]] = []
+        self._team_spread: list[int] = []
+        self._team_name: list[str] = []
         self._adding: list[Slot] = []  # started since the last settle (``Slot.waiting``)
         self._removing: list[Slot] = []  # indexed, and ended since the last settle
 
@@ -113,9 +119,16 @@ class VictimIndex:
         counts, team = self._teams_at[node], slot.team
         while len(counts) <= team:
             counts.append(0)
+        while len(self._team_milli) <= team:
+            self._team_milli.append([0] * self._nodes)
+            self._team_spread.append(0)
+            self._team_name.append("")
+        if counts[team] == 0:  # the team's first evictable allocation on this node
+            self._team_spread[team] = self._team_spread[team] + 1
+            self._team_name[team] = alloc.team
         counts[team] = counts[team] + 1
-        nodes, name = inner_map(self.team_nodes, alloc.team), alloc.node
-        nodes[name] = nodes.get(name, 0) + milli
+        milli_at = self._team_milli[team]
+        milli_at[node] = milli_at[node] + milli
         self.node_milli[node] = self.node_milli[node] + milli
 
     def _unindex(self, slot: Slot) -> None:
@@ -137,20 +150,43 @@ class VictimIndex:
         node = slot.node
         if node == NOWHERE or not self._evictable(alloc):
             return
-        team, milli = alloc.team, 0 if alloc.on_cpu else alloc.milli
+        team, milli = slot.team, 0 if alloc.on_cpu else alloc.milli
         _leave(self.on_node[node], slot)
         # The team's entry for the node lives while one of its evictable allocations is there.
         counts = self._teams_at[node]
-        left = counts[slot.team] - 1
-        counts[slot.team] = left
-        nodes, name = self.team_nodes[team], alloc.node
-        if left:
-            nodes[name] = nodes[name] - milli
-        else:
-            del nodes[name]
-            if not nodes:
-                del self.team_nodes[team]
+        left = counts[team] - 1
+        counts[team] = left
+        milli_at = self._team_milli[team]
+        milli_at[node] = milli_at[node] - milli
+        if not left:
+            self._team_spread[team] = self._team_spread[team] - 1
         self.node_milli[node] = self.node_milli[node] - milli
+
+    def teams(self) -> list[str]:
+        """The teams with evictable work on some node (as of the last ``settle``)."""
+        return [name for t, name in enumerate(self._team_name) if self._team_spread[t]]
+
+    def nodes_of(self, team: str) -> list[tuple[int, int]]:
+        """(node index, milli-GPUs) of each node where ``team`` has evictable work, by
+        index: O(nodes), asked once per team by a cycle that preempts."""
+        for t, name in enumerate(self._team_name):
+            if name == team and self._team_spread[t]:
+                milli_at = self._team_milli[t]
+                return [
+                    (node, milli_at[node])
+                    for node, counts in enumerate(self._teams_at)
+                    if t < len(counts) and counts[t]
+                ]
+        return []
+
+    @property
+    def team_nodes(self) -> dict[str, dict[str, int]]:
+        """Team -> node name -> milli-GPUs of its evictable allocations there (a new dict;
+        a node's name is its victims')."""
+        return {
+            team: {self.on_node[node][0].alloc.node: milli for node, milli in self.nodes_of(team)}
+            for team in self.teams()
+        }
 
     def units(self, node: int, now: float) -> list[Victim]:
         """The victims holding something on node index ``node``, cheapest to evict first
