@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from scheduler_builders import job, node, snapshot
 
 from corral.core import GIB, Gpu, Node
+from corral.scheduler.api import Config
 from corral.scheduler.capacity import Bucket, Capacity, NodeCap
+from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.fit import search
 from corral.scheduler.need import Need
 
 NODES = tuple(
@@ -153,3 +157,49 @@ def test_a_bucket_walked_by_next_at_gives_its_nodes_in_order_from_any_index(
         walked.append(i)
         i = bucket.next_at(i + 1)
     assert walked == sorted(members) == [nc.idx for nc in bucket]
+
+
+MIXED = tuple(
+    Node(name=f"m{i}", gpus=tuple(Gpu(g, "A100", 24 * GIB) for g in range(4)), cpus=8)
+    for i in range(6)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.sampled_from((250, 1000)))),
+    st.sampled_from(
+        (Need(gpus=1, cpus=1), Need(gpus=2), Need(gpus=3, cpus=4), Need(milli=250), Need(cpus=2))
+    ),
+    st.integers(1, 8),
+    st.booleans(),
+)
+def test_a_search_of_one_tier_lists_each_node_once_with_or_without_a_seen_set(
+    taken: list[tuple[int, int, int]], need: Need, limit: int, by_class: bool
+) -> None:
+    # ``search`` keeps no set for a whole-card search of the caller's only tier: its sources
+    # hold disjoint nodes and an index holds a node in one bucket of wholly free cards. It
+    # must find what it finds with an empty set, and never a node twice.
+    cap = Capacity(MIXED, [0, 0, 1, 1, 2, 2])
+    for n, card, milli in taken:
+        nc = cap.nodes[n]
+        if nc.gpu_free[card] >= milli and nc.cpus_free >= 1:
+            cap.reserve(nc, (card,), milli, milli * 24 * GIB // 1000, 1)
+    sources = (
+        [(cap.by_class[c], None) for c in sorted(cap.by_class)]
+        if by_class
+        else [(cap.everywhere, None)]
+    )
+    without = search(need, sources, limit, None)
+    with_set = search(need, sources, limit, set())
+    assert [(f.node.idx, f.gpus) for f in without] == [(f.node.idx, f.gpus) for f in with_set]
+    assert len({f.node.idx for f in without}) == len(without)
+
+
+def test_a_node_in_two_tiers_is_a_candidate_once() -> None:
+    # Nodes holding the model are searched first (their tier), then every node: the ones
+    # found in the first tier must not come again from the second.
+    nodes = [node(f"n{i}").gpus(2).models(loaded=("m",) if i < 2 else ()) for i in range(4)]
+    cycle = Cycle(Cluster.of(snapshot(nodes, [job("j").gpus(1).set(model="m")])), Config(), 0.0)
+    found = [c.fit.node.idx for c in cycle._candidates(Need(gpus=1), "m", None, 8, None)]
+    assert sorted(found) == [0, 1, 2, 3]

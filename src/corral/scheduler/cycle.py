@@ -199,18 +199,26 @@ class Cycle:
             skip = {passed[n].idx for n in avoid if n in passed}
             candidates = self._candidates(need, model, runtime, limit, skip)
         if not candidates:
-            candidates = self._candidates(need, model, runtime, limit, set())
+            candidates = self._candidates(need, model, runtime, limit, None)
         if not candidates:
             self._failed.put(need, self.cap.generation)
             return None
         return choose(need, candidates, self._chain, self._fixed)
 
     def _candidates(
-        self, need: Need, model: str | None, runtime: float | None, limit: int, seen: set[int]
+        self,
+        need: Need,
+        model: str | None,
+        runtime: float | None,
+        limit: int,
+        seen: set[int] | None,
     ) -> list[Candidate]:
-        """Up to ``limit`` fits per tier, nodes in ``seen`` passed over."""
+        """Up to ``limit`` fits per tier, nodes in ``seen`` (None: none) passed over."""
         candidates: list[Candidate] = []
-        for sources in self._tiers(need, model):
+        tiers = self._tiers(need, model)
+        if seen is None and len(tiers) > 1:  # a later tier must not list a node again
+            seen = set()
+        for sources in tiers:
             for fit in search(need, sources, limit, seen):
                 gap = self._end_gap(fit.node, runtime)
                 candidates.append(Candidate(fit, locality(fit.node, model), gap))

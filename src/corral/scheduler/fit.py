@@ -81,16 +81,20 @@ Source = tuple[Index, frozenset[int] | None]
 """An index to walk and the node classes allowed in it (``None``: all of them)."""
 
 
-def search(need: Need, sources: list[Source], limit: int, seen: set[int]) -> list[Fit]:
+def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None) -> list[Fit]:
     """Up to ``limit`` fits in best-fit order over ``sources``, skipping nodes in ``seen``.
 
     Nodes found are added to ``seen`` so that later tiers do not list them twice.
+    ``seen`` None: no node to skip and no later tier (the caller's only one). A search
+    for whole cards then keeps no set: the sources of a tier hold disjoint nodes, and an
+    index holds a node in one bucket of wholly free cards, so no node comes twice.
     """
     found: list[Fit] = []
     if need.cpu_only:
-        _search_cpu(need, sources, limit, seen, found)
+        _search_cpu(need, sources, limit, set() if seen is None else seen, found)
         return found
-    if need.shared:
+    if need.shared:  # a node may be in a partial bucket and in a whole one
+        seen = set() if seen is None else seen
         _search_partial(need, sources, limit, seen, found)
     if len(found) < limit:
         _search_whole(need, sources, limit, seen, found)
@@ -98,7 +102,7 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int]) -> lis
 
 
 def _search_whole(
-    need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
+    need: Need, sources: list[Source], limit: int, seen: set[int] | None, found: list[Fit]
 ) -> None:
     top = 0  # a loop, not max() over a generator: a compiled build runs it inline
     for index, _ in sources:
@@ -113,13 +117,14 @@ def _search_whole(
             while i >= 0:
                 nc = nodes[i]
                 i = bucket.next_at(i + 1)
-                if nc.cpus_free < cpus or nc.idx in seen:
+                if nc.cpus_free < cpus or (seen is not None and nc.idx in seen):
                     continue
                 if allowed is not None and nc.cls not in allowed:
                     continue
                 fit = fit_on(nc, need)
                 if fit is not None:
-                    seen.add(nc.idx)
+                    if seen is not None:
+                        seen.add(nc.idx)
                     found.append(fit)
                     if len(found) >= limit:
                         return
