@@ -240,7 +240,10 @@ def test_the_worlds_free_cards_measure_what_its_allocations_do(
 ) -> None:
     # The runner samples fragmentation from the world's free cards (``of_free``); at every
     # sample of a run with half-card jobs, gangs and preemptions, that must be what the
-    # scheduler's measure makes of the world's snapshot (its allocations).
+    # scheduler's measure makes of the world's snapshot (its allocations). The golden
+    # reports check the sampled scores in both builds.
+    if runner.__file__ is None or not runner.__file__.endswith(".py"):
+        pytest.skip("a compiled module's functions cannot be patched")
     checked: list[float] = []
 
     def measure(world: World) -> Callable[[], object]:

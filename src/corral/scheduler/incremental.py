@@ -242,14 +242,8 @@ class Scheduler:
         if not self.queue:
             return Plan()
         cluster = self._cluster_now()
-        cycle = Cycle(
-            cluster,
-            self.config,
-            now,
-            ends=self._node_end,
-            order=self._end_order,
-            end_at=self._end_at,
-        )
+        ends, order, end_at = self._node_end, self._end_order, self._end_at
+        cycle = Cycle(cluster, self.config, now, ends=ends, order=order, end_at=end_at)
         try:
             used = dict(zip(self._team_numbers.names, self._used, strict=True))
             ledger = Ledger.of_usage(self.teams, used, cycle.memo())
@@ -263,13 +257,8 @@ class Scheduler:
                 node_work=self._work,
                 explain=explain,
             )
-            served = self.served
-            Passes(
-                planner,
-                self.queue,
-                self._running,
-                served if isinstance(served, dict) else dict(served),
-            ).run()
+            served = self.served if isinstance(self.served, dict) else dict(self.served)
+            Passes(planner, self.queue, self._running, served).run()
             plan = planner.plan()
         except BaseException:
             cycle.rollback(cycle.start)
