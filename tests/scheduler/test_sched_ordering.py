@@ -274,3 +274,18 @@ def test_a_queue_s_need_cache_never_mistakes_a_new_request_for_a_freed_one() -> 
     twin = replace(shared, id="s1")  # the same request object
     assert twin.resources is shared.resources
     assert queue.need(twin) is queue.need(shared)
+
+
+def test_jobs_share_a_group_when_their_estimates_share_a_power_of_two() -> None:
+    # ``Queue.add`` keys a group by the estimate's exponent; the group's floor is that
+    # power of two (0 under a second, None without an estimate).
+    queue = Queue(["batch"])
+    estimates = {"a": 1.0, "b": 1.5, "c": 2.0, "d": 3.9, "e": 0.5, "f": None, "g": 4096.0}
+    for name, estimate in estimates.items():
+        made = job(name).gpus(1).set(priority="batch", estimated_runtime_s=estimate).build()
+        queue.add(made)
+    floors = {name: queue.groups[name].floor for name in estimates}
+    assert floors == {"a": 1.0, "b": 1.0, "c": 2.0, "d": 2.0, "e": 0.0, "f": None, "g": 4096.0}
+    assert queue.groups["a"] is queue.groups["b"]
+    assert queue.groups["c"] is queue.groups["d"]
+    assert len({id(g) for g in queue.groups.values()}) == 5

@@ -99,7 +99,7 @@ class Queue:
         self._needs: dict[ResourceRequest, Need] = {}
         self._by_request: dict[int, tuple[ResourceRequest, Need]] = {}  # by id(request)
         self._recent: list[tuple[ResourceRequest, Need]] = []  # the first few, scanned
-        self._groups: dict[tuple[str, Need, int, bool, float | None], Group] = {}  # interned
+        self._groups: dict[tuple[str, Need, int, bool, int], Group] = {}  # interned
         self._stamps = 0  # the last stamp handed out (``stamp``)
 
     def __len__(self) -> int:
@@ -112,11 +112,14 @@ class Queue:
         need = self.need(job)
         estimate = job.estimated_runtime_s
         cpu = r.cpu_fallback and r.wants_gpu
-        floor = None if estimate is None else runtime_floor(estimate)
-        key = (job.team, need, job.replicas, cpu, floor)
+        # the estimate's bucket by its exponent, a small int (one object, hashed and compared
+        # as such), not by the float ``runtime_floor``, made anew per job: the same buckets
+        level = -2 if estimate is None else (-1 if estimate < 1 else int(estimate).bit_length())
+        key = (job.team, need, job.replicas, cpu, level)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = Group(*key)
+            floor = None if estimate is None else runtime_floor(estimate)
+            group = self._groups[key] = Group(job.team, need, job.replicas, cpu, floor)
         self.groups[job_id] = group
         if job.node_selector is not EMPTY:  # not its truth: a generic call on a Mapping
             for label in job.node_selector:

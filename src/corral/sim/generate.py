@@ -94,7 +94,11 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
     # module global's in a compiled build.
     swing, user_count, day_rad = shape.daily_swing, shape.users, _DAY_RAD
     peak = rate * (1 + swing)
-    estimate = _estimator(shape)
+    # users' estimates, drawn from their own stream: 60 s x ceil(run x uniform(low, high) /
+    # 60), written out here (a closure was a generic call per job)
+    guess = None if shape.estimates is None else _estimates_rand(shape)
+    low, high = shape.estimates or (0.0, 0.0)
+    span = high - low  # random.Random.uniform(low, high) is low + (high - low) * random()
     clock = 0.0
     for n in range(1, shape.jobs + 1):
         clock += expovariate(rand, peak)
@@ -111,7 +115,9 @@ def trace(shape: TraceShape) -> Iterator[SimJob]:
             user=user,
             replicas=replicas,
             submitted_at=float(_round(clock)),
-            estimated_runtime_s=estimate(run_s),
+            estimated_runtime_s=None
+            if guess is None
+            else 60.0 * math.ceil(run_s * (low + span * guess()) / 60.0),
         )
         yield SimJob(job, run_s, "generated")
 
@@ -179,14 +185,9 @@ def _pick(cdf: list[float], x: float) -> int:
     return at
 
 
-def _estimator(shape: TraceShape) -> Callable[[float], float | None]:
-    """Run time -> the user's estimate of it (see ``TraceShape.estimates``)."""
-    if shape.estimates is None:
-        return lambda run_s: None
-    low, high = shape.estimates
-    rand = random.Random(f"estimates-{shape.seed}").random
-    span = high - low  # random.Random.uniform(low, high) is low + (high - low) * random()
-    return lambda run_s: 60.0 * math.ceil(run_s * (low + span * rand()) / 60.0)
+def _estimates_rand(shape: TraceShape) -> Callable[[], float]:
+    """The random stream users' estimates are drawn from (see ``TraceShape.estimates``)."""
+    return random.Random(f"estimates-{shape.seed}").random
 
 
 def _request(gpus: float) -> ResourceRequest:
