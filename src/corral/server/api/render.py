@@ -18,7 +18,7 @@ from corral.server.api.schemas import (
 )
 from corral.server.services.auth import TokenInfo
 from corral.server.services.nodes import NodeView
-from corral.server.store.records import JobRecord
+from corral.server.store.records import JobRecord, resources_to_json
 
 
 def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
@@ -40,7 +40,7 @@ def job_fields(
     and dumped cost 9.4 us for a placed job, these written 4.3 us; a test holds the two to
     the same JSON). Not ``job_row``'s fields, though they begin alike: those are the table's.
     """
-    j, r = rec.job, rec.job.resources
+    j = rec.job
     return {
         "id": j.id,
         "kind": j.kind.value,
@@ -48,14 +48,7 @@ def job_fields(
         "priority": j.priority,
         "team": j.team,
         "user": j.user,
-        "resources": {
-            "gpus": r.gpus,
-            "gpu_milli": r.gpu_milli,
-            "vram_bytes": r.vram_bytes,
-            "cpus": r.cpus,
-            "gpu_models": sorted(r.gpu_models),
-            "cpu_fallback": r.cpu_fallback,
-        },
+        "resources": resources_to_json(j.resources),
         "payload": dict(j.payload),
         "node_selector": dict(j.node_selector),
         "replicas": j.replicas,
