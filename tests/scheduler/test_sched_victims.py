@@ -120,8 +120,10 @@ def _maps(index: VictimIndex) -> tuple[object, ...]:
             by_jobs.setdefault(kin.alloc.job_ids, {})[kin.alloc.id] = kin.alloc
             kin = kin.kin
     node_milli = {n: milli for n, milli in enumerate(index.node_milli) if on_node[n]}
+    name = {n: next(iter(slots.values())).node for n, slots in on_node.items() if slots}
+    team_nodes = {t: {name[n]: milli for n, milli in index.nodes_of(t)} for t in index.teams()}
     on_node = {n: slots for n, slots in on_node.items() if slots}
-    return on_node, by_jobs, index.team_nodes, node_milli
+    return on_node, by_jobs, team_nodes, node_milli
 
 
 def _walk(running: Any) -> tuple[object, ...]:

@@ -30,7 +30,8 @@ from corral.scheduler.ordering import job_key
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
-RECENT_REQUESTS: Final = 8  # the first requests seen, found by identity in a scan (``need``)
+RECENT_REQUESTS: Final = 8  # the first requests seen, found by identity in a scan (``need``,
+# and the simulator's report for its size groups: a trace has a handful of shapes)
 
 
 class Group:
@@ -65,13 +66,21 @@ Holders = dict[str, list[Job]]
 """A group's queued jobs by user, each user's sorted by ``job_key``."""
 
 
-def runtime_floor(estimate: float | None) -> float | None:
-    """The bucket of an estimate: powers of two, so a group holds similar run times."""
+def runtime_bucket(estimate: float | None) -> int:
+    """The bucket of an estimate: powers of two, so a group holds similar run times. By
+    its exponent, a small int (a key hashed and compared as one object): the bits of the
+    whole seconds, -1 under a second, -2 without an estimate (``bucket_floor``)."""
     if estimate is None:
+        return -2
+    return -1 if estimate < 1 else int(estimate).bit_length()
+
+
+def bucket_floor(bucket: int) -> float | None:
+    """The least estimate of ``bucket`` (``runtime_bucket``): a power of two, 0 under a
+    second, None without an estimate."""
+    if bucket == -2:
         return None
-    if estimate < 1:
-        return 0.0
-    return float(1 << (int(estimate).bit_length() - 1))
+    return 0.0 if bucket == -1 else float(1 << (bucket - 1))
 
 
 class Queue:
@@ -110,15 +119,12 @@ class Queue:
         job_id, cls, r = job.id, job.priority, job.resources
         self.jobs[job_id] = job
         need = self.need(job)
-        estimate = job.estimated_runtime_s
         cpu = r.cpu_fallback and r.wants_gpu
-        # the estimate's bucket by its exponent, a small int (one object, hashed and compared
-        # as such), not by the float ``runtime_floor``, made anew per job: the same buckets
-        level = -2 if estimate is None else (-1 if estimate < 1 else int(estimate).bit_length())
-        key = (job.team, need, job.replicas, cpu, level)
+        bucket = runtime_bucket(job.estimated_runtime_s)
+        key = (job.team, need, job.replicas, cpu, bucket)
         group = self._groups.get(key)
         if group is None:
-            floor = None if estimate is None else runtime_floor(estimate)
+            floor = bucket_floor(bucket)
             group = self._groups[key] = Group(job.team, need, job.replicas, cpu, floor)
         self.groups[job_id] = group
         if job.node_selector is not EMPTY:  # not its truth: a generic call on a Mapping

@@ -179,15 +179,6 @@ class VictimIndex:
                 ]
         return []
 
-    @property
-    def team_nodes(self) -> dict[str, dict[str, int]]:
-        """Team -> node name -> milli-GPUs of its evictable allocations there (a new dict;
-        a node's name is its victims')."""
-        return {
-            team: {self.on_node[node][0].alloc.node: milli for node, milli in self.nodes_of(team)}
-            for team in self.teams()
-        }
-
     def units(self, node: int, now: float) -> list[Victim]:
         """The victims holding something on node index ``node``, cheapest to evict first
         (as of the last ``settle``)."""

@@ -31,11 +31,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Final
+from typing import Any
 
 from corral.core.model import Job
 from corral.core.resources import MILLI, ResourceRequest
 from corral.core.states import JobState
+from corral.scheduler.queues import RECENT_REQUESTS
 
 
 @dataclass(slots=True)
@@ -87,7 +88,6 @@ class JobRecord:
 
 
 INTERNED = 1 << 16  # distinct waits given one shared float each; the rest keep their own
-RECENT_REQUESTS: Final = 8  # requests whose size's waits ``first_placed`` finds by identity
 
 
 class Metrics:

@@ -15,13 +15,13 @@ in between are coalesced into the next tick.
 from __future__ import annotations
 
 import gc
-import importlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 from corral.scheduler.api import Config, Plan, ReasonCode
+from corral.scheduler.fragmentation import of_free
 from corral.scheduler.service import ServiceLedger
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
@@ -105,11 +105,7 @@ class _Run:
         self.progress = progress
         self.arrived = 0
         measure = _fragmentation_measure(self.world)
-        self.fragmentation = (
-            None
-            if measure is None
-            else FragmentationSampler(measure, scenario.fragmentation_sample_s)
-        )
+        self.fragmentation = FragmentationSampler(measure, scenario.fragmentation_sample_s)
 
     def loop(self, until: float | None, seed: int) -> dict[str, Any]:
         arrivals = self.scenario.jobs()
@@ -135,7 +131,7 @@ class _Run:
             if cycle_at == t:
                 cycle_at = None
                 self._cycles(t, seed)
-                if self.fragmentation is not None and self.fragmentation.due(t):
+                if self.fragmentation.due(t):
                     self.fragmentation.sample(t)
                 if scaling is not None:
                     scaling.wake(t)  # the cycle changed what waits
@@ -157,8 +153,7 @@ class _Run:
             summary = self.metrics.summary(end, self.scenario.total_gpus, weights)
         else:
             summary = self._scaled_summary(scaling, end, weights)
-        if self.fragmentation is not None:
-            summary["fragmentation"] = self.fragmentation.summary(end)
+        summary["fragmentation"] = self.fragmentation.summary(end)
         return summary
 
     def _scaled_summary(
@@ -235,15 +230,10 @@ class _Run:
         )
 
 
-def _fragmentation_measure(world: World) -> Callable[[], Any] | None:
-    """The scheduler's fragmentation measure of ``world`` now, when this build of it has
-    one: from the world's free cards (``of_free``: O(cards), no map), else from a snapshot."""
-    module = importlib.import_module("corral.scheduler.fragmentation")
-    of_free = getattr(module, "of_free", None)
-    if callable(of_free):
-        return lambda: of_free(world.nodes, world.gpu_free)
-    measure = getattr(module, "fragmentation", None)
-    return (lambda: measure(world.snapshot())) if callable(measure) else None
+def _fragmentation_measure(world: World) -> Callable[[], Any]:
+    """The scheduler's fragmentation measure of ``world`` now, from its free cards
+    (``of_free``: O(cards), no map)."""
+    return lambda: of_free(world.nodes, world.gpu_free)
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:
