@@ -171,7 +171,6 @@ class Scheduler:
         self._victims = VictimIndex(self.classes, len(nodes))  # it keys nodes by index
         for slot in self._slots.of.values():
             if slot.alloc.active:
-                slot.waiting = False
                 self._victims.add(slot)
 
     def set_teams(self, teams: Iterable[Team]) -> None:

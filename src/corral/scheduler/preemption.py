@@ -84,7 +84,6 @@ class Preemptor:
         self._gone: Memo[str, bool] = cycle.memo()
         self._left: Memo[int, int] = cycle.memo()  # by node index
         self._min_runtime_s = min_runtime_s
-        index.settle()  # the changes since the last cycle that preempted
         self._index = index
         self._victim_milli = index.node_milli  # node index -> milli all its victims hold there
         self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at

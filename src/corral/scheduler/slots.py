@@ -8,8 +8,8 @@ mostly cache misses on maps of allocations started long before (docs/performance
 "The sim-speed-6 round"). Here an allocation's id is looked up once, for its slot, a
 small record of what the scheduler keeps about it (the allocation, its expected end,
 its team's number and its node's index, unboxed in a compiled build); its node's list
-of work and the victims' index (``victims.py``) hold the slot itself. A slot is never
-reused: the victims' index, kept lazily, may still hold it after its allocation ended.
+of work and the victims' index (``victims.py``) hold the slot itself. A slot is made per
+start and dropped at its end.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ NOWHERE: Final = -1
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
-    __slots__ = ("alloc", "at", "end", "kin", "node", "team", "victim_at", "waiting")
+    __slots__ = ("alloc", "at", "end", "kin", "node", "team", "victim_at")
 
     def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
         self.alloc = alloc
@@ -33,7 +33,6 @@ class Slot:
         self.team = team  # its team's number (``Numbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
         self.at = 0  # its place in its node's list of work (``join``)
-        self.waiting = False  # added to the victims' index, not yet indexed there
         self.victim_at = 0  # its place in its node's list of victims there
         self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
 

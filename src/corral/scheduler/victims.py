@@ -10,16 +10,14 @@ the ``Preemptor`` turns the allocations of the nodes it looks at into
 ``Victim`` units when it looks (a gang is one unit, with every replica, and
 only if every replica may go).
 
-The index is kept lazily: ``add`` and ``remove`` only note the change, and
-``settle`` (called by the ``Preemptor`` when a cycle first needs victims)
-brings the maps up to date. Most cycles preempt nothing, and work that
-starts and ends between two cycles that do is never indexed at all (kept
-eagerly, it cost 4% of a 20,000-job simulation in which no cycle asked).
-The maps' contents after ``settle`` are what eager upkeep gives; the order
-of their keys and lists may differ, and no reader depends on it (victims and
-nodes are sorted by total orders). Allocations on nodes the scheduler does not
-hold are in ``by_jobs`` only (a gang's unit counts every replica); nothing
-looks for victims there.
+The index is kept eagerly: ``add`` and ``remove`` update the maps at once, while the
+allocation's slot and record are still in the cache from the start or end that touched
+them. Kept lazily (changes noted, the maps brought up to date when a cycle first needed
+victims), it indexed a fifth fewer allocations at 100,000 jobs (most cycles of a busy
+cluster need victims), but touched the slots of work started and ended long before:
+bringing it up to date was 7% of the samples at 1,000,000 jobs (docs/performance.md,
+"Session 25"). Allocations on nodes the scheduler does not hold are in ``by_jobs`` only
+(a gang's unit counts every replica); nothing looks for victims there.
 """
 
 from __future__ import annotations
@@ -75,36 +73,16 @@ class VictimIndex:
         self._team_milli: list[list[int]] = []
         self._team_spread: list[int] = []
         self._team_name: list[str] = []
-        self._adding: list[Slot] = []  # started since the last settle (``Slot.waiting``)
-        self._removing: list[Slot] = []  # indexed, and ended since the last settle
 
     def add(self, slot: Slot) -> None:
-        """An active allocation started (indexed at the next ``settle``)."""
+        """An active allocation started (in ``slot``)."""
         if slot.alloc.desired is _RUN:
-            slot.waiting = True
-            self._adding.append(slot)
+            self._index(slot)
 
     def remove(self, slot: Slot) -> None:
         """An active allocation ended (the slot ``add`` was given)."""
-        if slot.alloc.desired is not _RUN:
-            return
-        if slot.waiting:  # never indexed: nothing to undo
-            slot.waiting = False
-        else:
-            self._removing.append(slot)
-
-    def settle(self) -> None:
-        """Bring the maps up to date with every ``add`` and ``remove`` since the last call."""
-        removing, adding = self._removing, self._adding
-        if not removing and not adding:
-            return
-        self._removing, self._adding = [], []
-        for slot in removing:
+        if slot.alloc.desired is _RUN:
             self._unindex(slot)
-        for slot in adding:
-            if slot.waiting:  # else it ended before this settle
-                slot.waiting = False
-                self._index(slot)
 
     def _index(self, slot: Slot) -> None:
         alloc = slot.alloc
@@ -163,7 +141,7 @@ class VictimIndex:
         self.node_milli[node] = self.node_milli[node] - milli
 
     def teams(self) -> list[str]:
-        """The teams with evictable work on some node (as of the last ``settle``)."""
+        """The teams with evictable work on some node."""
         return [name for t, name in enumerate(self._team_name) if self._team_spread[t]]
 
     def nodes_of(self, team: str) -> list[tuple[int, int]]:
@@ -180,8 +158,7 @@ class VictimIndex:
         return []
 
     def units(self, node: int, now: float) -> list[Victim]:
-        """The victims holding something on node index ``node``, cheapest to evict first
-        (as of the last ``settle``)."""
+        """The victims holding something on node index ``node``, cheapest to evict first."""
         out: list[Victim] = []
         seen: set[tuple[str, ...]] = set()
         for slot in self.on_node[node]:
