@@ -16,7 +16,6 @@ from scheduler_builders import alloc, job, node, snapshot
 
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
 from corral.scheduler.cycle import Cluster, Cycle
-from corral.scheduler.ends import EndOrder
 from corral.scheduler.need import need_of
 from corral.scheduler.reservation import Reservations
 
@@ -149,17 +148,6 @@ def test_the_soonest_ending_nodes_read_off_the_kept_order_are_those_a_walk_finds
 
 
 @settings(max_examples=60, deadline=None)
-@given(ends=st.dictionaries(st.integers(0, 60), st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9])))
-def test_the_cycle_orders_ends_as_end_then_index_tuples_would(ends: dict[int, float]) -> None:
-    # Many ties (few distinct ends, 0.0 and -0.0 among them), indices in any dict order:
-    # the order by float key over sorted indices is the order of (end, index) tuples.
-    cycle = Cycle(Cluster.of(snapshot([node("n").gpus(1)])), ON, now=0.0, ends=ends)
-    want = [idx for _, idx in sorted((end, idx) for idx, end in ends.items())]
-    assert cycle.ends_in_order() == want
-    assert [cycle.started_end(idx) for idx in want] == sorted(ends.values())
-
-
-@settings(max_examples=60, deadline=None)
 @given(
     ends=st.dictionaries(st.integers(0, 5), st.sampled_from([0.0, 1.5, 7.25, 1e9])),
     booked=st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.5, 3.0, 2e9])), max_size=6),
@@ -184,24 +172,34 @@ def test_a_nodes_expected_end_is_its_booking_else_the_end_it_started_with(
     assert [made.expected_end(i) for i in range(6)] == [ends.get(i) for i in range(6)]
 
 
-_END = st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9, None])  # None: the end is dropped
+_ENDS = st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9])  # few: many ties, -0.0 == 0.0
 
 
-@settings(max_examples=60, deadline=None)
-@given(rounds=st.lists(st.lists(st.tuples(st.integers(0, 40), _END), max_size=12), max_size=8))
-def test_a_kept_end_order_is_the_order_sorted_afresh(
-    rounds: list[list[tuple[int, float | None]]],
+@settings(max_examples=80, deadline=None)
+@given(
+    ends=st.dictionaries(st.integers(0, 39), _ENDS, max_size=40),
+    booked=st.lists(st.tuples(st.integers(0, 39), _ENDS), max_size=8),
+    seen=st.sets(st.integers(0, 39), max_size=6),
+)
+def test_the_busy_candidates_are_the_soonest_ends_as_end_then_index_tuples_would_order_them(
+    ends: dict[int, float], booked: list[tuple[int, float]], seen: set[int]
 ) -> None:
-    # Rounds of ends set and dropped between cycles, many ties: merging the touched nodes
-    # into the last order gives what sorting every end again gives, (end, index) order.
-    ends: dict[int, float] = {}
-    kept = EndOrder()
-    for changes in [[], *rounds]:
-        for idx, end in changes:
-            if end is None:
-                ends.pop(idx, None)
-            else:
-                ends[idx] = end
-            kept.touch(idx)
-        want = [idx for _, idx in sorted((end, idx) for idx, end in ends.items())]
-        assert kept.of(ends) == want
+    # 40 nodes, each with an end as the cycle started or none, some moved by this cycle's
+    # bookings, some already rated (``seen``): the candidates are the soonest by (end,
+    # index) of the ends the cycle started with outside its changes, and its changes; too
+    # few known ends and every node is walked instead (``_all_by_end``).
+    cluster = Cluster.of(snapshot([node(f"n{i}").gpus(1) for i in range(40)]))
+    cycle = Cycle(cluster, ON, 0.0, ends=ends)
+    for idx, end in booked:
+        cycle.book(idx, end)
+    reservations = Reservations(cycle, lambda name: ())
+    feasible = set(cycle.feasible_classes(need_of(job("one").gpus(1).build())))
+    changed = cycle.changed_ends()
+    want = 16 - len(seen)
+    started = [(end, idx) for idx, end in ends.items() if idx not in changed and idx not in seen]
+    got = [nc.idx for nc in reservations._soonest_ending(feasible, seen)]
+    if len(started) < want:
+        assert got == [nc.idx for nc in reservations._all_by_end(feasible, seen)]
+        return
+    moved = [(end, idx) for idx, end in changed.items() if idx not in seen]
+    assert got == [idx for _, idx in sorted(sorted(started)[:want] + moved)[:want]]

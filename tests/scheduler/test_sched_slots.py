@@ -118,5 +118,4 @@ def _check(sched: Scheduler, held: dict[str, tuple[Allocation, float | None]]) -
     assert [{slot.alloc.id for slot in work} for work in sched._here] == here
     for work in sched._here:
         assert [slot.at for slot in work] == list(range(len(work)))
-    assert sched._node_end == ends
     assert sched._end_at == [ends.get(node) for node in range(len(sched.nodes))]

@@ -21,7 +21,6 @@ from typing import Any, Final, Generic, TypeVar
 from corral.core.model import Allocation, Node
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
-from corral.scheduler.ends import EndOrder, by_end
 from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
@@ -108,9 +107,8 @@ class Cycle:
     ``source`` is a snapshot (a throwaway cluster is built from it) or a kept
     ``Cluster``; ``ends`` gives, per node index, when its running work should
     all have ended (from ``Snapshot.expected_ends``), when that is known;
-    ``order``, their last order kept by the caller along with ``ends``; ``end_at``, the
-    same ends as a list by node index (``None`` where unknown) when the caller keeps one
-    in step with ``ends`` (made from ``ends`` otherwise).
+    ``end_at``, the same ends as a list by node index (``None`` where unknown) when the
+    caller keeps one (then ``ends`` is not read; made from ``ends`` otherwise).
     """
 
     def __init__(
@@ -120,7 +118,6 @@ class Cycle:
         now: float,
         scorers: Sequence[Scorer] = DEFAULT_SCORERS,
         ends: Mapping[int, float] | None = None,
-        order: EndOrder | None = None,
         end_at: list[float | None] | None = None,
     ) -> None:
         if isinstance(source, Snapshot):
@@ -143,15 +140,11 @@ class Cycle:
         self._feasible = cluster.feasible
         self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
-        # Both read as typed dicts: a compiled build looks them up directly (no method call).
-        self._base_ends: dict[int, float] = ends if isinstance(ends, dict) else dict(ends or {})
         if end_at is None:
-            end_at = _by_index(self._base_ends, len(cluster.cap.nodes))
+            end_at = _by_index(dict(ends or {}), len(cluster.cap.nodes))
         # Read by index: the look-up per candidate node of ``expected_end`` boxed the index
         # and hashed it, twice (both maps), where a list is read natively.
         self._base_at = end_at
-        self._end_order: list[int] | None = None  # their nodes, soonest end first, when asked
-        self._kept_order = order
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         self.start = self.checkpoint()
@@ -272,25 +265,14 @@ class Cycle:
                 return end
         return self._base_at[idx]
 
-    def ends_in_order(self) -> list[int]:
-        """The nodes with an expected end the cycle started from (``started_end``), soonest
-        end first, ties by index: put in order once per cycle, when first asked (a
-        reservation looking for busy nodes), from the last cycle's order when the caller
-        keeps one (``ends.EndOrder``), else by a sort (``ends.by_end``)."""
-        order = self._end_order
-        if order is None:
-            ends, kept = self._base_ends, self._kept_order
-            order = by_end(list(ends), ends) if kept is None else kept.of(ends)
-            self._end_order = order
-        return order
-
-    def started_end(self, idx: int) -> float:
-        """The expected end node ``idx`` had when the cycle started (KeyError: none)."""
-        return self._base_ends[idx]
+    def started_ends(self) -> list[float | None]:
+        """Each node's expected end as the cycle started, by node index (None: unknown;
+        not to be changed)."""
+        return self._base_at
 
     def changed_ends(self) -> dict[int, float]:
         """The nodes whose expected end this cycle moved (its placements, bookings), with
-        their end now; every other node's is its entry in ``ends_in_order``, if any."""
+        their end now; every other node's is its entry in ``started_ends``."""
         return self._end_data
 
     def book(self, idx: int, end: float) -> None:

@@ -38,7 +38,6 @@ from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
 from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
 from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
-from corral.scheduler.ends import EndOrder
 from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
@@ -71,9 +70,7 @@ class Scheduler:
         self._used: list[int] = []  # team number -> milli-GPUs its active allocations hold
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
-        self._node_end: dict[int, float] = {}  # node index -> latest expected end there
-        self._end_at: list[float | None] = []  # the same by node index, read unboxed per event
-        self._end_order = EndOrder()  # its nodes soonest end first, as of the last cycle that asked
+        self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
         self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
@@ -157,8 +154,7 @@ class Scheduler:
         self.nodes, self._index = nodes, index
         self._cluster = None
         self._pending, self._released = {}, {}
-        self._node_end, self._end_at = {}, [None] * len(nodes)
-        self._end_order.forget()
+        self._end_at = [None] * len(nodes)
         here: list[list[Slot]] = [[] for _ in nodes]
         for slot in self._slots.of.values():
             at = slot.node = index.get(slot.alloc.node, NOWHERE)
@@ -241,8 +237,7 @@ class Scheduler:
         if not self.queue:
             return Plan()
         cluster = self._cluster_now()
-        ends, order, end_at = self._node_end, self._end_order, self._end_at
-        cycle = Cycle(cluster, self.config, now, ends=ends, order=order, end_at=end_at)
+        cycle = Cycle(cluster, self.config, now, end_at=self._end_at)
         try:
             used = dict(zip(self._team_numbers.names, self._used, strict=True))
             ledger = Ledger.of_usage(self.teams, used, cycle.memo())
@@ -327,8 +322,7 @@ class Scheduler:
                 if expected_end is not None and expected_end > (
                     -math.inf if latest is None else latest
                 ):
-                    self._node_end[node] = self._end_at[node] = expected_end
-                    self._end_order.touch(node)
+                    self._end_at[node] = expected_end
         else:
             self._victims.remove(slot)
             if node != NOWHERE:
@@ -368,11 +362,9 @@ class Scheduler:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
         ends = [known for slot in self._here[node] if (known := slot.end) is not None]
         if ends:
-            self._node_end[node] = self._end_at[node] = max(ends)
+            self._end_at[node] = max(ends)
         else:
-            self._node_end.pop(node, None)
             self._end_at[node] = None
-        self._end_order.touch(node)
 
     def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:
         """Apply ``delta`` if it adds up (counts, gone jobs held, added jobs new and at the

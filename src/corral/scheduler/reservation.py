@@ -155,26 +155,34 @@ class Reservations:
     def _soonest_ending(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
         """Busy nodes (no free card) whose work should all end first: the rest of the candidates.
 
-        Read off the front of the cycle's ends in order (sorted once per cycle) and this
-        cycle's changes; only when too few nodes have a known end are all nodes walked
-        (``_all_by_end``).
+        The soonest (end, index) among the nodes whose end is the one the cycle started
+        with, then this cycle's changes; only when too few nodes have a known end are all
+        nodes walked (``_all_by_end``). One walk of the nodes' ends by index keeps the
+        soonest found so far, a few: most nodes end later than the last of them and cost a
+        comparison, where an order of every node's end was kept up to date between cycles
+        (each start and end moved a node in a list of them) for the cycles that read it.
         """
         cycle, want = self.cycle, CANDIDATES - len(seen)
         nodes, changed = cycle.cap.nodes, cycle.changed_ends()
-        picked: list[tuple[float, int]] = []
-        for idx in cycle.ends_in_order():
-            if idx in changed or not _candidate(nodes[idx], feasible, seen):
+        ends: list[float] = []  # the soonest found so far, in (end, index) order ...
+        found: list[int] = []  # ... and their nodes
+        full, last = False, INF  # ``want`` found, and the end of the last of them
+        started = cycle.started_ends()
+        for idx in range(len(started)):  # a range: a compiled build walks it natively
+            end = started[idx]
+            # indices come in order: a node ending with the last kept one comes after it
+            if end is None or (full and end >= last):
                 continue
-            picked.append((cycle.started_end(idx), idx))
-            if len(picked) >= want:
-                break
+            if idx not in changed and _candidate(nodes[idx], feasible, seen):
+                _keep(ends, found, end, idx, want)
+                full = len(ends) == want
+                last = ends[-1]
+        if len(ends) < want:
+            return self._all_by_end(feasible, seen)
         for idx, end in changed.items():
             if _candidate(nodes[idx], feasible, seen):
-                picked.append((end, idx))
-        if len(picked) < want:
-            return self._all_by_end(feasible, seen)
-        picked.sort()
-        return [nodes[idx] for _, idx in picked[:want]]
+                _keep(ends, found, end, idx, want)
+        return [nodes[idx] for idx in found]
 
     def _all_by_end(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
         """``_soonest_ending`` by walking every node (nodes with no known end come last)."""
@@ -236,6 +244,21 @@ def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool], list[float]
         else:
             free_at.append(-INF)
     return usable, free_at, wanted, known
+
+
+def _keep(ends: list[float], found: list[int], end: float, idx: int, want: int) -> None:
+    """Put node ``idx`` ending at ``end`` in its place among the ``want`` soonest found so
+    far (``ends`` and ``found``, in (end, index) order), if it is one of them."""
+    at = len(ends)
+    while at > 0 and (ends[at - 1] > end or (ends[at - 1] == end and found[at - 1] > idx)):
+        at -= 1
+    if at >= want:
+        return
+    ends.insert(at, end)
+    found.insert(at, idx)
+    if len(ends) > want:
+        ends.pop()
+        found.pop()
 
 
 def _candidate(nc: NodeCap, feasible: set[int], seen: set[int]) -> bool:
