@@ -25,8 +25,8 @@ def state(cap: Capacity) -> list[tuple[object, ...]]:
     for nc in cap.nodes:
         out.append(
             (
-                tuple(nc.gpu_free),
-                tuple(nc.gpu_vram_free),
+                tuple(card.free for card in nc.cards),
+                tuple(card.vram_free for card in nc.cards),
                 nc.cpus_free,
                 nc.hidden,
                 tuple(lv for lv, b in enumerate(cap.everywhere.whole) if nc in b),
@@ -41,8 +41,8 @@ def consistent(cap: Capacity) -> None:
     """Each node sits in exactly the buckets its free capacity says, buckets in node order."""
     index = cap.everywhere
     for nc in cap.nodes:
-        assert nc.whole_free == sum(1 for f in nc.gpu_free if f == 1000)
-        assert nc.milli_free == sum(nc.gpu_free)
+        assert nc.whole_free == sum(1 for card in nc.cards if card.free == 1000)
+        assert nc.milli_free == sum(card.free for card in nc.cards)
         listed = not nc.hidden
         for level, bucket in enumerate(index.whole):
             assert (nc in bucket) == (listed and level == nc.whole_free > 0)
@@ -90,10 +90,10 @@ def test_rollback_restores_the_exact_state_and_the_index_stays_consistent(
     held: list[Held] = []
     for kind, n, card, milli in ops:
         nc = cap.nodes[n]
-        if kind == "whole" and nc.gpu_free[card] == 1000 and nc.cpus_free >= 1:
+        if kind == "whole" and nc.cards[card].free == 1000 and nc.cpus_free >= 1:
             held.append((nc, (card,), 1000, 0, 1))
             cap.reserve(*held[-1])
-        elif kind == "share" and nc.gpu_free[card] >= milli:
+        elif kind == "share" and nc.cards[card].free >= milli:
             held.append((nc, (card,), milli, milli * 24 * GIB // 1000, 0))
             cap.reserve(*held[-1])
         elif kind == "release" and held:
@@ -134,7 +134,7 @@ def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
     cycle.rollback(mark)
     assert memo.get("kept") == 1
     assert memo.get("new") is None
-    assert cycle.cap.nodes[0].gpu_free[0] == 1000
+    assert cycle.cap.nodes[0].cards[0].free == 1000
 
 
 WIDE = tuple(Node(name=f"w{i}", gpus=(), cpus=1) for i in range(130))  # three words of bits
@@ -183,7 +183,7 @@ def test_a_search_of_one_tier_lists_each_node_once_with_or_without_a_seen_set(
     cap = Capacity(MIXED, [0, 0, 1, 1, 2, 2])
     for n, card, milli in taken:
         nc = cap.nodes[n]
-        if nc.gpu_free[card] >= milli and nc.cpus_free >= 1:
+        if nc.cards[card].free >= milli and nc.cpus_free >= 1:
             cap.reserve(nc, (card,), milli, milli * 24 * GIB // 1000, 1)
     sources = (
         [(cap.by_class[c], None) for c in sorted(cap.by_class)]

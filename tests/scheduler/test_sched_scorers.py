@@ -29,8 +29,8 @@ def candidates(draw: st.DrawFn) -> list[Candidate]:
         nc = NodeCap(idx, Node(f"n{idx}", gpus=CARDS, cpus=64), 0)
         used = draw(st.integers(0, 7))
         for g in range(used):
-            nc.gpu_free[g] = 0
-        nc.milli_free = sum(nc.gpu_free)
+            nc.cards[g].free = 0
+        nc.milli_free = sum(card.free for card in nc.cards)
         nc.whole_free = 8 - used
         cards = (used,) if used < 8 else ()
         fit = Fit(nc, cards, 1000, 80 * GIB, 1)

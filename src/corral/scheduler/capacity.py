@@ -63,16 +63,28 @@ def card_layout(gpus: tuple[Gpu, ...]) -> Layout:
     return [g.vram_bytes for g in gpus], [g.model for g in gpus], positions
 
 
+class Card:
+    """One card's free milli-GPUs (``free``) and VRAM bytes (``vram_free``) on a working
+    copy. A record, not two ints in lists by card position: a compiled build updates its
+    fields natively, where storing a changed int in a list boxed it (a new int object per
+    card reserved or released, and the old one freed)."""
+
+    __slots__ = ("free", "vram_free")
+
+    def __init__(self, free: int, vram_free: int) -> None:
+        self.free = free
+        self.vram_free = vram_free
+
+
 class NodeCap:
     """Free capacity of one node. Mutable; owned by ``Capacity``."""
 
     __slots__ = (
+        "cards",
         "cls",
         "cpus_free",
-        "gpu_free",
         "gpu_model",
         "gpu_vram",
-        "gpu_vram_free",
         "groups",
         "hidden",
         "idx",
@@ -90,9 +102,8 @@ class NodeCap:
         self.cls = cls
         self.schedulable = node.schedulable
         self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
-        self.gpu_free = [MILLI] * len(self.gpu_vram)
-        self.milli_free = MILLI * len(self.gpu_vram)  # sum(gpu_free), kept: scorers read it
-        self.gpu_vram_free = list(self.gpu_vram)
+        self.cards = [Card(MILLI, vram) for vram in self.gpu_vram]  # by position
+        self.milli_free = MILLI * len(self.gpu_vram)  # the cards' free, summed: scorers read it
         self.cpus_free = node.cpus
         self.whole_free = len(self.gpu_vram)
         self.partial_level = -1  # bucket of the roomiest partly used card; -1: none
@@ -127,11 +138,11 @@ class NodeCap:
     def whole_free_cards(self, vram: int, models: frozenset[str]) -> list[int]:
         """Indices of wholly free cards with at least ``vram`` bytes, of an accepted model."""
         if not vram and not models:
-            return [i for i, free in enumerate(self.gpu_free) if free == MILLI]
+            return [i for i, card in enumerate(self.cards) if card.free == MILLI]
         return [
             i
-            for i, free in enumerate(self.gpu_free)
-            if free == MILLI and self.usable(i, vram, models)
+            for i, card in enumerate(self.cards)
+            if card.free == MILLI and self.usable(i, vram, models)
         ]
 
     def milli_for(self, gpu: int, vram: int, milli: int) -> int:
@@ -149,9 +160,10 @@ class NodeCap:
     def best_shared_gpu(self, vram: int, milli: int, models: frozenset[str]) -> int | None:
         """The card where a shared reservation fits tightest (partly used cards first)."""
         best, best_left = None, 2 * MILLI + 1
-        for i, free in enumerate(self.gpu_free):
-            if self.gpu_vram_free[i] < vram or (models and self.gpu_model[i] not in models):
+        for i, card in enumerate(self.cards):
+            if card.vram_free < vram or (models and self.gpu_model[i] not in models):
                 continue
+            free = card.free
             left = free - self.milli_for(i, vram, milli)
             if left < 0:
                 continue
@@ -163,7 +175,8 @@ class NodeCap:
 
     def _recount(self) -> None:
         whole, level = 0, -1
-        for free in self.gpu_free:
+        for card in self.cards:
+            free = card.free
             if free == MILLI:
                 whole += 1
             elif free > 0:
@@ -293,7 +306,22 @@ class Index:
         return self.cpu[1] if whole_free > 0 else self.cpu[0]
 
 
-Change = tuple[int, NodeCap, tuple[int, ...], int, int, int]
+class Change:
+    """One entry of a ``Capacity``'s journal: what ``op`` (reserve, release, hide) did to
+    ``nc``. A record, not a tuple: a compiled build keeps its ints unboxed, where a tuple
+    boxed three per reservation."""
+
+    __slots__ = ("cpus", "gpus", "milli", "nc", "op", "vram")
+
+    def __init__(
+        self, op: int, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int
+    ) -> None:
+        self.op = op
+        self.nc = nc
+        self.gpus = gpus
+        self.milli = milli
+        self.vram = vram
+        self.cpus = cpus
 
 
 class Capacity:
@@ -350,9 +378,10 @@ class Capacity:
                 continue
             whole = alloc.gpu_milli == MILLI
             for g in nc.to_positions(alloc.gpu_indices):
-                nc.gpu_free[g] -= alloc.gpu_milli
+                card = nc.cards[g]
+                card.free -= alloc.gpu_milli
                 nc.milli_free -= alloc.gpu_milli
-                nc.gpu_vram_free[g] -= nc.gpu_vram[g] if whole else alloc.vram_bytes
+                card.vram_free -= nc.gpu_vram[g] if whole else alloc.vram_bytes
         for nc in touched:
             nc._recount()
 
@@ -387,12 +416,12 @@ class Capacity:
         ``milli == MILLI`` takes whole cards, VRAM and all (``vram`` is then ignored).
         """
         self._apply(nc, gpus, -milli, -vram, -cpus)
-        self._journal.append((_RESERVE, nc, gpus, milli, vram, cpus))
+        self._journal.append(Change(_RESERVE, nc, gpus, milli, vram, cpus))
 
     def release(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
         """Give back what ``reserve`` took (a preemption what-if, or undo)."""
         self._apply(nc, gpus, milli, vram, cpus)
-        self._journal.append((_RELEASE, nc, gpus, milli, vram, cpus))
+        self._journal.append(Change(_RELEASE, nc, gpus, milli, vram, cpus))
         self._generations += 1
         self.generation = self._generations
 
@@ -406,7 +435,7 @@ class Capacity:
         for index in nc.groups:
             index.remove(nc)
         nc.hidden = True
-        self._journal.append((_HIDE, nc, (), 0, 0, 0))
+        self._journal.append(Change(_HIDE, nc, (), 0, 0, 0))
 
     def adjust(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
         """Between cycles: an allocation started (negative amounts) or ended (positive).
@@ -423,9 +452,9 @@ class Capacity:
     def commit(self) -> None:
         """End a cycle keeping its reserves and releases (the plan, as it will be applied);
         its hidden nodes come back."""
-        for change in self._journal:  # not ``op, nc, *_``: a starred rest makes a list each
-            op, nc = change[0], change[1]
-            if op == _HIDE and nc.hidden:
+        for change in self._journal:
+            nc = change.nc
+            if change.op == _HIDE and nc.hidden:
                 nc.hidden = False
                 for index in nc.groups:
                     index.add(nc)
@@ -445,36 +474,36 @@ class Capacity:
         length, generation = mark
         journal = self._journal
         while len(journal) > length:
-            op, nc, gpus, milli, vram, cpus = journal.pop()
-            if op == _HIDE:
+            change = journal.pop()
+            nc = change.nc
+            if change.op == _HIDE:
                 nc.hidden = False
                 for index in nc.groups:
                     index.add(nc)
                 continue
-            if op == _RESERVE:
-                self._apply(nc, gpus, milli, vram, cpus)
+            if change.op == _RESERVE:
+                self._apply(nc, change.gpus, change.milli, change.vram, change.cpus)
             else:  # negated, not multiplied by -1: a compiled build multiplies that generically
-                self._apply(nc, gpus, -milli, -vram, -cpus)
+                self._apply(nc, change.gpus, -change.milli, -change.vram, -change.cpus)
         self.generation = generation
 
     def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
         whole_before, partial_before, cpu_before = nc.whole_free, nc.partial_level, nc.cpus_free > 0
         if gpus:
-            free, vram_free, cards = nc.gpu_free, nc.gpu_vram_free, nc.gpu_vram
+            cards, sizes = nc.cards, nc.gpu_vram
             whole = whole_before
             touched = False  # a card is, or was, partly used: the partial level may move
             for g in gpus:
                 if not 0 <= g < len(cards):
                     continue
-                was = free[g]
-                now = free[g] = was + milli
+                card = cards[g]
+                was = card.free
+                now = card.free = was + milli
                 nc.milli_free += milli
-                # ``a[g] = a[g] + x``, not ``a[g] += x``: a compiled build (mypyc) makes the
-                # augmented form a generic in-place call, this one native integer arithmetic
                 if milli == MILLI or milli == -MILLI:  # a whole card: all its VRAM goes with it
-                    vram_free[g] = vram_free[g] + (cards[g] if milli > 0 else -cards[g])
+                    card.vram_free += sizes[g] if milli > 0 else -sizes[g]
                 else:
-                    vram_free[g] = vram_free[g] + vram
+                    card.vram_free += vram
                 whole += (now == MILLI) - (was == MILLI)
                 touched = touched or 0 < was < MILLI or 0 < now < MILLI
             nc.whole_free = whole

@@ -76,7 +76,7 @@ def dynamic_reason(nc: NodeCap, need: Need) -> ReasonCode:
         return ReasonCode.INSUFFICIENT_CPUS
     if need.vram and not need.milli:
         return ReasonCode.INSUFFICIENT_VRAM  # VRAM is all it asks for
-    roomy = any(free >= need.milli for free in nc.gpu_free)
+    roomy = any(card.free >= need.milli for card in nc.cards)
     return ReasonCode.INSUFFICIENT_VRAM if roomy and need.vram else ReasonCode.INSUFFICIENT_GPUS
 
 

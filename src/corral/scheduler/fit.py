@@ -11,7 +11,7 @@ cycle costs O(jobs x few buckets), not O(jobs x nodes).
 from __future__ import annotations
 
 from corral.core.resources import MILLI
-from corral.scheduler.capacity import PARTIAL_STEP, Bucket, Index, NodeCap
+from corral.scheduler.capacity import PARTIAL_STEP, Bucket, Card, Index, NodeCap
 from corral.scheduler.need import Need
 
 
@@ -54,7 +54,7 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
         if need.picky:  # a field: the frozenset's truth would be a generic call
             cards = nc.whole_free_cards(need.vram, need.gpu_models)
         else:
-            cards = _first_free(nc.gpu_free, need.gpus)  # never more than asked
+            cards = _first_free(nc.cards, need.gpus)  # never more than asked
         if len(cards) < need.gpus:
             return None
         chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
@@ -65,12 +65,12 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
 
 
-def _first_free(gpu_free: list[int], count: int) -> list[int]:
+def _first_free(gpu_cards: list[Card], count: int) -> list[int]:
     """The first ``count`` wholly free cards (fewer when there are not as many): the
     cards ``whole_free_cards`` lists first, without listing them all."""
     cards: list[int] = []
-    for i, free in enumerate(gpu_free):
-        if free == MILLI:
+    for i, card in enumerate(gpu_cards):
+        if card.free == MILLI:
             cards.append(i)
             if len(cards) == count:
                 break
@@ -146,7 +146,7 @@ def _search_partial(
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
-                if fit is not None and nc.gpu_free[fit.gpus[0]] < MILLI:
+                if fit is not None and nc.cards[fit.gpus[0]].free < MILLI:
                     seen.add(nc.idx)
                     found.append(fit)
                     if len(found) >= limit:
@@ -197,11 +197,11 @@ def slots(nc: NodeCap, need: Need, most: int) -> int:
             return min(count, nc.whole_free // need.gpus)
         return min(count, len(nc.whole_free_cards(need.vram, need.gpu_models)) // need.gpus)
     room = 0
-    for card, free in enumerate(nc.gpu_free):
+    for card, state in enumerate(nc.cards):
         if not nc.usable(card, 0, need.gpu_models):
             continue
-        per_card = free // nc.milli_for(card, need.vram, need.milli)
+        per_card = state.free // nc.milli_for(card, need.vram, need.milli)
         if need.vram:
-            per_card = min(per_card, nc.gpu_vram_free[card] // need.vram)
+            per_card = min(per_card, state.vram_free // need.vram)
         room += max(per_card, 0)
     return min(count, room)

@@ -203,7 +203,7 @@ class Reservations:
 
         Per card position, lists rather than sets and dicts of small ints: it rates up to
         ``CANDIDATES`` nodes per reservation, each card a few times."""
-        now, count, free = self.now, nc.gpu_count, nc.gpu_free
+        now, count, cards = self.now, nc.gpu_count, nc.cards
         usable, free_at, wanted, known = _cards(nc, need, now)
         if wanted < need.gpus:
             return INF
@@ -214,7 +214,7 @@ class Reservations:
                 continue
             when = INF if end is None else (end if end > now else now)
             for pos in nc.to_positions(alloc.gpu_indices):
-                if pos < count and usable[pos] and free[pos] < MILLI and free_at[pos] < when:
+                if pos < count and usable[pos] and cards[pos].free < MILLI and free_at[pos] < when:
                     if free_at[pos] == -INF:
                         known += 1
                     free_at[pos] = when
@@ -238,7 +238,7 @@ def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool], list[float]
             free_at.append(-INF)
             continue
         wanted += 1
-        if nc.gpu_free[i] == MILLI:
+        if nc.cards[i].free == MILLI:
             free_at.append(now)
             known += 1
         else:
