@@ -191,15 +191,18 @@ class Bucket:
     Kept as one bit per node index, in words of ``WORD`` bits: a node joins or leaves
     with one bit operation whatever the bucket holds (a list in node order needed a
     bisect and a shift of the list each time, twice per move between buckets; moves are
-    two per job started). ``size`` tells a search to skip an empty bucket. A walk reads
-    the words as it goes: finish walking before you reserve or release.
+    two per job started). Each word is a record (``Word``), not an int in the list: a
+    compiled build changes its bits natively, where storing a changed word in a list
+    boxed it (a new int object per join and leave). ``size`` tells a search to skip an
+    empty bucket. A walk reads the words as it goes: finish walking before you reserve
+    or release.
     """
 
     __slots__ = ("nodes", "size", "words")
 
     def __init__(self, nodes: list[NodeCap]) -> None:
         self.nodes = nodes  # every node of the capacity, by index (shared by its buckets)
-        self.words = [0] * (len(nodes) // WORD + 1)
+        self.words = [Word() for _ in range(len(nodes) // WORD + 1)]
         self.size = 0
 
     def __iter__(self) -> Iterator[NodeCap]:
@@ -219,30 +222,37 @@ class Bucket:
         w = pos // WORD
         if w >= len(words):
             return -1
-        word = words[w] >> (pos % WORD) << (pos % WORD)  # the bits below ``pos`` cleared
-        while not word:
+        bits = words[w].bits >> (pos % WORD) << (pos % WORD)  # the bits below ``pos`` cleared
+        while not bits:
             w += 1
             if w >= len(words):
                 return -1
-            word = words[w]
-        return w * WORD + (word & -word).bit_length() - 1
+            bits = words[w].bits
+        return w * WORD + (bits & -bits).bit_length() - 1
 
     def __contains__(self, nc: NodeCap) -> bool:
-        return (self.words[nc.idx // WORD] >> (nc.idx % WORD)) & 1 == 1
+        return (self.words[nc.idx // WORD].bits >> (nc.idx % WORD)) & 1 == 1
 
     def add(self, nc: NodeCap) -> None:
-        w, bit = nc.idx // WORD, 1 << (nc.idx % WORD)
-        word = self.words[w]
-        if not word & bit:
-            self.words[w] = word | bit
+        word, bit = self.words[nc.idx // WORD], 1 << (nc.idx % WORD)
+        if not word.bits & bit:
+            word.bits |= bit
             self.size += 1
 
     def remove(self, nc: NodeCap) -> None:
-        w, bit = nc.idx // WORD, 1 << (nc.idx % WORD)
-        word = self.words[w]
-        if word & bit:
-            self.words[w] = word ^ bit
+        word, bit = self.words[nc.idx // WORD], 1 << (nc.idx % WORD)
+        if word.bits & bit:
+            word.bits ^= bit
             self.size -= 1
+
+
+class Word:
+    """``WORD`` bits of a ``Bucket``: bit ``i`` of word ``w`` is node index ``w * WORD + i``."""
+
+    __slots__ = ("bits",)
+
+    def __init__(self) -> None:
+        self.bits = 0
 
 
 class Index:
