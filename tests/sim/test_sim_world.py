@@ -105,6 +105,30 @@ def test_a_batch_allocation_ends_with_its_last_job() -> None:
     assert summary["end_s"] == 30
 
 
+def test_a_batch_keeps_its_expected_end_after_its_first_job_is_done() -> None:
+    # The batch's end is its first job's estimate; that job is done at 10, its batch mate
+    # runs to 30, and a snapshot at 15 still gives the allocation the batch's end.
+    seen: dict[float, dict[str, float]] = {}
+
+    def batching(snapshot: Snapshot, config: Config, now: float, seed: int) -> Plan:
+        seen[now] = dict(snapshot.expected_ends)
+        ids = tuple(j.id for j in snapshot.queued if j.resources.gpus)
+        if not ids or snapshot.allocations:
+            return Plan()
+        return Plan(
+            placements=(Placement("batch", ids, "node-1", gpu_indices=(0,), gpu_milli=1000),)
+        )
+
+    _run(
+        batching,
+        _job("a", 0, 10, gpus=1, estimated_runtime_s=40),
+        _job("b", 0, 30, gpus=1, estimated_runtime_s=90),
+        _job("tick", 15, 1, gpus=0),
+        gpus=1,
+    )
+    assert seen[15] == {"batch": 40.0}
+
+
 def _always(plan: Callable[[Snapshot], Plan]) -> ScheduleFn:
     def policy(snapshot: Snapshot, config: Config, now: float, seed: int) -> Plan:
         return plan(snapshot)
