@@ -1,5 +1,6 @@
-"""The fair queue's own heap of entries pops what ``heapq`` pops, the same objects in the
-same order, ties (equal entries) included: it is ``heapq``'s algorithm written out."""
+"""The fair queue's own heap of users (each its own entry) pops what ``heapq`` pops, the
+same objects in the same order, ties (equal entries) included: it is ``heapq``'s algorithm
+written out."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.scheduler.lines import Line
-from corral.scheduler.ordering import _Entry, _heapify, _pop, _push, _Slot, _User
+from corral.scheduler.ordering import _heapify, _pop, _push, _User
 
 Key = tuple[float, float, float, str]
-USER: _User[str] = _User("u", Line())
-SLOT: _Slot[str] = _Slot("g", [], 0)
 
 # (vt, tie, at, job id) from small ranges: many entries equal in some fields, some in all
 keys = st.tuples(
@@ -25,8 +24,10 @@ keys = st.tuples(
 ops = st.lists(st.one_of(keys, st.none()), max_size=60)  # a key: push it; None: pop
 
 
-def entry(key: Key) -> _Entry[str]:
-    return _Entry(key[0], key[1], key[2], key[3], USER, SLOT)
+def entry(key: Key) -> _User[str]:
+    user: _User[str] = _User("u", Line())
+    user.queued_vt, user.tie, user.at, user.job_id = key
+    return user
 
 
 @given(st.lists(keys, max_size=30), ops)

@@ -203,7 +203,7 @@ class LiveQueue(Generic[Q]):
                     state.lines.append(line)
         self._users = users
         self._made = 0  # slots made so far: the next one's seq
-        self._heap: list[_Entry[Q]] = []
+        self._heap: list[_User[Q]] = []  # users with a next job, by its key (``_User.before``)
         self._popped: _Slot[Q] | None = None
         self._popped_by: _User[Q] | None = None
         self.refill()
@@ -217,9 +217,8 @@ class LiveQueue(Generic[Q]):
         for state in self._users.values():
             state.pos = [0 for _ in state.lines]  # not ``[0] * n``: a generic call compiled
             state.mine = []
-            entry = self._entry(state)
-            if entry is not None:
-                heap.append(entry)
+            if self._entry(state):
+                heap.append(state)
         _heapify(heap)
         self._heap = heap
 
@@ -243,17 +242,16 @@ class LiveQueue(Generic[Q]):
         """The next job: the least served user's oldest live job (None: no live job left)."""
         heap, gate = self._heap, self._gate
         while heap:
-            entry = _pop(heap)
-            state, slot = entry.state, entry.slot
-            if entry.vt == state.vt and gate.live(slot.group):
+            state = _pop(heap)
+            slot = state.slot
+            if state.queued_vt == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
                 job: Job | None = jobs[at] if at < len(jobs) else None
-                if job is not None and job.id == entry.job_id and gate.usable(job):
+                if job is not None and job.id == state.job_id and gate.usable(job):
                     self._popped, self._popped_by = slot, state
                     return job
-            again = self._entry(state)  # its group died, or its turn was used: look again
-            if again is not None:
-                _push(heap, again)
+            if self._entry(state):  # its group died, or its turn was used: look again
+                _push(heap, state)
         return None
 
     def done(self, job: Job, placed: bool, riders: tuple[Job, ...] = ()) -> None:
@@ -270,33 +268,31 @@ class LiveQueue(Generic[Q]):
             other = self._users.get(rider.user)
             if other is not None and other.started:
                 other.vt += other.step
-        entry = self._entry(state)
-        if entry is not None:
-            _push(self._heap, entry)
+        if self._entry(state):
+            _push(self._heap, state)
 
-    def _entry(self, state: _User[Q]) -> _Entry[Q] | None:
-        """The heap entry of a user's (``state``'s) next live, usable job (None: it has
-        none)."""
+    def _entry(self, state: _User[Q]) -> bool:
+        """Note a user's (``state``'s) next live, usable job as its key in the heap (False:
+        it has none). The user is not in the heap: it holds each user once at most."""
         best: _Slot[Q] | None = None
-        best_key = (0.0, "")
+        at, job_id = 0.0, ""  # the key of ``best``'s next job (``job_key``)
         for i, line in enumerate(state.lines):
             slot = self._walk(state, line, i)
             if slot is not None:
                 job = slot.jobs[slot.at]
-                key = (job.submitted_at, job.id)
-                if best is None or key < best_key:
-                    best, best_key = slot, key
+                if best is None or _sooner(job, at, job_id):
+                    best, at, job_id = slot, job.submitted_at, job.id
         moved = self._moved_on(state.mine)
         if moved is not None:
             job = moved.jobs[moved.at]
-            key = (job.submitted_at, job.id)
-            if best is None or key < best_key:
-                best, best_key = moved, key
+            if best is None or _sooner(job, at, job_id):
+                best, at, job_id = moved, job.submitted_at, job.id
         if best is None:
-            return None
+            return False
         if not state.started:
             self._start(state)
-        return _Entry(state.vt, state.tie, best_key[0], best_key[1], state, best)
+        state.queued_vt, state.at, state.job_id, state.slot = state.vt, at, job_id, best
+        return True
 
     def _walk(self, state: _User[Q], line: Line[Q], i: int) -> _Slot[Q] | None:
         """The first live slot of ``line``, the ``i``-th of a user's (``state``'s), from
@@ -375,15 +371,33 @@ class _User(Generic[Q]):
     walked (``pos``), a heap of its live slots whose cursor moved on, by their next job's
     key (``mine``), its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie``
     breaks ties), set when it first has a job to hand out (``started``), and its slots by
-    group (``slots``). One object per user, which the queue's heap entries carry: a
-    compiled build reads its fields directly, where maps by user cost a lookup each."""
+    group (``slots``): fields a compiled build reads directly, where maps by user cost a
+    lookup each. It is its own entry in the queue's heap (each user once at most, no entry
+    made per turn): its next job (``slot``'s) comes by (``queued_vt``, its clock when it
+    went in, ``tie``, the job's ``at`` and ``job_id``), compared field by field, unboxed,
+    as tuples would be (a batch's riders move a waiting user's clock: its entry is then
+    stale, looked at again when it comes out). Job ids are unique: no two entries tie."""
 
-    __slots__ = ("lines", "mine", "name", "pos", "slots", "started", "step", "tie", "vt")
+    __slots__ = (
+        "at",
+        "job_id",
+        "lines",
+        "mine",
+        "name",
+        "pos",
+        "queued_vt",
+        "slot",
+        "slots",
+        "started",
+        "step",
+        "tie",
+        "vt",
+    )
 
-    # Set by ``LiveQueue.refill``, which runs before any walk: made here too, they were two
-    # lists made and freed per user and pass.
+    # Set by ``refill`` before any walk, and by ``_entry`` before the user goes in the heap.
     pos: list[int]
     mine: list[tuple[float, str, int, _Slot[Q]]]
+    slot: _Slot[Q]
 
     def __init__(self, name: str, line: Line[Q]) -> None:
         self.name = name
@@ -393,31 +407,17 @@ class _User(Generic[Q]):
         self.vt = 0.0
         self.step = 1.0
         self.tie = 0.0
+        self.queued_vt = 0.0
+        self.at = 0.0
+        self.job_id = ""
 
-
-class _Entry(Generic[Q]):
-    """A user's (``state``'s) place in a ``LiveQueue``'s heap: its next job (``slot``'s)
-    comes by (``vt``, ``tie``, the job's ``at`` and ``job_id``), compared as a tuple of
-    them would be. Job ids are unique, so no two entries of different jobs tie. A class,
-    not a tuple: a compiled build compares the fields unboxed where ``heapq`` compared
-    tuples of boxed floats element by element (most of a pop's cost)."""
-
-    __slots__ = ("at", "job_id", "slot", "state", "tie", "vt")
-
-    def __init__(
-        self, vt: float, tie: float, at: float, job_id: str, state: _User[Q], slot: _Slot[Q]
-    ) -> None:
-        self.vt, self.tie, self.at, self.job_id = vt, tie, at, job_id
-        self.state, self.slot = state, slot
-
-    def __lt__(self, other: _Entry[Q]) -> bool:
+    def __lt__(self, other: _User[Q]) -> bool:
         return self.before(other)
 
-    def before(self, other: _Entry[Q]) -> bool:
-        """``self < other``: a method the queue's heap (``_push``, ``_pop``) calls, which a
-        compiled build calls natively where ``heapq`` made a generic comparison."""
-        if self.vt != other.vt:
-            return self.vt < other.vt
+    def before(self, other: _User[Q]) -> bool:
+        """``self < other`` as heap entries (``_push``, ``_pop``)."""
+        if self.queued_vt != other.queued_vt:
+            return self.queued_vt < other.queued_vt
         if self.tie != other.tie:
             return self.tie < other.tie
         if self.at != other.at:
@@ -438,19 +438,17 @@ class _Slot(Generic[Q]):
         self.seq = seq
 
 
-# The queue's heap of ``_Entry``: ``heapq``'s algorithm written out (the same sifts, so the
-# same pops, ties included), comparing by ``_Entry.before``. ``heapq``'s C functions call
-# ``__lt__`` through a generic rich comparison per probe; a compiled build calls these and
-# ``before`` natively. Pure Python pays an interpreted loop instead of C (the compiled build
-# is the simulator's measure).
+# The queue's heap of ``_User``: ``heapq``'s algorithm written out (the same sifts and pops,
+# ties included), comparing by ``_User.before``, which a compiled build calls natively where
+# ``heapq``'s C calls ``__lt__`` generically (pure Python pays an interpreted loop).
 
 
-def _push(heap: list[_Entry[Q]], entry: _Entry[Q]) -> None:
+def _push(heap: list[_User[Q]], entry: _User[Q]) -> None:
     heap.append(entry)
     _sift_down(heap, 0, len(heap) - 1)
 
 
-def _pop(heap: list[_Entry[Q]]) -> _Entry[Q]:
+def _pop(heap: list[_User[Q]]) -> _User[Q]:
     last = heap.pop()
     if not heap:
         return last
@@ -460,12 +458,19 @@ def _pop(heap: list[_Entry[Q]]) -> _Entry[Q]:
     return top
 
 
-def _heapify(heap: list[_Entry[Q]]) -> None:
+def _heapify(heap: list[_User[Q]]) -> None:
     for pos in range(len(heap) // 2 - 1, -1, -1):
         _sift_up(heap, pos)
 
 
-def _sift_down(heap: list[_Entry[Q]], start: int, pos: int) -> None:
+def _sooner(job: Job, at: float, job_id: str) -> bool:
+    """``job_key(job) < (at, job_id)``, field by field: no tuples made and compared."""
+    if job.submitted_at != at:
+        return job.submitted_at < at
+    return job.id < job_id
+
+
+def _sift_down(heap: list[_User[Q]], start: int, pos: int) -> None:
     """``heapq._siftdown``: the entry at ``pos`` moves up towards ``start`` while less than
     its parent."""
     item = heap[pos]
@@ -479,7 +484,7 @@ def _sift_down(heap: list[_Entry[Q]], start: int, pos: int) -> None:
     heap[pos] = item
 
 
-def _sift_up(heap: list[_Entry[Q]], pos: int) -> None:
+def _sift_up(heap: list[_User[Q]], pos: int) -> None:
     """``heapq._siftup``: the lesser child moves up until a leaf, then the entry that was at
     ``pos`` sifts down from there."""
     end, start, item = len(heap), pos, heap[pos]
