@@ -8,7 +8,8 @@ from scheduler_builders import job, node, snapshot
 
 from corral.core import GIB, Gpu, Node
 from corral.scheduler.api import Config
-from corral.scheduler.capacity import Bucket, Capacity, NodeCap
+from corral.scheduler.bits import Bucket
+from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.fit import search
 from corral.scheduler.need import Need

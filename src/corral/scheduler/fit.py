@@ -11,7 +11,8 @@ cycle costs O(jobs x few buckets), not O(jobs x nodes).
 from __future__ import annotations
 
 from corral.core.resources import MILLI
-from corral.scheduler.capacity import PARTIAL_STEP, Bucket, Card, Index, NodeCap
+from corral.scheduler.bits import Bucket
+from corral.scheduler.capacity import PARTIAL_STEP, Card, Index, NodeCap
 from corral.scheduler.need import Need
 
 
