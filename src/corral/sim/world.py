@@ -46,7 +46,6 @@ class JobRun:
         "allocs",
         "attempts",
         "done",
-        "end",
         "first_start",
         "job",
         "placements",
@@ -67,9 +66,6 @@ class JobRun:
         self.started_at = 0.0
         self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
         self.done = 0.0  # seconds of work done by earlier attempts
-        # when its allocations should end: start + the first job's estimate left (None: no
-        # estimate); read for a snapshot's ``expected_ends`` only
-        self.end: float | None = None
         self.allocs: list[str] = []
         self.placements: list[PlacementRecord] | None = None
 
@@ -102,6 +98,7 @@ class World:
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
         self._records: dict[str, list[PlacementRecord]] = {}
+        self._expected_ends: dict[str, float] = {}  # allocation -> start + estimate left
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
 
@@ -112,25 +109,13 @@ class World:
         return [[card.milli for card in free.cards] for free in self._free]
 
     def snapshot(self) -> Snapshot:
-        """The frozen view ``schedule`` gets: two tuple copies and the allocations' expected
-        ends, read off their runs. Made here rather than kept in a map as allocations start
-        and end: a policy kept between cycles never asks for a snapshot, and the map cost
-        three look-ups per allocation (one of them at its end, long after its start)."""
-        allocations = tuple(self.allocations.values())
-        runs, ends = self.runs, {}
-        for alloc in allocations:
-            for job_id in alloc.job_ids:  # the first still running: a batch's may be done
-                run = runs.get(job_id)
-                if run is not None:
-                    if run.end is not None:
-                        ends[alloc.id] = run.end
-                    break
+        """The frozen view ``schedule`` gets: two tuple copies, nothing rebuilt."""
         return Snapshot(
             nodes=self.nodes,
             queued=tuple(self.queued.values()),
-            allocations=allocations,
+            allocations=tuple(self.allocations.values()),
             teams=self._teams_view,
-            expected_ends=ends,
+            expected_ends=self._expected_ends,
             served=self.served,
         )
 
@@ -250,24 +235,23 @@ class World:
             observed=ALLOC_RUNNING,
         )
         self.allocations[p.allocation_id] = alloc
-        estimate = job.estimated_runtime_s  # the first job's, for the whole batch
-        end = None if estimate is None else now + max(0.0, estimate - first.done)
         if len(p.job_ids) > 1:
             self._batch_left[p.allocation_id] = len(p.job_ids)
             for job_id in p.job_ids:
-                self._joined(runs[job_id], p, alloc, end, now)
+                self._joined(runs[job_id], p, alloc, now)
         else:
-            self._joined(first, p, alloc, end, now)
+            self._joined(first, p, alloc, now)
         self._count_team(job.team, alloc.milli)
+        estimate = job.estimated_runtime_s
+        end = None
+        if estimate is not None:
+            end = now + max(0.0, estimate - first.done)
+            self._expected_ends[p.allocation_id] = end
         self._observer.started(alloc, end)
 
-    def _joined(
-        self, run: JobRun, p: Placement, alloc: Allocation, end: float | None, now: float
-    ) -> None:
-        """``run``'s job is one of those allocation ``alloc`` (of placement ``p``, expected to
-        end at ``end``) runs."""
+    def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
+        """``run``'s job is one of those allocation ``alloc`` (of placement ``p``) runs."""
         run.allocs.append(p.allocation_id)
-        run.end = end  # each replica of a gang: the same end
         if run.placements is not None:
             record = PlacementRecord(p.node, alloc.milli / MILLI, now)
             run.placements.append(record)
@@ -366,6 +350,8 @@ class World:
         del self.allocations[alloc_id]
         if len(alloc.job_ids) > 1:
             self._batch_left.pop(alloc_id, None)
+        if alloc_id in self._expected_ends:
+            del self._expected_ends[alloc_id]
         self._observer.ended(alloc_id)
         free = self._free[self._index[alloc.node]]
         cards, gpu_milli, vram = free.cards, alloc.gpu_milli, alloc.vram_bytes
