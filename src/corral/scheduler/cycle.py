@@ -147,6 +147,9 @@ class Cycle:
         self._base_at = end_at
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
+        # by node index: may ``_ends`` hold it (set by a change, left by a rollback: then the
+        # map says no). A list read natively, where a look-up in the map boxed the index.
+        self._moved: list[bool] = []
         self.start = self.checkpoint()
 
     def hold(self, alloc: Allocation) -> None:
@@ -258,9 +261,9 @@ class Cycle:
 
     def expected_end(self, idx: int) -> float | None:
         """When node ``idx``'s work should all have ended (None: unknown), as of this cycle."""
-        changed = self._end_data
-        if changed:  # this cycle moved some node's end (usually few): is it this one's?
-            end = changed.get(idx)
+        moved = self._moved
+        if moved and moved[idx]:  # this cycle moved this node's end (few do)
+            end = self._end_data.get(idx)
             if end is not None:
                 return end
         return self._base_at[idx]
@@ -283,6 +286,9 @@ class Cycle:
     def _expect_end(self, idx: int, end: float) -> None:
         old = self.expected_end(idx)
         if old is None or end > old:
+            if not self._moved:
+                self._moved = [False] * len(self._base_at)
+            self._moved[idx] = True
             self._ends.put(idx, end)
 
     def feasible_classes(self, need: Need) -> list[int]:
