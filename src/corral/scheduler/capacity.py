@@ -61,10 +61,10 @@ def card_layout(gpus: tuple[Gpu, ...]) -> Layout:
 
 
 class Card:
-    """One card's free milli-GPUs (``free``) and VRAM bytes (``vram_free``) on a working
-    copy. A record, not two ints in lists by card position: a compiled build updates its
-    fields natively, where storing a changed int in a list boxed it (a new int object per
-    card reserved or released, and the old one freed)."""
+    """One card's free milli-GPUs (``free``) and VRAM bytes (``vram_free``): on a working
+    copy, and in the simulator's world. A record, not two ints in lists by card position:
+    a compiled build updates its fields natively, where storing a changed int in a list
+    boxed it (a new int object per card reserved or released, and the old one freed)."""
 
     __slots__ = ("free", "vram_free")
 

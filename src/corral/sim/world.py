@@ -24,6 +24,7 @@ from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
 from corral.core.states import JOB, AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
+from corral.scheduler.capacity import Card
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer, observing
@@ -106,7 +107,7 @@ class World:
     def gpu_free(self) -> list[list[int]]:
         """Each node's free milli-GPUs by card index, by node position (new lists, made
         when asked: the fragmentation sampler's, every minute of simulated time)."""
-        return [[card.milli for card in free.cards] for free in self._free]
+        return [[card.free for card in free.cards] for free in self._free]
 
     def snapshot(self) -> Snapshot:
         """The frozen view ``schedule`` gets: two tuple copies, nothing rebuilt."""
@@ -267,12 +268,12 @@ class World:
             if not 0 <= g < len(cards):
                 raise PlanRejected(f"placement {p.allocation_id}: {p.node} has no GPU {g}")
             card = cards[g]
-            if card.milli < milli or card.vram < vram:
+            if card.free < milli or card.vram_free < vram:
                 raise PlanRejected(
                     f"placement {p.allocation_id}: GPU {g} of {p.node} is over-committed"
                 )
-            card.milli -= milli
-            card.vram -= vram
+            card.free -= milli
+            card.vram_free -= vram
         free.cpus -= p.cpus
         if free.cpus < 0:
             raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
@@ -357,8 +358,8 @@ class World:
         cards, gpu_milli, vram = free.cards, alloc.gpu_milli, alloc.vram_bytes
         for g in alloc.gpu_indices:
             card = cards[g]
-            card.milli += gpu_milli
-            card.vram += vram
+            card.free += gpu_milli
+            card.vram_free += vram
         free.cpus += alloc.cpus
         milli = alloc.milli
         use = self._team_use[alloc.team]
@@ -401,26 +402,14 @@ class World:
         self._observer.teams_changed(self._teams_view)
 
 
-class _Card:
-    """One GPU's free milli-GPUs and VRAM bytes. A record, not two ints in lists by card:
-    a compiled build updates its fields natively, where storing a changed int in a list
-    boxed it (a new int object per card an allocation took or gave back, and the old one
-    freed: about 3% of the instructions at 100,000 jobs went to boxing ints)."""
-
-    __slots__ = ("milli", "vram")
-
-    def __init__(self, milli: int, vram: int) -> None:
-        self.milli = milli
-        self.vram = vram
-
-
 class _Free:
-    """A node's free capacity in the world: its cards (``_Card``) and CPUs."""
+    """A node's free capacity in the world: its cards (``capacity.Card``, the record the
+    scheduler's working copy keeps per card) and CPUs."""
 
     __slots__ = ("cards", "cpus")
 
     def __init__(self, node: Node) -> None:
-        self.cards = [_Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
+        self.cards = [Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
         self.cpus = node.cpus
 
 
