@@ -86,11 +86,9 @@ class Scheduler:
     def from_snapshot(cls, snapshot: Snapshot, config: Config = DEFAULT_CONFIG) -> Scheduler:
         """A scheduler holding exactly what ``snapshot`` holds."""
         sched = cls(snapshot.nodes, config=config, model_sizes=snapshot.model_sizes)
-        seen = sched.queue.jobs
         for job in snapshot.queued:
-            if job.id in seen:
+            if not sched.queue.add(job, sort=False):
                 raise InvalidSpec("snapshot.queued", f"duplicate {job.id!r}")
-            sched.queue.add(job, sort=False)
         sched.queue.sort()
         ends = snapshot.expected_ends
         for alloc in snapshot.allocations:
@@ -103,9 +101,8 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         """``job`` is queued (placeable from its ``not_before`` on)."""
-        if job.id in self.queue.jobs:
+        if not self.queue.add(job):
             raise InvalidSpec("snapshot.queued", f"duplicate {job.id!r}")
-        self.queue.add(job)
 
     def withdraw(self, job_id: str) -> Job:
         """``job_id`` is no longer queued (placed, cancelled, failed). KeyError if unknown."""
@@ -482,7 +479,9 @@ def _same(p: Placement, alloc: Allocation) -> bool:
     """Does ``alloc`` hold exactly what placement ``p`` reserved?"""
     return (
         p.node == alloc.node
-        and p.gpu_indices == alloc.gpu_indices
+        # the same tuple, where the caller made the allocation from the placement: a
+        # tuple's ``==`` is a generic comparison in a compiled build
+        and (p.gpu_indices is alloc.gpu_indices or p.gpu_indices == alloc.gpu_indices)
         and p.gpu_milli == alloc.gpu_milli
         and p.vram_bytes == alloc.vram_bytes
         and p.cpus == alloc.cpus

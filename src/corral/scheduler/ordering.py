@@ -14,7 +14,7 @@ name: deterministic, and it carries fairness from cycle to cycle.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
@@ -35,13 +35,8 @@ def by_rank(classes: Iterable[PriorityClass]) -> list[PriorityClass]:
 
 
 class FairQueue:
-    """Weighted round robin across users over one class's jobs.
-
-    ``FairQueue(jobs, ...)`` groups and sorts; ``FairQueue.over(per_user, ...)``
-    walks lists already sorted by ``job_key`` (kept between cycles by
-    ``Scheduler``) without copying them, skipping jobs ``keep`` rejects as if
-    they were not there.
-    """
+    """Weighted round robin across users over one class's jobs (grouped by user and sorted
+    by ``job_key`` when made): the order in which a cycle explains what stays queued."""
 
     def __init__(
         self,
@@ -52,56 +47,21 @@ class FairQueue:
         per_user: dict[str, list[Job]] = defaultdict(list)
         for job in jobs:
             per_user[job.user].append(job)
-        for own in per_user.values():
-            own.sort(key=job_key)
-        self._start(per_user, weights, running, None)
-
-    @classmethod
-    def over(
-        cls,
-        per_user: Mapping[str, Sequence[Job]],
-        weights: Mapping[str, float],
-        running: Mapping[str, float],
-        keep: Callable[[Job], bool] | None = None,
-    ) -> FairQueue:
-        """A queue over per-user lists sorted by ``job_key`` (not copied, not changed)."""
-        queue = cls((), weights, running)
-        queue._start(per_user, weights, running, keep)
-        return queue
-
-    def _start(
-        self,
-        per_user: Mapping[str, Sequence[Job]],
-        weights: Mapping[str, float],
-        running: Mapping[str, float],
-        keep: Callable[[Job], bool] | None,
-    ) -> None:
         self._lists = per_user
-        self._keep = keep
         self._cursor: dict[str, int] = {}
         self._heap: list[tuple[float, float, float, str, str]] = []
         self._step: dict[str, float] = {}
         for user, own in per_user.items():
-            first = self._next(own, 0)
-            if first >= len(own):
-                continue
+            own.sort(key=job_key)
             weight = weights.get(user, 1.0)
             if weight <= 0:
                 weight = 1.0
-            self._cursor[user] = first
+            self._cursor[user] = 0
             self._step[user] = 1.0 / weight
             tie = running.get(user, 0.0) / weight
-            job = own[first]
+            job = own[0]
             self._heap.append((0.0, tie, job.submitted_at, job.id, user))
         heapify(self._heap)
-
-    def _next(self, own: Sequence[Job], at: int) -> int:
-        """The first position at or after ``at`` holding a kept job (``len`` when none)."""
-        keep = self._keep
-        if keep is not None:
-            while at < len(own) and not keep(own[at]):
-                at += 1
-        return at
 
     def __bool__(self) -> bool:
         return bool(self._heap)
@@ -116,7 +76,7 @@ class FairQueue:
         own = self._lists[user]
         at = self._cursor[user]
         job = own[at]
-        at = at + 1 if self._keep is None else self._next(own, at + 1)
+        at += 1
         if at < len(own):
             self._cursor[user] = at
             nxt = own[at]
@@ -253,6 +213,13 @@ class LiveQueue(Generic[Q]):
             if self._entry(state):  # its group died, or its turn was used: look again
                 _push(heap, state)
         return None
+
+    def group(self) -> Q:
+        """The group of the job the last ``pop`` handed out (its caller need not look it up)."""
+        slot = self._popped
+        if slot is None:
+            raise RuntimeError("group() without pop()")
+        return slot.group
 
     def done(self, job: Job, placed: bool, riders: tuple[Job, ...] = ()) -> None:
         """``job`` (the last ``pop``) was decided; ``placed`` uses its user's turn, and each

@@ -94,12 +94,13 @@ class Passes:
         running = self.running.get(pclass.name) or {}
         lines = self.queue.lines[pclass.name].values()
         queue = LiveQueue(groups, self.weights, running, live, lines, self.served)
-        planner, of = self.planner, self.queue.groups
+        planner = self.planner
         state = planner.state()
         while (job := queue.pop()) is not None:
-            placed = planner.consider(job, pclass, guaranteed=True)
+            group = queue.group()
+            placed = planner.decide(job, group, pclass, guaranteed=True)
             if not placed:  # a failure may have left memos; a placement only took room
-                live.touched(of[job.id])
+                live.touched(group)
             queue.done(job, placed, planner.riders if placed else ())
             if planner.stopped:
                 return
@@ -132,7 +133,7 @@ class Passes:
             t: LiveQueue(groups, self.weights, running, live, (lines[t],), self.served)
             for t in teams
         }
-        planner, ledger, of = self.planner, self.planner.ledger, self.queue.groups
+        planner, ledger = self.planner, self.planner.ledger
         heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
         heapify(heap)
         state = planner.state()
@@ -142,9 +143,10 @@ class Passes:
             job = queue.pop()
             if job is None:
                 continue
-            placed = planner.consider(job, pclass, guaranteed=False)
+            group = queue.group()
+            placed = planner.decide(job, group, pclass, guaranteed=False)
             if not placed:  # a failure may have left memos; a placement only took room
-                live.touched(of[job.id])
+                live.touched(group)
             queue.done(job, placed, planner.riders if placed else ())
             if planner.stopped:
                 return

@@ -123,19 +123,23 @@ class Planner:
         """Decide ``job`` now; True when it was placed. ``guaranteed``: the within-quota pass."""
         if job.id in self.decided:
             return False
+        return self.decide(job, self.queue.groups[job.id], pclass, guaranteed)
+
+    def decide(self, job: Job, group: Group, pclass: PriorityClass, guaranteed: bool) -> bool:
+        """``consider`` for a job of ``group`` known not to be decided yet (a pass's fair
+        queue hands out only such jobs, and knows their group: no look-up by id)."""
         limit = self.config.max_placements_per_cycle
         if limit is not None and len(self.placements) >= limit:
             self.stopped = True
             if not self.explain:
                 self.leave(job, CYCLE_LIMIT)  # callers watch for it
             return False
-        need = self.queue.groups[job.id].need
-        lowest = need.nominal_milli() * job.replicas
+        lowest = group.lowest  # the need's nominal milli x the replicas
         if guaranteed and not self.ledger.within_quota(job.team, lowest):
             return False
         if not guaranteed and not self.ledger.within_limit(job.team, lowest):
             return False
-        return self._place(job, pclass, need, guaranteed)
+        return self._place(job, pclass, group.need, guaranteed)
 
     def live(self, group: Group, pclass: PriorityClass, guaranteed: bool) -> bool:
         """Might a job of ``group`` be placed now (or change something)? False when the

@@ -114,10 +114,12 @@ class Queue:
     def __len__(self) -> int:
         return len(self.jobs)
 
-    def add(self, job: Job, *, sort: bool = True) -> None:
-        """Queue ``job`` (its id must be new). ``sort=False``: the caller calls ``sort`` later."""
+    def add(self, job: Job, *, sort: bool = True) -> bool:
+        """Queue ``job``; False (nothing changed) when its id is queued already.
+        ``sort=False``: the caller calls ``sort`` later."""
         job_id, cls, r = job.id, job.priority, job.resources
-        self.jobs[job_id] = job
+        if self.jobs.setdefault(job_id, job) is not job:  # one look-up: test and store
+            return False
         need = self.need(job)
         cpu = r.cpu_fallback and r.wants_gpu
         bucket = runtime_bucket(job.estimated_runtime_s)
@@ -139,11 +141,12 @@ class Queue:
         groups = self.lists.get(cls)
         if groups is None:
             self.unknown.add(job_id)
-            return
+            return True
         if self._is_big(need, job.replicas):
             _insert(self.big[cls], job, sort)
             self.big_teams[cls][job.team] += 1
         self._hold(cls, groups, group, job, sort)
+        return True
 
     def _hold(
         self, cls: str, groups: dict[Group, Holders], group: Group, job: Job, sort: bool

@@ -33,7 +33,7 @@ class Slot:
         self.team = team  # its team's number (``Numbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
         self.at = 0  # its place in its node's list of work (``join``)
-        self.victim_at = 0  # its place in its node's list of victims there
+        self.victim_at = -1  # its place in its node's list of victims there (-1: none)
         self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
 
 

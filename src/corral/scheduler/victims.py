@@ -90,6 +90,7 @@ class VictimIndex:
         slot.kin = self.by_jobs.get(key)
         self.by_jobs[key] = slot
         node = slot.node
+        slot.victim_at = -1  # not on its node's list (yet): what ``_unindex`` reads
         if node == NOWHERE or not self._evictable(alloc):
             return
         milli = 0 if alloc.on_cpu else alloc.milli
@@ -125,10 +126,9 @@ class VictimIndex:
                 kin = after
             kin.kin = slot.kin
         slot.kin = None
-        node = slot.node
-        if node == NOWHERE or not self._evictable(alloc):
+        if slot.victim_at < 0:  # not evictable, or not on a node held: on no node's list
             return
-        team, milli = slot.team, 0 if alloc.on_cpu else alloc.milli
+        node, team, milli = slot.node, slot.team, 0 if alloc.on_cpu else alloc.milli
         _leave(self.on_node[node], slot)
         # The team's entry for the node lives while one of its evictable allocations is there.
         counts = self._teams_at[node]
@@ -232,6 +232,7 @@ def _leave(victims: list[Slot], slot: Slot) -> None:
     if last is not slot:
         victims[slot.victim_at] = last
         last.victim_at = slot.victim_at
+    slot.victim_at = -1
 
 
 def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
