@@ -309,7 +309,8 @@ class Scheduler:
             held = alloc.milli
             self._used[team] = self._used[team] + (held if sign > 0 else -held)
         users = inner_map(self._running, alloc.priority)
-        users[alloc.user] = users.get(alloc.user, 0.0) + sign
+        got = users.get(alloc.user)  # no default: a compiled build boxes a float one per call
+        users[alloc.user] = (0.0 if got is None else got) + sign
         node = slot.node
         if sign > 0:
             self._victims.add(slot)

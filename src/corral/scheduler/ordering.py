@@ -184,14 +184,16 @@ class LiveQueue(Generic[Q]):
 
     def _start(self, state: _User[Q]) -> None:
         user = state.name
-        weight = self._weights.get(user, 1.0)
-        if weight <= 0:
+        # ``get`` without a default, here and below: a compiled build boxes a float one
+        weight = self._weights.get(user)
+        if weight is None or weight <= 0:
             weight = 1.0
         state.started = True
         state.vt = 0.0
         state.step = 1.0 / weight
         served = self._served
-        running = self._running.get(user, 0.0)
+        got = self._running.get(user)
+        running = 0.0 if got is None else got
         if served:  # as ``with_served`` adds: only for a user it has
             got = served.get(user)
             if got is not None:

@@ -87,7 +87,9 @@ class Ledger:
         if not borrowing:
             return self._quota.get(team, 0)
         limit = self._limit.get(team)
-        return math.inf if limit is None else limit
+        if limit is None:  # two returns: one conditional expression of both is boxed
+            return math.inf
+        return limit
 
     def headroom(self, team: str, borrowing: bool) -> float:
         """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its

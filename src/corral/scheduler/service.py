@@ -33,11 +33,16 @@ class ServiceLedger:
         if half_life_s <= 0:
             raise ValueError("half_life_s must be > 0")
         self.half_life_s = half_life_s
-        self._value: dict[str, tuple[float, float]] = {}  # user -> (value, as of time)
+        self._value: dict[str, _Served] = {}
 
     def record(self, user: str, now: float, jobs: float = 1.0) -> None:
         """``user`` was served ``jobs`` placements at ``now``."""
-        self._value[user] = (self._at(user, now) + jobs, now)
+        got = self._value.get(user)
+        if got is None:
+            self._value[user] = _Served(jobs, now)
+            return
+        got.value = self._decayed(got, now) + jobs
+        got.at = now
 
     def view(self, now: float) -> Mapping[str, float]:
         """Every user's decayed service at ``now`` (users whose service faded are dropped)."""
@@ -48,14 +53,25 @@ class ServiceLedger:
 
     def _at(self, user: str, now: float) -> float:
         got = self._value.get(user)
-        if got is None:
-            return 0.0
-        value, at = got
-        elapsed = now - at
+        return 0.0 if got is None else self._decayed(got, now)
+
+    def _decayed(self, got: _Served, now: float) -> float:
+        elapsed = now - got.at
         if not elapsed > 0:  # no time passed (or the clock went back): no decay
-            return value
+            return got.value
         # ``math.pow``, not ``**``: the same C ``pow``, which a compiled build calls natively
-        return value * math.pow(0.5, elapsed / self.half_life_s)
+        return got.value * math.pow(0.5, elapsed / self.half_life_s)
+
+
+class _Served:
+    """A user's service (``value``) as of a time (``at``). A record updated in place, not a
+    tuple made per placement: a compiled build keeps both floats unboxed."""
+
+    __slots__ = ("at", "value")
+
+    def __init__(self, value: float, at: float) -> None:
+        self.value = value
+        self.at = at
 
 
 def with_served(

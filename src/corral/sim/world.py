@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Final
+from typing import Any, Final
 
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
@@ -244,7 +244,9 @@ class World:
             self._joined(first, p, alloc, now)
         self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
-        end = None
+        # ``Any``: boxed once, the same float object for the map of ends and the observer
+        # (a narrowed ``float | None`` is unboxed and boxed again to be stored)
+        end: Any = None
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
             self._expected_ends[p.allocation_id] = end
@@ -374,10 +376,10 @@ class World:
     def _emit(self, run: JobRun) -> None:
         job = run.job
         del self.runs[job.id]
-        wait = None if run.first_start is None else run.first_start - job.submitted_at
-        self._metrics.job_done(run.state, placed=wait is not None)
+        self._metrics.job_done(run.state, placed=run.first_start is not None)
         if self._sink is None:
             return
+        wait = None if run.first_start is None else run.first_start - job.submitted_at
         self._sink(
             JobRecord(
                 id=job.id,
