@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from corral.core.model import Job
 
@@ -33,9 +33,11 @@ class Line(Generic[Q]):
     def put(self, group: Q, first: Job) -> None:
         """``group`` now starts with ``first`` (for this user). After every other group
         (the usual case: the newest job of a new group) it is appended without a search."""
-        key = (first.submitted_at, first.id)
         keys = self.keys
-        if not keys or keys[-1] < key:
+        # ``Any``: the key tuple made (and its float boxed) once; the last key compared
+        # field by field, not as tuples (a generic comparison of two tuples made for it)
+        key: Any = (first.submitted_at, first.id)
+        if not keys or _before(keys[-1], first):
             keys.append(key)
             self.groups.append(group)
             return
@@ -55,7 +57,7 @@ class Line(Generic[Q]):
         the line after its place, and no shift when it keeps that place."""
         keys = self.keys
         at = self._at(group, first)
-        key = (after.submitted_at, after.id)
+        key: Any = (after.submitted_at, after.id)  # made once (see ``put``)
         to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
         if to == at + 1:
             keys[at] = key
@@ -74,6 +76,13 @@ class Line(Generic[Q]):
         if self.groups[at] is not group:
             raise RuntimeError(f"line out of order at {first.id!r}")
         return at
+
+
+def _before(key: tuple[float, str], job: Job) -> bool:
+    """``key < job_key(job)``, field by field."""
+    if key[0] != job.submitted_at:
+        return key[0] < job.submitted_at
+    return key[1] < job.id
 
 
 def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:

@@ -16,7 +16,7 @@ the same order, ``(when, order set)``, for fewer and cheaper comparisons.
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 
@@ -33,11 +33,13 @@ class EventClock(Generic[K]):
 
     def set_timer(self, when: float, key: K, token: int) -> None:
         """Fire ``(key, token)`` at ``when`` (never earlier than now)."""
-        when = max(when, self.now)
-        timers = self._at.get(when)
+        # ``Any``: one float object for the look-up, the map and the heap (a compiled
+        # build boxes a ``float`` again at each use)
+        instant: Any = max(when, self.now)
+        timers = self._at.get(instant)
         if timers is None:
-            timers = self._at[when] = []
-            heappush(self._instants, when)
+            timers = self._at[instant] = []
+            heappush(self._instants, instant)
         timers.append((key, token))
         self._count += 1
 
@@ -56,7 +58,7 @@ class EventClock(Generic[K]):
         instants, now = self._instants, self.now
         if not instants or instants[0] > now:
             return []
-        when = heappop(instants)
+        when: Any = heappop(instants)  # the heap's own float object, not unboxed and boxed
         due = self._at[when]
         del self._at[when]
         while instants and instants[0] <= now:
