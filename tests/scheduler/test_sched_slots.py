@@ -114,7 +114,7 @@ def _check(sched: Scheduler, held: dict[str, tuple[Allocation, float | None]]) -
             here[slot.node].add(alloc_id)
             if end is not None:
                 ends[slot.node] = max(end, ends.get(slot.node, end))
-    assert sched._used == used
+    assert [tally.milli for tally in sched._used] == used
     assert [{slot.alloc.id for slot in work} for work in sched._here] == here
     for work in sched._here:
         assert [slot.at for slot in work] == list(range(len(work)))

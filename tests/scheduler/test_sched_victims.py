@@ -102,7 +102,7 @@ def _maps(index: VictimIndex) -> tuple[object, ...]:
     evictable work left out, after checking they count nothing)."""
     on_node = {n: {s.alloc.id: s.alloc for s in slots} for n, slots in enumerate(index.on_node)}
     for n, slots in on_node.items():
-        assert slots or index.node_milli[n] == 0
+        assert slots or index.node_milli[n].milli == 0
     by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
     for first, latest in index.by_jobs.items():
         kin: Slot | None = latest
@@ -110,7 +110,7 @@ def _maps(index: VictimIndex) -> tuple[object, ...]:
             assert kin.alloc.job_ids[0] == first
             by_jobs.setdefault(kin.alloc.job_ids, {})[kin.alloc.id] = kin.alloc
             kin = kin.kin
-    node_milli = {n: milli for n, milli in enumerate(index.node_milli) if on_node[n]}
+    node_milli = {n: tally.milli for n, tally in enumerate(index.node_milli) if on_node[n]}
     name = {n: next(iter(slots.values())).node for n, slots in on_node.items() if slots}
     team_nodes = {t: {name[n]: milli for n, milli in index.nodes_of(t)} for t in index.teams()}
     on_node = {n: slots for n, slots in on_node.items() if slots}

@@ -43,7 +43,7 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, join, leave
-from corral.scheduler.victims import VictimIndex, inner_map
+from corral.scheduler.victims import Tally, VictimIndex, inner_map
 
 DEFAULT_CONFIG = Config()
 _ID = attrgetter("id")
@@ -67,7 +67,7 @@ class Scheduler:
         self.queue = Queue(self.classes, config.reserve_min_gpus)
         self._slots = Slots()  # the allocations as given, active or not, and their ends
         self._team_numbers = Numbers()  # the teams of allocations given
-        self._used: list[int] = []  # team number -> milli-GPUs its active allocations hold
+        self._used: list[Tally] = []  # team number -> milli-GPUs its active allocations hold
         self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._end_at: list[float | None] = []  # node index -> latest expected end there
@@ -115,7 +115,7 @@ class Scheduler:
             raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
         team = slot.team = self._team_numbers.number(alloc.team)
         if team == len(self._used):
-            self._used.append(0)
+            self._used.append(Tally())
         if alloc.active:
             self._count(slot, alloc, +1, expected_end)
 
@@ -236,7 +236,8 @@ class Scheduler:
         cluster = self._cluster_now()
         cycle = Cycle(cluster, self.config, now, end_at=self._end_at)
         try:
-            used = dict(zip(self._team_numbers.names, self._used, strict=True))
+            names = self._team_numbers.names
+            used = {name: t.milli for name, t in zip(names, self._used, strict=True)}
             ledger = Ledger.of_usage(self.teams, used, cycle.memo())
             planner = Planner(
                 cycle,
@@ -307,7 +308,7 @@ class Scheduler:
             team = slot.team
             # not ``sign * milli``: a compiled build multiplies by a negative int generically
             held = alloc.milli
-            self._used[team] = self._used[team] + (held if sign > 0 else -held)
+            self._used[team].milli += held if sign > 0 else -held
         users = inner_map(self._running, alloc.priority)
         got = users.get(alloc.user)  # no default: a compiled build boxes a float one per call
         users[alloc.user] = (0.0 if got is None else got) + sign

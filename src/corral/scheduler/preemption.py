@@ -167,7 +167,7 @@ class Preemptor:
     def _evictable(self, node: int) -> int:
         """Milli-GPUs of not yet evicted victims on node index ``node``."""
         left = self._left.get(node)
-        return self._victim_milli[node] if left is None else left
+        return self._victim_milli[node].milli if left is None else left
 
     def _try_node(
         self, cycle: Cycle, ledger: Ledger, nc: NodeCap, need: Need, ask: Ask, patient: bool

@@ -52,6 +52,16 @@ class Victim:
     cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
 
 
+class Tally:
+    """Milli-GPUs held, in a record updated in place: an int stored in a list is boxed, a
+    new object for each value over 256 (and the old one freed) at every start and end."""
+
+    __slots__ = ("milli",)
+
+    def __init__(self) -> None:
+        self.milli = 0
+
+
 class VictimIndex:
     """Evictable running work by node and by team (see the module docstring)."""
 
@@ -62,7 +72,8 @@ class VictimIndex:
         # the map's fast path; a reader keeps those of the very job set): the latest slot
         # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
         self.by_jobs: dict[str, Slot] = {}
-        self.node_milli: list[int] = [0] * nodes  # node -> milli of its evictable allocations
+        # node -> milli of its evictable allocations (a ``Tally`` each: see its docstring)
+        self.node_milli: list[Tally] = [Tally() for _ in range(nodes)]
         # node -> team number -> its evictable allocations there: whether the team has an
         # entry for the node, without a walk of the node's victims (each one touched)
         self._teams_at: list[list[int]] = [[] for _ in range(nodes)]
@@ -70,7 +81,7 @@ class VictimIndex:
         # and written per allocation: the milli its evictable allocations hold on each node,
         # on how many nodes it has any, and its name (``teams``, ``nodes_of``)
         self._nodes = nodes
-        self._team_milli: list[list[int]] = []
+        self._team_milli: list[list[Tally]] = []
         self._team_spread: list[int] = []
         self._team_name: list[str] = []
 
@@ -99,16 +110,15 @@ class VictimIndex:
         while len(counts) <= team:
             counts.append(0)
         while len(self._team_milli) <= team:
-            self._team_milli.append([0] * self._nodes)
+            self._team_milli.append([Tally() for _ in range(self._nodes)])
             self._team_spread.append(0)
             self._team_name.append("")
         if counts[team] == 0:  # the team's first evictable allocation on this node
             self._team_spread[team] = self._team_spread[team] + 1
             self._team_name[team] = alloc.team
         counts[team] = counts[team] + 1
-        milli_at = self._team_milli[team]
-        milli_at[node] = milli_at[node] + milli
-        self.node_milli[node] = self.node_milli[node] + milli
+        self._team_milli[team][node].milli += milli
+        self.node_milli[node].milli += milli
 
     def _unindex(self, slot: Slot) -> None:
         alloc = slot.alloc
@@ -134,11 +144,10 @@ class VictimIndex:
         counts = self._teams_at[node]
         left = counts[team] - 1
         counts[team] = left
-        milli_at = self._team_milli[team]
-        milli_at[node] = milli_at[node] - milli
+        self._team_milli[team][node].milli -= milli
         if not left:
             self._team_spread[team] = self._team_spread[team] - 1
-        self.node_milli[node] = self.node_milli[node] - milli
+        self.node_milli[node].milli -= milli
 
     def teams(self) -> list[str]:
         """The teams with evictable work on some node."""
@@ -151,7 +160,7 @@ class VictimIndex:
             if name == team and self._team_spread[t]:
                 milli_at = self._team_milli[t]
                 return [
-                    (node, milli_at[node])
+                    (node, milli_at[node].milli)
                     for node, counts in enumerate(self._teams_at)
                     if t < len(counts) and counts[t]
                 ]
