@@ -53,12 +53,13 @@ class Batcher:
         self._groups = groups
         self._cursor: dict[Hashable, int] = {}
 
-    def followers(self, leader: Job, decided: set[str], now: float | None = None) -> list[Job]:
-        """Up to ``max_size - 1`` undecided jobs that may share ``leader``'s allocation
-        (with ``now``: only jobs whose retry backoff is over)."""
+    def followers(self, leader: Job, decided: set[str], now: float) -> tuple[Job, ...]:
+        """Up to ``max_size - 1`` undecided jobs that may share ``leader``'s allocation,
+        whose retry backoff is over at ``now``. A tuple: most jobs have no batch key, and
+        the empty one is shared (no list made per placement)."""
         key = batch_key(leader)
         if key is None or self._max == 1:
-            return []
+            return ()
         group = self._groups.get(key, ())
         at = self._cursor.get(key, 0)
         taken: list[Job] = []
@@ -67,7 +68,7 @@ class Batcher:
             at += 1
             if job.id == leader.id or job.id in decided:
                 continue
-            if now is None or job.not_before <= now:
+            if job.not_before <= now:
                 taken.append(job)
         self._cursor[key] = at
-        return taken
+        return tuple(taken)

@@ -54,11 +54,13 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
             return None
         if need.picky:  # a field: the frozenset's truth would be a generic call
             cards = nc.whole_free_cards(need.vram, need.gpu_models)
+            if len(cards) < need.gpus:
+                return None
+            chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
         else:
-            cards = _first_free(nc.cards, need.gpus)  # never more than asked
-        if len(cards) < need.gpus:
-            return None
-        chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
+            chosen = _first_free(nc.cards, need.gpus)  # never more than asked
+            if len(chosen) < need.gpus:
+                return None
         return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus)
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
     if card is None:
@@ -66,16 +68,22 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
 
 
-def _first_free(gpu_cards: list[Card], count: int) -> list[int]:
+def _first_free(gpu_cards: list[Card], count: int) -> tuple[int, ...]:
     """The first ``count`` wholly free cards (fewer when there are not as many): the
-    cards ``whole_free_cards`` lists first, without listing them all."""
+    cards ``whole_free_cards`` lists first, without listing them all. One card (most
+    jobs) is found without a list made and copied."""
+    if count == 1:
+        for i, card in enumerate(gpu_cards):
+            if card.free == MILLI:
+                return (i,)
+        return ()
     cards: list[int] = []
     for i, card in enumerate(gpu_cards):
         if card.free == MILLI:
             cards.append(i)
             if len(cards) == count:
                 break
-    return cards
+    return tuple(cards)
 
 
 Source = tuple[Index, frozenset[int] | None]

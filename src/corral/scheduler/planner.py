@@ -18,6 +18,7 @@ Reasons for the jobs left queued are worked out at the end (``explanation``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from corral.core.model import Job, PriorityClass
 from corral.core.resources import MILLI
@@ -45,6 +46,9 @@ from corral.scheduler.victims import VictimIndex
 
 Explanation = tuple[tuple[Reason, ...], Remedy]
 CYCLE_LIMIT = simple(ReasonCode.CYCLE_LIMIT, "cycle placement limit reached", Remedy.WAIT)
+# Empty and never changed: the common placement (nobody preempted) makes no list or dict
+_NO_ROOMS: Final[list[Room]] = []
+_NO_PREEMPTS: Final[dict[str, tuple[str, ...]]] = {}
 
 
 class Planner:
@@ -189,7 +193,7 @@ class Planner:
         if fits is None and not job.gang:
             fit = self.reservations.backfill(need, job.estimated_runtime_s)
             fits = None if fit is None else [fit]
-        rooms: list[Room] = []
+        rooms = _NO_ROOMS
         if fits is None and self.config.preemption:
             found = self._fit_with_preemption(job, pclass, need, guaranteed)
             if found is not None:
@@ -293,14 +297,12 @@ class Planner:
         decided = self.decided
         riders: tuple[Job, ...] = ()
         if not job.gang:
-            followers = self.batcher.followers(job, decided, self.now)
-            if followers:
-                riders = tuple(followers)
+            riders = self.batcher.followers(job, decided, self.now)
         job_ids: tuple[str, ...] = tuple([job.id] + [j.id for j in riders]) if riders else (job.id,)
         for job_id in job_ids:
             decided.add(job_id)
         self.riders = riders
-        by_node: dict[str, tuple[str, ...]] = {}
+        by_node: dict[str, tuple[str, ...]] = {} if rooms else _NO_PREEMPTS
         for room in rooms:
             ids = tuple(a.id for v in room.victims for a in v.allocs)
             by_node[room.fit.node.name] = by_node.get(room.fit.node.name, ()) + ids

@@ -67,7 +67,9 @@ class JobRun:
         self.started_at = 0.0
         self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
         self.done = 0.0  # seconds of work done by earlier attempts
-        self.allocs: list[str] = []
+        # its allocations' ids: a tuple, the empty one shared while queued (one made per
+        # start, where a list was made per job and grown at its start)
+        self.allocs: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
 
 
@@ -254,7 +256,7 @@ class World:
 
     def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
         """``run``'s job is one of those allocation ``alloc`` (of placement ``p``) runs."""
-        run.allocs.append(p.allocation_id)
+        run.allocs = (*run.allocs, p.allocation_id) if run.allocs else (p.allocation_id,)
         if run.placements is not None:
             record = PlacementRecord(p.node, alloc.milli / MILLI, now)
             run.placements.append(record)
@@ -323,7 +325,7 @@ class World:
         for alloc_id in run.allocs:
             if alloc_id in self.allocations:
                 self._release(alloc_id, now, preempted=True)
-        run.allocs = []
+        run.allocs = ()
         run.done += now - run.started_at
         if run.remaining is not None:
             run.remaining = max(0.0, run.remaining - (now - run.started_at))
