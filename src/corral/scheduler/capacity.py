@@ -129,12 +129,14 @@ class NodeCap:
         return len(self.gpu_vram)
 
     def usable(self, gpu: int, vram: int, models: frozenset[str]) -> bool:
-        """Card ``gpu`` is big enough and of an accepted model (any, when ``models`` is empty)."""
-        return self.gpu_vram[gpu] >= vram and (not models or self.gpu_model[gpu] in models)
+        """Card ``gpu`` is big enough and of an accepted model (any, when ``models`` is empty).
+        ``len``, here and below: a compiled build reads a set's size, where its truth is a
+        generic call."""
+        return self.gpu_vram[gpu] >= vram and (not len(models) or self.gpu_model[gpu] in models)
 
     def whole_free_cards(self, vram: int, models: frozenset[str]) -> list[int]:
         """Indices of wholly free cards with at least ``vram`` bytes, of an accepted model."""
-        if not vram and not models:
+        if not vram and not len(models):
             return [i for i, card in enumerate(self.cards) if card.free == MILLI]
         return [
             i
@@ -158,7 +160,7 @@ class NodeCap:
         """The card where a shared reservation fits tightest (partly used cards first)."""
         best, best_left = None, 2 * MILLI + 1
         for i, card in enumerate(self.cards):
-            if card.vram_free < vram or (models and self.gpu_model[i] not in models):
+            if card.vram_free < vram or (len(models) and self.gpu_model[i] not in models):
                 continue
             free = card.free
             left = free - self.milli_for(i, vram, milli)

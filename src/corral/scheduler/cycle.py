@@ -190,7 +190,7 @@ class Cycle:
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:
             limit = 1  # no locality, no end time: the best-fit order is the score order
         candidates: list[Candidate] = []
-        if avoid:
+        if len(avoid):  # its size, read natively; a frozenset's truth is a generic call
             passed = self.cap.by_name
             skip = {passed[n].idx for n in avoid if n in passed}
             candidates = self._candidates(need, model, runtime, limit, skip)

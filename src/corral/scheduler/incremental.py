@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
+from typing import Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
@@ -318,10 +319,11 @@ class Scheduler:
             if node != NOWHERE:
                 join(self._here[node], slot)
                 latest = self._end_at[node]
+                given: Any = expected_end  # stored as given: a narrowed float is boxed again
                 if expected_end is not None and expected_end > (
                     -math.inf if latest is None else latest
                 ):
-                    self._end_at[node] = expected_end
+                    self._end_at[node] = given
         else:
             self._victims.remove(slot)
             if node != NOWHERE:

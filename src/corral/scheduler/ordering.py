@@ -176,7 +176,7 @@ class LiveQueue(Generic[Q]):
         heap = []
         for state in self._users.values():
             state.pos = [0 for _ in state.lines]  # not ``[0] * n``: a generic call compiled
-            state.mine = []
+            state.mine = None  # made when a slot first moves on (few do)
             if self._entry(state):
                 heap.append(state)
         _heapify(heap)
@@ -185,9 +185,8 @@ class LiveQueue(Generic[Q]):
     def _start(self, state: _User[Q]) -> None:
         user = state.name
         # ``get`` without a default, here and below: a compiled build boxes a float one
-        weight = self._weights.get(user)
-        if weight is None or weight <= 0:
-            weight = 1.0
+        given = self._weights.get(user)
+        weight = 1.0 if given is None or given <= 0 else given  # a float: never boxed
         state.started = True
         state.vt = 0.0
         state.step = 1.0 / weight
@@ -251,7 +250,7 @@ class LiveQueue(Generic[Q]):
                 job = slot.jobs[slot.at]
                 if best is None or _sooner(job, at, job_id):
                     best, at, job_id = slot, job.submitted_at, job.id
-        moved = self._moved_on(state.mine)
+        moved = None if state.mine is None else self._moved_on(state.mine)
         if moved is not None:
             job = moved.jobs[moved.at]
             if best is None or _sooner(job, at, job_id):
@@ -284,7 +283,10 @@ class LiveQueue(Generic[Q]):
                 continue
             if at > 0:  # moved on: its place in the line no longer says when its turn is
                 job = slot.jobs[at]
-                heappush(state.mine, (job.submitted_at, job.id, slot.seq, slot))
+                mine = state.mine
+                if mine is None:
+                    mine = state.mine = []
+                heappush(mine, (job.submitted_at, job.id, slot.seq, slot))
                 at_line += 1
                 continue
             found = slot
@@ -365,7 +367,7 @@ class _User(Generic[Q]):
 
     # Set by ``refill`` before any walk, and by ``_entry`` before the user goes in the heap.
     pos: list[int]
-    mine: list[tuple[float, str, int, _Slot[Q]]]
+    mine: list[tuple[float, str, int, _Slot[Q]]] | None
     slot: _Slot[Q]
 
     def __init__(self, name: str, line: Line[Q]) -> None:

@@ -187,7 +187,7 @@ class Queue:
         batch = None if job.batch_key is None else batch_key(job)
         if batch is not None:
             _remove(self.batches, batch, job)
-        if self.unknown and job_id in self.unknown:
+        if len(self.unknown) and job_id in self.unknown:  # a set's size: read natively
             self.unknown.discard(job_id)
             return job
         groups = self.lists[job.priority]
