@@ -11,7 +11,7 @@ from corral.scheduler.api import Config
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
-from corral.scheduler.fit import search
+from corral.scheduler.fit import Source, search
 from corral.scheduler.need import Need
 
 NODES = tuple(
@@ -187,9 +187,9 @@ def test_a_search_of_one_tier_lists_each_node_once_with_or_without_a_seen_set(
         if nc.cards[card].free >= milli and nc.cpus_free >= 1:
             cap.reserve(nc, (card,), milli, milli * 24 * GIB // 1000, 1)
     sources = (
-        [(cap.by_class[c], None) for c in sorted(cap.by_class)]
+        [Source(cap.by_class[c]) for c in sorted(cap.by_class)]
         if by_class
-        else [(cap.everywhere, None)]
+        else [Source(cap.everywhere)]
     )
     without = search(need, sources, limit, None)
     with_set = search(need, sources, limit, set())

@@ -315,7 +315,7 @@ class Cycle:
                 for level in (LOADED, ON_DISK):
                     holders = self.cap.by_model.get((model, level))
                     if holders is not None:
-                        tiers.append([(holders, allowed)])
+                        tiers.append([Source(holders, allowed)])
             tiers.append(self._main_sources(need, feasible, allowed))
         if model is None:
             self._plain_sources[need] = tiers
@@ -329,12 +329,12 @@ class Cycle:
         by_class = self.cap.by_class
         if need.cpu_only:  # GPU-less nodes first, then nodes with fewer cards
             ordered = sorted(feasible, key=lambda c: (self.representatives[c].gpus.__len__(), c))
-            return [(by_class[c], None) for c in ordered]
+            return [Source(by_class[c]) for c in ordered]
         if allowed is None:
-            return [(self.cap.everywhere, None)]
+            return [Source(self.cap.everywhere)]
         if len(feasible) <= FEW_CLASSES:
-            return [(by_class[c], None) for c in feasible]
-        return [(self.cap.everywhere, allowed)]
+            return [Source(by_class[c]) for c in feasible]
+        return [Source(self.cap.everywhere, allowed)]
 
 
 def node_ends(

@@ -86,8 +86,16 @@ def _first_free(gpu_cards: list[Card], count: int) -> tuple[int, ...]:
     return tuple(cards)
 
 
-Source = tuple[Index, frozenset[int] | None]
-"""An index to walk and the node classes allowed in it (``None``: all of them)."""
+class Source:
+    """An index to walk and the node classes allowed in it (``allowed`` None: all of them).
+    A record, not a pair: a compiled build checks the type of each item it unpacks from a
+    tuple, and a check of ``None`` against ``frozenset`` asks for a subtype each time."""
+
+    __slots__ = ("allowed", "index")
+
+    def __init__(self, index: Index, allowed: frozenset[int] | None = None) -> None:
+        self.index = index
+        self.allowed = allowed
 
 
 def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None) -> list[Fit]:
@@ -114,12 +122,12 @@ def _search_whole(
     need: Need, sources: list[Source], limit: int, seen: set[int] | None, found: list[Fit]
 ) -> None:
     top = 0  # a loop, not max() over a generator: a compiled build runs it inline
-    for index, _ in sources:
-        top = max(top, len(index.whole))
+    for source in sources:
+        top = max(top, len(source.index.whole))
     cpus = need.cpus
     for level in range(max(need.gpus, 1), top):
-        for index, allowed in sources:
-            bucket = index.whole[level]
+        for source in sources:
+            bucket, allowed = source.index.whole[level], source.allowed
             if not bucket.size:
                 continue
             nodes, i = bucket.nodes, bucket.next_at(0)
@@ -144,8 +152,8 @@ def _search_partial(
 ) -> None:
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
-        for index, allowed in sources:
-            bucket = index.partial[level]
+        for source in sources:
+            bucket, allowed = source.index.partial[level], source.allowed
             if not bucket.size:
                 continue
             nodes, i = bucket.nodes, bucket.next_at(0)
@@ -165,9 +173,9 @@ def _search_partial(
 def _search_cpu(
     need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
 ) -> None:
-    for index, allowed in sources:
-        for bucket in index.cpu:  # nodes without free cards first
-            _search_bucket(need, bucket, allowed, limit, seen, found)
+    for source in sources:
+        for bucket in source.index.cpu:  # nodes without free cards first
+            _search_bucket(need, bucket, source.allowed, limit, seen, found)
             if len(found) >= limit:
                 return
 
