@@ -11,7 +11,7 @@ from scheduler_builders import alloc, job, node, snapshot, team
 
 from corral.core import Job
 from corral.scheduler import Config, schedule
-from corral.scheduler.lines import lines_of
+from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, FairQueue, LiveQueue
 from corral.scheduler.queues import Group, Queue
@@ -216,12 +216,31 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
     group (the implementation before the sim2 round): groups die as the script says,
     jobs are decided, placed or not, with riders, and a refill revives groups. Users'
     recent service, given apart, counts as the reference's running work with it added
-    (``with_served``)."""
+    (``with_served``). Over kept lines, the script runs twice: the second queue takes up
+    the users' states the first one left on the lines (``Line.state``), and must start
+    from nothing all the same."""
     groups, script = run
-    dead: set[str] = set()
-    decided: set[str] = set()
     weights = {"v": 2.0}
     running = {"w": 1.0}
+    if by_team:  # two "teams": even and odd groups, each with its own lines
+        halves = [{g: h for g, h in groups.items() if int(g[1:]) % 2 == k} for k in (0, 1)]
+        lines = [lines_of(half) for half in halves]
+        for _ in range(2):
+            _run_live_queue(groups, weights, running, served, script, lines)
+    else:
+        _run_live_queue(groups, weights, running, served, script, None)
+
+
+def _run_live_queue(
+    groups: dict[str, dict[str, list[Job]]],
+    weights: dict[str, float],
+    running: dict[str, float],
+    served: dict[str, float],
+    script: list[int],
+    lines: list[dict[str, Line[str]]] | None,
+) -> None:
+    dead: set[str] = set()
+    decided: set[str] = set()
     merged = with_served({"c": running}, served, ["c"]).get("c", {})
 
     def live(g: str) -> bool:
@@ -230,12 +249,7 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
     def usable(j: Job) -> bool:
         return j.id not in decided
 
-    if by_team:  # two "teams": even and odd groups, each with its own lines
-        halves = [{g: h for g, h in groups.items() if int(g[1:]) % 2 == k} for k in (0, 1)]
-        lines = [lines_of(half) for half in halves]
-        ours = LiveQueue(groups, weights, running, Checks(live, usable), lines, served)
-    else:
-        ours = LiveQueue(groups, weights, running, Checks(live, usable), served=served)
+    ours = LiveQueue(groups, weights, running, Checks(live, usable), lines, served)
     reference = ReferenceLiveQueue(groups, weights, merged, live, usable)
     names = sorted(groups)
     every = [j for holders in groups.values() for own in holders.values() for j in own]
@@ -289,3 +303,21 @@ def test_jobs_share_a_group_when_their_estimates_share_a_power_of_two() -> None:
     assert queue.groups["a"] is queue.groups["b"]
     assert queue.groups["c"] is queue.groups["d"]
     assert len({id(g) for g in queue.groups.values()}) == 5
+
+
+def test_a_line_the_queue_drops_lets_go_of_the_state_a_pass_left_on_it() -> None:
+    # A pass's fair queue keeps each user's state on the user's line for the next pass
+    # (``Line.state``), and the state refers back to the line: when the queue drops the
+    # line (the user's last job left), it must break that cycle, or the pair would wait
+    # for the cyclic collector (which a long simulation runs rarely).
+    queue = Queue(["batch"])
+    made = job("a").gpus(1).set(priority="batch", user="u").build()
+    queue.add(made)
+    users = queue.lines["batch"][made.team]
+    line = users["u"]
+    LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
+    assert line.state is not None
+    assert line.state.lines == [line]
+    queue.remove("a")
+    assert "u" not in queue.lines["batch"].get(made.team, {})
+    assert line.state is None

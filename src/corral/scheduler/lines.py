@@ -24,11 +24,19 @@ class Line(Generic[Q]):
     in one group).
     """
 
-    __slots__ = ("groups", "keys")
+    __slots__ = ("groups", "keys", "state")
 
     def __init__(self) -> None:
         self.groups: list[Q] = []
         self.keys: list[tuple[float, str]] = []
+        # What a pass's fair queue kept of this line's user (``ordering._User.on``), for the
+        # next pass's to reuse; None when there is none. ``Any``: it refers back to the line.
+        self.state: Any = None
+
+    def forget(self) -> None:
+        """The line is no longer kept: let go of the queue's state (which refers back to
+        it, a cycle reference counting alone would not free)."""
+        self.state = None
 
     def put(self, group: Q, first: Job) -> None:
         """``group`` now starts with ``first`` (for this user). After every other group

@@ -158,7 +158,7 @@ class LiveQueue(Generic[Q]):
             for user, line in per_user.items():
                 state = users.get(user)
                 if state is None:
-                    users[user] = _User(user, line)
+                    users[user] = _User.on(user, line)
                 else:
                     state.lines.append(line)
         self._users = users
@@ -175,7 +175,12 @@ class LiveQueue(Generic[Q]):
         """Find every user's next job again (groups may have come back to life)."""
         heap = []
         for state in self._users.values():
-            state.pos = [0 for _ in state.lines]  # not ``[0] * n``: a generic call compiled
+            pos = state.pos
+            if len(pos) == len(state.lines):  # the user's own list, from an earlier walk
+                for i in range(len(pos)):
+                    pos[i] = 0
+            else:
+                state.pos = [0 for _ in state.lines]  # not ``[0] * n``: a generic call compiled
             state.mine = None  # made when a slot first moves on (few do)
             if self._entry(state):
                 heap.append(state)
@@ -366,7 +371,6 @@ class _User(Generic[Q]):
     )
 
     # Set by ``refill`` before any walk, and by ``_entry`` before the user goes in the heap.
-    pos: list[int]
     mine: list[tuple[float, str, int, _Slot[Q]]] | None
     slot: _Slot[Q]
 
@@ -374,6 +378,31 @@ class _User(Generic[Q]):
         self.name = name
         self.lines = [line]
         self.slots: dict[Q, _Slot[Q]] = {}
+        self.pos: list[int] = []
+        self._reset()
+
+    @staticmethod
+    def on(name: str, line: Line[Q]) -> _User[Q]:
+        """The state of ``name`` starting a queue with ``line``: the one kept on the line
+        (``Line.state``) from a queue before, made afresh, or made and kept there. A queue
+        is made per pass and per user; its state, its list of lines and its map of slots
+        were made and freed each time. A line is in one live queue at most (each pass's
+        queues hold disjoint lines, and a pass's queues are dropped before the next one's
+        are made), so its kept state is never shared."""
+        state: _User[Q] | None = line.state
+        if state is None:
+            state = _User(name, line)
+            line.state = state  # a cycle (state -> lines -> line): ``Queue`` breaks it
+            return state
+        lines = state.lines
+        if len(lines) > 1:  # a queue before joined another line of the user's to it
+            del lines[1:]
+        state.slots.clear()
+        state._reset()
+        return state
+
+    def _reset(self) -> None:
+        self.mine = None
         self.started = False
         self.vt = 0.0
         self.step = 1.0

@@ -224,6 +224,7 @@ class Queue:
             line.drop(group, job)
             return
         # its only group: the line goes whole, not emptied first (two list shifts saved)
+        line.forget()
         del users[job.user]
         if not users:
             del self.lines[job.priority][job.team]
@@ -255,6 +256,9 @@ class Queue:
         for big in self.big.values():
             big.sort(key=job_key)
         for cls, by_team in self.by_team.items():  # the lines afresh, from the sorted lists
+            for users in self.lines[cls].values():
+                for line in users.values():
+                    line.forget()
             self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
 
     def stamp(self) -> int:
