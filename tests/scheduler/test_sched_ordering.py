@@ -321,3 +321,30 @@ def test_a_line_the_queue_drops_lets_go_of_the_state_a_pass_left_on_it() -> None
     queue.remove("a")
     assert "u" not in queue.lines["batch"].get(made.team, {})
     assert line.state is None
+
+
+def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -> None:
+    # The state a pass leaves on a user's line keeps its slots (a cursor over the user's
+    # jobs of one group) for the next pass. Between passes, the user's last job of a group
+    # may leave (the queue drops the list) and a new one come (a new list): the next pass
+    # must read the new list, not the one its slot held.
+    queue = Queue(["batch"])
+    first = job("a").gpus(1).set(priority="batch", user="u", submitted_at=1).build()
+    other = job("b").gpus(2).set(priority="batch", user="u", submitted_at=2).build()
+    queue.add(first)
+    queue.add(other)  # another group of the user's: the line stays when "a" leaves
+    users = queue.lines["batch"][first.team]
+
+    def one_pass() -> list[str]:
+        gate = Checks(lambda g: True, lambda j: True)
+        fair = LiveQueue(queue.lists["batch"], {}, {}, gate, [users])
+        out = []
+        while (handed := fair.pop()) is not None:
+            out.append(handed.id)
+            fair.done(handed, placed=True)
+        return out
+
+    assert one_pass() == ["a", "b"]
+    queue.remove("a")
+    queue.add(job("c").gpus(1).set(priority="batch", user="u", submitted_at=3).build())
+    assert one_pass() == ["b", "c"]

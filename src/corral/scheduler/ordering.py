@@ -310,11 +310,17 @@ class LiveQueue(Generic[Q]):
 
     def _slot(self, group: Q, state: _User[Q]) -> _Slot[Q]:
         """A user's (``state``'s) slot in ``group`` (made when first seen, kept across
-        refills)."""
+        refills; one a queue before left, kept with the user's state, starts afresh)."""
         slot = state.slots.get(group)
         if slot is None:
             jobs = self._groups[group][state.name]
-            slot = state.slots[group] = _Slot(group, jobs, self._made)
+            slot = state.slots[group] = _Slot(group, jobs, self._made, state.epoch)
+            self._made += 1
+        elif slot.epoch != state.epoch:  # a queue before's: as if made now
+            slot.jobs = self._groups[group][state.name]  # the list may have been replaced
+            slot.at = 0
+            slot.seq = self._made
+            slot.epoch = state.epoch
             self._made += 1
         return slot
 
@@ -356,6 +362,7 @@ class _User(Generic[Q]):
 
     __slots__ = (
         "at",
+        "epoch",
         "job_id",
         "lines",
         "mine",
@@ -379,6 +386,7 @@ class _User(Generic[Q]):
         self.lines = [line]
         self.slots: dict[Q, _Slot[Q]] = {}
         self.pos: list[int] = []
+        self.epoch = 0  # one more for each queue that takes the state up: its slots' mark
         self._reset()
 
     @staticmethod
@@ -397,7 +405,7 @@ class _User(Generic[Q]):
         lines = state.lines
         if len(lines) > 1:  # a queue before joined another line of the user's to it
             del lines[1:]
-        state.slots.clear()
+        state.epoch += 1  # its slots are a queue before's: each starts afresh when touched
         state._reset()
         return state
 
@@ -429,13 +437,14 @@ class _Slot(Generic[Q]):
     """One user's jobs in one group, with a cursor at its next job not yet handed out;
     ``seq`` (order of making) breaks ties between a user's slots."""
 
-    __slots__ = ("at", "group", "jobs", "seq")
+    __slots__ = ("at", "epoch", "group", "jobs", "seq")
 
-    def __init__(self, group: Q, jobs: list[Job], seq: int) -> None:
+    def __init__(self, group: Q, jobs: list[Job], seq: int, epoch: int) -> None:
         self.group = group
         self.jobs = jobs
         self.at = 0
         self.seq = seq
+        self.epoch = epoch  # its user's ``_User.epoch`` when it was last made or taken up
 
 
 # The queue's heap of ``_User``: ``heapq``'s algorithm written out (the same sifts and pops,
