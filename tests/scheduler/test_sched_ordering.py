@@ -11,9 +11,10 @@ from scheduler_builders import alloc, job, node, snapshot, team
 
 from corral.core import Job
 from corral.scheduler import Config, schedule
+from corral.scheduler.fair import FairQueue
 from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
-from corral.scheduler.ordering import Checks, FairQueue, LiveQueue
+from corral.scheduler.ordering import Checks, LiveQueue
 from corral.scheduler.queues import Group, Queue
 from corral.scheduler.service import with_served
 

@@ -9,13 +9,15 @@ equal weights, every user's next job comes before anyone's second one.
 Ties inside a round go to the user with less work already running in the
 class (per weight), then to the user whose oldest job is oldest, then by
 name: deterministic, and it carries fairness from cycle to cycle.
+
+``LiveQueue`` is that order over the queue's kept groups and lines, as a pass walks them;
+``fair.FairQueue`` the same order over a plain list of jobs (a cycle's explanations).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from heapq import heapify, heappop, heappush, heapreplace
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from heapq import heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
@@ -32,56 +34,6 @@ def job_key(job: Job) -> tuple[float, str]:
 def by_rank(classes: Iterable[PriorityClass]) -> list[PriorityClass]:
     """Classes from most to least urgent (higher rank first, then name)."""
     return sorted(classes, key=lambda c: (-c.rank, c.name))
-
-
-class FairQueue:
-    """Weighted round robin across users over one class's jobs (grouped by user and sorted
-    by ``job_key`` when made): the order in which a cycle explains what stays queued."""
-
-    def __init__(
-        self,
-        jobs: Iterable[Job],
-        weights: Mapping[str, float],
-        running: Mapping[str, float],
-    ) -> None:
-        per_user: dict[str, list[Job]] = defaultdict(list)
-        for job in jobs:
-            per_user[job.user].append(job)
-        self._lists = per_user
-        self._cursor: dict[str, int] = {}
-        self._heap: list[tuple[float, float, float, str, str]] = []
-        self._step: dict[str, float] = {}
-        for user, own in per_user.items():
-            own.sort(key=job_key)
-            weight = weights.get(user, 1.0)
-            if weight <= 0:
-                weight = 1.0
-            self._cursor[user] = 0
-            self._step[user] = 1.0 / weight
-            tie = running.get(user, 0.0) / weight
-            job = own[0]
-            self._heap.append((0.0, tie, job.submitted_at, job.id, user))
-        heapify(self._heap)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
-
-    def __iter__(self) -> Iterator[Job]:
-        while self._heap:
-            yield self.pop()
-
-    def pop(self) -> Job:
-        """The next job: the least served user's oldest job."""
-        vt, tie, _, _, user = heappop(self._heap)
-        own = self._lists[user]
-        at = self._cursor[user]
-        job = own[at]
-        at += 1
-        if at < len(own):
-            self._cursor[user] = at
-            nxt = own[at]
-            heappush(self._heap, (vt + self._step[user], tie, nxt.submitted_at, nxt.id, user))
-        return job
 
 
 class Gate(Generic[Q]):

@@ -29,8 +29,9 @@ from heapq import heapify, heappop, heappush
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
+from corral.scheduler.fair import FairQueue
 from corral.scheduler.need import Need
-from corral.scheduler.ordering import FairQueue, Gate, LiveQueue, by_rank
+from corral.scheduler.ordering import Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Group, Holders, Queue
 from corral.scheduler.service import with_served
