@@ -337,7 +337,7 @@ def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -
     users = queue.lines["batch"][first.team]
 
     def one_pass() -> list[str]:
-        gate = Checks(lambda g: True, lambda j: True)
+        gate: Checks[Group] = Checks(lambda g: True, lambda j: True)
         fair = LiveQueue(queue.lists["batch"], {}, {}, gate, [users])
         out = []
         while (handed := fair.pop()) is not None:
