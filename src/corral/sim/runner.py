@@ -109,7 +109,7 @@ class _Run:
 
     def loop(self, until: float | None, seed: int) -> dict[str, Any]:
         arrivals = self.scenario.jobs()
-        nxt = _next(arrivals)
+        nxt = next(arrivals, None)
         cycle_at: float | None = None
         scaling = self.scaling  # None without pools: one test per instant, nothing per job
         while True:
@@ -179,7 +179,7 @@ class _Run:
             self.arrived += 1
             if self.progress is not None and self.arrived % PROGRESS_EVERY == 0:
                 self._report()
-            nxt = _next(arrivals)
+            nxt = next(arrivals, None)
             if nxt is not None and nxt.submit_at < t:
                 raise SimInputError(
                     "submit_at",
@@ -234,16 +234,6 @@ def _fragmentation_measure(world: World) -> Callable[[], Any]:
     """The scheduler's fragmentation measure of ``world`` now, from its free cards
     (``of_free``: O(cards), no map)."""
     return lambda: of_free(world.nodes, world.gpu_free)
-
-
-def _next(arrivals: Iterator[SimJob]) -> SimJob | None:
-    """``next(arrivals, None)``: one argument, which a compiled build calls natively (the
-    iterator's own next), where the two-argument form looks the builtin up and calls it
-    generically, once per job."""
-    try:
-        return next(arrivals)
-    except StopIteration:
-        return None
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:
