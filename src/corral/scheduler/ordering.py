@@ -337,7 +337,7 @@ class _User(Generic[Q]):
         self.name = name
         self.lines = [line]
         self.slots: dict[Q, _Slot[Q]] = {}
-        self.pos: list[int] = []
+        self.pos: list[int] = [0]  # by line: ``refill`` zeroes it in place while it fits
         self.epoch = 0  # one more for each queue that takes the state up: its slots' mark
         self._reset()
 
