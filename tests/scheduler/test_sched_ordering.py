@@ -15,7 +15,7 @@ from corral.scheduler.fair import FairQueue
 from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, LiveQueue
-from corral.scheduler.queues import Group, Queue
+from corral.scheduler.queues import IDLE_LINES, Group, Queue
 from corral.scheduler.service import with_served
 
 
@@ -171,10 +171,11 @@ def test_the_queue_keeps_its_splits_by_team_and_need_as_a_rebuild_has_them(
         for cls, teams_of in queue.by_team.items():
             for own in teams_of.values():
                 assert all(holders is queue.lists[cls][g] for g, holders in own.items())
-            kept = {
+            kept = {  # less the lines kept empty for their users' next jobs
                 (team, user): (line.groups, line.keys)
                 for team, users in queue.lines[cls].items()
                 for user, line in users.items()
+                if line.groups
             }
             rebuilt = {
                 (team, user): (line.groups, line.keys)
@@ -306,22 +307,52 @@ def test_jobs_share_a_group_when_their_estimates_share_a_power_of_two() -> None:
     assert len({id(g) for g in queue.groups.values()}) == 5
 
 
-def test_a_line_the_queue_drops_lets_go_of_the_state_a_pass_left_on_it() -> None:
-    # A pass's fair queue keeps each user's state on the user's line for the next pass
-    # (``Line.state``), and the state refers back to the line: when the queue drops the
-    # line (the user's last job left), it must break that cycle, or the pair would wait
-    # for the cyclic collector (which a long simulation runs rarely).
+def test_an_emptied_line_is_kept_with_its_state_for_the_user_s_next_job() -> None:
+    # A user's few queued jobs come and go: the line (and the state a pass left on it) stays
+    # when its last job leaves, and the user's next job takes it up again; a pass skips it
+    # while it is empty.
     queue = Queue(["batch"])
     made = job("a").gpus(1).set(priority="batch", user="u").build()
     queue.add(made)
     users = queue.lines["batch"][made.team]
     line = users["u"]
     LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
-    assert line.state is not None
-    assert line.state.lines == [line]
+    state = line.state
+    assert state is not None and state.lines == [line]
     queue.remove("a")
-    assert "u" not in queue.lines["batch"].get(made.team, {})
-    assert line.state is None
+    assert users["u"] is line and line.groups == [] and line.keys == []
+    empty = LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
+    assert empty.pop() is None and line.state is state  # skipped: its state untouched
+    queue.add(job("b").gpus(1).set(priority="batch", user="u", submitted_at=5).build())
+    assert users["u"] is line and len(line.groups) == 1
+    fair = LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
+    handed = fair.pop()
+    assert handed is not None and handed.id == "b" and line.state is state
+
+
+def test_empty_lines_past_the_bound_are_swept_and_let_go_of_their_state() -> None:
+    # Kept empty lines are bounded: past IDLE_LINES more than the queued jobs, every empty
+    # line goes, and each lets go of its pass state (which refers back to it: a cycle
+    # reference counting alone would not free).
+    queue = Queue(["batch"])
+    keeper = job("keep").gpus(1).set(priority="batch", user="k").build()
+    queue.add(keeper)
+    lines = []
+    for n in range(IDLE_LINES + 1):
+        made = job(f"j{n}").gpus(1).set(priority="batch", user=f"u{n}").build()
+        queue.add(made)
+        line = queue.lines["batch"][made.team][f"u{n}"]
+        line.state = object()  # what a pass would leave on it
+        lines.append(line)
+        queue.remove(made.id)
+    users = queue.lines["batch"][keeper.team]
+    assert len(users) == IDLE_LINES + 2  # one more would pass the bound
+    gone = job("last").gpus(1).set(priority="batch", user="last").build()
+    queue.add(gone)
+    queue.remove("last")
+    assert list(users) == ["k"]  # the one line with a job stays
+    assert all(line.state is None for line in lines)
+    assert [j.id for j in queue.lists["batch"][queue.groups["keep"]]["k"]] == ["keep"]
 
 
 def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -> None:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -49,15 +48,16 @@ class Line(Generic[Q]):
             keys.append(key)
             self.groups.append(group)
             return
-        at = bisect_left(keys, key)
+        at = _search(keys, first, 0)
         keys.insert(at, key)
         self.groups.insert(at, group)
 
     def drop(self, group: Q, first: Job) -> None:
         """``group`` no longer starts with ``first`` (it left, or was preceded)."""
         at = self._at(group, first)
-        del self.keys[at]
-        del self.groups[at]
+        # ``pop``, not ``del``: a compiled build pops from a list natively, deletes generically
+        self.keys.pop(at)
+        self.groups.pop(at)
 
     def move(self, group: Q, first: Job, after: Job) -> None:
         """``group`` now starts with ``after``, a later job than ``first`` (which left):
@@ -66,12 +66,12 @@ class Line(Generic[Q]):
         keys = self.keys
         at = self._at(group, first)
         key: Any = (after.submitted_at, after.id)  # made once (see ``put``)
-        to = bisect_left(keys, key, at + 1)  # where it goes among the groups after it
+        to = _search(keys, after, at + 1)  # where it goes among the groups after it
         if to == at + 1:
             keys[at] = key
             return
-        del keys[at]
-        del self.groups[at]
+        keys.pop(at)
+        self.groups.pop(at)
         keys.insert(to - 1, key)
         self.groups.insert(to - 1, group)
 
@@ -80,10 +80,23 @@ class Line(Generic[Q]):
         once: at the front, the usual case, without a search)."""
         if self.groups and self.groups[0] is group:
             return 0
-        at = bisect_left(self.keys, (first.submitted_at, first.id))
-        if self.groups[at] is not group:
+        at = _search(self.keys, first, 0)
+        if at >= len(self.groups) or self.groups[at] is not group:
             raise RuntimeError(f"line out of order at {first.id!r}")
         return at
+
+
+def _search(keys: list[tuple[float, str]], job: Job, lo: int) -> int:
+    """``bisect_left(keys, job_key(job), lo)``, written out: ``bisect`` compares tuples
+    generically (a compiled build reads each key's fields natively here)."""
+    hi = len(keys)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _before(keys[mid], job):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _before(key: tuple[float, str], job: Job) -> bool:

@@ -108,6 +108,8 @@ class LiveQueue(Generic[Q]):
         users: dict[str, _User[Q]] = {}
         for per_user in (lines_of(groups),) if lines is None else lines:
             for user, line in per_user.items():
+                if not line.groups:  # kept empty by ``Queue`` for the user's next job
+                    continue
                 state = users.get(user)
                 if state is None:
                     users[user] = _User.on(user, line)

@@ -30,6 +30,7 @@ from corral.scheduler.ordering import job_key
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
+IDLE_LINES: Final = 1024  # empty lines kept past the queued jobs' count before a sweep
 RECENT_REQUESTS: Final = 8  # the first requests seen, found by identity in a scan (``need``,
 # and the simulator's report for its size groups: a trace has a handful of shapes)
 
@@ -110,6 +111,7 @@ class Queue:
         self._recent: list[tuple[ResourceRequest, Need]] = []  # the first few, scanned
         self._groups: dict[tuple[str, Need, int, bool, int], Group] = {}  # interned
         self._stamps = 0  # the last stamp handed out (``stamp``)
+        self._idle = 0  # lines kept empty (``_relined``)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -210,6 +212,8 @@ class Queue:
         line = users.get(job.user)
         if line is None:
             line = users[job.user] = Line()
+        elif not line.groups:  # kept empty since the user's last job left: taken up again
+            self._idle -= 1
         return line
 
     def _relined(self, job: Job, group: Group, own: list[Job] | None) -> None:
@@ -219,15 +223,29 @@ class Queue:
         if own:
             line.move(group, job, own[0])
             return
-        groups = line.groups
-        if len(groups) > 1 or groups[0] is not group:
-            line.drop(group, job)
+        line.drop(group, job)
+        if line.groups:
             return
-        # its only group: the line goes whole, not emptied first (two list shifts saved)
-        line.forget()
-        del users[job.user]
-        if not users:
-            del self.lines[job.priority][job.team]
+        # The user's last job of the class and team left. Its line stays, empty, with the
+        # state a pass left on it, for the user's next job: a user's few queued jobs come
+        # and go, and a line (with its state, slots and lists) was made and freed about
+        # once per two jobs on a generated trace. Passes skip empty lines; past
+        # ``IDLE_LINES`` more empty ones than queued jobs, they are swept out.
+        self._idle += 1
+        if self._idle > IDLE_LINES + len(self.jobs):
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop every empty line (``_relined``), letting go of the pass state on it."""
+        for by_team in self.lines.values():
+            for team in list(by_team):
+                users = by_team[team]
+                for user in [u for u, line in users.items() if not line.groups]:
+                    users[user].forget()
+                    del users[user]
+                if not users:
+                    del by_team[team]
+        self._idle = 0
 
     def _forget(self, cls: str, group: Group) -> None:
         """``group`` of class ``cls`` has no job left: out of the kept splits too."""
@@ -240,7 +258,7 @@ class Queue:
         alike = by_need[group.need]
         for i, other in enumerate(alike):  # by identity: ``list.remove`` compares generically
             if other is group:
-                del alike[i]
+                alike.pop(i)  # not ``del``: a compiled build pops natively, deletes generically
                 break
         if not alike:
             del by_need[group.need]
@@ -260,6 +278,7 @@ class Queue:
                 for line in users.values():
                     line.forget()
             self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
+        self._idle = 0  # the lines afresh: none empty
 
     def stamp(self) -> int:
         """A number never handed out before: marks what a pass noted on its groups."""
@@ -338,12 +357,13 @@ def _remove(lists: dict[HK, list[Job]], key: HK, job: Job) -> None:
 
 
 def _remove_from(own: list[Job], job: Job) -> None:
+    # ``pop``, not ``del``: a compiled build pops from a list natively, deletes generically
     if own and own[0] is job:  # the usual case: jobs leave oldest first
-        del own[0]
+        own.pop(0)
         return
     at = bisect_left(own, job_key(job), key=job_key)
     if at < len(own) and own[at] is job:
-        del own[at]
+        own.pop(at)
     else:
         own.remove(job)  # not where its key says: only if the caller broke the order
 
