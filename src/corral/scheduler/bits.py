@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:  # capacity.py imports this module: its nodes are named for the types
+    from mypy_extensions import i64
+
     from corral.scheduler.capacity import NodeCap
 
 WORD: Final = 60
@@ -36,7 +38,7 @@ class Bucket:
     def __init__(self, nodes: list[NodeCap]) -> None:
         self.nodes = nodes  # every node of the capacity, by index (shared by its buckets)
         self.words = [Word() for _ in range(len(nodes) // WORD + 1)]
-        self.size = 0
+        self.size: i64 = 0
 
     def __iter__(self) -> Iterator[NodeCap]:
         nodes, i = self.nodes, self.next_at(0)  # the one walk of the bits: ``next_at``'s
@@ -44,7 +46,7 @@ class Bucket:
             yield nodes[i]
             i = self.next_at(i + 1)
 
-    def next_at(self, pos: int) -> int:
+    def next_at(self, pos: i64) -> i64:
         """The index of the first node in the bucket at or after index ``pos`` (-1: none).
 
         The searches walk a bucket with it (``i = b.next_at(0)`` ... ``i = b.next_at(i +
@@ -52,29 +54,37 @@ class Bucket:
         generator through a generic ``next`` per node.
         """
         words = self.words
-        w = pos // WORD
-        if w >= len(words):
+        w: i64 = pos // WORD
+        end: i64 = len(words)
+        if w >= end:
             return -1
-        bits = words[w].bits >> (pos % WORD) << (pos % WORD)  # the bits below ``pos`` cleared
-        while not bits:
+        shift: i64 = pos % WORD
+        bits: i64 = words[w].bits >> shift << shift  # the bits below ``pos`` cleared
+        while bits == 0:
             w += 1
-            if w >= len(words):
+            if w >= end:
                 return -1
             bits = words[w].bits
-        return w * WORD + (bits & -bits).bit_length() - 1
+        return w * WORD + int(bits & -bits).bit_length() - 1
 
     def __contains__(self, nc: NodeCap) -> bool:
         return (self.words[nc.idx // WORD].bits >> (nc.idx % WORD)) & 1 == 1
 
     def add(self, nc: NodeCap) -> None:
-        word, bit = self.words[nc.idx // WORD], 1 << (nc.idx % WORD)
-        if not word.bits & bit:
+        idx: i64 = nc.idx
+        word = self.words[idx // WORD]
+        bit: i64 = 1  # shifted as a variable: mypyc shifts a literal 1 as a C int (32 bits)
+        bit <<= idx % WORD
+        if word.bits & bit == 0:
             word.bits |= bit
             self.size += 1
 
     def remove(self, nc: NodeCap) -> None:
-        word, bit = self.words[nc.idx // WORD], 1 << (nc.idx % WORD)
-        if word.bits & bit:
+        idx: i64 = nc.idx
+        word = self.words[idx // WORD]
+        bit: i64 = 1  # shifted as a variable: mypyc shifts a literal 1 as a C int (32 bits)
+        bit <<= idx % WORD
+        if word.bits & bit != 0:
             word.bits ^= bit
             self.size -= 1
 
@@ -85,4 +95,4 @@ class Word:
     __slots__ = ("bits",)
 
     def __init__(self) -> None:
-        self.bits = 0
+        self.bits: i64 = 0

@@ -25,11 +25,14 @@ iterators walk live buckets: finish iterating before you reserve or release.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 LOADED: Final = 2
 ON_DISK: Final = 1
@@ -69,8 +72,8 @@ class Card:
     __slots__ = ("free", "vram_free")
 
     def __init__(self, free: int, vram_free: int) -> None:
-        self.free = free
-        self.vram_free = vram_free
+        self.free: i64 = free
+        self.vram_free: i64 = vram_free
 
 
 class NodeCap:
@@ -94,16 +97,16 @@ class NodeCap:
     )
 
     def __init__(self, idx: int, node: Node, cls: int, layout: Layout | None = None) -> None:
-        self.idx = idx
+        self.idx: i64 = idx
         self.node = node
         self.cls = cls
         self.schedulable = node.schedulable
         self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
         self.cards = [Card(MILLI, vram) for vram in self.gpu_vram]  # by position
-        self.milli_free = MILLI * len(self.gpu_vram)  # the cards' free, summed: scorers read it
-        self.cpus_free = node.cpus
-        self.whole_free = len(self.gpu_vram)
-        self.partial_level = -1  # bucket of the roomiest partly used card; -1: none
+        self.milli_free: i64 = MILLI * len(self.gpu_vram)  # the cards' free, summed (scorers)
+        self.cpus_free: i64 = node.cpus
+        self.whole_free: i64 = len(self.gpu_vram)
+        self.partial_level: i64 = -1  # bucket of the roomiest partly used card; -1: none
         self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
         self.hidden = False  # reserved for a job ahead: out of every index this cycle
 
@@ -128,13 +131,13 @@ class NodeCap:
     def gpu_count(self) -> int:
         return len(self.gpu_vram)
 
-    def usable(self, gpu: int, vram: int, models: frozenset[str]) -> bool:
+    def usable(self, gpu: int, vram: i64, models: frozenset[str]) -> bool:
         """Card ``gpu`` is big enough and of an accepted model (any, when ``models`` is empty).
         ``len``, here and below: a compiled build reads a set's size, where its truth is a
         generic call."""
         return self.gpu_vram[gpu] >= vram and (not len(models) or self.gpu_model[gpu] in models)
 
-    def whole_free_cards(self, vram: int, models: frozenset[str]) -> list[int]:
+    def whole_free_cards(self, vram: i64, models: frozenset[str]) -> list[int]:
         """Indices of wholly free cards with at least ``vram`` bytes, of an accepted model."""
         if not vram and not len(models):
             return [i for i, card in enumerate(self.cards) if card.free == MILLI]
@@ -144,10 +147,10 @@ class NodeCap:
             if card.free == MILLI and self.usable(i, vram, models)
         ]
 
-    def milli_for(self, gpu: int, vram: int, milli: int) -> int:
+    def milli_for(self, gpu: int, vram: i64, milli: i64) -> i64:
         """Milli-GPUs a shared reservation (``vram`` bytes, ``milli`` compute) takes on ``gpu``."""
-        total = self.gpu_vram[gpu]
-        share = -(-vram * MILLI // total) if total and vram else 0
+        total: i64 = self.gpu_vram[gpu]
+        share: i64 = -(-vram * MILLI // total) if total != 0 and vram != 0 else 0
         # ``max(milli, min(share, MILLI), 1)`` written out: a compiled build calls a
         # three-argument ``max`` generically
         if share > MILLI:
@@ -156,14 +159,15 @@ class NodeCap:
             share = milli
         return share if share > 1 else 1
 
-    def best_shared_gpu(self, vram: int, milli: int, models: frozenset[str]) -> int | None:
+    def best_shared_gpu(self, vram: i64, milli: i64, models: frozenset[str]) -> int | None:
         """The card where a shared reservation fits tightest (partly used cards first)."""
-        best, best_left = None, 2 * MILLI + 1
+        best: int | None = None
+        best_left: i64 = 2 * MILLI + 1
         for i, card in enumerate(self.cards):
             if card.vram_free < vram or (len(models) and self.gpu_model[i] not in models):
                 continue
             free = card.free
-            left = free - self.milli_for(i, vram, milli)
+            left: i64 = free - self.milli_for(i, vram, milli)
             if left < 0:
                 continue
             if free == MILLI:
@@ -173,7 +177,8 @@ class NodeCap:
         return best
 
     def _recount(self) -> None:
-        whole, level = 0, -1
+        whole: i64 = 0
+        level: i64 = -1
         for card in self.cards:
             free = card.free
             if free == MILLI:
@@ -217,7 +222,7 @@ class Index:
         if nc.cpus_free > 0:
             self._cpu(nc.whole_free).remove(nc)
 
-    def move(self, nc: NodeCap, whole: int, partial: int, cpu: bool) -> None:
+    def move(self, nc: NodeCap, whole: i64, partial: i64, cpu: bool) -> None:
         """``nc`` changed from (``whole``, ``partial``, ``cpu``): move it where it changed."""
         now_whole = nc.whole_free
         if whole != now_whole:
@@ -253,7 +258,7 @@ class Change:
     __slots__ = ("cpus", "gpus", "milli", "nc", "op", "vram")
 
     def __init__(
-        self, op: int, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int
+        self, op: i64, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64
     ) -> None:
         self.op = op
         self.nc = nc
@@ -349,7 +354,7 @@ class Capacity:
 
     # -- changes ----------------------------------------------------------
 
-    def reserve(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
+    def reserve(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
         """Take ``milli``/``vram`` on each card in ``gpus`` and ``cpus`` slots of ``nc``.
 
         ``milli == MILLI`` takes whole cards, VRAM and all (``vram`` is then ignored).
@@ -357,7 +362,7 @@ class Capacity:
         self._apply(nc, gpus, -milli, -vram, -cpus)
         self._journal.append(Change(_RESERVE, nc, gpus, milli, vram, cpus))
 
-    def release(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
+    def release(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
         """Give back what ``reserve`` took (a preemption what-if, or undo)."""
         self._apply(nc, gpus, milli, vram, cpus)
         self._journal.append(Change(_RELEASE, nc, gpus, milli, vram, cpus))
@@ -376,7 +381,7 @@ class Capacity:
         nc.hidden = True
         self._journal.append(Change(_HIDE, nc, (), 0, 0, 0))
 
-    def adjust(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
+    def adjust(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
         """Between cycles: an allocation started (negative amounts) or ended (positive).
 
         Not journaled: the state a cycle starts from. Giving back bumps the generation.
@@ -426,11 +431,11 @@ class Capacity:
                 self._apply(nc, change.gpus, -change.milli, -change.vram, -change.cpus)
         self.generation = generation
 
-    def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int) -> None:
+    def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
         whole_before, partial_before, cpu_before = nc.whole_free, nc.partial_level, nc.cpus_free > 0
         if gpus:
             cards, sizes = nc.cards, nc.gpu_vram
-            whole = whole_before
+            whole: i64 = whole_before
             touched = False  # a card is, or was, partly used: the partial level may move
             for g in gpus:
                 if not 0 <= g < len(cards):
@@ -443,7 +448,10 @@ class Capacity:
                     card.vram_free += sizes[g] if milli > 0 else -sizes[g]
                 else:
                     card.vram_free += vram
-                whole += (now == MILLI) - (was == MILLI)
+                if now == MILLI:  # comparisons, not bools subtracted: ints made natively
+                    whole += 1
+                if was == MILLI:
+                    whole -= 1
                 touched = touched or 0 < was < MILLI or 0 < now < MILLI
             nc.whole_free = whole
             if touched:

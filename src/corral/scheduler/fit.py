@@ -10,10 +10,15 @@ cycle costs O(jobs x few buckets), not O(jobs x nodes).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import PARTIAL_STEP, Card, Index, NodeCap
 from corral.scheduler.need import Need
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 
 class Fit:
@@ -27,7 +32,7 @@ class Fit:
     __slots__ = ("cpus", "gpus", "milli", "node", "vram")
 
     def __init__(
-        self, node: NodeCap, gpus: tuple[int, ...], milli: int, vram: int, cpus: int
+        self, node: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64
     ) -> None:
         self.node = node
         self.gpus = gpus
@@ -39,7 +44,7 @@ class Fit:
         return f"Fit({self.node.name!r}, {self.gpus}, {self.milli}, {self.vram}, {self.cpus})"
 
     @property
-    def total_milli(self) -> int:
+    def total_milli(self) -> i64:
         return self.milli * len(self.gpus)
 
 
@@ -68,7 +73,7 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
 
 
-def _first_free(gpu_cards: list[Card], count: int) -> tuple[int, ...]:
+def _first_free(gpu_cards: list[Card], count: i64) -> tuple[int, ...]:
     """The first ``count`` wholly free cards (fewer when there are not as many): the
     cards ``whole_free_cards`` lists first, without listing them all. One card (most
     jobs) is found without a list made and copied."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
@@ -45,6 +45,9 @@ from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, join, leave
 from corral.scheduler.victims import Tally, VictimIndex, inner_map
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 DEFAULT_CONFIG = Config()
 _ID = attrgetter("id")
@@ -337,7 +340,7 @@ class Scheduler:
         if cluster is not None:
             self._hold(cluster, node, alloc, sign)
 
-    def _hold(self, cluster: Cluster, node: int, alloc: Allocation, sign: int) -> None:
+    def _hold(self, cluster: Cluster, node: i64, alloc: Allocation, sign: int) -> None:
         """The kept cluster's capacity follows an allocation (on node index ``node``) that
         starts (+1) or ends (-1), unless the last cycle's plan took or gave it back already."""
         if sign > 0:
@@ -354,12 +357,14 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back (-1) ...
+        milli: i64 = alloc.gpu_milli  # given back (-1) ...
+        vram: i64 = alloc.vram_bytes
+        cpus: i64 = alloc.cpus
         if sign > 0:  # ... or taken; negated, not multiplied by ``-sign`` (see ``_count``)
             milli, vram, cpus = -milli, -vram, -cpus
         _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
-    def _recompute_end(self, node: int) -> None:
+    def _recompute_end(self, node: i64) -> None:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
         ends = [known for slot in self._here[node] if (known := slot.end) is not None]
         if ends:
@@ -471,9 +476,9 @@ def _adjust_on(
     nc: NodeCap,
     indices: tuple[int, ...],
     on_cpu: bool,
-    milli: int,
-    vram: int,
-    cpus: int,
+    milli: i64,
+    vram: i64,
+    cpus: i64,
 ) -> None:
     """``_adjust`` on a node already found (``_hold`` has its index)."""
     cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)

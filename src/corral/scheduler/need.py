@@ -8,9 +8,13 @@ verdicts per node class, and "did not fit" until capacity is given back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.core.model import Job
 from corral.core.resources import MILLI
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +25,12 @@ class Need:
     is kept: needs are dictionary keys on the hot path of every cycle.
     """
 
-    gpus: int = 0  # whole cards
-    milli: int = 0  # compute share of one card (shared jobs)
-    vram: int = 0  # bytes: minimum per card (whole) or reserved on the card (shared)
-    cpus: int = 0
+    # ``i64``: a compiled build keeps them as machine integers (the fit search compares
+    # them with the nodes' free capacity, also kept so); in pure Python they are ints
+    gpus: i64 = 0  # whole cards
+    milli: i64 = 0  # compute share of one card (shared jobs)
+    vram: i64 = 0  # bytes: minimum per card (whole) or reserved on the card (shared)
+    cpus: i64 = 0
     gpu_models: frozenset[str] = frozenset()
     selector: tuple[tuple[str, str], ...] = ()
     backend: str | None = None

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from heapq import heappop, heappush, heapreplace
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.lines import Line, lines_of
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 Q = TypeVar("Q", bound=Hashable)
 
@@ -116,7 +119,7 @@ class LiveQueue(Generic[Q]):
                 else:
                     state.lines.append(line)
         self._users = users
-        self._made = 0  # slots made so far: the next one's seq
+        self._made: i64 = 0  # slots made so far: the next one's seq
         self._heap: list[_User[Q]] = []  # users with a next job, by its key (``_User.before``)
         self._popped: _Slot[Q] | None = None
         self._popped_by: _User[Q] | None = None
@@ -227,8 +230,8 @@ class LiveQueue(Generic[Q]):
         leave the line for this refill: dead or spent ones for good, moved-on ones into
         ``state.mine``."""
         groups, gate, pos = line.groups, self._gate, state.pos
-        at_line = pos[i]
-        end_line = len(groups)
+        at_line: i64 = pos[i]
+        end_line: i64 = len(groups)
         found: _Slot[Q] | None = None
         while at_line < end_line:
             group = groups[at_line]
@@ -253,10 +256,10 @@ class LiveQueue(Generic[Q]):
         pos[i] = at_line
         return found
 
-    def _skip_unusable(self, slot: _Slot[Q]) -> int:
+    def _skip_unusable(self, slot: _Slot[Q]) -> i64:
         """Move ``slot``'s cursor past the jobs ``usable`` rejects; where it now stands."""
         jobs, at, gate = slot.jobs, slot.at, self._gate
-        end = len(jobs)
+        end: i64 = len(jobs)
         while at < end and not gate.usable(jobs[at]):
             at += 1
         slot.at = at
@@ -340,7 +343,7 @@ class _User(Generic[Q]):
         self.lines = [line]
         self.slots: dict[Q, _Slot[Q]] = {}
         self.pos: list[int] = [0]  # by line: ``refill`` zeroes it in place while it fits
-        self.epoch = 0  # one more for each queue that takes the state up: its slots' mark
+        self.epoch: i64 = 0  # one more for each queue that takes the state up: its slots' mark
         self._reset()
 
     @staticmethod
@@ -393,10 +396,10 @@ class _Slot(Generic[Q]):
 
     __slots__ = ("at", "epoch", "group", "jobs", "seq")
 
-    def __init__(self, group: Q, jobs: list[Job], seq: int, epoch: int) -> None:
+    def __init__(self, group: Q, jobs: list[Job], seq: i64, epoch: i64) -> None:
         self.group = group
         self.jobs = jobs
-        self.at = 0
+        self.at: i64 = 0
         self.seq = seq
         self.epoch = epoch  # its user's ``_User.epoch`` when it was last made or taken up
 

@@ -14,9 +14,12 @@ start and dropped at its end.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from corral.core.model import Allocation
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 NOWHERE: Final = -1
 """The node index of an allocation on a node the scheduler does not hold."""
@@ -27,13 +30,14 @@ class Slot:
 
     __slots__ = ("alloc", "at", "end", "kin", "node", "team", "victim_at")
 
-    def __init__(self, alloc: Allocation, end: float | None, team: int, node: int) -> None:
+    def __init__(self, alloc: Allocation, end: float | None, team: i64, node: i64) -> None:
         self.alloc = alloc
         self.end = end  # expected end (None: not known)
+        # ``i64``: machine integers in a compiled build, ints in pure Python
         self.team = team  # its team's number (``Numbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
-        self.at = 0  # its place in its node's list of work (``join``)
-        self.victim_at = -1  # its place in its node's list of victims there (-1: none)
+        self.at: i64 = 0  # its place in its node's list of work (``join``)
+        self.victim_at: i64 = -1  # its place in its node's list of victims there (-1: none)
         self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
 
 
@@ -43,7 +47,7 @@ class Slots:
     def __init__(self) -> None:
         self.of: dict[str, Slot] = {}  # allocation id -> its slot, in the order given
 
-    def put(self, alloc: Allocation, end: float | None, team: int, node: int) -> Slot | None:
+    def put(self, alloc: Allocation, end: float | None, team: i64, node: i64) -> Slot | None:
         """Give ``alloc`` a slot; None (and nothing changed) if its id is held already.
         One look-up of the id (``setdefault``), where a test and a store were two."""
         slot = Slot(alloc, end, team, node)

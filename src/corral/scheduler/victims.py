@@ -23,11 +23,14 @@ bringing it up to date was 7% of the samples at 1,000,000 jobs (docs/performance
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
 from corral.scheduler.slots import NOWHERE, Slot
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -59,7 +62,7 @@ class Tally:
     __slots__ = ("milli",)
 
     def __init__(self) -> None:
-        self.milli = 0
+        self.milli: i64 = 0
 
 
 class VictimIndex:
