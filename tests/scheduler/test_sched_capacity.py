@@ -141,16 +141,25 @@ def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
 WIDE = tuple(Node(name=f"w{i}", gpus=(), cpus=1) for i in range(130))  # three words of bits
 
 
-@given(st.sets(st.integers(0, len(WIDE) - 1)), st.integers(0, len(WIDE) + 70))
-@example(set(), 0)
-@example({59, 60, 119, 120, 129}, 60)
+@given(
+    st.sets(st.integers(0, len(WIDE) - 1)),
+    st.sets(st.integers(0, len(WIDE) - 1)),
+    st.integers(0, len(WIDE) + 70),
+)
+@example(set(), set(), 0)
+@example({31, 32, 59, 60, 119, 120, 129}, {32}, 60)  # bits past 31 of a word (machine ints)
 def test_a_bucket_walked_by_next_at_gives_its_nodes_in_order_from_any_index(
-    members: set[int], start: int
+    added: set[int], removed: set[int], start: int
 ) -> None:
     cap = Capacity(WIDE, [0] * len(WIDE))
     bucket = Bucket(cap.nodes)
-    for i in members:
+    for i in sorted(added):
         bucket.add(cap.nodes[i])
+    for i in sorted(removed):
+        bucket.remove(cap.nodes[i])
+    members = added - removed
+    assert bucket.size == len(members)
+    assert all((cap.nodes[i] in bucket) == (i in members) for i in range(len(WIDE)))
     after = sorted(i for i in members if i >= start)
     assert bucket.next_at(start) == (after[0] if after else -1)
     walked, i = [], bucket.next_at(0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from corral.core.model import EMPTY, Job
 from corral.core.resources import ResourceRequest
@@ -27,6 +27,9 @@ from corral.scheduler.batching import batch_key
 from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import job_key
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
@@ -55,7 +58,7 @@ class Group:
         self.lowest = need.nominal_milli() * replicas  # the least milli a job of it takes
         # What a pass's ``passes.Liveness`` found, valid while ``seen`` is its stamp: may
         # a job of it fit (memos of its need), and the most its team may hold in the pass.
-        self.seen = 0
+        self.seen: i64 = 0
         self.fits = False
         self.bound = 0.0
 
@@ -110,7 +113,7 @@ class Queue:
         self._by_request: dict[int, tuple[ResourceRequest, Need]] = {}  # by id(request)
         self._recent: list[tuple[ResourceRequest, Need]] = []  # the first few, scanned
         self._groups: dict[tuple[str, Need, int, bool, int], Group] = {}  # interned
-        self._stamps = 0  # the last stamp handed out (``stamp``)
+        self._stamps: i64 = 0  # the last stamp handed out (``stamp``)
         self._idle = 0  # lines kept empty (``_relined``)
 
     def __len__(self) -> int:
@@ -280,7 +283,7 @@ class Queue:
             self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
         self._idle = 0  # the lines afresh: none empty
 
-    def stamp(self) -> int:
+    def stamp(self) -> i64:
         """A number never handed out before: marks what a pass noted on its groups."""
         self._stamps += 1
         return self._stamps

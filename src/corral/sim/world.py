@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
@@ -30,6 +30,9 @@ from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer, observing
 from corral.sim.report import JobRecord, Metrics, PlacementRecord
 from corral.sim.scenario import Scenario, SimJob
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 Sink = Callable[[JobRecord], None]
 QUEUED: Final = JobState.QUEUED
@@ -414,7 +417,7 @@ class _Free:
 
     def __init__(self, node: Node) -> None:
         self.cards = [Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
-        self.cpus = node.cpus
+        self.cpus: i64 = node.cpus
 
 
 class _TeamUse:
@@ -426,7 +429,7 @@ class _TeamUse:
 
     def __init__(self, cap: int | None) -> None:
         self.cap = cap
-        self.milli = 0
+        self.milli: i64 = 0
 
 
 def _cap_milli(team: Team) -> int | None:
