@@ -126,11 +126,14 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None)
 def _search_whole(
     need: Need, sources: list[Source], limit: int, seen: set[int] | None, found: list[Fit]
 ) -> None:
-    top = 0  # a loop, not max() over a generator: a compiled build runs it inline
+    top: i64 = 0  # a loop, not max() over a generator: a compiled build runs it inline
     for source in sources:
-        top = max(top, len(source.index.whole))
+        size: i64 = len(source.index.whole)
+        if size > top:
+            top = size
     cpus = need.cpus
-    for level in range(max(need.gpus, 1), top):
+    level: i64 = need.gpus if need.gpus > 1 else 1
+    while level < top:
         for source in sources:
             bucket, allowed = source.index.whole[level], source.allowed
             if not bucket.size:
@@ -150,6 +153,7 @@ def _search_whole(
                     found.append(fit)
                     if len(found) >= limit:
                         return
+        level += 1
 
 
 def _search_partial(

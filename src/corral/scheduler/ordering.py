@@ -425,8 +425,10 @@ def _pop(heap: list[_User[Q]]) -> _User[Q]:
 
 
 def _heapify(heap: list[_User[Q]]) -> None:
-    for pos in range(len(heap) // 2 - 1, -1, -1):
+    pos: i64 = len(heap) // 2 - 1
+    while pos >= 0:
         _sift_up(heap, pos)
+        pos -= 1
 
 
 def _sooner(job: Job, at: float, job_id: str) -> bool:
@@ -436,12 +438,13 @@ def _sooner(job: Job, at: float, job_id: str) -> bool:
     return job.id < job_id
 
 
-def _sift_down(heap: list[_User[Q]], start: int, pos: int) -> None:
+def _sift_down(heap: list[_User[Q]], start: i64, pos: i64) -> None:
     """``heapq._siftdown``: the entry at ``pos`` moves up towards ``start`` while less than
-    its parent."""
+    its parent. Positions are ``i64``, here and in ``_sift_up``: machine integers in a
+    compiled build."""
     item = heap[pos]
     while pos > start:
-        parent_pos = (pos - 1) >> 1
+        parent_pos: i64 = (pos - 1) >> 1
         parent = heap[parent_pos]
         if not item.before(parent):
             break
@@ -450,13 +453,14 @@ def _sift_down(heap: list[_User[Q]], start: int, pos: int) -> None:
     heap[pos] = item
 
 
-def _sift_up(heap: list[_User[Q]], pos: int) -> None:
+def _sift_up(heap: list[_User[Q]], pos: i64) -> None:
     """``heapq._siftup``: the lesser child moves up until a leaf, then the entry that was at
     ``pos`` sifts down from there."""
-    end, start, item = len(heap), pos, heap[pos]
-    child = 2 * pos + 1
+    end: i64 = len(heap)
+    start, item = pos, heap[pos]
+    child: i64 = 2 * pos + 1
     while child < end:
-        right = child + 1
+        right: i64 = child + 1
         if right < end and not heap[child].before(heap[right]):
             child = right
         heap[pos] = heap[child]
