@@ -90,9 +90,11 @@ def current(stamp: int | None, generation: int) -> bool:
 class Memo(Generic[K, V]):
     """A cache whose writes are undone by ``Cycle.rollback`` (what-ifs leave no trace)."""
 
-    def __init__(self, log: list[tuple[dict[Any, Any], Any, Any]]) -> None:
+    def __init__(self, log: list[tuple[Any, Any, Any]]) -> None:
         self._data: dict[K, V] = {}
         self._log = log
+        self.log = log  # the log it writes to (``Cycle.rollback`` undoes it; a ``quota.Ledger``
+        # writes its changes there too)
         self.get = self._data.get  # the hot path: a bound dict method, no wrapper call
         self.data = self._data  # read-only view for hot paths of a compiled build (typed dict)
 
@@ -138,7 +140,9 @@ class Cycle:
         self._sources = cluster.sources
         self._plain_sources = cluster.plain_sources
         self._feasible = cluster.feasible
-        self._memo_log: list[tuple[dict[Any, Any], Any, Any]] = []
+        # (where, key, old value): a memo's dict or a ``quota.Book`` (``Any``: written back
+        # by a generic item store, which each of them takes)
+        self._memo_log: list[tuple[Any, Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
         if end_at is None:
             end_at = _by_index(dict(ends or {}), len(cluster.cap.nodes))

@@ -247,7 +247,6 @@ class Liveness(Gate[Group]):
         self._now = planner.now
         self._planner = planner  # its methods and the ledger's called directly: no bound
         self._ledger = planner.ledger  # method objects (generic calls in a compiled build)
-        self._usage = planner.ledger.usage  # team -> milli-GPUs held (read-only)
         self._pclass = pclass
         self._guaranteed = guaranteed
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
@@ -259,10 +258,13 @@ class Liveness(Gate[Group]):
             group.seen = self._stamp
             group.fits = self._planner.may_fit(group, self._pclass, self._guaranteed)
             group.bound = self._ledger.bound(group.team, not self._guaranteed)
+            group.book = self._ledger.book(group.team)
         if not group.fits:
             return False
-        bound = group.bound  # inf: a borrowing pass of a team without a limit, no lookup
-        return bound == math.inf or group.lowest + (self._usage.get(group.team) or 0) <= bound
+        bound = group.bound  # inf: a borrowing pass of a team without a limit
+        book = group.book  # the team's page: what it holds now, without a look-up by team
+        held = 0 if book is None else book.usage  # set with ``seen``: never None here
+        return bound == math.inf or group.lowest + held <= bound
 
     def usable(self, job: Job) -> bool:
         return job.id not in self._decided and job.not_before <= self._now

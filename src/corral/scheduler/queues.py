@@ -31,6 +31,8 @@ from corral.scheduler.ordering import job_key
 if TYPE_CHECKING:
     from mypy_extensions import i64
 
+    from corral.scheduler.quota import Book
+
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
 IDLE_LINES: Final = 1024  # empty lines kept past the queued jobs' count before a sweep
@@ -45,7 +47,18 @@ class Group:
     dictionary key by identity (hashing it is free on the hot path).
     """
 
-    __slots__ = ("bound", "cpu", "fits", "floor", "lowest", "need", "replicas", "seen", "team")
+    __slots__ = (
+        "book",
+        "bound",
+        "cpu",
+        "fits",
+        "floor",
+        "lowest",
+        "need",
+        "replicas",
+        "seen",
+        "team",
+    )
 
     def __init__(
         self, team: str, need: Need, replicas: int, cpu: bool, floor: float | None
@@ -57,10 +70,12 @@ class Group:
         self.floor = floor  # a lower bound of the run-time estimates in it; None: none
         self.lowest = need.nominal_milli() * replicas  # the least milli a job of it takes
         # What a pass's ``passes.Liveness`` found, valid while ``seen`` is its stamp: may
-        # a job of it fit (memos of its need), and the most its team may hold in the pass.
+        # a job of it fit (memos of its need), the most its team may hold in the pass, and
+        # its team's page of the ledger (what it holds now, as the pass places work).
         self.seen: i64 = 0
         self.fits = False
         self.bound = 0.0
+        self.book: Book | None = None  # its team's page of the pass's ledger (``quota.Book``)
 
     def __repr__(self) -> str:
         return f"Group({self.team!r}, {self.need!r}, {self.replicas}, {self.cpu}, {self.floor})"

@@ -12,14 +12,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from corral.core.model import Allocation, Team
 from corral.core.resources import MILLI
 from corral.scheduler.cycle import Memo
 
 
+class Book:
+    """One team's page of a ``Ledger``: its quota and limit in milli-GPUs (``limit`` None:
+    no limit), its weight, and the milli-GPUs it holds now (``usage``). A record: one
+    look-up by team gives all four, and a pass keeps the page of each group's team
+    (``Group.book``), so that asking whether the group is within bounds looks nothing up."""
+
+    __slots__ = ("limit", "quota", "usage", "weight")
+
+    def __init__(self, quota: int, limit: int | None, weight: float) -> None:
+        self.quota = quota
+        self.limit = limit
+        self.weight = weight
+        self.usage = 0
+
+    def __setitem__(self, key: object, usage: int) -> None:
+        """What ``Cycle.rollback`` writes back (``data[key] = old``, as into a memo's dict)."""
+        self.usage = usage
+
+
 class Ledger:
-    """Usage per team during one cycle, updated as placements and evictions are decided."""
+    """Usage per team during one cycle, updated as placements and evictions are decided.
+
+    Each change of a team's usage is written to ``store``'s log (a ``Cycle.memo()``), so
+    a what-if's changes roll back with the cycle's working copy."""
 
     def __init__(
         self,
@@ -28,19 +51,21 @@ class Ledger:
         store: Memo[str, int] | None = None,
     ) -> None:
         self._teams = {t.name: t for t in teams}
-        self._quota = {t.name: round(t.quota_gpus * MILLI) for t in self._teams.values()}
-        self._limit = {
-            t.name: None
-            if t.borrow_limit_gpus is None
-            else round((t.quota_gpus + t.borrow_limit_gpus) * MILLI)
+        self._books: dict[str, Book] = {
+            t.name: Book(
+                round(t.quota_gpus * MILLI),
+                None
+                if t.borrow_limit_gpus is None
+                else round((t.quota_gpus + t.borrow_limit_gpus) * MILLI),
+                t.weight,
+            )
             for t in self._teams.values()
         }
-        # Where usage lives: a ``Cycle.memo()``, so what-ifs roll back, or one of its own
-        # (a class, not a protocol: a compiled build calls ``put`` natively per placement)
-        self._usage: Memo[str, int] = store if store is not None else Memo([])
-        self.usage: dict[str, int] = self._usage.data  # read-only: team -> milli-GPUs held
+        # Where changes are logged: a ``Cycle.memo()``'s log, so what-ifs roll back, or a
+        # log of its own (nothing rolls it back)
+        self._log: list[tuple[Any, Any, Any]] = (store if store is not None else Memo([])).log
         for team, milli in usage(allocations).items():
-            self._usage.put(team, milli)
+            self.book(team).usage = milli
 
     @classmethod
     def of_usage(
@@ -50,23 +75,33 @@ class Ledger:
         ledger = cls(teams, (), store)
         for team, milli in used.items():
             if milli:
-                ledger._usage.put(team, milli)
+                ledger.book(team).usage = milli
         return ledger
+
+    def book(self, team: str) -> Book:
+        """``team``'s page (a team missing from the snapshot gets one: no quota, no limit)."""
+        book = self._books.get(team)
+        if book is None:
+            book = self._books[team] = Book(0, None, 1.0)
+        return book
 
     def quota(self, team: str) -> int:
         """Guaranteed milli-GPUs of ``team``."""
-        return self._quota.get(team, 0)
+        book = self._books.get(team)
+        return 0 if book is None else book.quota
 
     def limit(self, team: str) -> int | None:
         """Most milli-GPUs ``team`` may hold, borrowing included; ``None``: no limit."""
-        return self._limit.get(team)
+        book = self._books.get(team)
+        return None if book is None else book.limit
 
     def weight(self, team: str) -> float:
-        known = self._teams.get(team)
-        return known.weight if known else 1.0
+        book = self._books.get(team)
+        return 1.0 if book is None else book.weight
 
     def used(self, team: str) -> int:
-        return self.usage.get(team) or 0
+        book = self._books.get(team)
+        return 0 if book is None else book.usage
 
     def borrowed(self, team: str) -> int:
         """Milli-GPUs held past the quota."""
@@ -74,19 +109,28 @@ class Ledger:
 
     def within_quota(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under its guaranteed quota."""
-        return (self.usage.get(team) or 0) + charge <= self._quota.get(team, 0)
+        book = self._books.get(team)
+        if book is None:
+            return charge <= 0
+        return book.usage + charge <= book.quota
 
     def within_limit(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under quota + borrowing limit."""
-        limit = self._limit.get(team)
-        return limit is None or (self.usage.get(team) or 0) + charge <= limit
+        book = self._books.get(team)
+        if book is None:
+            return True
+        limit = book.limit
+        return limit is None or book.usage + charge <= limit
 
     def bound(self, team: str, borrowing: bool) -> float:
         """The most milli-GPUs ``team`` may hold: its quota, or (``borrowing``) its quota +
         borrowing limit (``inf`` without a limit)."""
+        book = self._books.get(team)
+        if book is None:
+            return math.inf if borrowing else 0
         if not borrowing:
-            return self._quota.get(team, 0)
-        limit = self._limit.get(team)
+            return book.quota
+        limit = book.limit
         if limit is None:  # two returns: one conditional expression of both is boxed
             return math.inf
         return limit
@@ -101,7 +145,9 @@ class Ledger:
 
     def add(self, team: str, milli: int) -> None:
         """Charge (positive) or refund (negative) ``team``."""
-        self._usage.put(team, self.used(team) + milli)
+        book = self.book(team)
+        self._log.append((book, None, book.usage))  # rolled back by ``Book.__setitem__``
+        book.usage = book.usage + milli
 
 
 def usage(allocations: Iterable[Allocation]) -> dict[str, int]:
