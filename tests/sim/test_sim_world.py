@@ -18,7 +18,7 @@ from corral.scheduler.fragmentation import of_free
 from corral.sim import generate, runner
 from corral.sim.baselines import first_fit
 from corral.sim.errors import PlanRejected
-from corral.sim.report import JobRecord
+from corral.sim.report import JobRecord, Metrics
 from corral.sim.runner import ScheduleFn, simulate
 from corral.sim.scenario import Scenario, SimJob, fixed_jobs
 from corral.sim.world import World
@@ -222,6 +222,22 @@ def test_a_duplicate_id_while_the_first_job_is_in_flight_names_it() -> None:
     summary, _ = _run(first_fit, _job("a", 0, 10), _job("a", 50, 10))  # reuse after it ended
     assert summary["jobs_completed"] == 2
 
+
+
+def test_a_job_of_an_unknown_team_is_refused_and_leaves_nothing_behind() -> None:
+    from corral.core.model import Team
+    from corral.sim.clock import EventClock
+    from corral.sim.errors import SimInputError
+
+    scenario = Scenario(
+        nodes=generate.cluster(1, 4), jobs=fixed_jobs(()), teams=(Team("a"),), auto_teams=False
+    )
+    world = World(scenario, EventClock(), Metrics())
+    with pytest.raises(SimInputError, match="unknown team 'b'"):
+        world.submit(_job("x", 0, 10, team="b"))
+    assert world.runs == {} and world.queued == {}
+    world.submit(_job("x", 0, 10, team="a"))  # the id is free: nothing was kept of it
+    assert list(world.runs) == ["x"] and list(world.queued) == ["x"]
 
 def test_cycles_run_only_on_ticks_when_an_interval_is_set() -> None:
     records: dict[str, JobRecord] = {}

@@ -215,10 +215,15 @@ class Queue:
             _remove_from(self.big[job.priority], job)
             _decrement(self.big_teams[job.priority], job.team)
         holders = groups[group]
-        first = holders[job.user][0] is job
-        _remove(holders, job.user, job)
-        if first:  # the user's oldest in the group: its place in the user's line moves
-            self._relined(job, group, holders.get(job.user))
+        own = holders[job.user]
+        first = own[0] is job
+        if len(own) == 1 and first:  # its last job here: the list goes whole, not emptied
+            del holders[job.user]
+            self._relined(job, group, None)
+        else:
+            _remove_from(own, job)
+            if first:  # the user's oldest in the group: its place in the user's line moves
+                self._relined(job, group, own)
         if not holders:
             del groups[group]
             self._forget(job.priority, group)

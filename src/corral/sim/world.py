@@ -128,16 +128,19 @@ class World:
     def submit(self, sim_job: SimJob) -> None:
         """A job arrives: it is queued."""
         job = sim_job.job
-        if job.id in self.runs:
+        run = JobRun(job, sim_job.duration, sim_job.where)
+        if self.runs.setdefault(job.id, run) is not run:  # one look-up: test and store
             raise SimInputError(
                 "id", f"job id {job.id!r} is still queued or running", sim_job.where
             )
         if job.team not in self.teams:
-            self._add_team(job.team, sim_job.where)
-        run = JobRun(job, sim_job.duration, sim_job.where)
+            try:
+                self._add_team(job.team, sim_job.where)
+            except SimInputError:
+                del self.runs[job.id]  # nothing half-written
+                raise
         if self._sink is not None:
             run.placements = []
-        self.runs[job.id] = run
         self.queued[job.id] = job
         self._metrics.arrived(job)
         self._observer.submitted(job)
