@@ -249,6 +249,7 @@ class Liveness(Gate[Group]):
         self._ledger = planner.ledger  # method objects (generic calls in a compiled build)
         self._pclass = pclass
         self._guaranteed = guaranteed
+        self._asks = planner.asks(pclass, guaranteed)  # by team: one look-up per group asked
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
         self._queue = planner.queue
         self._stamp = planner.queue.stamp()
@@ -256,9 +257,10 @@ class Liveness(Gate[Group]):
     def live(self, group: Group) -> bool:
         if group.seen != self._stamp:
             group.seen = self._stamp
-            group.fits = self._planner.may_fit(group, self._pclass, self._guaranteed)
-            group.bound = self._ledger.bound(group.team, not self._guaranteed)
-            group.book = self._ledger.book(group.team)
+            group.fits = self._planner.may_fit(group, self._pclass, self._guaranteed, self._asks)
+            page = self._ledger.book(group.team)
+            group.book = page
+            group.bound = page.bound(not self._guaranteed)
         if not group.fits:
             return False
         bound = group.bound  # inf: a borrowing pass of a team without a limit

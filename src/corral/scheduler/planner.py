@@ -96,16 +96,30 @@ class Planner:
         # failed fit; an equal Ask, so the memos above see the same keys
         self._asks: tuple[dict[str, dict[str, Ask]], dict[str, dict[str, Ask]]] = ({}, {})
 
-    def ask(self, team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
-        """``_ask(team, pclass, guaranteed)``, made once per cycle (classes keep their names)."""
-        by_class = self._asks[1] if guaranteed else self._asks[0]  # constant indices: unboxed
-        by_team = by_class.get(pclass.name)
+    def ask(
+        self,
+        team: str,
+        pclass: PriorityClass,
+        guaranteed: bool,
+        by_team: dict[str, Ask] | None = None,
+    ) -> Ask:
+        """``_ask(team, pclass, guaranteed)``, made once per cycle (classes keep their names).
+        ``by_team``: ``asks(pclass, guaranteed)``, when the caller holds it (one look-up)."""
         if by_team is None:
-            by_team = by_class[pclass.name] = {}
+            by_team = self.asks(pclass, guaranteed)
         ask = by_team.get(team)
         if ask is None:
             ask = by_team[team] = _ask(team, pclass, guaranteed)
         return ask
+
+    def asks(self, pclass: PriorityClass, guaranteed: bool) -> dict[str, Ask]:
+        """The asks made this cycle for ``pclass`` in one kind of pass, by team (a pass
+        holds it: ``passes.Liveness``)."""
+        by_class = self._asks[1] if guaranteed else self._asks[0]  # constant indices: unboxed
+        by_team = by_class.get(pclass.name)
+        if by_team is None:
+            by_team = by_class[pclass.name] = {}
+        return by_team
 
     @property
     def preemptor(self) -> Preemptor:
@@ -158,14 +172,21 @@ class Planner:
             return self.ledger.within_quota(group.team, lowest)
         return self.ledger.within_limit(group.team, lowest)
 
-    def may_fit(self, group: Group, pclass: PriorityClass, guaranteed: bool) -> bool:
-        """Has some way of placing a job of ``group`` not failed yet (memos of its need)?"""
+    def may_fit(
+        self,
+        group: Group,
+        pclass: PriorityClass,
+        guaranteed: bool,
+        asks: dict[str, Ask] | None = None,
+    ) -> bool:
+        """Has some way of placing a job of ``group`` not failed yet (memos of its need)?
+        ``asks``: ``asks(pclass, guaranteed)``, when the caller holds it."""
         need, replicas = group.need, group.replicas
         if not self._fit_failed(need, replicas):
             return True
         if replicas == 1 and self.reservations.could_backfill(need, group.floor):
             return True
-        ask = self.ask(group.team, pclass, guaranteed)
+        ask = self.ask(group.team, pclass, guaranteed, asks)
         may_evict = self.config.preemption and (ask.reclaim or ask.priority)
         generation = self.cycle.cap.generation
         if may_evict and not current(

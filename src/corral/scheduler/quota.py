@@ -33,6 +33,15 @@ class Book:
         self.weight = weight
         self.usage = 0
 
+    def bound(self, borrowing: bool) -> float:
+        """``Ledger.bound`` of this team."""
+        if not borrowing:
+            return self.quota
+        limit = self.limit
+        if limit is None:  # two returns: one conditional expression of both is boxed
+            return math.inf
+        return limit
+
     def __setitem__(self, key: object, usage: int) -> None:
         """What ``Cycle.rollback`` writes back (``data[key] = old``, as into a memo's dict)."""
         self.usage = usage
@@ -128,12 +137,7 @@ class Ledger:
         book = self._books.get(team)
         if book is None:
             return math.inf if borrowing else 0
-        if not borrowing:
-            return book.quota
-        limit = book.limit
-        if limit is None:  # two returns: one conditional expression of both is boxed
-            return math.inf
-        return limit
+        return book.bound(borrowing)
 
     def headroom(self, team: str, borrowing: bool) -> float:
         """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its
