@@ -34,6 +34,25 @@ def test_the_gate_allows_exactly_the_table_s_edges() -> None:
     _gate_follows_table(DESIRED)
 
 
+def test_an_edge_the_gate_found_allowed_is_allowed_for_its_own_lifecycle_only() -> None:
+    # The gate remembers edges it found in their tables (matched by identity, a short
+    # scan): a second pass over every table gets the same answers, and an edge allowed
+    # by one table is not thereby allowed by another over the same states.
+    for _ in range(2):
+        _gate_follows_table(JOB)
+        _gate_follows_table(ALLOCATION)
+    loose = Lifecycle("loose", {(JobState.QUEUED, JobState.SUCCEEDED): "test"}, frozenset())
+    strict = Lifecycle("strict", {(JobState.QUEUED, JobState.RUNNING): "test"}, frozenset())
+    for _ in range(2):
+        assert transition(loose, "x", JobState.QUEUED, JobState.SUCCEEDED, at=0, why="") is (
+            JobState.SUCCEEDED
+        )
+        with pytest.raises(IllegalTransition):
+            transition(strict, "x", JobState.QUEUED, JobState.SUCCEEDED, at=0.0, why="")
+        with pytest.raises(IllegalTransition):
+            transition(JOB, "x", JobState.QUEUED, JobState.SUCCEEDED, at=0.0, why="")
+
+
 def _gate_follows_table(lifecycle: Lifecycle[S]) -> None:
     states = {state for edge in lifecycle.edges for state in edge}
     for current in states:

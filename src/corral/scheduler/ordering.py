@@ -147,7 +147,8 @@ class LiveQueue(Generic[Q]):
     def _start(self, state: _User[Q]) -> None:
         user = state.name
         # ``get`` without a default, here and below: a compiled build boxes a float one
-        given = self._weights.get(user)
+        weights = self._weights
+        given = weights.get(user) if len(weights) else None  # most configs weigh no one
         weight = 1.0 if given is None or given <= 0 else given  # a float: never boxed
         state.started = True
         state.vt = 0.0
