@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from corral.core.model import Allocation
 from corral.core.resources import MILLI
@@ -41,6 +41,9 @@ from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 NodeWork = Callable[[str], Iterable[tuple[Allocation, float | None]]]
 """The active allocations on a node (by name), each with its expected end (None: unknown)."""
@@ -149,7 +152,7 @@ class Reservations:
         if len(found) < CANDIDATES:
             found.extend(self._soonest_ending(feasible, {nc.idx for nc in found}))
         rated = [(self._fits_at(nc, need), -nc.whole_free, nc.idx, nc) for nc in found]
-        rated.sort(key=lambda item: item[:3])
+        rated.sort()  # as by the first three: node indices differ, so no node is compared
         return rated
 
     def _soonest_ending(self, feasible: set[int], seen: set[int]) -> list[NodeCap]:
@@ -246,10 +249,10 @@ def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool], list[float]
     return usable, free_at, wanted, known
 
 
-def _keep(ends: list[float], found: list[int], end: float, idx: int, want: int) -> None:
+def _keep(ends: list[float], found: list[int], end: float, idx: i64, want: i64) -> None:
     """Put node ``idx`` ending at ``end`` in its place among the ``want`` soonest found so
     far (``ends`` and ``found``, in (end, index) order), if it is one of them."""
-    at = len(ends)
+    at: i64 = len(ends)
     while at > 0 and (ends[at - 1] > end or (ends[at - 1] == end and found[at - 1] > idx)):
         at -= 1
     if at >= want:
