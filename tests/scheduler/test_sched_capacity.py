@@ -138,7 +138,6 @@ def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
     assert cycle.cap.nodes[0].cards[0].free == 1000
 
 
-
 def test_a_rollback_also_undoes_team_usage_the_ledger_took_during_the_what_if() -> None:
     # The ledger keeps each team's usage on a page of its own (``quota.Book``), not in a
     # memo's dict: its changes go to the cycle's log all the same, and roll back with it.
@@ -155,14 +154,20 @@ def test_a_rollback_also_undoes_team_usage_the_ledger_took_during_the_what_if() 
     ledger.add("a", 1000)
     ledger.add("b", 300)  # a team the snapshot does not name: no quota, no limit
     assert (ledger.used("a"), ledger.used("b"), page.usage) == (1750, 300, 1750)
-    assert not ledger.within_limit("a", 300) and ledger.within_limit("b", 10**6)
+    assert not ledger.within_limit("a", 300)
+    assert ledger.within_limit("b", 10**6)
     assert not ledger.within_quota("b", 1)
     cycle.rollback(mark)
     assert (ledger.used("a"), ledger.used("b"), ledger.used("stranger")) == (750, 0, 250)
-    assert ledger.within_quota("a", 250) and not ledger.within_quota("a", 251)
-    assert ledger.within_limit("a", 1250) and not ledger.within_limit("a", 1251)
-    assert ledger.bound("a", False) == 1000 and ledger.bound("a", True) == 2000
-    assert ledger.bound("b", True) == float("inf") and ledger.quota("b") == 0
+    assert ledger.within_quota("a", 250)
+    assert not ledger.within_quota("a", 251)
+    assert ledger.within_limit("a", 1250)
+    assert not ledger.within_limit("a", 1251)
+    assert ledger.bound("a", False) == 1000
+    assert ledger.bound("a", True) == 2000
+    assert ledger.bound("b", True) == float("inf")
+    assert ledger.quota("b") == 0
+
 
 WIDE = tuple(Node(name=f"w{i}", gpus=(), cpus=1) for i in range(130))  # three words of bits
 

@@ -223,7 +223,6 @@ def test_a_duplicate_id_while_the_first_job_is_in_flight_names_it() -> None:
     assert summary["jobs_completed"] == 2
 
 
-
 def test_a_job_of_an_unknown_team_is_refused_and_leaves_nothing_behind() -> None:
     from corral.core.model import Team
     from corral.sim.clock import EventClock
@@ -235,9 +234,12 @@ def test_a_job_of_an_unknown_team_is_refused_and_leaves_nothing_behind() -> None
     world = World(scenario, EventClock(), Metrics())
     with pytest.raises(SimInputError, match="unknown team 'b'"):
         world.submit(_job("x", 0, 10, team="b"))
-    assert world.runs == {} and world.queued == {}
+    assert world.runs == {}
+    assert world.queued == {}
     world.submit(_job("x", 0, 10, team="a"))  # the id is free: nothing was kept of it
-    assert list(world.runs) == ["x"] and list(world.queued) == ["x"]
+    assert list(world.runs) == ["x"]
+    assert list(world.queued) == ["x"]
+
 
 def test_cycles_run_only_on_ticks_when_an_interval_is_set() -> None:
     records: dict[str, JobRecord] = {}
