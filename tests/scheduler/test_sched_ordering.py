@@ -339,10 +339,10 @@ def test_an_emptied_line_is_kept_for_the_user_s_next_job_without_its_pass_state(
     assert line.state is not None
 
 
-def test_empty_lines_past_the_bound_are_swept_and_let_go_of_their_state() -> None:
+def test_empty_lines_past_the_bound_are_swept_holding_no_pass_state() -> None:
     # Kept empty lines are bounded: past IDLE_LINES more than the queued jobs, every empty
-    # line goes, and each lets go of its pass state (which refers back to it: a cycle
-    # reference counting alone would not free).
+    # line goes. None of them holds a pass state (which refers back to its line: a cycle
+    # reference counting alone would not free): each let go of it as it emptied.
     queue = Queue(["batch"])
     keeper = job("keep").gpus(1).set(priority="batch", user="k").build()
     queue.add(keeper)

@@ -92,14 +92,13 @@ class Memo(Generic[K, V]):
 
     def __init__(self, log: list[tuple[Any, Any, Any]]) -> None:
         self._data: dict[K, V] = {}
-        self._log = log
         self.log = log  # the log it writes to (``Cycle.rollback`` undoes it; a ``quota.Ledger``
         # writes its changes there too)
         self.get = self._data.get  # the hot path: a bound dict method, no wrapper call
         self.data = self._data  # read-only view for hot paths of a compiled build (typed dict)
 
     def put(self, key: K, value: V) -> None:
-        self._log.append((self._data, key, self._data.get(key, _MISSING)))
+        self.log.append((self._data, key, self._data.get(key, _MISSING)))
         self._data[key] = value
 
 

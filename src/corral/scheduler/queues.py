@@ -262,12 +262,12 @@ class Queue:
             self._sweep()
 
     def _sweep(self) -> None:
-        """Drop every empty line (``_relined``), letting go of the pass state on it."""
+        """Drop every empty line (``_relined``: each let go of its pass state as it emptied,
+        and a pass takes up no empty line)."""
         for by_team in self.lines.values():
             for team in list(by_team):
                 users = by_team[team]
                 for user in [u for u, line in users.items() if not line.groups]:
-                    users[user].forget()
                     del users[user]
                 if not users:
                     del by_team[team]

@@ -59,7 +59,7 @@ class Ledger:
         allocations: Iterable[Allocation],
         store: Memo[str, int] | None = None,
     ) -> None:
-        self._teams = {t.name: t for t in teams}
+        named = {t.name: t for t in teams}  # the last of a name, as a map of teams keeps it
         self._books: dict[str, Book] = {
             t.name: Book(
                 round(t.quota_gpus * MILLI),
@@ -68,7 +68,7 @@ class Ledger:
                 else round((t.quota_gpus + t.borrow_limit_gpus) * MILLI),
                 t.weight,
             )
-            for t in self._teams.values()
+            for t in named.values()
         }
         # Where changes are logged: a ``Cycle.memo()``'s log, so what-ifs roll back, or a
         # log of its own (nothing rolls it back)
