@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from corral.cli.main import app
 from corral.core.model import Job
 from corral.core.resources import ResourceRequest
-from corral.sim import report
-from corral.sim.report import Metrics, Ranks, jain, kth, percentile
+from corral.sim import report, waits
+from corral.sim.report import Metrics, jain
+from corral.sim.waits import Ranks, Waits, kth, percentile
 
 HAND = SCENARIOS / "first_fit_waits.yaml"
 
@@ -147,7 +148,7 @@ def test_the_kth_of_two_sorted_lists_is_that_of_their_sorted_union(
     a: list[float], b: list[float]
 ) -> None:
     """The p95 counting queued jobs ranks across the sorted waits and the queued ones
-    (``report.kth``) instead of sorting their union: the same value for every rank, ties
+    (``waits.kth``) instead of sorting their union: the same value for every rank, ties
     and empty lists included."""
     a.sort()
     b.sort()
@@ -159,49 +160,67 @@ def test_the_kth_of_two_sorted_lists_is_that_of_their_sorted_union(
 
 @given(
     st.lists(st.integers(0, 20).map(float) | st.floats(0, 1e6), max_size=60),
+    st.lists(st.integers(0, 20).map(float) | st.floats(0, 1e6), max_size=60),
     st.lists(st.integers(0, 20).map(float), max_size=20),
     st.sampled_from([1, 5, 50, 95, 99, 100]),
+    st.integers(0, 8),
 )
-def test_ranks_give_the_percentile_of_the_values_and_of_more_with_them(
-    values: list[float], more: list[float], pct: int
+def test_ranks_give_the_percentile_of_a_group_and_of_more_with_it(
+    group: list[float], others: list[float], more: list[float], pct: int, cap: int
 ) -> None:
-    """Counted (values repeat) or sorted (most differ), ``Ranks`` answers as ``percentile``
-    does, with and without the jobs still queued, and leaves its input as it was."""
-    given_values = list(values)
-    ranks = Ranks(values)
-    assert values == given_values
-    assert ranks.percentile(pct) == percentile(values, pct)
-    assert ranks.percentile(pct, more) == percentile(values + more, pct)
-    assert ranks.percentile(pct, []) == percentile(values, pct)
+    """Counted on the shared records (values repeat) or sorted (few of many distinct
+    values), a group's ``Ranks`` answer as ``percentile`` does, with and without the jobs
+    still queued; past the book's cap each wait has its own record, and nothing is left
+    counted on a record afterwards."""
+    book = Waits(cap)
+    mine = [book.of(v) for v in group]
+    everyone = [book.of(v) for v in others] + mine
+    for values, records in ((group, mine), (others + group, everyone)):
+        ranks = book.ranks(records)
+        assert ranks.n == len(values)
+        assert ranks.percentile(pct) == percentile(values, pct)
+        assert ranks.percentile(pct, more) == percentile(values + more, pct)
+        assert ranks.percentile(pct, []) == percentile(values, pct)
+        assert all(w.count == 0 for w in book.ranked())
+    plain = Ranks.of(group)
+    assert plain.percentile(pct, more) == percentile(group + more, pct)
 
 
-def test_ranks_count_repeated_values_and_sort_distinct_ones() -> None:
-    repeated = Ranks([float(v % 7) for v in range(5000)])
-    assert repeated.upto is not None, "a few distinct values: counted"
-    assert repeated.values == [float(v) for v in range(7)]
-    assert repeated.kth(1) == 0.0
-    assert repeated.kth(5000) == 6.0
-    distinct = Ranks([float(v) for v in range(5000, 0, -1)])
-    assert distinct.upto is None, "all distinct: sorted as they are"
-    assert distinct.kth(1) == 1.0
-    assert distinct.percentile(50, [0.5] * 10) == 2495.0
+def test_a_group_is_counted_when_its_waits_repeat_and_sorted_when_few_of_many() -> None:
+    book = Waits()
+    repeated = [book.of(float(v % 7)) for v in range(5000)]
+    counted = book.ranks(repeated)
+    assert counted.upto is not None, "a few distinct values: counted"
+    assert counted.values == [float(v) for v in range(7)]
+    assert counted.kth(1) == 0.0
+    assert counted.kth(5000) == 6.0
+    assert counted.percentile(50, [0.5] * 10) == 3.0
+    many = [book.of(float(v)) for v in range(5000, 0, -1)]
+    few = many[: len(book.ranked()) // waits.SPARSE - 1]
+    assert book.ranks(few).upto is None, "few of many distinct values: sorted as they are"
+    assert book.ranks(many).upto is not None
+    assert book.ranks(many).percentile(50, [0.5] * 10) == 2495.0
 
 
-def test_equal_waits_share_one_float_up_to_the_cap() -> None:
-    """The summary counts waits by value; a million scattered float objects cost it most of
-    a second at the goal's size, a few thousand shared ones a fifth of that."""
+def test_equal_waits_share_one_record_up_to_the_cap() -> None:
+    """The summary counts each group's waits on their records; a million scattered records
+    would cost it most of a second at the goal's size, a few thousand shared ones little."""
     metrics = Metrics()
-    assert metrics.interned_cap == report.INTERNED
-    metrics.interned_cap = 2
+    assert metrics.distinct.cap == waits.INTERNED
+    metrics.distinct.cap = 2
     for i, (submitted, placed) in enumerate([(0, 60), (30, 90), (10, 90), (0, 80), (5, 90)]):
         metrics.first_placed(Job(f"j{i}", submitted_at=float(submitted)), float(placed))
-    waits = metrics.waits
-    assert waits == [60.0, 60.0, 80.0, 80.0, 85.0]
-    assert waits[0] is waits[1], "equal waits: one object"
-    assert waits[2] is waits[3]
-    assert metrics.waits_by["user"]["anonymous"][1] is waits[0], "the groups share it too"
-    assert len(metrics._interned) == 2, "85 came after the cap: kept, not remembered"
-    assert metrics.summary(90.0, 1, {})["wait_p50_s"] == 80.0
+    records = metrics.waits
+    assert [w.value for w in records] == [60.0, 60.0, 80.0, 80.0, 85.0]
+    assert records[0] is records[1], "equal waits: one record"
+    assert records[2] is records[3]
+    assert metrics.waits_by["user"]["anonymous"][1] is records[0], "the groups share it too"
+    assert len(metrics.distinct.known) == 2, "85 came after the cap: kept, not remembered"
+    assert metrics.distinct.loose == [records[4]]
+    summary = metrics.summary(90.0, 1, {})
+    assert summary["wait_p50_s"] == 80.0
+    assert summary["wait_mean_s"] == 73.0
+    assert summary["wait_by_user"]["anonymous"]["p95_s"] == 85.0
 
 
 def test_waits_by_size_group_every_job_by_its_size_however_many_requests() -> None:
@@ -216,5 +235,6 @@ def test_waits_by_size_group_every_job_by_its_size_however_many_requests() -> No
         job = Job(f"j{i}", resources=request, replicas=replicas, submitted_at=0.0)
         metrics.first_placed(job, float(i))
         want.setdefault(report._size(job), []).append(float(i))
-    assert metrics.waits_by["gpus"] == want
+    by_size = metrics.waits_by["gpus"]
+    assert {size: [w.value for w in group] for size, group in by_size.items()} == want
     assert {"1", "4", "0.5", "2x1", "2x4"} <= set(want)

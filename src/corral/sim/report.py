@@ -2,7 +2,7 @@
 
 ``Metrics`` is fed by the world as things happen, in O(1) per event, and
 keeps only what the summary needs (waits, in lists that share each wait's
-float: about 64 bytes a job in all), so a 1,000,000-job run does not keep a
+record, ``waits.Wait``: about 64 bytes a job in all), so a 1,000,000-job run does not keep a
 million job records: each record is handed to a sink as soon as its job is
 finished. Definitions (all in ``docs/sim.md``):
 
@@ -25,18 +25,17 @@ finished. Definitions (all in ``docs/sim.md``):
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.core.model import Job
 from corral.core.resources import MILLI, ResourceRequest
 from corral.core.states import JobState
 from corral.scheduler.queues import RECENT_REQUESTS
+from corral.sim.waits import Ranks, Wait, Waits, mean
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -87,9 +86,6 @@ class JobRecord:
         }
 
 
-INTERNED = 1 << 16  # distinct waits given one shared float each; the rest keep their own
-
-
 class Metrics:
     """Counters and integrals for the summary, updated in O(1) per event."""
 
@@ -104,16 +100,13 @@ class Metrics:
         self.gpu_milli_s = 0.0
         self._team_milli_s: dict[str, _Sum] = {}  # per team: a record, one look-up a change
         self.gpu_teams: set[str] = set()
-        # Lists, not float arrays: a compiled build appends to a list natively, while an
-        # array's ``append`` is a generic method call (about 700 instructions, five per job)
-        self.waits: list[float] = []
+        # Equal waits share one record (``waits.Waits``), which the summary ranks once and
+        # counts groups on. Lists, not arrays: a compiled build appends to a list natively.
+        self.distinct = Waits()
+        self.waits: list[Wait] = []
         self.queued_waits: list[float] = []  # jobs still queued at the end: their wait so far
-        # Equal waits share one float (the first ``INTERNED`` distinct values): the summary
-        # then reads a few thousand floats that stay in cache, not a million scattered ones
-        self._interned: dict[float, Any] = {}
-        self.interned_cap = INTERNED
         self.queued_by_gpus: dict[str, list[float]] = {}
-        self.waits_by: dict[str, dict[str, list[float]]] = {
+        self.waits_by: dict[str, dict[str, list[Wait]]] = {
             "priority": {},
             "team": {},
             "user": {},
@@ -124,7 +117,7 @@ class Metrics:
         self._by_team = self.waits_by["team"]
         self._by_user = self.waits_by["user"]
         self._by_gpus = self.waits_by["gpus"]
-        self._sizes: list[tuple[ResourceRequest, int, list[float]]] = []  # ``_size_bucket``
+        self._sizes: list[tuple[ResourceRequest, int, list[Wait]]] = []  # ``_size_bucket``
 
     def arrived(self, job: Job) -> None:
         self.jobs_total += 1
@@ -134,14 +127,14 @@ class Metrics:
             self.gpu_teams.add(job.team)
 
     def first_placed(self, job: Job, now: float) -> None:
-        wait = self._shared(now - job.submitted_at)
+        wait = self.distinct.of(now - job.submitted_at)
         self.waits.append(wait)
         _bucket(self._by_priority, job.priority).append(wait)
         _bucket(self._by_team, job.team).append(wait)
         _bucket(self._by_user, job.user).append(wait)
         self._size_bucket(job).append(wait)
 
-    def _size_bucket(self, job: Job) -> list[float]:
+    def _size_bucket(self, job: Job) -> list[Wait]:
         """The waits of ``job``'s size (``_size``): for the first few requests seen, found
         by the request's identity and the replicas, without making the size's name again
         (a new string, hashed) per job."""
@@ -153,19 +146,6 @@ class Metrics:
         if len(self._sizes) < RECENT_REQUESTS:
             self._sizes.append((r, replicas, bucket))  # holds ``r``: its identity stays its own
         return bucket
-
-    def _shared(self, wait: float) -> Any:
-        """``wait`` as the float object all equal waits share (the first ``interned_cap``
-        distinct ones). ``Any``, not ``float``: a compiled build keeps a ``float`` unboxed
-        and would box it again, a new object, when appending it to the lists."""
-        interned = self._interned
-        same = interned.get(wait)
-        if same is not None:
-            return same
-        boxed: Any = wait  # declared here: a narrowed float would be boxed twice, two objects
-        if len(interned) < self.interned_cap:
-            interned[wait] = boxed
-        return boxed
 
     def still_waiting(self, job: Job, waited: float) -> None:
         """``job`` was never placed; the simulation ended ``waited`` s after it came."""
@@ -217,7 +197,8 @@ class Metrics:
         fairness = jain(
             [team_milli_s.get(t, 0.0) / weights.get(t, 1.0) for t in sorted(self.gpu_teams)]
         )
-        ordered = Ranks(self.waits)  # once: the p95 counting queued jobs reads it too
+        distinct = self.distinct
+        ordered = distinct.ranks(self.waits)  # once: the p95 counting queued jobs reads it too
         p50, p95 = ordered.percentile(50), ordered.percentile(95)
         return {
             "jobs_total": self.jobs_total,
@@ -230,12 +211,12 @@ class Metrics:
             "gpu_allocation_ratio": round(self.gpu_milli_s / capacity, 6) if capacity else 0.0,
             "wait_p50_s": p50,
             "wait_p95_s": p95,
-            "wait_mean_s": _mean(self.waits),
+            "wait_mean_s": mean(self.waits),
             "wait_p95_incl_queued_s": ordered.percentile(95, self.queued_waits),
-            "wait_by_priority": _groups(self.waits_by["priority"]),
-            "wait_by_team": _groups(self.waits_by["team"]),
-            "wait_by_user": _groups(self.waits_by["user"]),
-            "wait_by_gpus": _by_size(self.waits_by["gpus"], self.queued_by_gpus),
+            "wait_by_priority": _groups(self.waits_by["priority"], distinct),
+            "wait_by_team": _groups(self.waits_by["team"], distinct),
+            "wait_by_user": _groups(self.waits_by["user"], distinct),
+            "wait_by_gpus": _by_size(self.waits_by["gpus"], self.queued_by_gpus, distinct),
             "jain_fairness": None if fairness is None else round(fairness, 6),
             "gpu_seconds_by_team": {
                 t: round(v / MILLI, 3) for t, v in sorted(team_milli_s.items())
@@ -310,94 +291,6 @@ class FragmentationSampler:
         }
 
 
-def percentile(values: Sequence[float], pct: float) -> float | None:
-    """Nearest-rank percentile: the smallest value with ``pct`` % of values at or below it."""
-    if not values:
-        return None
-    return sorted(values)[_rank(pct, len(values)) - 1]
-
-
-def _rank(pct: float, count: int) -> int:
-    """The nearest rank (from 1) of percentile ``pct`` among ``count`` values."""
-    return max(1, math.ceil(pct / 100 * count))
-
-
-class Ranks:
-    """Values put in order once, for nearest-rank percentiles (``percentile``).
-
-    Waits repeat: a simulation's clock moves from event to event, so a million
-    waits on a generated trace hold a few thousand distinct values. Counting them
-    (``Counter``, in C) and sorting the distinct ones then costs under half of
-    sorting all of them; a rank is a binary search in the running counts
-    (``upto``). Where values mostly differ, counting costs twice the sort, so
-    all are sorted as before (``upto`` None: one count each). Which way is told
-    by ``SAMPLE`` values spread over the list: ``s`` values drawn from ``d``
-    distinct ones repeat about ``s * s / (2 * d)`` times (the birthday
-    estimate), so counting is chosen when the sample's repeats say ``d`` is
-    under a quarter of the values. The values found are the same either way."""
-
-    SAMPLE = 1000
-
-    def __init__(self, values: list[float]) -> None:
-        n = self.n = len(values)
-        self.counts: Counter[float] | None = None
-        self.upto: list[int] | None = None
-        step = max(1, n // self.SAMPLE)
-        sample = values[::step]
-        repeats = len(sample) - len(set(sample))
-        if 2 * repeats * n < len(sample) * len(sample) * 4:  # d = s*s/(2*repeats) > n/4
-            self.values = sorted(values)
-            return
-        counts = self.counts = Counter(values)
-        self.values = sorted(counts)
-        self.upto = list(accumulate([counts[v] for v in self.values]))
-
-    def kth(self, k: int) -> float:
-        """The ``k``-th smallest value (from 1)."""
-        if self.upto is None:
-            return self.values[k - 1]
-        return self.values[bisect_left(self.upto, k)]
-
-    def percentile(self, pct: float, more: list[float] | None = None) -> float | None:
-        """``percentile`` of these values, and of ``more`` with them when given (jobs still
-        queued at the end, usually far fewer), without putting the union in order."""
-        count = self.n + (len(more) if more else 0)
-        if not count:
-            return None
-        k = _rank(pct, count)
-        if not more:
-            return self.kth(k)
-        if self.counts is None:
-            return kth(self.values, sorted(more), k)
-        counts, extra = self.counts, Counter(more)
-        total = 0
-        for value in sorted(counts.keys() | extra.keys()):
-            total += counts.get(value, 0) + extra.get(value, 0)
-            if total >= k:
-                return value
-        raise AssertionError("k is at most the count of values")
-
-
-def kth(a: list[float], b: list[float], k: int) -> float:
-    """The ``k``-th smallest (from 1) of two sorted lists together: ``sorted(a + b)[k - 1]``.
-
-    A binary search for how many of the ``k`` come from ``a``: the least ``i`` such that
-    ``a[i]`` (the next of ``a``) is not below ``b[k - i - 1]`` (the last taken of ``b``).
-    """
-    lo, hi = max(0, k - len(b)), min(k, len(a))
-    while lo < hi:
-        i = (lo + hi) // 2  # both indices valid here: i < len(a) and k - i >= 1
-        if a[i] < b[k - i - 1]:
-            lo = i + 1
-        else:
-            hi = i
-    if lo == 0:
-        return b[k - 1]
-    if lo == k:
-        return a[k - 1]
-    return max(a[lo - 1], b[k - lo - 1])
-
-
 def jain(values: list[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n * sum x^2): 1.0 all equal, 1/n one takes all."""
     if not values:
@@ -415,45 +308,41 @@ def _size(job: Job) -> str:
     return per if job.replicas == 1 else f"{job.replicas}x{per}"
 
 
-def _bucket(groups: dict[str, list[float]], key: str) -> list[float]:
+def _bucket(groups: dict[str, list[T]], key: str) -> list[T]:
     values = groups.get(key)
     if values is None:
         values = groups[key] = []
     return values
 
 
-def _mean(values: list[float]) -> float | None:
-    return round(sum(values) / len(values), 6) if values else None
-
-
 def _by_size(
-    placed: Mapping[str, list[float]], queued: Mapping[str, list[float]]
+    placed: Mapping[str, list[Wait]], queued: Mapping[str, list[float]], distinct: Waits
 ) -> dict[str, dict[str, Any]]:
     """``_groups`` by job size, with the jobs still queued at the end and the p95 counting
     them (see the module docstring)."""
     ordered: dict[str, Ranks] = {}
-    out = _groups(placed, ordered)
+    out = _groups(placed, distinct, ordered)
     empty: list[float] = []
     for key in sorted(set(placed) | set(queued)):
         waiting = queued.get(key, empty)
         entry = out.setdefault(key, {"jobs": 0, "p50_s": None, "p95_s": None, "mean_s": None})
         entry["queued_at_end"] = len(waiting)
         mine = ordered.get(key)
-        ranks = mine if mine is not None else Ranks(empty)  # all of this size still queued
+        ranks = mine if mine is not None else Ranks([])  # all of this size still queued
         entry["p95_incl_queued_s"] = ranks.percentile(95, waiting)
     return dict(sorted(out.items()))
 
 
 def _groups(
-    groups: Mapping[str, list[float]], ordered: dict[str, Ranks] | None = None
+    groups: Mapping[str, list[Wait]], distinct: Waits, ordered: dict[str, Ranks] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Jobs, p50, p95 and mean wait per group; each group's waits in order into ``ordered``
     when given (``_by_size`` reads them again)."""
     out: dict[str, dict[str, Any]] = {}
     for key, values in sorted(groups.items()):
-        own = Ranks(values)
+        own = distinct.ranks(values)
         if ordered is not None:
             ordered[key] = own
         p50, p95 = own.percentile(50), own.percentile(95)
-        out[key] = {"jobs": len(values), "p50_s": p50, "p95_s": p95, "mean_s": _mean(values)}
+        out[key] = {"jobs": len(values), "p50_s": p50, "p95_s": p95, "mean_s": mean(values)}
     return out
