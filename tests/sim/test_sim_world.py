@@ -152,6 +152,16 @@ BAD_PLANS = [
         "all or nothing",
     ),
     (
+        "the-same-job-twice",
+        lambda s: Plan(placements=(_place("x", "a", (0,)), _place("y", "a", (1,)))),
+        "places 2 of the 1 replicas of job 'a'",
+    ),
+    (
+        "a-placement-of-no-job",
+        lambda s: Plan(placements=(Placement("x", (), "node-1", gpu_indices=(0,), gpu_milli=1),)),
+        "places no job",
+    ),
+    (
         "a-job-that-is-not-queued",
         lambda s: Plan(placements=(_place("x", "ghost", (0,)),)),
         "not queued",

@@ -49,10 +49,12 @@ class JobRun:
     __slots__ = (
         "allocs",
         "attempts",
+        "claims",
         "done",
         "first_start",
         "job",
         "placements",
+        "plan",
         "remaining",
         "started_at",
         "state",
@@ -74,6 +76,9 @@ class JobRun:
         # start, where a list was made per job and grown at its start)
         self.allocs: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
+        # the placements of plan number ``plan`` that place it (``World.apply``'s check)
+        self.plan: i64 = 0
+        self.claims: i64 = 0
 
 
 class World:
@@ -107,6 +112,7 @@ class World:
         self._expected_ends: dict[str, float] = {}  # allocation -> start + estimate left
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
+        self._plans: i64 = 0  # plans applied: a run notes the number of the one placing it
 
     @property
     def gpu_free(self) -> list[list[int]]:
@@ -150,13 +156,32 @@ class World:
         ended: set[str] = set()
         for preemption in plan.preemptions:
             self._preempt(preemption, now, ended)
-        placed: dict[str, int] = {}
+        # Every placed job checked before anything is taken: queued, and placed whole and
+        # once. Each run counts the placements naming it (its ``claims`` in this plan's
+        # number), where a map of counts by job id cost three look-ups a job.
+        self._plans += 1
+        number = self._plans
+        runs: list[JobRun] = []
+        firsts: list[JobRun] = []  # each placement's first job's run
         for p in plan.placements:
+            first: JobRun | None = None
             for job_id in p.job_ids:
-                placed[job_id] = placed.get(job_id, 0) + 1
-        runs = [self._placeable(job_id, count) for job_id, count in placed.items()]
-        for p in plan.placements:
-            self._allocate(p, now)
+                run = self._claim(job_id, number)
+                if run.claims == 1:
+                    runs.append(run)
+                if first is None:
+                    first = run
+            if first is None:
+                raise PlanRejected(f"placement {p.allocation_id} places no job")
+            firsts.append(first)
+        for run in runs:
+            if run.claims != run.job.replicas:
+                raise PlanRejected(
+                    f"the plan places {run.claims} of the {run.job.replicas} replicas of job "
+                    f"{run.job.id!r}: a gang is all or nothing, a job is placed once"
+                )
+        for k, p in enumerate(plan.placements):
+            self._allocate(p, firsts[k], now)
         for run in runs:
             self._start(run, now)
 
@@ -202,27 +227,27 @@ class World:
 
     # -- applying a plan -------------------------------------------------------------
 
-    def _placeable(self, job_id: str, count: int) -> JobRun:
-        """The run of a job the plan places, checked: queued, and placed whole, once."""
+    def _claim(self, job_id: str, number: i64) -> JobRun:
+        """The run of a job placement number ``number`` places, checked queued; counted in
+        its ``claims``."""
         run = self.runs.get(job_id)
         if run is None or run.state is not QUEUED:
             raise PlanRejected(f"the plan places job {job_id!r}, which is not queued")
-        if count != run.job.replicas:
-            raise PlanRejected(
-                f"the plan places {count} of the {run.job.replicas} replicas of job "
-                f"{job_id!r}: a gang is all or nothing, a job is placed once"
-            )
+        if run.plan == number:
+            run.claims += 1
+        else:
+            run.plan = number
+            run.claims = 1
         return run
 
-    def _allocate(self, p: Placement, now: float) -> None:
+    def _allocate(self, p: Placement, first: JobRun, now: float) -> None:
+        """Start placement ``p``, whose first job's run is ``first``."""
         i = self._index.get(p.node)
         if i is None:
             raise PlanRejected(f"placement {p.allocation_id}: no node {p.node!r}")
         if p.allocation_id in self.allocations:
             raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
         self._take(i, p)
-        runs = self.runs
-        first = runs[p.job_ids[0]]
         job = first.job
         alloc = Allocation(
             id=p.allocation_id,
@@ -246,6 +271,7 @@ class World:
         self.allocations[p.allocation_id] = alloc
         if len(p.job_ids) > 1:
             self._batch_left[p.allocation_id] = len(p.job_ids)
+            runs = self.runs
             for job_id in p.job_ids:
                 self._joined(runs[job_id], p, alloc, now)
         else:
