@@ -85,6 +85,21 @@ Holders = dict[str, list[Job]]
 """A group's queued jobs by user, each user's sorted by ``job_key``."""
 
 
+class Kept:
+    """One class's share of each of ``Queue``'s maps by class (the same objects): a job
+    added or removed looks its class up once, not once per map."""
+
+    __slots__ = ("big", "big_teams", "by_need", "by_team", "groups", "lines")
+
+    def __init__(self, queue: Queue, cls: str) -> None:
+        self.groups = queue.lists[cls]
+        self.by_team = queue.by_team[cls]
+        self.by_need = queue.by_need[cls]
+        self.lines = queue.lines[cls]
+        self.big = queue.big[cls]
+        self.big_teams = queue.big_teams[cls]
+
+
 def runtime_bucket(estimate: float | None) -> int:
     """The bucket of an estimate: powers of two, so a group holds similar run times. By
     its exponent, a small int (a key hashed and compared as one object): the bits of the
@@ -120,6 +135,7 @@ class Queue:
         self.lines: dict[str, dict[str, dict[str, Line[Group]]]] = {c: {} for c in self.lists}
         self.big: dict[str, list[Job]] = {c: [] for c in self.lists}  # per class, oldest first
         self.big_teams: dict[str, Counter[str]] = {c: Counter() for c in self.lists}  # their teams
+        self._kept = {c: Kept(self, c) for c in self.lists}
         self.unknown: set[str] = set()  # jobs of an unknown priority class
         self.batches: dict[Hashable, list[Job]] = {}
         self.label_keys: Counter[str] = Counter()
@@ -158,38 +174,37 @@ class Queue:
             batch = batch_key(job)
             if batch is not None:
                 _insert(self.batches.setdefault(batch, []), job, sort)
-        groups = self.lists.get(cls)
-        if groups is None:
+        kept = self._kept.get(cls)
+        if kept is None:
             self.unknown.add(job_id)
             return True
         if self._is_big(need, job.replicas):
-            _insert(self.big[cls], job, sort)
-            self.big_teams[cls][job.team] += 1
-        self._hold(cls, groups, group, job, sort)
+            _insert(kept.big, job, sort)
+            kept.big_teams[job.team] += 1
+        self._hold(kept, group, job, sort)
         return True
 
-    def _hold(
-        self, cls: str, groups: dict[Group, Holders], group: Group, job: Job, sort: bool
-    ) -> None:
+    def _hold(self, kept: Kept, group: Group, job: Job, sort: bool) -> None:
         """Put ``job`` in its group's list of its user (and the kept splits and lines)."""
+        groups = kept.groups
         holders = groups.get(group)
         if holders is None:
             holders = groups[group] = {job.user: [job]}
-            _inner(self.by_team[cls], group.team)[group] = holders
-            self.by_need[cls].setdefault(group.need, []).append(group)
+            _inner(kept.by_team, group.team)[group] = holders
+            kept.by_need.setdefault(group.need, []).append(group)
             if sort:
-                self._line(cls, job).put(group, job)
+                self._line(kept, job).put(group, job)
             return
         own = holders.get(job.user)
         if own is None:
             holders[job.user] = [job]
             if sort:
-                self._line(cls, job).put(group, job)
+                self._line(kept, job).put(group, job)
             return
         first = own[0]
         _insert(own, job, sort)
         if sort and own[0] is job:  # it is now the user's oldest in the group
-            line = self._line(cls, job)
+            line = self._line(kept, job)
             line.drop(group, first)
             line.put(group, job)
 
@@ -210,28 +225,29 @@ class Queue:
         if len(self.unknown) and job_id in self.unknown:  # a set's size: read natively
             self.unknown.discard(job_id)
             return job
-        groups = self.lists[job.priority]
+        kept = self._kept[job.priority]
         if self._is_big(group.need, job.replicas):
-            _remove_from(self.big[job.priority], job)
-            _decrement(self.big_teams[job.priority], job.team)
+            _remove_from(kept.big, job)
+            _decrement(kept.big_teams, job.team)
+        groups = kept.groups
         holders = groups[group]
         own = holders[job.user]
         first = own[0] is job
         if len(own) == 1 and first:  # its last job here: the list goes whole, not emptied
             del holders[job.user]
-            self._relined(job, group, None)
+            self._relined(kept, job, group, None)
         else:
             _remove_from(own, job)
             if first:  # the user's oldest in the group: its place in the user's line moves
-                self._relined(job, group, own)
+                self._relined(kept, job, group, own)
         if not holders:
             del groups[group]
-            self._forget(job.priority, group)
+            _forget(kept, group)
         return job
 
-    def _line(self, cls: str, job: Job) -> Line[Group]:
+    def _line(self, kept: Kept, job: Job) -> Line[Group]:
         """The line of ``job``'s user in its class and team (made when missing)."""
-        users = _inner_lines(self.lines[cls], job.team)
+        users = _inner_lines(kept.lines, job.team)
         line = users.get(job.user)
         if line is None:
             line = users[job.user] = Line()
@@ -239,9 +255,9 @@ class Queue:
             self._idle -= 1
         return line
 
-    def _relined(self, job: Job, group: Group, own: list[Job] | None) -> None:
+    def _relined(self, kept: Kept, job: Job, group: Group, own: list[Job] | None) -> None:
         """``job``, the first of its user's jobs in ``group``, left; ``own``: the rest."""
-        users = self.lines[job.priority][job.team]
+        users = kept.lines[job.team]
         line = users[job.user]
         if own:
             line.move(group, job, own[0])
@@ -273,22 +289,6 @@ class Queue:
                     del by_team[team]
         self._idle = 0
 
-    def _forget(self, cls: str, group: Group) -> None:
-        """``group`` of class ``cls`` has no job left: out of the kept splits too."""
-        by_team = self.by_team[cls]
-        own = by_team[group.team]
-        del own[group]
-        if not own:
-            del by_team[group.team]
-        by_need = self.by_need[cls]
-        alike = by_need[group.need]
-        for i, other in enumerate(alike):  # by identity: ``list.remove`` compares generically
-            if other is group:
-                alike.pop(i)  # not ``del``: a compiled build pops natively, deletes generically
-                break
-        if not alike:
-            del by_need[group.need]
-
     def sort(self) -> None:
         """Sort every list after ``add(..., sort=False)`` calls."""
         for groups in self.lists.values():
@@ -304,6 +304,7 @@ class Queue:
                 for line in users.values():
                     line.forget()
             self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
+            self._kept[cls].lines = self.lines[cls]
         self._idle = 0  # the lines afresh: none empty
 
     def stamp(self) -> i64:
@@ -341,6 +342,23 @@ class Queue:
             self._by_request.clear()
         self._by_request[id(r)] = (r, need)
         return need
+
+
+def _forget(kept: Kept, group: Group) -> None:
+    """``group`` has no job left in ``kept``'s class: out of the kept splits too."""
+    by_team = kept.by_team
+    own = by_team[group.team]
+    del own[group]
+    if not own:
+        del by_team[group.team]
+    by_need = kept.by_need
+    alike = by_need[group.need]
+    for i, other in enumerate(alike):  # by identity: ``list.remove`` compares generically
+        if other is group:
+            alike.pop(i)  # not ``del``: a compiled build pops natively, deletes generically
+            break
+    if not alike:
+        del by_need[group.need]
 
 
 def _inner(outer: dict[str, dict[Group, Holders]], key: str) -> dict[Group, Holders]:
