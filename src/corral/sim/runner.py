@@ -201,11 +201,9 @@ class _Run:
             self.metrics.cycles += 1
             if self.scaling is not None:
                 self.scaling.unplaced = plan.unplaced  # the autoscaler's pending work
-            for job_id in (j for p in plan.placements if p.replica == 0 for j in p.job_ids):
-                run = world.runs.get(job_id)
-                if run is not None:
-                    self.service.record(run.job.user, now)
-            world.apply(plan, now)
+            service = self.service
+            for run in world.apply(plan, now):  # each job started (a gang's once)
+                service.record(run.job.user, now)
             again = bool(plan.preemptions) or _hit_limit(plan, config)
             if not again or not (plan.placements or plan.preemptions):
                 return

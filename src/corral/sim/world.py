@@ -151,8 +151,9 @@ class World:
         self._metrics.arrived(job)
         self._observer.submitted(job)
 
-    def apply(self, plan: Plan, now: float) -> None:
-        """Apply a plan: preemptions first (they free room), then placements."""
+    def apply(self, plan: Plan, now: float) -> list[JobRun]:
+        """Apply a plan: preemptions first (they free room), then placements. Returns the
+        runs of the jobs it started, each once (a gang's too)."""
         ended: set[str] = set()
         for preemption in plan.preemptions:
             self._preempt(preemption, now, ended)
@@ -184,6 +185,7 @@ class World:
             self._allocate(p, firsts[k], now)
         for run in runs:
             self._start(run, now)
+        return runs
 
     def complete(self, run: JobRun, token: int, now: float) -> bool:
         """A completion timer of ``run`` fired; False when it was stale (the job was
