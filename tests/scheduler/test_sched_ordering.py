@@ -15,7 +15,7 @@ from corral.scheduler.fair import FairQueue
 from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, LiveQueue
-from corral.scheduler.queues import IDLE_LINES, Group, Queue
+from corral.scheduler.queues import IDLE_GROUPS, IDLE_LINES, Group, Queue
 from corral.scheduler.service import with_served
 
 
@@ -362,6 +362,35 @@ def test_empty_lines_past_the_bound_are_swept_holding_no_pass_state() -> None:
     assert list(users) == ["k"]  # the one line with a job stays
     assert all(line.state is None for line in lines)
     assert [j.id for j in queue.lists["batch"][queue.groups["keep"]]["k"]] == ["keep"]
+
+
+def test_an_emptied_group_stays_for_its_next_job_and_past_the_bound_is_swept() -> None:
+    # A group whose last job leaves keeps its (empty) place in its class's lists and both
+    # splits, and its next job takes it up again; past IDLE_GROUPS more such groups than
+    # queued jobs, every group with no job goes from the lists and the splits.
+    queue = Queue(["batch"])
+    keeper = job("keep").gpus(1).set(priority="batch", user="k").build()
+    queue.add(keeper)
+    groups, kept = queue.lists["batch"], queue.groups["keep"]
+    first = job("a").gpus(2).set(priority="batch", user="u").build()
+    queue.add(first)
+    group = queue.groups["a"]
+    queue.remove("a")
+    assert groups[group] == {}, "kept, with no job"
+    assert group in queue.by_team["batch"][first.team]
+    assert group in queue.by_need["batch"][group.need]
+    again = job("b").gpus(2).set(priority="batch", user="v", submitted_at=3).build()
+    queue.add(again)
+    assert queue.groups["b"] is group
+    assert groups[group] == {"v": [again]}
+    queue.remove("b")
+    for n in range(IDLE_GROUPS + 1):  # each a group of its own (a team each)
+        made = job(f"j{n}").gpus(3).set(priority="batch", team=f"t{n}").build()
+        queue.add(made)
+        queue.remove(made.id)
+    assert list(groups) == [kept], "swept: only the group with a job is left"
+    assert list(queue.by_team["batch"][keeper.team]) == [kept]
+    assert queue.by_need["batch"] == {kept.need: [kept]}
 
 
 def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -> None:

@@ -90,7 +90,8 @@ class Passes:
             return
         self._head(pclass, guaranteed=True)
         live = self._live(pclass, guaranteed=True)
-        if not any(live.live(g) for g in groups):  # most passes of a busy cluster: cheaper
+        # most passes of a busy cluster end here: cheaper (groups with no job pass over)
+        if not any(live.live(g) for g, holders in groups.items() if holders):
             return
         running = self.running.get(pclass.name) or {}
         lines = self.queue.lines[pclass.name].values()
@@ -124,7 +125,7 @@ class Passes:
         teams = sorted(
             t
             for t, own in by_team.items()
-            if _any_usable(own, live) and any(live.live(g) for g in own)
+            if _any_usable(own, live) and any(live.live(g) for g, jobs in own.items() if jobs)
         )
         if not teams:
             return

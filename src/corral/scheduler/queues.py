@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
 IDLE_LINES: Final = 1024  # empty lines kept past the queued jobs' count before a sweep
+IDLE_GROUPS: Final = 1024  # emptied groups kept (per class) past the queued jobs' count, ditto
 RECENT_REQUESTS: Final = 8  # the first requests seen, found by identity in a scan (``need``,
 # and the simulator's report for its size groups: a trace has a handful of shapes)
 
@@ -146,6 +147,7 @@ class Queue:
         self._groups: dict[tuple[str, Need, int, bool, int], Group] = {}  # interned
         self._stamps: i64 = 0  # the last stamp handed out (``stamp``)
         self._idle = 0  # lines kept empty (``_relined``)
+        self._idle_groups = 0  # groups kept with no job (``remove``)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -195,6 +197,8 @@ class Queue:
             if sort:
                 self._line(kept, job).put(group, job)
             return
+        if not holders:  # kept empty since its last job left (``remove``): taken up again
+            self._idle_groups -= 1
         own = holders.get(job.user)
         if own is None:
             holders[job.user] = [job]
@@ -241,8 +245,14 @@ class Queue:
             if first:  # the user's oldest in the group: its place in the user's line moves
                 self._relined(kept, job, group, own)
         if not holders:
-            del groups[group]
-            _forget(kept, group)
+            # The group's last job of the class left. It stays, with no job, for its next
+            # job: about half of all removals emptied a group on a generated trace, and its
+            # next job made it again, in its class's lists and both splits. Passes pass
+            # over a group with no job; past ``IDLE_GROUPS`` more of them than queued
+            # jobs, they are swept out.
+            self._idle_groups += 1
+            if self._idle_groups > IDLE_GROUPS + len(self.jobs):
+                self._sweep_groups()
         return job
 
     def _line(self, kept: Kept, job: Job) -> Line[Group]:
@@ -288,6 +298,15 @@ class Queue:
                 if not users:
                     del by_team[team]
         self._idle = 0
+
+    def _sweep_groups(self) -> None:
+        """Drop every group with no job from its class's lists and splits."""
+        for kept in self._kept.values():
+            groups = kept.groups
+            for group in [g for g, holders in groups.items() if not holders]:
+                del groups[group]
+                _forget(kept, group)
+        self._idle_groups = 0
 
     def sort(self) -> None:
         """Sort every list after ``add(..., sort=False)`` calls."""
