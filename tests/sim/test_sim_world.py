@@ -15,8 +15,9 @@ from corral.core import Job, ResourceRequest
 from corral.scheduler import fragmentation as from_allocations
 from corral.scheduler.api import Config, Placement, Plan, Preemption, Snapshot
 from corral.scheduler.fragmentation import of_free
-from corral.sim import generate, runner
+from corral.sim import generate, policies, runner
 from corral.sim.baselines import first_fit
+from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected
 from corral.sim.report import JobRecord, Metrics
 from corral.sim.runner import ScheduleFn, simulate
@@ -235,7 +236,6 @@ def test_a_duplicate_id_while_the_first_job_is_in_flight_names_it() -> None:
 
 def test_a_job_of_an_unknown_team_is_refused_and_leaves_nothing_behind() -> None:
     from corral.core.model import Team
-    from corral.sim.clock import EventClock
     from corral.sim.errors import SimInputError
 
     scenario = Scenario(
@@ -287,13 +287,40 @@ def test_progress_is_reported_and_ends_with_a_final_report() -> None:
     assert (reports[-1].arrived, reports[-1].now, reports[-1].queued) == (1, 10, 0)
 
 
+def test_a_world_for_a_kept_scheduler_keeps_no_snapshot_maps_and_takes_no_snapshot() -> None:
+    # ``corral`` (a kept scheduler, told each change and each expected end) never reads the
+    # world's snapshot: the world keeps no map of queued jobs or expected ends for it (only
+    # a count of queued jobs), and asking it for a snapshot says so instead of handing out
+    # one without them.
+    scenario = generate.scenario(2, 40, seed=1)
+    kept = policies.drive("corral", scenario)
+    assert kept.snapshots is False
+    assert policies.drive("first-fit", scenario).snapshots is True
+    world = World(scenario, EventClock(), Metrics(), observer=kept, snapshots=False)
+    for sim_job in list(scenario.jobs())[:6]:
+        world.submit(sim_job)
+    assert world.waiting == 6
+    started = world.apply(kept.plan(world.snapshot, scenario.config, 0.0, 0, {}), 0.0)
+    assert world.allocations, "work started"
+    assert world.waiting == 6 - len(started)
+    assert world.queued is None
+    with pytest.raises(RuntimeError, match="without snapshots"):
+        world.snapshot()
+    both = World(scenario, EventClock(), Metrics())
+    for sim_job in list(scenario.jobs())[:6]:
+        both.submit(sim_job)
+    both.apply(first_fit(both.snapshot(), scenario.config, 0.0, 0), 0.0)
+    assert both.snapshot().expected_ends, "a snapshot holds the ends of what runs"
+
+
 def test_the_worlds_free_cards_measure_what_its_allocations_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The runner samples fragmentation from the world's free cards (``of_free``); at every
     # sample of a run with half-card jobs, gangs and preemptions, that must be what the
-    # scheduler's measure makes of the world's snapshot (its allocations). The golden
-    # reports check the sampled scores in both builds.
+    # scheduler's measure makes of the world's allocations (a kept scheduler's world takes
+    # no snapshot: the test makes its own). The golden reports check the sampled scores in
+    # both builds.
     if runner.__file__ is None or not runner.__file__.endswith(".py"):
         pytest.skip("a compiled module's functions cannot be patched")
     checked: list[float] = []
@@ -301,7 +328,8 @@ def test_the_worlds_free_cards_measure_what_its_allocations_do(
     def measure(world: World) -> Callable[[], object]:
         def both() -> object:
             ours = of_free(world.nodes, world.gpu_free)
-            assert ours == from_allocations(world.snapshot())
+            held = Snapshot(nodes=world.nodes, allocations=tuple(world.allocations.values()))
+            assert ours == from_allocations(held)
             checked.append(ours.score)
             return ours
 

@@ -31,7 +31,11 @@ POLICIES = ("corral", "first-fit", "best-fit", "corral-rebuild")
 class Policy(Protocol):
     """What the runner drives: told each change to the world (``observing.Observer``), asked
     for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed;
-    ``served`` is users' recent service (``scheduler.service``), as the server keeps it."""
+    ``served`` is users' recent service (``scheduler.service``), as the server keeps it.
+    ``snapshots``: False when ``plan`` never calls ``snapshot`` (the world then keeps no
+    map of expected ends for it; a policy without the attribute is taken to call it)."""
+
+    snapshots: bool
 
     def submitted(self, job: Job) -> None: ...
 
@@ -58,6 +62,8 @@ class Policy(Protocol):
 class Rebuilding(Observing):
     """A ``schedule``-shaped function, handed a fresh snapshot every cycle."""
 
+    snapshots = True
+
     def __init__(self, schedule: ScheduleFn) -> None:
         self.schedule = schedule  # told every change, it keeps none (``Observing``'s no-ops)
 
@@ -76,6 +82,8 @@ class Kept(Observing):
     """corral's scheduler kept between cycles: the same plans as ``schedule`` on the world's
     snapshot, at the cost of what changed. ``unplaced`` is explained only when the scenario
     autoscales (the autoscaler reads its reason codes); otherwise nothing is explained."""
+
+    snapshots = False  # told every change: never reads a snapshot
 
     def __init__(self, scenario: Scenario) -> None:
         self.scheduler = Scheduler(scenario.nodes, scenario.teams, scenario.config)

@@ -99,7 +99,14 @@ class _Run:
         self.metrics = Metrics()
         busy = Busy(policy) if scenario.pools else None
         observer: Observer = policy if busy is None else busy
-        self.world = World(scenario, self.clock, self.metrics, sink=sink, observer=observer)
+        self.world = World(
+            scenario,
+            self.clock,
+            self.metrics,
+            sink=sink,
+            observer=observer,
+            snapshots=getattr(policy, "snapshots", True),
+        )
         self.scaling = None if busy is None else Scaling(scenario, self.world, busy)
         self.service = ServiceLedger()
         self.progress = progress
@@ -192,7 +199,7 @@ class _Run:
         """Schedule until the plan neither preempts nor hits the per-cycle limit."""
         world, config = self.world, self.scenario.config
         for _ in range(MAX_CYCLES_PER_INSTANT):
-            if not world.queued:
+            if not world.waiting:
                 if self.scaling is not None:
                     self.scaling.unplaced = ()
                 return
@@ -220,8 +227,8 @@ class _Run:
             Progress(
                 now=self.clock.now,
                 arrived=self.arrived,
-                queued=len(world.queued),
-                running=len(world.runs) - len(world.queued),
+                queued=world.waiting,
+                running=len(world.runs) - world.waiting,
                 cycles=self.metrics.cycles,
                 done=done,
             )

@@ -37,6 +37,7 @@ from typing import Any
 from corral.autoscaler import Member, Pending, Pool, Reply, Request, autoscale
 from corral.autoscaler.clocks import Clocks
 from corral.core.model import Allocation, Gpu, Job, Node, Team
+from corral.core.states import JobState
 from corral.scheduler.api import Unplaced
 from corral.sim.observing import Observer, Observing, observing
 from corral.sim.scenario import Scenario
@@ -202,12 +203,12 @@ class Scaling:
 
     def _pending(self, now: float) -> tuple[Pending, ...]:
         """The last cycle's unplaced jobs still queued, as the server's loop gathers them."""
-        queued = self.world.queued
+        runs = self.world.runs
         unplaced = sorted(self.unplaced, key=lambda u: u.position)
         waiting = (
-            (queued[u.job_id], frozenset(str(r.code) for r in u.reasons))
+            (run.job, frozenset(str(r.code) for r in u.reasons))
             for u in unplaced
-            if u.job_id in queued
+            if (run := runs.get(u.job_id)) is not None and run.state is JobState.QUEUED
         )
         return self.clocks.pending(waiting, now)
 

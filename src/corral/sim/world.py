@@ -92,6 +92,7 @@ class World:
         *,
         sink: Sink | None = None,
         observer: Observer | None = None,
+        snapshots: bool = True,
     ) -> None:
         self.nodes = scenario.nodes
         self._observer = observing(observer)  # a base class: called directly when compiled
@@ -105,11 +106,17 @@ class World:
         self._auto_teams = scenario.auto_teams
         # per team: milli-GPUs held and the most it may hold, one record (one look-up a change)
         self._team_use = {t.name: _TeamUse(_cap_milli(t)) for t in scenario.teams}
-        self.queued: dict[str, Job] = {}
+        # queued jobs in queue order, for snapshots (None: no snapshot is taken; a kept
+        # scheduler keeps its own queue), and how many there are
+        self.queued: dict[str, Job] | None = {} if snapshots else None
+        self.waiting: i64 = 0
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
         self._records: dict[str, list[PlacementRecord]] = {}
-        self._expected_ends: dict[str, float] = {}  # allocation -> start + estimate left
+        # allocation -> start + estimate left, for snapshots; None: no snapshot is taken
+        # (a kept scheduler is told each end as its allocation starts). Without snapshots
+        # five look-ups a job go, in maps of every queued job and running allocation.
+        self._expected_ends: dict[str, float] | None = {} if snapshots else None
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
         self._plans: i64 = 0  # plans applied: a run notes the number of the one placing it
@@ -122,6 +129,8 @@ class World:
 
     def snapshot(self) -> Snapshot:
         """The frozen view ``schedule`` gets: two tuple copies, nothing rebuilt."""
+        if self.queued is None or self._expected_ends is None:
+            raise RuntimeError("this world was made without snapshots (snapshots=False)")
         return Snapshot(
             nodes=self.nodes,
             queued=tuple(self.queued.values()),
@@ -147,7 +156,10 @@ class World:
                 raise
         if self._sink is not None:
             run.placements = []
-        self.queued[job.id] = job
+        queued = self.queued
+        if queued is not None:
+            queued[job.id] = job
+        self.waiting += 1
         self._metrics.arrived(job)
         self._observer.submitted(job)
 
@@ -285,7 +297,9 @@ class World:
         end: Any = None
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
-            self._expected_ends[p.allocation_id] = end
+            ends = self._expected_ends
+            if ends is not None:
+                ends[p.allocation_id] = end
         self._observer.started(alloc, end)
 
     def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
@@ -332,7 +346,10 @@ class World:
         run.attempts += 1
         run.token += 1
         run.started_at = now
-        del self.queued[job_id]
+        queued = self.queued
+        if queued is not None:
+            del queued[job_id]
+        self.waiting -= 1
         self._observer.withdrawn(job_id)
         if run.first_start is None:
             run.first_start = now
@@ -367,7 +384,10 @@ class World:
         run.state = transition(JOB, job_id, RUNNING, QUEUED, at=now, why="preempted")
         run.token += 1
         run.job = replace(run.job, attempt=run.attempts)
-        self.queued[job_id] = run.job
+        queued = self.queued
+        if queued is not None:
+            queued[job_id] = run.job
+        self.waiting += 1
         self._metrics.preemptions += 1
         self._observer.submitted(run.job)
 
@@ -389,8 +409,9 @@ class World:
         del self.allocations[alloc_id]
         if len(alloc.job_ids) > 1:
             self._batch_left.pop(alloc_id, None)
-        if alloc_id in self._expected_ends:
-            del self._expected_ends[alloc_id]
+        ends = self._expected_ends
+        if ends is not None and alloc_id in ends:
+            del ends[alloc_id]
         self._observer.ended(alloc_id)
         free = self._free[self._index[alloc.node]]
         cards, gpu_milli, vram = free.cards, alloc.gpu_milli, alloc.vram_bytes
