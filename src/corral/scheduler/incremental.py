@@ -40,6 +40,7 @@ from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
 from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.passes import Passes
+from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
@@ -77,7 +78,7 @@ class Scheduler:
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
-        self._pending: dict[str, Placement] = {}  # the last plan's placements, not yet started
+        self._pending = Planned()  # the last plan's placements, not yet started
         self._released: dict[str, Allocation] = {}  # its preemptions, not yet ended
         self.nodes: tuple[Node, ...] = ()
         self._index: dict[str, int] = {}
@@ -154,7 +155,7 @@ class Scheduler:
             index[node.name] = i
         self.nodes, self._index = nodes, index
         self._cluster = None
-        self._pending, self._released = {}, {}
+        self._pending, self._released = Planned(), {}
         self._end_at = [None] * len(nodes)
         here: list[list[Slot]] = [[] for _ in nodes]
         for slot in self._slots.of.values():
@@ -266,7 +267,7 @@ class Scheduler:
         # ``start``/``end`` then find the capacity already taken or given back; what it
         # does not apply is undone when the next cycle starts (``_reconcile``).
         cycle.cap.commit()
-        self._pending = {p.allocation_id: p for p in plan.placements}
+        self._pending = Planned(plan.placements)
         held = self._slots.of
         for stop in plan.preemptions:
             slot = held.get(stop.allocation_id)
@@ -277,10 +278,10 @@ class Scheduler:
     def _reconcile(self) -> None:
         """Undo what the last plan took or gave back and its caller did not apply."""
         cluster, pending, released = self._cluster, self._pending, self._released
-        self._pending, self._released = {}, {}
+        self._pending, self._released = Planned(), {}
         if cluster is None:
             return
-        for p in pending.values():
+        for p in pending.left():
             _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
         for a in released.values():
             _adjust(cluster, a.node, a.gpu_indices, a.on_cpu, -a.gpu_milli, -a.vram_bytes, -a.cpus)
@@ -291,7 +292,7 @@ class Scheduler:
         keys = set(self.queue.label_keys)
         models = set(self.queue.models)
         if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
-            self._pending, self._released = {}, {}
+            self._pending, self._released = Planned(), {}
             held = (slot.alloc for slot in self._slots.of.values())
             active = [alloc for alloc in held if alloc.active]
             cluster = self._cluster = Cluster(self.nodes, keys, models, active)
@@ -344,9 +345,8 @@ class Scheduler:
         """The kept cluster's capacity follows an allocation (on node index ``node``) that
         starts (+1) or ends (-1), unless the last cycle's plan took or gave it back already."""
         if sign > 0:
-            planned = self._pending.get(alloc.id)  # get and del: see ``Slots.take``
+            planned = self._pending.take(alloc.id)
             if planned is not None:
-                del self._pending[alloc.id]
                 if _same(planned, alloc):
                     return  # the last cycle took this capacity already
                 p = planned  # applied differently: give the planned room back first
