@@ -125,9 +125,9 @@ async def test_streams_of_waiting_jobs_sleep_through_other_jobs_commits(
     waiting = [(await world.submit()).job.id for _ in range(5)]  # no agent: they stay queued
     streams = [world.plane.feed.follow(ADMIN, 0, job_id=j) for j in waiting]
     followers = [asyncio.create_task(_drain(s)) for s in streams]
-    await asyncio.sleep(0.05)  # each read its events once and now waits
+    # each reads its events once and then waits (on a loaded machine that takes a while)
+    await _until(lambda: world.plane.rt.wakeups.waiting == len(waiting))
     assert len(reads) == len(waiting)
-    assert world.plane.rt.wakeups.waiting == len(waiting)
 
     for _ in range(10):
         await world.submit()
@@ -142,6 +142,15 @@ async def test_streams_of_waiting_jobs_sleep_through_other_jobs_commits(
         f.cancel()
     await asyncio.gather(*followers[1:], return_exceptions=True)
     assert world.plane.rt.wakeups.waiting == 0, "a reader that went away leaves nothing behind"
+
+
+async def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``done()`` holds, checking every few milliseconds; fail past ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not done():
+        assert loop.time() < deadline, f"still not so after {timeout} s"
+        await asyncio.sleep(0.005)
 
 
 async def _drain(stream: Any) -> list[str]:
