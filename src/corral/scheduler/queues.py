@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 HK = TypeVar("HK", bound=Hashable)
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
 IDLE_LINES: Final = 1024  # empty lines kept past the queued jobs' count before a sweep
-IDLE_GROUPS: Final = 1024  # emptied groups kept (per class) past the queued jobs' count, ditto
+IDLE_GROUPS: Final = 1024  # groups kept with no job (any class) past the queued jobs' count, ditto
 RECENT_REQUESTS: Final = 8  # the first requests seen, found by identity in a scan (``need``,
 # and the simulator's report for its size groups: a trace has a handful of shapes)
 
@@ -86,7 +86,7 @@ Holders = dict[str, list[Job]]
 """A group's queued jobs by user, each user's sorted by ``job_key``."""
 
 
-class Kept:
+class ClassMaps:
     """One class's share of each of ``Queue``'s maps by class (the same objects): a job
     added or removed looks its class up once, not once per map."""
 
@@ -136,7 +136,7 @@ class Queue:
         self.lines: dict[str, dict[str, dict[str, Line[Group]]]] = {c: {} for c in self.lists}
         self.big: dict[str, list[Job]] = {c: [] for c in self.lists}  # per class, oldest first
         self.big_teams: dict[str, Counter[str]] = {c: Counter() for c in self.lists}  # their teams
-        self._kept = {c: Kept(self, c) for c in self.lists}
+        self._kept = {c: ClassMaps(self, c) for c in self.lists}
         self.unknown: set[str] = set()  # jobs of an unknown priority class
         self.batches: dict[Hashable, list[Job]] = {}
         self.label_keys: Counter[str] = Counter()
@@ -186,7 +186,7 @@ class Queue:
         self._hold(kept, group, job, sort)
         return True
 
-    def _hold(self, kept: Kept, group: Group, job: Job, sort: bool) -> None:
+    def _hold(self, kept: ClassMaps, group: Group, job: Job, sort: bool) -> None:
         """Put ``job`` in its group's list of its user (and the kept splits and lines)."""
         groups = kept.groups
         holders = groups.get(group)
@@ -255,7 +255,7 @@ class Queue:
                 self._sweep_groups()
         return job
 
-    def _line(self, kept: Kept, job: Job) -> Line[Group]:
+    def _line(self, kept: ClassMaps, job: Job) -> Line[Group]:
         """The line of ``job``'s user in its class and team (made when missing)."""
         users = _inner_lines(kept.lines, job.team)
         line = users.get(job.user)
@@ -265,7 +265,7 @@ class Queue:
             self._idle -= 1
         return line
 
-    def _relined(self, kept: Kept, job: Job, group: Group, own: list[Job] | None) -> None:
+    def _relined(self, kept: ClassMaps, job: Job, group: Group, own: list[Job] | None) -> None:
         """``job``, the first of its user's jobs in ``group``, left; ``own``: the rest."""
         users = kept.lines[job.team]
         line = users[job.user]
@@ -363,7 +363,7 @@ class Queue:
         return need
 
 
-def _forget(kept: Kept, group: Group) -> None:
+def _forget(kept: ClassMaps, group: Group) -> None:
     """``group`` has no job left in ``kept``'s class: out of the kept splits too."""
     by_team = kept.by_team
     own = by_team[group.team]

@@ -33,7 +33,8 @@ class Policy(Protocol):
     for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed;
     ``served`` is users' recent service (``scheduler.service``), as the server keeps it.
     ``snapshots``: False when ``plan`` never calls ``snapshot`` (the world then keeps no
-    map of expected ends for it; a policy without the attribute is taken to call it)."""
+    maps of queued jobs and expected ends for it; a policy without the attribute is taken
+    to call it)."""
 
     snapshots: bool
 

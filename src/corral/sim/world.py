@@ -242,8 +242,8 @@ class World:
     # -- applying a plan -------------------------------------------------------------
 
     def _claim(self, job_id: str, number: i64) -> JobRun:
-        """The run of a job placement number ``number`` places, checked queued; counted in
-        its ``claims``."""
+        """The run of a job that plan number ``number`` places, checked queued; the
+        placement counted in its ``claims``."""
         run = self.runs.get(job_id)
         if run is None or run.state is not QUEUED:
             raise PlanRejected(f"the plan places job {job_id!r}, which is not queued")
