@@ -319,11 +319,13 @@ class Queue:
         for big in self.big.values():
             big.sort(key=job_key)
         for cls, by_team in self.by_team.items():  # the lines afresh, from the sorted lists
-            for users in self.lines[cls].values():
+            lines = self.lines[cls]  # refilled, not replaced: ``ClassMaps`` holds it
+            for users in lines.values():
                 for line in users.values():
                     line.forget()
-            self.lines[cls] = {team: lines_of(own) for team, own in by_team.items()}
-            self._kept[cls].lines = self.lines[cls]
+            lines.clear()
+            for team, team_groups in by_team.items():
+                lines[team] = lines_of(team_groups)
         self._idle = 0  # the lines afresh: none empty
 
     def stamp(self) -> i64:

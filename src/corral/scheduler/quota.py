@@ -72,7 +72,7 @@ class Ledger:
         }
         # Where changes are logged: a ``Cycle.memo()``'s log, so what-ifs roll back, or a
         # log of its own (nothing rolls it back)
-        self._log: list[tuple[Any, Any, Any]] = (store if store is not None else Memo([])).log
+        self._log: list[tuple[Any, Any, Any]] = store.log if store is not None else []
         for team, milli in usage(allocations).items():
             self.book(team).usage = milli
 

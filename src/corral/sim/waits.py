@@ -115,11 +115,6 @@ class Ranks:
         self.upto = upto
         self.n = len(values) if upto is None else (upto[-1] if upto else 0)
 
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Ranks:
-        """``values``, sorted (a new list)."""
-        return cls(sorted(values))
-
     def kth(self, k: int) -> float:
         """The ``k``-th smallest value (from 1)."""
         if self.upto is None:
