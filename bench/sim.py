@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import native  # scripts/native.py: the compiled build, if any
 
 from corral.sim import generate
+from corral.sim.arenas import use_huge_pages
 from corral.sim.policies import POLICIES
 from corral.sim.runner import Progress, simulate
 
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     until = args.until if args.until is not None else _last_arrival(shape)
     if args.child:  # one build's runs, in the process this build was imported into
+        # the compiled build's small objects on huge pages (corral.sim.arenas), as ``corral sim``
+        print(f"  memory: huge pages {use_huge_pages()}", file=sys.stderr, flush=True)
         results = {name: _run(name, args, until) for name in policies}
         print(CHILD_MARK + json.dumps(results), flush=True)
         return 0

@@ -11,9 +11,10 @@ editable install imports. A run against the build puts ``build/native`` first on
 ``PYTHONPATH`` (``env()``); the stamp written at build time holds a digest of the
 sources it was built from, and ``stale()`` says when they have changed since.
 
-``python scripts/native.py digest|stamp DIGEST|check|sources|targets|path``: print the
-sources' digest, write the stamp, check it (exit 1 when missing or stale), list what is
-copied, what mypyc compiles, print the build directory.
+``python scripts/native.py digest|stamp DIGEST|check|sources|targets|extensions|path``:
+print the sources' digest, write the stamp, check it (exit 1 when missing or stale), list
+what is copied, what mypyc compiles, the C extensions (source and module file), print the
+build directory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +49,11 @@ NOT_COMPILED = (
 )
 
 
+# C extensions built beside the compiled modules: (source under ``src/corral``, module name).
+# ``sim/arenas.c`` serves pymalloc's arenas from huge pages (``corral.sim.arenas``).
+EXTENSIONS = (("sim/arenas.c", "corral.sim._arenas"),)
+
+
 def digest() -> str:
     """A digest of the Python sources the build copies (``sources()``)."""
     h = hashlib.sha256()
@@ -58,10 +65,12 @@ def digest() -> str:
 
 
 def sources() -> list[Path]:
-    """What the build copies: the package's ``__init__.py`` and ``PACKAGES``."""
+    """What the build copies: the package's ``__init__.py`` and ``PACKAGES`` (their Python
+    modules, and C extensions such as ``sim/arenas.c``: ``EXTENSIONS``)."""
     out = [SOURCES / "__init__.py"]
     for package in PACKAGES:
         out.extend(sorted((SOURCES / package).rglob("*.py")))
+        out.extend(sorted((SOURCES / package).rglob("*.c")))
     return [p for p in out if "__pycache__" not in p.parts]
 
 
@@ -107,6 +116,11 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "targets":
         print("\n".join(targets()))
+        return 0
+    if command == "extensions":  # source, then where its module goes, per line
+        suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+        for source, module in EXTENSIONS:
+            print(source, module.replace(".", "/") + suffix)
         return 0
     if command == "path":
         print(BUILD)

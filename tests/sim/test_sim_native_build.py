@@ -63,3 +63,11 @@ def test_a_run_against_the_build_finds_it_first_on_the_path() -> None:
     native = _native()
     path = native.env()["PYTHONPATH"].split(os.pathsep)
     assert path[0] == str(native.BUILD)
+
+
+def test_the_c_extensions_are_part_of_the_digest_and_named_for_the_build() -> None:
+    native = _native()
+    copied = {p.relative_to(native.SOURCES).as_posix() for p in native.sources()}
+    for source, module in native.EXTENSIONS:
+        assert source in copied  # an edit of the C makes the build stale
+        assert module.startswith("corral.")

@@ -51,12 +51,14 @@ def sim(
 ) -> None:
     """Replay SCENARIO with a virtual clock and report waits, utilisation and fairness."""
     from corral.core.errors import CorralError
+    from corral.sim.arenas import use_huge_pages
     from corral.sim.errors import PlanRejected
     from corral.sim.loaders import load_scenario
     from corral.sim.policies import resolve
     from corral.sim.runner import simulate
 
     err = Console(stderr=True)
+    use_huge_pages()  # the compiled build's objects on huge pages; pure Python: nothing to do
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES, mode="w+", encoding="utf-8") as spool:
         collected: list[JobRecord] = []
         sink = _spooler(spool) if json_out and jobs else _collector(collected)

@@ -395,7 +395,9 @@ class World:
 
     def _leave(self, alloc_id: str, now: float) -> None:
         """A finished job leaves its allocation; a batch allocation ends with its last job."""
-        left = self._batch_left.get(alloc_id)
+        # Its size first: most runs batch nothing, and the id's hash (a string made when the
+        # job started, long out of the cache) is then not read for an empty map
+        left = self._batch_left.get(alloc_id) if self._batch_left else None
         if left is not None and left > 1:
             self._batch_left[alloc_id] = left - 1
             return
@@ -407,7 +409,7 @@ class World:
         # get and del, not pop: a compiled build has both natively, pop is a generic call
         alloc = self.allocations[alloc_id]
         del self.allocations[alloc_id]
-        if len(alloc.job_ids) > 1:
+        if self._batch_left and len(alloc.job_ids) > 1:  # the map's size first (``_leave``)
             self._batch_left.pop(alloc_id, None)
         ends = self._expected_ends
         if ends is not None and alloc_id in ends:
