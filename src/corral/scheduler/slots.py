@@ -28,7 +28,7 @@ NOWHERE: Final = -1
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
-    __slots__ = ("alloc", "at", "end", "kin", "node", "team", "victim_at")
+    __slots__ = ("alloc", "at", "end", "first", "kin", "node", "team", "victim_at")
 
     def __init__(self, alloc: Allocation, end: float | None, team: i64, node: i64) -> None:
         self.alloc = alloc
@@ -39,6 +39,9 @@ class Slot:
         self.at: i64 = 0  # its place in its node's list of work (``join``)
         self.victim_at: i64 = -1  # its place in its node's list of victims there (-1: none)
         self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
+        # its key in ``VictimIndex.by_jobs`` (its first job's id), noted as it is indexed:
+        # its end reads no tuple of job ids (long out of the cache) to find it again
+        self.first = ""
 
 
 class Slots:

@@ -100,7 +100,7 @@ class VictimIndex:
 
     def _index(self, slot: Slot) -> None:
         alloc = slot.alloc
-        key = _first(alloc.job_ids)
+        key = slot.first = _first(alloc.job_ids)
         slot.kin = self.by_jobs.get(key)
         self.by_jobs[key] = slot
         node = slot.node
@@ -125,7 +125,7 @@ class VictimIndex:
 
     def _unindex(self, slot: Slot) -> None:
         alloc = slot.alloc
-        key = _first(alloc.job_ids)
+        key = slot.first  # noted by ``_index``
         kin = self.by_jobs[key]
         if kin is slot:
             if slot.kin is None:

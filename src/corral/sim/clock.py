@@ -11,6 +11,9 @@ instant its timers in the order they were set. Many jobs end at the same
 instant (whole-second run times started at a cycle), and a heap of floats
 compares floats where one of ``(when, seq, ...)`` tuples compared tuples:
 the same order, ``(when, order set)``, for fewer and cheaper comparisons.
+An instant's keys and tokens are two lists side by side (``Due``), not a
+list of ``(key, token)`` pairs: a pair was made per timer, lived as long as
+its job ran, and was read again when it fired, long out of the cache.
 """
 
 from __future__ import annotations
@@ -21,6 +24,23 @@ from typing import Any, Generic, TypeVar
 K = TypeVar("K")
 
 
+class Due(Generic[K]):
+    """Timers, in the order they were set: the ``i``-th fires ``(keys[i], tokens[i])``."""
+
+    __slots__ = ("keys", "tokens")
+
+    def __init__(self) -> None:
+        self.keys: list[K] = []
+        self.tokens: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def pairs(self) -> list[tuple[K, int]]:
+        """``(key, token)`` of each timer (made when asked: tests, not the hot path)."""
+        return list(zip(self.keys, self.tokens, strict=True))
+
+
 class EventClock(Generic[K]):
     """Virtual time and its timers: ``(key, token)`` pairs, by the instant they fire (the
     world's keys are its jobs' runs: a timer that fires needs no look-up by job id)."""
@@ -28,7 +48,7 @@ class EventClock(Generic[K]):
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
         self._instants: list[float] = []  # a heap: every instant that has timers
-        self._at: dict[float, list[tuple[K, int]]] = {}  # instant -> timers, in order set
+        self._at: dict[float, Due[K]] = {}  # instant -> its timers, in the order set
         self._count = 0
 
     def set_timer(self, when: float, key: K, token: int) -> None:
@@ -38,9 +58,10 @@ class EventClock(Generic[K]):
         instant: Any = max(when, self.now)
         timers = self._at.get(instant)
         if timers is None:
-            timers = self._at[instant] = []
+            timers = self._at[instant] = Due()
             heappush(self._instants, instant)
-        timers.append((key, token))
+        timers.keys.append(key)
+        timers.tokens.append(token)
         self._count += 1
 
     def next_time(self) -> float | None:
@@ -52,20 +73,22 @@ class EventClock(Generic[K]):
             raise ValueError(f"a clock cannot go backwards ({when} < {self.now})")
         self.now = when
 
-    def pop_due(self) -> list[tuple[K, int]]:
+    def pop_due(self) -> Due[K]:
         """Remove and return the timers due now, in the order they were set (earlier
-        instants first)."""
+        instants first); none due: an empty ``Due``."""
         instants, now = self._instants, self.now
         if not instants or instants[0] > now:
-            return []
+            return Due()
         when: Any = heappop(instants)  # the heap's own float object, not unboxed and boxed
         due = self._at[when]
         del self._at[when]
         while instants and instants[0] <= now:
             when = heappop(instants)
-            due.extend(self._at[when])
+            more = self._at[when]
             del self._at[when]
-        self._count -= len(due)
+            due.keys.extend(more.keys)
+            due.tokens.extend(more.tokens)
+        self._count -= len(due.keys)
         return due
 
     def __len__(self) -> int:

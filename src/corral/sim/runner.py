@@ -127,8 +127,10 @@ class _Run:
                 break
             self.clock.advance_to(t)
             changed, nxt = self._arrive(nxt, arrivals, t)
-            for run, token in self.clock.pop_due():
-                changed = self.world.complete(run, token, t) or changed
+            due = self.clock.pop_due()
+            runs, tokens = due.keys, due.tokens
+            for i in range(len(runs)):  # a range: a compiled build indexes both lists natively
+                changed = self.world.complete(runs[i], tokens[i], t) or changed
             if scaling is not None:
                 changed = scaling.joins(t) or changed
                 if changed:

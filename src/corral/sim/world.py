@@ -47,12 +47,13 @@ class JobRun:
     per job, and a compiled build compiles this ``__init__`` (not a generated one)."""
 
     __slots__ = (
-        "allocs",
+        "alloc",
         "attempts",
         "claims",
         "done",
         "first_start",
         "job",
+        "more",
         "placements",
         "plan",
         "remaining",
@@ -72,13 +73,19 @@ class JobRun:
         self.started_at = 0.0
         self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
         self.done = 0.0  # seconds of work done by earlier attempts
-        # its allocations' ids: a tuple, the empty one shared while queued (one made per
-        # start, where a list was made per job and grown at its start)
-        self.allocs: tuple[str, ...] = ()
+        # its allocations' ids (``allocs()``): the first ("" while queued), and any more
+        # (a gang's other replicas; the empty tuple, shared, for most jobs). Not one tuple
+        # of them all: one was made per start and read again at its end, out of the cache.
+        self.alloc = ""
+        self.more: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
         # the placements of plan number ``plan`` that place it (``World.apply``'s check)
         self.plan: i64 = 0
         self.claims: i64 = 0
+
+    def allocs(self) -> tuple[str, ...]:
+        """The ids of its allocations (none while queued)."""
+        return (self.alloc, *self.more) if self.alloc else ()
 
 
 class World:
@@ -205,7 +212,8 @@ class World:
         if run.token != token or run.state is not RUNNING:
             return False
         job_id = run.job.id
-        for alloc_id in run.allocs:
+        self._leave(run.alloc, now)
+        for alloc_id in run.more:
             self._leave(alloc_id, now)
         run.state = transition(JOB, job_id, RUNNING, SUCCEEDED, at=now, why="done")
         self._emit(run)
@@ -304,7 +312,10 @@ class World:
 
     def _joined(self, run: JobRun, p: Placement, alloc: Allocation, now: float) -> None:
         """``run``'s job is one of those allocation ``alloc`` (of placement ``p``) runs."""
-        run.allocs = (*run.allocs, p.allocation_id) if run.allocs else (p.allocation_id,)
+        if run.alloc:
+            run.more = (*run.more, p.allocation_id)
+        else:
+            run.alloc = p.allocation_id
         if run.placements is not None:
             record = PlacementRecord(p.node, alloc.milli / MILLI, now)
             run.placements.append(record)
@@ -368,15 +379,15 @@ class World:
         for job_id in alloc.job_ids:
             run = self.runs[job_id]
             if run.state is RUNNING:
-                ended.update(run.allocs)
+                ended.update(run.allocs())
                 self._requeue(run, now)
 
     def _requeue(self, run: JobRun, now: float) -> None:
         """End every allocation of the job; it queues again and keeps the work it did."""
-        for alloc_id in run.allocs:
+        for alloc_id in run.allocs():
             if alloc_id in self.allocations:
                 self._release(alloc_id, now, preempted=True)
-        run.allocs = ()
+        run.alloc, run.more = "", ()
         run.done += now - run.started_at
         if run.remaining is not None:
             run.remaining = max(0.0, run.remaining - (now - run.started_at))
