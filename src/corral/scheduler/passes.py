@@ -123,7 +123,7 @@ class Passes:
         # through every refill (usable jobs only get fewer in a cycle). The common case:
         # the guaranteed pass placed them (96% of these queues were empty at 20,000 jobs).
         teams = sorted(
-            t for t, own in by_team.items() if _any_live(own, live) and _any_usable(own, live)
+            t for t, own in by_team.items() if _any_usable(own, live) and _any_live(own, live)
         )
         if not teams:
             return
@@ -214,23 +214,27 @@ class Passes:
                 planner.leave(job, planner.explanation(job, pclass))
 
 
-def _any_live(groups: dict[Group, Holders], live: Liveness) -> bool:
-    """Is any group of ``groups`` that holds a job live? Asked before ``_any_usable``, which
-    walks jobs: a group's liveness is remembered for the pass. Loops, not ``any`` over a
-    generator: a compiled build runs them natively (a generator is a generic call per item)."""
-    for group, holders in groups.items():  # noqa: SIM110 (a loop: see above)
-        if holders and live.live(group):
-            return True
-    return False
-
-
 def _any_usable(groups: dict[Group, Holders], live: Liveness) -> bool:
-    """Does any group of ``groups`` hold a job that may be handed out (not decided yet)?"""
+    """Does any group of ``groups`` hold a job that may be handed out (not decided yet)?
+    Asked before ``_any_live``: at 100,000 jobs it said no for 7% of the teams asked, and
+    ``_any_live`` for none of the rest. Groups kept with no job (``Queue.remove``) are
+    passed over without a walk of their empty map. Loops, not ``any`` over generators: a
+    compiled build runs them natively (a generator is a generic call per item)."""
     for holders in groups.values():
+        if not holders:
+            continue
         for jobs in holders.values():
             for job in jobs:
                 if live.usable(job):
                     return True
+    return False
+
+
+def _any_live(groups: dict[Group, Holders], live: Liveness) -> bool:
+    """Is any group of ``groups`` that holds a job live (``_any_usable``: loops)?"""
+    for group, holders in groups.items():  # noqa: SIM110 (a loop: see _any_usable)
+        if holders and live.live(group):
+            return True
     return False
 
 
