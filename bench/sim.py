@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:  # one build's runs, in the process this build was imported into
         # the compiled build's small objects on huge pages (corral.sim.arenas), as ``corral sim``
         print(f"  memory: huge pages {use_huge_pages()}", file=sys.stderr, flush=True)
+        where = "here" if args.trace_here else "ahead, by a forked process (a spare core)"
+        print(f"  trace: drawn {where}", file=sys.stderr, flush=True)
         results = {name: _run(name, args, until) for name in policies}
         print(CHILD_MARK + json.dumps(results), flush=True)
         return 0
@@ -215,6 +217,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="pure Python, the compiled build of scripts/build-native, or both (default; "
         "the compiled one only when built from the current sources)",
     )
+    parser.add_argument(
+        "--trace-here",
+        action="store_true",
+        help="draw the trace in the simulating process (default: a forked one draws it ahead)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -236,6 +243,7 @@ def _run(name: str, args: argparse.Namespace, until: float) -> tuple[float, dict
         seed=args.seed,
         cycle_interval_s=args.cycle_interval,
         fragmentation_sample_s=args.fragmentation_sample,
+        ahead=not args.trace_here,
     )
     started, cpu = time.perf_counter(), time.process_time()
     summary = simulate(scenario, name, until=until, progress=_progress(name))

@@ -35,6 +35,6 @@ def test_timers_fire_as_a_heap_of_when_and_seq_would(steps: list[tuple[str, int]
             while reference and reference[0][0] <= clock.now:
                 _, _, job_id, token = heapq.heappop(reference)
                 want.append((job_id, token))
-            assert clock.pop_due().pairs() == want
+            assert [(timer.key, timer.token) for timer in clock.pop_due()] == want
         assert clock.next_time() == (reference[0][0] if reference else None)
         assert len(clock) == len(reference)

@@ -6,39 +6,41 @@ instant together. A timer carries a token so that one made stale by a
 preemption is ignored when it fires (lazy deletion: cheaper than removing
 it from the heap).
 
-Timers are kept by instant: a heap of the distinct instants, and per
-instant its timers in the order they were set. Many jobs end at the same
-instant (whole-second run times started at a cycle), and a heap of floats
-compares floats where one of ``(when, seq, ...)`` tuples compared tuples:
-the same order, ``(when, order set)``, for fewer and cheaper comparisons.
-An instant's keys and tokens are two lists side by side (``Due``), not a
-list of ``(key, token)`` pairs: a pair was made per timer, lived as long as
-its job ran, and was read again when it fired, long out of the cache.
+Timers fire in the order ``(instant, order set)``. Each is one ``Timer``
+record in a heap written out here, compared field by field (``Timer.before``:
+a float, then an int), which a compiled build runs natively. Before, timers
+were kept by instant: a heap of the distinct instants (``heapq``, comparing
+boxed floats generically), a map of instant to that instant's timers, and
+lists per instant; at 1,000,000 jobs setting and popping them was about 4%
+of the run's time (docs/performance.md, "Session 29").
 """
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 K = TypeVar("K")
 
 
-class Due(Generic[K]):
-    """Timers, in the order they were set: the ``i``-th fires ``(keys[i], tokens[i])``."""
+class Timer(Generic[K]):
+    """Fire ``(key, token)`` at ``at``; ``seq`` (the order set) breaks ties."""
 
-    __slots__ = ("keys", "tokens")
+    __slots__ = ("at", "key", "seq", "token")
 
-    def __init__(self) -> None:
-        self.keys: list[K] = []
-        self.tokens: list[int] = []
+    def __init__(self, at: float, seq: i64, key: K, token: int) -> None:
+        self.at = at
+        self.seq = seq
+        self.key = key
+        self.token = token
 
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def pairs(self) -> list[tuple[K, int]]:
-        """``(key, token)`` of each timer (made when asked: tests, not the hot path)."""
-        return list(zip(self.keys, self.tokens, strict=True))
+    def before(self, other: Timer[K]) -> bool:
+        """Does this one fire before ``other``?"""
+        if self.at != other.at:
+            return self.at < other.at
+        return self.seq < other.seq
 
 
 class EventClock(Generic[K]):
@@ -47,49 +49,73 @@ class EventClock(Generic[K]):
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
-        self._instants: list[float] = []  # a heap: every instant that has timers
-        self._at: dict[float, Due[K]] = {}  # instant -> its timers, in the order set
-        self._count = 0
+        self._heap: list[Timer[K]] = []
+        self._set: i64 = 0  # timers set so far: the next one's ``seq``
 
     def set_timer(self, when: float, key: K, token: int) -> None:
         """Fire ``(key, token)`` at ``when`` (never earlier than now)."""
-        # ``Any``: one float object for the look-up, the map and the heap (a compiled
-        # build boxes a ``float`` again at each use)
-        instant: Any = max(when, self.now)
-        timers = self._at.get(instant)
-        if timers is None:
-            timers = self._at[instant] = Due()
-            heappush(self._instants, instant)
-        timers.keys.append(key)
-        timers.tokens.append(token)
-        self._count += 1
+        at = self.now if self.now > when else when  # ``max(when, now)``
+        self._set += 1
+        heap = self._heap
+        heap.append(Timer(at, self._set, key, token))
+        _sift_down(heap, len(heap) - 1)
 
     def next_time(self) -> float | None:
         """When the earliest timer fires, or None when none is set."""
-        return self._instants[0] if self._instants else None
+        return self._heap[0].at if self._heap else None
 
     def advance_to(self, when: float) -> None:
         if when < self.now:
             raise ValueError(f"a clock cannot go backwards ({when} < {self.now})")
         self.now = when
 
-    def pop_due(self) -> Due[K]:
-        """Remove and return the timers due now, in the order they were set (earlier
-        instants first); none due: an empty ``Due``."""
-        instants, now = self._instants, self.now
-        if not instants or instants[0] > now:
-            return Due()
-        when: Any = heappop(instants)  # the heap's own float object, not unboxed and boxed
-        due = self._at[when]
-        del self._at[when]
-        while instants and instants[0] <= now:
-            when = heappop(instants)
-            more = self._at[when]
-            del self._at[when]
-            due.keys.extend(more.keys)
-            due.tokens.extend(more.tokens)
-        self._count -= len(due.keys)
+    def pop_due(self) -> list[Timer[K]]:
+        """Remove and return the timers due now, in the order they fire."""
+        heap, now = self._heap, self.now
+        due: list[Timer[K]] = []
+        while heap and heap[0].at <= now:
+            last = heap.pop()
+            if heap:
+                due.append(heap[0])
+                heap[0] = last
+                _sift_up(heap)
+            else:
+                due.append(last)
         return due
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._heap)
+
+
+# ``heapq``'s sifts written out for ``Timer`` (the same algorithm), comparing by
+# ``Timer.before``, which a compiled build calls natively.
+
+
+def _sift_down(heap: list[Timer[K]], pos: i64) -> None:
+    """The timer at ``pos`` moves towards the root while it fires before its parent."""
+    item = heap[pos]
+    while pos > 0:
+        parent: i64 = (pos - 1) >> 1
+        above = heap[parent]
+        if not item.before(above):
+            break
+        heap[pos] = above
+        pos = parent
+    heap[pos] = item
+
+
+def _sift_up(heap: list[Timer[K]]) -> None:
+    """The root's timer goes down to a leaf by the sooner child, then back up."""
+    end: i64 = len(heap)
+    item = heap[0]
+    pos: i64 = 0
+    child: i64 = 1
+    while child < end:
+        right: i64 = child + 1
+        if right < end and not heap[child].before(heap[right]):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    heap[pos] = item
+    _sift_down(heap, pos)

@@ -12,13 +12,21 @@ for job, and the trace is produced as a stream.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import math
+import os
 import random
+import signal
+import struct
 import sys
+import threading
+import traceback
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import IO, Any, Final, NoReturn
 
 from corral.core.model import Gpu, Job, Node, Team
 from corral.core.resources import GIB, MILLI, ResourceRequest
@@ -39,6 +47,8 @@ RUN_SIGMA: Final = 1.0  # ... mean about 16.5 minutes, a long tail
 MAX_RUN_S: Final = 86_400.0  # one day
 _DAY_RAD: Final = 2 * math.pi / 86_400.0
 _NV_MAGIC: Final = 4 * math.exp(-0.5) / math.sqrt(2.0)  # random.NV_MAGICCONST
+CHUNK: Final = 8192  # jobs drawn at a time (``Columns``): a forked drawer's unit of work
+PIPE_BYTES: Final = 1 << 20  # the drawer's pipe and the reader's buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,46 +90,221 @@ def team_name(k: int) -> str:
     return sys.intern(f"team-{k}")
 
 
-def trace(shape: TraceShape) -> Iterator[SimJob]:
-    """A stream of ``shape.jobs`` jobs, sorted by submission time."""
-    rand = random.Random(shape.seed).random
-    rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
+def trace(shape: TraceShape, *, ahead: bool = False) -> Iterator[SimJob]:
+    """A stream of ``shape.jobs`` jobs, sorted by submission time.
+
+    ``ahead``: the numbers are drawn by a forked process, a chunk ahead of the jobs made
+    from them here (``_ahead``), where the platform forks and the machine has a second
+    core; else they are drawn here. Either way the jobs are the same, made by one builder
+    from the same columns of draws."""
+    if ahead and hasattr(os, "fork") and (os.cpu_count() or 1) > 1:
+        return _jobs(shape, _ahead(shape))
+    return _jobs(shape, _here(shape))
+
+
+class Columns:
+    """A chunk of a trace's draws, a list per field (job ``i`` is everyone's ``[i]``):
+    submission time, kind (``SHAPES``), user, class (``PRIORITY_MIX``), run time, and the
+    user's estimate (NaN: none)."""
+
+    __slots__ = ("cls", "estimate", "kind", "run", "submit", "user")
+
+    def __init__(self) -> None:
+        self.submit: list[float] = []
+        self.kind: list[int] = []
+        self.user: list[int] = []
+        self.cls: list[int] = []
+        self.run: list[float] = []
+        self.estimate: list[float] = []
+
+
+class _Drawer:
+    """A trace's random draws (``draw`` a chunk at a time), in the order ``trace`` always
+    drew them: arrival (with thinning), kind, user, run time, class; estimates from their
+    own stream."""
+
+    def __init__(self, shape: TraceShape) -> None:
+        self.rand = random.Random(shape.seed).random
+        self.rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
+        self.kind_cdf = list(itertools.accumulate(w for _, _, w in SHAPES))
+        self.class_cdf = list(itertools.accumulate(w for _, w in PRIORITY_MIX))
+        self.mu = math.log(MEDIAN_RUN_S)
+        self.swing, self.users = shape.daily_swing, shape.users
+        self.peak = self.rate * (1 + shape.daily_swing)
+        # users' estimates, drawn from their own stream: 60 s x ceil(run x uniform(low,
+        # high) / 60), written out (a closure was a generic call per job)
+        self.guess = None if shape.estimates is None else _estimates_rand(shape)
+        self.low, high = shape.estimates or (0.0, 0.0)
+        self.span = high - self.low  # Random.uniform(low, high) is low + (high - low) * random()
+        self.clock = 0.0
+
+    def draw(self, count: int) -> Columns:
+        # Read once, not per job: fields and module globals are look-ups in a compiled build.
+        rand, peak, rate, swing, day_rad = self.rand, self.peak, self.rate, self.swing, _DAY_RAD
+        kind_cdf, class_cdf, users, mu = self.kind_cdf, self.class_cdf, self.users, self.mu
+        guess, low, span, clock = self.guess, self.low, self.span, self.clock
+        out = Columns()
+        for _ in range(count):
+            clock += expovariate(rand, peak)
+            while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
+                clock += expovariate(rand, peak)  # thinning: fewer arrivals at night
+            out.kind.append(_pick(kind_cdf, rand() * kind_cdf[-1]))
+            out.user.append(int(rand() * users))
+            run_s = min(MAX_RUN_S, max(1.0, _round(lognormvariate(rand, mu, RUN_SIGMA))))
+            out.run.append(run_s)
+            out.cls.append(_pick(class_cdf, rand() * class_cdf[-1]))
+            out.submit.append(float(_round(clock)))
+            out.estimate.append(
+                math.nan
+                if guess is None
+                else 60.0 * math.ceil(run_s * (low + span * guess()) / 60.0)
+            )
+        self.clock = clock
+        return out
+
+
+def _here(shape: TraceShape) -> Iterator[Columns]:
+    """The trace's draws, drawn in this process a chunk at a time."""
+    drawer, left = _Drawer(shape), shape.jobs
+    while left > 0:
+        count = min(CHUNK, left)
+        yield drawer.draw(count)
+        left -= count
+
+
+def _ahead(shape: TraceShape) -> Iterator[Columns]:
+    """The trace's draws from a forked process (``_drawer_main``), a chunk or so ahead.
+
+    Drawing is about a tenth of a compiled run's time, which a second core takes off it;
+    making the jobs stays here (a ``Job`` does not cross a pipe cheaply). The drawer
+    writes each chunk as one packed record (``_pack``) and blocks while the pipe is full.
+    A drawer that stops short is an error here; a consumer that stops early (a run's
+    ``until``) ends it."""
+    if threading.active_count() > 1:  # forking a process with threads is not safe
+        yield from _here(shape)
+        return
+    read_fd, write_fd = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):  # Linux: room for a few chunks
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    pid = os.fork()
+    if pid == 0:  # the drawer: never returns
+        os.close(read_fd)
+        _drawer_main(shape, write_fd)
+    os.close(write_fd)
+    pipe = os.fdopen(read_fd, "rb", buffering=PIPE_BYTES)
+    done = False
+    try:
+        left = shape.jobs
+        while left > 0:
+            chunk = _unpack(pipe)
+            if chunk is None:
+                raise RuntimeError(f"the trace's drawer (pid {pid}) stopped {left} jobs short")
+            left -= len(chunk.submit)
+            yield chunk
+        done = True
+    finally:
+        pipe.close()
+        if not done:  # stopped early, or failed: the drawer may still be writing
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _drawer_main(shape: TraceShape, fd: int) -> NoReturn:
+    """A forked drawer's whole life: write every chunk of draws to ``fd``, then exit."""
+    code = 0
+    try:
+        drawer, left = _Drawer(shape), shape.jobs
+        while left > 0:
+            count = min(CHUNK, left)
+            view = memoryview(_pack(drawer.draw(count)))
+            while len(view):
+                view = view[os.write(fd, view) :]
+            left -= count
+    except BrokenPipeError:
+        code = 1  # the consumer stopped reading
+    except BaseException:  # reported here; the consumer sees the trace stop short
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)  # no cleanup of the parent's state: this is a copy of it
+
+
+def _pack(chunk: Columns) -> bytes:
+    """``chunk`` as one record: its job count, then each column's 8-byte values."""
+    return b"".join(
+        [
+            struct.pack("<q", len(chunk.submit)),
+            array("d", chunk.submit).tobytes(),
+            array("d", chunk.run).tobytes(),
+            array("d", chunk.estimate).tobytes(),
+            array("q", chunk.kind).tobytes(),
+            array("q", chunk.user).tobytes(),
+            array("q", chunk.cls).tobytes(),
+        ]
+    )
+
+
+def _unpack(pipe: IO[bytes]) -> Columns | None:
+    """The next record ``_pack`` wrote to ``pipe`` (None: the stream ended)."""
+    head = pipe.read(8)
+    if len(head) < 8:
+        return None
+    count = int(struct.unpack("<q", head)[0])
+    width = 8 * count
+    body = pipe.read(6 * width)
+    if len(body) < 6 * width:
+        return None
+    chunk = Columns()
+    chunk.submit = _column("d", body, 0, width)
+    chunk.run = _column("d", body, 1, width)
+    chunk.estimate = _column("d", body, 2, width)
+    chunk.kind = _column("q", body, 3, width)
+    chunk.user = _column("q", body, 4, width)
+    chunk.cls = _column("q", body, 5, width)
+    return chunk
+
+
+def _column(code: str, body: bytes, k: int, width: int) -> Any:
+    values = array(code)
+    values.frombytes(body[k * width : (k + 1) * width])
+    return values.tolist()
+
+
+def _jobs(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
+    """The jobs of ``chunks`` of draws: ``g1``, ``g2``, ... sharing one request per kind."""
     kinds = [(_request(g), r) for g, r, _ in SHAPES]
-    kind_cdf = list(itertools.accumulate(w for _, _, w in SHAPES))
     classes = [name for name, _ in PRIORITY_MIX]
-    class_cdf = list(itertools.accumulate(w for _, w in PRIORITY_MIX))
     users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]
-    mu = math.log(MEDIAN_RUN_S)
-    # Read once, not per job: the shape's fields are attribute lookups and ``_DAY_RAD`` a
-    # module global's in a compiled build.
-    swing, user_count, day_rad = shape.daily_swing, shape.users, _DAY_RAD
-    peak = rate * (1 + swing)
-    # users' estimates, drawn from their own stream: 60 s x ceil(run x uniform(low, high) /
-    # 60), written out here (a closure was a generic call per job)
-    guess = None if shape.estimates is None else _estimates_rand(shape)
-    low, high = shape.estimates or (0.0, 0.0)
-    span = high - low  # random.Random.uniform(low, high) is low + (high - low) * random()
-    clock = 0.0
-    for n in range(1, shape.jobs + 1):
-        clock += expovariate(rand, peak)
-        while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
-            clock += expovariate(rand, peak)  # thinning: fewer arrivals at night
-        request, replicas = kinds[_pick(kind_cdf, rand() * kind_cdf[-1])]
-        user, team = users[int(rand() * user_count)]
-        run_s = min(MAX_RUN_S, max(1.0, _round(lognormvariate(rand, mu, RUN_SIGMA))))
-        job = Job(
-            id=f"g{n}",
-            resources=request,
-            priority=classes[_pick(class_cdf, rand() * class_cdf[-1])],
-            team=team,
-            user=user,
-            replicas=replicas,
-            submitted_at=float(_round(clock)),
-            estimated_runtime_s=None
-            if guess is None
-            else 60.0 * math.ceil(run_s * (low + span * guess()) / 60.0),
+    n = 0
+    for chunk in chunks:
+        submit, kind, user, cls, run, estimate = (
+            chunk.submit,
+            chunk.kind,
+            chunk.user,
+            chunk.cls,
+            chunk.run,
+            chunk.estimate,
         )
-        yield SimJob(job, run_s, "generated")
+        for i in range(len(submit)):
+            n += 1
+            request, replicas = kinds[kind[i]]
+            name, team = users[user[i]]
+            guessed = estimate[i]
+            job = Job(
+                id=f"g{n}",
+                resources=request,
+                priority=classes[cls[i]],
+                team=team,
+                user=name,
+                replicas=replicas,
+                submitted_at=submit[i],
+                estimated_runtime_s=None if math.isnan(guessed) else guessed,
+            )
+            # Whole seconds, as drawn: an int between the bounds (``min``/``max`` gave
+            # the rounded draw), else the bound's float, so a written trace says "765"
+            run_s = run[i]
+            yield SimJob(job, int(run_s) if 1.0 < run_s < MAX_RUN_S else run_s, "generated")
 
 
 def expovariate(rand: Callable[[], float], rate: float) -> float:
@@ -149,13 +334,15 @@ def scenario(
     seed: int = 0,
     cycle_interval_s: float = 0.0,
     fragmentation_sample_s: float = 60.0,
+    ahead: bool = False,
 ) -> Scenario:
-    """A generated cluster with four equal-quota teams and a generated trace."""
+    """A generated cluster with four equal-quota teams and a generated trace (``ahead``:
+    drawn by a forked process, ``trace``)."""
     machines = cluster(nodes, gpus_per_node)
     shape = TraceShape(jobs=jobs, total_gpus=nodes * gpus_per_node, load=load, seed=seed)
     return Scenario(
         nodes=machines,
-        jobs=lambda: trace(shape),
+        jobs=lambda: trace(shape, ahead=ahead),
         teams=teams(shape.teams, shape.total_gpus),
         seed=seed,
         cycle_interval_s=cycle_interval_s,

@@ -127,10 +127,8 @@ class _Run:
                 break
             self.clock.advance_to(t)
             changed, nxt = self._arrive(nxt, arrivals, t)
-            due = self.clock.pop_due()
-            runs, tokens = due.keys, due.tokens
-            for i in range(len(runs)):  # a range: a compiled build indexes both lists natively
-                changed = self.world.complete(runs[i], tokens[i], t) or changed
+            for timer in self.clock.pop_due():
+                changed = self.world.complete(timer.key, timer.token, t) or changed
             if scaling is not None:
                 changed = scaling.joins(t) or changed
                 if changed:
