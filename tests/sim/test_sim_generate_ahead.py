@@ -70,8 +70,9 @@ def test_a_drawer_that_fails_is_an_error_naming_the_shortfall(
 ) -> None:
     if threading.active_count() > 1:
         pytest.skip("threads are running (an earlier test's): the drawer would not be forked")
-    bad: tuple[float, float] = (1.0, "x")  # type: ignore[assignment]
-    broken = generate.TraceShape(jobs=100, total_gpus=16, estimates=bad)
+    broken = generate.TraceShape(jobs=100, total_gpus=16, load=0.0)  # no arrival rate
+    with pytest.raises(ZeroDivisionError):
+        list(generate.trace(broken))  # drawn here: the error itself
     with pytest.raises(RuntimeError, match="stopped 100 jobs short"):
         list(generate.trace(broken, ahead=True))
-    assert "TypeError" in capfd.readouterr().err  # the drawer's own traceback
+    assert "ZeroDivisionError" in capfd.readouterr().err  # the drawer's own traceback

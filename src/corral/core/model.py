@@ -24,6 +24,10 @@ EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 NO_RESOURCES: Final = ResourceRequest()
 """A job's default request (one CPU); frozen, so every job without one shares it."""
+# The states of an active allocation (``Allocation.active``), as module constants: a
+# compiled build reads them directly, where ``AllocObserved.PENDING`` is a generic look-up
+_PENDING: Final = AllocObserved.PENDING
+_RUNNING: Final = AllocObserved.RUNNING
 
 
 def frozen_map(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -215,9 +219,6 @@ class Job:
         return self.replicas > 1
 
 
-_ACTIVE: Final = frozenset({AllocObserved.PENDING, AllocObserved.RUNNING})
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class Allocation:
     """One attempt of a job (or of a batch of sample jobs) on a node.
@@ -295,7 +296,11 @@ class Allocation:
     @property
     def active(self) -> bool:
         """Holds resources: wanted or still running."""
-        return self.observed in _ACTIVE
+        # two identity tests (members are singletons) against module constants, not a hash
+        # of the member (nor an attribute of the enum: a generic look-up when compiled):
+        # asked at every start and end of an allocation by the kept scheduler
+        observed = self.observed
+        return observed is _PENDING or observed is _RUNNING
 
     @property
     def milli(self) -> int:

@@ -24,7 +24,7 @@ import sys
 import threading
 import traceback
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Final, NoReturn
 
@@ -163,7 +163,7 @@ class _Drawer:
         return out
 
 
-def _here(shape: TraceShape) -> Iterator[Columns]:
+def _here(shape: TraceShape) -> Generator[Columns, None, None]:
     """The trace's draws, drawn in this process a chunk at a time."""
     drawer, left = _Drawer(shape), shape.jobs
     while left > 0:
@@ -172,7 +172,7 @@ def _here(shape: TraceShape) -> Iterator[Columns]:
         left -= count
 
 
-def _ahead(shape: TraceShape) -> Iterator[Columns]:
+def _ahead(shape: TraceShape) -> Generator[Columns, None, None]:
     """The trace's draws from a forked process (``_drawer_main``), a chunk or so ahead.
 
     Drawing is about a tenth of a compiled run's time, which a second core takes off it;
@@ -219,7 +219,10 @@ def _drawer_main(shape: TraceShape, fd: int) -> NoReturn:
             count = min(CHUNK, left)
             view = memoryview(_pack(drawer.draw(count)))
             while len(view):
-                view = view[os.write(fd, view) :]
+                # the count first: a compiled build evaluated a call inside the slice twice
+                # (each chunk was written twice)
+                written = os.write(fd, view)
+                view = view[written:]
             left -= count
     except BrokenPipeError:
         code = 1  # the consumer stopped reading
@@ -271,8 +274,17 @@ def _column(code: str, body: bytes, k: int, width: int) -> Any:
     return values.tolist()
 
 
-def _jobs(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
-    """The jobs of ``chunks`` of draws: ``g1``, ``g2``, ... sharing one request per kind."""
+def _jobs(shape: TraceShape, chunks: Generator[Columns, None, None]) -> Iterator[SimJob]:
+    """The jobs of ``chunks`` of draws: ``g1``, ``g2``, ... sharing one request per kind.
+    Closing this stream closes ``chunks`` (a drawer ahead ends with it): explicitly, as a
+    compiled generator that is dropped unclosed runs no ``finally``."""
+    try:
+        yield from _made(shape, chunks)
+    finally:
+        chunks.close()
+
+
+def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
     kinds = [(_request(g), r) for g, r, _ in SHAPES]
     classes = [name for name, _ in PRIORITY_MIX]
     users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]

@@ -116,6 +116,17 @@ class _Run:
 
     def loop(self, until: float | None, seed: int) -> dict[str, Any]:
         arrivals = self.scenario.jobs()
+        try:
+            return self._loop(arrivals, until, seed)
+        finally:
+            # a stream that holds something (a file, a drawer process: ``generate.trace``)
+            # is closed here, run to its end or not: a compiled generator dropped unclosed
+            # runs no ``finally`` of its own
+            close = getattr(arrivals, "close", None)
+            if close is not None:
+                close()
+
+    def _loop(self, arrivals: Iterator[SimJob], until: float | None, seed: int) -> dict[str, Any]:
         nxt = next(arrivals, None)
         cycle_at: float | None = None
         scaling = self.scaling  # None without pools: one test per instant, nothing per job
