@@ -73,9 +73,8 @@ class JobRun:
         self.started_at = 0.0
         self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
         self.done = 0.0  # seconds of work done by earlier attempts
-        # its allocations' ids (``allocs()``): the first ("" while queued), and any more
-        # (a gang's other replicas; the empty tuple, shared, for most jobs). Not one tuple
-        # of them all: one was made per start and read again at its end, out of the cache.
+        # its allocations' ids (``allocs()``): the first ("" while queued) and a gang's others
+        # (not one tuple made per start and read again at its end, out of the cache)
         self.alloc = ""
         self.more: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
@@ -113,16 +112,14 @@ class World:
         self._auto_teams = scenario.auto_teams
         # per team: milli-GPUs held and the most it may hold, one record (one look-up a change)
         self._team_use = {t.name: _TeamUse(_cap_milli(t)) for t in scenario.teams}
-        # queued jobs in queue order, for snapshots (None: no snapshot is taken; a kept
-        # scheduler keeps its own queue), and how many there are
+        # queued jobs in queue order, for snapshots (None: none taken), and their count
         self.queued: dict[str, Job] | None = {} if snapshots else None
         self.waiting: i64 = 0
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
         self._records: dict[str, list[PlacementRecord]] = {}
         # allocation -> start + estimate left, for snapshots; None: no snapshot is taken
-        # (a kept scheduler is told each end as its allocation starts). Without snapshots
-        # five look-ups a job go, in maps of every queued job and running allocation.
+        # (a kept scheduler is told each end as its allocation starts)
         self._expected_ends: dict[str, float] | None = {} if snapshots else None
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
@@ -406,8 +403,7 @@ class World:
 
     def _leave(self, alloc_id: str, now: float) -> None:
         """A finished job leaves its allocation; a batch allocation ends with its last job."""
-        # Its size first: most runs batch nothing, and the id's hash (a string made when the
-        # job started, long out of the cache) is then not read for an empty map
+        # the map's size first: most runs batch nothing (no cold id's hash read for nothing)
         left = self._batch_left.get(alloc_id) if self._batch_left else None
         if left is not None and left > 1:
             self._batch_left[alloc_id] = left - 1
