@@ -9,11 +9,8 @@ import heapq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.scheduler.heap import heapify as _heapify
-from corral.scheduler.heap import pop as _pop
-from corral.scheduler.heap import push as _push
 from corral.scheduler.lines import Line
-from corral.scheduler.ordering import _User
+from corral.scheduler.ordering import _heapify, _pop, _push, _User
 
 Key = tuple[float, float, float, str]
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from heapq import heappop, heappush, heapreplace
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
-from corral.scheduler.heap import Ordered, heapify, pop, push
 from corral.scheduler.lines import Line, lines_of
 
 if TYPE_CHECKING:
@@ -142,7 +141,7 @@ class LiveQueue(Generic[Q]):
             state.mine = None  # made when a slot first moves on (few do)
             if self._entry(state):
                 heap.append(state)
-        heapify(heap)
+        _heapify(heap)
         self._heap = heap
 
     def _start(self, state: _User[Q]) -> None:
@@ -167,7 +166,7 @@ class LiveQueue(Generic[Q]):
         """The next job: the least served user's oldest live job (None: no live job left)."""
         heap, gate = self._heap, self._gate
         while heap:
-            state = pop(heap)
+            state = _pop(heap)
             slot = state.slot
             if state.queued_vt == state.vt and gate.live(slot.group):
                 at, jobs = slot.at, slot.jobs
@@ -176,7 +175,7 @@ class LiveQueue(Generic[Q]):
                     self._popped, self._popped_by = slot, state
                     return job
             if self._entry(state):  # its group died, or its turn was used: look again
-                push(heap, state)
+                _push(heap, state)
         return None
 
     def group(self) -> Q:
@@ -201,7 +200,7 @@ class LiveQueue(Generic[Q]):
             if other is not None and other.started:
                 other.vt += other.step
         if self._entry(state):
-            push(self._heap, state)
+            _push(self._heap, state)
 
     def _entry(self, state: _User[Q]) -> bool:
         """Note a user's (``state``'s) next live, usable job as its key in the heap (False:
@@ -307,7 +306,7 @@ class LiveQueue(Generic[Q]):
         return None
 
 
-class _User(Ordered, Generic[Q]):
+class _User(Generic[Q]):
     """One user's (``name``'s) state in a ``LiveQueue``: its lines, how far each was
     walked (``pos``), a heap of its live slots whose cursor moved on, by their next job's
     key (``mine``), its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie``
@@ -378,9 +377,11 @@ class _User(Ordered, Generic[Q]):
         self.at = 0.0
         self.job_id = ""
 
-    def before(self, entry: Ordered) -> bool:
-        """``self < other`` as heap entries (``heap.push``, ``heap.pop``)."""
-        other = cast("_User[Q]", entry)  # a queue's heap holds its users only
+    def __lt__(self, other: _User[Q]) -> bool:
+        return self.before(other)
+
+    def before(self, other: _User[Q]) -> bool:
+        """``self < other`` as heap entries (``_push``, ``_pop``)."""
         if self.queued_vt != other.queued_vt:
             return self.queued_vt < other.queued_vt
         if self.tie != other.tie:
@@ -404,8 +405,67 @@ class _Slot(Generic[Q]):
         self.epoch = epoch  # its user's ``_User.epoch`` when it was last made or taken up
 
 
+# The queue's heap of ``_User``: ``heapq``'s algorithm written out (the same sifts and pops,
+# ties included), comparing by ``_User.before``, which a compiled build calls natively where
+# ``heapq``'s C calls ``__lt__`` generically (pure Python pays an interpreted loop).
+
+
+def _push(heap: list[_User[Q]], entry: _User[Q]) -> None:
+    heap.append(entry)
+    _sift_down(heap, 0, len(heap) - 1)
+
+
+def _pop(heap: list[_User[Q]]) -> _User[Q]:
+    last = heap.pop()
+    if not heap:
+        return last
+    top = heap[0]
+    heap[0] = last
+    _sift_up(heap, 0)
+    return top
+
+
+def _heapify(heap: list[_User[Q]]) -> None:
+    pos: i64 = len(heap) // 2 - 1
+    while pos >= 0:
+        _sift_up(heap, pos)
+        pos -= 1
+
+
 def _sooner(job: Job, at: float, job_id: str) -> bool:
     """``job_key(job) < (at, job_id)``, field by field: no tuples made and compared."""
     if job.submitted_at != at:
         return job.submitted_at < at
     return job.id < job_id
+
+
+def _sift_down(heap: list[_User[Q]], start: i64, pos: i64) -> None:
+    """``heapq._siftdown``: the entry at ``pos`` moves up towards ``start`` while less than
+    its parent. Positions are ``i64``, here and in ``_sift_up``: machine integers in a
+    compiled build."""
+    item = heap[pos]
+    while pos > start:
+        parent_pos: i64 = (pos - 1) >> 1
+        parent = heap[parent_pos]
+        if not item.before(parent):
+            break
+        heap[pos] = parent
+        pos = parent_pos
+    heap[pos] = item
+
+
+def _sift_up(heap: list[_User[Q]], pos: i64) -> None:
+    """``heapq._siftup``: the lesser child moves up until a leaf, then the entry that was at
+    ``pos`` sifts down from there."""
+    end: i64 = len(heap)
+    start, item = pos, heap[pos]
+    child: i64 = 2 * pos + 1
+    while child < end:
+        right: i64 = child + 1
+        if right < end and not heap[child].before(heap[right]):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    heap[pos] = item
+    _sift_down(heap, start, pos)
