@@ -5,7 +5,8 @@ drawer that fails is an error, not a short trace."""
 from __future__ import annotations
 
 import os
-import threading
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,14 +33,6 @@ def _fields(sim_job: SimJob) -> tuple[object, ...]:
     )
 
 
-def _children() -> set[int]:
-    """This process's child processes (Linux: /proc), or an empty set where unknown."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        found.update(int(pid) for pid in task.read_text().split())
-    return found
-
-
 def test_drawn_ahead_the_jobs_are_those_drawn_here_across_chunks() -> None:
     shape = generate.TraceShape(jobs=2 * generate.CHUNK + 123, total_gpus=64, seed=11)
     here = [_fields(s) for s in generate.trace(shape)]
@@ -56,23 +49,57 @@ def test_without_estimates_the_jobs_have_none_either_way() -> None:
     assert [_fields(s) for s in ahead] == [_fields(s) for s in generate.trace(shape)]
 
 
+STOPPING = """
+import os
+from pathlib import Path
+from corral.sim import generate
+
+def children():
+    found = set()
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        found.update(int(pid) for pid in task.read_text().split())
+    return found
+
+stream = generate.trace(generate.TraceShape(jobs=500_000, total_gpus=64), ahead=True)
+first = [next(stream).job.id for _ in range(10)]
+drawing = children()
+stream.close()  # what a run stopping at ``until`` does to its trace
+print(first == [f"g{n}" for n in range(1, 11)], len(drawing), len(children()))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="children listed in /proc")
 def test_a_consumer_that_stops_early_ends_the_drawer() -> None:
-    before = _children()
-    stream = generate.trace(generate.TraceShape(jobs=500_000, total_gpus=64), ahead=True)
-    first = [next(stream) for _ in range(10)]
-    assert [s.job.id for s in first] == [f"g{n}" for n in range(1, 11)]
-    stream.close()  # what a run stopping at ``until`` does to its trace
-    assert _children() == before  # killed and reaped: nothing left running or a zombie
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPING], capture_output=True, text=True, check=True, timeout=60
+    )
+    # the first jobs came in order from one drawer, killed and reaped once closed
+    assert done.stdout.split() == ["True", "1", "0"]
 
 
-def test_a_drawer_that_fails_is_an_error_naming_the_shortfall(
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    if threading.active_count() > 1:
-        pytest.skip("threads are running (an earlier test's): the drawer would not be forked")
-    broken = generate.TraceShape(jobs=100, total_gpus=16, load=0.0)  # no arrival rate
-    with pytest.raises(ZeroDivisionError):
-        list(generate.trace(broken))  # drawn here: the error itself
-    with pytest.raises(RuntimeError, match="stopped 100 jobs short"):
-        list(generate.trace(broken, ahead=True))
-    assert "ZeroDivisionError" in capfd.readouterr().err  # the drawer's own traceback
+FAILING = """
+import sys
+from corral.sim import generate
+broken = generate.TraceShape(jobs=100, total_gpus=16, load=0.0)  # no arrival rate
+try:
+    list(generate.trace(broken))
+except ZeroDivisionError:
+    print("here: ZeroDivisionError")
+try:
+    list(generate.trace(broken, ahead=True))
+except RuntimeError as exc:
+    print(f"ahead: {exc}")
+"""
+
+
+def test_a_drawer_that_fails_is_an_error_naming_the_shortfall() -> None:
+    # in a process of its own: one with threads running (as a test run may have, from
+    # earlier tests) draws in process and never forks
+    done = subprocess.run(
+        [sys.executable, "-c", FAILING], capture_output=True, text=True, check=True, timeout=60
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "here: ZeroDivisionError"  # drawn here: the error itself
+    assert lines[1].startswith("ahead: the trace's drawer (pid ")
+    assert lines[1].endswith("stopped 100 jobs short")
+    assert "ZeroDivisionError" in done.stderr  # the drawer's own traceback
