@@ -77,6 +77,32 @@ def test_a_consumer_that_stops_early_ends_the_drawer() -> None:
     assert done.stdout.split() == ["True", "1", "0"]
 
 
+UNTIL = """
+import os
+from pathlib import Path
+from corral.sim import generate
+from corral.sim.runner import simulate
+
+def children():
+    found = set()
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        found.update(int(pid) for pid in task.read_text().split())
+    return found
+
+scenario = generate.scenario(8, 200_000, cycle_interval_s=60.0, ahead=True)
+summary = simulate(scenario, "corral", until=600.0)  # stops long before the trace ends
+print(summary["jobs_total"] < 200_000, len(children()))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="children listed in /proc")
+def test_a_run_that_stops_at_until_ends_its_drawer() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", UNTIL], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["True", "0"]  # the runner closed its arrivals
+
+
 FAILING = """
 import sys
 from corral.sim import generate
