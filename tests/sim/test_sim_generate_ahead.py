@@ -49,23 +49,28 @@ def test_without_estimates_the_jobs_have_none_either_way() -> None:
     assert [_fields(s) for s in ahead] == [_fields(s) for s in generate.trace(shape)]
 
 
-STOPPING = """
+CHILDREN = """
 import os
 from pathlib import Path
 from corral.sim import generate
 
-def children():
+def children():  # this process's child processes
     found = set()
     for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         found.update(int(pid) for pid in task.read_text().split())
     return found
+"""
 
+STOPPING = (
+    CHILDREN
+    + """
 stream = generate.trace(generate.TraceShape(jobs=500_000, total_gpus=64), ahead=True)
 first = [next(stream).job.id for _ in range(10)]
 drawing = children()
 stream.close()  # what a run stopping at ``until`` does to its trace
 print(first == [f"g{n}" for n in range(1, 11)], len(drawing), len(children()))
 """
+)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="children listed in /proc")
@@ -77,22 +82,16 @@ def test_a_consumer_that_stops_early_ends_the_drawer() -> None:
     assert done.stdout.split() == ["True", "1", "0"]
 
 
-UNTIL = """
-import os
-from pathlib import Path
-from corral.sim import generate
+UNTIL = (
+    CHILDREN
+    + """
 from corral.sim.runner import simulate
-
-def children():
-    found = set()
-    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        found.update(int(pid) for pid in task.read_text().split())
-    return found
 
 scenario = generate.scenario(8, 200_000, cycle_interval_s=60.0, ahead=True)
 summary = simulate(scenario, "corral", until=600.0)  # stops long before the trace ends
 print(summary["jobs_total"] < 200_000, len(children()))
 """
+)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="children listed in /proc")
