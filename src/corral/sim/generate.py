@@ -26,7 +26,7 @@ import traceback
 from array import array
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Final, NoReturn
+from typing import IO, Final, NoReturn
 
 from corral.core.model import Gpu, Job, Node, Team
 from corral.core.resources import GIB, MILLI, ResourceRequest
@@ -214,16 +214,13 @@ def _drawer_main(shape: TraceShape, fd: int) -> NoReturn:
     """A forked drawer's whole life: write every chunk of draws to ``fd``, then exit."""
     code = 0
     try:
-        drawer, left = _Drawer(shape), shape.jobs
-        while left > 0:
-            count = min(CHUNK, left)
-            view = memoryview(_pack(drawer.draw(count)))
+        for chunk in _here(shape):  # the chunks the trace would draw in process
+            view = memoryview(_pack(chunk))
             while len(view):
                 # the count first: a compiled build evaluated a call inside the slice twice
                 # (each chunk was written twice)
                 written = os.write(fd, view)
                 view = view[written:]
-            left -= count
     except BrokenPipeError:
         code = 1  # the consumer stopped reading
     except BaseException:  # reported here; the consumer sees the trace stop short
@@ -233,19 +230,24 @@ def _drawer_main(shape: TraceShape, fd: int) -> NoReturn:
         os._exit(code)  # no cleanup of the parent's state: this is a copy of it
 
 
+# A chunk's record on the pipe (``_pack``, ``_unpack``): its job count, then each column's
+# values, 8 bytes each, in this order and of these ``array`` type codes.
+_LAYOUT: Final = (
+    ("submit", "d"),
+    ("run", "d"),
+    ("estimate", "d"),
+    ("kind", "q"),
+    ("user", "q"),
+    ("cls", "q"),
+)
+
+
 def _pack(chunk: Columns) -> bytes:
-    """``chunk`` as one record: its job count, then each column's 8-byte values."""
-    return b"".join(
-        [
-            struct.pack("<q", len(chunk.submit)),
-            array("d", chunk.submit).tobytes(),
-            array("d", chunk.run).tobytes(),
-            array("d", chunk.estimate).tobytes(),
-            array("q", chunk.kind).tobytes(),
-            array("q", chunk.user).tobytes(),
-            array("q", chunk.cls).tobytes(),
-        ]
-    )
+    """``chunk`` as one record (``_LAYOUT``)."""
+    parts = [struct.pack("<q", len(chunk.submit))]
+    for name, code in _LAYOUT:
+        parts.append(array(code, getattr(chunk, name)).tobytes())
+    return b"".join(parts)
 
 
 def _unpack(pipe: IO[bytes]) -> Columns | None:
@@ -253,25 +255,16 @@ def _unpack(pipe: IO[bytes]) -> Columns | None:
     head = pipe.read(8)
     if len(head) < 8:
         return None
-    count = int(struct.unpack("<q", head)[0])
-    width = 8 * count
-    body = pipe.read(6 * width)
-    if len(body) < 6 * width:
+    width = 8 * int(struct.unpack("<q", head)[0])
+    body = pipe.read(len(_LAYOUT) * width)
+    if len(body) < len(_LAYOUT) * width:
         return None
     chunk = Columns()
-    chunk.submit = _column("d", body, 0, width)
-    chunk.run = _column("d", body, 1, width)
-    chunk.estimate = _column("d", body, 2, width)
-    chunk.kind = _column("q", body, 3, width)
-    chunk.user = _column("q", body, 4, width)
-    chunk.cls = _column("q", body, 5, width)
+    for k, (name, code) in enumerate(_LAYOUT):
+        values = array(code)
+        values.frombytes(body[k * width : (k + 1) * width])
+        setattr(chunk, name, values.tolist())
     return chunk
-
-
-def _column(code: str, body: bytes, k: int, width: int) -> Any:
-    values = array(code)
-    values.frombytes(body[k * width : (k + 1) * width])
-    return values.tolist()
 
 
 def _jobs(shape: TraceShape, chunks: Generator[Columns, None, None]) -> Iterator[SimJob]:
