@@ -45,3 +45,22 @@ def test_higher_priority_class_is_served_first() -> None:
     assert [p.job_ids for p in plan.placements] == [("vip",)]
     assert plan.unplaced[0].job_id == "cheap"
     assert plan.unplaced[0].remedy is Remedy.WAIT
+
+
+def test_an_allocation_id_is_the_job_id_and_its_attempt_number() -> None:
+    """``<job>/<attempt>`` (``/r<replica>`` added for a gang's replicas), the attempt
+    counted from 1, for first tries and for retries past the ids kept ready-made."""
+    jobs = [
+        job("a").gpus(1),
+        job("b").gpus(1).set(attempt=2),
+        job("c").gpus(1).set(attempt=40),
+        job("g").gpus(8).set(replicas=2, attempt=1),
+    ]
+    plan = schedule(snapshot([node("n1").gpus(8), node("n2").gpus(8), node("n3").gpus(8)], jobs))
+    assert sorted(p.allocation_id for p in plan.placements) == [
+        "a/1",
+        "b/3",
+        "c/41",
+        "g/2/r0",
+        "g/2/r1",
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from pathlib import Path
 
@@ -200,6 +202,25 @@ def test_a_group_is_counted_when_its_waits_repeat_and_sorted_when_few_of_many() 
     assert book.ranks(few).upto is None, "few of many distinct values: sorted as they are"
     assert book.ranks(many).upto is not None
     assert book.ranks(many).percentile(50, [0.5] * 10) == 2495.0
+
+
+def test_whole_waits_are_found_by_index_and_the_rest_by_value() -> None:
+    """A whole number of seconds below the cap is looked up in a list by its value (no
+    float hashed); fractional waits and whole ones past the cap in the map; every record
+    is ranked, in order, whichever way it was found."""
+    book = Waits(100)
+    sixty = book.of(60.0)
+    assert book.of(60.0) is sixty and book.of(60) is sixty
+    assert book.whole[60] is sixty and 60.0 not in book.known
+    assert book.of(-0.0) is book.of(0.0), "equal values, one record"
+    half = book.of(60.5)
+    past = book.of(100.0)
+    assert book.known == {60.5: half, 100.0: past}
+    assert book.of(60.5) is half and book.of(100.0) is past
+    assert [w.value for w in book.ranked()] == [0.0, 60.0, 60.5, 100.0]
+    ranks = book.ranks([past, sixty, half, sixty])
+    assert ranks.percentile(50) == 60.0 and ranks.percentile(100) == 100.0
+    assert math.isnan(book.of(math.nan).value), "not a number: the map's (its own record)"
 
 
 def test_equal_waits_share_one_record_up_to_the_cap() -> None:

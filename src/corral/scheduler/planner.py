@@ -49,6 +49,9 @@ CYCLE_LIMIT = simple(ReasonCode.CYCLE_LIMIT, "cycle placement limit reached", Re
 # Empty and never changed: the common placement (nobody preempted) makes no list or dict
 _NO_ROOMS: Final[list[Room]] = []
 _NO_PREEMPTS: Final[dict[str, tuple[str, ...]]] = {}
+# "/1", "/2", ...: an allocation id is its job's id and attempt number, joined once per
+# placement (one concatenation, where formatting made the number's string as well)
+_ATTEMPTS: Final = tuple(f"/{n}" for n in range(1, 17))
 
 
 class Planner:
@@ -328,10 +331,13 @@ class Planner:
             ids = tuple(a.id for v in room.victims for a in v.allocs)
             by_node[room.fit.node.name] = by_node.get(room.fit.node.name, ()) + ids
         for replica, fit in enumerate(fits):
+            attempt = job.attempt
             if job.gang:
-                alloc_id = f"{job.id}/{job.attempt + 1}/r{replica}"
+                alloc_id = f"{job.id}/{attempt + 1}/r{replica}"
+            elif attempt < len(_ATTEMPTS):
+                alloc_id = job.id + _ATTEMPTS[attempt]
             else:
-                alloc_id = f"{job.id}/{job.attempt + 1}"
+                alloc_id = f"{job.id}/{attempt + 1}"
             self.placements.append(
                 Placement(
                     allocation_id=alloc_id,

@@ -127,7 +127,7 @@ class _Run:
                 close()
 
     def _loop(self, arrivals: Iterator[SimJob], until: float | None, seed: int) -> dict[str, Any]:
-        nxt = next(arrivals, None)
+        nxt = _first(arrivals)
         cycle_at: float | None = None
         scaling = self.scaling  # None without pools: one test per instant, nothing per job
         while True:
@@ -197,7 +197,7 @@ class _Run:
             self.arrived += 1
             if self.progress is not None and self.arrived % PROGRESS_EVERY == 0:
                 self._report()
-            nxt = next(arrivals, None)
+            nxt = _first(arrivals)
             if nxt is not None and nxt.submit_at < t:
                 raise SimInputError(
                     "submit_at",
@@ -250,6 +250,15 @@ def _fragmentation_measure(world: World) -> Callable[[], Any]:
     """The scheduler's fragmentation measure of ``world`` now, from its free cards
     (``of_free``: O(cards), no map)."""
     return lambda: of_free(world.nodes, world.gpu_free)
+
+
+def _first(arrivals: Iterator[SimJob]) -> SimJob | None:
+    """The next job of ``arrivals`` (None: no more). A loop's one step, not ``next(it,
+    None)``: a compiled build calls the iterator natively, where ``next`` with a default
+    is the builtin looked up and called generically, per job."""
+    for job in arrivals:
+        return job
+    return None
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:

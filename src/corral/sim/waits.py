@@ -46,12 +46,19 @@ class Waits:
 
     def __init__(self, cap: int = INTERNED) -> None:
         self.cap = cap
+        # whole seconds below ``cap`` by value, in a list (None: not seen yet); the rest by
+        # value in a map (a float hashed and compared generically, where a list is indexed)
+        self.whole: list[Wait | None] = []
         self.known: dict[float, Wait] = {}
         self.loose: list[Wait] = []  # made past the cap: one per job, not remembered
         self._ranked: list[Wait] | None = None
 
     def of(self, value: float) -> Wait:
         """The record of ``value``: the one equal waits share, or a new one."""
+        if 0.0 <= value < self.cap:  # False for NaN: the map's
+            at = int(value)
+            if at == value:
+                return self._whole(at, value)
         known = self.known
         wait = known.get(value)
         if wait is not None:
@@ -64,11 +71,25 @@ class Waits:
         self._ranked = None
         return wait
 
+    def _whole(self, at: int, value: float) -> Wait:
+        """The record of ``value``, a whole number of seconds ``at`` below the cap."""
+        whole = self.whole
+        if at < len(whole):
+            wait = whole[at]
+            if wait is not None:
+                return wait
+        else:
+            whole.extend([None] * (at + 1 - len(whole)))
+        wait = whole[at] = Wait(value)
+        self._ranked = None
+        return wait
+
     def ranked(self) -> list[Wait]:
         """Every record, by value (sorted once until a new one is made)."""
         ranked = self._ranked
         if ranked is None:
-            ranked = self._ranked = sorted([*self.known.values(), *self.loose], key=_value)
+            records = [w for w in self.whole if w is not None]
+            ranked = self._ranked = sorted([*records, *self.known.values(), *self.loose], key=_value)
         return ranked
 
     def ranks(self, group: list[Wait]) -> Ranks:
