@@ -103,13 +103,14 @@ def trace(shape: TraceShape, *, ahead: bool = False) -> Iterator[SimJob]:
 
 
 class Columns:
-    """A chunk of a trace's draws, a list per field (job ``i`` is everyone's ``[i]``):
-    submission time, kind (``SHAPES``), user, class (``PRIORITY_MIX``), run time, and the
-    user's estimate (NaN: none)."""
+    """A chunk of a trace's draws, a list per field (job ``i`` is everyone's ``[i]``): its
+    id (``g1``, ``g2``, ...), submission time, kind (``SHAPES``), user, class
+    (``PRIORITY_MIX``), run time, and the user's estimate (NaN: none)."""
 
-    __slots__ = ("cls", "estimate", "kind", "run", "submit", "user")
+    __slots__ = ("cls", "estimate", "ids", "kind", "run", "submit", "user")
 
     def __init__(self) -> None:
+        self.ids: list[str] = []
         self.submit: list[float] = []
         self.kind: list[int] = []
         self.user: list[int] = []
@@ -137,6 +138,7 @@ class _Drawer:
         self.low, high = shape.estimates or (0.0, 0.0)
         self.span = high - self.low  # Random.uniform(low, high) is low + (high - low) * random()
         self.clock = 0.0
+        self.made = 0  # jobs drawn so far: the next one's id is ``g{made + 1}``
 
     def draw(self, count: int) -> Columns:
         # Read once, not per job: fields and module globals are look-ups in a compiled build.
@@ -144,6 +146,11 @@ class _Drawer:
         kind_cdf, class_cdf, users, mu = self.kind_cdf, self.class_cdf, self.users, self.mu
         guess, low, span, clock = self.guess, self.low, self.span, self.clock
         out = Columns()
+        # the ids too: a drawer ahead writes them as one text, which the simulating process
+        # splits (an id formatted there, its number made a string, cost 500 instructions)
+        made = self.made
+        out.ids = [f"g{n}" for n in range(made + 1, made + count + 1)]
+        self.made = made + count
         for _ in range(count):
             clock += expovariate(rand, peak)
             while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
@@ -243,10 +250,14 @@ _LAYOUT: Final = (
 
 
 def _pack(chunk: Columns) -> bytes:
-    """``chunk`` as one record (``_LAYOUT``)."""
+    """``chunk`` as one record (``_LAYOUT``), then its ids: their text's length in bytes and
+    the ids, a line each (ASCII)."""
     parts = [struct.pack("<q", len(chunk.submit))]
     for name, code in _LAYOUT:
         parts.append(array(code, getattr(chunk, name)).tobytes())
+    ids = "\n".join(chunk.ids).encode("ascii")
+    parts.append(struct.pack("<q", len(ids)))
+    parts.append(ids)
     return b"".join(parts)
 
 
@@ -264,6 +275,14 @@ def _unpack(pipe: IO[bytes]) -> Columns | None:
         values = array(code)
         values.frombytes(body[k * width : (k + 1) * width])
         setattr(chunk, name, values.tolist())
+    head = pipe.read(8)
+    if len(head) < 8:
+        return None
+    size = int(struct.unpack("<q", head)[0])
+    ids = pipe.read(size)
+    if len(ids) < size:
+        return None
+    chunk.ids = ids.decode("ascii").split("\n") if size else []
     return chunk
 
 
@@ -281,9 +300,9 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
     kinds = [(_request(g), r) for g, r, _ in SHAPES]
     classes = [name for name, _ in PRIORITY_MIX]
     users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]
-    n = 0
     for chunk in chunks:
-        submit, kind, user, cls, run, estimate = (
+        ids, submit, kind, user, cls, run, estimate = (
+            chunk.ids,
             chunk.submit,
             chunk.kind,
             chunk.user,
@@ -292,12 +311,11 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
             chunk.estimate,
         )
         for i in range(len(submit)):
-            n += 1
             request, replicas = kinds[kind[i]]
             name, team = users[user[i]]
             guessed = estimate[i]
             job = Job(
-                id=f"g{n}",
+                id=ids[i],
                 resources=request,
                 priority=classes[cls[i]],
                 team=team,
