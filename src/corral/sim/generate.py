@@ -26,11 +26,14 @@ import traceback
 from array import array
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import IO, Final, NoReturn
+from typing import IO, TYPE_CHECKING, Final, NoReturn
 
 from corral.core.model import Gpu, Job, Node, Team
 from corral.core.resources import GIB, MILLI, ResourceRequest
 from corral.sim.scenario import Scenario, SimJob
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 SHAPES: tuple[tuple[float, int, float], ...] = (
     # (GPUs per replica, replicas, share of jobs)
@@ -47,6 +50,7 @@ RUN_SIGMA: Final = 1.0  # ... mean about 16.5 minutes, a long tail
 MAX_RUN_S: Final = 86_400.0  # one day
 _DAY_RAD: Final = 2 * math.pi / 86_400.0
 _NV_MAGIC: Final = 4 * math.exp(-0.5) / math.sqrt(2.0)  # random.NV_MAGICCONST
+_DIGITS: Final = tuple(f"{k:03d}" for k in range(1000))  # a job id's last three digits
 CHUNK: Final = 8192  # jobs drawn at a time (``Columns``): a forked drawer's unit of work
 PIPE_BYTES: Final = 1 << 20  # the drawer's pipe and the reader's buffer
 
@@ -103,14 +107,13 @@ def trace(shape: TraceShape, *, ahead: bool = False) -> Iterator[SimJob]:
 
 
 class Columns:
-    """A chunk of a trace's draws, a list per field (job ``i`` is everyone's ``[i]``): its
-    id (``g1``, ``g2``, ...), submission time, kind (``SHAPES``), user, class
-    (``PRIORITY_MIX``), run time, and the user's estimate (NaN: none)."""
+    """A chunk of a trace's draws, a list per field (job ``i`` is everyone's ``[i]``):
+    submission time, kind (``SHAPES``), user, class (``PRIORITY_MIX``), run time, and the
+    user's estimate (NaN: none)."""
 
-    __slots__ = ("cls", "estimate", "ids", "kind", "run", "submit", "user")
+    __slots__ = ("cls", "estimate", "kind", "run", "submit", "user")
 
     def __init__(self) -> None:
-        self.ids: list[str] = []
         self.submit: list[float] = []
         self.kind: list[int] = []
         self.user: list[int] = []
@@ -138,7 +141,6 @@ class _Drawer:
         self.low, high = shape.estimates or (0.0, 0.0)
         self.span = high - self.low  # Random.uniform(low, high) is low + (high - low) * random()
         self.clock = 0.0
-        self.made = 0  # jobs drawn so far: the next one's id is ``g{made + 1}``
 
     def draw(self, count: int) -> Columns:
         # Read once, not per job: fields and module globals are look-ups in a compiled build.
@@ -146,11 +148,6 @@ class _Drawer:
         kind_cdf, class_cdf, users, mu = self.kind_cdf, self.class_cdf, self.users, self.mu
         guess, low, span, clock = self.guess, self.low, self.span, self.clock
         out = Columns()
-        # the ids too: a drawer ahead writes them as one text, which the simulating process
-        # splits (an id formatted there, its number made a string, cost 500 instructions)
-        made = self.made
-        out.ids = [f"g{n}" for n in range(made + 1, made + count + 1)]
-        self.made = made + count
         for _ in range(count):
             clock += expovariate(rand, peak)
             while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
@@ -250,14 +247,10 @@ _LAYOUT: Final = (
 
 
 def _pack(chunk: Columns) -> bytes:
-    """``chunk`` as one record (``_LAYOUT``), then its ids: their text's length in bytes and
-    the ids, a line each (ASCII)."""
+    """``chunk`` as one record (``_LAYOUT``)."""
     parts = [struct.pack("<q", len(chunk.submit))]
     for name, code in _LAYOUT:
         parts.append(array(code, getattr(chunk, name)).tobytes())
-    ids = "\n".join(chunk.ids).encode("ascii")
-    parts.append(struct.pack("<q", len(ids)))
-    parts.append(ids)
     return b"".join(parts)
 
 
@@ -275,14 +268,6 @@ def _unpack(pipe: IO[bytes]) -> Columns | None:
         values = array(code)
         values.frombytes(body[k * width : (k + 1) * width])
         setattr(chunk, name, values.tolist())
-    head = pipe.read(8)
-    if len(head) < 8:
-        return None
-    size = int(struct.unpack("<q", head)[0])
-    ids = pipe.read(size)
-    if len(ids) < size:
-        return None
-    chunk.ids = ids.decode("ascii").split("\n") if size else []
     return chunk
 
 
@@ -300,9 +285,14 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
     kinds = [(_request(g), r) for g, r, _ in SHAPES]
     classes = [name for name, _ in PRIORITY_MIX]
     users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]
+    # A job's id ``g{n}`` as ``g{n // 1000}`` (made once a thousand jobs) joined to the last
+    # three digits (made once): formatting each id from its number cost 500 instructions
+    # (made ahead by the drawer instead, 8,192 at a time, they were out of the cache when read)
+    high: i64 = 0
+    low: i64 = 0
+    head = "g"
     for chunk in chunks:
-        ids, submit, kind, user, cls, run, estimate = (
-            chunk.ids,
+        submit, kind, user, cls, run, estimate = (
             chunk.submit,
             chunk.kind,
             chunk.user,
@@ -311,11 +301,16 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
             chunk.estimate,
         )
         for i in range(len(submit)):
+            low += 1
+            if low == 1000:
+                high, low = high + 1, 0
+                head = f"g{high}"
+            job_id = head + _DIGITS[low] if high else f"g{low}"
             request, replicas = kinds[kind[i]]
             name, team = users[user[i]]
             guessed = estimate[i]
             job = Job(
-                id=ids[i],
+                id=job_id,
                 resources=request,
                 priority=classes[cls[i]],
                 team=team,
