@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from pathlib import Path
 
@@ -210,16 +209,20 @@ def test_whole_waits_are_found_by_index_and_the_rest_by_value() -> None:
     is ranked, in order, whichever way it was found."""
     book = Waits(100)
     sixty = book.of(60.0)
-    assert book.of(60.0) is sixty and book.of(60) is sixty
-    assert book.whole[60] is sixty and 60.0 not in book.known
+    assert book.of(60.0) is sixty
+    assert book.of(60) is sixty
+    assert book.whole[60] is sixty
+    assert 60.0 not in book.known
     assert book.of(-0.0) is book.of(0.0), "equal values, one record"
     half = book.of(60.5)
     past = book.of(100.0)
     assert book.known == {60.5: half, 100.0: past}
-    assert book.of(60.5) is half and book.of(100.0) is past
+    assert book.of(60.5) is half
+    assert book.of(100.0) is past
     assert [w.value for w in book.ranked()] == [0.0, 60.0, 60.5, 100.0]
     ranks = book.ranks([past, sixty, half, sixty])
-    assert ranks.percentile(50) == 60.0 and ranks.percentile(100) == 100.0
+    assert ranks.percentile(50) == 60.0
+    assert ranks.percentile(100) == 100.0
     assert math.isnan(book.of(math.nan).value), "not a number: the map's (its own record)"
 
 

@@ -3,7 +3,9 @@
 A simulation's clock moves from event to event, so a million waits on a
 generated trace hold a few thousand distinct values. ``Waits`` gives each
 distinct value one record (``Wait``: the first ``cap`` values; each later one
-its own), which every list of the metrics shares. The summary sorts the
+its own), which every list of the metrics shares; a whole number of seconds
+below ``cap`` (every wait of a run whose jobs come and cycles tick on whole
+seconds) is found by index in a list, any other value in a map. The summary sorts the
 distinct values once (``Waits.ranked``) and reads each group's percentiles by
 counting the group's waits on their records and walking the records in order
 (``Waits.ranks``): a count is a field, so no wait is hashed or compared again
@@ -89,7 +91,9 @@ class Waits:
         ranked = self._ranked
         if ranked is None:
             records = [w for w in self.whole if w is not None]
-            ranked = self._ranked = sorted([*records, *self.known.values(), *self.loose], key=_value)
+            records.extend(self.known.values())
+            records.extend(self.loose)
+            ranked = self._ranked = sorted(records, key=_value)
         return ranked
 
     def ranks(self, group: list[Wait]) -> Ranks:
