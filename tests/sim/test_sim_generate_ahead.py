@@ -39,7 +39,7 @@ def test_drawn_ahead_the_jobs_are_those_drawn_here_across_chunks() -> None:
     ahead = [_fields(s) for s in generate.trace(shape, ahead=True)]
     assert len(ahead) == shape.jobs
     assert ahead == here
-    # the ids, made by the drawer and sent as text, count on across chunks
+    # the ids count on across chunks (made as the jobs are, from a thousands' prefix)
     assert [f[0] for f in ahead] == [f"g{n}" for n in range(1, shape.jobs + 1)]
     assert {f[9] for f in ahead} <= {int, float}  # whole seconds kept as the draw gave them
 

@@ -2,10 +2,11 @@
 
 A simulation's clock moves from event to event, so a million waits on a
 generated trace hold a few thousand distinct values. ``Waits`` gives each
-distinct value one record (``Wait``: the first ``cap`` values; each later one
-its own), which every list of the metrics shares; a whole number of seconds
-below ``cap`` (every wait of a run whose jobs come and cycles tick on whole
-seconds) is found by index in a list, any other value in a map. The summary sorts the
+distinct value one record, which every list of the metrics shares: a whole
+number of seconds below ``cap`` (every wait of a run whose jobs come and
+cycles tick on whole seconds) is found by index in a list; any other value
+in a map, which remembers the first ``cap`` of them (each later one has its
+own record). The summary sorts the
 distinct values once (``Waits.ranked``) and reads each group's percentiles by
 counting the group's waits on their records and walking the records in order
 (``Waits.ranks``): a count is a field, so no wait is hashed or compared again
@@ -93,7 +94,8 @@ class Waits:
             records = [w for w in self.whole if w is not None]
             records.extend(self.known.values())
             records.extend(self.loose)
-            ranked = self._ranked = sorted(records, key=_value)
+            records.sort(key=_value)  # the list just made: sorted in place, not copied
+            ranked = self._ranked = records
         return ranked
 
     def ranks(self, group: list[Wait]) -> Ranks:
