@@ -172,13 +172,13 @@ def test_the_queue_keeps_its_splits_by_team_and_need_as_a_rebuild_has_them(
             for own in teams_of.values():
                 assert all(holders is queue.lists[cls][g] for g, holders in own.items())
             kept = {  # less the lines kept empty for their users' next jobs
-                (team, user): (line.groups, line.keys)
+                (team, user): (line.groups, line.firsts)
                 for team, users in queue.lines[cls].items()
                 for user, line in users.items()
                 if line.groups
             }
             rebuilt = {
-                (team, user): (line.groups, line.keys)
+                (team, user): (line.groups, line.firsts)
                 for team, own in teams_of.items()
                 for user, line in lines_of(own).items()
             }
@@ -324,7 +324,7 @@ def test_an_emptied_line_is_kept_for_the_user_s_next_job_without_its_pass_state(
     queue.remove("a")
     assert users["u"] is line
     assert line.groups == []
-    assert line.keys == []
+    assert line.firsts == []
     assert line.state is None
     empty = LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
     assert empty.pop() is None

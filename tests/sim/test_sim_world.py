@@ -173,6 +173,11 @@ BAD_PLANS = [
         "no GPU 9",
     ),
     (
+        "an-allocation-id-twice",
+        lambda s: Plan(placements=(_place("x", "a", (0,)), _place("x", "b", (1,)))),
+        "allocation id already in use",
+    ),
+    (
         "gpus-without-a-share",
         lambda s: Plan(placements=(Placement("x", ("a",), "node-1", gpu_indices=(0,)),)),
         "gpu_milli 0",

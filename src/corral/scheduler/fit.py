@@ -10,7 +10,7 @@ cycle costs O(jobs x few buckets), not O(jobs x nodes).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
@@ -19,6 +19,16 @@ from corral.scheduler.need import Need
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
+
+# ``(i,)`` for the cards of most nodes, made once: most placements take one card, and a
+# tuple made per placement lived as long as its allocation (tracked by the cyclic collector,
+# whose list was written at each end, long out of the cache)
+_ONE: Final[tuple[tuple[int, ...], ...]] = tuple((i,) for i in range(64))
+
+
+def one(card: int) -> tuple[int, ...]:
+    """``(card,)``, shared when ``card`` is below 64."""
+    return _ONE[card] if 0 <= card < len(_ONE) else (card,)
 
 
 class Fit:
@@ -70,7 +80,7 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
     if card is None:
         return None
-    return Fit(nc, (card,), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+    return Fit(nc, one(card), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
 
 
 def _first_free(gpu_cards: list[Card], count: i64) -> tuple[int, ...]:
@@ -80,7 +90,7 @@ def _first_free(gpu_cards: list[Card], count: i64) -> tuple[int, ...]:
     if count == 1:
         for i, card in enumerate(gpu_cards):
             if card.free == MILLI:
-                return (i,)
+                return one(i)
         return ()
     cards: list[int] = []
     for i, card in enumerate(gpu_cards):

@@ -19,15 +19,17 @@ class Line(Generic[Q]):
 
     Kept by ``Queue`` as jobs come and go, so a pass finds a user's next job by walking
     the front of its lines instead of sorting every live group's slot into a heap.
-    ``keys[i]`` is ``job_key`` of the user's first job in ``groups[i]`` (unique: a job is
-    in one group).
+    ``firsts[i]`` is the user's first job in ``groups[i]``, by whose ``job_key`` the line
+    is ordered (unique: a job is in one group). The job itself, not its key: a key tuple
+    (and its float) was made per put, and lived, tracked by the cyclic collector, as long
+    as the job was first.
     """
 
-    __slots__ = ("groups", "keys", "state")
+    __slots__ = ("firsts", "groups", "state")
 
     def __init__(self) -> None:
         self.groups: list[Q] = []
-        self.keys: list[tuple[float, str]] = []
+        self.firsts: list[Job] = []
         # What a pass's fair queue kept of this line's user (``ordering._User.on``), for the
         # next pass's to reuse; None when there is none. ``Any``: it refers back to the line.
         self.state: Any = None
@@ -40,39 +42,35 @@ class Line(Generic[Q]):
     def put(self, group: Q, first: Job) -> None:
         """``group`` now starts with ``first`` (for this user). After every other group
         (the usual case: the newest job of a new group) it is appended without a search."""
-        keys = self.keys
-        # ``Any``: the key tuple made (and its float boxed) once; the last key compared
-        # field by field, not as tuples (a generic comparison of two tuples made for it)
-        key: Any = (first.submitted_at, first.id)
-        if not keys or _before(keys[-1], first):
-            keys.append(key)
+        firsts = self.firsts
+        if not firsts or _before(firsts[-1], first):
+            firsts.append(first)
             self.groups.append(group)
             return
-        at = _search(keys, first, 0)
-        keys.insert(at, key)
+        at = _search(firsts, first, 0)
+        firsts.insert(at, first)
         self.groups.insert(at, group)
 
     def drop(self, group: Q, first: Job) -> None:
         """``group`` no longer starts with ``first`` (it left, or was preceded)."""
         at = self._at(group, first)
         # ``pop``, not ``del``: a compiled build pops from a list natively, deletes generically
-        self.keys.pop(at)
+        self.firsts.pop(at)
         self.groups.pop(at)
 
     def move(self, group: Q, first: Job, after: Job) -> None:
         """``group`` now starts with ``after``, a later job than ``first`` (which left):
         ``drop(group, first)`` then ``put(group, after)``, in one search of the part of
         the line after its place, and no shift when it keeps that place."""
-        keys = self.keys
+        firsts = self.firsts
         at = self._at(group, first)
-        key: Any = (after.submitted_at, after.id)  # made once (see ``put``)
-        to = _search(keys, after, at + 1)  # where it goes among the groups after it
+        to = _search(firsts, after, at + 1)  # where it goes among the groups after it
         if to == at + 1:
-            keys[at] = key
+            firsts[at] = after
             return
-        keys.pop(at)
+        firsts.pop(at)
         self.groups.pop(at)
-        keys.insert(to - 1, key)
+        firsts.insert(to - 1, after)
         self.groups.insert(to - 1, group)
 
     def _at(self, group: Q, first: Job) -> int:
@@ -80,30 +78,30 @@ class Line(Generic[Q]):
         once: at the front, the usual case, without a search)."""
         if self.groups and self.groups[0] is group:
             return 0
-        at = _search(self.keys, first, 0)
+        at = _search(self.firsts, first, 0)
         if at >= len(self.groups) or self.groups[at] is not group:
             raise RuntimeError(f"line out of order at {first.id!r}")
         return at
 
 
-def _search(keys: list[tuple[float, str]], job: Job, lo: int) -> int:
-    """``bisect_left(keys, job_key(job), lo)``, written out: ``bisect`` compares tuples
-    generically (a compiled build reads each key's fields natively here)."""
-    hi = len(keys)
+def _search(firsts: list[Job], job: Job, lo: int) -> int:
+    """``bisect_left`` of ``job_key(job)`` in the keys of ``firsts`` from ``lo``, written
+    out: ``bisect`` with a key function makes a tuple per step and compares generically."""
+    hi = len(firsts)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _before(keys[mid], job):
+        if _before(firsts[mid], job):
             lo = mid + 1
         else:
             hi = mid
     return lo
 
 
-def _before(key: tuple[float, str], job: Job) -> bool:
-    """``key < job_key(job)``, field by field."""
-    if key[0] != job.submitted_at:
-        return key[0] < job.submitted_at
-    return key[1] < job.id
+def _before(a: Job, b: Job) -> bool:
+    """``job_key(a) < job_key(b)``, field by field."""
+    if a.submitted_at != b.submitted_at:
+        return a.submitted_at < b.submitted_at
+    return a.id < b.id
 
 
 def lines_of(groups: Mapping[Q, Mapping[str, Sequence[Job]]]) -> dict[str, Line[Q]]:

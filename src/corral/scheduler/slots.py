@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ NOWHERE: Final = -1
 """The node index of an allocation on a node the scheduler does not hold."""
 
 
+@mypyc_attr(acyclic=True)  # its kin: other slots, never itself (core/compiled.py)
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 

@@ -22,42 +22,44 @@ of the run's time (docs/performance.md, "Session 29").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from corral.core.compiled import mypyc_attr
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
 
-K = TypeVar("K")
 
-
-class Timer(Generic[K]):
-    """Fire ``(key, token)`` at ``at``; ``seq`` (the order set) breaks ties."""
+@mypyc_attr(acyclic=True)  # its key never refers back to it (core/compiled.py)
+class Timer:
+    """Fire ``(key, token)`` at ``at``; ``seq`` (the order set) breaks ties. Not generic
+    in its key: a compiled build's acyclic class has no generic base."""
 
     __slots__ = ("at", "key", "seq", "token")
 
-    def __init__(self, at: float, seq: i64, key: K, token: int) -> None:
+    def __init__(self, at: float, seq: i64, key: Any, token: int) -> None:
         self.at = at
         self.seq = seq
         self.key = key
         self.token = token
 
-    def before(self, other: Timer[K]) -> bool:
+    def before(self, other: Timer) -> bool:
         """Does this one fire before ``other``?"""
         if self.at != other.at:
             return self.at < other.at
         return self.seq < other.seq
 
 
-class EventClock(Generic[K]):
+class EventClock:
     """Virtual time and its timers: ``(key, token)`` pairs, by the instant they fire (the
     world's keys are its jobs' runs: a timer that fires needs no look-up by job id)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
-        self._heap: list[Timer[K]] = []
+        self._heap: list[Timer] = []
         self._set: i64 = 0  # timers set so far: the next one's ``seq``
 
-    def set_timer(self, when: float, key: K, token: int) -> None:
+    def set_timer(self, when: float, key: Any, token: int) -> None:
         """Fire ``(key, token)`` at ``when`` (never earlier than now)."""
         at = self.now if self.now > when else when  # ``max(when, now)``
         self._set += 1
@@ -74,10 +76,10 @@ class EventClock(Generic[K]):
             raise ValueError(f"a clock cannot go backwards ({when} < {self.now})")
         self.now = when
 
-    def pop_due(self) -> list[Timer[K]]:
+    def pop_due(self) -> list[Timer]:
         """Remove and return the timers due now, in the order they fire."""
         heap, now = self._heap, self.now
-        due: list[Timer[K]] = []
+        due: list[Timer] = []
         while heap and heap[0].at <= now:
             last = heap.pop()
             if heap:
@@ -96,7 +98,7 @@ class EventClock(Generic[K]):
 # ``Timer.before``, which a compiled build calls natively.
 
 
-def _sift_down(heap: list[Timer[K]], pos: i64) -> None:
+def _sift_down(heap: list[Timer], pos: i64) -> None:
     """The timer at ``pos`` moves towards the root while it fires before its parent."""
     item = heap[pos]
     while pos > 0:
@@ -109,7 +111,7 @@ def _sift_down(heap: list[Timer[K]], pos: i64) -> None:
     heap[pos] = item
 
 
-def _sift_up(heap: list[Timer[K]]) -> None:
+def _sift_up(heap: list[Timer]) -> None:
     """The root's timer goes down to a leaf by the sooner child, then back up."""
     end: i64 = len(heap)
     item = heap[0]

@@ -30,7 +30,7 @@ from corral.sim.policies import Policy, ScheduleFn, drive
 from corral.sim.report import FragmentationSampler, Metrics
 from corral.sim.scaling import Busy, Scaling
 from corral.sim.scenario import Scenario, SimJob
-from corral.sim.world import JobRun, Sink, World
+from corral.sim.world import Sink, World
 
 __all__ = ["MAX_CYCLES_PER_INSTANT", "Progress", "ScheduleFn", "simulate"]
 
@@ -95,7 +95,7 @@ class _Run:
     ) -> None:
         self.scenario = scenario
         self.policy = policy
-        self.clock: EventClock[JobRun] = EventClock()
+        self.clock: EventClock = EventClock()
         self.metrics = Metrics()
         busy = Busy(policy) if scenario.pools else None
         observer: Observer = policy if busy is None else busy

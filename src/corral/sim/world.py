@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
@@ -42,6 +43,7 @@ SUCCEEDED: Final = JobState.SUCCEEDED
 ALLOC_RUNNING: Final = AllocObserved.RUNNING
 
 
+@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class JobRun:
     """A job while it is in the world (queued or running). A plain class: one is made
     per job, and a compiled build compiles this ``__init__`` (not a generated one)."""
@@ -93,7 +95,7 @@ class World:
     def __init__(
         self,
         scenario: Scenario,
-        clock: EventClock[JobRun],
+        clock: EventClock,
         metrics: Metrics,
         *,
         sink: Sink | None = None,
@@ -264,9 +266,6 @@ class World:
         i = self._index.get(p.node)
         if i is None:
             raise PlanRejected(f"placement {p.allocation_id}: no node {p.node!r}")
-        if p.allocation_id in self.allocations:
-            raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
-        self._take(i, p)
         job = first.job
         alloc = Allocation(
             id=p.allocation_id,
@@ -287,7 +286,14 @@ class World:
             started_at=now,
             observed=ALLOC_RUNNING,
         )
-        self.allocations[p.allocation_id] = alloc
+        # one look-up of the id, to test and store (a map of every running allocation)
+        if self.allocations.setdefault(p.allocation_id, alloc) is not alloc:
+            raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
+        try:
+            self._take(i, p)
+        except PlanRejected:
+            del self.allocations[p.allocation_id]
+            raise
         if len(p.job_ids) > 1:
             self._batch_left[p.allocation_id] = len(p.job_ids)
             runs = self.runs
