@@ -418,3 +418,28 @@ def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -
     queue.remove("a")
     queue.add(job("c").gpus(1).set(priority="batch", user="u", submitted_at=3).build())
     assert one_pass() == ["b", "c"]
+
+
+def test_a_line_s_slots_start_afresh_for_the_next_queue_whoever_holds_the_line() -> None:
+    # A line keeps its slots (Line.cursors) between passes; each queue's user state marks
+    # its own. A user's second line joins the first line's state in a queue over every
+    # team, and gets a state of its own in a queue over its team alone: the two states'
+    # marks must differ, or the second queue would take up the first's cursor and skip
+    # the job it handed out (and did not place).
+    queue = Queue(["batch"])
+    for name, team_name in (("a", "t1"), ("b", "t2")):
+        queue.add(job(name).gpus(1).set(priority="batch", user="u", team=team_name).build())
+    lines = queue.lines["batch"]
+    every = [lines["t1"], lines["t2"]]
+    gate: Checks[Group] = Checks(lambda g: True, lambda j: True)
+    first = LiveQueue(queue.lists["batch"], {}, {}, gate, every)
+    handed = []
+    while (j := first.pop()) is not None:
+        handed.append(j.id)
+        first.done(j, placed=False)  # stays queued: its slot's cursor moved past it
+    assert handed == ["a", "b"]
+    assert lines["t2"]["u"].state is None  # joined the t1 line's state in that queue
+    alone = LiveQueue(queue.lists["batch"], {}, {}, gate, [lines["t2"]])
+    again = alone.pop()
+    assert again is not None
+    assert again.id == "b"

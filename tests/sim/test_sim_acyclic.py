@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corral.core.model import Allocation, Job
+from corral.core.model import Allocation, Gpu, Job, Node
+from corral.core.resources import GIB
 from corral.scheduler import slots
 from corral.scheduler.api import Placement
+from corral.scheduler.capacity import Change, NodeCap
+from corral.scheduler.fit import Fit
+from corral.scheduler.scorers import Candidate
 from corral.sim import world
 from corral.sim.clock import Timer
 from corral.sim.scenario import SimJob
@@ -35,9 +39,18 @@ def test_per_job_records_are_untracked_exactly_when_compiled() -> None:
         Placement("a1", ("j1",), "n1", gpu_indices=(0,), gpu_milli=1000),
         slots.Slot(alloc, 65.0, 0, 0),
     ]
+    # made per placement tried, freed within the cycle: nothing to unlink from the GC's list
+    node = _node_cap()
+    fit = Fit(node, (0,), 1000, 0, 4)
+    records += [fit, Candidate(fit, 0, None), Change(0, node, (0,), 1000, 0, 4)]
     tracked = {type(r).__name__: gc.is_tracked(r) for r in records}
     want = not _compiled()  # pure Python tracks every instance with reference fields
     assert tracked == dict.fromkeys(tracked, want)
+
+
+def _node_cap() -> NodeCap:
+    gpus = tuple(Gpu(i, "A100", 80 * GIB) for i in range(2))
+    return NodeCap(0, Node("n1", gpus=gpus, cpus=16), 0)
 
 
 def test_the_mark_is_a_no_op_without_mypy_extensions() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
@@ -250,6 +251,7 @@ class Index:
         return self.cpu[1] if whole_free > 0 else self.cpu[0]
 
 
+@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class Change:
     """One entry of a ``Capacity``'s journal: what ``op`` (reserve, release, hide) did to
     ``nc``. A record, not a tuple: a compiled build keeps its ints unboxed, where a tuple

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import PARTIAL_STEP, Card, Index, NodeCap
@@ -31,6 +32,7 @@ def one(card: int) -> tuple[int, ...]:
     return _ONE[card] if 0 <= card < len(_ONE) else (card,)
 
 
+@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class Fit:
     """Where exactly a need fits on a node: which cards, how much of each.
 

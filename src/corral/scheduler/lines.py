@@ -22,14 +22,18 @@ class Line(Generic[Q]):
     ``firsts[i]`` is the user's first job in ``groups[i]``, by whose ``job_key`` the line
     is ordered (unique: a job is in one group). The job itself, not its key: a key tuple
     (and its float) was made per put, and lived, tracked by the cyclic collector, as long
-    as the job was first.
+    as the job was first. ``cursors[i]`` is what a pass's fair queue keeps of the user's
+    jobs in ``groups[i]`` (an ``ordering._Slot``, made when a pass first looks there; None
+    before): found by position as a pass walks the line, where a map by group on the
+    user's state cost a look-up per group walked, and two more to find the jobs again.
     """
 
-    __slots__ = ("firsts", "groups", "state")
+    __slots__ = ("cursors", "firsts", "groups", "state")
 
     def __init__(self) -> None:
         self.groups: list[Q] = []
         self.firsts: list[Job] = []
+        self.cursors: list[Any] = []  # ``Any``: ``ordering._Slot``, which imports this module
         # What a pass's fair queue kept of this line's user (``ordering._User.on``), for the
         # next pass's to reuse; None when there is none. ``Any``: it refers back to the line.
         self.state: Any = None
@@ -46,10 +50,12 @@ class Line(Generic[Q]):
         if not firsts or _before(firsts[-1], first):
             firsts.append(first)
             self.groups.append(group)
+            self.cursors.append(None)
             return
         at = _search(firsts, first, 0)
         firsts.insert(at, first)
         self.groups.insert(at, group)
+        self.cursors.insert(at, None)
 
     def drop(self, group: Q, first: Job) -> None:
         """``group`` no longer starts with ``first`` (it left, or was preceded)."""
@@ -57,6 +63,7 @@ class Line(Generic[Q]):
         # ``pop``, not ``del``: a compiled build pops from a list natively, deletes generically
         self.firsts.pop(at)
         self.groups.pop(at)
+        self.cursors.pop(at)
 
     def move(self, group: Q, first: Job, after: Job) -> None:
         """``group`` now starts with ``after``, a later job than ``first`` (which left):
@@ -70,8 +77,10 @@ class Line(Generic[Q]):
             return
         firsts.pop(at)
         self.groups.pop(at)
+        cursor = self.cursors.pop(at)  # the same jobs: its cursor goes with it
         firsts.insert(to - 1, after)
         self.groups.insert(to - 1, group)
+        self.cursors.insert(to - 1, cursor)
 
     def _at(self, group: Q, first: Job) -> int:
         """Where ``group``, starting with ``first``, stands in the line (a group is in it

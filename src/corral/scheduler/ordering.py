@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from heapq import heappop, heappush, heapreplace
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.lines import Line, lines_of
@@ -239,7 +239,7 @@ class LiveQueue(Generic[Q]):
             if not gate.live(group):
                 at_line += 1
                 continue
-            slot = self._slot(group, state)
+            slot = self._slot(line, at_line, state)
             at = self._skip_unusable(slot)
             if at >= len(slot.jobs):
                 at_line += 1
@@ -266,16 +266,20 @@ class LiveQueue(Generic[Q]):
         slot.at = at
         return at
 
-    def _slot(self, group: Q, state: _User[Q]) -> _Slot[Q]:
-        """A user's (``state``'s) slot in ``group`` (made when first seen, kept across
-        refills; one a queue before left, kept with the user's state, starts afresh)."""
-        slot = state.slots.get(group)
+    def _slot(self, line: Line[Q], at: i64, state: _User[Q]) -> _Slot[Q]:
+        """The slot of ``line``'s ``at``-th group, of its user (``state``): made when first
+        seen and kept by the line (``Line.cursors``) while the group stays in it; one a
+        queue before left starts afresh. The user's jobs there stay the same list while
+        the group stays in the line (``Queue`` puts it back when it makes a new one)."""
+        cursors = line.cursors
+        slot: _Slot[Q] | None = cursors[at]
         if slot is None:
+            group = line.groups[at]
             jobs = self._groups[group][state.name]
-            slot = state.slots[group] = _Slot(group, jobs, self._made, state.epoch)
+            slot = _Slot(group, jobs, self._made, state.epoch)
+            cursors[at] = slot
             self._made += 1
         elif slot.epoch != state.epoch:  # a queue before's: as if made now
-            slot.jobs = self._groups[group][state.name]  # the list may have been replaced
             slot.at = 0
             slot.seq = self._made
             slot.epoch = state.epoch
@@ -310,13 +314,14 @@ class _User(Generic[Q]):
     """One user's (``name``'s) state in a ``LiveQueue``: its lines, how far each was
     walked (``pos``), a heap of its live slots whose cursor moved on, by their next job's
     key (``mine``), its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie``
-    breaks ties), set when it first has a job to hand out (``started``), and its slots by
-    group (``slots``): fields a compiled build reads directly, where maps by user cost a
-    lookup each. It is its own entry in the queue's heap (each user once at most, no entry
-    made per turn): its next job (``slot``'s) comes by (``queued_vt``, its clock when it
-    went in, ``tie``, the job's ``at`` and ``job_id``), compared field by field, unboxed,
-    as tuples would be (a batch's riders move a waiting user's clock: its entry is then
-    stale, looked at again when it comes out). Job ids are unique: no two entries tie."""
+    breaks ties), set when it first has a job to hand out (``started``), and the mark of
+    its slots (``epoch``; the slots themselves are kept by its lines, ``Line.cursors``):
+    fields a compiled build reads directly, where maps by user cost a lookup each. It is
+    its own entry in the queue's heap (each user once at most, no entry made per turn):
+    its next job (``slot``'s) comes by (``queued_vt``, its clock when it went in, ``tie``,
+    the job's ``at`` and ``job_id``), compared field by field, unboxed, as tuples would be
+    (a batch's riders move a waiting user's clock: its entry is then stale, looked at again
+    when it comes out). Job ids are unique: no two entries tie."""
 
     __slots__ = (
         "at",
@@ -328,7 +333,6 @@ class _User(Generic[Q]):
         "pos",
         "queued_vt",
         "slot",
-        "slots",
         "started",
         "step",
         "tie",
@@ -342,17 +346,18 @@ class _User(Generic[Q]):
     def __init__(self, name: str, line: Line[Q]) -> None:
         self.name = name
         self.lines = [line]
-        self.slots: dict[Q, _Slot[Q]] = {}
         self.pos: list[int] = [0]  # by line: ``refill`` zeroes it in place while it fits
-        self.epoch: i64 = 0  # one more for each queue that takes the state up: its slots' mark
+        # its slots' mark: new for each queue that takes the state up, and never another
+        # state's (a line's slots are read by whichever state holds the line: ``_slot``)
+        self.epoch: i64 = _EPOCHS.next()
         self._reset()
 
     @staticmethod
     def on(name: str, line: Line[Q]) -> _User[Q]:
         """The state of ``name`` starting a queue with ``line``: the one kept on the line
         (``Line.state``) from a queue before, made afresh, or made and kept there. A queue
-        is made per pass and per user; its state, its list of lines and its map of slots
-        were made and freed each time. A line is in one live queue at most (each pass's
+        is made per pass and per user; its state and its list of lines were made and freed
+        each time. A line is in one live queue at most (each pass's
         queues hold disjoint lines, and a pass's queues are dropped before the next one's
         are made), so its kept state is never shared."""
         state: _User[Q] | None = line.state
@@ -363,7 +368,7 @@ class _User(Generic[Q]):
         lines = state.lines
         if len(lines) > 1:  # a queue before joined another line of the user's to it
             del lines[1:]
-        state.epoch += 1  # its slots are a queue before's: each starts afresh when touched
+        state.epoch = _EPOCHS.next()  # its slots are a queue before's: each starts afresh
         state._reset()
         return state
 
@@ -402,7 +407,24 @@ class _Slot(Generic[Q]):
         self.jobs = jobs
         self.at: i64 = 0
         self.seq = seq
-        self.epoch = epoch  # its user's ``_User.epoch`` when it was last made or taken up
+        self.epoch = epoch  # the ``_User.epoch`` of the state that last made or took it up
+
+
+class _Epochs:
+    """Hands out ``_User.epoch`` marks, never the same twice in a process (a record with
+    a machine integer: a compiled build updates it natively)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: i64 = 0
+
+    def next(self) -> i64:
+        self.last += 1
+        return self.last
+
+
+_EPOCHS: Final = _Epochs()
 
 
 # The queue's heap of ``_User``: ``heapq``'s algorithm written out (the same sifts and pops,

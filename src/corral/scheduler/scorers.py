@@ -20,11 +20,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
+from corral.core.compiled import mypyc_attr
 from corral.scheduler.capacity import LOADED
 from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
 
 
+@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class Candidate:
     """A fit and what scorers may want to know about its node (a plain class, like
     ``Fit``: cheap to make in a compiled build; treat it as immutable)."""
