@@ -72,7 +72,7 @@ class VictimIndex:
         self.classes = classes  # a dict, not any mapping: read natively per allocation
         self.on_node: list[list[Slot]] = [[] for _ in range(nodes)]  # node -> evictable work
         # running, by the first job of their job set (a string key: no tuple hashed, and
-        # the map's fast path; a reader keeps those of the very job set): the latest slot
+        # the map's fast path; a reader keeps those of the very job set): the first slot
         # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
         self.by_jobs: dict[str, Slot] = {}
         # node -> milli of its evictable allocations (a ``Tally`` each: see its docstring)
@@ -101,8 +101,12 @@ class VictimIndex:
     def _index(self, slot: Slot) -> None:
         alloc = slot.alloc
         key = slot.first = _first(alloc.job_ids)
-        slot.kin = self.by_jobs.get(key)
-        self.by_jobs[key] = slot
+        # one look-up: the job set's first slot indexed stays the map's; a later one (a
+        # gang's other replicas) goes second in its chain (``units`` sorts them anyway)
+        head = self.by_jobs.setdefault(key, slot)
+        if head is not slot:
+            slot.kin = head.kin
+            head.kin = slot
         node = slot.node
         slot.victim_at = -1  # not on its node's list (yet): what ``_unindex`` reads
         if node == NOWHERE or not self._evictable(alloc):
