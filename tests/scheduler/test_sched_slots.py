@@ -88,7 +88,8 @@ def test_the_books_by_slot_agree_with_a_walk_of_the_allocations(
         elif step[0] == "end" and allocs[step[1]].id in held:
             assert sched.end(allocs[step[1]].id) is held.pop(allocs[step[1]].id)[0]
         _check(sched, held)
-    for node, victims in enumerate(sched._victims.on_node):
+    for node, here in enumerate(sched._victims.nodes):
+        victims = here.slots
         assert [slot.victim_at for slot in victims] == list(range(len(victims)))
         assert {slot.alloc.node for slot in victims} <= {sched.nodes[node].name}
 

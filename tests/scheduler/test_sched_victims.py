@@ -100,17 +100,18 @@ def test_the_index_holds_what_a_walk_of_the_running_allocations_gives_after_each
 def _maps(index: VictimIndex) -> tuple[object, ...]:
     """The index's maps, as dicts (its lists of slots by allocation id; nodes without
     evictable work left out, after checking they count nothing)."""
-    on_node = {n: {s.alloc.id: s.alloc for s in slots} for n, slots in enumerate(index.on_node)}
+    on_node = {n: {s.alloc.id: s.alloc for s in here.slots} for n, here in enumerate(index.nodes)}
     for n, slots in on_node.items():
-        assert slots or index.node_milli[n].milli == 0
+        assert slots or index.nodes[n].milli == 0
+        assert slots or all(held.count == held.milli == 0 for held in index.nodes[n].teams)
     by_jobs: dict[tuple[str, ...], dict[str, Allocation]] = {}
-    for first, latest in index.by_jobs.items():
-        kin: Slot | None = latest
+    for first, head in index.by_jobs.items():
+        kin: Slot | None = head
         while kin is not None:
             assert kin.alloc.job_ids[0] == first
             by_jobs.setdefault(kin.alloc.job_ids, {})[kin.alloc.id] = kin.alloc
             kin = kin.kin
-    node_milli = {n: tally.milli for n, tally in enumerate(index.node_milli) if on_node[n]}
+    node_milli = {n: here.milli for n, here in enumerate(index.nodes) if on_node[n]}
     name = {n: next(iter(slots.values())).node for n, slots in on_node.items() if slots}
     team_nodes = {t: {name[n]: milli for n, milli in index.nodes_of(t)} for t in index.teams()}
     on_node = {n: slots for n, slots in on_node.items() if slots}

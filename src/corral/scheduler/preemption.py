@@ -85,7 +85,7 @@ class Preemptor:
         self._left: Memo[int, int] = cycle.memo()  # by node index
         self._min_runtime_s = min_runtime_s
         self._index = index
-        self._victim_milli = index.node_milli  # node index -> milli all its victims hold there
+        self._victims_at = index.nodes  # node index -> its victims (and the milli they hold)
         self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at
         self._orders: dict[str, list[NodeCap]] = {}
 
@@ -167,7 +167,7 @@ class Preemptor:
     def _evictable(self, node: int) -> int:
         """Milli-GPUs of not yet evicted victims on node index ``node``."""
         left = self._left.get(node)
-        return self._victim_milli[node].milli if left is None else left
+        return self._victims_at[node].milli if left is None else left
 
     def _try_node(
         self, cycle: Cycle, ledger: Ledger, nc: NodeCap, need: Need, ask: Ask, patient: bool

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
 from corral.scheduler.slots import NOWHERE, Slot
@@ -65,26 +66,44 @@ class Tally:
         self.milli: i64 = 0
 
 
+@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+class Held:
+    """A team's evictable allocations on one node: how many, and the milli they hold."""
+
+    __slots__ = ("count", "milli")
+
+    def __init__(self) -> None:
+        self.count: i64 = 0
+        self.milli: i64 = 0
+
+
+class NodeVictims:
+    """One node's evictable work: its slots, the milli they hold, and each team's share by
+    team number (``Held``). One record per node, where four lists by node (the slots, the
+    milli, the teams' counts and, per team, the milli) were each read at every start and
+    end, each a cache line of its own at the goal's size."""
+
+    __slots__ = ("milli", "slots", "teams")
+
+    def __init__(self) -> None:
+        self.slots: list[Slot] = []
+        self.milli: i64 = 0
+        self.teams: list[Held] = []  # by team number; made as teams first come here
+
+
 class VictimIndex:
     """Evictable running work by node and by team (see the module docstring)."""
 
     def __init__(self, classes: dict[str, PriorityClass], nodes: int) -> None:
         self.classes = classes  # a dict, not any mapping: read natively per allocation
-        self.on_node: list[list[Slot]] = [[] for _ in range(nodes)]  # node -> evictable work
+        self.nodes: list[NodeVictims] = [NodeVictims() for _ in range(nodes)]  # by node index
         # running, by the first job of their job set (a string key: no tuple hashed, and
         # the map's fast path; a reader keeps those of the very job set): the first slot
         # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
         self.by_jobs: dict[str, Slot] = {}
-        # node -> milli of its evictable allocations (a ``Tally`` each: see its docstring)
-        self.node_milli: list[Tally] = [Tally() for _ in range(nodes)]
-        # node -> team number -> its evictable allocations there: whether the team has an
-        # entry for the node, without a walk of the node's victims (each one touched)
-        self._teams_at: list[list[int]] = [[] for _ in range(nodes)]
-        # By team number (``Slot.team``), lists where maps by team and node name were read
-        # and written per allocation: the milli its evictable allocations hold on each node,
-        # on how many nodes it has any, and its name (``teams``, ``nodes_of``)
-        self._nodes = nodes
-        self._team_milli: list[list[Tally]] = []
+        # By team number (``Slot.team``), lists where maps by team name were read and
+        # written per allocation: on how many nodes it has any, and its name (``teams``,
+        # ``nodes_of``)
         self._team_spread: list[int] = []
         self._team_name: list[str] = []
 
@@ -111,21 +130,22 @@ class VictimIndex:
         slot.victim_at = -1  # not on its node's list (yet): what ``_unindex`` reads
         if node == NOWHERE or not self._evictable(alloc):
             return
-        milli = 0 if alloc.on_cpu else alloc.milli
-        _enter(self.on_node[node], slot)
-        counts, team = self._teams_at[node], slot.team
-        while len(counts) <= team:
-            counts.append(0)
-        while len(self._team_milli) <= team:
-            self._team_milli.append([Tally() for _ in range(self._nodes)])
+        milli: i64 = 0 if alloc.on_cpu else alloc.milli
+        here = self.nodes[node]
+        _enter(here.slots, slot)
+        teams, team = here.teams, slot.team
+        while len(teams) <= team:
+            teams.append(Held())
+        while len(self._team_spread) <= team:
             self._team_spread.append(0)
             self._team_name.append("")
-        if counts[team] == 0:  # the team's first evictable allocation on this node
+        held = teams[team]
+        if held.count == 0:  # the team's first evictable allocation on this node
             self._team_spread[team] = self._team_spread[team] + 1
             self._team_name[team] = alloc.team
-        counts[team] = counts[team] + 1
-        self._team_milli[team][node].milli += milli
-        self.node_milli[node].milli += milli
+        held.count += 1
+        held.milli += milli
+        here.milli += milli
 
     def _unindex(self, slot: Slot) -> None:
         alloc = slot.alloc
@@ -145,16 +165,16 @@ class VictimIndex:
         slot.kin = None
         if slot.victim_at < 0:  # not evictable, or not on a node held: on no node's list
             return
-        node, team, milli = slot.node, slot.team, 0 if alloc.on_cpu else alloc.milli
-        _leave(self.on_node[node], slot)
-        # The team's entry for the node lives while one of its evictable allocations is there.
-        counts = self._teams_at[node]
-        left = counts[team] - 1
-        counts[team] = left
-        self._team_milli[team][node].milli -= milli
-        if not left:
-            self._team_spread[team] = self._team_spread[team] - 1
-        self.node_milli[node].milli -= milli
+        milli: i64 = 0 if alloc.on_cpu else alloc.milli
+        here = self.nodes[slot.node]
+        _leave(here.slots, slot)
+        # The team counts on the node while one of its evictable allocations is there.
+        held = here.teams[slot.team]
+        held.count -= 1
+        held.milli -= milli
+        if held.count == 0:
+            self._team_spread[slot.team] = self._team_spread[slot.team] - 1
+        here.milli -= milli
 
     def teams(self) -> list[str]:
         """The teams with evictable work on some node."""
@@ -165,11 +185,10 @@ class VictimIndex:
         index: O(nodes), asked once per team by a cycle that preempts."""
         for t, name in enumerate(self._team_name):
             if name == team and self._team_spread[t]:
-                milli_at = self._team_milli[t]
                 return [
-                    (node, milli_at[node].milli)
-                    for node, counts in enumerate(self._teams_at)
-                    if t < len(counts) and counts[t]
+                    (node, here.teams[t].milli)
+                    for node, here in enumerate(self.nodes)
+                    if t < len(here.teams) and here.teams[t].count
                 ]
         return []
 
@@ -177,7 +196,7 @@ class VictimIndex:
         """The victims holding something on node index ``node``, cheapest to evict first."""
         out: list[Victim] = []
         seen: set[tuple[str, ...]] = set()
-        for slot in self.on_node[node]:
+        for slot in self.nodes[node].slots:
             alloc = slot.alloc
             if alloc.job_ids in seen:
                 continue
