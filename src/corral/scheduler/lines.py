@@ -84,14 +84,13 @@ class Line(Generic[Q]):
 
     def _at(self, group: Q, first: Job) -> int:
         """Where ``group``, starting with ``first``, stands in the line (a group is in it
-        once). Found by identity along the line (usually at its front), not by a search of
-        the first jobs' keys: a line is short, and each key read is a job's record, out of
-        the cache when its group's first job leaves long after it came."""
-        groups = self.groups
-        for at in range(len(groups)):
-            if groups[at] is group:
-                return at
-        raise RuntimeError(f"group of {first.id!r} not in its user's line")
+        once: at the front, the usual case, without a search)."""
+        if self.groups and self.groups[0] is group:
+            return 0
+        at = _search(self.firsts, first, 0)
+        if at >= len(self.groups) or self.groups[at] is not group:
+            raise RuntimeError(f"line out of order at {first.id!r}")
+        return at
 
 
 def _search(firsts: list[Job], job: Job, lo: int) -> int:
