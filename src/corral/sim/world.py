@@ -75,8 +75,7 @@ class JobRun:
         self.started_at = 0.0
         self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
         self.done = 0.0  # seconds of work done by earlier attempts
-        # its allocations' ids (``allocs()``): the first ("" while queued) and a gang's others
-        # (not one tuple made per start and read again at its end, out of the cache)
+        # its allocations' ids (``allocs()``): the first ("" while queued), a gang's others
         self.alloc = ""
         self.more: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
@@ -120,8 +119,7 @@ class World:
         self.allocations: dict[str, Allocation] = {}
         self.runs: dict[str, JobRun] = {}
         self._records: dict[str, list[PlacementRecord]] = {}
-        # allocation -> start + estimate left, for snapshots; None: no snapshot is taken
-        # (a kept scheduler is told each end as its allocation starts)
+        # allocation -> start + estimate left, for snapshots (None: none taken)
         self._expected_ends: dict[str, float] | None = {} if snapshots else None
         self.served: Mapping[str, float] = {}  # users' recent service, as the server keeps it
         self._batch_left: dict[str, int] = {}
@@ -175,9 +173,8 @@ class World:
         ended: set[str] = set()
         for preemption in plan.preemptions:
             self._preempt(preemption, now, ended)
-        # Every placed job checked before anything is taken: queued, and placed whole and
-        # once. Each run counts the placements naming it (its ``claims`` in this plan's
-        # number), where a map of counts by job id cost three look-ups a job.
+        # Every placed job checked before anything is taken: queued, placed whole and once
+        # (each run counts the placements naming it: its ``claims`` in this plan's number).
         self._plans += 1
         number = self._plans
         runs: list[JobRun] = []
@@ -286,7 +283,6 @@ class World:
             started_at=now,
             observed=ALLOC_RUNNING,
         )
-        # one look-up of the id, to test and store (a map of every running allocation)
         if self.allocations.setdefault(p.allocation_id, alloc) is not alloc:
             raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
         try:
@@ -303,8 +299,7 @@ class World:
             self._joined(first, p, alloc, now)
         self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
-        # ``Any``: boxed once, the same float object for the map of ends and the observer
-        # (a narrowed ``float | None`` is unboxed and boxed again to be stored)
+        # ``Any``: one boxed float for the map of ends and the observer (not boxed twice)
         end: Any = None
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
@@ -489,8 +484,7 @@ class _Free:
 
 class _TeamUse:
     """A team's milli-GPUs held in the world, and the most it may hold (``cap``; None: no
-    limit). A record, not two maps by team: a compiled build updates its field natively,
-    where each allocation's start and end looked a team up in both and boxed the sum."""
+    limit): one record, not two maps by team (a look-up in each and a boxed sum)."""
 
     __slots__ = ("cap", "milli")
 
