@@ -152,3 +152,21 @@ def test_a_unit_is_one_job_set_whole_even_where_sets_share_a_first_job() -> None
         index.add(Slot(alloc, None, 0, NODES[alloc.node]))
     units = sorted(tuple(a.id for a in v.allocs) for v in index.units(0, 0.0))
     assert units == [("b",), ("r0", "r1")]
+
+
+def test_slots_indexed_again_in_a_new_index_make_one_unit_per_gang() -> None:
+    # When the scheduler's nodes change it files its running slots in a new index; their
+    # chains of kin from the old one must not carry over (a chain that loops back made
+    # ``units`` walk for ever).
+    teams = Numbers()
+    slots = [Slot(a, None, teams.number(a.team), NODES[a.node]) for a in _GANG]
+    old = VictimIndex(CLASSES, len(NODES))
+    for slot in slots:
+        old.add(slot)
+    new = VictimIndex(CLASSES, len(NODES))
+    for slot in slots:
+        new.add(slot)
+    for node in NODES.values():
+        units = new.units(node, now=10.0)
+        assert [[a.id for a in u.allocs] for u in units] == [["r0", "r1", "r2"]]
+    assert _maps(new) == _walk(_GANG)

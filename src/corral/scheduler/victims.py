@@ -123,7 +123,9 @@ class VictimIndex:
         # one look-up: the job set's first slot indexed stays the map's; a later one (a
         # gang's other replicas) goes second in its chain (``units`` sorts them anyway)
         head = self.by_jobs.setdefault(key, slot)
-        if head is not slot:
+        if head is slot:
+            slot.kin = None  # a slot indexed again (a new index of the same slots) starts afresh
+        else:
             slot.kin = head.kin
             head.kin = slot
         node = slot.node
