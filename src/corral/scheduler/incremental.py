@@ -44,8 +44,8 @@ from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
-from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, join, leave
-from corral.scheduler.victims import Tally, VictimIndex, inner_map
+from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, Tally, join, leave
+from corral.scheduler.victims import VictimIndex, inner_map
 
 if TYPE_CHECKING:
     from mypy_extensions import i64

@@ -46,6 +46,16 @@ class Slot:
         self.first = ""
 
 
+class Tally:
+    """Milli-GPUs held, in a record updated in place: an int stored in a list is boxed, a
+    new object for each value over 256 (and the old one freed) at every start and end."""
+
+    __slots__ = ("milli",)
+
+    def __init__(self) -> None:
+        self.milli: i64 = 0
+
+
 class Slots:
     """Each allocation id's slot, in the order the allocations were given."""
 

@@ -56,16 +56,6 @@ class Victim:
     cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
 
 
-class Tally:
-    """Milli-GPUs held, in a record updated in place: an int stored in a list is boxed, a
-    new object for each value over 256 (and the old one freed) at every start and end."""
-
-    __slots__ = ("milli",)
-
-    def __init__(self) -> None:
-        self.milli: i64 = 0
-
-
 @mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class Held:
     """A team's evictable allocations on one node: how many, and the milli they hold."""
