@@ -177,8 +177,13 @@ def test_the_queue_keeps_its_splits_by_team_and_need_as_a_rebuild_has_them(
                 for user, line in users.items()
                 if line.groups
             }
-            for users in queue.lines[cls].values():  # a slot (or None) per group, in step
-                assert all(len(line.cursors) == len(line.groups) for line in users.values())
+            for users in queue.lines[cls].values():  # each place holds the queue's own list
+                assert all(
+                    place.jobs is queue.lists[cls][place.group][user]
+                    and place.first is place.jobs[0]
+                    for user, line in users.items()
+                    for place in line.places
+                )
             rebuilt = {
                 (team, user): (line.groups, line.firsts)
                 for team, own in teams_of.items()

@@ -21,7 +21,7 @@ from heapq import heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
-from corral.scheduler.lines import Line, lines_of
+from corral.scheduler.lines import Line, Place, lines_of
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -71,9 +71,10 @@ class LiveQueue(Generic[Q]):
 
     ``groups`` maps each group to its jobs by user (each user's sorted by
     ``job_key``); ``lines`` gives each user's groups in the order of its oldest
-    job in each (one mapping user -> ``Line`` per team; made from ``groups``
-    when not given). Only groups ``gate.live`` says may still be placed are
-    looked at; a user's next job is its oldest job in such a group
+    job in each, each place holding the user's list from ``groups`` (one mapping
+    user -> ``Line`` per team; made from ``groups`` when not given). Only groups
+    ``gate.live`` says may still be placed are looked at; a user's next job is its oldest
+    job in such a group
     (``gate.usable`` rejects jobs already decided or not ready). A group found
     dead is skipped whole, never job by job. A user's turn is used only when
     ``done`` says the job was placed: a job that stays queued costs its user
@@ -103,7 +104,6 @@ class LiveQueue(Generic[Q]):
         lines: Iterable[Mapping[str, Line[Q]]] | None = None,
         served: dict[str, float] | None = None,
     ) -> None:
-        self._groups = groups
         self._weights = weights
         self._running = running
         self._served: dict[str, float] = {} if served is None else served
@@ -111,7 +111,7 @@ class LiveQueue(Generic[Q]):
         users: dict[str, _User[Q]] = {}
         for per_user in (lines_of(groups),) if lines is None else lines:
             for user, line in per_user.items():
-                if not line.groups:  # kept empty by ``Queue`` for the user's next job
+                if not line.places:  # kept empty by ``Queue`` for the user's next job
                     continue
                 state = users.get(user)
                 if state is None:
@@ -119,9 +119,9 @@ class LiveQueue(Generic[Q]):
                 else:
                     state.lines.append(line)
         self._users = users
-        self._made: i64 = 0  # slots made so far: the next one's seq
+        self._made: i64 = 0  # places taken up so far: the next one's seq
         self._heap: list[_User[Q]] = []  # users with a next job, by its key (``_User.before``)
-        self._popped: _Slot[Q] | None = None
+        self._popped: Place | None = None
         self._popped_by: _User[Q] | None = None
         self.refill()
 
@@ -183,7 +183,8 @@ class LiveQueue(Generic[Q]):
         slot = self._popped
         if slot is None:
             raise RuntimeError("group() without pop()")
-        return slot.group
+        group: Q = slot.group  # a place holds its group as ``Any`` (``lines.Place``)
+        return group
 
     def done(self, job: Job, placed: bool, riders: tuple[Job, ...] = ()) -> None:
         """``job`` (the last ``pop``) was decided; ``placed`` uses its user's turn, and each
@@ -205,7 +206,7 @@ class LiveQueue(Generic[Q]):
     def _entry(self, state: _User[Q]) -> bool:
         """Note a user's (``state``'s) next live, usable job as its key in the heap (False:
         it has none). The user is not in the heap: it holds each user once at most."""
-        best: _Slot[Q] | None = None
+        best: Place | None = None
         at, job_id = 0.0, ""  # the key of ``best``'s next job (``job_key``)
         for i, line in enumerate(state.lines):
             slot = self._walk(state, line, i)
@@ -225,21 +226,21 @@ class LiveQueue(Generic[Q]):
         state.queued_vt, state.at, state.job_id, state.slot = state.vt, at, job_id, best
         return True
 
-    def _walk(self, state: _User[Q], line: Line[Q], i: int) -> _Slot[Q] | None:
+    def _walk(self, state: _User[Q], line: Line[Q], i: int) -> Place | None:
         """The first live slot of ``line``, the ``i``-th of a user's (``state``'s), from
         ``state.pos[i]`` on, whose next job is still its first; slots passed on the way
         leave the line for this refill: dead or spent ones for good, moved-on ones into
         ``state.mine``."""
-        groups, gate, pos = line.groups, self._gate, state.pos
+        places, gate, pos = line.places, self._gate, state.pos
         at_line: i64 = pos[i]
-        end_line: i64 = len(groups)
-        found: _Slot[Q] | None = None
+        end_line: i64 = len(places)
+        found: Place | None = None
         while at_line < end_line:
-            group = groups[at_line]
-            if not gate.live(group):
+            slot = places[at_line]
+            if not gate.live(slot.group):
                 at_line += 1
                 continue
-            slot = self._slot(line, at_line, state)
+            self._take_up(slot, state)
             at = self._skip_unusable(slot)
             if at >= len(slot.jobs):
                 at_line += 1
@@ -257,7 +258,7 @@ class LiveQueue(Generic[Q]):
         pos[i] = at_line
         return found
 
-    def _skip_unusable(self, slot: _Slot[Q]) -> i64:
+    def _skip_unusable(self, slot: Place) -> i64:
         """Move ``slot``'s cursor past the jobs ``usable`` rejects; where it now stands."""
         jobs, at, gate = slot.jobs, slot.at, self._gate
         end: i64 = len(jobs)
@@ -266,27 +267,18 @@ class LiveQueue(Generic[Q]):
         slot.at = at
         return at
 
-    def _slot(self, line: Line[Q], at: i64, state: _User[Q]) -> _Slot[Q]:
-        """The slot of ``line``'s ``at``-th group, of its user (``state``): made when first
-        seen and kept by the line (``Line.cursors``) while the group stays in it; one a
-        queue before left starts afresh. The user's jobs there stay the same list while
-        the group stays in the line (``Queue`` puts it back when it makes a new one)."""
-        cursors = line.cursors
-        slot: _Slot[Q] | None = cursors[at]
-        if slot is None:
-            group = line.groups[at]
-            jobs = self._groups[group][state.name]
-            slot = _Slot(group, jobs, self._made, state.epoch)
-            cursors[at] = slot
-            self._made += 1
-        elif slot.epoch != state.epoch:  # a queue before's: as if made now
+    def _take_up(self, slot: Place, state: _User[Q]) -> None:
+        """The place ``slot`` of a line of the user's (``state``'s), as this queue's: one
+        a queue before left (another epoch), or none yet, starts afresh, as if made now. The
+        line keeps it while the group stays in it, with the user's jobs there (the queue's
+        list, which stays the same list as long)."""
+        if slot.epoch != state.epoch:
             slot.at = 0
             slot.seq = self._made
             slot.epoch = state.epoch
             self._made += 1
-        return slot
 
-    def _moved_on(self, own: list[tuple[float, str, int, _Slot[Q]]]) -> _Slot[Q] | None:
+    def _moved_on(self, own: list[tuple[float, str, int, Place]]) -> Place | None:
         """The slot of the soonest next job among the moved-on ones (``own``).
 
         A group only dies between refills, so a dead slot leaves for good; a slot whose
@@ -312,10 +304,10 @@ class LiveQueue(Generic[Q]):
 
 class _User(Generic[Q]):
     """One user's (``name``'s) state in a ``LiveQueue``: its lines, how far each was
-    walked (``pos``), a heap of its live slots whose cursor moved on, by their next job's
-    key (``mine``), its virtual clock (``vt``, advanced by ``step`` per turn used; ``tie``
-    breaks ties), set when it first has a job to hand out (``started``), and the mark of
-    its slots (``epoch``; the slots themselves are kept by its lines, ``Line.cursors``):
+    walked (``pos``), a heap of its live slots (its lines' places, ``lines.Place``) whose
+    cursor moved on, by their next job's key (``mine``), its virtual clock (``vt``, advanced
+    by ``step`` per turn used; ``tie`` breaks ties), set when it first has a job to hand out
+    (``started``), and the mark of its places (``epoch``; the places are kept by its lines):
     fields a compiled build reads directly, where maps by user cost a lookup each. It is
     its own entry in the queue's heap (each user once at most, no entry made per turn):
     its next job (``slot``'s) comes by (``queued_vt``, its clock when it went in, ``tie``,
@@ -340,15 +332,15 @@ class _User(Generic[Q]):
     )
 
     # Set by ``refill`` before any walk, and by ``_entry`` before the user goes in the heap.
-    mine: list[tuple[float, str, int, _Slot[Q]]] | None
-    slot: _Slot[Q]
+    mine: list[tuple[float, str, int, Place]] | None
+    slot: Place
 
     def __init__(self, name: str, line: Line[Q]) -> None:
         self.name = name
         self.lines = [line]
         self.pos: list[int] = [0]  # by line: ``refill`` zeroes it in place while it fits
         # its slots' mark: new for each queue that takes the state up, and never another
-        # state's (a line's slots are read by whichever state holds the line: ``_slot``)
+        # state's (a line's places are read by whichever state holds the line: ``_take_up``)
         self.epoch: i64 = _EPOCHS.next()
         self._reset()
 
@@ -394,20 +386,6 @@ class _User(Generic[Q]):
         if self.at != other.at:
             return self.at < other.at
         return self.job_id < other.job_id
-
-
-class _Slot(Generic[Q]):
-    """One user's jobs in one group, with a cursor at its next job not yet handed out;
-    ``seq`` (order of making) breaks ties between a user's slots."""
-
-    __slots__ = ("at", "epoch", "group", "jobs", "seq")
-
-    def __init__(self, group: Q, jobs: list[Job], seq: i64, epoch: i64) -> None:
-        self.group = group
-        self.jobs = jobs
-        self.at: i64 = 0
-        self.seq = seq
-        self.epoch = epoch  # the ``_User.epoch`` of the state that last made or took it up
 
 
 class _Epochs:

@@ -191,26 +191,28 @@ class Queue:
         groups = kept.groups
         holders = groups.get(group)
         if holders is None:
-            holders = groups[group] = {job.user: [job]}
+            own = [job]
+            holders = groups[group] = {job.user: own}
             _inner(kept.by_team, group.team)[group] = holders
             kept.by_need.setdefault(group.need, []).append(group)
             if sort:
-                self._line(kept, job).put(group, job)
+                self._line(kept, job).put(group, job, own)
             return
         if not holders:  # kept empty since its last job left (``remove``): taken up again
             self._idle_groups -= 1
-        own = holders.get(job.user)
-        if own is None:
-            holders[job.user] = [job]
+        got = holders.get(job.user)
+        if got is None:
+            own = holders[job.user] = [job]
             if sort:
-                self._line(kept, job).put(group, job)
+                self._line(kept, job).put(group, job, own)
             return
+        own = got
         first = own[0]
         _insert(own, job, sort)
         if sort and own[0] is job:  # it is now the user's oldest in the group
             line = self._line(kept, job)
             line.drop(group, first)
-            line.put(group, job)
+            line.put(group, job, own)
 
     def remove(self, job_id: str) -> Job:
         """Take ``job_id`` out of the queue (placed, cancelled); KeyError when not queued."""
@@ -261,7 +263,7 @@ class Queue:
         line = users.get(job.user)
         if line is None:
             line = users[job.user] = Line()
-        elif not line.groups:  # kept empty since the user's last job left: taken up again
+        elif not line.places:  # kept empty since the user's last job left: taken up again
             self._idle -= 1
         return line
 
@@ -273,7 +275,7 @@ class Queue:
             line.move(group, job, own[0])
             return
         line.drop(group, job)
-        if line.groups:
+        if line.places:
             return
         # The user's last job of the class and team left. Its line stays, empty, for the
         # user's next job: a user's few queued jobs come and go, and a line (with its
@@ -293,7 +295,7 @@ class Queue:
         for by_team in self.lines.values():
             for team in list(by_team):
                 users = by_team[team]
-                for user in [u for u, line in users.items() if not line.groups]:
+                for user in [u for u, line in users.items() if not line.places]:
                     del users[user]
                 if not users:
                     del by_team[team]
