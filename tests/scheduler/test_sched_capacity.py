@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from scheduler_builders import job, node, snapshot
+from scheduler_builders import alloc, job, node, snapshot
 
 from corral.core import GIB, Gpu, Node
 from corral.scheduler.api import Config
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
-from corral.scheduler.fit import Source, search
-from corral.scheduler.need import Need
+from corral.scheduler.fit import Source, fit_on, search
+from corral.scheduler.need import Need, need_of
 
 NODES = tuple(
     Node(name=f"n{i}", gpus=tuple(Gpu(g, "A100", 24 * GIB) for g in range(4)), cpus=8)
@@ -244,3 +244,18 @@ def test_a_node_in_two_tiers_is_a_candidate_once() -> None:
     cycle = Cycle(Cluster.of(snapshot(nodes, [job("j").gpus(1).set(model="m")])), Config(), 0.0)
     found = [c.fit.node.idx for c in cycle._candidates(Need(gpus=1), "m", None, 8, None)]
     assert sorted(found) == [0, 1, 2, 3]
+
+
+def test_a_whole_node_takes_every_card_in_order_and_one_busy_card_refuses_it() -> None:
+    # ``fit_on`` gives a job of a whole node every card, (0, ..., 7), without looking for
+    # them one by one; one card busy and it does not fit, while 4 cards take the first free.
+    snap = snapshot([node("a").gpus(8), node("b").gpus(8)], [], [alloc("x", "b").cards(3)])
+    a, b = Cluster.of(snap).cap.nodes
+    whole = need_of(job("w").gpus(8).build())
+    fit = fit_on(a, whole)
+    assert fit is not None
+    assert fit.gpus == (0, 1, 2, 3, 4, 5, 6, 7)
+    assert fit_on(b, whole) is None
+    four = fit_on(b, need_of(job("f").gpus(4).build()))
+    assert four is not None
+    assert four.gpus == (0, 1, 2, 4)

@@ -8,6 +8,7 @@ they end before 500 (backfill).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -203,3 +204,60 @@ def test_the_busy_candidates_are_the_soonest_ends_as_end_then_index_tuples_would
         return
     moved = [(end, idx) for idx, end in changed.items() if idx not in seen]
     assert got == [idx for _, idx in sorted(sorted(started)[:want] + moved)[:want]]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    big_cards=st.integers(0, 8),
+    busy=st.lists(
+        st.tuples(st.sets(st.integers(0, 7), min_size=1, max_size=3), st.none() | _ENDS),
+        max_size=6,
+    ),
+    gpus=st.integers(1, 8),
+    floor=st.sampled_from([0, 48]),
+    booked=st.none() | _ENDS,
+)
+def test_when_a_need_fits_on_a_node_is_its_nth_soonest_usable_card(
+    big_cards: int,
+    busy: list[tuple[set[int], float | None]],
+    gpus: int,
+    floor: int,
+    booked: float | None,
+) -> None:
+    # A node of 8 cards, the first ``big_cards`` of 80 GiB and the rest of 40; allocations
+    # on some cards with known ends or none; a need of ``gpus`` cards with a VRAM floor or
+    # none (every card usable: the path that makes no list of them). Its time is the n-th
+    # soonest of its usable cards' times: now for a free card, else the latest end of the
+    # work on it (inf: unknown), else (a card this cycle took) the node's expected end.
+    box = node("n").gpus(big_cards) if big_cards else node("n")
+    box = box.gpus(8 - big_cards, vram_gib=40) if big_cards < 8 else box
+    allocs = [alloc(f"a{i}", "n").cards(*sorted(cards)) for i, (cards, _) in enumerate(busy)]
+    ends = {f"a{i}": end for i, (_, end) in enumerate(busy) if end is not None}
+    snap = replace(snapshot([box], [], allocs), expected_ends=ends)
+    cycle = Cycle(snap, ON, now=1.0)
+    nc = cycle.cap.nodes[0]
+    if booked is not None:  # a card this cycle placed work on, until ``booked``
+        free = [i for i, card in enumerate(nc.cards) if card.free == 1000]
+        if free:
+            cycle.cap.reserve(nc, (free[0],), 1000, 0, 0)
+            cycle.book(0, booked)
+    work = [(a, ends.get(a.id)) for a in snap.allocations]
+    reservations = Reservations(cycle, lambda name: work)
+    need = need_of(job("want").gpus(gpus).vram(floor).build())
+    usable = [i for i in range(8) if nc.gpu_vram[i] >= need.vram]
+    times: dict[int, float] = {i: 1.0 for i in usable if nc.cards[i].free == 1000}
+    for a, end in work:
+        for pos in a.gpu_indices:
+            if pos in usable and nc.cards[pos].free < 1000:
+                when = math.inf if end is None else max(end, 1.0)
+                times[pos] = max(times.get(pos, -math.inf), when)
+    node_end = cycle.expected_end(0)
+    rest = math.inf if node_end is None else max(node_end, 1.0)
+    every = sorted(times.get(i, rest) for i in usable)
+    if len(usable) < gpus:
+        want = math.inf
+    elif sum(nc.cards[i].free == 1000 for i in usable) >= gpus:
+        want = 1.0
+    else:
+        want = every[gpus - 1]
+    assert reservations._fits_at(nc, need) == want

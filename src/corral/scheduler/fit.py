@@ -23,13 +23,21 @@ if TYPE_CHECKING:
 
 # ``(i,)`` for the cards of most nodes, made once: most placements take one card, and a
 # tuple made per placement lived as long as its allocation (tracked by the cyclic collector,
-# whose list was written at each end, long out of the cache)
+# whose list was written at each end, long out of the cache); and ``(0, ..., n - 1)``, every
+# card of a node of ``n``, for the jobs that take a whole node (each found card by card
+# into a list, then copied into a tuple, per node rated)
 _ONE: Final[tuple[tuple[int, ...], ...]] = tuple((i,) for i in range(64))
+_EVERY: Final[tuple[tuple[int, ...], ...]] = tuple(tuple(range(n)) for n in range(65))
 
 
 def one(card: int) -> tuple[int, ...]:
     """``(card,)``, shared when ``card`` is below 64."""
     return _ONE[card] if 0 <= card < len(_ONE) else (card,)
+
+
+def every(count: int) -> tuple[int, ...]:
+    """``(0, 1, ..., count - 1)``, shared when ``count`` is 64 or less."""
+    return _EVERY[count] if 0 <= count < len(_EVERY) else tuple(range(count))
 
 
 @mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
@@ -74,6 +82,8 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
             if len(cards) < need.gpus:
                 return None
             chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
+        elif need.gpus == len(nc.cards):  # the whole node, every card of it wholly free
+            chosen = every(need.gpus)
         else:
             chosen = _first_free(nc.cards, need.gpus)  # never more than asked
             if len(chosen) < need.gpus:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Final
 from corral.core.model import Allocation
 from corral.core.resources import MILLI
 from corral.scheduler.api import Reason, ReasonCode
-from corral.scheduler.capacity import NodeCap
+from corral.scheduler.capacity import Card, NodeCap
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
@@ -207,7 +207,8 @@ class Reservations:
         Per card position, lists rather than sets and dicts of small ints: it rates up to
         ``CANDIDATES`` nodes per reservation, each card a few times."""
         now, count, cards = self.now, nc.gpu_count, nc.cards
-        usable, free_at, wanted, known = _cards(nc, need, now)
+        # ``usable`` None: every card is (no VRAM floor, no models named: the usual case)
+        usable, free_at, wanted, known = _cards(nc, need, now) if need.picky else _all(cards, now)
         if wanted < need.gpus:
             return INF
         if known >= need.gpus:
@@ -217,7 +218,12 @@ class Reservations:
                 continue
             when = INF if end is None else (end if end > now else now)
             for pos in nc.to_positions(alloc.gpu_indices):
-                if pos < count and usable[pos] and cards[pos].free < MILLI and free_at[pos] < when:
+                if (
+                    pos < count
+                    and (usable is None or usable[pos])
+                    and cards[pos].free < MILLI
+                    and free_at[pos] < when
+                ):
                     if free_at[pos] == -INF:
                         known += 1
                     free_at[pos] = when
@@ -225,12 +231,12 @@ class Reservations:
             node_end = self.cycle.expected_end(nc.idx)
             rest = INF if node_end is None else (node_end if node_end > now else now)
             for i in range(count):
-                if usable[i] and free_at[i] == -INF:
+                if (usable is None or usable[i]) and free_at[i] == -INF:
                     free_at[i] = rest
-        return sorted(free_at[i] for i in range(count) if usable[i])[need.gpus - 1]
+        return _nth(free_at, usable, need.gpus)
 
 
-def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool], list[float], int, int]:
+def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool] | None, list[float], int, int]:
     """Per card position of ``nc``: usable for ``need``, and when free (``now`` for a free
     card, -inf: not known yet); how many are usable, and how many of those are known."""
     usable = [nc.usable(i, need.vram, need.gpu_models) for i in range(nc.gpu_count)]
@@ -247,6 +253,29 @@ def _cards(nc: NodeCap, need: Need, now: float) -> tuple[list[bool], list[float]
         else:
             free_at.append(-INF)
     return usable, free_at, wanted, known
+
+
+def _nth(free_at: list[float], usable: list[bool] | None, n: int) -> float:
+    """The ``n``-th soonest (from 1) of the usable cards' times (``usable`` None: all)."""
+    if usable is None:
+        if n == len(free_at):  # the whole node: when its last card frees
+            return max(free_at)
+        free_at.sort()
+        return free_at[n - 1]
+    return sorted(free_at[i] for i in range(len(free_at)) if usable[i])[n - 1]
+
+
+def _all(cards: list[Card], now: float) -> tuple[list[bool] | None, list[float], int, int]:
+    """``_cards`` where every card is usable: no list of them (None), the same times."""
+    free_at: list[float] = []
+    known = 0
+    for card in cards:
+        if card.free == MILLI:
+            free_at.append(now)
+            known += 1
+        else:
+            free_at.append(-INF)
+    return None, free_at, len(cards), known
 
 
 def _keep(ends: list[float], found: list[int], end: float, idx: i64, want: i64) -> None:
