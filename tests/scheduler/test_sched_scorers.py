@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from dataclasses import replace
+
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from scheduler_builders import alloc, job, node, snapshot
 
 from corral.core import GIB, Gpu, Node
+from corral.scheduler.api import Config
 from corral.scheduler.capacity import NodeCap
+from corral.scheduler.cycle import Cycle
 from corral.scheduler.fit import Fit
-from corral.scheduler.need import Need
+from corral.scheduler.need import Need, need_of
 from corral.scheduler.scorers import (
     DEFAULT_SCORERS,
     Candidate,
@@ -65,3 +70,67 @@ def test_the_default_chain_by_class_picks_what_the_chain_picks(
 def test_another_chain_is_summed_scorer_by_scorer() -> None:
     assert fixed_weights(weighted(DEFAULT_SCORERS, {"locality": 0})) is None  # dropped
     assert fixed_weights(weighted((EndTogether(), *DEFAULT_SCORERS[:3]), {})) is None
+
+
+@settings(max_examples=150, deadline=None)
+@example(  # equal fill: the node whose work ends with this job's wins
+    used=[6, 6],
+    loaded=set(),
+    ends={0: 100.0, 1: 1000.0},
+    gpus=1,
+    model=None,
+    runtime=1000.0,
+    limit=2,
+    weights={},
+)
+@example(  # equal fill: the node with the model loaded wins
+    used=[6, 6], loaded={1}, ends={}, gpus=1, model="m", runtime=None, limit=2, weights={}
+)
+@given(
+    used=st.lists(st.sampled_from([0, 3, 3, 6, 8]), min_size=1, max_size=6),  # ties in fill
+    loaded=st.sets(st.integers(0, 5)),
+    ends=st.dictionaries(st.integers(0, 5), st.floats(1, 5000)),
+    gpus=st.sampled_from([0.5, 1, 2, 4, 8]),
+    model=st.none() | st.just("m"),
+    runtime=st.none() | st.floats(1, 5000),
+    limit=st.integers(1, 3),
+    weights=st.dictionaries(
+        st.sampled_from(["best_fit", "locality", "keep_whole_nodes", "end_together"]),
+        st.floats(0.01, 5),
+    ),
+)
+def test_a_cycle_scoring_fits_as_they_come_chooses_what_choose_chooses(
+    used: list[int],
+    loaded: set[int],
+    ends: dict[int, float],
+    gpus: float,
+    model: str | None,
+    runtime: float | None,
+    limit: int,
+    weights: dict[str, float],
+) -> None:
+    # Nodes of 8 cards with some in use, the model loaded on some, work ending at known
+    # times on some: with the default chain a cycle scores each fit as it finds it (no
+    # Candidate made); it picks the node ``choose`` picks among the same fits made into
+    # candidates, ties to the earlier.
+    nodes = []
+    allocs = []
+    for i, busy in enumerate(used):
+        box = node(f"n{i}").gpus(8)
+        nodes.append(box.models(loaded=("m",)) if i in loaded else box)
+        if busy:
+            allocs.append(alloc(f"a{i}", f"n{i}").cards(*range(busy)))
+    snap = snapshot(nodes, [], allocs)
+    expected = {f"a{i}": end for i, end in ends.items() if i < len(used) and used[i]}
+    snap = replace(snap, expected_ends=expected)
+    cycle = Cycle(snap, Config(scorer_weights=weights), now=0.0)
+    want = job("w").gpus(gpus).build()
+    need = need_of(want)
+    streamed = cycle._choose(need, model, runtime, limit, None)
+    found = cycle._candidates(need, model, runtime, limit, None)
+    if not found:
+        assert streamed is None
+        return
+    picked = choose(need, found, cycle._chain)
+    assert streamed is not None
+    assert (streamed.node.idx, streamed.gpus) == (picked.node.idx, picked.gpus)

@@ -15,6 +15,7 @@ state rather than from its own plan).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
@@ -30,6 +31,7 @@ from corral.scheduler.scorers import (
     Candidate,
     Scorer,
     choose,
+    default_total,
     fixed_weights,
     weighted,
 )
@@ -192,17 +194,54 @@ class Cycle:
         limit = self.config.candidates_per_tier
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:
             limit = 1  # no locality, no end time: the best-fit order is the score order
-        candidates: list[Candidate] = []
+        chosen: Fit | None = None
         if len(avoid):  # its size, read natively; a frozenset's truth is a generic call
             passed = self.cap.by_name
             skip = {passed[n].idx for n in avoid if n in passed}
-            candidates = self._candidates(need, model, runtime, limit, skip)
-        if not candidates:
-            candidates = self._candidates(need, model, runtime, limit, None)
-        if not candidates:
+            chosen = self._choose(need, model, runtime, limit, skip)
+        if chosen is None:
+            chosen = self._choose(need, model, runtime, limit, None)
+        if chosen is None:
             self._failed.put(need, self.cap.generation)
-            return None
-        return choose(need, candidates, self._chain, self._fixed)
+        return chosen
+
+    def _choose(
+        self,
+        need: Need,
+        model: str | None,
+        runtime: float | None,
+        limit: int,
+        seen: set[int] | None,
+    ) -> Fit | None:
+        """``choose`` among up to ``limit`` fits per tier (nodes in ``seen`` passed over);
+        None: no fit. With the default chain, each fit is scored as it comes, no
+        ``Candidate`` made for it, and a lone fit is not scored (as ``choose`` does)."""
+        fixed = self._fixed
+        if fixed is None:
+            candidates = self._candidates(need, model, runtime, limit, seen)
+            return choose(need, candidates, self._chain) if candidates else None
+        tiers = self._tiers(need, model)
+        if seen is None and len(tiers) > 1:  # a later tier must not list a node again
+            seen = set()
+        first: Fit | None = None
+        first_locality, first_gap = ABSENT, None
+        best: Fit | None = None
+        best_score = -math.inf
+        for sources in tiers:
+            for fit in search(need, sources, limit, seen):
+                place, gap = locality(fit.node, model), self._end_gap(fit.node, runtime)
+                if first is None:
+                    first, first_locality, first_gap = fit, place, gap
+                    continue
+                if best is None:  # a second fit: the first is scored now; it leads ties
+                    best = first
+                    score = default_total(need, first, first_locality, first_gap, fixed)
+                    if score > best_score:
+                        best_score = score
+                score = default_total(need, fit, place, gap, fixed)
+                if score > best_score:
+                    best, best_score = fit, score
+        return first if best is None else best
 
     def _candidates(
         self,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Final, Protocol
+from typing import Protocol
 
 from corral.core.compiled import mypyc_attr
 from corral.scheduler.capacity import LOADED
@@ -59,14 +59,7 @@ class BestFit:
     weight = 1.0
 
     def score(self, need: Need, candidate: Candidate) -> float:
-        fit = candidate.fit
-        nc = fit.node
-        if need.cpu_only:
-            total = nc.node.cpus or 1
-            return 1.0 - (nc.cpus_free - fit.cpus) / total
-        total_cards = nc.gpu_count or 1
-        free_after = nc.milli_free - fit.total_milli
-        return 1.0 - free_after / (total_cards * 1000)
+        return best_fit(need, candidate.fit)
 
 
 class Locality:
@@ -86,11 +79,7 @@ class KeepWholeNodes:
     weight = 0.5
 
     def score(self, need: Need, candidate: Candidate) -> float:
-        fit = candidate.fit
-        nc = fit.node
-        if need.cpu_only or nc.gpu_count == 0 or nc.whole_free < nc.gpu_count:
-            return 0.0
-        return 0.0 if len(fit.gpus) == nc.gpu_count else -1.0
+        return keep_whole(need, candidate.fit)
 
 
 class EndTogether:
@@ -104,7 +93,31 @@ class EndTogether:
     weight = 0.3
 
     def score(self, need: Need, candidate: Candidate) -> float:
-        return 0.0 if candidate.end_gap is None else 1.0 - candidate.end_gap
+        return end_together(candidate.end_gap)
+
+
+def best_fit(need: Need, fit: Fit) -> float:
+    """``BestFit``'s score of ``fit``."""
+    nc = fit.node
+    if need.cpu_only:
+        total = nc.node.cpus or 1
+        return 1.0 - (nc.cpus_free - fit.cpus) / total
+    total_cards = nc.gpu_count or 1
+    free_after = nc.milli_free - fit.total_milli
+    return 1.0 - free_after / (total_cards * 1000)
+
+
+def keep_whole(need: Need, fit: Fit) -> float:
+    """``KeepWholeNodes``' score of ``fit``."""
+    nc = fit.node
+    if need.cpu_only or nc.gpu_count == 0 or nc.whole_free < nc.gpu_count:
+        return 0.0
+    return 0.0 if len(fit.gpus) == nc.gpu_count else -1.0
+
+
+def end_together(end_gap: float | None) -> float:
+    """``EndTogether``'s score of a fit whose end gap is ``end_gap``."""
+    return 0.0 if end_gap is None else 1.0 - end_gap
 
 
 DEFAULT_SCORERS: tuple[Scorer, ...] = (BestFit(), Locality(), KeepWholeNodes(), EndTogether())
@@ -151,11 +164,6 @@ def choose(
 Weights = tuple[float, float, float, float]
 """The weights of ``DEFAULT_SCORERS``, in their order."""
 
-_BEST_FIT: Final = BestFit()
-_LOCALITY: Final = Locality()
-_KEEP_WHOLE: Final = KeepWholeNodes()
-_END_TOGETHER: Final = EndTogether()
-
 
 def fixed_weights(chain: Sequence[tuple[float, Scorer]]) -> Weights | None:
     """The weights of ``chain`` when it is the default one (these four classes, in this
@@ -167,10 +175,16 @@ def fixed_weights(chain: Sequence[tuple[float, Scorer]]) -> Weights | None:
 
 
 def _default_total(need: Need, candidate: Candidate, w: Weights) -> float:
-    """The default chain's weighted sum, in the chain's order (the same float operations)."""
+    return default_total(need, candidate.fit, candidate.locality, candidate.end_gap, w)
+
+
+def default_total(need: Need, fit: Fit, locality: int, end_gap: float | None, w: Weights) -> float:
+    """The default chain's weighted sum for a fit with this ``locality`` and ``end_gap``,
+    in the chain's order (each scorer's own float operations): a caller that scores fits as
+    they come needs no ``Candidate`` made for each."""
     total = 0.0
-    total += w[0] * _BEST_FIT.score(need, candidate)
-    total += w[1] * _LOCALITY.score(need, candidate)
-    total += w[2] * _KEEP_WHOLE.score(need, candidate)
-    total += w[3] * _END_TOGETHER.score(need, candidate)
+    total += w[0] * best_fit(need, fit)
+    total += w[1] * (locality / LOADED)
+    total += w[2] * keep_whole(need, fit)
+    total += w[3] * end_together(end_gap)
     return total
