@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 from scheduler_replay import _allocation
 from scheduler_strategies import nodes, teams
 
-from corral.core import GIB, Gpu, InvalidSpec, Job, JobKind, Node, ResourceRequest, Team
+from corral.core import (
+    GIB,
+    Allocation,
+    Gpu,
+    InvalidSpec,
+    Job,
+    JobKind,
+    Node,
+    ResourceRequest,
+    Team,
+)
 from corral.scheduler import (
     Config,
     KeptSchedule,
@@ -303,3 +313,23 @@ def test_a_queue_delta_that_does_not_add_up_is_not_applied() -> None:
         assert other.snapshot().queued == queued, delta
     sched.sync(Snapshot(queued=(b, c)), QueueDelta((a, b), ("a",), (c,)))
     assert sched.snapshot().queued == (b, c)
+
+
+def test_the_running_work_that_breaks_ties_follows_allocations_starting_and_ending() -> None:
+    # One card free of four; u runs two allocations and v one, each queues a job: v's goes
+    # (less running work). Then u's two end and w's two-card one starts (one card free
+    # again): u now runs nothing, so u's goes. The kept counts move with each start and end.
+    sched = Scheduler((Node("n", gpus=tuple(Gpu(i, "A100", 80 * GIB) for i in range(4)), cpus=8),))
+
+    def running(alloc_id: str, user: str, *cards: int) -> Allocation:
+        return Allocation(alloc_id, (alloc_id,), "n", user=user, gpu_indices=cards, gpu_milli=1000)
+
+    for alloc in (running("a1", "u", 0), running("a2", "u", 1), running("a3", "v", 2)):
+        sched.start(alloc)
+    sched.submit(Job("u1", ResourceRequest(gpus=1), user="u", submitted_at=0.0))
+    sched.submit(Job("v1", ResourceRequest(gpus=1), user="v", submitted_at=1.0))
+    assert [p.job_ids for p in sched.schedule(5.0).placements] == [("v1",)]
+    sched.end("a1")
+    sched.end("a2")
+    sched.start(running("a4", "w", 0, 1))
+    assert [p.job_ids for p in sched.schedule(6.0).placements] == [("u1",)]

@@ -17,6 +17,7 @@ from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, LiveQueue
 from corral.scheduler.queues import IDLE_GROUPS, IDLE_LINES, Group, Queue
 from corral.scheduler.service import with_served
+from corral.scheduler.slots import Running
 
 
 def jobs_of(user: str, count: int, start: float = 0.0) -> list[Job]:
@@ -240,6 +241,13 @@ def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
         _run_live_queue(groups, weights, running, served, script, None)
 
 
+def _counted(value: float) -> Running:
+    """A user's running work as the kept scheduler counts it."""
+    kept = Running()
+    kept.count = value
+    return kept
+
+
 def _run_live_queue(
     groups: dict[str, dict[str, list[Job]]],
     weights: dict[str, float],
@@ -250,7 +258,8 @@ def _run_live_queue(
 ) -> None:
     dead: set[str] = set()
     decided: set[str] = set()
-    merged = with_served({"c": running}, served, ["c"]).get("c", {})
+    counts = {user: _counted(value) for user, value in running.items()}
+    merged = with_served({"c": counts}, served, ["c"]).get("c", {})
 
     def live(g: str) -> bool:
         return g not in dead
@@ -258,7 +267,7 @@ def _run_live_queue(
     def usable(j: Job) -> bool:
         return j.id not in decided
 
-    ours = LiveQueue(groups, weights, running, Checks(live, usable), lines, served)
+    ours = LiveQueue(groups, weights, counts, Checks(live, usable), lines, served)
     reference = ReferenceLiveQueue(groups, weights, merged, live, usable)
     names = sorted(groups)
     every = [j for holders in groups.values() for own in holders.values() for j in own]

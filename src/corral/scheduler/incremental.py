@@ -44,7 +44,7 @@ from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
-from corral.scheduler.slots import NOWHERE, Numbers, Slot, Slots, Tally, join, leave
+from corral.scheduler.slots import NOWHERE, Numbers, Running, Slot, Slots, Tally, join, leave
 from corral.scheduler.victims import VictimIndex, inner_map
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Scheduler:
         self._slots = Slots()  # the allocations as given, active or not, and their ends
         self._team_numbers = Numbers()  # the teams of allocations given
         self._used: list[Tally] = []  # team number -> milli-GPUs its active allocations hold
-        self._running: dict[str, dict[str, float]] = {}  # class -> user -> active allocations
+        self._running: dict[str, dict[str, Running]] = {}  # class -> user -> active allocations
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
@@ -314,11 +314,14 @@ class Scheduler:
             # not ``sign * milli``: a compiled build multiplies by a negative int generically
             held = alloc.milli
             self._used[team].milli += held if sign > 0 else -held
-        users = inner_map(self._running, alloc.priority)
-        got = users.get(alloc.user)  # no default: a compiled build boxes a float one per call
-        users[alloc.user] = (0.0 if got is None else got) + sign
         node = slot.node
         if sign > 0:
+            users = inner_map(self._running, alloc.priority)
+            running = users.get(alloc.user)
+            if running is None:
+                running = users[alloc.user] = Running()
+            running.count += 1.0
+            slot.running = running
             self._victims.add(slot)
             if node != NOWHERE:
                 join(self._here[node], slot)
@@ -329,6 +332,10 @@ class Scheduler:
                 ):
                     self._end_at[node] = given
         else:
+            running = slot.running
+            if running is not None:  # counted at its start (as every active one is)
+                running.count -= 1.0
+                slot.running = None
             self._victims.remove(slot)
             if node != NOWHERE:
                 leave(self._here[node], slot)

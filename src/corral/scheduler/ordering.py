@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.lines import Line, Place, lines_of
+from corral.scheduler.slots import Running
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -88,9 +89,10 @@ class LiveQueue(Generic[Q]):
     the groups whose cursor moved on (handed out or skipped jobs), keyed by
     their next job. So a pass looks at the front of each user's lines, not at
     every live group; ``Queue`` keeps the lines between cycles. ``weights``,
-    ``running`` and ``served`` (users' weights, their running work in the class, their
-    recent service in every class: ``service.py``) are dicts, not any mapping: a
-    compiled build reads them natively as each user starts. A user's tie is its running
+    ``running`` and ``served`` (users' weights, their running work in the class as the
+    scheduler counts it, ``slots.Running``, their recent service in every class:
+    ``service.py``) are dicts, not any mapping: a compiled build reads them natively as
+    each user starts. A user's tie is its running
     work and its service added, per weight: what ``service.with_served`` would give,
     added up only for the users that start rather than for every user and class.
     """
@@ -99,7 +101,7 @@ class LiveQueue(Generic[Q]):
         self,
         groups: dict[Q, dict[str, list[Job]]],
         weights: dict[str, float],
-        running: dict[str, float],
+        running: dict[str, Running],
         gate: Gate[Q],
         lines: Iterable[Mapping[str, Line[Q]]] | None = None,
         served: dict[str, float] | None = None,
@@ -154,8 +156,8 @@ class LiveQueue(Generic[Q]):
         state.vt = 0.0
         state.step = 1.0 / weight
         served = self._served
-        got = self._running.get(user)
-        running = 0.0 if got is None else got
+        count = self._running.get(user)
+        running = 0.0 if count is None else count.count
         if served:  # as ``with_served`` adds: only for a user it has
             got = served.get(user)
             if got is not None:

@@ -35,6 +35,7 @@ from corral.scheduler.ordering import Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Group, Holders, Queue
 from corral.scheduler.service import with_served
+from corral.scheduler.slots import Running
 
 
 class Passes:
@@ -44,7 +45,7 @@ class Passes:
         self,
         planner: Planner,
         queue: Queue,
-        running: dict[str, dict[str, float]],
+        running: dict[str, dict[str, Running]],
         served: dict[str, float] | None = None,
     ) -> None:
         self.planner = planner

@@ -19,6 +19,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from corral.scheduler.slots import Running
+
 HALF_LIFE_S: Final = 600.0
 """Service ten minutes ago counts half: long enough to span many short jobs,
 short enough that yesterday's heavy user is not punished today."""
@@ -75,16 +77,15 @@ class _Served:
 
 
 def with_served(
-    running: dict[str, dict[str, float]],
+    running: Mapping[str, Mapping[str, Running]],
     served: Mapping[str, float],
     classes: Iterable[str],
 ) -> dict[str, dict[str, float]]:
-    """Running work per class and user, plus each user's recent service (all classes)."""
-    if not served:
-        return running
+    """Running work per class (of ``classes``) and user, from the kept counts, plus each
+    user's recent service (all classes)."""
     out: dict[str, dict[str, float]] = {}
     for name in classes:
-        users = dict(running.get(name, {}))
+        users = {user: kept.count for user, kept in running.get(name, {}).items()}
         for user, value in served.items():
             users[user] = users.get(user, 0.0) + value
         out[name] = users

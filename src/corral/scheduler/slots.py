@@ -30,7 +30,7 @@ NOWHERE: Final = -1
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
-    __slots__ = ("alloc", "at", "end", "first", "kin", "node", "team", "victim_at")
+    __slots__ = ("alloc", "at", "end", "first", "kin", "node", "running", "team", "victim_at")
 
     def __init__(self, alloc: Allocation, end: float | None, team: i64, node: i64) -> None:
         self.alloc = alloc
@@ -44,6 +44,21 @@ class Slot:
         # its key in ``VictimIndex.by_jobs`` (its first job's id), noted as it is indexed:
         # its end reads no tuple of job ids (long out of the cache) to find it again
         self.first = ""
+        # its user's count of active allocations in its class, while it is counted there
+        self.running: Running | None = None
+
+
+@mypyc_attr(acyclic=True)  # a float, nothing else (core/compiled.py)
+class Running:
+    """A user's active allocations in one priority class, counted in place: a float
+    stored in a dict was boxed anew (and the old one freed) at every start and end, and
+    each end looked the class and user up again; a slot holds its count's record. A float:
+    the fair queue adds it to the user's recent service when users tie (``service.py``)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0.0
 
 
 class Tally:
