@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
@@ -36,6 +37,9 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Group, Holders, Queue
 from corral.scheduler.service import with_served
 from corral.scheduler.slots import Running
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64
 
 
 class Passes:
@@ -264,6 +268,7 @@ class Liveness(Gate[Group]):
         self._now = planner.now
         self._planner = planner  # its methods and the ledger's called directly: no bound
         self._ledger = planner.ledger  # method objects (generic calls in a compiled build)
+        self._serial: i64 = planner.ledger.serial
         self._pclass = pclass
         self._guaranteed = guaranteed
         self._asks = planner.asks(pclass, guaranteed)  # by team: one look-up per group asked
@@ -275,8 +280,10 @@ class Liveness(Gate[Group]):
         if group.seen != self._stamp:
             group.seen = self._stamp
             group.fits = self._planner.may_fit(group, self._pclass, self._guaranteed, self._asks)
-            page = self._ledger.book(group.team)
-            group.book = page
+            page = group.book
+            if page is None or group.paged != self._serial:  # a page of an earlier cycle's
+                page = group.book = self._ledger.book(group.team)
+                group.paged = self._serial
             group.bound = page.bound(not self._guaranteed)
         if not group.fits:
             return False

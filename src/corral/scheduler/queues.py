@@ -56,6 +56,7 @@ class Group:
         "floor",
         "lowest",
         "need",
+        "paged",
         "replicas",
         "seen",
         "team",
@@ -77,6 +78,7 @@ class Group:
         self.fits = False
         self.bound = 0.0
         self.book: Book | None = None  # its team's page of the pass's ledger (``quota.Book``)
+        self.paged: i64 = 0  # the ``serial`` of the ledger ``book`` is a page of (0: none)
 
     def __repr__(self) -> str:
         return f"Group({self.team!r}, {self.need!r}, {self.replicas}, {self.cpu}, {self.floor})"

@@ -10,9 +10,10 @@ preemption. Teams missing from the snapshot get no quota and no limit.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from corral.core.model import Allocation, Team
 from corral.core.resources import MILLI
@@ -47,6 +48,9 @@ class Book:
         self.usage = usage
 
 
+_SERIALS: Final = itertools.count(1)  # ledgers' serial numbers: one per ledger made
+
+
 class Ledger:
     """Usage per team during one cycle, updated as placements and evictions are decided.
 
@@ -73,6 +77,8 @@ class Ledger:
         # Where changes are logged: a ``Cycle.memo()``'s log, so what-ifs roll back, or a
         # log of its own (nothing rolls it back)
         self._log: list[tuple[Any, Any, Any]] = store.log if store is not None else []
+        # never another ledger's: a page noted with it is this ledger's (``Group.paged``)
+        self.serial: int = next(_SERIALS)
         for team, milli in usage(allocations).items():
             self.book(team).usage = milli
 
