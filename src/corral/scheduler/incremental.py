@@ -45,7 +45,7 @@ from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.slots import NOWHERE, Numbers, Running, Slot, Slots, Tally, join, leave
-from corral.scheduler.victims import VictimIndex, inner_map
+from corral.scheduler.victims import VictimIndex
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -316,12 +316,7 @@ class Scheduler:
             self._used[team].milli += held if sign > 0 else -held
         node = slot.node
         if sign > 0:
-            users = inner_map(self._running, alloc.priority)
-            running = users.get(alloc.user)
-            if running is None:
-                running = users[alloc.user] = Running()
-            running.count += 1.0
-            slot.running = running
+            slot.count_in(self._running)
             self._victims.add(slot)
             if node != NOWHERE:
                 join(self._here[node], slot)
@@ -332,10 +327,7 @@ class Scheduler:
                 ):
                     self._end_at[node] = given
         else:
-            running = slot.running
-            if running is not None:  # counted at its start (as every active one is)
-                running.count -= 1.0
-                slot.running = None
+            slot.uncount()
             self._victims.remove(slot)
             if node != NOWHERE:
                 leave(self._here[node], slot)

@@ -47,6 +47,27 @@ class Slot:
         # its user's count of active allocations in its class, while it is counted there
         self.running: Running | None = None
 
+    def count_in(self, running: dict[str, dict[str, Running]]) -> None:
+        """Its allocation starts counting as its user's running work in its class
+        (``running``: class -> user -> count); it holds the count until ``uncount``."""
+        alloc = self.alloc
+        users = running.get(alloc.priority)
+        if users is None:
+            users = running[alloc.priority] = {}
+        kept = users.get(alloc.user)
+        if kept is None:
+            kept = users[alloc.user] = Running()
+        kept.count += 1.0
+        self.running = kept
+
+    def uncount(self) -> None:
+        """Its allocation no longer counts (``count_in`` when it started, as every active
+        one is): no look-up by class or user."""
+        kept = self.running
+        if kept is not None:
+            kept.count -= 1.0
+            self.running = None
+
 
 @mypyc_attr(acyclic=True)  # a float, nothing else (core/compiled.py)
 class Running:
