@@ -221,8 +221,7 @@ class Cycle:
             candidates = self._candidates(need, model, runtime, limit, seen)
             return choose(need, candidates, self._chain) if candidates else None
         tiers = self._tiers(need, model)
-        if seen is None and len(tiers) > 1:  # a later tier must not list a node again
-            seen = set()
+        seen = _seen(tiers, seen)
         first: Fit | None = None
         first_locality, first_gap = ABSENT, None
         best: Fit | None = None
@@ -254,8 +253,7 @@ class Cycle:
         """Up to ``limit`` fits per tier, nodes in ``seen`` (None: none) passed over."""
         candidates: list[Candidate] = []
         tiers = self._tiers(need, model)
-        if seen is None and len(tiers) > 1:  # a later tier must not list a node again
-            seen = set()
+        seen = _seen(tiers, seen)
         for sources in tiers:
             for fit in search(need, sources, limit, seen):
                 gap = self._end_gap(fit.node, runtime)
@@ -403,6 +401,12 @@ def _by_index(ends: dict[int, float], nodes: int) -> list[float | None]:
     for idx, end in ends.items():
         out[idx] = end
     return out
+
+
+def _seen(tiers: list[list[Source]], seen: set[int] | None) -> set[int] | None:
+    """The nodes a search passes over: ``seen``, or a new set when there is none and a
+    later tier must not list a node again."""
+    return set() if seen is None and len(tiers) > 1 else seen
 
 
 def locality(nc: NodeCap, model: str | None) -> int:
