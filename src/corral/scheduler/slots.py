@@ -14,13 +14,16 @@ start and dropped at its end.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 NOWHERE: Final = -1
 """The node index of an allocation on a node the scheduler does not hold."""
@@ -51,9 +54,7 @@ class Slot:
         """Its allocation starts counting as its user's running work in its class
         (``running``: class -> user -> count); it holds the count until ``uncount``."""
         alloc = self.alloc
-        users = running.get(alloc.priority)
-        if users is None:
-            users = running[alloc.priority] = {}
+        users = inner_map(running, alloc.priority)
         kept = users.get(alloc.user)
         if kept is None:
             kept = users[alloc.user] = Running()
@@ -90,6 +91,14 @@ class Tally:
 
     def __init__(self) -> None:
         self.milli: i64 = 0
+
+
+def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
+    """``outer[key]``, made empty when missing (``setdefault`` would make a dict per call)."""
+    inner = outer.get(key)
+    if inner is None:
+        inner = outer[key] = {}
+    return inner
 
 
 class Slots:

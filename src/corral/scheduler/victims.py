@@ -23,7 +23,7 @@ bringing it up to date was 7% of the samples at 1,000,000 jobs (docs/performance
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final
 
 from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, PriorityClass
@@ -33,8 +33,6 @@ from corral.scheduler.slots import NOWHERE, Slot
 if TYPE_CHECKING:
     from mypy_extensions import i64
 
-K = TypeVar("K")
-V = TypeVar("V")
 _RUN: Final = AllocDesired.RUN  # a module constant: a compiled build reads it directly
 
 
@@ -260,14 +258,6 @@ def _leave(victims: list[Slot], slot: Slot) -> None:
         victims[slot.victim_at] = last
         last.victim_at = slot.victim_at
     slot.victim_at = -1
-
-
-def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:
-    """``outer[key]``, made empty when missing (``setdefault`` would make a dict per call)."""
-    inner = outer.get(key)
-    if inner is None:
-        inner = outer[key] = {}
-    return inner
 
 
 def _first(job_ids: tuple[str, ...]) -> str:
