@@ -17,7 +17,6 @@ in submission order are appended.
 from __future__ import annotations
 
 from bisect import insort
-from collections import Counter
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -137,16 +136,18 @@ class Queue:
         # where a pass looks for each user's next job.
         self.lines: dict[str, dict[str, dict[str, Line[Group]]]] = {c: {} for c in self.lists}
         self.big: dict[str, list[Job]] = {c: [] for c in self.lists}  # per class, oldest first
-        self.big_teams: dict[str, Counter[str]] = {c: Counter() for c in self.lists}  # their teams
+        # their teams; counts in plain dicts (here and below): a compiled build reads and
+        # writes a dict natively, a ``Counter`` (a subclass) generically
+        self.big_teams: dict[str, dict[str, int]] = {c: {} for c in self.lists}
         self._kept = {c: ClassMaps(self, c) for c in self.lists}
         self.unknown: set[str] = set()  # jobs of an unknown priority class
         self.batches: dict[Hashable, list[Job]] = {}
-        self.label_keys: Counter[str] = Counter()
-        self.models: Counter[str] = Counter()
+        self.label_keys: dict[str, int] = {}
+        self.models: dict[str, int] = {}
         self._needs: dict[ResourceRequest, Need] = {}
         self._by_request: dict[int, tuple[ResourceRequest, Need]] = {}  # by id(request)
         self._recent: list[tuple[ResourceRequest, Need]] = []  # the first few, scanned
-        self._groups: dict[tuple[str, Need, int, bool, int], Group] = {}  # interned
+        self._groups: dict[Need, dict[int, list[Group]]] = {}  # interned: need, bucket (``_group``)
         self._stamps: i64 = 0  # the last stamp handed out (``stamp``)
         self._idle = 0  # lines kept empty (``_relined``)
         self._idle_groups = 0  # groups kept with no job (``remove``)
@@ -163,17 +164,13 @@ class Queue:
         need = self.need(job)
         cpu = r.cpu_fallback and r.wants_gpu
         bucket = runtime_bucket(job.estimated_runtime_s)
-        key = (job.team, need, job.replicas, cpu, bucket)
-        group = self._groups.get(key)
-        if group is None:
-            floor = bucket_floor(bucket)
-            group = self._groups[key] = Group(job.team, need, job.replicas, cpu, floor)
+        group = self._group(job.team, need, job.replicas, cpu, bucket)
         self.groups[job_id] = group
         if job.node_selector is not EMPTY:  # not its truth: a generic call on a Mapping
             for label in job.node_selector:
-                self.label_keys[label] += 1
+                _increment(self.label_keys, label)
         if job.model:
-            self.models[job.model] += 1
+            _increment(self.models, job.model)
         if job.batch_key is not None:
             batch = batch_key(job)
             if batch is not None:
@@ -184,9 +181,26 @@ class Queue:
             return True
         if self._is_big(need, job.replicas):
             _insert(kept.big, job, sort)
-            kept.big_teams[job.team] += 1
+            _increment(kept.big_teams, job.team)
         self._hold(kept, group, job, sort)
         return True
+
+    def _group(self, team: str, need: Need, replicas: int, cpu: bool, bucket: int) -> Group:
+        """The one group of these (made when missing). Found by need, then run-time bucket
+        (a small int), then a scan of the few there: a key tuple of all five, made, hashed
+        (the need's hash a method call) and freed per job, cost twice as much."""
+        by_bucket = self._groups.get(need)
+        if by_bucket is None:
+            by_bucket = self._groups[need] = {}
+        alike = by_bucket.get(bucket)
+        if alike is None:
+            alike = by_bucket[bucket] = []
+        for group in alike:
+            if group.team == team and group.replicas == replicas and group.cpu == cpu:
+                return group
+        group = Group(team, need, replicas, cpu, bucket_floor(bucket))
+        alike.append(group)
+        return group
 
     def _hold(self, kept: ClassMaps, group: Group, job: Job, sort: bool) -> None:
         """Put ``job`` in its group's list of its user (and the kept splits and lines)."""
@@ -445,9 +459,13 @@ def _remove_from(own: list[Job], job: Job) -> None:
         own.remove(job)  # not where its key says: only if the caller broke the order
 
 
-def _decrement(counter: Counter[HK], key: HK) -> None:
-    left = counter[key] - 1
+def _increment(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
+
+
+def _decrement(counts: dict[str, int], key: str) -> None:
+    left = counts[key] - 1
     if left > 0:
-        counter[key] = left
+        counts[key] = left
     else:
-        del counter[key]
+        del counts[key]

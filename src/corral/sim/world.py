@@ -3,10 +3,9 @@
 The world is the simulator's imperative shell, playing the part the server
 plays in production: it keeps the state the scheduler decides about, hands
 ``schedule`` a ``Snapshot`` of it, and applies the returned ``Plan``.
-State is kept incrementally (queued jobs and active allocations in
-insertion-ordered dicts, free capacity per GPU in a record per card), so a
-snapshot costs two tuple copies and applying a placement is O(GPUs it takes); no
-node is rebuilt per event.
+State is kept incrementally (queued jobs and active allocations in insertion-ordered
+dicts, free capacity per GPU in a record per card), so a snapshot costs two tuple copies
+and applying a placement is O(GPUs it takes); no node is rebuilt per event.
 
 Applying checks the plan as the server's verifier would: a placement that
 over-commits a GPU, names a job that is not queued, or places part of a gang
@@ -23,7 +22,8 @@ from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
-from corral.core.states import JOB, AllocObserved, JobState
+from corral.core.states import JOB as JOB_LIFECYCLE
+from corral.core.states import AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
 from corral.scheduler.capacity import Card
 from corral.sim.clock import EventClock
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from mypy_extensions import i64
 
 Sink = Callable[[JobRecord], None]
+JOB: Final = JOB_LIFECYCLE  # a static here: an imported name is looked up at each use
 QUEUED: Final = JobState.QUEUED
 PLACED: Final = JobState.PLACED
 RUNNING: Final = JobState.RUNNING
@@ -227,9 +228,8 @@ class World:
     def set_nodes(self, nodes: tuple[Node, ...]) -> None:
         """The cluster changed (autoscaling: a node joined, was drained or removed).
 
-        Nodes kept (by name) keep what is free on them; a node that leaves must hold
-        no allocation. O(nodes): it runs per autoscaling change, never per job.
-        """
+        Nodes kept (by name) keep what is free on them; a node that leaves must hold no
+        allocation. O(nodes): it runs per autoscaling change, never per job."""
         names = {n.name for n in nodes}
         for alloc in self.allocations.values():
             if alloc.node not in names:
