@@ -24,7 +24,8 @@ class Planned:
     __slots__ = ("_by_id", "_next", "_order")
 
     def __init__(self, placements: Sequence[Placement] = ()) -> None:
-        self._order = placements
+        # a tuple (a plan's already: not copied), which a compiled build indexes natively
+        self._order = tuple(placements)
         self._next: i64 = 0  # the placement the next start is expected to be
         self._by_id: dict[str, Placement] | None = None  # made at the first start out of order
 
