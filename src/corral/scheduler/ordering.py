@@ -16,7 +16,7 @@ name: deterministic, and it carries fairness from cycle to cycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable
 from heapq import heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
@@ -91,10 +91,11 @@ class LiveQueue(Generic[Q]):
     every live group; ``Queue`` keeps the lines between cycles. ``weights``,
     ``running`` and ``served`` (users' weights, their running work in the class as the
     scheduler counts it, ``slots.Running``, their recent service in every class:
-    ``service.py``) are dicts, not any mapping: a compiled build reads them natively as
-    each user starts. A user's tie is its running
-    work and its service added, per weight: what ``service.with_served`` would give,
-    added up only for the users that start rather than for every user and class.
+    ``service.py``) and each map of ``lines`` are dicts, not any mapping: a compiled build
+    reads them natively as each user starts (and walks each map of lines natively). A
+    user's tie is its running work and its service added, per weight: what
+    ``service.with_served`` would give, added up only for the users that start rather than
+    for every user and class.
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class LiveQueue(Generic[Q]):
         weights: dict[str, float],
         running: dict[str, Running],
         gate: Gate[Q],
-        lines: Iterable[Mapping[str, Line[Q]]] | None = None,
+        lines: Iterable[dict[str, Line[Q]]] | None = None,
         served: dict[str, float] | None = None,
     ) -> None:
         self._weights = weights

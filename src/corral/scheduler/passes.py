@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from corral.core.model import Job, PriorityClass
@@ -36,6 +35,7 @@ from corral.scheduler.need import Need
 from corral.scheduler.ordering import Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Group, Queue
+from corral.scheduler.quota import Ledger
 from corral.scheduler.service import with_served
 from corral.scheduler.slots import Running
 
@@ -139,11 +139,10 @@ class Passes:
             for t in teams
         }
         planner, ledger = self.planner, self.planner.ledger
-        heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
-        heapify(heap)
+        shares = _shares(queues, ledger)
         state = planner.state()
-        while heap:
-            _, team = heappop(heap)
+        while shares:
+            team = _take_least(shares)
             queue = queues[team]
             job = queue.pop()
             if job is None:
@@ -160,10 +159,9 @@ class Passes:
                 live.reset()
                 for q in queues.values():
                     q.refill()
-                heap = [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
-                heapify(heap)
+                shares = _shares(queues, ledger)
             elif queue:
-                heappush(heap, (ledger.borrowed(team) / ledger.weight(team), team))
+                shares.append((ledger.borrowed(team) / ledger.weight(team), team))
 
     def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
         """The oldest big jobs this pass may place go first (``reservation.py``)."""
@@ -217,6 +215,27 @@ class Passes:
             running = with_served(self.running, self.served, (pclass.name,)).get(pclass.name, {})
             for job in FairQueue(left, self.weights, running):
                 planner.leave(job, planner.explanation(job, pclass))
+
+
+def _shares(queues: dict[str, LiveQueue[Group]], ledger: Ledger) -> list[tuple[float, str]]:
+    """The teams with a job to hand out, each with what it borrows per weight."""
+    return [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
+
+
+def _take_least(shares: list[tuple[float, str]]) -> str:
+    """Take the team borrowing least per weight (ties: by name) out of ``shares``. A walk
+    of the few teams, where a heap (``heapq``) made generic calls and compared tuples
+    generically for each job a borrowing pass handed out."""
+    best: i64 = 0
+    least, name = shares[0]
+    for i in range(1, len(shares)):
+        share, team = shares[i]
+        if share < least or (share == least and team < name):
+            best, least, name = i, share, team
+    last = shares.pop()
+    if best < len(shares):
+        shares[best] = last
+    return name
 
 
 def _any_usable(users: dict[str, Line[Group]], live: Liveness) -> bool:

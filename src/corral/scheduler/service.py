@@ -48,14 +48,19 @@ class ServiceLedger:
 
     def view(self, now: float) -> Mapping[str, float]:
         """Every user's decayed service at ``now`` (users whose service faded are dropped)."""
-        out = {u: v for u in list(self._value) if (v := self._at(u, now)) >= FORGET_BELOW}
-        for user in self._value.keys() - out.keys():
+        # One walk of the records (no look-up per user), the faded ones listed: a set of
+        # every user made per cycle (the keys' difference) cost most of a view
+        out: dict[str, float] = {}
+        faded: list[str] = []
+        for user, got in self._value.items():
+            value = self._decayed(got, now)
+            if value >= FORGET_BELOW:
+                out[user] = value
+            else:
+                faded.append(user)
+        for user in faded:
             del self._value[user]
         return out
-
-    def _at(self, user: str, now: float) -> float:
-        got = self._value.get(user)
-        return 0.0 if got is None else self._decayed(got, now)
 
     def _decayed(self, got: _Served, now: float) -> float:
         elapsed = now - got.at
