@@ -259,7 +259,11 @@ def _nth(free_at: list[float], usable: list[bool] | None, n: int) -> float:
     """The ``n``-th soonest (from 1) of the usable cards' times (``usable`` None: all)."""
     if usable is None:
         if n == len(free_at):  # the whole node: when its last card frees
-            return max(free_at)
+            latest = free_at[0]  # a loop, not ``max``: compared natively, not generically
+            for at in free_at:
+                if at > latest:
+                    latest = at
+            return latest
         free_at.sort()
         return free_at[n - 1]
     return sorted(free_at[i] for i in range(len(free_at)) if usable[i])[n - 1]
