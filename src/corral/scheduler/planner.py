@@ -189,13 +189,14 @@ class Planner:
             return True
         if replicas == 1 and self.reservations.could_backfill(need, group.floor):
             return True
-        ask = self.ask(group.team, pclass, guaranteed, asks)
-        may_evict = self.config.preemption and (ask.reclaim or ask.priority)
-        generation = self.cycle.cap.generation
-        if may_evict and not current(
-            self._preempt_failed.data.get((need, replicas, ask)), generation
-        ):
-            return True
+        # ``ask.reclaim or ask.priority`` (``_ask``) without the ask: it is looked up, by
+        # team, only to key the memo (a borrowing pass of a class that may not preempt
+        # asked for one per group and check, to find it may evict nobody)
+        if self.config.preemption and (guaranteed or pclass.can_preempt):
+            ask = self.ask(group.team, pclass, guaranteed, asks)
+            key = (need, replicas, ask)
+            if not current(self._preempt_failed.data.get(key), self.cycle.cap.generation):
+                return True
         return group.cpu and pclass.cpu_offload and not self._fit_failed(_on_cpu(need), replicas)
 
     def _fit_failed(self, need: Need, replicas: int) -> bool:
@@ -255,9 +256,9 @@ class Planner:
         A failure is remembered (outside the rolled-back what-if) until capacity
         is given back: the same job shape would fail the same way.
         """
-        ask = self.ask(job.team, pclass, guaranteed)
-        if not (ask.reclaim or ask.priority):
+        if not (guaranteed or pclass.can_preempt):  # the ask's reclaim or priority (``_ask``)
             return None  # it may evict nobody (and the job did not fit without evictions)
+        ask = self.ask(job.team, pclass, guaranteed)
         key = (need, job.replicas, ask)
         generation = self.cycle.cap.generation
         if not patient and current(self._preempt_failed.data.get(key), generation):
@@ -436,6 +437,7 @@ class Planner:
 
 
 def _ask(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
+    # ``may_fit`` reads ``reclaim or priority`` as ``guaranteed or pclass.can_preempt``
     return Ask(team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)
 
 
