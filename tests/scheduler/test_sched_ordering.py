@@ -15,6 +15,7 @@ from corral.scheduler.fair import FairQueue
 from corral.scheduler.lines import Line, lines_of
 from corral.scheduler.need import Need, need_of
 from corral.scheduler.ordering import Checks, LiveQueue
+from corral.scheduler.passes import _take_least
 from corral.scheduler.queues import IDLE_GROUPS, IDLE_LINES, Group, Queue
 from corral.scheduler.service import with_served
 from corral.scheduler.slots import Running
@@ -321,6 +322,62 @@ def test_jobs_share_a_group_when_their_estimates_share_a_power_of_two() -> None:
     assert queue.groups["a"] is queue.groups["b"]
     assert queue.groups["c"] is queue.groups["d"]
     assert len({id(g) for g in queue.groups.values()}) == 5
+
+
+def test_jobs_share_a_group_only_when_team_need_replicas_fallback_and_bucket_agree() -> None:
+    # ``Queue._group`` finds a group by need, then bucket, then a scan of team, replicas and
+    # CPU fallback: each part alone makes another group; an equal need (a new object, as a
+    # node selector's need is) finds the same one.
+    queue = Queue(["batch"])
+
+    def add(name: str, *, fallback: bool = False, **fields: object) -> Group:
+        made = job(name).gpus(2).set(priority="batch", estimated_runtime_s=100.0, team="t")
+        made = made.set(node_selector={"rack": "r1"}).set(**fields)
+        built = (made.cpu_fallback() if fallback else made).build()
+        queue.add(built)
+        return queue.groups[built.id]
+
+    base = add("base")
+    assert add("same") is base
+    others = [
+        add("team", team="u"),
+        add("need", node_selector={"rack": "r2"}),
+        add("replicas", replicas=2),
+        add("fallback", fallback=True),
+        add("bucket", estimated_runtime_s=1000.0),
+    ]
+    assert len({id(g) for g in [base, *others]}) == 6
+    assert [(g.team, g.replicas, g.cpu) for g in others] == [
+        ("u", 1, False),
+        ("t", 1, False),
+        ("t", 2, False),
+        ("t", 1, True),
+        ("t", 1, False),
+    ]
+    assert add("team2", team="u") is others[0]
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5]), st.booleans()), max_size=12))
+def test_the_borrowing_pass_takes_teams_by_least_share_then_name(
+    draws: list[tuple[float, bool]],
+) -> None:
+    # ``_take_least`` takes what ``heapq`` popped: the least (share, team) of those left,
+    # each once, teams coming back (``append``) where they left a heap.
+    shares = [(share, f"team-{i:02d}") for i, (share, _) in enumerate(draws)]
+    left = list(shares)
+    taken = []
+    again = [f"team-{i:02d}" for i, (_, back) in enumerate(draws) if back]
+    while left:
+        expected = min(left)
+        name = _take_least(left)
+        assert name == expected[1]
+        assert expected not in left
+        assert len(left) == len(set(left))
+        taken.append(name)
+        if name in again:  # it placed a job and still has one: back in with a new share
+            again.remove(name)
+            left.append((expected[0] + 1.0, name))
+    assert sorted(set(taken)) == sorted(t for _, t in shares)
 
 
 def test_an_emptied_line_is_kept_for_the_user_s_next_job_without_its_pass_state() -> None:

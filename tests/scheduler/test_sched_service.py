@@ -64,6 +64,17 @@ def test_service_decays_with_its_half_life_and_is_forgotten() -> None:
     assert ledger.view(1000.0) == {}
 
 
+def test_a_view_drops_only_the_users_whose_service_faded_and_keeps_the_order() -> None:
+    ledger = ServiceLedger(half_life_s=10.0)
+    for user, at in (("carol", 60.0), ("alice", 0.0), ("bob", 65.0)):
+        ledger.record(user, at)
+    view = ledger.view(70.0)  # alice's 1 has decayed to 2**-7, under FORGET_BELOW
+    assert list(view) == ["carol", "bob"]  # alice's dropped, the rest in their order
+    assert view == {"carol": pytest.approx(0.5), "bob": pytest.approx(2**-0.5)}
+    ledger.record("alice", 70.0)  # forgotten, so served afresh: nothing left from before
+    assert ledger.view(70.0)["alice"] == 1.0
+
+
 def test_a_ledger_needs_a_positive_half_life() -> None:
     with pytest.raises(ValueError, match="half_life_s"):
         ServiceLedger(half_life_s=0)
