@@ -161,7 +161,7 @@ class Passes:
                     q.refill()
                 shares = _shares(queues, ledger)
             elif queue:
-                shares.append((ledger.borrowed(team) / ledger.weight(team), team))
+                shares.append((_share(ledger, team), team))
 
     def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
         """The oldest big jobs this pass may place go first (``reservation.py``)."""
@@ -219,7 +219,12 @@ class Passes:
 
 def _shares(queues: dict[str, LiveQueue[Group]], ledger: Ledger) -> list[tuple[float, str]]:
     """The teams with a job to hand out, each with what it borrows per weight."""
-    return [(ledger.borrowed(t) / ledger.weight(t), t) for t, q in queues.items() if q]
+    return [(_share(ledger, t), t) for t, q in queues.items() if q]
+
+
+def _share(ledger: Ledger, team: str) -> float:
+    """What ``team`` borrows per weight: the borrowing pass serves the least first."""
+    return ledger.borrowed(team) / ledger.weight(team)
 
 
 def _take_least(shares: list[tuple[float, str]]) -> str:
