@@ -164,7 +164,8 @@ def _tokens(url: str, admin: str) -> tuple[str, str, str]:
 def run(db: str, home: Path, args: argparse.Namespace) -> int:
     server = ServerProcess(db, home).start()
     try:
-        assert server.proc is not None and server.admin_token
+        assert server.proc is not None
+        assert server.admin_token
         found = next(m for line in server.output if (m := _AGENTS.search(line)))
         team, agent, good = _tokens(server.url, server.admin_token)
         target = Target(server.url, found.group(1), team, agent)
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in args.attacks if a not in ATTACKS]
     if unknown:
         parser.error(f"unknown attacks: {', '.join(unknown)}")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # 2,000 slow sockets and more
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # 2,000 slow sockets and more
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     os.environ.pop("CORRAL_ADMIN_TOKEN", None)
     with tempfile.TemporaryDirectory(prefix="corral-abuse-") as tmp:

@@ -23,4 +23,6 @@ def test_bench_abuse_prints_every_attack_and_the_summary() -> None:
     assert re.search(r"^healthz p99 under attack: [\d.]+ ms", out.stdout, re.MULTILINE)
     assert re.search(r"^5xx to well-behaved clients: \d+", out.stdout, re.MULTILINE)
     peak = re.search(r"^server peak descriptors: (\d+), peak RSS: (\d+) MB", out.stdout, re.M)
-    assert peak is not None and int(peak.group(1)) > 0 and int(peak.group(2)) > 0
+    assert peak is not None
+    assert int(peak.group(1)) > 0
+    assert int(peak.group(2)) > 0
