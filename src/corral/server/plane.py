@@ -28,6 +28,7 @@ from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
+from corral.server.services.streams import StreamGate
 from corral.server.services.unit import Runtime
 from corral.server.store.db import lock_key
 from corral.server.store.notify import Note, Notifier, PgNotifier
@@ -63,6 +64,7 @@ class ControlPlane:
         self.nodes = NodeService(rt)
         self.agents = AgentService(rt, self.auth, writes)
         self.feed = EventFeed(rt)
+        self.streams = StreamGate(rt.settings.limits)  # open event streams, capped
         self.models = ModelService(rt)  # the registry (issue 10)
         self.model_status = ModelStatusService(rt)  # where models are, from agents' reports
         leader: Leadership = AlwaysLeader()
