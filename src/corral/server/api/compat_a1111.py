@@ -19,10 +19,12 @@ from corral.core.errors import (
     Conflict,
     Forbidden,
     InvalidSpec,
+    LimitReached,
     NotFound,
     Unavailable,
 )
 from corral.server.api.compat_auth import compat_caller, shaped_route
+from corral.server.api.errors import retry_after
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_a1111 import A1111Service, GenerationFailed
 
@@ -37,6 +39,8 @@ def error(status: int, name: str, detail: str, headers: dict[str, str] | None = 
 
 def render(exc: Exception) -> Response | None:
     """Any failure of an ``/sdapi/v1`` route, in the webui's shape."""
+    if isinstance(exc, LimitReached):
+        return error(429, "HTTPException", str(exc), retry_after(exc))
     if isinstance(exc, AuthError):
         status = 403 if isinstance(exc, Forbidden) else 401
         detail = f"Incorrect username or password ({exc})" if status == 401 else str(exc)
