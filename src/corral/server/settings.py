@@ -43,6 +43,13 @@ class StoreSettings(BaseModel):
         ),
     )
     pool_size: int = Field(default=10, ge=1, le=200, description="PostgreSQL connections")
+    pool_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a request waits for a free PostgreSQL connection before it "
+        "fails (SQLAlchemy's default); event streams never take more than "
+        "limits.stream_table_readers of them",
+    )
 
 
 class ApiSettings(BaseModel):
