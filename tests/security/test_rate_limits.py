@@ -19,6 +19,8 @@ import httpx
 import pytest
 from http_harness import Served, eventually, serve
 
+from corral.sdk import AsyncClient, TooManyRequests
+
 pytestmark = pytest.mark.anyio
 
 SLOW = 0.001  # per second: nothing refills while a test runs
@@ -94,6 +96,19 @@ async def test_the_drop_in_apis_submit_under_the_same_rate_limit(
     prompt = {"1": {"class_type": "SaveImage", "inputs": {"filename_prefix": "x"}}}
     comfy = await flood.post("/prompt", json={"prompt": prompt})
     refused(comfy, 429, "limits.submit_jobs_per_s")
+
+
+async def test_the_sdk_says_how_long_to_wait(served: Served) -> None:
+    body = {"kind": "team", "team": "sdk", "name": "sdk-app"}
+    token = (await served.admin.post("/v1/tokens", json=body)).json()
+    async with AsyncClient(served.base_url, token["token"]) as client:
+        for _ in range(10):
+            await client.submit(kind="sample")
+        with pytest.raises(TooManyRequests) as refusal:
+            await client.submit(kind="sample")
+    assert refusal.value.retry_after is not None
+    assert refusal.value.retry_after >= 1
+    assert "limits.submit_jobs_per_s" in refusal.value.message
 
 
 async def test_every_request_of_a_team_token_counts_toward_its_rate(
