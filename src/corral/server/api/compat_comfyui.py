@@ -52,10 +52,9 @@ def render(exc: Exception) -> Response | None:
     """Any failure of a ComfyUI route, as ComfyUI's ``{"error": {...}, "node_errors": {}}``."""
     if isinstance(exc, PromptRejected):
         return JSONResponse(exc.body, status_code=400)
-    status, kind = 500, "internal"
-    headers = retry_after(exc) if isinstance(exc, LimitReached) else None
+    status, kind, headers = 500, "internal", None
     if isinstance(exc, LimitReached):
-        status, kind = 429, "too_many_requests"
+        status, kind, headers = 429, "too_many_requests", retry_after(exc)
     elif isinstance(exc, AuthError):
         status, kind = (403, "forbidden") if isinstance(exc, Forbidden) else (401, "unauthorized")
     elif isinstance(exc, Unservable):
@@ -69,7 +68,8 @@ def render(exc: Exception) -> Response | None:
     else:
         log.exception("comfyui api: unexpected error", exc_info=exc)
     message = "internal error (see the corral server log)" if status == 500 else str(exc)
-    headers = {"WWW-Authenticate": "Basic"} if status == 401 else headers
+    if status == 401:
+        headers = {"WWW-Authenticate": "Basic"}
     body = {"error": comfy_error(kind, message), "node_errors": {}}
     return JSONResponse(body, status_code=status, headers=headers)
 

@@ -69,10 +69,6 @@ class StreamGate:
         self.total += 1
         return StreamSlot(self, who.token_id)
 
-    def held(self, who: Principal) -> int:
-        """How many streams ``who``'s token holds open now."""
-        return self._open[who.token_id]
-
     def leave(self, token: str) -> None:
         self.total -= 1
         self._open[token] -= 1
