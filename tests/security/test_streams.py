@@ -19,6 +19,8 @@ import httpx
 import pytest
 from http_harness import ADMIN_TOKEN, eventually, serve, sse_events
 from process_harness import ServerProcess
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 pytestmark = pytest.mark.anyio
 
@@ -117,6 +119,21 @@ async def test_a_new_events_stream_starts_now_and_after_asks_for_history(tmp_pat
             first_history = await anext(sse_events(history))
     assert first_live["data"]["job_id"] == new  # not the whole log first
     assert first_history["data"]["job_id"] == old
+
+
+async def test_a_comfyui_websocket_counts_as_a_stream(tmp_path: Path) -> None:
+    sections = {"limits": {"streams_per_token": 1}}
+    async with serve(str(tmp_path / "c.db"), tmp_path, sections=sections) as s:
+        r = await s.admin.post("/v1/tokens", json={"kind": "team", "team": "t", "name": "app"})
+        token = r.json()["token"]
+        url = s.base_url.replace("http://", "ws://") + "/ws?clientId=c1"
+        async with s.client(token) as http, http.stream("GET", "/v1/events") as held:
+            assert held.status_code == 200
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(url, additional_headers=bearer(token)):
+                    pass
+    assert refused.value.response.status_code == 429
+    assert "limits.streams_per_token" in refused.value.response.body.decode()
 
 
 JOBS = 3000  # three full batches: 3,000 events of history, six pages per stream
