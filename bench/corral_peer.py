@@ -165,9 +165,9 @@ class CorralPeer:
         while not self._closed:
             if self.client == "stdlib":
                 try:
-                    for kind, seq, job_id in self._plain.events(
-                        "/v1/events", {"kind": list(WATCHED)}, last
-                    ):
+                    # ``after``: from the start of the log, not from "now" (the default)
+                    watched = {"kind": list(WATCHED), "after": [str(last)]}
+                    for kind, seq, job_id in self._plain.events("/v1/events", watched, last):
                         last = seq
                         self._on_event(kind, job_id)
                 except (OSError, http.client.HTTPException):
@@ -178,7 +178,8 @@ class CorralPeer:
                 with self._http.stream(
                     "GET",
                     "/v1/events",
-                    params={"kind": list(WATCHED)},  # not submitted/placed: never read here
+                    # not submitted/placed: never read here; all of them, not only from "now"
+                    params={"kind": list(WATCHED), "after": last},
                     headers=headers,
                     timeout=httpx.Timeout(60, read=None),
                 ) as r:

@@ -48,7 +48,10 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(db_url: str, home: Path, **api: Any) -> AsyncIterator[Served]:
+async def serve(
+    db_url: str, home: Path, *, sections: dict[str, Any] | None = None, **api: Any
+) -> AsyncIterator[Served]:
+    """A server on ``db_url``; ``api`` settings, and other ``sections`` (e.g. ``limits``)."""
     settings = Settings(
         home=home,
         admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
@@ -56,6 +59,7 @@ async def serve(db_url: str, home: Path, **api: Any) -> AsyncIterator[Served]:
         api={"sse_poll_s": 0.2, **api},  # type: ignore[arg-type]
         scheduling={"debounce_s": 0.001},  # type: ignore[arg-type]
         log_level="warning",
+        **(sections or {}),
     )
     link = InProcessLink()
     plane = create_plane(settings, link=link)

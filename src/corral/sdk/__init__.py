@@ -27,6 +27,7 @@ from corral.sdk.errors import (
     ServerError,
     ServerUnreachable,
     StreamError,
+    TooManyRequests,
     Unauthorized,
     WaitTimeout,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "Target",
     "TeamQuota",
     "TokenStatus",
+    "TooManyRequests",
     "Unauthorized",
     "WaitInfo",
     "WaitTimeout",

@@ -10,6 +10,7 @@
     │   ├── PermissionDenied      403: a valid token that may not do this
     │   ├── NotFound              404: no such job/node (or not visible to this token)
     │   ├── Conflict              409: e.g. an Idempotency-Key reused for a different request
+    │   ├── TooManyRequests       429: a rate limit, stream cap or queue cap; ``retry_after``
     │   └── ServerError           5xx
     ├── WaitTimeout               ``wait``/``result`` ran out of time; the job goes on
     ├── JobFailed                 ``result`` of a job that failed or was cancelled
@@ -92,6 +93,14 @@ class Conflict(ApiError):
     """409: the request clashes with the server's state."""
 
 
+class TooManyRequests(ApiError):
+    """429: a rate limit, a cap on open streams or on a team's queued jobs was reached;
+    ``retry_after`` is how many seconds the server asked to wait (the message names the
+    limit and its setting)."""
+
+    retry_after: float | None = None
+
+
 class ServerError(ApiError):
     """5xx: the server failed; 502/503/504 are retried first."""
 
@@ -128,6 +137,7 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     403: PermissionDenied,
     404: NotFound,
     409: Conflict,
+    429: TooManyRequests,
     413: BadRequest,
     422: BadRequest,
 }
@@ -142,7 +152,7 @@ def api_error(response: httpx.Response) -> ApiError:
     message = str(body.get("message") or response.reason_phrase or "error")
     field = body.get("field")
     fields = body.get("fields")
-    return kind(
+    error = kind(
         status,
         str(body.get("error") or _default_code(status)),
         message,
@@ -151,6 +161,10 @@ def api_error(response: httpx.Response) -> ApiError:
         method=response.request.method,
         url=str(response.request.url),
     )
+    if isinstance(error, TooManyRequests):
+        wait = response.headers.get("Retry-After", "")
+        error.retry_after = float(wait) if wait.isdigit() else None
+    return error
 
 
 def _json_body(response: httpx.Response) -> dict[str, Any]:

@@ -60,6 +60,7 @@ def build_runtime(
         target,
         sqlite_synchronous=settings.store.sqlite_synchronous,
         pool_size=settings.store.pool_size,
+        pool_timeout_s=settings.store.pool_timeout_s,
         wal_prefill=settings.store.sqlite_wal_prefill,
     )
     return Runtime(

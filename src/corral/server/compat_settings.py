@@ -32,3 +32,21 @@ class CompatSettings(BaseModel):
     catalog_timeout_s: float = Field(
         default=30.0, gt=0, description="how long to wait for a backend to list what it has"
     )
+    options_max_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="largest POST /sdapi/v1/options body, and the most one caller's options "
+        "may take kept (as JSON); the webui's whole options list is about 20 KB",
+    )
+    max_callers: int = Field(
+        default=1000,
+        ge=1,
+        description="callers (token and user name) whose options and running requests are "
+        "kept; past it the one unused longest is forgotten (its options go back to the "
+        "defaults)",
+    )
+    caller_idle_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="a caller unused this long (and with no request running) is forgotten",
+    )

@@ -28,6 +28,9 @@ from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
+from corral.server.services.quotas import TeamQuotas
+from corral.server.services.rates import RateLimits
+from corral.server.services.streams import StreamGate
 from corral.server.services.unit import Runtime
 from corral.server.store.db import lock_key
 from corral.server.store.notify import Note, Notifier, PgNotifier
@@ -59,10 +62,12 @@ class ControlPlane:
         # One writer queue for submissions and agents' updates: under load a group of both
         # is one transaction and one fsync instead of two (docs/performance.md, item 46).
         writes = GroupCommitter(rt)
-        self.jobs = JobService(rt, writes)
+        self.rates = RateLimits(rt.settings.limits, rt.clock)  # per team token
+        self.jobs = JobService(rt, writes, self.rates, TeamQuotas(rt))
         self.nodes = NodeService(rt)
         self.agents = AgentService(rt, self.auth, writes)
         self.feed = EventFeed(rt)
+        self.streams = StreamGate(rt.settings.limits)  # open event streams, capped
         self.models = ModelService(rt)  # the registry (issue 10)
         self.model_status = ModelStatusService(rt)  # where models are, from agents' reports
         leader: Leadership = AlwaysLeader()

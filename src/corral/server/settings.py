@@ -43,6 +43,13 @@ class StoreSettings(BaseModel):
         ),
     )
     pool_size: int = Field(default=10, ge=1, le=200, description="PostgreSQL connections")
+    pool_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a request waits for a free PostgreSQL connection before it "
+        "fails (SQLAlchemy's default); event streams never take more than "
+        "limits.stream_table_readers of them",
+    )
 
 
 class ApiSettings(BaseModel):
@@ -62,6 +69,89 @@ class ApiSettings(BaseModel):
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
     token_cache_s: float = Field(
         default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
+    )
+
+
+class LimitsSettings(BaseModel):
+    """What one token may use at once: open streams, requests and submissions per second
+    (docs/security/limits.md). The admin token is held to the server-wide stream cap only:
+    it is the operator's own, and whoever holds it can change every limit anyway."""
+
+    streams_per_token: int = Field(
+        default=50,
+        ge=1,
+        description="event streams (SSE, ComfyUI websockets) one token may hold open: a "
+        "dashboard holds one, an app following its running jobs one per job",
+    )
+    streams_total: int = Field(
+        default=1000,
+        ge=1,
+        description="event streams open on this server in all, every token together: each "
+        "holds a connection and a little memory",
+    )
+    stream_table_readers: int = Field(
+        default=4,
+        ge=1,
+        description="streams that read the database at once (history, a job's state); the "
+        "others wait their turn. Never more than half of store.pool_size, so requests, "
+        "/healthz and agents always find a connection",
+    )
+    requests_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="requests a team token may make per second, sustained (0: no limit); "
+        "a busy app polling progress for its users stays well below",
+    )
+    requests_burst: int = Field(
+        default=500, ge=1, description="requests a team token may make at once, after a pause"
+    )
+    submit_jobs_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="jobs a team token may submit per second, sustained, a batch counting "
+        "each of its jobs (0: no limit)",
+    )
+    submit_burst: int = Field(
+        default=2000,
+        ge=1,
+        description="jobs a team token may submit at once, after a pause: two full batches "
+        "(api.max_batch_jobs)",
+    )
+
+
+class TeamQuota(BaseModel):
+    """One team's own caps, instead of the defaults (``quotas.teams``)."""
+
+    max_queued_jobs: int | None = Field(default=None, ge=0, description="0: no cap")
+    max_stored_bytes: int | None = Field(default=None, ge=0, description="0: no cap")
+
+
+class QuotaSettings(BaseModel):
+    """What a team may hold (docs/security/limits.md). Submissions with a team token are
+    checked; the admin's are not (the operator decides what the admin submits)."""
+
+    max_queued_jobs: int = Field(
+        default=100_000,
+        ge=0,
+        description="jobs a team may have waiting in the queue; more are refused with 429 "
+        "until some start (0: no cap). Far above what a busy team keeps waiting",
+    )
+    max_stored_bytes: int = Field(
+        default=100 * 1024**3,
+        ge=0,
+        description="bytes of results a team's jobs may keep stored (100 GiB: about 100,000 "
+        "images); past it submissions are refused with 403 until finished jobs are deleted "
+        "or retention removes them (0: no cap)",
+    )
+    usage_refresh_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a team's queued jobs and stored bytes are counted in the database at "
+        "most this often; between counts this server adds what it accepted",
+    )
+    teams: dict[str, TeamQuota] = Field(
+        default_factory=dict,
+        description="caps for some teams, e.g. {'research': {'max_queued_jobs': 500000}}",
     )
 
 
@@ -284,6 +374,8 @@ class Settings(BaseSettings):
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     store: StoreSettings = Field(default_factory=StoreSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)  # docs/security/limits.md
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     agents: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
     models: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)

@@ -7,6 +7,7 @@ and FastAPI's ``{"detail": [...]}`` for a malformed body.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated, Any
 
@@ -19,10 +20,12 @@ from corral.core.errors import (
     Conflict,
     Forbidden,
     InvalidSpec,
+    LimitReached,
     NotFound,
     Unavailable,
 )
 from corral.server.api.compat_auth import compat_caller, shaped_route
+from corral.server.api.errors import retry_after
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_a1111 import A1111Service, GenerationFailed
 
@@ -37,6 +40,8 @@ def error(status: int, name: str, detail: str, headers: dict[str, str] | None = 
 
 def render(exc: Exception) -> Response | None:
     """Any failure of an ``/sdapi/v1`` route, in the webui's shape."""
+    if isinstance(exc, LimitReached):
+        return error(429, "HTTPException", str(exc), retry_after(exc))
     if isinstance(exc, AuthError):
         status = 403 if isinstance(exc, Forbidden) else 401
         detail = f"Incorrect username or password ({exc})" if status == 401 else str(exc)
@@ -139,10 +144,27 @@ async def get_options(request: Request, who: Who) -> dict[str, Any]:
     return await service(request).options(who)
 
 
-@router.post("/options")
-async def set_options(request: Request, who: Who, body: Json) -> None:
-    """Set options for this caller only (``sd_model_checkpoint``: its later requests' model)."""
-    await service(request).set_options(who, body)
+@router.post("/options", response_model=None)
+async def set_options(request: Request, who: Who) -> Response | None:
+    """Set options for this caller only (``sd_model_checkpoint``: its later requests' model).
+
+    The body may be at most ``compat.options_max_bytes``: read no further than that."""
+    svc = service(request)
+    cap = svc.jobs.settings.options_max_bytes
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > cap:
+            detail = f"options body over the limit of {cap} bytes (compat.options_max_bytes)"
+            return error(413, "HTTPException", detail)
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise InvalidSpec("body", "not valid JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidSpec("body", "must be a JSON object of option: value")
+    await svc.set_options(who, body)
+    return None
 
 
 @router.get("/sd-models")

@@ -52,6 +52,7 @@ async def compat_caller(conn: HTTPConnection) -> Caller:
     plane = conn.app.state.plane
     principal = await plane.auth.authenticate(secret)
     principal.require_client()
+    plane.rates.request(principal)  # the same rate limit as the corral API's requests
     return caller_for(principal, user)
 
 

@@ -21,9 +21,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
-from corral.core.errors import AuthError, CorralError, Forbidden, NotFound
+from corral.core.errors import AuthError, CorralError, Forbidden, LimitReached, NotFound
 from corral.core.events import Event
 from corral.server.api.compat_auth import compat_caller, shaped_route
+from corral.server.api.errors import retry_after
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_comfyui import (
     BACKEND,
@@ -39,18 +40,22 @@ from corral.server.services.compat_comfyui_events import (
     translate,
 )
 from corral.server.services.feed import one_by_one
-from corral.server.store import events as event_repo
 from corral.server.store import jobs as job_repo
 
 log = logging.getLogger("corral.server.compat")
+MAX_WATCHED = 10_000
+"""Jobs a ComfyUI websocket remembers (whether each is one of its prompts): far more than
+run at once, so only jobs long over are forgotten (looked up again if seen again)."""
 
 
 def render(exc: Exception) -> Response | None:
     """Any failure of a ComfyUI route, as ComfyUI's ``{"error": {...}, "node_errors": {}}``."""
     if isinstance(exc, PromptRejected):
         return JSONResponse(exc.body, status_code=400)
-    status, kind = 500, "internal"
-    if isinstance(exc, AuthError):
+    status, kind, headers = 500, "internal", None
+    if isinstance(exc, LimitReached):
+        status, kind, headers = 429, "too_many_requests", retry_after(exc)
+    elif isinstance(exc, AuthError):
         status, kind = (403, "forbidden") if isinstance(exc, Forbidden) else (401, "unauthorized")
     elif isinstance(exc, Unservable):
         status, kind = exc.status, "unavailable"
@@ -63,7 +68,8 @@ def render(exc: Exception) -> Response | None:
     else:
         log.exception("comfyui api: unexpected error", exc_info=exc)
     message = "internal error (see the corral server log)" if status == 500 else str(exc)
-    headers = {"WWW-Authenticate": "Basic"} if status == 401 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Basic"}
     body = {"error": comfy_error(kind, message), "node_errors": {}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -159,17 +165,24 @@ async def websocket(
     except CorralError as exc:
         await ws.send_denial_response(render(exc) or Response(status_code=401))
         return
-    await ws.accept()
-    sid = client_id or uuid.uuid4().hex
-    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-        await _stream(ws, who, sid)
+    try:
+        slot = ws.app.state.plane.streams.admit(who.principal)  # the stream caps hold here too
+    except LimitReached as exc:
+        await ws.send_denial_response(render(exc) or Response(status_code=429))
+        return
+    try:
+        await ws.accept()
+        sid = client_id or uuid.uuid4().hex
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await _stream(ws, who, sid)
+    finally:
+        slot.release()
 
 
 async def _stream(ws: WebSocket, who: Caller, sid: str) -> None:
     """Follow the caller's events from now on; send what concerns ``sid``'s prompts."""
     plane = ws.app.state.plane
-    async with plane.rt.db.read() as conn:
-        after = await event_repo.last_seq(conn)
+    after = await plane.feed.head()
     await ws.send_json(status_message(0, sid))
     watches: dict[str, PromptWatch | None] = {}
     closed = asyncio.Event()
@@ -224,9 +237,12 @@ async def _relay(
 async def _watch(
     plane: Any, watches: dict[str, PromptWatch | None], job_id: str, sid: str
 ) -> PromptWatch | None:
-    """The watch of a job if it is a prompt of client ``sid`` (looked up once per job)."""
+    """The watch of a job if it is a prompt of client ``sid`` (looked up once per job, and
+    remembered for the last ``MAX_WATCHED`` jobs seen: a socket open for days sees many)."""
     if job_id in watches:
         return watches[job_id]
+    if len(watches) >= MAX_WATCHED:
+        del watches[next(iter(watches))]  # the job seen longest ago
     async with plane.rt.db.read() as conn:
         rec = await job_repo.get(conn, job_id)
     watch = None

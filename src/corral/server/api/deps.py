@@ -27,8 +27,12 @@ async def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    """The caller behind the bearer token; a team token's request counts toward its rate
+    limit (``RateLimits``: 429 past it)."""
     plane: ControlPlane = request.app.state.plane
-    return await plane.auth.authenticate(credentials.credentials if credentials else None)
+    who = await plane.auth.authenticate(credentials.credentials if credentials else None)
+    plane.rates.request(who)
+    return who
 
 
 Plane = Annotated[ControlPlane, Depends(get_plane)]

@@ -113,8 +113,11 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def caller(request: Request) -> tuple[ControlPlane, Principal]:
+    """The plane and the caller, as ``deps.get_principal`` gives it (its request charged)."""
     plane = await get_plane(request)
-    return plane, await plane.auth.authenticate(bearer_token(request))
+    who = await plane.auth.authenticate(bearer_token(request))
+    plane.rates.request(who)
+    return plane, who
 
 
 def header(

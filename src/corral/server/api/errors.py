@@ -8,6 +8,7 @@ errors are rewritten so the message names the field in the caller's terms
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,9 @@ from corral.core.errors import (
     CorralError,
     Forbidden,
     InvalidSpec,
+    LimitReached,
     NotFound,
+    QuotaExceeded,
     Unauthenticated,
     Unavailable,
 )
@@ -34,7 +37,9 @@ _STATUS: tuple[tuple[type[CorralError], int, str], ...] = (
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
     (Unauthenticated, 401, "unauthenticated"),
+    (QuotaExceeded, 403, "quota_exceeded"),
     (Forbidden, 403, "forbidden"),
+    (LimitReached, 429, "too_many_requests"),
     (AuthError, 401, "unauthenticated"),
     (Unavailable, 503, "unavailable"),
 )
@@ -45,6 +50,11 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JSONRe
     body = {"error": code, "message": message} | {k: v for k, v in extra.items() if v is not None}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def retry_after(exc: LimitReached) -> dict[str, str]:
+    """The ``Retry-After`` header for a refusal: whole seconds, at least one."""
+    return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
 
 
 def install(app: FastAPI) -> None:
@@ -58,7 +68,10 @@ def install(app: FastAPI) -> None:
                 message = exc.message if isinstance(exc, InvalidSpec) else str(exc)
                 if field:
                     message = f"{field}: {message}"
-                return error_response(status, code, message, field=field)
+                response = error_response(status, code, message, field=field)
+                if isinstance(exc, LimitReached):
+                    response.headers.update(retry_after(exc))
+                return response
         log.error("unexpected corral error: %r", exc)
         return error_response(500, "internal", "internal error (see the server log)")
 

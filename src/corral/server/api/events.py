@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.jobs import MAX_SEQ, SSE_HEADERS, KindFilter, _resume_point, kind_set, sse
 from corral.server.api.render import event_json
+from corral.server.api.streams import HeldStream
 from corral.server.services.auth import Principal
 from corral.server.services.feed import EventFeed
 
@@ -27,20 +28,34 @@ async def all_events(
     plane: Plane,
     who: Caller,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
-    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    after: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=MAX_SEQ,
+            description="send the events after this seq first (0: the whole log kept); "
+            "default: only events from now on",
+        ),
+    ] = None,
     kind: KindFilter = None,
 ) -> StreamingResponse:
-    """Every event (a team token: its team's job events), live. Resumable with Last-Event-ID.
+    """Every event (a team token: its team's job events), live, from now on. Resumable with
+    Last-Event-ID; ``after`` asks for history first.
 
-    ``?kind=job.started&kind=job.succeeded`` keeps only those kinds.
+    ``?kind=job.started&kind=job.succeeded`` keeps only those kinds. A token holds at most
+    ``limits.streams_per_token`` streams open (429 past it).
     """
     who.require_client()
-    start = _resume_point(last_event_id, after)
+    if last_event_id is None and after is None:  # a new follower: what happens next
+        start = await plane.feed.head()
+    else:
+        start = _resume_point(last_event_id, after or 0)
     kinds = kind_set(kind)
+    slot = plane.streams.admit(who)  # 429 past the stream caps
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
     stream = plane.feed.follow(who, start, kinds=kinds)
     body = sse(stream, plane.rt.metrics.event_streams)
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return HeldStream(body, slot, SSE_HEADERS)
 
 
 @router.get(

@@ -25,6 +25,7 @@ from corral.server.api.schemas import (
     JobPage,
     ResultOut,
 )
+from corral.server.api.streams import HeldStream
 from corral.server.services.auth import Principal
 from corral.server.services.jobs import Draft, new_job_id
 from corral.server.store.jsontext import dumps
@@ -174,10 +175,11 @@ async def job_events(
     """
     start = _resume_point(last_event_id, after)
     await plane.jobs.get(who, job_id)  # 404 now, not inside the stream
+    slot = plane.streams.admit(who)  # 429 past the stream caps
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
     stream = plane.feed.follow(who, start, job_id=job_id, kinds=kind_set(kind))
     body = sse(stream, plane.rt.metrics.event_streams)
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return HeldStream(body, slot, SSE_HEADERS)
 
 
 def _resume_point(last_event_id: str | None, after: int) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,13 +83,48 @@ class _CallerState:
     options: dict[str, Any] = field(default_factory=dict)
     model: str | None = None  # the checkpoint's name for routing (job.model)
     running: list[Tracker] = field(default_factory=list)
+    used_at: float = 0.0
+
+
+class CallerStates:
+    """Per-caller state, bounded: kept for the ``max_callers`` callers used last, each
+    forgotten once unused for ``idle_s``, but never while one of its requests runs."""
+
+    def __init__(self, max_callers: int, idle_s: float) -> None:
+        self.max_callers = max_callers
+        self.idle_s = idle_s
+        self._kept: OrderedDict[tuple[str, str], _CallerState] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: tuple[str, str], now: float) -> _CallerState:
+        """``key``'s state (a new one if forgotten or never seen), marked used at ``now``."""
+        state = self._kept.pop(key, None) or _CallerState()
+        state.used_at = now
+        self._kept[key] = state  # the most recently used come last
+        self._forget(now)
+        return state
+
+    def _forget(self, now: float) -> None:
+        """Forget the oldest callers while there are too many or they are idle."""
+        doomed: list[tuple[str, str]] = []
+        for key, state in self._kept.items():
+            over = len(self._kept) - len(doomed) > self.max_callers
+            if not over and now - state.used_at < self.idle_s:
+                break  # the rest were used later
+            if not state.running:
+                doomed.append(key)
+        for key in doomed:
+            del self._kept[key]
 
 
 class A1111Service:
     def __init__(self, jobs: CompatJobs, catalogs: CatalogCache) -> None:
         self.jobs = jobs
         self.catalogs = catalogs
-        self._callers: dict[tuple[str, str], _CallerState] = {}
+        settings = jobs.settings
+        self._callers = CallerStates(settings.max_callers, settings.caller_idle_s)
         self._default_entry: Mapping[str, Any] | None = None
 
     def _default(self, catalog: Catalog | None) -> str | None:
@@ -101,7 +137,7 @@ class A1111Service:
         return str(entry.get("model_name") or entry.get("title")) if entry else None
 
     def _state(self, caller: Caller) -> _CallerState:
-        return self._callers.setdefault(caller.key, _CallerState())
+        return self._callers.get(caller.key, self.jobs.plane.rt.clock.now())
 
     # ---- generation ----------------------------------------------------------
 
@@ -239,7 +275,11 @@ class A1111Service:
         return {**base, **state.options}
 
     async def set_options(self, caller: Caller, body: Mapping[str, Any]) -> None:
-        """Remember options for this caller only; a checkpoint must exist on some node."""
+        """Remember options for this caller only; a checkpoint must exist on some node.
+
+        Options the backends do not have are refused (when their list can be had), and
+        so are options that would take more than ``compat.options_max_bytes`` kept."""
+        await self._check_options(caller, body)
         state = self._state(caller)
         changes = dict(body)
         wanted = changes.pop("sd_model_checkpoint", None)
@@ -251,6 +291,26 @@ class A1111Service:
             state.model = name
             state.options["sd_model_checkpoint"] = str(entry["title"]) if entry else str(wanted)
         state.options.update(changes)
+
+    async def _check_options(self, caller: Caller, body: Mapping[str, Any]) -> None:
+        try:
+            catalog = await self.catalogs.get(caller, BACKEND)
+        except Exception:  # no backend to ask (or it is slow): the size cap still holds
+            catalog = None
+        known = catalog.data.get("options") if catalog is not None else None
+        if isinstance(known, dict) and known:
+            for key in body:
+                if key not in known:
+                    raise InvalidSpec(key, f"not an option of the {BACKEND} backends")
+        cap = self.jobs.settings.options_max_bytes
+        kept = {**self._state(caller).options, **body}
+        size = len(json.dumps(kept, default=str))
+        if size > cap:
+            raise InvalidSpec(
+                "body",
+                f"this caller's options would take {size} bytes, over the limit of {cap} "
+                "(compat.options_max_bytes)",
+            )
 
     async def listing(self, caller: Caller, name: str) -> list[Any]:
         """``sd-models`` (every node's), ``samplers``, ``upscalers``, ``loras`` (the backend's)."""

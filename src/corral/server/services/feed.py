@@ -1,10 +1,21 @@
-"""Reading the event table: SSE streams (resumable by ``seq``), the queue view, trace export."""
+"""Reading the event table: SSE streams (resumable by ``seq``), the queue view, trace export.
+
+Streams read the table a page at a time, holding a database connection only
+while a page is read (never while it is sent), and at most
+``limits.stream_table_readers`` of them at once (never more than half the
+pool): many streams replaying history wait their turn instead of taking every
+connection from requests, ``/healthz`` and agents (docs/security/limits.md).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import NotFound
 from corral.core.events import TERMINAL_JOB_EVENTS, Event
@@ -35,6 +46,20 @@ async def one_by_one(
 class EventFeed:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        settings = rt.settings
+        readers = min(settings.limits.stream_table_readers, max(1, settings.store.pool_size // 2))
+        self._readers = asyncio.Semaphore(readers)
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for one of a stream's reads, once fewer than the readers' bound read."""
+        async with self._readers, self.rt.db.read() as conn:
+            yield conn
+
+    async def head(self) -> int:
+        """The newest event's ``seq``: where a stream of only new events starts."""
+        async with self._read() as conn:
+            return await event_repo.last_seq(conn)
 
     async def follow(
         self,
@@ -82,7 +107,7 @@ class EventFeed:
                     end_pending = not _has_end(batch)
                     ended = not end_pending
                 if batch is None:  # behind the events kept in memory (or PostgreSQL): the table
-                    async with self.rt.db.read() as conn:
+                    async with self._read() as conn:
                         batch = await event_repo.after(
                             conn, last, job_id=job_id, team=team, limit=PAGE
                         )
@@ -108,14 +133,14 @@ class EventFeed:
                 wakeups.forget(ticket)
 
     async def _visible_job(self, who: Principal, job_id: str) -> JobRecord:
-        async with self.rt.db.read() as conn:
+        async with self._read() as conn:
             rec = await job_repo.get(conn, job_id)
         if rec is None or not who.sees(rec.job.team):
             raise NotFound(f"job {job_id} not found")
         return rec
 
     async def _ended(self, job_id: str) -> bool:
-        async with self.rt.db.read() as conn:
+        async with self._read() as conn:
             rec = await job_repo.get(conn, job_id)
         return rec is None or rec.state in JOB.terminal
 
@@ -126,7 +151,7 @@ class EventFeed:
         who.require_admin("export the event trace")
         last = after
         while True:
-            async with self.rt.db.read() as conn:
+            async with self._read() as conn:
                 batch = await event_repo.after(conn, last, limit=PAGE)
             for event, team in batch:
                 last = event.seq
@@ -139,7 +164,7 @@ class EventFeed:
         who.require_admin("export the trace")
         last, origin = 0, None
         while True:
-            async with self.rt.db.read() as conn:
+            async with self._read() as conn:
                 batch = await job_repo.after_seq(conn, last, PAGE)
             for rec in batch:
                 last = rec.seq

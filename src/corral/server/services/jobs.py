@@ -13,7 +13,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from corral.core.errors import Conflict, Forbidden, InvalidSpec, NotFound
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.errors import (
+    Conflict,
+    Forbidden,
+    InvalidSpec,
+    LimitReached,
+    NotFound,
+    QuotaExceeded,
+)
 from corral.core.events import EventKind
 from corral.core.model import Job
 from corral.core.states import JOB, JobState, transition
@@ -23,6 +32,8 @@ from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
 from corral.server.services.previews import preview_key
+from corral.server.services.quotas import TeamQuotas
+from corral.server.services.rates import RateLimits
 from corral.server.services.settling import request_stop, stop_job
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -58,9 +69,13 @@ class Page:
 
 
 class JobService:
-    def __init__(self, rt: Runtime, group: GroupCommitter) -> None:
+    def __init__(
+        self, rt: Runtime, group: GroupCommitter, rates: RateLimits, quotas: TeamQuotas
+    ) -> None:
         self.rt = rt
         self.group = group  # concurrent submissions share a commit, with agents' updates too
+        self.rates = rates
+        self.quotas = quotas
         self._classes = {c.name for c in rt.priority_classes}
 
     async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
@@ -68,10 +83,23 @@ class JobService:
 
         Returns the jobs and whether they were created (False: every job was
         already there under the same idempotency keys: a replay).
+
+        A team token's submission first passes its rate limit (``RateLimits``) and its
+        team's caps (``TeamQuotas``); a replay of jobs already made passes the caps.
         """
         who.require_client()
         self._check(who, drafts)
-        records, created = await self.group.run(lambda tx: self._insert(tx, drafts))
+        self.rates.submit(who, len(drafts))
+        try:
+            async with self.quotas.admit(who, len(drafts)) as admission:
+                records, created = await self.group.run(lambda tx: self._insert(tx, drafts))
+                admission.created = created
+        except (LimitReached, QuotaExceeded):
+            async with self.rt.db.read() as conn:
+                replayed = await self._replays(conn, drafts)
+            if replayed is None:
+                raise
+            return replayed, False
         if created:
             self.rt.known_teams |= {r.job.team for r in records}
             for r in records:
@@ -80,7 +108,7 @@ class JobService:
 
     async def _insert(self, tx: Tx, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
         """One submission inside a (group) transaction: replay, or insert with events."""
-        existing = await self._replays(tx, drafts)
+        existing = await self._replays(tx.conn, drafts)
         if existing is not None:
             return existing, False
         records = [
@@ -113,7 +141,9 @@ class JobService:
                     f"{prefix}priority", f"unknown class {d.job.priority!r} (known: {known})"
                 )
 
-    async def _replays(self, tx: Tx, drafts: Sequence[Draft]) -> list[JobRecord] | None:
+    async def _replays(
+        self, conn: AsyncConnection, drafts: Sequence[Draft]
+    ) -> list[JobRecord] | None:
         """The jobs already submitted under these idempotency keys, if every one was."""
         by_team: dict[str, list[str]] = defaultdict(list)
         for d in drafts:
@@ -121,7 +151,7 @@ class JobService:
                 by_team[d.job.team].append(d.job.idempotency_key)
         found: dict[tuple[str, str], JobRecord] = {}
         for team, keys in by_team.items():
-            for key, rec in (await job_repo.by_idempotency_keys(tx.conn, team, keys)).items():
+            for key, rec in (await job_repo.by_idempotency_keys(conn, team, keys)).items():
                 found[(team, key)] = rec
         if not found:
             return None

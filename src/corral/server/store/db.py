@@ -111,6 +111,7 @@ class Database:
         *,
         sqlite_synchronous: str = "FULL",
         pool_size: int = 10,
+        pool_timeout_s: float = 30.0,
         wal_prefill: bool = True,
     ):
         self.target = target
@@ -119,7 +120,8 @@ class Database:
         # durable write waits for WalSync's, taken after the write lock is released.
         self.wal_sync = _wal_sync(target, sqlite_synchronous)
         deferred = self.wal_sync is not None
-        self.engine = _make_engine(target, sqlite_synchronous, pool_size, deferred)
+        pool = (pool_size, pool_timeout_s)
+        self.engine = _make_engine(target, sqlite_synchronous, pool, deferred)
         self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
         self._writer = (
             KeptWriter(self.engine, sqlite_synchronous, deferred)
@@ -345,14 +347,20 @@ def _wal_sync(target: DbTarget, synchronous: str) -> WalSync | None:
 
 
 def _make_engine(
-    target: DbTarget, synchronous: str, pool_size: int, deferred: bool = False
+    target: DbTarget, synchronous: str, pool: tuple[int, float], deferred: bool = False
 ) -> AsyncEngine:
+    """The engine; ``pool``: PostgreSQL's pool size and how long a checkout may wait."""
     if target.dialect == "postgresql":
         connect_args: dict[str, Any] = {}
         if target.schema:
             connect_args["server_settings"] = {"search_path": target.schema}
+        size, timeout = pool
         engine = create_async_engine(
-            target.url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args
+            target.url,
+            pool_size=size,
+            max_overflow=size,
+            pool_timeout=timeout,
+            connect_args=connect_args,
         )
         # Job rows read ahead (pgraw.seen_jobs) may hold what a rolled-back savepoint wrote.
         sa.event.listen(engine.sync_engine, "rollback_savepoint", _forget_read_ahead)

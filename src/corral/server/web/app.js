@@ -256,6 +256,12 @@ async function follow() {
       if (state.lastEventId) headers["Last-Event-ID"] = String(state.lastEventId);
       const response = await fetch("/v1/events", { headers, signal: state.abort.signal });
       if (response.status === 401) return logout("Your token was not accepted.");
+      if (response.status === 429) {  // this token holds its limit of open streams: wait as told
+        const wait = Number(response.headers.get("Retry-After")) || 5;
+        $("live").textContent = "reconnecting"; $("live").className = "badge off";
+        await new Promise((r) => setTimeout(r, wait * 1000));
+        continue;
+      }
       $("live").textContent = "live"; $("live").className = "badge on";
       delay = 500;
       await readSse(response.body.getReader());
