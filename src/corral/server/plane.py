@@ -31,6 +31,7 @@ from corral.server.services.nodes import NodeService
 from corral.server.services.unit import Runtime
 from corral.server.store.db import lock_key
 from corral.server.store.notify import Note, Notifier, PgNotifier
+from corral.server.tls import ServerTls
 
 log = logging.getLogger("corral.server")
 
@@ -100,6 +101,7 @@ class ControlPlane:
             )
         self._tasks: list[asyncio.Task[None]] = []
         self.report: StartReport | None = None
+        self.tls: ServerTls | None = None  # what both ports serve (server/tls.py); None: plain
 
     @property
     def link(self) -> AgentLink:
