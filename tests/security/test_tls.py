@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from e2e_harness import ADMIN, CLI, Proc
 
-from corral.sdk import Client, ServerUnreachable
-from corral.sdk.trust import UntrustedServer
+from corral.sdk import Client, ServerUnreachable, UntrustedServer
 from corral.server.settings import Settings
 from corral.server.tls import server_tls
 

@@ -215,6 +215,7 @@ class LinkClient:
             delay = backoff_s(
                 failures, self.rng, self.settings.backoff_base_s, self.settings.backoff_cap_s
             )
+            reason = self.trust.explain(reason)
             log.warning("link to %s: %s; dialling again in %.1fs", target, reason, delay)
             await self.clock.sleep(delay)
 

@@ -68,6 +68,12 @@ class ServerTrust:
             return grpc.ssl_channel_credentials(root_certificates=self._ca_bytes()), []
         return grpc.ssl_channel_credentials(), []
 
+    def explain(self, reason: str) -> str:
+        """``reason`` a dial failed, with the way out when an unpinned certificate was refused."""
+        if "CERTIFICATE_VERIFY_FAILED" in reason and not self.fingerprint:
+            return f"{reason} (a self-signed server? pin it: --ca-fingerprint or --join)"
+        return reason
+
     def http_transport(self) -> httpx.AsyncBaseTransport | None:
         """The model downloader's transport; None: httpx's own (the system's CAs)."""
         if self.fingerprint:

@@ -28,6 +28,7 @@ from corral.sdk.errors import (
     ServerUnreachable,
     StreamError,
     Unauthorized,
+    UntrustedServer,
     WaitTimeout,
 )
 from corral.sdk.events import JobEvent
@@ -93,6 +94,7 @@ __all__ = [
     "TeamQuota",
     "TokenStatus",
     "Unauthorized",
+    "UntrustedServer",
     "WaitInfo",
     "WaitTimeout",
     "resolve",

@@ -28,11 +28,7 @@ from corral.core.pins import (
     fetch_certificate_async,
     pinned_context,
 )
-from corral.sdk.errors import ClientError
-
-
-class UntrustedServer(ClientError):
-    """The server's certificate is not the pinned one: nothing was sent to it."""
+from corral.sdk.errors import ClientError, UntrustedServer
 
 
 def sync_transport(fingerprint: str | None, ca_cert: str | None) -> httpx.BaseTransport | None:

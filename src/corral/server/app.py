@@ -97,6 +97,8 @@ def create_plane(
     scaling = scaling_from(settings)  # docs/autoscaler.md; None when off
     plane = ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops, scaling=scaling)
     plane.tls = chosen_tls
+    if plane.autoscale is not None and chosen_tls is not None:
+        plane.autoscale.join_token = lambda token: str(chosen_tls.join(token))
     return plane
 
 

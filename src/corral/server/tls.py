@@ -68,13 +68,18 @@ def join_for(
 
     ``address`` is the agent link's (``grpcs://0.0.0.0:8471``); its host is
     replaced by ``host``, the name the caller reached the API by, which is the
-    one a GPU machine can dial too.
+    one a GPU machine can dial too. A caller on this machine (``localhost``)
+    gets the link's own address, or this machine's name when the link
+    listens on every address.
     """
     join = tls.join(token) if tls is not None else Join(token)
     if not address:
         return str(join), None
     parts = urlsplit(address)
-    name = host or parts.hostname or "localhost"
+    listens = parts.hostname or ""
+    name = host or listens
+    if is_loopback(name) and not is_loopback(listens):
+        name = socket.gethostname() if listens in WILDCARDS else listens
     shown = f"[{name}]" if ":" in name else name
     return str(join), f"corral agent --server {parts.scheme}://{shown}:{parts.port} --join {join}"
 
