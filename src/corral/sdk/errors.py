@@ -4,7 +4,7 @@
 
     ClientError                   base of everything the SDK raises (a core ``CorralError``)
     ├── ServerUnreachable         no answer from the URL (after the retries); says how to start one
-    ├── UntrustedServer           the https server is not the pinned one (``trust.py``); nothing sent
+    ├── UntrustedServer           an https server other than the pinned one (``trust.py``)
     ├── ApiError                  the server answered with an error status
     │   ├── BadRequest            400/413/422: bad input; ``field`` names the culprit
     │   ├── Unauthorized          401: no token, or a token the server does not know
