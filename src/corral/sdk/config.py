@@ -12,9 +12,10 @@ from the first of: the argument (a CLI flag), ``CORRAL_URL`` /
 ``CORRAL_TOKEN`` / ``CORRAL_CA_FINGERPRINT`` / ``CORRAL_CA_CERT``, the file,
 the default (the last two only for ``https://`` URLs, see ``trust.py``);
 ``Target.url_from`` remembers which, so an error can say where the URL came
-from. With no token anywhere and a server on this machine, the admin token that ``corral up`` keeps in its data
-directory (``$CORRAL_HOME``, else next to the config file: ``~/.corral/admin-token``)
-is used, so ``corral up`` then ``corral jobs`` just works.
+from. With no token anywhere and a server on this machine, the admin token
+that ``corral up`` keeps in its data directory (``$CORRAL_HOME``, else next
+to the config file: ``~/.corral/admin-token``) is used, so ``corral up``
+then ``corral jobs`` just works.
 """
 
 from __future__ import annotations
