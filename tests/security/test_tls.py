@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from e2e_harness import ADMIN, CLI, Proc
 
 from corral.sdk import Client, ServerUnreachable, UntrustedServer
+from corral.server.app import create_plane
 from corral.server.settings import Settings
 from corral.server.tls import server_tls
 
@@ -159,3 +160,35 @@ def test_plain_http_to_the_tls_port_gets_no_answer(server: TlsServer) -> None:
     plain = server.url.replace("https://", "http://")
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{plain}/healthz", timeout=5)
+
+
+def test_the_cli_logs_in_to_the_https_server_with_the_pin(
+    server: TlsServer, tmp_path: Path
+) -> None:
+    env = _env({"CORRAL_CONFIG": str(tmp_path / "config.toml")})
+    login = [sys.executable, "-c", CLI, "login", server.url, "--token", ADMIN]
+    done = subprocess.run(
+        [*login, "--ca-fingerprint", server.fingerprint],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert server.fingerprint in (tmp_path / "config.toml").read_text()
+    nodes = [sys.executable, "-c", CLI, "nodes"]
+    done = subprocess.run(nodes, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr  # the saved pin is used by every command
+
+
+def test_machines_the_autoscaler_launches_join_with_the_pin(tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: a, cpus: 2}\n")
+    settings = Settings(
+        home=tmp_path,
+        tls={"mode": "self-signed"},  # type: ignore[arg-type]
+        autoscale={"pools_file": pools, "command": "true"},  # type: ignore[arg-type]
+    )
+    plane = create_plane(settings)
+    assert plane.tls is not None
+    assert plane.autoscale is not None
+    assert (
+        plane.autoscale.join_token("corral_agent_x") == f"{plane.tls.fingerprint}::corral_agent_x"
+    )
