@@ -11,6 +11,7 @@ fingerprints; plain http to the TLS port gets nowhere.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ssl
 import subprocess
@@ -18,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from e2e_harness import ADMIN, CLI, Proc
 
-from corral.sdk import Client, ServerUnreachable, UntrustedServer
+from corral.sdk import AsyncClient, Client, ServerUnreachable, UntrustedServer
 from corral.server.app import create_plane
 from corral.server.settings import Settings
 from corral.server.tls import server_tls
@@ -151,9 +153,17 @@ def test_the_sdk_talks_https_only_to_the_pinned_certificate(server: TlsServer) -
     unpinned = Client(server.url, ADMIN)  # the system's CAs do not vouch for it
     with unpinned, pytest.raises(ServerUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
         unpinned.health()
+    assert asyncio.run(_async_health(server.url, server.fingerprint))["status"] == "ok"
+    with pytest.raises(UntrustedServer, match=server.fingerprint):
+        asyncio.run(_async_health(server.url, WRONG))
     cert = str(server.home / "tls" / "server.crt")  # the CA-file way: names are checked
     with Client(server.url.replace("127.0.0.1", "localhost"), ADMIN, ca_cert=cert) as sdk:
         assert sdk.health()["status"] == "ok"
+
+
+async def _async_health(url: str, fingerprint: str) -> dict[str, Any]:
+    async with AsyncClient(url, ADMIN, ca_fingerprint=fingerprint) as sdk:
+        return await sdk.health()
 
 
 def test_plain_http_to_the_tls_port_gets_no_answer(server: TlsServer) -> None:

@@ -145,6 +145,7 @@ class LinkClient:
         self.results_root = results_root  # result files wait there (``wire.order_from``)
         self.rng = rng or random.Random()
         self.trust = trust or ServerTrust()  # how grpcs:// servers are trusted (trust.py)
+        self._tls: tuple[object, list[tuple[str, str]]] | None = None  # for the next dial
         self.connected = asyncio.Event()
         self.server: Target | None = None  # the one connected to
         self.sessions = 0  # welcomed sessions so far
@@ -220,7 +221,9 @@ class LinkClient:
             await self.clock.sleep(delay)
 
     async def _session(self, target: Target) -> None:
-        async with await self._channel(target) as channel:
+        if target.tls:  # checks the pin, if any, before anything is sent (trust.py)
+            self._tls = await self.trust.credentials(target.address, str(target))
+        async with self._channel(target) as channel:
             stub = pb_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=self._metadata)
             try:
@@ -245,7 +248,7 @@ class LinkClient:
                 self.connected.clear()
                 call.cancel()
 
-    async def _channel(self, target: Target) -> Any:
+    def _channel(self, target: Target) -> Any:
         size = self.settings.max_message_bytes
         options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", size),
@@ -254,8 +257,8 @@ class LinkClient:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
         ]
-        if target.tls:
-            creds, more = await self.trust.credentials(target.address, str(target))
+        if target.tls and self._tls is not None:
+            creds, more = self._tls
             return grpc.aio.secure_channel(target.address, creds, options + more)
         return grpc.aio.insecure_channel(target.address, options)
 
