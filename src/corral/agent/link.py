@@ -15,7 +15,8 @@ server's ``grpc_uploads``).
 
 When the stream breaks the client waits a jittered, exponentially growing
 delay and dials the next server URL in its list (several replicas behind one
-PostgreSQL, or one server). A refused token is fatal: retrying cannot help.
+PostgreSQL, or one server). A refused token is fatal: retrying cannot help;
+so is a server whose certificate is not the pinned one (``trust.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
 from corral.agent.sender import Queued, Sender
 from corral.agent.supervisor import Report, Supervisor
+from corral.agent.trust import ServerTrust
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
+from corral.core.pins import CertificateMismatch
 from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
@@ -128,6 +131,7 @@ class LinkClient:
         results_root: Path | None = None,
         rng: random.Random | None = None,
         reporter: ModelReporter | None = None,
+        trust: ServerTrust | None = None,
     ) -> None:
         if not targets:
             raise InvalidSpec("server", "give at least one server URL")
@@ -140,6 +144,8 @@ class LinkClient:
         self.checkpoint_root = checkpoint_root
         self.results_root = results_root  # result files wait there (``wire.order_from``)
         self.rng = rng or random.Random()
+        self.trust = trust or ServerTrust()  # how grpcs:// servers are trusted (trust.py)
+        self._tls: tuple[object, list[tuple[str, str]]] | None = None  # for the next dial
         self.connected = asyncio.Event()
         self.server: Target | None = None  # the one connected to
         self.sessions = 0  # welcomed sessions so far
@@ -200,7 +206,7 @@ class LinkClient:
             except (LinkError, OSError, TimeoutError, asyncio.InvalidStateError) as exc:
                 # InvalidStateError: a write raced the stream's end ("RPC already finished")
                 reason = str(exc) or type(exc).__name__
-            except LinkRefused:
+            except (LinkRefused, CertificateMismatch):
                 raise
             except Exception as exc:  # a bug must not take the agent off the network
                 log.exception("link to %s failed", target)
@@ -210,10 +216,13 @@ class LinkClient:
             delay = backoff_s(
                 failures, self.rng, self.settings.backoff_base_s, self.settings.backoff_cap_s
             )
+            reason = self.trust.explain(reason)
             log.warning("link to %s: %s; dialling again in %.1fs", target, reason, delay)
             await self.clock.sleep(delay)
 
     async def _session(self, target: Target) -> None:
+        if target.tls:  # checks the pin, if any, before anything is sent (trust.py)
+            self._tls = await self.trust.credentials(target.address, str(target))
         async with self._channel(target) as channel:
             stub = pb_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=self._metadata)
@@ -241,15 +250,16 @@ class LinkClient:
 
     def _channel(self, target: Target) -> Any:
         size = self.settings.max_message_bytes
-        options = [
+        options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", size),
             ("grpc.max_receive_message_length", size),
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
         ]
-        if target.tls:
-            return grpc.aio.secure_channel(target.address, grpc.ssl_channel_credentials(), options)
+        if target.tls and self._tls is not None:
+            creds, more = self._tls
+            return grpc.aio.secure_channel(target.address, creds, options + more)
         return grpc.aio.insecure_channel(target.address, options)
 
     async def _hello(self, call: Any, target: Target) -> Sequence[pb.ServerMessage]:

@@ -37,13 +37,15 @@ from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.fingerprint import GpuInventory, detect_inventory
-from corral.agent.link import LinkClient, LinkSettings, parse_server
+from corral.agent.link import LinkClient, LinkSettings, Target, parse_server
 from corral.agent.model_report import ModelReporter
 from corral.agent.models import ModelManager, ModelSettings
 from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
+from corral.agent.trust import ServerTrust
 from corral.agent.wire import Identity
 from corral.core import Clock, InvalidSpec, WallClock
 from corral.core.model import EMPTY
+from corral.core.pins import parse_fingerprint, parse_join
 
 log = logging.getLogger("corral.agent")
 
@@ -56,7 +58,7 @@ class AgentOptions:
     """Everything ``corral agent`` can be told."""
 
     servers: tuple[str, ...]
-    token: str
+    token: str  # the agent token, or a join string that also pins the server (core/pins.py)
     name: str | None = None
     fake_gpus: str | None = None
     handler: str | None = None
@@ -73,6 +75,8 @@ class AgentOptions:
     models_budget: str | int = "100GiB"  # disk the model cache may use
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
     shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported, not uploaded
+    ca_fingerprint: str | None = None  # pin the server's certificate (sha256:<hex>)
+    ca_cert: Path | None = None  # trust this CA (PEM) for the server instead of the system's
 
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:
@@ -94,7 +98,9 @@ class Agent:
         self, options: AgentOptions, clock: Clock | None = None, gpus: GpuInventory | None = None
     ) -> None:
         if not options.token:
-            raise InvalidSpec("token", "an agent join token is required (--token)")
+            raise InvalidSpec("token", "an agent join token is required (--token or --join)")
+        targets = [parse_server(url) for url in options.servers]
+        token, trust = server_trust(options, targets)
         self.options = options
         self.clock = clock or WallClock()
         self.gpus = gpus or detect_inventory(options.fake_gpus)
@@ -103,7 +109,9 @@ class Agent:
         cache = ModelSettings.parse(
             options.models_dir or work_dir / "models", options.models_budget
         )
-        self.models = ModelManager.open(cache, self.clock, headers_for=self._model_headers)
+        self.models = ModelManager.open(
+            cache, self.clock, headers_for=self._model_headers, transport=trust.http_transport()
+        )
         self.supervisor = Supervisor(
             executors, self.clock, default=default, by_kind=by_kind, models=self.models
         )
@@ -116,8 +124,8 @@ class Agent:
             key=node_key(work_dir),
         )
         self.link = LinkClient(
-            [parse_server(url) for url in options.servers],
-            LinkSettings(token=options.token, shared_storage=options.shared_storage),
+            targets,
+            LinkSettings(token=token, shared_storage=options.shared_storage),
             self.supervisor,
             self.identity,
             self.gpus,
@@ -125,6 +133,7 @@ class Agent:
             checkpoint_root=work_dir / "checkpoints",
             results_root=fresh_scratch(work_dir / "results"),
             reporter=ModelReporter(self.models, self._native_models, executors),
+            trust=trust,
         )
         self.supervisor.on_change = self.link.reporter.mark if self.link.reporter else lambda: None
 
@@ -161,6 +170,22 @@ class Agent:
         await self.supervisor.shutdown(self.options.shutdown_grace_s)
         await self.link.drain(FLUSH_S)
         await self.models.aclose()  # partial downloads stay for the next start
+
+
+def server_trust(options: AgentOptions, targets: Sequence[Target]) -> tuple[str, ServerTrust]:
+    """The bare agent token, and how the server's certificate is trusted: the join string's
+    pin, ``--ca-fingerprint``, ``--ca-cert``, or the system's CAs (docs/security/tls.md)."""
+    join = parse_join(options.token, "token")
+    given = parse_fingerprint(options.ca_fingerprint) if options.ca_fingerprint else None
+    if join.fingerprint and given and join.fingerprint != given:
+        raise InvalidSpec("ca_fingerprint", "differs from the fingerprint in the join string")
+    trust = ServerTrust(join.fingerprint or given, options.ca_cert)
+    plain = [str(t) for t in targets if not t.tls]
+    if (trust.fingerprint or trust.ca_file) and plain:
+        raise InvalidSpec(
+            "server", f"{plain[0]} is not TLS: a pinned or CA-checked server is grpcs://"
+        )
+    return join.token, trust
 
 
 def fresh_scratch(folder: Path) -> Path:

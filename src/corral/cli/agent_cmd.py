@@ -1,8 +1,10 @@
 """``corral agent``: run the agent on a GPU machine; it dials out to the server.
 
 The agent opens the connection itself, so it works behind NAT and firewalls.
-Give it the agent address the server prints (``grpc://host:8471``) and an
-agent join token (``POST /v1/tokens`` with ``{"kind": "agent"}``).
+Give it the agent address the server prints (``grpc://host:8471``, or
+``grpcs://`` with TLS) and an agent join token (``POST /v1/tokens`` with
+``{"kind": "agent"}``; its ``join`` string also pins a self-signed server's
+certificate, docs/security/tls.md).
 """
 
 from __future__ import annotations
@@ -36,9 +38,37 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         ),
     ],
     token: Annotated[
-        str,
-        typer.Option(envvar="CORRAL_AGENT_TOKEN", help="Agent join token.", show_default=False),
-    ],
+        str | None,
+        typer.Option(
+            envvar="CORRAL_AGENT_TOKEN",
+            help="Agent join token (a join string with a fingerprint works here too).",
+            show_default=False,
+        ),
+    ] = None,
+    join: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CORRAL_AGENT_JOIN",
+            help="Join string from POST /v1/tokens: sha256:<fingerprint>::<token> (pins the "
+            "server's certificate), or a plain token.",
+            show_default=False,
+        ),
+    ] = None,
+    ca_fingerprint: Annotated[
+        str | None,
+        typer.Option(
+            help="Pin the server's certificate: the sha256:<hex> fingerprint `corral server` "
+            "prints. For a self-signed server (grpcs://).",
+            show_default=False,
+        ),
+    ] = None,
+    ca_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trust this CA (PEM) for the server instead of the system's CAs.",
+            show_default=False,
+        ),
+    ] = None,
     name: Annotated[
         str | None, typer.Option(help="Node name. [default: this machine's host name]")
     ] = None,
@@ -102,12 +132,17 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     from corral.agent.link import LinkRefused
     from corral.agent.main import AgentOptions, parse_labels
     from corral.core.errors import InvalidSpec
+    from corral.core.pins import CertificateMismatch
 
     setup_logging(log_level)
+    if token and join:
+        raise typer.BadParameter("give --token or --join, not both", param_hint="--join")
     try:
         options = AgentOptions(
             servers=tuple(u for item in server for u in item.split(",") if u.strip()),
-            token=token,
+            token=join or token or "",
+            ca_fingerprint=ca_fingerprint,
+            ca_cert=ca_cert,
             name=name,
             fake_gpus=fake_gpus,
             handler=handler,
@@ -129,6 +164,9 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         raise typer.Exit(2) from None
     except LinkRefused as exc:
         typer.echo(f"corral agent: the server refused this agent: {exc}", err=True)
+        raise typer.Exit(3) from None
+    except CertificateMismatch as exc:
+        typer.echo(f"corral agent: {exc}", err=True)
         raise typer.Exit(3) from None
 
 

@@ -18,6 +18,7 @@ from corral.cli import loop as event_loop
 
 if TYPE_CHECKING:
     from corral.server.plane import StartReport
+    from corral.server.tls import ServerTls
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +26,7 @@ def register(app: typer.Typer) -> None:
     app.command("server")(server)
 
 
-def server(
+def server(  # noqa: PLR0913 (each option of the command is an argument)
     db: Annotated[
         str | None,
         typer.Option(
@@ -68,12 +69,29 @@ def server(
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning or error. [default: info]")
     ] = None,
+    tls: Annotated[
+        str | None,
+        typer.Option(
+            help="auto: a self-signed certificate when listening beyond this machine "
+            "(--host 0.0.0.0), plain http on 127.0.0.1; self-signed: always; off: never "
+            "(a reverse proxy terminates TLS). [default: auto]",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="PEM certificate (chain) to serve on both ports.", show_default=False),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(help="PEM private key of --tls-cert.", show_default=False)
+    ] = None,
 ) -> None:
     """Run the corral control plane.
 
     Clients (SDK, CLI, web apps) use its HTTP API (OpenAPI at /docs); agents
     join with an agent token. The first start prints an admin token once:
-    store it, it cannot be shown again.
+    store it, it cannot be shown again. Listening beyond this machine, it
+    serves TLS: a self-signed certificate made at first start unless --tls-cert
+    is given; agents and clients pin the fingerprint it prints.
     """
     from pydantic import ValidationError
 
@@ -84,6 +102,9 @@ def server(
     overrides = _overrides(db, host, port, home, blob_dir, node_timeout, log_level)
     if agent_port is not None:
         overrides["agents"] = {"port": agent_port}
+    given_tls = {"mode": tls, "cert": tls_cert, "key": tls_key}
+    if any(v is not None for v in given_tls.values()):
+        overrides["tls"] = {k: v for k, v in given_tls.items() if v is not None}
     try:
         settings = Settings(**overrides)
         _serve(settings)
@@ -135,11 +156,13 @@ def _serve(settings: Any) -> None:
 
     plane = create_plane(settings)
     plane.rt.db.claim()  # a second server on the same SQLite file stops here, with the reason
+    scheme = "https" if plane.tls else "http"
 
     def banner(report: StartReport) -> None:
         lines = [
-            f"corral server listening on http://{shown}:{port}  (API docs: /docs)",
-            *_agents_line(getattr(plane.link, "address", None)),
+            f"corral server listening on {scheme}://{shown}:{port}  (API docs: /docs)",
+            *_tls_lines(plane.tls),
+            *_agents_line(getattr(plane.link, "address", None), plane.tls),
             f"  database: {report.db}",
             f"  blobs:    {report.blobs}",
         ]
@@ -158,15 +181,25 @@ def _serve(settings: Any) -> None:
         access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=3,
         loop=event_loop.choice(),
+        ssl_certfile=plane.tls.cert if plane.tls else None,
+        ssl_keyfile=plane.tls.key if plane.tls else None,
     )
     uvicorn.Server(config).run(sockets=[sock])
     sys.stdout.flush()
 
 
-def _agents_line(address: str | None) -> list[str]:
+def _tls_lines(tls: ServerTls | None) -> list[str]:
+    if tls is None:
+        return []
+    what = "self-signed, made now" if tls.made else "self-signed" if tls.self_signed else "given"
+    return [f"  TLS certificate: {tls.cert} ({what})", f"  fingerprint: {tls.fingerprint}"]
+
+
+def _agents_line(address: str | None, tls: ServerTls | None) -> list[str]:
     if not address:
         return []
-    return [f"  agents join with: corral agent --server {address} --token <agent token>"]
+    pin = f" --ca-fingerprint {tls.fingerprint}" if tls and tls.self_signed else ""
+    return [f"  agents join with: corral agent --server {address}{pin} --token <agent token>"]
 
 
 BACKLOG = 2048  # uvicorn's own default

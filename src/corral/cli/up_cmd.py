@@ -150,13 +150,15 @@ async def _serve(
     home = settings.home
     sock = _bind(host, settings.api.port)
     settings.api.port = sock.getsockname()[1]  # agents fetch model files from here
-    plane = create_plane(settings)
+    plane = create_plane(settings)  # TLS (self-signed) only when listening beyond this machine
+    tls = plane.tls
     app = create_app(plane=plane)
     server = _quiet_server(
         uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=2, loop=event_loop.choice()
+            app, log_level="warning", timeout_graceful_shutdown=2, loop=event_loop.choice(),
+            ssl_certfile=tls.cert if tls else None, ssl_keyfile=tls.key if tls else None,
         )
-    )
+    )  # fmt: skip
     served = asyncio.create_task(server.serve(sockets=[sock]))
     with _signals() as stopping:
         while not server.started and not served.done():
@@ -164,10 +166,11 @@ async def _serve(
         if served.done():
             served.result()  # startup failed: say why
             return
-        base = _url(sock)
+        base = _url(sock, "https" if tls else "http")
         address = str(getattr(plane.link, "address", ""))
         options = AgentOptions(
             servers=(address,), token=token, fake_gpus=fake_gpus, handler=handler,
+            ca_fingerprint=tls.fingerprint if tls else None,
             work_dir=home / "agent", shutdown_grace_s=3.0,
             a1111=backends.a1111, comfyui=backends.comfyui,
             default_backend="demo" if backends.a1111 or backends.comfyui else None,
@@ -175,9 +178,13 @@ async def _serve(
         agent = Agent(options)
         linked = asyncio.create_task(agent.run(), name="corral-up-agent")
         _banner(base, address, token, home, agent)
+        if tls is not None:
+            print(f"  TLS certificate: {tls.cert}  fingerprint: {tls.fingerprint}", flush=True)
         event_loop.settle_heap()  # server and agent started: that much lives until Ctrl-C
         extras = [asyncio.create_task(_compat_banner(base, backends, agent))]
-        extras += [asyncio.create_task(_demo(base, token))] if demo else []
+        extras += (
+            [asyncio.create_task(_demo(base, token, tls.cert if tls else None))] if demo else []
+        )
         await _until_stopped(stopping, served, linked)
         print("\ncorral: stopping the agent, then the server ...", flush=True)
         await agent.shutdown()
@@ -264,12 +271,19 @@ async def _compat_banner(base: str, backends: Any, agent: Agent) -> None:
         print(f"  ComfyUI API:       {base}/prompt, {base}/ws   (same credentials)", flush=True)
 
 
-async def _demo(base: str, token: str) -> None:
+async def _demo(base: str, token: str, cert: Path | None) -> None:
     """Submit one demo job per prompt and print each as it ends."""
+    import ssl
+
     import httpx
 
+    from corral.core.pins import pinned_context
+
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as client:
+    verify = pinned_context(ssl.PEM_cert_to_DER_cert(cert.read_text())) if cert else True
+    async with httpx.AsyncClient(
+        base_url=base, headers=headers, timeout=10, verify=verify
+    ) as client:
         jobs = [
             {"backend": "demo", "payload": {"prompt": p, "steps": 25, "step_s": 0.12}}
             for p in DEMO_PROMPTS
@@ -297,6 +311,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _url(sock: socket.socket) -> str:
+def _url(sock: socket.socket, scheme: str) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"

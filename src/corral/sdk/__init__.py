@@ -29,6 +29,7 @@ from corral.sdk.errors import (
     StreamError,
     TooManyRequests,
     Unauthorized,
+    UntrustedServer,
     WaitTimeout,
 )
 from corral.sdk.events import JobEvent
@@ -95,6 +96,7 @@ __all__ = [
     "TokenStatus",
     "TooManyRequests",
     "Unauthorized",
+    "UntrustedServer",
     "WaitInfo",
     "WaitTimeout",
     "resolve",

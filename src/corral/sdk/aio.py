@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls
+from corral.sdk import calls, trust
 from corral.sdk.aio_job import AsyncEventStream, AsyncJob
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.client import BATCH_CHUNK, DEFAULT_TIMEOUT
@@ -55,8 +55,10 @@ class AsyncClient:
         timeout: float = DEFAULT_TIMEOUT,
         retry: Retry | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_fingerprint: str | None = None,
+        ca_cert: str | None = None,
     ) -> None:
-        target = resolve(url, token)
+        target = resolve(url, token, ca_fingerprint=ca_fingerprint, ca_cert=ca_cert)
         self.url = target.url
         self.url_from = target.url_from
         self.token = target.token
@@ -65,7 +67,10 @@ class AsyncClient:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport or trust.async_transport(target.ca_fingerprint, target.ca_cert),
         )
 
     async def __aenter__(self) -> AsyncClient:

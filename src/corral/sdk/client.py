@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls, registry
+from corral.sdk import calls, registry, trust
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
@@ -51,7 +51,9 @@ class Client:
     """A connection (pool) to one corral server; close it (or use ``with``) when done.
 
     ``url`` and ``token`` default to ``CORRAL_URL`` / ``CORRAL_TOKEN``, then
-    ``~/.corral/config.toml``, then ``http://127.0.0.1:8470``.
+    ``~/.corral/config.toml``, then ``http://127.0.0.1:8470``. For an https
+    server with a self-signed certificate, pin it with ``ca_fingerprint`` (or
+    ``CORRAL_CA_FINGERPRINT``), or trust its CA with ``ca_cert`` (``CORRAL_CA_CERT``).
     """
 
     def __init__(
@@ -62,8 +64,10 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         retry: Retry | None = None,
         transport: httpx.BaseTransport | None = None,
+        ca_fingerprint: str | None = None,
+        ca_cert: str | None = None,
     ) -> None:
-        target = resolve(url, token)
+        target = resolve(url, token, ca_fingerprint=ca_fingerprint, ca_cert=ca_cert)
         self.url = target.url
         self.url_from = target.url_from
         self.token = target.token
@@ -72,7 +76,10 @@ class Client:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         self._http = httpx.Client(
-            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport or trust.sync_transport(target.ca_fingerprint, target.ca_cert),
         )
 
     def __enter__(self) -> Client:

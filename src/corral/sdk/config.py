@@ -4,14 +4,18 @@
 
     url = "http://127.0.0.1:8470"
     token = "corral_..."
+    ca_fingerprint = "sha256:..."   # optional: pin a self-signed https server
+    ca_cert = "/path/to/ca.pem"     # optional: or trust this CA for it
 
 ``corral login URL --token T`` writes it (``save``). Each setting is taken
 from the first of: the argument (a CLI flag), ``CORRAL_URL`` /
-``CORRAL_TOKEN``, the file, the default; ``Target.url_from`` remembers which,
-so an error can say where the URL came from. With no token anywhere and a
-server on this machine, the admin token that ``corral up`` keeps in its data
-directory (``$CORRAL_HOME``, else next to the config file: ``~/.corral/admin-token``)
-is used, so ``corral up`` then ``corral jobs`` just works.
+``CORRAL_TOKEN`` / ``CORRAL_CA_FINGERPRINT`` / ``CORRAL_CA_CERT``, the file,
+the default (the last two only for ``https://`` URLs, see ``trust.py``);
+``Target.url_from`` remembers which, so an error can say where the URL came
+from. With no token anywhere and a server on this machine, the admin token
+that ``corral up`` keeps in its data directory (``$CORRAL_HOME``, else next
+to the config file: ``~/.corral/admin-token``) is used, so ``corral up``
+then ``corral jobs`` just works.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from corral.core.errors import InvalidSpec
+from corral.core.pins import parse_fingerprint
 from corral.sdk.errors import ClientError
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -42,6 +48,8 @@ class Target:
     url: str
     token: str | None
     url_from: str  # "--url", "CORRAL_URL", the config file's path, or "default"
+    ca_fingerprint: str | None = None  # pin of an https server's certificate (sdk/trust.py)
+    ca_cert: str | None = None  # PEM file of the CA that signed the server's certificate
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
@@ -53,10 +61,12 @@ def resolve(
     url: str | None = None,
     token: str | None = None,
     *,
+    ca_fingerprint: str | None = None,
+    ca_cert: str | None = None,
     env: Mapping[str, str] | None = None,
     path: Path | None = None,
 ) -> Target:
-    """The URL and token to use, each from the first place that sets it."""
+    """The URL, token and trust to use, each from the first place that sets it."""
     env = os.environ if env is None else env
     path = path or config_path(env)
     file = load(path)
@@ -69,7 +79,16 @@ def resolve(
     chosen, source = next((v, s) for v, s in url_choices if v)
     url = normalize_url(chosen)
     token = token or env.get("CORRAL_TOKEN") or file.get("token")
-    return Target(url, token or _local_admin(url, path, env.get("CORRAL_HOME")), source)
+    token = token or _local_admin(url, path, env.get("CORRAL_HOME"))
+    pin = ca_fingerprint or env.get("CORRAL_CA_FINGERPRINT") or file.get("ca_fingerprint")
+    ca_file = ca_cert or env.get("CORRAL_CA_CERT") or file.get("ca_cert")
+    if not url.startswith("https://"):
+        return Target(url, token, source)  # trust settings are for TLS servers only
+    try:
+        pin = parse_fingerprint(pin) if pin else None
+    except InvalidSpec as exc:
+        raise ConfigError(f"CORRAL_CA_FINGERPRINT: {exc.message}") from None
+    return Target(url, token, source, pin, str(Path(ca_file).expanduser()) if ca_file else None)
 
 
 def _local_admin(url: str, path: Path, home: str | None) -> str | None:
@@ -104,13 +123,15 @@ def load(path: Path) -> dict[str, str]:
     return {k: v for k, v in data.items() if isinstance(v, str)}
 
 
-def save(url: str, token: str | None, path: Path | None = None) -> Path:
-    """Write ``url`` and ``token`` (other keys in the file are kept); readable by you only."""
+def save(url: str, token: str | None, path: Path | None = None, **trust: str | None) -> Path:
+    """Write ``url``, ``token`` and the trust settings given (``ca_fingerprint``,
+    ``ca_cert``); other keys in the file are kept. Readable by you only."""
     path = path or config_path()
     data: dict[str, str] = load(path)
     data["url"] = normalize_url(url)
     if token:
         data["token"] = token
+    data |= {k: v for k, v in trust.items() if v}
     path.parent.mkdir(parents=True, exist_ok=True)
     # JSON string escapes are valid TOML basic strings (ensure_ascii keeps them so).
     text = "".join(f"{_key(k)} = {json.dumps(v)}\n" for k, v in sorted(data.items()))

@@ -4,6 +4,7 @@
 
     ClientError                   base of everything the SDK raises (a core ``CorralError``)
     ├── ServerUnreachable         no answer from the URL (after the retries); says how to start one
+    ├── UntrustedServer           an https server other than the pinned one (``trust.py``)
     ├── ApiError                  the server answered with an error status
     │   ├── BadRequest            400/413/422: bad input; ``field`` names the culprit
     │   ├── Unauthorized          401: no token, or a token the server does not know
@@ -47,6 +48,10 @@ class ServerUnreachable(ClientError):
         self.url = url
         self.reason = reason
         self.attempts = attempts
+
+
+class UntrustedServer(ClientError):
+    """The server's certificate is not the pinned one: nothing was sent to it."""
 
 
 class ApiError(ClientError):

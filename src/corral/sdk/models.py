@@ -240,6 +240,8 @@ class TokenStatus(_Out):
 
 class NewToken(TokenStatus):
     token: str = Field(description="the secret, shown once")
+    join: str | None = Field(None, description="agent tokens: what `corral agent --join` takes")
+    join_command: str | None = Field(None, description="agent tokens: how a GPU machine joins")
 
 
 class ScalingPool(_Out):

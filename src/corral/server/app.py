@@ -19,6 +19,7 @@ from corral import __version__
 from corral.core.clock import Clock, WallClock
 from corral.core.model import DEFAULT_PRIORITY_CLASSES
 from corral.scheduler import KeptSchedule
+from corral.server import tls
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
@@ -90,11 +91,16 @@ def create_plane(
     schedule: ScheduleFn | None = None,
     run_loops: bool = True,
 ) -> ControlPlane:
+    chosen_tls = tls.apply(settings)  # before the link is built: it serves the same certificate
     rt = build_runtime(settings, link=link, clock=clock, blobs=blobs)
     # The scheduler kept between cycles, synced to each snapshot by difference: the same
     # plans as ``corral.scheduler.schedule``, at the cost of what changed.
     scaling = scaling_from(settings)  # docs/autoscaler.md; None when off
-    return ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops, scaling=scaling)
+    plane = ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops, scaling=scaling)
+    plane.tls = chosen_tls
+    if plane.autoscale is not None and chosen_tls is not None:
+        plane.autoscale.join_token = lambda token: str(chosen_tls.join(token))
+    return plane
 
 
 def create_app(

@@ -34,6 +34,7 @@ from corral.server.services.streams import StreamGate
 from corral.server.services.unit import Runtime
 from corral.server.store.db import lock_key
 from corral.server.store.notify import Note, Notifier, PgNotifier
+from corral.server.tls import ServerTls
 
 log = logging.getLogger("corral.server")
 
@@ -105,6 +106,7 @@ class ControlPlane:
             )
         self._tasks: list[asyncio.Task[None]] = []
         self.report: StartReport | None = None
+        self.tls: ServerTls | None = None  # what both ports serve (server/tls.py); None: plain
 
     @property
     def link(self) -> AgentLink:

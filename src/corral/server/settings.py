@@ -241,8 +241,32 @@ class AgentLinkSettings(BaseModel):
     hello_timeout_s: float = Field(
         default=10.0, gt=0, description="an agent must say hello this soon after connecting"
     )
-    tls_cert: Path | None = Field(default=None, description="PEM certificate: serve TLS (grpcs)")
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate for this port only (default: the tls one)"
+    )
     tls_key: Path | None = Field(default=None, description="PEM private key for tls_cert")
+
+
+class TlsSettings(BaseModel):
+    """TLS for the HTTP API and the agent link, on both ports alike (docs/security/tls.md)."""
+
+    mode: str = Field(
+        default="auto",
+        pattern="^(auto|self-signed|off)$",
+        description="auto: TLS when tls.cert is given, else a self-signed certificate when the "
+        "server listens beyond this machine (a token must never cross a network in clear), "
+        "else plain http for 127.0.0.1 (corral up, a reverse proxy on this host); "
+        "self-signed: always; off: never (a reverse proxy elsewhere terminates TLS)",
+    )
+    cert: Path | None = Field(
+        default=None, description="PEM certificate (chain) to serve instead of a self-signed one"
+    )
+    key: Path | None = Field(default=None, description="PEM private key of tls.cert")
+    names: list[str] = Field(
+        default_factory=list,
+        description="extra host names and addresses the self-signed certificate lists, so "
+        "clients that check names (curl --cacert) accept it; pinned clients need none",
+    )
 
 
 class ModelRegistrySettings(BaseModel):
@@ -378,6 +402,7 @@ class Settings(BaseSettings):
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
     agents: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
     models: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
     compat: CompatSettings = Field(default_factory=CompatSettings)  # docs/compat.md
     retention: RetentionSettings = Field(default_factory=RetentionSettings)

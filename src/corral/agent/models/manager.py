@@ -47,8 +47,13 @@ class ModelManager:
         client: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
         headers_for: Callable[[str], Mapping[str, str]] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> ModelManager:
-        """Load the cache (repairing what a crash left) and make its downloader."""
+        """Load the cache (repairing what a crash left) and make its downloader.
+
+        ``transport`` (for the client made here) carries the trust in the server's
+        certificate for the model files it holds.
+        """
         cache = ModelCache(
             settings.dir, settings.budget_bytes, clock, touch_flush_s=settings.touch_flush_s
         )
@@ -57,6 +62,7 @@ class ModelManager:
             owned = client = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
                 follow_redirects=True,  # model hosts redirect to CDNs
+                transport=transport,  # the server's pinned trust (agent/trust.py), if any
             )
         downloader = Downloader(
             cache, client, clock, settings.downloads, rng=rng, headers_for=headers_for

@@ -219,6 +219,14 @@ class TokenOut(BaseModel):
 
 class NewTokenOut(TokenOut):
     token: str = Field(description="the secret: shown once, store it now")
+    join: str | None = Field(
+        None,
+        description="agent tokens: what `corral agent --join` takes, the token with the "
+        "server certificate's fingerprint when it is self-signed (sha256:<hex>::<token>)",
+    )
+    join_command: str | None = Field(
+        None, description="agent tokens: the command a GPU machine joins with"
+    )
 
 
 def token_out(t: TokenInfo) -> TokenOut:

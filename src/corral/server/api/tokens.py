@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.render import NewTokenOut, TokenIn, TokenOut, token_out
 from corral.server.services.auth import TokenKind
+from corral.server.tls import join_for
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=ERRORS)
 
 
 @router.post("", status_code=201, response_model=NewTokenOut)
-async def create_token(body: TokenIn, plane: Plane, who: Caller) -> NewTokenOut:
+async def create_token(body: TokenIn, plane: Plane, who: Caller, request: Request) -> NewTokenOut:
     """A new team token (sees and submits only its team's jobs) or agent join token.
 
-    The secret is in the answer once; only its hash is stored.
+    The secret is in the answer once; only its hash is stored. An agent token
+    comes with its join string and command, the address named as the caller
+    reached this API (docs/security/tls.md).
     """
     who.require_admin("create tokens")
     info, secret = await plane.auth.create(TokenKind(body.kind), body.name, body.team)
-    return NewTokenOut(**token_out(info).model_dump(), token=secret)
+    out = NewTokenOut(**token_out(info).model_dump(), token=secret)
+    if info.kind is TokenKind.AGENT:
+        address = getattr(plane.link, "address", None)
+        out.join, out.join_command = join_for(plane.tls, secret, address, request.url.hostname)
+    return out
 
 
 @router.get("", response_model=list[TokenOut])

@@ -88,6 +88,9 @@ class AutoscaleLoop:
         self.clocks = Clocks()  # since when nodes are idle and jobs wait
         self.backoff: dict[str, float] = {}
         self._token: str | None = None
+        # The token as launched agents get it: with the certificate's pin when the server's
+        # is self-signed (server/tls.py), so they join over grpcs:// with no more setup.
+        self.join_token: Callable[[str], str] = lambda token: token
 
     @property
     def settings(self) -> AutoscaleSettings:
@@ -219,7 +222,7 @@ class AutoscaleLoop:
                 self._token = given.get_secret_value()
             else:
                 _, self._token = await self.auth.create(TokenKind.AGENT, "autoscaler", None)
-        return Join(server, self._token)
+        return Join(server, self.join_token(self._token))
 
     def _failed(self, call: str, error: Exception) -> None:
         self.rt.metrics.autoscaler_errors.labels(call).inc()
