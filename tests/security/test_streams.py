@@ -145,8 +145,9 @@ async def test_streams_replaying_history_leave_the_pool_to_requests(
     pg_url: str, tmp_path: Path
 ) -> None:
     """A pool of 2 (4 with overflow, one the scheduling leader's), checkouts failing after
-    1 s (a busy machine may make a request wait that long for its turn): 50 streams replay all history from the table (the server restarted, so none of
-    it is in memory) while requests must still be answered."""
+    1 s (a loaded machine may make a request wait that long for its turn): 50 streams
+    replay all history from the table (the server restarted, so none of it is in memory)
+    while requests must still be answered."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     headers = bearer(ADMIN_TOKEN)
     for server in started(pg_url, tmp_path):
