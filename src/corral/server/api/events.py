@@ -39,6 +39,7 @@ async def all_events(
     kinds = kind_set(kind)
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
     stream = plane.feed.follow(who, start, kinds=kinds)
+    stream = plane.auth.sessions.guard(who.token_id, stream)  # ends if the token is revoked
     body = sse(stream, plane.rt.metrics.event_streams)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -176,6 +176,7 @@ async def job_events(
     await plane.jobs.get(who, job_id)  # 404 now, not inside the stream
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
     stream = plane.feed.follow(who, start, job_id=job_id, kinds=kind_set(kind))
+    stream = plane.auth.sessions.guard(who.token_id, stream)  # ends if the token is revoked
     body = sse(stream, plane.rt.metrics.event_streams)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
