@@ -35,7 +35,7 @@ def weakness(secret: str) -> str | None:
     """Why ``secret`` is too weak to be an admin token, or None. Never quotes the secret."""
     size = len(secret)
     if size < MIN_ADMIN_TOKEN_CHARS:
-        return f"{size} characters, at least {MIN_ADMIN_TOKEN_CHARS} are needed"
+        return f"its length is {size}, at least {MIN_ADMIN_TOKEN_CHARS} characters are needed"
     if _period(secret) <= size // 2:
         return "it is a short pattern repeated"
     bits = -sum(n * math.log2(n / size) for n in Counter(secret).values())

@@ -462,6 +462,8 @@ def _ends(start: pb.AgentMessage, end: pb.AgentMessage) -> bool:
 
 def _end_for(session: Session, exc: BaseException) -> None:
     """End the stream for a message that could not be handled, with the status that says why."""
+    if session.ended is not None:  # already ending (revoked, replaced): a read it cut short
+        return
     if isinstance(exc, Refused):
         session.end(exc.code, exc.details)
     elif isinstance(exc, LinkError):
