@@ -15,6 +15,7 @@ the revocation.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import sys
@@ -25,6 +26,8 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
@@ -34,9 +37,12 @@ from process_harness import ServerProcess
 from revocation_harness import DEADLINE_S, Follower, bearer, new_token, revoke
 
 from corral.core.errors import Unauthenticated
+from corral.server.api.schemas import JobIn
 from corral.server.app import create_plane
 from corral.server.plane import ControlPlane
-from corral.server.services.auth import TokenKind
+from corral.server.services.auth import Principal, TokenKind
+from corral.server.services.compat import CompatJobs, caller_for
+from corral.server.services.jobs import Draft, new_job_id
 from corral.server.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -44,6 +50,7 @@ pytestmark = pytest.mark.slow
 LONG = {"steps": 400, "step_s": 0.05, "preview_every": 50}  # 20 s unless stopped
 QUICK = {"steps": 3, "step_s": 0.01}
 PG_BASE = "postgresql://postgres@127.0.0.1:5432/test"
+ADMIN_PRINCIPAL = Principal("tok_admin", TokenKind.ADMIN, "admin")
 REVOKED = r"(token tok_\w+|this token) was revoked"  # on the open stream, or at a redial
 
 
@@ -95,9 +102,14 @@ def test_a_revoked_team_tokens_event_streams_end(cluster: Cluster) -> None:
             Follower(cluster.http, team["token"], "/v1/events?after=0"),
             Follower(cluster.http, team["token"], f"/v1/jobs/{queued}/events"),
         ]
-        revoke(http, team)
-        for stream in streams:
-            stream.wait_ended()
+        address = cluster.http.removeprefix("http://")
+        with connect(f"ws://{address}/ws?clientId=x&token={team['token']}") as comfy:
+            assert json.loads(comfy.recv(timeout=DEADLINE_S))["type"] == "status"
+            revoke(http, team)
+            for stream in streams:
+                stream.wait_ended()
+            with pytest.raises(ConnectionClosed):  # the drop-in ComfyUI API's websocket too
+                comfy.recv(timeout=DEADLINE_S)
         again = httpx.get(f"{cluster.http}/v1/events", headers=bearer(team["token"]))
         assert again.status_code == 401
         assert again.json()["message"] == "this token was revoked"
@@ -186,6 +198,31 @@ async def test_a_request_authenticated_before_a_revocation_opens_no_stream_after
             holding.auth.sessions.guard(who.token_id, _forever())
         with pytest.raises(Unauthenticated, match="revoked"):  # no cached principal trusted
             await holding.auth.authenticate(secret)
+
+
+@pytest.mark.anyio
+async def test_a_drop_in_call_waiting_for_its_job_is_answered_401_when_revoked(
+    tmp_path: Path,
+) -> None:
+    """An AUTOMATIC1111 ``txt2img`` holds its request open until the job ends."""
+    settings = Settings(home=tmp_path, store={"db": str(tmp_path / "corral.db")})  # type: ignore[arg-type]
+    plane = create_plane(settings, run_loops=False)
+    await plane.start()
+    try:
+        info, secret = await plane.auth.create(TokenKind.TEAM, "leaked", "vision")
+        who = await plane.auth.authenticate(secret)
+        job = JobIn.model_validate({}).to_job(new_job_id(), team="vision", idempotency_key=None)
+        [rec], _ = await plane.jobs.submit(who, [Draft(job, "revocation-test")])
+        drop_in = CompatJobs(plane, settings.compat)
+        waiting = asyncio.ensure_future(drop_in.wait(caller_for(who, None), rec.job.id))
+        await _eventually(lambda: plane.auth.sessions.held(who.token_id) == 1)
+
+        await plane.auth.revoke(info.id)
+        with pytest.raises(Unauthenticated, match="revoked"):
+            await asyncio.wait_for(waiting, DEADLINE_S)
+        assert (await plane.jobs.get(ADMIN_PRINCIPAL, rec.job.id)).state.value == "queued"
+    finally:
+        await plane.stop()
 
 
 @pytest.fixture
