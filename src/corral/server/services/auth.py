@@ -133,8 +133,9 @@ class AuthService:
                 f"the configured admin token (admin_token, CORRAL_ADMIN_TOKEN) {what}: "
                 "set the current admin token, or a new one to rotate it",
             )
-        keep = row.id if row is not None else None
-        if keep is None:
+        if row is not None:
+            keep = str(row.id)
+        else:
             keep = await self._insert(conn, TokenKind.ADMIN, "admin", None, secret, at)
         return await token_repo.revoke_admins(conn, keep, at)
 
