@@ -46,7 +46,7 @@ from corral.agent.supervisor import Supervisor
 from corral.agent.wire import Identity
 from corral.core import WallClock
 
-ADMIN = "corral_admin_bench-agents-token"
+ADMIN = "corral_admin_bench-agents-token-for-the-fleet"
 CLI = "from corral.cli.main import main; main()"
 METRIC = "corral_agent_heartbeat_lag_seconds"
 

@@ -29,7 +29,7 @@ from plain_http import PlainHttp
 from workload import Timing
 
 HERE = Path(__file__).resolve().parent
-ADMIN = "corral_admin_bench-e2e-token"
+ADMIN = "corral_admin_bench-e2e-token-for-the-peer-run"
 CLI = "from corral.cli.main import main; main()"
 BATCH = 500  # jobs per POST /v1/jobs/batch
 WATCHED = ("job.started", "job.succeeded", "job.failed")  # the events a waiting client needs

@@ -39,7 +39,7 @@ __all__ = [
     "touch_when",
 ]
 
-ADMIN_TOKEN = "corral_admin_sdk-test-token"
+ADMIN_TOKEN = "corral_admin_sdk-test-token-for-live-servers"
 FAST_RETRY = Retry(attempts=4, base_s=0.05, max_s=0.2)  # tests need not wait long
 STUB_SCRIPT = Path(__file__).with_name("stub_server.py")
 READY = re.compile(r"listening on (http://\S+)")

@@ -35,7 +35,7 @@ from corral.server.app import create_app, create_plane
 from corral.server.plane import StartReport
 from corral.server.settings import Settings
 
-ADMIN_TOKEN = "corral_admin_sdk-test-token"
+ADMIN_TOKEN = "corral_admin_sdk-test-token-for-live-servers"
 NODES = ("box-a", "box-b")
 
 

@@ -161,7 +161,7 @@ def test_messages_say_what_is_wrong_and_team_tokens_see_only_their_team(
     with client(server.url, server.admin_token) as admin:
         assert admin.delete(f"/v1/tokens/{agent['id']}").status_code == 204
     with client(server.url, agent["token"]) as c:
-        assert c.get("/v1/jobs").json()["message"] == "unknown or revoked token"
+        assert c.get("/v1/jobs").json()["message"] == "this token was revoked"
 
 
 def test_server_help_explains_the_options() -> None:

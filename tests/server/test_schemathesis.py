@@ -4,7 +4,8 @@ Bounded (``MAX_EXAMPLES`` per operation) so it finishes well within a minute.
 It runs against a real ``corral server`` process with the admin token, on
 SQLite and PostgreSQL (PostgreSQL refuses NUL characters that SQLite takes:
 that difference is exactly what this test is for). The endless all-events
-stream is left out (a stream that never ends cannot be called to completion).
+stream is left out (a stream that never ends cannot be called to completion), and so is
+the admin token's rotation (it would shut every later request out with 401).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MAX_EXAMPLES = 15
 def operations(live: ServerProcess) -> list[schemathesis.schemas.APIOperation]:  # type: ignore[name-defined]
     loaded = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
     loaded = loaded.exclude(path="/v1/events", method="GET")
+    loaded = loaded.exclude(path="/v1/tokens/admin/rotate")  # it would revoke our own token
     return [result.ok() for result in loaded.get_all_operations()]
 
 

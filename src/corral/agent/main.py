@@ -37,7 +37,7 @@ from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.fingerprint import GpuInventory, detect_inventory
-from corral.agent.link import LinkClient, LinkSettings, Target, parse_server
+from corral.agent.link import LinkClient, LinkRefused, LinkSettings, Target, parse_server
 from corral.agent.model_report import ModelReporter
 from corral.agent.models import ModelManager, ModelSettings
 from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
@@ -254,7 +254,8 @@ def build_executors(
 
 
 async def run_agent(options: AgentOptions, agent: Agent | None = None) -> None:
-    """Run until SIGINT/SIGTERM, then shut down cleanly. Raises ``LinkRefused`` on a bad token."""
+    """Run until SIGINT/SIGTERM, then shut down cleanly. Raises ``LinkRefused`` on a bad token
+    (refused at once, or revoked while connected), after stopping the work it ran."""
     agent = agent or Agent(options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -265,7 +266,13 @@ async def run_agent(options: AgentOptions, agent: Agent | None = None) -> None:
     try:
         await asyncio.wait({link, waiter}, return_when=asyncio.FIRST_COMPLETED)
         if link.done():
-            link.result()  # a refused token: raise it
+            refused = link.exception()
+            if isinstance(refused, LinkRefused):
+                # Revoked (or never valid): the server requeues this node's work elsewhere and
+                # would take no result from it, so running it on is GPU time thrown away.
+                log.error("the server refused this agent (%s): stopping its work", refused)
+                await agent.supervisor.shutdown(0.0)
+            link.result()  # raise it
             return
         log.info("shutting down: letting running work checkpoint and report")
         await agent.shutdown()

@@ -85,7 +85,7 @@ JOB: Lifecycle[JobState] = Lifecycle(
 NODE: Lifecycle[NodeState] = Lifecycle(
     "node",
     {
-        (NodeState.READY, NodeState.LOST): "not heard from for node_timeout",
+        (NodeState.READY, NodeState.LOST): "not heard from for node_timeout, or its token revoked",
         (NodeState.LOST, NodeState.READY): "its agent reconnected and resynced",
     },
     terminal=frozenset(),

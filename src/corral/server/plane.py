@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corral.autoscaler import Pool, Provider
@@ -89,6 +90,7 @@ class ControlPlane:
         if rt.db.is_postgres:  # replicas: reach agents held elsewhere, kick the leader
             notifier = self.notifier = PgNotifier(rt.db.target)
             rt.link = RelayLink(self.transport, notifier)
+            self.auth.publish = notifier.publish  # a revocation ends streams held elsewhere
             self.schedule.on_follow = lambda: notifier.publish(Note("kick"))
         self.delivery = Delivery(rt, self.transport, lambda: self.schedule.leading)
         self.autoscale: AutoscaleLoop | None = None
@@ -122,13 +124,14 @@ class ControlPlane:
         await self.models.load()
         self.liveness.watch_from(self.rt.clock.now())  # grace after a (re)start
         if self.notifier is not None:
-            await self.notifier.start(self.delivery.on_notes)
+            await self.notifier.start(self._hear)
         if self.run_loops:
             self._tasks = [
                 asyncio.create_task(self.schedule.run(), name="corral-schedule"),
                 asyncio.create_task(self.liveness.run(), name="corral-liveness"),
                 asyncio.create_task(self.retention.run(), name="corral-retention"),
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
+                asyncio.create_task(self.auth.watch(), name="corral-revocations"),
             ]
             if self.autoscale is not None:
                 self._tasks.append(
@@ -153,6 +156,11 @@ class ControlPlane:
             await self.notifier.close()
         await self.schedule.leader.release()
         await self.rt.db.close()
+
+    async def _hear(self, notes: Sequence[Note]) -> None:
+        """Other replicas' notes: revocations for auth, the rest for delivery."""
+        await self.auth.on_notes(notes)
+        await self.delivery.on_notes([n for n in notes if n.kind != "revoke"])
 
     async def _resync_forever(self) -> None:
         """The safety net under notes and streams: resend what waits too long (``Delivery``)."""

@@ -8,9 +8,11 @@ from the environment with the ``CORRAL_`` prefix and ``__`` for nesting, e.g.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.server.compat_settings import CompatSettings
@@ -18,6 +20,42 @@ from corral.server.compat_settings import CompatSettings
 DEFAULT_HOME = Path("~/.corral")
 DEFAULT_PORT = 8470
 DEFAULT_AGENT_PORT = 8471
+
+MIN_ADMIN_TOKEN_CHARS = 32
+"""A configured admin token shorter than this is refused at start. Generated tokens carry
+256 random bits in 43 characters; 32 random characters of any usual alphabet carry 128."""
+
+MIN_ADMIN_TOKEN_BITS = 80.0
+"""... and so is one whose characters, counted as they occur, carry fewer bits than this (a
+run of one letter, a few letters over and over). The count undercounts random tokens: 32
+random hex digits (128 bits) count 90 to 125, so a random token is never refused."""
+
+
+def weakness(secret: str) -> str | None:
+    """Why ``secret`` is too weak to be an admin token, or None. Never quotes the secret."""
+    size = len(secret)
+    if size < MIN_ADMIN_TOKEN_CHARS:
+        return f"its length is {size}, at least {MIN_ADMIN_TOKEN_CHARS} characters are needed"
+    if _period(secret) <= size // 2:
+        return "it is a short pattern repeated"
+    bits = -sum(n * math.log2(n / size) for n in Counter(secret).values())
+    if bits < MIN_ADMIN_TOKEN_BITS:
+        need = MIN_ADMIN_TOKEN_BITS
+        return f"it uses too few different characters ({bits:.0f} bits, {need:.0f} needed)"
+    return None
+
+
+def _period(text: str) -> int:
+    """The shortest ``p`` with ``text[i] == text[i + p]`` throughout (its longest border, KMP)."""
+    border = [0] * len(text)
+    k = 0
+    for i in range(1, len(text)):
+        while k and text[i] != text[k]:
+            k = border[k - 1]
+        if text[i] == text[k]:
+            k += 1
+        border[i] = k
+    return len(text) - (border[-1] if text else 0)
 
 
 class StoreSettings(BaseModel):
@@ -69,6 +107,13 @@ class ApiSettings(BaseModel):
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
     token_cache_s: float = Field(
         default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
+    )
+    revocation_check_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="how often each replica re-checks the tokens of its open streams and "
+        "cached tokens, so a revoked token's streams end this soon even if the replicas' "
+        "note is lost (docs/security/revocation.md); one small read per period",
     )
 
 
@@ -383,8 +428,8 @@ class AutoscaleSettings(BaseModel):
 class Settings(BaseSettings):
     """Everything ``corral server`` can be told."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="CORRAL_", env_nested_delimiter="__", extra="ignore"
+    model_config = SettingsConfigDict(  # errors never echo a value: some are secrets
+        env_prefix="CORRAL_", env_nested_delimiter="__", extra="ignore", hide_input_in_errors=True
     )
 
     home: Path = Field(default=DEFAULT_HOME, description="default place for the DB and blobs")
@@ -393,7 +438,9 @@ class Settings(BaseSettings):
     )
     admin_token: SecretStr | None = Field(
         default=None,
-        description="use this admin token instead of generating one at first start",
+        description="use this admin token instead of generating one at first start; it is "
+        "then the only admin token (any other is revoked at start), and it must be strong "
+        f"(at least {MIN_ADMIN_TOKEN_CHARS} characters, not a repeated pattern)",
     )
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     store: StoreSettings = Field(default_factory=StoreSettings)
@@ -407,6 +454,17 @@ class Settings(BaseSettings):
     compat: CompatSettings = Field(default_factory=CompatSettings)  # docs/compat.md
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
+
+    @field_validator("admin_token")
+    @classmethod
+    def _strong(cls, value: SecretStr | None) -> SecretStr | None:
+        problem = value and weakness(value.get_secret_value())
+        if problem:
+            raise ValueError(
+                f"the admin token (admin_token, CORRAL_ADMIN_TOKEN) is too weak: {problem}. "
+                "Make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     def resolved_home(self) -> Path:
         return self.home.expanduser()

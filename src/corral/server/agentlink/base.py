@@ -16,7 +16,7 @@ Two small protocols meet here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -140,10 +140,20 @@ class AgentLink(Protocol):
     async def set_intake(self, node: str, *, open: bool) -> None: ...
 
 
+class Admission(Protocol):
+    """An agent's accepted token, to which its stream is tied (docs/security/revocation.md)."""
+
+    def hold(self, node: str, end: Callable[[str], bool]) -> Callable[[], None]:
+        """Hold ``node``'s stream under the token: when the token is revoked, ``end(why)`` ends
+        the stream (True when it was still live) and the node leaves. Returns the release, to
+        call when the stream closes; raises ``Unauthenticated`` if the token is revoked."""
+        ...
+
+
 class AgentInbound(Protocol):
     """Agents -> server. ``node`` is the authenticated sender; updates name allocation + attempt."""
 
-    async def authenticate(self, token: str) -> None:
+    async def authenticate(self, token: str) -> Admission:
         """Accept an agent join token or raise ``Unauthenticated`` / ``Forbidden``."""
         ...
 

@@ -32,7 +32,7 @@ from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
-from corral.server.agentlink.base import Ack, AgentInbound, ResultBlob
+from corral.server.agentlink.base import Ack, Admission, AgentInbound, ResultBlob
 from corral.server.agentlink.grpc_uploads import UploadError, Uploads
 from corral.server.agentlink.model_wire import report_from
 from corral.server.settings import AgentLinkSettings
@@ -90,7 +90,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
     async def Connect(  # the generated servicer names it
         self, requests: AsyncIterator[pb.AgentMessage], context: Any
     ) -> AsyncIterator[pb.ServerMessage]:
-        await self._authenticate(context)
+        admission = await self._authenticate(context)
         hello = await self._first_hello(requests, context)
         inventory = replace(convert.inventory_from(hello.inventory), key=hello.node_key)
         try:  # before ``open``: a stream for a name held by another agent replaces nothing
@@ -100,7 +100,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         session = self.link.open(inventory.node)
         session.bundles = hello.bundles
         reader: asyncio.Task[None] | None = None
+        release: Callable[[], None] | None = None
         try:
+            release = await self._hold(admission, session, context)
             try:
                 reply = await self.inbound.hello(inventory, convert.running_from(hello.inventory))
             except LinkError as exc:
@@ -117,6 +119,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             for task in (reader, session.beating):
                 if task is not None:
                     task.cancel()
+            if release is not None:
+                release()
             self.link.release(session)
             log.info("agent %s stream ended", inventory.node)
 
@@ -145,7 +149,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         except UploadError as exc:
             await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
 
-    async def _authenticate(self, context: Any) -> None:
+    async def _authenticate(self, context: Any) -> Admission:
         token = bearer(context.invocation_metadata())
         if token is None:
             await abort(
@@ -155,11 +159,27 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 "(corral agent --token)",
             )
         try:
-            await self.inbound.authenticate(token)
+            return await self.inbound.authenticate(token)
         except Unauthenticated as exc:
             await abort(context, grpc.StatusCode.UNAUTHENTICATED, f"agent token rejected: {exc}")
         except Forbidden as exc:
             await abort(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
+
+    async def _hold(
+        self, admission: Admission, session: Session, context: Any
+    ) -> Callable[[], None]:
+        """Tie the stream to its token: revoking the token ends it with UNAUTHENTICATED (the
+        agent then stops for good rather than dial again) and its node leaves."""
+
+        def end(why: str) -> bool:
+            live = session.ended is None
+            session.end("UNAUTHENTICATED", f"agent token rejected: {why}; ask for a new join token")
+            return live
+
+        try:
+            return admission.hold(session.node, end)
+        except Unauthenticated as exc:  # revoked since this stream authenticated
+            await abort(context, grpc.StatusCode.UNAUTHENTICATED, f"agent token rejected: {exc}")
 
     async def _first_hello(
         self, requests: AsyncIterator[pb.AgentMessage], context: Any
@@ -442,6 +462,8 @@ def _ends(start: pb.AgentMessage, end: pb.AgentMessage) -> bool:
 
 def _end_for(session: Session, exc: BaseException) -> None:
     """End the stream for a message that could not be handled, with the status that says why."""
+    if session.ended is not None:  # already ending (revoked, replaced): a read it cut short
+        return
     if isinstance(exc, Refused):
         session.end(exc.code, exc.details)
     elif isinstance(exc, LinkError):

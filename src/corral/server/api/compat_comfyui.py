@@ -191,14 +191,10 @@ async def _stream(ws: WebSocket, who: Caller, sid: str) -> None:
     async def gone() -> bool:
         return closed.is_set()
 
+    follow = plane.feed.follow(who.principal, after, disconnected=gone)
+    events = plane.auth.sessions.until_revoked(who.principal.token_id, follow)
     try:
-        await _relay(
-            ws,
-            who,
-            sid,
-            one_by_one(plane.feed.follow(who.principal, after, disconnected=gone)),
-            watches,
-        )
+        await _relay(ws, who, sid, one_by_one(events), watches)
     finally:
         reader.cancel()
 

@@ -54,6 +54,7 @@ async def all_events(
     slot = plane.streams.admit(who)  # 429 past the stream caps
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
     stream = plane.feed.follow(who, start, kinds=kinds)
+    stream = plane.auth.sessions.guard(who.token_id, stream)  # ends if the token is revoked
     body = sse(stream, plane.rt.metrics.event_streams)
     return HeldStream(body, slot, SSE_HEADERS)
 

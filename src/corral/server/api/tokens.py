@@ -1,4 +1,5 @@
-"""``/v1/tokens``: the admin creates, lists and revokes team and agent tokens."""
+"""``/v1/tokens``: the admin creates, lists and revokes team and agent tokens, and rotates
+the admin token."""
 
 from __future__ import annotations
 
@@ -35,9 +36,21 @@ async def list_tokens(plane: Plane, who: Caller) -> list[TokenOut]:
     return [token_out(t) for t in await plane.auth.listing()]
 
 
+@router.post("/admin/rotate", status_code=201, response_model=NewTokenOut)
+async def rotate_admin_token(plane: Plane, who: Caller) -> NewTokenOut:
+    """A new admin token; every other admin token (the caller's too) is revoked at once.
+
+    The secret is in the answer once. Refused (409) when the admin token is configured
+    (``admin_token`` / ``CORRAL_ADMIN_TOKEN``): change the setting and restart instead.
+    """
+    info, secret = await plane.auth.rotate_admin(who)
+    return NewTokenOut(**token_out(info).model_dump(), token=secret)
+
+
 @router.delete("/{token_id}", status_code=204, response_class=Response)
 async def revoke_token(token_id: str, plane: Plane, who: Caller) -> Response:
-    """Revoke a token: it stops working within ``api.token_cache_s`` on every replica."""
+    """Revoke a token: it stops working at once, and every stream and agent connection it
+    holds open ends within about a second on every replica (``api.revocation_check_s``)."""
     who.require_admin("revoke tokens")
     await plane.auth.revoke(token_id)
     return Response(status_code=204)

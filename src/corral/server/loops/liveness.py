@@ -28,15 +28,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corral.core.events import EventKind
-from corral.core.states import NODE, AllocDesired, NodeState, transition
+from corral.core.states import AllocDesired, NodeState
 from corral.server.agentlink.base import StopReason
+from corral.server.services.departure import lose_node
 from corral.server.services.outcomes import Ending
 from corral.server.services.settling import end_allocation, request_stop
 from corral.server.services.unit import Runtime
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store.records import AllocRecord
+from corral.server.store.records import AllocRecord, NodeRecord
 
 log = logging.getLogger("corral.server.liveness")
 
@@ -105,18 +105,12 @@ class LivenessLoop:
     async def mark_lost(self, name: str) -> bool:
         """Mark ``name`` lost and end its allocations as lost. False if it came back meanwhile."""
         timeout = self.rt.settings.scheduling.node_timeout_s
-        async with self.rt.tx(reschedule=True) as tx:
-            rec = await node_repo.get(tx.conn, name)
-            if rec is None or rec.node.state is not NodeState.READY:
-                return False
-            if self._silent_for(rec.node.last_seen, tx.now) <= timeout:
-                return False
-            state = transition(NODE, name, rec.node.state, NodeState.LOST, at=tx.now, why="timeout")
-            if not await node_repo.update(tx.conn, rec, state=state.value):
-                return False
-            tx.emit(EventKind.NODE_LOST, team=None, node=name, last_seen=rec.node.last_seen)
-            for alloc in await alloc_repo.active(tx.conn, node=name):
-                await end_allocation(self.rt, tx, alloc, Ending.LOST, error=f"node {name} was lost")
+
+        def silent(rec: NodeRecord, now: float) -> bool:
+            return self._silent_for(rec.node.last_seen, now) > timeout
+
+        if not await lose_node(self.rt, name, "timeout", silent):
+            return False
         log.warning("node %s lost: not heard from for %.0fs", name, timeout)
         return True
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from corral.core.errors import Conflict, Forbidden, LinkError
+from corral.core.errors import Conflict, LinkError
 from corral.core.events import EventKind
 from corral.core.model import Gpu, Node
 from corral.core.states import (
@@ -34,7 +34,7 @@ from corral.server.agentlink.base import (
     StopOrder,
     StopReason,
 )
-from corral.server.services.auth import AuthService, TokenKind
+from corral.server.services.auth import AuthService
 from corral.server.services.checkpoints import drop_after_commit, drop_uploads, may_fetch
 from corral.server.services.group import GroupCommitter
 from corral.server.services.node_keys import key_hash, may_hold, taken
@@ -42,6 +42,7 @@ from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
 from corral.server.services.results import Files, apart, cut_batch, inline_results, store_results
+from corral.server.services.sessions import AgentAdmission
 from corral.server.services.settling import Said, end_allocation, is_current, record_start
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -68,12 +69,8 @@ class AgentService:
         # commit (``early``: the agent keeps the report until that ack; docs/server.md).
         self.updates = group
 
-    async def authenticate(self, token: str) -> None:
-        who = await self.auth.authenticate(token)
-        if who.kind is TokenKind.TEAM:
-            raise Forbidden(
-                "a team token cannot join an agent: ask the admin for an agent join token"
-            )
+    async def authenticate(self, token: str) -> AgentAdmission:
+        return await self.auth.admit_agent(token)
 
     @property
     def heartbeat_s(self) -> float:

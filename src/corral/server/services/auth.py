@@ -10,21 +10,35 @@ Three kinds of token (docs/server.md, "Auth"):
 
 Tokens are 256-bit random secrets, so a plain SHA-256 (not a slow password
 hash) is the right way to store them.
+
+Revoking a token ends every stream it holds open, on every replica
+(``services.sessions``, docs/security/revocation.md). Rotating the admin
+token makes a new one and revokes every other; with ``admin_token``
+configured, that setting is the one admin token and a change of it rotates at
+start.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import Forbidden, InvalidSpec, NotFound, Unauthenticated
+from corral.core.errors import Conflict, Forbidden, InvalidSpec, NotFound, Unauthenticated
+from corral.server.services.departure import lose_node
+from corral.server.services.sessions import REVOKED, AgentAdmission, LiveSessions
 from corral.server.services.unit import Runtime
 from corral.server.store import nodes as node_repo
 from corral.server.store import tokens as token_repo
+from corral.server.store.notify import Note
+
+log = logging.getLogger("corral.server.auth")
 
 
 class TokenKind(StrEnum):
@@ -85,26 +99,45 @@ class AuthService:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self._cache: dict[str, tuple[Principal, float]] = {}
+        self.sessions = LiveSessions()  # the streams open here, by token
+        self.publish: Callable[[Note], None] | None = None  # to the other replicas, if any
 
     async def bootstrap_admin(self) -> str | None:
         """Make sure an admin token exists. Returns a newly generated secret, to print once.
 
-        With ``settings.admin_token`` set, that token is registered (if new) and
-        nothing is printed: the operator already knows it.
+        With ``settings.admin_token`` set, that token is the admin token:
+        registered if new, every other admin token revoked (so changing the
+        setting rotates it), nothing printed. A configured token revoked
+        before (replaced since) is refused: a revoked token never comes back.
         """
         fixed = self.rt.settings.admin_token
+        if fixed is not None:
+            async with self.rt.tx() as tx:
+                revoked = await self._configured(tx.conn, fixed.get_secret_value(), tx.now)
+            self._ended(revoked)
+            return None
         async with self.rt.tx() as tx:
-            if fixed is not None:
-                if await token_repo.by_hash(tx.conn, digest(fixed.get_secret_value())) is None:
-                    await self._insert(
-                        tx.conn, TokenKind.ADMIN, "admin", None, fixed.get_secret_value(), tx.now
-                    )
-                return None
             if await token_repo.has_admin(tx.conn):
                 return None
             secret = new_secret(TokenKind.ADMIN)
             await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
             return secret
+
+    async def _configured(self, conn: AsyncConnection, secret: str, at: float) -> list[str]:
+        """Register the configured admin token; revoke every other admin token (their ids)."""
+        row = await token_repo.by_hash(conn, digest(secret))
+        if row is not None and (row.revoked_at is not None or row.kind != TokenKind.ADMIN):
+            what = "was revoked (replaced since)" if row.revoked_at else f"is a {row.kind} token"
+            raise InvalidSpec(
+                "admin_token",
+                f"the configured admin token (admin_token, CORRAL_ADMIN_TOKEN) {what}: "
+                "set the current admin token, or a new one to rotate it",
+            )
+        if row is not None:
+            keep = str(row.id)
+        else:
+            keep = await self._insert(conn, TokenKind.ADMIN, "admin", None, secret, at)
+        return await token_repo.revoke_admins(conn, keep, at)
 
     async def authenticate(self, secret: str | None) -> Principal:
         """The principal behind ``secret``; raises ``Unauthenticated`` with a reason."""
@@ -119,12 +152,25 @@ class AuthService:
             return cached[0]
         async with self.rt.db.read() as conn:
             row = await token_repo.by_hash(conn, key)
-        if row is None or row.revoked_at is not None:
+        if row is None:
             self._cache.pop(key, None)
-            raise Unauthenticated("unknown or revoked token")
+            raise Unauthenticated("unknown token")
+        if row.revoked_at is not None or self.sessions.is_revoked(row.id):
+            self._cache.pop(key, None)  # (revoked while this read was under way, too)
+            raise Unauthenticated(REVOKED)
         principal = Principal(row.id, TokenKind(row.kind), row.name, row.team)
         self._cache[key] = (principal, now)
         return principal
+
+    async def admit_agent(self, secret: str) -> AgentAdmission:
+        """An agent join token (or the admin's), admitted: its streams end if it is revoked,
+        and their nodes leave (``departure.lose_node``)."""
+        who = await self.authenticate(secret)
+        if who.kind is TokenKind.TEAM:
+            raise Forbidden(
+                "a team token cannot join an agent: ask the admin for an agent join token"
+            )
+        return AgentAdmission(self.sessions, who.token_id, partial(lose_node, self.rt))
 
     async def create(self, kind: TokenKind, name: str, team: str | None) -> tuple[TokenInfo, str]:
         """A new token; the secret is returned once and never stored."""
@@ -150,10 +196,74 @@ class AuthService:
         ]
 
     async def revoke(self, token_id: str) -> None:
+        """Revoke a token: it fails from now on, and every stream it holds open ends, here at
+        once and on the other replicas as soon as they hear of it."""
         async with self.rt.tx() as tx:
             if not await token_repo.revoke(tx.conn, token_id, tx.now):
                 raise NotFound(f"token {token_id} not found (or already revoked)")
-        self._cache.clear()
+        self._ended([token_id])
+
+    async def rotate_admin(self, who: Principal) -> tuple[TokenInfo, str]:
+        """A new admin token; every other admin token is revoked (their streams end)."""
+        who.require_admin("rotate the admin token")
+        if self.rt.settings.admin_token is not None:
+            raise Conflict(
+                "the admin token is configured (admin_token, CORRAL_ADMIN_TOKEN): set a new one "
+                "there and restart the server; the old one is revoked at start"
+            )
+        secret = new_secret(TokenKind.ADMIN)
+        async with self.rt.tx() as tx:
+            token_id = await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
+            revoked = await token_repo.revoke_admins(tx.conn, token_id, tx.now)
+        self._ended(revoked)
+        log.warning("admin token rotated: %s made, revoked: %s", token_id, revoked)
+        return TokenInfo(token_id, TokenKind.ADMIN, "admin", None, tx.now, False), secret
+
+    def revoked(self, token_id: str) -> None:
+        """``token_id`` was revoked (here, or as another replica or the store says): forget
+        it and end its streams here."""
+        for key, (principal, _) in list(self._cache.items()):
+            if principal.token_id == token_id:
+                del self._cache[key]
+        self.sessions.end(token_id, f"token {token_id} was revoked")
+
+    def _ended(self, token_ids: Sequence[str]) -> None:
+        """Tokens revoked by this replica: end their streams here and tell the others."""
+        for token_id in token_ids:
+            self.revoked(token_id)
+            if self.publish is not None:
+                self.publish(Note("revoke", ref=token_id))
+
+    async def on_notes(self, notes: Sequence[Note]) -> None:
+        """Another replica revoked tokens (``revoke`` notes; others are not for us)."""
+        for note in notes:
+            if note.kind == "revoke":
+                self.revoked(note.ref)
+
+    async def sweep(self) -> list[str]:
+        """Re-check the tokens of this replica's open streams and cache; end those revoked.
+
+        The net under the replicas' notes: a note lost (a listener reconnecting)
+        delays the end of a revoked token's streams by at most one period."""
+        now, ttl = self.rt.clock.now(), self.rt.settings.api.token_cache_s
+        self._cache = {k: (p, at) for k, (p, at) in self._cache.items() if now - at < ttl}
+        ids = self.sessions.tokens | {p.token_id for p, _ in self._cache.values()}
+        if not ids:
+            return []
+        async with self.rt.db.read() as conn:
+            gone = await token_repo.revoked_among(conn, ids)
+        for token_id in gone:
+            self.revoked(token_id)
+        return gone
+
+    async def watch(self) -> None:
+        """``sweep`` every ``api.revocation_check_s``, until cancelled."""
+        while True:
+            await self.rt.clock.sleep(self.rt.settings.api.revocation_check_s)
+            try:
+                await self.sweep()
+            except Exception:  # keep checking: the next period may reach the store
+                log.exception("re-checking open streams' tokens failed")
 
     async def _insert(
         self,

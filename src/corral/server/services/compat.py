@@ -168,12 +168,14 @@ class CompatJobs:
         When the client goes away first the job is cancelled (nobody wants its
         answer any more) and ``Conflict`` is raised.
         """
-        feed = one_by_one(
-            self.plane.feed.follow(caller.principal, 0, job_id=job_id, disconnected=disconnected)
+        sessions = self.plane.auth.sessions  # the wait ends if the token is revoked
+        follow = self.plane.feed.follow(
+            caller.principal, 0, job_id=job_id, disconnected=disconnected
         )
-        async for event in feed:
+        async for event in one_by_one(sessions.guard(caller.principal.token_id, follow)):
             if event is not None and on_event is not None:
                 await on_event(event)
+        sessions.check(caller.principal.token_id)  # revoked: 401, and the job is left alone
         rec = await self.plane.jobs.get(caller.principal, job_id)
         if rec.state in JOB.terminal:
             return rec

@@ -45,7 +45,8 @@ RECONNECT_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """``kind``: assign | stop (``ref`` is the allocation) | intake (of ``node``) | kick."""
+    """``kind``: assign | stop (``ref`` is the allocation) | intake (of ``node``) | kick |
+    revoke (``ref`` is the token: its streams end)."""
 
     kind: str
     node: str = ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,3 +35,26 @@ async def revoke(conn: AsyncConnection, token_id: str, at: float) -> bool:
         .values(revoked_at=at)
     )
     return bool(result.rowcount == 1)
+
+
+async def revoked_among(conn: AsyncConnection, ids: Collection[str]) -> list[str]:
+    """Those of ``ids`` that are revoked (or no longer exist)."""
+    wanted = sorted(ids)
+    query = sa.select(tokens.c.id).where(tokens.c.id.in_(wanted), tokens.c.revoked_at.is_(None))
+    live = {row.id for row in await conn.execute(query)}
+    return [i for i in wanted if i not in live]
+
+
+async def revoke_admins(conn: AsyncConnection, keep: str, at: float) -> list[str]:
+    """Revoke every live admin token but ``keep``; their ids."""
+    query = sa.select(tokens.c.id).where(
+        tokens.c.kind == "admin", tokens.c.revoked_at.is_(None), tokens.c.id != keep
+    )
+    ids = [row.id for row in await conn.execute(query)]
+    if ids:
+        await conn.execute(
+            sa.update(tokens)
+            .where(tokens.c.id.in_(ids), tokens.c.revoked_at.is_(None))
+            .values(revoked_at=at)
+        )
+    return ids
