@@ -34,6 +34,8 @@ from corral.sdk.events import JobEvent
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
     AllocationStatus,
+    AuditActor,
+    AuditRecord,
     AutoscalerStatus,
     GpuStatus,
     JobSpec,
@@ -61,6 +63,8 @@ __all__ = [
     "AsyncEventStream",
     "AsyncJob",
     "AsyncResult",
+    "AuditActor",
+    "AuditRecord",
     "AutoscalerStatus",
     "BadRequest",
     "Client",

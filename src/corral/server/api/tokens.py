@@ -18,7 +18,7 @@ async def create_token(body: TokenIn, plane: Plane, who: Caller) -> NewTokenOut:
     The secret is in the answer once; only its hash is stored.
     """
     who.require_admin("create tokens")
-    info, secret = await plane.auth.create(TokenKind(body.kind), body.name, body.team)
+    info, secret = await plane.auth.create(TokenKind(body.kind), body.name, body.team, by=who)
     return NewTokenOut(**token_out(info).model_dump(), token=secret)
 
 
@@ -32,5 +32,5 @@ async def list_tokens(plane: Plane, who: Caller) -> list[TokenOut]:
 async def revoke_token(token_id: str, plane: Plane, who: Caller) -> Response:
     """Revoke a token: it stops working within ``api.token_cache_s`` on every replica."""
     who.require_admin("revoke tokens")
-    await plane.auth.revoke(token_id)
+    await plane.auth.revoke(token_id, by=who)
     return Response(status_code=204)

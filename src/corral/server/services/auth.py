@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import Forbidden, InvalidSpec, NotFound, Unauthenticated
+from corral.server.services import audit
 from corral.server.services.unit import Runtime
 from corral.server.store import nodes as node_repo
 from corral.server.store import tokens as token_repo
@@ -35,12 +36,18 @@ class TokenKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The holder of a verified token."""
+    """The holder of a verified token, and where its request came from (for the audit log)."""
 
     token_id: str
     kind: TokenKind
     name: str
     team: str | None = None
+    address: str | None = None  # the client's address (``api.deps.origin``)
+    forwarded_for: str | None = None  # the request's X-Forwarded-For as sent: unverified
+
+    def at(self, address: str | None, forwarded_for: str | None) -> Principal:
+        """This principal making a request from ``address``."""
+        return replace(self, address=address, forwarded_for=forwarded_for)
 
     @property
     def is_admin(self) -> bool:
@@ -96,14 +103,17 @@ class AuthService:
         async with self.rt.tx() as tx:
             if fixed is not None:
                 if await token_repo.by_hash(tx.conn, digest(fixed.get_secret_value())) is None:
-                    await self._insert(
+                    token_id = await self._insert(
                         tx.conn, TokenKind.ADMIN, "admin", None, fixed.get_secret_value(), tx.now
                     )
+                    detail = {"kind": "admin", "configured": True}
+                    await audit.record(tx, None, "token.create", token_id, detail)
                 return None
             if await token_repo.has_admin(tx.conn):
                 return None
             secret = new_secret(TokenKind.ADMIN)
-            await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
+            token_id = await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
+            await audit.record(tx, None, "token.create", token_id, {"kind": "admin"})
             return secret
 
     async def authenticate(self, secret: str | None) -> Principal:
@@ -126,8 +136,11 @@ class AuthService:
         self._cache[key] = (principal, now)
         return principal
 
-    async def create(self, kind: TokenKind, name: str, team: str | None) -> tuple[TokenInfo, str]:
-        """A new token; the secret is returned once and never stored."""
+    async def create(
+        self, kind: TokenKind, name: str, team: str | None, by: Principal | None = None
+    ) -> tuple[TokenInfo, str]:
+        """A new token, made by ``by`` (None: the server itself); the secret is returned
+        once and never stored."""
         if kind is TokenKind.TEAM and not team:
             raise InvalidSpec("team", "a team token needs a team")
         if kind is not TokenKind.TEAM and team:
@@ -137,6 +150,8 @@ class AuthService:
             token_id = await self._insert(tx.conn, kind, name, team, secret, tx.now)
             if team:
                 await node_repo.ensure_teams(tx.conn, {team}, tx.now)
+            detail = {"kind": kind.value, "name": name, "team": team}
+            await audit.record(tx, by, "token.create", token_id, detail)
         return TokenInfo(token_id, kind, name, team, tx.now, False), secret
 
     async def listing(self) -> list[TokenInfo]:
@@ -149,10 +164,12 @@ class AuthService:
             for r in rows
         ]
 
-    async def revoke(self, token_id: str) -> None:
+    async def revoke(self, token_id: str, by: Principal | None = None) -> None:
+        """Revoke a token (``by``: who asked; None: the server itself)."""
         async with self.rt.tx() as tx:
             if not await token_repo.revoke(tx.conn, token_id, tx.now):
                 raise NotFound(f"token {token_id} not found (or already revoked)")
+            await audit.record(tx, by, "token.revoke", token_id)
         self._cache.clear()
 
     async def _insert(
