@@ -40,6 +40,7 @@ from corral.server.api.limits import BodyLimit
 from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
+from corral.server.permissions import make_private
 from corral.server.plane import ControlPlane, StartReport
 from corral.server.services.metrics import Metrics
 from corral.server.services.unit import Runtime
@@ -65,7 +66,11 @@ def build_runtime(
     clock: Clock | None = None,
     blobs: BlobStore | None = None,
 ) -> Runtime:
-    """The shared runtime with real implementations for every seam not given."""
+    """The shared runtime with real implementations for every seam not given.
+
+    The state folders and the SQLite file are made private first (or tightened), before
+    anything is written to them (``permissions.make_private``)."""
+    make_private(settings)
     target = parse_db(settings.db_url())
     db = Database(
         target,
