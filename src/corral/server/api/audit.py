@@ -67,12 +67,16 @@ class AuditPageOut(BaseModel):
 
 
 @router.get("", response_model=AuditPageOut)
-async def audit_log(
-    plane: Plane, who: Caller, query: Annotated[AuditQuery, Query()]
-) -> AuditPageOut:
+async def audit_log(plane: Plane, who: Caller, q: Annotated[AuditQuery, Query()]) -> AuditPageOut:
     """The audit log, newest first (admin). Follow ``next_cursor`` for older records."""
-    q = query
-    where = AuditFilter(q.actor, q.team, tuple(q.action), q.target, q.since, q.until)
+    where = AuditFilter(
+        actor=q.actor,
+        team=q.team,
+        actions=tuple(q.action),
+        target=q.target,
+        since=q.since,
+        until=q.until,
+    )
     page = await plane.audit.page(who, where, _before(q.cursor), q.limit)
     return AuditPageOut(
         records=[_out(r) for r in page.records],

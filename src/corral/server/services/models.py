@@ -107,17 +107,6 @@ class Catalog:
         return {name: e.size for name, e in self.entries.items()}
 
 
-def _registered(entry: ModelEntry, old: ModelEntry | None) -> dict[str, object]:
-    """What the audit log keeps of a registration: where the bytes come from, which bytes."""
-    return {
-        "sources": list(entry.sources),
-        "size": entry.size,
-        "sha256": entry.sha256,
-        "kind": entry.kind,
-        "previous_sha256": old.sha256 if old is not None else None,
-    }
-
-
 def ref_of(entry: ModelEntry) -> ModelRef:
     """The agent's view: URLs as registered, the server's own copy as a relative URL."""
     sources: list[str] = []
@@ -356,3 +345,14 @@ def parse_content_range(header: str | None, size: int, length: int) -> int:
             "Content-Range", f"bytes {first}-{last} is {last - first + 1} bytes, the body {length}"
         )
     return first
+
+
+def _registered(entry: ModelEntry, old: ModelEntry | None) -> dict[str, object]:
+    """What the audit log keeps of a registration: where the bytes come from, which bytes."""
+    return {
+        "sources": list(entry.sources),
+        "size": entry.size,
+        "sha256": entry.sha256,
+        "kind": entry.kind,
+        "previous_sha256": old.sha256 if old is not None else None,
+    }
