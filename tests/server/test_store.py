@@ -72,7 +72,7 @@ async def test_migrations_create_every_table_and_are_idempotent(db_url: str) -> 
             version = (
                 await conn.execute(sa.text("SELECT version_num FROM alembic_version"))
             ).scalar()
-        assert {"jobs", "allocations", "nodes", "teams", "tokens", "events"} <= names
+        assert {"jobs", "allocations", "nodes", "teams", "tokens", "events", "audit"} <= names
         assert version == _head()
     finally:
         await db.close()

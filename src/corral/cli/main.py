@@ -7,6 +7,7 @@ import typer
 from corral import __version__
 from corral.cli import (
     agent_cmd,
+    audit_cmd,
     jobs_cmd,
     models_cmd,
     nodes_cmd,
@@ -43,6 +44,7 @@ watch_cmd.register(app)
 teams_cmd.register(app)
 nodes_cmd.register(app)
 models_cmd.register(app)
+audit_cmd.register(app)
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def up(
 
     home = data_dir.expanduser()
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: the server's state
         token = admin_token(home)
         event_loop.run(_up(home, token, host, port, agent_port, demo, fake_gpus, handler))
     except InvalidSpec as exc:

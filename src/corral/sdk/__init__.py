@@ -36,6 +36,8 @@ from corral.sdk.events import JobEvent
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
     AllocationStatus,
+    AuditActor,
+    AuditRecord,
     AutoscalerStatus,
     GpuStatus,
     JobSpec,
@@ -63,6 +65,8 @@ __all__ = [
     "AsyncEventStream",
     "AsyncJob",
     "AsyncResult",
+    "AuditActor",
+    "AuditRecord",
     "AutoscalerStatus",
     "BadRequest",
     "Client",

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from corral.sdk.errors import BadRequest
 from corral.sdk.models import (
+    AuditPage,
     AutoscalerStatus,
     JobPage,
     JobSpec,
@@ -181,6 +182,29 @@ def queue(limit: int = 100) -> Call[QueueStatus]:
 def create_token(kind: str, name: str, team: str | None) -> Call[NewToken]:
     body = {"kind": kind, "name": name, "team": team}
     return Call("POST", "/v1/tokens", _model(NewToken), json=body)
+
+
+def audit(
+    *,
+    actor: str | None = None,
+    team: str | None = None,
+    actions: Iterable[str] = (),
+    target: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> Call[AuditPage]:
+    """A page of the audit log, newest first (admin); ``job.*`` in ``actions`` matches
+    every job action."""
+    params: list[tuple[str, str | int]] = [("action", a) for a in actions]
+    texts = (("actor", actor), ("team", team), ("target", target), ("cursor", cursor))
+    params += [(k, v) for k, v in texts if v]
+    params += [
+        (k, repr(float(v))) for k, v in (("since", since), ("until", until)) if v is not None
+    ]
+    params.append(("limit", max(1, min(limit, MAX_PAGE))))
+    return Call("GET", "/v1/audit", _model(AuditPage), params=params)
 
 
 def health() -> Call[dict[str, Any]]:

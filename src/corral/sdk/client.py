@@ -30,6 +30,7 @@ from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, ap
 from corral.sdk.events import JobEvent, SseDecoder
 from corral.sdk.job import EventStream, Job
 from corral.sdk.models import (
+    AuditRecord,
     AutoscalerStatus,
     JobSpec,
     JobStatus,
@@ -218,6 +219,36 @@ class Client:
     def create_token(self, kind: str, name: str, team: str | None = None) -> NewToken:
         """A new ``team`` or ``agent`` token (admin); the secret is in ``.token``, once."""
         return self.run(calls.create_token(kind, name, team))
+
+    def audit(
+        self,
+        *,
+        actor: str | None = None,
+        team: str | None = None,
+        action: str | Sequence[str] | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+    ) -> list[AuditRecord]:
+        """The audit log, newest first (admin): who made, changed or removed what, when and
+        from where. ``actor`` is a token's id or name, ``action`` one or several actions
+        (``job.*``: every job action), ``since``/``until`` epoch seconds. Follows pages
+        until ``limit`` records are read."""
+        actions = [action] if isinstance(action, str) else list(action or ())
+        out: list[AuditRecord] = []
+        cursor: str | None = None
+        while len(out) < limit:
+            call = calls.audit(
+                actor=actor, team=team, actions=actions, target=target, since=since,
+                until=until, limit=limit - len(out), cursor=cursor,
+            )  # fmt: skip
+            page = self.run(call)
+            out += page.records
+            cursor = page.next_cursor
+            if not cursor or not page.records:
+                break
+        return out
 
     def health(self) -> dict[str, Any]:
         return self.run(calls.health())

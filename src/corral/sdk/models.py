@@ -244,6 +244,31 @@ class NewToken(TokenStatus):
     join_command: str | None = Field(None, description="agent tokens: how a GPU machine joins")
 
 
+class AuditActor(_Out):
+    id: str | None = Field(default=None, description="the token's id; None: the server itself")
+    kind: str = Field(description="admin, team, agent or server")
+    name: str = ""
+    team: str | None = None
+
+
+class AuditRecord(_Out):
+    """One entry of the server's audit log: who did what to what, when, from where."""
+
+    seq: int
+    at: float
+    actor: AuditActor
+    action: str
+    target: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+    address: str | None = None
+    forwarded_for: str | None = None
+
+
+class AuditPage(_Out):
+    records: list[AuditRecord]
+    next_cursor: str | None = None
+
+
 class ScalingPool(_Out):
     """A pool the autoscaler can start machines of (``GET /v1/autoscaler``)."""
 

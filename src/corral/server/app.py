@@ -23,13 +23,25 @@ from corral.server import tls
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
-from corral.server.api import autoscaler, compat, errors, events, health, jobs, nodes, tokens, web
+from corral.server.api import (
+    audit,
+    autoscaler,
+    compat,
+    errors,
+    events,
+    health,
+    jobs,
+    nodes,
+    tokens,
+    web,
+)
 from corral.server.api import models as model_api
 from corral.server.api.direct import HotRoutes
 from corral.server.api.limits import BodyLimit
 from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
+from corral.server.permissions import make_private
 from corral.server.plane import ControlPlane, StartReport
 from corral.server.services.metrics import Metrics
 from corral.server.services.unit import Runtime
@@ -55,7 +67,11 @@ def build_runtime(
     clock: Clock | None = None,
     blobs: BlobStore | None = None,
 ) -> Runtime:
-    """The shared runtime with real implementations for every seam not given."""
+    """The shared runtime with real implementations for every seam not given.
+
+    The state folders and the SQLite file are made private first (or tightened), before
+    anything is written to them (``permissions.make_private``)."""
+    make_private(settings)
     target = parse_db(settings.db_url())
     db = Database(
         target,
@@ -138,7 +154,7 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app)
-    for module in (jobs, nodes, autoscaler, tokens, events, health):
+    for module in (jobs, nodes, autoscaler, tokens, audit, events, health):
         app.include_router(module.router)
     model_api.install(app, plane)
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)

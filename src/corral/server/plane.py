@@ -21,6 +21,7 @@ from corral.server.loops.prefetch import PrefetchLoop
 from corral.server.loops.retention import RetentionLoop
 from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
 from corral.server.services.agents import AgentService
+from corral.server.services.audit import AuditService
 from corral.server.services.auth import AuthService
 from corral.server.services.delivery import Delivery
 from corral.server.services.feed import EventFeed, QueueService
@@ -61,6 +62,7 @@ class ControlPlane:
         self.rt = rt
         self.run_loops = run_loops
         self.auth = AuthService(rt)
+        self.audit = AuditService(rt)  # who did what (docs/security/audit.md)
         # One writer queue for submissions and agents' updates: under load a group of both
         # is one transaction and one fsync instead of two (docs/performance.md, item 46).
         writes = GroupCommitter(rt)

@@ -362,6 +362,13 @@ class RetentionSettings(BaseModel):
         description="a job keeps its latest previews only: older ones are deleted as new ones "
         "arrive (0: no limit)",
     )
+    audit_s: float = Field(
+        default=365 * 86400.0,
+        ge=0,
+        description="audit records (who did what, docs/security/audit.md) are deleted this "
+        "long after they were made: a year, the span audits and incident reviews look back "
+        "over (0: keep forever)",
+    )
     sweep_s: float = Field(default=300.0, gt=0, description="how often the sweep runs")
     batch: int = Field(
         default=500, ge=1, le=10_000, description="jobs deleted per transaction by the sweep"

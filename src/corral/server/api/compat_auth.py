@@ -20,6 +20,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import HTTPConnection
 
 from corral.core.errors import Unauthenticated
+from corral.server.api.deps import origin
 from corral.server.services.compat import Caller, caller_for
 
 Render = Callable[[Exception], Response | None]
@@ -50,7 +51,7 @@ async def compat_caller(conn: HTTPConnection) -> Caller:
             "or 'Authorization: Bearer <token>'"
         )
     plane = conn.app.state.plane
-    principal = await plane.auth.authenticate(secret)
+    principal = (await plane.auth.authenticate(secret)).at(*origin(conn))
     principal.require_client()
     plane.rates.request(principal)  # the same rate limit as the corral API's requests
     return caller_for(principal, user)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from corral.server.api.schemas import ErrorOut
 from corral.server.plane import ControlPlane
@@ -15,6 +16,7 @@ _bearer = HTTPBearer(
     auto_error=False,
     description="An admin, team or agent token: `Authorization: Bearer <token>`",
 )
+FORWARDED_MAX = 255  # the audit log keeps this much of an X-Forwarded-For header
 
 
 async def get_plane(request: Request) -> ControlPlane:
@@ -32,7 +34,20 @@ async def get_principal(
     plane: ControlPlane = request.app.state.plane
     who = await plane.auth.authenticate(credentials.credentials if credentials else None)
     plane.rates.request(who)
-    return who
+    return who.at(*origin(request))
+
+
+def origin(conn: HTTPConnection) -> tuple[str | None, str | None]:
+    """Where a request came from, for the audit log: the client's address, and the
+    X-Forwarded-For header as sent (unverified: anyone can send one).
+
+    The address is the connection's peer, or, when the peer is a proxy uvicorn
+    trusts (``FORWARDED_ALLOW_IPS``, by default loopback only), the client that
+    proxy names in X-Forwarded-For.
+    """
+    client = conn.client
+    forwarded = ", ".join(conn.headers.getlist("x-forwarded-for"))
+    return (client.host if client else None), (forwarded[:FORWARDED_MAX] or None)
 
 
 Plane = Annotated[ControlPlane, Depends(get_plane)]

@@ -29,6 +29,8 @@ from corral.core.errors import (
     Unauthenticated,
     Unavailable,
 )
+from corral.server.api.deps import origin
+from corral.server.api.direct import bearer_token
 
 log = logging.getLogger("corral.server.api")
 
@@ -61,7 +63,9 @@ def install(app: FastAPI) -> None:
     """Register the handlers on ``app``."""
 
     @app.exception_handler(CorralError)
-    async def corral_error(_: Request, exc: CorralError) -> JSONResponse:
+    async def corral_error(request: Request, exc: CorralError) -> JSONResponse:
+        if isinstance(exc, Forbidden):
+            await _audit_refusal(request, exc)
         for kind, status, code in _STATUS:
             if isinstance(exc, kind):
                 field = exc.field if isinstance(exc, InvalidSpec) else None
@@ -91,6 +95,20 @@ def install(app: FastAPI) -> None:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "internal", "internal error (see the server log)")
+
+
+async def _audit_refusal(request: Request, exc: Forbidden) -> None:
+    """Record a request refused for lack of rights in the audit log, with the token that
+    sent it (``AuditService.denied`` keeps it to a few per token and minute)."""
+    if request.scope["type"] != "http":  # a websocket's refusal is answered in its own way
+        return
+    plane = request.app.state.plane
+    try:
+        who = await plane.auth.authenticate(bearer_token(request))
+    except CorralError:  # no token at all: nobody to record
+        return
+    target = f"{request.method} {request.url.path}"
+    await plane.audit.denied(who.at(*origin(request)), target, str(exc))
 
 
 def _field_error(error: Any) -> dict[str, str]:

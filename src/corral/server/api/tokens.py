@@ -22,7 +22,7 @@ async def create_token(body: TokenIn, plane: Plane, who: Caller, request: Reques
     reached this API (docs/security/tls.md).
     """
     who.require_admin("create tokens")
-    info, secret = await plane.auth.create(TokenKind(body.kind), body.name, body.team)
+    info, secret = await plane.auth.create(TokenKind(body.kind), body.name, body.team, by=who)
     out = NewTokenOut(**token_out(info).model_dump(), token=secret)
     if info.kind is TokenKind.AGENT:
         address = getattr(plane.link, "address", None)
@@ -52,5 +52,5 @@ async def revoke_token(token_id: str, plane: Plane, who: Caller) -> Response:
     """Revoke a token: it stops working at once, and every stream and agent connection it
     holds open ends within about a second on every replica (``api.revocation_check_s``)."""
     who.require_admin("revoke tokens")
-    await plane.auth.revoke(token_id)
+    await plane.auth.revoke(token_id, by=who)
     return Response(status_code=204)

@@ -14,7 +14,10 @@ Every ``retention.sweep_s`` the leader (one replica, as for liveness) deletes
   ``retention.batch``, and stopped at the first job submitted after the
   cutoff (it cannot have ended before it): jobs already deleted are never
   read again, so a sweep costs what it deletes plus the few old jobs still
-  running. Events of no job (nodes, teams) go at the same age.
+  running. Events of no job (nodes, teams) go at the same age;
+* **audit records** ``retention.audit_s`` after they were made (a year by
+  default), the oldest first, ``retention.batch`` × 10 per transaction. Nothing
+  else ever deletes one (services/audit.py).
 
 Files go before rows (``services/forget.py``): a sweep cut off between the
 two leaves an expired job whose files are already gone (the next sweep
@@ -35,6 +38,7 @@ from collections.abc import Callable
 from corral.server.services.forget import Forgotten, delete_tree, forget
 from corral.server.services.previews import PREVIEWS, preview_folder
 from corral.server.services.unit import Runtime
+from corral.server.store import audit as audit_repo
 from corral.server.store import retention as repo
 
 log = logging.getLogger("corral.server.retention")
@@ -64,17 +68,21 @@ class RetentionLoop:
             await self._previews(now - settings.previews_s, settings.batch, report)
         if settings.finished_jobs_s > 0:
             await self._jobs(now - settings.finished_jobs_s, settings.batch, report)
+        if settings.audit_s > 0:
+            await self._audit(now - settings.audit_s, settings.batch * 10, report)
         if report:
             deleted = self.rt.metrics.retention_deleted
             for what, count in vars(report).items():
                 if count:
                     deleted.labels(what).inc(count)
             log.info(
-                "retention: deleted %d finished jobs, %d events, %d result files, %d previews",
+                "retention: deleted %d finished jobs, %d events, %d result files, %d previews, "
+                "%d audit records",
                 report.jobs,
                 report.events,
                 report.results,
                 report.previews,
+                report.audit,
             )
         return report
 
@@ -107,3 +115,13 @@ class RetentionLoop:
             await asyncio.sleep(0)  # let requests through between batches
         async with self.rt.tx() as tx:
             report.events += await repo.delete_unattached_events(tx.conn, cutoff, batch * 10)
+
+    async def _audit(self, cutoff: float, batch: int, report: Forgotten) -> None:
+        """Delete the audit records made before ``cutoff``, ``batch`` per transaction."""
+        while True:
+            async with self.rt.tx() as tx:
+                deleted = await audit_repo.delete_before(tx.conn, cutoff, batch)
+            report.audit += deleted
+            if deleted < batch:
+                return
+            await asyncio.sleep(0)  # let requests through between batches

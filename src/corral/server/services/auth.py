@@ -24,16 +24,17 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import Conflict, Forbidden, InvalidSpec, NotFound, Unauthenticated
+from corral.server.services import audit
 from corral.server.services.departure import lose_node
 from corral.server.services.sessions import REVOKED, AgentAdmission, LiveSessions
-from corral.server.services.unit import Runtime
+from corral.server.services.unit import Runtime, Tx
 from corral.server.store import nodes as node_repo
 from corral.server.store import tokens as token_repo
 from corral.server.store.notify import Note
@@ -49,12 +50,18 @@ class TokenKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The holder of a verified token."""
+    """The holder of a verified token, and where its request came from (for the audit log)."""
 
     token_id: str
     kind: TokenKind
     name: str
     team: str | None = None
+    address: str | None = None  # the client's address (``api.deps.origin``)
+    forwarded_for: str | None = None  # the request's X-Forwarded-For as sent: unverified
+
+    def at(self, address: str | None, forwarded_for: str | None) -> Principal:
+        """This principal making a request from ``address``."""
+        return replace(self, address=address, forwarded_for=forwarded_for)
 
     @property
     def is_admin(self) -> bool:
@@ -113,19 +120,20 @@ class AuthService:
         fixed = self.rt.settings.admin_token
         if fixed is not None:
             async with self.rt.tx() as tx:
-                revoked = await self._configured(tx.conn, fixed.get_secret_value(), tx.now)
+                revoked = await self._configured(tx, fixed.get_secret_value())
             self._ended(revoked)
             return None
         async with self.rt.tx() as tx:
             if await token_repo.has_admin(tx.conn):
                 return None
             secret = new_secret(TokenKind.ADMIN)
-            await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
+            token_id = await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
+            await audit.record(tx, None, "token.create", token_id, {"kind": "admin"})
             return secret
 
-    async def _configured(self, conn: AsyncConnection, secret: str, at: float) -> list[str]:
+    async def _configured(self, tx: Tx, secret: str) -> list[str]:
         """Register the configured admin token; revoke every other admin token (their ids)."""
-        row = await token_repo.by_hash(conn, digest(secret))
+        row = await token_repo.by_hash(tx.conn, digest(secret))
         if row is not None and (row.revoked_at is not None or row.kind != TokenKind.ADMIN):
             what = "was revoked (replaced since)" if row.revoked_at else f"is a {row.kind} token"
             raise InvalidSpec(
@@ -136,8 +144,13 @@ class AuthService:
         if row is not None:
             keep = str(row.id)
         else:
-            keep = await self._insert(conn, TokenKind.ADMIN, "admin", None, secret, at)
-        return await token_repo.revoke_admins(conn, keep, at)
+            keep = await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
+            detail = {"kind": "admin", "configured": True}
+            await audit.record(tx, None, "token.create", keep, detail)
+        revoked = await token_repo.revoke_admins(tx.conn, keep, tx.now)
+        for token_id in revoked:
+            await audit.record(tx, None, "token.revoke", token_id, {"configured": keep})
+        return revoked
 
     async def authenticate(self, secret: str | None) -> Principal:
         """The principal behind ``secret``; raises ``Unauthenticated`` with a reason."""
@@ -172,8 +185,11 @@ class AuthService:
             )
         return AgentAdmission(self.sessions, who.token_id, partial(lose_node, self.rt))
 
-    async def create(self, kind: TokenKind, name: str, team: str | None) -> tuple[TokenInfo, str]:
-        """A new token; the secret is returned once and never stored."""
+    async def create(
+        self, kind: TokenKind, name: str, team: str | None, by: Principal | None = None
+    ) -> tuple[TokenInfo, str]:
+        """A new token, made by ``by`` (None: the server itself); the secret is returned
+        once and never stored."""
         if kind is TokenKind.TEAM and not team:
             raise InvalidSpec("team", "a team token needs a team")
         if kind is not TokenKind.TEAM and team:
@@ -183,6 +199,8 @@ class AuthService:
             token_id = await self._insert(tx.conn, kind, name, team, secret, tx.now)
             if team:
                 await node_repo.ensure_teams(tx.conn, {team}, tx.now)
+            detail = {"kind": kind.value, "name": name, "team": team}
+            await audit.record(tx, by, "token.create", token_id, detail)
         return TokenInfo(token_id, kind, name, team, tx.now, False), secret
 
     async def listing(self) -> list[TokenInfo]:
@@ -195,12 +213,14 @@ class AuthService:
             for r in rows
         ]
 
-    async def revoke(self, token_id: str) -> None:
-        """Revoke a token: it fails from now on, and every stream it holds open ends, here at
-        once and on the other replicas as soon as they hear of it."""
+    async def revoke(self, token_id: str, by: Principal | None = None) -> None:
+        """Revoke a token (``by``: who asked; None: the server itself): it fails from now on,
+        and every stream it holds open ends, here at once and on the other replicas as soon
+        as they hear of it."""
         async with self.rt.tx() as tx:
             if not await token_repo.revoke(tx.conn, token_id, tx.now):
                 raise NotFound(f"token {token_id} not found (or already revoked)")
+            await audit.record(tx, by, "token.revoke", token_id)
         self._ended([token_id])
 
     async def rotate_admin(self, who: Principal) -> tuple[TokenInfo, str]:
@@ -215,6 +235,7 @@ class AuthService:
         async with self.rt.tx() as tx:
             token_id = await self._insert(tx.conn, TokenKind.ADMIN, "admin", None, secret, tx.now)
             revoked = await token_repo.revoke_admins(tx.conn, token_id, tx.now)
+            await audit.record(tx, who, "token.rotate", token_id, {"revoked": revoked})
         self._ended(revoked)
         log.warning("admin token rotated: %s made, revoked: %s", token_id, revoked)
         return TokenInfo(token_id, TokenKind.ADMIN, "admin", None, tx.now, False), secret

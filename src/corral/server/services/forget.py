@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from corral.core.errors import InvalidSpec
+from corral.server.services import audit
+from corral.server.services.auth import Principal
 from corral.server.services.previews import preview_folder
 from corral.server.services.unit import Runtime
 from corral.server.store import retention as repo
@@ -29,19 +31,25 @@ class Forgotten:
     events: int = 0
     previews: int = 0  # preview files
     results: int = 0  # result files (those too large to ride in the job row)
+    audit: int = 0  # audit records (``retention.audit_s``)
 
     def __bool__(self) -> bool:
-        return any((self.jobs, self.events, self.previews, self.results))
+        return any((self.jobs, self.events, self.previews, self.results, self.audit))
 
     def add(self, other: Forgotten) -> None:
         self.jobs += other.jobs
         self.events += other.events
         self.previews += other.previews
         self.results += other.results
+        self.audit += other.audit
 
 
-async def forget(rt: Runtime, jobs: Sequence[JobAge]) -> Forgotten:
-    """Delete the finished ``jobs`` (others are left alone) and what they left."""
+async def forget(rt: Runtime, jobs: Sequence[JobAge], by: Principal | None = None) -> Forgotten:
+    """Delete the finished ``jobs`` (others are left alone) and what they left.
+
+    ``by``: the token that asked (``DELETE /v1/jobs/{id}``), recorded in the audit log with
+    each deletion; the retention sweep's own deletions are not recorded (its setting is).
+    """
     done = Forgotten()
     finished = [j for j in jobs if j.state in repo.TERMINAL]
     if not finished:
@@ -51,6 +59,9 @@ async def forget(rt: Runtime, jobs: Sequence[JobAge]) -> Forgotten:
         done.previews += await delete_tree(rt, preview_folder(job.id))
     async with rt.tx() as tx:
         done.jobs, done.events = await repo.delete_jobs(tx.conn, finished)
+        if by is not None and done.jobs:
+            for job in finished:
+                await audit.record(tx, by, "job.delete", job.id, {"state": job.state})
     return done
 
 

@@ -27,6 +27,7 @@ from corral.core.events import EventKind
 from corral.core.model import Job
 from corral.core.states import JOB, JobState, transition
 from corral.server.agentlink.base import StopReason
+from corral.server.services import audit
 from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.forget import forget
@@ -219,6 +220,8 @@ class JobService:
                 await self._interrupt_running(tx, rec)
             else:
                 await self._cancel_now(tx, rec, reason)
+            detail = {"team": rec.job.team, "state": rec.state.value}
+            await audit.record(tx, who, f"job.{reason.value}", job_id, detail)
             updated = await job_repo.get(tx.conn, job_id)
         assert updated is not None
         return updated
@@ -279,7 +282,7 @@ class JobService:
         rec = await self.get(who, job_id)  # visibility and 404
         if rec.state not in JOB.terminal:
             raise Conflict(f"job {job_id} is {rec.state.value}: cancel it first, then delete it")
-        await forget(self.rt, [JobAge.of(rec)])  # finished: nothing can change it meanwhile
+        await forget(self.rt, [JobAge.of(rec)], by=who)  # finished: nothing changes it meanwhile
 
     async def result_ref(self, who: Principal, job_id: str, name: str) -> ResultFile:
         """The descriptor of one result file of a job visible to ``who``."""

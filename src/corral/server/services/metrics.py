@@ -30,7 +30,7 @@ class Metrics:
         self.requeues = Counter("corral_requeues", "Jobs requeued", ["why"], registry=r)
         self.retention_deleted = Counter(
             "corral_retention_deleted",
-            "What the retention sweep deleted: jobs, events, result files, previews",
+            "What the retention sweep deleted: jobs, events, result files, previews, audit records",
             ["what"],
             registry=r,
         )

@@ -30,6 +30,7 @@ from corral.core.errors import Conflict, InvalidSpec, NotFound
 from corral.core.resources import parse_bytes
 from corral.server.agentlink.model_wire import ModelRef
 from corral.server.modelfiles import ModelFiles, file_sha256
+from corral.server.services import audit
 from corral.server.services.auth import Principal
 from corral.server.services.unit import Runtime
 from corral.server.store import models as model_repo
@@ -145,6 +146,7 @@ class ModelService:
             elif not await model_repo.replace(tx.conn, old, entry):
                 raise Conflict(f"model {name} changed meanwhile; retry")
             stored = await model_repo.get(tx.conn, name)
+            await audit.record(tx, who, "model.put", name, _registered(entry, old))
         assert stored is not None
         self.catalog.put(stored)
         if old is not None and old.sha256 != entry.sha256:
@@ -173,6 +175,7 @@ class ModelService:
             entry = await model_repo.get(tx.conn, name)
             if entry is None or not await model_repo.delete(tx.conn, name):
                 raise NotFound(f"model {name} is not registered")
+            await audit.record(tx, who, "model.delete", name, {"sha256": entry.sha256})
         self.catalog.drop(name)
         await self._forget_bytes(entry)
 
@@ -342,3 +345,14 @@ def parse_content_range(header: str | None, size: int, length: int) -> int:
             "Content-Range", f"bytes {first}-{last} is {last - first + 1} bytes, the body {length}"
         )
     return first
+
+
+def _registered(entry: ModelEntry, old: ModelEntry | None) -> dict[str, object]:
+    """What the audit log keeps of a registration: where the bytes come from, which bytes."""
+    return {
+        "sources": list(entry.sources),
+        "size": entry.size,
+        "sha256": entry.sha256,
+        "kind": entry.kind,
+        "previous_sha256": old.sha256 if old is not None else None,
+    }

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from corral.core.errors import Conflict, NotFound
 from corral.core.events import EventKind
 from corral.core.model import Allocation, Team
+from corral.server.services import audit
 from corral.server.services.auth import Principal
 from corral.server.services.unit import Runtime
 from corral.server.store import allocations as alloc_repo
@@ -49,15 +50,15 @@ class NodeService:
 
     async def pause(self, who: Principal, name: str) -> NodeView:
         """No new work; what runs keeps running."""
-        return await self._set(who, name, "pause this node", paused=True)
+        return await self._set(who, name, "pause", paused=True)
 
     async def resume(self, who: Principal, name: str) -> NodeView:
         """Take work again (clears both paused and draining)."""
-        return await self._set(who, name, "resume this node", paused=False, draining=False)
+        return await self._set(who, name, "resume", paused=False, draining=False)
 
     async def drain(self, who: Principal, name: str) -> NodeView:
         """No new work; the node becomes removable once its allocations end."""
-        return await self._set(who, name, "drain this node", draining=True)
+        return await self._set(who, name, "drain", draining=True)
 
     async def mark(self, name: str, *, draining: bool, reason: str | None) -> None:
         """The autoscaler drains an idle member (``reason`` marks it as its own) or takes it
@@ -81,15 +82,24 @@ class NodeService:
             for name in names:
                 tx.emit(EventKind.NODE_LAUNCHED, team=None, node=name, pool=pool, reason=why)
 
-    async def _set(self, who: Principal, name: str, action: str, **flags: bool) -> NodeView:
-        who.require_admin(action)
+    async def _set(self, who: Principal, name: str, verb: str, **flags: bool) -> NodeView:
+        """``verb`` (pause, resume, drain) the node, as an admin asked; audited."""
+        who.require_admin(f"{verb} this node")
         extra = {"failure_streak": 0, "pause_reason": None} if flags.get("paused") is False else {}
-        await self._flags(name, flags, extra)  # a resume also forgets an automatic pause
+        await self._flags(name, flags, extra, who=who, verb=verb)  # a resume forgets auto-pauses
         return await self.get(who, name)
 
     async def _flags(
-        self, name: str, flags: dict[str, bool], extra: Mapping[str, object], by: str | None = None
+        self,
+        name: str,
+        flags: dict[str, bool],
+        extra: Mapping[str, object],
+        by: str | None = None,
+        who: Principal | None = None,
+        verb: str = "",
     ) -> None:
+        """Set the node's flags; ``by`` names the server's own reason, ``who`` the admin
+        whose ``verb`` it is (recorded in the audit log)."""
         async with self.rt.tx(reschedule=True) as tx:
             rec = await node_repo.get(tx.conn, name)
             if rec is None:
@@ -98,6 +108,8 @@ class NodeService:
                 raise Conflict(f"node {name} changed meanwhile; retry")
             kind = _event_for(flags)
             tx.emit(kind, team=None, node=name, data=flags | ({"by": by} if by else {}))
+            if who is not None:
+                await audit.record(tx, who, f"node.{verb}", name, flags)
             intake_open = not (
                 flags.get("paused", rec.node.paused) or flags.get("draining", rec.node.draining)
             )
@@ -116,7 +128,10 @@ class NodeService:
     async def put_team(self, who: Principal, team: Team) -> Team:
         who.require_admin("change team quotas")
         async with self.rt.tx(reschedule=True) as tx:
+            before = await node_repo.get_team(tx.conn, team.name)
             await node_repo.put_team(tx.conn, team, tx.now)
+            was = _quota(before) if before is not None else None  # None: a new team
+            await audit.record(tx, who, "team.set", team.name, _quota(team) | {"before": was})
             tx.emit(
                 EventKind.TEAM_UPDATED,
                 team=team.name,
@@ -125,6 +140,15 @@ class NodeService:
                 weight=team.weight,
             )
         return team
+
+
+def _quota(team: Team) -> dict[str, object]:
+    """A team's quota settings, as the audit log records them."""
+    return {
+        "quota_gpus": team.quota_gpus,
+        "borrow_limit_gpus": team.borrow_limit_gpus,
+        "weight": team.weight,
+    }
 
 
 def _event_for(flags: dict[str, bool]) -> EventKind:

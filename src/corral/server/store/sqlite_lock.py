@@ -19,6 +19,8 @@ from typing import IO
 
 from corral.core.errors import Unavailable
 
+LOCK_FILE_MODE = 0o600  # private to the server's user, like the database (server/permissions.py)
+
 
 class StoreInUse(Unavailable):
     """Another process holds this SQLite database."""
@@ -41,7 +43,7 @@ class SqliteLock:
         if self._file is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self.path.open("a+")
+        handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, LOCK_FILE_MODE), "a+")
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -162,3 +162,23 @@ models = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     sa.Column("version", sa.Integer, nullable=False, default=1),
 )
+
+# The audit log (migration 0008): one row per admin action, never updated (a trigger refuses
+# it); deleted only by the retention sweep after ``retention.audit_s`` (services/audit.py).
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column("seq", BigSerial, primary_key=True, autoincrement=True),  # order, cursors
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("actor_id", sa.String(40), nullable=True),  # the token's id; None: the server
+    sa.Column("actor_kind", sa.String(16), nullable=False),  # admin | team | agent | server
+    sa.Column("actor_name", sa.String(128), nullable=False),
+    sa.Column("actor_team", sa.String(64), nullable=True),
+    sa.Column("action", sa.String(64), nullable=False),  # e.g. token.create, job.cancel
+    sa.Column("target", sa.String(255), nullable=False),  # what it was done to
+    sa.Column("detail", sa.JSON, nullable=False),  # a few fields, e.g. a team's new quota
+    sa.Column("address", sa.String(64), nullable=True),  # the client's address
+    sa.Column("forwarded_for", sa.String(255), nullable=True),  # X-Forwarded-For as sent
+    sa.Index("ix_audit_at", "at"),
+    sa.Index("ix_audit_actor_seq", "actor_id", "seq"),
+)
