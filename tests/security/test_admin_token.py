@@ -57,6 +57,10 @@ def test_rotating_the_admin_token_revokes_the_old_one_and_ends_its_streams(
             tokens = new.get("/v1/tokens").json()
             admins = [t["id"] for t in tokens if t["kind"] == "admin" and not t["revoked"]]
             assert admins == [rotated.json()["id"]], "one live admin token: the new one"
+            records = new.get("/v1/audit", params={"action": "token.rotate"}).json()["records"]
+            assert [(r["target"], r["detail"]["revoked"]) for r in records] == [
+                (rotated.json()["id"], [t["id"] for t in tokens if t["kind"] == "admin"][:1])
+            ], "the rotation is in the audit log with the token it replaced"
     finally:
         server.stop()
 
@@ -78,6 +82,10 @@ def test_changing_the_configured_admin_token_revokes_the_old_one_at_start(
             refused = admin.post("/v1/tokens/admin/rotate")
             assert refused.status_code == 409, "the setting is the admin token: change it there"
             assert "CORRAL_ADMIN_TOKEN" in refused.json()["message"]
+            revokes = admin.get("/v1/audit", params={"action": "token.revoke"}).json()["records"]
+            assert [r["actor"]["kind"] for r in revokes] == ["server"], (
+                "the server revoked the generated token at start, and says so"
+            )
     finally:
         second.stop()
 
