@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from corral.proto import caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 
@@ -86,7 +87,9 @@ class RawAgent:
                 return str(ack.status)
 
     async def upload(self, chunks: Iterator[pb.BlobChunk]) -> pb.BlobAck:
-        ack: pb.BlobAck = await self.stub.UploadBlob(chunks, metadata=self.metadata)
+        """Upload as this agent's node (named in the call's metadata, as agents do)."""
+        metadata = (*self.metadata, (caller.NODE, self.node.encode()))
+        ack: pb.BlobAck = await self.stub.UploadBlob(chunks, metadata=metadata)
         return ack
 
     async def close(self) -> None:

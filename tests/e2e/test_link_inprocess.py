@@ -32,6 +32,7 @@ from corral.server.agentlink.base import (
     JobWork,
     ResultBlob,
     Running,
+    Standing,
     StopOrder,
     StopReason,
 )
@@ -51,12 +52,14 @@ class Inbound:
         self.results: list[ResultBlob] = []
         self.uploads_taken: list[str] = []  # results the server took from uploads
         self.keys: list[str] = []  # the node key of each connection
+        self.uploaders: list[tuple[str, str]] = []  # (node, key) each upload named
         self.fail_finished = 0
         self.fail_heartbeat = 0
 
-    async def authenticate(self, token: str) -> None:
+    async def authenticate(self, token: str) -> str:
         if token != TOKEN:
             raise Unauthenticated("unknown or revoked token")
+        return "tok_test"
 
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
         self.hellos.append((inventory, list(running)))
@@ -123,6 +126,12 @@ class Inbound:
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
         self.uploads_taken.extend(blob_ids)
+
+    async def upload_standing(
+        self, node: str, key: str, allocation_id: str, attempt: int
+    ) -> Standing:
+        self.uploaders.append((node, key))
+        return Standing.LIVE
 
     def kinds(self) -> list[str]:
         return [k for k, _ in self.calls]
@@ -268,6 +277,7 @@ async def test_a_result_uploaded_is_passed_on_by_reference_and_its_upload_releas
     assert result.upload is not None
     assert result.size == 1_000
     assert result.upload.sha256 == hashlib.sha256(b"m" * 1_000).hexdigest()
+    assert set(pair.inbound.uploaders) == {("n1", "")}, "every upload named its node"
     await pair.until(lambda: pair.agent.supervisor.held() == [])
     await pair.until(lambda: pair.inbound.uploads_taken != [])  # upload_idle_s later
     [taken] = pair.inbound.uploads_taken  # copied into the result: the server drops it

@@ -14,6 +14,7 @@ exception: the scheduler returns it as data with reasons (see
     ├── AuthError                credentials (HTTP 401 / 403)
     │   ├── Unauthenticated      no or unknown token
     │   └── Forbidden            a valid token that may not do this
+    ├── LimitReached             too much at once: a rate, a stream cap, a queue cap (HTTP 429)
     ├── Unavailable              a store, server or backend that cannot be reached now
     ├── LinkError                the agent link broke or spoke out of turn
     └── ExecutorError            work failed on the agent; ``retryable`` says whether
@@ -64,6 +65,15 @@ class Unauthenticated(AuthError):
 
 class Forbidden(AuthError):
     """Valid credentials that are not allowed to do this."""
+
+
+class LimitReached(CorralError):
+    """Too much at once from one caller or team: a rate limit, a cap on open streams or on
+    queued jobs. Waiting helps: ``retry_after`` is how many seconds (HTTP ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Unavailable(CorralError):

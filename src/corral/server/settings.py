@@ -146,10 +146,61 @@ class AgentLinkSettings(BaseModel):
         default=512 * 1024 * 1024, ge=1024, description="largest uploaded result blob"
     )
     upload_idle_s: float = Field(
-        default=600.0, gt=0, description="a partial upload with no chunk for this long is dropped"
+        default=120.0,
+        gt=0,
+        description="a partial upload with no chunk for this long is dropped and frees its "
+        "place under the upload caps; an agent cut off mid-upload dials again within its "
+        "backoff (at most 30 s) and resumes well before",
+    )
+    max_uploads_per_node: int = Field(
+        default=8,
+        ge=1,
+        description="unfinished uploads one node may have at once (more get RESOURCE_EXHAUSTED "
+        "until one completes or idles out): an agent uploads one blob at a time, so the rest "
+        "are uploads cut off and waiting to resume",
+    )
+    max_uploads: int = Field(
+        default=1024,
+        ge=1,
+        description="unfinished uploads on this server at once, of all nodes: each keeps a "
+        "hash state in memory and up to max_blob_bytes of scratch disk (no open file)",
+    )
+    max_nodes_per_token: int = Field(
+        default=10_000,
+        ge=1,
+        description="node names one join token may hold; at the cap a new name replaces the "
+        "token's longest-lost node, and is refused while all of its nodes are live (a fleet "
+        "of thousands fits; a leaked token cannot grow the node table without bound)",
     )
     hello_timeout_s: float = Field(
-        default=10.0, gt=0, description="an agent must say hello this soon after connecting"
+        default=10.0,
+        gt=0,
+        description="an agent must connect (TCP, TLS and HTTP/2 handshakes) and say hello "
+        "this soon; a connection that does not is closed",
+    )
+    max_connections: int = Field(
+        default=5000,
+        ge=1,
+        description="connections the agent port accepts at once; more are closed at once "
+        "(each agent holds one; keep it below the process's open-file limit, ulimit -n)",
+    )
+    max_streams_per_connection: int = Field(
+        default=16,
+        ge=2,
+        description="calls open at once on one connection (an agent's stream, an upload, "
+        "checkpoint downloads); more wait for a free one",
+    )
+    idle_connection_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a connection with no call open this long is closed (an agent always has "
+        "its stream open)",
+    )
+    min_ping_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="keepalive pings closer together than this are misbehaviour; the third "
+        "ends the connection (too_many_pings). Agents ping every 20 s",
     )
     tls_cert: Path | None = Field(default=None, description="PEM certificate: serve TLS (grpcs)")
     tls_key: Path | None = Field(default=None, description="PEM private key for tls_cert")

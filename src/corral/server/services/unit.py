@@ -306,13 +306,20 @@ class Runtime:
             await self._run_at_once(tx)
 
         try:
-            async with self.db.write(durable=durable, on_commit=committed) as conn:
-                tx.conn = conn
-                yield tx
-                jump = self.db.event_jump if tx.events else 0  # read under the write lock
-                self.db.event_jump -= jump  # taken (given back below if this does not commit)
-                seqs = await event_repo.append(conn, tx.events, jump=jump)
-                turn = self.publishing.take()  # under the write lock: commit order
+            try:
+                async with self.db.write(durable=durable, on_commit=committed) as conn:
+                    tx.conn = conn
+                    yield tx
+                    jump = self.db.event_jump if tx.events else 0  # read under the write lock
+                    self.db.event_jump -= jump  # taken (given back below if it does not commit)
+                    seqs = await event_repo.append(conn, tx.events, jump=jump)
+                    turn = self.publishing.take()  # under the write lock: commit order
+            except Exception:
+                if not done:
+                    raise  # nothing happened: the caller is told why
+                # Committed: whoever asked is told it happened (a client told otherwise
+                # would submit again). The next durable commit's fsync covers this one.
+                log.exception("a change committed, but waiting for its fsync failed")
             if jump and not durable:
                 # The jump reaches readers only from the disk: one a crash could forget would
                 # let the next start's jump land on numbers readers have seen.
@@ -332,17 +339,18 @@ class Runtime:
 
     async def _run_at_once(self, tx: Tx) -> None:
         for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
-            try:
-                await self._run_follow_up(action)
-            except Exception:  # the change has committed: never report it as failed
-                log.exception("an action right after a commit failed")
+            await self._run_follow_up(action)
 
     async def _run_follow_up(self, action: Callable[[], Awaitable[None]]) -> None:
+        """Run what follows a commit; its failure is logged, never reported to whoever
+        asked for the change (it happened: a client told otherwise would ask again)."""
         try:
             await action()
         except LinkError as exc:
             # The intent is stored; the agent gets it again when it says hello.
             log.info("agent link: %s (will resend on reconnect)", exc)
+        except Exception:
+            log.exception("an action after a commit failed")
 
 
 @dataclass

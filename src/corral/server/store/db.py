@@ -303,6 +303,8 @@ class Database:
     async def close(self) -> None:
         if self._writer is not None:
             await self._writer.close()
+        if self.wal_sync is not None:
+            self.wal_sync.file.close()
         await self.engine.dispose()
         if self.file_lock is not None:
             self.file_lock.release()
