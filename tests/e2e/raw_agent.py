@@ -21,10 +21,11 @@ from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 
 
 class RawAgent:
-    def __init__(self, address: str, token: str | None, node: str = "ghost") -> None:
+    def __init__(self, address: str, token: str | None, node: str = "ghost", key: str = "") -> None:
         self.target = address.removeprefix("grpc://")
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.node = node
+        self.key = key  # the node key its hello binds the name to ("": none, an older agent)
         self.channel: Any = None
         self.call: Any = None
         self.inbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
@@ -46,7 +47,9 @@ class RawAgent:
         inventory = pb.Inventory(node=self.node, cpus=1, backends=["demo"], running=held)
         with contextlib.suppress(grpc.aio.AioRpcError):  # refused first: read() raises why
             await self.call.write(
-                pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory))
+                pb.AgentMessage(
+                    seq=next(self._seq), hello=pb.Hello(inventory=inventory, node_key=self.key)
+                )
             )
         first = await asyncio.wait_for(self.call.read(), 10)
         assert first.HasField("welcome"), first
@@ -86,15 +89,22 @@ class RawAgent:
             if ack.seq == seq:
                 return str(ack.status)
 
-    async def upload(self, chunks: Iterator[pb.BlobChunk]) -> pb.BlobAck:
-        """Upload as this agent's node (named in the call's metadata, as agents do)."""
-        metadata = (*self.metadata, (caller.NODE, self.node.encode()))
+    async def upload(
+        self, chunks: Iterator[pb.BlobChunk], *, node: str | None = None, key: str | None = None
+    ) -> pb.BlobAck:
+        """Upload as this agent's node (named and proven in the call's metadata, as agents
+        do), or as the ``node`` and ``key`` given (an impostor)."""
+        name, secret = node or self.node, self.key if key is None else key
+        metadata = (*self.metadata, (caller.NODE, name.encode()))
+        if secret:
+            metadata = (*metadata, (caller.KEY, secret))
         ack: pb.BlobAck = await self.stub.UploadBlob(chunks, metadata=metadata)
         return ack
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         if self.call is not None:
             self.call.cancel()
         if self.channel is not None:
