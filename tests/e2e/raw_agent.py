@@ -21,8 +21,16 @@ from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 
 
 class RawAgent:
-    def __init__(self, address: str, token: str | None, node: str = "ghost", key: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        node: str = "ghost",
+        key: str = "",
+        options: Sequence[tuple[str, int]] = (),
+    ) -> None:
         self.target = address.removeprefix("grpc://")
+        self.options = list(options)  # the channel's (keepalive, say)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.node = node
         self.key = key  # the node key its hello binds the name to ("": none, an older agent)
@@ -39,7 +47,7 @@ class RawAgent:
     async def connect(self, running: Sequence[tuple[str, int]] = ()) -> pb.Welcome:
         """Open a stream and say hello (holding ``running``: (allocation id, attempt) pairs)."""
         await self.close()
-        self.channel = grpc.aio.insecure_channel(self.target)
+        self.channel = grpc.aio.insecure_channel(self.target, self.options)
         self.call = self.stub.Connect(metadata=self.metadata)
         held = [
             pb.RunningAllocation(allocation_id=a, attempt=n, observed="running") for a, n in running
@@ -64,7 +72,7 @@ class RawAgent:
         replace the server's status with its own INTERNAL error.
         """
         await self.close()
-        self.channel = grpc.aio.insecure_channel(self.target)
+        self.channel = grpc.aio.insecure_channel(self.target, self.options)
         self.call = self.stub.Connect(metadata=self.metadata)
         return await asyncio.wait_for(self.call.read(), 10)
 
@@ -78,6 +86,10 @@ class RawAgent:
             msg = await asyncio.wait_for(self.inbox.get(), timeout)
             if msg.WhichOneof("body") == body:
                 return getattr(msg, body)
+
+    async def beat(self) -> None:
+        """Send one heartbeat (the node stays ready while they keep coming)."""
+        await self.call.write(pb.AgentMessage(seq=next(self._seq), heartbeat=pb.Heartbeat()))
 
     async def update(self, allocation_id: str, attempt: int, **body: Any) -> str:
         """Send one update and return the server's ack status."""
