@@ -16,7 +16,14 @@ from corral.core import VirtualClock
 from corral.core.model import JobKind
 from corral.proto.bundles import unpack_server
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
-from corral.server.agentlink.base import Assignment, HelloReply, JobWork, StopOrder, StopReason
+from corral.server.agentlink.base import (
+    Assignment,
+    HelloReply,
+    JobWork,
+    Standing,
+    StopOrder,
+    StopReason,
+)
 from corral.server.agentlink.grpc_convert import (
     ack_message,
     assign_message,
@@ -26,7 +33,6 @@ from corral.server.agentlink.grpc_convert import (
 )
 from corral.server.agentlink.grpc_link import Session
 from corral.server.agentlink.grpc_service import bearer
-from corral.server.agentlink.base import Standing
 from corral.server.agentlink.grpc_uploads import Uploader, UploadError, Uploads
 from corral.server.blobs import LocalBlobStore
 

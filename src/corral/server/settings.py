@@ -188,7 +188,7 @@ class AgentLinkSettings(BaseModel):
         default=16,
         ge=2,
         description="calls open at once on one connection (an agent's stream, an upload, "
-        "checkpoint downloads); more wait for a free one",
+        "checkpoint downloads: two or three); more are refused (UNAVAILABLE)",
     )
     idle_connection_s: float = Field(
         default=60.0,

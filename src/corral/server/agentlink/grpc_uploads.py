@@ -117,11 +117,6 @@ class Uploads:
         self._partial: dict[Key, _Partial] = {}
         blobs.clear_scratch(idle_s)  # what a restart cut off: those uploads start over
 
-    @property
-    def unfinished(self) -> int:
-        """Uploads begun and neither finished nor forgotten."""
-        return len(self._partial)
-
     async def receive(self, chunks: AsyncIterator[pb.BlobChunk], who: Uploader) -> pb.BlobAck:
         """Take one call's chunks (all of one upload); answer with the blob id, or with how
         much arrived so far."""

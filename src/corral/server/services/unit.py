@@ -306,20 +306,13 @@ class Runtime:
             await self._run_at_once(tx)
 
         try:
-            try:
-                async with self.db.write(durable=durable, on_commit=committed) as conn:
-                    tx.conn = conn
-                    yield tx
-                    jump = self.db.event_jump if tx.events else 0  # read under the write lock
-                    self.db.event_jump -= jump  # taken (given back below if it does not commit)
-                    seqs = await event_repo.append(conn, tx.events, jump=jump)
-                    turn = self.publishing.take()  # under the write lock: commit order
-            except Exception:
-                if not done:
-                    raise  # nothing happened: the caller is told why
-                # Committed: whoever asked is told it happened (a client told otherwise
-                # would submit again). The next durable commit's fsync covers this one.
-                log.exception("a change committed, but waiting for its fsync failed")
+            async with self.db.write(durable=durable, on_commit=committed) as conn:
+                tx.conn = conn
+                yield tx
+                jump = self.db.event_jump if tx.events else 0  # read under the write lock
+                self.db.event_jump -= jump  # taken (given back below if this does not commit)
+                seqs = await event_repo.append(conn, tx.events, jump=jump)
+                turn = self.publishing.take()  # under the write lock: commit order
             if jump and not durable:
                 # The jump reaches readers only from the disk: one a crash could forget would
                 # let the next start's jump land on numbers readers have seen.
