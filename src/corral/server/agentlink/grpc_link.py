@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -265,6 +266,7 @@ class GrpcLink:
             per_node=s.max_uploads_per_node,
             total=s.max_uploads,
         )
+        _check_open_files(s.max_connections)
         server = grpc.aio.server(options=server_options(s))
         service = self._service = AgentLinkService(self, inbound, uploads, s, clock)
         pb_grpc.add_AgentLinkServicer_to_server(service, server)
@@ -324,6 +326,20 @@ def server_options(s: AgentLinkSettings) -> list[tuple[str, int]]:
         ("grpc.max_allowed_incoming_connections", s.max_connections),
         ("grpc.max_concurrent_streams", s.max_streams_per_connection),
     ]
+
+
+def _check_open_files(max_connections: int) -> None:
+    """Warn when the agent port may take every descriptor the process has (the API and the
+    database need some too): ``agents.max_connections`` should stay below ``ulimit -n``."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and max_connections >= soft:
+        log.warning(
+            "agents.max_connections (%d) is not below this process's open-file limit (%d, "
+            "ulimit -n): agents could take the descriptors the API needs; lower the setting "
+            "or raise the limit",
+            max_connections,
+            soft,
+        )
 
 
 def _ms(seconds: float) -> int:

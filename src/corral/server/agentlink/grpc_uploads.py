@@ -186,7 +186,10 @@ class Uploads:
         total = path.stat().st_size
         offset = min(max(0, request.offset), total)
         while True:
-            data = _read_at(path, offset, size)
+            try:
+                data = _read_at(path, offset, size)
+            except FileNotFoundError:  # replaced by a newer checkpoint meanwhile
+                raise UploadError("NOT_FOUND", f"blob {blob} was deleted") from None
             yield pb.BlobChunk(
                 allocation_id=request.allocation_id,
                 attempt=request.attempt,
