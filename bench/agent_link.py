@@ -46,6 +46,7 @@ from corral.server.agentlink.base import (
     JobWork,
     ResultBlob,
     Running,
+    Standing,
 )
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.blobs import LocalBlobStore
@@ -64,8 +65,8 @@ class Inbound:
         self.waiters: dict[str, asyncio.Future[float]] = {}
         self.other = 0
 
-    async def authenticate(self, token: str) -> None:
-        return None
+    async def authenticate(self, token: str) -> str:
+        return "tok_bench"
 
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
         self.nodes.add(inventory.node)
@@ -107,6 +108,11 @@ class Inbound:
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
         return None
+
+    async def upload_standing(
+        self, node: str, key: str, allocation_id: str, attempt: int
+    ) -> Standing:
+        return Standing.FOREIGN  # the bench's results ride inline
 
 
 @dataclass(frozen=True)

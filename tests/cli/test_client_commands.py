@@ -185,6 +185,9 @@ def test_nodes_on_a_server_without_agents(cli: Cli, server: Running) -> None:
     missing = cli("node", "pause", "ghost")
     assert missing.exit_code == 1
     assert "ghost" in missing.stderr
+    gone = cli("node", "delete", "ghost")
+    assert gone.exit_code == 1
+    assert "ghost" in gone.stderr
 
 
 def test_the_autoscaler_says_when_it_is_off(cli: Cli, server: Running) -> None:

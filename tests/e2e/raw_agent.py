@@ -15,15 +15,25 @@ from typing import Any
 
 import grpc
 
+from corral.proto import caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 
 
 class RawAgent:
-    def __init__(self, address: str, token: str | None, node: str = "ghost") -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        node: str = "ghost",
+        key: str = "",
+        options: Sequence[tuple[str, int]] = (),
+    ) -> None:
         self.target = address.removeprefix("grpc://")
+        self.options = list(options)  # the channel's (keepalive, say)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.node = node
+        self.key = key  # the node key its hello binds the name to ("": none, an older agent)
         self.channel: Any = None
         self.call: Any = None
         self.inbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
@@ -37,7 +47,7 @@ class RawAgent:
     async def connect(self, running: Sequence[tuple[str, int]] = ()) -> pb.Welcome:
         """Open a stream and say hello (holding ``running``: (allocation id, attempt) pairs)."""
         await self.close()
-        self.channel = grpc.aio.insecure_channel(self.target)
+        self.channel = grpc.aio.insecure_channel(self.target, self.options)
         self.call = self.stub.Connect(metadata=self.metadata)
         held = [
             pb.RunningAllocation(allocation_id=a, attempt=n, observed="running") for a, n in running
@@ -45,7 +55,9 @@ class RawAgent:
         inventory = pb.Inventory(node=self.node, cpus=1, backends=["demo"], running=held)
         with contextlib.suppress(grpc.aio.AioRpcError):  # refused first: read() raises why
             await self.call.write(
-                pb.AgentMessage(seq=next(self._seq), hello=pb.Hello(inventory=inventory))
+                pb.AgentMessage(
+                    seq=next(self._seq), hello=pb.Hello(inventory=inventory, node_key=self.key)
+                )
             )
         first = await asyncio.wait_for(self.call.read(), 10)
         assert first.HasField("welcome"), first
@@ -60,7 +72,7 @@ class RawAgent:
         replace the server's status with its own INTERNAL error.
         """
         await self.close()
-        self.channel = grpc.aio.insecure_channel(self.target)
+        self.channel = grpc.aio.insecure_channel(self.target, self.options)
         self.call = self.stub.Connect(metadata=self.metadata)
         return await asyncio.wait_for(self.call.read(), 10)
 
@@ -75,6 +87,10 @@ class RawAgent:
             if msg.WhichOneof("body") == body:
                 return getattr(msg, body)
 
+    async def beat(self) -> None:
+        """Send one heartbeat (the node stays ready while they keep coming)."""
+        await self.call.write(pb.AgentMessage(seq=next(self._seq), heartbeat=pb.Heartbeat()))
+
     async def update(self, allocation_id: str, attempt: int, **body: Any) -> str:
         """Send one update and return the server's ack status."""
         seq = next(self._seq)
@@ -85,13 +101,22 @@ class RawAgent:
             if ack.seq == seq:
                 return str(ack.status)
 
-    async def upload(self, chunks: Iterator[pb.BlobChunk]) -> pb.BlobAck:
-        ack: pb.BlobAck = await self.stub.UploadBlob(chunks, metadata=self.metadata)
+    async def upload(
+        self, chunks: Iterator[pb.BlobChunk], *, node: str | None = None, key: str | None = None
+    ) -> pb.BlobAck:
+        """Upload as this agent's node (named and proven in the call's metadata, as agents
+        do), or as the ``node`` and ``key`` given (an impostor)."""
+        name, secret = node or self.node, self.key if key is None else key
+        metadata = (*self.metadata, (caller.NODE, name.encode()))
+        if secret:
+            metadata = (*metadata, (caller.KEY, secret))
+        ack: pb.BlobAck = await self.stub.UploadBlob(chunks, metadata=metadata)
         return ack
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         if self.call is not None:
             self.call.cancel()
         if self.channel is not None:

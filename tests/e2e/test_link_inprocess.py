@@ -32,6 +32,7 @@ from corral.server.agentlink.base import (
     JobWork,
     ResultBlob,
     Running,
+    Standing,
     StopOrder,
     StopReason,
 )
@@ -51,6 +52,7 @@ class Inbound:
         self.results: list[ResultBlob] = []
         self.uploads_taken: list[str] = []  # results the server took from uploads
         self.keys: list[str] = []  # the node key of each connection
+        self.uploaders: list[tuple[str, str]] = []  # (node, key) each upload named
         self.fail_finished = 0
         self.fail_heartbeat = 0
 
@@ -58,6 +60,10 @@ class Inbound:
         if token != TOKEN:
             raise Unauthenticated("unknown token")
         return self  # the admission too: its streams are tied to nothing
+
+    @property
+    def token_id(self) -> str:
+        return "tok_test"
 
     def hold(self, node: str, end: Callable[[str], bool]) -> Callable[[], None]:
         return lambda: None
@@ -127,6 +133,12 @@ class Inbound:
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
         self.uploads_taken.extend(blob_ids)
+
+    async def upload_standing(
+        self, node: str, key: str, allocation_id: str, attempt: int
+    ) -> Standing:
+        self.uploaders.append((node, key))
+        return Standing.LIVE
 
     def kinds(self) -> list[str]:
         return [k for k, _ in self.calls]
@@ -272,6 +284,7 @@ async def test_a_result_uploaded_is_passed_on_by_reference_and_its_upload_releas
     assert result.upload is not None
     assert result.size == 1_000
     assert result.upload.sha256 == hashlib.sha256(b"m" * 1_000).hexdigest()
+    assert set(pair.inbound.uploaders) == {("n1", "")}, "every upload named its node"
     await pair.until(lambda: pair.agent.supervisor.held() == [])
     await pair.until(lambda: pair.inbound.uploads_taken != [])  # upload_idle_s later
     [taken] = pair.inbound.uploads_taken  # copied into the result: the server drops it

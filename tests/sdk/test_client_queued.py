@@ -187,4 +187,6 @@ def test_a_server_without_agents_has_no_nodes(admin: Client) -> None:
     assert admin.nodes() == []
     with pytest.raises(NotFound):
         admin.pause_node("nope")
+    with pytest.raises(NotFound):
+        admin.delete_node("nope")
     assert admin.health() == {"status": "ok"}

@@ -83,7 +83,7 @@ async def test_fast_fsyncs_run_on_the_loop_and_slow_ones_on_the_thread_with_prob
         on_loop.append(threading.current_thread() is threading.main_thread())
         return took["s"]
 
-    monkeypatch.setattr(wal_sync, "_fsync", timed)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: timed(held.path))
     sync = wal_sync.WalSync(tmp_path / "x.db-wal")
 
     async def durable_commits(n: int) -> list[bool]:
@@ -116,7 +116,7 @@ async def test_an_fsync_for_the_thread_is_under_way_before_the_writer_wakes_anyo
         called.set()
         return 0.02  # a slow disk: fsyncs stay on the thread
 
-    monkeypatch.setattr(wal_sync, "_fsync", timed)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: timed(held.path))
     sync = wal_sync.WalSync(tmp_path / "x.db-wal")
     sync.start(sync.mark())
     assert not called.is_set(), "on the loop (nothing known yet) it waits for wait()"
@@ -376,7 +376,7 @@ async def test_an_agents_end_reaches_readers_at_its_commit_and_its_ack_waits_for
     await agent.start(a)
     rt = world.plane.rt
     disk = _Disk(rt.db.wal_sync)
-    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: disk.fsync(held.path))
     ticket = rt.wakeups.ticket(job_id=job.job.id)
     ticket_from = max(e.seq for e in await world.events(job.job.id))
 
@@ -410,7 +410,7 @@ async def test_a_group_publishes_its_early_units_events_at_commit_and_the_rest_o
 
     await group.run(logging("first"))  # takes the start's jump of event numbers (on disk)
     disk = _Disk(rt.db.wal_sync)
-    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: disk.fsync(held.path))
     early, late = rt.wakeups.ticket(job_id="early"), rt.wakeups.ticket(job_id="late")
     after = rt.wakeups.ticket(job_id="after")
     # Queued together, the three share a group. The early unit (an agent's report) runs
@@ -448,7 +448,7 @@ async def test_an_early_units_events_wait_for_an_earlier_changes_fsync(
 
     await group.run(logging("first"))
     disk = _Disk(rt.db.wal_sync)
-    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: disk.fsync(held.path))
     late, early = rt.wakeups.ticket(job_id="late"), rt.wakeups.ticket(job_id="early")
     first = asyncio.create_task(group.run(logging("late")))  # a group of its own, on disk next
     await asyncio.sleep(0.05)
@@ -533,7 +533,7 @@ async def test_the_change_taking_the_jump_publishes_only_from_the_disk(
     rt, group = world.plane.rt, world.plane.agents.updates
     assert rt.db.event_jump > 0, "the start's jump is still to be taken"
     disk = _Disk(rt.db.wal_sync)
-    monkeypatch.setattr(wal_sync, "_fsync", disk.fsync)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: disk.fsync(held.path))
 
     async def logging(tx: Tx) -> None:
         tx.emit(EventKind.JOB_LOG, team="default", job_id="first", lines=["x"])

@@ -16,7 +16,14 @@ from corral.core import VirtualClock
 from corral.core.model import JobKind
 from corral.proto.bundles import unpack_server
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
-from corral.server.agentlink.base import Assignment, HelloReply, JobWork, StopOrder, StopReason
+from corral.server.agentlink.base import (
+    Assignment,
+    HelloReply,
+    JobWork,
+    Standing,
+    StopOrder,
+    StopReason,
+)
 from corral.server.agentlink.grpc_convert import (
     ack_message,
     assign_message,
@@ -26,7 +33,7 @@ from corral.server.agentlink.grpc_convert import (
 )
 from corral.server.agentlink.grpc_link import Session
 from corral.server.agentlink.grpc_service import bearer
-from corral.server.agentlink.grpc_uploads import UploadError, Uploads
+from corral.server.agentlink.grpc_uploads import Uploader, UploadError, Uploads
 from corral.server.blobs import LocalBlobStore
 
 
@@ -98,6 +105,13 @@ async def stream(items: Iterable[pb.BlobChunk]) -> AsyncIterator[pb.BlobChunk]:
         yield item
 
 
+async def _live(allocation_id: str, attempt: int) -> Standing:
+    return Standing.LIVE
+
+
+N1 = Uploader("n1", _live)  # every allocation is n1's, and running
+
+
 def uploads(tmp_path: Path, max_bytes: int = 1 << 20) -> Uploads:
     return Uploads(LocalBlobStore(tmp_path), VirtualClock(), max_bytes=max_bytes, idle_s=60)
 
@@ -105,16 +119,16 @@ def uploads(tmp_path: Path, max_bytes: int = 1 << 20) -> Uploads:
 def test_an_upload_resumes_overlaps_harmlessly_and_a_retry_is_the_same_blob(tmp_path: Path) -> None:
     async def scenario() -> None:
         up = uploads(tmp_path)
-        half = await up.receive(stream(chunks(stop=4000)))
+        half = await up.receive(stream(chunks(stop=4000)), N1)
         assert (half.blob_id, half.received) == ("", 4000)
-        assert (await up.receive(stream(chunks(probe=True)))).received == 4000
-        done = await up.receive(stream(chunks(start=3000)))  # overlaps what arrived
+        assert (await up.receive(stream(chunks(probe=True)), N1)).received == 4000
+        done = await up.receive(stream(chunks(start=3000)), N1)  # overlaps what arrived
         assert done.blob_id == f"uploads/al_1/1/{SHA}"
         stored = up.stored_for("al_1", 1, done.blob_id)
         assert (stored.size, stored.sha256) == (len(DATA), SHA)
         assert await LocalBlobStore(tmp_path).get(done.blob_id) == DATA
-        assert (await up.receive(stream(chunks(probe=True)))).blob_id == done.blob_id
-        assert (await up.receive(stream(chunks()))).blob_id == done.blob_id
+        assert (await up.receive(stream(chunks(probe=True)), N1)).blob_id == done.blob_id
+        assert (await up.receive(stream(chunks()), N1)).blob_id == done.blob_id
 
     asyncio.run(scenario())
 
@@ -124,11 +138,11 @@ def test_a_deleted_upload_leaves_no_empty_folders_and_the_same_bytes_are_stored_
 ) -> None:
     async def scenario() -> None:
         up, store = uploads(tmp_path), LocalBlobStore(tmp_path)
-        done = await up.receive(stream(chunks()))
+        done = await up.receive(stream(chunks()), N1)
         assert await store.delete(done.blob_id)  # a replaced checkpoint (services/checkpoints)
         assert not await store.delete(done.blob_id), "already gone"
         assert not (tmp_path / "uploads").exists(), "its empty folders went with it"
-        again = await up.receive(stream(chunks()))
+        again = await up.receive(stream(chunks()), N1)
         assert again.blob_id == done.blob_id
         assert await store.get(again.blob_id) == DATA
 
@@ -140,13 +154,13 @@ def test_an_upload_is_assembled_on_disk_and_leaves_no_scratch_behind(tmp_path: P
 
     async def scenario() -> None:
         up = uploads(tmp_path)
-        await up.receive(stream(chunks(stop=4000)))
+        await up.receive(stream(chunks(stop=4000)), N1)
         files = list(scratch.iterdir())
         assert [f.stat().st_size for f in files] == [4000], "the bytes so far, on disk"
-        done = await up.receive(stream(chunks(start=4000)))
+        done = await up.receive(stream(chunks(start=4000)), N1)
         assert list(scratch.iterdir()) == [], "moved into place"
         assert (tmp_path / done.blob_id).read_bytes() == DATA
-        again = await up.receive(stream(chunks()))  # the same bytes: stored once
+        again = await up.receive(stream(chunks()), N1)  # the same bytes: stored once
         assert again.blob_id == done.blob_id
         assert list(scratch.iterdir()) == []
 
@@ -160,17 +174,17 @@ def test_refused_and_abandoned_uploads_delete_their_scratch_files(tmp_path: Path
         clock = VirtualClock()
         up = Uploads(LocalBlobStore(tmp_path), clock, max_bytes=5000, idle_s=60)
         with pytest.raises(UploadError):
-            await up.receive(stream(chunks()))  # 10 KiB against a 5,000-byte limit
+            await up.receive(stream(chunks()), N1)  # 10 KiB against a 5,000-byte limit
         assert list(scratch.iterdir()) == []
-        await up.receive(stream(chunks(stop=4000, sha="0" * 64)))
+        await up.receive(stream(chunks(stop=4000, sha="0" * 64)), N1)
         with pytest.raises(UploadError):  # too big on the way
-            await up.receive(stream(chunks(start=4000, sha="0" * 64)))
-        await up.receive(stream(chunks(stop=2000, alloc="al_2")))
+            await up.receive(stream(chunks(start=4000, sha="0" * 64)), N1)
+        await up.receive(stream(chunks(stop=2000, alloc="al_2")), N1)
         assert len(list(scratch.iterdir())) == 1
         clock.advance(61)
-        await up.receive(stream(chunks(probe=True, alloc="al_3")))  # any call sweeps
+        await up.receive(stream(chunks(probe=True, alloc="al_3")), N1)  # any call sweeps
         assert list(scratch.iterdir()) == [], "abandoned; and a probe starts no file"
-        await up.receive(stream(chunks(stop=2000, alloc="al_4")))
+        await up.receive(stream(chunks(stop=2000, alloc="al_4")), N1)
         up.close()  # the server stops
         assert list(scratch.iterdir()) == []
 
@@ -190,7 +204,7 @@ def test_a_restart_deletes_scratch_files_no_upload_writes_any_more(tmp_path: Pat
 def test_a_fetch_streams_the_file_from_an_offset(tmp_path: Path) -> None:
     async def scenario() -> list[pb.BlobChunk]:
         up = uploads(tmp_path)
-        done = await up.receive(stream(chunks()))
+        done = await up.receive(stream(chunks()), N1)
         request = pb.BlobRequest(allocation_id="al_9", attempt=2, blob_id=done.blob_id, offset=3000)
         return list(up.chunks(request, 4096))
 
@@ -217,11 +231,11 @@ def test_refused_uploads_say_why(tmp_path: Path, case: str, want_code: str) -> N
     async def scenario() -> None:
         up = uploads(tmp_path, max_bytes=5000 if case == "too-big" else 1 << 20)
         if case == "not-its-blob":
-            done = await up.receive(stream(chunks()))
+            done = await up.receive(stream(chunks()), N1)
             up.stored_for("al_2", 1, done.blob_id)
         sha = "0" * 64 if case == "bad-checksum" else SHA
         alloc = "../etc" if case == "bad-id" else "al_1"
-        await up.receive(stream(chunks(sha=sha, alloc=alloc)))
+        await up.receive(stream(chunks(sha=sha, alloc=alloc)), N1)
 
     with pytest.raises(UploadError) as caught:
         asyncio.run(scenario())

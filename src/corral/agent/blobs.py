@@ -41,7 +41,7 @@ class FetchRefused(LinkError):
 
 async def upload(
     stub: Any,
-    metadata: Sequence[tuple[str, str]],
+    metadata: Sequence[tuple[str, str | bytes]],
     chunk: pb.BlobChunk,
     source: bytes | Path,
     chunk_bytes: int,
@@ -104,7 +104,7 @@ def _size_and_sha(path: Path) -> tuple[int, str]:
 
 
 async def fetch(
-    stub: Any, metadata: Sequence[tuple[str, str]], request: pb.BlobRequest, into: Path
+    stub: Any, metadata: Sequence[tuple[str, str | bytes]], request: pb.BlobRequest, into: Path
 ) -> Path:
     """Download a blob into the file ``into`` (hashed as it arrives, never held in memory),
     resuming after a cut-off; raises ``LinkError`` if it cannot finish or does not match."""

@@ -46,7 +46,7 @@ CONNECT_WAIT_S = 60.0
 class CheckpointCourier:
     def __init__(
         self,
-        metadata: Sequence[tuple[str, str]],
+        metadata: Sequence[tuple[str, str | bytes]],
         *,
         chunk_bytes: int,
         max_bytes: int,

@@ -44,7 +44,7 @@ from corral.agent.supervisor import Report, Supervisor
 from corral.agent.trust import ServerTrust
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
 from corral.core.pins import CertificateMismatch
-from corral.proto import bundles
+from corral.proto import bundles, caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 
@@ -115,6 +115,9 @@ class LinkSettings:
     shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported by path
     max_checkpoint_bytes: int = 512 * 1024 * 1024  # larger ones are reported by path only
     start_linger_s: float = 0.005  # a start waits this long for its job's end, to share a write
+    # Ping the server this often: a half-open connection is found. At least twice the
+    # server's agents.min_ping_interval_s (10 s), or it ends the connection (too_many_pings).
+    keepalive_s: float = 20.0
 
 
 class LinkClient:
@@ -153,7 +156,7 @@ class LinkClient:
         self._outbox: dict[int, Report] = {}
         self._live: asyncio.Queue[Queued] | None = None
         self._seq = itertools.count(1)
-        self._metadata = (("authorization", f"Bearer {settings.token}"),)
+        self._metadata = caller.metadata(settings.token, identity.node, identity.key)
         supervisor.sink = self.publish
         self._stub: Any = None  # the connected session's, for checkpoint downloads
         self.checkpoints = CheckpointCourier(
@@ -253,7 +256,7 @@ class LinkClient:
         options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", size),
             ("grpc.max_receive_message_length", size),
-            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_time_ms", round(self.settings.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
         ]

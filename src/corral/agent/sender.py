@@ -24,7 +24,7 @@ from corral.agent.blobs import upload
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Failed, Started
 from corral.agent.supervisor import Done, JobResult, Report
-from corral.proto import bundles
+from corral.proto import bundles, caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 if TYPE_CHECKING:
@@ -44,29 +44,33 @@ class Sender:
         settings: LinkSettings,
         outbox: dict[int, Report],
         checkpoints: CheckpointCourier,
-        metadata: Sequence[tuple[str, str]],
+        metadata: Sequence[tuple[str, str | bytes]],
     ) -> None:
         self.settings = settings
         self.outbox = outbox  # the link's: reports kept until acknowledged, by seq
         self.checkpoints = checkpoints
         self.metadata = metadata
         self.bundles = False  # the connected server reads AgentBundle (its Welcome says)
+        self.live: asyncio.Queue[Queued] | None = None  # the session's queue, while it runs
 
     async def run(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
         """Write what is queued, then wait for more, until the stream breaks."""
+        self.live = live
         while True:
             batch = [await live.get()]
             while self.bundles and not live.empty():
                 batch.append(live.get_nowait())
             if self.bundles and open_starts(batch):
                 await linger(live, batch, self.settings.start_linger_s)
-            messages = [await self._message(stub, seq, item) for seq, item in batch]
+            made = [await self._message(stub, seq, item) for seq, item in batch]
+            messages = [m for m in made if m is not None]
             if len(messages) > 1:
                 messages = bundles.pack(messages, bundles.agent_bundle)
             for msg in messages:
                 await call.write(msg)
 
-    async def _message(self, stub: Any, seq: int, item: Item) -> pb.AgentMessage:
+    async def _message(self, stub: Any, seq: int, item: Item) -> pb.AgentMessage | None:
+        """``item`` as a message, after its uploads; None when it must wait (see ``_later``)."""
         if isinstance(item, pb.Heartbeat):
             return pb.AgentMessage(seq=seq, heartbeat=item)
         if isinstance(item, pb.ModelStatus):
@@ -74,11 +78,23 @@ class Sender:
         try:
             blob_ids = await self._upload_large(stub, item)
         except grpc.aio.AioRpcError as exc:
+            wait_s = retry_after_s(exc)
+            if wait_s is not None:  # the server holds all the uploads it may: later
+                self._later(seq, item, wait_s)
+                return None
             if exc.code().name not in _UPLOAD_REFUSED:
                 raise  # the connection broke: the result is resent after a reconnect
             item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
             blob_ids = {}
         return wire.update_message(seq, item, blob_ids)
+
+    def _later(self, seq: int, report: Report, wait_s: float) -> None:
+        """Queue ``report`` again in ``wait_s`` (it stays in the outbox meanwhile: a
+        reconnect resends it anyway); what comes after it goes out now."""
+        live = self.live
+        if live is not None:
+            log.info("%s: the server is busy; upload again in %.0fs", report.allocation_id, wait_s)
+            asyncio.get_running_loop().call_later(wait_s, live.put_nowait, (seq, report))
 
     def _replace(self, seq: int, report: Report, error: str) -> Report:
         """A result the server will never take becomes a failure (also in the outbox)."""
@@ -113,6 +129,18 @@ class Sender:
         )
         source = jr.result.path or jr.result.data  # a file is read a chunk at a time
         return await upload(stub, self.metadata, chunk, source, self.settings.chunk_bytes)
+
+
+def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
+    """How long the server asks to wait before uploading again (a cap on unfinished uploads,
+    which frees up with time), or None for a refusal waiting cannot cure."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == caller.RETRY_AFTER:
+            try:
+                return max(1.0, float(value))
+            except ValueError:
+                return None
+    return None
 
 
 def open_starts(batch: list[Queued]) -> bool:

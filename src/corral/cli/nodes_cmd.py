@@ -1,4 +1,4 @@
-"""``corral nodes``, ``corral node pause|resume|drain NAME`` and ``corral autoscaler``."""
+"""``corral nodes``, ``corral node pause|resume|drain|delete NAME`` and ``corral autoscaler``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from corral.cli.render import nodes_table, pools_table, styled
 from corral.sdk import Client, NodeStatus
 
 node_app = typer.Typer(
-    name="node", help="Change one node: pause, resume or drain it.", no_args_is_help=True
+    name="node",
+    help="Change one node: pause, resume, drain or delete it.",
+    no_args_is_help=True,
 )
 SHOWN = 20  # waiting jobs listed as not served; --json has them all
 NameArg = Annotated[str, typer.Argument(help="The node's name (see corral nodes).")]
@@ -91,6 +93,14 @@ def drain(
 ) -> None:
     """No new work; the node can be removed once its running work ends (admin)."""
     _act(name, Client.drain_node, url, token, as_json)
+
+
+@node_app.command("delete")
+def delete(name: NameArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Forget a node that is gone: its agent stopped and it was marked lost (admin)."""
+    with connect(url, token) as client, cli_errors():
+        client.delete_node(name)
+    out().print(f"{escape(name)} deleted")
 
 
 def _act(

@@ -168,6 +168,10 @@ class AsyncClient:
     async def drain_node(self, name: str) -> NodeStatus:
         return await self.run(calls.node_action(name, "drain"))
 
+    async def delete_node(self, name: str) -> None:
+        """``Client.delete_node``."""
+        await self.run(calls.delete_node(name))
+
     async def teams(self) -> list[TeamQuota]:
         return await self.run(calls.list_teams())
 

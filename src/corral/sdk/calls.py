@@ -157,6 +157,11 @@ def get_node(name: str) -> Call[NodeStatus]:
     return Call("GET", f"/v1/nodes/{_seg(name)}", _model(NodeStatus))
 
 
+def delete_node(name: str) -> Call[None]:
+    """Forget a node that is gone (admin; 409 unless it is lost)."""
+    return Call("DELETE", f"/v1/nodes/{_seg(name)}", lambda _: None)
+
+
 def node_action(name: str, action: str) -> Call[NodeStatus]:
     """``action`` is ``pause``, ``resume`` or ``drain``."""
     return Call("POST", f"/v1/nodes/{_seg(name)}/{action}", _model(NodeStatus))

@@ -199,6 +199,11 @@ class Client:
         """No new work; the node can go once its work ends (admin)."""
         return self.run(calls.node_action(name, "drain"))
 
+    def delete_node(self, name: str) -> None:
+        """Forget a node that is gone (admin). ``Conflict`` unless it is lost: its agent
+        stopped and was not heard from for the server's node timeout."""
+        self.run(calls.delete_node(name))
+
     def teams(self) -> list[TeamQuota]:
         return self.run(calls.list_teams())
 

@@ -41,6 +41,14 @@ class Ack(StrEnum):
     UNKNOWN = "unknown"  # no such allocation on this node
 
 
+class Standing(StrEnum):
+    """What an agent may upload for an allocation (``AgentInbound.upload_standing``)."""
+
+    LIVE = "live"  # its node's current attempt, not ended: it may upload
+    ENDED = "ended"  # its node's attempt, ended: it may only learn what it stored already
+    FOREIGN = "foreign"  # no such allocation, another node's, another attempt, or a wrong key
+
+
 @dataclass(frozen=True, slots=True)
 class JobWork:
     """One job inside an assignment: what the executor needs to run it."""
@@ -93,6 +101,7 @@ class Inventory:
     backends: frozenset[str] = frozenset()
     agent_version: str = ""
     key: str = ""  # the agent's node key (``Hello.node_key``); "" from an agent without one
+    token: str = ""  # the id of the join token that admitted the agent (its nodes count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +151,8 @@ class AgentLink(Protocol):
 
 class Admission(Protocol):
     """An agent's accepted token, to which its stream is tied (docs/security/revocation.md)."""
+
+    token_id: str  # the nodes it joins are counted against it (agents.max_nodes_per_token)
 
     def hold(self, node: str, end: Callable[[str], bool]) -> Callable[[], None]:
         """Hold ``node``'s stream under the token: when the token is revoked, ``end(why)`` ends
@@ -261,6 +272,13 @@ class AgentInbound(Protocol):
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         """Whether ``blob_id`` is the checkpoint of a job that this live attempt runs."""
+        ...
+
+    async def upload_standing(
+        self, node: str, key: str, allocation_id: str, attempt: int
+    ) -> Standing:
+        """May the agent of ``node`` (proven by its node ``key``) upload for this allocation
+        and attempt? Asked before an upload opens anything on the server."""
         ...
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:

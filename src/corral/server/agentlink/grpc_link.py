@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,11 @@ KEEPALIVE_MS = 20_000
 
 KEEPALIVE_TIMEOUT_MS = 10_000
 """A ping unanswered this long ends the connection."""
+
+PING_STRIKES = 2
+"""Pings closer together than ``min_ping_interval_s`` that a connection may send; the next
+one ends it with GOAWAY too_many_pings (gRPC's own default: a client that pings too often
+backs off, a flood ends)."""
 
 
 ACK_LINGER_S = 0.005
@@ -253,9 +259,15 @@ class GrpcLink:
         if registry is not None:
             self.stats.export(registry, lambda: len(self.sessions))
         uploads = self._uploads = Uploads(
-            blobs, clock, max_bytes=s.max_blob_bytes, idle_s=s.upload_idle_s
+            blobs,
+            clock,
+            max_bytes=s.max_blob_bytes,
+            idle_s=s.upload_idle_s,
+            per_node=s.max_uploads_per_node,
+            total=s.max_uploads,
         )
-        server = grpc.aio.server(options=server_options(s.max_message_bytes))
+        _check_open_files(s.max_connections)
+        server = grpc.aio.server(options=server_options(s))
         service = self._service = AgentLinkService(self, inbound, uploads, s, clock)
         pb_grpc.add_AgentLinkServicer_to_server(service, server)
         shown = f"[{self.host}]" if ":" in self.host else self.host
@@ -296,16 +308,42 @@ class GrpcLink:
             self._service.close()
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+def server_options(s: AgentLinkSettings) -> list[tuple[str, int]]:
+    """The agent port's gRPC options: message sizes, keepalive both ways, and the limits that
+    bound what a connection may cost (docs/security/uploads.md)."""
     return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", s.max_message_bytes),
+        ("grpc.max_send_message_length", s.max_message_bytes),
         ("grpc.keepalive_time_ms", KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
-        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.http2.max_pings_without_data", 0),  # keep probing a quiet agent's connection
+        # An agent pings every 20 s (agent/link.py); pings closer than this are strikes.
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(s.min_ping_interval_s)),
+        ("grpc.http2.max_ping_strikes", PING_STRIKES),
+        ("grpc.server_handshake_timeout_ms", _ms(s.hello_timeout_s)),
+        ("grpc.max_connection_idle_ms", _ms(s.idle_connection_s)),
+        ("grpc.max_allowed_incoming_connections", s.max_connections),
+        ("grpc.max_concurrent_streams", s.max_streams_per_connection),
     ]
+
+
+def _check_open_files(max_connections: int) -> None:
+    """Warn when the agent port may take every descriptor the process has (the API and the
+    database need some too): ``agents.max_connections`` should stay below ``ulimit -n``."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and max_connections >= soft:
+        log.warning(
+            "agents.max_connections (%d) is not below this process's open-file limit (%d, "
+            "ulimit -n): agents could take the descriptors the API needs; lower the setting "
+            "or raise the limit",
+            max_connections,
+            soft,
+        )
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _read(path: Path) -> bytes:

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 
 from corral.core.clock import Clock
-from corral.core.errors import Conflict, Forbidden, LinkError, Unauthenticated
+from corral.core.errors import Conflict, Forbidden, LimitReached, LinkError, Unauthenticated
 from corral.core.model import Gpu
-from corral.proto import bundles
+from corral.proto import bundles, caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.proto.gen.corral.v1 import agent_pb2_grpc as pb_grpc
 from corral.server.agentlink import grpc_convert as convert
-from corral.server.agentlink.base import Ack, Admission, AgentInbound, ResultBlob
-from corral.server.agentlink.grpc_uploads import UploadError, Uploads
+from corral.server.agentlink.base import Ack, Admission, AgentInbound, ResultBlob, Standing
+from corral.server.agentlink.grpc_uploads import Releases, Uploader, UploadError, Uploads
 from corral.server.agentlink.model_wire import report_from
 from corral.server.settings import AgentLinkSettings
 
@@ -75,8 +75,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self.uploads = uploads
         self.settings = settings
         self.clock = clock
-        self._releases: set[asyncio.TimerHandle] = set()  # uploads to delete, not yet due
-        self._releasing: set[asyncio.Task[None]] = set()
+        self.releases = Releases(settings.upload_idle_s, inbound.uploads_read)
         self._updates: dict[str, Callable[[str, pb.AllocationUpdate], Awaitable[Ack]]] = {
             "started": self._started,
             "progress": self._progress,
@@ -92,7 +91,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
     ) -> AsyncIterator[pb.ServerMessage]:
         admission = await self._authenticate(context)
         hello = await self._first_hello(requests, context)
-        inventory = replace(convert.inventory_from(hello.inventory), key=hello.node_key)
+        inventory = replace(
+            convert.inventory_from(hello.inventory), key=hello.node_key, token=admission.token_id
+        )
         try:  # before ``open``: a stream for a name held by another agent replaces nothing
             await self.inbound.claim(inventory.node, inventory.key)
         except Conflict as exc:
@@ -107,6 +108,8 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 reply = await self.inbound.hello(inventory, convert.running_from(hello.inventory))
             except LinkError as exc:
                 await abort(context, grpc.StatusCode.UNAVAILABLE, f"hello failed: {exc}")
+            except LimitReached as exc:  # its token holds all the node names it may
+                await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             session.welcome(self.link.outgoing(convert.welcome_messages(inventory.node, reply)))
             log.info("agent %s connected (%d GPUs)", inventory.node, len(inventory.gpus))
             reader = asyncio.create_task(self._read(session, requests))
@@ -125,10 +128,19 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             log.info("agent %s stream ended", inventory.node)
 
     async def UploadBlob(self, requests: AsyncIterator[pb.BlobChunk], context: Any) -> pb.BlobAck:
+        """Take an upload from the agent of the node the call names (and proves with its
+        key), for that node's live work only (``grpc_uploads``)."""
         await self._authenticate(context)
+        node, key = caller.node_of(context.invocation_metadata())
+
+        async def standing(allocation_id: str, attempt: int) -> Standing:
+            return await self.inbound.upload_standing(node, key, allocation_id, attempt)
+
         try:
-            return await self.uploads.receive(requests)
+            return await self.uploads.receive(requests, Uploader(node, standing))
         except UploadError as exc:
+            if exc.retry_after_s is not None:  # a cap: the agent keeps its report, tries later
+                context.set_trailing_metadata(((caller.RETRY_AFTER, f"{exc.retry_after_s:.0f}"),))
             await abort(context, getattr(grpc.StatusCode, exc.code), str(exc))
 
     async def FetchBlob(  # the generated servicer names it
@@ -150,6 +162,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
 
     async def _authenticate(self, context: Any) -> Admission:
+        """The call's agent token, admitted; a call without an acceptable one is aborted."""
         token = bearer(context.invocation_metadata())
         if token is None:
             await abort(
@@ -284,34 +297,13 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self._release_later(u.allocation_id, u.finished.results)
 
     def _release_later(self, allocation_id: str, results: Sequence[pb.Result]) -> None:
-        """The server took these results (or refused them for good): their uploads are no
-        use once linked under ``results/``. They go ``upload_idle_s`` later, so an update
-        resent meanwhile (its ack was lost) still finds them and is answered ``duplicate``;
-        the corral agent uploads again before it resends anyway."""
-        ids = [r.blob_id for r in results if r.blob_id]
-        if not ids:
-            return
-
-        def due() -> None:
-            self._releases.discard(handle)
-            task = asyncio.ensure_future(self._release(allocation_id, ids))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
-
-        handle = asyncio.get_running_loop().call_later(self.settings.upload_idle_s, due)
-        self._releases.add(handle)
-
-    async def _release(self, allocation_id: str, ids: list[str]) -> None:
-        try:
-            await self.inbound.uploads_read(allocation_id, ids)
-        except Exception:  # the files stay: disk, not correctness
-            log.warning("could not delete the uploads of %s", allocation_id, exc_info=True)
+        """The server took these results (or refused them for good): their uploads go
+        (``Releases``)."""
+        self.releases.later(allocation_id, [r.blob_id for r in results if r.blob_id])
 
     def close(self) -> None:
         """Forget the deletions not yet due (the server stops; those uploads stay)."""
-        for handle in self._releases:
-            handle.cancel()
-        self._releases.clear()
+        self.releases.close()
 
     def _heartbeat(self, session: Session, hb: pb.Heartbeat) -> None:
         """Note the heartbeat without making the stream wait for the store.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from corral.core.model import Team
 from corral.server.api.deps import ERRORS, Caller, Plane
@@ -26,7 +26,8 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
 
 @router.get("/nodes", response_model=list[NodeOut], tags=["nodes"])
 async def list_nodes(plane: Plane, who: Caller) -> list[NodeOut]:
-    """Every node with its GPUs, state and the allocations it holds."""
+    """Every node with its GPUs, state and the allocations it holds (a team token sees
+    other teams' allocations without their job ids)."""
     return [node_out(v) for v in await plane.nodes.listing(who)]
 
 
@@ -51,6 +52,14 @@ async def resume_node(name: str, plane: Plane, who: Caller) -> NodeOut:
 async def drain_node(name: str, plane: Plane, who: Caller) -> NodeOut:
     """No new work; the node can be removed once its allocations end (admin)."""
     return node_out(await plane.nodes.drain(who, name))
+
+
+@router.delete("/nodes/{name}", status_code=204, tags=["nodes"])
+async def delete_node(name: str, plane: Plane, who: Caller) -> Response:
+    """Forget a node that is gone: lost, with no work left (admin). 409 for a node that is
+    not lost (its agent is connected, or was heard from within the node timeout)."""
+    await plane.nodes.delete(who, name)
+    return Response(status_code=204)
 
 
 @router.get("/teams", response_model=list[TeamOut], tags=["teams"])

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 
 from corral.core.errors import Conflict, LinkError
 from corral.core.events import EventKind
-from corral.core.model import Gpu, Node
+from corral.core.model import Gpu
 from corral.core.states import (
     ALLOCATION,
-    NODE,
     AllocDesired,
     AllocObserved,
     JobState,
@@ -31,13 +30,15 @@ from corral.server.agentlink.base import (
     Inventory,
     ResultBlob,
     Running,
+    Standing,
     StopOrder,
     StopReason,
 )
 from corral.server.services.auth import AuthService
 from corral.server.services.checkpoints import drop_after_commit, drop_uploads, may_fetch
 from corral.server.services.group import GroupCommitter
-from corral.server.services.node_keys import key_hash, may_hold, taken
+from corral.server.services.node_join import upsert_node
+from corral.server.services.node_keys import may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
@@ -45,10 +46,11 @@ from corral.server.services.results import Files, apart, cut_batch, inline_resul
 from corral.server.services.sessions import AgentAdmission
 from corral.server.services.settling import Said, end_allocation, is_current, record_start
 from corral.server.services.unit import Runtime, Tx
+from corral.server.services.upload_rights import upload_standing
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store.records import AllocRecord, JobRecord, inventory_to_json
+from corral.server.store.records import AllocRecord, JobRecord
 
 MAX_LOG_LINES = 200
 MAX_LOG_LINE = 4096
@@ -84,9 +86,10 @@ class AgentService:
 
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
         """Register or refresh the node, then reconcile what it runs with what the server wants."""
-        name = inventory.node
+        name, s = inventory.node, self.rt.settings
+        cap, retry_s = s.agents.max_nodes_per_token, s.scheduling.node_timeout_s
         async with self.rt.tx(reschedule=True) as tx:
-            node = await self._upsert_node(tx, inventory)
+            node = await upsert_node(tx, inventory, cap, retry_s)
             assign, stop = await self._reconcile(
                 tx, name, {r.allocation_id: r.attempt for r in running}
             )
@@ -97,48 +100,6 @@ class AgentService:
             intake_open=not (node.paused or node.draining),
             heartbeat_s=self.heartbeat_s,
         )
-
-    async def _upsert_node(self, tx: Tx, inv: Inventory) -> Node:
-        probe = Node(
-            inv.node,
-            inv.gpus,
-            inv.cpus,
-            inv.labels,
-            inv.models_on_disk,
-            inv.models_loaded,
-            inv.backends,
-        )
-        values: dict[str, object] = {"inventory": inventory_to_json(probe), "last_seen": tx.now}
-        rec = await node_repo.get(tx.conn, inv.node)
-        if rec is not None and not may_hold(rec, inv.key):  # claimed since ``claim``
-            raise LinkError(taken(inv.node))
-        if inv.key:  # bound to this agent (first join, or the one before it was lost)
-            values["key_hash"] = key_hash(inv.key)
-        if rec is None:
-            await node_repo.insert(
-                tx.conn,
-                name=inv.node,
-                state=NodeState.READY.value,
-                paused=False,
-                draining=False,
-                joined_at=tx.now,
-                **values,
-            )
-            tx.emit(
-                EventKind.NODE_JOINED,
-                team=None,
-                node=inv.node,
-                gpus=len(inv.gpus),
-                agent_version=inv.agent_version,
-            )
-            return probe
-        state = rec.node.state
-        if state is NodeState.LOST:
-            state = transition(NODE, inv.node, state, NodeState.READY, at=tx.now, why="hello")
-        if not await node_repo.update(tx.conn, rec, state=state.value, **values):
-            raise LinkError(f"node {inv.node} changed during hello; reconnect")
-        tx.emit(EventKind.NODE_JOINED, team=None, node=inv.node, gpus=len(inv.gpus), rejoined=True)
-        return rec.node
 
     async def _reconcile(
         self, tx: Tx, node: str, reported: dict[str, int]
@@ -461,6 +422,11 @@ class AgentService:
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
         return await may_fetch(self.rt, allocation_id, attempt, blob_id)
+
+    async def upload_standing(
+        self, node: str, key: str, allocation_id: str, attempt: int
+    ) -> Standing:
+        return await upload_standing(self.rt, node, key, allocation_id, attempt)
 
     async def uploads_read(self, allocation_id: str, blob_ids: Sequence[str]) -> None:
         await drop_uploads(self.rt, allocation_id, blob_ids)

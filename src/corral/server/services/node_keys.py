@@ -36,3 +36,12 @@ def taken(node: str) -> str:
         "one with a different --name. The name is free again once that agent has been "
         "lost (silent for scheduling.node_timeout_s)"
     )
+
+
+def proves(rec: NodeRecord, key: str) -> bool:
+    """Whether ``key`` is the key the node's name is bound to (or the name is bound to no
+    key: an agent without one). Unlike ``may_hold``, a lost node's name is not free here:
+    this asks who a caller is, not whether it may take the name."""
+    if rec.key_hash is None:
+        return True
+    return bool(key) and secrets.compare_digest(rec.key_hash, key_hash(key))

@@ -1,13 +1,15 @@
-"""Nodes (pause, resume, drain) and teams (quota, borrow limit, weight) as admins manage them."""
+"""Nodes (pause, resume, drain, delete) and teams (quota, borrow limit, weight) as admins
+manage them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.core.errors import Conflict, NotFound
 from corral.core.events import EventKind
 from corral.core.model import Allocation, Team
+from corral.core.states import NodeState
 from corral.server.services import audit
 from corral.server.services.auth import Principal
 from corral.server.services.unit import Runtime
@@ -30,13 +32,14 @@ class NodeService:
         self.rt = rt
 
     async def listing(self, who: Principal) -> list[NodeView]:
+        """Every node with the allocations it holds (as ``who`` may see them: ``_seen``)."""
         who.require_client()
         async with self.rt.db.read() as conn:
             nodes = await node_repo.all_nodes(conn)
             active = await alloc_repo.active(conn)
         by_node: dict[str, list[Allocation]] = {}
         for a in active:
-            by_node.setdefault(a.alloc.node, []).append(a.alloc)
+            by_node.setdefault(a.alloc.node, []).append(_seen(who, a.alloc))
         return [NodeView(n, tuple(by_node.get(n.node.name, ()))) for n in nodes]
 
     async def get(self, who: Principal, name: str) -> NodeView:
@@ -46,7 +49,28 @@ class NodeService:
             active = await alloc_repo.active(conn, node=name)
         if rec is None:
             raise NotFound(f"node {name} not found")
-        return NodeView(rec, tuple(a.alloc for a in active))
+        return NodeView(rec, tuple(_seen(who, a.alloc) for a in active))
+
+    async def delete(self, who: Principal, name: str) -> None:
+        """Forget a node that is gone (admin). Only a lost node goes: one that is ready has
+        an agent connected, or heard from within ``scheduling.node_timeout_s``, which would
+        join again at once (its work is then settled by the liveness loop, not by this)."""
+        who.require_admin("delete a node")
+        async with self.rt.tx(reschedule=True) as tx:
+            rec = await node_repo.get(tx.conn, name)
+            if rec is None:
+                raise NotFound(f"node {name} not found")
+            if rec.node.state is not NodeState.LOST:
+                raise Conflict(
+                    f"node {name} is {rec.node.state.value}: its agent is connected or was "
+                    "heard from within scheduling.node_timeout_s. Stop its agent (drain the "
+                    "node first to let its work end); it can be deleted once it is lost"
+                )
+            if held := await alloc_repo.active(tx.conn, node=name):
+                raise Conflict(f"node {name} still holds {len(held)} allocations; retry soon")
+            await node_repo.delete(tx.conn, name)
+            tx.emit(EventKind.NODE_REMOVED, team=None, node=name, data={"reason": "deleted"})
+            await audit.record(tx, who, "node.delete", name)
 
     async def pause(self, who: Principal, name: str) -> NodeView:
         """No new work; what runs keeps running."""
@@ -149,6 +173,12 @@ def _quota(team: Team) -> dict[str, object]:
         "borrow_limit_gpus": team.borrow_limit_gpus,
         "weight": team.weight,
     }
+
+
+def _seen(who: Principal, alloc: Allocation) -> Allocation:
+    """``alloc`` as ``who`` may see it: another team's without its job ids (a team token
+    learns that GPUs are busy, never which jobs of another team run on them)."""
+    return alloc if who.sees(alloc.team) else replace(alloc, job_ids=())
 
 
 def _event_for(flags: dict[str, bool]) -> EventKind:

@@ -21,8 +21,8 @@ from pyrate_limiter import Rate, RateItem, StateBucket, TokenBucket
 
 from corral.core.clock import Clock
 from corral.core.errors import InvalidSpec, LimitReached
+from corral.server.security_settings import LimitsSettings
 from corral.server.services.auth import Principal, TokenKind
-from corral.server.settings import LimitsSettings
 
 MAX_TRACKED = 10_000
 """Buckets kept; past it the least recently used is forgotten (it starts full again). Team

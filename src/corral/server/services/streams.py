@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import Counter
 
 from corral.core.errors import LimitReached
+from corral.server.security_settings import LimitsSettings
 from corral.server.services.auth import Principal
-from corral.server.settings import LimitsSettings
 
 RETRY_S = 5.0
 """Retry-After for a refused stream: streams end as their clients leave, and a client

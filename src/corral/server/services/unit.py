@@ -332,17 +332,18 @@ class Runtime:
 
     async def _run_at_once(self, tx: Tx) -> None:
         for action in tx.at_once:  # e.g. assignments: on their way while the disk syncs
-            try:
-                await self._run_follow_up(action)
-            except Exception:  # the change has committed: never report it as failed
-                log.exception("an action right after a commit failed")
+            await self._run_follow_up(action)
 
     async def _run_follow_up(self, action: Callable[[], Awaitable[None]]) -> None:
+        """Run what follows a commit; its failure is logged, never reported to whoever
+        asked for the change (it happened: a client told otherwise would ask again)."""
         try:
             await action()
         except LinkError as exc:
             # The intent is stored; the agent gets it again when it says hello.
             log.info("agent link: %s (will resend on reconnect)", exc)
+        except Exception:
+            log.exception("an action after a commit failed")
 
 
 @dataclass

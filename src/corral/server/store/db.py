@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from corral.server.store.events import pg_mark_epoch
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
+
+log = logging.getLogger("corral.server.store")
 
 DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
@@ -194,7 +197,17 @@ class Database:
         if on_commit is not None:
             await on_commit()
         if durable and self.wal_sync is not None:
-            await self.wal_sync.wait(position)
+            await self._synced(self.wal_sync, position)
+
+    async def _synced(self, wal_sync: WalSync, position: int) -> None:
+        """Wait for the fsync that covers the commit at ``position``. Its failure is logged,
+        not raised: the change has committed, and a caller told it failed would make it
+        again (a second job). It is in the WAL (it survives a kill of the process), and
+        the next durable commit's fsync covers it."""
+        try:
+            await wal_sync.wait(position)
+        except OSError:
+            log.exception("a commit is in the WAL but its fsync failed; the next one retries")
 
     async def sync_committed(self) -> None:
         """Return once every commit made so far is on disk (SQLite with ``WalSync``)."""
@@ -305,6 +318,8 @@ class Database:
     async def close(self) -> None:
         if self._writer is not None:
             await self._writer.close()
+        if self.wal_sync is not None:
+            self.wal_sync.file.close()
         await self.engine.dispose()
         if self.file_lock is not None:
             self.file_lock.release()

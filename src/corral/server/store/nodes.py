@@ -66,6 +66,23 @@ async def all_nodes(conn: AsyncConnection) -> list[NodeRecord]:
     return [node_from_row(r) for r in await conn.execute(sa.select(nodes).order_by(nodes.c.name))]
 
 
+async def held_by_token(conn: AsyncConnection, token_id: str) -> int:
+    """How many node names the join token ``token_id`` holds (nodes its agents joined)."""
+    query = sa.select(sa.func.count()).select_from(nodes).where(nodes.c.token_id == token_id)
+    return int((await conn.execute(query)).scalar_one())
+
+
+async def lost_of_token(conn: AsyncConnection, token_id: str, limit: int) -> list[str]:
+    """Up to ``limit`` lost nodes that ``token_id`` admitted, the longest silent first."""
+    query = (
+        sa.select(nodes.c.name)
+        .where(nodes.c.token_id == token_id, nodes.c.state == NodeState.LOST.value)
+        .order_by(nodes.c.last_seen, nodes.c.name)
+        .limit(limit)
+    )
+    return [r.name for r in await conn.execute(query)]
+
+
 async def versions(conn: AsyncConnection) -> dict[str, int]:
     db = driver(conn)
     if db is not None:

@@ -118,6 +118,7 @@ class NodeRecord:
     failure_streak: int = 0  # jobs failed here in a row (a success resets it)
     pause_reason: str | None = None  # set when the server paused it automatically
     key_hash: str | None = None  # sha256 of the node key of the agent that holds the name
+    token_id: str | None = None  # the join token that admitted its agent (its cap counts it)
 
 
 def resources_to_json(r: ResourceRequest) -> dict[str, Any]:
@@ -332,6 +333,7 @@ def node_from_row(row: Any) -> NodeRecord:
         failure_streak=row.failure_streak or 0,
         pause_reason=row.pause_reason,
         key_hash=row.key_hash,
+        token_id=row.token_id,
     )
 
 

@@ -109,7 +109,9 @@ nodes = sa.Table(
     sa.Column("failure_streak", sa.Integer, nullable=False, default=0),  # failed jobs in a row
     sa.Column("pause_reason", sa.String(512), nullable=True),  # why it was paused automatically
     sa.Column("key_hash", sa.String(64), nullable=True),  # sha256 of the agent's node key
+    sa.Column("token_id", sa.String(64), nullable=True),  # the join token that admitted it
     sa.Column("version", sa.Integer, nullable=False, default=1),
+    sa.Index("ix_nodes_token_id", "token_id"),
 )
 
 teams = sa.Table(

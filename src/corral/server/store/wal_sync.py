@@ -58,6 +58,7 @@ PREFILL_CHUNK: Final = 1 << 20  # bytes written at a time by ``prefill``
 class WalSync:
     def __init__(self, wal: Path) -> None:
         self.wal = wal
+        self.file = WalFile(wal)
         self.committed = 0  # commits made so far (positions)
         self.synced = 0  # every commit up to this position is on disk
         self.syncs = 0  # fsyncs done (for tests and metrics)
@@ -99,9 +100,9 @@ class WalSync:
             # assignments on their way to agents) goes out before the loop blocks on the disk.
             await asyncio.sleep(0)
             covered = self.committed
-            self._timed(_fsync(self.wal), probe=not fast)
+            self._timed(self.file.fsync(), probe=not fast)
         else:
-            await asyncio.get_running_loop().run_in_executor(COMMITS, _fsync, self.wal)
+            await asyncio.get_running_loop().run_in_executor(COMMITS, self.file.fsync)
             self._until_probe -= 1
         self.synced = max(self.synced, covered)
         self.syncs += 1
@@ -149,15 +150,38 @@ class WalSync:
             os.close(fd)
 
 
-def _fsync(path: Path) -> float:
-    """fsync the file at ``path``; the seconds the fsync took."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return 0.0  # no WAL: the last connection checkpointed it into the (synced) database
-    try:
+class WalFile:
+    """The WAL, held open for its fsyncs.
+
+    A durable commit's fsync then needs no new descriptor: with the process's
+    descriptors used up, opening the WAL after a commit failed, and a request whose
+    change had committed was answered 500. The file is opened again when the one at
+    the path is another (SQLite deleted the WAL as its last connection closed, and
+    made a new one). Only one fsync runs at a time (``WalSync._syncing``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file held
+
+    def fsync(self) -> float:
+        """fsync the WAL; the seconds the fsync took (0 when there is no WAL)."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            self.close()
+            return 0.0  # no WAL: the last connection checkpointed it into the (synced) database
+        if self._fd is None or (now.st_dev, now.st_ino) != self._identity:
+            self.close()
+            fd = os.open(self.path, os.O_RDONLY)
+            held = os.fstat(fd)
+            self._fd, self._identity = fd, (held.st_dev, held.st_ino)
         started = time.perf_counter()
-        os.fsync(fd)
+        os.fsync(self._fd)
         return time.perf_counter() - started
-    finally:
-        os.close(fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = self._identity = None
