@@ -310,7 +310,7 @@ class GrpcLink:
 
 def server_options(s: AgentLinkSettings) -> list[tuple[str, int]]:
     """The agent port's gRPC options: message sizes, keepalive both ways, and the limits that
-    bound what a connection may cost (docs/security/uploads.md)."""
+    bound what a connection may cost (docs/security/agents.md)."""
     return [
         ("grpc.max_receive_message_length", s.max_message_bytes),
         ("grpc.max_send_message_length", s.max_message_bytes),
