@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +65,15 @@ class Inbound:
         self.waiters: dict[str, asyncio.Future[float]] = {}
         self.other = 0
 
-    async def authenticate(self, token: str) -> str:
+    async def authenticate(self, token: str) -> Inbound:
+        return self  # the admission too: its streams are tied to nothing
+
+    @property
+    def token_id(self) -> str:
         return "tok_bench"
+
+    def hold(self, node: str, end: Callable[[str], bool]) -> Callable[[], None]:
+        return lambda: None
 
     async def hello(self, inventory: Inventory, running: Sequence[Running]) -> HelloReply:
         self.nodes.add(inventory.node)

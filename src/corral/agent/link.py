@@ -259,6 +259,10 @@ class LinkClient:
             ("grpc.keepalive_time_ms", round(self.settings.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # One connection per agent, never one shared by the agents of a process (corral
+            # up, tests, benchmarks): the server caps the streams of each connection
+            # (agents.max_streams_per_connection), and one agent needs only a few.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if target.tls and self._tls is not None:
             creds, more = self._tls

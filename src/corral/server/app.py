@@ -153,7 +153,7 @@ def create_app(
         **_without_telemetry(),
     )
     app.state.plane = plane
-    errors.install(app)
+    errors.install(app, refused=audit.refusals(plane))
     for module in (jobs, nodes, autoscaler, tokens, audit, events, health):
         app.include_router(module.router)
     model_api.install(app, plane)

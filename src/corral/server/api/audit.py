@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field, StringConstraints
 
-from corral.core.errors import InvalidSpec
-from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.core.errors import CorralError, Forbidden, InvalidSpec
+from corral.server.api.deps import ERRORS, Caller, Plane, origin
+from corral.server.api.direct import bearer_token
+from corral.server.api.errors import Refused
+from corral.server.plane import ControlPlane
 from corral.server.services.jobs import decode_cursor, encode_cursor
 from corral.server.store.audit import AuditFilter, AuditRecord
 
@@ -104,3 +107,20 @@ def _out(r: AuditRecord) -> AuditOut:
         address=r.address,
         forwarded_for=r.forwarded_for,
     )
+
+
+def refusals(plane: ControlPlane) -> Refused:
+    """What records a request refused for lack of rights, with the token that sent it
+    (``AuditService.denied`` keeps it to a few per token and minute)."""
+
+    async def record(request: Request, exc: Forbidden) -> None:
+        if request.scope["type"] != "http":  # a websocket's refusal is answered its own way
+            return
+        try:
+            who = await plane.auth.authenticate(bearer_token(request))
+        except CorralError:  # no token at all: nobody to record
+            return
+        target = f"{request.method} {request.url.path}"
+        await plane.audit.denied(who.at(*origin(request)), target, str(exc))
+
+    return record

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,8 +29,6 @@ from corral.core.errors import (
     Unauthenticated,
     Unavailable,
 )
-from corral.server.api.deps import origin
-from corral.server.api.direct import bearer_token
 
 log = logging.getLogger("corral.server.api")
 
@@ -59,13 +57,17 @@ def retry_after(exc: LimitReached) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
 
 
-def install(app: FastAPI) -> None:
-    """Register the handlers on ``app``."""
+Refused = Callable[[Request, Forbidden], Awaitable[None]]
+"""Told of every request refused for lack of rights (the audit log records them)."""
+
+
+def install(app: FastAPI, *, refused: Refused | None = None) -> None:
+    """Register the handlers on ``app``; ``refused`` hears of every 403 before it is sent."""
 
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:
-        if isinstance(exc, Forbidden):
-            await _audit_refusal(request, exc)
+        if refused is not None and isinstance(exc, Forbidden):
+            await refused(request, exc)
         for kind, status, code in _STATUS:
             if isinstance(exc, kind):
                 field = exc.field if isinstance(exc, InvalidSpec) else None
@@ -95,20 +97,6 @@ def install(app: FastAPI) -> None:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "internal", "internal error (see the server log)")
-
-
-async def _audit_refusal(request: Request, exc: Forbidden) -> None:
-    """Record a request refused for lack of rights in the audit log, with the token that
-    sent it (``AuditService.denied`` keeps it to a few per token and minute)."""
-    if request.scope["type"] != "http":  # a websocket's refusal is answered in its own way
-        return
-    plane = request.app.state.plane
-    try:
-        who = await plane.auth.authenticate(bearer_token(request))
-    except CorralError:  # no token at all: nobody to record
-        return
-    target = f"{request.method} {request.url.path}"
-    await plane.audit.denied(who.at(*origin(request)), target, str(exc))
 
 
 def _field_error(error: Any) -> dict[str, str]:
