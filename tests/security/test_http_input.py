@@ -45,3 +45,28 @@ async def test_a_real_cursor_still_pages(db_url: str, tmp_path: Path) -> None:
         rest = await served.admin.get("/v1/jobs", params={"cursor": first["next_cursor"]})
         assert rest.status_code == 200
         assert len(first["jobs"]) + len(rest.json()["jobs"]) == 3
+
+
+@pytest.mark.parametrize("path", ["/sdapi/v1/progress", "/queue"])
+async def test_a_basic_header_that_is_not_ascii_is_a_401(
+    db_url: str, tmp_path: Path, path: str
+) -> None:
+    async with serve(db_url, tmp_path) as served, served.client(None) as anyone:
+        reply = await anyone.get(path, headers={"Authorization": "Basic bÔìF¨".encode("latin-1")})
+        assert reply.status_code == 401, reply.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param("/queue", {"delete": ["a\x00b"]}, id="queue-delete"),
+        pytest.param("/interrupt", {"prompt_id": "\x00"}, id="interrupt"),
+    ],
+)
+async def test_a_nul_in_a_comfyui_body_is_a_400(
+    db_url: str, tmp_path: Path, path: str, body: dict[str, object]
+) -> None:
+    async with serve(db_url, tmp_path) as served:
+        reply = await served.admin.post(path, json=body)
+        assert reply.status_code == 400, reply.text
+        assert "NUL" in reply.json()["error"]["message"]

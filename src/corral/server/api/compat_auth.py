@@ -11,7 +11,6 @@ corral's reason where it would show its backend's.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -34,7 +33,7 @@ def credentials(header: str | None, query_token: str | None) -> tuple[str | None
     if scheme.lower() == "basic" and value:
         try:
             decoded = base64.b64decode(value, validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (non-ASCII text included), or not UTF-8 inside
             return None, None
         user, sep, password = decoded.partition(":")
         return (password or None, user or None) if sep else (None, None)

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocketDisconnect
 from corral.core.errors import AuthError, CorralError, Forbidden, NotFound
 from corral.core.events import Event
 from corral.server.api.compat_auth import compat_caller, shaped_route
+from corral.server.api.schemas import has_nul
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_comfyui import (
     BACKEND,
@@ -93,6 +94,8 @@ async def json_body(request: Request) -> dict[str, Any]:
         raise PromptRejected(comfy_error("invalid_prompt", "the body is not JSON")) from None
     if not isinstance(body, dict):
         raise PromptRejected(comfy_error("invalid_prompt", "the body must be a JSON object"))
+    if has_nul(body):  # as the corral API: PostgreSQL can neither store nor compare them
+        raise PromptRejected(comfy_error("invalid_prompt", "the body must not contain NUL"))
     return body
 
 
