@@ -63,6 +63,40 @@ class ApiSettings(BaseModel):
     token_cache_s: float = Field(
         default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request's line and headers must arrive within this long of its first "
+        "byte (or of the connection opening), else 408 and close: a client sending them a byte "
+        "at a time cannot hold a connection (a real one sends them in one packet)",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request body that sends nothing for this long is cut off (408): long "
+        "enough for a phone on a bad network, short enough that a stalled upload frees its "
+        "connection",
+    )
+    min_body_bytes_per_s: float = Field(
+        default=1000.0,
+        ge=0,
+        description="once a request body has taken body_timeout_s, it must have averaged at "
+        "least this rate, else 408: a body trickled a byte at a time is cut off, while a 56k "
+        "modem (7000 bytes/s) passes (0: no minimum)",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=4096,
+        description="request line and headers at most this big, else 431 (browsers send a few "
+        "KiB; 64 KiB leaves room for large cookies and tokens)",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="open HTTP connections (event streams and websockets included) at most; "
+        "more are answered 503 and closed at once. Also never more than half the process's "
+        "descriptor limit (ulimit -n), which agents, the database and files share",
+    )
 
 
 class SchedulingSettings(BaseModel):

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 
 from corral.core.errors import Unauthenticated
 from corral.server.services.compat import Caller, caller_for
@@ -64,6 +64,8 @@ def shaped_route(render: Render) -> type[APIRoute]:
             async def shaped(request: Request) -> Response:
                 try:
                     return await handler(request)
+                except ClientDisconnect:
+                    raise  # the client left: the app's handler ends it without a traceback
                 except Exception as exc:
                     response = render(exc)
                     if response is None:
