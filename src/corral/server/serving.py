@@ -93,13 +93,14 @@ def redact(text: str) -> str:
 
 
 class RedactSecrets(logging.Filter):
-    """Rewrites a record whose message holds a secret (the message is formatted once here)."""
+    """Masks secrets in a record's message and in each of its arguments, keeping the
+    arguments' places (uvicorn's access formatter reads them by position)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
         return True
 
 
