@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.server.compat_settings import CompatSettings
@@ -197,6 +197,24 @@ class ModelRegistrySettings(BaseModel):
         default=None,
         description="base URL agents fetch the server's model files from "
         "(default: the host they dial, on the API port)",
+    )
+    source_schemes: list[str] = Field(
+        default_factory=lambda: ["https", "http", "file"],
+        description="the kinds of source a model may be registered with ('upload' is always "
+        "allowed; file: a file on the server, also limited by file_dirs). Every token can "
+        "download what the registry names, so drop 'file' to publish uploads only",
+    )
+    file_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories a file source must be in (symlinks resolved, checked again "
+        "at each download); empty: the model directory (dir) only, so no other server file "
+        "(/etc/passwd, the database) can be published",
+    )
+    allowed_networks: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="private, loopback, link-local or reserved networks an http(s) source may "
+        "still point into, e.g. ['192.168.1.0/24'] for a NAS; others are refused, so agents "
+        "are never sent to a cloud metadata service (169.254.169.254) or the server's own ports",
     )
     routing: bool = Field(
         default=True, description="weigh a model's download and load time against waiting"
