@@ -2,9 +2,10 @@
 
 A real ``corral server`` at log level info (and debug, which adds uvicorn's
 access log) is sent every way a token travels: Bearer on the API and its event
-streams, HTTP Basic and ``?token=`` on the drop-in APIs, ``?token=`` on the
-ComfyUI websocket (accepted and refused), agent join tokens over gRPC (good and
-bad), and tokens the server does not know. Then its whole output is searched
+streams, the dashboard's login and session cookie, HTTP Basic and ``?token=``
+on the drop-in APIs, ``?token=`` on the ComfyUI websocket (accepted and
+refused), agent join tokens over gRPC (good and bad), and tokens the server
+does not know. Then its whole output is searched
 for every one of those secrets: none may appear, and a refused websocket is no
 ERROR.
 """
@@ -78,7 +79,15 @@ async def _bearer_and_streams(http: httpx.AsyncClient, team: str) -> None:
         await stream.aread()  # the job has ended: its stream ends
     async with http.stream("GET", "/v1/events", headers=bearer) as stream:
         assert stream.status_code == 200
+    csrf = {"X-Corral-CSRF": "1"}
+    async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as browser:
+        login = await browser.post("/v1/session", json={"token": team}, headers=csrf)
+        assert login.status_code == 200  # the dashboard's login: a cookie from here on
+        assert (await browser.get("/v1/queue")).status_code == 200
+        assert (await browser.post("/v1/jobs", json={"payload": {}}, headers=csrf)).is_success
     for wrong in UNKNOWN:
+        reply = await http.post("/v1/session", json={"token": wrong}, headers=csrf)
+        assert reply.status_code == 401
         reply = await http.get("/v1/queue", headers={"Authorization": f"Bearer {wrong}"})
         assert reply.status_code == 401
         assert (await http.get("/v1/events", params={"token": wrong})).status_code == 401

@@ -147,10 +147,12 @@ async def _trickle(clients: list[Client]) -> None:
 
 async def _until_closed(reader: asyncio.StreamReader) -> bytes:
     """Everything the server sends until it closes the connection (a reset counts as closed)."""
-    try:
-        return await asyncio.wait_for(reader.read(), GIVE_UP_S)
-    except ConnectionResetError:
-        return b""
+    received = b""
+    deadline = time.monotonic() + GIVE_UP_S
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := await asyncio.wait_for(reader.read(65536), deadline - time.monotonic()):
+            received += chunk
+    return received
 
 
 async def _eventually_served(url: str) -> None:

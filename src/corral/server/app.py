@@ -22,7 +22,18 @@ from corral.scheduler import KeptSchedule
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.agentlink.inprocess import InProcessLink
-from corral.server.api import autoscaler, compat, errors, events, health, jobs, nodes, tokens, web
+from corral.server.api import (
+    autoscaler,
+    compat,
+    errors,
+    events,
+    health,
+    jobs,
+    nodes,
+    session,
+    tokens,
+    web,
+)
 from corral.server.api import models as model_api
 from corral.server.api.direct import HotRoutes
 from corral.server.api.limits import BodyLimit
@@ -131,7 +142,7 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app)
-    for module in (jobs, nodes, autoscaler, tokens, events, health):
+    for module in (jobs, nodes, autoscaler, tokens, events, health, session):
         app.include_router(module.router)
     model_api.install(app, plane)
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)

@@ -39,6 +39,10 @@ BUSY_LOG_EVERY_S = 60.0
 """A server at its connection limit says so at most this often (an attack refuses thousands)."""
 RATE_CHECK_S = 1.0
 """How often a body past its first ``body_timeout_s`` is checked against the minimum rate."""
+LINGER_S = 2.0
+"""A connection this guard ends is half-closed, and what the client still sends is read and
+dropped this long before the close: closing with unread bytes resets the connection, and a
+reset can lose the answer before the client reads it (as nginx's lingering close)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +232,14 @@ class GuardedHttp(HttpToolsProtocol):
         self._close()
 
     def _close(self) -> None:
+        """Send our end's FIN, drop what still arrives, close after ``LINGER_S``."""
         self._stop_watching()
         self._phase = Phase.CLOSED
-        self.transport.close()
+        if not self.transport.can_write_eof():  # TLS: no half-close
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._watch = self.loop.call_later(LINGER_S, self.transport.close)
 
     def _refuse(self, transport: asyncio.Transport) -> None:
         """Over the connection limit: a 503 and close, before reading a byte of the request."""

@@ -63,6 +63,12 @@ class ApiSettings(BaseModel):
     token_cache_s: float = Field(
         default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
     )
+    session_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="a dashboard login (its session cookie) lasts this long; revoking the "
+        "token ends it at once",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -25,6 +25,7 @@ from corral.core.errors import AuthError, CorralError, Forbidden, NotFound
 from corral.core.events import Event
 from corral.server.api.compat_auth import compat_caller, shaped_route
 from corral.server.api.schemas import has_nul
+from corral.server.api.served_files import file_headers
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_comfyui import (
     BACKEND,
@@ -121,7 +122,7 @@ async def view(
 ) -> Response:
     """An output image (``subfolder`` is the corral job that made it)."""
     data, content_type = await service(request).view(who, filename, subfolder)
-    return Response(data, media_type=content_type)
+    return Response(data, media_type=content_type, headers=file_headers(filename, content_type))
 
 
 @router.get("/queue")

@@ -36,7 +36,7 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from corral.server.api.deps import get_plane
+from corral.server.api.deps import get_plane, session_token
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 
@@ -114,7 +114,8 @@ def bearer_token(request: Request) -> str | None:
 
 async def caller(request: Request) -> tuple[ControlPlane, Principal]:
     plane = await get_plane(request)
-    return plane, await plane.auth.authenticate(bearer_token(request))
+    secret = bearer_token(request) or session_token(request)
+    return plane, await plane.auth.authenticate(secret)
 
 
 def header(
