@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_harness import ADMIN, Cluster, eventually, submit, wait_state
@@ -32,10 +33,15 @@ def test_dashboard_shows_nodes_live_progress_and_pauses_a_node(
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on(  # the page's Content-Security-Policy refuses nothing it needs
+        "console",
+        lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None,
+    )
 
     page.goto(f"{cluster.http}/#token={ADMIN}")
     node = page.locator('#nodes .node[data-node="gpu-box"]')
     expect(node).to_be_visible(timeout=10_000)
+    _assert_the_page_keeps_no_token(page)
     expect(node).to_contain_text("RTX 4090")
     expect(node.locator(".badge")).to_have_text("ready")
     expect(page.locator("#live")).to_have_text("live")
@@ -83,6 +89,17 @@ def test_a_bad_token_is_refused_with_a_message(cluster: Cluster, browser: object
     page.click("button[type=submit]")
     expect(page.locator("#login-error")).to_contain_text("not accepted")
     expect(page.locator("#board")).to_be_hidden()
+
+
+def _assert_the_page_keeps_no_token(page: Any) -> None:
+    """Logged in: the hash is gone, the page's storage holds no token, and the session
+    cookie is out of scripts' reach (HttpOnly), sent to the API only."""
+    assert "token" not in page.url
+    stored = page.evaluate("JSON.stringify([{...localStorage}, {...sessionStorage}])")
+    assert ADMIN not in stored, stored
+    assert ADMIN not in page.evaluate("document.cookie")
+    (cookie,) = page.context.cookies()
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/v1")
 
 
 def _percent(text: str) -> int:

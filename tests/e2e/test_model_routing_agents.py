@@ -67,7 +67,8 @@ def run(http: Any, model: str, **extra: Any) -> dict[str, Any]:
 def test_jobs_go_to_the_agent_that_has_their_model(
     cluster: Cluster, files: FileServer, tmp_path: Path
 ) -> None:
-    cluster.start_server()
+    # The model files come from an HTTP server on loopback: a private address agents may use.
+    cluster.start_server(CORRAL_MODELS__ALLOWED_NETWORKS='["127.0.0.0/8"]')
     for name in ("gpu-a", "gpu-b"):
         cluster.start_agent(
             name, "--fake-gpus", "1x RTX 4090 24GiB", "--cpus", "1", "--labels", f"box={name}",

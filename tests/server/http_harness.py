@@ -24,6 +24,7 @@ import uvicorn
 from corral.server.agentlink.inprocess import InProcessLink, StubAgent, inventory
 from corral.server.app import create_app, create_plane
 from corral.server.plane import ControlPlane
+from corral.server.serving import uvicorn_config
 from corral.server.settings import Settings
 
 ADMIN_TOKEN = "corral_admin_test-token-for-http-tests"
@@ -67,7 +68,7 @@ async def serve(
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+    config = uvicorn_config(app, settings.api, log_level="warning", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     await eventually(lambda: _started(server), timeout=20)

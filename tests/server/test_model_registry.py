@@ -90,7 +90,7 @@ async def test_a_url_model_is_registered_replaced_listed_and_removed(served: Ser
          "sources[1]"),
         ("m", {"sources": ["upload", "/srv/m.bin"], "size": 1, "sha256": "a" * 64}, "sources[1]"),
         ("m", {"sources": ["upload"], "size": 1, "sha256": "a" * 64, "kind": "movie"}, "kind"),
-        ("m", {"sources": ["/nowhere/at/all.bin"]}, "sources"),
+        ("m", {"sources": ["/nowhere/at/all.bin"]}, "sources[0]"),
         ("org/file", {"sources": ["upload"], "size": 1, "sha256": "a" * 64}, "name"),
         ("-bad", {"sources": ["upload"], "size": 1, "sha256": "a" * 64}, "name"),
         ("m", {"sources": []}, "sources"),
@@ -112,7 +112,8 @@ async def test_a_server_file_is_hashed_and_served_with_range(
     served_sqlite: Served, tmp_path: Path
 ) -> None:
     data = blob(300_000, seed=7)
-    path = tmp_path / "vae.safetensors"
+    path = tmp_path / "models" / "vae.safetensors"  # in the model directory: servable
+    path.parent.mkdir()
     path.write_bytes(data)
     entry = await register(served_sqlite, "vae-ft", sources=[f"file://{path}"], kind="vae")
     assert (entry["size"], entry["sha256"]) == (len(data), sha(data))
@@ -195,15 +196,17 @@ async def test_bad_chunks_are_refused_naming_content_range(
 
 async def test_who_may_do_what(served_sqlite: Served, tmp_path: Path) -> None:
     s = served_sqlite
-    (tmp_path / "f.bin").write_bytes(b"abc")
-    await register(s, "f", sources=[str(tmp_path / "f.bin")])
+    models = tmp_path / "models"  # the model directory: files there may be served
+    models.mkdir()
+    (models / "f.bin").write_bytes(b"abc")
+    await register(s, "f", sources=[str(models / "f.bin")])
     tokens = {}
     for kind, extra in (("team", {"team": "vision"}), ("agent", {})):
         r = await s.admin.post("/v1/tokens", json={"kind": kind, "name": kind, **extra})
         tokens[kind] = r.json()["token"]
     async with s.client(tokens["team"]) as team, s.client(tokens["agent"]) as agent:
         assert (await team.get("/v1/models")).status_code == 200
-        put = await team.put("/v1/models/g", json={"sources": [str(tmp_path / "f.bin")]})
+        put = await team.put("/v1/models/g", json={"sources": [str(models / "f.bin")]})
         assert put.status_code == 403
         assert (await team.delete("/v1/models/f")).status_code == 403
         assert (await agent.get("/v1/models")).status_code == 403

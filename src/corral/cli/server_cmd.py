@@ -146,6 +146,7 @@ def _serve(settings: Any) -> None:
     import uvicorn
 
     from corral.server.app import create_app, create_plane
+    from corral.server.serving import uvicorn_config
     from corral.server.store.db import parse_db
 
     parse_db(settings.db_url())  # a bad --db fails here, before anything starts
@@ -175,8 +176,9 @@ def _serve(settings: Any) -> None:
         event_loop.settle_heap()  # started: what exists now lives as long as the server
 
     app = create_app(plane=plane, on_started=banner)
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
+        settings.api,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=3,

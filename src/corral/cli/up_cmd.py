@@ -142,10 +142,9 @@ async def _serve(
     backends: Any,
 ) -> None:
     """Serve, run the local agent, stop both in order on Ctrl-C."""
-    import uvicorn
-
     from corral.agent.main import Agent, AgentOptions
     from corral.server.app import create_app, create_plane
+    from corral.server.serving import uvicorn_config
 
     home = settings.home
     sock = _bind(host, settings.api.port)
@@ -154,8 +153,9 @@ async def _serve(
     tls = plane.tls
     app = create_app(plane=plane)
     server = _quiet_server(
-        uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=2, loop=event_loop.choice(),
+        uvicorn_config(
+            app, settings.api, log_level="warning", timeout_graceful_shutdown=2,
+            loop=event_loop.choice(),
             ssl_certfile=tls.cert if tls else None, ssl_keyfile=tls.key if tls else None,
         )
     )  # fmt: skip

@@ -32,6 +32,7 @@ from corral.server.api import (
     health,
     jobs,
     nodes,
+    session,
     tokens,
     web,
 )
@@ -154,7 +155,7 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    for module in (jobs, nodes, autoscaler, tokens, audit, events, health):
+    for module in (jobs, nodes, autoscaler, tokens, audit, events, health, session):
         app.include_router(module.router)
     model_api.install(app, plane)
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, IPvAnyNetwork, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.server.compat_settings import CompatSettings
@@ -83,6 +83,46 @@ class ApiSettings(BaseModel):
         description="how often each replica re-checks the tokens of its open streams and "
         "cached tokens, so a revoked token's streams end this soon even if the replicas' "
         "note is lost (docs/security/revocation.md); one small read per period",
+    )
+    session_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="a dashboard login (its session cookie) lasts this long; revoking the "
+        "token ends it at once",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request's line and headers must arrive within this long of its first "
+        "byte (or of the connection opening), else 408 and close: a client sending them a byte "
+        "at a time cannot hold a connection (a real one sends them in one packet)",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request body that sends nothing for this long is cut off (408): long "
+        "enough for a phone on a bad network, short enough that a stalled upload frees its "
+        "connection",
+    )
+    min_body_bytes_per_s: float = Field(
+        default=1000.0,
+        ge=0,
+        description="once a request body has taken body_timeout_s, it must have averaged at "
+        "least this rate, else 408: a body trickled a byte at a time is cut off, while a 56k "
+        "modem (7000 bytes/s) passes (0: no minimum)",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=4096,
+        description="request line and headers at most this big, else 431 (browsers send a few "
+        "KiB; 64 KiB leaves room for large cookies and tokens)",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="open HTTP connections (event streams and websockets included) at most; "
+        "more are answered 503 and closed at once. Also never more than half the process's "
+        "descriptor limit (ulimit -n), which agents, the database and files share",
     )
 
 
@@ -237,6 +277,24 @@ class ModelRegistrySettings(BaseModel):
         default=None,
         description="base URL agents fetch the server's model files from "
         "(default: the host they dial, on the API port)",
+    )
+    source_schemes: list[str] = Field(
+        default_factory=lambda: ["https", "http", "file"],
+        description="the kinds of source a model may be registered with ('upload' is always "
+        "allowed; file: a file on the server, also limited by file_dirs). Every token can "
+        "download what the registry names, so drop 'file' to publish uploads only",
+    )
+    file_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories a file source must be in (symlinks resolved, checked again "
+        "at each download); empty: the model directory (dir) only, so no other server file "
+        "(/etc/passwd, the database) can be published",
+    )
+    allowed_networks: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="private, loopback, link-local or reserved networks an http(s) source may "
+        "still point into, e.g. ['192.168.1.0/24'] for a NAS; others are refused, so agents "
+        "are never sent to a cloud metadata service (169.254.169.254) or the server's own ports",
     )
     routing: bool = Field(
         default=True, description="weigh a model's download and load time against waiting"

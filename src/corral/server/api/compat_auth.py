@@ -11,13 +11,12 @@ corral's reason where it would show its backend's.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 
 from corral.core.errors import Unauthenticated
 from corral.server.api.deps import origin
@@ -35,7 +34,7 @@ def credentials(header: str | None, query_token: str | None) -> tuple[str | None
     if scheme.lower() == "basic" and value:
         try:
             decoded = base64.b64decode(value, validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (non-ASCII text included), or not UTF-8 inside
             return None, None
         user, sep, password = decoded.partition(":")
         return (password or None, user or None) if sep else (None, None)
@@ -67,6 +66,8 @@ def shaped_route(render: Render) -> type[APIRoute]:
             async def shaped(request: Request) -> Response:
                 try:
                     return await handler(request)
+                except ClientDisconnect:
+                    raise  # the client left: the app's handler ends it without a traceback
                 except Exception as exc:
                     response = render(exc)
                     if response is None:

@@ -25,6 +25,8 @@ from corral.core.errors import AuthError, CorralError, Forbidden, LimitReached, 
 from corral.core.events import Event
 from corral.server.api.compat_auth import compat_caller, shaped_route
 from corral.server.api.errors import retry_after
+from corral.server.api.schemas import has_nul
+from corral.server.api.served_files import file_headers
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_comfyui import (
     BACKEND,
@@ -99,6 +101,8 @@ async def json_body(request: Request) -> dict[str, Any]:
         raise PromptRejected(comfy_error("invalid_prompt", "the body is not JSON")) from None
     if not isinstance(body, dict):
         raise PromptRejected(comfy_error("invalid_prompt", "the body must be a JSON object"))
+    if has_nul(body):  # as the corral API: PostgreSQL can neither store nor compare them
+        raise PromptRejected(comfy_error("invalid_prompt", "the body must not contain NUL"))
     return body
 
 
@@ -124,7 +128,7 @@ async def view(
 ) -> Response:
     """An output image (``subfolder`` is the corral job that made it)."""
     data, content_type = await service(request).view(who, filename, subfolder)
-    return Response(data, media_type=content_type)
+    return Response(data, media_type=content_type, headers=file_headers(filename, content_type))
 
 
 @router.get("/queue")

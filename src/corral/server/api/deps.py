@@ -1,4 +1,5 @@
-"""Dependencies every router uses: the control plane and the caller's principal."""
+"""Dependencies every router uses: the control plane and the caller's principal (from a
+Bearer token, or from the dashboard's session cookie)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
+from corral.core.errors import Forbidden
 from corral.server.api.schemas import ErrorOut
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
+
+SESSION_COOKIE = "corral_session"
+CSRF_HEADER = "X-Corral-CSRF"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -29,10 +35,11 @@ async def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The caller behind the bearer token; a team token's request counts toward its rate
-    limit (``RateLimits``: 429 past it)."""
+    """The holder of the Bearer token, else of the dashboard's session cookie; a team
+    token's request counts toward its rate limit (``RateLimits``: 429 past it)."""
     plane: ControlPlane = request.app.state.plane
-    who = await plane.auth.authenticate(credentials.credentials if credentials else None)
+    secret = credentials.credentials if credentials else session_token(request)
+    who = await plane.auth.authenticate(secret)
     plane.rates.request(who)
     return who.at(*origin(request))
 
@@ -48,6 +55,27 @@ def origin(conn: HTTPConnection) -> tuple[str | None, str | None]:
     client = conn.client
     forwarded = ", ".join(conn.headers.getlist("x-forwarded-for"))
     return (client.host if client else None), (forwarded[:FORWARDED_MAX] or None)
+
+
+def session_token(request: Request) -> str | None:
+    """The token in the dashboard's session cookie (``api/session.py``), if there is one.
+
+    A request that may change something must also carry ``X-Corral-CSRF``: the cookie is
+    SameSite=Strict, and this header, which no cross-site form or plain cross-origin fetch
+    can send, guards the browsers that ignore that.
+    """
+    token = request.cookies.get(SESSION_COOKIE)
+    if token is not None and request.method not in SAFE_METHODS:
+        require_csrf_header(request)
+    return token
+
+
+def require_csrf_header(request: Request) -> None:
+    if CSRF_HEADER not in request.headers:
+        raise Forbidden(
+            f"send the header '{CSRF_HEADER}: 1' with a request that changes something "
+            "and is authenticated by the dashboard's session cookie (cross-site protection)"
+        )
 
 
 Plane = Annotated[ControlPlane, Depends(get_plane)]

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from corral.core.errors import (
     AuthError,
@@ -87,6 +88,12 @@ def install(app: FastAPI, *, refused: Refused | None = None) -> None:
         message = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
         first = fields[0]["field"] if fields else None
         return error_response(422, "invalid", message, field=first, fields=fields)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client left (or was cut off for sending too slowly) while its body was read:
+        # no one reads this answer, and it is no server error worth a traceback.
+        return error_response(400, "disconnected", "the client left before its body arrived")
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -25,6 +25,7 @@ from corral.server.api.schemas import (
     JobPage,
     ResultOut,
 )
+from corral.server.api.served_files import file_headers
 from corral.server.api.streams import HeldStream
 from corral.server.services.auth import Principal
 from corral.server.services.jobs import Draft, new_job_id
@@ -226,7 +227,7 @@ async def result(job_id: str, plane: Plane, who: Caller) -> ResultOut:
 async def result_file(job_id: str, name: str, plane: Plane, who: Caller) -> Response:
     """The bytes of one result file (streamed from disk)."""
     f = await plane.jobs.result_ref(who, job_id, name)
-    headers = {"ETag": f'"{f.sha256}"'}
+    headers = {"ETag": f'"{f.sha256}"', **file_headers(f.name, f.content_type)}
     if f.inline is not None:
         return Response(f.inline, media_type=f.content_type, headers=headers)
     path = plane.rt.blobs.path(f.key)
@@ -244,7 +245,8 @@ async def preview(job_id: str, key: str, plane: Plane, who: Caller) -> Response:
     """A preview image an agent sent while the job ran (URLs come in ``job.preview`` events)."""
     data = await plane.jobs.preview(who, job_id, key)
     media = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp", "gif": "image/gif"}
-    return Response(data, media_type=media.get(key.rsplit(".", 1)[-1], "application/octet-stream"))
+    content_type = media.get(key.rsplit(".", 1)[-1], "application/octet-stream")
+    return Response(data, media_type=content_type, headers=file_headers(key, content_type))
 
 
 @router.delete(

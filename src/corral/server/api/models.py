@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.schemas import ApiModel, ErrorOut
+from corral.server.api.served_files import file_headers
 from corral.server.plane import ControlPlane
 from corral.server.services.models import Registration, UploadStatus, file_url
 from corral.server.store import nodes as node_repo
@@ -134,6 +135,7 @@ async def model_file(name: str, plane: Plane, who: Caller) -> Response:
     """The model's bytes (HTTP Range supported): what agents download. Any token."""
     path, entry = await plane.models.file(name)
     headers = {"ETag": f'"{entry.sha256}"', "X-Corral-Sha256": entry.sha256}
+    headers |= file_headers(name, "application/octet-stream")
     return FileResponse(path, media_type="application/octet-stream", headers=headers)
 
 

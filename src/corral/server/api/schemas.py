@@ -32,18 +32,19 @@ class ApiModel(BaseModel):
     @field_validator("*")
     @classmethod
     def _no_nul(cls, value: Any) -> Any:
-        if _has_nul(value):
+        if has_nul(value):
             raise ValueError("must not contain NUL characters")
         return value
 
 
-def _has_nul(value: Any) -> bool:
+def has_nul(value: Any) -> bool:
+    """Does a JSON value hold a NUL character anywhere (keys included)?"""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
+        return any(has_nul(v) for v in value)
     return False
 
 

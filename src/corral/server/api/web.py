@@ -1,7 +1,10 @@
 """The web dashboard: static files served at ``/``, no build step.
 
-The page (``server/web/``) uses only the public HTTP API with the token the
-user logs in with, like any other client.
+The page (``server/web/``) uses only the public HTTP API, like any other
+client, authenticated by the session cookie its login sets (``session.py``):
+no token is kept where a script could read it. The page and its files are
+served with a strict Content-Security-Policy (scripts from this origin only,
+no inline script), and may not be framed (``served_files.DASHBOARD_HEADERS``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
+from starlette.types import Scope
+
+from corral.server.api.served_files import DASHBOARD_HEADERS
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 
@@ -20,6 +27,16 @@ def install(app: FastAPI) -> None:
 
     @app.get("/", include_in_schema=False)
     async def dashboard() -> FileResponse:
-        return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
+        headers = {"Cache-Control": "no-cache", **DASHBOARD_HEADERS}
+        return FileResponse(WEB / "index.html", headers=headers)
 
-    app.mount("/static", StaticFiles(directory=WEB), name="static")
+    app.mount("/static", DashboardFiles(directory=WEB), name="static")
+
+
+class DashboardFiles(StaticFiles):
+    """The dashboard's assets, with its security headers."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(DASHBOARD_HEADERS)
+        return response

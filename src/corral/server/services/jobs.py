@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +45,9 @@ from corral.server.store.ids import sortable_id
 from corral.server.store.records import JobRecord, ResultFile
 from corral.server.store.retention import JobAge
 
+_CURSOR = re.compile(r"s([0-9]{1,19})")
+MAX_SEQ = 2**63 - 1
+"""Sequence numbers are 64-bit signed integers on both databases."""
 FRESH_JOBS_MAX = 50_000
 """Submitted jobs kept for the next snapshot at most (a server not scheduling drops them)."""
 
@@ -308,10 +312,13 @@ def encode_cursor(seq: int) -> str:
 
 
 def decode_cursor(cursor: str) -> int:
+    """The job sequence number a cursor holds; anything ``encode_cursor`` did not make is a
+    422 naming the field (a number past 64 bits would reach the database as an overflow)."""
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not text.startswith("s"):
-            raise ValueError(text)
-        return int(text[1:])
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidSpec("cursor", "not a cursor returned by this API") from None
+        text = ""
+    match = _CURSOR.fullmatch(text)
+    if match is None or int(match.group(1)) > MAX_SEQ:
+        raise InvalidSpec("cursor", "not a cursor returned by this API (use next_cursor as given)")
+    return int(match.group(1))

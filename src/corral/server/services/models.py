@@ -32,6 +32,7 @@ from corral.server.agentlink.model_wire import ModelRef
 from corral.server.modelfiles import ModelFiles, file_sha256
 from corral.server.services import audit
 from corral.server.services.auth import Principal
+from corral.server.services.model_sources import SourcePolicy
 from corral.server.services.unit import Runtime
 from corral.server.store import models as model_repo
 from corral.server.store.models import READY, UPLOAD, UPLOADING, ModelEntry
@@ -125,6 +126,7 @@ class ModelService:
         self.rt = rt
         self.files = ModelFiles(rt.settings.model_path())
         self.catalog = Catalog()
+        self.sources = SourcePolicy.of(rt.settings)  # what may be published (model_sources.py)
 
     async def load(self) -> None:
         async with self.rt.db.read() as conn:
@@ -214,6 +216,8 @@ class ModelService:
         path = Path(entry.server_file) if entry.server_file else None
         if path is None or not path.is_file():
             raise NotFound(f"model {name} has no file on the server (fetch it from its URLs)")
+        if UPLOAD not in entry.sources:  # a registered file: still where files may be served?
+            self.sources.check_served(name, entry.server_file or "")
         return path, entry
 
     def received(self, entry: ModelEntry) -> int | None:
@@ -224,6 +228,7 @@ class ModelService:
 
     async def _checked(self, name: str, reg: Registration) -> ModelEntry:
         sources, server_file = check_sources(reg.sources)
+        await self.sources.check(sources)
         size = parse_bytes(reg.size, field_name="size") if reg.size is not None else None
         sha = reg.sha256.lower() if reg.sha256 else None
         if sha is not None and not _SHA256.match(sha):
@@ -231,7 +236,8 @@ class ModelService:
         if reg.kind not in KINDS:
             raise InvalidSpec("kind", f"unknown kind {reg.kind!r} (one of {', '.join(KINDS)})")
         if server_file is not None:
-            size, sha = await _check_server_file(server_file, size, sha)
+            field = f"sources[{sources.index(server_file)}]"
+            size, sha = await _check_server_file(field, server_file, size, sha)
         if size is None or size <= 0:
             raise InvalidSpec("size", "the exact size in bytes is required (and must be > 0)")
         if sha is None:
@@ -317,11 +323,13 @@ def check_sources(given: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
     return tuple(out), server_file
 
 
-async def _check_server_file(path: str, size: int | None, sha: str | None) -> tuple[int, str]:
+async def _check_server_file(
+    field: str, path: str, size: int | None, sha: str | None
+) -> tuple[int, str]:
     """A server file must exist; its size is read, its sha256 computed when not given."""
     file = Path(path)
     if not file.is_file():
-        raise InvalidSpec("sources", f"{path} is not a file on the server")
+        raise InvalidSpec(field, f"{path} is not a file on the server")
     actual = file.stat().st_size
     if size is not None and size != actual:
         raise InvalidSpec("size", f"{path} has {actual} bytes, not {size}")

@@ -1,18 +1,20 @@
 // corral dashboard: plain JavaScript, no build step. It reads the public HTTP
-// API with the token the user logs in with, and follows /v1/events (SSE over
-// fetch, so the token travels in a header, never in a URL) for live updates.
+// API like any client, authenticated by the session cookie that logging in
+// sets (HttpOnly: once logged in, this page holds no token, and nothing is
+// kept in its storage), and follows /v1/events (SSE over fetch) for live updates.
 "use strict";
 
-const TOKEN_KEY = "corral.token";
 const $ = (id) => document.getElementById(id);
-const state = { token: localStorage.getItem(TOKEN_KEY), lastEventId: 0, previews: {}, abort: null };
+const state = { loggedIn: false, lastEventId: 0, previews: {}, abort: null };
+const CSRF = { "X-Corral-CSRF": "1" };  // asked of cookie-authenticated requests that change things
+localStorage.removeItem("corral.token");  // where earlier versions kept the token
 
 // ---- API -------------------------------------------------------------------
 
 async function api(path, options = {}) {
-  const headers = { Authorization: `Bearer ${state.token}`, ...(options.headers || {}) };
-  const response = await fetch(path, { ...options, headers });
-  if (response.status === 401) { logout("Your token was not accepted. Log in again."); throw new Error("401"); }
+  const headers = { ...CSRF, ...(options.headers || {}) };
+  const response = await fetch(path, { ...options, headers, credentials: "same-origin" });
+  if (response.status === 401) { logout("Your token was not accepted (or the session ended). Log in again."); throw new Error("401"); }
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
     throw new Error(body.message || `${response.status} ${response.statusText}`);
@@ -31,22 +33,28 @@ async function imageUrl(path) {
 // ---- login -----------------------------------------------------------------
 
 function logout(message = "") {
-  localStorage.removeItem(TOKEN_KEY);
-  state.token = null;
+  fetch("/v1/session", { method: "DELETE", headers: CSRF }).catch(() => {});  // drop the cookie
+  state.loggedIn = false;
   if (state.abort) state.abort.abort();
   $("board").hidden = true; $("logout").hidden = true; $("login").hidden = false;
   $("login-error").textContent = message;
 }
 
+// The token goes to the server once, which answers with the session cookie.
 async function login(token) {
-  state.token = token;
+  const body = JSON.stringify({ token });
   try {
-    await api("/v1/queue");
+    await api("/v1/session", { method: "POST", headers: { "Content-Type": "application/json" }, body });
   } catch (e) {
-    if (e.message !== "401") logout(`Could not reach the server: ${e.message}`);
+    if (e.message !== "401") logout(`Could not log in: ${e.message}`);
     return;
   }
-  localStorage.setItem(TOKEN_KEY, token);
+  await show();
+}
+
+async function show() {
+  state.loggedIn = true;
+  $("token").value = "";  // the cookie holds it now; the page keeps no copy
   $("login").hidden = true; $("board").hidden = false; $("logout").hidden = false;
   await refresh();
   follow();
@@ -64,8 +72,11 @@ const el = (tag, attrs = {}, ...children) => {
   return node;
 };
 const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
-const bar = (parts) => el("div", { class: "bar" }, parts.map(([frac, cls]) =>
-  el("span", { class: cls || "", style: `width:${Math.max(0, Math.min(100, frac * 100)).toFixed(1)}%` })));
+const bar = (parts) => el("div", { class: "bar" }, parts.map(([frac, cls]) => {
+  const span = el("span", { class: cls || "" });  // width set through the DOM: the CSP allows no style attributes
+  span.style.width = `${Math.max(0, Math.min(100, frac * 100)).toFixed(1)}%`;
+  return span;
+}));
 const ago = (t) => t ? `${Math.max(0, Math.round(Date.now() / 1000 - t))}s ago` : "never";
 
 function nodeState(n) {
@@ -250,11 +261,11 @@ function onEvent(kind, data) {
 
 async function follow() {
   state.abort = new AbortController();
-  for (let delay = 500; state.token; delay = Math.min(delay * 2, 10000)) {
+  for (let delay = 500; state.loggedIn; delay = Math.min(delay * 2, 10000)) {
     try {
-      const headers = { Authorization: `Bearer ${state.token}` };
+      const headers = {};
       if (state.lastEventId) headers["Last-Event-ID"] = String(state.lastEventId);
-      const response = await fetch("/v1/events", { headers, signal: state.abort.signal });
+      const response = await fetch("/v1/events", { headers, signal: state.abort.signal, credentials: "same-origin" });
       if (response.status === 401) return logout("Your token was not accepted.");
       if (response.status === 429) {  // this token holds its limit of open streams: wait as told
         const wait = Number(response.headers.get("Retry-After")) || 5;
@@ -298,6 +309,7 @@ async function readSse(reader) {
 
 $("login-form").addEventListener("submit", (e) => { e.preventDefault(); login($("token").value.trim()); });
 $("logout").addEventListener("click", () => logout());
+// A link with #token=... (as `corral up` prints) logs in once; the hash is cleared first.
 const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
 if (fromHash) { history.replaceState(null, "", location.pathname); login(fromHash); }
-else if (state.token) login(state.token); else logout();
+else fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
