@@ -230,7 +230,8 @@ class JobService:
         target = transition(
             JOB, rec.job.id, rec.state, JobState.CANCELLED, at=tx.now, why=reason.value
         )
-        error = "interrupted before it started" if reason is StopReason.INTERRUPT else "cancelled"
+        interrupted = reason is StopReason.INTERRUPT
+        error = "interrupted before it started" if interrupted else "cancelled"
         ok = await job_repo.update(
             tx.conn,
             rec,
@@ -238,6 +239,7 @@ class JobService:
             finished_at=tx.now,
             error=error,
             stop_request=reason.value,
+            interrupted=interrupted,
         )
         if not ok:
             raise Conflict(f"job {rec.job.id} changed while cancelling it; retry")
@@ -249,6 +251,7 @@ class JobService:
             job_id=rec.job.id,
             state=target.value,
             error=error,
+            **({"interrupted": True} if interrupted else {}),
         )
         await self._stop_allocations(tx, rec, StopReason.CANCEL)
 

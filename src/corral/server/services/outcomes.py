@@ -15,6 +15,9 @@ from corral.core.states import JobState
 from corral.server.agentlink.base import StopReason
 
 
+NOTHING_SAVED = "interrupted before it saved anything"  # the job's error, for clients
+
+
 class Ending(StrEnum):
     SUCCEEDED = "succeeded"  # the agent reported finished (maybe early, for an interrupt)
     FAILED = "failed"  # the agent reported an error
@@ -44,13 +47,21 @@ def settle(
     error: str | None = None,
     alike_nodes: int = 1,
     same_failure_nodes: int = 0,
+    interrupted: bool = False,
+    produced: bool = True,
 ) -> Settlement:
     """Decide the job's fate. ``failures`` is how many attempts already failed.
+
+    ``interrupted``: a client interrupted the job; ``produced``: it has result files. An
+    interrupted job that finished with nothing saved has no result to succeed with: it
+    ends ``cancelled``, as one stopped before it made anything does.
 
     ``alike_nodes`` is on how many distinct nodes the job has now failed with
     this same error; at ``same_failure_nodes`` (0: never) a retryable failure
     is final: the job, not the nodes, is at fault.
     """
+    if ending is Ending.SUCCEEDED and interrupted and not produced:
+        return Settlement(JobState.CANCELLED, EventKind.JOB_CANCELLED, error=NOTHING_SAVED)
     if ending is Ending.SUCCEEDED:
         return Settlement(JobState.SUCCEEDED, EventKind.JOB_SUCCEEDED)
     if ending is Ending.STOPPED and stop_reason is not None:
