@@ -95,3 +95,8 @@ def test_an_interrupted_job_reads_interrupted_in_the_sdk_and_the_cli_with_what_r
     assert "model=demo-tiny" in shown.output
     listed = CliRunner().invoke(app, ["jobs"], env=env)
     assert "interrupted" in next(row for row in listed.output.splitlines() if job.id in row)
+    logged = CliRunner().invoke(app, ["logs", job.id, "--events"], env=env)
+    last = logged.output.strip().splitlines()[-1]
+    assert "job.succeeded" in last
+    assert "interrupted" in last
+    assert "ran model=demo-tiny" in last

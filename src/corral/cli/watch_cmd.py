@@ -164,9 +164,12 @@ def describe(event: JobEvent) -> str:
     elif event.preview_url:
         detail = event.preview_url
     else:
-        parts = [f"on {event.node}" if event.node else ""]
+        parts = ["interrupted" if event.interrupted else ""]
+        parts.append(f"on {event.node}" if event.node else "")
         parts.append(f"attempt {data['attempt']}" if data.get("attempt") else "")
         parts.append(f"files: {', '.join(map(str, data['files']))}" if data.get("files") else "")
         parts.append(f"({data['error']})" if data.get("error") else "")
+        ran = data.get("ran")
+        parts.append("ran " + ", ".join(f"{k}={v}" for k, v in ran.items()) if ran else "")
         detail = " ".join(p for p in parts if p)
     return f"{event.seq:>6} {event.kind:<15} {detail}".rstrip()

@@ -233,8 +233,9 @@ class A1111Service:
         if mode == "upscale":
             html = backend.get("html_info", "")
             return {"html_info": html, "image": encoded[0] if encoded else ""}
-        info = _ran_info(backend.get("info"), body, done.ran or {})
-        return {"images": encoded, "parameters": _ran_parameters(body, done.ran or {}), "info": info}
+        ran = done.ran or {}
+        info = _ran_info(backend.get("info"), body, ran)
+        return {"images": encoded, "parameters": _ran_parameters(body, ran), "info": info}
 
     # ---- progress, interrupt, skip -------------------------------------------
 

@@ -251,7 +251,7 @@ class JobService:
             job_id=rec.job.id,
             state=target.value,
             error=error,
-            **({"interrupted": True} if interrupted else {}),
+            data={"interrupted": True} if interrupted else None,
         )
         await self._stop_allocations(tx, rec, StopReason.CANCEL)
 

@@ -14,7 +14,6 @@ from corral.core.events import EventKind
 from corral.core.states import JobState
 from corral.server.agentlink.base import StopReason
 
-
 NOTHING_SAVED = "interrupted before it saved anything"  # the job's error, for clients
 
 
@@ -24,6 +23,9 @@ class Ending(StrEnum):
     STOPPED = "stopped"  # the agent obeyed a stop order
     LOST = "lost"  # the node vanished, or the agent forgot the allocation
     CUT_SHORT = "cut_short"  # its batch ended before it ran: another job of the batch failed
+    # Finished after a client's interrupt with no result file (a ComfyUI graph stopped before
+    # its save node ran): a job's ending, never an allocation's.
+    NOTHING_MADE = "nothing_made"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,20 +49,14 @@ def settle(
     error: str | None = None,
     alike_nodes: int = 1,
     same_failure_nodes: int = 0,
-    interrupted: bool = False,
-    produced: bool = True,
 ) -> Settlement:
     """Decide the job's fate. ``failures`` is how many attempts already failed.
-
-    ``interrupted``: a client interrupted the job; ``produced``: it has result files. An
-    interrupted job that finished with nothing saved has no result to succeed with: it
-    ends ``cancelled``, as one stopped before it made anything does.
 
     ``alike_nodes`` is on how many distinct nodes the job has now failed with
     this same error; at ``same_failure_nodes`` (0: never) a retryable failure
     is final: the job, not the nodes, is at fault.
     """
-    if ending is Ending.SUCCEEDED and interrupted and not produced:
+    if ending is Ending.NOTHING_MADE:  # no result to succeed with: as if stopped before
         return Settlement(JobState.CANCELLED, EventKind.JOB_CANCELLED, error=NOTHING_SAVED)
     if ending is Ending.SUCCEEDED:
         return Settlement(JobState.SUCCEEDED, EventKind.JOB_SUCCEEDED)

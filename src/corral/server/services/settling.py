@@ -140,9 +140,11 @@ async def _settle_job(
     alike = 1
     if how.ending is Ending.FAILED:
         alike = nodes_failing_alike(job.attempt_errors, how.error or "failed", alloc.node)
-    interrupted = job.stop_request == StopReason.INTERRUPT.value
+    ending = how.ending
+    if ending is Ending.SUCCEEDED and _interrupted(job) and not (files or job.result):
+        ending = Ending.NOTHING_MADE
     decision = settle(
-        ending=how.ending,
+        ending=ending,
         stop_reason=how.stop_reason,
         failures=job.failures,
         max_attempts=job.job.max_attempts,
@@ -150,8 +152,6 @@ async def _settle_job(
         error=how.error,
         alike_nodes=alike,
         same_failure_nodes=rt.settings.scheduling.same_failure_nodes,
-        interrupted=interrupted,
-        produced=bool(files or job.result),
     )
     failed = None
     if decision.count_failure:
@@ -162,7 +162,6 @@ async def _settle_job(
         job,
         decision,
         files=files,
-        interrupted=interrupted,
         failed=failed,
         started=how.started,
         ran=ran_as(job, modified) if how.ending is Ending.SUCCEEDED else None,
@@ -178,7 +177,6 @@ async def apply_settlement(
     decision: Settlement,
     *,
     files: Sequence[ResultFile] = (),
-    interrupted: bool = False,
     failed: AttemptError | None = None,
     started: bool = False,
     ran: Mapping[str, str] | None = None,
@@ -188,8 +186,8 @@ async def apply_settlement(
     ``failed`` is the attempt that just failed (kept in the job's history); a
     job that fails for good after several attempts reports every one of them.
     ``started``: a placed job's start came with this end; it is recorded with it.
-    ``interrupted``: a client interrupted it (kept on a final state); ``ran``: the model
-    and parameters it ran with (``ran_as``).
+    ``ran``: the model and parameters it ran with (``ran_as``). A final state records
+    whether a client interrupted the job.
     """
     history = remember(job.attempt_errors, failed) if failed else list(job.attempt_errors)
     if decision.state is JobState.FAILED and len(history) > 1:
@@ -209,7 +207,7 @@ async def apply_settlement(
         values, data = _requeued(rt, tx.now, job, decision, failures)
         tx.count(lambda: rt.metrics.requeues.labels(_requeue_why(decision)).inc())
     else:
-        values, data = _ended(tx.now, job, decision, files, interrupted=interrupted, ran=ran)
+        values, data = _ended(tx.now, job, decision, files, interrupted=_interrupted(job), ran=ran)
         tx.count(lambda: _observe_finish(rt, started_at, target, tx.now))
         drop_after_commit(rt, tx, job.checkpoint)  # it will never resume now
     values |= {"state": target.value, "failures": failures}
@@ -276,6 +274,11 @@ def _ended(
     if ran:
         values["ran"] = data["ran"] = dict(ran)
     return {**values, "finished_at": now}, data
+
+
+def _interrupted(job: JobRecord) -> bool:
+    """A client interrupted the job (it ends with what it made, or cancelled with none)."""
+    return job.stop_request == StopReason.INTERRUPT.value
 
 
 def ran_as(job: JobRecord, modified: Mapping[str, str]) -> dict[str, str] | None:
