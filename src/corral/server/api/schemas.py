@@ -236,7 +236,8 @@ class JobOut(BaseModel):
     ran: dict[str, str] | None = Field(
         None,
         description="the model and parameters it ran with where the request left them open "
-        "(the backend's loaded model, a sampler, a drawn seed); null until it succeeds",
+        "(the backend's loaded model, a sampler, a drawn seed); null until the agent "
+        "reports its end",
     )
     result: list[ResultFileOut]
     queue: QueueInfo | None = None
