@@ -103,6 +103,17 @@ def test_the_same_seed_gives_the_same_image_and_a_random_seed_is_reported() -> N
     assert updates[-1].modified["seed"].isdigit()
 
 
+def test_the_sampler_the_webui_chose_is_reported_only_when_none_was_named() -> None:
+    chosen = Assignment("a", 1, ("j",), payload={"prompt": "a fox", "steps": 2, **SMALL})
+    _, updates = run_against(chosen)
+    assert isinstance(updates[-1], Finished)
+    assert updates[-1].modified["sampler_name"] == "Euler a"  # the reference webui's default
+    named = {"prompt": "a fox", "steps": 2, "sampler_name": "Euler a", **SMALL}
+    _, updates = run_against(Assignment("b", 1, ("k",), payload=named))
+    assert isinstance(updates[-1], Finished)
+    assert "sampler_name" not in updates[-1].modified
+
+
 def test_a_job_without_a_model_reports_the_loaded_one() -> None:
     _, updates = run_against(make("quick", "a"))
     assert isinstance(updates[-1], Finished)

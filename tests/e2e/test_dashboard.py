@@ -71,6 +71,8 @@ def test_dashboard_shows_nodes_live_progress_and_pauses_a_node(
         wait_state(http, job_id, "succeeded")
         finished = page.locator(f'#finished [data-job="{job_id}"]')
         expect(finished.locator("img.preview")).to_be_visible(timeout=10_000)
+        expect(finished.locator(".badge")).to_have_text("interrupted")  # not "succeeded"
+        expect(finished.locator(".ran")).to_contain_text("seed=")  # the demo drew one
 
         page.locator('#nodes .node[data-node="gpu-box"] button.toggle').click()
         eventually(lambda: not http.get("/v1/nodes/gpu-box").json()["paused"], what="resumed")

@@ -65,3 +65,38 @@ def test_a_real_agent_runs_what_the_sdk_submits_and_the_cli_watches(
     assert watched.exit_code == 0, watched.output
     [image] = [p for p in (tmp_path / second.id).iterdir() if p.is_file()]
     assert image.read_bytes().startswith(PNG)
+
+
+def test_an_interrupted_job_reads_interrupted_in_the_sdk_and_the_cli_with_what_ran(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    env = {"CORRAL_URL": cluster.http, "CORRAL_TOKEN": ADMIN}
+    env["CORRAL_CONFIG"] = str(tmp_path / "config.toml")
+    with Client(cluster.http, ADMIN) as corral:
+        job = corral.submit(kind="sample", payload={"prompt": "a slow fox", "steps": 400})
+        for event in job.events(kinds=["job.progress"]):
+            if event.progress:
+                break  # it runs: interrupt it from the CLI
+        stopped = CliRunner().invoke(app, ["interrupt", job.id], env=env)
+        assert stopped.exit_code == 0, stopped.output
+        final = list(job.events())[-1]
+        assert (final.kind, final.interrupted) == ("job.succeeded", True)
+        status = job.wait(timeout=30)
+        assert (status.state, status.interrupted, status.outcome) == (
+            JobState.SUCCEEDED,
+            True,
+            "interrupted",
+        )
+        assert job.result().read().startswith(PNG)  # the picture so far
+        assert status.ran == {"model": "demo-tiny", "seed": status.ran["seed"]}  # it drew one
+        assert "interrupted" in repr(job)
+    shown = CliRunner().invoke(app, ["job", job.id], env=env)
+    assert "interrupted (succeeded)" in shown.output
+    assert "model=demo-tiny" in shown.output
+    listed = CliRunner().invoke(app, ["jobs"], env=env)
+    assert "interrupted" in next(row for row in listed.output.splitlines() if job.id in row)
+    logged = CliRunner().invoke(app, ["logs", job.id, "--events"], env=env)
+    last = logged.output.strip().splitlines()[-1]
+    assert "job.succeeded" in last
+    assert "interrupted" in last
+    assert "ran model=demo-tiny" in last

@@ -87,6 +87,13 @@ CASES = [
         want_event=EventKind.JOB_CANCELLED,
     ),
     Case(
+        "finished-after-interrupt-with-nothing-made-cancels",
+        Ending.NOTHING_MADE,
+        StopReason.INTERRUPT,
+        want_state=JobState.CANCELLED,
+        want_event=EventKind.JOB_CANCELLED,
+    ),
+    Case(
         "cancel-cancels",
         Ending.STOPPED,
         StopReason.CANCEL,

@@ -204,7 +204,7 @@ def _stop(job_ids: list[str], how: str, url: str | None, token: str | None, as_j
         return
     for status in done:
         note = " (interrupt requested)" if status.state.value == "running" else ""
-        out().print(f"{status.id} {styled(status.state.value)}{note}")
+        out().print(f"{status.id} {styled(status.outcome)}{note}")
 
 
 def logs(

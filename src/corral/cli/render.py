@@ -20,6 +20,7 @@ STATE_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
+    "interrupted": "dark_orange",  # stopped early on request: a partial result, or none
     "ready": "green",
     "paused": "yellow",
     "draining": "yellow",
@@ -55,7 +56,7 @@ def jobs_table(jobs: list[JobStatus], now: float) -> Table:
     for j in jobs:
         table.add_row(
             j.id,
-            styled(j.state.value),
+            styled(j.outcome),
             j.kind,
             escape(j.team),
             escape(j.user),
@@ -185,7 +186,7 @@ def job_details(j: JobStatus, now: float) -> Table:
     grid.add_column()
     rows: list[tuple[str, str]] = [
         ("id", j.id),
-        ("state", styled(j.state.value)),
+        ("state", styled(j.outcome) + (f" ({j.state.value})" * j.interrupted)),
         ("kind", j.kind),
         ("team / user", f"{escape(j.team)} / {escape(j.user)}"),
         ("priority", j.priority + ("" if j.preemptible else " (not preemptible)")),
@@ -198,6 +199,7 @@ def job_details(j: JobStatus, now: float) -> Table:
     ]
     optional = [
         ("model", j.model and escape(j.model)),
+        ("ran", j.ran and escape(", ".join(f"{k}={v}" for k, v in sorted(j.ran.items())))),
         ("node", j.node and escape(j.node)),
         ("started", j.started_at and age(j.started_at, now) + " ago"),
         ("finished", j.finished_at and age(j.finished_at, now) + " ago"),

@@ -119,8 +119,10 @@ class Watcher:
             await self.on_event(event)
         status = await self.job.refresh()
         if status.state.value != "succeeded":
-            self.say(f"{self.job.id} {styled(status.state.value)}: {escape(status.error or '')}")
+            self.say(f"{self.job.id} {styled(status.outcome)}: {escape(status.error or '')}")
             return False
+        if status.interrupted:
+            self.say(f"{self.job.id} {styled(status.outcome)}: its result is what it made so far")
         result = await self.job.result()
         for path in await result.save(self.folder):
             self.say(f"{self.job.id} result → {escape(str(path))}")
@@ -137,7 +139,8 @@ class Watcher:
             )
         elif event.state:
             done = 1.0 if event.state == "succeeded" else None
-            self.bar.update(self.task, description=self._label(event.state), completed=done)
+            label = self._label("interrupted" if event.interrupted else event.state)
+            self.bar.update(self.task, description=label, completed=done)
         for line in event.lines:
             self.say(f"{self.job.id} | {escape(line)}")
         if event.preview_url and self.previews:
@@ -161,9 +164,12 @@ def describe(event: JobEvent) -> str:
     elif event.preview_url:
         detail = event.preview_url
     else:
-        parts = [f"on {event.node}" if event.node else ""]
+        parts = ["interrupted" if event.interrupted else ""]
+        parts.append(f"on {event.node}" if event.node else "")
         parts.append(f"attempt {data['attempt']}" if data.get("attempt") else "")
         parts.append(f"files: {', '.join(map(str, data['files']))}" if data.get("files") else "")
         parts.append(f"({data['error']})" if data.get("error") else "")
+        ran = data.get("ran")
+        parts.append("ran " + ", ".join(f"{k}={v}" for k, v in ran.items()) if ran else "")
         detail = " ".join(p for p in parts if p)
     return f"{event.seq:>6} {event.kind:<15} {detail}".rstrip()

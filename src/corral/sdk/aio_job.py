@@ -56,7 +56,7 @@ class AsyncJob:
         return self.status.id
 
     def __repr__(self) -> str:
-        return f"AsyncJob({self.id!r}, state={self.status.state.value!r})"
+        return f"AsyncJob({self.id!r}, state={self.status.outcome!r})"
 
     async def refresh(self) -> JobStatus:
         self.status = (await self.client.job(self.id)).status

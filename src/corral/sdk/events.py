@@ -62,6 +62,12 @@ class JobEvent(_Out):
         value = self.data.get("state")
         return str(value) if value is not None else None
 
+    @property
+    def interrupted(self) -> bool:
+        """On a job's final event: a client interrupted it (``job.succeeded`` with a partial
+        result, or ``job.cancelled`` when it had made nothing)."""
+        return bool(self.data.get("interrupted"))
+
 
 class SseDecoder:
     """Feed it the stream's lines one by one; it returns a ``JobEvent`` at each frame's end.

@@ -61,7 +61,7 @@ class Job:
         return self.status.id
 
     def __repr__(self) -> str:
-        return f"Job({self.id!r}, state={self.status.state.value!r})"
+        return f"Job({self.id!r}, state={self.status.outcome!r})"
 
     def refresh(self) -> JobStatus:
         self.status = self.client.job(self.id).status

@@ -140,6 +140,12 @@ class JobStatus(_Out):
     checkpoint_step: int | None = None  # the step the latest checkpoint holds
     resumed_from_step: int | None = None  # the latest attempt resumed from this step
     error: str | None = None
+    # A client interrupted it: ``succeeded`` with what it made so far (partial), or
+    # ``cancelled`` when it had made nothing.
+    interrupted: bool = False
+    # The model and parameters it ran with where the request left them open (the backend's
+    # loaded model, a sampler, a drawn seed), as the agent reported them.
+    ran: dict[str, str] | None = None
     result: list[ResultFile] = Field(default_factory=list)
     queue: WaitInfo | None = None
 
@@ -147,6 +153,12 @@ class JobStatus(_Out):
     def done(self) -> bool:
         """The job has ended (succeeded, failed or cancelled)."""
         return self.state in TERMINAL_STATES
+
+    @property
+    def outcome(self) -> str:
+        """The state as a person reads it: ``interrupted`` for an interrupted job (its
+        ``state`` stays ``succeeded`` or ``cancelled``), else the state's name."""
+        return "interrupted" if self.interrupted else self.state.value
 
 
 class JobPage(_Out):

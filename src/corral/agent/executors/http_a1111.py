@@ -15,8 +15,9 @@ runs one generation at a time, and its progress endpoint is global, so the
 executor runs one job at a time.
 
 When the job names a model that is not loaded, the executor switches the
-checkpoint through ``/options`` first. When it names none, or asks for a random
-seed, the model and seed that were used are reported in ``Finished.modified``.
+checkpoint through ``/options`` first. When it names none, asks for a random
+seed or names no sampler, the model, seed and sampler that were used are reported
+in ``Finished.modified`` (the server keeps them as the job's ``ran``).
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ class A1111Executor:
             call.cancel()
         check_response(response, self._name, MODES[mode])
         images, info = _parse(response.json(), mode)
-        if mode != "upscale" and body.get("seed", -1) == -1 and "seed" in info:
-            modified["seed"] = str(info["seed"])
+        if mode != "upscale":
+            modified |= _filled_in(body, info)
         pictures = [Result(f"image-{i}.png", data, "image/png") for i, data in enumerate(images)]
         results = (*pictures, _rest(response.json()))
         if stop.requested is not None:
@@ -250,6 +251,17 @@ def _match_model(wanted: str, models: list[dict[str, Any]]) -> str | None:
         if wanted in names or f"{wanted}.safetensors" in names:
             return title
     return None
+
+
+def _filled_in(body: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, str]:
+    """What the webui chose where the request left it open, from its ``info``: the seed it
+    drew for ``seed: -1`` and the sampler it used when none was named."""
+    chosen = {}
+    if body.get("seed", -1) == -1 and "seed" in info:
+        chosen["seed"] = str(info["seed"])
+    if not (body.get("sampler_name") or body.get("sampler_index")) and info.get("sampler_name"):
+        chosen["sampler_name"] = str(info["sampler_name"])
+    return chosen
 
 
 def _parse(data: dict[str, Any], mode: str) -> tuple[list[bytes], dict[str, Any]]:

@@ -231,9 +231,12 @@ class AgentInbound(Protocol):
         results: Sequence[ResultBlob],
         *,
         stopped: Sequence[str] = (),
+        modified: Mapping[str, str] = EMPTY,
     ) -> Ack:
         """The allocation finished. ``stopped``: jobs of a batch stopped on their own (a
-        job-level cancel or interrupt) that left no result; they end as their stop says."""
+        job-level cancel or interrupt) that left no result; they end as their stop says.
+        ``modified``: what the agent filled in or changed in the request (a default model,
+        a drawn seed): what actually ran."""
         ...
 
     async def ran(

@@ -367,7 +367,10 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             line = f"[agent] the agent changed the request: {changes}"
             await self.inbound.log(node, u.allocation_id, u.attempt, [line])
         stopped = list(u.finished.stopped_jobs)
-        ack = await self.inbound.finished(node, u.allocation_id, u.attempt, blobs, stopped=stopped)
+        modified = dict(u.finished.modified)
+        ack = await self.inbound.finished(
+            node, u.allocation_id, u.attempt, blobs, stopped=stopped, modified=modified
+        )
         await self._uploads_read(u)
         return ack
 

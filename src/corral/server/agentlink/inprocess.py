@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.core.errors import LinkError
-from corral.core.model import Gpu
+from corral.core.model import EMPTY, Gpu
 from corral.core.resources import GIB
 from corral.server.agentlink.base import (
     Ack,
@@ -166,13 +166,15 @@ class StubAgent:
         results: Mapping[str, Mapping[str, bytes]] | None = None,
         *,
         stopped: Sequence[str] = (),
+        modified: Mapping[str, str] = EMPTY,
     ) -> Ack:
         """Report success; ``results`` maps job id -> file name -> bytes (default: one per job);
-        ``stopped``: jobs of a batch stopped on their own with no result."""
+        ``stopped``: jobs of a batch stopped on their own with no result; ``modified``: what
+        the agent filled in (a default model, a seed)."""
         self.running.pop(a.allocation_id, None)
         blobs = _blobs(a, results)
         ack = await self.server.finished(
-            self.node, a.allocation_id, a.attempt, blobs, stopped=stopped
+            self.node, a.allocation_id, a.attempt, blobs, stopped=stopped, modified=modified
         )
         return self._note(ack)
 

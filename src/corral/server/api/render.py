@@ -74,6 +74,8 @@ def job_fields(
         "resumed_from_step": rec.resumed_step,
         "attempts": [AttemptOut(**e.to_json()).model_dump() for e in rec.attempt_errors],
         "error": rec.error,
+        "interrupted": rec.interrupted,
+        "ran": dict(rec.ran) if rec.ran else None,
         "result": [
             {
                 "name": f.name,

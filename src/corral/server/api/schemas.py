@@ -229,6 +229,17 @@ class JobOut(BaseModel):
         default_factory=list, description="attempts that failed or were lost, oldest first"
     )
     error: str | None
+    interrupted: bool = Field(
+        False,
+        description="a client interrupted it: succeeded with what it made so far, or "
+        "cancelled when it had made nothing",
+    )
+    ran: dict[str, str] | None = Field(
+        None,
+        description="the model and parameters it ran with where the request left them open "
+        "(the backend's loaded model, a sampler, a drawn seed); null until the agent "
+        "reports its end",
+    )
     result: list[ResultFileOut]
     queue: QueueInfo | None = None
 

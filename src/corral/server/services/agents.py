@@ -11,11 +11,11 @@ answered ``STALE`` and change nothing.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from corral.core.errors import Conflict, LinkError
 from corral.core.events import EventKind
-from corral.core.model import Gpu
+from corral.core.model import EMPTY, Gpu
 from corral.core.states import (
     ALLOCATION,
     AllocDesired,
@@ -302,8 +302,10 @@ class AgentService:
         results: Sequence[ResultBlob],
         *,
         stopped: Sequence[str] = (),
+        modified: Mapping[str, str] = EMPTY,
     ) -> Ack:
         """Store the results, then end the allocation; only the current attempt counts.
+        ``modified``: what the agent filled in or changed (kept as the jobs' ``ran``).
 
         Small results (all of them under ``results.INLINE_RESULT``) go into the job row with the
         end (durable with that commit, no read or blob file of their own); larger ones are
@@ -319,7 +321,7 @@ class AgentService:
             if isinstance(rec, Ack):
                 return rec
             files = stored if stored is not None else inline_results(rec, results)
-            said = Said(files, endings=dict.fromkeys(stopped, Ending.STOPPED))
+            said = Said(files, endings=dict.fromkeys(stopped, Ending.STOPPED), modified=modified)
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)
             return Ack.ACCEPTED
 

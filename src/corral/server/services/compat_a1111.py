@@ -233,8 +233,9 @@ class A1111Service:
         if mode == "upscale":
             html = backend.get("html_info", "")
             return {"html_info": html, "image": encoded[0] if encoded else ""}
-        info = backend.get("info") or json.dumps(_info_from(body))
-        return {"images": encoded, "parameters": body, "info": info}
+        ran = done.ran or {}
+        info = _ran_info(backend.get("info"), body, ran)
+        return {"images": encoded, "parameters": _ran_parameters(body, ran), "info": info}
 
     # ---- progress, interrupt, skip -------------------------------------------
 
@@ -395,3 +396,46 @@ def _info_from(body: Mapping[str, Any]) -> dict[str, Any]:
     """An ``info`` built from the request, when the agent sent none (an older agent)."""
     keys = ("prompt", "negative_prompt", "seed", "steps", "width", "height", "sampler_name")
     return {k: body[k] for k in keys if k in body}
+
+
+# What ran (the job's ``ran``, from the agent) under the names the webui's ``info`` uses.
+_INFO_KEYS = {"model": "sd_model_name", "seed": "seed", "sampler_name": "sampler_name"}
+
+
+def _ran_info(text: Any, body: Mapping[str, Any], ran: Mapping[str, str]) -> str:
+    """The webui's ``info`` (JSON in a string) naming the model, seed and sampler that ran:
+    the backend's own figures where it sent them, else what the agent reported filling in.
+    A model's title (``name [hash]``) is given as the webui's ``sd_model_name``, the name."""
+    try:
+        info = json.loads(text) if isinstance(text, str) and text else _info_from(body)
+    except ValueError:
+        info = _info_from(body)
+    if not isinstance(info, dict):
+        return str(text)
+    for key, name in _INFO_KEYS.items():
+        if key in ran and info.get(name) in (None, "", -1):
+            info[name] = _typed(name, ran[key])
+    if isinstance(info.get("seed"), int) and not info.get("all_seeds"):
+        info["all_seeds"] = [info["seed"]]
+    return json.dumps(info)
+
+
+def _ran_parameters(body: Mapping[str, Any], ran: Mapping[str, str]) -> dict[str, Any]:
+    """The request as the webui echoes it, with what the request left open filled in as it
+    ran: the drawn seed for ``seed: -1``, the backend's sampler when none was named."""
+    params = dict(body)
+    if "seed" in ran and params.get("seed", -1) in (-1, None):
+        params["seed"] = _typed("seed", ran["seed"])
+    if "sampler_name" in ran and not params.get("sampler_name"):
+        params["sampler_name"] = ran["sampler_name"]
+    return params
+
+
+def _typed(name: str, value: str) -> Any:
+    """A ``ran`` value (text on the wire) as the webui types it: the seed is a number."""
+    if name == "seed":
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    return value.split(" [")[0] if name == "sd_model_name" else value

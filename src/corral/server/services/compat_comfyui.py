@@ -290,7 +290,7 @@ def history_entry(rec: JobRecord) -> dict[str, Any]:
     else:
         messages.append(["execution_interrupted", {**base, "executed": list(outputs)}])
     return {
-        "prompt": queue_item(rec),
+        "prompt": [*queue_item(rec)[:2], as_ran(workflow, rec), *queue_item(rec)[3:]],
         "outputs": outputs,
         "status": {
             "status_str": "success" if ok else "error",
@@ -299,3 +299,14 @@ def history_entry(rec: JobRecord) -> dict[str, Any]:
         },
         "meta": {k: {"node_id": k, "display_node": k} for k in outputs},
     }
+
+
+def as_ran(workflow: dict[str, Any], rec: JobRecord) -> dict[str, Any]:
+    """The graph as it ran (``workflow``, a private copy, changed in place): a job that
+    names a model has the agent load it in every checkpoint loader, under the name its
+    ``ran`` reports; the history's ``prompt`` shows that, as ComfyUI's shows what it ran."""
+    model = (rec.ran or {}).get("model")
+    if model and rec.job.model is not None:
+        for node, key in _loaders(workflow):
+            node["inputs"][key] = model
+    return workflow

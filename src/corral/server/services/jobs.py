@@ -234,7 +234,8 @@ class JobService:
         target = transition(
             JOB, rec.job.id, rec.state, JobState.CANCELLED, at=tx.now, why=reason.value
         )
-        error = "interrupted before it started" if reason is StopReason.INTERRUPT else "cancelled"
+        interrupted = reason is StopReason.INTERRUPT
+        error = "interrupted before it started" if interrupted else "cancelled"
         ok = await job_repo.update(
             tx.conn,
             rec,
@@ -242,6 +243,7 @@ class JobService:
             finished_at=tx.now,
             error=error,
             stop_request=reason.value,
+            interrupted=interrupted,
         )
         if not ok:
             raise Conflict(f"job {rec.job.id} changed while cancelling it; retry")
@@ -253,6 +255,7 @@ class JobService:
             job_id=rec.job.id,
             state=target.value,
             error=error,
+            data={"interrupted": True} if interrupted else None,
         )
         await self._stop_allocations(tx, rec, StopReason.CANCEL)
 

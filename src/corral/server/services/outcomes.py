@@ -14,6 +14,8 @@ from corral.core.events import EventKind
 from corral.core.states import JobState
 from corral.server.agentlink.base import StopReason
 
+NOTHING_SAVED = "interrupted before it saved anything"  # the job's error, for clients
+
 
 class Ending(StrEnum):
     SUCCEEDED = "succeeded"  # the agent reported finished (maybe early, for an interrupt)
@@ -21,6 +23,9 @@ class Ending(StrEnum):
     STOPPED = "stopped"  # the agent obeyed a stop order
     LOST = "lost"  # the node vanished, or the agent forgot the allocation
     CUT_SHORT = "cut_short"  # its batch ended before it ran: another job of the batch failed
+    # Finished after a client's interrupt with no result file (a ComfyUI graph stopped before
+    # its save node ran): a job's ending, never an allocation's.
+    NOTHING_MADE = "nothing_made"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ def settle(
     this same error; at ``same_failure_nodes`` (0: never) a retryable failure
     is final: the job, not the nodes, is at fault.
     """
+    if ending is Ending.NOTHING_MADE:  # no result to succeed with: as if stopped before
+        return Settlement(JobState.CANCELLED, EventKind.JOB_CANCELLED, error=NOTHING_SAVED)
     if ending is Ending.SUCCEEDED:
         return Settlement(JobState.SUCCEEDED, EventKind.JOB_SUCCEEDED)
     if ending is Ending.STOPPED and stop_reason is not None:

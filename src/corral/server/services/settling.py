@@ -94,7 +94,7 @@ async def end_allocation(
         if own is Ending.STOPPED and reason is None and job.stop_request:
             reason = StopReason(job.stop_request)  # stopped on its own, in a batch running on
         how = How(own, reason, retryable, error, started)
-        await _settle_job(rt, tx, job, alloc, how, said.files.get(job_id, ()))
+        await _settle_job(rt, tx, job, alloc, how, said.files.get(job_id, ()), said.modified)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +109,8 @@ class Said:
     # Jobs that ended otherwise than the allocation did: a batch cut short (those that
     # finished before the failure succeeded; those that never ran were cut short).
     endings: Mapping[str, Ending] = field(default_factory=dict)
+    # What the agent filled in or changed in the request (a default model, a drawn seed).
+    modified: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,13 @@ class How:
 
 
 async def _settle_job(
-    rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation, how: How, files: Sequence[ResultFile]
+    rt: Runtime,
+    tx: Tx,
+    job: JobRecord,
+    alloc: Allocation,
+    how: How,
+    files: Sequence[ResultFile],
+    modified: Mapping[str, str],
 ) -> None:
     gang = job.job.replicas > 1
     if how.ending is Ending.SUCCEEDED and gang and await _gang_still_running(tx, job, alloc):
@@ -132,8 +140,11 @@ async def _settle_job(
     alike = 1
     if how.ending is Ending.FAILED:
         alike = nodes_failing_alike(job.attempt_errors, how.error or "failed", alloc.node)
+    ending = how.ending
+    if ending is Ending.SUCCEEDED and _interrupted(job) and not (files or job.result):
+        ending = Ending.NOTHING_MADE
     decision = settle(
-        ending=how.ending,
+        ending=ending,
         stop_reason=how.stop_reason,
         failures=job.failures,
         max_attempts=job.job.max_attempts,
@@ -151,9 +162,9 @@ async def _settle_job(
         job,
         decision,
         files=files,
-        interrupted=job.stop_request == "interrupt",
         failed=failed,
         started=how.started,
+        ran=ran_as(job, modified) if how.ending is Ending.SUCCEEDED else None,
     )
     if decision.state is not JobState.SUCCEEDED and job.job.replicas > 1:
         await stop_siblings(rt, tx, job, alloc)
@@ -166,15 +177,17 @@ async def apply_settlement(
     decision: Settlement,
     *,
     files: Sequence[ResultFile] = (),
-    interrupted: bool = False,
     failed: AttemptError | None = None,
     started: bool = False,
+    ran: Mapping[str, str] | None = None,
 ) -> None:
     """Move ``job`` to the decided state with its bookkeeping and event.
 
     ``failed`` is the attempt that just failed (kept in the job's history); a
     job that fails for good after several attempts reports every one of them.
     ``started``: a placed job's start came with this end; it is recorded with it.
+    ``ran``: the model and parameters it ran with (``ran_as``). A final state records
+    whether a client interrupted the job.
     """
     history = remember(job.attempt_errors, failed) if failed else list(job.attempt_errors)
     if decision.state is JobState.FAILED and len(history) > 1:
@@ -194,7 +207,7 @@ async def apply_settlement(
         values, data = _requeued(rt, tx.now, job, decision, failures)
         tx.count(lambda: rt.metrics.requeues.labels(_requeue_why(decision)).inc())
     else:
-        values, data = _ended(tx.now, job, decision, files, interrupted=interrupted)
+        values, data = _ended(tx.now, job, decision, files, interrupted=_interrupted(job), ran=ran)
         tx.count(lambda: _observe_finish(rt, started_at, target, tx.now))
         drop_after_commit(rt, tx, job.checkpoint)  # it will never resume now
     values |= {"state": target.value, "failures": failures}
@@ -247,16 +260,34 @@ def _ended(
     files: Sequence[ResultFile],
     *,
     interrupted: bool,
+    ran: Mapping[str, str] | None,
 ) -> Changes:
-    """A final state: when, why, and the result files (kept from every replica)."""
+    """A final state: when, why, the result files (kept from every replica), whether a
+    client interrupted it (it succeeded with what it made, or made nothing) and what ran."""
     result = [*job.result, *files]
-    values = {"error": decision.error, "result": [f.to_json() for f in result]}
+    values: dict[str, object] = {"error": decision.error, "result": [f.to_json() for f in result]}
     data: dict[str, object] = (
         {"error": decision.error} if decision.error else {"files": [f.name for f in result]}
     )
-    if interrupted and decision.state is JobState.SUCCEEDED:
-        data["interrupted"] = True
+    if interrupted and decision.state in (JobState.SUCCEEDED, JobState.CANCELLED):
+        values["interrupted"] = data["interrupted"] = True
+    if ran:
+        values["ran"] = data["ran"] = dict(ran)
     return {**values, "finished_at": now}, data
+
+
+def _interrupted(job: JobRecord) -> bool:
+    """A client interrupted the job (it ends with what it made, or cancelled with none)."""
+    return job.stop_request == StopReason.INTERRUPT.value
+
+
+def ran_as(job: JobRecord, modified: Mapping[str, str]) -> dict[str, str] | None:
+    """The model and parameters a job ran with, as far as the request left them open:
+    the model it named, overridden by what the agent reported filling in or changing
+    (a backend's loaded checkpoint, a sampler, a seed it drew). None when neither says."""
+    ran = {"model": job.job.model} if job.job.model else {}
+    ran |= {str(k): str(v) for k, v in modified.items()}
+    return ran or None
 
 
 def _requeue_why(decision: Settlement) -> str:

@@ -91,6 +91,8 @@ class JobRecord:
     error: str | None = None
     result: tuple[ResultFile, ...] = ()
     request_hash: str | None = None
+    interrupted: bool = False  # ended because a client interrupted it (its result is partial)
+    ran: Mapping[str, str] | None = None  # model and parameters as run, where the agent chose
 
     @property
     def state(self) -> JobState:
@@ -224,6 +226,8 @@ def job_from_row(row: Any) -> JobRecord:
         error=row.error,
         result=tuple(ResultFile.from_json(f) for f in row.result or ()),
         request_hash=row.request_hash,
+        interrupted=bool(row.interrupted),
+        ran=row.ran,
     )
 
 

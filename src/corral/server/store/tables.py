@@ -47,6 +47,9 @@ jobs = sa.Table(
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("result", sa.JSON, nullable=True),  # list of result blob descriptors
     sa.Column("version", sa.Integer, nullable=False, default=1),
+    # Migration 0010: ended because a client interrupted it; what the agent filled in.
+    sa.Column("interrupted", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
+    sa.Column("ran", sa.JSON, nullable=True),  # {"model": ..., "seed": ...} as it ran
     sa.UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
     sa.Index("ix_jobs_state_seq", "state", "seq"),
     sa.Index("ix_jobs_team_seq", "team", "seq"),

@@ -133,11 +133,17 @@ async function showPreview(card, path) {
   img.src = url;
 }
 
+// A job a client interrupted reads "interrupted" (its state stays succeeded, with what it
+// made so far, or cancelled when it had made nothing); "ran": what the agent filled in.
+const outcome = (job) => job.interrupted ? "interrupted" : job.state;
+const ran = (job) => job.ran
+  ? el("div", { class: "muted ran" }, "ran: " + Object.entries(job.ran).map(([k, v]) => `${k}=${v}`).join(", ")) : "";
+
 function renderFinished(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
-    el("h3", {}, job.id, el("span", { class: `badge ${job.state}` }, job.state)),
+    el("h3", {}, job.id, el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job) }, outcome(job))),
     el("div", { class: "muted" }, `${job.team}/${job.user} · ${job.error || `${job.result.length} result file(s)`}`),
-    resumed(job));
+    resumed(job), ran(job));
   for (const f of job.result.filter((f) => f.content_type.startsWith("image/")).slice(0, 2)) {
     imageUrl(f.url).then((u) => card.append(el("img", { class: "preview", alt: f.name, src: u }))).catch(() => {});
   }
