@@ -105,7 +105,9 @@ class _Checker:
         self.validated: dict[str, tuple[bool, list[dict[str, Any]]]] = {}
 
     def outputs(self, outputs: list[str]) -> Validation:
-        good, failed, node_errors = [], [], {}
+        good: list[str] = []
+        failed: list[dict[str, Any]] = []
+        node_errors: dict[str, Any] = {}
         for out in outputs:
             try:
                 valid, reasons = self.node(out)
@@ -132,7 +134,9 @@ class _Checker:
             return Validation(None, good, node_errors)
         lines = "\n".join(f"{e['message']}: {e['details']}" for e in failed)
         message = "Prompt outputs failed validation"
-        return Validation(error("prompt_outputs_failed_validation", message, lines), [], node_errors)
+        return Validation(
+            error("prompt_outputs_failed_validation", message, lines), [], node_errors
+        )
 
     def node(self, node_id: str) -> tuple[bool, list[dict[str, Any]]]:
         """ComfyUI's ``validate_inputs`` for one node (and, through links, its inputs')."""
@@ -197,7 +201,7 @@ class _Checker:
         value = inputs[name]
         if isinstance(value, dict) and "__value__" in value:
             value = inputs[name] = value["__value__"]
-        extra = {"input_name": name, "input_config": [kind, config]}
+        extra: dict[str, Any] = {"input_name": name, "input_config": [kind, config]}
         if isinstance(kind, str) and kind in CONVERT:
             try:
                 value = inputs[name] = CONVERT[kind](value)
@@ -256,9 +260,7 @@ def _missing(name: str) -> dict[str, Any]:
     return {**found, "extra_info": {"input_name": name}}
 
 
-def _input(
-    kind: str, message: str, name: str, extra: dict[str, Any], value: Any
-) -> dict[str, Any]:
+def _input(kind: str, message: str, name: str, extra: dict[str, Any], value: Any) -> dict[str, Any]:
     return {**error(kind, message, name), "extra_info": {**extra, "received_value": value}}
 
 

@@ -53,7 +53,9 @@ class OutputCache:
         self.entries.clear()
 
 
-def _signature(prompt: Mapping[str, Any], node_id: str, found: dict[str, str], seen: set[str]) -> str:
+def _signature(
+    prompt: Mapping[str, Any], node_id: str, found: dict[str, str], seen: set[str]
+) -> str:
     if node_id in found:
         return found[node_id]
     if node_id in seen or node_id not in prompt:
