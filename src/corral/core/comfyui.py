@@ -19,6 +19,13 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+OUTPUTS_MANIFEST = "comfyui-outputs.json"
+"""The result a ComfyUI job adds to its files: the prompt's history ``outputs``, each file
+entry with the ``result`` it was saved as (so each file keeps its kind, node, subfolder)."""
+MODEL_LISTS = frozenset(
+    {"ckpt_name", "lora_name", "vae_name", "unet_name", "clip_name", "control_net_name"}
+)
+"""Inputs that choose a model file: each backend lists its own files."""
 LONG_LIST = 20
 """ComfyUI names the choices of a refused enum value only up to this many (model lists
 can be thousands long); longer lists read ``(list of length N)``."""

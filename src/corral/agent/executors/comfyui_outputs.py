@@ -32,8 +32,8 @@ import httpx
 
 from corral.agent.executors.base import Result
 from corral.agent.executors.http_common import check_response
+from corral.core.comfyui import OUTPUTS_MANIFEST as OUTPUTS_MANIFEST
 
-OUTPUTS_MANIFEST = "comfyui-outputs.json"
 RERUN_INPUT = "corral_rerun"
 """The input added to an output node to run it again (ComfyUI ignores inputs its node
 does not declare, but counts them in the node's cache key)."""
