@@ -28,7 +28,11 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.comfyui_outputs import OUTPUTS_MANIFEST
 from corral.agent.executors.http_comfyui import ComfyUIExecutor, _saved_files, _unique
-from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
+from corral.agent.reference.comfyui import (
+    ReferenceComfyUI,
+    two_branch_workflow,
+    txt2img_workflow,
+)
 from corral.agent.reference.serve import free_port, serving
 from corral.agent.testing import CHECKS, Harness, run_to_end
 from corral.core import WallClock
@@ -44,6 +48,9 @@ def make(scenario: str, alloc: str) -> Assignment:
         return workflow_job(alloc, steps=3)
     if scenario == "failing":
         return workflow_job(alloc, model="missing.safetensors")
+    if scenario == "invalid":
+        workflow = two_branch_workflow("half", width=0)
+        return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
     return workflow_job(alloc, steps=10_000)  # KSampler's max: runs until stopped
 
 
@@ -54,7 +61,24 @@ async def comfy(**kwargs: Any) -> AsyncIterator[tuple[ReferenceComfyUI, Harness]
     server = ReferenceComfyUI(**kwargs)
     async with serving(server.app) as url:
         executor = ComfyUIExecutor(url, WallClock(), reconcile_interval_s=0.05)
-        yield server, Harness(executor, WallClock(), make, partial_results=False)
+        yield (
+            server,
+            Harness(
+                executor,
+                WallClock(),
+                make,
+                partial_results=False,
+                invalid_reason="node #13 (EmptyLatentImage) input width: Value 0 smaller than min",
+                forget_outputs=lambda: forget(server),
+            ),
+        )
+
+
+def forget(server: ReferenceComfyUI) -> None:
+    """Someone cleans ComfyUI's output folder (its cache still points at the files)."""
+    for path in server.output_dir.rglob("*"):
+        if path.is_file():
+            path.unlink()
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

@@ -16,7 +16,11 @@ import httpx
 from corral.agent.executors.base import Assignment, Failed, Finished, LogLine, Progress, Update
 from corral.agent.executors.comfyui_outputs import OUTPUTS_MANIFEST
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
-from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
+from corral.agent.reference.comfyui import (
+    ReferenceComfyUI,
+    two_branch_workflow,
+    txt2img_workflow,
+)
 from corral.agent.reference.serve import serving
 from corral.agent.testing import Harness, run_to_end
 from corral.core import WallClock
@@ -24,25 +28,6 @@ from corral.core import WallClock
 
 def make(scenario: str, alloc: str) -> Assignment:
     raise AssertionError("these tests make their own assignments")
-
-
-def two_branches(width: int) -> dict[str, Any]:
-    """The txt2img graph, and a second branch (its own size, sampler and SaveImage)."""
-    graph = txt2img_workflow("two", steps=2)
-    graph["13"] = {
-        "class_type": "EmptyLatentImage",
-        "inputs": {"width": width, "height": 64, "batch_size": 1},
-    }
-    graph["10"] = {
-        "class_type": "KSampler",
-        "inputs": {**graph["3"]["inputs"], "latent_image": ["13", 0]},
-    }
-    graph["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
-    graph["12"] = {
-        "class_type": "SaveImage",
-        "inputs": {"filename_prefix": "other", "images": ["11", 0]},
-    }
-    return graph
 
 
 def jobs(*workflows: dict[str, Any], server: ReferenceComfyUI | None = None) -> list[list[Update]]:
@@ -81,7 +66,7 @@ def post_prompt(prompt: dict[str, Any]) -> tuple[int, dict[str, Any], ReferenceC
 
 def test_the_reference_runs_the_valid_outputs_and_names_the_dropped_ones() -> None:
     """ComfyUI's ``validate_prompt``: 200, the bad branch's errors in ``node_errors``."""
-    status, body, server = post_prompt(two_branches(width=0))
+    status, body, server = post_prompt(two_branch_workflow("two", width=0))
     assert status == 200
     assert body["node_errors"] == {
         "13": {
@@ -110,7 +95,7 @@ def test_the_reference_runs_the_valid_outputs_and_names_the_dropped_ones() -> No
 
 
 def test_a_job_never_succeeds_while_comfyui_dropped_an_output() -> None:
-    [updates] = jobs(two_branches(width=0))
+    [updates] = jobs(two_branch_workflow("two", width=0))
     terminal = updates[-1]
     assert isinstance(terminal, Failed)
     assert not terminal.retryable

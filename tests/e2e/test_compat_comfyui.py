@@ -23,7 +23,7 @@ from PIL import Image
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from corral.agent.reference.comfyui import txt2img_workflow
+from corral.agent.reference.comfyui import two_branch_workflow, txt2img_workflow
 
 pytestmark = pytest.mark.timeout(240)
 AUTH = {"Authorization": "Basic " + base64.b64encode(f"me:{ADMIN}".encode()).decode()}
@@ -218,32 +218,13 @@ def test_the_websocket_and_the_api_want_credentials(corral: CompatCluster) -> No
         assert json.loads(ws.recv(timeout=10))["data"]["sid"] == "x"
 
 
-def two_branches(width: int) -> dict[str, Any]:
-    """The txt2img graph, and a second branch (its own size, sampler and SaveImage)."""
-    graph = txt2img_workflow("two", steps=2, size=32)
-    graph["13"] = {
-        "class_type": "EmptyLatentImage",
-        "inputs": {"width": width, "height": 32, "batch_size": 1},
-    }
-    graph["10"] = {
-        "class_type": "KSampler",
-        "inputs": {**graph["3"]["inputs"], "latent_image": ["13", 0]},
-    }
-    graph["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
-    graph["12"] = {
-        "class_type": "SaveImage",
-        "inputs": {"filename_prefix": "other", "images": ["11", 0]},
-    }
-    return graph
-
-
 def test_a_bad_branch_is_dropped_with_its_reason_and_the_rest_runs(corral: CompatCluster) -> None:
     """ComfyUI's answer to a graph with one invalid output: 200, ``node_errors``, the
     valid outputs run."""
     client = comfy(corral)
     prompt_id = str(uuid.uuid4())
     with client.connect() as ws:
-        answer = client.queue_prompt(two_branches(width=0), prompt_id)
+        answer = client.queue_prompt(two_branch_workflow("two", width=0), prompt_id)
         client.follow(ws, prompt_id)
     (err,) = answer["node_errors"]["13"]["errors"]
     assert answer["node_errors"]["13"]["dependent_outputs"] == ["12"]
@@ -277,7 +258,9 @@ def test_a_job_whose_outputs_comfyui_drops_fails_naming_the_reason(corral: Compa
     """A corral job (not the drop-in) never succeeds with an output dropped; its error,
     which the CLI, SDK and dashboard show, names node, class, input and ComfyUI's message."""
     with corral.cluster.client() as http:
-        job = submit(http, backend="comfyui", payload={"workflow": two_branches(width=0)})
+        job = submit(
+            http, backend="comfyui", payload={"workflow": two_branch_workflow("two", width=0)}
+        )
         failed = wait_state(http, job["id"], "failed", "succeeded", timeout=60)
     assert failed["state"] == "failed"
     assert "comfyui dropped output nodes #12" in failed["error"]

@@ -403,3 +403,24 @@ def txt2img_workflow(
             "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]},
         },
     }
+
+
+def two_branch_workflow(prompt: str, *, width: int, steps: int = 2) -> dict[str, Any]:
+    """The txt2img graph and a second branch of its own size (``width``) and SaveImage
+    (``other``): with a ``width`` below EmptyLatentImage's min, ComfyUI drops that output
+    and runs the first."""
+    graph = txt2img_workflow(prompt, steps=steps, size=32)
+    graph["13"] = {
+        "class_type": "EmptyLatentImage",
+        "inputs": {"width": width, "height": 32, "batch_size": 1},
+    }
+    graph["10"] = {
+        "class_type": "KSampler",
+        "inputs": {**graph["3"]["inputs"], "latent_image": ["13", 0]},
+    }
+    graph["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
+    graph["12"] = {
+        "class_type": "SaveImage",
+        "inputs": {"filename_prefix": "other", "images": ["11", 0]},
+    }
+    return graph
