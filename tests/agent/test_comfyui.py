@@ -26,8 +26,13 @@ from corral.agent.executors.base import (
     StopSignal,
     Update,
 )
+from corral.agent.executors.comfyui_outputs import OUTPUTS_MANIFEST
 from corral.agent.executors.http_comfyui import ComfyUIExecutor, _saved_files, _unique
-from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
+from corral.agent.reference.comfyui import (
+    ReferenceComfyUI,
+    two_branch_workflow,
+    txt2img_workflow,
+)
 from corral.agent.reference.serve import free_port, serving
 from corral.agent.testing import CHECKS, Harness, run_to_end
 from corral.core import WallClock
@@ -43,7 +48,10 @@ def make(scenario: str, alloc: str) -> Assignment:
         return workflow_job(alloc, steps=3)
     if scenario == "failing":
         return workflow_job(alloc, model="missing.safetensors")
-    return workflow_job(alloc, steps=100_000)
+    if scenario == "invalid":
+        workflow = two_branch_workflow("half", width=0)
+        return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
+    return workflow_job(alloc, steps=10_000)  # KSampler's max: runs until stopped
 
 
 @asynccontextmanager
@@ -53,7 +61,24 @@ async def comfy(**kwargs: Any) -> AsyncIterator[tuple[ReferenceComfyUI, Harness]
     server = ReferenceComfyUI(**kwargs)
     async with serving(server.app) as url:
         executor = ComfyUIExecutor(url, WallClock(), reconcile_interval_s=0.05)
-        yield server, Harness(executor, WallClock(), make, partial_results=False)
+        yield (
+            server,
+            Harness(
+                executor,
+                WallClock(),
+                make,
+                partial_results=False,
+                invalid_reason="node #13 (EmptyLatentImage) input width: Value 0 smaller than min",
+                forget_outputs=lambda: forget(server),
+            ),
+        )
+
+
+def forget(server: ReferenceComfyUI) -> None:
+    """Someone cleans ComfyUI's output folder (its cache still points at the files)."""
+    for path in server.output_dir.rglob("*"):
+        if path.is_file():
+            path.unlink()
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -84,7 +109,8 @@ def test_progress_previews_and_outputs_of_a_workflow() -> None:
     assert all(p.mime == "image/jpeg" for p in previews)
     terminal = updates[-1]
     assert isinstance(terminal, Finished)
-    [result] = terminal.results
+    result, manifest = terminal.results
+    assert manifest.name == OUTPUTS_MANIFEST
     assert result.name == "ComfyUI_00001_.png"
     assert Image.open(io.BytesIO(result.data)).size == (64, 64)
     assert dict(terminal.modified) == {"model": "tiny.safetensors"}
@@ -103,7 +129,11 @@ def test_the_jobs_model_replaces_the_workflows_checkpoint() -> None:
     bad = run_against(workflow_job("b", model="sdxl.safetensors", steps=2))[-1]
     assert isinstance(bad, Failed)
     assert not bad.retryable
-    assert "HTTP 400 to /prompt: Prompt outputs failed validation" in bad.error
+    assert bad.error == (
+        "comfyui refused the prompt: Prompt outputs failed validation: node #4"
+        " (CheckpointLoaderSimple) input ckpt_name: Value not in list: ckpt_name:"
+        " 'sdxl.safetensors' not in ['tiny.safetensors', 'tiny-v2.safetensors']"
+    )
 
 
 def test_an_error_during_execution_names_the_node() -> None:
@@ -134,7 +164,7 @@ def test_after_a_websocket_drop_the_outcome_comes_from_history() -> None:
     assert LogLine("websocket dropped; reconciling through /history", "agent") in updates
     terminal = updates[-1]
     assert isinstance(terminal, Finished)
-    assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png"]
+    assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png", OUTPUTS_MANIFEST]
 
 
 def test_a_prompt_interrupted_before_it_started_is_taken_off_the_queue() -> None:
@@ -167,7 +197,7 @@ def test_interrupt_keeps_the_outputs_already_saved() -> None:
     workflow = txt2img_workflow("two pictures", steps=2)
     workflow["10"] = {
         "class_type": "KSampler",
-        "inputs": {**workflow["3"]["inputs"], "steps": 100_000},
+        "inputs": {**workflow["3"]["inputs"], "steps": 10_000},
     }
     workflow["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
     workflow["12"] = {
@@ -183,7 +213,7 @@ def test_interrupt_keeps_the_outputs_already_saved() -> None:
     terminal = run_against(job, interrupt_in_second_sampler)[-1]
     assert isinstance(terminal, Finished)
     assert terminal.interrupted
-    assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png"]
+    assert [r.name for r in terminal.results] == ["ComfyUI_00001_.png", OUTPUTS_MANIFEST]
 
 
 def video_workflow() -> dict[str, Any]:
@@ -206,7 +236,11 @@ def test_every_file_an_output_node_saved_comes_back_whatever_its_kind() -> None:
     terminal = run_against(job)[-1]
     assert isinstance(terminal, Finished)
     by_name = {r.name: r for r in terminal.results}
-    assert sorted(by_name) == ["ComfyUI_00001_.png", "clip_00001.gif"]  # images, and gifs
+    assert sorted(by_name) == [
+        "ComfyUI_00001_.png",
+        "clip_00001.gif",
+        OUTPUTS_MANIFEST,
+    ]  # images, and gifs
     clip = by_name["clip_00001.gif"]
     assert clip.mime == "image/gif"
     assert clip.path is None  # no results folder: held in memory, as before
@@ -218,8 +252,8 @@ def test_with_a_results_folder_each_output_is_streamed_into_a_file_there(tmp_pat
     job = Assignment("a", 1, ("j",), payload=payload, results_root=tmp_path)
     terminal = run_against(job)[-1]
     assert isinstance(terminal, Finished)
-    assert len(terminal.results) == 2
-    for result in terminal.results:
+    assert len(terminal.results) == 3  # two files and the manifest, which is sent inline
+    for result in terminal.results[:2]:
         assert result.data == b""  # nothing in memory: sent from its file
         assert result.path is not None
         assert result.path.parent == job.scratch_dir

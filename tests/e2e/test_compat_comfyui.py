@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from compat_harness import CompatCluster, compat_cluster
-from e2e_harness import ADMIN, eventually
+from e2e_harness import ADMIN, eventually, submit, wait_state
 from PIL import Image
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from corral.agent.reference.comfyui import txt2img_workflow
+from corral.agent.reference.comfyui import two_branch_workflow, txt2img_workflow
 
 pytestmark = pytest.mark.timeout(240)
 AUTH = {"Authorization": "Basic " + base64.b64encode(f"me:{ADMIN}".encode()).decode()}
@@ -199,7 +199,10 @@ def test_object_info_comes_from_the_backend_and_a_missing_checkpoint_is_refused(
     assert body["error"]["type"] == "prompt_outputs_failed_validation"
     (problem,) = body["node_errors"]["4"]["errors"]
     assert problem["type"] == "value_not_in_list"
-    assert "no node has model 'sdxl.safetensors'" in problem["details"]
+    assert problem["message"] == "Value not in list"  # ComfyUI's own words
+    assert problem["details"] == (
+        "ckpt_name: 'sdxl.safetensors' not in ['tiny.safetensors', 'tiny-v2.safetensors']"
+    )
 
 
 def test_the_websocket_and_the_api_want_credentials(corral: CompatCluster) -> None:
@@ -213,3 +216,76 @@ def test_the_websocket_and_the_api_want_credentials(corral: CompatCluster) -> No
     assert json.loads(denied.value.read())["error"]["type"] == "unauthorized"
     with connect(f"ws://{address}/ws?clientId=x&token={ADMIN}") as ws:  # browsers: ?token=
         assert json.loads(ws.recv(timeout=10))["data"]["sid"] == "x"
+
+
+def test_a_bad_branch_is_dropped_with_its_reason_and_the_rest_runs(corral: CompatCluster) -> None:
+    """ComfyUI's answer to a graph with one invalid output: 200, ``node_errors``, the
+    valid outputs run."""
+    client = comfy(corral)
+    prompt_id = str(uuid.uuid4())
+    with client.connect() as ws:
+        answer = client.queue_prompt(two_branch_workflow("two", width=0), prompt_id)
+        client.follow(ws, prompt_id)
+    (err,) = answer["node_errors"]["13"]["errors"]
+    assert answer["node_errors"]["13"]["dependent_outputs"] == ["12"]
+    assert (err["type"], err["message"], err["details"]) == (
+        "value_smaller_than_min",
+        "Value 0 smaller than min of 16",
+        "width",
+    )
+    entry = client.get_history(prompt_id)[prompt_id]
+    assert entry["status"]["status_str"] == "success"
+    assert list(entry["outputs"]) == ["9"]
+
+
+def test_a_graph_with_no_valid_output_gets_comfyuis_400(corral: CompatCluster) -> None:
+    graph = txt2img_workflow("x", steps=20_000)
+    graph["3"]["inputs"]["sampler_name"] = "plms"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        comfy(corral).queue_prompt(graph, str(uuid.uuid4()))
+    assert refused.value.code == 400
+    body = json.loads(refused.value.read())
+    assert body["error"]["type"] == "prompt_outputs_failed_validation"
+    # ComfyUI's details quote only the output nodes' own errors: here, none
+    assert body["error"]["details"] == ""
+    assert [e["type"] for e in body["node_errors"]["3"]["errors"]] == [
+        "value_bigger_than_max",
+        "value_not_in_list",
+    ]
+
+
+def test_a_job_whose_outputs_comfyui_drops_fails_naming_the_reason(corral: CompatCluster) -> None:
+    """A corral job (not the drop-in) never succeeds with an output dropped; its error,
+    which the CLI, SDK and dashboard show, names node, class, input and ComfyUI's message."""
+    with corral.cluster.client() as http:
+        job = submit(
+            http, backend="comfyui", payload={"workflow": two_branch_workflow("two", width=0)}
+        )
+        failed = wait_state(http, job["id"], "failed", "succeeded", timeout=60)
+    assert failed["state"] == "failed"
+    assert "comfyui dropped output nodes #12" in failed["error"]
+    assert (
+        "node #13 (EmptyLatentImage) input width: Value 0 smaller than min of 16"
+        in (failed["error"])
+    )
+
+
+def test_a_saved_latent_is_listed_under_latents_in_its_subfolder(corral: CompatCluster) -> None:
+    client = comfy(corral)
+    graph = txt2img_workflow("latent", steps=2, size=32)
+    graph["20"] = {
+        "class_type": "SaveLatent",
+        "inputs": {"samples": ["3", 0], "filename_prefix": "latents/ComfyUI"},
+    }
+    prompt_id = str(uuid.uuid4())
+    with client.connect() as ws:
+        client.queue_prompt(graph, prompt_id)
+        messages, _ = client.follow(ws, prompt_id)
+    outputs = client.get_history(prompt_id)[prompt_id]["outputs"]
+    assert sorted(outputs) == ["20", "9"]
+    (latent,) = outputs["20"]["latents"]
+    assert latent["subfolder"].endswith("/latents")
+    assert latent["filename"].endswith(".latent")
+    assert client.get_image(latent["filename"], latent["subfolder"], latent["type"])
+    executed = {m["data"]["node"]: m["data"]["output"] for m in messages if m["type"] == "executed"}
+    assert executed == outputs

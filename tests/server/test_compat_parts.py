@@ -11,11 +11,7 @@ from corral.core.events import Event, EventKind
 from corral.server.api.compat_auth import credentials
 from corral.server.services.compat_a1111 import Tracker, idle_progress, progress_body
 from corral.server.services.compat_catalog import Catalog, find_model, model_entries
-from corral.server.services.compat_comfyui import (
-    PromptRejected,
-    _validate,
-    outputs_for,
-)
+from corral.server.services.compat_comfyui import outputs_for
 from corral.server.services.compat_comfyui_events import (
     PreviewRef,
     PromptWatch,
@@ -143,6 +139,38 @@ def test_history_lists_a_video_nodes_files_under_gifs_and_sound_under_audio() ->
     assert outputs["9"] == {"images": [{"filename": "ComfyUI_00001_.png", **where}]}
 
 
+def test_history_lists_each_file_as_the_backend_listed_it() -> None:
+    """With the job's comfyui-outputs.json: the backend's node, kind and subfolder."""
+    manifest = {
+        "outputs": {
+            "20": {
+                "latents": [
+                    {
+                        "filename": "ComfyUI_00001_.latent",
+                        "subfolder": "latents",
+                        "type": "output",
+                        "result": "ComfyUI_00001_-2.latent",
+                    }
+                ]
+            },
+            "30": {"text": ["a caption"]},
+        }
+    }
+    outputs = outputs_for(WORKFLOW, ["ComfyUI_00001_-2.latent"], "job_1", manifest)
+    assert outputs == {
+        "20": {
+            "latents": [
+                {
+                    "filename": "ComfyUI_00001_-2.latent",
+                    "subfolder": "job_1/latents",
+                    "type": "output",
+                }
+            ]
+        },
+        "30": {"text": ["a caption"]},
+    }
+
+
 def event(kind: EventKind, **data: object) -> Event:
     return Event(kind, 5.0, "job_1", None, data)
 
@@ -208,29 +236,3 @@ def test_a_prompt_that_did_not_succeed_still_ends_with_executing_none(
 def test_preview_frames_carry_comfyuis_header() -> None:
     assert struct.unpack(">II", preview_frame(b"img", "image/png")[:8]) == (1, 2)
     assert preview_frame(b"img", "image/jpeg")[8:] == b"img"
-
-
-INFO = {
-    "CheckpointLoaderSimple": {
-        "input": {"required": {"ckpt_name": [["tiny.safetensors"]]}},
-        "output_node": False,
-    },
-    "KSampler": {"input": {"required": {}}, "output_node": False},
-    "SaveImage": {"input": {"required": {}}, "output_node": True},
-}
-
-
-def test_a_prompt_is_checked_against_object_info() -> None:
-    _validate(WORKFLOW, INFO, complete=True)
-    missing = {
-        **WORKFLOW,
-        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
-    }
-    with pytest.raises(PromptRejected) as refused:
-        _validate(missing, INFO, complete=True)
-    assert "no node has model 'sdxl.safetensors'" in str(refused.value.body["node_errors"])
-    _validate(missing, INFO, complete=False)  # another node may have it
-    with pytest.raises(PromptRejected, match="does not exist"):
-        _validate({**WORKFLOW, "5": {"class_type": "Nope", "inputs": {}}}, INFO, complete=True)
-    with pytest.raises(PromptRejected, match="no outputs"):
-        _validate({"3": WORKFLOW["3"]}, INFO, complete=True)

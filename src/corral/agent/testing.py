@@ -33,8 +33,9 @@ from corral.agent.executors.base import (
 from corral.agent.executors.runner import execute
 from corral.core import Clock, VirtualClock
 
-Scenario = Literal["quick", "failing", "long"]
-"""quick: succeeds in a moment; failing: fails on its own; long: runs until stopped."""
+Scenario = Literal["quick", "failing", "long", "invalid"]
+"""quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;
+invalid: work the backend takes only in part (made only when ``invalid_reason`` is set)."""
 
 _ids = itertools.count(1)
 
@@ -52,6 +53,13 @@ class Harness:
     checkpoints_on_preempt: bool = False  # a preempted long run reports a checkpoint
     grace_s: float = 5.0  # grace given with stops
     timeout_s: float = 0.5  # timeout given to a long run in the timeout check
+    # the backend's reason, quoted in the failure of the "invalid" scenario (None: no such
+    # scenario): a backend that would do only part of the work (ComfyUI dropping invalid
+    # outputs) must fail the run, never finish it with some results missing
+    invalid_reason: str | None = None
+    # deletes the files the backend saved (None: it keeps none): a backend that answers
+    # the same work from a cache must still return results once they are gone
+    forget_outputs: Callable[[], None] | None = None
 
 
 OnUpdate = Callable[[Update, StopSignal], None]
@@ -202,6 +210,31 @@ async def check_two_runs_at_once_each_finish(h: Harness) -> None:
         assert terminal.results, terminal
 
 
+async def check_work_done_in_part_fails_with_the_backends_reason(h: Harness) -> None:
+    if h.invalid_reason is None:
+        return
+    terminal = assert_well_formed(await run_to_end(h, h.make("invalid", new_id())))
+    assert isinstance(terminal, Failed), f"work the backend did in part must fail: {terminal!r}"
+    assert not terminal.retryable, "invalid work is invalid on every node"
+    assert h.invalid_reason in terminal.error, f"the backend's reason is lost: {terminal.error}"
+
+
+async def check_the_same_work_twice_gives_results_twice(h: Harness) -> None:
+    """Identical work again (a backend may answer from its cache), and again once the
+    backend's saved files are gone: results each time, as many as the first time."""
+    assignment = h.make("quick", new_id())
+    first = assert_well_formed(await run_to_end(h, assignment))
+    assert isinstance(first, Finished), first
+    again = replace(assignment, allocation_id=new_id())
+    for forget in (None, h.forget_outputs):
+        if forget is not None:
+            forget()
+        terminal = assert_well_formed(await run_to_end(h, again))
+        assert isinstance(terminal, Finished), f"the same work again: {terminal!r}"
+        assert len(terminal.results) == len(first.results), terminal.results
+        assert all(r.size for r in terminal.results), "a result came back empty"
+
+
 CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_quick_run_finishes_with_results,
     check_failing_run_says_why,
@@ -211,4 +244,6 @@ CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_timeout_stops_a_long_run,
     check_stop_before_start_ends_promptly,
     check_two_runs_at_once_each_finish,
+    check_work_done_in_part_fails_with_the_backends_reason,
+    check_the_same_work_twice_gives_results_twice,
 )

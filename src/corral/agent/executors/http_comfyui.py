@@ -6,10 +6,17 @@ missed), submits with a ``prompt_id`` it chose itself (so it never depends on
 the answer to know its prompt), then turns ``progress`` messages and binary
 preview frames into updates until ``execution_success``, ``execution_error`` or
 ``execution_interrupted``. The outputs come from ``/history/{id}`` and ``/view``:
-every file an output node saved, whatever its kind (``images``, ``gifs`` and
-videos of video nodes, ``audio``; not ``temp`` previews). With a results
-folder (``Assignment.scratch_dir``) each is streamed into it and sent from
-there, so a long video never sits in the agent's memory.
+every file an output node saved, whatever its kind (``images``, ``latents``,
+``gifs`` and videos of video nodes, ``audio``; not ``temp`` previews), and
+``comfyui-outputs.json``, which says each file's node, kind and subfolder
+(``comfyui_outputs.py``). With a results folder (``Assignment.scratch_dir``)
+each is streamed into it and sent from there, so a long video never sits in the
+agent's memory. A cached result whose file is gone is run again, not failed.
+
+A graph ComfyUI refuses (400) fails with its reasons, node by node (node id,
+class, input, message). A graph of which ComfyUI would run only some outputs
+(200 with ``node_errors``) is taken back off its queue and fails the same way:
+a job never succeeds while outputs it asked for were dropped.
 
 A websocket drop loses messages, so the executor then reconciles through
 ``/history`` (which holds the outcome once the prompt ended) while it
@@ -50,15 +57,22 @@ from corral.agent.executors.base import (
     Update,
     stopped_terminal,
 )
+from corral.agent.executors.comfyui_outputs import (
+    OutputGone,
+    fetch_outputs,
+    rerun_outputs,
+    saved_files,
+    unique,
+)
 from corral.agent.executors.http_common import backend_errors, check_response
 from corral.agent.executors.model_files import install
 from corral.core import Clock, ExecutorError, InvalidSpec
+from corral.core.comfyui import describe
 
 PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
 IMAGE_MIME = {1: "image/jpeg", 2: "image/png"}
 LOADERS = ("CheckpointLoaderSimple",)
 FINAL = ("execution_success", "execution_error", "execution_interrupted")
-CHUNK_BYTES = 1 << 20  # a saved file is streamed to disk this much at a time
 
 
 @dataclass
@@ -126,23 +140,76 @@ class ComfyUIExecutor:
         if stop.requested is not None:
             yield stopped_terminal(stop.requested)
             return
-        client_id, prompt_id = uuid.uuid4().hex, str(uuid.uuid4())
-        watch = _Watch(prompt_id, samplers=_count_samplers(workflow))
         with backend_errors(self._name, self._base_url):
             async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
-                ws = await self._connect(client_id)  # before submitting: miss no message
-                body = {"prompt": workflow, "client_id": client_id, "prompt_id": prompt_id}
-                try:
-                    check_response(await client.post("/prompt", json=body), self._name, "/prompt")
-                except BaseException:
-                    await ws.close()
-                    raise
-                async for update in self._follow(ws, client, client_id, watch, stop):
+                attempt = _Attempt(workflow)
+                async for update in self._attempt(client, attempt, assignment, stop):
                     yield update
-                results = await self._outputs(client, prompt_id, assignment.scratch_dir)
-        if watch.outcome == "success" and stop.requested is None:
+                if attempt.gone is not None and stop.requested is None:
+                    yield LogLine(_rerun_note(attempt.gone), "agent")
+                    graph = rerun_outputs(workflow, attempt.gone_nodes, uuid.uuid4().hex)
+                    attempt = _Attempt(graph, rerun=True)
+                    async for update in self._attempt(client, attempt, assignment, stop):
+                        yield update
+        if attempt.refused is not None:
+            yield attempt.refused
+            return
+        if attempt.watch.outcome == "success" and stop.requested is None:
             yield Progress(1.0)
-        yield _terminal(watch, stop, results, modified)
+        yield _terminal(attempt.watch, stop, attempt.results, modified)
+
+    async def _attempt(
+        self,
+        client: httpx.AsyncClient,
+        attempt: _Attempt,
+        assignment: Assignment,
+        stop: StopSignal,
+    ) -> AsyncIterator[Update]:
+        """Submit the graph once, follow it to its end and fetch what it saved."""
+        client_id, watch = uuid.uuid4().hex, attempt.watch
+        ws = await self._connect(client_id)  # before submitting: miss no message
+        body = {"prompt": attempt.workflow, "client_id": client_id, "prompt_id": watch.prompt_id}
+        try:
+            attempt.refused = await self._submit(client, body)
+        except BaseException:
+            await ws.close()
+            raise
+        if attempt.refused is not None:
+            await ws.close()
+            return
+        async for update in self._follow(ws, client, client_id, watch, stop):
+            yield update
+        outputs = (await self._history(client, watch.prompt_id)).get("outputs", {})
+        try:
+            attempt.results = await fetch_outputs(
+                client, outputs, assignment.scratch_dir, self._name
+            )
+        except OutputGone as gone:
+            if attempt.rerun:
+                raise ExecutorError(
+                    f"{self._name}: {gone} is not on the backend even after running the "
+                    "graph again (/view answers 404)",
+                    retryable=True,
+                ) from None
+            attempt.gone = gone
+            attempt.gone_nodes = {str(n) for n in outputs}
+
+    async def _submit(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Failed | None:
+        """``POST /prompt``; a Failed naming ComfyUI's reasons when it refused the graph
+        (400) or dropped some of its outputs (200 with ``node_errors``: ComfyUI would run
+        the others, so the prompt is taken back off its queue first)."""
+        response = await client.post("/prompt", json=body)
+        answer = _json(response)
+        node_errors = answer.get("node_errors") if isinstance(answer, dict) else None
+        if response.status_code == 400 and isinstance(answer.get("error"), dict):
+            return Failed(_refusal(answer["error"], node_errors), retryable=False)
+        check_response(response, self._name, "/prompt")
+        if not node_errors or not isinstance(node_errors, dict):
+            return None
+        prompt_id = body["prompt_id"]
+        await client.post("/queue", json={"delete": [prompt_id]})
+        await client.post("/interrupt", json={"prompt_id": prompt_id})
+        return Failed(_dropped(node_errors), retryable=False)
 
     def _checkpoint(self, assignment: Assignment) -> str | None:
         """The ``ckpt_name`` to load: a model from the agent's cache is linked into
@@ -252,72 +319,66 @@ class ComfyUIExecutor:
         entry = response.json().get(prompt_id)
         return entry if isinstance(entry, dict) else {}
 
-    async def _outputs(
-        self, client: httpx.AsyncClient, prompt_id: str, keep: Path | None
-    ) -> tuple[Result, ...]:
-        """Every file the prompt saved, fetched through /view (into ``keep`` when given)."""
-        outputs = (await self._history(client, prompt_id)).get("outputs", {})
-        results: list[Result] = []
-        names: set[str] = set()
-        for node_id in sorted(outputs, key=str):
-            for saved in _saved_files(outputs[node_id]):
-                params = {k: str(saved.get(k, "")) for k in ("filename", "subfolder", "type")}
-                name = _unique(params["filename"], names)
-                results.append(await self._fetch(client, params, name, keep, len(results)))
-        return tuple(results)
 
-    async def _fetch(
-        self,
-        client: httpx.AsyncClient,
-        params: dict[str, str],
-        name: str,
-        keep: Path | None,
-        index: int,
-    ) -> Result:
-        """One saved file: its bytes, or (``keep``) streamed into a file there."""
-        if keep is None:
-            response = check_response(await client.get("/view", params=params), self._name, "/view")
-            return Result(name, response.content, _mime(response))
-        keep.mkdir(parents=True, exist_ok=True)
-        path = keep / f"{index}-{name}"
-        async with client.stream("GET", "/view", params=params) as response:
-            if not response.is_success:
-                await response.aread()
-                check_response(response, self._name, "/view")
-            with path.open("wb") as out:
-                async for chunk in response.aiter_bytes(CHUNK_BYTES):
-                    out.write(chunk)
-        return Result(name, b"", _mime(response), path=path)
+_saved_files, _unique = saved_files, unique  # the names its tests know
 
 
-def _saved_files(node_output: object) -> list[Mapping[str, Any]]:
-    """The files one output node saved: entries naming a ``filename`` under any key
-    (``images``, ``gifs``, ``audio`` ...), less ``temp`` ones (previews, not results)."""
-    if not isinstance(node_output, Mapping):
-        return []
-    return [
-        entry
-        for value in node_output.values()
-        if isinstance(value, list)
-        for entry in value
-        if isinstance(entry, Mapping) and entry.get("filename") and entry.get("type") != "temp"
-    ]
+@dataclass
+class _Attempt:
+    """One submission of the graph: its watch, its results, or why it did not run
+    (``refused``), or the cached output that was gone (``gone``: run it again)."""
+
+    workflow: dict[str, Any]
+    rerun: bool = False
+    watch: _Watch = field(init=False)
+    refused: Failed | None = None
+    results: tuple[Result, ...] = ()
+    gone: OutputGone | None = None
+    gone_nodes: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.watch = _Watch(str(uuid.uuid4()), samplers=_count_samplers(self.workflow))
 
 
-def _unique(filename: str, taken: set[str]) -> str:
-    """``filename`` (its last part), with ``-2``, ``-3`` ... before the suffix when two
-    outputs share a name (two subfolders)."""
-    name = Path(filename).name or "output"
-    stem, suffix, n = Path(name).stem, Path(name).suffix, 1
-    while name in taken:
-        n += 1
-        name = f"{stem}-{n}{suffix}"
-    taken.add(name)
-    return name
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
-def _mime(response: httpx.Response) -> str:
-    return str(response.headers.get("content-type", "application/octet-stream")).split(";")[0]
+def _refusal(error: Mapping[str, Any], node_errors: object) -> str:
+    """A 400 from ``/prompt``: ComfyUI's message and, node by node, its reasons."""
+    reasons = describe(node_errors) if isinstance(node_errors, Mapping) else ""
+    details = reasons or str(error.get("details") or "")
+    message = str(error.get("message") or error.get("type") or "invalid prompt")
+    return f"comfyui refused the prompt: {message}" + (f": {details}" if details else "")
+
+
+def _dropped(node_errors: Mapping[str, Any]) -> str:
+    """A 200 with ``node_errors``: which outputs ComfyUI dropped, and why."""
+    outputs = sorted(
+        {
+            str(o)
+            for e in node_errors.values()
+            if isinstance(e, Mapping)
+            for o in e.get("dependent_outputs") or []
+        },
+        key=lambda k: (len(k), k),
+    )
+    which = ", ".join(f"#{o}" for o in outputs) or "some"
+    return (
+        f"comfyui dropped output nodes {which} of the prompt (they failed validation; "
+        f"corral runs a graph whole or not at all): {describe(node_errors)}"
+    )
+
+
+def _rerun_note(gone: OutputGone) -> str:
+    return (
+        f"comfyui answered from its cache but {gone} is gone from /view; "
+        f"running those output nodes again"
+    )
 
 
 def _workflow(

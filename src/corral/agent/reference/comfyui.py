@@ -3,8 +3,14 @@
 What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
 
 * ``POST /prompt`` takes ``{"prompt", "client_id", "prompt_id"}``; a client-chosen
-  ``prompt_id`` is honoured; an invalid graph is a 400 with ``error`` and
-  ``node_errors``; prompts run one at a time from a queue;
+  ``prompt_id`` is honoured; the graph is validated as ComfyUI's ``validate_prompt``
+  does (``corral.core.comfyui``): with no valid output left it is a 400 with
+  ``error`` and ``node_errors``; with some, a 200 whose ``node_errors`` name the
+  dropped outputs' errors, and only the valid outputs run; prompts run one at a
+  time from a queue;
+* outputs are cached as ComfyUI caches them (``comfyui_cache.py``): the same graph
+  again runs nothing and lists the earlier files; ``POST /free`` with
+  ``free_memory`` empties the cache;
 * ``/ws?clientId=...`` sends ``status`` on connect, then for the client's prompts
   ``execution_start``, ``execution_cached``, ``executing``, ``progress``,
   ``executed``, ``execution_success`` (or ``execution_error`` /
@@ -31,6 +37,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.agent.reference import comfyui_nodes as nodes
+from corral.agent.reference.comfyui_cache import Entry, OutputCache
+from corral.core.comfyui import validate_prompt
 
 PREVIEW_IMAGE = 1  # binary event type
 JPEG = 1  # preview image format
@@ -67,7 +77,8 @@ class ReferenceComfyUI:
         self.slow_calls_s = 0.0  # HTTP answers come this late (an overloaded server)
         self.output_dir = output_dir or Path(tempfile.mkdtemp(prefix="comfyui-out-"))
         self.history: dict[str, dict[str, Any]] = {}
-        self._queue: list[tuple[int, str, dict[str, Any], str]] = []
+        self._queue: list[tuple[int, str, dict[str, Any], str, list[str]]] = []
+        self.cache = OutputCache()
         self._number = 0
         self._running: str | None = None
         self._interrupt = threading.Event()
@@ -80,6 +91,7 @@ class ReferenceComfyUI:
                 Route("/queue", self.get_queue, methods=["GET"]),
                 Route("/queue", self.post_queue, methods=["POST"]),
                 Route("/interrupt", self.interrupt, methods=["POST"]),
+                Route("/free", self.free, methods=["POST"]),
                 Route("/history/{prompt_id}", self.get_history, methods=["GET"]),
                 Route("/view", self.view, methods=["GET"]),
                 Route("/object_info", self.object_info, methods=["GET"]),
@@ -104,19 +116,22 @@ class ReferenceComfyUI:
         if not isinstance(prompt, dict):
             missing = {"type": "no_prompt", "message": "No prompt provided", "details": ""}
             return JSONResponse({"error": missing, "node_errors": {}}, status_code=400)
-        error, node_errors = nodes.validate(prompt, self.checkpoints)
-        if error is not None:
-            return JSONResponse({"error": error, "node_errors": node_errors}, status_code=400)
+        checked = validate_prompt(prompt, nodes.object_info(self.checkpoints))
+        if checked.error is not None:
+            body = {"error": checked.error, "node_errors": checked.node_errors}
+            return JSONResponse(body, status_code=400)
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         self._number += 1
-        self._queue.append((self._number, prompt_id, prompt, str(body.get("client_id", ""))))
+        sid = str(body.get("client_id", ""))
+        self._queue.append((self._number, prompt_id, prompt, sid, checked.outputs))
         self._wake.set()
         if self._worker is None:
             self._worker = asyncio.create_task(self._work())
-        return JSONResponse({"prompt_id": prompt_id, "number": self._number, "node_errors": {}})
+        answer = {"prompt_id": prompt_id, "number": self._number}
+        return JSONResponse({**answer, "node_errors": checked.node_errors})
 
     async def get_queue(self, request: Request) -> Response:
-        pending = [[n, pid, p, {"client_id": c}, []] for n, pid, p, c in self._queue]
+        pending = [[n, pid, p, {"client_id": c}, outs] for n, pid, p, c, outs in self._queue]
         running = [[0, self._running, {}, {}, []]] if self._running else []
         return JSONResponse({"queue_running": running, "queue_pending": pending})
 
@@ -133,6 +148,14 @@ class ReferenceComfyUI:
         wanted = (await request.json()).get("prompt_id") if raw else None
         if self._running is not None and wanted in (None, self._running):
             self._interrupt.set()
+        return Response(status_code=200)
+
+    async def free(self, request: Request) -> Response:
+        """``/free``: ``free_memory`` drops the output cache (and, in ComfyUI, unloads the
+        models: the next prompt loads its checkpoint again)."""
+        body = await request.json()
+        if body.get("free_memory"):
+            self.cache.clear()
         return Response(status_code=200)
 
     async def get_history(self, request: Request) -> Response:
@@ -191,15 +214,17 @@ class ReferenceComfyUI:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            number, prompt_id, prompt, sid = self._queue.pop(0)
+            number, prompt_id, prompt, sid, wanted = self._queue.pop(0)
             self._running = prompt_id
             self._interrupt.clear()
             try:
-                await self._execute(number, prompt_id, prompt, sid)
+                await self._execute(number, prompt_id, prompt, sid, wanted)
             finally:
                 self._running = None
 
-    async def _execute(self, number: int, prompt_id: str, prompt: dict[str, Any], sid: str) -> None:
+    async def _execute(
+        self, number: int, prompt_id: str, prompt: dict[str, Any], sid: str, wanted: list[str]
+    ) -> None:
         loop = asyncio.get_running_loop()
         messages: list[list[Any]] = []
         outbox: asyncio.Queue[dict[str, Any] | bytes | None] = asyncio.Queue()
@@ -217,11 +242,15 @@ class ReferenceComfyUI:
         sender = asyncio.create_task(self._drain(sid, outbox))
         stamp = int(time.time() * 1000)
         emit("execution_start", {"timestamp": stamp})
-        emit("execution_cached", {"nodes": [], "timestamp": stamp})
+        signatures = self.cache.signatures(prompt)
+        self.cache.keep_only(signatures)
+        cached = [n for n in prompt if self.cache.get(signatures[n]) is not None]
+        emit("execution_cached", {"nodes": cached, "timestamp": stamp})
         outputs: dict[str, Any] = {}
-        status = await asyncio.to_thread(self._run_graph, prompt, emit, outputs)
+        run = _Run(prompt, wanted, signatures, emit, outputs)
+        status = await asyncio.to_thread(self._run_graph, run)
         self.history[prompt_id] = {
-            "prompt": [number, prompt_id, prompt, {"client_id": sid}, list(outputs)],
+            "prompt": [number, prompt_id, prompt, {"client_id": sid}, wanted],
             "outputs": outputs,
             "status": {
                 "status_str": status,
@@ -241,8 +270,11 @@ class ReferenceComfyUI:
         while (message := await outbox.get()) is not None:
             await self._send(sid, message)
 
-    def _run_graph(self, prompt: dict[str, Any], emit: Any, outputs: dict[str, Any]) -> str:
-        """Execute the output nodes and what they need (in a worker thread)."""
+    def _run_graph(self, run: _Run) -> str:
+        """Execute the wanted output nodes and what they need (in a worker thread); a node
+        whose signature is cached is not run (ComfyUI's ``execute``: a cached output node
+        only sends ``executed`` with what it showed when it ran)."""
+        prompt, emit, outputs = run.prompt, run.emit, run.outputs
         done: dict[str, tuple[Any, ...]] = {}
         executed: list[str] = []
         current = {"node": ""}
@@ -260,33 +292,35 @@ class ReferenceComfyUI:
             self.step_delay_s,
         )
 
-        def run(node_id: str) -> tuple[Any, ...]:
+        def execute(node_id: str) -> tuple[Any, ...]:
             if node_id in done:
                 return done[node_id]
-            node = prompt[node_id]
-            inputs = {
-                k: run(str(v[0]))[int(v[1])] if isinstance(v, list) else v
-                for k, v in node.get("inputs", {}).items()
-            }
-            current["node"] = node_id
-            emit("executing", {"node": node_id, "display_node": node_id})
-            if node["class_type"] == "KSampler" and self.fail_next is not None:
-                message, self.fail_next = self.fail_next, None
-                raise RuntimeError(message)
-            done[node_id] = nodes.run_node(node["class_type"], inputs, ctx)
-            executed.append(node_id)
-            if nodes.NODES[node["class_type"]].output_node:
-                outputs[node_id] = done[node_id][0]
-                emit(
-                    "executed",
-                    {"node": node_id, "display_node": node_id, "output": done[node_id][0]},
-                )
+            node, signature = prompt[node_id], run.signatures[node_id]
+            output_node = nodes.NODES[node["class_type"]].output_node
+            hit = self.cache.get(signature)
+            if hit is None:
+                inputs = {
+                    k: execute(str(v[0]))[int(v[1])] if isinstance(v, list) else v
+                    for k, v in node.get("inputs", {}).items()
+                }
+                current["node"] = node_id
+                emit("executing", {"node": node_id, "display_node": node_id})
+                if node["class_type"] == "KSampler" and self.fail_next is not None:
+                    message, self.fail_next = self.fail_next, None
+                    raise RuntimeError(message)
+                result = nodes.run_node(node["class_type"], inputs, ctx)
+                hit = Entry(result, result[0] if output_node else None)
+                self.cache.put(signature, hit)
+                executed.append(node_id)
+            done[node_id] = hit.outputs
+            if output_node:
+                outputs[node_id] = hit.ui
+                emit("executed", {"node": node_id, "display_node": node_id, "output": hit.ui})
             return done[node_id]
 
         try:
-            for node_id, node in prompt.items():
-                if nodes.NODES[node["class_type"]].output_node:
-                    run(node_id)
+            for node_id in run.wanted:
+                execute(node_id)
         except nodes.Interrupted:
             emit(
                 "execution_interrupted",
@@ -316,6 +350,18 @@ class ReferenceComfyUI:
             return "error"
         emit("execution_success", {"timestamp": int(time.time() * 1000)})
         return "success"
+
+
+@dataclass
+class _Run:
+    """One prompt being executed: its graph, the outputs to run, each node's cache key,
+    where messages go and the outputs it showed (its history's ``outputs``)."""
+
+    prompt: dict[str, Any]
+    wanted: list[str]
+    signatures: dict[str, str]
+    emit: Callable[[str, dict[str, Any] | bytes], None]
+    outputs: dict[str, Any]
 
 
 def _preview_frame(image: Image.Image) -> bytes:
@@ -357,3 +403,24 @@ def txt2img_workflow(
             "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]},
         },
     }
+
+
+def two_branch_workflow(prompt: str, *, width: int, steps: int = 2) -> dict[str, Any]:
+    """The txt2img graph and a second branch of its own size (``width``) and SaveImage
+    (``other``): with a ``width`` below EmptyLatentImage's min, ComfyUI drops that output
+    and runs the first."""
+    graph = txt2img_workflow(prompt, steps=steps, size=32)
+    graph["13"] = {
+        "class_type": "EmptyLatentImage",
+        "inputs": {"width": width, "height": 32, "batch_size": 1},
+    }
+    graph["10"] = {
+        "class_type": "KSampler",
+        "inputs": {**graph["3"]["inputs"], "latent_image": ["13", 0]},
+    }
+    graph["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
+    graph["12"] = {
+        "class_type": "SaveImage",
+        "inputs": {"filename_prefix": "other", "images": ["11", 0]},
+    }
+    return graph

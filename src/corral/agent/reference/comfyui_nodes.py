@@ -10,12 +10,13 @@ for a seed and every step is a real intermediate image for previews.
 
 from __future__ import annotations
 
+import posixpath
 import random
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from PIL import Image
@@ -28,20 +29,40 @@ class Interrupted(Exception):
     """The user asked ComfyUI to stop (``/interrupt``)."""
 
 
+MAX_RESOLUTION = 16384  # ComfyUI's nodes.MAX_RESOLUTION
+ANY_SEED = 0xFFFFFFFFFFFFFFFF  # KSampler's seed range: any 64-bit number
+
+
 @dataclass
 class NodeSpec:
-    """One node type: required inputs (name -> type or list of choices), outputs."""
+    """One node type: required inputs (name -> type or list of choices), outputs, and each
+    input's options as ComfyUI's ``INPUT_TYPES`` gives them (``default``, ``min``, ``max``)."""
 
     inputs: dict[str, str | tuple[str, ...]]
     outputs: tuple[str, ...]
     output_node: bool = False
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _size(default: int) -> dict[str, Any]:
+    return {"default": default, "min": 16, "max": MAX_RESOLUTION, "step": 8}
 
 
 NODES: dict[str, NodeSpec] = {
     "CheckpointLoaderSimple": NodeSpec({"ckpt_name": "CKPT"}, ("MODEL", "CLIP", "VAE")),
-    "CLIPTextEncode": NodeSpec({"text": "STRING", "clip": "CLIP"}, ("CONDITIONING",)),
+    "CLIPTextEncode": NodeSpec(
+        {"text": "STRING", "clip": "CLIP"},
+        ("CONDITIONING",),
+        options={"text": {"multiline": True, "dynamicPrompts": True}},
+    ),
     "EmptyLatentImage": NodeSpec(
-        {"width": "INT", "height": "INT", "batch_size": "INT"}, ("LATENT",)
+        {"width": "INT", "height": "INT", "batch_size": "INT"},
+        ("LATENT",),
+        options={
+            "width": _size(512),
+            "height": _size(512),
+            "batch_size": {"default": 1, "min": 1, "max": 4096},
+        },
     ),
     "KSampler": NodeSpec(
         {
@@ -57,9 +78,28 @@ NODES: dict[str, NodeSpec] = {
             "denoise": "FLOAT",
         },
         ("LATENT",),
+        options={
+            "seed": {"default": 0, "min": 0, "max": ANY_SEED},
+            "steps": {"default": 20, "min": 1, "max": 10000},
+            "cfg": {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01},
+            "denoise": {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01},
+        },
     ),
     "VAEDecode": NodeSpec({"samples": "LATENT", "vae": "VAE"}, ("IMAGE",)),
-    "SaveImage": NodeSpec({"images": "IMAGE", "filename_prefix": "STRING"}, (), output_node=True),
+    "SaveImage": NodeSpec(
+        {"images": "IMAGE", "filename_prefix": "STRING"},
+        (),
+        output_node=True,
+        options={"filename_prefix": {"default": "ComfyUI"}},
+    ),
+    # ComfyUI's SaveLatent: its files are listed under ``latents``, in the ``latents``
+    # subfolder its default prefix names.
+    "SaveLatent": NodeSpec(
+        {"samples": "LATENT", "filename_prefix": "STRING"},
+        (),
+        output_node=True,
+        options={"filename_prefix": {"default": "latents/ComfyUI"}},
+    ),
     # VideoHelperSuite's video output (a custom node most video workflows end in): its files
     # are listed under ``gifs`` in the history, not ``images``.
     "VHS_VideoCombine": NodeSpec(
@@ -71,6 +111,7 @@ NODES: dict[str, NodeSpec] = {
         },
         (),
         output_node=True,
+        options={"frame_rate": {"default": 8, "min": 1, "step": 1}},
     ),
 }
 
@@ -102,6 +143,8 @@ def run_node(class_type: str, inputs: dict[str, Any], ctx: Context) -> tuple[Any
         return (inputs["samples"],)
     if class_type == "SaveImage":
         return _save(inputs["images"], str(inputs.get("filename_prefix", "ComfyUI")), ctx)
+    if class_type == "SaveLatent":
+        return _save_latent(inputs["samples"], str(inputs["filename_prefix"]), ctx)
     if class_type == "VHS_VideoCombine":
         return _combine(inputs, ctx)
     raise KeyError(class_type)
@@ -128,12 +171,19 @@ def _sample(inputs: dict[str, Any], ctx: Context) -> Image.Image:
 
 
 def _save(image: Image.Image, prefix: str, ctx: Context) -> tuple[Any, ...]:
-    index = len(list(ctx.output_dir.glob(f"{prefix}_*.png"))) + 1
-    filename = f"{prefix}_{index:05d}_.png"
-    image.save(ctx.output_dir / filename)
-    entry = {"filename": filename, "subfolder": "", "type": "output"}
+    path, entry = _save_path(prefix, "_.png", ctx)
+    image.save(path)
     ctx.saved.append(entry)
     return ({"images": [entry]},)
+
+
+def _save_latent(latent: Image.Image, prefix: str, ctx: Context) -> tuple[Any, ...]:
+    """SaveLatent: listed under ``latents`` (the reference's latent is a picture, stored
+    as PNG bytes in the ``.latent`` file; ComfyUI stores a safetensors tensor)."""
+    path, entry = _save_path(prefix, "_.latent", ctx)
+    latent.save(path, format="PNG")
+    ctx.saved.append(entry)
+    return ({"latents": [entry]},)
 
 
 def _combine(inputs: dict[str, Any], ctx: Context) -> tuple[Any, ...]:
@@ -141,17 +191,34 @@ def _combine(inputs: dict[str, Any], ctx: Context) -> tuple[Any, ...]:
     image: Image.Image = inputs["images"]
     fmt = str(inputs.get("format", "image/gif"))
     prefix, ext = str(inputs.get("filename_prefix", "AnimateDiff")), fmt.split("/")[1]
-    index = len(list(ctx.output_dir.glob(f"{prefix}_*.{ext}"))) + 1
-    filename = f"{prefix}_{index:05d}.{ext}"
+    path, entry = _save_path(prefix, f".{ext}", ctx)
     first = image.convert("RGB")
     frames = [first, Image.eval(first, lambda v: 255 - v)]  # it, then its negative
     duration = round(1000 / max(0.1, float(inputs.get("frame_rate", 8.0))))
-    frames[0].save(
-        ctx.output_dir / filename, save_all=True, append_images=frames[1:], duration=duration
-    )
-    entry = {"filename": filename, "subfolder": "", "type": "output", "format": fmt}
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration)
+    entry["format"] = fmt
     ctx.saved.append(entry)
     return ({"gifs": [entry]},)
+
+
+def _save_path(prefix: str, suffix: str, ctx: Context) -> tuple[Path, dict[str, str]]:
+    """Where a node saves, as ComfyUI's ``folder_paths.get_save_image_path`` decides: a
+    prefix ``a/b`` saves ``b_00001<suffix>`` in subfolder ``a``, the counter one past the
+    highest already there (so a deleted file's number is not reused while later ones stay)."""
+    relative = PurePosixPath(posixpath.normpath(prefix))
+    subfolder, stem = str(relative.parent).strip("."), relative.name
+    folder = (ctx.output_dir / subfolder).resolve()
+    if ctx.output_dir.resolve() not in (folder, *folder.parents):
+        raise ValueError("Saving image outside the output folder is not allowed.")
+    folder.mkdir(parents=True, exist_ok=True)
+    counters = [_counter(p.name, stem) for p in folder.glob(f"{stem}_*")]
+    filename = f"{stem}_{max(counters, default=0) + 1:05d}{suffix}"
+    return folder / filename, {"filename": filename, "subfolder": subfolder, "type": "output"}
+
+
+def _counter(name: str, stem: str) -> int:
+    digits = name[len(stem) + 1 :].split("_")[0].split(".")[0]
+    return int(digits) if digits.isdigit() else 0
 
 
 def object_info(checkpoints: tuple[str, ...]) -> dict[str, Any]:
@@ -165,7 +232,7 @@ def object_info(checkpoints: tuple[str, ...]) -> dict[str, Any]:
             elif isinstance(kind, tuple):
                 required[key] = [list(kind)]
             else:
-                required[key] = [kind]
+                required[key] = [kind, spec.options[key]] if key in spec.options else [kind]
         info[name] = {
             "input": {"required": required},
             "output": list(spec.outputs),
@@ -176,72 +243,3 @@ def object_info(checkpoints: tuple[str, ...]) -> dict[str, Any]:
             "output_node": spec.output_node,
         }
     return info
-
-
-def validate(
-    prompt: dict[str, Any], checkpoints: tuple[str, ...]
-) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """ComfyUI's prompt validation: (error, node_errors); error None when valid."""
-    for node_id, node in prompt.items():
-        if not isinstance(node, dict) or node.get("class_type") not in NODES:
-            kind = node.get("class_type") if isinstance(node, dict) else None
-            return _error(
-                "invalid_prompt",
-                f"Cannot execute because node {kind} does not exist.",
-                f"Node ID '#{node_id}'",
-            ), {}
-    if not any(NODES[n["class_type"]].output_node for n in prompt.values()):
-        return _error("prompt_no_outputs", "Prompt has no outputs"), {}
-    node_errors = {}
-    for node_id, node in prompt.items():
-        errors = _node_errors(node, prompt, checkpoints)
-        if errors:
-            node_errors[node_id] = {
-                "errors": errors,
-                "dependent_outputs": [],
-                "class_type": node["class_type"],
-            }
-    if node_errors:
-        return _error(
-            "prompt_outputs_failed_validation", "Prompt outputs failed validation"
-        ), node_errors
-    return None, {}
-
-
-def _node_errors(
-    node: dict[str, Any], prompt: dict[str, Any], checkpoints: tuple[str, ...]
-) -> list[dict[str, Any]]:
-    errors = []
-    inputs = node.get("inputs", {})
-    for key, kind in NODES[node["class_type"]].inputs.items():
-        value = inputs.get(key)
-        if value is None and key not in ("denoise", "filename_prefix"):
-            errors.append(_input_error("required_input_missing", "Required input is missing", key))
-        elif isinstance(value, list):
-            if len(value) != 2 or str(value[0]) not in prompt:
-                errors.append(_input_error("bad_linked_input", "Bad linked input", key))
-        elif kind == "CKPT" and value not in checkpoints:
-            errors.append(
-                _input_error(
-                    "value_not_in_list",
-                    f"Value not in list: {key}: '{value}' not in {list(checkpoints)}",
-                    key,
-                )
-            )
-        elif isinstance(kind, tuple) and value not in kind:
-            errors.append(
-                _input_error(
-                    "value_not_in_list",
-                    f"Value not in list: {key}: '{value}' not in {list(kind)}",
-                    key,
-                )
-            )
-    return errors
-
-
-def _error(kind: str, message: str, details: str = "") -> dict[str, Any]:
-    return {"type": kind, "message": message, "details": details, "extra_info": {}}
-
-
-def _input_error(kind: str, message: str, name: str) -> dict[str, Any]:
-    return {"type": kind, "message": message, "details": name, "extra_info": {"input_name": name}}

@@ -21,6 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect
 
+from corral.core.comfyui import OUTPUTS_MANIFEST
+from corral.core.comfyui import error as comfy_error
 from corral.core.errors import AuthError, CorralError, Forbidden, LimitReached, NotFound
 from corral.core.events import Event
 from corral.server.api.compat_auth import compat_caller, shaped_route
@@ -28,12 +30,7 @@ from corral.server.api.errors import retry_after
 from corral.server.api.schemas import has_nul
 from corral.server.api.served_files import file_headers
 from corral.server.services.compat import Caller, Unservable
-from corral.server.services.compat_comfyui import (
-    BACKEND,
-    ComfyService,
-    PromptRejected,
-    comfy_error,
-)
+from corral.server.services.compat_comfyui import BACKEND, ComfyService, PromptRejected
 from corral.server.services.compat_comfyui_events import (
     PreviewRef,
     PromptWatch,
@@ -226,6 +223,8 @@ async def _relay(
         watch = await _watch(plane, watches, event.job_id, sid)
         if watch is None:
             continue
+        if OUTPUTS_MANIFEST in (event.data.get("files") or ()):
+            watch.manifest = await service(ws).manifest(who, event.job_id)
         for message in translate(event, watch):
             await _send(ws, who, watch, message)
         if watch.ended:

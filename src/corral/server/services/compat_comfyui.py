@@ -4,9 +4,15 @@
 "client_id", "prompt_id"}``) under the idempotency key ``comfyui:<prompt_id>``:
 a caller-chosen ``prompt_id`` is honoured, and sending it again returns the
 same prompt instead of running it twice (a different graph under a used id is
-refused). ``/history``, ``/queue`` and ``/view`` read the caller's jobs back
-in ComfyUI's shapes; outputs are served from the job's results, with the job
-id as ``subfolder`` so file names from different backends never clash.
+refused). The graph is validated as ComfyUI validates it (``corral.core.comfyui``,
+against a connected backend's ``object_info``): a graph with no valid output is
+refused with ComfyUI's own 400; one with some is answered 200 with the others'
+``node_errors`` and runs without them, as ComfyUI runs it. ``/history``,
+``/queue`` and ``/view`` read the caller's jobs back in ComfyUI's shapes;
+outputs are served from the job's results, with the job id as the first part of
+``subfolder`` (then the subfolder the backend saved in) so file names from
+different backends never clash; each file is listed under its node and kind as
+the backend listed it (the job's ``comfyui-outputs.json``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from corral.core.comfyui import MODEL_LISTS, OUTPUTS_MANIFEST, validate_prompt
+from corral.core.comfyui import error as comfy_error
 from corral.core.errors import Conflict, NotFound
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission, Unservable
@@ -42,10 +50,6 @@ def prompt_key(prompt_id: str) -> str:
     return f"comfyui:{prompt_id}"
 
 
-def comfy_error(kind: str, message: str, details: str = "") -> dict[str, Any]:
-    return {"type": kind, "message": message, "details": details, "extra_info": {}}
-
-
 class ComfyService:
     def __init__(self, jobs: CompatJobs, catalogs: CatalogCache) -> None:
         self.jobs = jobs
@@ -60,7 +64,7 @@ class ComfyService:
             raise PromptRejected(comfy_error("no_prompt", "No prompt provided"))
         nodes = await self.jobs.backend_nodes(caller, BACKEND)
         info = await self._object_info(caller)
-        _validate(prompt, info, complete=len(nodes) == 1)
+        prompt, node_errors = _validate(prompt, info, complete=len(nodes) == 1)
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         payload = {
             "workflow": prompt,
@@ -89,7 +93,7 @@ class ComfyService:
                 )
             ) from None
         rec = await self.jobs.plane.jobs.get(caller.principal, rec.job.id)
-        return {"prompt_id": prompt_id, "number": rec.seq, "node_errors": {}}
+        return {"prompt_id": prompt_id, "number": rec.seq, "node_errors": node_errors}
 
     async def _object_info(self, caller: Caller) -> dict[str, Any] | None:
         try:
@@ -119,7 +123,20 @@ class ComfyService:
         rec = await self.find(caller, prompt_id)
         if rec is None or rec.state in ACTIVE:
             return {}
-        return {prompt_id: history_entry(rec)}
+        listed = any(f.name == OUTPUTS_MANIFEST for f in rec.result)
+        manifest = await self.manifest(caller, rec.job.id) if listed else None
+        return {prompt_id: history_entry(rec, manifest)}
+
+    async def manifest(self, caller: Caller, job_id: str) -> dict[str, Any] | None:
+        """The job's ``comfyui-outputs.json`` (how the backend listed its outputs), if any."""
+        try:
+            _, data = await self.jobs.plane.jobs.result_file(
+                caller.principal, job_id, OUTPUTS_MANIFEST
+            )
+            found = json.loads(data)
+        except (NotFound, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
 
     async def queue(self, caller: Caller) -> dict[str, Any]:
         """``/queue``: the caller's team's prompts that run and wait."""
@@ -160,54 +177,24 @@ class ComfyService:
         return data, f.content_type
 
 
-def _validate(prompt: dict[str, Any], info: dict[str, Any] | None, *, complete: bool) -> None:
-    """ComfyUI's checks that matter for routing: node types exist, checkpoints exist.
+def _validate(
+    prompt: dict[str, Any], info: dict[str, Any] | None, *, complete: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The graph to run and the ``node_errors`` of the outputs dropped from it, or a
+    ``PromptRejected`` with ComfyUI's 400 when no output is valid.
 
-    ``info`` is one node's ``object_info``: a checkpoint it lacks is refused only
-    when that node is the only one (``complete``); else another node may have it
-    (the job then fails over to it: an executor that lacks it fails retryably).
+    ``info`` is one node's ``object_info``: its model lists are checked only when that
+    node is the only one (``complete``); else another node may have the model (the job
+    then goes there: a backend that lacks it refuses it and the job fails over).
     """
     if info is None:
-        return
-    for node_id, node in prompt.items():
-        kind = node.get("class_type") if isinstance(node, dict) else None
-        if kind not in info:
-            message = f"Cannot execute because node {kind} does not exist."
-            raise PromptRejected(comfy_error("invalid_prompt", message, f"Node ID '#{node_id}'"))
-    if not any(info[n["class_type"]].get("output_node") for n in prompt.values()):
-        raise PromptRejected(comfy_error("prompt_no_outputs", "Prompt has no outputs"))
-    node_errors = {
-        node_id: _missing_checkpoint(node, key, value, info)
-        for node, key in _loaders(prompt)
-        for node_id in [next(k for k, v in prompt.items() if v is node)]
-        if complete
-        and isinstance(value := node["inputs"][key], str)
-        and value not in _choices(info, node["class_type"], key)
-    }
-    if node_errors:
-        raise PromptRejected(
-            comfy_error("prompt_outputs_failed_validation", "Prompt outputs failed validation"),
-            node_errors,
-        )
-
-
-def _choices(info: dict[str, Any], kind: str, key: str) -> list[str]:
-    spec = info[kind]["input"]["required"].get(key) or [[]]
-    return [str(v) for v in spec[0]] if isinstance(spec[0], list) else []
-
-
-def _missing_checkpoint(
-    node: dict[str, Any], key: str, value: str, info: dict[str, Any]
-) -> dict[str, Any]:
-    """A node error in ComfyUI's shape, with corral's reason."""
-    choices = _choices(info, node["class_type"], key)
-    error = {
-        "type": "value_not_in_list",
-        "message": "Value not in list",
-        "details": f"{key}: '{value}' not in {choices} (corral: no node has model {value!r})",
-        "extra_info": {"input_name": key, "received_value": value},
-    }
-    return {"errors": [error], "dependent_outputs": [], "class_type": node["class_type"]}
+        return prompt, {}  # best effort: the backend validates too
+    graph = json.loads(json.dumps(prompt))  # validation converts values in place
+    checked = validate_prompt(graph, info, unchecked_lists=() if complete else MODEL_LISTS)
+    if checked.error is not None:
+        raise PromptRejected(checked.error, checked.node_errors)
+    dropped = {o for e in checked.node_errors.values() for o in e["dependent_outputs"]}
+    return {k: v for k, v in graph.items() if k not in dropped}, checked.node_errors
 
 
 def _inputs(node: Any) -> Mapping[str, Any]:
@@ -236,8 +223,17 @@ def output_nodes(workflow: Mapping[str, Any]) -> list[str]:
     return sorted(ids, key=lambda k: (len(k), k))
 
 
-def outputs_for(workflow: Mapping[str, Any], names: Iterable[str], job_id: str) -> dict[str, Any]:
-    """History ``outputs``: each result image under the saving node whose prefix it has."""
+def outputs_for(
+    workflow: Mapping[str, Any],
+    names: Iterable[str],
+    job_id: str,
+    manifest: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """History ``outputs``: as the backend listed them (``manifest``, the job's
+    ``comfyui-outputs.json``), else each result under the saving node whose prefix it has."""
+    if manifest is not None and isinstance(manifest.get("outputs"), Mapping):
+        return _listed(manifest["outputs"], job_id)
+    names = [n for n in names if n != OUTPUTS_MANIFEST]
     savers = output_nodes(workflow) or sorted(workflow, key=lambda k: (len(k), k))[-1:]
     outputs: dict[str, Any] = {}
     for name in sorted(names):
@@ -257,6 +253,20 @@ def outputs_for(workflow: Mapping[str, Any], names: Iterable[str], job_id: str) 
     return outputs
 
 
+def _listed(outputs: Mapping[str, Any], job_id: str) -> dict[str, Any]:
+    """The backend's own ``outputs``, each file pointing at the job's result: ``filename``
+    the result's name, ``subfolder`` the job, then the backend's subfolder."""
+    listed: dict[str, Any] = json.loads(json.dumps(outputs))
+    for shown in listed.values():
+        for value in shown.values() if isinstance(shown, dict) else ():
+            for entry in value if isinstance(value, list) else ():
+                if isinstance(entry, dict) and "result" in entry:
+                    sub = str(entry.get("subfolder") or "")
+                    entry["filename"] = str(entry.pop("result"))
+                    entry["subfolder"] = f"{job_id}/{sub}" if sub else job_id
+    return listed
+
+
 def _output_kind(node: object, name: str) -> str:
     """The key a file is listed under, as the node that saved it lists it: ``gifs`` for
     VideoHelperSuite's nodes, ``audio`` for sound, ``images`` for the rest."""
@@ -274,11 +284,11 @@ def queue_item(rec: JobRecord) -> list[Any]:
     return [rec.seq, p.get("prompt_id"), workflow, extra, output_nodes(workflow)]
 
 
-def history_entry(rec: JobRecord) -> dict[str, Any]:
+def history_entry(rec: JobRecord, manifest: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A finished prompt's history entry, ComfyUI's shape."""
     p = rec.job.payload
     workflow = json.loads(json.dumps(p.get("workflow") or {}))
-    outputs = outputs_for(workflow, [f.name for f in rec.result], rec.job.id)
+    outputs = outputs_for(workflow, [f.name for f in rec.result], rec.job.id, manifest)
     ok = rec.state is JobState.SUCCEEDED and rec.stop_request != "interrupt"
     stamp = int((rec.started_at or rec.job.submitted_at) * 1000)
     base = {"prompt_id": p.get("prompt_id"), "timestamp": stamp}

@@ -45,6 +45,7 @@ class PromptWatch:
     workflow: Mapping[str, Any]
     node: str | None = None  # the node last announced as executing
     ended: bool = False
+    manifest: Mapping[str, Any] | None = None  # how the backend listed its outputs, once known
 
 
 def translate(event: Event, watch: PromptWatch) -> list[Message]:
@@ -87,7 +88,7 @@ def _progress(data: Mapping[str, Any], watch: PromptWatch) -> list[Message]:
 
 def _succeeded(event: Event, watch: PromptWatch, stamp: int) -> list[Message]:
     files = [str(f) for f in event.data.get("files", [])]
-    outputs = outputs_for(watch.workflow, files, watch.job_id)
+    outputs = outputs_for(watch.workflow, files, watch.job_id, watch.manifest)
     out: list[Message] = []
     for node, output in outputs.items():
         out.append(_msg("executing", node=node, display_node=node, prompt_id=watch.prompt_id))
