@@ -75,7 +75,7 @@ async def test_previews_and_model_files_are_inert_too(served: Served, tmp_path: 
     assert preview.status_code == 200, preview.text
     _assert_inert(preview, inline=True)
     model = tmp_path / "models" / "m.html"
-    model.parent.mkdir()
+    model.parent.mkdir(exist_ok=True)
     model.write_bytes(SCRIPT)
     assert (await served.admin.put("/v1/models/m", json={"sources": [str(model)]})).is_success
     _assert_inert(await served.admin.get("/v1/models/m/file"), inline=False)

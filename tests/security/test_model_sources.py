@@ -37,7 +37,7 @@ async def test_a_server_file_outside_the_model_directory_is_not_published(
     served: Served, tmp_path: Path
 ) -> None:
     models = tmp_path / "models"
-    models.mkdir()
+    models.mkdir(exist_ok=True)
     (models / "passwd-link").symlink_to("/etc/passwd")
     outside = [
         "file:///etc/passwd",
@@ -58,7 +58,7 @@ async def test_a_file_swapped_for_a_symlink_after_registration_is_not_served(
     served: Served, tmp_path: Path
 ) -> None:
     model = tmp_path / "models" / "m.bin"
-    model.parent.mkdir()
+    model.parent.mkdir(exist_ok=True)
     model.write_bytes(b"weights")
     assert (await served.admin.put("/v1/models/m", json={"sources": [str(model)]})).is_success
     model.unlink()
@@ -108,7 +108,7 @@ async def test_schemes_directories_and_networks_are_configured(tmp_path: Path) -
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "a.bin").write_bytes(b"a")
-    (tmp_path / "models").mkdir()
+    (tmp_path / "models").mkdir(exist_ok=True)
     (tmp_path / "models" / "b.bin").write_bytes(b"b")
     env = {
         "CORRAL_MODELS__SOURCE_SCHEMES": json.dumps(["https", "file"]),

@@ -113,7 +113,7 @@ async def test_a_server_file_is_hashed_and_served_with_range(
 ) -> None:
     data = blob(300_000, seed=7)
     path = tmp_path / "models" / "vae.safetensors"  # in the model directory: servable
-    path.parent.mkdir()
+    path.parent.mkdir(exist_ok=True)
     path.write_bytes(data)
     entry = await register(served_sqlite, "vae-ft", sources=[f"file://{path}"], kind="vae")
     assert (entry["size"], entry["sha256"]) == (len(data), sha(data))
@@ -197,7 +197,7 @@ async def test_bad_chunks_are_refused_naming_content_range(
 async def test_who_may_do_what(served_sqlite: Served, tmp_path: Path) -> None:
     s = served_sqlite
     models = tmp_path / "models"  # the model directory: files there may be served
-    models.mkdir()
+    models.mkdir(exist_ok=True)
     (models / "f.bin").write_bytes(b"abc")
     await register(s, "f", sources=[str(models / "f.bin")])
     tokens = {}

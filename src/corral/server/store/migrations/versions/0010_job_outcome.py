@@ -22,14 +22,14 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("interrupted", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
-        batch_op.add_column(sa.Column("ran", sa.JSON(), nullable=True))
+    # Plain ALTER TABLE, not a batch: a batch copies the jobs table on SQLite, and the copy
+    # would lose the queue's triggers (migration 0006).
+    op.add_column(
+        "jobs", sa.Column("interrupted", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
+    op.add_column("jobs", sa.Column("ran", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.drop_column("ran")
-        batch_op.drop_column("interrupted")
+    op.drop_column("jobs", "ran")
+    op.drop_column("jobs", "interrupted")
