@@ -9,7 +9,8 @@ leaked team token, a leaked agent token and a well-behaved team's token, then
 runs each attack of issue 45 in turn (``bench/abuse_attacks.py``: unfinished
 uploads, 3.5 MB A1111 options, SSE streams replaying history, a submission
 flood, slow headers and bodies) at the size reported there times ``--scale``,
-for at most ``--seconds`` each. Meanwhile a well-behaved client polls
+for at most ``--seconds`` each, from the attacker's own address (127.0.0.2; the
+uploads from 127.0.0.1). Meanwhile a well-behaved client polls
 ``/healthz`` every 20 ms and another team submits and reads a job every
 200 ms. A first phase with no attack measures the same clients as the peer.
 

@@ -36,12 +36,19 @@ class Target:
 
 Attack = Callable[[Target, int, float], Awaitable[Counter[str]]]
 
+ATTACKER = "127.0.0.2"
+"""The attacker's own address (loopback still): the well-behaved clients come from
+127.0.0.1, as they would from other machines, so per-address limits can tell them apart."""
+
 
 async def uploads(target: Target, count: int, deadline: float) -> Counter[str]:
     """Item 1: ``count`` unfinished uploads, each for an invented allocation id."""
     outcome: Counter[str] = Counter()
     metadata = (("authorization", f"Bearer {target.agent_token}"),)
-    channels = [grpc.aio.insecure_channel(target.agent_address) for _ in range(8)]
+    # Each channel its own connection, four calls on each (the server caps streams per
+    # connection): the attack is the uploads, not the multiplexing.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target.agent_address, options) for _ in range(8)]
     todo = iter(range(count))
 
     async def worker(channel: grpc.aio.Channel) -> None:
@@ -76,7 +83,8 @@ async def options(target: Target, count: int, deadline: float) -> Counter[str]:
     big = {f"custom_{k}": "v" * 35_000 for k in range(100)}  # about 3.5 MB of JSON
     body = json.dumps(big).encode()
     headers = {"Content-Type": "application/json"}
-    async with httpx.AsyncClient(base_url=target.url, timeout=30) as client:
+    transport = httpx.AsyncHTTPTransport(local_address=ATTACKER)
+    async with httpx.AsyncClient(base_url=target.url, transport=transport, timeout=30) as client:
         for i in range(count):
             if time.monotonic() > deadline:
                 break
@@ -93,9 +101,10 @@ async def sse(target: Target, count: int, deadline: float) -> Counter[str]:
     """Item 4: ``count`` event streams asking to replay all history, held to the deadline."""
     outcome: Counter[str] = Counter()
     limits = httpx.Limits(max_connections=count + 10, max_keepalive_connections=0)
+    transport = httpx.AsyncHTTPTransport(local_address=ATTACKER, limits=limits)
     headers = {"Authorization": f"Bearer {target.team_token}"}
     async with httpx.AsyncClient(
-        base_url=target.url, headers=headers, limits=limits, timeout=30
+        base_url=target.url, headers=headers, transport=transport, timeout=30
     ) as client:
 
         async def one() -> None:
@@ -119,7 +128,10 @@ async def flood(target: Target, count: int, deadline: float) -> Counter[str]:
     outcome: Counter[str] = Counter()
     headers = {"Authorization": f"Bearer {target.team_token}"}
     batches = iter(range(0, count, 100))
-    async with httpx.AsyncClient(base_url=target.url, headers=headers, timeout=30) as client:
+    transport = httpx.AsyncHTTPTransport(local_address=ATTACKER)
+    async with httpx.AsyncClient(
+        base_url=target.url, headers=headers, transport=transport, timeout=30
+    ) as client:
 
         async def worker() -> None:
             for first in batches:
@@ -146,7 +158,7 @@ async def slow(target: Target, count: int, deadline: float) -> Counter[str]:
 
     async def one(start: bytes, label: str) -> None:
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
         except OSError as exc:
             outcome[f"{label} refused ({type(exc).__name__})"] += 1
             return

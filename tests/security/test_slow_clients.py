@@ -3,7 +3,8 @@
 Raw sockets on loopback, no token: clients that send their headers or their
 body a byte at a time are cut off (408) once their deadline passes, however
 they trickle, while a normal client is served meanwhile; headers past the size
-limit get 431; connections past the limit get 503 at once. The deadlines are
+limit get 431; connections past the limit, or past one address's limit, get
+503 at once. The deadlines are
 set small here (the defaults are 10 s and 30 s, docs/security/http.md).
 """
 
@@ -105,6 +106,30 @@ async def test_connections_past_the_limit_are_refused_at_once(tmp_path: Path) ->
         for _, w in held:
             w.close()
         await _eventually_served(proc.url)
+    finally:
+        proc.stop()
+
+
+async def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
+    """An attacker's machine (127.0.0.2 here) holds its limit; the next of its connections
+    is refused at once, while other clients (127.0.0.1: a trusted proxy's address by
+    default, as a reverse proxy on the same host would be) are still served."""
+    env = {"CORRAL_API__MAX_CONNECTIONS_PER_ADDRESS": "10", "CORRAL_API__HEADER_TIMEOUT_S": "60"}
+    proc = ServerProcess(str(tmp_path / "corral.db"), tmp_path, env=env).start()
+    try:
+        host, port = _address(proc)
+        attacker = ("127.0.0.2", 0)
+        held = [await asyncio.open_connection(host, port, local_addr=attacker) for _ in range(10)]
+        await asyncio.sleep(0.2)  # the server has accepted them all
+        reader, writer = await asyncio.open_connection(host, port, local_addr=attacker)
+        answer = await _until_closed(reader)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        assert b"api.max_connections_per_address" in answer
+        async with httpx.AsyncClient(base_url=proc.url, timeout=10) as client:
+            assert (await client.get("/healthz")).status_code == 200
+        for _, w in held:
+            w.close()
     finally:
         proc.stop()
 

@@ -14,7 +14,9 @@ protocol with:
   server itself stops reading, to apply back-pressure, does not count;
 * a **header size limit** (``max_header_bytes``; httptools, unlike h11, has none);
 * a **connection limit**: above ``max_connections`` open connections (event
-  streams and websockets included) a new one is answered 503 and closed at once.
+  streams and websockets included), or ``max_connections_per_address`` from one
+  client address (a trusted proxy's excepted), a new one is answered 503 and
+  closed at once.
 
 A client past a limit gets a JSON error naming the setting (408, 431 or 503)
 when no response is under way, and the connection is closed; the app sees a
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
@@ -54,6 +57,8 @@ class HttpLimits:
     min_body_bytes_per_s: float
     max_header_bytes: int
     max_connections: int
+    max_connections_per_address: int
+    proxies: frozenset[str] = frozenset()  # addresses not held to the per-address limit
 
 
 class Phase(Enum):
@@ -68,7 +73,8 @@ class Phase(Enum):
 
 def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
     """The protocol class to give uvicorn as ``http=``, bound to ``limits``."""
-    return type("GuardedHttp", (GuardedHttp,), {"limits": limits, "busy_logged_at": None})
+    shared: dict[str, object] = {"limits": limits, "busy_logged_at": None, "by_address": Counter()}
+    return type("GuardedHttp", (GuardedHttp,), shared)
 
 
 class GuardedHttp(HttpToolsProtocol):
@@ -76,6 +82,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     limits: ClassVar[HttpLimits]
     busy_logged_at: ClassVar[float | None]
+    by_address: ClassVar[Counter[str]]  # open connections per client address
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,19 +91,38 @@ class GuardedHttp(HttpToolsProtocol):
         self._last = 0.0  # the phase's last byte
         self._bytes = 0  # bytes of headers, or of body in the window
         self._watch: asyncio.TimerHandle | None = None
+        self._address: str | None = None  # counted in ``by_address`` while open
 
     # ---- the connection ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
-            self._refuse(transport)
+            limit = self.limits.max_connections
+            self._refuse(transport, f"the server has {limit} connections open, its limit "
+                         "(api.max_connections)")  # fmt: skip
             return
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else None
+        proxies = self.limits.proxies
+        if address is not None and address not in proxies and "*" not in proxies:
+            limit = self.limits.max_connections_per_address
+            if self.by_address[address] >= limit:
+                self._refuse(transport, f"{address} has {limit} connections open, the limit "
+                             "of one address (api.max_connections_per_address)")  # fmt: skip
+                return
+            self.by_address[address] += 1
+            self._address = address
         super().connection_made(transport)
         self._enter(Phase.HEADERS)
         self._watch = self.loop.call_later(self.limits.header_timeout_s, self._check)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_watching()
+        if self._address is not None:
+            self.by_address[self._address] -= 1
+            if self.by_address[self._address] <= 0:
+                del self.by_address[self._address]
+            self._address = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -241,12 +267,10 @@ class GuardedHttp(HttpToolsProtocol):
         self.transport.write_eof()
         self._watch = self.loop.call_later(LINGER_S, self.transport.close)
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
-        """Over the connection limit: a 503 and close, before reading a byte of the request."""
+    def _refuse(self, transport: asyncio.Transport, message: str) -> None:
+        """Over a connection limit: a 503 and close, before reading a byte of the request."""
         self._phase = Phase.CLOSED
         self.transport = transport  # uvicorn's connection_lost closes it again, harmlessly
-        limit = self.limits.max_connections
-        message = f"the server has {limit} connections open, its limit (api.max_connections)"
         transport.write(_raw_response(503, "busy", message, retry_after=1))
         transport.close()
         now = self.loop.time()

@@ -33,20 +33,21 @@ DESCRIPTOR_SHARE = 2
 agents' gRPC streams, the database pool, uploads and blobs."""
 MIN_CONNECTIONS = 16
 """Even under a tiny descriptor limit, a few clients (and the health check) get in."""
+ALL_ADDRESSES: frozenset[str] = frozenset({"*"})
+"""``*`` in ``forwarded_allow_ips``: every address may be a proxy (see ``trusted_proxies``)."""
 REDACTED_LOGGERS = ("uvicorn.error", "uvicorn.access")
 """The loggers that write request paths (websocket handshakes at INFO, the access log)."""
 
 
 def uvicorn_config(app: Any, api: ApiSettings, **options: Any) -> uvicorn.Config:
     """uvicorn's config for ``app`` with corral's protocols; ``options`` go to uvicorn as is."""
-    config = uvicorn.Config(
-        app, http=guarded_protocol(http_limits(api)), ws=DeniableWebSocket, **options
-    )
+    config = uvicorn.Config(app, ws=DeniableWebSocket, **options)
+    config.http = guarded_protocol(http_limits(api, trusted_proxies(config)))  # read at load
     redact_logs()  # after Config: it (re)configures uvicorn's loggers
     return config
 
 
-def http_limits(api: ApiSettings) -> HttpLimits:
+def http_limits(api: ApiSettings, proxies: frozenset[str] = frozenset()) -> HttpLimits:
     """The protocol's limits; ``max_connections`` fitted to the descriptors the process has."""
     return HttpLimits(
         header_timeout_s=api.header_timeout_s,
@@ -54,7 +55,19 @@ def http_limits(api: ApiSettings) -> HttpLimits:
         min_body_bytes_per_s=api.min_body_bytes_per_s,
         max_header_bytes=api.max_header_bytes,
         max_connections=min(api.max_connections, descriptor_share()),
+        max_connections_per_address=api.max_connections_per_address,
+        proxies=proxies,
     )
+
+
+def trusted_proxies(config: uvicorn.Config) -> frozenset[str]:
+    """The addresses uvicorn trusts as proxies (``forwarded_allow_ips``): each carries many
+    clients, so none is held to the per-address connection limit. Networks given there
+    (``10.0.0.0/8``) are not expanded; ``*`` trusts every address, so none is held to it."""
+    given = config.forwarded_allow_ips
+    items = given.split(",") if isinstance(given, str) else list(given or ())
+    addresses = frozenset(item.strip() for item in items if item.strip())
+    return ALL_ADDRESSES if "*" in addresses else addresses
 
 
 def descriptor_share() -> int:

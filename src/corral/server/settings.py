@@ -124,6 +124,14 @@ class ApiSettings(BaseModel):
         "more are answered 503 and closed at once. Also never more than half the process's "
         "descriptor limit (ulimit -n), which agents, the database and files share",
     )
+    max_connections_per_address: int = Field(
+        default=200,
+        ge=1,
+        description="open HTTP connections from one client address at most; more are answered "
+        "503 at once, so one machine cannot take every connection (an office behind one NAT "
+        "address still gets 200). A trusted proxy's address (uvicorn's forwarded_allow_ips, "
+        "FORWARDED_ALLOW_IPS: 127.0.0.1 by default) is not held to it: it carries many clients",
+    )
 
 
 class SchedulingSettings(BaseModel):
