@@ -3,8 +3,8 @@
 The blocks under "## Quickstart" are read from README.md and run as written:
 ``corral up --demo`` in the background, every CLI line, then the Python block,
 with HOME pointing at a temporary directory so ``~/.corral`` is fresh.
-The install line is checked, not re-run: the test's own environment is that
-editable install of this checkout.
+The virtualenv and install lines are checked, not re-run: the test's own
+environment is that editable install of this checkout, in a virtualenv.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def test_the_readme_quickstart_works_as_written(tmp_path: Path) -> None:
 
     (_, setup), (_, cli), (lang, python) = quickstart_blocks()
     assert lang == "python"
-    install, up = commands(setup)
+    venv, install, up = commands(setup)
+    assert venv == "python3 -m venv .venv && . .venv/bin/activate"
     assert install == "python3 -m pip install -e ."
     assert Path(corral.__file__).is_relative_to(ROOT / "src"), "tests run on an editable install"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
