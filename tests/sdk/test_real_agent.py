@@ -99,4 +99,4 @@ def test_an_interrupted_job_reads_interrupted_in_the_sdk_and_the_cli_with_what_r
     last = logged.output.strip().splitlines()[-1]
     assert "job.succeeded" in last
     assert "interrupted" in last
-    assert "ran model=demo-tiny" in last
+    assert f"ran model=demo-tiny, seed={status.ran['seed']}" in last  # keys in order

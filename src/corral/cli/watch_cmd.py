@@ -170,6 +170,6 @@ def describe(event: JobEvent) -> str:
         parts.append(f"files: {', '.join(map(str, data['files']))}" if data.get("files") else "")
         parts.append(f"({data['error']})" if data.get("error") else "")
         ran = data.get("ran")
-        parts.append("ran " + ", ".join(f"{k}={v}" for k, v in ran.items()) if ran else "")
+        parts.append("ran " + ", ".join(f"{k}={v}" for k, v in sorted(ran.items())) if ran else "")
         detail = " ".join(p for p in parts if p)
     return f"{event.seq:>6} {event.kind:<15} {detail}".rstrip()
