@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect, HTTPConnection
 
 from corral.core.errors import Unauthenticated
-from corral.server.api.deps import origin
+from corral.server.api.deps import admit
 from corral.server.services.compat import Caller, caller_for
 
 Render = Callable[[Exception], Response | None]
@@ -49,10 +49,8 @@ async def compat_caller(conn: HTTPConnection) -> Caller:
             "send a corral token: HTTP Basic (any user name, the token as password) "
             "or 'Authorization: Bearer <token>'"
         )
-    plane = conn.app.state.plane
-    principal = (await plane.auth.authenticate(secret)).at(*origin(conn))
+    principal = await admit(conn.app.state.plane, conn, secret)  # as the corral API admits
     principal.require_client()
-    plane.rates.request(principal)  # the same rate limit as the corral API's requests
     return caller_for(principal, user)
 
 

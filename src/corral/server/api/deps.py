@@ -39,9 +39,17 @@ async def get_principal(
     token's request counts toward its rate limit (``RateLimits``: 429 past it)."""
     plane: ControlPlane = request.app.state.plane
     secret = credentials.credentials if credentials else session_token(request)
+    return await admit(plane, request, secret)
+
+
+async def admit(plane: ControlPlane, conn: HTTPConnection, secret: str | None) -> Principal:
+    """The holder of ``secret``, as every entry point admits a caller (the API, its hot
+    routes, the drop-in APIs): authenticated, its request charged to its token's rate
+    limit (``RateLimits``: 429 past it), and marked with where it came from (the audit
+    log's address)."""
     who = await plane.auth.authenticate(secret)
     plane.rates.request(who)
-    return who.at(*origin(request))
+    return who.at(*origin(conn))
 
 
 def origin(conn: HTTPConnection) -> tuple[str | None, str | None]:

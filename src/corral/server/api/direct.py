@@ -36,7 +36,7 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from corral.server.api.deps import get_plane, session_token
+from corral.server.api.deps import admit, get_plane, session_token
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 
@@ -115,9 +115,7 @@ def bearer_token(request: Request) -> str | None:
 async def caller(request: Request) -> tuple[ControlPlane, Principal]:
     """The plane and the caller, as ``deps.get_principal`` gives it (its request charged)."""
     plane = await get_plane(request)
-    who = await plane.auth.authenticate(bearer_token(request) or session_token(request))
-    plane.rates.request(who)
-    return plane, who
+    return plane, await admit(plane, request, bearer_token(request) or session_token(request))
 
 
 def header(
