@@ -10,9 +10,8 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
 from corral.server.api.deps import ERRORS, Caller, Plane
-from corral.server.api.jobs import MAX_SEQ, SSE_HEADERS, KindFilter, _resume_point, kind_set, sse
+from corral.server.api.jobs import MAX_SEQ, KindFilter, _resume_point, event_stream, kind_set
 from corral.server.api.render import event_json
-from corral.server.api.streams import HeldStream
 from corral.server.services.auth import Principal
 from corral.server.services.feed import EventFeed
 
@@ -51,12 +50,8 @@ async def all_events(
     else:
         start = _resume_point(last_event_id, after or 0)
     kinds = kind_set(kind)
-    slot = plane.streams.admit(who)  # 429 past the stream caps
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
-    stream = plane.feed.follow(who, start, kinds=kinds)
-    stream = plane.auth.sessions.guard(who.token_id, stream)  # ends if the token is revoked
-    body = sse(stream, plane.rt.metrics.event_streams)
-    return HeldStream(body, slot, SSE_HEADERS)
+    return event_stream(plane, who, plane.feed.follow(who, start, kinds=kinds))
 
 
 @router.get(

@@ -27,6 +27,7 @@ from corral.server.api.schemas import (
 )
 from corral.server.api.served_files import file_headers
 from corral.server.api.streams import HeldStream
+from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 from corral.server.services.jobs import Draft, new_job_id
 from corral.server.store.jsontext import dumps
@@ -176,12 +177,10 @@ async def job_events(
     """
     start = _resume_point(last_event_id, after)
     await plane.jobs.get(who, job_id)  # 404 now, not inside the stream
-    slot = plane.streams.admit(who)  # 429 past the stream caps
     # No ``disconnected`` poll: the streaming response stops the feed when the client leaves.
-    stream = plane.feed.follow(who, start, job_id=job_id, kinds=kind_set(kind))
-    stream = plane.auth.sessions.guard(who.token_id, stream)  # ends if the token is revoked
-    body = sse(stream, plane.rt.metrics.event_streams)
-    return HeldStream(body, slot, SSE_HEADERS)
+    return event_stream(
+        plane, who, plane.feed.follow(who, start, job_id=job_id, kinds=kind_set(kind))
+    )
 
 
 def _resume_point(last_event_id: str | None, after: int) -> int:
@@ -190,6 +189,16 @@ def _resume_point(last_event_id: str | None, after: int) -> int:
     if not last_event_id.isdigit() or int(last_event_id) > MAX_SEQ:
         raise InvalidSpec("Last-Event-ID", "must be the id of an event from this stream")
     return int(last_event_id)
+
+
+def event_stream(
+    plane: ControlPlane, who: Principal, stream: AsyncIterator[list[Event] | None]
+) -> StreamingResponse:
+    """``stream`` as an SSE response, held in one of ``who``'s stream places (429 past the
+    stream caps) and ended if its token is revoked."""
+    slot = plane.streams.admit(who)
+    guarded = plane.auth.sessions.guard(who.token_id, stream)
+    return HeldStream(sse(guarded, plane.rt.metrics.event_streams), slot, SSE_HEADERS)
 
 
 async def sse(stream: AsyncIterator[list[Event] | None], open_streams: Gauge) -> AsyncIterator[str]:
