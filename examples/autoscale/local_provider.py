@@ -16,7 +16,9 @@ request on stdin (``corral.server.providers.CommandProvider``):
   pool's ``--cpus`` and ``--label``\\s, and the join token in ``CORRAL_AGENT_TOKEN``
   (an environment variable: other users do not see it in ``ps``). Each agent
   runs detached in its own session, logging to ``DIR/logs/NAME.log``, with its
-  own work directory (its node key and model cache), so agents never collide;
+  own work directory (its node key and model cache), so agents never collide.
+  A ``request_id`` already seen starts nothing (the server sent the launch
+  again, not knowing whether the first one arrived);
 * ``list`` prints ``{"members": [{"name", "pool", "launched_at"}]}``: the
   names whose agent process is still alive;
 * ``terminate``: ``{"names": [...]}`` sends SIGTERM to each agent's process
@@ -30,12 +32,16 @@ Environment:
   this interpreter);
 * ``CORRAL_LOCAL_PROVIDER_AGENT_ARGS``: more ``corral agent`` options, e.g.
   ``--handler mypkg.jobs:run``;
-* ``CORRAL_LOCAL_PROVIDER_GRACE_S``: seconds between SIGTERM and SIGKILL (default 10).
+* ``CORRAL_LOCAL_PROVIDER_GRACE_S``: seconds between SIGTERM and SIGKILL (default 10);
+* ``CORRAL_LOCAL_PROVIDER_LAG_S``: ``list`` leaves out machines launched less than this
+  long ago, as a cloud API's list lags behind its launches (default 0), to try the
+  autoscaler against one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -61,7 +67,9 @@ def main(argv: list[str]) -> int:
     request: dict[str, Any] = json.loads(sys.stdin.read() or "{}")
     try:
         if argv[1] == "list":
-            print(json.dumps({"members": state.members()}))
+            shown = time.time() - float(os.environ.get("CORRAL_LOCAL_PROVIDER_LAG_S", "0"))
+            members = [m for m in state.members() if m["launched_at"] <= shown]
+            print(json.dumps({"members": members}))
         elif argv[1] == "launch":
             launch(state, request)
         else:
@@ -76,8 +84,12 @@ def main(argv: list[str]) -> int:
 
 
 def launch(state: State, request: dict[str, Any]) -> None:
-    """Start one agent per name; a name whose agent already runs is left alone."""
+    """Start one agent per name, once per request id; a name whose agent already runs is
+    left alone."""
     pool = request["pool"]
+    seen = state.request(str(request.get("request_id", "")))
+    if seen is not None and seen.exists():
+        return
     for name in request["names"]:
         if not NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a usable node name")
@@ -86,6 +98,8 @@ def launch(state: State, request: dict[str, Any]) -> None:
         args = agent_args(pool, name, request["server"], state.work(name))
         pid = start_agent(args, request["token"], state.log(name))
         state.save(name, {"name": name, "pool": pool["name"], "pid": pid, "at": time.time()})
+    if seen is not None:
+        seen.touch()
 
 
 def agent_args(pool: dict[str, Any], name: str, server: str, work: Path) -> list[str]:
@@ -152,7 +166,7 @@ class State:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        for sub in ("members", "logs", "work"):
+        for sub in ("members", "logs", "work", "requests"):
             (home / sub).mkdir(parents=True, exist_ok=True)
 
     def members(self) -> list[dict[str, Any]]:
@@ -193,6 +207,12 @@ class State:
 
     def record(self, name: str) -> Path:
         return self.home / "members" / f"{name}.json"
+
+    def request(self, request_id: str) -> Path | None:
+        """The marker of a launch request id seen (None: the request carries none)."""
+        if not request_id:
+            return None
+        return self.home / "requests" / hashlib.sha256(request_id.encode()).hexdigest()
 
     def log(self, name: str) -> Path:
         return self.home / "logs" / f"{name}.log"

@@ -275,8 +275,10 @@ def test_remembering_where_first_fit_starts_changes_no_decision(request: Request
 
     real_init = packing.Packing.__init__
 
-    def plain(self: packing.Packing, room: dict[str, int], limit: int) -> None:
-        real_init(self, room, limit)
+    def plain(
+        self: packing.Packing, room: dict[str, int], limit: int, budget: float | None = None
+    ) -> None:
+        real_init(self, room, limit, budget)
         self.first = _Forgetful()
 
     with mock.patch.object(packing.Packing, "__init__", plain):

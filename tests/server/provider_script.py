@@ -2,8 +2,10 @@
 
 ``python provider_script.py STATE_FILE list|launch|terminate`` reads the
 request on stdin, as ``corral.server.providers.CommandProvider`` sends it. The
-state file keeps the members and the last launch request, so tests can check
-what the provider was given. Writes go through a temporary file and
+state file keeps the members, the launch request ids seen (a launch sent again
+starts nothing) and the last launch request, so tests can check what the
+provider was given. With ``PROVIDER_LAG_S`` set, ``list`` hides machines
+launched less than that many seconds ago, as a cloud API's list lags. Writes go through a temporary file and
 ``os.replace``, so a reader never sees half a file.
 """
 
@@ -22,9 +24,15 @@ def main(state_file: str, action: str) -> int:
     state = load(path)
     request = json.loads(sys.stdin.read() or "{}")
     if action == "list":
-        print(json.dumps({"members": state["members"]}))
+        shown = time.time() - float(os.environ.get("PROVIDER_LAG_S", "0"))
+        members = [m for m in state["members"] if m["launched_at"] <= shown]
+        print(json.dumps({"members": members}))
         return 0
     if action == "launch":
+        if request["request_id"] in state["requests"]:
+            return 0
+        state["requests"].append(request["request_id"])
+        state["launches"] += 1
         pool = request["pool"]["name"]
         state["members"] += [
             {"name": name, "pool": pool, "launched_at": time.time()} for name in request["names"]
@@ -42,7 +50,7 @@ def main(state_file: str, action: str) -> int:
 
 def load(path: Path) -> dict[str, Any]:
     if not path.exists():
-        return {"members": [], "last_launch": None}
+        return {"members": [], "last_launch": None, "requests": [], "launches": 0}
     state: dict[str, Any] = json.loads(path.read_text())
     return state
 

@@ -87,7 +87,9 @@ async def test_work_coming_back_takes_a_drained_machine_back(
     scaled: tuple[World, AutoscaleLoop, SimulatedProvider],
 ) -> None:
     world, loop, provider = scaled
-    await provider.launch(POOL, ["g4090-aaaaaa"], Join("grpc://control:8471", "tok"))
+    await provider.launch(
+        POOL, ["g4090-aaaaaa"], Join("grpc://control:8471", "tok"), request_id="r-1"
+    )
     await world.agent("g4090-aaaaaa", gpus=1)
     await loop.tick()
     world.clock.advance(601)

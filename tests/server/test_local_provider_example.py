@@ -68,7 +68,7 @@ async def test_launch_starts_agents_with_the_pool_shape(
     home: Path, provider: CommandProvider
 ) -> None:
     pool = Pool("a", gpus=2, gpu_model="RTX 4090", vram_bytes=24 * GiB, cpus=8, labels={"z": "1"})
-    await provider.launch(pool, ["m-1"], JOIN)
+    await provider.launch(pool, ["m-1"], JOIN, request_id="r-1")
     try:
         got = json.loads(await eventually_read(home / "out" / "m-1.json"))
         assert got["argv"] == [
@@ -96,7 +96,7 @@ async def test_launch_starts_agents_with_the_pool_shape(
 
 
 async def test_cpu_pool_gets_no_fake_gpus(home: Path, provider: CommandProvider) -> None:
-    await provider.launch(Pool("cpu", cpus=2), ["c-1"], JOIN)
+    await provider.launch(Pool("cpu", cpus=2), ["c-1"], JOIN, request_id="r-1")
     try:
         got = json.loads(await eventually_read(home / "out" / "c-1.json"))
         assert "--fake-gpus" not in got["argv"]
@@ -108,7 +108,7 @@ async def test_terminate_kills_an_agent_that_ignores_sigterm(
     home: Path, provider: CommandProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_AGENT_IGNORE_TERM", "1")
-    await provider.launch(Pool("cpu"), ["s-1"], JOIN)
+    await provider.launch(Pool("cpu"), ["s-1"], JOIN, request_id="r-1")
     await eventually_read(home / "out" / "s-1.json")  # it has set its handler
     pid = json.loads((home / "provider" / "members" / "s-1.json").read_text())["pid"]
     await provider.terminate(["s-1"])

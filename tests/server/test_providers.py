@@ -70,13 +70,14 @@ async def test_webhook_provider_conforms(webhook: Webhook) -> None:
 async def test_command_launch_passes_pool_names_and_join(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     provider = CommandProvider(f"{sys.executable} {SCRIPT} {state}")  # a string is split
-    await provider.launch(POOL_A, ["n-1", "n-2"], JOIN)
+    await provider.launch(POOL_A, ["n-1", "n-2"], JOIN, request_id="r-1")
     sent = json.loads(state.read_text())["last_launch"]
     assert sent == {
         "pool": pool_to_json(POOL_A),
         "names": ["n-1", "n-2"],
         "server": "grpc://10.0.0.1:8471",
         "token": "corral_agent_join",
+        "request_id": "r-1",
     }
     assert sent["pool"]["backends"] == ["python"]
     assert sent["pool"]["labels"] == {"zone": "test"}
@@ -85,7 +86,7 @@ async def test_command_launch_passes_pool_names_and_join(tmp_path: Path) -> None
 async def test_webhook_launch_sends_action_and_bearer(webhook: Webhook) -> None:
     provider = WebhookProvider(webhook.url, token=TOKEN)
     try:
-        await provider.launch(POOL_A, ["w-1"], JOIN)
+        await provider.launch(POOL_A, ["w-1"], JOIN, request_id="r-1")
     finally:
         await provider.aclose()
     assert webhook.last == {
@@ -94,6 +95,7 @@ async def test_webhook_launch_sends_action_and_bearer(webhook: Webhook) -> None:
         "names": ["w-1"],
         "server": JOIN.server,
         "token": JOIN.token,
+        "request_id": "r-1",
     }
 
 
@@ -140,7 +142,7 @@ async def test_command_exit_code_and_stderr_are_reported() -> None:
     code = "import sys; sys.stderr.write('x' * 2000 + 'boom'); sys.exit(3)"
     provider = CommandProvider(py(code))
     with pytest.raises(ProviderError) as caught:
-        await provider.launch(POOL_A, ["n-1"], JOIN)
+        await provider.launch(POOL_A, ["n-1"], JOIN, request_id="r-1")
     text = str(caught.value)
     assert text.startswith("command provider launch: ")
     assert "exited with code 3" in text
@@ -189,7 +191,7 @@ async def test_webhook_server_error_names_the_status(webhook: Webhook) -> None:
     provider = WebhookProvider(webhook.url, token=TOKEN)
     try:
         with pytest.raises(ProviderError, match=r"webhook launch: .* HTTP 500 .*quota exceeded"):
-            await provider.launch(POOL_A, ["w-1"], JOIN)
+            await provider.launch(POOL_A, ["w-1"], JOIN, request_id="r-1")
     finally:
         await provider.aclose()
 
@@ -248,6 +250,7 @@ class Webhook:
     actions: set[str] = field(default_factory=set)
     last: dict[str, Any] | None = None
     fail: int | None = None  # answer every request with this status
+    requests: set[str] = field(default_factory=set)  # launch request ids seen
 
     def answer(self, auth: str | None, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if auth != f"Bearer {TOKEN}":
@@ -256,7 +259,8 @@ class Webhook:
             return self.fail, {"error": "quota exceeded"}
         self.last, action = body, body["action"]
         self.actions.add(action)
-        if action == "launch":
+        if action == "launch" and body["request_id"] not in self.requests:
+            self.requests.add(body["request_id"])
             for name in body["names"]:
                 self.members[name] = {"name": name, "pool": body["pool"]["name"]}
         elif action == "terminate":

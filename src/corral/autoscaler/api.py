@@ -40,7 +40,9 @@ class Pool:
     backends: frozenset[str] = frozenset()  # executors its agents offer; empty: any job's
     min_nodes: int = 0
     max_nodes: int = 10
-    cost_per_hour: float = 0.0  # the cheapest pool that fits a job is chosen
+    cost_per_hour: float = 0.0  # the pool that fits a job cheapest per GPU is chosen
+    provider: str = ""  # which provider starts its machines ("": the only one)
+    max_spend_per_hour: float | None = None  # its machines together cost at most this per hour
 
     def __post_init__(self) -> None:
         where = f"pools[{self.name}]"
@@ -58,6 +60,8 @@ class Pool:
             )
         if self.cost_per_hour < 0:
             raise InvalidSpec(f"{where}.cost_per_hour", "must not be negative")
+        if self.max_spend_per_hour is not None and self.max_spend_per_hour < 0:
+            raise InvalidSpec(f"{where}.max_spend_per_hour", "must not be negative")
         object.__setattr__(self, "labels", frozen_map(self.labels))
 
 
@@ -91,11 +95,14 @@ class Config:
     max_launch: int = 10  # machines started per decision, over all pools
     max_remove: int = 5  # machines removed per decision
     priorities: frozenset[str] = frozenset()  # classes whose work may start machines; empty: all
+    max_spend_per_hour: float | None = None  # all pools' machines together cost at most this
 
     def __post_init__(self) -> None:
         for name in ("scale_up_delay_s", "idle_s", "boot_timeout_s", "lost_s", "backoff_s"):
             if getattr(self, name) < 0:
                 raise InvalidSpec(f"autoscale.{name}", "must not be negative")
+        if self.max_spend_per_hour is not None and self.max_spend_per_hour < 0:
+            raise InvalidSpec("autoscale.max_spend_per_hour", "must not be negative")
         if self.max_launch < 0 or self.max_remove < 0:
             raise InvalidSpec("autoscale.max_launch", "limits must not be negative")
         classes = self.priorities
@@ -112,6 +119,9 @@ class Request:
     ``busy``: nodes with active allocations. ``idle_since``: when each idle node
     last had work (or joined). ``draining``: members the autoscaler itself
     drained on their way out. ``backoff``: pools that get no launch until then.
+    ``members`` includes machines asked for that the provider does not list
+    yet (``ledger.fleet``): they count against ``max_nodes`` and the spend caps
+    like the machines it lists.
     """
 
     now: float
@@ -137,11 +147,13 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class Removal:
-    """Stop member ``name`` (its node is empty, or never joined, or is lost)."""
+    """Stop member ``name``: its node is empty (``idle``), or never joined (``not_joined``),
+    or is lost (``lost``)."""
 
     name: str
     pool: str
     reason: str
+    code: str = "idle"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,9 @@
         backends: [python]   # executors its agents offer (omit: any job's)
         min_nodes: 0
         max_nodes: 4
-        cost_per_hour: 20.0  # the cheapest pool that fits a job is chosen
+        cost_per_hour: 20.0  # the pool that fits a job cheapest per GPU is chosen
+        max_spend_per_hour: 60.0  # its machines together cost at most this (omit: no cap)
+        provider: cloud      # a name under providers: (omit when there is one provider)
 
 A mistake names its place (``pools[1].vram: not a size: 'lots'``); unknown
 keys are refused so a typo (``max_node``) does not silently mean the default.
@@ -29,7 +31,7 @@ from corral.core.resources import parse_bytes
 
 _KEYS = frozenset(
     {"name", "gpus", "gpu_model", "vram", "cpus", "labels", "backends"}
-    | {"min_nodes", "max_nodes", "cost_per_hour"}
+    | {"min_nodes", "max_nodes", "cost_per_hour", "max_spend_per_hour", "provider"}
 )
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
@@ -57,6 +59,10 @@ def _pool(item: Any, where: str) -> Pool:
     name = item.get("name")
     if not isinstance(name, str) or not name or not set(name) <= _NAME_CHARS:
         raise InvalidSpec(f"{where}.name", "must be lower-case letters, digits and '-'")
+    provider = item.get("provider", "")
+    if not isinstance(provider, str):
+        raise InvalidSpec(f"{where}.provider", "must be the name of a provider")
+    cap = item.get("max_spend_per_hour")
     labels = item.get("labels") or {}
     backends = item.get("backends") or []
     if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
@@ -74,6 +80,10 @@ def _pool(item: Any, where: str) -> Pool:
         min_nodes=_number(item, "min_nodes", where, 0),
         max_nodes=_number(item, "max_nodes", where, 10),
         cost_per_hour=float(_number(item, "cost_per_hour", where, 0, kind=float)),
+        provider=provider,
+        max_spend_per_hour=None
+        if cap is None
+        else float(_number(item, "max_spend_per_hour", where, 0, kind=float)),
     )
 
 

@@ -20,6 +20,8 @@ from corral.autoscaler.api import Pool
 from corral.core.model import Job
 from corral.core.resources import MILLI, ResourceRequest
 
+SPEND_SLACK = 1e-9  # dollars per hour: a cap met exactly by float sums is met, not passed
+
 
 @dataclass(slots=True)
 class Machine:
@@ -86,10 +88,12 @@ def fits(pool: Pool, job: Job) -> str | None:
 class Packing:
     """The supply, the machines this decision opens, and how many each pool may still open."""
 
-    def __init__(self, room: dict[str, int], limit: int) -> None:
+    def __init__(self, room: dict[str, int], limit: int, budget: float | None = None) -> None:
         self.machines: list[Machine] = []
         self.room = room  # pool -> machines it may still open (max_nodes - members, or 0)
         self.limit = limit  # machines this decision may open over all pools
+        self.budget = budget  # cost per hour the overall spend cap still allows (None: no cap)
+        self.served: dict[str, set[str]] = {}  # pool -> jobs packed onto its new machines
         # Per kind of need, the first machine that may still take it: machines only lose
         # room during a decision, so one that refused a need refuses it again. First fit then
         # costs about one look per job instead of one per machine (5,000 waiting jobs: 2.8 s
@@ -107,13 +111,28 @@ class Packing:
         need = (job.resources, tuple(sorted(job.node_selector.items())), job.backend)
         if job.replicas == 1:  # one replica changes nothing unless it fits: no working copy
             return self._one(job, need, pools, static)
-        kept = ([m.copy() for m in self.machines], dict(self.room), self.limit, dict(self.first))
+        kept = (
+            [m.copy() for m in self.machines],
+            dict(self.room),
+            self.limit,
+            self.budget,
+            dict(self.first),
+            {pool: set(jobs) for pool, jobs in self.served.items()},
+        )
         for _ in range(job.replicas):
             why = self._one(job, need, pools, static)
             if why is not None:
-                self.machines, self.room, self.limit, self.first = kept
+                self.machines, self.room, self.limit, self.budget, self.first, self.served = kept
                 return why
         return None
+
+    def affords(self, pool: Pool) -> bool:
+        """Whether the overall spend cap leaves room for one more machine of ``pool``."""
+        return self.budget is None or pool.cost_per_hour <= self.budget + SPEND_SLACK
+
+    def spend(self, pool: Pool) -> None:
+        if self.budget is not None:
+            self.budget -= pool.cost_per_hour
 
     def opened(self) -> dict[str, int]:
         """Machines to launch, per pool."""
@@ -139,16 +158,26 @@ class Packing:
                 ok = static[m.pool.name] = fits(m.pool, job) is None
             if ok and m.take(r):
                 self.first[need] = i
+                if m.name is None:
+                    self.served.setdefault(m.pool.name, set()).add(job.id)
                 return None
         self.first[need] = len(machines)
         if self.limit <= 0:
             return "the launch limit of one decision is reached; more next time"
+        capped = False
         for pool in pools:
             if self.room.get(pool.name, 0) > 0:
+                if not self.affords(pool):
+                    capped = True
+                    continue
                 machine = Machine.empty(pool, None)
                 if machine.take(r):
                     self.machines.append(machine)
                     self.room[pool.name] -= 1
                     self.limit -= 1
+                    self.spend(pool)
+                    self.served.setdefault(pool.name, set()).add(job.id)
                     return None
-        return "every pool that fits it is at max_nodes or backing off"
+        if capped:
+            return "the overall spend cap (autoscale.max_spend_per_hour) is reached"
+        return "every pool that fits it is at max_nodes, its spend cap, or backing off"

@@ -7,14 +7,17 @@ One decision, in order:
    provider may be out of that machine); a member whose node has been lost for
    ``lost_s`` is removed (its work was requeued when it was lost).
 2. **Pending work is packed** (``packing.py``) onto what is coming: members still
-   booting and idle members first, then new machines of the cheapest pool that
-   fits, within ``max_nodes`` and ``max_launch``. Only work that has waited
+   booting (launches in flight, listed or not: ``ledger.fleet``) and idle
+   members first, then new machines of the pool that fits cheapest per GPU,
+   within ``max_nodes``, the pool's and the overall spend cap (cost per hour of
+   the whole fleet, in flight included) and ``max_launch``. Only work that has waited
    ``scale_up_delay_s`` may open a machine, and only work that more capacity
    could help (not a team at its quota, a retry's back-off, a job waiting for a
    node with its model), and only work of the ``priorities`` classes when
    that is set (free work may use machines paid work started, never start
    one). Work that waited less may still keep an idle member.
-3. **Pools are topped up** to ``min_nodes``.
+3. **Pools are topped up** to ``min_nodes``, within the spend caps (a cap is
+   never passed, not even for the floor).
 4. **Idle members are drained, then removed**: a member idle for ``idle_s``
    that no pending work needs is drained (no new work), and removed at the
    next decision if it is still empty; if work comes back first, it is
@@ -28,7 +31,7 @@ paused or drained.
 from __future__ import annotations
 
 from corral.autoscaler.api import Launch, Member, Pool, Removal, Reply, Request, Unmet
-from corral.autoscaler.packing import Machine, Packing, fits
+from corral.autoscaler.packing import SPEND_SLACK, Machine, Packing, fits
 from corral.core.model import Node
 from corral.core.states import NodeState
 
@@ -46,8 +49,8 @@ def autoscale(request: Request) -> Reply:
         counts[m.pool] = counts.get(m.pool, 0) + 1
     packing, unmet = _pack(request, alive, pools, counts, backoff)
     opened = packing.opened()
-    launches = [Launch(p, n, f"{n} for pending work") for p, n in opened.items()]
-    launches += _top_up(request, counts, opened, backoff, packing.limit)
+    launches = [Launch(p, n, _why_launch(request, packing.served[p])) for p, n in opened.items()]
+    launches += _top_up(request, counts, opened, backoff, packing)
     rescued = packing.rescued()
     drain, idle_removals, keep = _scale_down(request, alive, pools, counts, rescued)
     return Reply(
@@ -69,10 +72,11 @@ def _broken(request: Request, backoff: dict[str, float]) -> tuple[list[Removal],
         node = request.nodes.get(m.name)
         if node is None and now - m.launched_at >= cfg.boot_timeout_s:
             why = f"its agent did not join within {cfg.boot_timeout_s:g}s"
-            removals.append(Removal(m.name, m.pool, why))
+            removals.append(Removal(m.name, m.pool, why, "not_joined"))
             backoff[m.pool] = now + cfg.backoff_s
         elif node is not None and _lost_for(node, now) >= cfg.lost_s:
-            removals.append(Removal(m.name, m.pool, f"its node was lost for {cfg.lost_s:g}s"))
+            why = f"its node was lost for {cfg.lost_s:g}s"
+            removals.append(Removal(m.name, m.pool, why, "lost"))
         else:
             alive.append(m)
     return removals, alive
@@ -90,15 +94,16 @@ def _pack(
     backoff: dict[str, float],
 ) -> tuple[Packing, list[Unmet]]:
     cfg, now = request.config, request.now
-    room = {
-        p.name: 0 if p.name in backoff else max(p.max_nodes - counts[p.name], 0)
-        for p in request.pools
-    }
-    packing = Packing(room, cfg.max_launch)
+    room = {p.name: 0 if p.name in backoff else _room(p, counts[p.name]) for p in request.pools}
+    budget = None
+    if cfg.max_spend_per_hour is not None:
+        running = sum(pools[m.pool].cost_per_hour for m in alive if m.pool in pools)
+        budget = cfg.max_spend_per_hour - running
+    packing = Packing(room, cfg.max_launch, budget)
     for m in alive:
         if _can_take_work(request, m):
             packing.supply(Machine.empty(pools.get(m.pool) or _gone(m.pool), m.name))
-    by_cost = sorted(request.pools, key=lambda p: p.cost_per_hour)  # stable: ties by order given
+    by_cost = sorted(request.pools, key=per_gpu)  # stable: ties by order given
     unmet: list[Unmet] = []
     for pending in request.pending:
         if pending.reasons & NO_HELP:
@@ -119,6 +124,29 @@ def _pack(
     return packing, unmet
 
 
+def per_gpu(pool: Pool) -> tuple[float, float]:
+    """What a pool's machine costs per GPU it brings (per machine for CPU-only pools), then
+    per machine: a job runs where its GPUs are cheapest, and between equal prices on the
+    smaller machine, which strands less."""
+    return pool.cost_per_hour / max(pool.gpus, 1), pool.cost_per_hour
+
+
+def _room(pool: Pool, count: int) -> int:
+    """Machines ``pool`` may still open: within ``max_nodes`` and its own spend cap."""
+    room = pool.max_nodes - count
+    cap, cost = pool.max_spend_per_hour, pool.cost_per_hour
+    if cap is not None and cost > 0:
+        room = min(room, int((cap + SPEND_SLACK) // cost) - count)
+    return max(room, 0)
+
+
+def _why_launch(request: Request, jobs: set[str]) -> str:
+    """'3 jobs waited 45 s': how much work a launch is for, and the longest it waited."""
+    since = [p.since for p in request.pending if p.job.id in jobs]
+    waited = request.now - min(since) if since else 0.0
+    return f"{len(jobs)} job{'s' * (len(jobs) != 1)} waited {waited:.0f} s"
+
+
 def _can_take_work(request: Request, m: Member) -> bool:
     """Booting, or joined, ready and idle (and not paused or drained by a person)."""
     return m.name not in request.nodes or _idle(request, m)
@@ -134,15 +162,21 @@ def _top_up(
     counts: dict[str, int],
     opened: dict[str, int],
     backoff: dict[str, float],
-    limit: int,
+    packing: Packing,
 ) -> list[Launch]:
     launches: list[Launch] = []
     for pool in request.pools:
         short = pool.min_nodes - counts[pool.name] - opened.get(pool.name, 0)
-        n = min(short, limit)
-        if n > 0 and pool.name not in backoff:
+        n = 0
+        while n < short and packing.limit > 0 and packing.room.get(pool.name, 0) > 0:
+            if pool.name in backoff or not packing.affords(pool):
+                break
+            packing.spend(pool)
+            packing.room[pool.name] -= 1
+            packing.limit -= 1
+            n += 1
+        if n > 0:
             launches.append(Launch(pool.name, n, f"{n} to reach min_nodes {pool.min_nodes}"))
-            limit -= n
     return launches
 
 

@@ -3,8 +3,9 @@
 ``SimulatedProvider``, the command provider and the webhook provider (and any
 provider you write) run ``check_provider`` in their tests, so they keep the
 same contract (``corral.autoscaler.provider``): launched names are listed with
-their pool and a launch time, a terminate removes exactly the names it is
-given, and terminating a name twice, or one never launched, is no error. The
+their pool and a launch time, a launch sent again with the same request id
+starts nothing more, a terminate removes exactly the names it is given, and
+terminating a name twice, or one never launched, is no error. The
 checks are plain async functions that raise ``AssertionError``; they need no
 test framework and no clock (``launched_at`` is only checked to be a time).
 
@@ -38,7 +39,7 @@ JOIN = Join("grpc://127.0.0.1:8471", "corral_agent_conformance-token")
 
 
 class Names:
-    """Fresh member names for the checks: ``<prefix>-1``, ``<prefix>-2``, ..."""
+    """Fresh member names and request ids for the checks: ``<prefix>-1``, ``<prefix>-2``, ..."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -46,6 +47,9 @@ class Names:
 
     def take(self, n: int) -> list[str]:
         return [f"{self.prefix}-{next(self._numbers)}" for _ in range(n)]
+
+    def request(self) -> str:
+        return f"req-{self.prefix}-{next(self._numbers)}"
 
 
 Check = Callable[[Provider, Names], Awaitable[None]]
@@ -76,7 +80,7 @@ async def check_launch_lists_members(provider: Provider, names: Names) -> None:
     new = names.take(2)
     before = await listed(provider)
     assert not before.keys() & set(new), f"{new} are new names, yet listed before launch"
-    await provider.launch(POOL_A, new, JOIN)
+    await provider.launch(POOL_A, new, JOIN, request_id=names.request())
     now = await listed(provider)
     for name in new:
         assert name in now, f"launched {name} is not listed: {sorted(now)}"
@@ -91,8 +95,8 @@ async def check_launch_lists_members(provider: Provider, names: Names) -> None:
 async def check_pools_listed_apart(provider: Provider, names: Names) -> None:
     """A launch in a second pool adds to the first; each member keeps its own pool."""
     in_a, in_b = names.take(2), names.take(1)
-    await provider.launch(POOL_A, in_a, JOIN)
-    await provider.launch(POOL_B, in_b, JOIN)
+    await provider.launch(POOL_A, in_a, JOIN, request_id=names.request())
+    await provider.launch(POOL_B, in_b, JOIN, request_id=names.request())
     now = await listed(provider)
     want = {**dict.fromkeys(in_a, POOL_A.name), **dict.fromkeys(in_b, POOL_B.name)}
     got = {name: now[name].pool for name in want if name in now}
@@ -103,7 +107,7 @@ async def check_pools_listed_apart(provider: Provider, names: Names) -> None:
 async def check_terminate_removes_only_those(provider: Provider, names: Names) -> None:
     """Terminating one name leaves the others listed, with their launch times unchanged."""
     gone, *kept = names.take(3)
-    await provider.launch(POOL_A, [gone, *kept], JOIN)
+    await provider.launch(POOL_A, [gone, *kept], JOIN, request_id=names.request())
     first = await listed(provider)
     await provider.terminate([gone])
     now = await listed(provider)
@@ -120,7 +124,7 @@ async def check_terminate_is_idempotent(provider: Provider, names: Names) -> Non
     """Terminating twice, a name never launched, or no names at all raises nothing."""
     (name,) = names.take(1)
     never = names.take(1)
-    await provider.launch(POOL_B, [name], JOIN)
+    await provider.launch(POOL_B, [name], JOIN, request_id=names.request())
     await provider.terminate([name])
     await provider.terminate([name])
     await provider.terminate(never)
@@ -130,10 +134,28 @@ async def check_terminate_is_idempotent(provider: Provider, names: Names) -> Non
     assert never[0] not in now, f"{never[0]} was never launched, yet is listed"
 
 
+async def check_launch_again_starts_nothing_more(provider: Provider, names: Names) -> None:
+    """A launch sent again with the same request id (the first answer was lost) leaves the
+    machines as the first one started them: listed once each, launch times unchanged."""
+    new = names.take(2)
+    request = names.request()
+    await provider.launch(POOL_A, new, JOIN, request_id=request)
+    first = await listed(provider)
+    await provider.launch(POOL_A, new, JOIN, request_id=request)
+    now = await listed(provider)
+    assert now.keys() == first.keys(), f"a repeated launch changed {sorted(first)} to {sorted(now)}"
+    for name in new:
+        assert now[name].launched_at == first[name].launched_at, (
+            f"{name} was started again: launched_at {first[name].launched_at} -> "
+            f"{now[name].launched_at}"
+        )
+    await terminate_all(provider, new)
+
+
 async def check_launch_nothing(provider: Provider, names: Names) -> None:
     """A launch of no names starts nothing."""
     before = await listed(provider)
-    await provider.launch(POOL_A, [], JOIN)
+    await provider.launch(POOL_A, [], JOIN, request_id=names.request())
     after = await listed(provider)
     assert after.keys() == before.keys(), (
         f"launching no names changed {sorted(before)} to {sorted(after)}"
@@ -145,6 +167,7 @@ CHECKS: tuple[Check, ...] = (
     check_pools_listed_apart,
     check_terminate_removes_only_those,
     check_terminate_is_idempotent,
+    check_launch_again_starts_nothing_more,
     check_launch_nothing,
 )
 

@@ -151,9 +151,10 @@ class ControlPlane:
         await asyncio.gather(*self._tasks, return_exceptions=True)  # a cancel of stop propagates
         self._tasks = []
         await self.schedule.close()
-        closing = getattr(self.autoscale and self.autoscale.provider, "aclose", None)
-        if closing is not None:  # a webhook provider's HTTP client
-            await closing()
+        for provider in self.autoscale.providers.values() if self.autoscale else ():
+            closing = getattr(provider, "aclose", None)
+            if closing is not None:  # a webhook provider's HTTP client
+                await closing()
         if self.notifier is not None:
             await self.notifier.close()
         await self.schedule.leader.release()

@@ -1,13 +1,16 @@
-"""The real providers: a command you write, or a webhook you serve (DESIGN.md section 4).
+"""The real providers: a command you write, a webhook you serve, or a fixed set of machines
+(DESIGN.md section 4).
 
-Both speak the same JSON, one request per call of the ``Provider`` protocol
-(``corral.autoscaler.provider``):
+The command and the webhook speak the same JSON, one request per call of the
+``Provider`` protocol (``corral.autoscaler.provider``):
 
 * ``list``: no input; answers ``{"members": [{"name", "pool", "launched_at"?}]}``.
   ``launched_at`` (unix seconds) may be left out: the provider then uses the
   time it first saw the name.
-* ``launch``: ``{"pool": {...}, "names": [...], "server": ..., "token": ...}``;
-  start one machine per name whose agent joins as that name. The answer is ignored.
+* ``launch``: ``{"pool": {...}, "names": [...], "server": ..., "token": ...,
+  "request_id": ...}``; start one machine per name whose agent joins as that
+  name. The answer is ignored. The same ``request_id`` may come again (corral
+  could not tell whether the first call arrived): start nothing more for it.
 * ``terminate``: ``{"names": [...]}``; names you do not run are no error.
 
 ``CommandProvider`` runs ``<command> list|launch|terminate`` with the request on
@@ -53,15 +56,18 @@ def pool_to_json(pool: Pool) -> dict[str, Any]:
         "min_nodes": pool.min_nodes,
         "max_nodes": pool.max_nodes,
         "cost_per_hour": pool.cost_per_hour,
+        "max_spend_per_hour": pool.max_spend_per_hour,
+        "provider": pool.provider,
     }
 
 
-def launch_request(pool: Pool, names: Sequence[str], join: Join) -> dict[str, Any]:
+def launch_request(pool: Pool, names: Sequence[str], join: Join, request_id: str) -> dict[str, Any]:
     return {
         "pool": pool_to_json(pool),
         "names": list(names),
         "server": join.server,
         "token": join.token,
+        "request_id": request_id,
     }
 
 
@@ -148,9 +154,11 @@ class CommandProvider:
         except ValueError as exc:
             raise ProviderError(f"command provider list: {exc}") from None
 
-    async def launch(self, pool: Pool, names: Sequence[str], join: Join) -> None:
+    async def launch(
+        self, pool: Pool, names: Sequence[str], join: Join, *, request_id: str
+    ) -> None:
         if names:
-            await self._run("launch", launch_request(pool, names, join))
+            await self._run("launch", launch_request(pool, names, join, request_id))
 
     async def terminate(self, names: Sequence[str]) -> None:
         if names:
@@ -262,9 +270,11 @@ class WebhookProvider:
         except ValueError as exc:  # json.JSONDecodeError is one
             raise ProviderError(f"webhook list: {exc}") from None
 
-    async def launch(self, pool: Pool, names: Sequence[str], join: Join) -> None:
+    async def launch(
+        self, pool: Pool, names: Sequence[str], join: Join, *, request_id: str
+    ) -> None:
         if names:
-            await self._post("launch", launch_request(pool, names, join))
+            await self._post("launch", launch_request(pool, names, join, request_id))
 
     async def terminate(self, names: Sequence[str]) -> None:
         if names:
@@ -288,3 +298,32 @@ class WebhookProvider:
                 f"{where} answered HTTP {reply.status_code} {reply.reason_phrase}: {excerpt}"
             )
         return reply
+
+
+class FixedProvider:
+    """Machines you run yourself, always there: one pool's capacity and price, never started
+    or stopped.
+
+    Listing them makes their pool's idle machines count as room for waiting work (so a
+    cloud pool is not started while they are free) and puts their cost in the spend
+    figures. Their pool keeps ``min_nodes = max_nodes`` = how many there are
+    (``server/autoscaling.py``), so the policy never launches or removes one; a launch
+    asked anyway is a failure, a terminate does nothing.
+    """
+
+    def __init__(self, pool: str, names: Sequence[str], *, now: Callable[[], float] = time.time):
+        self.pool = pool
+        self.names = list(names)
+        self.since = now()
+
+    async def members(self) -> list[Member]:
+        return [Member(name, self.pool, self.since) for name in self.names]
+
+    async def launch(
+        self, pool: Pool, names: Sequence[str], join: Join, *, request_id: str
+    ) -> None:
+        if names:
+            raise ProviderError(f"fixed provider launch: {pool.name} is a fixed set of machines")
+
+    async def terminate(self, names: Sequence[str]) -> None:
+        return None

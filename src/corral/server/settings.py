@@ -402,6 +402,12 @@ class AutoscaleSettings(BaseModel):
         description="only work of these priority classes starts machines (empty: every "
         "class); other work still runs on machines that are there",
     )
+    max_spend_per_hour: float | None = Field(
+        default=None,
+        ge=0,
+        description="all pools' machines (running and launching) cost at most this per hour "
+        "together; a launch that would pass it is not made (unset: no cap)",
+    )
     max_launch: int = Field(default=10, ge=0, description="machines started per decision")
     max_remove: int = Field(default=5, ge=0, description="idle machines removed per decision")
     provider_timeout_s: float = Field(

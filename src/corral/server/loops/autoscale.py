@@ -3,30 +3,34 @@
 Every ``autoscale.tick_s`` the scheduling leader (one replica, as for
 liveness and retention):
 
-1. asks the provider which machines it runs (``members``);
-2. reads the nodes and which of them have work, and takes the jobs the last
+1. loads the ledger of machines it asked for (``loops/fleet.py``) and sends
+   again any launch whose answer it never heard (same request id);
+2. asks every provider which machines it runs, and notes in the ledger
+   which ones are listed and which agents joined;
+3. reads the nodes and which of them have work, and takes the jobs the last
    scheduling cycle left unplaced, with their reason codes;
-3. decides (``corral.autoscaler.autoscale``: pure);
-4. drains idle members (``pause_reason`` ``autoscaler``, so a restarted or new
+4. decides (``corral.autoscaler.autoscale``: pure) on the fleet the providers
+   list plus the launches in flight they do not list yet
+   (``ledger.fleet``), with the back-off the ledger's failures imply;
+5. drains idle members (``pause_reason`` ``autoscaler``, so a restarted or new
    leader knows which drains are its own), undrains those work came back
    for, terminates members to remove and forgets their nodes (only when
    empty), and launches machines named ``<pool>-<6 hex digits>`` whose
-   agents join with ``agent_server`` and ``agent_token``.
+   agents join with ``agent_server`` and ``agent_token``, each written to the
+   ledger before its provider is asked.
 
-What the loop remembers between decisions (when a node became idle, when a
-job started waiting, which pools back off) lives in memory: a new leader
-starts those clocks again, so it removes later and launches later, never
-sooner. A provider call that fails is logged and counted
-(``corral_autoscaler_errors_total``); a failed launch backs its pool off for
-``backoff_s``.
+What is in flight, the back-off and the spend come from the ledger in the
+store, so a restart or a new leader launches nothing twice. The clocks (when
+a node became idle, when a job started waiting) live in memory: a new leader
+starts them again, so it removes later and launches later, never sooner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from corral.autoscaler import (
@@ -36,13 +40,14 @@ from corral.autoscaler import (
     Pending,
     Pool,
     Provider,
-    ProviderError,
     Reply,
     Request,
     autoscale,
 )
 from corral.autoscaler.clocks import Clocks
+from corral.autoscaler.ledger import HOUR_S, backoff, fleet, rate, spent
 from corral.core.errors import Conflict, InvalidSpec, NotFound
+from corral.server.loops.fleet import Fleet
 from corral.server.loops.schedule import SchedulingLoop
 from corral.server.services.auth import AuthService, TokenKind
 from corral.server.services.nodes import DRAINED_BY_AUTOSCALER, NodeService
@@ -54,14 +59,29 @@ from corral.server.store.records import NodeRecord
 
 log = logging.getLogger("corral.server.autoscale")
 
+HISTORY = 20  # decisions that did something, kept for ``corral autoscaler status``
+SWEEP_EVERY = 240  # decisions between two sweeps of ended ledger entries
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The last decision, for ``GET /v1/autoscaler``."""
+    """One decision, for ``GET /v1/autoscaler``: what it saw, what it did, and why."""
 
     at: float
     members: tuple[Member, ...]
     reply: Reply
+    states: Mapping[str, str]  # member -> launching | joined | draining | lost
+    lines: tuple[str, ...]  # "launch 1 x g4090: 3 jobs waited 30 s"
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What the fleet costs: per hour now (running and launching), and spent in the last
+    hour, per pool; with the caps they are held to."""
+
+    rate: Mapping[str, float]
+    last_hour: Mapping[str, float]
+    cap: float | None
 
 
 class AutoscaleLoop:
@@ -69,7 +89,7 @@ class AutoscaleLoop:
         self,
         rt: Runtime,
         scheduling: SchedulingLoop,
-        provider: Provider,
+        providers: Provider | Mapping[str, Provider],
         pools: tuple[Pool, ...],
         auth: AuthService,
         nodes: NodeService,
@@ -78,15 +98,20 @@ class AutoscaleLoop:
     ) -> None:
         self.rt = rt
         self.scheduling = scheduling
-        self.provider = provider
+        # One provider alone serves the pools that name none ("").
+        self.providers = dict(providers) if isinstance(providers, Mapping) else {"": providers}
         self.pools = pools
         self.auth = auth
         self.nodes = nodes
         self.address = address  # the agent link's address once it listens
         self.leading = leading or (lambda: True)
+        self.fleet = Fleet(rt, self.providers, pools, nodes)
         self.last: Decision | None = None
+        self.history: deque[Decision] = deque(maxlen=HISTORY)
+        self.spend = Spend({}, {}, None)
         self.clocks = Clocks()  # since when nodes are idle and jobs wait
         self.backoff: dict[str, float] = {}
+        self.ticks = 0
         self._token: str | None = None
         # The token as launched agents get it: with the certificate's pin when the server's
         # is self-signed (server/tls.py), so they join over grpcs:// with no more setup.
@@ -105,43 +130,47 @@ class AutoscaleLoop:
                 log.exception("autoscaler decision failed")
 
     async def tick(self) -> Reply | None:
-        """One decision, carried out; None when this replica does not lead or the provider
-        could not list its machines."""
+        """One decision, carried out; None when this replica does not lead."""
         if not self.leading():
             self.clocks.forget()  # a later leadership starts the clocks again
             return None
         now = self.rt.clock.now()
-        try:
-            members = tuple(await self.provider.members())
-        except ProviderError as e:
-            self._failed("list", e)
-            return None
-        request = await self._request(now, members)
+        await self.fleet.load(now)
+        await self.fleet.resend(self._join)
+        listed, failed = await self.fleet.listed()
+        request = await self._request(now, listed, failed)
         # Pure and self-contained: on a worker thread, a decision over thousands of waiting
         # jobs (tens to hundreds of ms) lets the event loop keep serving meanwhile.
         reply = await asyncio.to_thread(autoscale, request)
-        self.backoff = dict(reply.backoff)
-        await self._apply(now, reply)
-        self.last = Decision(now, members, reply)
-        self._observe(members, request)
+        await self._apply(reply)
+        self._account(now, listed, request, reply)
+        self.ticks += 1
+        if self.ticks % SWEEP_EVERY == 0:
+            await self.fleet.sweep(now)
         return reply
 
-    async def _request(self, now: float, members: tuple[Member, ...]) -> Request:
+    async def _request(self, now: float, listed: list[Member], failed: set[str]) -> Request:
         async with self.rt.db.read() as conn:
             records = await node_repo.all_nodes(conn)
             busy = frozenset(a.alloc.node for a in await alloc_repo.active(conn))
         nodes = {r.node.name: r.node for r in records}
+        await self.fleet.upkeep(listed, failed, nodes)
+        cfg = self._config()
+        held = backoff(self.fleet.entries, self.pools, now, cfg.backoff_s)
+        for pool in self.pools:  # a provider that cannot list gets no launch until it can
+            if pool.provider in failed:
+                held[pool.name] = max(held.get(pool.name, 0.0), now + self.settings.tick_s)
         return Request(
             now=now,
             pools=self.pools,
-            members=members,
+            members=fleet(listed, self.fleet.entries),
             nodes=nodes,
             busy=busy,
             idle_since=self.clocks.idle(nodes, busy, now),
             draining=frozenset(r.node.name for r in records if _ours(r)),
             pending=self._pending(now),
-            backoff=self.backoff,
-            config=self._config(),
+            backoff=held,
+            config=cfg,
         )
 
     def _pending(self, now: float) -> tuple[Pending, ...]:
@@ -158,15 +187,16 @@ class AutoscaleLoop:
         """The decision's knobs: the ``autoscale.*`` settings of the same names."""
         return Config(**{f.name: getattr(self.settings, f.name) for f in fields(Config)})
 
-    async def _apply(self, now: float, reply: Reply) -> None:
+    async def _apply(self, reply: Reply) -> None:
         for name in reply.drain:
             await self._mark(name, draining=True, reason=DRAINED_BY_AUTOSCALER)
         for name in reply.undrain:
             await self._mark(name, draining=False, reason=None)
         if reply.remove:
-            await self._remove(reply)
+            await self.fleet.remove(reply.remove)
+        pools = {p.name: p for p in self.pools}
         for launch in reply.launches:
-            await self._launch(now, launch.pool, launch.count, launch.reason)
+            await self.fleet.launch(pools[launch.pool], launch.count, launch.reason, self._join)
         for unmet in reply.unmet:
             log.debug("autoscaler: job %s not served: %s", unmet.job_id, unmet.reason)
 
@@ -175,37 +205,6 @@ class AutoscaleLoop:
             await self.nodes.mark(name, draining=draining, reason=reason)
         except (NotFound, Conflict) as e:  # gone or changed meanwhile: the next decision sees it
             log.info("autoscaler: %s %s skipped: %s", "drain" if draining else "undrain", name, e)
-
-    async def _remove(self, reply: Reply) -> None:
-        names = [r.name for r in reply.remove]
-        try:
-            await self.provider.terminate(names)
-        except ProviderError as e:
-            self._failed("terminate", e)
-            return
-        for removal in reply.remove:
-            gone = await self.nodes.forget(removal.name, f"autoscaler: {removal.reason}")
-            self.rt.metrics.autoscaler_removed.labels(removal.pool).inc()
-            log.info(
-                "autoscaler: removed %s (%s)%s",
-                removal.name,
-                removal.reason,
-                "" if gone else "; its node still has work and stays listed",
-            )
-
-    async def _launch(self, now: float, pool_name: str, count: int, reason: str) -> None:
-        pool = next(p for p in self.pools if p.name == pool_name)
-        names = [f"{pool.name}-{secrets.token_hex(3)}" for _ in range(count)]
-        try:
-            join = await self._join()
-            await self.provider.launch(pool, names, join)
-        except (ProviderError, InvalidSpec) as e:
-            self.backoff[pool.name] = now + self.settings.backoff_s
-            self._failed("launch", e)
-            return
-        self.rt.metrics.autoscaler_launched.labels(pool.name).inc(count)
-        await self.nodes.launched(names, pool.name, reason)
-        log.info("autoscaler: launched %d x %s (%s): %s", count, pool.name, reason, names)
 
     async def _join(self) -> Join:
         server = self.settings.agent_server or self.address()
@@ -224,17 +223,55 @@ class AutoscaleLoop:
                 _, self._token = await self.auth.create(TokenKind.AGENT, "autoscaler", None)
         return Join(server, self.join_token(self._token))
 
-    def _failed(self, call: str, error: Exception) -> None:
-        self.rt.metrics.autoscaler_errors.labels(call).inc()
-        log.warning("autoscaler: provider %s failed: %s", call, error)
-
-    def _observe(self, members: tuple[Member, ...], request: Request) -> None:
+    def _account(self, now: float, listed: list[Member], request: Request, reply: Reply) -> None:
+        """Keep the fleet as the decision left it, the back-off and the spend, for the
+        status and the metrics."""
+        entries = self.fleet.entries
+        self.backoff = backoff(entries, self.pools, now, request.config.backoff_s)
+        removed = {r.name for r in reply.remove}
+        members = fleet([m for m in listed if m.name not in removed], entries)
+        pools = {p.name: p for p in self.pools}
+        self.spend = Spend(
+            rate(members, pools),
+            spent(entries, now - HOUR_S, now),
+            request.config.max_spend_per_hour,
+        )
+        states = {m.name: _state(request, m.name) for m in members}
+        decision = Decision(now, members, reply, states, tuple(explain(request, reply)))
+        self.last = decision
+        if decision.lines:
+            self.history.append(decision)
         counts: dict[tuple[str, str], int] = {}
         for m in members:
-            node = request.nodes.get(m.name)
-            state = "booting" if node is None else "draining" if node.draining else node.state
-            counts[(m.pool, str(state))] = counts.get((m.pool, str(state)), 0) + 1
+            counts[(m.pool, states[m.name])] = counts.get((m.pool, states[m.name]), 0) + 1
         self.rt.metrics.observe_members(counts)
+        for pool in self.pools:
+            self.rt.metrics.autoscaler_cost.labels(pool.name).set(self.spend.rate.get(pool.name, 0))
+
+
+def explain(request: Request, reply: Reply) -> list[str]:
+    """The decision as lines a person reads: what was done to which machines, and why."""
+    lines = [f"launch {x.count} x {x.pool}: {x.reason}" for x in reply.launches]
+    for name in reply.drain:
+        idle = request.now - request.idle_since.get(name, request.now)
+        lines.append(f"drain {name}: idle {idle:.0f} s")
+    lines += [f"undrain {name}: work came back for it" for name in reply.undrain]
+    lines += [f"remove {x.name} ({x.pool}): {x.reason}" for x in reply.remove]
+    if reply.unmet:
+        first = reply.unmet[0]
+        lines.append(
+            f"{len(reply.unmet)} waiting job(s) not served, e.g. {first.job_id}: {first.reason}"
+        )
+    return lines
+
+
+def _state(request: Request, name: str) -> str:
+    node = request.nodes.get(name)
+    if node is None:
+        return "launching"
+    if node.draining:
+        return "draining"
+    return "joined" if node.state.value == "ready" else node.state.value
 
 
 def _ours(record: NodeRecord) -> bool:

@@ -46,6 +46,18 @@ class Metrics:
         self.autoscaler_removed = Counter(
             "corral_autoscaler_removed", "Machines the autoscaler removed", ["pool"], registry=r
         )
+        self.autoscaler_not_joined = Counter(
+            "corral_autoscaler_not_joined",
+            "Machines removed because their agent did not join within boot_timeout_s",
+            ["pool"],
+            registry=r,
+        )
+        self.autoscaler_cost = Gauge(
+            "corral_autoscaler_cost_per_hour",
+            "What the autoscaler's machines (running and launching) cost per hour now, by pool",
+            ["pool"],
+            registry=r,
+        )
         self.autoscaler_errors = Counter(
             "corral_autoscaler_errors",
             "Provider calls that failed (list, launch, terminate)",

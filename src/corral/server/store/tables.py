@@ -187,3 +187,24 @@ audit = sa.Table(
     sa.Index("ix_audit_at", "at"),
     sa.Index("ix_audit_actor_seq", "actor_id", "seq"),
 )
+
+# Migration 0015: every machine the autoscaler asked a provider for, written before it asks,
+# so launches in flight count against max_nodes and the spend caps across restarts and
+# leaders (autoscaler/ledger.py). Ended rows are kept a day for the spend figures.
+autoscale_machines = sa.Table(
+    "autoscale_machines",
+    metadata,
+    sa.Column("name", sa.String(255), primary_key=True),  # the node name its agent joins as
+    sa.Column("pool", sa.String(64), nullable=False),
+    sa.Column("provider", sa.String(64), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=False),  # the launch call's, sent again
+    sa.Column("asked_at", sa.Double, nullable=False),
+    sa.Column("cost_per_hour", sa.Double, nullable=False),
+    sa.Column("sent", sa.Boolean, nullable=False, default=False),  # the provider accepted it
+    sa.Column("listed", sa.Boolean, nullable=False, default=False),  # the provider listed it
+    sa.Column("joined", sa.Boolean, nullable=False, default=False),  # its agent joined
+    sa.Column("ended_at", sa.Double, nullable=True),
+    sa.Column("outcome", sa.String(16), nullable=False, default=""),  # ledger.Outcome
+    sa.Column("reason", sa.String(512), nullable=False, default=""),
+    sa.Index("ix_autoscale_machines_ended_at", "ended_at"),
+)
