@@ -95,3 +95,72 @@ def test_a_server_on_every_address_must_say_where_machines_dial(tmp_path: Path) 
     provided = scaling_from(told)
     assert provided is not None
     assert [p.name for p in provided[1]] == ["a"]
+
+
+# -- several providers -------------------------------------------------------------------------
+
+SEVERAL = """
+providers:
+  cloud: {webhook_url: "http://cloud.example/corral", token_env: CLOUD_TOKEN, timeout_s: 5}
+  local: {command: "python examples/autoscale/local_provider.py"}
+  home: {fixed: [box-1, box-2]}
+pools:
+  - {name: g4090, gpus: 1, vram: 24GiB, cost_per_hour: 0.4, provider: cloud}
+  - {name: cpu, cpus: 4, provider: local, max_spend_per_hour: 2}
+  - {name: home, gpus: 1, vram: 24GiB, provider: home}
+"""
+
+
+def several(tmp_path: Path, text: str = SEVERAL) -> Settings:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(text)
+    return Settings(autoscale={"pools_file": pools, "agent_server": "grpc://vps:8471"})  # type: ignore[arg-type]
+
+
+def test_each_pool_gets_the_provider_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLOUD_TOKEN", "secret")
+    provided = scaling_from(several(tmp_path))
+    assert provided is not None
+    providers, pools = provided
+    assert isinstance(providers["cloud"], WebhookProvider)
+    assert providers["cloud"].timeout_s == 5
+    assert isinstance(providers["local"], CommandProvider)
+    assert "" not in providers  # every pool names its own: no default one is needed
+    by_name = {p.name: p for p in pools}
+    assert by_name["cpu"].max_spend_per_hour == 2
+    home = by_name["home"]
+    assert (home.fixed, home.min_nodes, home.max_nodes) == (True, 2, 2)  # the set's size
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        pytest.param(("provider: local,", "provider: space,"), "pools[cpu].provider",
+                     "no provider named 'space'", id="unknown-provider"),
+        pytest.param(("timeout_s: 5", "timeout: 5"), "providers.cloud.timeout",
+                     "unknown field", id="unknown-key"),
+        pytest.param(("{fixed: [box-1, box-2]}", "{fixed: [box-1], command: x}"),
+                     "providers.home", "exactly one", id="two-kinds"),
+        pytest.param(("{fixed: [box-1, box-2]}", "{fixed: [box-1, box-1]}"),
+                     "providers.home.fixed", "twice", id="fixed-twice"),
+    ],
+)  # fmt: skip
+def test_provider_mistakes_name_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: tuple[str, str], field: str,
+    words: str,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("CLOUD_TOKEN", "secret")
+    with pytest.raises(InvalidSpec) as caught:
+        scaling_from(several(tmp_path, SEVERAL.replace(*change)))
+    assert caught.value.field.endswith(field)
+    assert words in caught.value.message
+
+
+def test_a_webhook_token_must_be_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CLOUD_TOKEN", raising=False)
+    with pytest.raises(InvalidSpec, match="the environment has no CLOUD_TOKEN"):
+        scaling_from(several(tmp_path))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_autoscale_policy import A100, CFG, G4090, NOW, decide, gpu_job, launched, waiting
+from test_autoscale_policy import A100, CFG, G4090, NOW, decide, gpu_job, joined, launched, waiting
 
 from corral.autoscaler import Member, Pool
 from corral.autoscaler.ledger import Launched, fleet
@@ -102,3 +102,24 @@ def test_a_launch_says_how_much_work_it_is_for_and_how_long_it_waited() -> None:
     assert [(x.pool, x.count, x.reason) for x in reply.launches] == [
         ("4090", 2, "2 jobs waited 45 s")
     ]
+
+
+# -- a fixed set -------------------------------------------------------------------------------
+
+HOME = Pool("home", gpus=1, gpu_model="RTX 4090", vram_bytes=24 * GIB, cpus=8, min_nodes=2,
+            max_nodes=2, fixed=True)  # fmt: skip
+
+
+def test_an_idle_machine_of_a_fixed_set_takes_work_before_a_launch() -> None:
+    members = (Member("box-1", "home", 0.0), Member("box-2", "home", 0.0))
+    nodes = {"box-1": joined(HOME, "box-1")}  # box-2 is off: never replaced, never removed
+    reply = decide(pools=(G4090, HOME), members=members, nodes=nodes,
+                   pending=waiting(gpu_job("a")), idle_since={"box-1": 0.0})  # fmt: skip
+    assert reply.idle
+
+
+def test_a_fixed_set_is_never_drained_removed_or_topped_up() -> None:
+    members = (Member("box-1", "home", 0.0), Member("box-2", "home", 0.0))
+    nodes = {"box-1": joined(HOME, "box-1")}
+    reply = decide(pools=(HOME,), members=members, nodes=nodes, idle_since={"box-1": 0.0})
+    assert reply.idle

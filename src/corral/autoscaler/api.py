@@ -43,6 +43,7 @@ class Pool:
     cost_per_hour: float = 0.0  # the pool that fits a job cheapest per GPU is chosen
     provider: str = ""  # which provider starts its machines ("": the only one)
     max_spend_per_hour: float | None = None  # its machines together cost at most this per hour
+    fixed: bool = False  # machines you run (a fixed provider): counted, never started or stopped
 
     def __post_init__(self) -> None:
         where = f"pools[{self.name}]"

@@ -25,7 +25,9 @@ One decision, in order:
    decision.
 
 Machines that are no pool's member are never touched, nor members a person
-paused or drained.
+paused or drained, nor the machines of a ``fixed`` pool (ones you run: they
+count as room for waiting work when joined and idle, and are never started,
+drained or removed).
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ def _broken(request: Request, backoff: dict[str, float]) -> tuple[list[Removal],
     cfg, now = request.config, request.now
     removals: list[Removal] = []
     alive: list[Member] = []
+    fixed = {p.name for p in request.pools if p.fixed}
     for m in request.members:
         node = request.nodes.get(m.name)
+        if m.pool in fixed and (node is None or node.state is NodeState.LOST):
+            continue  # not there now, and not the autoscaler's to replace
         if node is None and now - m.launched_at >= cfg.boot_timeout_s:
             why = f"its agent did not join within {cfg.boot_timeout_s:g}s"
             removals.append(Removal(m.name, m.pool, why, "not_joined"))
@@ -133,6 +138,8 @@ def per_gpu(pool: Pool) -> tuple[float, float]:
 
 def _room(pool: Pool, count: int) -> int:
     """Machines ``pool`` may still open: within ``max_nodes`` and its own spend cap."""
+    if pool.fixed:
+        return 0
     room = pool.max_nodes - count
     cap, cost = pool.max_spend_per_hour, pool.cost_per_hour
     if cap is not None and cost > 0:
@@ -166,6 +173,8 @@ def _top_up(
 ) -> list[Launch]:
     launches: list[Launch] = []
     for pool in request.pools:
+        if pool.fixed:
+            continue
         short = pool.min_nodes - counts[pool.name] - opened.get(pool.name, 0)
         n = 0
         while n < short and packing.limit > 0 and packing.room.get(pool.name, 0) > 0:
@@ -202,6 +211,8 @@ def _scale_down(
         if len(drain) + len(removals) >= cfg.max_remove:
             break
         pool = pools.get(m.pool) or _gone(m.pool)
+        if pool.fixed:
+            continue
         if left[m.pool] <= pool.min_nodes:
             if m.name in request.draining:
                 keep.add(m.name)

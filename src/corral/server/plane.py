@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.autoscaler import Pool, Provider
@@ -57,7 +57,7 @@ class ControlPlane:
         schedule: ScheduleFn,
         *,
         run_loops: bool = True,
-        scaling: tuple[Provider, tuple[Pool, ...]] | None = None,
+        scaling: tuple[Mapping[str, Provider], tuple[Pool, ...]] | None = None,
     ) -> None:
         self.rt = rt
         self.run_loops = run_loops
@@ -97,11 +97,11 @@ class ControlPlane:
         self.delivery = Delivery(rt, self.transport, lambda: self.schedule.leading)
         self.autoscale: AutoscaleLoop | None = None
         if scaling is not None:  # docs/autoscaler.md
-            provider, pools = scaling
+            providers, pools = scaling
             self.autoscale = AutoscaleLoop(
                 rt,
                 self.schedule,
-                provider,
+                providers,
                 pools,
                 self.auth,
                 self.nodes,
