@@ -5,8 +5,8 @@ request on stdin, as ``corral.server.providers.CommandProvider`` sends it. The
 state file keeps the members, the launch request ids seen (a launch sent again
 starts nothing) and the last launch request, so tests can check what the
 provider was given. With ``PROVIDER_LAG_S`` set, ``list`` hides machines
-launched less than that many seconds ago, as a cloud API's list lags. Writes go through a temporary file and
-``os.replace``, so a reader never sees half a file.
+launched less than that many seconds ago, as a cloud API's list lags. Writes go
+through a temporary file and ``os.replace``, so a reader never sees half a file.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from corral import __version__
 from corral.cli import (
     agent_cmd,
     audit_cmd,
+    autoscaler_cmd,
     jobs_cmd,
     models_cmd,
     nodes_cmd,
@@ -43,6 +44,7 @@ jobs_cmd.register(app)
 watch_cmd.register(app)
 teams_cmd.register(app)
 nodes_cmd.register(app)
+autoscaler_cmd.register(app)
 models_cmd.register(app)
 audit_cmd.register(app)
 

@@ -1,4 +1,4 @@
-"""``corral nodes``, ``corral node pause|resume|drain|delete NAME`` and ``corral autoscaler``."""
+"""``corral nodes`` and ``corral node pause|resume|drain|delete NAME``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from corral.cli.common import JsonOpt, TokenOpt, UrlOpt, cli_errors, connect, err, out, print_json
-from corral.cli.render import nodes_table, pools_table, styled
+from corral.cli.render import nodes_table, styled
 from corral.sdk import Client, NodeStatus
 
 node_app = typer.Typer(
@@ -18,13 +18,11 @@ node_app = typer.Typer(
     help="Change one node: pause, resume, drain or delete it.",
     no_args_is_help=True,
 )
-SHOWN = 20  # waiting jobs listed as not served; --json has them all
 NameArg = Annotated[str, typer.Argument(help="The node's name (see corral nodes).")]
 
 
 def register(app: typer.Typer) -> None:
     app.command("nodes")(list_nodes)
-    app.command("autoscaler")(autoscaler)
     app.add_typer(node_app)
 
 
@@ -38,37 +36,6 @@ def list_nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fa
         err().print("no nodes yet: start an agent with `corral agent --server URL --token T`")
     else:
         out().print(nodes_table(nodes, time.time()))
-
-
-def autoscaler(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
-    """The autoscaler: its pools, the machines it runs and its last decision (admin)."""
-    with connect(url, token) as client, cli_errors():
-        status = client.autoscaler()
-    if as_json:
-        print_json(status)
-        return
-    if not status.enabled:
-        err().print("the autoscaler is off: see docs/autoscaler.md (autoscale.pools_file)")
-        return
-    now = time.time()
-    out().print(pools_table(status, now))
-    last = status.last
-    if last is None:
-        out().print("no decision yet (or this replica does not lead)")
-        return
-    out().print(f"last decision {now - last.at:.0f}s ago:")
-    for launch in last.launches:
-        out().print(f"  launch {launch['count']} x {escape(launch['pool'])}: {launch['reason']}")
-    for name in last.drain:
-        out().print(f"  drain {escape(name)}: idle")
-    for removal in last.remove:
-        out().print(f"  remove {escape(removal['name'])}: {removal['reason']}")
-    for unmet in last.unmet[:SHOWN]:
-        out().print(f"  [yellow]not served[/] {escape(unmet['job_id'])}: {escape(unmet['reason'])}")
-    if len(last.unmet) > SHOWN:
-        out().print(f"  ... and {len(last.unmet) - SHOWN} more waiting jobs not served (--json)")
-    if not (last.launches or last.drain or last.remove or last.unmet):
-        out().print("  nothing to do")
 
 
 @node_app.command("pause")

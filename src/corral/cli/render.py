@@ -149,24 +149,38 @@ def nodes_table(nodes: list[NodeStatus], now: float) -> Table:
 
 
 def pools_table(status: AutoscalerStatus, now: float) -> Table:
-    """One row per pool: its machine, its bounds, how many it runs and any back-off."""
-    members = Counter(m.pool for m in status.last.members) if status.last else Counter[str]()
+    """One row per pool: its provider and machine, its bounds, its price and spend cap, and
+    any back-off (its machines by state are ``pool_machines``)."""
     table = Table(box=None, pad_edge=False)
-    for name in ("POOL", "MACHINE", "MIN", "MAX", "MACHINES", "COST/H", "BACKOFF"):
+    for name in ("POOL", "PROVIDER", "MACHINE", "MIN", "MAX", "COST/H", "CAP/H", "BACKOFF"):
         table.add_column(name, no_wrap=True)
     for p in status.pools:
         machine = f"{p.gpus}x {p.gpu_model} {p.vram_bytes / GIB:g}GiB" if p.gpus else "CPU"
         backoff = f"{p.backoff_until - now:.0f}s" if p.backoff_until else "-"
+        cap = "-" if p.max_spend_per_hour is None else f"{p.max_spend_per_hour:g}"
         table.add_row(
             escape(p.name),
+            escape(p.provider or "-") + (" (fixed)" if p.fixed else ""),
             escape(f"{machine}, {p.cpus} CPUs"),
             str(p.min_nodes),
             str(p.max_nodes),
-            str(members[p.name]),
             f"{p.cost_per_hour:g}",
+            cap,
             backoff,
         )
     return table
+
+
+def pool_machines(status: AutoscalerStatus) -> list[str]:
+    """Per pool: its machines launching, joined and draining, and what they cost now."""
+    lines = []
+    for p in status.pools:
+        counts = ", ".join(
+            f"{p.machines.get(s, 0)} {s}" for s in ("launching", "joined", "draining")
+        )
+        lost = f", {p.machines['lost']} lost" if p.machines.get("lost") else ""
+        lines.append(f"{escape(p.name)}: {counts}{lost}; {p.cost_per_hour_now:g}/h now")
+    return lines
 
 
 def teams_table(teams: list[TeamQuota]) -> Table:

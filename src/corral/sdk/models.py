@@ -294,13 +294,37 @@ class ScalingPool(_Out):
     min_nodes: int = 0
     max_nodes: int = 0
     cost_per_hour: float = 0.0
+    max_spend_per_hour: float | None = None
+    provider: str = ""
+    fixed: bool = False
     backoff_until: float | None = None
+    machines: dict[str, int] = Field(default_factory=dict)  # by state: launching, joined, ...
+    cost_per_hour_now: float = 0.0
+    spent_last_hour: float = 0.0
 
 
 class ScalingMember(_Out):
     name: str
     pool: str
     launched_at: float = 0.0
+
+
+class ScalingMachine(_Out):
+    name: str
+    pool: str
+    state: str  # launching (asked for, not joined), joined, draining, lost
+    launched_at: float = 0.0
+
+
+class ScalingSpend(_Out):
+    cost_per_hour_now: float = 0.0
+    spent_last_hour: float = 0.0
+    max_spend_per_hour: float | None = None
+
+
+class ScalingLines(_Out):
+    at: float
+    lines: list[str] = Field(default_factory=list)
 
 
 class ScalingDecision(_Out):
@@ -316,4 +340,7 @@ class ScalingDecision(_Out):
 class AutoscalerStatus(_Out):
     enabled: bool
     pools: list[ScalingPool] = Field(default_factory=list)
+    machines: list[ScalingMachine] = Field(default_factory=list)
+    spend: ScalingSpend | None = None
+    decisions: list[ScalingLines] = Field(default_factory=list)  # recent ones that did something
     last: ScalingDecision | None = None

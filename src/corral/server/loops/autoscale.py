@@ -239,7 +239,7 @@ class AutoscaleLoop:
         states = {m.name: _state(request, m.name) for m in members}
         decision = Decision(now, members, reply, states, tuple(explain(request, reply)))
         self.last = decision
-        if decision.lines:
+        if not reply.idle:  # what was done, and why; waiting alone is in ``last``
             self.history.append(decision)
         counts: dict[tuple[str, str], int] = {}
         for m in members:

@@ -186,27 +186,40 @@ function renderModels(models) {
 }
 
 // The autoscaler (admin only; hidden when it is off or the token may not see it): each pool's
-// machine, how many run of min..max, any back-off, and the last decision's actions and the
-// waiting jobs it did not serve, with why.
+// machine and provider, its machines launching, joined and draining of min..max, what they
+// cost per hour now against its cap, any back-off; the fleet's spend against the overall cap;
+// the recent decisions with their reasons; and the waiting jobs the last one did not serve.
 function renderAutoscaler(status) {
-  const running = {};
-  for (const m of (status.last ? status.last.members : [])) running[m.pool] = (running[m.pool] || 0) + 1;
-  const head = el("tr", {}, ["pool", "machine", "machines (booting or joined)", "min..max", "cost/h", "back-off"].map((h) => el("th", {}, h)));
-  const rows = status.pools.map((p) => el("tr", { "data-pool": p.name },
-    el("td", {}, el("strong", {}, p.name)),
-    el("td", {}, p.gpus ? `${p.gpus}x ${p.gpu_model} ${gib(p.vram_bytes)}, ${p.cpus} CPUs` : `${p.cpus} CPUs`),
-    el("td", { class: "machines" }, String(running[p.name] || 0)), el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
-    el("td", {}, String(p.cost_per_hour)),
-    el("td", {}, p.backoff_until ? `until ${new Date(p.backoff_until * 1000).toLocaleTimeString()}` : "-")));
+  const head = el("tr", {}, ["pool", "provider", "machine", "launching", "joined", "draining", "min..max", "cost/h (now / cap)", "back-off"].map((h) => el("th", {}, h)));
+  const rows = status.pools.map((p) => {
+    const count = (state) => String((p.machines || {})[state] || 0);
+    const cap = p.max_spend_per_hour == null ? "no cap" : money(p.max_spend_per_hour);
+    return el("tr", { "data-pool": p.name },
+      el("td", {}, el("strong", {}, p.name)), el("td", {}, (p.provider || "-") + (p.fixed ? " (fixed)" : "")),
+      el("td", {}, p.gpus ? `${p.gpus}x ${p.gpu_model} ${gib(p.vram_bytes)}, ${p.cpus} CPUs` : `${p.cpus} CPUs`),
+      el("td", { class: "launching" }, count("launching")), el("td", { class: "joined" }, count("joined")),
+      el("td", { class: "draining" }, count("draining")), el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
+      el("td", { class: "cost" }, `${money(p.cost_per_hour)} each · ${money(p.cost_per_hour_now)} / ${cap}`),
+      el("td", {}, p.backoff_until ? `until ${new Date(p.backoff_until * 1000).toLocaleTimeString()}` : "-"));
+  });
+  const s = status.spend;
+  const spend = !s ? "" : `spend: ${money(s.cost_per_hour_now)}/h now` +
+    (s.max_spend_per_hour == null ? ", no overall cap" : ` of a ${money(s.max_spend_per_hour)}/h cap` +
+      (s.cost_per_hour_now >= s.max_spend_per_hour ? " (reached: no launch until it is under)" : "")) +
+    `; ${money(s.spent_last_hour)} in the last hour`;
+  const decisions = (status.decisions || []).slice(-10).flatMap((d) => d.lines.map((line) =>
+    el("li", {}, el("span", { class: "muted" }, new Date(d.at * 1000).toLocaleTimeString() + " "), line)));
   const last = status.last;
-  const lines = !last ? [el("li", { class: "muted" }, "No decision yet.")] : [
-    ...last.launches.map((l) => el("li", {}, `launch ${l.count} × ${l.pool}: ${l.reason}`)),
-    ...last.drain.map((n) => el("li", {}, `drain ${n}: idle`)),
-    ...last.remove.map((r) => el("li", {}, `remove ${r.name}: ${r.reason}`)),
+  const unmet = !last ? [el("li", { class: "muted" }, "No decision yet.")] : [
     ...last.unmet.slice(0, 20).map((u) => el("li", { class: "error" }, `not served ${u.job_id}: ${u.reason}`)),
     ...(last.unmet.length > 20 ? [el("li", { class: "muted" }, `… and ${last.unmet.length - 20} more waiting jobs not served`)] : []),
   ];
-  return [[head, ...rows], lines.length ? lines : [el("li", { class: "muted" }, "Nothing to do.")]];
+  const lines = [...decisions, ...unmet];
+  return [[head, ...rows], spend, lines.length ? lines : [el("li", { class: "muted" }, "Nothing to do yet.")]];
+}
+
+function money(x) {
+  return (Math.round(x * 100) / 100).toString();
 }
 
 async function refresh() {
@@ -227,8 +240,9 @@ async function refresh() {
   const scaling = await getJson("/v1/autoscaler").catch(() => null);  // 403 for a team token
   $("autoscaler-section").hidden = !(scaling && scaling.enabled);
   if (scaling && scaling.enabled) {
-    const [table, lines] = renderAutoscaler(scaling);
+    const [table, spend, lines] = renderAutoscaler(scaling);
     $("pools").replaceChildren(...table);
+    $("autoscaler-spend").textContent = spend;
     $("autoscaler-last").replaceChildren(...lines);
   }
   const models = await getJson("/v1/models").catch(() => []);
