@@ -171,7 +171,7 @@ async def drive(run: Run, server: Proc) -> None:
             await submit(run, http)
             await sample(run, http, up=True)
             await asyncio.sleep(1.0)
-        for _ in range(int(a.idle_s) + 10):  # long enough to see the machines go
+        for _ in range(int(a.idle_s * 2) + 6):  # long enough to see the idle machines go
             await sample(run, http, up=True)
             await asyncio.sleep(1.0)
         run.audit = await audit(run, http)
