@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -171,3 +172,18 @@ async def test_spend_is_counted_from_the_ledger(world: World) -> None:
     await loop.tick()
     assert loop.spend.rate == {"g4090": 0.5}
     assert loop.spend.last_hour["g4090"] == pytest.approx(0.1)
+
+
+async def test_a_machine_the_provider_stops_listing_no_longer_counts(world: World) -> None:
+    provider = SimulatedProvider(world.clock.now)
+    loop = scaler(world, provider, (replace(POOL, max_nodes=1),))
+    await one_waiting_job(world, loop)
+    await loop.tick()
+    [(first, _, _)] = provider.launched
+    await loop.tick()  # listed: noted in the ledger
+    del provider.running[first]  # reclaimed by the cloud before its agent joined
+    world.clock.advance(5)
+    reply = await loop.tick()
+    assert reply is not None
+    assert [(x.pool, x.count) for x in reply.launches] == [("g4090", 1)]  # room again
+    assert len(provider.launched) == 2

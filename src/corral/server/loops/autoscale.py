@@ -136,7 +136,7 @@ class AutoscaleLoop:
             return None
         now = self.rt.clock.now()
         await self.fleet.load(now)
-        await self.fleet.resend(self._join)
+        await self.fleet.resend(self._join, self.settings.boot_timeout_s)
         listed, failed = await self.fleet.listed()
         request = await self._request(now, listed, failed)
         # Pure and self-contained: on a worker thread, a decision over thousands of waiting

@@ -54,13 +54,15 @@ class Fleet:
             self.entries = await ledger_repo.recent(conn, now - KEPT_S)
         return self.entries
 
-    async def resend(self, join: Callable[[], Awaitable[Join]]) -> None:
+    async def resend(self, join: Callable[[], Awaitable[Join]], boot_timeout_s: float) -> None:
         """Send again the launches written down whose answer was never heard (the server
         stopped between writing and hearing): the same request id, so the provider starts
-        each machine once."""
+        each machine once. One older than ``boot_timeout_s`` is not sent again: the policy
+        removes it (a terminate, in case the first call did arrive)."""
+        now = self.rt.clock.now()
         unsent: dict[str, list[Launched]] = {}
         for x in self.entries:
-            if x.open and not x.sent:
+            if x.open and not x.sent and now - x.asked_at < boot_timeout_s:
                 unsent.setdefault(x.request_id, []).append(x)
         for request_id, group in unsent.items():
             pool = self.pools.get(group[0].pool)
