@@ -10,7 +10,8 @@ from test_autoscale_policy import A100, CFG, G4090, NOW, decide, gpu_job, joined
 
 from corral.autoscaler import Member, Pool
 from corral.autoscaler.ledger import Launched, fleet
-from corral.core.resources import GIB
+from corral.core.model import Job
+from corral.core.resources import GIB, ResourceRequest
 
 BIG4090 = Pool("4090x4", gpus=4, gpu_model="RTX 4090", vram_bytes=24 * GIB, cpus=32,
                max_nodes=10, cost_per_hour=1.6)  # fmt: skip
@@ -123,3 +124,9 @@ def test_a_fixed_set_is_never_drained_removed_or_topped_up() -> None:
     nodes = {"box-1": joined(HOME, "box-1")}
     reply = decide(pools=(HOME,), members=members, nodes=nodes, idle_since={"box-1": 0.0})
     assert reply.idle
+
+
+def test_work_without_gpus_goes_to_the_cheapest_machine_not_the_cheapest_gpu() -> None:
+    cpu_job = Job("c", resources=ResourceRequest(cpus=2))
+    reply = decide(pools=(BIG4090, G4090), pending=waiting(cpu_job))
+    assert launched(reply) == {"4090": 1}  # 0.5 $/h beats 1.6 $/h, though 0.4 per GPU

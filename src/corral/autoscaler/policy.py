@@ -8,7 +8,8 @@ One decision, in order:
    ``lost_s`` is removed (its work was requeued when it was lost).
 2. **Pending work is packed** (``packing.py``) onto what is coming: members still
    booting (launches in flight, listed or not: ``ledger.fleet``) and idle
-   members first, then new machines of the pool that fits cheapest per GPU,
+   members first, then new machines of the pool that fits cheapest per GPU
+   (per machine for work without GPUs),
    within ``max_nodes``, the pool's and the overall spend cap (cost per hour of
    the whole fleet, in flight included) and ``max_launch``. Only work that has waited
    ``scale_up_delay_s`` may open a machine, and only work that more capacity
@@ -108,12 +109,15 @@ def _pack(
     for m in alive:
         if _can_take_work(request, m):
             packing.supply(Machine.empty(pools.get(m.pool) or _gone(m.pool), m.name))
-    by_cost = sorted(request.pools, key=per_gpu)  # stable: ties by order given
+    # Stable sorts: ties keep the order given.
+    by_gpu = sorted(request.pools, key=per_gpu)
+    by_machine = sorted(request.pools, key=lambda p: p.cost_per_hour)
     unmet: list[Unmet] = []
     for pending in request.pending:
         if pending.reasons & NO_HELP:
             continue
         job = pending.job
+        by_cost = by_gpu if job.resources.wants_gpu else by_machine
         verdicts = {p.name: fits(p, job) for p in by_cost}  # None: its machines fit the job
         fitting = [p for p in by_cost if verdicts[p.name] is None]
         if not fitting:
@@ -131,8 +135,8 @@ def _pack(
 
 def per_gpu(pool: Pool) -> tuple[float, float]:
     """What a pool's machine costs per GPU it brings (per machine for CPU-only pools), then
-    per machine: a job runs where its GPUs are cheapest, and between equal prices on the
-    smaller machine, which strands less."""
+    per machine: GPU work runs where GPUs are cheapest, and between equal prices on the
+    smaller machine, which strands less. Work without GPUs goes to the cheapest machine."""
     return pool.cost_per_hour / max(pool.gpus, 1), pool.cost_per_hour
 
 
