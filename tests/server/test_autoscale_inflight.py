@@ -157,6 +157,8 @@ async def test_a_failing_provider_is_backed_off_and_the_next_one_delivers(world:
     assert cloud.launched == []
     assert local.launched == []
     assert "cheap" in loop.backoff
+    said = [e for e in await world.events() if e.kind is EventKind.NODE_REMOVED]
+    assert ["launch failed" in e.data["reason"] for e in said] == [True]  # what will not come
     await loop.tick()  # the next cheapest that fits delivers
     assert [pool for _, pool, _ in local.launched] == ["dear"]
     assert loop.last is not None

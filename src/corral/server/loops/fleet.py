@@ -171,7 +171,8 @@ class Fleet:
             await provider.launch(pool, names, await join(), request_id=request_id)
         except (ProviderError, ValueError) as e:  # InvalidSpec: no address to hand out
             self.failed("launch", e)
-            await self._end(names, Outcome.LAUNCH_FAILED, f"launch failed: {e}")
+            # Its node.launched events are out: the stream says these machines will not come.
+            await self._end(names, Outcome.LAUNCH_FAILED, f"launch failed: {e}", events=True)
             return False
         async with self.rt.tx() as tx:
             await ledger_repo.mark(tx.conn, names, sent=True)
@@ -191,10 +192,12 @@ class Fleet:
         self.rt.metrics.autoscaler_removed.labels(r.pool).inc()
         log.info("autoscaler: removed %s (%s)", r.name, r.reason)
 
-    async def _end(self, names: list[str], outcome: str, why: str) -> None:
+    async def _end(self, names: list[str], outcome: str, why: str, events: bool = False) -> None:
         now = self.rt.clock.now()
         async with self.rt.tx() as tx:
             await ledger_repo.end(tx.conn, names, now, outcome, why)
+            for name in names if events else ():
+                tx.emit(EventKind.NODE_REMOVED, team=None, node=name, data={"reason": why})
         self._note(names, ended_at=now, outcome=outcome, reason=why[:512])
 
     def _provider_of(self, name: str, pool: str) -> str:
