@@ -19,9 +19,9 @@ def test_a_short_chaos_run_overspends_nothing_and_draws_its_figure(tmp_path: Pat
     out = tmp_path / "chaos.png"
     argv = [sys.executable, str(BENCH / "chaos_autoscale.py"), "--minutes", "0.3", "--peak", "8",
             "--job-s", "1.5", "--kills", "1", "--down-s", "2", "--lag-s", "3", "--idle-s", "2",
-            "--drain-s", "40", "--out", str(out)]  # fmt: skip
+            "--drain-s", "90", "--out", str(out)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, env=env, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     figures = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     assert figures["overspend"].startswith("0 machine-seconds beyond max_nodes")
