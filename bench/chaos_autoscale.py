@@ -38,6 +38,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -48,7 +49,7 @@ from types import ModuleType
 from typing import Any
 
 import httpx
-from chaos_cluster import ADMIN, CLI, Proc, _env, free_port
+from chaos_cluster import ADMIN, CLI, Proc, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "autoscale" / "local_provider.py"
@@ -129,7 +130,9 @@ def server_proc(run: Run, tmp: Path) -> Proc:
     agents = free_port()
     argv = [sys.executable, "-c", CLI, "server", "--home", str(run.home)]
     argv += ["--port", run.http.rsplit(":", 1)[1], "--node-timeout", "30"]
-    env = _env(
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env |= dict(
+        PYTHONUNBUFFERED="1",
         CORRAL_ADMIN_TOKEN=ADMIN,
         CORRAL_AGENTS__PORT=str(agents),
         CORRAL_AUTOSCALE__POOLS_FILE=str(pools),
