@@ -130,3 +130,25 @@ def test_work_without_gpus_goes_to_the_cheapest_machine_not_the_cheapest_gpu() -
     cpu_job = Job("c", resources=ResourceRequest(cpus=2))
     reply = decide(pools=(BIG4090, G4090), pending=waiting(cpu_job))
     assert launched(reply) == {"4090": 1}  # 0.5 $/h beats 1.6 $/h, though 0.4 per GPU
+
+
+# -- machines on their way out ------------------------------------------------------------------
+
+
+def test_a_terminated_machine_still_listed_counts_but_takes_no_work_and_is_not_removed() -> None:
+    pool = replace(G4090, max_nodes=1)
+    members = (Member("4090-old", "4090", NOW - 2000),)  # no node: it was terminated
+    reply = decide(pools=(pool,), members=members, pending=waiting(gpu_job("a")),
+                   leaving=frozenset({"4090-old"}))  # fmt: skip
+    assert reply.remove == ()  # not "did not join": it was removed already
+    assert reply.backoff == {}
+    assert reply.launches == ()  # it still costs: the pool is full until it is gone
+    assert "max_nodes" in reply.unmet[0].reason
+
+
+def test_a_terminated_machine_still_listed_counts_against_the_overall_cap() -> None:
+    members = (Member("4090-old", "4090", NOW - 2000),)
+    reply = decide(members=members, pending=waiting(gpu_job("a")),
+                   leaving=frozenset({"4090-old"}),
+                   config=replace(CFG, max_spend_per_hour=0.9))  # fmt: skip
+    assert reply.launches == ()

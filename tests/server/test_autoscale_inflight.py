@@ -5,7 +5,7 @@ database, two replicas, and machines that never join."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -189,3 +189,47 @@ async def test_a_machine_the_provider_stops_listing_no_longer_counts(world: Worl
     assert reply is not None
     assert [(x.pool, x.count) for x in reply.launches] == [("g4090", 1)]  # room again
     assert len(provider.launched) == 2
+
+
+class SlowToForget(SimulatedProvider):
+    """A provider whose list shows a terminated machine for a while yet (the first terminate
+    of each name is only noted)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        super().__init__(now)
+        self.asked: list[str] = []
+
+    async def terminate(self, names: Sequence[str]) -> None:
+        again = [n for n in names if n in self.asked]
+        self.asked += names
+        await super().terminate(again)
+
+
+async def test_a_terminated_machine_the_list_still_shows_is_not_removed_again(
+    world: World,
+) -> None:
+    provider = SlowToForget(world.clock.now)
+    loop = scaler(world, provider, (replace(POOL, max_nodes=1),))
+    await one_waiting_job(world, loop)
+    await loop.tick()
+    [(name, _, _)] = provider.launched
+    world.clock.advance(901)
+    await loop.tick()  # never joined: terminated (the provider keeps listing it)
+    world.clock.advance(301)  # the back-off is over
+    await world.submit(resources={"gpus": 1})
+    await world.cycle()
+    await loop.tick()
+    world.clock.advance(31)
+    reply = await loop.tick()
+    assert reply is not None
+    assert reply.remove == ()  # not removed (nor counted as not joined) a second time
+    assert reply.launches == ()  # and it still holds the pool's one machine
+    assert loop.last is not None
+    assert dict(loop.last.states) == {name: "terminating"}
+    assert world.plane.rt.metrics.autoscaler_not_joined.labels("g4090")._value.get() == 1
+    world.clock.advance(901)
+    await loop.tick()  # long after: the terminate is sent again, and this time it goes
+    assert provider.running == {}
+    reply = await loop.tick()
+    assert reply is not None
+    assert [(x.pool, x.count) for x in reply.launches] == [("g4090", 1)]

@@ -122,7 +122,9 @@ class Request:
     drained on their way out. ``backoff``: pools that get no launch until then.
     ``members`` includes machines asked for that the provider does not list
     yet (``ledger.fleet``): they count against ``max_nodes`` and the spend caps
-    like the machines it lists.
+    like the machines it lists. ``leaving``: members already terminated that
+    the provider still lists (``ledger.leaving``): they count against
+    ``max_nodes`` and the caps, take no work and are not removed again.
     """
 
     now: float
@@ -135,6 +137,7 @@ class Request:
     pending: tuple[Pending, ...] = ()
     backoff: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     config: Config = field(default_factory=Config)
+    leaving: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ the provider's list into the fleet the policy decides on:
   room for waiting work) from the moment it is asked for until it ends: it
   is terminated, its launch failed, or the provider stopped listing it after
   having listed it once. One never listed and never joined ends when the
-  policy removes it after ``boot_timeout_s``;
+  policy removes it after ``boot_timeout_s``. One terminated that the
+  provider still lists keeps counting against the caps (``leaving``);
 * a pool backs off for ``backoff_s`` after a machine of it did not join in
   time, and every pool of a provider after that provider failed a launch: the
   next cheapest pool that fits takes the work meanwhile;
@@ -40,6 +41,7 @@ class Outcome:
     VANISHED = "vanished"  # the provider listed it once and lists it no more
 
     FAILURES = frozenset({LAUNCH_FAILED, NOT_JOINED})
+    TERMINATED = frozenset({NOT_JOINED, REMOVED})  # the autoscaler asked for it to stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,21 @@ def fleet(listed: Sequence[Member], launched: Iterable[Launched]) -> tuple[Membe
     shown = {m.name for m in listed}
     out += [Member(x.name, x.pool, x.asked_at) for x in asked.values() if x.name not in shown]
     return tuple(out)
+
+
+def leaving(listed: Sequence[Member], launched: Iterable[Launched]) -> frozenset[str]:
+    """Machines the provider still lists though the autoscaler terminated them (its list
+    lags behind terminates too): they cost until they are gone, so they count against
+    ``max_nodes`` and the spend caps, but they take no work and are not removed again."""
+    by_name: dict[str, Launched] = {}
+    for x in launched:  # the latest entry of a name decides
+        if x.name not in by_name or x.asked_at >= by_name[x.name].asked_at:
+            by_name[x.name] = x
+    return frozenset(
+        m.name
+        for m in listed
+        if (last := by_name.get(m.name)) is not None and last.outcome in Outcome.TERMINATED
+    )
 
 
 def vanished(listed: Sequence[Member], launched: Iterable[Launched]) -> list[str]:

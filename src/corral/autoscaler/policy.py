@@ -47,10 +47,11 @@ def autoscale(request: Request) -> Reply:
     pools = {p.name: p for p in request.pools}
     backoff = {p: t for p, t in request.backoff.items() if t > request.now}
     removals, alive = _broken(request, backoff)
-    counts = {p.name: 0 for p in request.pools}
+    counts = {p.name: 0 for p in request.pools}  # the members that serve
     for m in alive:
         counts[m.pool] = counts.get(m.pool, 0) + 1
-    packing, unmet = _pack(request, alive, pools, counts, backoff)
+    going = [m for m in request.members if m.name in request.leaving]
+    packing, unmet = _pack(request, alive, going, pools, counts, backoff)
     opened = packing.opened()
     launches = [Launch(p, n, _why_launch(request, packing.served[p])) for p, n in opened.items()]
     launches += _top_up(request, counts, opened, backoff, packing)
@@ -74,6 +75,8 @@ def _broken(request: Request, backoff: dict[str, float]) -> tuple[list[Removal],
     fixed = {p.name for p in request.pools if p.fixed}
     for m in request.members:
         node = request.nodes.get(m.name)
+        if m.name in request.leaving:
+            continue  # terminated already: the provider's list has not caught up
         if m.pool in fixed and (node is None or node.state is NodeState.LOST):
             continue  # not there now, and not the autoscaler's to replace
         if node is None and now - m.launched_at >= cfg.boot_timeout_s:
@@ -95,16 +98,20 @@ def _lost_for(node: Node, now: float) -> float:
 def _pack(
     request: Request,
     alive: list[Member],
+    going: list[Member],
     pools: dict[str, Pool],
     counts: dict[str, int],
     backoff: dict[str, float],
 ) -> tuple[Packing, list[Unmet]]:
     cfg, now = request.config, request.now
-    room = {p.name: 0 if p.name in backoff else _room(p, counts[p.name]) for p in request.pools}
+    held = dict(counts)  # what runs or still costs: machines on their way out count too
+    for m in going:
+        held[m.pool] = held.get(m.pool, 0) + 1
+    room = {p.name: 0 if p.name in backoff else _room(p, held[p.name]) for p in request.pools}
     budget = None
     if cfg.max_spend_per_hour is not None:
-        running = sum(pools[m.pool].cost_per_hour for m in alive if m.pool in pools)
-        budget = cfg.max_spend_per_hour - running
+        costing = (m for m in [*alive, *going] if m.pool in pools)
+        budget = cfg.max_spend_per_hour - sum(pools[m.pool].cost_per_hour for m in costing)
     packing = Packing(room, cfg.max_launch, budget)
     for m in alive:
         if _can_take_work(request, m):

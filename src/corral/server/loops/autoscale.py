@@ -45,7 +45,7 @@ from corral.autoscaler import (
     autoscale,
 )
 from corral.autoscaler.clocks import Clocks
-from corral.autoscaler.ledger import HOUR_S, backoff, fleet, rate, spent
+from corral.autoscaler.ledger import HOUR_S, backoff, fleet, leaving, rate, spent
 from corral.core.errors import Conflict, InvalidSpec, NotFound
 from corral.server.loops.fleet import Fleet
 from corral.server.loops.schedule import SchedulingLoop
@@ -70,7 +70,7 @@ class Decision:
     at: float
     members: tuple[Member, ...]
     reply: Reply
-    states: Mapping[str, str]  # member -> launching | joined | draining | lost
+    states: Mapping[str, str]  # member -> launching | joined | draining | lost | terminating
     lines: tuple[str, ...]  # "launch 1 x g4090: 3 jobs waited 30 s"
 
 
@@ -156,6 +156,8 @@ class AutoscaleLoop:
         nodes = {r.node.name: r.node for r in records}
         await self.fleet.upkeep(listed, failed, nodes)
         cfg = self._config()
+        going = leaving(listed, self.fleet.entries)
+        await self.fleet.chase(going, cfg.boot_timeout_s)
         held = backoff(self.fleet.entries, self.pools, now, cfg.backoff_s)
         for pool in self.pools:  # a provider that cannot list gets no launch until it can
             if pool.provider in failed:
@@ -171,6 +173,7 @@ class AutoscaleLoop:
             pending=self._pending(now),
             backoff=held,
             config=cfg,
+            leaving=going,
         )
 
     def _pending(self, now: float) -> tuple[Pending, ...]:
@@ -266,6 +269,8 @@ def explain(request: Request, reply: Reply) -> list[str]:
 
 
 def _state(request: Request, name: str) -> str:
+    if name in request.leaving:
+        return "terminating"
     node = request.nodes.get(name)
     if node is None:
         return "launching"

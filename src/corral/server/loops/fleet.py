@@ -48,6 +48,7 @@ class Fleet:
         self.pools = {p.name: p for p in pools}
         self.nodes = nodes
         self.entries: list[Launched] = []
+        self.chased: dict[str, float] = {}  # terminated, still listed -> last terminate sent
 
     async def load(self, now: float) -> list[Launched]:
         async with self.rt.db.read() as conn:
@@ -152,6 +153,29 @@ class Fleet:
                 continue
             for r in group:
                 await self._removed(r)
+
+    async def chase(self, names: frozenset[str], after_s: float) -> None:
+        """Terminate again the machines a provider still lists ``after_s`` after they were
+        terminated (at most once per ``after_s``): a terminate that was lost must not leave
+        a machine costing money for ever."""
+        now = self.rt.clock.now()
+        ended = {x.name: x for x in self.entries if x.ended_at is not None}
+        due: dict[str, list[str]] = {}
+        for name in names:
+            x = ended.get(name)
+            last = self.chased.get(name, x.ended_at if x and x.ended_at is not None else now)
+            if x is not None and now - last >= after_s:
+                due.setdefault(x.provider, []).append(name)
+        self.chased = {n: t for n, t in self.chased.items() if n in names}
+        for provider, group in due.items():
+            try:
+                await self.providers[provider].terminate(group)
+            except (ProviderError, KeyError) as e:
+                self.failed("terminate", e)
+                continue
+            log.warning("autoscaler: %s still listed long after its terminate: sent again", group)
+            for name in group:
+                self.chased[name] = now
 
     def failed(self, call: str, error: Exception) -> None:
         self.rt.metrics.autoscaler_errors.labels(call).inc()
