@@ -178,7 +178,7 @@ def pool_machines(status: AutoscalerStatus) -> list[str]:
         counts = ", ".join(
             f"{p.machines.get(s, 0)} {s}" for s in ("launching", "joined", "draining")
         )
-        lost = f", {p.machines['lost']} lost" if p.machines.get("lost") else ""
+        lost = "".join(f", {p.machines[s]} {s}" for s in ("lost", "terminating") if s in p.machines)
         lines.append(f"{escape(p.name)}: {counts}{lost}; {p.cost_per_hour_now:g}/h now")
     return lines
 

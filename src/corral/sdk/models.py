@@ -312,7 +312,7 @@ class ScalingMember(_Out):
 class ScalingMachine(_Out):
     name: str
     pool: str
-    state: str  # launching (asked for, not joined), joined, draining, lost
+    state: str  # launching (asked for, not joined), joined, draining, lost, terminating
     launched_at: float = 0.0
 
 

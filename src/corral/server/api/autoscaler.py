@@ -47,7 +47,10 @@ class MemberOut(BaseModel):
 class MachineOut(BaseModel):
     name: str
     pool: str
-    state: str = Field(description="launching (asked for, not joined), joined, draining, lost")
+    state: str = Field(
+        description="launching (asked for, not joined), joined, draining, lost, terminating "
+        "(terminated, still listed by its provider)"
+    )
     launched_at: float
 
 

@@ -198,7 +198,8 @@ function renderAutoscaler(status) {
       el("td", {}, el("strong", {}, p.name)), el("td", {}, (p.provider || "-") + (p.fixed ? " (fixed)" : "")),
       el("td", {}, p.gpus ? `${p.gpus}x ${p.gpu_model} ${gib(p.vram_bytes)}, ${p.cpus} CPUs` : `${p.cpus} CPUs`),
       el("td", { class: "launching" }, count("launching")), el("td", { class: "joined" }, count("joined")),
-      el("td", { class: "draining" }, count("draining")), el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
+      el("td", { class: "draining" }, count("draining") + ((p.machines || {}).terminating ? ` (+${p.machines.terminating} terminating)` : "")),
+      el("td", {}, `${p.min_nodes}..${p.max_nodes}`),
       el("td", { class: "cost" }, `${money(p.cost_per_hour)} each · ${money(p.cost_per_hour_now)} / ${cap}`),
       el("td", {}, p.backoff_until ? `until ${new Date(p.backoff_until * 1000).toLocaleTimeString()}` : "-"));
   });
