@@ -21,7 +21,6 @@ from corral.agent.executors.base import (
     Progress,
     Result,
     Started,
-    StopReason,
     StopSignal,
     Update,
 )
@@ -30,6 +29,7 @@ from corral.agent.models import ModelManager, ModelSpec
 from corral.agent.supervisor import Done, Order, Report, Supervisor
 from corral.agent.wire import order_from
 from corral.core import VirtualClock
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

@@ -22,7 +22,6 @@ from corral.agent.executors.base import (
     LogLine,
     Preview,
     Progress,
-    StopReason,
     StopSignal,
     Update,
 )
@@ -36,6 +35,7 @@ from corral.agent.reference.comfyui import (
 from corral.agent.reference.serve import free_port, serving
 from corral.agent.testing import CHECKS, Harness, run_to_end
 from corral.core import WallClock
+from corral.core.states import StopReason
 
 
 def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> Assignment:

@@ -17,7 +17,6 @@ from corral.agent.executors.base import (
     LogLine,
     Preview,
     Progress,
-    StopReason,
     StopSignal,
     Update,
 )
@@ -26,6 +25,7 @@ from corral.agent.executors.lines import ResultFile, parse_line
 from corral.agent.executors.scripted import tiny_png
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import WallClock
+from corral.core.states import StopReason
 
 LONG = """
 trap 'echo CORRAL_CHECKPOINT "$CORRAL_CHECKPOINT_DIR/ckpt-$i" $i; exit 143' TERM

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from corral.agent.demo import DemoExecutor, DemoRequest, encode_png
-from corral.agent.executors.base import Assignment, Checkpoint, Finished, Preview, StopReason
+from corral.agent.executors.base import Assignment, Checkpoint, Finished, Preview
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import InvalidSpec, VirtualClock
+from corral.core.states import StopReason
 
 
 def demo_harness() -> Harness:

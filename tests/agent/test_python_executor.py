@@ -12,12 +12,12 @@ from corral.agent.executors.base import (
     Finished,
     LogLine,
     Progress,
-    StopReason,
     Update,
 )
 from corral.agent.executors.python import PythonExecutor, load_handler
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import InvalidSpec, WallClock
+from corral.core.states import StopReason
 
 HANDLERS = "agent_handlers"
 

@@ -14,12 +14,12 @@ from corral.agent.executors.base import (
     LogLine,
     Progress,
     Started,
-    StopReason,
     StopSignal,
     Update,
 )
 from corral.agent.testing import Harness, run_to_end, stop_on_first_progress
 from corral.core import ExecutorError, InvalidSpec, Unavailable, VirtualClock
+from corral.core.states import StopReason
 
 
 class Misbehaving:

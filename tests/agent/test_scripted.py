@@ -11,11 +11,11 @@ from corral.agent.executors.base import (
     LogLine,
     Preview,
     Progress,
-    StopReason,
 )
 from corral.agent.executors.scripted import Script, ScriptedExecutor
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import InvalidSpec, VirtualClock
+from corral.core.states import StopReason
 
 
 def scripted_harness() -> Harness:

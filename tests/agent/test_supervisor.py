@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from corral.agent.executors.base import (
-    Assignment,
-    Checkpoint,
-    Failed,
-    Progress,
-    Started,
-    StopReason,
-)
+from corral.agent.executors.base import Assignment, Checkpoint, Failed, Progress, Started
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.python import HandlerContext, PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.supervisor import Done, Order, Report, Supervisor
 from corral.core import VirtualClock, WallClock
+from corral.core.states import StopReason
 
 
 def order(alloc: str, *jobs: str, steps: int = 3, backend: str = "", **payload: object) -> Order:

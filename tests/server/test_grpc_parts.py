@@ -14,16 +14,10 @@ import pytest
 
 from corral.core import VirtualClock
 from corral.core.model import JobKind
+from corral.core.states import StopReason
 from corral.proto.bundles import unpack_server
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
-from corral.server.agentlink.base import (
-    Assignment,
-    HelloReply,
-    JobWork,
-    Standing,
-    StopOrder,
-    StopReason,
-)
+from corral.server.agentlink.base import Assignment, HelloReply, JobWork, Standing, StopOrder
 from corral.server.agentlink.grpc_convert import (
     ack_message,
     assign_message,

@@ -35,13 +35,13 @@ from corral.agent.executors.base import (
     Preview,
     Progress,
     Result,
-    StopReason,
     StopSignal,
     Update,
     stopped_terminal,
 )
 from corral.agent.executors.runner import first_of
 from corral.core import Clock, InvalidSpec
+from corral.core.states import StopReason
 
 DEFAULT_MODEL = "demo-tiny"
 

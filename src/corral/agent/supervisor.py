@@ -36,7 +36,6 @@ from corral.agent.executors.base import (
     Progress,
     Result,
     Started,
-    StopReason,
     StopSignal,
     Update,
     stopped_terminal,
@@ -48,6 +47,7 @@ from corral.agent.models import ModelManager
 from corral.agent.vram_guard import Reservation, VramGuard, process_tree
 from corral.core import Clock
 from corral.core.model import EMPTY
+from corral.core.states import StopReason
 
 log = logging.getLogger("corral.agent")
 

@@ -25,13 +25,13 @@ from corral.agent.executors.base import (
     Preview,
     Progress,
     Started,
-    StopReason,
     StopSignal,
     Update,
     is_terminal,
 )
 from corral.agent.executors.runner import execute
 from corral.core import Clock, VirtualClock
+from corral.core.states import StopReason
 
 Scenario = Literal["quick", "failing", "long", "invalid"]
 """quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;

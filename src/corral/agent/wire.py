@@ -21,7 +21,6 @@ from corral.agent.executors.base import (
     Preview,
     Progress,
     Started,
-    StopReason,
 )
 from corral.agent.fingerprint import GpuSnapshot
 from corral.agent.model_gate import SpecOrError
@@ -29,6 +28,7 @@ from corral.agent.model_report import spec_from
 from corral.agent.supervisor import Done, Held, Order, Report
 from corral.core import InvalidSpec
 from corral.core.model import EMPTY
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 _STOP_FROM_WIRE = {

@@ -24,18 +24,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from corral.core.model import EMPTY, frozen_map
-
-
-class StopReason(StrEnum):
-    CANCEL = "cancel"  # the user does not want it any more: fail, no retry
-    INTERRUPT = "interrupt"  # stop early and keep what was produced: finish, partial
-    PREEMPT = "preempt"  # make room: checkpoint if you can, fail retryably, resume later
-    TIMEOUT = "timeout"  # the job's time limit passed: fail, no retry
+from corral.core.states import StopReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,6 @@ from corral.agent.executors.base import (
     Preview,
     Progress,
     Result,
-    StopReason,
     StopSignal,
     Update,
     monotone,
@@ -49,6 +48,7 @@ from corral.agent.executors.base import (
 from corral.agent.executors.lines import file_result
 from corral.agent.executors.workers import Workers
 from corral.core import Clock, ExecutorError, InvalidSpec
+from corral.core.states import StopReason
 
 Handler = Callable[["HandlerContext"], Any]
 FIRST = asyncio.FIRST_COMPLETED

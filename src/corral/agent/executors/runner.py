@@ -24,13 +24,13 @@ from corral.agent.executors.base import (
     Failed,
     Finished,
     Started,
-    StopReason,
     StopSignal,
     Terminal,
     Update,
     stopped_terminal,
 )
 from corral.core import Clock, ExecutorError, InvalidSpec, Unavailable
+from corral.core.states import StopReason
 
 TIMEOUT_GRACE_S = 10.0
 """Grace a timed-out job gets to wrap up: long enough to write a small checkpoint."""

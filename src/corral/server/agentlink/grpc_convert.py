@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable
 
 from corral.core.model import Gpu
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.server.agentlink.base import (
     Assignment,
@@ -25,7 +26,6 @@ from corral.server.agentlink.base import (
     JobWork,
     Running,
     StopOrder,
-    StopReason,
 )
 from corral.server.store.jsontext import dumps
 
