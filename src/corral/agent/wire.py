@@ -77,8 +77,8 @@ def order_from(
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
         jobs=jobs,
-        kind=msg.jobs[0].kind if msg.jobs else msg.kind or "custom",
-        backend=(msg.jobs[0].backend if msg.jobs else msg.backend) or "",
+        kind=(msg.jobs[0].kind if msg.jobs else "") or "custom",
+        backend=msg.jobs[0].backend if msg.jobs else "",
         gpu_indices=gpus,
         vram_bytes=0 if whole else msg.vram_bytes,
     )
