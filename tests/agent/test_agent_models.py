@@ -15,9 +15,9 @@ import pytest
 from model_fixtures import KIB, FileServer, agent, blob, file_server, spec_for
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     Progress,
     Result,
     Started,
@@ -55,7 +55,7 @@ class ReadsModel:
     name = "reader"
 
     def __init__(self) -> None:
-        self.seen: list[Assignment] = []
+        self.seen: list[JobWork] = []
         self.gate = asyncio.Event()
         self.gate.set()
         self._loaded: tuple[str, ...] = ()
@@ -63,7 +63,7 @@ class ReadsModel:
     def loaded(self) -> tuple[str, ...]:
         return self._loaded
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         self.seen.append(assignment)
         assert assignment.model_path is not None
         self._loaded = (assignment.model or "",)
@@ -94,7 +94,7 @@ async def until(probe: Callable[[], Report | bool | None], timeout: float = 10.0
 
 
 def order(alloc: str, job: str, spec: ModelSpec | str) -> Order:
-    work = (Assignment(alloc, 1, (job,), model=spec if isinstance(spec, str) else spec.name),)
+    work = (JobWork(alloc, 1, (job,), model=spec if isinstance(spec, str) else spec.name),)
     specs = {job: spec} if isinstance(spec, ModelSpec) else {job: "bad entry"}
     return Order(alloc, 1, work, model_specs=specs)
 

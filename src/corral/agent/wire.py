@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Failed,
+    JobWork,
     LogLine,
     Preview,
     Progress,
@@ -86,8 +86,8 @@ def order_from(
 
 def _job(
     msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None, results: Path | None
-) -> Assignment:
-    return Assignment(
+) -> JobWork:
+    return JobWork(
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
         job_ids=(w.job_id,),

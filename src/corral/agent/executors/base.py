@@ -32,8 +32,9 @@ from corral.core.states import StopReason
 
 
 @dataclass(frozen=True, slots=True)
-class Assignment:
-    """What the server asked this node to run (one attempt of one job)."""
+class JobWork:
+    """One job of an assignment, as an executor runs it: one attempt of the job, with this
+    node's paths for it (the agent's side of ``Work`` in ``proto/corral/v1/agent.proto``)."""
 
     allocation_id: str
     attempt: int
@@ -230,7 +231,7 @@ class Executor(Protocol):
     @property
     def name(self) -> str: ...
 
-    def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         """Yield the updates of one run, ending with exactly one terminal update."""
         ...
 

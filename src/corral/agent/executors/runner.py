@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Executor,
     Failed,
     Finished,
+    JobWork,
     Started,
     StopSignal,
     Terminal,
@@ -48,7 +48,7 @@ class _Ended:
 
 async def execute(
     executor: Executor,
-    assignment: Assignment,
+    assignment: JobWork,
     stop: StopSignal,
     clock: Clock,
     *,
