@@ -58,7 +58,7 @@ def test_labels() -> None:
         parse_labels(["oops"])
 
 
-def test_an_assignment_becomes_an_order_with_one_assignment_per_job() -> None:
+def test_an_assignment_becomes_an_order_with_a_job_work_per_job() -> None:
     msg = pb.Assign(
         allocation_id="al-1",
         attempt=3,
