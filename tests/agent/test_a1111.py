@@ -15,9 +15,9 @@ import pytest
 from PIL import Image
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
@@ -37,8 +37,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-def make(scenario: str, alloc: str) -> Assignment:
-    return Assignment(alloc, 1, (f"job-{alloc}",), kind="sample", payload=SCENARIOS[scenario])
+def make(scenario: str, alloc: str) -> JobWork:
+    return JobWork(alloc, 1, (f"job-{alloc}",), kind="sample", payload=SCENARIOS[scenario])
 
 
 @asynccontextmanager
@@ -62,7 +62,7 @@ def test_a1111_executor_passes_the_conformance_suite(
     asyncio.run(scenario())
 
 
-def run_against(job: Assignment, **server_kwargs: Any) -> tuple[ReferenceA1111, list[Update]]:
+def run_against(job: JobWork, **server_kwargs: Any) -> tuple[ReferenceA1111, list[Update]]:
     async def scenario() -> tuple[ReferenceA1111, list[Update]]:
         async with webui(**server_kwargs) as (server, harness):
             return server, await run_to_end(harness, job)
@@ -75,7 +75,7 @@ def png(data: bytes) -> Image.Image:
 
 
 def test_live_progress_and_previews_come_from_real_diffusion_steps() -> None:
-    job = Assignment("a", 1, ("j",), payload={"prompt": "a fox", "steps": 4, "seed": 1, **SMALL})
+    job = JobWork("a", 1, ("j",), payload={"prompt": "a fox", "steps": 4, "seed": 1, **SMALL})
     _, updates = run_against(job, step_delay_s=0.05)
     steps = [u.step for u in updates if isinstance(u, Progress) and u.step]
     assert steps == sorted(steps)
@@ -90,26 +90,26 @@ def test_live_progress_and_previews_come_from_real_diffusion_steps() -> None:
 
 
 def test_the_same_seed_gives_the_same_image_and_a_random_seed_is_reported() -> None:
-    fixed = Assignment("a", 1, ("j",), payload={"prompt": "a fox", "steps": 2, "seed": 5, **SMALL})
+    fixed = JobWork("a", 1, ("j",), payload={"prompt": "a fox", "steps": 2, "seed": 5, **SMALL})
     _, first = run_against(fixed)
     _, second = run_against(fixed)
     assert isinstance(first[-1], Finished)
     assert isinstance(second[-1], Finished)
     assert first[-1].results[0].data == second[-1].results[0].data
     assert "seed" not in first[-1].modified
-    drawn = Assignment("b", 1, ("k",), payload={"prompt": "a fox", "steps": 2, **SMALL})
+    drawn = JobWork("b", 1, ("k",), payload={"prompt": "a fox", "steps": 2, **SMALL})
     _, updates = run_against(drawn)
     assert isinstance(updates[-1], Finished)
     assert updates[-1].modified["seed"].isdigit()
 
 
 def test_the_sampler_the_webui_chose_is_reported_only_when_none_was_named() -> None:
-    chosen = Assignment("a", 1, ("j",), payload={"prompt": "a fox", "steps": 2, **SMALL})
+    chosen = JobWork("a", 1, ("j",), payload={"prompt": "a fox", "steps": 2, **SMALL})
     _, updates = run_against(chosen)
     assert isinstance(updates[-1], Finished)
     assert updates[-1].modified["sampler_name"] == "Euler a"  # the reference webui's default
     named = {"prompt": "a fox", "steps": 2, "sampler_name": "Euler a", **SMALL}
-    _, updates = run_against(Assignment("b", 1, ("k",), payload=named))
+    _, updates = run_against(JobWork("b", 1, ("k",), payload=named))
     assert isinstance(updates[-1], Finished)
     assert "sampler_name" not in updates[-1].modified
 
@@ -121,7 +121,7 @@ def test_a_job_without_a_model_reports_the_loaded_one() -> None:
 
 
 def test_a_job_naming_another_model_switches_the_checkpoint_first() -> None:
-    job = Assignment("a", 1, ("j",), model="tiny-sd-v2", payload=SCENARIOS["quick"])
+    job = JobWork("a", 1, ("j",), model="tiny-sd-v2", payload=SCENARIOS["quick"])
     server, updates = run_against(job)
     assert server.loaded == "tiny-sd-v2"
     switch = [u.line for u in updates if isinstance(u, LogLine)]
@@ -137,7 +137,7 @@ def title(model: str) -> str:
 
 
 def test_an_unknown_model_fails_saying_what_the_backend_has() -> None:
-    job = Assignment("a", 1, ("j",), model="sdxl-turbo", payload=SCENARIOS["quick"])
+    job = JobWork("a", 1, ("j",), model="sdxl-turbo", payload=SCENARIOS["quick"])
     _, updates = run_against(job)
     assert updates[-1] == Failed(
         "model 'sdxl-turbo' is not on this a1111 backend (it has: tiny-sd, tiny-sd-v2)",
@@ -156,11 +156,11 @@ def test_img2img_and_upscale() -> None:
         "denoising_strength": 0.5,
         **SMALL,
     }
-    _, updates = run_against(Assignment("b", 1, ("k",), payload=i2i))
+    _, updates = run_against(JobWork("b", 1, ("k",), payload=i2i))
     assert isinstance(updates[-1], Finished)
     assert png(updates[-1].results[0].data).size == (32, 32)
     up = {"mode": "upscale", "image": image, "upscaling_resize": 2, "upscaler_1": "Lanczos"}
-    _, upscaled = run_against(Assignment("c", 1, ("l",), payload=up))
+    _, upscaled = run_against(JobWork("c", 1, ("l",), payload=up))
     assert isinstance(upscaled[-1], Finished)
     assert png(upscaled[-1].results[0].data).size == (64, 64)
 
@@ -188,7 +188,7 @@ def test_backend_500_is_a_clear_retryable_failure() -> None:
 
 
 def test_bad_requests_fail_for_good_with_the_backends_message() -> None:
-    _, updates = run_against(Assignment("a", 1, ("j",), payload={"steps": "many", **SMALL}))
+    _, updates = run_against(JobWork("a", 1, ("j",), payload={"steps": "many", **SMALL}))
     terminal = updates[-1]
     assert isinstance(terminal, Failed)
     assert not terminal.retryable
@@ -199,7 +199,7 @@ def test_bad_requests_fail_for_good_with_the_backends_message() -> None:
 def test_a_slow_backend_hits_the_job_timeout_and_is_interrupted() -> None:
     async def scenario() -> tuple[ReferenceA1111, list[Update]]:
         async with webui(step_delay_s=0.05) as (server, harness):
-            job = Assignment("a", 1, ("j",), payload={"steps": 400, **SMALL}, timeout_s=0.5)
+            job = JobWork("a", 1, ("j",), payload={"steps": 400, **SMALL}, timeout_s=0.5)
             updates = await run_to_end(harness, job)
             # the webui is free again: the interrupt reached it
             async with httpx.AsyncClient() as client:

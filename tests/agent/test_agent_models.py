@@ -15,13 +15,12 @@ import pytest
 from model_fixtures import KIB, FileServer, agent, blob, file_server, spec_for
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     Progress,
     Result,
     Started,
-    StopReason,
     StopSignal,
     Update,
 )
@@ -30,6 +29,7 @@ from corral.agent.models import ModelManager, ModelSpec
 from corral.agent.supervisor import Done, Order, Report, Supervisor
 from corral.agent.wire import order_from
 from corral.core import VirtualClock
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -55,7 +55,7 @@ class ReadsModel:
     name = "reader"
 
     def __init__(self) -> None:
-        self.seen: list[Assignment] = []
+        self.seen: list[JobWork] = []
         self.gate = asyncio.Event()
         self.gate.set()
         self._loaded: tuple[str, ...] = ()
@@ -63,7 +63,7 @@ class ReadsModel:
     def loaded(self) -> tuple[str, ...]:
         return self._loaded
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         self.seen.append(assignment)
         assert assignment.model_path is not None
         self._loaded = (assignment.model or "",)
@@ -94,7 +94,7 @@ async def until(probe: Callable[[], Report | bool | None], timeout: float = 10.0
 
 
 def order(alloc: str, job: str, spec: ModelSpec | str) -> Order:
-    work = (Assignment(alloc, 1, (job,), model=spec if isinstance(spec, str) else spec.name),)
+    work = (JobWork(alloc, 1, (job,), model=spec if isinstance(spec, str) else spec.name),)
     specs = {job: spec} if isinstance(spec, ModelSpec) else {job: "bad entry"}
     return Order(alloc, 1, work, model_specs=specs)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from corral.agent.executors.base import Assignment, Failed, Finished, LogLine, StopSignal, Update
+from corral.agent.executors.base import Failed, Finished, JobWork, LogLine, StopSignal, Update
 from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.model_files import file_stem, install
@@ -19,7 +19,7 @@ from corral.core import WallClock
 SMALL = {"prompt": "a red fox", "steps": 2, "seed": 7, "width": 32, "height": 32}
 
 
-async def run(executor: A1111Executor | ComfyUIExecutor, job: Assignment) -> list[Update]:
+async def run(executor: A1111Executor | ComfyUIExecutor, job: JobWork) -> list[Update]:
     return [u async for u in executor.run(job, StopSignal())]
 
 
@@ -39,7 +39,7 @@ def test_a1111_links_the_cached_model_rescans_and_switches_to_it(tmp_path: Path)
         async with serving(server.app) as url:
             a1111 = A1111Executor(url, WallClock(), poll_interval_s=0.02, models_dir=folder)
             assert a1111.loaded() == ()
-            job = Assignment("al", 1, ("j",), payload=SMALL, model="org/dreambooth",
+            job = JobWork("al", 1, ("j",), payload=SMALL, model="org/dreambooth",
                              model_path=blob)  # fmt: skip
             updates = await run(a1111, job)
             assert isinstance(updates[-1], Finished), updates[-1]
@@ -64,7 +64,7 @@ def test_a1111_without_a_models_folder_asks_for_the_name_and_fails_retryably(
         server = ReferenceA1111()
         async with serving(server.app) as url:
             a1111 = A1111Executor(url, WallClock(), poll_interval_s=0.02)
-            job = Assignment("al", 1, ("j",), payload=SMALL, model="org/dreambooth",
+            job = JobWork("al", 1, ("j",), payload=SMALL, model="org/dreambooth",
                              model_path=cached_file(tmp_path))  # fmt: skip
             return await run_failing(a1111, job)
 
@@ -83,7 +83,7 @@ def test_comfyui_loads_the_cached_model_through_the_workflow_loader(tmp_path: Pa
         async with serving(server.app) as url:
             comfy = ComfyUIExecutor(url, WallClock(), models_dir=folder)
             payload = {"workflow": txt2img_workflow("a lighthouse", steps=2)}
-            job = Assignment("al", 1, ("j",), payload=payload, model="sdxl-base",
+            job = JobWork("al", 1, ("j",), payload=payload, model="sdxl-base",
                              model_path=blob)  # fmt: skip
             updates = await run(comfy, job)
             assert isinstance(updates[-1], Finished), updates[-1]
@@ -108,7 +108,7 @@ def test_install_replaces_a_stale_link_and_never_a_backend_s_own_file(tmp_path: 
     assert file_stem("org/sd xl") == "org--sd--xl"
 
 
-async def run_failing(executor: A1111Executor, job: Assignment) -> Update:
+async def run_failing(executor: A1111Executor, job: JobWork) -> Update:
     from corral.agent.executors.runner import execute
 
     updates = [u async for u in execute(executor, job, StopSignal(), WallClock())]
@@ -120,8 +120,8 @@ def test_commands_and_python_handlers_get_the_model_file(tmp_path: Path) -> None
     from corral.agent.executors.python import HandlerContext
 
     blob = cached_file(tmp_path)
-    job = Assignment("al", 1, ("j",), model="sdxl", model_path=blob)
+    job = JobWork("al", 1, ("j",), model="sdxl", model_path=blob)
     env = job_env(job, tmp_path / "out", {"CORRAL_MODEL_PATH": "not this"})
     assert (env["CORRAL_MODEL"], env["CORRAL_MODEL_PATH"]) == ("sdxl", str(blob))
     assert HandlerContext(job, StopSignal()).model_path == blob
-    assert job_env(Assignment("al", 1, ("j",)), tmp_path / "o", {})["CORRAL_MODEL_PATH"] == ""
+    assert job_env(JobWork("al", 1, ("j",)), tmp_path / "o", {})["CORRAL_MODEL_PATH"] == ""

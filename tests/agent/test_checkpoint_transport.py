@@ -14,7 +14,7 @@ import pytest
 
 from corral.agent import blobs
 from corral.agent.checkpoints import CheckpointCourier
-from corral.agent.executors.base import Assignment, Checkpoint
+from corral.agent.executors.base import Checkpoint, JobWork
 from corral.agent.supervisor import Report
 from corral.core import LinkError
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -189,10 +189,10 @@ async def test_a_checkpoint_that_cannot_be_fetched_starts_the_attempt_afresh(
     connected = asyncio.Event()
     connected.set()
     c = courier(tmp_path, stub=lambda: None, connected=connected)  # connected, but no stub
-    job = Assignment("al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=3)
+    job = JobWork("al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=3)
     ready = await c.prepare(job)
     assert (ready.resume_from, ready.resume_step) == (None, 0)
-    local = Assignment("al_2", 2, ("j1",), resume_from="/nfs/ckpt", resume_step=3)
+    local = JobWork("al_2", 2, ("j1",), resume_from="/nfs/ckpt", resume_step=3)
     assert await c.prepare(local) is local, "a path is used as it is"
 
 
@@ -226,7 +226,7 @@ async def test_an_uploaded_checkpoint_is_fetched_even_when_the_session_drops(
     connected = asyncio.Event()
     connected.set()
     c = courier(tmp_path, stub=lambda: stub, connected=connected)
-    job = Assignment(
+    job = JobWork(
         "al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=5,
         checkpoint_dir=tmp_path / "ckpt" / "j1",
     )  # fmt: skip
@@ -284,7 +284,7 @@ async def test_a_download_that_does_not_match_its_sha256_is_dropped(tmp_path: Pa
     connected = asyncio.Event()
     connected.set()
     c = courier(tmp_path, stub=lambda: stub, connected=connected)
-    job = Assignment("al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=5)
+    job = JobWork("al_2", 2, ("j1",), resume_from="blob:uploads/al_1/1/ab", resume_step=5)
     ready = await c.prepare(job)
     assert (ready.resume_from, ready.resume_step, c.fetched) == (None, 0, 0)
     assert list((tmp_path / "scratch").iterdir()) == [], "nothing left half-written"

@@ -16,13 +16,12 @@ from PIL import Image
 from websockets.asyncio.client import connect
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
-    StopReason,
     StopSignal,
     Update,
 )
@@ -36,21 +35,22 @@ from corral.agent.reference.comfyui import (
 from corral.agent.reference.serve import free_port, serving
 from corral.agent.testing import CHECKS, Harness, run_to_end
 from corral.core import WallClock
+from corral.core.states import StopReason
 
 
-def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> Assignment:
+def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> JobWork:
     payload = {"workflow": txt2img_workflow("a lighthouse at dusk", **kwargs)}
-    return Assignment(alloc, 1, (f"job-{alloc}",), kind="sample", payload=payload, model=model)
+    return JobWork(alloc, 1, (f"job-{alloc}",), kind="sample", payload=payload, model=model)
 
 
-def make(scenario: str, alloc: str) -> Assignment:
+def make(scenario: str, alloc: str) -> JobWork:
     if scenario == "quick":
         return workflow_job(alloc, steps=3)
     if scenario == "failing":
         return workflow_job(alloc, model="missing.safetensors")
     if scenario == "invalid":
         workflow = two_branch_workflow("half", width=0)
-        return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
     return workflow_job(alloc, steps=10_000)  # KSampler's max: runs until stopped
 
 
@@ -92,7 +92,7 @@ def test_comfyui_executor_passes_the_conformance_suite(
     asyncio.run(scenario())
 
 
-def run_against(job: Assignment, on_update: Any = None, **server: Any) -> list[Update]:
+def run_against(job: JobWork, on_update: Any = None, **server: Any) -> list[Update]:
     async def scenario() -> list[Update]:
         async with comfy(**server) as (_, harness):
             return await run_to_end(harness, job, on_update)
@@ -204,7 +204,7 @@ def test_interrupt_keeps_the_outputs_already_saved() -> None:
         "class_type": "SaveImage",
         "inputs": {"filename_prefix": "late", "images": ["11", 0]},
     }
-    job = Assignment("a", 1, ("j",), payload={"workflow": workflow})
+    job = JobWork("a", 1, ("j",), payload={"workflow": workflow})
 
     def interrupt_in_second_sampler(update: Update, stop: StopSignal) -> None:
         if isinstance(update, Progress) and update.message.startswith("node 10:"):
@@ -232,7 +232,7 @@ def video_workflow() -> dict[str, Any]:
 
 
 def test_every_file_an_output_node_saved_comes_back_whatever_its_kind() -> None:
-    job = Assignment("a", 1, ("j",), payload={"workflow": video_workflow()})
+    job = JobWork("a", 1, ("j",), payload={"workflow": video_workflow()})
     terminal = run_against(job)[-1]
     assert isinstance(terminal, Finished)
     by_name = {r.name: r for r in terminal.results}
@@ -249,7 +249,7 @@ def test_every_file_an_output_node_saved_comes_back_whatever_its_kind() -> None:
 
 def test_with_a_results_folder_each_output_is_streamed_into_a_file_there(tmp_path: Path) -> None:
     payload = {"workflow": video_workflow()}
-    job = Assignment("a", 1, ("j",), payload=payload, results_root=tmp_path)
+    job = JobWork("a", 1, ("j",), payload=payload, results_root=tmp_path)
     terminal = run_against(job)[-1]
     assert isinstance(terminal, Finished)
     assert len(terminal.results) == 3  # two files and the manifest, which is sent inline
@@ -302,7 +302,7 @@ def test_a_slow_answer_is_a_retryable_timeout() -> None:
 
 def test_a_workflow_is_required() -> None:
     harness = Harness(ComfyUIExecutor("http://127.0.0.1:9", WallClock()), WallClock(), make)
-    terminal = asyncio.run(run_to_end(harness, Assignment("a", 1, ("j",), payload={})))[-1]
+    terminal = asyncio.run(run_to_end(harness, JobWork("a", 1, ("j",), payload={})))[-1]
     assert isinstance(terminal, Failed)
     assert terminal.error.startswith("payload.workflow: must be a ComfyUI workflow")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from corral.agent.executors.base import Assignment, Failed, Finished, LogLine, Progress, Update
+from corral.agent.executors.base import Failed, Finished, JobWork, LogLine, Progress, Update
 from corral.agent.executors.comfyui_outputs import OUTPUTS_MANIFEST
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.reference.comfyui import (
@@ -26,7 +26,7 @@ from corral.agent.testing import Harness, run_to_end
 from corral.core import WallClock
 
 
-def make(scenario: str, alloc: str) -> Assignment:
+def make(scenario: str, alloc: str) -> JobWork:
     raise AssertionError("these tests make their own assignments")
 
 
@@ -39,7 +39,7 @@ def jobs(*workflows: dict[str, Any], server: ReferenceComfyUI | None = None) -> 
             harness = Harness(ComfyUIExecutor(url, WallClock()), WallClock(), make)
             runs = []
             for i, workflow in enumerate(workflows):
-                job = Assignment(f"a{i}", 1, (f"j{i}",), payload={"workflow": workflow})
+                job = JobWork(f"a{i}", 1, (f"j{i}",), payload={"workflow": workflow})
                 runs.append(await run_to_end(harness, job))
             return runs
 
@@ -165,11 +165,11 @@ def test_a_cached_result_whose_file_is_gone_is_run_again() -> None:
     async def scenario() -> list[Update]:
         async with serving(server.app) as url:
             harness = Harness(ComfyUIExecutor(url, WallClock()), WallClock(), make)
-            job = Assignment("a", 1, ("j",), payload={"workflow": workflow})
+            job = JobWork("a", 1, ("j",), payload={"workflow": workflow})
             assert isinstance((await run_to_end(harness, job))[-1], Finished)
             for path in server.output_dir.glob("*.png"):
                 path.unlink()  # someone cleaned ComfyUI's output folder
-            return await run_to_end(harness, Assignment("b", 1, ("k",), payload=job.payload))
+            return await run_to_end(harness, JobWork("b", 1, ("k",), payload=job.payload))
 
     updates = asyncio.run(scenario())
     terminal = updates[-1]

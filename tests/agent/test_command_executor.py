@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
-    StopReason,
     StopSignal,
     Update,
 )
@@ -26,6 +25,7 @@ from corral.agent.executors.lines import ResultFile, parse_line
 from corral.agent.executors.scripted import tiny_png
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import WallClock
+from corral.core.states import StopReason
 
 LONG = """
 trap 'echo CORRAL_CHECKPOINT "$CORRAL_CHECKPOINT_DIR/ckpt-$i" $i; exit 143' TERM
@@ -53,9 +53,9 @@ def scripts(tmp_path: Path) -> dict[str, str]:
 def command_harness(tmp_path: Path) -> Harness:
     bodies = scripts(tmp_path)
 
-    def make(scenario: str, alloc: str) -> Assignment:
+    def make(scenario: str, alloc: str) -> JobWork:
         payload = {"command": ["sh", "-c", bodies[scenario]]}
-        return Assignment(alloc, 1, (f"job-{alloc}",), payload=payload, checkpoint_dir=tmp_path)
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload=payload, checkpoint_dir=tmp_path)
 
     return Harness(CommandExecutor(WallClock()), WallClock(), make, checkpoints_on_preempt=True)
 
@@ -65,15 +65,13 @@ def test_command_executor_passes_the_conformance_suite(check, tmp_path: Path) ->
     asyncio.run(check(command_harness(tmp_path)))
 
 
-def run(
-    assignment: Assignment, executor: CommandExecutor | None = None, **kw: object
-) -> list[Update]:
+def run(assignment: JobWork, executor: CommandExecutor | None = None, **kw: object) -> list[Update]:
     h = Harness(executor or CommandExecutor(WallClock()), WallClock(), None)  # type: ignore[arg-type]
     return asyncio.run(run_to_end(h, assignment, **kw))  # type: ignore[arg-type]
 
 
-def sh(body: str, **kwargs: object) -> Assignment:
-    return Assignment(
+def sh(body: str, **kwargs: object) -> JobWork:
+    return JobWork(
         "alloc-7", 3, ("job-7", "job-8"), payload={"command": ["sh", "-c", body]}, **kwargs
     )  # type: ignore[arg-type]
 
@@ -162,7 +160,7 @@ def test_checkpoint_and_result_paths_are_relative_to_the_workdir(tmp_path: Path)
 
 def test_a_fixed_command_takes_args_from_the_payload_and_refuses_payload_commands() -> None:
     executor = CommandExecutor(WallClock(), ["echo", "train"], allow_payload_command=False)
-    updates = run(Assignment("a", 1, ("j",), payload={"args": ["--lr", "0.1"]}), executor)
+    updates = run(JobWork("a", 1, ("j",), payload={"args": ["--lr", "0.1"]}), executor)
     assert LogLine("train --lr 0.1") in updates
     guarded = CommandExecutor(WallClock(), allow_payload_command=False)
     terminal = run(sh("echo hi"), guarded)[-1]
@@ -180,7 +178,7 @@ def test_a_fixed_command_takes_args_from_the_payload_and_refuses_payload_command
     ],
 )
 def test_bad_commands_fail_with_a_clear_error(payload: dict[str, object], want: str) -> None:
-    terminal = run(Assignment("a", 1, ("j",), payload=payload))[-1]
+    terminal = run(JobWork("a", 1, ("j",), payload=payload))[-1]
     assert isinstance(terminal, Failed)
     assert want in terminal.error
     assert not terminal.retryable
@@ -191,7 +189,7 @@ def test_payload_env_is_passed_but_cannot_override_corral_variables() -> None:
         "command": "sh -c 'echo $LR $CORRAL_JOB_ID'",
         "env": {"LR": "0.1", "CORRAL_JOB_ID": "x"},
     }
-    assert LogLine("0.1 j") in run(Assignment("a", 1, ("j",), payload=payload))
+    assert LogLine("0.1 j") in run(JobWork("a", 1, ("j",), payload=payload))
 
 
 @pytest.mark.parametrize(

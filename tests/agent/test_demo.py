@@ -9,21 +9,22 @@ from pathlib import Path
 import pytest
 
 from corral.agent.demo import DemoExecutor, DemoRequest, encode_png
-from corral.agent.executors.base import Assignment, Checkpoint, Finished, Preview, StopReason
+from corral.agent.executors.base import Checkpoint, Finished, JobWork, Preview
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import InvalidSpec, VirtualClock
+from corral.core.states import StopReason
 
 
 def demo_harness() -> Harness:
     clock = VirtualClock()
 
-    def make(scenario: str, alloc: str) -> Assignment:
+    def make(scenario: str, alloc: str) -> JobWork:
         payload = {
             "quick": {"steps": 4, "step_s": 1.0, "preview_every": 2},
             "failing": {"steps": -1},  # refused: a clear error naming the field
             "long": {"steps": 500, "step_s": 60.0},
         }[scenario]
-        return Assignment(alloc, 1, (f"job-{alloc}",), payload=payload)
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload=payload)
 
     return Harness(DemoExecutor(clock), clock, make, checkpoints_on_preempt=True)
 
@@ -35,7 +36,7 @@ def test_demo_executor_passes_the_conformance_suite(check) -> None:  # type: ign
 
 def test_the_final_image_is_a_png_of_the_asked_size_and_the_seed_is_reported() -> None:
     h = demo_harness()
-    job = Assignment("a1", 1, ("j1",), payload={"steps": 3, "size": 16, "preview_every": 1})
+    job = JobWork("a1", 1, ("j1",), payload={"steps": 3, "size": 16, "preview_every": 1})
     updates = asyncio.run(run_to_end(h, job))
     end = updates[-1]
     assert isinstance(end, Finished)
@@ -52,11 +53,11 @@ def test_the_final_image_is_a_png_of_the_asked_size_and_the_seed_is_reported() -
 
 def test_a_preempted_run_checkpoints_and_the_next_attempt_resumes(tmp_path: Path) -> None:
     h = demo_harness()
-    job = Assignment("a1", 1, ("j1",), payload={"steps": 10}, checkpoint_dir=tmp_path)
+    job = JobWork("a1", 1, ("j1",), payload={"steps": 10}, checkpoint_dir=tmp_path)
     first = asyncio.run(run_to_end(h, job, stop_on_first_progress(StopReason.PREEMPT, 5.0)))
     [ckpt] = [u for u in first if isinstance(u, Checkpoint)]
     assert Path(ckpt.path).read_text() == '{"step": 1}'
-    resumed = Assignment("a2", 2, ("j1",), payload={"steps": 10}, resume_from=ckpt.path,
+    resumed = JobWork("a2", 2, ("j1",), payload={"steps": 10}, resume_from=ckpt.path,
                          resume_step=ckpt.step)  # fmt: skip
     steps = [u.step for u in asyncio.run(run_to_end(h, resumed)) if hasattr(u, "fraction")]
     assert steps == list(range(2, 11))

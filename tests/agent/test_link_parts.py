@@ -6,12 +6,13 @@ import random
 
 import pytest
 
-from corral.agent.executors.base import Failed, Progress, Result, StopReason
+from corral.agent.executors.base import Failed, Progress, Result
 from corral.agent.link import Target, backoff_s, parse_server
 from corral.agent.main import parse_labels
 from corral.agent.supervisor import Done, JobResult, Report
 from corral.agent.wire import order_from, stop_from, update_message
 from corral.core import InvalidSpec
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 
@@ -57,7 +58,7 @@ def test_labels() -> None:
         parse_labels(["oops"])
 
 
-def test_an_assignment_becomes_an_order_with_one_assignment_per_job() -> None:
+def test_an_assignment_becomes_an_order_with_a_job_work_per_job() -> None:
     msg = pb.Assign(
         allocation_id="al-1",
         attempt=3,

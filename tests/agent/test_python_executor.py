@@ -6,26 +6,26 @@ from pathlib import Path
 import pytest
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Progress,
-    StopReason,
     Update,
 )
 from corral.agent.executors.python import PythonExecutor, load_handler
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import InvalidSpec, WallClock
+from corral.core.states import StopReason
 
 HANDLERS = "agent_handlers"
 
 
 def python_harness(tmp_path: Path) -> Harness:
-    def make(scenario: str, alloc: str) -> Assignment:
+    def make(scenario: str, alloc: str) -> JobWork:
         payload = {"scenario": scenario}
-        return Assignment(alloc, 1, (f"job-{alloc}",), payload=payload, checkpoint_dir=tmp_path)
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload=payload, checkpoint_dir=tmp_path)
 
     executor = PythonExecutor(f"{HANDLERS}:by_scenario", WallClock())
     return Harness(executor, WallClock(), make, checkpoints_on_preempt=True)
@@ -36,14 +36,14 @@ def test_python_executor_passes_the_conformance_suite(check, tmp_path: Path) -> 
     asyncio.run(check(python_harness(tmp_path)))
 
 
-def run(handler: str, assignment: Assignment | None = None, **kwargs: object) -> list[Update]:
+def run(handler: str, assignment: JobWork | None = None, **kwargs: object) -> list[Update]:
     harness = Harness(PythonExecutor(f"{HANDLERS}:{handler}", WallClock()), WallClock(), None)  # type: ignore[arg-type]
-    job = assignment or Assignment("a1", 1, ("j1",))
+    job = assignment or JobWork("a1", 1, ("j1",))
     return asyncio.run(run_to_end(harness, job, **kwargs))  # type: ignore[arg-type]
 
 
 def test_a_filled_in_default_model_travels_with_the_result() -> None:
-    updates = run("quick", Assignment("a1", 1, ("j1",), payload={"prompt": "a cat"}))
+    updates = run("quick", JobWork("a1", 1, ("j1",), payload={"prompt": "a cat"}))
     assert isinstance(updates[-1], Finished)
     assert dict(updates[-1].modified) == {"model": "tiny-default"}
     assert updates[-1].results[0].mime == "image/png"
@@ -61,7 +61,7 @@ def test_async_generators_and_async_functions_are_handlers_too() -> None:
 
 
 def test_returned_files_become_results(tmp_path: Path) -> None:
-    updates = run("writes_a_file", Assignment("a1", 1, ("j1",), checkpoint_dir=tmp_path))
+    updates = run("writes_a_file", JobWork("a1", 1, ("j1",), checkpoint_dir=tmp_path))
     assert isinstance(updates[-1], Finished)
     [result] = updates[-1].results
     assert (result.name, result.mime) == ("image.png", "image/png")
@@ -69,9 +69,7 @@ def test_returned_files_become_results(tmp_path: Path) -> None:
 
 def test_returned_files_are_kept_as_files_where_the_agent_keeps_results(tmp_path: Path) -> None:
     keep = tmp_path / "results" / "a1" / "j1"
-    job = Assignment(
-        "a1", 1, ("j1",), checkpoint_dir=tmp_path / "ck", results_root=keep.parent.parent
-    )
+    job = JobWork("a1", 1, ("j1",), checkpoint_dir=tmp_path / "ck", results_root=keep.parent.parent)
     updates = run("writes_a_file", job)
     assert isinstance(updates[-1], Finished)
     [result] = updates[-1].results
@@ -117,11 +115,11 @@ def test_a_handler_that_ignores_a_stop_is_abandoned_after_the_grace_keeping_its_
 def test_preempted_handler_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     first = run(
         "long",
-        Assignment("a1", 1, ("j1",), checkpoint_dir=tmp_path),
+        JobWork("a1", 1, ("j1",), checkpoint_dir=tmp_path),
         on_update=stop_on_first_progress(StopReason.PREEMPT, 5.0),
     )
     checkpoint = next(u for u in first if isinstance(u, Checkpoint))
-    again = Assignment("a2", 2, ("j1",), checkpoint_dir=tmp_path, resume_from=checkpoint.path)
+    again = JobWork("a2", 2, ("j1",), checkpoint_dir=tmp_path, resume_from=checkpoint.path)
     resumed = run("long", again, on_update=stop_on_first_progress(StopReason.INTERRUPT, 5.0))
     assert isinstance(resumed[-1], Finished)
     step = int(resumed[-1].results[0].data.split()[-1])

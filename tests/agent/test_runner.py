@@ -8,18 +8,18 @@ from collections.abc import AsyncIterator
 import pytest
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Progress,
     Started,
-    StopReason,
     StopSignal,
     Update,
 )
 from corral.agent.testing import Harness, run_to_end, stop_on_first_progress
 from corral.core import ExecutorError, InvalidSpec, Unavailable, VirtualClock
+from corral.core.states import StopReason
 
 
 class Misbehaving:
@@ -31,14 +31,14 @@ class Misbehaving:
         self._body = body
         self.clock = clock
 
-    def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         return self._body(self.clock, stop)  # type: ignore[no-any-return]
 
 
-def run(body, job: Assignment | None = None, **kwargs: object) -> tuple[list[Update], float]:  # type: ignore[no-untyped-def]
+def run(body, job: JobWork | None = None, **kwargs: object) -> tuple[list[Update], float]:  # type: ignore[no-untyped-def]
     clock = VirtualClock()
     harness = Harness(Misbehaving(body, clock), clock, None)  # type: ignore[arg-type]
-    updates = asyncio.run(run_to_end(harness, job or Assignment("a", 1, ("j",)), **kwargs))  # type: ignore[arg-type]
+    updates = asyncio.run(run_to_end(harness, job or JobWork("a", 1, ("j",)), **kwargs))  # type: ignore[arg-type]
     return updates, clock.now()
 
 
@@ -116,7 +116,7 @@ def test_an_executor_deaf_to_a_stop_is_abandoned_after_grace_plus_margin() -> No
 
 
 def test_the_job_timeout_becomes_a_timeout_stop_with_its_own_grace() -> None:
-    job = Assignment("a", 1, ("j",), timeout_s=3600.0)
+    job = JobWork("a", 1, ("j",), timeout_s=3600.0)
     updates, now = run(deaf, job)
     terminal = updates[-1]
     assert isinstance(terminal, Failed)

@@ -4,30 +4,30 @@ from pathlib import Path
 import pytest
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
-    StopReason,
 )
 from corral.agent.executors.scripted import Script, ScriptedExecutor
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.core import InvalidSpec, VirtualClock
+from corral.core.states import StopReason
 
 
 def scripted_harness() -> Harness:
     clock = VirtualClock()
 
-    def make(scenario: str, alloc: str) -> Assignment:
+    def make(scenario: str, alloc: str) -> JobWork:
         payload = {
             "quick": {"steps": 3, "step_s": 2.0},
             "failing": {"steps": 3, "fail_at": 2, "error": "out of memory"},
             "long": {"steps": 10_000, "step_s": 60.0},
         }[scenario]
-        return Assignment(alloc, 1, (f"job-{alloc}",), payload=payload)
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload=payload)
 
     return Harness(ScriptedExecutor(clock), clock, make, checkpoints_on_preempt=True)
 
@@ -39,7 +39,7 @@ def test_scripted_executor_passes_the_conformance_suite(check) -> None:  # type:
 
 def test_an_hour_of_scripted_work_takes_no_wall_time_on_a_virtual_clock() -> None:
     h = scripted_harness()
-    job = Assignment("a1", 1, ("j1",), payload={"steps": 60, "step_s": 60.0, "log_every": 30})
+    job = JobWork("a1", 1, ("j1",), payload={"steps": 60, "step_s": 60.0, "log_every": 30})
     updates = asyncio.run(run_to_end(h, job))
     assert h.clock.now() == pytest.approx(3600.0)
     assert [u.step for u in updates if isinstance(u, Progress)] == list(range(1, 61))
@@ -49,17 +49,17 @@ def test_an_hour_of_scripted_work_takes_no_wall_time_on_a_virtual_clock() -> Non
 
 def test_filled_in_default_model_is_reported_as_a_modification() -> None:
     h = scripted_harness()
-    updates = asyncio.run(run_to_end(h, Assignment("a1", 1, ("j1",), payload={"steps": 1})))
+    updates = asyncio.run(run_to_end(h, JobWork("a1", 1, ("j1",), payload={"steps": 1})))
     assert isinstance(updates[-1], Finished)
     assert dict(updates[-1].modified) == {"model": "scripted-model"}
-    named = asyncio.run(run_to_end(h, Assignment("a2", 1, ("j2",), model="sdxl")))
+    named = asyncio.run(run_to_end(h, JobWork("a2", 1, ("j2",), model="sdxl")))
     assert isinstance(named[-1], Finished)
     assert dict(named[-1].modified) == {}
 
 
 def test_preempted_run_resumes_from_its_checkpoint_on_the_next_attempt(tmp_path: Path) -> None:
     h = scripted_harness()
-    first = Assignment("a1", 1, ("j1",), payload={"steps": 8}, checkpoint_dir=tmp_path)
+    first = JobWork("a1", 1, ("j1",), payload={"steps": 8}, checkpoint_dir=tmp_path)
     stopped = 0
 
     def preempt_at_step_5(update: object, stop) -> None:  # type: ignore[no-untyped-def]
@@ -72,7 +72,7 @@ def test_preempted_run_resumes_from_its_checkpoint_on_the_next_attempt(tmp_path:
     checkpoint = next(u for u in updates if isinstance(u, Checkpoint))
     assert checkpoint.step == 5
     assert checkpoint.path.startswith(str(tmp_path))
-    second = Assignment(
+    second = JobWork(
         "a2", 2, ("j1",), payload={"steps": 8}, resume_from=checkpoint.path, resume_step=5
     )
     resumed = asyncio.run(run_to_end(h, second))
@@ -83,14 +83,14 @@ def test_preempted_run_resumes_from_its_checkpoint_on_the_next_attempt(tmp_path:
 
 def test_checkpoints_every_n_steps_carry_progress() -> None:
     h = scripted_harness()
-    job = Assignment("a1", 1, ("j1",), payload={"steps": 6, "checkpoint_every": 3})
+    job = JobWork("a1", 1, ("j1",), payload={"steps": 6, "checkpoint_every": 3})
     checkpoints = [u for u in asyncio.run(run_to_end(h, job)) if isinstance(u, Checkpoint)]
     assert [(c.step, c.progress) for c in checkpoints] == [(3, 0.5), (6, 1.0)]
 
 
 def test_retryable_failures_say_so() -> None:
     h = scripted_harness()
-    job = Assignment("a1", 1, ("j1",), payload={"fail_at": 1, "retryable": True})
+    job = JobWork("a1", 1, ("j1",), payload={"fail_at": 1, "retryable": True})
     terminal = asyncio.run(run_to_end(h, job))[-1]
     assert isinstance(terminal, Failed)
     assert terminal.retryable
@@ -99,7 +99,7 @@ def test_retryable_failures_say_so() -> None:
 
 def test_a_stop_with_a_grace_is_obeyed_at_once_by_the_stub() -> None:
     h = scripted_harness()
-    job = Assignment("a1", 1, ("j1",), payload={"steps": 100, "step_s": 10.0})
+    job = JobWork("a1", 1, ("j1",), payload={"steps": 100, "step_s": 10.0})
     updates = asyncio.run(run_to_end(h, job, stop_on_first_progress(StopReason.INTERRUPT, 600)))
     assert h.clock.now() == pytest.approx(10.0)  # stopped right after step 1, not after grace
     assert isinstance(updates[-1], Finished)

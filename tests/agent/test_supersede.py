@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_supervisor import Bench
 
-from corral.agent.executors.base import Assignment, Failed
+from corral.agent.executors.base import Failed, JobWork
 from corral.agent.supervisor import Done, Order
 
 pytestmark = pytest.mark.anyio
@@ -17,7 +17,7 @@ def anyio_backend() -> str:
 
 
 def attempt(alloc: str, n: int, job: str = "j1") -> Order:
-    work = (Assignment(alloc, n, (job,), payload={"steps": 3, "step_s": 60.0}),)
+    work = (JobWork(alloc, n, (job,), payload={"steps": 3, "step_s": 60.0}),)
     return Order(alloc, n, work)
 
 

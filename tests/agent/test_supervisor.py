@@ -8,26 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from corral.agent.executors.base import (
-    Assignment,
-    Checkpoint,
-    Failed,
-    Progress,
-    Started,
-    StopReason,
-)
+from corral.agent.executors.base import Checkpoint, Failed, JobWork, Progress, Started
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.python import HandlerContext, PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.supervisor import Done, Order, Report, Supervisor
 from corral.core import VirtualClock, WallClock
+from corral.core.states import StopReason
 
 
 def order(alloc: str, *jobs: str, steps: int = 3, backend: str = "", **payload: object) -> Order:
     """An order of ``jobs`` (one each, run in turn) taking ``steps`` minute-long steps."""
     work = tuple(
-        Assignment(alloc, 1, (j,), payload={"steps": steps, "step_s": 60.0, **payload})
-        for j in jobs
+        JobWork(alloc, 1, (j,), payload={"steps": steps, "step_s": 60.0, **payload}) for j in jobs
     )
     return Order(alloc, 1, work, backend=backend)
 
@@ -103,7 +96,7 @@ def test_a_batch_cut_short_by_a_failure_reports_what_finished_before_it() -> Non
     async def scenario() -> None:
         b = Bench()
         jobs = order("al-b", "j1", "j2", "j3", "j4", steps=2).jobs
-        failing = Assignment("al-b", 1, ("j3",), payload={"steps": 2, "fail_at": 1})
+        failing = JobWork("al-b", 1, ("j3",), payload={"steps": 2, "fail_at": 1})
         b.sup.assign(Order("al-b", 1, (*jobs[:2], failing, jobs[3])))
         await b.until(lambda: b.ended("al-b"))
         end = b.of("al-b")[-1]
@@ -212,7 +205,7 @@ def test_an_allocations_results_folder_lasts_until_its_end_is_acknowledged(
         sup = Supervisor({"py": PythonExecutor(writes_weights, b.clock)}, b.clock, default="py")
         reports: list[Report] = []
         sup.sink = reports.append
-        job = Assignment("al-1", 1, ("j1",), results_root=tmp_path / "results")
+        job = JobWork("al-1", 1, ("j1",), results_root=tmp_path / "results")
         sup.assign(Order("al-1", 1, (job,)))
         await b.until(lambda: any(r.terminal for r in reports))
         done = reports[-1].update
@@ -234,7 +227,7 @@ def test_files_a_failed_command_left_go_once_its_end_is_acknowledged(tmp_path: P
         reports: list[Report] = []
         sup.sink = reports.append
         body = 'echo w > "$CORRAL_OUTPUT_DIR/half.bin"; exit 3'
-        job = Assignment(
+        job = JobWork(
             "al-f", 1, ("j1",), payload={"command": ["sh", "-c", body]},
             results_root=tmp_path / "results",
         )  # fmt: skip

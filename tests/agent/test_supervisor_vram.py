@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from corral.agent.executors.base import Assignment, Failed
+from corral.agent.executors.base import Failed, JobWork
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.fingerprint import FakeGpus
 from corral.agent.supervisor import Order, Report, Supervisor
@@ -14,7 +14,7 @@ from corral.core import GIB, WallClock
 
 
 def sleeper(alloc: str, vram_gib: int) -> Order:
-    work = Assignment(alloc, 1, (f"job-{alloc}",), payload={"command": ["sleep", "30"]})
+    work = JobWork(alloc, 1, (f"job-{alloc}",), payload={"command": ["sleep", "30"]})
     return Order(alloc, 1, (work,), backend="command", gpu_indices=(0,), vram_bytes=vram_gib * GIB)
 
 

@@ -24,6 +24,7 @@ from corral.agent.wire import Identity
 from corral.core import Unauthenticated, WallClock
 from corral.core.errors import LinkError
 from corral.core.model import Gpu, JobKind
+from corral.core.states import StopReason
 from corral.server.agentlink.base import (
     Ack,
     Assignment,
@@ -34,7 +35,6 @@ from corral.server.agentlink.base import (
     Running,
     Standing,
     StopOrder,
-    StopReason,
 )
 from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.blobs import LocalBlobStore

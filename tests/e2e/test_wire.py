@@ -64,7 +64,7 @@ def test_a_stale_attempt_is_fenced_out_and_results_count_once(cluster: Cluster) 
                 job_id = submit(http, payload={"steps": 1})["id"]
             first = await ghost.expect("assign")
             assert first.attempt == 1
-            assert list(first.job_ids) == [job_id]
+            assert [w.job_id for w in first.jobs] == [job_id]
             assert await ghost.update(first.allocation_id, 1, started=pb.Started()) == "accepted"
             with cluster.client() as http:  # no heartbeats: ghost is lost, the job requeued
                 eventually(lambda: job(http, job_id)["state"] == "queued", what="requeue")

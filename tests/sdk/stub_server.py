@@ -29,7 +29,8 @@ from typing import Any
 
 import uvicorn
 
-from corral.server.agentlink.base import Assignment, StopOrder, StopReason
+from corral.core.states import StopReason
+from corral.server.agentlink.base import Assignment, StopOrder
 from corral.server.agentlink.inprocess import InProcessLink, StubAgent, inventory
 from corral.server.app import create_app, create_plane
 from corral.server.plane import StartReport

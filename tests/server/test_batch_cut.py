@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from server_harness import ADMIN, World
 
-from corral.core.states import JobState
-from corral.server.agentlink.base import Ack, Assignment, StopOrder, StopReason
+from corral.core.states import JobState, StopReason
+from corral.server.agentlink.base import Ack, Assignment, StopOrder
 from corral.server.agentlink.inprocess import StubAgent
 
 pytestmark = pytest.mark.anyio

@@ -14,16 +14,10 @@ import pytest
 
 from corral.core import VirtualClock
 from corral.core.model import JobKind
+from corral.core.states import StopReason
 from corral.proto.bundles import unpack_server
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
-from corral.server.agentlink.base import (
-    Assignment,
-    HelloReply,
-    JobWork,
-    Standing,
-    StopOrder,
-    StopReason,
-)
+from corral.server.agentlink.base import Assignment, HelloReply, JobWork, Standing, StopOrder
 from corral.server.agentlink.grpc_convert import (
     ack_message,
     assign_message,
@@ -53,13 +47,12 @@ def test_a_batched_assignment_lists_every_job_and_resumes_from_its_checkpoint() 
     )
     msg = assign_message(Assignment("al-1", 2, "n1", jobs, gpu_indices=(0,), vram_bytes=99))
     a = msg.assign
-    assert list(a.job_ids) == ["j1", "j2"]
-    assert [(w.job_id, w.resume_from, w.resume_step) for w in a.jobs] == [
-        ("j1", "/ck", 7),
-        ("j2", "", 0),
+    assert [(w.job_id, w.resume_from, w.resume_step, w.model) for w in a.jobs] == [
+        ("j1", "/ck", 7, "sdxl"),
+        ("j2", "", 0, ""),
     ]
-    assert json.loads(a.payload_json) == [{"prompt": "a"}, {"prompt": "b"}]
-    assert (a.attempt, list(a.gpu_indices), a.vram_bytes, a.model) == (2, [0], 99, "sdxl")
+    assert [json.loads(w.payload_json) for w in a.jobs] == [{"prompt": "a"}, {"prompt": "b"}]
+    assert (a.attempt, list(a.gpu_indices), a.vram_bytes) == (2, [0], 99)
 
 
 def test_the_welcome_comes_first_then_work_then_stops_then_intake() -> None:

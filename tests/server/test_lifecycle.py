@@ -10,9 +10,9 @@ import pytest
 from server_harness import ADMIN, World
 
 from corral.core.errors import Conflict
-from corral.core.states import JobState
+from corral.core.states import JobState, StopReason
 from corral.scheduler.api import Placement, Plan, Preemption, ReasonCode
-from corral.server.agentlink.base import Ack, StopReason
+from corral.server.agentlink.base import Ack
 from corral.server.services.placement import apply_plan
 
 pytestmark = pytest.mark.anyio

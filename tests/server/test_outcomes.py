@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from corral.core.events import EventKind
-from corral.core.states import JobState
-from corral.server.agentlink.base import StopReason
+from corral.core.states import JobState, StopReason
 from corral.server.services.outcomes import Ending, backoff_s, settle
 
 

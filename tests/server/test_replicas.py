@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from server_harness import ADMIN, World, settings_for
 
-from corral.core.states import JobState
-from corral.server.agentlink.base import Assignment, StopOrder, StopReason
+from corral.core.states import JobState, StopReason
+from corral.server.agentlink.base import Assignment, StopOrder
 from corral.server.agentlink.inprocess import InProcessLink, StubAgent, inventory
 from corral.server.agentlink.relay import RelayLink
 from corral.server.app import create_plane

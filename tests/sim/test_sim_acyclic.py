@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from corral.core.clock import Timer
 from corral.core.model import Allocation, Gpu, Job, Node
 from corral.core.resources import GIB
 from corral.scheduler import slots
@@ -18,7 +19,6 @@ from corral.scheduler.fit import Fit
 from corral.scheduler.scorers import Candidate
 from corral.scheduler.victims import Held
 from corral.sim import world
-from corral.sim.clock import Timer
 from corral.sim.scenario import SimJob
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,7 +30,12 @@ def _native() -> ModuleType:
 def test_the_hot_modules_are_compiled_and_the_known_misfits_are_not() -> None:
     native = _native()
     targets = native.targets()
-    for hot in ("scheduler/incremental.py", "scheduler/capacity.py", "sim/world.py"):
+    for hot in (
+        "scheduler/incremental.py",
+        "scheduler/capacity.py",
+        "sim/world.py",
+        "core/clock.py",
+    ):
         assert f"corral/{hot}" in targets
     assert "corral/core/model.py" in targets
     for left in native.NOT_COMPILED:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 import pytest
 
 from corral.core import Job, ResourceRequest
+from corral.core.clock import VirtualClock
 from corral.scheduler import fragmentation as from_allocations
 from corral.scheduler.api import Config, Placement, Plan, Preemption, Snapshot
 from corral.scheduler.fragmentation import of_free
 from corral.sim import generate, policies, runner
 from corral.sim.baselines import first_fit
-from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected
 from corral.sim.report import JobRecord, Metrics
 from corral.sim.runner import ScheduleFn, simulate
@@ -246,7 +246,7 @@ def test_a_job_of_an_unknown_team_is_refused_and_leaves_nothing_behind() -> None
     scenario = Scenario(
         nodes=generate.cluster(1, 4), jobs=fixed_jobs(()), teams=(Team("a"),), auto_teams=False
     )
-    world = World(scenario, EventClock(), Metrics())
+    world = World(scenario, VirtualClock(), Metrics())
     with pytest.raises(SimInputError, match="unknown team 'b'"):
         world.submit(_job("x", 0, 10, team="b"))
     assert world.runs == {}
@@ -301,7 +301,7 @@ def test_a_world_for_a_kept_scheduler_keeps_no_snapshot_maps_and_takes_no_snapsh
     kept = policies.drive("corral", scenario)
     assert kept.snapshots is False
     assert policies.drive("first-fit", scenario).snapshots is True
-    world = World(scenario, EventClock(), Metrics(), observer=kept, snapshots=False)
+    world = World(scenario, VirtualClock(), Metrics(), observer=kept, snapshots=False)
     for sim_job in list(scenario.jobs())[:6]:
         world.submit(sim_job)
     assert world.waiting == 6
@@ -311,7 +311,7 @@ def test_a_world_for_a_kept_scheduler_keeps_no_snapshot_maps_and_takes_no_snapsh
     assert world.queued is None
     with pytest.raises(RuntimeError, match="without snapshots"):
         world.snapshot()
-    both = World(scenario, EventClock(), Metrics())
+    both = World(scenario, VirtualClock(), Metrics())
     for sim_job in list(scenario.jobs())[:6]:
         both.submit(sim_job)
     both.apply(first_fit(both.snapshot(), scenario.config, 0.0, 0), 0.0)

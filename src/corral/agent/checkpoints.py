@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from corral.agent import blobs
-from corral.agent.executors.base import Assignment, Checkpoint
+from corral.agent.executors.base import Checkpoint, JobWork
 from corral.agent.supervisor import Report
 from corral.core import LinkError
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -109,7 +109,7 @@ class CheckpointCourier:
         self.scratch.mkdir(parents=True, exist_ok=True)
         return self.scratch
 
-    async def prepare(self, job: Assignment) -> Assignment:
+    async def prepare(self, job: JobWork) -> JobWork:
         """``job`` with an uploaded checkpoint fetched and unpacked locally (see the module doc)."""
         ref = job.resume_from
         if not ref or not ref.startswith(BLOB):
@@ -125,7 +125,7 @@ class CheckpointCourier:
         log.info("job %s resumes from %s (step %d)", job.job_id, path, job.resume_step)
         return replace(job, resume_from=str(path))
 
-    async def _fetch(self, job: Assignment, blob_id: str) -> Path:
+    async def _fetch(self, job: JobWork, blob_id: str) -> Path:
         request = pb.BlobRequest(
             allocation_id=job.allocation_id, attempt=job.attempt, blob_id=blob_id
         )

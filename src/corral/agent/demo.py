@@ -28,20 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
     Result,
-    StopReason,
     StopSignal,
     Update,
     stopped_terminal,
 )
 from corral.agent.executors.runner import first_of
 from corral.core import Clock, InvalidSpec
+from corral.core.states import StopReason
 
 DEFAULT_MODEL = "demo-tiny"
 
@@ -96,7 +96,7 @@ class DemoExecutor:
     def name(self) -> str:
         return self._name
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         req = DemoRequest.from_payload(assignment.payload)
         seed = req.seed if req.seed is not None else _seed_of(req.prompt)
         modified = {} if req.seed is not None else {"seed": str(seed)}
@@ -127,7 +127,7 @@ def _seed_of(prompt: str) -> int:
     return int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
 
 
-def _write_checkpoint(assignment: Assignment, step: int) -> str:
+def _write_checkpoint(assignment: JobWork, step: int) -> str:
     """A tiny checkpoint file (the step) in the job's checkpoint directory, if it has one."""
     name = f"{assignment.job_id}-step{step}.json"
     if assignment.checkpoint_dir is None:

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
+    JobWork,
     Progress,
     StopSignal,
     stopped_terminal,
@@ -37,13 +37,13 @@ SpecOrError = ModelSpec | str  # a registry entry, or why the agent could not re
 async def ready(
     models: ModelManager | None,
     specs: Mapping[str, SpecOrError],
-    jobs: tuple[Assignment, ...],
+    jobs: tuple[JobWork, ...],
     stop: StopSignal,
     emit: Emit,
     held: contextlib.AsyncExitStack,
-) -> tuple[Assignment, ...] | Failed:
+) -> tuple[JobWork, ...] | Failed:
     """The jobs with their models' paths (pinned until ``held`` closes), or why not."""
-    out: list[Assignment] = []
+    out: list[JobWork] = []
     for job in jobs:
         spec = specs.get(job.job_id)
         if spec is None:

@@ -28,15 +28,14 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from corral.agent.executors.base import (
-    Assignment,
     Executor,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Progress,
     Result,
     Started,
-    StopReason,
     StopSignal,
     Update,
     stopped_terminal,
@@ -48,6 +47,7 @@ from corral.agent.models import ModelManager
 from corral.agent.vram_guard import Reservation, VramGuard, process_tree
 from corral.core import Clock
 from corral.core.model import EMPTY
+from corral.core.states import StopReason
 
 log = logging.getLogger("corral.agent")
 
@@ -61,7 +61,7 @@ class Order:
 
     allocation_id: str
     attempt: int
-    jobs: tuple[Assignment, ...]
+    jobs: tuple[JobWork, ...]
     kind: str = "custom"
     backend: str = ""  # the executor the jobs asked for; "" lets the supervisor choose
     gpu_indices: tuple[int, ...] = ()
@@ -162,7 +162,7 @@ class Supervisor:
         self.on_change: Callable[[], None] = lambda: None  # work started or ended (loaded models)
         self.sink: Callable[[Report], None] = lambda report: None
         # Readies a job before it runs (fetches an uploaded checkpoint: checkpoints.py).
-        self.prepare: Callable[[Assignment], Awaitable[Assignment]] | None = None
+        self.prepare: Callable[[JobWork], Awaitable[JobWork]] | None = None
         self.intake_open = True  # the server's word; it only affects what it sends
         self._slots: dict[str, _Slot] = {}
         self._by_job: dict[str, str] = {}  # job id -> the allocation holding its latest attempt
@@ -346,7 +346,7 @@ class Supervisor:
             finally:
                 self.on_change()
 
-    async def _run_ready(self, slot: _Slot, jobs: tuple[Assignment, ...]) -> None:
+    async def _run_ready(self, slot: _Slot, jobs: tuple[JobWork, ...]) -> None:
         """Run the order's jobs in turn. A batch cut short (a job failed, or a stop came
         between jobs) reports what finished before with the failure, so those jobs keep
         their results and the ones that never ran are not counted as failed."""
@@ -389,7 +389,7 @@ class Supervisor:
         self._end(slot, Done(tuple(results), modified, stopped=tuple(stopped)))
 
     async def _run_one(
-        self, slot: _Slot, job: Assignment, index: int, *, batch: bool, first: bool
+        self, slot: _Slot, job: JobWork, index: int, *, batch: bool, first: bool
     ) -> Finished | Failed | None:
         """Run one job of the order; its terminal (None: the executor gave none, a bug).
         Only the order's ``first`` job reports ``Started``; a ``batch``'s job gets a stop
@@ -416,7 +416,7 @@ class Supervisor:
                 slot.kept_files = True  # a failed or stopped run may have left files too
         return terminal
 
-    async def _prepared(self, slot: _Slot, job: Assignment) -> Assignment:
+    async def _prepared(self, slot: _Slot, job: JobWork) -> JobWork:
         if self.prepare is None or not job.resume_from:
             return job
         ready = await self.prepare(job)
@@ -448,7 +448,7 @@ class Supervisor:
 
 
 def _drop_scratch(order: Order) -> None:
-    """Delete the folder where the order's result files waited (``Assignment.scratch_dir``:
+    """Delete the folder where the order's result files waited (``JobWork.scratch_dir``:
     ``<results_root>/<allocation>/<job>``)."""
     roots = {job.results_root for job in order.jobs if job.results_root is not None}
     for root in roots:

@@ -17,21 +17,21 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Executor,
     Failed,
     Finished,
+    JobWork,
     Preview,
     Progress,
     Started,
-    StopReason,
     StopSignal,
     Update,
     is_terminal,
 )
 from corral.agent.executors.runner import execute
 from corral.core import Clock, VirtualClock
+from corral.core.states import StopReason
 
 Scenario = Literal["quick", "failing", "long", "invalid"]
 """quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;
@@ -46,7 +46,7 @@ class Harness:
 
     executor: Executor
     clock: Clock
-    make: Callable[[Scenario, str], Assignment]  # (scenario, allocation id) -> assignment
+    make: Callable[[Scenario, str], JobWork]  # (scenario, allocation id) -> assignment
     failure_retryable: bool = False  # what the "failing" scenario's Failed says
     previews: bool = True  # the quick scenario shows at least one preview
     partial_results: bool = True  # an interrupted long run keeps at least one result
@@ -67,7 +67,7 @@ OnUpdate = Callable[[Update, StopSignal], None]
 
 async def run_to_end(
     harness: Harness,
-    assignment: Assignment,
+    assignment: JobWork,
     on_update: OnUpdate | None = None,
     stop: StopSignal | None = None,
 ) -> list[Update]:

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Failed,
+    JobWork,
     LogLine,
     Preview,
     Progress,
     Started,
-    StopReason,
 )
 from corral.agent.fingerprint import GpuSnapshot
 from corral.agent.model_gate import SpecOrError
@@ -29,6 +28,7 @@ from corral.agent.model_report import spec_from
 from corral.agent.supervisor import Done, Held, Order, Report
 from corral.core import InvalidSpec
 from corral.core.model import EMPTY
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
 _STOP_FROM_WIRE = {
@@ -77,8 +77,8 @@ def order_from(
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
         jobs=jobs,
-        kind=msg.jobs[0].kind if msg.jobs else msg.kind or "custom",
-        backend=(msg.jobs[0].backend if msg.jobs else msg.backend) or "",
+        kind=(msg.jobs[0].kind if msg.jobs else "") or "custom",
+        backend=msg.jobs[0].backend if msg.jobs else "",
         gpu_indices=gpus,
         vram_bytes=0 if whole else msg.vram_bytes,
     )
@@ -86,8 +86,8 @@ def order_from(
 
 def _job(
     msg: pb.Assign, w: pb.Work, gpus: tuple[int, ...], root: Path | None, results: Path | None
-) -> Assignment:
-    return Assignment(
+) -> JobWork:
+    return JobWork(
         allocation_id=msg.allocation_id,
         attempt=msg.attempt,
         job_ids=(w.job_id,),

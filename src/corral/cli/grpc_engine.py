@@ -4,7 +4,7 @@ grpcio 1.85 runs client channels and listeners on its EventEngine by default.
 On corral's agent link (one long-lived bidirectional stream per agent, small
 messages, each one's latency on a job's critical path) gRPC's polling engine
 is faster. Measured with both settings in turn in one run (docs/performance.md,
-item 49): a bare bidirectional ping-pong with 2 ms pauses, 0.27-0.42 ms per
+"End to end"): a bare bidirectional ping-pong with 2 ms pauses, 0.27-0.42 ms per
 round trip against 0.22-0.27 ms; ``bench/agent_link.py``'s idle shape with
 pauses, 1.76-1.91 against 1.43-1.77 ms and 20-28% less of the agents' CPU;
 ``bench/e2e.py``'s idle shape (two corral peers in turn), 4.1 -> 3.5, 4.7 ->

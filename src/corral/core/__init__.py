@@ -36,6 +36,7 @@ from corral.core.states import (
     JobState,
     Lifecycle,
     NodeState,
+    StopReason,
     Transition,
     transition,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "NotFound",
     "PriorityClass",
     "ResourceRequest",
+    "StopReason",
     "Team",
     "Transition",
     "Unauthenticated",

@@ -5,9 +5,9 @@
 build makes them without the cyclic garbage collector's header and never tracks them.
 A tracked object is linked into the collector's list when made and unlinked when freed,
 which writes to its two neighbours in that list: objects made about when it was, long
-cold when a job's records die (docs/performance.md, "Session 31"). Each such class holds
-only immutable values, or records that never refer back to it; an untracked object in a
-cycle would not be freed (a leak, never a crash). Pure Python ignores the mark.
+cold when a job's records die. Each such class holds only immutable values, or records
+that never refer back to it; an untracked object in a cycle would not be freed (a leak,
+never a crash). Pure Python ignores the mark.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ __all__ = [
     "JobState",
     "Lifecycle",
     "NodeState",
+    "StopReason",
     "Transition",
     "transition",
 ]
@@ -50,6 +51,16 @@ class AllocDesired(StrEnum):
     RUN = "run"
     STOP = "stop"  # cancel, interrupt or timeout
     PREEMPT = "preempt"  # stop with a grace period so it can checkpoint, then requeue
+
+
+class StopReason(StrEnum):
+    """Why the server stops an allocation (or one job of a batch): what the server records
+    and the agent's executor obeys, and so how the job ends."""
+
+    CANCEL = "cancel"  # the client does not want it any more: stop now, fail, no retry
+    INTERRUPT = "interrupt"  # stop early and keep what was produced: finish with partial results
+    PREEMPT = "preempt"  # make room: checkpoint within the grace period, stop; the job requeues
+    TIMEOUT = "timeout"  # ran past the job's time limit: stop; the job fails, no retry
 
 
 class AllocObserved(StrEnum):

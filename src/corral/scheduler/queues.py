@@ -297,9 +297,8 @@ class Queue:
         # user's next job: a user's few queued jobs come and go, and a line (with its
         # lists) was made and freed about once per two jobs on a generated trace. The state
         # a pass left on it goes: kept, its slots held lists and jobs long gone, and at
-        # 1,000,000 jobs the maps of slots grew cold (about 7% slower: docs/performance.md,
-        # "Session 27"). Passes skip empty lines; past ``IDLE_LINES`` more empty ones than
-        # queued jobs, they are swept out.
+        # 1,000,000 jobs the maps of slots grew cold (about 7% slower). Passes skip empty
+        # lines; past ``IDLE_LINES`` more empty ones than queued jobs, they are swept out.
         line.forget()
         self._idle += 1
         if self._idle > IDLE_LINES + len(self.jobs):

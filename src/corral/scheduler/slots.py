@@ -5,7 +5,7 @@ an allocation: what it holds, its expected end, its team's usage, its node's wor
 Kept in maps by allocation id, team and node names, each of those was a lookup by a
 string, and at a million simulated jobs such lookups were about a quarter of the time,
 mostly cache misses on maps of allocations started long before (docs/performance.md,
-"The sim-speed-6 round"). Here an allocation's id is looked up once, for its slot, a
+"Simulator"). Here an allocation's id is looked up once, for its slot, a
 small record of what the scheduler keeps about it (the allocation, its expected end,
 its team's number and its node's index, unboxed in a compiled build); its node's list
 of work and the victims' index (``victims.py``) hold the slot itself. A slot is made per

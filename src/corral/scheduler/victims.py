@@ -15,9 +15,9 @@ allocation's slot and record are still in the cache from the start or end that t
 them. Kept lazily (changes noted, the maps brought up to date when a cycle first needed
 victims), it indexed a fifth fewer allocations at 100,000 jobs (most cycles of a busy
 cluster need victims), but touched the slots of work started and ended long before:
-bringing it up to date was 7% of the samples at 1,000,000 jobs (docs/performance.md,
-"Session 25"). Allocations on nodes the scheduler does not hold are in ``by_jobs`` only
-(a gang's unit counts every replica); nothing looks for victims there.
+bringing it up to date was 7% of the samples at 1,000,000 jobs. Allocations on nodes the
+scheduler does not hold are in ``by_jobs`` only (a gang's unit counts every replica);
+nothing looks for victims there.
 """
 
 from __future__ import annotations

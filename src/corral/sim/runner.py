@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from corral.core.clock import VirtualClock
 from corral.scheduler.api import Config, Plan, ReasonCode
 from corral.scheduler.fragmentation import of_free
 from corral.scheduler.service import ServiceLedger
-from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer
 from corral.sim.policies import Policy, ScheduleFn, drive
@@ -95,7 +95,7 @@ class _Run:
     ) -> None:
         self.scenario = scenario
         self.policy = policy
-        self.clock: EventClock = EventClock()
+        self.clock: VirtualClock = VirtualClock()
         self.metrics = Metrics()
         busy = Busy(policy) if scenario.pools else None
         observer: Observer = policy if busy is None else busy
@@ -160,10 +160,10 @@ class _Run:
     def _finish(self, until: float | None) -> dict[str, Any]:
         """End the run at ``until`` (or now) and build the summary."""
         scaling = self.scaling
-        end = self.clock.now if until is None else until
+        end = self.clock.now() if until is None else until
         if scaling is not None and until is None:
             end = scaling.changed_at  # not the last decision, which found nothing to do
-        self.clock.advance_to(max(end, self.clock.now))
+        self.clock.advance_to(max(end, self.clock.now()))
         self.world.finish(end)
         self._report(done=True)
         weights = {name: team.weight for name, team in self.world.teams.items()}
@@ -236,7 +236,7 @@ class _Run:
         world = self.world
         self.progress(
             Progress(
-                now=self.clock.now,
+                now=self.clock.now(),
                 arrived=self.arrived,
                 queued=world.waiting,
                 running=len(world.runs) - world.waiting,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
+from corral.core.clock import VirtualClock
 from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
@@ -26,7 +27,6 @@ from corral.core.states import JOB as JOB_LIFECYCLE
 from corral.core.states import AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
 from corral.scheduler.capacity import Card
-from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer, observing
 from corral.sim.report import JobRecord, Metrics, PlacementRecord
@@ -95,7 +95,7 @@ class World:
     def __init__(
         self,
         scenario: Scenario,
-        clock: EventClock,
+        clock: VirtualClock,
         metrics: Metrics,
         *,
         sink: Sink | None = None,

@@ -24,23 +24,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from corral.core.model import EMPTY, frozen_map
-
-
-class StopReason(StrEnum):
-    CANCEL = "cancel"  # the user does not want it any more: fail, no retry
-    INTERRUPT = "interrupt"  # stop early and keep what was produced: finish, partial
-    PREEMPT = "preempt"  # make room: checkpoint if you can, fail retryably, resume later
-    TIMEOUT = "timeout"  # the job's time limit passed: fail, no retry
+from corral.core.states import StopReason
 
 
 @dataclass(frozen=True, slots=True)
-class Assignment:
-    """What the server asked this node to run (one attempt of one job)."""
+class JobWork:
+    """One job of an assignment, as an executor runs it: one attempt of the job, with this
+    node's paths for it (the agent's side of ``Work`` in ``proto/corral/v1/agent.proto``)."""
 
     allocation_id: str
     attempt: int
@@ -237,7 +231,7 @@ class Executor(Protocol):
     @property
     def name(self) -> str: ...
 
-    def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         """Yield the updates of one run, ending with exactly one terminal update."""
         ...
 

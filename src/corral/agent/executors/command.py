@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     Progress,
     Result,
     StopSignal,
@@ -76,7 +76,7 @@ class CommandExecutor:
         """The process running ``allocation_id`` (its children are found from it)."""
         return self._pids.get(allocation_id)
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         argv = self._argv(assignment.payload)
         if stop.requested is not None:  # stopped before it began: do not even start it
             yield stopped_terminal(stop.requested)
@@ -153,7 +153,7 @@ class CommandExecutor:
         _kill_group(proc, signal.SIGKILL)
 
 
-def job_env(assignment: Assignment, out_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
+def job_env(assignment: JobWork, out_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment a job's process runs with; corral's own variables win over ``extra``."""
     env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
     checkpoint_dir = assignment.checkpoint_dir

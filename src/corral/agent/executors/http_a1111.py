@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 
 from corral.agent.executors.base import (
-    Assignment,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
@@ -87,7 +87,7 @@ class A1111Executor:
         """The checkpoint the webui has in GPU memory, as far as this executor knows."""
         return (self._loaded,) if self._loaded else ()
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         if assignment.payload.get("mode") == "catalog":  # lists only: no need to wait for a turn
             with backend_errors(self._name, self._base_url):
                 yield Finished((await catalog(self._base_url, self._timeout, self._name),))
@@ -107,7 +107,7 @@ class A1111Executor:
     async def _generate(
         self,
         client: httpx.AsyncClient,
-        assignment: Assignment,
+        assignment: JobWork,
         mode: str,
         body: dict[str, Any],
         stop: StopSignal,
@@ -138,7 +138,7 @@ class A1111Executor:
         yield Progress(1.0)
         yield Finished(results, modified)
 
-    async def _provide(self, client: httpx.AsyncClient, assignment: Assignment) -> str | None:
+    async def _provide(self, client: httpx.AsyncClient, assignment: JobWork) -> str | None:
         """The name to ask the webui for: a model from the agent's cache is linked into its
         checkpoint folder first, and the webui told to look again."""
         if assignment.model is None or assignment.model_path is None or not self._models_dir:

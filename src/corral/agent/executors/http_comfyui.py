@@ -9,7 +9,7 @@ preview frames into updates until ``execution_success``, ``execution_error`` or
 every file an output node saved, whatever its kind (``images``, ``latents``,
 ``gifs`` and videos of video nodes, ``audio``; not ``temp`` previews), and
 ``comfyui-outputs.json``, which says each file's node, kind and subfolder
-(``comfyui_outputs.py``). With a results folder (``Assignment.scratch_dir``)
+(``comfyui_outputs.py``). With a results folder (``JobWork.scratch_dir``)
 each is streamed into it and sent from there, so a long video never sits in the
 agent's memory. A cached result whose file is gone is run again, not failed.
 
@@ -46,9 +46,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from corral.agent.executors.base import (
-    Assignment,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
@@ -127,7 +127,7 @@ class ComfyUIExecutor:
         """The checkpoint ComfyUI last loaded (it stays in GPU memory until another is)."""
         return (self._loaded,) if self._loaded else ()
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         if assignment.payload.get("mode") == "catalog":
             with backend_errors(self._name, self._base_url):
                 async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as c:
@@ -162,7 +162,7 @@ class ComfyUIExecutor:
         self,
         client: httpx.AsyncClient,
         attempt: _Attempt,
-        assignment: Assignment,
+        assignment: JobWork,
         stop: StopSignal,
     ) -> AsyncIterator[Update]:
         """Submit the graph once, follow it to its end and fetch what it saved."""
@@ -211,7 +211,7 @@ class ComfyUIExecutor:
         await client.post("/interrupt", json={"prompt_id": prompt_id})
         return Failed(_dropped(node_errors), retryable=False)
 
-    def _checkpoint(self, assignment: Assignment) -> str | None:
+    def _checkpoint(self, assignment: JobWork) -> str | None:
         """The ``ckpt_name`` to load: a model from the agent's cache is linked into
         ComfyUI's checkpoint folder first (ComfyUI sees new files there by itself)."""
         if assignment.model is None or assignment.model_path is None or not self._models_dir:

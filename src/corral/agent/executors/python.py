@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
     Result,
-    StopReason,
     StopSignal,
     Update,
     monotone,
@@ -49,6 +48,7 @@ from corral.agent.executors.base import (
 from corral.agent.executors.lines import file_result
 from corral.agent.executors.workers import Workers
 from corral.core import Clock, ExecutorError, InvalidSpec
+from corral.core.states import StopReason
 
 Handler = Callable[["HandlerContext"], Any]
 FIRST = asyncio.FIRST_COMPLETED
@@ -58,7 +58,7 @@ FIRST = asyncio.FIRST_COMPLETED
 class HandlerContext:
     """What a handler knows about its job, and how it hears of a stop."""
 
-    assignment: Assignment
+    assignment: JobWork
     _stop: StopSignal
     modified: dict[str, str] = field(default_factory=dict)  # report request changes here
     _dir_made: bool = field(default=False, repr=False)
@@ -152,7 +152,7 @@ class PythonExecutor:
     def name(self) -> str:
         return self._name
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         ctx = HandlerContext(assignment, stop)
         results: list[Result] = []
         last_fraction = 0.0
@@ -346,7 +346,7 @@ def _as_update(item: object, label: str) -> Update:
     )
 
 
-def to_results(value: object, job: Assignment | None = None) -> list[Result]:
+def to_results(value: object, job: JobWork | None = None) -> list[Result]:
     """A handler's return value as results (see the module docstring for the shapes). A file
     path is kept as a file in ``job.scratch_dir`` (the agent's folder for the allocation)
     when there is one, not read: it is uploaded from there a chunk at a time."""
@@ -387,7 +387,7 @@ def _named(name: str, results: list[Result]) -> Result:
     return Result(name, result.data, result.mime, result.path)
 
 
-def _file_result(path: Path, job: Assignment | None, index: int) -> Result:
+def _file_result(path: Path, job: JobWork | None, index: int) -> Result:
     keep = None if job is None else job.scratch_dir
     if keep is not None:
         kept = file_result(path, keep, index)

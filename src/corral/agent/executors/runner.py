@@ -19,18 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Executor,
     Failed,
     Finished,
+    JobWork,
     Started,
-    StopReason,
     StopSignal,
     Terminal,
     Update,
     stopped_terminal,
 )
 from corral.core import Clock, ExecutorError, InvalidSpec, Unavailable
+from corral.core.states import StopReason
 
 TIMEOUT_GRACE_S = 10.0
 """Grace a timed-out job gets to wrap up: long enough to write a small checkpoint."""
@@ -48,7 +48,7 @@ class _Ended:
 
 async def execute(
     executor: Executor,
-    assignment: Assignment,
+    assignment: JobWork,
     stop: StopSignal,
     clock: Clock,
     *,

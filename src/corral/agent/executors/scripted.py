@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from corral.agent.executors.base import (
-    Assignment,
     Checkpoint,
     Failed,
     Finished,
+    JobWork,
     LogLine,
     Preview,
     Progress,
@@ -93,7 +93,7 @@ class ScriptedExecutor:
     def name(self) -> str:
         return self._name
 
-    async def run(self, assignment: Assignment, stop: StopSignal) -> AsyncIterator[Update]:
+    async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
         script = self._script.overridden_by(assignment.payload)
         model = assignment.model or script.default_model
         modified = {} if assignment.model else {"model": model}
@@ -121,7 +121,7 @@ class ScriptedExecutor:
         yield stopped_terminal(request, (Result("partial.txt", partial, "text/plain"),), modified)
 
 
-def _step_updates(script: Script, assignment: Assignment, step: int) -> list[Update]:
+def _step_updates(script: Script, assignment: JobWork, step: int) -> list[Update]:
     """What one finished step reports, in order."""
     updates: list[Update] = [Progress(step / script.steps, step, script.steps)]
     if script.preview_every and step % script.preview_every == 0:
@@ -134,7 +134,7 @@ def _step_updates(script: Script, assignment: Assignment, step: int) -> list[Upd
     return updates
 
 
-def _checkpoint_path(assignment: Assignment, step: int) -> str:
+def _checkpoint_path(assignment: JobWork, step: int) -> str:
     base = str(assignment.checkpoint_dir) if assignment.checkpoint_dir else "checkpoints"
     return f"{base}/{assignment.job_id}-step{step}.ckpt"
 

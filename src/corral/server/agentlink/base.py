@@ -22,14 +22,8 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from corral.core.model import EMPTY, Gpu, JobKind
+from corral.core.states import StopReason
 from corral.server.blobs import StoredBlob
-
-
-class StopReason(StrEnum):
-    CANCEL = "cancel"  # the client cancelled: stop now, results are not wanted
-    INTERRUPT = "interrupt"  # stop early, report what was produced so far as the result
-    PREEMPT = "preempt"  # checkpoint within the grace period, then stop; the job requeues
-    TIMEOUT = "timeout"  # ran past its timeout: stop; the job fails
 
 
 class Ack(StrEnum):

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable
 
 from corral.core.model import Gpu
+from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.server.agentlink.base import (
     Assignment,
@@ -25,7 +26,6 @@ from corral.server.agentlink.base import (
     JobWork,
     Running,
     StopOrder,
-    StopReason,
 )
 from corral.server.store.jsontext import dumps
 
@@ -89,30 +89,16 @@ def welcome_messages(node: str, reply: HelloReply) -> list[pb.ServerMessage]:
 
 
 def assign_message(a: Assignment) -> pb.ServerMessage:
-    jobs = [_work(w) for w in a.jobs]
-    first = jobs[0] if jobs else pb.Work()
-    if len(jobs) == 1:  # the common case: its payload as it is
-        payload_json = first.payload_json
-    else:  # a batch (or none): the list of every job's payload
-        payload_json = dumps([dict(w.payload) for w in a.jobs])
     return pb.ServerMessage(
         assign=pb.Assign(
             allocation_id=a.allocation_id,
             attempt=a.attempt,
-            job_ids=[w.job_id for w in a.jobs],
-            kind=first.kind,
-            payload_json=payload_json,
             gpu_indices=list(a.gpu_indices),
             gpu_milli=a.gpu_milli,
             vram_bytes=a.vram_bytes,
             cpus=a.cpus,
             on_cpu=a.on_cpu,
-            model=first.model,
-            backend=first.backend,
-            timeout_s=first.timeout_s,
-            resume_from=first.resume_from,
-            resume_step=first.resume_step,
-            jobs=jobs,
+            jobs=[_work(w) for w in a.jobs],
             replica=a.replica,
             replicas=a.replicas,
         )

@@ -75,17 +75,13 @@ def ref_message(ref: ModelRef) -> pb.ModelRef:
 
 
 def attach_refs(msg: pb.ServerMessage, lookup: RefLookup) -> pb.ServerMessage:
-    """Fill ``model_ref`` of an assignment (and of each of its jobs) from the registry."""
+    """Fill ``model_ref`` of each job of an assignment from the registry."""
     if not msg.HasField("assign"):
         return msg
-    assign = msg.assign
-    for work in assign.jobs:
+    for work in msg.assign.jobs:
         ref = lookup(work.model) if work.model else None
         if ref is not None:
             work.model_ref.CopyFrom(ref_message(ref))
-    ref = lookup(assign.model) if assign.model else None
-    if ref is not None:
-        assign.model_ref.CopyFrom(ref_message(ref))
     return msg
 
 

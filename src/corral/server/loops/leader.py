@@ -92,7 +92,7 @@ async def _ping(conn: AsyncConnection) -> None:
     Every cycle asks, so it is one round trip on the asyncpg connection itself
     (no transaction around it), not SQLAlchemy's begin, select and commit:
     those were 2 ms of an idle round trip's critical path on the benchmark
-    machine (docs/performance.md, item 45).
+    machine (docs/performance.md, "PostgreSQL").
     """
     raw: Any = (await conn.get_raw_connection()).driver_connection
     if hasattr(raw, "fetchval"):  # asyncpg

@@ -28,8 +28,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corral.core.states import AllocDesired, NodeState
-from corral.server.agentlink.base import StopReason
+from corral.core.states import AllocDesired, NodeState, StopReason
 from corral.server.services.departure import lose_node
 from corral.server.services.outcomes import Ending
 from corral.server.services.settling import end_allocation, request_stop

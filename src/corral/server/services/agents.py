@@ -22,6 +22,7 @@ from corral.core.states import (
     AllocObserved,
     JobState,
     NodeState,
+    StopReason,
     transition,
 )
 from corral.server.agentlink.base import (
@@ -32,7 +33,6 @@ from corral.server.agentlink.base import (
     Running,
     Standing,
     StopOrder,
-    StopReason,
 )
 from corral.server.services.auth import AuthService
 from corral.server.services.checkpoints import drop_after_commit, drop_uploads, may_fetch

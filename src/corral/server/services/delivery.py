@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import LinkError
-from corral.core.states import AllocDesired, AllocObserved, JobState
-from corral.server.agentlink.base import AgentLink, StopOrder, StopReason
+from corral.core.states import AllocDesired, AllocObserved, JobState, StopReason
+from corral.server.agentlink.base import AgentLink, StopOrder
 from corral.server.agentlink.relay import holds
 from corral.server.services.placement import assignment
 from corral.server.services.unit import Runtime

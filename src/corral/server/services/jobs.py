@@ -26,8 +26,7 @@ from corral.core.errors import (
 )
 from corral.core.events import EventKind
 from corral.core.model import Job
-from corral.core.states import JOB, JobState, transition
-from corral.server.agentlink.base import StopReason
+from corral.core.states import JOB, JobState, StopReason, transition
 from corral.server.services import audit
 from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit

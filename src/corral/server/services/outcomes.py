@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from corral.core.events import EventKind
-from corral.core.states import JobState
-from corral.server.agentlink.base import StopReason
+from corral.core.states import JobState, StopReason
 
 NOTHING_SAVED = "interrupted before it saved anything"  # the job's error, for clients
 

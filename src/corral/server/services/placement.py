@@ -24,9 +24,9 @@ from typing import Any
 
 from corral.core.events import EventKind
 from corral.core.model import Allocation, Node
-from corral.core.states import JOB, JobState, transition
+from corral.core.states import JOB, JobState, StopReason, transition
 from corral.scheduler.api import Placement, Plan
-from corral.server.agentlink.base import Assignment, JobWork, StopReason
+from corral.server.agentlink.base import Assignment, JobWork
 from corral.server.services.settling import request_stop
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo

@@ -20,9 +20,10 @@ from corral.core.states import (
     AllocDesired,
     AllocObserved,
     JobState,
+    StopReason,
     transition,
 )
-from corral.server.agentlink.base import StopOrder, StopReason
+from corral.server.agentlink.base import StopOrder
 from corral.server.services.attempts import nodes_failing_alike, remember, summary
 from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.node_health import note_outcome

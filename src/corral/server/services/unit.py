@@ -70,7 +70,7 @@ class Wakeups:
     commit used to wake every open stream, and a job's stream then read the
     job's row to see whether it had ended: with many clients waiting on their
     jobs (the SDK's ``Job.wait`` follows one stream per job), each commit cost a
-    read per waiting client (docs/performance.md, item 53).
+    read per waiting client (docs/performance.md, "End to end").
     """
 
     def __init__(self) -> None:
@@ -275,7 +275,7 @@ class Runtime:
         source keeps it until told it is durable and sends it again otherwise (an agent's
         report, kept in its outbox until the follow-up acknowledges it): readers then see
         what they could already read from the committed rows, and the fsync is off the
-        path to them (docs/performance.md, item 70). Follow-ups still wait for the fsync.
+        path to them (docs/performance.md, "End to end"). Follow-ups still wait for the fsync.
         Without it, the first ``tx.early_events`` events go out so (a group's early units';
         the rest follow once durable, and later changes' events after them).
         """

@@ -9,7 +9,7 @@ later copied back by a checkpoint: about 9.5 pages per job in the concurrent
 benchmark shape. An id that starts with the time puts the rows committed
 together next to each other, at the right-hand end of every index: 4.6 pages
 per job, commits half as long, checkpoints a quarter (docs/performance.md,
-item 81). The idea is ULID's and UUIDv7's.
+"End to end"). The idea is ULID's and UUIDv7's.
 
 ``sortable_id("job_")`` is the prefix and 22 hex digits (two more than the
 random ids had): 8 for the wall clock in milliseconds, modulo 2^32 (it

@@ -941,81 +941,47 @@ class Assign(_message.Message):
 
     ALLOCATION_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
-    JOB_IDS_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
     GPU_INDICES_FIELD_NUMBER: _builtins.int
     GPU_MILLI_FIELD_NUMBER: _builtins.int
     VRAM_BYTES_FIELD_NUMBER: _builtins.int
     CPUS_FIELD_NUMBER: _builtins.int
     ON_CPU_FIELD_NUMBER: _builtins.int
-    MODEL_FIELD_NUMBER: _builtins.int
-    BACKEND_FIELD_NUMBER: _builtins.int
-    TIMEOUT_S_FIELD_NUMBER: _builtins.int
-    RESUME_FROM_FIELD_NUMBER: _builtins.int
-    RESUME_STEP_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
-    MODEL_REF_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
-    kind: _builtins.str
-    payload_json: _builtins.str
-    """one JSON object per job, as a JSON list when batched"""
     gpu_milli: _builtins.int
     vram_bytes: _builtins.int
     cpus: _builtins.int
     on_cpu: _builtins.bool
-    model: _builtins.str
-    backend: _builtins.str
-    timeout_s: _builtins.float
-    """0: none"""
-    resume_from: _builtins.str
-    """checkpoint path or blob URL, empty for a first attempt"""
-    resume_step: _builtins.int
     replica: _builtins.int
     """which replica of a gang, 0-based"""
     replicas: _builtins.int
     """gang size; 1 for a single job or a batch"""
     @_builtins.property
-    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Work]:
-        """every job, in order (the fields above repeat the first job's)"""
-
-    @_builtins.property
-    def model_ref(self) -> Global___ModelRef:
-        """the registry entry of ``model``, when it has one"""
+        """every job, in order: one, a batch of samples, or a gang replica's"""
 
     def __init__(
         self,
         *,
         allocation_id: _builtins.str = ...,
         attempt: _builtins.int = ...,
-        job_ids: _abc.Iterable[_builtins.str] | None = ...,
-        kind: _builtins.str = ...,
-        payload_json: _builtins.str = ...,
         gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
         gpu_milli: _builtins.int = ...,
         vram_bytes: _builtins.int = ...,
         cpus: _builtins.int = ...,
         on_cpu: _builtins.bool = ...,
-        model: _builtins.str = ...,
-        backend: _builtins.str = ...,
-        timeout_s: _builtins.float = ...,
-        resume_from: _builtins.str = ...,
-        resume_step: _builtins.int = ...,
         jobs: _abc.Iterable[Global___Work] | None = ...,
         replica: _builtins.int = ...,
         replicas: _builtins.int = ...,
-        model_ref: Global___ModelRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["model_ref", b"model_ref"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "backend", b"backend", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "job_ids", b"job_ids", "jobs", b"jobs", "kind", b"kind", "model", b"model", "model_ref", b"model_ref", "on_cpu", b"on_cpu", "payload_json", b"payload_json", "replica", b"replica", "replicas", b"replicas", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
