@@ -6,12 +6,15 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from corral.server.api import compat_a1111, compat_comfyui
+from corral.server.api import compat_a1111, compat_comfyui, compat_comfyui_cluster
 from corral.server.plane import ControlPlane
 from corral.server.services.compat import CompatJobs, compat_settings
 from corral.server.services.compat_a1111 import A1111Service
 from corral.server.services.compat_catalog import CatalogCache
 from corral.server.services.compat_comfyui import ComfyService
+from corral.server.services.compat_comfyui_cluster import ComfyCluster
+
+COMFYUI_PREFIXES = ("", "/api")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +25,7 @@ class CompatServices:
     catalogs: CatalogCache
     a1111: A1111Service
     comfyui: ComfyService
+    comfyui_cluster: ComfyCluster
 
 
 def install(app: FastAPI, plane: ControlPlane) -> None:
@@ -31,8 +35,13 @@ def install(app: FastAPI, plane: ControlPlane) -> None:
         return
     jobs = CompatJobs(plane, settings)
     catalogs = CatalogCache(jobs)
+    comfyui = ComfyService(jobs, catalogs)
     app.state.compat = CompatServices(
-        jobs, catalogs, A1111Service(jobs, catalogs), ComfyService(jobs, catalogs)
+        jobs, catalogs, A1111Service(jobs, catalogs), comfyui, ComfyCluster(comfyui)
     )
     app.include_router(compat_a1111.router)
-    app.include_router(compat_comfyui.router)
+    # ComfyUI serves each route at its path and again under /api (which its own web
+    # frontend calls); corral does the same
+    for prefix in COMFYUI_PREFIXES:
+        app.include_router(compat_comfyui.router, prefix=prefix)
+        app.include_router(compat_comfyui_cluster.router, prefix=prefix)

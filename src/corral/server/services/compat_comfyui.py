@@ -105,12 +105,6 @@ class ComfyService:
         info = catalog.data.get("object_info")
         return info if isinstance(info, dict) else None
 
-    async def object_info(self, caller: Caller) -> dict[str, Any]:
-        info = await self._object_info(caller)
-        if info is None:
-            raise Unservable("the comfyui backend did not describe its nodes")
-        return info
-
     async def find(self, caller: Caller, prompt_id: str) -> JobRecord | None:
         """The caller's job for ``prompt_id`` (its team's), if any."""
         async with self.jobs.plane.rt.db.read() as conn:
@@ -292,11 +286,15 @@ def history_entry(rec: JobRecord, manifest: Mapping[str, Any] | None = None) -> 
     ok = rec.state is JobState.SUCCEEDED and rec.stop_request != "interrupt"
     stamp = int((rec.started_at or rec.job.submitted_at) * 1000)
     base = {"prompt_id": p.get("prompt_id"), "timestamp": stamp}
-    messages: list[list[Any]] = [["execution_start", base]]
+    # ComfyUI's history keeps the messages it sent: start, cached, then how it ended
+    messages: list[list[Any]] = [
+        ["execution_start", base],
+        ["execution_cached", {"nodes": [], **base}],
+    ]
     if ok:
         messages.append(["execution_success", base])
     elif rec.state is JobState.FAILED:
-        messages.append(["execution_error", {**base, "exception_message": rec.error or ""}])
+        messages.append(["execution_error", {**base, **_error_keys(rec.error or "")}])
     else:
         messages.append(["execution_interrupted", {**base, "executed": list(outputs)}])
     return {
@@ -307,7 +305,25 @@ def history_entry(rec: JobRecord, manifest: Mapping[str, Any] | None = None) -> 
             "completed": ok,
             "messages": messages,
         },
-        "meta": {k: {"node_id": k, "display_node": k} for k in outputs},
+        "meta": {
+            k: {"node_id": k, "display_node": k, "parent_node": None, "real_node_id": k}
+            for k in outputs
+        },
+    }
+
+
+def _error_keys(message: str) -> dict[str, Any]:
+    """An ``execution_error``'s keys as ComfyUI's history has them; corral knows the
+    message (the node the backend named is in it), not the failing node's inputs."""
+    return {
+        "node_id": None,
+        "node_type": None,
+        "executed": [],
+        "exception_message": message,
+        "exception_type": "corral.JobFailed",
+        "traceback": [],
+        "current_inputs": {},
+        "current_outputs": {},
     }
 
 
