@@ -24,6 +24,12 @@ class CompatSettings(BaseModel):
         description="GPUs one request takes (0: CPU slots only; unset: one GPU where the "
         "backend's nodes have GPUs, CPU slots where they are all CPU-only)",
     )
+    comfyui_frontend: bool = Field(
+        default=False,
+        description="serve ComfyUI's web frontend at /comfyui/ (needs the comfyui-frontend-"
+        "package, the comfyui-ui extra); off by default: it is third-party code on the "
+        "dashboard's origin",
+    )
     cpus: int = Field(default=1, ge=0, le=4096, description="CPU slots one request takes")
     priority: str = Field(
         default="free", description="priority class of requests (header X-Corral-Priority wins)"

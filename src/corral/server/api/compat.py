@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from corral.server.api import compat_a1111, compat_comfyui, compat_comfyui_cluster
+from corral.server.api import (
+    compat_a1111,
+    compat_comfyui,
+    compat_comfyui_cluster,
+    compat_comfyui_frontend,
+)
 from corral.server.plane import ControlPlane
 from corral.server.services.compat import CompatJobs, compat_settings
 from corral.server.services.compat_a1111 import A1111Service
@@ -14,6 +20,7 @@ from corral.server.services.compat_catalog import CatalogCache
 from corral.server.services.compat_comfyui import ComfyService
 from corral.server.services.compat_comfyui_cluster import ComfyCluster
 
+log = logging.getLogger("corral.server.compat")
 COMFYUI_PREFIXES = ("", "/api")
 
 
@@ -42,6 +49,15 @@ def install(app: FastAPI, plane: ControlPlane) -> None:
     app.include_router(compat_a1111.router)
     # ComfyUI serves each route at its path and again under /api (which its own web
     # frontend calls); corral does the same
+    routers = [compat_comfyui.router, compat_comfyui_cluster.router]
     for prefix in COMFYUI_PREFIXES:
-        app.include_router(compat_comfyui.router, prefix=prefix)
-        app.include_router(compat_comfyui_cluster.router, prefix=prefix)
+        for router in routers:
+            app.include_router(router, prefix=prefix)
+    frontend = compat_comfyui_frontend.static_dir() if settings.comfyui_frontend else None
+    if frontend is not None:
+        compat_comfyui_frontend.install(app, frontend, routers)
+    elif settings.comfyui_frontend:
+        log.warning(
+            "compat.comfyui_frontend is on but comfyui-frontend-package is not installed "
+            "(pip install 'corral[comfyui-ui]'); /comfyui/ is not served"
+        )

@@ -13,11 +13,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from corral.core.errors import InvalidSpec
 from corral.server.api.compat_auth import compat_caller, shaped_route
 from corral.server.api.compat_comfyui import json_body, render
 from corral.server.services.compat import Caller
-from corral.server.services.compat_comfyui_cluster import ComfyCluster
-from corral.server.services.compat_comfyui_info import FOLDERS, one_class
+from corral.server.services.compat_comfyui_cluster import HISTORY_MAX, ComfyCluster
+from corral.server.services.compat_comfyui_info import FOLDERS, JOB_STATUSES, one_class
 
 router = APIRouter(
     tags=["ComfyUI-compatible"], route_class=shaped_route(render), include_in_schema=False
@@ -77,6 +78,23 @@ async def history(
 ) -> dict[str, Any]:
     """The team's ended prompts by id, the last ``max_items`` (oldest first)."""
     return await cluster(request).history(who, max_items)
+
+
+@router.get("/jobs")
+async def jobs(
+    request: Request,
+    who: Who,
+    status: Annotated[str, Query(max_length=200)] = ",".join(JOB_STATUSES),
+    limit: Annotated[int, Query(ge=1, le=HISTORY_MAX)] = HISTORY_MAX,
+    offset: Annotated[int, Query(ge=0, le=HISTORY_MAX)] = 0,
+) -> dict[str, Any]:
+    """ComfyUI's ``/jobs``: ``{"jobs": [...], "pagination": {...}}``; ``status`` is a comma
+    list of ``pending``, ``in_progress``, ``completed``, ``failed``, ``cancelled``."""
+    statuses = [s.strip() for s in status.split(",") if s.strip()]
+    unknown = sorted(set(statuses) - set(JOB_STATUSES))
+    if unknown:
+        raise InvalidSpec("status", f"unknown {', '.join(unknown)}; use {', '.join(JOB_STATUSES)}")
+    return await cluster(request).job_list(who, statuses, limit, offset)
 
 
 @router.get("/prompt")

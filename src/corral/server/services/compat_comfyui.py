@@ -274,7 +274,8 @@ def _output_kind(node: object, name: str) -> str:
 def queue_item(rec: JobRecord) -> list[Any]:
     p = rec.job.payload
     workflow = dict(p.get("workflow") or {})
-    extra = {"client_id": p.get("client_id", "")}
+    # ComfyUI's extra_data: the client, and when it was queued (ms; its /jobs sorts by it)
+    extra = {"client_id": p.get("client_id", ""), "create_time": int(rec.job.submitted_at * 1000)}
     return [rec.seq, p.get("prompt_id"), workflow, extra, output_nodes(workflow)]
 
 
@@ -316,8 +317,8 @@ def _error_keys(message: str) -> dict[str, Any]:
     """An ``execution_error``'s keys as ComfyUI's history has them; corral knows the
     message (the node the backend named is in it), not the failing node's inputs."""
     return {
-        "node_id": None,
-        "node_type": None,
+        "node_id": "",
+        "node_type": "",
         "executed": [],
         "exception_message": message,
         "exception_type": "corral.JobFailed",

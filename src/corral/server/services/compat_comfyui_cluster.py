@@ -21,6 +21,7 @@ from corral.server.services.compat_comfyui import BACKEND, ComfyService, history
 from corral.server.services.compat_comfyui_info import (
     FOLDERS,
     folder_files,
+    job_entries,
     system_stats,
     union,
 )
@@ -106,6 +107,22 @@ class ComfyCluster:
             if cursor is None:
                 break
         return found[:wanted]
+
+    async def job_list(
+        self, caller: Caller, statuses: list[str], limit: int, offset: int
+    ) -> dict[str, Any]:
+        """``/jobs`` (ComfyUI's newer list, which its frontend's queue panel reads): the
+        team's prompts waiting, running and ended (the last ``HISTORY_MAX``), newest first."""
+        queue = await self.comfy.queue(caller)
+        ended = {"completed", "failed", "cancelled"} & set(statuses)
+        history = await self.history(caller, None) if ended else {}
+        found = job_entries(queue, history, statuses)
+        page = found[offset : offset + limit]
+        more = offset + len(page) < len(found)
+        return {
+            "jobs": page,
+            "pagination": {"offset": offset, "limit": limit, "total": len(found), "has_more": more},
+        }
 
     async def queue_info(self, caller: Caller) -> dict[str, Any]:
         """``GET /prompt``: how many of the team's prompts run or wait."""

@@ -164,3 +164,69 @@ def _device(name: str, kind: str, index: int | None, total: int, free: int) -> d
         "torch_vram_total": total,
         "torch_vram_free": free,
     }
+
+
+JOB_STATUSES = ("pending", "in_progress", "completed", "failed", "cancelled")
+
+
+def job_entries(
+    queue: Mapping[str, Any], history: Mapping[str, Any], statuses: Iterable[str]
+) -> list[dict[str, Any]]:
+    """ComfyUI's ``/jobs`` entries (its ``comfy_execution/jobs.py`` normalisation) of the
+    ``/queue`` and ``/history`` answers, newest first: ``pending``, ``in_progress``, and
+    ended prompts as ``completed`` / ``failed`` / ``cancelled``."""
+    wanted = set(statuses)
+    out: list[dict[str, Any]] = []
+    for key, status in (("queue_running", "in_progress"), ("queue_pending", "pending")):
+        if status in wanted:
+            out.extend(_queued_job(item, status) for item in queue.get(key, ()))
+    for prompt_id, entry in history.items():
+        job = _ended_job(prompt_id, entry)
+        if job["status"] in wanted:
+            out.append(job)
+    return sorted(out, key=lambda j: j["create_time"], reverse=True)
+
+
+def _queued_job(item: Sequence[Any], status: str) -> dict[str, Any]:
+    number, prompt_id, _, extra = item[0], item[1], item[2], item[3]
+    return {
+        "id": prompt_id,
+        "status": status,
+        "priority": number,
+        "create_time": int(extra.get("create_time") or 0),
+        "outputs_count": 0,
+        "previewable_outputs_count": 0,
+    }
+
+
+def _ended_job(prompt_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    status = entry.get("status") or {}
+    times = {kind: data for kind, data in status.get("messages", ())}
+    start = times.get("execution_start", {}).get("timestamp")
+    if "execution_interrupted" in times:
+        ended, kind = times["execution_interrupted"], "cancelled"
+    elif "execution_error" in times:
+        ended, kind = times["execution_error"], "failed"
+    else:
+        ended, kind = times.get("execution_success", {}), "completed"
+    files = [
+        {**item, "nodeId": node, "mediaType": media}
+        for node, shown in (entry.get("outputs") or {}).items()
+        for media, items in shown.items()
+        if isinstance(items, list)
+        for item in items
+        if isinstance(item, dict)
+    ]
+    shown = [f for f in files if f["mediaType"] in ("images", "video", "audio")]
+    return {
+        "id": prompt_id,
+        "status": kind,
+        "priority": entry["prompt"][0],
+        "create_time": int(entry["prompt"][3].get("create_time") or start or 0),
+        "execution_start_time": start,
+        "execution_end_time": ended.get("timestamp"),
+        "execution_error": times.get("execution_error"),
+        "outputs_count": len(files),
+        "previewable_outputs_count": len(shown),
+        "preview_output": shown[0] if shown else None,
+    }
