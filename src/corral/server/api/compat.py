@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from corral.server.agentlink.grpc_link import GrpcLink
 from corral.server.api import (
     compat_a1111,
     compat_comfyui,
@@ -14,6 +15,7 @@ from corral.server.api import (
     compat_comfyui_frontend,
 )
 from corral.server.plane import ControlPlane
+from corral.server.services.backend_info import BackendInfoStore
 from corral.server.services.compat import CompatJobs, compat_settings
 from corral.server.services.compat_a1111 import A1111Service
 from corral.server.services.compat_catalog import CatalogCache
@@ -43,8 +45,11 @@ def install(app: FastAPI, plane: ControlPlane) -> None:
     jobs = CompatJobs(plane, settings)
     catalogs = CatalogCache(jobs)
     comfyui = ComfyService(jobs, catalogs)
+    described = BackendInfoStore(plane.rt.blobs, plane.rt.clock)
+    if isinstance(plane.link, GrpcLink):  # agents' reports of their ComfyUI's object_info
+        plane.link.on_backend_info = described.record
     app.state.compat = CompatServices(
-        jobs, catalogs, A1111Service(jobs, catalogs), comfyui, ComfyCluster(comfyui)
+        jobs, catalogs, A1111Service(jobs, catalogs), comfyui, ComfyCluster(comfyui, described)
     )
     app.include_router(compat_a1111.router)
     # ComfyUI serves each route at its path and again under /api (which its own web

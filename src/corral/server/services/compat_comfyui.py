@@ -21,7 +21,7 @@ import contextlib
 import json
 import mimetypes
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from corral.core.comfyui import MODEL_LISTS, OUTPUTS_MANIFEST, validate_prompt
@@ -54,6 +54,7 @@ class ComfyService:
     def __init__(self, jobs: CompatJobs, catalogs: CatalogCache) -> None:
         self.jobs = jobs
         self.catalogs = catalogs
+        self.described: Callable[[Caller], Awaitable[dict[str, Any]]] | None = None
 
     async def submit(
         self, caller: Caller, body: Mapping[str, Any], priority: str | None = None
@@ -96,7 +97,11 @@ class ComfyService:
         return {"prompt_id": prompt_id, "number": rec.seq, "node_errors": node_errors}
 
     async def _object_info(self, caller: Caller) -> dict[str, Any] | None:
+        """What graphs are checked against: every node's node types (``described``, set by
+        ``ComfyCluster``), else a catalog job's answer from one node."""
         try:
+            if self.described is not None:
+                return await self.described(caller)
             catalog = await self.catalogs.get(caller, BACKEND)
         except Unservable:
             raise

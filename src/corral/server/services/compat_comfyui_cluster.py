@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from corral import __version__
-from corral.core.errors import Conflict, NotFound
+from corral.core.errors import Conflict, NotFound, Unavailable
 from corral.core.states import JOB, JobState
+from corral.server.services.backend_info import BackendInfoStore
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_comfyui import BACKEND, ComfyService, history_entry
 from corral.server.services.compat_comfyui_info import (
@@ -42,9 +43,11 @@ class ComfyCluster:
     """``/object_info``, ``/models``, ``/embeddings``, ``/system_stats``, ``/history``,
     ``GET /prompt`` and ``POST /queue {"clear": true}`` over the whole cluster."""
 
-    def __init__(self, comfy: ComfyService) -> None:
+    def __init__(self, comfy: ComfyService, described: BackendInfoStore) -> None:
         self.comfy = comfy
         self.jobs = comfy.jobs
+        self.described = described
+        comfy.described = self.object_info  # /prompt checks graphs against the union too
 
     # ---- what the backends offer --------------------------------------------
 
@@ -56,10 +59,21 @@ class ComfyCluster:
         return union(infos)
 
     async def infos(self, caller: Caller) -> list[Mapping[str, Any]]:
-        """The ``object_info`` of the connected ComfyUI backends, as known."""
-        catalog = await self.comfy.catalogs.get(caller, BACKEND)
+        """The distinct ``object_info`` of the connected ComfyUI nodes, as their agents
+        reported them; when some reported none (older agents), a catalog job's answer
+        from one node stands in for them."""
+        nodes = await self.jobs.backend_nodes(caller, BACKEND)
+        found = await self.described.object_infos(n.name for n in nodes)
+        if not found.unreported:
+            return found.infos
+        try:
+            catalog = await self.comfy.catalogs.get(caller, BACKEND)
+        except Unavailable:
+            if found.infos:
+                return found.infos  # the reported ones are better than none
+            raise
         info = catalog.data.get("object_info")
-        return [info] if isinstance(info, Mapping) else []
+        return [*found.infos, info] if isinstance(info, Mapping) else found.infos
 
     async def models(self, caller: Caller, folder: str) -> list[str]:
         """``/models/{folder}``: its files on any node; ``NotFound`` for a folder ComfyUI
