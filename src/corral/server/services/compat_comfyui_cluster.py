@@ -48,6 +48,8 @@ class ComfyCluster:
         self.jobs = comfy.jobs
         self.described = described
         comfy.described = self.object_info  # /prompt checks graphs against the union too
+        # the last union and the descriptions it merged (the same objects while unchanged)
+        self._merged: tuple[tuple[Mapping[str, Any], ...], dict[str, Any]] = ((), {})
 
     # ---- what the backends offer --------------------------------------------
 
@@ -56,7 +58,11 @@ class ComfyCluster:
         infos = await self.infos(caller)
         if not infos:
             raise Unservable("the comfyui backends did not describe their nodes")
-        return union(infos)
+        kept, merged = self._merged
+        if len(kept) != len(infos) or any(a is not b for a, b in zip(kept, infos, strict=True)):
+            merged = union(infos)  # each /prompt checks against it: merge once per change
+            self._merged = (tuple(infos), merged)
+        return merged
 
     async def infos(self, caller: Caller) -> list[Mapping[str, Any]]:
         """The distinct ``object_info`` of the connected ComfyUI nodes, as their agents
