@@ -24,7 +24,7 @@ log = logging.getLogger("corral.agent")
 REFRESH_S = 300.0
 """How stale a backend's description may get when nothing else prompts a new read."""
 
-FETCH_TIMEOUT_S = 30.0  # a ComfyUI with many custom nodes takes seconds to describe them
+FETCH_TIMEOUT_S = 10.0  # a ComfyUI with many custom nodes takes a second or two to describe them
 MAX_BYTES = 32 * 1024 * 1024
 """Largest ``/object_info`` sent (ComfyUI with hundreds of custom nodes answers a few MB)."""
 MAX_COMPRESSED = 4 * 1024 * 1024  # what one report may carry (the link's messages are 8 MiB)
