@@ -315,6 +315,8 @@ DROP_IN: dict[str, object] = {
                 {"name": "filename", "in": "query", "required": True, "schema": {"type": "string"}},
                 _query("subfolder"),
                 _query("type"),
+                _query("preview"),
+                _query("channel"),
             )
         },
         "/queue": {
@@ -325,5 +327,22 @@ DROP_IN: dict[str, object] = {
         },
         "/interrupt": {"post": _op(_body({"prompt_id": {"type": "string"}}))},
         "/object_info": {"get": _op()},
+        "/object_info/{node_class}": {
+            "get": _op(None, {"name": "node_class", "in": "path", "required": True, "schema": {}})
+        },
+        "/models": {"get": _op()},
+        "/models/{folder}": {
+            "get": _op(None, {"name": "folder", "in": "path", "required": True, "schema": {}})
+        },
+        "/embeddings": {"get": _op()},
+        "/system_stats": {"get": _op()},
+        "/history": {"get": _op(None, _query("max_items", "integer"))},
+        "/api/prompt": {"get": _op()},
+        "/jobs": {
+            "get": _op(
+                None, _query("status"), _query("limit", "integer"), _query("offset", "integer")
+            )
+        },
+        "/free": {"post": _op(_body({"unload_models": {}, "free_memory": {}}))},
     },
 }

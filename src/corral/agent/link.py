@@ -349,8 +349,11 @@ class LinkClient:
 
     async def _report_models(self, live: asyncio.Queue[Queued], reporter: ModelReporter) -> None:
         """The model cache's state after the Welcome, then whenever it changes."""
+        reporter.reconnected()
         while True:
-            live.put_nowait((next(self._seq), reporter.status()))
+            status = reporter.status()
+            await reporter.describe(status, self.clock.now())
+            live.put_nowait((next(self._seq), status))
             await reporter.wait_change()
 
     def model_headers(self, source: str) -> dict[str, str]:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from corral import __version__
 from corral.agent import backend_models
+from corral.agent.backend_info import ObjectInfoProbe
 from corral.agent.demo import DemoExecutor
 from corral.agent.executors.base import Executor
 from corral.agent.executors.command import CommandExecutor
@@ -132,7 +133,9 @@ class Agent:
             self.clock,
             checkpoint_root=work_dir / "checkpoints",
             results_root=fresh_scratch(work_dir / "results"),
-            reporter=ModelReporter(self.models, self._native_models, executors),
+            reporter=ModelReporter(
+                self.models, self._native_models, executors, backend_infos(options)
+            ),
             trust=trust,
         )
         self.supervisor.on_change = self.link.reporter.mark if self.link.reporter else lambda: None
@@ -170,6 +173,11 @@ class Agent:
         await self.supervisor.shutdown(self.options.shutdown_grace_s)
         await self.link.drain(FLUSH_S)
         await self.models.aclose()  # partial downloads stay for the next start
+
+
+def backend_infos(options: AgentOptions) -> dict[str, ObjectInfoProbe]:
+    """The backends whose description the agent reports (ComfyUI's ``/object_info``)."""
+    return {"comfyui": ObjectInfoProbe(options.comfyui)} if options.comfyui else {}
 
 
 def server_trust(options: AgentOptions, targets: Sequence[Target]) -> tuple[str, ServerTrust]:

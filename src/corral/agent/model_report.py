@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
+from corral.agent.backend_info import ObjectInfoProbe
 from corral.agent.models import DownloadProgress, ModelKind, ModelManager, ModelSpec
 from corral.core import CorralError, InvalidSpec
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -60,8 +62,12 @@ class ModelReporter:
         models: ModelManager | None,
         native: Callable[[], tuple[tuple[str, ...], Mapping[str, tuple[str, ...]]]],
         executors: Mapping[str, object],
+        infos: Mapping[str, ObjectInfoProbe] | None = None,
     ) -> None:
         self.models = models
+        self.infos = dict(infos or {})  # backend name -> what it offers (backend_info.py)
+        self._described_disk: list[str] | None = None
+        self._quiet_s = min((p.refresh_s for p in self.infos.values()), default=None)
         self._native = native  # models the backends have themselves (on disk, loaded)
         self._executors = executors
         self.changed = asyncio.Event()
@@ -98,10 +104,31 @@ class ModelReporter:
         )
 
     async def wait_change(self, interval_s: float = REPORT_INTERVAL_S) -> None:
-        """Until something changed (and at least ``interval_s`` since the last call)."""
+        """Until something changed (and at least ``interval_s`` since the last call), or,
+        with backends to describe, until their description is due again."""
         await asyncio.sleep(interval_s)
-        await self.changed.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._quiet_s):
+                await self.changed.wait()
         self.changed.clear()
+
+    def reconnected(self) -> None:
+        """A new connection: the backends' descriptions travel in full again."""
+        for probe in self.infos.values():
+            probe.reconnected()
+
+    async def describe(self, status: pb.ModelStatus, now: float) -> None:
+        """Add what each backend offers to ``status``, read again when due or when the
+        models on disk changed (a new checkpoint is a new choice in ComfyUI's lists)."""
+        disk = list(status.models_on_disk)
+        changed = disk != self._described_disk
+        self._described_disk = disk
+        for name, probe in self.infos.items():
+            if changed or probe.due(now):
+                await probe.refresh(now)
+            message = probe.message()
+            if message is not None:
+                status.backend_info[name].CopyFrom(message)
 
 
 def _download(p: DownloadProgress) -> pb.ModelDownload:

@@ -1,9 +1,11 @@
 """Settings of the AUTOMATIC1111- and ComfyUI-compatible APIs (``CORRAL_COMPAT__*``).
 
 A request through these APIs becomes a corral job; these say what that job
-asks for. The webui and ComfyUI each drive one GPU, so by default a request
-takes one whole card; a cluster of CPU-only backends (the demo) asks for CPU
-slots instead (``gpus: 0``, ``cpus``: what one generation should occupy).
+asks for. The webui and ComfyUI each drive one GPU, so a request takes one
+whole card where the backend has one; where every node offering the backend
+is CPU-only it takes CPU slots (``cpus``: what one generation should occupy).
+That is the default (``gpus`` unset): a request goes where the backend is,
+GPU or not. ``gpus: 0`` asks for CPU slots always, ``gpus: 1`` a GPU always.
 """
 
 from __future__ import annotations
@@ -15,8 +17,18 @@ class CompatSettings(BaseModel):
     """The drop-in APIs (docs/compat.md)."""
 
     enabled: bool = Field(default=True, description="serve /sdapi/v1/* and the ComfyUI API")
-    gpus: float = Field(
-        default=1.0, ge=0, le=1024, description="GPUs one request takes (0: CPU slots only)"
+    gpus: float | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="GPUs one request takes (0: CPU slots only; unset: one GPU where the "
+        "backend's nodes have GPUs, CPU slots where they are all CPU-only)",
+    )
+    comfyui_frontend: bool = Field(
+        default=False,
+        description="serve ComfyUI's web frontend at /comfyui/ (needs the comfyui-frontend-"
+        "package, the comfyui-ui extra); off by default: it is third-party code on the "
+        "dashboard's origin",
     )
     cpus: int = Field(default=1, ge=0, le=4096, description="CPU slots one request takes")
     priority: str = Field(

@@ -27,7 +27,7 @@ When the job names a model, every ``CheckpointLoaderSimple`` loads it; when it
 names none, the checkpoint the workflow used is reported in ``modified``.
 Progress messages read ``node <id>: <value>/<max>`` (ComfyUI's own figures).
 A payload ``{"mode": "catalog"}`` runs nothing: it answers ``catalog.json``
-with the backend's ``object_info``.
+with the backend's ``object_info`` and ``embeddings``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,9 @@ class ComfyUIExecutor:
             with backend_errors(self._name, self._base_url):
                 async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as c:
                     info = check_response(await c.get("/object_info"), self._name, "/object_info")
-            data = json.dumps({"object_info": info.json()}).encode()
+                    embeddings = await c.get("/embeddings")  # optional: older backends lack it
+            listed = _names(embeddings)
+            data = json.dumps({"object_info": info.json(), "embeddings": listed}).encode()
             yield Finished((Result("catalog.json", data, "application/json"),))
             return
         workflow, modified = _workflow(assignment.payload, self._checkpoint(assignment))
@@ -346,6 +348,15 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _names(response: httpx.Response) -> list[str]:
+    """A JSON list of names, or none (a backend without the route, or a bad answer)."""
+    try:
+        body = response.json() if response.status_code == 200 else []
+    except ValueError:
+        return []
+    return [str(n) for n in body] if isinstance(body, list) else []
 
 
 def _refusal(error: Mapping[str, Any], node_errors: object) -> str:

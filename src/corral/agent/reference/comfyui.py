@@ -95,6 +95,7 @@ class ReferenceComfyUI:
                 Route("/history/{prompt_id}", self.get_history, methods=["GET"]),
                 Route("/view", self.view, methods=["GET"]),
                 Route("/object_info", self.object_info, methods=["GET"]),
+                Route("/embeddings", self.embeddings, methods=["GET"]),
                 WebSocketRoute("/ws", self.websocket),
             ]
         )
@@ -172,6 +173,9 @@ class ReferenceComfyUI:
 
     async def object_info(self, request: Request) -> Response:
         return JSONResponse(nodes.object_info(self.checkpoints))
+
+    async def embeddings(self, request: Request) -> Response:
+        return JSONResponse([])  # the tiny pipeline has no textual inversions
 
     # ---- websocket -----------------------------------------------------------
 

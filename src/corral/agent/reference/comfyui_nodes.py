@@ -233,12 +233,16 @@ def object_info(checkpoints: tuple[str, ...]) -> dict[str, Any]:
                 required[key] = [list(kind)]
             else:
                 required[key] = [kind, spec.options[key]] if key in spec.options else [kind]
-        info[name] = {
+        info[name] = {  # every key ComfyUI's node_info gives (its web frontend reads them)
             "input": {"required": required},
+            "input_order": {"required": list(required)},
             "output": list(spec.outputs),
+            "output_is_list": [False] * len(spec.outputs),
             "output_name": list(spec.outputs),
             "name": name,
             "display_name": name,
+            "description": "",
+            "python_module": "nodes",
             "category": "corral-reference",
             "output_node": spec.output_node,
         }

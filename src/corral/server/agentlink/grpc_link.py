@@ -202,6 +202,10 @@ class GrpcLink:
         self.api_url = ""
         self.api_port = 0
         self.on_models: Callable[[str, ModelReport], Awaitable[None]] | None = None
+        # what agents' backends offer (ComfyUI's /object_info): node, backend -> (digest, body)
+        self.on_backend_info: (
+            Callable[[str, dict[str, tuple[str, bytes]]], Awaitable[None]] | None
+        ) = None
 
     async def assign(self, node: str, assignment: Assignment) -> None:
         self._session(node).send(attach_refs(convert.assign_message(assignment), self.model_refs))

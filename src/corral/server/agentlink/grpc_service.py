@@ -278,8 +278,13 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
                 session.send(convert.ack_message(msg.seq, update.allocation_id, ack.value))
         elif body == "hello":
             raise Refused("INVALID_ARGUMENT", "hello twice on one stream: reconnect to resync")
-        elif body == "models" and self.link.on_models is not None:
-            await self.link.on_models(session.node, report_from(msg.models))
+        elif body == "models":
+            if self.link.on_models is not None:
+                await self.link.on_models(session.node, report_from(msg.models))
+            described = msg.models.backend_info
+            if described and self.link.on_backend_info is not None:
+                found = {k: (v.sha256, v.json_zlib) for k, v in described.items()}
+                await self.link.on_backend_info(session.node, found)
 
     async def _ran(self, session: Session, start: pb.AgentMessage, end: pb.AgentMessage) -> None:
         """A start and the end that came with it (see ``paired``), as one unit; two acks."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect, HTTPConnection
 
-from corral.core.errors import Unauthenticated
+from corral.core.errors import Forbidden, Unauthenticated
 from corral.server.api.deps import admit
 from corral.server.services.compat import Caller, caller_for
 
@@ -49,9 +50,30 @@ async def compat_caller(conn: HTTPConnection) -> Caller:
             "send a corral token: HTTP Basic (any user name, the token as password) "
             "or 'Authorization: Bearer <token>'"
         )
+    if (conn.headers.get("authorization") or "").strip().lower().startswith("basic"):
+        same_origin(conn)
     principal = await admit(conn.app.state.plane, conn, secret)  # as the corral API admits
     principal.require_client()
     return caller_for(principal, user)
+
+
+def same_origin(conn: HTTPConnection) -> None:
+    """Refuse a browser's cross-site request carrying HTTP Basic credentials.
+
+    A browser that logged in with Basic (ComfyUI's frontend at ``/comfyui/``) sends
+    those credentials with any request to this host, including one a page of
+    another site makes; its ``Origin`` then names that site. ComfyUI refuses such
+    requests the same way (its ``origin_only_middleware``, for loopback hosts);
+    corral faces the internet, so it refuses them for every host. Requests without
+    ``Origin`` (scripts, tools) and Bearer tokens (never sent by a browser on its
+    own) are not concerned.
+    """
+    origin = conn.headers.get("origin")
+    if origin is None:
+        return
+    host = (conn.headers.get("host") or "").lower()
+    if urlsplit(origin).netloc.lower() != host:
+        raise Forbidden(f"a request from {origin} may not use this site's credentials")
 
 
 def shaped_route(render: Render) -> type[APIRoute]:

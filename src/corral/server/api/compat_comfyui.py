@@ -1,5 +1,5 @@
-"""The ComfyUI API (``/prompt``, ``/history``, ``/view``, ``/queue``, ``/interrupt``,
-``/object_info``, ``/ws``), served by the whole cluster.
+"""The ComfyUI API (``/prompt``, ``/history/{id}``, ``/view``, ``/queue``, ``/interrupt``,
+``/ws``), served by the whole cluster; the rest is in ``compat_comfyui_cluster.py``.
 
 The websocket follows the caller's event stream (so it works on any replica)
 and sends, for the prompts this ``clientId`` queued, the JSON messages and
@@ -38,10 +38,12 @@ from corral.server.services.compat_comfyui_events import (
     status_message,
     translate,
 )
+from corral.server.services.compat_comfyui_images import reencode
 from corral.server.services.feed import one_by_one
 from corral.server.store import jobs as job_repo
 
 log = logging.getLogger("corral.server.compat")
+VIEW_TYPES = ("output", "input", "temp")  # ComfyUI's folder types
 MAX_WATCHED = 10_000
 """Jobs a ComfyUI websocket remembers (whether each is one of its prompts): far more than
 run at once, so only jobs long over are forgotten (looked up again if seen again)."""
@@ -122,9 +124,20 @@ async def view(
     filename: Annotated[str, Query(max_length=255)],
     subfolder: Annotated[str, Query(max_length=255)] = "",
     type: Annotated[str, Query(max_length=32)] = "output",  # ComfyUI's name
+    preview: Annotated[str | None, Query(max_length=32)] = None,
+    channel: Annotated[str | None, Query(max_length=8)] = None,
 ) -> Response:
-    """An output image (``subfolder`` is the corral job that made it)."""
+    """An output image (``subfolder`` is the corral job that made it); ``preview`` and
+    ``channel`` re-encode it as ComfyUI does. As ComfyUI: 400 for a file name with a
+    leading ``/`` or ``..`` or an unknown ``type``, 404 for a file it does not have."""
+    if filename.startswith("/") or ".." in filename or type not in VIEW_TYPES:
+        return Response(status_code=400)
+    if type != "output":
+        return Response(status_code=404)  # corral keeps outputs; previews are job events
     data, content_type = await service(request).view(who, filename, subfolder)
+    converted = reencode(data, preview, channel)
+    if converted is not None:
+        data, content_type = converted
     return Response(data, media_type=content_type, headers=file_headers(filename, content_type))
 
 
@@ -136,8 +149,11 @@ async def queue(request: Request, who: Who) -> dict[str, Any]:
 
 @router.post("/queue")
 async def edit_queue(request: Request, who: Who) -> Response:
-    """``{"delete": [prompt_id, ...]}`` drops waiting prompts of the caller."""
+    """``{"delete": [prompt_id, ...]}`` drops waiting prompts of the caller's team;
+    ``{"clear": true}`` all of them (ComfyUI: ``clear`` first, then ``delete``)."""
     body = await json_body(request)
+    if body.get("clear"):
+        await request.app.state.compat.comfyui_cluster.clear(who)
     await service(request).delete(who, [str(p) for p in body.get("delete") or []])
     return Response(status_code=200)
 
@@ -148,12 +164,6 @@ async def interrupt(request: Request, who: Who) -> Response:
     prompt_id = (await json_body(request)).get("prompt_id")
     await service(request).interrupt(who, str(prompt_id) if prompt_id else None)
     return Response(status_code=200)
-
-
-@router.get("/object_info")
-async def object_info(request: Request, who: Who) -> dict[str, Any]:
-    """The node types of a connected ComfyUI backend."""
-    return await service(request).object_info(who)
 
 
 @router.websocket("/ws")

@@ -129,9 +129,22 @@ class CompatJobs:
             )
         return offering
 
+    async def resources(self, caller: Caller, backend: str) -> dict[str, Any]:
+        """What a request asks for: ``compat.gpus`` and ``cpus`` when set; unset, one GPU
+        when a node offering ``backend`` has GPUs (a CPU-only one takes it too when the
+        class allows CPU offload), CPU slots when all are CPU-only, so a request never
+        waits for a GPU that no node with its backend has."""
+        cpus = self.settings.cpus
+        if self.settings.gpus is not None:
+            return {"gpus": self.settings.gpus, "cpus": cpus}
+        nodes = await self.backend_nodes(caller, backend)
+        if any(n.gpus for n in nodes):
+            return {"gpus": 1, "cpus": cpus, "cpu_fallback": True}
+        return {"gpus": 0, "cpus": cpus}
+
     async def submit(self, caller: Caller, sub: Submission) -> tuple[JobRecord, bool]:
         """The job for ``sub`` (created, or the one already made under the same key)."""
-        resources = sub.resources or {"gpus": self.settings.gpus, "cpus": self.settings.cpus}
+        resources = sub.resources or await self.resources(caller, sub.backend)
         spec = _job_in(
             {
                 "kind": sub.kind,

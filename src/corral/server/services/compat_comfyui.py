@@ -21,7 +21,7 @@ import contextlib
 import json
 import mimetypes
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from corral.core.comfyui import MODEL_LISTS, OUTPUTS_MANIFEST, validate_prompt
@@ -54,6 +54,7 @@ class ComfyService:
     def __init__(self, jobs: CompatJobs, catalogs: CatalogCache) -> None:
         self.jobs = jobs
         self.catalogs = catalogs
+        self.described: Callable[[Caller], Awaitable[dict[str, Any]]] | None = None
 
     async def submit(
         self, caller: Caller, body: Mapping[str, Any], priority: str | None = None
@@ -96,7 +97,11 @@ class ComfyService:
         return {"prompt_id": prompt_id, "number": rec.seq, "node_errors": node_errors}
 
     async def _object_info(self, caller: Caller) -> dict[str, Any] | None:
+        """What graphs are checked against: every node's node types (``described``, set by
+        ``ComfyCluster``), else a catalog job's answer from one node."""
         try:
+            if self.described is not None:
+                return await self.described(caller)
             catalog = await self.catalogs.get(caller, BACKEND)
         except Unservable:
             raise
@@ -104,12 +109,6 @@ class ComfyService:
             return None
         info = catalog.data.get("object_info")
         return info if isinstance(info, dict) else None
-
-    async def object_info(self, caller: Caller) -> dict[str, Any]:
-        info = await self._object_info(caller)
-        if info is None:
-            raise Unservable("the comfyui backend did not describe its nodes")
-        return info
 
     async def find(self, caller: Caller, prompt_id: str) -> JobRecord | None:
         """The caller's job for ``prompt_id`` (its team's), if any."""
@@ -280,7 +279,8 @@ def _output_kind(node: object, name: str) -> str:
 def queue_item(rec: JobRecord) -> list[Any]:
     p = rec.job.payload
     workflow = dict(p.get("workflow") or {})
-    extra = {"client_id": p.get("client_id", "")}
+    # ComfyUI's extra_data: the client, and when it was queued (ms; its /jobs sorts by it)
+    extra = {"client_id": p.get("client_id", ""), "create_time": int(rec.job.submitted_at * 1000)}
     return [rec.seq, p.get("prompt_id"), workflow, extra, output_nodes(workflow)]
 
 
@@ -292,11 +292,15 @@ def history_entry(rec: JobRecord, manifest: Mapping[str, Any] | None = None) -> 
     ok = rec.state is JobState.SUCCEEDED and rec.stop_request != "interrupt"
     stamp = int((rec.started_at or rec.job.submitted_at) * 1000)
     base = {"prompt_id": p.get("prompt_id"), "timestamp": stamp}
-    messages: list[list[Any]] = [["execution_start", base]]
+    # ComfyUI's history keeps the messages it sent: start, cached, then how it ended
+    messages: list[list[Any]] = [
+        ["execution_start", base],
+        ["execution_cached", {"nodes": [], **base}],
+    ]
     if ok:
         messages.append(["execution_success", base])
     elif rec.state is JobState.FAILED:
-        messages.append(["execution_error", {**base, "exception_message": rec.error or ""}])
+        messages.append(["execution_error", {**base, **_error_keys(rec.error or "")}])
     else:
         messages.append(["execution_interrupted", {**base, "executed": list(outputs)}])
     return {
@@ -307,7 +311,25 @@ def history_entry(rec: JobRecord, manifest: Mapping[str, Any] | None = None) -> 
             "completed": ok,
             "messages": messages,
         },
-        "meta": {k: {"node_id": k, "display_node": k} for k in outputs},
+        "meta": {
+            k: {"node_id": k, "display_node": k, "parent_node": None, "real_node_id": k}
+            for k in outputs
+        },
+    }
+
+
+def _error_keys(message: str) -> dict[str, Any]:
+    """An ``execution_error``'s keys as ComfyUI's history has them; corral knows the
+    message (the node the backend named is in it), not the failing node's inputs."""
+    return {
+        "node_id": "",
+        "node_type": "",
+        "executed": [],
+        "exception_message": message,
+        "exception_type": "corral.JobFailed",
+        "traceback": [],
+        "current_inputs": {},
+        "current_outputs": {},
     }
 
 

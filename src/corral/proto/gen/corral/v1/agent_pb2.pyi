@@ -422,11 +422,33 @@ class ModelStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class BackendInfoEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___BackendInfo: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___BackendInfo | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MODELS_ON_DISK_FIELD_NUMBER: _builtins.int
     LOADED_BY_BACKEND_FIELD_NUMBER: _builtins.int
     DOWNLOADS_FIELD_NUMBER: _builtins.int
     CACHE_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
     CACHE_USED_BYTES_FIELD_NUMBER: _builtins.int
+    BACKEND_INFO_FIELD_NUMBER: _builtins.int
     cache_budget_bytes: _builtins.int
     cache_used_bytes: _builtins.int
     @_builtins.property
@@ -437,6 +459,12 @@ class ModelStatus(_message.Message):
     def downloads(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelDownload]:
         """those not yet done"""
 
+    @_builtins.property
+    def backend_info(self) -> _containers.MessageMap[_builtins.str, Global___BackendInfo]:
+        """What each HTTP backend offers, by backend name ("comfyui": its /object_info), so the
+        server can answer for the union of its nodes (docs/compat.md).
+        """
+
     def __init__(
         self,
         *,
@@ -445,14 +473,44 @@ class ModelStatus(_message.Message):
         downloads: _abc.Iterable[Global___ModelDownload] | None = ...,
         cache_budget_bytes: _builtins.int = ...,
         cache_used_bytes: _builtins.int = ...,
+        backend_info: _abc.Mapping[_builtins.str, Global___BackendInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_budget_bytes", b"cache_budget_bytes", "cache_used_bytes", b"cache_used_bytes", "downloads", b"downloads", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_info", b"backend_info", "cache_budget_bytes", b"cache_budget_bytes", "cache_used_bytes", b"cache_used_bytes", "downloads", b"downloads", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelStatus: _TypeAlias = ModelStatus  # noqa: Y015
+
+@_typing.final
+class BackendInfo(_message.Message):
+    """A backend's description of itself as the agent last read it. The body travels once
+    per connection and change: a report whose sha256 the server was already sent on this
+    connection leaves it empty.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    JSON_ZLIB_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """of the uncompressed JSON text"""
+    json_zlib: _builtins.bytes
+    """the JSON text, zlib-compressed; empty when unchanged"""
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+        json_zlib: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json_zlib", b"json_zlib", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackendInfo: _TypeAlias = BackendInfo  # noqa: Y015
 
 @_typing.final
 class Heartbeat(_message.Message):
