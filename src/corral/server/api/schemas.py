@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, Job, JobKind
+from corral.core.model_names import MAX_MODELS
 from corral.core.resources import ResourceRequest, parse_bytes
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
@@ -92,6 +93,11 @@ class JobIn(ApiModel):
     replicas: int = Field(1, ge=1, le=1024, description="> 1: a gang, placed all or nothing")
     gang_label: Label | None = None
     model: Label | None = None
+    models: list[Label] = Field(
+        default_factory=list,
+        max_length=MAX_MODELS,
+        description="further models it uses (lora:<name>, vae:<name> ...): routed where they are",
+    )
     backend: Name | None = None
     batch_key: Label | None = None
     preemptible: bool = True
@@ -124,6 +130,7 @@ class JobIn(ApiModel):
             replicas=self.replicas,
             gang_label=self.gang_label,
             model=self.model,
+            models=frozenset(self.models) - {self.model},
             backend=self.backend,
             batch_key=self.batch_key,
             preemptible=self.preemptible,
@@ -136,7 +143,9 @@ class JobIn(ApiModel):
 
     def request_hash(self, team: str) -> str:
         """What makes two submissions "the same request" for idempotency."""
-        body = self.model_dump(mode="json", exclude={"idempotency_key"}) | {"team": team}
+        # ``models`` counts only when given, so a request hashes as it did before it existed
+        unset = {"idempotency_key"} | (set() if self.models else {"models"})
+        body = self.model_dump(mode="json", exclude=unset) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -205,6 +214,7 @@ class JobOut(BaseModel):
     replicas: int
     gang_label: str | None
     model: str | None
+    models: list[str] = Field(default_factory=list, description="further models it uses")
     backend: str | None
     batch_key: str | None
     preemptible: bool
