@@ -51,6 +51,21 @@ def named(kind: str, name: str) -> str:
     return f"{kind}:{name}" if kind in PREFIXED else name
 
 
+def is_checkpoint(name: str) -> bool:
+    """A bare name (a checkpoint or a registry name), not one of a prefixed kind."""
+    return name.split(":", 1)[0] not in PREFIXED if ":" in name else True
+
+
+def job_models(backend: str | None, payload: Mapping[str, Any]) -> frozenset[str]:
+    """The models a job's payload names for its backend (a ComfyUI graph's files, a webui
+    prompt's LoRAs and VAE): what the scheduler routes by besides ``Job.model``."""
+    if backend == "comfyui" and isinstance(payload.get("workflow"), Mapping):
+        return frozenset(comfyui_models(payload["workflow"]))
+    if backend == "a1111":
+        return frozenset(a1111_models(payload))
+    return frozenset()
+
+
 def comfyui_models(workflow: Mapping[str, Any]) -> tuple[str, ...]:
     """Every model a ComfyUI graph (API format) loads, inventory-spelled, sorted."""
     found: set[str] = set()

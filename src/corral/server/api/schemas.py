@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, Job, JobKind
-from corral.core.model_names import MAX_MODELS
+from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
 from corral.core.resources import ResourceRequest, parse_bytes
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
@@ -130,7 +130,7 @@ class JobIn(ApiModel):
             replicas=self.replicas,
             gang_label=self.gang_label,
             model=self.model,
-            models=frozenset(self.models) - {self.model},
+            models=self._models(),
             backend=self.backend,
             batch_key=self.batch_key,
             preemptible=self.preemptible,
@@ -140,6 +140,15 @@ class JobIn(ApiModel):
             idempotency_key=idempotency_key or self.idempotency_key,
             estimated_runtime_s=self.estimated_runtime_s,
         )
+
+    def _models(self) -> frozenset[str]:
+        """The models it names besides ``model``: those given, and those its payload names
+        (``model_names.job_models``). A ``model`` replaces the graph's checkpoints (the
+        executor loads it in every loader), so theirs do not count then."""
+        found = frozenset(self.models) | job_models(self.backend, self.payload)
+        if self.model is not None:
+            found = frozenset(m for m in found if not is_checkpoint(m))
+        return found
 
     def request_hash(self, team: str) -> str:
         """What makes two submissions "the same request" for idempotency."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from corral.core.errors import Unavailable
 from corral.core.model import Node
+from corral.core.model_names import is_checkpoint
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission
 
@@ -136,7 +137,7 @@ def model_entries(catalog: Catalog | None, nodes: Iterable[Node]) -> list[dict[s
     ]
     for node in nodes:
         for name in sorted(node.models_on_disk | node.models_loaded):
-            if find_model(name, entries) is None:
+            if is_checkpoint(name) and find_model(name, entries) is None:
                 entries.append(
                     {
                         "title": name,
