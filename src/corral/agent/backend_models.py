@@ -38,6 +38,10 @@ log = logging.getLogger("corral.agent")
 PROBE_TIMEOUT_S = 5.0
 """A backend that takes longer to list its models is reported without them."""
 
+MAX_LISTED = 4096
+"""Names taken from one list: a node's inventory travels in every model report, and a
+backend with more files than this (rare: people keep dozens to hundreds) lists the first."""
+
 COMFYUI_FOLDERS = {"checkpoints": "", "loras": "lora", "vae": "vae", "embeddings": "embedding"}
 """ComfyUI model folders reported, and the kind each holds."""
 
@@ -95,9 +99,14 @@ async def _comfyui(client: httpx.AsyncClient) -> set[str]:
 
 
 async def _json(client: httpx.AsyncClient, path: str, missing: Any) -> Any:
-    """The body of ``GET path``; ``missing`` when the backend does not serve that list."""
+    """The body of ``GET path`` (a list cut to ``MAX_LISTED``); ``missing`` when the
+    backend does not serve that list."""
     response = await client.get(path)
     if response.status_code == 404:
         return missing
     response.raise_for_status()
-    return response.json()
+    body = response.json()
+    if isinstance(body, list) and len(body) > MAX_LISTED:
+        log.warning("%s lists %d models; reporting the first %d", path, len(body), MAX_LISTED)
+        return body[:MAX_LISTED]
+    return body
