@@ -75,8 +75,11 @@ def comfyui_models(workflow: Mapping[str, Any]) -> tuple[str, ...]:
             continue
         for key, kind in COMFYUI_INPUTS.items():
             value = inputs.get(key)
-            if isinstance(value, str) and value:  # a link is a list: not a file name
-                found.add(named(kind, value))
+            if not isinstance(value, str) or not value:  # a link is a list: not a file name
+                continue
+            if kind == "vae" and "." not in value:
+                continue  # VAELoader's decoders that are no file (taesd, pixel_space)
+            found.add(named(kind, value))
     return tuple(sorted(found))
 
 
