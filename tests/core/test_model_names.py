@@ -64,3 +64,12 @@ def test_only_a_refusal_for_missing_files_alone_is_a_lacking_one() -> None:
     assert comfyui_lacks(refused.node_errors) == ("big.safetensors", "lora:ink.safetensors")
     graph["5"]["inputs"]["width"] = 0  # wrong on every node as well
     assert comfyui_lacks(validate_prompt(graph, info).node_errors) == ()
+
+
+def test_a_long_list_is_cut_so_the_attempt_history_keeps_it_whole() -> None:
+    many = [f"lora:{'x' * 40}-{i}.safetensors" for i in range(50)]
+    error = lacking("comfyui", many, "and the backend's long reason " * 40)
+    found = lacked(error[:500])  # what the server keeps of an attempt's error
+    assert found
+    assert set(found) <= set(many)
+    assert lacked(lacking("a1111", ["y" * 1000])) == ("y" * 300,)

@@ -41,6 +41,10 @@ backend lacks (nodes do not report the last three folders, so jobs are not route
 MAX_MODELS = 32
 """A job names at most this many models: a checkpoint and a handful of LoRAs is the norm."""
 
+LISTED_CHARS = 300
+"""The names a lacking failure lists, as JSON, fit in this many characters (the server
+keeps 500 of an attempt's error)."""
+
 _A1111_LORA = re.compile(r"<lora:([^:>]+)(?::[^>]*)?>")
 """The webui's extra-network syntax for LoRAs: ``<lora:name:weight>`` in the prompt."""
 _MARK = "models missing on this node: "
@@ -118,9 +122,14 @@ def comfyui_lacks(node_errors: Mapping[str, Any]) -> tuple[str, ...]:
 
 def lacking(backend: str, models: Iterable[str], detail: str = "") -> str:
     """The failure of work a backend refused for models it does not have (``lacked`` reads
-    the names back)."""
-    listed = json.dumps(sorted(set(models)))
-    return f"{backend}: {_MARK}{listed}" + (f" ({detail})" if detail else "")
+    the names back). The list is cut to ``LISTED_CHARS``: the server keeps only the start
+    of an attempt's error, and one name is enough to rule the node out."""
+    names: list[str] = []
+    for name in sorted(set(models)):
+        if names and len(json.dumps([*names, name])) > LISTED_CHARS:
+            break
+        names.append(name[:LISTED_CHARS])
+    return f"{backend}: {_MARK}{json.dumps(names)}" + (f" ({detail})" if detail else "")
 
 
 def lacked(error: str) -> tuple[str, ...]:
