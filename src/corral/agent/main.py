@@ -171,7 +171,10 @@ class Agent:
             self.link.reporter.mark()
 
     def _lacked(self) -> None:
-        """A backend refused work for a model it lacks: its lists were stale, ask again."""
+        """A backend refused work for a model it lacks: its lists were stale, ask again (once
+        at a time: a burst of such failures needs one new listing)."""
+        if self._probes:
+            return
         task = asyncio.get_running_loop().create_task(self.note_backend_models())
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
