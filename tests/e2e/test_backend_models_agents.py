@@ -8,7 +8,8 @@ scheduler sends it to the node that has them all. A node whose list was stale
 refuses the graph (``value_not_in_list``): the job moves to the other node,
 which has the model, and succeeds; the refusing agent lists its models again.
 A model no node has fails the job, naming it and the nodes, once each node said
-so, however few attempts the job allowed.
+so, however few attempts the job allowed. The same for webuis and the LoRAs
+their prompts name (``<lora:name:weight>``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import pytest
 from e2e_harness import Cluster, eventually, submit, wait_state
 
+from corral.agent.reference.a1111 import ReferenceA1111
 from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
 from corral.agent.reference.serve import serving
 
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 
 @contextmanager
-def backend(server: ReferenceComfyUI) -> Iterator[str]:
+def backend(server: ReferenceComfyUI | ReferenceA1111) -> Iterator[str]:
     """Serve ``server`` from a thread of this process; its URL."""
     ready = threading.Event()
     holder: dict[str, Any] = {}
@@ -142,3 +144,38 @@ def test_a_model_no_node_has_fails_naming_it_once_every_node_said_so(
             "no node has model lora:nowhere.safetensors: every node with the comfyui backend "
             "said it lacks it (gpu-a, gpu-b)"
         ), done["error"]
+
+
+def test_a_webui_prompt_goes_where_its_lora_is_and_fails_when_none_has_it(
+    cluster: Cluster,
+) -> None:
+    ink, paper = ReferenceA1111(loras=("ink",)), ReferenceA1111(loras=("paper",))
+    with backend(ink) as url_a, backend(paper) as url_b:
+        cluster.start_server()
+        cluster.start_agent("gpu-a", "--a1111", url_a, "--cpus", "1")
+        cluster.start_agent("gpu-b", "--a1111", url_b, "--cpus", "1")
+        with cluster.client() as http:
+            eventually(
+                lambda: "lora:paper" in on_disk(http).get("gpu-b", set()),
+                timeout=30,
+                what="the webuis' LoRAs reported",
+            )
+            assert "lora:ink" in on_disk(http)["gpu-a"]
+            done: dict[str, dict[str, Any]] = {}
+            for lora in ("paper", "ink", "nowhere"):
+                job = submit(
+                    http,
+                    kind="sample",
+                    backend="a1111",
+                    payload={"prompt": f"a fox <lora:{lora}:0.7>", "steps": 2, "width": 32},
+                    resources={"gpus": 0, "cpus": 1},
+                    max_attempts=1,
+                )
+                done[lora] = wait_state(http, job["id"], "succeeded", "failed", timeout=90)
+    assert (done["paper"]["state"], done["paper"]["node"]) == ("succeeded", "gpu-b")
+    assert (done["ink"]["state"], done["ink"]["node"]) == ("succeeded", "gpu-a")
+    assert done["paper"]["attempts"] == done["ink"]["attempts"] == []
+    assert done["nowhere"]["state"] == "failed"
+    assert done["nowhere"]["error"].startswith(
+        "no node has model lora:nowhere: every node with the a1111 backend said it lacks it"
+    ), done["nowhere"]["error"]
