@@ -67,7 +67,7 @@ def test_comfyui_lists_its_model_folders_and_their_files_as_the_real_one_does() 
 
     (folders, ckpts, loras, vaes, unknown), info = asyncio.run(scenario())
     assert {"checkpoints", "loras", "vae", "embeddings", "upscale_models"} <= set(folders.json())
-    assert ckpts.json() == ["tiny.safetensors", "tiny-v2.safetensors"]
+    assert ckpts.json() == ["tiny-v2.safetensors", "tiny.safetensors"]  # sorted, as ComfyUI
     assert loras.json() == ["detail.safetensors", "sd15/style.safetensors"]
     assert vaes.json() == ["tiny-vae.safetensors"]
     assert (unknown.status_code, unknown.content) == (404, b"")

@@ -133,8 +133,10 @@ class ReferenceComfyUI:
         self._checkpoints = names
 
     def folders(self) -> dict[str, tuple[str, ...]]:
-        """Every model folder's files (folders it has no files in are empty)."""
-        listed = {folder: tuple(self.files.get(folder, ())) for folder in nodes.MODEL_FOLDERS}
+        """Every model folder's files, sorted as ``folder_paths.get_filename_list`` sorts
+        them (folders it has no files in are empty; the checkpoints keep the reference's
+        own order in ``/object_info``, which older tests quote)."""
+        listed = {f: tuple(sorted(self.files.get(f, ()))) for f in nodes.MODEL_FOLDERS}
         return {**listed, "checkpoints": self.checkpoints}
 
     async def model_folders(self, request: Request) -> Response:
@@ -145,7 +147,7 @@ class ReferenceComfyUI:
         """``GET /models/{folder}``: the file names in one folder, as the loaders' inputs list
         them; an unknown folder is a bare 404 (ComfyUI's ``get_models``)."""
         files = self.folders().get(request.path_params["folder"])
-        return Response(status_code=404) if files is None else JSONResponse(list(files))
+        return Response(status_code=404) if files is None else JSONResponse(sorted(files))
 
     async def post_prompt(self, request: Request) -> Response:
         await asyncio.sleep(self.slow_calls_s)
