@@ -298,10 +298,12 @@ def ran_as(job: JobRecord, modified: Mapping[str, str]) -> dict[str, str] | None
 
 
 def _requeue_why(decision: Settlement) -> str:
-    """A bounded label (never the error text): preempted, failed or lost."""
+    """A bounded label (never the error text): preempted, failed, model_missing or lost."""
     if not decision.count_failure:
         return "preempted"
-    return "failed" if decision.backoff else "lost"
+    if decision.backoff:
+        return "failed"
+    return "model_missing" if lacked(decision.error or "") else "lost"
 
 
 def _observe_finish(rt: Runtime, started_at: float | None, state: JobState, now: float) -> None:
