@@ -34,6 +34,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "quick": {"prompt": "a red fox", "steps": 3, "seed": 7, **SMALL},
     "failing": {"prompt": "a red fox", "steps": 3, "sampler_name": "No Such Sampler", **SMALL},
     "long": {"prompt": "a slow fox", "steps": 500, "n_iter": 20, **SMALL},
+    "lacking": {"prompt": "a red fox <lora:fur-detail:0.7>", "steps": 3, **SMALL},
 }
 
 
@@ -46,7 +47,7 @@ async def webui(**kwargs: Any) -> AsyncIterator[tuple[ReferenceA1111, Harness]]:
     server = ReferenceA1111(**kwargs)
     async with serving(server.app) as url:
         executor = A1111Executor(url, WallClock(), poll_interval_s=0.02)
-        yield server, Harness(executor, WallClock(), make)
+        yield server, Harness(executor, WallClock(), make, lacking="lora:fur-detail")
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -140,7 +141,7 @@ def test_an_unknown_model_fails_saying_what_the_backend_has() -> None:
     job = JobWork("a", 1, ("j",), model="sdxl-turbo", payload=SCENARIOS["quick"])
     _, updates = run_against(job)
     assert updates[-1] == Failed(
-        "model 'sdxl-turbo' is not on this a1111 backend (it has: tiny-sd, tiny-sd-v2)",
+        'a1111: models missing on this node: ["sdxl-turbo"] (it has: tiny-sd, tiny-sd-v2)',
         retryable=True,
     )
 

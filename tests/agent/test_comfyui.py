@@ -46,8 +46,11 @@ def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> JobWork
 def make(scenario: str, alloc: str) -> JobWork:
     if scenario == "quick":
         return workflow_job(alloc, steps=3)
-    if scenario == "failing":
-        return workflow_job(alloc, model="missing.safetensors")
+    if scenario == "failing":  # refused on every node: KSampler takes at least one step
+        return workflow_job(alloc, steps=0)
+    if scenario == "lacking":
+        workflow = txt2img_workflow("a lighthouse", steps=2, lora="missing-lora.safetensors")
+        return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
     if scenario == "invalid":
         workflow = two_branch_workflow("half", width=0)
         return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
@@ -70,6 +73,7 @@ async def comfy(**kwargs: Any) -> AsyncIterator[tuple[ReferenceComfyUI, Harness]
                 partial_results=False,
                 invalid_reason="node #13 (EmptyLatentImage) input width: Value 0 smaller than min",
                 forget_outputs=lambda: forget(server),
+                lacking="lora:missing-lora.safetensors",
             ),
         )
 
@@ -128,11 +132,12 @@ def test_the_jobs_model_replaces_the_workflows_checkpoint() -> None:
     assert dict(good[-1].modified) == {}
     bad = run_against(workflow_job("b", model="sdxl.safetensors", steps=2))[-1]
     assert isinstance(bad, Failed)
-    assert not bad.retryable
+    assert bad.retryable  # another node may have it
     assert bad.error == (
+        'comfyui: models missing on this node: ["sdxl.safetensors"] ('
         "comfyui refused the prompt: Prompt outputs failed validation: node #4"
         " (CheckpointLoaderSimple) input ckpt_name: Value not in list: ckpt_name:"
-        " 'sdxl.safetensors' not in ['tiny.safetensors', 'tiny-v2.safetensors']"
+        " 'sdxl.safetensors' not in ['tiny.safetensors', 'tiny-v2.safetensors'])"
     )
 
 

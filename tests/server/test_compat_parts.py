@@ -73,6 +73,8 @@ def test_sd_models_adds_what_other_nodes_reported() -> None:
     nodes = [
         Node("n1", models_on_disk=frozenset({"tiny-sd"})),
         Node("n2", models_on_disk=frozenset({"sdxl", "tiny-sd"})),
+        # a node that runs ComfyUI too: its file names and the LoRAs are not webui checkpoints
+        Node("n3", models_on_disk=frozenset({"flux.safetensors", "lora:ink", "vae:v.pt"})),
     ]
     entries = model_entries(catalog, nodes)
     assert [e["model_name"] for e in entries] == ["tiny-sd", "sdxl"]

@@ -139,6 +139,8 @@ class Agent:
             trust=trust,
         )
         self.supervisor.on_change = self.link.reporter.mark if self.link.reporter else lambda: None
+        self.supervisor.on_lacking = self._lacked
+        self._probes: set[asyncio.Task[None]] = set()
 
     @property
     def node(self) -> str:
@@ -160,13 +162,25 @@ class Agent:
         await self.link.run()
 
     async def note_backend_models(self) -> None:
-        """Add the HTTP backends' checkpoints to what the hello reports (backend_models.py)."""
-        if not self.options.a1111:
+        """Put the HTTP backends' models in what the agent reports (backend_models.py):
+        at the start, and again when a backend refused work for a model it lacks."""
+        if not (self.options.a1111 or self.options.comfyui):
             return
-        found = await backend_models.probe(self.options.a1111)
-        disk = tuple(sorted({*self.identity.models_on_disk, *found.on_disk}))
-        self.identity = replace(self.identity, models_on_disk=disk, loaded=found.loaded)
+        found = await backend_models.probe(self.options.a1111, self.options.comfyui)
+        loaded = {**self.identity.loaded, **found.loaded}
+        self.identity = replace(self.identity, models_on_disk=found.on_disk, loaded=loaded)
         self.link.identity = self.identity
+        if self.link.reporter is not None:
+            self.link.reporter.mark()
+
+    def _lacked(self) -> None:
+        """A backend refused work for a model it lacks: its lists were stale, ask again (once
+        at a time: a burst of such failures needs one new listing)."""
+        if self._probes:
+            return
+        task = asyncio.get_running_loop().create_task(self.note_backend_models())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     async def shutdown(self) -> None:
         """Let running work checkpoint and report, then give the server a moment to take it."""

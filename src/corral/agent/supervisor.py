@@ -48,6 +48,7 @@ from corral.agent.vram_guard import Reservation, VramGuard, process_tree
 from corral.core import Clock
 from corral.core.model import EMPTY
 from corral.core.states import StopReason
+from corral.core.model_names import lacked
 
 log = logging.getLogger("corral.agent")
 
@@ -160,6 +161,8 @@ class Supervisor:
         self.guard = guard or VramGuard()
         self.models = models  # the model cache: jobs wait for their models (model_gate.py)
         self.on_change: Callable[[], None] = lambda: None  # work started or ended (loaded models)
+        # work failed because a backend lacks a model: the agent lists its backends' models again
+        self.on_lacking: Callable[[], None] = lambda: None
         self.sink: Callable[[Report], None] = lambda report: None
         # Readies a job before it runs (fetches an uploaded checkpoint: checkpoints.py).
         self.prepare: Callable[[JobWork], Awaitable[JobWork]] | None = None
@@ -444,6 +447,8 @@ class Supervisor:
     ) -> None:
         slot.finished = True
         slot.progress = 1.0 if isinstance(terminal, Done) else slot.progress
+        if isinstance(terminal, Failed) and lacked(terminal.error):
+            self.on_lacking()
         self._emit(slot, terminal, job_id, before)
 
 

@@ -32,10 +32,12 @@ from corral.agent.executors.base import (
 from corral.agent.executors.runner import execute
 from corral.core import Clock, VirtualClock
 from corral.core.states import StopReason
+from corral.core.model_names import lacked
 
-Scenario = Literal["quick", "failing", "long", "invalid"]
+Scenario = Literal["quick", "failing", "long", "invalid", "lacking"]
 """quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;
-invalid: work the backend takes only in part (made only when ``invalid_reason`` is set)."""
+invalid: work the backend takes only in part (made only when ``invalid_reason`` is set);
+lacking: work naming a model the backend does not have (only when ``lacking`` is set)."""
 
 _ids = itertools.count(1)
 
@@ -60,6 +62,9 @@ class Harness:
     # deletes the files the backend saved (None: it keeps none): a backend that answers
     # the same work from a cache must still return results once they are gone
     forget_outputs: Callable[[], None] | None = None
+    # the model the "lacking" scenario names, as ``model_names.lacked`` reads it back from
+    # the failure (None: the executor runs no models of a backend's own)
+    lacking: str | None = None
 
 
 OnUpdate = Callable[[Update, StopSignal], None]
@@ -235,6 +240,17 @@ async def check_the_same_work_twice_gives_results_twice(h: Harness) -> None:
         assert all(r.size for r in terminal.results), "a result came back empty"
 
 
+async def check_a_model_the_backend_lacks_is_retryable_elsewhere(h: Harness) -> None:
+    """Another node may have the model: the failure is retryable and names it, so the server
+    sends the work elsewhere instead of failing it."""
+    if h.lacking is None:
+        return
+    terminal = assert_well_formed(await run_to_end(h, h.make("lacking", new_id())))
+    assert isinstance(terminal, Failed), f"work naming a missing model ran: {terminal!r}"
+    assert terminal.retryable, "another node may have the model"
+    assert h.lacking in lacked(terminal.error), f"the model is not named: {terminal.error}"
+
+
 CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_quick_run_finishes_with_results,
     check_failing_run_says_why,
@@ -246,4 +262,5 @@ CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_two_runs_at_once_each_finish,
     check_work_done_in_part_fails_with_the_backends_reason,
     check_the_same_work_twice_gives_results_twice,
+    check_a_model_the_backend_lacks_is_retryable_elsewhere,
 )

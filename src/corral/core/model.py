@@ -152,6 +152,11 @@ class Job:
     attempt: int = 0
     # Nodes where earlier attempts failed: a retry goes elsewhere when it fits elsewhere now.
     avoid_nodes: frozenset[str] = frozenset()
+    # Further models it names (LoRAs, a VAE ...), spelled as inventories are (model_names.py):
+    # nodes that have them all are preferred.
+    models: frozenset[str] = frozenset()
+    # Nodes whose backend refused it for a model they lack: it is never placed there again.
+    lacking_nodes: frozenset[str] = frozenset()
 
     def __init__(  # noqa: PLR0913 (the dataclass's fields, as the generated one takes them)
         self,
@@ -178,6 +183,8 @@ class Job:
         state: JobState = JobState.QUEUED,
         attempt: int = 0,
         avoid_nodes: frozenset[str] = frozenset(),
+        models: frozenset[str] = frozenset(),
+        lacking_nodes: frozenset[str] = frozenset(),
     ) -> None:
         if not id:
             raise InvalidSpec("id", "must not be empty")
@@ -215,6 +222,8 @@ class Job:
         object.__setattr__(self, "state", state)
         object.__setattr__(self, "attempt", attempt)
         object.__setattr__(self, "avoid_nodes", avoid_nodes)
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "lacking_nodes", lacking_nodes)
 
     @property
     def gang(self) -> bool:

@@ -3,8 +3,9 @@
 Image generation batches well: one model load, one pass over a batch of
 prompts. Jobs are compatible when they are ``sample`` jobs with the same
 ``batch_key`` (the client's promise that backend, model and batchable
-parameters agree), and the same priority class, team, resources, model and
-backend (so quotas, placement and accounting stay exact). When the first of
+parameters agree), and the same priority class, team, resources, models and
+backend (so quotas, placement and accounting stay exact). A job some nodes
+refused for a model they lack never rides in another's batch. When the first of
 them is placed, up to ``max_batch_size - 1`` others join its allocation,
 oldest first; the plan lists them in ``Placement.job_ids``.
 """
@@ -22,7 +23,10 @@ def batch_key(job: Job) -> Hashable | None:
     """The compatibility key of ``job``, or ``None`` when it never batches."""
     if job.kind is not JobKind.SAMPLE or job.batch_key is None or job.gang:
         return None
-    return (job.batch_key, job.priority, job.team, job.resources, job.model, job.backend)
+    if job.lacking_nodes:  # it may not ride to every node its batch may go to
+        return None
+    models = (job.model, job.models) if job.models else job.model
+    return (job.batch_key, job.priority, job.team, job.resources, models, job.backend)
 
 
 class Batcher:

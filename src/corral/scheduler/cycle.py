@@ -181,6 +181,7 @@ class Cycle:
         model: str | None,
         runtime: float | None = None,
         avoid: frozenset[str] = frozenset(),
+        exclude: frozenset[str] = frozenset(),
     ) -> Fit | None:
         """The best place for ``need`` now, or ``None`` (cached until capacity grows).
 
@@ -188,6 +189,8 @@ class Cycle:
         ``avoid``: nodes to pass over while the need fits anywhere else (where a job's
         earlier attempts failed); where nothing else fits, they are used all the same.
         That a need fits at all does not depend on ``avoid``, so the memo holds.
+        ``exclude``: nodes never to use (their backend lacks a model the job needs); a
+        need that fits only there is not remembered as failed: other jobs may go there.
         """
         if current(self._failed.data.get(need), self.cap.generation):
             return None
@@ -195,13 +198,14 @@ class Cycle:
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:
             limit = 1  # no locality, no end time: the best-fit order is the score order
         chosen: Fit | None = None
+        passed = self.cap.by_name
+        banned = {passed[n].idx for n in exclude if n in passed} if len(exclude) else None
         if len(avoid):  # its size, read natively; a frozenset's truth is a generic call
-            passed = self.cap.by_name
             skip = {passed[n].idx for n in avoid if n in passed}
-            chosen = self._choose(need, model, runtime, limit, skip)
+            chosen = self._choose(need, model, runtime, limit, skip | banned if banned else skip)
         if chosen is None:
-            chosen = self._choose(need, model, runtime, limit, None)
-        if chosen is None:
+            chosen = self._choose(need, model, runtime, limit, set(banned) if banned else None)
+        if chosen is None and not banned:
             self._failed.put(need, self.cap.generation)
         return chosen
 

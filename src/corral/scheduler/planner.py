@@ -41,7 +41,7 @@ from corral.scheduler.preemption import Ask, Preemptor, Room
 from corral.scheduler.queues import Group, Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.reservation import NodeWork, Reservations
-from corral.scheduler.routing import ModelRouter
+from corral.scheduler.routing import ModelRouter, lacking_reason, on_lacking
 from corral.scheduler.victims import VictimIndex
 
 Explanation = tuple[tuple[Reason, ...], Remedy]
@@ -223,6 +223,9 @@ class Planner:
             found = self._fit_with_preemption(job, pclass, need, guaranteed)
             if found is not None:
                 fits, rooms = found
+        if fits is not None and job.lacking_nodes and on_lacking(job, fits):
+            self.cycle.rollback(mark)  # a gang, a backfill or an eviction found such a node
+            return False
         if fits is not None:
             charge = sum(f.total_milli for f in fits)
             within = self.ledger.within_quota(job.team, charge)
@@ -267,7 +270,7 @@ class Planner:
         fits: list[Fit] = []
         rooms: list[Room] = []
         for _ in range(job.replicas):
-            fit = self.cycle.find(need, job.model)
+            fit = self.cycle.find(need, job.model, exclude=job.lacking_nodes)
             if fit is not None:
                 self.cycle.take(fit, job.estimated_runtime_s)
                 fits.append(fit)
@@ -286,7 +289,10 @@ class Planner:
         """All replicas on the working copy, or none (rolled back)."""
         if not job.gang:
             runtime = job.estimated_runtime_s
-            fit = self.cycle.find(need, job.model, runtime, job.avoid_nodes)
+            avoid = job.avoid_nodes
+            if job.models:  # prefer the nodes that have all of them, as locality would
+                avoid = avoid | self.router.without(job.models)
+            fit = self.cycle.find(need, job.model, runtime, avoid, job.lacking_nodes)
             if fit is not None:
                 self.cycle.take(fit, runtime)
             return None if fit is None else [fit]
@@ -395,6 +401,8 @@ class Planner:
         held = self.reservations.held_by(job.id)
         if held is not None:
             reasons = (*reasons, held)
+        if job.lacking_nodes:
+            reasons = (*reasons, lacking_reason(job))
         if remedy is Remedy.WAIT and self._preemption_would_help(job, pclass, need, guaranteed):
             remedy = Remedy.PREEMPT
         return reasons, remedy

@@ -19,7 +19,14 @@ its own run time, so the next job of the same model sees the queue behind
 the holder grow and, once waiting is no longer worth it, goes to fetch the
 model elsewhere: popular models spread over more nodes by themselves.
 
-Off unless ``Config.model_fetch_bytes_per_s`` is set and the snapshot gives
+A job may name further models (``Job.models``: LoRAs, a VAE ...); the nodes
+that lack any of them are passed over while one that has them all fits
+(``without``), and a holder that lacks them is not worth waiting for. A node
+whose backend refused the job for a model it lacks (``Job.lacking_nodes``) is
+never used for it again (``Cycle.find``'s ``exclude``; ``on_lacking`` catches
+the paths that do not search: gangs, backfills, evictions).
+
+Waiting is off unless ``Config.model_fetch_bytes_per_s`` is set and the snapshot gives
 ``model_sizes``. Pure: it reads the cycle's working copy, decides, and
 returns a value; the planner applies it.
 """
@@ -65,6 +72,7 @@ class ModelRouter:
         self.config = config
         self.sizes = sizes
         self._holders: dict[str, list[NodeCap]] | None = None
+        self._without: dict[frozenset[str], frozenset[str]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -86,6 +94,8 @@ class ModelRouter:
             end = self.cycle.expected_end(nc.idx)
             if where <= here or end is None or not self._could_run(nc, need):
                 continue
+            if nc.name in job.lacking_nodes or nc.name in self.without(job.models):
+                continue
             wait = max(0.0, end - now) + startup_s(where, size, self.config)
             if best is None or wait < best[0]:
                 best = (wait, end, nc)
@@ -96,6 +106,20 @@ class ModelRouter:
             return None
         until = max(end, now) + (job.estimated_runtime_s or 0.0)
         return Wait(nc.idx, until, (self._reason(model, nc, wait, cost_now),))
+
+    def without(self, models: frozenset[str]) -> frozenset[str]:
+        """The nodes that lack one of ``models`` (on disk or loaded), once per cycle and set."""
+        if not models:
+            return frozenset()
+        found = self._without.get(models)
+        if found is None:
+            found = frozenset(
+                nc.name
+                for nc in self.cycle.cap.nodes
+                if not models <= (nc.node.models_on_disk | nc.node.models_loaded)
+            )
+            self._without[models] = found
+        return found
 
     def book(self, wait: Wait) -> None:
         """The holder is spoken for: the next job of this model queues behind this one."""
@@ -125,3 +149,16 @@ class ModelRouter:
             f"~{wait:.0f}s there, against ~{cost_now:.0f}s to fetch and load it elsewhere"
         )
         return Reason(ReasonCode.MODEL_WAIT, 1, text)
+
+
+def on_lacking(job: Job, fits: list[Fit]) -> bool:
+    """Is one of ``fits`` on a node that refused ``job`` for a model it lacks?"""
+    return any(f.node.name in job.lacking_nodes for f in fits)
+
+
+def lacking_reason(job: Job) -> Reason:
+    """Why the nodes that refused ``job`` for a model they lack are not tried again."""
+    names = sorted(job.lacking_nodes)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    text = f"lack a model it needs (their backends said so): {shown}"
+    return Reason(ReasonCode.MODEL_MISSING, len(names), text)

@@ -47,6 +47,7 @@ class JobSpec(BaseModel):
     replicas: int = 1
     gang_label: str | None = None
     model: str | None = None
+    models: list[str] = Field(default_factory=list)  # LoRAs, a VAE ...: "lora:<name>"
     backend: str | None = None
     batch_key: str | None = None
     preemptible: bool = True
@@ -121,6 +122,7 @@ class JobStatus(_Out):
     replicas: int = 1
     gang_label: str | None = None
     model: str | None = None
+    models: list[str] = Field(default_factory=list)
     backend: str | None = None
     batch_key: str | None = None
     preemptible: bool = True

@@ -15,7 +15,9 @@ runs one generation at a time, and its progress endpoint is global, so the
 executor runs one job at a time.
 
 When the job names a model that is not loaded, the executor switches the
-checkpoint through ``/options`` first. When it names none, asks for a random
+checkpoint through ``/options`` first. A checkpoint, or a LoRA the prompt names
+(``<lora:name:weight>``), that the webui does not have fails the job retryably,
+naming it (``model_names.lacking``): another node may have it. When it names none, asks for a random
 seed or names no sampler, the model, seed and sampler that were used are reported
 in ``Finished.modified`` (the server keeps them as the job's ``ran``).
 """
@@ -47,6 +49,7 @@ from corral.agent.executors.base import (
 from corral.agent.executors.http_common import backend_errors, check_response
 from corral.agent.executors.model_files import file_stem, install
 from corral.core import Clock, ExecutorError, InvalidSpec
+from corral.core.model_names import a1111_models, lacking
 
 MODES = {
     "txt2img": "/sdapi/v1/txt2img",
@@ -113,6 +116,7 @@ class A1111Executor:
         stop: StopSignal,
     ) -> AsyncIterator[Update]:
         modified: dict[str, str] = {}
+        await self._check_loras(client, body)
         if mode != "upscale":
             wanted = await self._provide(client, assignment)
             modified, switched = await self._ensure_model(client, wanted)
@@ -148,6 +152,18 @@ class A1111Executor:
         check_response(refreshed, self._name, "/refresh-checkpoints")
         return file_stem(assignment.model)
 
+    async def _check_loras(self, client: httpx.AsyncClient, body: Mapping[str, Any]) -> None:
+        """Refuse a prompt naming LoRAs the webui lacks: it would run without them (its Lora
+        extension only notes "not found" in the infotext), while another node may have them."""
+        wanted = [m for m in a1111_models(body) if m.startswith("lora:")]
+        if not wanted:
+            return
+        listed = check_response(await client.get("/sdapi/v1/loras"), self._name, "/loras")
+        have = {f"lora:{e.get(k)}" for e in listed.json() for k in ("name", "alias")}
+        missing = [m for m in wanted if m not in have]
+        if missing:
+            raise ExecutorError(lacking(self._name, missing), retryable=True)
+
     async def _ensure_model(
         self, client: httpx.AsyncClient, wanted: str | None
     ) -> tuple[dict[str, str], str]:
@@ -160,9 +176,8 @@ class A1111Executor:
         title = _match_model(wanted, models.json())
         if title is None:
             names = ", ".join(m.get("model_name", "?") for m in models.json())
-            raise ExecutorError(
-                f"model {wanted!r} is not on this {self._name} backend (it has: {names})",
-                retryable=True,  # another node may have it
+            raise ExecutorError(  # another node may have it
+                lacking(self._name, [wanted], f"it has: {names}"), retryable=True
             )
         if title == current:
             return {}, ""

@@ -14,9 +14,12 @@ each is streamed into it and sent from there, so a long video never sits in the
 agent's memory. A cached result whose file is gone is run again, not failed.
 
 A graph ComfyUI refuses (400) fails with its reasons, node by node (node id,
-class, input, message). A graph of which ComfyUI would run only some outputs
-(200 with ``node_errors``) is taken back off its queue and fails the same way:
-a job never succeeds while outputs it asked for were dropped.
+class, input, message); when the only reasons are model files the backend does not
+have (``value_not_in_list`` of ``ckpt_name``, ``lora_name``, ``vae_name`` ...) the
+failure is retryable and names them (``model_names.lacking``): another node may
+have them. A graph of which ComfyUI would run only some outputs (200 with
+``node_errors``) is taken back off its queue and fails the same way: a job never
+succeeds while outputs it asked for were dropped.
 
 A websocket drop loses messages, so the executor then reconciles through
 ``/history`` (which holds the outcome once the prompt ended) while it
@@ -64,10 +67,12 @@ from corral.agent.executors.comfyui_outputs import (
     saved_files,
     unique,
 )
+from corral.agent.executors.comfyui_refusals import dropped as _dropped
+from corral.agent.executors.comfyui_refusals import lacks as _lacks
+from corral.agent.executors.comfyui_refusals import refusal as _refusal
 from corral.agent.executors.http_common import backend_errors, check_response
 from corral.agent.executors.model_files import install
 from corral.core import Clock, ExecutorError, InvalidSpec
-from corral.core.comfyui import describe
 
 PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
 IMAGE_MIME = {1: "image/jpeg", 2: "image/png"}
@@ -204,14 +209,16 @@ class ComfyUIExecutor:
         answer = _json(response)
         node_errors = answer.get("node_errors") if isinstance(answer, dict) else None
         if response.status_code == 400 and isinstance(answer.get("error"), dict):
-            return Failed(_refusal(answer["error"], node_errors), retryable=False)
+            refusal = _refusal(answer["error"], node_errors)
+            return _lacks(self._name, node_errors, refusal) or Failed(refusal, retryable=False)
         check_response(response, self._name, "/prompt")
         if not node_errors or not isinstance(node_errors, dict):
             return None
         prompt_id = body["prompt_id"]
         await client.post("/queue", json={"delete": [prompt_id]})
         await client.post("/interrupt", json={"prompt_id": prompt_id})
-        return Failed(_dropped(node_errors), retryable=False)
+        dropped = _dropped(node_errors)
+        return _lacks(self._name, node_errors, dropped) or Failed(dropped, retryable=False)
 
     def _checkpoint(self, assignment: JobWork) -> str | None:
         """The ``ckpt_name`` to load: a model from the agent's cache is linked into
@@ -357,32 +364,6 @@ def _names(response: httpx.Response) -> list[str]:
     except ValueError:
         return []
     return [str(n) for n in body] if isinstance(body, list) else []
-
-
-def _refusal(error: Mapping[str, Any], node_errors: object) -> str:
-    """A 400 from ``/prompt``: ComfyUI's message and, node by node, its reasons."""
-    reasons = describe(node_errors) if isinstance(node_errors, Mapping) else ""
-    details = reasons or str(error.get("details") or "")
-    message = str(error.get("message") or error.get("type") or "invalid prompt")
-    return f"comfyui refused the prompt: {message}" + (f": {details}" if details else "")
-
-
-def _dropped(node_errors: Mapping[str, Any]) -> str:
-    """A 200 with ``node_errors``: which outputs ComfyUI dropped, and why."""
-    outputs = sorted(
-        {
-            str(o)
-            for e in node_errors.values()
-            if isinstance(e, Mapping)
-            for o in e.get("dependent_outputs") or []
-        },
-        key=lambda k: (len(k), k),
-    )
-    which = ", ".join(f"#{o}" for o in outputs) or "some"
-    return (
-        f"comfyui dropped output nodes {which} of the prompt (they failed validation; "
-        f"corral runs a graph whole or not at all): {describe(node_errors)}"
-    )
 
 
 def _rerun_note(gone: OutputGone) -> str:

@@ -15,6 +15,8 @@ What it shares with the real one (stable-diffusion-webui ``modules/api``):
   title, name or file name), or fails with 500 ``model '...' not found``;
 * ``POST /refresh-checkpoints`` finds new files in its checkpoint folder
   (``models_dir``), as the webui rescans ``models/Stable-diffusion``;
+* ``/sd-models``, ``/loras`` (the built-in Lora extension's route), ``/sd-vae`` and
+  ``/embeddings`` list what it has on disk in the webui's shapes;
 * errors have its middleware's shape: ``{"error", "detail", "body", "errors"}``;
   a wrong sampler is a 400 ``Sampler not found``.
 
@@ -74,10 +76,14 @@ class ReferenceA1111:
         step_delay_s: float = 0.0,
         loras: tuple[str, ...] = ("tiny-detail",),
         models_dir: Path | None = None,
+        vaes: tuple[str, ...] = ("tiny-vae.safetensors",),
+        embeddings: tuple[str, ...] = ("tiny-embed",),
     ) -> None:
         self.models = models
         self.models_dir = models_dir  # its models/Stable-diffusion (read on refresh-checkpoints)
         self.loras_on_disk = loras
+        self.vaes_on_disk = vaes  # models/VAE (file names, as sd_vae.vae_dict keys them)
+        self.embeddings_on_disk = embeddings  # embeddings/ (by name, the file's stem)
         self.loaded = models[0]
         self.step_delay_s = step_delay_s
         self.fail_next: str | None = None  # the next generation fails with this error (500)
@@ -105,6 +111,8 @@ class ReferenceA1111:
             Route(f"{v1}/samplers", self.samplers, methods=["GET"]),
             Route(f"{v1}/upscalers", self.upscalers, methods=["GET"]),
             Route(f"{v1}/loras", self.loras, methods=["GET"]),
+            Route(f"{v1}/sd-vae", self.sd_vae, methods=["GET"]),
+            Route(f"{v1}/embeddings", self.embeddings, methods=["GET"]),
         ]
 
     # ---- generation ----------------------------------------------------------
@@ -315,6 +323,27 @@ class ReferenceA1111:
                 for name in self.loras_on_disk
             ]
         )
+
+    async def sd_vae(self, request: Request) -> Response:
+        """The webui's ``get_sd_vaes``: ``model_name`` (the file name) and ``filename``."""
+        return JSONResponse(
+            [{"model_name": v, "filename": f"/models/VAE/{v}"} for v in self.vaes_on_disk]
+        )
+
+    async def embeddings(self, request: Request) -> Response:
+        """The webui's ``get_embeddings``: ``loaded`` (those that fit the loaded checkpoint)
+        and ``skipped`` (the others), each by name; the reference skips none."""
+        loaded = {
+            name: {
+                "step": None,
+                "sd_checkpoint": None,
+                "sd_checkpoint_name": None,
+                "shape": 768,
+                "vectors": 1,
+            }
+            for name in self.embeddings_on_disk
+        }
+        return JSONResponse({"loaded": loaded, "skipped": {}})
 
     async def upscalers(self, request: Request) -> Response:
         return JSONResponse(

@@ -21,7 +21,10 @@ What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
 * ``/history/{id}`` is filled when a prompt ends (outputs so far, status,
   messages), ``/view`` serves saved files, ``POST /interrupt`` (optionally for
   one ``prompt_id``) stops the running prompt, ``POST /queue`` deletes pending
-  ones, ``/object_info`` describes the nodes.
+  ones, ``/object_info`` describes the nodes;
+* ``GET /models`` lists the model folders and ``GET /models/{folder}`` a folder's files
+  (ComfyUI's ``model_files`` routes); ``CheckpointLoaderSimple``, ``LoraLoader`` and
+  ``VAELoader`` offer those files, so a file it lacks is refused (``value_not_in_list``).
 
 Faults for tests: ``step_delay_s`` (slow sampling), ``fail_next`` (the next
 KSampler raises), ``slow_calls_s`` (late answers to ``/prompt``),
@@ -51,7 +54,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.agent.reference import comfyui_nodes as nodes
 from corral.agent.reference.comfyui_cache import Entry, OutputCache
+from corral.agent.reference.comfyui_workflows import two_branch_workflow, txt2img_workflow
 from corral.core.comfyui import validate_prompt
+
+__all__ = ["ReferenceComfyUI", "two_branch_workflow", "txt2img_workflow"]
 
 PREVIEW_IMAGE = 1  # binary event type
 JPEG = 1  # preview image format
@@ -68,9 +74,19 @@ class ReferenceComfyUI:
         step_delay_s: float = 0.0,
         output_dir: Path | None = None,
         models_dir: Path | None = None,
+        loras: tuple[str, ...] = ("tiny-lora.safetensors",),
+        vaes: tuple[str, ...] = ("tiny-vae.safetensors",),
+        embeddings: tuple[str, ...] = (),
     ) -> None:
         self.preview_method = preview_method
         self._checkpoints = checkpoints
+        # its other model folders' files (tests add and remove files here, as a person would
+        # in models/loras): listed by /models/{folder} and offered by the loaders' inputs
+        self.files: dict[str, list[str]] = {
+            "loras": list(loras),
+            "vae": list(vaes),
+            "embeddings": list(embeddings),
+        }
         self.models_dir = models_dir  # its models/checkpoints: new files show up by themselves
         self.step_delay_s = step_delay_s
         self.fail_next: str | None = None
@@ -96,6 +112,8 @@ class ReferenceComfyUI:
                 Route("/view", self.view, methods=["GET"]),
                 Route("/object_info", self.object_info, methods=["GET"]),
                 Route("/embeddings", self.embeddings, methods=["GET"]),
+                Route("/models", self.model_folders, methods=["GET"]),
+                Route("/models/{folder}", self.model_files, methods=["GET"]),
                 WebSocketRoute("/ws", self.websocket),
             ]
         )
@@ -110,6 +128,28 @@ class ReferenceComfyUI:
         )
         return (*self._checkpoints, *(f for f in found if f not in self._checkpoints))
 
+    @checkpoints.setter
+    def checkpoints(self, names: tuple[str, ...]) -> None:
+        """Someone adds or deletes files in its models/checkpoints."""
+        self._checkpoints = names
+
+    def folders(self) -> dict[str, tuple[str, ...]]:
+        """Every model folder's files, sorted as ``folder_paths.get_filename_list`` sorts
+        them (folders it has no files in are empty; the checkpoints keep the reference's
+        own order in ``/object_info``, which older tests quote)."""
+        listed = {f: tuple(sorted(self.files.get(f, ()))) for f in nodes.MODEL_FOLDERS}
+        return {**listed, "checkpoints": self.checkpoints}
+
+    async def model_folders(self, request: Request) -> Response:
+        """``GET /models``: the model folder names (ComfyUI's ``list_model_types``)."""
+        return JSONResponse(list(nodes.MODEL_FOLDERS))
+
+    async def model_files(self, request: Request) -> Response:
+        """``GET /models/{folder}``: the file names in one folder, as the loaders' inputs list
+        them; an unknown folder is a bare 404 (ComfyUI's ``get_models``)."""
+        files = self.folders().get(request.path_params["folder"])
+        return Response(status_code=404) if files is None else JSONResponse(sorted(files))
+
     async def post_prompt(self, request: Request) -> Response:
         await asyncio.sleep(self.slow_calls_s)
         body = await request.json()
@@ -117,7 +157,7 @@ class ReferenceComfyUI:
         if not isinstance(prompt, dict):
             missing = {"type": "no_prompt", "message": "No prompt provided", "details": ""}
             return JSONResponse({"error": missing, "node_errors": {}}, status_code=400)
-        checked = validate_prompt(prompt, nodes.object_info(self.checkpoints))
+        checked = validate_prompt(prompt, nodes.object_info(self.checkpoints, self.folders()))
         if checked.error is not None:
             body = {"error": checked.error, "node_errors": checked.node_errors}
             return JSONResponse(body, status_code=400)
@@ -172,7 +212,7 @@ class ReferenceComfyUI:
         return FileResponse(path)  # its type guessed from the name, as ComfyUI does
 
     async def object_info(self, request: Request) -> Response:
-        return JSONResponse(nodes.object_info(self.checkpoints))
+        return JSONResponse(nodes.object_info(self.checkpoints, self.folders()))
 
     async def embeddings(self, request: Request) -> Response:
         return JSONResponse([])  # the tiny pipeline has no textual inversions
@@ -372,59 +412,3 @@ def _preview_frame(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.convert("RGB").save(buffer, format="JPEG", quality=95)
     return struct.pack(">II", PREVIEW_IMAGE, JPEG) + buffer.getvalue()
-
-
-def txt2img_workflow(
-    prompt: str, *, steps: int = 4, seed: int = 1, size: int = 64, ckpt: str = "tiny.safetensors"
-) -> dict[str, Any]:
-    """The default ComfyUI txt2img graph in API format (node ids as in ComfyUI's example)."""
-    return {
-        "3": {
-            "class_type": "KSampler",
-            "inputs": {
-                "seed": seed,
-                "steps": steps,
-                "cfg": 8.0,
-                "sampler_name": "euler",
-                "scheduler": "normal",
-                "denoise": 1.0,
-                "model": ["4", 0],
-                "positive": ["6", 0],
-                "negative": ["7", 0],
-                "latent_image": ["5", 0],
-            },
-        },
-        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
-        "5": {
-            "class_type": "EmptyLatentImage",
-            "inputs": {"width": size, "height": size, "batch_size": 1},
-        },
-        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["4", 1]}},
-        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["4", 1]}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-        "9": {
-            "class_type": "SaveImage",
-            "inputs": {"filename_prefix": "ComfyUI", "images": ["8", 0]},
-        },
-    }
-
-
-def two_branch_workflow(prompt: str, *, width: int, steps: int = 2) -> dict[str, Any]:
-    """The txt2img graph and a second branch of its own size (``width``) and SaveImage
-    (``other``): with a ``width`` below EmptyLatentImage's min, ComfyUI drops that output
-    and runs the first."""
-    graph = txt2img_workflow(prompt, steps=steps, size=32)
-    graph["13"] = {
-        "class_type": "EmptyLatentImage",
-        "inputs": {"width": width, "height": 32, "batch_size": 1},
-    }
-    graph["10"] = {
-        "class_type": "KSampler",
-        "inputs": {**graph["3"]["inputs"], "latent_image": ["13", 0]},
-    }
-    graph["11"] = {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["4", 2]}}
-    graph["12"] = {
-        "class_type": "SaveImage",
-        "inputs": {"filename_prefix": "other", "images": ["11", 0]},
-    }
-    return graph

@@ -14,7 +14,7 @@ import posixpath
 import random
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -49,7 +49,27 @@ def _size(default: int) -> dict[str, Any]:
 
 
 NODES: dict[str, NodeSpec] = {
-    "CheckpointLoaderSimple": NodeSpec({"ckpt_name": "CKPT"}, ("MODEL", "CLIP", "VAE")),
+    "CheckpointLoaderSimple": NodeSpec(
+        {"ckpt_name": "folder:checkpoints"}, ("MODEL", "CLIP", "VAE")
+    ),
+    # ComfyUI's LoraLoader and VAELoader: their file inputs list the ``loras`` and ``vae``
+    # folders (``folder_paths.get_filename_list``), so a file the backend lacks is refused
+    # with ``value_not_in_list`` like a missing checkpoint
+    "LoraLoader": NodeSpec(
+        {
+            "model": "MODEL",
+            "clip": "CLIP",
+            "lora_name": "folder:loras",
+            "strength_model": "FLOAT",
+            "strength_clip": "FLOAT",
+        },
+        ("MODEL", "CLIP"),
+        options={
+            "strength_model": {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01},
+            "strength_clip": {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01},
+        },
+    ),
+    "VAELoader": NodeSpec({"vae_name": "folder:vae"}, ("VAE",)),
     "CLIPTextEncode": NodeSpec(
         {"text": "STRING", "clip": "CLIP"},
         ("CONDITIONING",),
@@ -130,9 +150,8 @@ class Context:
 
 def run_node(class_type: str, inputs: dict[str, Any], ctx: Context) -> tuple[Any, ...]:
     """Execute one node on its resolved inputs; returns its outputs."""
-    if class_type == "CheckpointLoaderSimple":
-        name = inputs["ckpt_name"]
-        return (f"model:{name}", f"clip:{name}", f"vae:{name}")
+    if class_type in ("CheckpointLoaderSimple", "LoraLoader", "VAELoader"):
+        return _load(class_type, inputs)
     if class_type == "CLIPTextEncode":
         return (str(inputs["text"]),)
     if class_type == "EmptyLatentImage":
@@ -148,6 +167,17 @@ def run_node(class_type: str, inputs: dict[str, Any], ctx: Context) -> tuple[Any
     if class_type == "VHS_VideoCombine":
         return _combine(inputs, ctx)
     raise KeyError(class_type)
+
+
+def _load(class_type: str, inputs: dict[str, Any]) -> tuple[Any, ...]:
+    """The loaders: what they load is only named (the reference has no weights)."""
+    if class_type == "LoraLoader":
+        lora = f"+lora:{inputs['lora_name']}"
+        return (f"{inputs['model']}{lora}", f"{inputs['clip']}{lora}")
+    if class_type == "VAELoader":
+        return (f"vae:{inputs['vae_name']}",)
+    name = inputs["ckpt_name"]
+    return (f"model:{name}", f"clip:{name}", f"vae:{name}")
 
 
 def _sample(inputs: dict[str, Any], ctx: Context) -> Image.Image:
@@ -221,14 +251,42 @@ def _counter(name: str, stem: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def object_info(checkpoints: tuple[str, ...]) -> dict[str, Any]:
-    """``GET /object_info``: every node's inputs and outputs in ComfyUI's shape."""
+MODEL_FOLDERS = (
+    "checkpoints",
+    "configs",
+    "loras",
+    "vae",
+    "text_encoders",
+    "diffusion_models",
+    "clip_vision",
+    "style_models",
+    "embeddings",
+    "diffusers",
+    "vae_approx",
+    "controlnet",
+    "gligen",
+    "upscale_models",
+    "custom_nodes",
+    "hypernetworks",
+    "photomaker",
+    "classifiers",
+)
+"""ComfyUI's model folders in the order ``folder_paths.folder_names_and_paths`` registers
+them: what ``GET /models`` lists."""
+
+
+def object_info(
+    checkpoints: tuple[str, ...], folders: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Any]:
+    """``GET /object_info``: every node's inputs and outputs in ComfyUI's shape; a file
+    input lists its folder's files (``checkpoints``: the checkpoints folder's)."""
+    files = {**(folders or {}), "checkpoints": checkpoints}
     info = {}
     for name, spec in NODES.items():
         required: dict[str, Any] = {}
         for key, kind in spec.inputs.items():
-            if kind == "CKPT":
-                required[key] = [list(checkpoints)]
+            if isinstance(kind, str) and kind.startswith("folder:"):
+                required[key] = [list(files.get(kind.removeprefix("folder:"), ()))]
             elif isinstance(kind, tuple):
                 required[key] = [list(kind)]
             else:

@@ -54,6 +54,7 @@ def job_fields(
         "replicas": j.replicas,
         "gang_label": j.gang_label,
         "model": j.model,
+        "models": sorted(j.models),
         "backend": j.backend,
         "batch_key": j.batch_key,
         "preemptible": j.preemptible,

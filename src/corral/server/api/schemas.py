@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, Job, JobKind
+from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
 from corral.core.resources import ResourceRequest, parse_bytes
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
@@ -92,6 +93,11 @@ class JobIn(ApiModel):
     replicas: int = Field(1, ge=1, le=1024, description="> 1: a gang, placed all or nothing")
     gang_label: Label | None = None
     model: Label | None = None
+    models: list[Label] = Field(
+        default_factory=list,
+        max_length=MAX_MODELS,
+        description="further models it uses (lora:<name>, vae:<name> ...): routed where they are",
+    )
     backend: Name | None = None
     batch_key: Label | None = None
     preemptible: bool = True
@@ -124,6 +130,7 @@ class JobIn(ApiModel):
             replicas=self.replicas,
             gang_label=self.gang_label,
             model=self.model,
+            models=self._models(),
             backend=self.backend,
             batch_key=self.batch_key,
             preemptible=self.preemptible,
@@ -134,9 +141,20 @@ class JobIn(ApiModel):
             estimated_runtime_s=self.estimated_runtime_s,
         )
 
+    def _models(self) -> frozenset[str]:
+        """The models it names besides ``model``: those given, and those its payload names
+        (``model_names.job_models``). A ``model`` replaces the graph's checkpoints (the
+        executor loads it in every loader), so theirs do not count then."""
+        found = frozenset(self.models) | job_models(self.backend, self.payload)
+        if self.model is not None:
+            found = frozenset(m for m in found if not is_checkpoint(m))
+        return found
+
     def request_hash(self, team: str) -> str:
         """What makes two submissions "the same request" for idempotency."""
-        body = self.model_dump(mode="json", exclude={"idempotency_key"}) | {"team": team}
+        # ``models`` counts only when given, so a request hashes as it did before it existed
+        unset = {"idempotency_key"} | (set() if self.models else {"models"})
+        body = self.model_dump(mode="json", exclude=unset) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -205,6 +223,7 @@ class JobOut(BaseModel):
     replicas: int
     gang_label: str | None
     model: str | None
+    models: list[str] = Field(default_factory=list, description="further models it uses")
     backend: str | None
     batch_key: str | None
     preemptible: bool

@@ -23,6 +23,7 @@ from typing import Any
 
 from corral.core.errors import Unavailable
 from corral.core.model import Node
+from corral.core.model_names import is_checkpoint
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission
 
@@ -128,21 +129,27 @@ def find_model(wanted: str, entries: Iterable[Mapping[str, Any]]) -> Mapping[str
     return None
 
 
+FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".sft")
+"""A reported checkpoint named with its file's suffix is a ComfyUI file name (the webui
+names its checkpoints by stem, ``model_name``, as the agent reports them): not the
+webui's, so not in its list, on a node that runs both."""
+
+
 def model_entries(catalog: Catalog | None, nodes: Iterable[Node]) -> list[dict[str, Any]]:
-    """``/sd-models`` for the cluster: the catalog's entries plus every other checkpoint a
-    node reported (those have only a name: the webui would show no hash for them either)."""
+    """``/sd-models`` for the cluster: the catalog's entries plus every other webui
+    checkpoint a node reported (those have only a name: the webui would show no hash for
+    them either)."""
     entries: list[dict[str, Any]] = [
         dict(e) for e in (catalog.entries("sd-models") if catalog else [])
     ]
     for node in nodes:
         for name in sorted(node.models_on_disk | node.models_loaded):
-            if find_model(name, entries) is None:
+            webui = is_checkpoint(name) and not name.endswith(FILE_SUFFIXES)
+            if webui and find_model(name, entries) is None:
                 entries.append(
                     {
                         "title": name,
-                        "model_name": name.rsplit(".", 1)[0]
-                        if name.endswith(".safetensors")
-                        else name,
+                        "model_name": name,
                         "hash": None,
                         "sha256": None,
                         "filename": name,

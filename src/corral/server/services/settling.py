@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from corral.core.errors import Conflict
 from corral.core.events import EventKind
 from corral.core.model import Allocation
+from corral.core.model_names import lacked
 from corral.core.states import (
     ALLOCATION,
     DESIRED,
@@ -26,6 +27,7 @@ from corral.core.states import (
 from corral.server.agentlink.base import StopOrder
 from corral.server.services.attempts import nodes_failing_alike, remember, summary
 from corral.server.services.checkpoints import drop_after_commit
+from corral.server.services.lacking import settle_lacking
 from corral.server.services.node_health import note_outcome
 from corral.server.services.outcomes import Ending, Settlement, backoff_s, settle
 from corral.server.services.unit import Runtime, Tx
@@ -82,7 +84,8 @@ async def end_allocation(
         raise Conflict(f"allocation {alloc.id} changed while it was being ended")
     # The freed capacity matters to work still waiting (a job it requeues pokes on its own).
     tx.reschedule = tx.reschedule or rt.work_waiting
-    if ending is Ending.SUCCEEDED or (ending is Ending.FAILED and retryable):
+    lacks = ending is Ending.FAILED and bool(lacked(error or ""))  # not the node's fault
+    if ending is Ending.SUCCEEDED or (ending is Ending.FAILED and retryable and not lacks):
         await note_outcome(rt, tx, alloc.node, ok=ending is Ending.SUCCEEDED, error=error)
     jobs = await job_repo.get_many(tx.conn, alloc.job_ids)
     stop_reason = StopReason(rec.stop_reason) if rec.stop_reason else None
@@ -144,16 +147,20 @@ async def _settle_job(
     ending = how.ending
     if ending is Ending.SUCCEEDED and _interrupted(job) and not (files or job.result):
         ending = Ending.NOTHING_MADE
-    decision = settle(
-        ending=ending,
-        stop_reason=how.stop_reason,
-        failures=job.failures,
-        max_attempts=job.job.max_attempts,
-        retryable=how.retryable,
-        error=how.error,
-        alike_nodes=alike,
-        same_failure_nodes=rt.settings.scheduling.same_failure_nodes,
-    )
+    missing = lacked(how.error or "") if ending is Ending.FAILED and how.retryable else ()
+    if missing:  # another node may have the model (lacking.py)
+        decision = await settle_lacking(tx, job, alloc.node, missing, how.error or "")
+    else:
+        decision = settle(
+            ending=ending,
+            stop_reason=how.stop_reason,
+            failures=job.failures,
+            max_attempts=job.job.max_attempts,
+            retryable=how.retryable,
+            error=how.error,
+            alike_nodes=alike,
+            same_failure_nodes=rt.settings.scheduling.same_failure_nodes,
+        )
     failed = None
     if decision.count_failure:
         failed = AttemptError(alloc.attempt, alloc.node, how.error or decision.error or "", tx.now)
@@ -292,10 +299,12 @@ def ran_as(job: JobRecord, modified: Mapping[str, str]) -> dict[str, str] | None
 
 
 def _requeue_why(decision: Settlement) -> str:
-    """A bounded label (never the error text): preempted, failed or lost."""
+    """A bounded label (never the error text): preempted, failed, model_missing or lost."""
     if not decision.count_failure:
         return "preempted"
-    return "failed" if decision.backoff else "lost"
+    if decision.backoff:
+        return "failed"
+    return "model_missing" if lacked(decision.error or "") else "lost"
 
 
 def _observe_finish(rt: Runtime, started_at: float | None, state: JobState, now: float) -> None:

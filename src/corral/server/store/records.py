@@ -8,11 +8,12 @@ Row <-> record conversion lives here so repos stay a list of queries.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from corral.core.model import Allocation, Gpu, Job, JobKind, Node, Team
+from corral.core.model_names import lacked
 from corral.core.resources import ResourceRequest
 from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
 
@@ -160,6 +161,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "node_selector": dict(j.node_selector),
             "gang_label": j.gang_label,
             "model": j.model,
+            **({"models": sorted(j.models)} if j.models else {}),
             "backend": j.backend,
             "batch_key": j.batch_key,
             "preemptible": j.preemptible,
@@ -207,6 +209,8 @@ def job_from_row(row: Any) -> JobRecord:
         state=JobState(row.state),
         attempt=row.attempt,
         avoid_nodes=frozenset(e.node for e in errors if e.node) if errors else frozenset(),
+        models=frozenset(spec.get("models") or ()),
+        lacking_nodes=lacking_nodes(errors) if errors else frozenset(),
     )
     return JobRecord(
         job=job,
@@ -229,6 +233,11 @@ def job_from_row(row: Any) -> JobRecord:
         interrupted=bool(row.interrupted),
         ran=row.ran,
     )
+
+
+def lacking_nodes(errors: Iterable[AttemptError]) -> frozenset[str]:
+    """Nodes whose backend refused the job for a model they lack (``model_names.lacking``)."""
+    return frozenset(e.node for e in errors if e.node and lacked(e.error))
 
 
 def alloc_row(rec: AllocRecord) -> dict[str, Any]:
