@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from corral.agent.backend_models import probe
-from corral.agent.executors.base import Assignment, Failed, Finished, Update
+from corral.agent.executors.base import Failed, Finished, JobWork, Update
 from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.reference.a1111 import ReferenceA1111
@@ -27,16 +27,16 @@ from corral.core import WallClock
 from corral.core.model_names import lacked
 
 
-def make(scenario: str, alloc: str) -> Assignment:
+def make(scenario: str, alloc: str) -> JobWork:
     raise AssertionError("these tests make their own assignments")
 
 
-def graph_job(alloc: str, **kwargs: Any) -> Assignment:
+def graph_job(alloc: str, **kwargs: Any) -> JobWork:
     workflow = txt2img_workflow("a lighthouse", **{"steps": 2, **kwargs})
-    return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
+    return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
 
 
-def comfy_run(job: Assignment, server: ReferenceComfyUI | None = None) -> Update:
+def comfy_run(job: JobWork, server: ReferenceComfyUI | None = None) -> Update:
     async def scenario() -> Update:
         reference = server or ReferenceComfyUI()
         async with serving(reference.app) as url:
@@ -50,7 +50,7 @@ def webui_run(payload: dict[str, Any], model: str | None = None) -> Update:
     async def scenario() -> Update:
         async with serving(ReferenceA1111().app) as url:
             harness = Harness(A1111Executor(url, WallClock()), WallClock(), make)
-            job = Assignment("a", 1, ("job-a",), kind="sample", payload=payload, model=model)
+            job = JobWork("a", 1, ("job-a",), kind="sample", payload=payload, model=model)
             return (await run_to_end(harness, job))[-1]
 
     return asyncio.run(scenario())

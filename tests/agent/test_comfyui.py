@@ -50,7 +50,7 @@ def make(scenario: str, alloc: str) -> JobWork:
         return workflow_job(alloc, steps=0)
     if scenario == "lacking":
         workflow = txt2img_workflow("a lighthouse", steps=2, lora="missing-lora.safetensors")
-        return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
     if scenario == "invalid":
         workflow = two_branch_workflow("half", width=0)
         return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})

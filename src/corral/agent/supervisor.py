@@ -47,8 +47,8 @@ from corral.agent.models import ModelManager
 from corral.agent.vram_guard import Reservation, VramGuard, process_tree
 from corral.core import Clock
 from corral.core.model import EMPTY
-from corral.core.states import StopReason
 from corral.core.model_names import lacked
+from corral.core.states import StopReason
 
 log = logging.getLogger("corral.agent")
 

@@ -31,8 +31,8 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.runner import execute
 from corral.core import Clock, VirtualClock
-from corral.core.states import StopReason
 from corral.core.model_names import lacked
+from corral.core.states import StopReason
 
 Scenario = Literal["quick", "failing", "long", "invalid", "lacking"]
 """quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;
