@@ -117,6 +117,15 @@ class Team:
             raise InvalidSpec("weight", "must be > 0")
 
 
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """A file a job reads: an uploaded blob (``POST /v1/inputs``) and the name the job's
+    payload calls it by (a ComfyUI graph's ``LoadImage`` image, an A1111 init image)."""
+
+    name: str
+    sha256: str
+
+
 @mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Job:
@@ -152,6 +161,7 @@ class Job:
     attempt: int = 0
     # Nodes where earlier attempts failed: a retry goes elsewhere when it fits elsewhere now.
     avoid_nodes: frozenset[str] = frozenset()
+    inputs: tuple[InputFile, ...] = ()  # uploaded files the agent hands its executor
 
     def __init__(  # noqa: PLR0913 (the dataclass's fields, as the generated one takes them)
         self,
@@ -178,6 +188,7 @@ class Job:
         state: JobState = JobState.QUEUED,
         attempt: int = 0,
         avoid_nodes: frozenset[str] = frozenset(),
+        inputs: tuple[InputFile, ...] = (),
     ) -> None:
         if not id:
             raise InvalidSpec("id", "must not be empty")
@@ -215,6 +226,7 @@ class Job:
         object.__setattr__(self, "state", state)
         object.__setattr__(self, "attempt", attempt)
         object.__setattr__(self, "avoid_nodes", avoid_nodes)
+        object.__setattr__(self, "inputs", inputs)
 
     @property
     def gang(self) -> bool:

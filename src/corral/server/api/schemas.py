@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.core.errors import InvalidSpec
-from corral.core.model import DEFAULT_TEAM, Job, JobKind
+from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.resources import ResourceRequest, parse_bytes
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
@@ -79,6 +79,26 @@ class ResourcesIn(ApiModel):
             raise InvalidSpec(field, e.message) from None
 
 
+class InputIn(ApiModel):
+    """An uploaded file the job reads (``POST /v1/inputs``)."""
+
+    blob: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="its sha256")]
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=255,
+            pattern=r"^[^/\\\x00-\x1f]+$",
+            description="what the payload calls it (a ComfyUI LoadImage's image, ...)",
+        ),
+    ]
+
+
+class InputOut(BaseModel):
+    blob: str
+    name: str
+
+
 class JobIn(ApiModel):
     """A job to submit."""
 
@@ -100,6 +120,11 @@ class JobIn(ApiModel):
     estimated_runtime_s: float | None = Field(None, ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     idempotency_key: Label | None = Field(
         None, description="batch items: the same key returns the same job (or use the header)"
+    )
+    inputs: list[InputIn] = Field(
+        default_factory=list,
+        max_length=256,
+        description="uploaded files the agent hands the job's backend (docs/server.md)",
     )
 
     @field_validator("payload")
@@ -132,11 +157,14 @@ class JobIn(ApiModel):
             max_attempts=self.max_attempts,
             idempotency_key=idempotency_key or self.idempotency_key,
             estimated_runtime_s=self.estimated_runtime_s,
+            inputs=tuple(InputFile(f.name, f.blob) for f in self.inputs),
         )
 
     def request_hash(self, team: str) -> str:
         """What makes two submissions "the same request" for idempotency."""
-        body = self.model_dump(mode="json", exclude={"idempotency_key"}) | {"team": team}
+        # A job without inputs hashes as it did before jobs had them (keys stay replayable).
+        skip = {"idempotency_key"} if self.inputs else {"idempotency_key", "inputs"}
+        body = self.model_dump(mode="json", exclude=skip) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -201,6 +229,7 @@ class JobOut(BaseModel):
     user: str
     resources: ResourcesOut
     payload: dict[str, Any]
+    inputs: list[InputOut] = Field(default_factory=list, description="files the job reads")
     node_selector: dict[str, str]
     replicas: int
     gang_label: str | None

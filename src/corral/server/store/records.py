@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core.model import Allocation, Gpu, Job, JobKind, Node, Team
+from corral.core.model import Allocation, Gpu, InputFile, Job, JobKind, Node, Team
 from corral.core.resources import ResourceRequest
 from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
 
@@ -165,6 +165,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "preemptible": j.preemptible,
             "payload": dict(j.payload),
             "estimated_runtime_s": j.estimated_runtime_s,
+            **({"inputs": [[f.name, f.sha256] for f in j.inputs]} if j.inputs else {}),
         },
         "replicas": j.replicas,
         "max_attempts": j.max_attempts,
@@ -207,6 +208,7 @@ def job_from_row(row: Any) -> JobRecord:
         state=JobState(row.state),
         attempt=row.attempt,
         avoid_nodes=frozenset(e.node for e in errors if e.node) if errors else frozenset(),
+        inputs=tuple(InputFile(n, sha) for n, sha in spec.get("inputs") or ()),
     )
     return JobRecord(
         job=job,
