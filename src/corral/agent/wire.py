@@ -17,6 +17,7 @@ from corral.agent.executors.base import (
     Assignment,
     Checkpoint,
     Failed,
+    InputPath,
     LogLine,
     Preview,
     Progress,
@@ -100,6 +101,7 @@ def _job(
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,
         results_root=results,
+        inputs=tuple(InputPath(i.name, i.sha256) for i in w.inputs),
     )
 
 

@@ -39,6 +39,16 @@ class StopReason(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class InputPath:
+    """An uploaded file the job reads: the name its payload uses, its content, and where the
+    agent put it (None until fetched)."""
+
+    name: str
+    sha256: str
+    path: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """What the server asked this node to run (one attempt of one job)."""
 
@@ -57,6 +67,7 @@ class Assignment:
     # Where the agent keeps result files until the server has the allocation's end
     # (``scratch_dir``); None: an executor reads its result files instead.
     results_root: Path | None = None
+    inputs: tuple[InputPath, ...] = ()  # uploaded files, fetched before the executor starts
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))

@@ -75,6 +75,12 @@ def blob_key(sha256: str) -> str:
     return f"{PREFIX}/{sha256}"
 
 
+def input_sha(blob_id: str) -> str | None:
+    """The sha256 of ``inputs/<sha256>`` (an agent fetching an input file), else None."""
+    prefix, _, sha = blob_id.partition("/")
+    return sha if prefix == PREFIX and SHA256.match(sha) else None
+
+
 def check_name(name: str, field: str = "name") -> str:
     if not NAME.match(name) or name in (".", ".."):
         raise InvalidSpec(field, "a file name of 1-255 characters, without '/', '\\' or controls")
