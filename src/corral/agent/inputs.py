@@ -17,7 +17,7 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from corral.agent.executors.base import Assignment, InputPath
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
@@ -43,7 +43,8 @@ class InputCourier:
                 attempt=job.attempt,
                 blob_id=f"inputs/{item.sha256}",
             )
-            path = await self.download(request, folder / str(i) / item.name)
+            local = folder / str(i) / (PurePosixPath(item.name).name or "input")
+            path = await self.download(request, local)
             ready.append(replace(item, path=path))
             self.fetched += 1
         return replace(job, inputs=tuple(ready))

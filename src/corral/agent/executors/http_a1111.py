@@ -14,7 +14,8 @@ the pending request with the partial image (kept on interrupt). The backend
 runs one generation at a time, and its progress endpoint is global, so the
 executor runs one job at a time.
 
-When the job names a model that is not loaded, the executor switches the
+A job's input files fill the request's images (``with_inputs``). When the job
+names a model that is not loaded, the executor switches the
 checkpoint through ``/options`` first. When it names none, asks for a random
 seed or names no sampler, the model, seed and sampler that were used are reported
 in ``Finished.modified`` (the server keeps them as the job's ``ran``).
@@ -92,7 +93,7 @@ class A1111Executor:
             with backend_errors(self._name, self._base_url):
                 yield Finished((await catalog(self._base_url, self._timeout, self._name),))
             return
-        mode, body = _request(assignment.payload)
+        mode, body = _request(await asyncio.to_thread(with_inputs, assignment))
         async with self._lock:
             if stop.requested is not None:
                 yield stopped_terminal(stop.requested)
@@ -227,6 +228,28 @@ def _rest(data: dict[str, Any]) -> Result:
     """The webui's answer without its images, as ``response.json``."""
     rest = {k: v for k, v in data.items() if k not in ("images", "image")}
     return Result("response.json", json.dumps(rest).encode(), "application/json")
+
+
+def with_inputs(job: Assignment) -> Mapping[str, Any]:
+    """The payload with the job's input files as the webui takes images (base64): a file
+    named ``mask.*`` as ``mask``, the others in order as ``init_images`` (``image`` for an
+    upscale). What the payload sets itself is kept."""
+    files = [(f.name, f.path) for f in job.inputs if f.path is not None]
+    if not files:
+        return job.payload
+    payload = dict(job.payload)
+    images = []
+    for name, path in files:
+        encoded = base64.b64encode(path.read_bytes()).decode()
+        if Path(name).stem.lower() == "mask":
+            payload.setdefault("mask", encoded)
+        else:
+            images.append(encoded)
+    if images and payload.get("mode") == "upscale":
+        payload.setdefault("image", images[0])
+    elif images:
+        payload.setdefault("init_images", images)
+    return payload
 
 
 def _request(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -88,10 +88,18 @@ class InputIn(ApiModel):
         Field(
             min_length=1,
             max_length=255,
-            pattern=r"^[^/\\\x00-\x1f]+$",
-            description="what the payload calls it (a ComfyUI LoadImage's image, ...)",
+            pattern=r"^[^\\\x00-\x1f]+$",
+            description="what the payload calls it: a ComfyUI LoadImage's image (which may "
+            "name a subfolder, 'masks/a.png'), an A1111 init image's file name",
         ),
     ]
+
+    @field_validator("name")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("a relative name, without '..'")
+        return value
 
 
 class InputOut(BaseModel):
