@@ -18,10 +18,15 @@ What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
 * binary preview frames (``>I`` event 1 = preview image, ``>I`` format 1 = JPEG,
   then the JPEG) go to the running prompt's client, and only when the server was
   started with a preview method (``preview_method != "none"``);
+* ``/upload/image`` and ``/upload/mask`` save files as ComfyUI does
+  (``comfyui_uploads.py``: folders input/temp/output, subfolders, ``name (1).png``
+  on a clash, overwrite); ``LoadImage`` lists and reads the input folder, and
+  validates its image itself (ComfyUI's ``VALIDATE_INPUTS``);
 * ``/history/{id}`` is filled when a prompt ends (outputs so far, status,
-  messages), ``/view`` serves saved files, ``POST /interrupt`` (optionally for
-  one ``prompt_id``) stops the running prompt, ``POST /queue`` deletes pending
-  ones, ``/object_info`` describes the nodes.
+  messages), ``/view`` serves files of each folder (``type``, ``subfolder``),
+  ``POST /interrupt`` (optionally for one ``prompt_id``) stops the running
+  prompt, ``POST /queue`` deletes pending ones, ``/object_info`` describes the
+  nodes.
 
 Faults for tests: ``step_delay_s`` (slow sampling), ``fail_next`` (the next
 KSampler raises), ``slow_calls_s`` (late answers to ``/prompt``),
@@ -31,6 +36,7 @@ KSampler raises), ``slow_calls_s`` (late answers to ``/prompt``),
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import struct
 import tempfile
@@ -51,6 +57,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.agent.reference import comfyui_nodes as nodes
 from corral.agent.reference.comfyui_cache import Entry, OutputCache
+from corral.agent.reference.comfyui_uploads import Folders, upload
 from corral.core.comfyui import validate_prompt
 
 PREVIEW_IMAGE = 1  # binary event type
@@ -68,6 +75,7 @@ class ReferenceComfyUI:
         step_delay_s: float = 0.0,
         output_dir: Path | None = None,
         models_dir: Path | None = None,
+        input_dir: Path | None = None,
     ) -> None:
         self.preview_method = preview_method
         self._checkpoints = checkpoints
@@ -76,6 +84,11 @@ class ReferenceComfyUI:
         self.fail_next: str | None = None
         self.slow_calls_s = 0.0  # HTTP answers come this late (an overloaded server)
         self.output_dir = output_dir or Path(tempfile.mkdtemp(prefix="comfyui-out-"))
+        self.folders = Folders(
+            (input_dir or Path(tempfile.mkdtemp(prefix="comfyui-in-"))).resolve(),
+            Path(tempfile.mkdtemp(prefix="comfyui-temp-")).resolve(),  # emptied at each start
+            self.output_dir.resolve(),
+        )
         self.history: dict[str, dict[str, Any]] = {}
         self._queue: list[tuple[int, str, dict[str, Any], str, list[str]]] = []
         self.cache = OutputCache()
@@ -94,6 +107,8 @@ class ReferenceComfyUI:
                 Route("/free", self.free, methods=["POST"]),
                 Route("/history/{prompt_id}", self.get_history, methods=["GET"]),
                 Route("/view", self.view, methods=["GET"]),
+                Route("/upload/image", self.upload_image, methods=["POST"]),
+                Route("/upload/mask", self.upload_mask, methods=["POST"]),
                 Route("/object_info", self.object_info, methods=["GET"]),
                 WebSocketRoute("/ws", self.websocket),
             ]
@@ -116,7 +131,8 @@ class ReferenceComfyUI:
         if not isinstance(prompt, dict):
             missing = {"type": "no_prompt", "message": "No prompt provided", "details": ""}
             return JSONResponse({"error": missing, "node_errors": {}}, status_code=400)
-        checked = validate_prompt(prompt, nodes.object_info(self.checkpoints))
+        info = nodes.object_info(self.checkpoints, self.folders.input_files())
+        checked = validate_prompt(prompt, info, files=self.folders.exists)
         if checked.error is not None:
             body = {"error": checked.error, "node_errors": checked.node_errors}
             return JSONResponse(body, status_code=400)
@@ -164,14 +180,24 @@ class ReferenceComfyUI:
         return JSONResponse({prompt_id: entry} if entry else {})
 
     async def view(self, request: Request) -> Response:
+        """A file of the folder ``type`` names (default output), in ``subfolder``."""
         name = request.query_params.get("filename", "")
-        path = (self.output_dir / request.query_params.get("subfolder", "") / name).resolve()
-        if not name or self.output_dir.resolve() not in path.parents or not path.is_file():
+        folder = self.folders.by_type(request.query_params.get("type") or "output")
+        if folder is None:
+            return Response(status_code=400)
+        path = (folder / request.query_params.get("subfolder", "") / name).resolve()
+        if not name or folder not in path.parents or not path.is_file():
             return Response(status_code=404)
         return FileResponse(path)  # its type guessed from the name, as ComfyUI does
 
+    async def upload_image(self, request: Request) -> Response:
+        return await upload(request, self.folders)
+
+    async def upload_mask(self, request: Request) -> Response:
+        return await upload(request, self.folders, mask=True)
+
     async def object_info(self, request: Request) -> Response:
-        return JSONResponse(nodes.object_info(self.checkpoints))
+        return JSONResponse(nodes.object_info(self.checkpoints, self.folders.input_files()))
 
     # ---- websocket -----------------------------------------------------------
 
@@ -242,7 +268,7 @@ class ReferenceComfyUI:
         sender = asyncio.create_task(self._drain(sid, outbox))
         stamp = int(time.time() * 1000)
         emit("execution_start", {"timestamp": stamp})
-        signatures = self.cache.signatures(prompt)
+        signatures = self.cache.signatures(prompt, self._is_changed)
         self.cache.keep_only(signatures)
         cached = [n for n in prompt if self.cache.get(signatures[n]) is not None]
         emit("execution_cached", {"nodes": cached, "timestamp": stamp})
@@ -265,6 +291,19 @@ class ReferenceComfyUI:
         emit("executing", {"node": None, "display_node": None})  # after history, as ComfyUI does
         loop.call_soon_threadsafe(outbox.put_nowait, None)
         await sender
+
+    def _is_changed(self, node: dict[str, Any]) -> str | None:
+        """ComfyUI's ``LoadImage.IS_CHANGED``: the file's sha256, part of the node's cache
+        key, so a file overwritten under the same name is read again."""
+        image = (node.get("inputs") or {}).get("image")
+        if node.get("class_type") not in ("LoadImage", "LoadImageMask") or not isinstance(
+            image, str
+        ):
+            return None
+        try:
+            return hashlib.sha256(self.folders.annotated(image).read_bytes()).hexdigest()
+        except (OSError, ValueError):
+            return None
 
     async def _drain(self, sid: str, outbox: asyncio.Queue[dict[str, Any] | bytes | None]) -> None:
         while (message := await outbox.get()) is not None:
@@ -290,6 +329,8 @@ class ReferenceComfyUI:
             on_progress,
             self._interrupt.is_set,
             self.step_delay_s,
+            temp_dir=self.folders.temp,
+            open_input=self.folders.annotated,
         )
 
         def execute(node_id: str) -> tuple[Any, ...]:
