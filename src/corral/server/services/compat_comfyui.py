@@ -30,6 +30,7 @@ from corral.core.errors import Conflict, NotFound
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission, Unservable
 from corral.server.services.compat_catalog import CatalogCache
+from corral.server.services.compat_comfyui_uploads import ComfyUploads, job_inputs, with_choices
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import JobRecord
 
@@ -54,6 +55,7 @@ class ComfyService:
     def __init__(self, jobs: CompatJobs, catalogs: CatalogCache) -> None:
         self.jobs = jobs
         self.catalogs = catalogs
+        self.uploads = ComfyUploads(jobs.plane.rt, jobs.plane.inputs)  # /upload/image
 
     async def submit(
         self, caller: Caller, body: Mapping[str, Any], priority: str | None = None
@@ -64,7 +66,8 @@ class ComfyService:
             raise PromptRejected(comfy_error("no_prompt", "No prompt provided"))
         nodes = await self.jobs.backend_nodes(caller, BACKEND)
         info = await self._object_info(caller)
-        prompt, node_errors = _validate(prompt, info, complete=len(nodes) == 1)
+        files = await self.uploads.resolve(caller.principal, prompt)  # uploaded images it names
+        prompt, node_errors = _validate(prompt, info, complete=len(nodes) == 1, files=files)
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         payload = {
             "workflow": prompt,
@@ -81,6 +84,7 @@ class ComfyService:
             key=prompt_key(prompt_id),
             fingerprint=prompt,
             priority=priority,
+            inputs=job_inputs(files, prompt),
         )
         try:
             rec, _ = await self.jobs.submit(caller, sub)
@@ -109,7 +113,7 @@ class ComfyService:
         info = await self._object_info(caller)
         if info is None:
             raise Unservable("the comfyui backend did not describe its nodes")
-        return info
+        return with_choices(info, await self.uploads.input_names(caller.principal))
 
     async def find(self, caller: Caller, prompt_id: str) -> JobRecord | None:
         """The caller's job for ``prompt_id`` (its team's), if any."""
@@ -178,19 +182,29 @@ class ComfyService:
 
 
 def _validate(
-    prompt: dict[str, Any], info: dict[str, Any] | None, *, complete: bool
+    prompt: dict[str, Any],
+    info: dict[str, Any] | None,
+    *,
+    complete: bool,
+    files: Mapping[str, str],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The graph to run and the ``node_errors`` of the outputs dropped from it, or a
     ``PromptRejected`` with ComfyUI's 400 when no output is valid.
 
     ``info`` is one node's ``object_info``: its model lists are checked only when that
     node is the only one (``complete``); else another node may have the model (the job
-    then goes there: a backend that lacks it refuses it and the job fails over).
+    then goes there: a backend that lacks it refuses it and the job fails over). An image
+    a ``LoadImage`` names must be one of ``files``, the caller's uploads.
     """
     if info is None:
         return prompt, {}  # best effort: the backend validates too
     graph = json.loads(json.dumps(prompt))  # validation converts values in place
-    checked = validate_prompt(graph, info, unchecked_lists=() if complete else MODEL_LISTS)
+    checked = validate_prompt(
+        graph,
+        info,
+        unchecked_lists=() if complete else MODEL_LISTS,
+        files=files.__contains__,
+    )
     if checked.error is not None:
         raise PromptRejected(checked.error, checked.node_errors)
     dropped = {o for e in checked.node_errors.values() for o in e["dependent_outputs"]}
