@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +18,11 @@ from typing import Any
 import httpx
 import pytest
 from compat_harness import CompatCluster, compat_cluster
-from e2e_harness import ADMIN, submit, wait_state
+from e2e_harness import ADMIN, CLI, submit, wait_state
 from PIL import Image
 from websockets.sync.client import connect
+
+from corral.sdk import Client
 
 pytestmark = pytest.mark.timeout(240)
 BASIC = {"Authorization": "Basic " + base64.b64encode(f"me:{ADMIN}".encode()).decode()}
@@ -153,14 +157,22 @@ def native_inputs(corral: CompatCluster, admin: httpx.Client) -> None:
     assert done["state"] == "succeeded", done["error"]
 
 
+def team_token(admin: httpx.Client, team: str) -> dict[str, str]:
+    made = admin.post("/v1/tokens", json={"kind": "team", "name": team, "team": team})
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
 def test_a_team_may_name_only_its_own_input_files(corral: CompatCluster) -> None:
-    admin = corral.cluster.client()
-    tokens = {}
-    for team in ("red", "blue"):
-        made = admin.post("/v1/tokens", json={"kind": "team", "name": team, "team": team})
-        tokens[team] = made.json()["token"]
-    red = httpx.Client(base_url=corral.http, headers={"Authorization": f"Bearer {tokens['red']}"})
-    blue = httpx.Client(base_url=corral.http, headers={"Authorization": f"Bearer {tokens['blue']}"})
+    with corral.cluster.client() as admin:
+        tokens = team_token(admin, "red"), team_token(admin, "blue")
+    with (
+        httpx.Client(base_url=corral.http, headers=tokens[0]) as red,
+        httpx.Client(base_url=corral.http, headers=tokens[1]) as blue,
+    ):
+        only_its_own(red, blue)
+
+
+def only_its_own(red: httpx.Client, blue: httpx.Client) -> None:
     blob = red.post("/v1/inputs", params={"name": "r.png"}, content=png((1, 2, 3))).json()["blob"]
     spec = {"kind": "sample", "backend": "comfyui", "payload": {"workflow": edit_graph("r.png")}}
     refused = blue.post("/v1/jobs", json={**spec, "inputs": [{"blob": blob, "name": "r.png"}]})
@@ -171,3 +183,32 @@ def test_a_team_may_name_only_its_own_input_files(corral: CompatCluster) -> None
     bad = red.post("/v1/jobs", json={**spec, "inputs": [{"blob": "nothex", "name": "r.png"}]})
     assert bad.status_code == 422
     assert "inputs" in bad.json()["field"]
+
+
+def test_the_sdk_and_the_cli_attach_input_files_to_jobs(
+    corral: CompatCluster, tmp_path: Path
+) -> None:
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png((40, 80, 120)))
+    spec = {
+        "kind": "sample",
+        "backend": "comfyui",
+        "payload": {"workflow": edit_graph("photo.png")},
+        "resources": {"gpus": 0, "cpus": 1},
+    }
+    with Client(corral.http, token=ADMIN) as sdk, corral.cluster.client() as admin:
+        job = sdk.submit(spec, files=[photo])
+        wait_state(admin, job.id, "succeeded", "failed", timeout=120)
+        result = job.result()
+        [name] = [n for n in result.names if n.endswith(".png")]
+        with Image.open(io.BytesIO(result.read(name))) as out:
+            assert out.convert("RGB").getpixel((6, 3)) == (215, 175, 135)
+    jobfile = tmp_path / "job.json"
+    jobfile.write_text(json.dumps({**spec, "payload": {"workflow": edit_graph("in.png")}}))
+    argv = [sys.executable, "-c", CLI, "submit", str(jobfile), "--input", f"in.png={photo}"]
+    argv += ["--url", corral.http, "--token", ADMIN, "--quiet"]
+    job_id = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    with corral.cluster.client() as admin:
+        done = wait_state(admin, job_id, "succeeded", "failed", timeout=120)
+    assert done["state"] == "succeeded", (done["error"], done["inputs"], done["payload"])
+    assert [i["name"] for i in done["inputs"]] == ["in.png"]
