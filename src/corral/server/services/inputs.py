@@ -100,12 +100,11 @@ class InputService:
         who.require_client()
         check_name(name)
         owner = owner_of(who)
-        await self._room(owner, 0)  # a full owner is refused before a byte is written
         scratch = self.rt.blobs.scratch(f"input-{secrets.token_hex(8)}")
         try:
             size, sha = await self._spool(chunks, scratch)
             found = await self._row(owner, sha)
-            if found is None:
+            if found is None:  # caps count files: bytes it holds already are no new one
                 await self._room(owner, size)
             if self.rt.blobs.path(blob_key(sha)) is None:
                 await self.rt.blobs.put_file(blob_key(sha), scratch)
