@@ -212,3 +212,26 @@ def test_the_sdk_and_the_cli_attach_input_files_to_jobs(
         done = wait_state(admin, job_id, "succeeded", "failed", timeout=120)
     assert done["state"] == "succeeded", (done["error"], done["inputs"], done["payload"])
     assert [i["name"] for i in done["inputs"]] == ["in.png"]
+
+
+def test_a_job_whose_input_is_gone_before_it_runs_fails_saying_so(corral: CompatCluster) -> None:
+    with corral.cluster.client() as admin:
+        blob = admin.post("/v1/inputs", params={"name": "g.png"}, content=png((9, 9, 9)))
+        sha = blob.json()["blob"]
+        assert admin.post("/v1/nodes/box/pause").status_code == 200
+        try:
+            job = submit(
+                admin,
+                kind="sample",
+                backend="comfyui",
+                resources={"gpus": 0, "cpus": 1},
+                payload={"workflow": edit_graph("g.png")},
+                inputs=[{"blob": sha, "name": "g.png"}],
+                max_attempts=1,
+            )
+            assert admin.delete(f"/v1/inputs/{sha}").status_code == 204  # its bytes go too
+        finally:
+            admin.post("/v1/nodes/box/resume")
+        done = wait_state(admin, job["id"], "succeeded", "failed", timeout=120)
+    assert done["state"] == "failed"
+    assert "could not fetch the job's input files" in done["error"]
