@@ -161,6 +161,11 @@ async def test_comfyuis_upload_answers_and_names(served: Served) -> None:
         assert (await upload(comfy, "p.png", png((0, 0, 9)))).json()["name"] == "p (2).png"
         over = await upload(comfy, "p.png", png((1, 1, 1)), overwrite="true")
         assert over.json()["name"] == "p.png"
+        shown = await comfy.get("/view", params={"filename": "p (1).png", "type": "input"})
+        assert shown.content == png((0, 9, 0))
+        assert shown.headers["content-type"] == "image/png"
+        missing = await comfy.get("/view", params={"filename": "q.png", "type": "input"})
+        assert missing.status_code == 404
         sub = await upload(comfy, "p.png", red, subfolder="masks", type="temp")
         assert sub.json() == {"name": "p.png", "subfolder": "masks", "type": "temp"}
         assert (await upload(comfy, "p.png", red, subfolder="../x")).status_code == 400

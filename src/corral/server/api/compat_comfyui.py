@@ -160,7 +160,13 @@ async def view(
     subfolder: Annotated[str, Query(max_length=255)] = "",
     type: Annotated[str, Query(max_length=32)] = "output",  # ComfyUI's name
 ) -> Response:
-    """An output image (``subfolder`` is the corral job that made it)."""
+    """An output image (``subfolder`` is the corral job that made it), or an uploaded one
+    (``type`` input or temp: the team's uploads, as ComfyUI serves its folders)."""
+    if type in ("input", "temp"):
+        data, content_type = await service(request).uploads.view(
+            who.principal, filename, subfolder, type
+        )
+        return Response(data, media_type=content_type, headers=file_headers(filename, content_type))
     data, content_type = await service(request).view(who, filename, subfolder)
     return Response(data, media_type=content_type, headers=file_headers(filename, content_type))
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import mimetypes
 import posixpath
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -34,11 +35,12 @@ from typing import IO, Any
 import sqlalchemy as sa
 
 from corral.core.comfyui import SELF_VALIDATED
+from corral.core.errors import NotFound
 from corral.core.model import InputFile
 from corral.server.services.auth import Principal
 from corral.server.services.inputs import InputService, blob_key, owner_of
 from corral.server.services.unit import Runtime
-from corral.server.store.tables import input_names
+from corral.server.store.tables import input_names, inputs
 
 TYPES = ("input", "temp", "output")
 ANNOTATIONS = {" [input]": "input", " [output]": "output", " [temp]": "temp"}
@@ -123,6 +125,35 @@ class ComfyUploads:
             )
             known = {(r.folder, r.name): r.sha256 for r in await conn.execute(query)}
         return {image: known[place] for image, place in wanted.items() if place in known}
+
+    async def view(
+        self, who: Principal, filename: str, subfolder: str, kind: str
+    ) -> tuple[bytes, str]:
+        """An uploaded file's bytes and type (``/view?type=input``); NotFound for a name the
+        team was not given."""
+        try:
+            folder = _folder(kind, subfolder)
+        except BadUpload:
+            raise NotFound(f"{filename} not found") from None
+        async with self.rt.db.read() as conn:
+            query = (
+                sa.select(input_names.c.sha256, inputs.c.mime)
+                .join(
+                    inputs,
+                    (inputs.c.owner == input_names.c.owner)
+                    & (inputs.c.sha256 == input_names.c.sha256),
+                )
+                .where(
+                    input_names.c.owner == owner_of(who),
+                    input_names.c.folder == folder,
+                    input_names.c.name == filename,
+                )
+            )
+            row = (await conn.execute(query)).first()
+        if row is None:
+            raise NotFound(f"{filename} not found")
+        guessed = mimetypes.guess_type(filename)[0]
+        return await self.rt.blobs.get(blob_key(row.sha256)), guessed or row.mime
 
     async def input_names(self, who: Principal) -> list[str]:
         """The team's files directly in its input folder: ``LoadImage``'s choices."""
