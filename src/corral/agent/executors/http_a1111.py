@@ -93,7 +93,8 @@ class A1111Executor:
             with backend_errors(self._name, self._base_url):
                 yield Finished((await catalog(self._base_url, self._timeout, self._name),))
             return
-        mode, body = _request(await asyncio.to_thread(with_inputs, assignment))
+        payload = await asyncio.to_thread(with_inputs, assignment) if assignment.inputs else None
+        mode, body = _request(payload or assignment.payload)
         async with self._lock:
             if stop.requested is not None:
                 yield stopped_terminal(stop.requested)

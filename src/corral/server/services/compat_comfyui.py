@@ -30,7 +30,12 @@ from corral.core.errors import Conflict, NotFound
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission, Unservable
 from corral.server.services.compat_catalog import CatalogCache
-from corral.server.services.compat_comfyui_uploads import ComfyUploads, job_inputs, with_choices
+from corral.server.services.compat_comfyui_uploads import (
+    ComfyUploads,
+    backend_images,
+    job_inputs,
+    with_choices,
+)
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import JobRecord
 
@@ -194,16 +199,18 @@ def _validate(
     ``info`` is one node's ``object_info``: its model lists are checked only when that
     node is the only one (``complete``); else another node may have the model (the job
     then goes there: a backend that lacks it refuses it and the job fails over). An image
-    a ``LoadImage`` names must be one of ``files``, the caller's uploads.
+    a ``LoadImage`` names must be one of ``files``, the caller's uploads, or a file the
+    backend lists in its own input folder.
     """
     if info is None:
         return prompt, {}  # best effort: the backend validates too
     graph = json.loads(json.dumps(prompt))  # validation converts values in place
+    listed = backend_images(info)
     checked = validate_prompt(
         graph,
         info,
         unchecked_lists=() if complete else MODEL_LISTS,
-        files=files.__contains__,
+        files=lambda name: name in files or name in listed,
     )
     if checked.error is not None:
         raise PromptRejected(checked.error, checked.node_errors)

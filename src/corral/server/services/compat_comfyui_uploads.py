@@ -258,9 +258,18 @@ def job_inputs(files: Mapping[str, str], graph: Mapping[str, Any]) -> tuple[Inpu
     return tuple(InputFile(name, sha) for name, sha in files.items() if name in used)
 
 
+def backend_images(info: Mapping[str, Any]) -> frozenset[str]:
+    """The files a backend's ``LoadImage`` lists: its own input folder."""
+    spec = ((info.get("LoadImage") or {}).get("input") or {}).get("required", {}).get("image")
+    if isinstance(spec, list) and spec and isinstance(spec[0], list):
+        return frozenset(str(name) for name in spec[0])
+    return frozenset()
+
+
 def with_choices(info: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
     """``/object_info`` with ``LoadImage``'s (and ``LoadImageMask``'s) image choices the
-    caller's uploads, as a ComfyUI lists the files of its input folder there."""
+    caller's uploads and the files the backend has, as a ComfyUI lists the files of its
+    input folder there."""
     out = dict(info)
     for kind in SELF_VALIDATED:
         node = out.get(kind)
@@ -269,6 +278,7 @@ def with_choices(info: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
         spec = (node.get("input") or {}).get("required", {}).get("image")
         if not isinstance(spec, list) or not spec or not isinstance(spec[0], list):
             continue
-        required = {**node["input"]["required"], "image": [list(names), *spec[1:]]}
+        choices = sorted({*names, *(str(n) for n in spec[0])})  # and the backend's own
+        required = {**node["input"]["required"], "image": [choices, *spec[1:]]}
         out[kind] = {**node, "input": {**node["input"], "required": required}}
     return out
