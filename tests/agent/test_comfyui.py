@@ -34,7 +34,7 @@ from corral.agent.reference.comfyui import (
     txt2img_workflow,
 )
 from corral.agent.reference.serve import free_port, serving
-from corral.agent.testing import CHECKS, Harness, run_to_end
+from corral.agent.testing import CHECKS, INPUT_NAME, Harness, run_to_end
 from corral.core import WallClock
 
 
@@ -43,11 +43,27 @@ def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> Assignm
     return Assignment(alloc, 1, (f"job-{alloc}",), kind="sample", payload=payload, model=model)
 
 
+def png(color: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), color).save(out, format="PNG")
+    return out.getvalue()
+
+
 def make(scenario: str, alloc: str) -> Assignment:
     if scenario == "quick":
         return workflow_job(alloc, steps=3)
     if scenario == "failing":
         return workflow_job(alloc, model="missing.safetensors")
+    if scenario == "input":  # the job's input file, inverted and saved
+        graph = {
+            "1": {"class_type": "LoadImage", "inputs": {"image": INPUT_NAME}},
+            "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+            "3": {
+                "class_type": "SaveImage",
+                "inputs": {"images": ["2", 0], "filename_prefix": "in"},
+            },
+        }
+        return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": graph})
     if scenario == "invalid":
         workflow = two_branch_workflow("half", width=0)
         return Assignment(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
@@ -70,6 +86,7 @@ async def comfy(**kwargs: Any) -> AsyncIterator[tuple[ReferenceComfyUI, Harness]
                 partial_results=False,
                 invalid_reason="node #13 (EmptyLatentImage) input width: Value 0 smaller than min",
                 forget_outputs=lambda: forget(server),
+                input_files=(png((255, 0, 0)), png((0, 0, 255))),
             ),
         )
 

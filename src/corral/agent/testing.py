@@ -11,9 +11,12 @@ raise ``AssertionError``; they need no test framework.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from corral.agent.executors.base import (
@@ -22,6 +25,7 @@ from corral.agent.executors.base import (
     Executor,
     Failed,
     Finished,
+    InputPath,
     Preview,
     Progress,
     Started,
@@ -33,9 +37,12 @@ from corral.agent.executors.base import (
 from corral.agent.executors.runner import execute
 from corral.core import Clock, VirtualClock
 
-Scenario = Literal["quick", "failing", "long", "invalid"]
+Scenario = Literal["quick", "failing", "long", "invalid", "input"]
 """quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;
-invalid: work the backend takes only in part (made only when ``invalid_reason`` is set)."""
+invalid: work the backend takes only in part (made only when ``invalid_reason`` is set);
+input: quick work that reads the job's input file ``INPUT_NAME`` (made only when
+``input_files`` is set)."""
+INPUT_NAME = "input.png"
 
 _ids = itertools.count(1)
 
@@ -60,6 +67,9 @@ class Harness:
     # deletes the files the backend saved (None: it keeps none): a backend that answers
     # the same work from a cache must still return results once they are gone
     forget_outputs: Callable[[], None] | None = None
+    # two contents for the "input" scenario's file (None: the executor takes no input
+    # files): the backend must read the file the job names, so they give other results
+    input_files: tuple[bytes, bytes] | None = None
 
 
 OnUpdate = Callable[[Update, StopSignal], None]
@@ -235,6 +245,26 @@ async def check_the_same_work_twice_gives_results_twice(h: Harness) -> None:
         assert all(r.size for r in terminal.results), "a result came back empty"
 
 
+async def check_the_jobs_input_file_is_what_the_backend_reads(h: Harness) -> None:
+    """The same work with other bytes in its input file gives other results (its images,
+    when it makes some: other files may name a counter that differs anyway)."""
+    if h.input_files is None:
+        return
+    outputs = []
+    with tempfile.TemporaryDirectory(prefix="corral-inputs-") as tmp:
+        for n, data in enumerate(h.input_files):
+            path = Path(tmp) / str(n) / INPUT_NAME
+            path.parent.mkdir()
+            path.write_bytes(data)
+            sha = hashlib.sha256(data).hexdigest()
+            job = replace(h.make("input", new_id()), inputs=(InputPath(INPUT_NAME, sha, path),))
+            terminal = assert_well_formed(await run_to_end(h, job))
+            assert isinstance(terminal, Finished), f"work with an input file: {terminal!r}"
+            images = [r for r in terminal.results if r.mime.startswith("image/")]
+            outputs.append(sorted(r.read() for r in images or terminal.results))
+    assert outputs[0] != outputs[1], "other bytes in the input file gave the same results"
+
+
 CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_quick_run_finishes_with_results,
     check_failing_run_says_why,
@@ -246,4 +276,5 @@ CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_two_runs_at_once_each_finish,
     check_work_done_in_part_fails_with_the_backends_reason,
     check_the_same_work_twice_gives_results_twice,
+    check_the_jobs_input_file_is_what_the_backend_reads,
 )
