@@ -35,7 +35,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "failing": {"prompt": "a red fox", "steps": 3, "sampler_name": "No Such Sampler", **SMALL},
     "long": {"prompt": "a slow fox", "steps": 500, "n_iter": 20, **SMALL},
     "lacking": {"prompt": "a red fox <lora:fur-detail:0.7>", "steps": 3, **SMALL},
+    # img2img of the job's input file (the executor sends it as init_images)
+    "input": {"mode": "img2img", "prompt": "a fox", "steps": 2, "seed": 7, **SMALL},
 }
+
+
+def png_of(color: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(out, format="PNG")
+    return out.getvalue()
 
 
 def make(scenario: str, alloc: str) -> JobWork:
@@ -47,7 +55,11 @@ async def webui(**kwargs: Any) -> AsyncIterator[tuple[ReferenceA1111, Harness]]:
     server = ReferenceA1111(**kwargs)
     async with serving(server.app) as url:
         executor = A1111Executor(url, WallClock(), poll_interval_s=0.02)
-        yield server, Harness(executor, WallClock(), make, lacking="lora:fur-detail")
+        inputs = (png_of((250, 0, 0)), png_of((0, 0, 250)))
+        yield (
+            server,
+            Harness(executor, WallClock(), make, lacking="lora:fur-detail", input_files=inputs),
+        )
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

@@ -33,7 +33,7 @@ from corral.agent.reference.comfyui import (
     txt2img_workflow,
 )
 from corral.agent.reference.serve import free_port, serving
-from corral.agent.testing import CHECKS, Harness, run_to_end
+from corral.agent.testing import CHECKS, INPUT_NAME, Harness, run_to_end
 from corral.core import WallClock
 from corral.core.states import StopReason
 
@@ -41,6 +41,12 @@ from corral.core.states import StopReason
 def workflow_job(alloc: str, model: str | None = None, **kwargs: Any) -> JobWork:
     payload = {"workflow": txt2img_workflow("a lighthouse at dusk", **kwargs)}
     return JobWork(alloc, 1, (f"job-{alloc}",), kind="sample", payload=payload, model=model)
+
+
+def png(color: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), color).save(out, format="PNG")
+    return out.getvalue()
 
 
 def make(scenario: str, alloc: str) -> JobWork:
@@ -51,6 +57,16 @@ def make(scenario: str, alloc: str) -> JobWork:
     if scenario == "lacking":
         workflow = txt2img_workflow("a lighthouse", steps=2, lora="missing-lora.safetensors")
         return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
+    if scenario == "input":  # the job's input file, inverted and saved
+        graph = {
+            "1": {"class_type": "LoadImage", "inputs": {"image": INPUT_NAME}},
+            "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+            "3": {
+                "class_type": "SaveImage",
+                "inputs": {"images": ["2", 0], "filename_prefix": "in"},
+            },
+        }
+        return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": graph})
     if scenario == "invalid":
         workflow = two_branch_workflow("half", width=0)
         return JobWork(alloc, 1, (f"job-{alloc}",), payload={"workflow": workflow})
@@ -74,6 +90,7 @@ async def comfy(**kwargs: Any) -> AsyncIterator[tuple[ReferenceComfyUI, Harness]
                 invalid_reason="node #13 (EmptyLatentImage) input width: Value 0 smaller than min",
                 forget_outputs=lambda: forget(server),
                 lacking="lora:missing-lora.safetensors",
+                input_files=(png((255, 0, 0)), png((0, 0, 255))),
             ),
         )
 

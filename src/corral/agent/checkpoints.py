@@ -134,10 +134,10 @@ class CheckpointCourier:
             raise LinkError("no directory to unpack the checkpoint into")
         into = Path(base) / f"resume-{job.attempt}"
         with tempfile.TemporaryDirectory(dir=self._temp_root(), prefix="fetch-") as tmp:
-            archive = await self._download(request, Path(tmp) / "checkpoint.tar")
+            archive = await self.download(request, Path(tmp) / "checkpoint.tar")
             return await asyncio.to_thread(blobs.unpack, archive, into)
 
-    async def _download(self, request: pb.BlobRequest, into: Path) -> Path:
+    async def download(self, request: pb.BlobRequest, into: Path) -> Path:
         """The blob into the file ``into``, over whichever session is up; a session ending
         mid-way is retried."""
         for _ in range(blobs.FETCH_TRIES):

@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import random
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from corral.agent import wire
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Preview, Started
 from corral.agent.fingerprint import GpuInventory, GpuSnapshot
+from corral.agent.inputs import InputCourier
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
 from corral.agent.sender import Queued, Sender
 from corral.agent.supervisor import Report, Supervisor
@@ -169,6 +171,8 @@ class LinkClient:
             scratch=checkpoint_root,
         )
         supervisor.prepare = self.checkpoints.prepare
+        inputs_root = (checkpoint_root or Path(tempfile.gettempdir()) / "corral-agent") / "inputs"
+        supervisor.inputs = InputCourier(self.checkpoints.download, inputs_root)
         self.sender = Sender(settings, self._outbox, self.checkpoints, self._metadata)
         self.reporter = reporter  # tells the server about the model cache (model_report.py)
         self.models = reporter.models if reporter else None  # prefetch hints go there

@@ -42,6 +42,7 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.runner import TIMEOUT_GRACE_S, execute
 from corral.agent.fingerprint import GpuSnapshot
+from corral.agent.inputs import InputFetcher
 from corral.agent.model_gate import SpecOrError, ready
 from corral.agent.models import ModelManager
 from corral.agent.vram_guard import Reservation, VramGuard, process_tree
@@ -166,6 +167,7 @@ class Supervisor:
         self.sink: Callable[[Report], None] = lambda report: None
         # Readies a job before it runs (fetches an uploaded checkpoint: checkpoints.py).
         self.prepare: Callable[[JobWork], Awaitable[JobWork]] | None = None
+        self.inputs: InputFetcher | None = None  # fetches a job's input files (inputs.py)
         self.intake_open = True  # the server's word; it only affects what it sends
         self._slots: dict[str, _Slot] = {}
         self._by_job: dict[str, str] = {}  # job id -> the allocation holding its latest attempt
@@ -366,7 +368,9 @@ class Supervisor:
                 stopped.append(job.job_id)  # stopped on its own before its turn
                 continue
             job = await self._prepared(slot, job)
-            terminal = await self._run_one(slot, job, index, batch=len(jobs) > 1, first=not started)
+            terminal = await self._with_inputs(
+                slot, job, index, batch=len(jobs) > 1, first=not started
+            )
             started = True
             alone = job.job_id in slot.dropped and slot.stop.requested is None
             if alone and not isinstance(terminal, Finished):
@@ -418,6 +422,23 @@ class Supervisor:
             if not isinstance(terminal, Finished) and job.results_root is not None:
                 slot.kept_files = True  # a failed or stopped run may have left files too
         return terminal
+
+    async def _with_inputs(
+        self, slot: _Slot, job: JobWork, index: int, *, batch: bool, first: bool
+    ) -> Finished | Failed | None:
+        """Run one job with its input files fetched first (and removed after): a file that
+        cannot be fetched fails the attempt retryably, before anything ran."""
+        if not job.inputs or self.inputs is None:
+            return await self._run_one(slot, job, index, batch=batch, first=first)
+        try:
+            try:
+                ready = await self.inputs.fetch(job)
+            except Exception as exc:  # the server refused it, or the link kept breaking
+                log.warning("job %s: cannot fetch its input files: %s", job.job_id, exc)
+                return Failed(f"could not fetch the job's input files: {exc}", retryable=True)
+            return await self._run_one(slot, ready, index, batch=batch, first=first)
+        finally:
+            await self.inputs.discard(job)
 
     async def _prepared(self, slot: _Slot, job: JobWork) -> JobWork:
         if self.prepare is None or not job.resume_from:

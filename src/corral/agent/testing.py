@@ -11,9 +11,12 @@ raise ``AssertionError``; they need no test framework.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from corral.agent.executors.base import (
@@ -21,6 +24,7 @@ from corral.agent.executors.base import (
     Executor,
     Failed,
     Finished,
+    InputPath,
     JobWork,
     Preview,
     Progress,
@@ -34,10 +38,13 @@ from corral.core import Clock, VirtualClock
 from corral.core.model_names import lacked
 from corral.core.states import StopReason
 
-Scenario = Literal["quick", "failing", "long", "invalid", "lacking"]
+Scenario = Literal["quick", "failing", "long", "invalid", "lacking", "input"]
 """quick: succeeds in a moment; failing: fails on its own; long: runs until stopped;
 invalid: work the backend takes only in part (made only when ``invalid_reason`` is set);
-lacking: work naming a model the backend does not have (only when ``lacking`` is set)."""
+lacking: work naming a model the backend does not have (only when ``lacking`` is set);
+input: quick work that reads the job's input file ``INPUT_NAME`` (made only when
+``input_files`` is set)."""
+INPUT_NAME = "input.png"
 
 _ids = itertools.count(1)
 
@@ -65,6 +72,9 @@ class Harness:
     # the model the "lacking" scenario names, as ``model_names.lacked`` reads it back from
     # the failure (None: the executor runs no models of a backend's own)
     lacking: str | None = None
+    # two contents for the "input" scenario's file (None: the executor takes no input
+    # files): the backend must read the file the job names, so they give other results
+    input_files: tuple[bytes, bytes] | None = None
 
 
 OnUpdate = Callable[[Update, StopSignal], None]
@@ -251,6 +261,26 @@ async def check_a_model_the_backend_lacks_is_retryable_elsewhere(h: Harness) -> 
     assert h.lacking in lacked(terminal.error), f"the model is not named: {terminal.error}"
 
 
+async def check_the_jobs_input_file_is_what_the_backend_reads(h: Harness) -> None:
+    """The same work with other bytes in its input file gives other results (its images,
+    when it makes some: other files may name a counter that differs anyway)."""
+    if h.input_files is None:
+        return
+    outputs = []
+    with tempfile.TemporaryDirectory(prefix="corral-inputs-") as tmp:
+        for n, data in enumerate(h.input_files):
+            path = Path(tmp) / str(n) / INPUT_NAME
+            path.parent.mkdir()
+            path.write_bytes(data)
+            sha = hashlib.sha256(data).hexdigest()
+            job = replace(h.make("input", new_id()), inputs=(InputPath(INPUT_NAME, sha, path),))
+            terminal = assert_well_formed(await run_to_end(h, job))
+            assert isinstance(terminal, Finished), f"work with an input file: {terminal!r}"
+            images = [r for r in terminal.results if r.mime.startswith("image/")]
+            outputs.append(sorted(r.read() for r in images or terminal.results))
+    assert outputs[0] != outputs[1], "other bytes in the input file gave the same results"
+
+
 CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_quick_run_finishes_with_results,
     check_failing_run_says_why,
@@ -263,4 +293,5 @@ CHECKS: tuple[Callable[[Harness], Awaitable[None]], ...] = (
     check_work_done_in_part_fails_with_the_backends_reason,
     check_the_same_work_twice_gives_results_twice,
     check_a_model_the_backend_lacks_is_retryable_elsewhere,
+    check_the_jobs_input_file_is_what_the_backend_reads,
 )

@@ -16,6 +16,7 @@ from typing import Any
 from corral.agent.executors.base import (
     Checkpoint,
     Failed,
+    InputPath,
     JobWork,
     LogLine,
     Preview,
@@ -100,6 +101,7 @@ def _job(
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,
         results_root=results,
+        inputs=tuple(InputPath(i.name, i.sha256) for i in w.inputs),
     )
 
 

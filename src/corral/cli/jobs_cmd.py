@@ -60,6 +60,14 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
         Path, typer.Option("--out", help="With --watch: where results and previews go.")
     ] = Path("."),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only job ids.")] = False,
+    input_files: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            help="A file the jobs read, PATH or NAME=PATH (repeat): uploaded once and added "
+            "to every job's inputs, named as the payload calls it (default: its file name).",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -74,6 +82,9 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
     except JobFileError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     with connect(url, token) as client, cli_errors():
+        refs = [_upload(client, spec) for spec in input_files or ()]
+        if refs:
+            jobs = [{**job, "inputs": [*job.get("inputs", ()), *refs]} for job in jobs]
         created = _send(client, jobs, key, source)
     if as_json:
         print_json([j.status for j in created])
@@ -84,6 +95,18 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
         err().print(f"submitted {len(created)} job{'s' * (len(created) != 1)}")
     if watch:
         raise typer.Exit(watch_cmd.watch_ids([j.id for j in created], url, token, out_dir))
+
+
+def _upload(client: Client, spec: str) -> dict[str, str]:
+    """``--input PATH`` or ``NAME=PATH``, uploaded; its entry in a job's ``inputs``."""
+    name, sep, path = spec.partition("=")
+    file = Path(path if sep else spec)
+    name = name if sep else file.name
+    try:
+        uploaded = client.upload_input(file, name)
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc}", EXIT_BAD_INPUT)
+    return uploaded.ref(name)  # the same bytes uploaded before keep their first name
 
 
 def _send(client: Client, jobs: list[dict[str, Any]], key: str | None, source: str) -> list[Job]:

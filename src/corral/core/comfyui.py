@@ -15,7 +15,7 @@ queueing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,12 @@ LONG_LIST = 20
 """ComfyUI names the choices of a refused enum value only up to this many (model lists
 can be thousands long); longer lists read ``(list of length N)``."""
 CONVERT: dict[str, type] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
+SELF_VALIDATED = {"LoadImage": ("image",), "LoadImageMask": ("image", "channel")}
+"""Nodes that validate these inputs themselves (their ``VALIDATE_INPUTS``): ComfyUI then
+skips the choice list of each (an image need not be in ``/object_info``'s list, which was
+read before it was uploaded) and asks the node instead: is the file there, is the
+channel one of the four."""
+COLOR_CHANNELS = ("alpha", "red", "green", "blue")
 
 
 @dataclass
@@ -56,11 +62,13 @@ def validate_prompt(
     info: Mapping[str, Any],
     *,
     unchecked_lists: Collection[str] = (),
+    files: Callable[[str], bool] | None = None,
 ) -> Validation:
     """Validate ``prompt`` (API format) against ``info`` (``/object_info``).
 
     ``unchecked_lists`` names inputs whose choices are not checked (the drop-in's model
-    lists, which are one node's and another node may have the model).
+    lists, which are one node's and another node may have the model). ``files`` says
+    whether an image a ``LoadImage`` names exists (None: any does).
     """
     outputs = []
     for node_id, node in prompt.items():
@@ -75,7 +83,7 @@ def validate_prompt(
             outputs.append(str(node_id))
     if not outputs:
         return Validation(error("prompt_no_outputs", "Prompt has no outputs"))
-    checker = _Checker(prompt, info, frozenset(unchecked_lists))
+    checker = _Checker(prompt, info, frozenset(unchecked_lists), files or (lambda _: True))
     return checker.outputs(outputs)
 
 
@@ -107,8 +115,14 @@ def describe(node_errors: Mapping[str, Any]) -> str:
 class _Checker:
     """One validation pass; ``validated`` remembers each node's verdict (ComfyUI's cache)."""
 
-    def __init__(self, prompt: Mapping[str, Any], info: Mapping[str, Any], skip: frozenset[str]):
-        self.prompt, self.info, self.skip = prompt, info, skip
+    def __init__(
+        self,
+        prompt: Mapping[str, Any],
+        info: Mapping[str, Any],
+        skip: frozenset[str],
+        files: Callable[[str], bool],
+    ):
+        self.prompt, self.info, self.skip, self.files = prompt, info, skip, files
         self.validated: dict[str, tuple[bool, list[dict[str, Any]]]] = {}
 
     def outputs(self, outputs: list[str]) -> Validation:
@@ -156,6 +170,7 @@ class _Checker:
         schema = self.info[node["class_type"]].get("input") or {}
         errors: list[dict[str, Any]] = []
         valid = True
+        custom = SELF_VALIDATED.get(node["class_type"], ())
         for category in ("required", "optional"):
             for name, spec in (schema.get(category) or {}).items():
                 if name not in inputs:
@@ -168,7 +183,10 @@ class _Checker:
                     errors.extend(found)
                     valid = valid and linked_ok
                 else:
-                    errors.extend(self._value(inputs, name, kind, config))
+                    listed = name not in custom
+                    errors.extend(self._value(inputs, name, kind, config, listed=listed))
+        if custom:
+            errors.extend(self._custom(node["class_type"], inputs, custom))
         verdict = (not errors and valid, errors)
         self.validated[node_id] = verdict
         return verdict
@@ -201,8 +219,34 @@ class _Checker:
             return [], False
         return [], linked_ok
 
+    def _custom(
+        self, kind: str, inputs: dict[str, Any], names: tuple[str, ...]
+    ) -> list[dict[str, Any]]:
+        """ComfyUI's ``LoadImage``/``LoadImageMask.VALIDATE_INPUTS``: its one verdict is
+        reported once for each of the inputs it takes (so a missing image of a
+        ``LoadImageMask`` is two errors, ``image - ...`` and ``channel - ...``)."""
+        image, reason = inputs.get("image"), None
+        if not isinstance(image, str) or not self.files(image):
+            reason = f"Invalid image file: {image}"
+        elif kind == "LoadImageMask" and inputs.get("channel") not in COLOR_CHANNELS:
+            reason = f"Invalid color channel: {inputs.get('channel')}"
+        if reason is None:
+            return []
+        failed = error("custom_validation_failed", "Custom validation failed for node")
+        return [
+            {**failed, "details": f"{name} - {reason}", "extra_info": {"input_name": name}}
+            for name in names
+            if name in inputs
+        ]
+
     def _value(
-        self, inputs: dict[str, Any], name: str, kind: Any, config: dict[str, Any]
+        self,
+        inputs: dict[str, Any],
+        name: str,
+        kind: Any,
+        config: dict[str, Any],
+        *,
+        listed: bool = True,
     ) -> list[dict[str, Any]]:
         """A literal input: converted to its type, then its range or choices."""
         value = inputs[name]
@@ -224,7 +268,7 @@ class _Checker:
         if "max" in config and _compare(value, config["max"]) > 0:
             message = f"Value {value} bigger than max of {config['max']}"
             return [_input("value_bigger_than_max", message, name, extra, value)]
-        if isinstance(kind, list) and value not in kind:
+        if listed and isinstance(kind, list) and value not in kind:
             shown = f"(list of length {len(kind)})" if len(kind) > LONG_LIST else str(kind)
             if len(kind) > LONG_LIST:
                 extra = {**extra, "input_config": None}

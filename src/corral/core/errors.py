@@ -16,6 +16,7 @@ exception: the scheduler returns it as data with reasons (see
     │   └── Forbidden            a valid token that may not do this
     │       └── QuotaExceeded    a team holds all it may (bytes stored); waiting will not help
     ├── LimitReached             too much at once: a rate, a stream cap, a queue cap (HTTP 429)
+    ├── TooLarge                 an upload bigger than its limit (HTTP 413)
     ├── Unavailable              a store, server or backend that cannot be reached now
     ├── LinkError                the agent link broke or spoke out of turn
     └── ExecutorError            work failed on the agent; ``retryable`` says whether
@@ -79,6 +80,10 @@ class LimitReached(CorralError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class TooLarge(CorralError):
+    """An uploaded file (an input file) is bigger than its limit allows."""
 
 
 class Unavailable(CorralError):

@@ -117,6 +117,15 @@ class Team:
             raise InvalidSpec("weight", "must be > 0")
 
 
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """A file a job reads: an uploaded blob (``POST /v1/inputs``) and the name the job's
+    payload calls it by (a ComfyUI graph's ``LoadImage`` image, an A1111 init image)."""
+
+    name: str
+    sha256: str
+
+
 @mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Job:
@@ -157,6 +166,7 @@ class Job:
     models: frozenset[str] = frozenset()
     # Nodes whose backend refused it for a model they lack: it is never placed there again.
     lacking_nodes: frozenset[str] = frozenset()
+    inputs: tuple[InputFile, ...] = ()  # uploaded files the agent hands its executor
 
     def __init__(  # noqa: PLR0913 (the dataclass's fields, as the generated one takes them)
         self,
@@ -185,6 +195,7 @@ class Job:
         avoid_nodes: frozenset[str] = frozenset(),
         models: frozenset[str] = frozenset(),
         lacking_nodes: frozenset[str] = frozenset(),
+        inputs: tuple[InputFile, ...] = (),
     ) -> None:
         if not id:
             raise InvalidSpec("id", "must not be empty")
@@ -224,6 +235,7 @@ class Job:
         object.__setattr__(self, "avoid_nodes", avoid_nodes)
         object.__setattr__(self, "models", models)
         object.__setattr__(self, "lacking_nodes", lacking_nodes)
+        object.__setattr__(self, "inputs", inputs)
 
     @property
     def gang(self) -> bool:

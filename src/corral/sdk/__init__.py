@@ -33,6 +33,7 @@ from corral.sdk.errors import (
     WaitTimeout,
 )
 from corral.sdk.events import JobEvent
+from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
     AllocationStatus,
@@ -75,6 +76,7 @@ __all__ = [
     "Conflict",
     "EventStream",
     "GpuStatus",
+    "InputFile",
     "Job",
     "JobEvent",
     "JobFailed",

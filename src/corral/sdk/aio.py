@@ -22,13 +22,14 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls, trust
+from corral.sdk import calls, inputs, trust
 from corral.sdk.aio_job import AsyncEventStream, AsyncJob
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.client import BATCH_CHUNK, DEFAULT_TIMEOUT
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
 from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.inputs import InputFile
 from corral.sdk.models import (
     AuditRecord,
     AutoscalerStatus,
@@ -97,9 +98,18 @@ class AsyncClient:
         **fields: Any,
     ) -> AsyncJob:
         """Submit one job (see ``Client.submit``)."""
+        files = fields.pop("files", None)
+        if files is not None:
+            read = await asyncio.to_thread(inputs.read, files)
+            refs = [(await self.run(inputs.upload(data, name))).ref(name) for name, data in read]
+            fields["inputs"] = [*fields.get("inputs", ()), *refs]
         job_spec = calls.make_spec(spec, fields)
         key = idempotency_key or job_spec.idempotency_key or calls.new_key()
         return AsyncJob(self, await self.run(calls.submit(job_spec, key)))
+
+    async def upload_input(self, source: bytes, name: str) -> InputFile:
+        """Upload a file's bytes for jobs to read (see ``Client.upload_input``)."""
+        return await self.run(inputs.upload(source, name))
 
     async def submit_many(
         self,
@@ -255,7 +265,11 @@ class AsyncClient:
 
     async def run(self, call: calls.Call[T]) -> T:
         response = await self.request(
-            call.method, call.path, params=call.params, json=call.json, headers=call.headers
+            call.method,
+            call.path,
+            params=call.params,
+            headers=call.headers,
+            **({"json": call.json} if call.content is None else {"content": call.content}),
         )
         return call.parse(response.json() if response.content else None)
 

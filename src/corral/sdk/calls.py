@@ -44,6 +44,7 @@ class Call(Generic[T]):
     params: list[tuple[str, str | int]] = field(default_factory=list)
     json: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    content: bytes | None = None  # a raw body instead of ``json`` (an input file)
 
 
 def _model(kind: Any) -> Callable[[Any], Any]:

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
 from corral import __version__
-from corral.sdk import calls, registry, trust
+from corral.sdk import calls, inputs, registry, trust
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
 from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job
 from corral.sdk.models import (
     AuditRecord,
@@ -109,8 +111,13 @@ class Client:
 
         ``gpus=``, ``vram=``, ``cpus=``, ``gpu_models=`` are shortcuts for
         ``resources={...}``. Pass ``idempotency_key`` to make a submission
-        safe to repeat across processes; one is generated otherwise.
+        safe to repeat across processes; one is generated otherwise. ``files=`` (paths, or
+        ``{name: path or bytes}``) uploads each as an input file and adds it to ``inputs``.
         """
+        files = fields.pop("files", None)
+        if files is not None:
+            refs = [self.upload_input(data, name).ref(name) for name, data in inputs.read(files)]
+            fields["inputs"] = [*fields.get("inputs", ()), *refs]
         job_spec = calls.make_spec(spec, fields)
         key = idempotency_key or job_spec.idempotency_key or calls.new_key()
         return Job(self, self.run(calls.submit(job_spec, key)))
@@ -131,6 +138,24 @@ class Client:
             key = base if n == 0 and len(checked) <= chunk else f"{base}.{n}"
             jobs += [Job(self, s) for s in self.run(calls.submit_batch(part, key))]
         return jobs
+
+    def upload_input(self, source: str | Path | bytes, name: str | None = None) -> InputFile:
+        """Upload a file for jobs to read (``POST /v1/inputs``); name it in a job's
+        ``inputs`` with ``.ref()``. ``name`` defaults to the file's name."""
+        if isinstance(source, bytes):
+            if not name:
+                raise ClientError("name the bytes you upload: upload_input(data, name)")
+            return self.run(inputs.upload(source, name))
+        path = Path(source)
+        return self.run(inputs.upload(path.read_bytes(), name or path.name))
+
+    def input_file(self, blob: str) -> InputFile:
+        """One of the team's input files."""
+        return self.run(inputs.get(blob))
+
+    def delete_input(self, blob: str) -> None:
+        """Forget an input file (its bytes go once no team holds them)."""
+        self.run(inputs.delete(blob))
 
     def job(self, job_id: str) -> Job:
         """A handle on an existing job (raises ``NotFound`` if the token cannot see it)."""
@@ -327,7 +352,11 @@ class Client:
     def run(self, call: calls.Call[T]) -> T:
         """Send one ``Call`` (with retries) and parse its answer."""
         response = self.request(
-            call.method, call.path, params=call.params, json=call.json, headers=call.headers
+            call.method,
+            call.path,
+            params=call.params,
+            headers=call.headers,
+            **({"json": call.json} if call.content is None else {"content": call.content}),
         )
         return call.parse(response.json() if response.content else None)
 

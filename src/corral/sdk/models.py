@@ -55,6 +55,9 @@ class JobSpec(BaseModel):
     max_attempts: int = 3
     estimated_runtime_s: float | None = None
     idempotency_key: str | None = None
+    inputs: list[dict[str, str]] = Field(
+        default_factory=list, description='uploaded files: [{"blob": sha256, "name": ...}]'
+    )
 
     def body(self) -> dict[str, Any]:
         """The JSON body: only what was set, so the server's defaults apply to the rest."""

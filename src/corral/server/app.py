@@ -30,6 +30,7 @@ from corral.server.api import (
     errors,
     events,
     health,
+    inputs,
     jobs,
     nodes,
     session,
@@ -38,7 +39,7 @@ from corral.server.api import (
 )
 from corral.server.api import models as model_api
 from corral.server.api.direct import HotRoutes
-from corral.server.api.limits import BodyLimit
+from corral.server.api.limits import BodyLimit, upload_limits
 from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.loops.schedule import ScheduleFn
@@ -155,13 +156,17 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    for module in (jobs, nodes, autoscaler, tokens, audit, events, health, session):
+    for module in (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session):
         app.include_router(module.router)
     model_api.install(app, plane)
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)
     web.install(app)
     app.add_middleware(HotRoutes, routes=jobs.router.routes)  # inside BodyLimit: limits apply
-    app.add_middleware(BodyLimit, max_bytes=plane.rt.settings.api.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=plane.rt.settings.api.max_body_bytes,
+        larger=upload_limits(plane.rt.settings.inputs.max_bytes),
+    )
     return app
 
 

@@ -26,6 +26,7 @@ from corral.server.services.auth import AuthService
 from corral.server.services.delivery import Delivery
 from corral.server.services.feed import EventFeed, QueueService
 from corral.server.services.group import GroupCommitter
+from corral.server.services.inputs import InputService
 from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
@@ -67,7 +68,8 @@ class ControlPlane:
         # is one transaction and one fsync instead of two (docs/performance.md, "End to end").
         writes = GroupCommitter(rt)
         self.rates = RateLimits(rt.settings.limits, rt.clock)  # per team token
-        self.jobs = JobService(rt, writes, self.rates, TeamQuotas(rt))
+        self.inputs = InputService(rt)  # files uploaded for jobs to read
+        self.jobs = JobService(rt, writes, self.rates, TeamQuotas(rt), self.inputs)
         self.nodes = NodeService(rt)
         self.agents = AgentService(rt, self.auth, writes)
         self.feed = EventFeed(rt)

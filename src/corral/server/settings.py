@@ -322,6 +322,29 @@ class ModelRegistrySettings(BaseModel):
     )
 
 
+class InputSettings(BaseModel):
+    """Files clients upload for their jobs to read (docs/server.md, "Input files")."""
+
+    max_bytes: int = Field(
+        default=64 * 1024**2,
+        ge=1024,
+        description="one uploaded file at most (a large PNG is tens of MB); larger get 413",
+    )
+    max_files: int = Field(
+        default=1000, ge=1, description="input files one team (or the admin) holds at once"
+    )
+    max_stored_bytes: int = Field(
+        default=4 * 1024**3, ge=1024, description="bytes of input files one team holds at once"
+    )
+    max_per_job: int = Field(default=16, ge=1, le=256, description="input files one job names")
+    retention_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="a file neither uploaded again nor named by a new job for this long is "
+        "deleted (never while a job that has not ended names it)",
+    )
+
+
 class RetentionSettings(BaseModel):
     """What the server deletes, and when (docs/server.md, "Retention")."""
 
@@ -447,6 +470,7 @@ class Settings(BaseSettings):
     models: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
     compat: CompatSettings = Field(default_factory=CompatSettings)  # docs/compat.md
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    inputs: InputSettings = Field(default_factory=InputSettings)
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
 
     @field_validator("admin_token")

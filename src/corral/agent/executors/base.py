@@ -32,6 +32,16 @@ from corral.core.states import StopReason
 
 
 @dataclass(frozen=True, slots=True)
+class InputPath:
+    """An uploaded file the job reads: the name its payload uses, its content, and where the
+    agent put it (None until fetched)."""
+
+    name: str
+    sha256: str
+    path: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobWork:
     """One job of an assignment, as an executor runs it: one attempt of the job, with this
     node's paths for it (the agent's side of ``Work`` in ``proto/corral/v1/agent.proto``)."""
@@ -51,6 +61,7 @@ class JobWork:
     # Where the agent keeps result files until the server has the allocation's end
     # (``scratch_dir``); None: an executor reads its result files instead.
     results_root: Path | None = None
+    inputs: tuple[InputPath, ...] = ()  # uploaded files, fetched before the executor starts
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))

@@ -14,10 +14,11 @@ the pending request with the partial image (kept on interrupt). The backend
 runs one generation at a time, and its progress endpoint is global, so the
 executor runs one job at a time.
 
-When the job names a model that is not loaded, the executor switches the
-checkpoint through ``/options`` first. A checkpoint, or a LoRA the prompt names
-(``<lora:name:weight>``), that the webui does not have fails the job retryably,
-naming it (``model_names.lacking``): another node may have it. When it names none, asks for a random
+A job's input files fill the request's images (``with_inputs``). When the job
+names a model that is not loaded, the executor switches the checkpoint through
+``/options`` first. A checkpoint, or a LoRA the prompt names (``<lora:name:weight>``),
+that the webui does not have fails the job retryably, naming it
+(``model_names.lacking``): another node may have it. When it names none, asks for a random
 seed or names no sampler, the model, seed and sampler that were used are reported
 in ``Finished.modified`` (the server keeps them as the job's ``ran``).
 """
@@ -95,7 +96,8 @@ class A1111Executor:
             with backend_errors(self._name, self._base_url):
                 yield Finished((await catalog(self._base_url, self._timeout, self._name),))
             return
-        mode, body = _request(assignment.payload)
+        payload = await asyncio.to_thread(with_inputs, assignment) if assignment.inputs else None
+        mode, body = _request(payload or assignment.payload)
         async with self._lock:
             if stop.requested is not None:
                 yield stopped_terminal(stop.requested)
@@ -242,6 +244,28 @@ def _rest(data: dict[str, Any]) -> Result:
     """The webui's answer without its images, as ``response.json``."""
     rest = {k: v for k, v in data.items() if k not in ("images", "image")}
     return Result("response.json", json.dumps(rest).encode(), "application/json")
+
+
+def with_inputs(job: JobWork) -> Mapping[str, Any]:
+    """The payload with the job's input files as the webui takes images (base64): a file
+    named ``mask.*`` as ``mask``, the others in order as ``init_images`` (``image`` for an
+    upscale). What the payload sets itself is kept."""
+    files = [(f.name, f.path) for f in job.inputs if f.path is not None]
+    if not files:
+        return job.payload
+    payload = dict(job.payload)
+    images = []
+    for name, path in files:
+        encoded = base64.b64encode(path.read_bytes()).decode()
+        if Path(name).stem.lower() == "mask":
+            payload.setdefault("mask", encoded)
+        else:
+            images.append(encoded)
+    if images and payload.get("mode") == "upscale":
+        payload.setdefault("image", images[0])
+    elif images:
+        payload.setdefault("init_images", images)
+    return payload
 
 
 def _request(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -26,8 +26,10 @@ A websocket drop loses messages, so the executor then reconciles through
 reconnects. A stop posts ``/interrupt`` for its prompt and deletes it from the
 queue if it had not started; an interrupt keeps the outputs already saved.
 
-When the job names a model, every ``CheckpointLoaderSimple`` loads it; when it
-names none, the checkpoint the workflow used is reported in ``modified``.
+Input files of the job are uploaded first and the graph pointed at them
+(``comfyui_inputs.py``). When the job names a model, every
+``CheckpointLoaderSimple`` loads it; when it names none, the checkpoint the
+workflow used is reported in ``modified``.
 Progress messages read ``node <id>: <value>/<max>`` (ComfyUI's own figures).
 A payload ``{"mode": "catalog"}`` runs nothing: it answers ``catalog.json``
 with the backend's ``object_info`` and ``embeddings``.
@@ -60,6 +62,7 @@ from corral.agent.executors.base import (
     Update,
     stopped_terminal,
 )
+from corral.agent.executors.comfyui_inputs import upload_inputs
 from corral.agent.executors.comfyui_outputs import (
     OutputGone,
     fetch_outputs,
@@ -149,6 +152,7 @@ class ComfyUIExecutor:
             return
         with backend_errors(self._name, self._base_url):
             async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
+                workflow = await upload_inputs(client, workflow, assignment, self._name)
                 attempt = _Attempt(workflow)
                 async for update in self._attempt(client, attempt, assignment, stop):
                     yield update

@@ -18,10 +18,15 @@ What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
 * binary preview frames (``>I`` event 1 = preview image, ``>I`` format 1 = JPEG,
   then the JPEG) go to the running prompt's client, and only when the server was
   started with a preview method (``preview_method != "none"``);
+* ``/upload/image`` and ``/upload/mask`` save files as ComfyUI does
+  (``comfyui_uploads.py``: folders input/temp/output, subfolders, ``name (1).png``
+  on a clash, overwrite); ``LoadImage`` lists and reads the input folder, and
+  validates its image itself (ComfyUI's ``VALIDATE_INPUTS``);
 * ``/history/{id}`` is filled when a prompt ends (outputs so far, status,
-  messages), ``/view`` serves saved files, ``POST /interrupt`` (optionally for
-  one ``prompt_id``) stops the running prompt, ``POST /queue`` deletes pending
-  ones, ``/object_info`` describes the nodes;
+  messages), ``/view`` serves files of each folder (``type``, ``subfolder``),
+  ``POST /interrupt`` (optionally for one ``prompt_id``) stops the running
+  prompt, ``POST /queue`` deletes pending ones, ``/object_info`` describes the
+  nodes;
 * ``GET /models`` lists the model folders and ``GET /models/{folder}`` a folder's files
   (ComfyUI's ``model_files`` routes); ``CheckpointLoaderSimple``, ``LoraLoader`` and
   ``VAELoader`` offer those files, so a file it lacks is refused (``value_not_in_list``).
@@ -34,6 +39,7 @@ KSampler raises), ``slow_calls_s`` (late answers to ``/prompt``),
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import struct
 import tempfile
@@ -54,6 +60,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.agent.reference import comfyui_nodes as nodes
 from corral.agent.reference.comfyui_cache import Entry, OutputCache
+from corral.agent.reference.comfyui_uploads import Folders, upload
 from corral.agent.reference.comfyui_workflows import two_branch_workflow, txt2img_workflow
 from corral.core.comfyui import validate_prompt
 
@@ -66,7 +73,7 @@ JPEG = 1  # preview image format
 class ReferenceComfyUI:
     """The server's state and routes. ``app`` is the ASGI application."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (its folders and files, each one a test sets as a person would)
         self,
         *,
         preview_method: str = "none",
@@ -77,6 +84,7 @@ class ReferenceComfyUI:
         loras: tuple[str, ...] = ("tiny-lora.safetensors",),
         vaes: tuple[str, ...] = ("tiny-vae.safetensors",),
         embeddings: tuple[str, ...] = (),
+        input_dir: Path | None = None,
     ) -> None:
         self.preview_method = preview_method
         self._checkpoints = checkpoints
@@ -92,6 +100,11 @@ class ReferenceComfyUI:
         self.fail_next: str | None = None
         self.slow_calls_s = 0.0  # HTTP answers come this late (an overloaded server)
         self.output_dir = output_dir or Path(tempfile.mkdtemp(prefix="comfyui-out-"))
+        self.folders = Folders(
+            (input_dir or Path(tempfile.mkdtemp(prefix="comfyui-in-"))).resolve(),
+            Path(tempfile.mkdtemp(prefix="comfyui-temp-")).resolve(),  # emptied at each start
+            self.output_dir.resolve(),
+        )
         self.history: dict[str, dict[str, Any]] = {}
         self._queue: list[tuple[int, str, dict[str, Any], str, list[str]]] = []
         self.cache = OutputCache()
@@ -110,6 +123,8 @@ class ReferenceComfyUI:
                 Route("/free", self.free, methods=["POST"]),
                 Route("/history/{prompt_id}", self.get_history, methods=["GET"]),
                 Route("/view", self.view, methods=["GET"]),
+                Route("/upload/image", self.upload_image, methods=["POST"]),
+                Route("/upload/mask", self.upload_mask, methods=["POST"]),
                 Route("/object_info", self.object_info, methods=["GET"]),
                 Route("/embeddings", self.embeddings, methods=["GET"]),
                 Route("/models", self.model_folders, methods=["GET"]),
@@ -133,7 +148,7 @@ class ReferenceComfyUI:
         """Someone adds or deletes files in its models/checkpoints."""
         self._checkpoints = names
 
-    def folders(self) -> dict[str, tuple[str, ...]]:
+    def model_folders_files(self) -> dict[str, tuple[str, ...]]:
         """Every model folder's files, sorted as ``folder_paths.get_filename_list`` sorts
         them (folders it has no files in are empty; the checkpoints keep the reference's
         own order in ``/object_info``, which older tests quote)."""
@@ -147,7 +162,7 @@ class ReferenceComfyUI:
     async def model_files(self, request: Request) -> Response:
         """``GET /models/{folder}``: the file names in one folder, as the loaders' inputs list
         them; an unknown folder is a bare 404 (ComfyUI's ``get_models``)."""
-        files = self.folders().get(request.path_params["folder"])
+        files = self.model_folders_files().get(request.path_params["folder"])
         return Response(status_code=404) if files is None else JSONResponse(sorted(files))
 
     async def post_prompt(self, request: Request) -> Response:
@@ -157,7 +172,10 @@ class ReferenceComfyUI:
         if not isinstance(prompt, dict):
             missing = {"type": "no_prompt", "message": "No prompt provided", "details": ""}
             return JSONResponse({"error": missing, "node_errors": {}}, status_code=400)
-        checked = validate_prompt(prompt, nodes.object_info(self.checkpoints, self.folders()))
+        info = nodes.object_info(
+            self.checkpoints, self.model_folders_files(), self.folders.input_files()
+        )
+        checked = validate_prompt(prompt, info, files=self.folders.exists)
         if checked.error is not None:
             body = {"error": checked.error, "node_errors": checked.node_errors}
             return JSONResponse(body, status_code=400)
@@ -205,17 +223,32 @@ class ReferenceComfyUI:
         return JSONResponse({prompt_id: entry} if entry else {})
 
     async def view(self, request: Request) -> Response:
+        """A file of the folder ``type`` names (default output), in ``subfolder``."""
         name = request.query_params.get("filename", "")
-        path = (self.output_dir / request.query_params.get("subfolder", "") / name).resolve()
-        if not name or self.output_dir.resolve() not in path.parents or not path.is_file():
+        folder = self.folders.by_type(request.query_params.get("type") or "output")
+        if folder is None:
+            return Response(status_code=400)
+        path = (folder / request.query_params.get("subfolder", "") / name).resolve()
+        if not name or folder not in path.parents or not path.is_file():
             return Response(status_code=404)
         return FileResponse(path)  # its type guessed from the name, as ComfyUI does
 
+    async def upload_image(self, request: Request) -> Response:
+        return await upload(request, self.folders)
+
+    async def upload_mask(self, request: Request) -> Response:
+        return await upload(request, self.folders, mask=True)
+
     async def object_info(self, request: Request) -> Response:
-        return JSONResponse(nodes.object_info(self.checkpoints, self.folders()))
+        return JSONResponse(
+            nodes.object_info(
+                self.checkpoints, self.model_folders_files(), self.folders.input_files()
+            )
+        )
 
     async def embeddings(self, request: Request) -> Response:
-        return JSONResponse([])  # the tiny pipeline has no textual inversions
+        # ComfyUI's /embeddings: the embeddings folder's names without their extension
+        return JSONResponse(sorted(Path(n).stem for n in self.files["embeddings"]))
 
     # ---- websocket -----------------------------------------------------------
 
@@ -286,7 +319,7 @@ class ReferenceComfyUI:
         sender = asyncio.create_task(self._drain(sid, outbox))
         stamp = int(time.time() * 1000)
         emit("execution_start", {"timestamp": stamp})
-        signatures = self.cache.signatures(prompt)
+        signatures = self.cache.signatures(prompt, self._is_changed)
         self.cache.keep_only(signatures)
         cached = [n for n in prompt if self.cache.get(signatures[n]) is not None]
         emit("execution_cached", {"nodes": cached, "timestamp": stamp})
@@ -309,6 +342,19 @@ class ReferenceComfyUI:
         emit("executing", {"node": None, "display_node": None})  # after history, as ComfyUI does
         loop.call_soon_threadsafe(outbox.put_nowait, None)
         await sender
+
+    def _is_changed(self, node: dict[str, Any]) -> str | None:
+        """ComfyUI's ``LoadImage.IS_CHANGED``: the file's sha256, part of the node's cache
+        key, so a file overwritten under the same name is read again."""
+        image = (node.get("inputs") or {}).get("image")
+        if node.get("class_type") not in ("LoadImage", "LoadImageMask") or not isinstance(
+            image, str
+        ):
+            return None
+        try:
+            return hashlib.sha256(self.folders.annotated(image).read_bytes()).hexdigest()
+        except (OSError, ValueError):
+            return None
 
     async def _drain(self, sid: str, outbox: asyncio.Queue[dict[str, Any] | bytes | None]) -> None:
         while (message := await outbox.get()) is not None:
@@ -334,6 +380,8 @@ class ReferenceComfyUI:
             on_progress,
             self._interrupt.is_set,
             self.step_delay_s,
+            temp_dir=self.folders.temp,
+            open_input=self.folders.annotated,
         )
 
         def execute(node_id: str) -> tuple[Any, ...]:

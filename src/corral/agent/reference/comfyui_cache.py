@@ -14,7 +14,7 @@ nodes stay cached (``clean_unused``), so running A, B, A runs A twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,15 +27,21 @@ class Entry:
     ui: dict[str, Any] | None = None
 
 
+IsChanged = Callable[[Any], Any]
+
+
 @dataclass
 class OutputCache:
     entries: dict[str, Entry] = field(default_factory=dict)
 
-    def signatures(self, prompt: Mapping[str, Any]) -> dict[str, str]:
-        """Every node's signature in ``prompt`` (a text: equal texts, equal work)."""
+    def signatures(
+        self, prompt: Mapping[str, Any], changed: IsChanged = lambda node: None
+    ) -> dict[str, str]:
+        """Every node's signature in ``prompt`` (a text: equal texts, equal work);
+        ``changed`` is a node's ``IS_CHANGED`` (ComfyUI adds it to the signature)."""
         found: dict[str, str] = {}
         for node_id in prompt:
-            _signature(prompt, str(node_id), found, set())
+            _signature(prompt, str(node_id), found, set(), changed)
         return found
 
     def get(self, signature: str) -> Entry | None:
@@ -54,7 +60,11 @@ class OutputCache:
 
 
 def _signature(
-    prompt: Mapping[str, Any], node_id: str, found: dict[str, str], seen: set[str]
+    prompt: Mapping[str, Any],
+    node_id: str,
+    found: dict[str, str],
+    seen: set[str],
+    changed: IsChanged,
 ) -> str:
     if node_id in found:
         return found[node_id]
@@ -63,11 +73,11 @@ def _signature(
     seen.add(node_id)
     node = prompt[node_id]
     inputs = node.get("inputs") or {}
-    parts: list[Any] = [node.get("class_type")]
+    parts: list[Any] = [node.get("class_type"), changed(node)]
     for key in sorted(inputs):
         value = inputs[key]
         if isinstance(value, list) and len(value) == 2:
-            value = ["link", _signature(prompt, str(value[0]), found, seen), value[1]]
+            value = ["link", _signature(prompt, str(value[0]), found, seen, changed), value[1]]
         parts.append([key, value])
     found[node_id] = json.dumps(parts, sort_keys=True, default=str)
     return found[node_id]

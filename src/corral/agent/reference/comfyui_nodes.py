@@ -1,4 +1,5 @@
-"""The nodes of the reference ComfyUI: a txt2img graph with a cheap image maker.
+"""The nodes of the reference ComfyUI: a txt2img graph with a cheap image maker, and
+ComfyUI's model-free image nodes (``comfyui_images.py``).
 
 ``CheckpointLoaderSimple -> CLIPTextEncode -> EmptyLatentImage -> KSampler ->
 VAEDecode -> SaveImage`` (or VideoHelperSuite's ``VHS_VideoCombine``), with
@@ -21,6 +22,8 @@ from typing import Any
 
 from PIL import Image
 
+from corral.agent.reference import comfyui_images as images
+
 SAMPLERS = ("euler", "euler_ancestral", "dpmpp_2m", "ddim")
 SCHEDULERS = ("normal", "karras", "simple")
 
@@ -42,6 +45,8 @@ class NodeSpec:
     outputs: tuple[str, ...]
     output_node: bool = False
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    category: str = "corral-reference"
+    hidden: dict[str, str] = field(default_factory=dict)
 
 
 def _size(default: int) -> dict[str, Any]:
@@ -111,7 +116,21 @@ NODES: dict[str, NodeSpec] = {
         (),
         output_node=True,
         options={"filename_prefix": {"default": "ComfyUI"}},
+        category="image",
+        hidden={"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"},
     ),
+    # ComfyUI's PreviewImage (a SaveImage into the temp folder, listed with type "temp").
+    "PreviewImage": NodeSpec(
+        {"images": "IMAGE"},
+        (),
+        output_node=True,
+        category="image",
+        hidden={"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"},
+    ),
+    **{
+        name: NodeSpec(inputs, outputs, options=options, category=category)
+        for name, (inputs, options, outputs, category) in images.SPECS.items()
+    },
     # ComfyUI's SaveLatent: its files are listed under ``latents``, in the ``latents``
     # subfolder its default prefix names.
     "SaveLatent": NodeSpec(
@@ -146,27 +165,30 @@ class Context:
     interrupted: Callable[[], bool]
     step_delay_s: float = 0.0
     saved: list[dict[str, str]] = field(default_factory=list)
+    temp_dir: Path | None = None  # PreviewImage saves here (listed as type "temp")
+    open_input: Callable[[str], Path] = Path  # an image name as LoadImage resolves it
 
 
 def run_node(class_type: str, inputs: dict[str, Any], ctx: Context) -> tuple[Any, ...]:
     """Execute one node on its resolved inputs; returns its outputs."""
-    if class_type in ("CheckpointLoaderSimple", "LoraLoader", "VAELoader"):
-        return _load(class_type, inputs)
-    if class_type == "CLIPTextEncode":
-        return (str(inputs["text"]),)
-    if class_type == "EmptyLatentImage":
-        return ({"width": int(inputs["width"]), "height": int(inputs["height"])},)
-    if class_type == "KSampler":
-        return (_sample(inputs, ctx),)
-    if class_type == "VAEDecode":
-        return (inputs["samples"],)
-    if class_type == "SaveImage":
-        return _save(inputs["images"], str(inputs.get("filename_prefix", "ComfyUI")), ctx)
-    if class_type == "SaveLatent":
-        return _save_latent(inputs["samples"], str(inputs["filename_prefix"]), ctx)
-    if class_type == "VHS_VideoCombine":
-        return _combine(inputs, ctx)
-    raise KeyError(class_type)
+    if class_type in images.SPECS:
+        return images.run_image_node(class_type, inputs, ctx.open_input)
+    return _RUNNERS[class_type](inputs, ctx)
+
+
+_RUNNERS: dict[str, Callable[[dict[str, Any], Context], tuple[Any, ...]]] = {
+    "CheckpointLoaderSimple": lambda i, ctx: _load("CheckpointLoaderSimple", i),
+    "LoraLoader": lambda i, ctx: _load("LoraLoader", i),
+    "VAELoader": lambda i, ctx: _load("VAELoader", i),
+    "CLIPTextEncode": lambda i, ctx: (str(i["text"]),),
+    "EmptyLatentImage": lambda i, ctx: ({"width": int(i["width"]), "height": int(i["height"])},),
+    "KSampler": lambda i, ctx: (_sample(i, ctx),),
+    "VAEDecode": lambda i, ctx: (i["samples"],),
+    "SaveImage": lambda i, ctx: _save(i["images"], str(i.get("filename_prefix", "ComfyUI")), ctx),
+    "PreviewImage": lambda i, ctx: _preview(i["images"], ctx),
+    "SaveLatent": lambda i, ctx: _save_latent(i["samples"], str(i["filename_prefix"]), ctx),
+    "VHS_VideoCombine": lambda i, ctx: _combine(i, ctx),
+}
 
 
 def _load(class_type: str, inputs: dict[str, Any]) -> tuple[Any, ...]:
@@ -200,11 +222,22 @@ def _sample(inputs: dict[str, Any], ctx: Context) -> Image.Image:
     return image.resize((latent["width"], latent["height"]), Image.Resampling.NEAREST)
 
 
-def _save(image: Image.Image, prefix: str, ctx: Context) -> tuple[Any, ...]:
-    path, entry = _save_path(prefix, "_.png", ctx)
-    image.save(path)
-    ctx.saved.append(entry)
-    return ({"images": [entry]},)
+def _save(image: Any, prefix: str, ctx: Context, kind: str = "output") -> tuple[Any, ...]:
+    """SaveImage: each picture of the batch as ``<prefix>_<counter>_.png``."""
+    entries = []
+    for picture in images.batch(image):
+        path, entry = _save_path(prefix, "_.png", ctx, kind)
+        picture.save(path)
+        ctx.saved.append(entry)
+        entries.append(entry)
+    return ({"images": entries},)
+
+
+def _preview(image: Any, ctx: Context) -> tuple[Any, ...]:
+    """PreviewImage: saved as SaveImage saves, in the temp folder, its prefix
+    ``ComfyUI_temp_`` and five random letters (ComfyUI's ``prefix_append``)."""
+    letters = "".join(random.choice("abcdefghijklmnopqrstupvxyz") for _ in range(5))
+    return _save(image, f"ComfyUI_temp_{letters}", ctx, "temp")
 
 
 def _save_latent(latent: Image.Image, prefix: str, ctx: Context) -> tuple[Any, ...]:
@@ -231,19 +264,22 @@ def _combine(inputs: dict[str, Any], ctx: Context) -> tuple[Any, ...]:
     return ({"gifs": [entry]},)
 
 
-def _save_path(prefix: str, suffix: str, ctx: Context) -> tuple[Path, dict[str, str]]:
+def _save_path(
+    prefix: str, suffix: str, ctx: Context, kind: str = "output"
+) -> tuple[Path, dict[str, str]]:
     """Where a node saves, as ComfyUI's ``folder_paths.get_save_image_path`` decides: a
     prefix ``a/b`` saves ``b_00001<suffix>`` in subfolder ``a``, the counter one past the
     highest already there (so a deleted file's number is not reused while later ones stay)."""
     relative = PurePosixPath(posixpath.normpath(prefix))
     subfolder, stem = str(relative.parent).strip("."), relative.name
-    folder = (ctx.output_dir / subfolder).resolve()
-    if ctx.output_dir.resolve() not in (folder, *folder.parents):
+    root = ctx.temp_dir if kind == "temp" and ctx.temp_dir is not None else ctx.output_dir
+    folder = (root / subfolder).resolve()
+    if root.resolve() not in (folder, *folder.parents):
         raise ValueError("Saving image outside the output folder is not allowed.")
     folder.mkdir(parents=True, exist_ok=True)
     counters = [_counter(p.name, stem) for p in folder.glob(f"{stem}_*")]
     filename = f"{stem}_{max(counters, default=0) + 1:05d}{suffix}"
-    return folder / filename, {"filename": filename, "subfolder": subfolder, "type": "output"}
+    return folder / filename, {"filename": filename, "subfolder": subfolder, "type": kind}
 
 
 def _counter(name: str, stem: str) -> int:
@@ -276,32 +312,43 @@ them: what ``GET /models`` lists."""
 
 
 def object_info(
-    checkpoints: tuple[str, ...], folders: Mapping[str, Sequence[str]] | None = None
+    checkpoints: tuple[str, ...],
+    folders: Mapping[str, Sequence[str]] | None = None,
+    files: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """``GET /object_info``: every node's inputs and outputs in ComfyUI's shape; a file
-    input lists its folder's files (``checkpoints``: the checkpoints folder's)."""
-    files = {**(folders or {}), "checkpoints": checkpoints}
+    """``GET /object_info``: every node as ComfyUI's ``server.node_info`` describes it
+    (``input`` with ``required`` and ``hidden``, ``input_order``, ``output``,
+    ``output_is_list``, ``output_name``, names, category, ``output_node``); a model file
+    input lists its folder's files (``folders``; ``checkpoints``: the checkpoints
+    folder's), and ``files`` are the input folder's files, ``LoadImage``'s choices."""
+    models = {**(folders or {}), "checkpoints": checkpoints}
     info = {}
     for name, spec in NODES.items():
         required: dict[str, Any] = {}
         for key, kind in spec.inputs.items():
             if isinstance(kind, str) and kind.startswith("folder:"):
-                required[key] = [list(files.get(kind.removeprefix("folder:"), ()))]
+                choices: Any = [list(models.get(kind.removeprefix("folder:"), ()))]
+            elif kind == images.INPUT_FILES:
+                choices = [sorted(files)]
             elif isinstance(kind, tuple):
-                required[key] = [list(kind)]
+                choices = [list(kind)]
             else:
-                required[key] = [kind, spec.options[key]] if key in spec.options else [kind]
-        info[name] = {  # every key ComfyUI's node_info gives (its web frontend reads them)
-            "input": {"required": required},
-            "input_order": {"required": list(required)},
+                choices = [kind]
+            required[key] = [*choices, spec.options[key]] if key in spec.options else choices
+        inputs: dict[str, Any] = {"required": required}
+        if spec.hidden:
+            inputs["hidden"] = dict(spec.hidden)
+        info[name] = {
+            "input": inputs,
+            "input_order": {k: list(v) for k, v in inputs.items()},
             "output": list(spec.outputs),
             "output_is_list": [False] * len(spec.outputs),
             "output_name": list(spec.outputs),
             "name": name,
-            "display_name": name,
+            "display_name": images.DISPLAY.get(name, name),
             "description": "",
             "python_module": "nodes",
-            "category": "corral-reference",
+            "category": spec.category,
             "output_node": spec.output_node,
         }
     return info

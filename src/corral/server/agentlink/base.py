@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from corral.core.model import EMPTY, Gpu, JobKind
+from corral.core.model import EMPTY, Gpu, InputFile, JobKind
 from corral.core.states import StopReason
 from corral.server.blobs import StoredBlob
 
@@ -55,6 +55,7 @@ class JobWork:
     timeout_s: float | None = None
     checkpoint: str | None = None  # resume from here (reported by an earlier attempt)
     checkpoint_step: int = 0  # ... at this step
+    inputs: tuple[InputFile, ...] = ()  # uploaded files it reads (``inputs/<sha256>``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +269,8 @@ class AgentInbound(Protocol):
         ...
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
-        """Whether ``blob_id`` is the checkpoint of a job that this live attempt runs."""
+        """Whether ``blob_id`` is the checkpoint, or an input file (``inputs/<sha256>``), of a
+        job that this live attempt runs."""
         ...
 
     async def upload_standing(

@@ -117,6 +117,7 @@ def _work(w: JobWork) -> pb.Work:
         timeout_s=w.timeout_s or 0.0,
         resume_from=path,
         resume_step=step,
+        inputs=[pb.InputRef(name=f.name, sha256=f.sha256) for f in w.inputs],
     )
 
 

@@ -153,7 +153,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
             await abort(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"blob {r.blob_id} is not the checkpoint of a job {r.allocation_id} runs",
+                f"blob {r.blob_id} is not a checkpoint or input of a job {r.allocation_id} runs",
             )
         try:
             for chunk in self.uploads.chunks(r, FETCH_CHUNK_BYTES):  # read as they go out

@@ -179,7 +179,7 @@ class Uploads:
         file as it is sent (the file is open only while a chunk is read); every chunk names
         the blob's sha256 (the last part of its id)."""
         blob = request.blob_id
-        path = self._blobs.path(blob) if blob.startswith("uploads/") else None
+        path = self._blobs.path(blob) if blob.startswith(("uploads/", "inputs/")) else None
         if path is None or ".." in blob:
             raise UploadError("NOT_FOUND", f"blob {blob} was never uploaded")
         sha = _sha_of(blob)

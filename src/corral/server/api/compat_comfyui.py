@@ -19,11 +19,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
 from starlette.websockets import WebSocketDisconnect
 
 from corral.core.comfyui import OUTPUTS_MANIFEST
 from corral.core.comfyui import error as comfy_error
-from corral.core.errors import AuthError, CorralError, Forbidden, LimitReached, NotFound
+from corral.core.errors import AuthError, CorralError, Forbidden, LimitReached, NotFound, TooLarge
 from corral.core.events import Event
 from corral.server.api.compat_auth import compat_caller, shaped_route
 from corral.server.api.errors import retry_after
@@ -39,6 +40,7 @@ from corral.server.services.compat_comfyui_events import (
     translate,
 )
 from corral.server.services.compat_comfyui_images import reencode
+from corral.server.services.compat_comfyui_uploads import BadUpload, Upload
 from corral.server.services.feed import one_by_one
 from corral.server.store import jobs as job_repo
 
@@ -62,6 +64,8 @@ def render(exc: Exception) -> Response | None:
         status, kind = exc.status, "unavailable"
     elif isinstance(exc, NotFound):
         status, kind = 404, "not_found"
+    elif isinstance(exc, TooLarge):
+        status, kind = 413, "too_large"
     elif isinstance(exc, RequestValidationError):
         status, kind = 400, "invalid_prompt"
     elif isinstance(exc, CorralError):
@@ -111,6 +115,39 @@ async def prompt(request: Request, who: Who, priority: Priority = None) -> dict[
     return await service(request).submit(who, await json_body(request), priority)
 
 
+@router.post("/upload/image")
+async def upload_image(request: Request, who: Who) -> Response:
+    """Store an image for later prompts, answered as ComfyUI answers (docs/compat.md)."""
+    return await _upload(request, who, mask=False)
+
+
+@router.post("/upload/mask")
+async def upload_mask(request: Request, who: Who) -> Response:
+    """An uploaded original with this mask's alpha, as ComfyUI's mask editor saves it."""
+    return await _upload(request, who, mask=True)
+
+
+async def _upload(request: Request, who: Caller, *, mask: bool) -> Response:
+    async with request.form(max_files=1, max_fields=16) as form:
+        image = form.get("image")
+        if not isinstance(image, UploadFile) or not image.filename:
+            return Response(status_code=400)  # ComfyUI's bare 400
+        up = Upload(
+            file=image.file,
+            filename=image.filename,
+            mime=image.content_type or "application/octet-stream",
+            kind=str(form.get("type") or "input"),
+            subfolder=str(form.get("subfolder") or ""),
+            overwrite=str(form.get("overwrite")) in ("true", "1"),
+            original_ref=str(form.get("original_ref") or "{}") if mask else None,
+        )
+        try:
+            answer = await service(request).uploads.upload(who.principal, up)
+        except BadUpload:
+            return Response(status_code=400)
+    return JSONResponse(answer)
+
+
 @router.get("/history/{prompt_id}")
 async def history(request: Request, who: Who, prompt_id: str) -> dict[str, Any]:
     """A finished prompt's outputs and status (``{}`` while it waits or runs)."""
@@ -127,13 +164,18 @@ async def view(
     preview: Annotated[str | None, Query(max_length=32)] = None,
     channel: Annotated[str | None, Query(max_length=8)] = None,
 ) -> Response:
-    """An output image (``subfolder`` is the corral job that made it); ``preview`` and
-    ``channel`` re-encode it as ComfyUI does. As ComfyUI: 400 for a file name with a
-    leading ``/`` or ``..`` or an unknown ``type``, 404 for a file it does not have."""
+    """An output image (``subfolder`` is the corral job that made it), or an uploaded one
+    (``type`` input or temp: the team's uploads, as ComfyUI serves its folders);
+    ``preview`` and ``channel`` re-encode an output as ComfyUI does. As ComfyUI: 400 for a
+    file name with a leading ``/`` or ``..`` or an unknown ``type``, 404 for a file it
+    does not have."""
     if filename.startswith("/") or ".." in filename or type not in VIEW_TYPES:
         return Response(status_code=400)
-    if type != "output":
-        return Response(status_code=404)  # corral keeps outputs; previews are job events
+    if type in ("input", "temp"):
+        data, content_type = await service(request).uploads.view(
+            who.principal, filename, subfolder, type
+        )
+        return Response(data, media_type=content_type, headers=file_headers(filename, content_type))
     data, content_type = await service(request).view(who, filename, subfolder)
     converted = reencode(data, preview, channel)
     if converted is not None:

@@ -35,13 +35,13 @@ def cluster(request: Request) -> ComfyCluster:
 @router.get("/object_info")
 async def object_info(request: Request, who: Who) -> dict[str, Any]:
     """Every node type any connected ComfyUI node has (ComfyUI: its ``NODE_CLASS_MAPPINGS``)."""
-    return await cluster(request).object_info(who)
+    return await cluster(request).offered(who)
 
 
 @router.get("/object_info/{node_class}")
 async def object_info_one(request: Request, who: Who, node_class: str) -> dict[str, Any]:
     """One node type, or ``{}`` when no node has it (ComfyUI answers 200 ``{}`` too)."""
-    return one_class(await cluster(request).object_info(who), node_class)
+    return one_class(await cluster(request).offered(who), node_class)
 
 
 @router.get("/models")

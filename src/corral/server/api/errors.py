@@ -27,6 +27,7 @@ from corral.core.errors import (
     LimitReached,
     NotFound,
     QuotaExceeded,
+    TooLarge,
     Unauthenticated,
     Unavailable,
 )
@@ -41,6 +42,7 @@ _STATUS: tuple[tuple[type[CorralError], int, str], ...] = (
     (QuotaExceeded, 403, "quota_exceeded"),
     (Forbidden, 403, "forbidden"),
     (LimitReached, 429, "too_many_requests"),
+    (TooLarge, 413, "too_large"),
     (AuthError, 401, "unauthenticated"),
     (Unavailable, 503, "unavailable"),
 )

@@ -50,6 +50,7 @@ def job_fields(
         "user": j.user,
         "resources": resources_to_json(j.resources),
         "payload": dict(j.payload),
+        "inputs": [{"blob": f.sha256, "name": f.name} for f in j.inputs],
         "node_selector": dict(j.node_selector),
         "replicas": j.replicas,
         "gang_label": j.gang_label,

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.core.errors import InvalidSpec
-from corral.core.model import DEFAULT_TEAM, Job, JobKind
+from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
 from corral.core.resources import ResourceRequest, parse_bytes
 
@@ -80,6 +80,34 @@ class ResourcesIn(ApiModel):
             raise InvalidSpec(field, e.message) from None
 
 
+class InputIn(ApiModel):
+    """An uploaded file the job reads (``POST /v1/inputs``)."""
+
+    blob: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="its sha256")]
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=255,
+            pattern=r"^[^\\\x00-\x1f]+$",
+            description="what the payload calls it: a ComfyUI LoadImage's image (which may "
+            "name a subfolder, 'masks/a.png'), an A1111 init image's file name",
+        ),
+    ]
+
+    @field_validator("name")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("a relative name, without '..'")
+        return value
+
+
+class InputOut(BaseModel):
+    blob: str
+    name: str
+
+
 class JobIn(ApiModel):
     """A job to submit."""
 
@@ -106,6 +134,11 @@ class JobIn(ApiModel):
     estimated_runtime_s: float | None = Field(None, ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     idempotency_key: Label | None = Field(
         None, description="batch items: the same key returns the same job (or use the header)"
+    )
+    inputs: list[InputIn] = Field(
+        default_factory=list,
+        max_length=256,
+        description="uploaded files the agent hands the job's backend (docs/server.md)",
     )
 
     @field_validator("payload")
@@ -139,6 +172,7 @@ class JobIn(ApiModel):
             max_attempts=self.max_attempts,
             idempotency_key=idempotency_key or self.idempotency_key,
             estimated_runtime_s=self.estimated_runtime_s,
+            inputs=tuple(InputFile(f.name, f.blob) for f in self.inputs),
         )
 
     def _models(self) -> frozenset[str]:
@@ -152,8 +186,10 @@ class JobIn(ApiModel):
 
     def request_hash(self, team: str) -> str:
         """What makes two submissions "the same request" for idempotency."""
-        # ``models`` counts only when given, so a request hashes as it did before it existed
+        # ``models`` and ``inputs`` count only when given, so a request hashes as it did
+        # before they existed (idempotency keys stay replayable)
         unset = {"idempotency_key"} | (set() if self.models else {"models"})
+        unset |= set() if self.inputs else {"inputs"}
         body = self.model_dump(mode="json", exclude=unset) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -219,6 +255,7 @@ class JobOut(BaseModel):
     user: str
     resources: ResourcesOut
     payload: dict[str, Any]
+    inputs: list[InputOut] = Field(default_factory=list, description="files the job reads")
     node_selector: dict[str, str]
     replicas: int
     gang_label: str | None

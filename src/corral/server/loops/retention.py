@@ -15,6 +15,8 @@ Every ``retention.sweep_s`` the leader (one replica, as for liveness) deletes
   cutoff (it cannot have ended before it): jobs already deleted are never
   read again, so a sweep costs what it deletes plus the few old jobs still
   running. Events of no job (nodes, teams) go at the same age;
+* **input files** nobody uploaded or named in a job for ``inputs.retention_s``,
+  unless a job that has not ended names them (``services/inputs.py``);
 * **audit records** ``retention.audit_s`` after they were made (a year by
   default), the oldest first, ``retention.batch`` × 10 per transaction. Nothing
   else ever deletes one (services/audit.py).
@@ -36,6 +38,7 @@ import logging
 from collections.abc import Callable
 
 from corral.server.services.forget import Forgotten, delete_tree, forget
+from corral.server.services.inputs import InputService
 from corral.server.services.previews import PREVIEWS, preview_folder
 from corral.server.services.unit import Runtime
 from corral.server.store import audit as audit_repo
@@ -70,6 +73,7 @@ class RetentionLoop:
             await self._jobs(now - settings.finished_jobs_s, settings.batch, report)
         if settings.audit_s > 0:
             await self._audit(now - settings.audit_s, settings.batch * 10, report)
+        report.inputs += await InputService(self.rt).sweep()
         if report:
             deleted = self.rt.metrics.retention_deleted
             for what, count in vars(report).items():
@@ -77,12 +81,13 @@ class RetentionLoop:
                     deleted.labels(what).inc(count)
             log.info(
                 "retention: deleted %d finished jobs, %d events, %d result files, %d previews, "
-                "%d audit records",
+                "%d audit records, %d input files",
                 report.jobs,
                 report.events,
                 report.results,
                 report.previews,
                 report.audit,
+                report.inputs,
             )
         return report
 

@@ -37,6 +37,7 @@ from corral.server.agentlink.base import (
 from corral.server.services.auth import AuthService
 from corral.server.services.checkpoints import drop_after_commit, drop_uploads, may_fetch
 from corral.server.services.group import GroupCommitter
+from corral.server.services.inputs import InputService, input_sha
 from corral.server.services.node_join import upsert_node
 from corral.server.services.node_keys import may_hold, taken
 from corral.server.services.outcomes import Ending
@@ -423,6 +424,9 @@ class AgentService:
         return await self.updates.run(unit, early=True)
 
     async def may_fetch(self, allocation_id: str, attempt: int, blob_id: str) -> bool:
+        sha = input_sha(blob_id)
+        if sha is not None:  # an input file a job of the allocation names
+            return await InputService(self.rt).may_fetch(allocation_id, attempt, sha)
         return await may_fetch(self.rt, allocation_id, attempt, blob_id)
 
     async def upload_standing(

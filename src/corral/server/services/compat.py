@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from corral.core.errors import Conflict, InvalidSpec, Unavailable
 from corral.core.events import Event
-from corral.core.model import DEFAULT_TEAM, Node
+from corral.core.model import DEFAULT_TEAM, InputFile, Node
 from corral.core.states import JOB, NodeState
 from corral.server.api.schemas import JobIn
 from corral.server.compat_settings import CompatSettings
@@ -91,6 +91,7 @@ class Submission:
     resources: Mapping[str, Any] | None = None  # default: the settings' gpus and cpus
     max_attempts: int | None = None
     user: str | None = None  # default: the caller's
+    inputs: tuple[InputFile, ...] = ()  # uploaded files the job reads (ComfyUI's uploads)
 
 
 def _job_in(fields: dict[str, Any]) -> JobIn:
@@ -155,11 +156,13 @@ class CompatJobs:
                 "user": sub.user or caller.user,
                 "resources": dict(resources),
                 "max_attempts": sub.max_attempts or self.settings.max_attempts,
+                "inputs": [{"blob": f.sha256, "name": f.name} for f in sub.inputs],
             }
         )
         job = spec.to_job(new_job_id(), team=caller.team, idempotency_key=sub.key)
         basis = sub.fingerprint if sub.fingerprint is not None else sub.payload
-        text = json.dumps([caller.team, sub.backend, sub.model, basis], sort_keys=True)
+        files = [[f.name, f.sha256] for f in sub.inputs]  # other bytes: another request
+        text = json.dumps([caller.team, sub.backend, sub.model, basis, *files], sort_keys=True)
         draft = Draft(job, hashlib.sha256(text.encode()).hexdigest())
         try:
             records, created = await self.plane.jobs.submit(caller.principal, [draft])

@@ -30,6 +30,11 @@ from corral.core.errors import Conflict, NotFound
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission, Unservable
 from corral.server.services.compat_catalog import CatalogCache
+from corral.server.services.compat_comfyui_uploads import (
+    ComfyUploads,
+    backend_images,
+    job_inputs,
+)
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import JobRecord
 
@@ -55,6 +60,7 @@ class ComfyService:
         self.jobs = jobs
         self.catalogs = catalogs
         self.described: Callable[[Caller], Awaitable[dict[str, Any]]] | None = None
+        self.uploads = ComfyUploads(jobs.plane.rt, jobs.plane.inputs)  # /upload/image
 
     async def submit(
         self, caller: Caller, body: Mapping[str, Any], priority: str | None = None
@@ -65,7 +71,8 @@ class ComfyService:
             raise PromptRejected(comfy_error("no_prompt", "No prompt provided"))
         nodes = await self.jobs.backend_nodes(caller, BACKEND)
         info = await self._object_info(caller)
-        prompt, node_errors = _validate(prompt, info, complete=len(nodes) == 1)
+        files = await self.uploads.resolve(caller.principal, prompt)  # uploaded images it names
+        prompt, node_errors = _validate(prompt, info, complete=len(nodes) == 1, files=files)
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         payload = {
             "workflow": prompt,
@@ -82,6 +89,7 @@ class ComfyService:
             key=prompt_key(prompt_id),
             fingerprint=prompt,
             priority=priority,
+            inputs=job_inputs(files, prompt),
         )
         try:
             rec, _ = await self.jobs.submit(caller, sub)
@@ -177,19 +185,31 @@ class ComfyService:
 
 
 def _validate(
-    prompt: dict[str, Any], info: dict[str, Any] | None, *, complete: bool
+    prompt: dict[str, Any],
+    info: dict[str, Any] | None,
+    *,
+    complete: bool,
+    files: Mapping[str, str],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The graph to run and the ``node_errors`` of the outputs dropped from it, or a
     ``PromptRejected`` with ComfyUI's 400 when no output is valid.
 
     ``info`` is one node's ``object_info``: its model lists are checked only when that
     node is the only one (``complete``); else another node may have the model (the job
-    then goes there: a backend that lacks it refuses it and the job fails over).
+    then goes there: a backend that lacks it refuses it and the job fails over). An image
+    a ``LoadImage`` names must be one of ``files``, the caller's uploads, or a file the
+    backend lists in its own input folder.
     """
     if info is None:
         return prompt, {}  # best effort: the backend validates too
     graph = json.loads(json.dumps(prompt))  # validation converts values in place
-    checked = validate_prompt(graph, info, unchecked_lists=() if complete else MODEL_LISTS)
+    listed = backend_images(info)
+    checked = validate_prompt(
+        graph,
+        info,
+        unchecked_lists=() if complete else MODEL_LISTS,
+        files=lambda name: name in files or name in listed,
+    )
     if checked.error is not None:
         raise PromptRejected(checked.error, checked.node_errors)
     dropped = {o for e in checked.node_errors.values() for o in e["dependent_outputs"]}

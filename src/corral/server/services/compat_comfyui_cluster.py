@@ -26,6 +26,7 @@ from corral.server.services.compat_comfyui_info import (
     system_stats,
     union,
 )
+from corral.server.services.compat_comfyui_uploads import with_choices
 from corral.server.store.records import JobRecord
 
 HISTORY_MAX = 200
@@ -63,6 +64,12 @@ class ComfyCluster:
             merged = union(infos)  # each /prompt checks against it: merge once per change
             self._merged = (tuple(infos), merged)
         return merged
+
+    async def offered(self, caller: Caller) -> dict[str, Any]:
+        """``/object_info`` as the caller sees it: the union, with its team's uploaded images
+        as ``LoadImage``'s choices (ComfyUI lists its input folder there)."""
+        info = await self.object_info(caller)
+        return with_choices(info, await self.comfy.uploads.input_names(caller.principal))
 
     async def infos(self, caller: Caller) -> list[Mapping[str, Any]]:
         """The distinct ``object_info`` of the connected ComfyUI nodes, as their agents

@@ -32,9 +32,10 @@ class Forgotten:
     previews: int = 0  # preview files
     results: int = 0  # result files (those too large to ride in the job row)
     audit: int = 0  # audit records (``retention.audit_s``)
+    inputs: int = 0  # input files of an owner (``inputs.retention_s``)
 
     def __bool__(self) -> bool:
-        return any((self.jobs, self.events, self.previews, self.results, self.audit))
+        return any((self.jobs, self.events, self.previews, self.results, self.audit, self.inputs))
 
     def add(self, other: Forgotten) -> None:
         self.jobs += other.jobs

@@ -32,6 +32,7 @@ from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
+from corral.server.services.inputs import InputService
 from corral.server.services.previews import preview_key
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
@@ -74,9 +75,15 @@ class Page:
 
 class JobService:
     def __init__(
-        self, rt: Runtime, group: GroupCommitter, rates: RateLimits, quotas: TeamQuotas
+        self,
+        rt: Runtime,
+        group: GroupCommitter,
+        rates: RateLimits,
+        quotas: TeamQuotas,
+        inputs: InputService | None = None,
     ) -> None:
         self.rt = rt
+        self.inputs = inputs or InputService(rt)  # checks the files jobs name are theirs
         self.group = group  # concurrent submissions share a commit, with agents' updates too
         self.rates = rates
         self.quotas = quotas
@@ -93,6 +100,7 @@ class JobService:
         """
         who.require_client()
         self._check(who, drafts)
+        await self._check_inputs(who, drafts)
         self.rates.submit(who, len(drafts))
         try:
             async with self.quotas.admit(who, len(drafts)) as admission:
@@ -144,6 +152,15 @@ class JobService:
                 raise InvalidSpec(
                     f"{prefix}priority", f"unknown class {d.job.priority!r} (known: {known})"
                 )
+
+    async def _check_inputs(self, who: Principal, drafts: Sequence[Draft]) -> None:
+        """Every input file a job names must be one its submitter uploaded (422 otherwise)."""
+        many, cap = len(drafts) > 1, self.rt.settings.inputs.max_per_job
+        for i, d in enumerate(drafts):
+            field = f"jobs[{i}].inputs" if many else "inputs"
+            if len(d.job.inputs) > cap:
+                raise InvalidSpec(field, f"at most {cap} input files a job (inputs.max_per_job)")
+            await self.inputs.check(who, d.job.inputs, field)
 
     async def _replays(
         self, conn: AsyncConnection, drafts: Sequence[Draft]

@@ -317,6 +317,7 @@ def assignment(
             timeout_s=r.job.timeout_s,
             checkpoint=r.checkpoint,
             checkpoint_step=r.checkpoint_step or 0,
+            inputs=r.job.inputs,
         )
         for r in sorted(jobs, key=lambda r: alloc.job_ids.index(r.job.id))
     )

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.core.model import Allocation, Gpu, Job, JobKind, Node, Team
+from corral.core.model import Allocation, Gpu, InputFile, Job, JobKind, Node, Team
 from corral.core.model_names import lacked
 from corral.core.resources import ResourceRequest
 from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
@@ -167,6 +167,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "preemptible": j.preemptible,
             "payload": dict(j.payload),
             "estimated_runtime_s": j.estimated_runtime_s,
+            **({"inputs": [[f.name, f.sha256] for f in j.inputs]} if j.inputs else {}),
         },
         "replicas": j.replicas,
         "max_attempts": j.max_attempts,
@@ -211,6 +212,7 @@ def job_from_row(row: Any) -> JobRecord:
         avoid_nodes=frozenset(e.node for e in errors if e.node) if errors else frozenset(),
         models=frozenset(spec.get("models") or ()),
         lacking_nodes=lacking_nodes(errors) if errors else frozenset(),
+        inputs=tuple(InputFile(n, sha) for n, sha in spec.get("inputs") or ()),
     )
     return JobRecord(
         job=job,

@@ -208,3 +208,31 @@ autoscale_machines = sa.Table(
     sa.Column("reason", sa.String(512), nullable=False, default=""),
     sa.Index("ix_autoscale_machines_ended_at", "ended_at"),
 )
+
+# Input files (migration 0011): one row per owner and content; the bytes are stored once
+# per content under ``inputs/<sha256>`` (services/inputs.py).
+inputs = sa.Table(
+    "inputs",
+    metadata,
+    sa.Column("owner", sa.String(80), primary_key=True),  # "team:<name>" or "admin"
+    sa.Column("sha256", sa.String(64), primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),  # as first uploaded
+    sa.Column("mime", sa.String(128), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("used_at", sa.Double, nullable=False),  # last uploaded or named by a job
+    sa.Index("ix_inputs_used_at", "used_at"),
+    sa.Index("ix_inputs_sha256", "sha256"),
+)
+
+# The names the drop-in ComfyUI ``/upload/image`` handed out: ``folder`` is
+# ``<type>/<subfolder>`` as ComfyUI's upload folders are.
+input_names = sa.Table(
+    "input_names",
+    metadata,
+    sa.Column("owner", sa.String(80), primary_key=True),
+    sa.Column("folder", sa.String(300), primary_key=True),
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+)

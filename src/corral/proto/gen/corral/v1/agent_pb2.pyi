@@ -1123,6 +1123,7 @@ class Work(_message.Message):
     RESUME_FROM_FIELD_NUMBER: _builtins.int
     RESUME_STEP_FIELD_NUMBER: _builtins.int
     MODEL_REF_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     kind: _builtins.str
     payload_json: _builtins.str
@@ -1138,6 +1139,12 @@ class Work(_message.Message):
     def model_ref(self) -> Global___ModelRef:
         """the registry entry of ``model``, when it has one"""
 
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputRef]:
+        """Uploaded files the job reads: fetched with FetchBlob (blob_id "inputs/<sha256>") and
+        handed to its backend under the name its payload uses.
+        """
+
     def __init__(
         self,
         *,
@@ -1150,14 +1157,41 @@ class Work(_message.Message):
         resume_from: _builtins.str = ...,
         resume_step: _builtins.int = ...,
         model_ref: Global___ModelRef | None = ...,
+        inputs: _abc.Iterable[Global___InputRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model_ref", b"model_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "job_id", b"job_id", "kind", b"kind", "model", b"model", "model_ref", b"model_ref", "payload_json", b"payload_json", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "inputs", b"inputs", "job_id", b"job_id", "kind", b"kind", "model", b"model", "model_ref", b"model_ref", "payload_json", b"payload_json", "resume_from", b"resume_from", "resume_step", b"resume_step", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Work: _TypeAlias = Work  # noqa: Y015
+
+@_typing.final
+class InputRef(_message.Message):
+    """An input file of a job (POST /v1/inputs on the server)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """what the payload calls it (a LoadImage image, an init image)"""
+    sha256: _builtins.str
+    """its content, which FetchBlob checks"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputRef: _TypeAlias = InputRef  # noqa: Y015
 
 @_typing.final
 class Stop(_message.Message):

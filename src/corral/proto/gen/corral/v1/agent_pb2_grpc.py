@@ -71,9 +71,10 @@ class AgentLinkServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchBlob(self, request, context):
-        """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
-        checkpoint of a job the named allocation runs may be read; ``offset`` resumes
-        a cut-off download. Chunks carry the whole blob's sha256.
+        """Download a checkpoint an earlier attempt uploaded, to resume from it, or an input file
+        ("inputs/<sha256>") a job reads. Only a checkpoint or input of a job the named
+        allocation runs may be read; ``offset`` resumes a cut-off download. Chunks carry the
+        whole blob's sha256.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,9 +45,10 @@ class AgentLinkStub:
     name, sha256) returns the same blob_id; an offset already received is skipped.
     """
     FetchBlob: _grpc.UnaryStreamMultiCallable[_agent_pb2.BlobRequest, _agent_pb2.BlobChunk]
-    """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
-    checkpoint of a job the named allocation runs may be read; ``offset`` resumes
-    a cut-off download. Chunks carry the whole blob's sha256.
+    """Download a checkpoint an earlier attempt uploaded, to resume from it, or an input file
+    ("inputs/<sha256>") a job reads. Only a checkpoint or input of a job the named
+    allocation runs may be read; ``offset`` resumes a cut-off download. Chunks carry the
+    whole blob's sha256.
     """
 
 @_typing.type_check_only
@@ -62,9 +63,10 @@ class AgentLinkAsyncStub(AgentLinkStub):
     name, sha256) returns the same blob_id; an offset already received is skipped.
     """
     FetchBlob: _aio.UnaryStreamMultiCallable[_agent_pb2.BlobRequest, _agent_pb2.BlobChunk]  # type: ignore[assignment]
-    """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
-    checkpoint of a job the named allocation runs may be read; ``offset`` resumes
-    a cut-off download. Chunks carry the whole blob's sha256.
+    """Download a checkpoint an earlier attempt uploaded, to resume from it, or an input file
+    ("inputs/<sha256>") a job reads. Only a checkpoint or input of a job the named
+    allocation runs may be read; ``offset`` resumes a cut-off download. Chunks carry the
+    whole blob's sha256.
     """
 
 class AgentLinkServicer(metaclass=_abc_1.ABCMeta):
@@ -94,9 +96,10 @@ class AgentLinkServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.BlobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.BlobChunk], _abc.AsyncIterator[_agent_pb2.BlobChunk]]:
-        """Download a checkpoint an earlier attempt uploaded, to resume from it. Only the
-        checkpoint of a job the named allocation runs may be read; ``offset`` resumes
-        a cut-off download. Chunks carry the whole blob's sha256.
+        """Download a checkpoint an earlier attempt uploaded, to resume from it, or an input file
+        ("inputs/<sha256>") a job reads. Only a checkpoint or input of a job the named
+        allocation runs may be read; ``offset`` resumes a cut-off download. Chunks carry the
+        whole blob's sha256.
         """
 
 def add_AgentLinkServicer_to_server(servicer: AgentLinkServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

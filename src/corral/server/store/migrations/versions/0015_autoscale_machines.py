@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
