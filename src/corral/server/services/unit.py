@@ -31,7 +31,7 @@ from corral.server.settings import Settings
 from corral.server.store import events as event_repo
 from corral.server.store.db import Database
 from corral.server.store.events import TeamEvent
-from corral.server.store.records import AllocRecord, JobRecord
+from corral.server.store.records import AllocRecord
 
 PLACED_ALLOCS_MAX = 20_000
 """Allocations kept as placed (``Runtime.placed_allocs``): the most a busy server has
@@ -233,10 +233,6 @@ class Runtime:
     # allocation's end then needs no cycle of its own (see ``settling.end_allocation``).
     work_waiting: bool = True
     publishing: InOrder = field(default_factory=lambda: InOrder())  # events out in commit order
-    # Jobs just inserted, for the scheduling loop's snapshot (loops/snapshot.py): it takes them
-    # instead of reading and decoding their rows again. Only a hint: the version read decides.
-    fresh_jobs: dict[str, JobRecord] = field(default_factory=dict)
-    fresh_allocs: dict[str, AllocRecord] = field(default_factory=dict)  # just placed, likewise
     # Allocations as placed, until an agent's report reads each back (``AgentService._fenced``:
     # the row's version alone is read, and the record taken when it is still this one's).
     # The oldest go first past ``PLACED_ALLOCS_MAX`` (allocations no report ever names).
@@ -247,12 +243,12 @@ class Runtime:
         self.recent.contiguous = self.db.is_postgres
 
     def placed(self, recs: Sequence[AllocRecord]) -> None:
-        """Note allocations just inserted: the next snapshot takes them (``fresh_allocs``,
-        loops/snapshot.py), and so does the first agent's report of each (``placed_allocs``).
-        Only hints: a version read decides, so a placement rolled back leaves none wrong."""
-        fresh, kept = self.fresh_allocs, self.placed_allocs
+        """Note allocations just inserted: the first agent's report of each takes its record
+        (``placed_allocs``). Only a hint: a version read decides, so a placement rolled
+        back leaves none wrong."""
+        kept = self.placed_allocs
         for r in recs:
-            fresh[r.alloc.id] = kept[r.alloc.id] = r
+            kept[r.alloc.id] = r
         while len(kept) > PLACED_ALLOCS_MAX:
             del kept[next(iter(kept))]  # the oldest: insertion order
 
