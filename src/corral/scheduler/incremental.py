@@ -23,20 +23,18 @@ config, now, seed)`` (a hypothesis test drives both through random changes).
 ``schedule(now, explain=False)`` skips explaining jobs that stay queued and
 stops a pass once nothing left in it can be placed (``passes.py``): same
 placements and preemptions, ``unplaced`` empty except for the first job a
-cycle limit leaves. ``sync(snapshot)`` brings a kept scheduler to a new
-snapshot by difference (a caller that only has snapshots, like the server).
+cycle limit leaves.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
-from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
+from corral.scheduler.api import Config, Placement, Plan, Snapshot
 from corral.scheduler.capacity import Capacity, NodeCap
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.passes import Passes
@@ -51,8 +49,6 @@ if TYPE_CHECKING:
     from mypy_extensions import i64
 
 DEFAULT_CONFIG = Config()
-_ID = attrgetter("id")
-_NAME = attrgetter("name")
 
 
 class Scheduler:
@@ -181,29 +177,6 @@ class Scheduler:
 
     def set_model_sizes(self, sizes: Mapping[str, int]) -> None:
         self.model_sizes = frozen_map(sizes)
-
-    def sync(self, snapshot: Snapshot, delta: QueueDelta | None = None) -> None:
-        """Apply the difference between what is held and ``snapshot`` (objects compared by id).
-
-        ``delta``: how ``snapshot.queued`` differs from the queued jobs held (the caller
-        knows ``delta.base`` is what the last sync was given). Used when it adds up and
-        its added jobs end the queue (the usual case: new submissions); else every
-        queued job is compared."""
-        _check_unique(snapshot, queued=delta is None)
-        if len(snapshot.nodes) != len(self.nodes) or any(
-            a is not b for a, b in zip(snapshot.nodes, self.nodes, strict=True)
-        ):
-            self.set_nodes(snapshot.nodes)
-        if snapshot.teams != self.teams:
-            self.set_teams(snapshot.teams)
-        if snapshot.model_sizes != self.model_sizes:
-            self.set_model_sizes(snapshot.model_sizes)
-        self.served = snapshot.served
-        if delta is None or not self._sync_delta(snapshot.queued, delta):
-            if delta is not None:  # the rest was checked above
-                _unique("snapshot.queued", list(map(_ID, snapshot.queued)))
-            self._sync_queued(snapshot.queued)
-        self._sync_allocations(snapshot.allocations, snapshot.expected_ends)
 
     def snapshot(self) -> Snapshot:
         """What is held, as the ``Snapshot`` that ``schedule`` would be given."""
@@ -370,89 +343,6 @@ class Scheduler:
             self._end_at[node] = max(ends)
         else:
             self._end_at[node] = None
-
-    def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:
-        """Apply ``delta`` if it adds up (counts, gone jobs held, added jobs new and at the
-        end of ``queued``, as they are then in the queue's order); False (nothing done) if not."""
-        held, gone, added = self.queue.jobs, delta.gone, delta.added
-        if len(held) - len(gone) + len(added) != len(queued) or len(set(gone)) != len(gone):
-            return False
-        tail = queued[len(queued) - len(added) :] if added else ()
-        if any(a is not b for a, b in zip(tail, added, strict=True)):
-            return False
-        if any(job_id not in held for job_id in gone):
-            return False
-        if any(job.id in held and job.id not in gone for job in added):
-            return False
-        for job_id in gone:
-            self.withdraw(job_id)
-        for job in added:
-            self.submit(job)
-        return True
-
-    def _sync_queued(self, queued: tuple[Job, ...]) -> None:
-        """Withdraw what is held and not in ``queued`` (by identity), submit what is new.
-
-        Walks only the difference (sets of object ids, built by C-level iteration): a
-        server's loop calls this every cycle with thousands of jobs queued and a few
-        changed."""
-        held = self.queue.jobs
-        have = dict(zip(map(id, held.values()), held, strict=True))  # object id -> job id, held
-        want = set(map(id, queued))
-        gone = have.keys() - want
-        for job_id in sorted(have[oid] for oid in gone):  # by id: the same order every run
-            self.withdraw(job_id)
-        new = len(queued) - (len(have) - len(gone))
-        if new:  # in the snapshot's order; new jobs are mostly at its end
-            found: list[Job] = []
-            for job in reversed(queued):
-                if id(job) not in have:
-                    found.append(job)
-                    if len(found) == new:
-                        break
-            for job in reversed(found):
-                self.submit(job)
-        ids = list(map(_ID, queued))
-        if list(held) != ids:  # keep the snapshot's order (it orders explanations)
-            self.queue.jobs = dict(zip(ids, map(held.__getitem__, ids), strict=True))
-
-    def _sync_allocations(
-        self, allocations: tuple[Allocation, ...], ends: Mapping[str, float]
-    ) -> None:
-        wanted = {a.id: a for a in allocations}
-        slots = self._slots
-        for alloc_id in [
-            a
-            for a, slot in slots.of.items()
-            if wanted.get(a) is not slot.alloc or ends.get(a) != slot.end
-        ]:
-            self.end(alloc_id)
-        for new in allocations:
-            if new.id not in slots.of:
-                self.start(new, ends.get(new.id))
-        if list(slots.of) != list(wanted):
-            slots.order(list(wanted))
-
-
-def _check_unique(snapshot: Snapshot, *, queued: bool = True) -> None:
-    """Names that identify things must do so: a duplicate is bad input, named.
-    ``queued=False``: leave the queued jobs to ``submit``'s own check."""
-    _unique("snapshot.nodes", list(map(_NAME, snapshot.nodes)))
-    if queued:
-        _unique("snapshot.queued", list(map(_ID, snapshot.queued)))
-    _unique("snapshot.allocations", list(map(_ID, snapshot.allocations)))
-    _unique("snapshot.teams", list(map(_NAME, snapshot.teams)))
-
-
-def _unique(field: str, names: list[str]) -> None:
-    """InvalidSpec naming ``field`` and the first name that repeats in ``names``."""
-    if len(set(names)) == len(names):
-        return
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise InvalidSpec(field, f"duplicate {name!r}")
-        seen.add(name)
 
 
 def _adjust(
