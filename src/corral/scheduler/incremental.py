@@ -34,11 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
-from corral.scheduler.api import Config, Placement, Plan, Snapshot
-from corral.scheduler.capacity import Capacity, NodeCap
+from corral.scheduler.api import Config, Plan, Snapshot
+from corral.scheduler.carried import Carried, adjust_on
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.passes import Passes
-from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
@@ -74,8 +73,7 @@ class Scheduler:
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
-        self._pending = Planned()  # the last plan's placements, not yet started
-        self._released: dict[str, Allocation] = {}  # its preemptions, not yet ended
+        self._carried = Carried()  # what the last cycle took or gave back (carried.py)
         self.nodes: tuple[Node, ...] = ()
         self._index: dict[str, int] = {}
         self.teams: tuple[Team, ...] = ()
@@ -151,7 +149,7 @@ class Scheduler:
             index[node.name] = i
         self.nodes, self._index = nodes, index
         self._cluster = None
-        self._pending, self._released = Planned(), {}
+        self._carried = Carried()
         self._end_at = [None] * len(nodes)
         here: list[list[Slot]] = [[] for _ in nodes]
         for slot in self._slots.of.values():
@@ -208,7 +206,7 @@ class Scheduler:
     def _decide(self, now: float, explain: bool, keep: bool) -> Plan:
         """One cycle; ``keep=False`` leaves the kept cluster in its end-of-cycle state and
         drops it (a throwaway scheduler saves the rollback)."""
-        self._reconcile()
+        self._carried.undo(self._cluster)
         if not self.queue:
             return Plan()
         cluster = self._cluster_now()
@@ -236,28 +234,10 @@ class Scheduler:
         if not keep:
             self._cluster = None
             return plan
-        # Keep the plan's reserves and releases: the caller usually applies the plan, and
-        # ``start``/``end`` then find the capacity already taken or given back; what it
-        # does not apply is undone when the next cycle starts (``_reconcile``).
+        # Keep the plan's reserves and releases, until the caller says what it applied.
         cycle.cap.commit()
-        self._pending = Planned(plan.placements)
-        held = self._slots.of
-        for stop in plan.preemptions:
-            slot = held.get(stop.allocation_id)
-            if slot is not None and slot.alloc.active:
-                self._released[stop.allocation_id] = slot.alloc
+        self._carried.keep(plan, self._slots.of)
         return plan
-
-    def _reconcile(self) -> None:
-        """Undo what the last plan took or gave back and its caller did not apply."""
-        cluster, pending, released = self._cluster, self._pending, self._released
-        self._pending, self._released = Planned(), {}
-        if cluster is None:
-            return
-        for p in pending.left():
-            _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
-        for a in released.values():
-            _adjust(cluster, a.node, a.gpu_indices, a.on_cpu, -a.gpu_milli, -a.vram_bytes, -a.cpus)
 
     def _cluster_now(self) -> Cluster:
         """The kept cluster, rebuilt when selectors or models of the queue outgrew it."""
@@ -265,7 +245,7 @@ class Scheduler:
         keys = set(self.queue.label_keys)
         models = set(self.queue.models)
         if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
-            self._pending, self._released = Planned(), {}
+            self._carried = Carried()
             held = (slot.alloc for slot in self._slots.of.values())
             active = [alloc for alloc in held if alloc.active]
             cluster = self._cluster = Cluster(self.nodes, keys, models, active)
@@ -317,14 +297,9 @@ class Scheduler:
         """The kept cluster's capacity follows an allocation (on node index ``node``) that
         starts (+1) or ends (-1), unless the last cycle's plan took or gave it back already."""
         if sign > 0:
-            planned = self._pending.take(alloc.id)
-            if planned is not None:
-                if _same(planned, alloc):
-                    return  # the last cycle took this capacity already
-                p = planned  # applied differently: give the planned room back first
-                _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
-        elif alloc.id in self._released:
-            del self._released[alloc.id]
+            if self._carried.started(cluster, alloc):
+                return  # the last cycle took this capacity already
+        elif self._carried.ended(alloc.id):
             return  # the last cycle gave this capacity back already
         if node == NOWHERE:
             return
@@ -334,7 +309,7 @@ class Scheduler:
         cpus: i64 = alloc.cpus
         if sign > 0:  # ... or taken; negated, not multiplied by ``-sign`` (see ``_count``)
             milli, vram, cpus = -milli, -vram, -cpus
-        _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
+        adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: i64) -> None:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
@@ -343,45 +318,3 @@ class Scheduler:
             self._end_at[node] = max(ends)
         else:
             self._end_at[node] = None
-
-
-def _adjust(
-    cluster: Cluster,
-    node: str,
-    indices: tuple[int, ...],
-    on_cpu: bool,
-    milli: int,
-    vram: int,
-    cpus: int,
-) -> None:
-    """Between cycles: give back (positive) or take (negative) capacity on the kept cluster."""
-    nc = cluster.cap.by_name.get(node)
-    if nc is not None:
-        _adjust_on(cluster.cap, nc, indices, on_cpu, milli, vram, cpus)
-
-
-def _adjust_on(
-    cap: Capacity,
-    nc: NodeCap,
-    indices: tuple[int, ...],
-    on_cpu: bool,
-    milli: i64,
-    vram: i64,
-    cpus: i64,
-) -> None:
-    """``_adjust`` on a node already found (``_hold`` has its index)."""
-    cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)
-
-
-def _same(p: Placement, alloc: Allocation) -> bool:
-    """Does ``alloc`` hold exactly what placement ``p`` reserved?"""
-    return (
-        p.node == alloc.node
-        # the same tuple, where the caller made the allocation from the placement: a
-        # tuple's ``==`` is a generic comparison in a compiled build
-        and (p.gpu_indices is alloc.gpu_indices or p.gpu_indices == alloc.gpu_indices)
-        and p.gpu_milli == alloc.gpu_milli
-        and p.vram_bytes == alloc.vram_bytes
-        and p.cpus == alloc.cpus
-        and p.on_cpu == alloc.on_cpu
-    )
