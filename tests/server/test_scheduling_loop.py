@@ -1,4 +1,4 @@
-"""The scheduling shell: triggers, the derived snapshot cache, leadership."""
+"""The scheduling shell: triggers, the change feed that keeps the scheduler in step, leadership."""
 
 from __future__ import annotations
 
