@@ -5,8 +5,8 @@ derived cache (``loops/kept.py``) and, before each cycle, tells it what
 changed as the four events the simulator raises from its clock
 (``sim/policies.py``): a job that entered the queue is submitted, one that
 left it is withdrawn, an allocation that became active is started, one that
-ended is ended. A row that changed while it stayed (a queued job's priority,
-an allocation's expected end or checkpoint) is withdrawn or ended, then
+ended is ended. A row updated while it stayed (a queued job's, an
+allocation's expected end or checkpoint) is withdrawn or ended, then
 submitted or started as it is now. Nodes and teams are handed over whole when
 any changed: they are few, and each change moves the capacity index anyway.
 
