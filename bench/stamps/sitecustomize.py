@@ -37,12 +37,11 @@ STEPS: dict[str, Sequence[tuple[str | None, str, str, bool]]] = {
     "corral.server.store.events": [(None, "append", "server: events append", True)],
     "corral.server.loops.schedule": [
         ("SchedulingLoop", "cycle", "server: cycle", True),
-        ("SchedulingLoop", "place_in", "server: cycle in the submission", True),
         ("SchedulingLoop", "_remember", "server: cycle remembers", False),
     ],
     "corral.server.loops.leader": [("AdvisoryLockLeader", "acquire", "server: leader check", True)],
-    "corral.scheduler.pipeline": [("KeptSchedule", "__call__", "server: schedule", False)],
-    "corral.server.loops.snapshot": [("SnapshotCache", "load", "server: snapshot", True)],
+    "corral.scheduler.incremental": [("Scheduler", "schedule", "server: schedule", False)],
+    "corral.server.loops.changes": [("ChangeFeed", "read", "server: catch up", True)],
     "corral.agent.supervisor": [
         ("Supervisor", "assign", "agent: supervisor assign", False),
         ("Supervisor", "_run", "agent: slot run", True),

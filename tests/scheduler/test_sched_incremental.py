@@ -31,9 +31,7 @@ from corral.core import (
 )
 from corral.scheduler import (
     Config,
-    KeptSchedule,
     Plan,
-    QueueDelta,
     Scheduler,
     Snapshot,
     schedule,
@@ -212,21 +210,6 @@ def test_the_kept_scheduler_plans_exactly_as_schedule_on_its_snapshot(
             life.apply(fresh)
 
 
-@settings(max_examples=60, deadline=None)
-@given(nodes(), teams(), st.lists(op, min_size=1, max_size=15), st.data())
-def test_sync_brings_a_kept_scheduler_to_any_snapshot(cluster, squad, ops, data) -> None:  # type: ignore[no-untyped-def]
-    config = Config()
-    life = Life(Scheduler(cluster, squad, config))
-    other = Scheduler(cluster, squad, config)
-    for kind, arg in ops:
-        if not life.step(kind, arg, data):
-            life.now += arg
-            life.apply(schedule(life.sched.snapshot(), config, life.now))
-        other.sync(life.sched.snapshot())
-        assert other.snapshot() == life.sched.snapshot()
-        assert other.schedule(life.now) == life.sched.schedule(life.now)
-
-
 def test_a_cycle_leaves_the_kept_state_as_it_was() -> None:
     cluster = tuple(Node(f"n{i}", gpus=(Gpu(0, "A100", 80 * GIB),), cpus=4) for i in range(2))
     sched = Scheduler(cluster)
@@ -247,72 +230,6 @@ def test_an_empty_snapshot_and_bad_input_behave_like_schedule() -> None:
     with pytest.raises(InvalidSpec, match="duplicate 'a'") as caught:
         sched.submit(Job("a"))
     assert caught.value.field == "snapshot.queued"  # the error schedule() gives
-
-
-def _delta_between(before: tuple[Job, ...], after: tuple[Job, ...]) -> QueueDelta:
-    """The true difference, by identity: what a snapshot cache knows without comparing."""
-    now = {id(j) for j in after}
-    was = {id(j) for j in before}
-    gone = tuple(j.id for j in before if id(j) not in now)
-    return QueueDelta(before, gone, tuple(j for j in after if id(j) not in was))
-
-
-@settings(max_examples=60, deadline=None)
-@given(nodes(), teams(), st.lists(op, min_size=1, max_size=15), st.data())
-def test_kept_schedule_on_a_stream_of_snapshots_plans_as_schedule(
-    cluster: tuple[Node, ...],
-    squad: tuple[Team, ...],
-    ops: list[tuple[str, int]],
-    data: st.DataObject,
-) -> None:
-    """Given no queue delta, the true one, or one against another snapshot (ignored):
-    deltas whose added jobs end the queue are applied, others (a requeued job goes back
-    to its place) fall back to comparing. The same plans every way."""
-    config = Config()
-    life = Life(Scheduler(cluster, squad, config))
-    kept = KeptSchedule()
-    before: tuple[Job, ...] = ()
-    for kind, arg in ops:
-        if kind in ("arrive", "flood"):
-            life.arrive(data.draw(arrivals(arg)))
-        elif kind == "finish":
-            life.finish(arg)
-        else:
-            life.now += arg
-            snap = life.sched.snapshot()
-            true = _delta_between(before, snap.queued)
-            hints = {
-                "none": None,
-                "true": true,
-                "foreign": QueueDelta(snap.queued, true.gone, true.added),  # not the last base
-            }
-            delta = hints[data.draw(st.sampled_from(sorted(hints)))]
-            plan = kept(snap, config, life.now, delta=delta)
-            assert plan == schedule(snap, config, life.now)
-            held = kept._kept  # white box: what it holds is the snapshot, job for job
-            assert held is not None
-            assert held.snapshot().queued == snap.queued
-            before = snap.queued
-            life.apply(plan)
-
-
-def test_a_queue_delta_that_does_not_add_up_is_not_applied() -> None:
-    one = ResourceRequest(gpus=1)
-    a, b, c = Job("a", one), Job("b", one), Job("c", one)
-    sched = Scheduler()
-    sched.sync(Snapshot(queued=(a, b)))
-    # Counts that do not add up, an added job not at the end, a gone job not held:
-    for queued, delta in [
-        ((a, b, c), QueueDelta((a, b), (), ())),
-        ((c, a, b), QueueDelta((a, b), (), (c,))),
-        ((a, c), QueueDelta((a, b), ("x",), (c,))),
-    ]:
-        other = Scheduler()
-        other.sync(Snapshot(queued=(a, b)))
-        other.sync(Snapshot(queued=queued), delta)
-        assert other.snapshot().queued == queued, delta
-    sched.sync(Snapshot(queued=(b, c)), QueueDelta((a, b), ("a",), (c,)))
-    assert sched.snapshot().queued == (b, c)
 
 
 def test_the_running_work_that_breaks_ties_follows_allocations_starting_and_ending() -> None:

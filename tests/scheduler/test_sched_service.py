@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from corral.core import Job, Node, ResourceRequest
-from corral.scheduler import Config, KeptSchedule, Plan, Snapshot, schedule
+from corral.scheduler import Config, Plan, Scheduler, Snapshot, schedule
 from corral.scheduler.service import ServiceLedger
 
 Schedule = Callable[[Snapshot, Config, float], Plan]
@@ -80,7 +80,19 @@ def test_a_ledger_needs_a_positive_half_life() -> None:
         ServiceLedger(half_life_s=0)
 
 
-def test_a_kept_schedule_takes_each_snapshots_service() -> None:
-    """The server's loop keeps its scheduler between cycles: the ledger must still reach it."""
-    order = run_one_at_a_time(flood_then_one(), ServiceLedger(), KeptSchedule())
+def test_a_kept_scheduler_takes_each_cycle_s_service() -> None:
+    """The server's loop keeps its scheduler between cycles and gives it the ledger's view
+    before each: a flood's owner is served first, then the newcomer."""
+    sched = Scheduler(ONE_SLOT)
+    for job in flood_then_one():
+        sched.submit(job)
+    ledger, order, now = ServiceLedger(), [], 100.0
+    while sched.queue:
+        sched.served = ledger.view(now)
+        [placement] = sched.schedule(now).placements
+        job = sched.withdraw(placement.job_ids[0])
+        ledger.record(job.user, now)
+        order.append(job.user)
+        now += 5.0
+    assert order == run_one_at_a_time(flood_then_one(), ServiceLedger())
     assert order[:2] == ["alice", "bob"]

@@ -490,7 +490,7 @@ async def test_a_restarted_sqlite_server_numbers_its_events_past_any_a_crash_for
 async def test_the_jump_is_kept_for_the_next_event_when_its_change_rolls_back(
     sqlite_world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from corral.server.services import unit
+    from corral.server.services import publishing
 
     world = sqlite_world
     db = world.plane.rt.db
@@ -507,16 +507,16 @@ async def test_the_jump_is_kept_for_the_next_event_when_its_change_rolls_back(
     with pytest.raises(RuntimeError):
         await world.plane.agents.updates.run(failing)
     assert db.event_jump == jump
-    real = unit.event_repo.append
+    real = publishing.event_repo.append
 
     async def append_then_fail(*args: Any, **kwargs: Any) -> list[int]:
         await real(*args, **kwargs)  # the jump is taken here ...
         raise RuntimeError("... and the transaction rolls back")
 
-    monkeypatch.setattr(unit.event_repo, "append", append_then_fail)
+    monkeypatch.setattr(publishing.event_repo, "append", append_then_fail)
     with pytest.raises(RuntimeError):
         await world.plane.agents.updates.run(logging)
-    monkeypatch.setattr(unit.event_repo, "append", real)
+    monkeypatch.setattr(publishing.event_repo, "append", real)
     assert db.event_jump == jump, "nothing committed: the jump waits for the next event"
     await world.submit(resources={"gpus": 1})
     assert db.event_jump == 0

@@ -2,7 +2,7 @@
 
 Past ``EXPLAIN_ALWAYS`` queued jobs the loop works out why each job waits at
 most every ``scheduling.explain_interval_s``; the cycles between only place.
-The snapshot cache and the kept scheduler walk only the jobs that changed.
+The change feed and the kept scheduler walk only the jobs that changed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from server_harness import ADMIN, World
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.loops import pacing
 from corral.server.loops import schedule as schedule_loop
 from corral.server.services.auth import Principal, TokenKind
 from corral.server.store import jobs as job_repo
@@ -23,7 +24,7 @@ from corral.server.store.records import JobRecord
 
 pytestmark = pytest.mark.anyio
 
-DEEP = schedule_loop.EXPLAIN_ALWAYS + 20
+DEEP = pacing.EXPLAIN_ALWAYS + 20
 INTERVAL = 5.0
 
 
@@ -87,10 +88,11 @@ async def test_a_slow_explaining_cycle_stretches_the_interval(
 
     loop = deep.plane.schedule
     monkeypatch.setattr(schedule_loop, "time", SlowClock)
+    monkeypatch.setattr(pacing, "time", SlowClock)
     agent = await deep.agent("n1", gpus=1)
     await deep.cycle()
     assert loop.last_cycle_s >= 2
-    assert loop.explain_every == loop.last_cycle_s / schedule_loop.EXPLAIN_SHARE > INTERVAL
+    assert loop.explain_every == loop.last_cycle_s / pacing.EXPLAIN_SHARE > INTERVAL
     a = await agent.next_assignment()
     reasons = dict(loop.unplaced)
 
@@ -132,11 +134,10 @@ async def test_the_cache_reads_only_rows_whose_version_moved(db_url: str, tmp_pa
     try:
         jobs = await world.submit_many([{"resources": {"gpus": 1}}] * DEEP)
         loop = world.plane.schedule
-        world.plane.rt.fresh_jobs.clear()  # no hints: every row is read once
         await world.cycle()
-        assert loop.cache.rows_read == DEEP
+        assert loop.kept.feed.rows_read == DEEP
         await world.cycle()
-        assert loop.cache.rows_read == 0, "an unchanged queue costs no row reads"
+        assert loop.kept.feed.rows_read == 0, "an unchanged queue costs no row reads"
 
         agent = await world.agent("n1", gpus=1)
         await world.cycle()
@@ -149,9 +150,9 @@ async def test_the_cache_reads_only_rows_whose_version_moved(db_url: str, tmp_pa
         await world.cycle()
         b = await agent.next_assignment()
         assert b.jobs[0].job_id == first, "the requeued job goes first again"
-        assert loop.cache.rows_read == 2, "the node and the requeued job; nothing else"
-        assert other not in loop.cache.jobs, "a cancelled job leaves the cached queue"
-        assert len(loop.cache.jobs) == DEEP - 1, "as read: all but the cancelled one"
+        assert loop.kept.feed.rows_read == 2, "the node and the requeued job; nothing else"
+        assert other not in loop.kept.feed.jobs, "a cancelled job leaves the cached queue"
+        assert len(loop.kept.feed.jobs) == DEEP - 1, "as read: all but the cancelled one"
     finally:
         await world.close()
 
@@ -160,7 +161,6 @@ async def test_a_row_that_moved_on_after_the_version_read_is_read_again(
     deep: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loop = deep.plane.schedule
-    deep.plane.rt.fresh_jobs.clear()
     real = job_repo.get_many
     late: list[str] = []
 
@@ -175,10 +175,10 @@ async def test_a_row_that_moved_on_after_the_version_read_is_read_again(
     await deep.cycle()
     monkeypatch.setattr(job_repo, "get_many", real)
     assert late, "the rows were read"
-    assert not any(j in loop.cache.jobs for j in late), "not taken at a version unseen"
+    assert not any(j in loop.kept.feed.jobs for j in late), "not taken at a version unseen"
     await deep.cycle()
-    assert all(j in loop.cache.jobs for j in late), "... and read again by the next cycle"
-    assert len(loop.cache.jobs) == DEEP
+    assert all(j in loop.kept.feed.jobs for j in late), "... and read again by the next cycle"
+    assert len(loop.kept.feed.jobs) == DEEP
 
 
 async def test_sqlite_cycles_follow_the_queue_and_forget_what_they_followed(
@@ -189,67 +189,34 @@ async def test_sqlite_cycles_follow_the_queue_and_forget_what_they_followed(
     await world.submit_many([{"resources": {"gpus": 1}}] * 3)
     await world.cycle()
     on_sqlite = "://" not in db_url
-    assert loop.cache.queue.mark is not None if on_sqlite else loop.cache.queue.mark is None
+    assert loop.kept.feed.queue.mark is not None if on_sqlite else loop.kept.feed.queue.mark is None
     if not on_sqlite:
         return  # PostgreSQL reads every queued job's version, every cycle
     await world.submit_many([{"resources": {"gpus": 1}}] * 2)
     await world.cycle()
-    assert loop.cache.queue.followed == 2, "the two submissions, nothing else"
+    assert loop.kept.feed.queue.followed == 2, "the two submissions, nothing else"
     agent = await world.agent("n1", gpus=5)
     await world.cycle()
     assert {(await agent.next_assignment()).jobs[0].job_id for _ in range(5)}
     await world.cycle()
-    assert loop.cache.queue.followed == 5, "the five placements left the queue"
+    assert loop.kept.feed.queue.followed == 5, "the five placements left the queue"
     async with world.plane.rt.db.read() as conn:
         left = (await conn.execute(sa.text("SELECT count(*) FROM job_changes"))).scalar()
     assert left == 1, "what every cycle has read is deleted, all but the last change"
-    assert loop.cache.queue.order == []
+    assert loop.kept.feed.queue.order == []
 
 
-async def test_each_snapshot_says_how_its_queue_differs_from_the_last(world: World) -> None:
+async def test_the_kept_scheduler_follows_the_queue_in_submission_order(world: World) -> None:
     loop = world.plane.schedule
     first = await world.submit_many([{"resources": {"gpus": 1}}] * 3)
     await world.cycle()
-    base = loop.cache._queued
-    assert base is not None
-    assert len(base) == 3
     later = await world.submit_many([{"resources": {"gpus": 1}}] * 2)
     await world.plane.jobs.cancel(ADMIN, first[0].job.id)
     await world.cycle()
-    delta = loop.cache.delta
-    assert delta is not None
-    assert delta.base is base
-    assert delta.gone == (first[0].job.id,)
-    assert [j.id for j in delta.added] == [r.job.id for r in later]
-    kept = loop.schedule._kept  # type: ignore[attr-defined]
-    now = loop.cache._queued
-    assert now is not None
-    assert list(kept.queue.jobs) == [j.id for j in now], "the scheduler follows"
-
-
-async def test_a_submission_placed_in_its_own_transaction_moves_the_mark_once_committed(
-    world: World,
-) -> None:
-    if world.plane.rt.db.is_postgres:
-        return  # no submission is placed in its own transaction there, no changes followed
-    loop = world.plane.schedule
-    agent = await world.agent("n1", gpus=1)
-    loop.leading = True
-    await world.cycle()
-    world.plane.rt.schedule_needed.clear()
-    mark = loop.cache.queue.mark
-    assert mark is not None
-    for _ in range(3):  # each placed in its own transaction; the last one's end frees the GPU
-        rec = await world.submit(resources={"gpus": 1})
-        assert (await world.job(rec.job.id)).state.value == "placed"
-        a = await agent.next_assignment()
-        await agent.start(a)
-        await agent.finish(a)
-        now = loop.cache.queue.mark
-        assert now is not None
-        assert now > mark, "the submission committed: its changes are kept"
-        mark = now
-        assert loop.cache.queue.followed <= 2, "only what changed since, never a growing tail"
+    assert loop.kept.feed.rows_read == 2, "the two submissions; the cancel is a withdrawal"
+    want = [r.job.id for r in first[1:] + later]
+    assert list(loop.kept.scheduler.queue.jobs) == want
+    assert [j.id for j in (await loop.snapshot()).queued] == want
 
 
 async def test_the_queue_page_reads_whole_only_the_rows_it_shows(

@@ -134,7 +134,6 @@ async def _left(world: World, drop_nodes: set[str]) -> tuple[Any, Any]:
 
     from corral.scheduler.api import Plan
 
-    async with world.plane.rt.db.read() as conn:
-        snapshot, _ = await world.plane.schedule.cache.load(conn)
+    snapshot = await world.plane.schedule.snapshot()
     allocations = tuple(a for a in snapshot.allocations if a.node not in drop_nodes)
     return replace(snapshot, allocations=allocations), Plan()

@@ -82,8 +82,8 @@ async def test_the_oldest_hints_go_first_past_the_bound(
     await world.agent("n1", gpus=1)
     placed = []
     for _ in range(3):
-        await world.cycle()
-        placed.extend(world.plane.rt.fresh_allocs)  # this cycle's, before the next takes them
+        applied = await world.cycle()
+        placed.extend(a.allocation_id for a in applied.placed)
         kept = list(world.plane.rt.placed_allocs)
         assert kept == placed[-2:]
         # Free the GPU for the next job: its agent never reports, the hint stays.

@@ -43,11 +43,11 @@ async def _move(db: Database, job_id: str, state: JobState) -> None:
         assert await job_repo.update(conn, rec, state=state.value)
 
 
-async def _follow(db: Database, view: QueueView, advance: bool = True) -> dict[str, int | None]:
+async def _follow(db: Database, view: QueueView) -> dict[str, int | None]:
     async with db.read() as conn:
         raw = driver(conn)
         assert raw is not None, "SQLite runs inline"
-        return view.follow(raw, advance=advance)
+        return view.follow(raw)
 
 
 def _truth(path: Path) -> list[tuple[str, int]]:
@@ -87,17 +87,15 @@ async def test_following_sees_every_way_in_and_out_of_the_queue(
     assert view.order == [job_id for job_id, _ in _truth(tmp_path / "q.db")]
 
 
-async def test_changes_read_without_advancing_are_read_again(db: Database) -> None:
+async def test_changes_are_read_once_and_given_in_submission_order(db: Database) -> None:
     view = QueueView()
     await _insert(db, "a")
     await _follow(db, view)
-    await _insert(db, "b")
-    assert await _follow(db, view, advance=False) == {"b": 1}
-    assert await _follow(db, view) == {}, "already applied: read again, nothing new"
-    assert view.followed == 1
-    view.reset()
-    assert await _follow(db, view) == {}, "a reset reads everything; nothing differs"
-    assert view.order == ["a", "b"]
+    await _insert(db, "b", "c")
+    assert await _follow(db, view) == {"b": 1, "c": 1}
+    assert await _follow(db, view) == {}, "nothing new since"
+    assert view.followed == 0
+    assert view.in_order({"c", "a"}) == ["a", "c"]
 
 
 async def test_forgotten_changes_are_gone_and_following_goes_on(db: Database) -> None:

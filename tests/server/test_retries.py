@@ -214,6 +214,5 @@ async def test_a_checkpoint_report_reaches_the_schedulers_choice_of_victims(worl
     await agent.start(a)
     world.clock.advance(50)
     await agent.checkpoint(a, "/shared/ck/1", step=5)
-    async with world.plane.rt.db.read() as conn:
-        snapshot, _ = await world.plane.schedule.cache.load(conn)
+    snapshot = await world.plane.schedule.snapshot()
     assert [x.last_checkpoint_at for x in snapshot.allocations] == [world.clock.now()]

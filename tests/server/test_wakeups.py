@@ -22,7 +22,7 @@ from server_harness import ADMIN, World
 
 from corral.core.events import Event, EventKind
 from corral.server.services.feed import EventFeed
-from corral.server.services.unit import Trigger, Wakeups
+from corral.server.services.wakeups import Trigger, Wakeups
 from corral.server.store.events import TeamEvent
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +39,7 @@ async def _cancel_as_it_wakes(wait: Coroutine[Any, Any, bool], wake: Callable[[]
     task.cancel()  # ... the cancel right behind it, in the same turn
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert task.cancelled(), "the waiter ended cancelled, not woken"
 
 
 async def test_a_cancel_racing_a_wake_up_is_not_lost() -> None:
@@ -51,8 +52,12 @@ async def test_a_cancel_racing_a_wake_up_is_not_lost() -> None:
 
 
 async def test_a_cancel_racing_a_trigger_is_not_lost() -> None:
+    """Neither is lost: the waiter ends cancelled, and the poke stays for the next wait
+    (a stopping server stops its loop; a restarted loop still sees the work)."""
     trigger = Trigger()
     await _cancel_as_it_wakes(trigger.wait(10.0), trigger.fire)
+    assert trigger.fired, "the poke outlives the cancelled waiter"
+    assert await trigger.wait(0.0) is True, "the next wait returns at once"
 
 
 async def test_waits_end_on_the_wake_up_or_the_timeout() -> None:

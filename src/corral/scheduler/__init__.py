@@ -9,7 +9,6 @@ from corral.scheduler.api import (
     Placement,
     Plan,
     Preemption,
-    QueueDelta,
     Reason,
     ReasonCode,
     Remedy,
@@ -18,17 +17,15 @@ from corral.scheduler.api import (
 )
 from corral.scheduler.fragmentation import Fragmentation, fragmentation
 from corral.scheduler.incremental import Scheduler
-from corral.scheduler.pipeline import DEFAULT_CONFIG, KeptSchedule, schedule
+from corral.scheduler.pipeline import DEFAULT_CONFIG, schedule
 
 __all__ = [
     "DEFAULT_CONFIG",
     "Config",
     "Fragmentation",
-    "KeptSchedule",
     "Placement",
     "Plan",
     "Preemption",
-    "QueueDelta",
     "Reason",
     "ReasonCode",
     "Remedy",

@@ -55,18 +55,6 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueDelta:
-    """How a snapshot's ``queued`` differs from ``base``, the ``queued`` of the snapshot
-    given before it: the jobs with ids ``gone`` left, the jobs ``added`` joined (in queue
-    order). A hint that saves a kept scheduler (``KeptSchedule``) comparing every queued
-    job; it is used only when ``base`` is what it was given last and it adds up."""
-
-    base: tuple[Job, ...]
-    gone: tuple[str, ...] = ()
-    added: tuple[Job, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class Config:
     """Policy knobs. Defaults are what a home user wants without reading docs."""
 

@@ -23,24 +23,21 @@ config, now, seed)`` (a hypothesis test drives both through random changes).
 ``schedule(now, explain=False)`` skips explaining jobs that stay queued and
 stops a pass once nothing left in it can be placed (``passes.py``): same
 placements and preemptions, ``unplaced`` empty except for the first job a
-cycle limit leaves. ``sync(snapshot)`` brings a kept scheduler to a new
-snapshot by difference (a caller that only has snapshots, like the server).
+cycle limit leaves.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
-from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
-from corral.scheduler.capacity import Capacity, NodeCap
+from corral.scheduler.api import Config, Plan, Snapshot
+from corral.scheduler.carried import Carried, adjust_on
 from corral.scheduler.cycle import Cluster, Cycle
 from corral.scheduler.passes import Passes
-from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
@@ -51,8 +48,6 @@ if TYPE_CHECKING:
     from mypy_extensions import i64
 
 DEFAULT_CONFIG = Config()
-_ID = attrgetter("id")
-_NAME = attrgetter("name")
 
 
 class Scheduler:
@@ -78,8 +73,7 @@ class Scheduler:
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
-        self._pending = Planned()  # the last plan's placements, not yet started
-        self._released: dict[str, Allocation] = {}  # its preemptions, not yet ended
+        self._carried = Carried()  # what the last cycle took or gave back (carried.py)
         self.nodes: tuple[Node, ...] = ()
         self._index: dict[str, int] = {}
         self.teams: tuple[Team, ...] = ()
@@ -155,7 +149,7 @@ class Scheduler:
             index[node.name] = i
         self.nodes, self._index = nodes, index
         self._cluster = None
-        self._pending, self._released = Planned(), {}
+        self._carried = Carried()
         self._end_at = [None] * len(nodes)
         here: list[list[Slot]] = [[] for _ in nodes]
         for slot in self._slots.of.values():
@@ -181,29 +175,6 @@ class Scheduler:
 
     def set_model_sizes(self, sizes: Mapping[str, int]) -> None:
         self.model_sizes = frozen_map(sizes)
-
-    def sync(self, snapshot: Snapshot, delta: QueueDelta | None = None) -> None:
-        """Apply the difference between what is held and ``snapshot`` (objects compared by id).
-
-        ``delta``: how ``snapshot.queued`` differs from the queued jobs held (the caller
-        knows ``delta.base`` is what the last sync was given). Used when it adds up and
-        its added jobs end the queue (the usual case: new submissions); else every
-        queued job is compared."""
-        _check_unique(snapshot, queued=delta is None)
-        if len(snapshot.nodes) != len(self.nodes) or any(
-            a is not b for a, b in zip(snapshot.nodes, self.nodes, strict=True)
-        ):
-            self.set_nodes(snapshot.nodes)
-        if snapshot.teams != self.teams:
-            self.set_teams(snapshot.teams)
-        if snapshot.model_sizes != self.model_sizes:
-            self.set_model_sizes(snapshot.model_sizes)
-        self.served = snapshot.served
-        if delta is None or not self._sync_delta(snapshot.queued, delta):
-            if delta is not None:  # the rest was checked above
-                _unique("snapshot.queued", list(map(_ID, snapshot.queued)))
-            self._sync_queued(snapshot.queued)
-        self._sync_allocations(snapshot.allocations, snapshot.expected_ends)
 
     def snapshot(self) -> Snapshot:
         """What is held, as the ``Snapshot`` that ``schedule`` would be given."""
@@ -235,7 +206,7 @@ class Scheduler:
     def _decide(self, now: float, explain: bool, keep: bool) -> Plan:
         """One cycle; ``keep=False`` leaves the kept cluster in its end-of-cycle state and
         drops it (a throwaway scheduler saves the rollback)."""
-        self._reconcile()
+        self._carried.undo(self._cluster)
         if not self.queue:
             return Plan()
         cluster = self._cluster_now()
@@ -263,28 +234,10 @@ class Scheduler:
         if not keep:
             self._cluster = None
             return plan
-        # Keep the plan's reserves and releases: the caller usually applies the plan, and
-        # ``start``/``end`` then find the capacity already taken or given back; what it
-        # does not apply is undone when the next cycle starts (``_reconcile``).
+        # Keep the plan's reserves and releases, until the caller says what it applied.
         cycle.cap.commit()
-        self._pending = Planned(plan.placements)
-        held = self._slots.of
-        for stop in plan.preemptions:
-            slot = held.get(stop.allocation_id)
-            if slot is not None and slot.alloc.active:
-                self._released[stop.allocation_id] = slot.alloc
+        self._carried.keep(plan, self._slots.of)
         return plan
-
-    def _reconcile(self) -> None:
-        """Undo what the last plan took or gave back and its caller did not apply."""
-        cluster, pending, released = self._cluster, self._pending, self._released
-        self._pending, self._released = Planned(), {}
-        if cluster is None:
-            return
-        for p in pending.left():
-            _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
-        for a in released.values():
-            _adjust(cluster, a.node, a.gpu_indices, a.on_cpu, -a.gpu_milli, -a.vram_bytes, -a.cpus)
 
     def _cluster_now(self) -> Cluster:
         """The kept cluster, rebuilt when selectors or models of the queue outgrew it."""
@@ -292,7 +245,7 @@ class Scheduler:
         keys = set(self.queue.label_keys)
         models = set(self.queue.models)
         if cluster is None or cluster.label_keys != keys or not cluster.models >= models:
-            self._pending, self._released = Planned(), {}
+            self._carried = Carried()
             held = (slot.alloc for slot in self._slots.of.values())
             active = [alloc for alloc in held if alloc.active]
             cluster = self._cluster = Cluster(self.nodes, keys, models, active)
@@ -344,14 +297,9 @@ class Scheduler:
         """The kept cluster's capacity follows an allocation (on node index ``node``) that
         starts (+1) or ends (-1), unless the last cycle's plan took or gave it back already."""
         if sign > 0:
-            planned = self._pending.take(alloc.id)
-            if planned is not None:
-                if _same(planned, alloc):
-                    return  # the last cycle took this capacity already
-                p = planned  # applied differently: give the planned room back first
-                _adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
-        elif alloc.id in self._released:
-            del self._released[alloc.id]
+            if self._carried.started(cluster, alloc):
+                return  # the last cycle took this capacity already
+        elif self._carried.ended(alloc.id):
             return  # the last cycle gave this capacity back already
         if node == NOWHERE:
             return
@@ -361,7 +309,7 @@ class Scheduler:
         cpus: i64 = alloc.cpus
         if sign > 0:  # ... or taken; negated, not multiplied by ``-sign`` (see ``_count``)
             milli, vram, cpus = -milli, -vram, -cpus
-        _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
+        adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: i64) -> None:
         """Node index ``node``'s latest expected end, from its active allocations' own."""
@@ -370,128 +318,3 @@ class Scheduler:
             self._end_at[node] = max(ends)
         else:
             self._end_at[node] = None
-
-    def _sync_delta(self, queued: tuple[Job, ...], delta: QueueDelta) -> bool:
-        """Apply ``delta`` if it adds up (counts, gone jobs held, added jobs new and at the
-        end of ``queued``, as they are then in the queue's order); False (nothing done) if not."""
-        held, gone, added = self.queue.jobs, delta.gone, delta.added
-        if len(held) - len(gone) + len(added) != len(queued) or len(set(gone)) != len(gone):
-            return False
-        tail = queued[len(queued) - len(added) :] if added else ()
-        if any(a is not b for a, b in zip(tail, added, strict=True)):
-            return False
-        if any(job_id not in held for job_id in gone):
-            return False
-        if any(job.id in held and job.id not in gone for job in added):
-            return False
-        for job_id in gone:
-            self.withdraw(job_id)
-        for job in added:
-            self.submit(job)
-        return True
-
-    def _sync_queued(self, queued: tuple[Job, ...]) -> None:
-        """Withdraw what is held and not in ``queued`` (by identity), submit what is new.
-
-        Walks only the difference (sets of object ids, built by C-level iteration): a
-        server's loop calls this every cycle with thousands of jobs queued and a few
-        changed."""
-        held = self.queue.jobs
-        have = dict(zip(map(id, held.values()), held, strict=True))  # object id -> job id, held
-        want = set(map(id, queued))
-        gone = have.keys() - want
-        for job_id in sorted(have[oid] for oid in gone):  # by id: the same order every run
-            self.withdraw(job_id)
-        new = len(queued) - (len(have) - len(gone))
-        if new:  # in the snapshot's order; new jobs are mostly at its end
-            found: list[Job] = []
-            for job in reversed(queued):
-                if id(job) not in have:
-                    found.append(job)
-                    if len(found) == new:
-                        break
-            for job in reversed(found):
-                self.submit(job)
-        ids = list(map(_ID, queued))
-        if list(held) != ids:  # keep the snapshot's order (it orders explanations)
-            self.queue.jobs = dict(zip(ids, map(held.__getitem__, ids), strict=True))
-
-    def _sync_allocations(
-        self, allocations: tuple[Allocation, ...], ends: Mapping[str, float]
-    ) -> None:
-        wanted = {a.id: a for a in allocations}
-        slots = self._slots
-        for alloc_id in [
-            a
-            for a, slot in slots.of.items()
-            if wanted.get(a) is not slot.alloc or ends.get(a) != slot.end
-        ]:
-            self.end(alloc_id)
-        for new in allocations:
-            if new.id not in slots.of:
-                self.start(new, ends.get(new.id))
-        if list(slots.of) != list(wanted):
-            slots.order(list(wanted))
-
-
-def _check_unique(snapshot: Snapshot, *, queued: bool = True) -> None:
-    """Names that identify things must do so: a duplicate is bad input, named.
-    ``queued=False``: leave the queued jobs to ``submit``'s own check."""
-    _unique("snapshot.nodes", list(map(_NAME, snapshot.nodes)))
-    if queued:
-        _unique("snapshot.queued", list(map(_ID, snapshot.queued)))
-    _unique("snapshot.allocations", list(map(_ID, snapshot.allocations)))
-    _unique("snapshot.teams", list(map(_NAME, snapshot.teams)))
-
-
-def _unique(field: str, names: list[str]) -> None:
-    """InvalidSpec naming ``field`` and the first name that repeats in ``names``."""
-    if len(set(names)) == len(names):
-        return
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise InvalidSpec(field, f"duplicate {name!r}")
-        seen.add(name)
-
-
-def _adjust(
-    cluster: Cluster,
-    node: str,
-    indices: tuple[int, ...],
-    on_cpu: bool,
-    milli: int,
-    vram: int,
-    cpus: int,
-) -> None:
-    """Between cycles: give back (positive) or take (negative) capacity on the kept cluster."""
-    nc = cluster.cap.by_name.get(node)
-    if nc is not None:
-        _adjust_on(cluster.cap, nc, indices, on_cpu, milli, vram, cpus)
-
-
-def _adjust_on(
-    cap: Capacity,
-    nc: NodeCap,
-    indices: tuple[int, ...],
-    on_cpu: bool,
-    milli: i64,
-    vram: i64,
-    cpus: i64,
-) -> None:
-    """``_adjust`` on a node already found (``_hold`` has its index)."""
-    cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)
-
-
-def _same(p: Placement, alloc: Allocation) -> bool:
-    """Does ``alloc`` hold exactly what placement ``p`` reserved?"""
-    return (
-        p.node == alloc.node
-        # the same tuple, where the caller made the allocation from the placement: a
-        # tuple's ``==`` is a generic comparison in a compiled build
-        and (p.gpu_indices is alloc.gpu_indices or p.gpu_indices == alloc.gpu_indices)
-        and p.gpu_milli == alloc.gpu_milli
-        and p.vram_bytes == alloc.vram_bytes
-        and p.cpus == alloc.cpus
-        and p.on_cpu == alloc.on_cpu
-    )

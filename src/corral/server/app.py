@@ -18,7 +18,6 @@ from fastapi import FastAPI
 from corral import __version__
 from corral.core.clock import Clock, WallClock
 from corral.core.model import DEFAULT_PRIORITY_CLASSES
-from corral.scheduler import KeptSchedule
 from corral.server import tls
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
@@ -42,7 +41,6 @@ from corral.server.api.direct import HotRoutes
 from corral.server.api.limits import BodyLimit, upload_limits
 from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
-from corral.server.loops.schedule import ScheduleFn
 from corral.server.permissions import make_private
 from corral.server.plane import ControlPlane, StartReport
 from corral.server.services.metrics import Metrics
@@ -106,15 +104,12 @@ def create_plane(
     link: AgentLink | None = None,
     clock: Clock | None = None,
     blobs: BlobStore | None = None,
-    schedule: ScheduleFn | None = None,
     run_loops: bool = True,
 ) -> ControlPlane:
     chosen_tls = tls.apply(settings)  # before the link is built: it serves the same certificate
     rt = build_runtime(settings, link=link, clock=clock, blobs=blobs)
-    # The scheduler kept between cycles, synced to each snapshot by difference: the same
-    # plans as ``corral.scheduler.schedule``, at the cost of what changed.
     scaling = scaling_from(settings)  # docs/autoscaler.md; None when off
-    plane = ControlPlane(rt, schedule or KeptSchedule(), run_loops=run_loops, scaling=scaling)
+    plane = ControlPlane(rt, run_loops=run_loops, scaling=scaling)
     plane.tls = chosen_tls
     if plane.autoscale is not None and chosen_tls is not None:
         plane.autoscale.join_token = lambda token: str(chosen_tls.join(token))

@@ -19,7 +19,7 @@ from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLe
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
 from corral.server.loops.retention import RetentionLoop
-from corral.server.loops.schedule import ScheduleFn, SchedulingLoop
+from corral.server.loops.schedule import SchedulingLoop
 from corral.server.services.agents import AgentService
 from corral.server.services.audit import AuditService
 from corral.server.services.auth import AuthService
@@ -55,7 +55,6 @@ class ControlPlane:
     def __init__(
         self,
         rt: Runtime,
-        schedule: ScheduleFn,
         *,
         run_loops: bool = True,
         scaling: tuple[Mapping[str, Provider], tuple[Pool, ...]] | None = None,
@@ -79,8 +78,7 @@ class ControlPlane:
         leader: Leadership = AlwaysLeader()
         if rt.db.is_postgres:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
-        self.schedule = SchedulingLoop(rt, schedule, leader)
-        writes.place = self.schedule.place_in  # submissions placed in their own commit
+        self.schedule = SchedulingLoop(rt, leader)
         # With the loops running, only the scheduling leader watches liveness and sweeps old
         # work away; a test driving the plane by hand (run_loops=False) ticks them directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)

@@ -145,12 +145,6 @@ class SchedulingSettings(BaseModel):
     idle_cycle_s: float = Field(
         default=2.0, gt=0, description="a cycle runs at least this often, even with no trigger"
     )
-    place_on_submit: bool = Field(
-        default=True,
-        description="with nothing else waiting, submissions (a lone one on a quiet server, or "
-        "those that gathered in one group commit) are scheduled and placed in their own "
-        "transaction (one commit, not two; docs/server.md)",
-    )
     explain_interval_s: float = Field(
         default=1.0,
         ge=0,

@@ -177,7 +177,7 @@ class AutoscaleLoop:
         )
 
     def _pending(self, now: float) -> tuple[Pending, ...]:
-        known = self.scheduling.cache.jobs
+        known = self.scheduling.kept.records
         unplaced = sorted(self.scheduling.unplaced.values(), key=lambda u: u.position)
         waiting = (
             (known[u.job_id].job, frozenset(r.code for r in u.reasons))

@@ -1,16 +1,15 @@
-"""Which jobs are queued, at which version, in submission order: the snapshot cache's view.
+"""Which jobs are queued, at which version, in submission order: the change feed's view.
 
 Two ways to bring it up to date, each returning what changed (job id -> its
 version now, or None when it left the queue):
 
 * ``replace`` takes the version of every queued job (one narrow read of them
-  all, ``store/versions.py``): what PostgreSQL does every cycle, and SQLite
-  after a ``reset``;
+  all, ``store/versions.py``): what PostgreSQL does every cycle;
 * ``follow`` reads, on SQLite, only the rows ``job_changes`` gained since the
   last read (triggers add one per job entering, changing in or leaving the
   queue, in commit order: migration 0006), with those jobs as they are now. A cycle over a
   queue of 40,000 jobs read all their versions in 35-70 ms; this reads the
-  few that changed.
+  few that changed. The first ``follow`` reads every queued job once.
 
 Both are safe against writes landing between their statements: ``follow``
 reads the changes and the rows in one statement (a row newer than its change
@@ -34,13 +33,8 @@ class QueueView:
         self.versions: dict[str, int] = {}  # queued job id -> version
         self.order: list[str] = []  # the queued job ids, by submission (``seq``)
         self.mark: int | None = None  # the last ``job_changes`` row followed; None: read all
-        self.unconfirmed: int | None = None  # the last row read by ``follow(advance=False)``
         self.followed = 0  # changes read by the last ``follow`` (for tests)
         self._seqs: dict[str, int] = {}  # queued job id -> seq, while following
-
-    def reset(self) -> None:
-        """Forget where following had got to: the next ``follow`` reads every queued job."""
-        self.mark = None
 
     def replace(self, queued: list[tuple[str, int]]) -> Changed:
         """Take ``queued``, every queued job's (id, version) in submission order."""
@@ -53,10 +47,8 @@ class QueueView:
         self.mark = None
         return changed
 
-    def follow(self, db: sqlite3.Connection, *, advance: bool = True) -> Changed:
-        """Bring the view up to date from ``job_changes`` (SQLite). ``advance=False``: a
-        read inside a transaction that may still roll back; the changes read are read
-        again next time, unless ``confirm`` says that transaction committed."""
+    def follow(self, db: sqlite3.Connection) -> Changed:
+        """Bring the view up to date from ``job_changes`` (SQLite)."""
         if self.mark is None:
             mark = job_repo.last_queue_change(db)  # before the rows: nothing falls between
             rows = job_repo.queued_seqs(db)
@@ -67,18 +59,15 @@ class QueueView:
             mark, ids, rows = job_repo.queue_changes(db, self.mark)
             self.followed = len(ids)
             changed = self._take(ids, rows)
-        if advance:
-            self.mark, self.unconfirmed = mark, None
-        else:
-            self.unconfirmed = mark
+        self.mark = mark
         return changed
 
-    def confirm(self, mark: int | None) -> None:
-        """The transaction a ``follow(advance=False)`` read ``mark`` in has committed: what it
-        read is in the store for good (a rolled-back transaction's row numbers are used
-        again, so only a commit may move the mark past them)."""
-        if mark is not None and self.mark is not None and mark > self.mark:
-            self.mark = mark
+    def in_order(self, ids: set[str]) -> list[str]:
+        """``ids`` (queued jobs) in submission order: by their ``seq`` while following,
+        else as ``order`` has them."""
+        if self._seqs and len(ids) < len(self.order):
+            return sorted(ids, key=self._seqs.__getitem__)
+        return list(filter(ids.__contains__, self.order))
 
     def _take(self, ids: list[str], rows: list[tuple[int, str, int]]) -> Changed:
         """Apply what the changed ``ids`` are now (``rows`` of the ones still queued)."""

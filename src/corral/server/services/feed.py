@@ -23,7 +23,8 @@ from corral.core.resources import GIB, MILLI
 from corral.core.states import JOB, JobState
 from corral.scheduler.api import Unplaced
 from corral.server.services.auth import Principal
-from corral.server.services.unit import Runtime, Wakeup
+from corral.server.services.unit import Runtime
+from corral.server.services.wakeups import Wakeup
 from corral.server.store import events as event_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import JobRecord

@@ -14,12 +14,7 @@ commit itself fails, every unit of the group gets that error: nobody is told
 "accepted" for work that was not committed.
 
 When requests arrive one at a time, a group is a single unit and nothing
-waits: batching happens only when there is a queue to batch. A group whose
-units need a cycle (submissions to a server with nothing else waiting) may
-have it run inside its own transaction (``place``: ``SchedulingLoop.place_in``),
-so its jobs are inserted and placed in one commit: a lone submission to a
-quiet server, or the submissions that gathered while the last group committed
-(those are already the burst a separate cycle would wait to gather).
+waits: batching happens only when there is a queue to batch.
 
 The server has one committer for submissions and agents' allocation updates
 (``ControlPlane``): under load, the submissions and the ends that arrive
@@ -49,10 +44,6 @@ class GroupCommitter:
         self._queue: list[Queued] = []
         self._flusher: asyncio.Task[None] | None = None
         self.groups = 0  # committed groups (for tests and metrics)
-        # Schedules inside a group's transaction when nothing else waits; True when it did
-        # (the scheduling loop's ``place_in``, wired by ``ControlPlane``). Its second
-        # argument: the group gathered several units (a burst, already gathered).
-        self.place: Callable[[Tx, bool], Awaitable[bool]] | None = None
 
     async def run(
         self, unit: Callable[[Tx], Awaitable[T]], *, durable: bool = True, early: bool = False
@@ -119,9 +110,6 @@ class GroupCommitter:
                     outcomes.append((future, True, await _bare(tx, unit)))
                 if not _held(queued):
                     tx.early_events = len(tx.events)
-            place = self.place
-            if tx.reschedule and place is not None and await place(tx, len(group) > 1):
-                tx.reschedule = False  # scheduled inside this transaction: no cycle of its own
         return outcomes
 
 

@@ -48,8 +48,6 @@ from corral.server.store.retention import JobAge
 _CURSOR = re.compile(r"s([0-9]{1,19})")
 MAX_SEQ = 2**63 - 1
 """Sequence numbers are 64-bit signed integers on both databases."""
-FRESH_JOBS_MAX = 50_000
-"""Submitted jobs kept for the next snapshot at most (a server not scheduling drops them)."""
 
 
 def new_job_id() -> str:
@@ -128,9 +126,6 @@ class JobService:
             for d in drafts
         ]
         await job_repo.insert_many(tx.conn, records)
-        fresh = self.rt.fresh_jobs  # the scheduling loop's snapshot takes them (a hint)
-        if len(fresh) < FRESH_JOBS_MAX:
-            fresh.update((r.job.id, r) for r in records)
         tx.reschedule = True  # new work: the scheduling loop must see it
         teams = {r.job.team for r in records}
         if not teams <= self.rt.known_teams:

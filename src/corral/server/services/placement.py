@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.events import EventKind
-from corral.core.model import Allocation, Node
+from corral.core.model import Allocation
 from corral.core.states import JOB, JobState, StopReason, transition
 from corral.scheduler.api import Placement, Plan
 from corral.server.agentlink.base import Assignment, JobWork
@@ -45,35 +45,18 @@ class Applied:
     # job id -> allocation ids that must end before it is placed (see the module doc)
     awaiting: dict[str, frozenset[str]] = field(default_factory=dict)
     stale: int = 0  # placement groups or preemptions skipped because the state moved on
+    inserted: list[AllocRecord] = field(default_factory=list)  # the allocations placed
 
 
-async def apply_plan(
-    rt: Runtime,
-    plan: Plan,
-    seen: Mapping[str, JobRecord],
-    within: Tx | None = None,
-    nodes: Sequence[Node] = (),
-) -> Applied:
-    """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler's snapshot saw.
-
-    ``within``: apply it in that (open) transaction instead of one of its own; its
-    assignments then go out as soon as it commits, before its fsync. ``nodes``: the
-    snapshot's, when it was read in ``within`` too: whether each takes work is known
-    then, and not asked again (on PostgreSQL a round trip per node).
-    """
+async def apply_plan(rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord]) -> Applied:
+    """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler was told."""
     applied = Applied()
     if not plan.placements and not plan.preemptions:
         return applied
-    if within is not None:
-        known = {n.name: n.schedulable for n in nodes}
-        await _apply(rt, within, plan, seen, applied, known)
+    async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
+        await _apply(rt, tx, plan, seen, applied)
         for a in applied.placed:
-            within.at_commit(_sender(rt, a))
-    else:
-        async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
-            await _apply(rt, tx, plan, seen, applied)
-            for a in applied.placed:
-                tx.then(_sender(rt, a))
+            tx.then(_sender(rt, a))
     rt.metrics.placements.inc(len(applied.placed))
     rt.metrics.preemptions.inc(len(applied.preempted))
     return applied
@@ -85,9 +68,8 @@ async def _apply(
     plan: Plan,
     seen: Mapping[str, JobRecord],
     applied: Applied,
-    schedulable: dict[str, bool] | None = None,  # node -> taking work (read once per plan)
 ) -> None:
-    schedulable = {} if schedulable is None else schedulable
+    schedulable: dict[str, bool] = {}  # node -> taking work (read once per plan)
     lone: list[Placement] = []  # one job on one node: placed together (_place_lone)
     for group in _groups(plan.placements):
         victims = frozenset(v for p in group for v in p.preempts)
@@ -99,11 +81,8 @@ async def _apply(
             continue
         await _place_lone(rt, tx, lone, seen, schedulable, applied)  # events stay in order
         lone = []
-        assignments = await _place_atomically(rt, tx, group, seen, schedulable)
-        if assignments is None:
+        if not await _place_atomically(rt, tx, group, seen, schedulable, applied):
             applied.stale += 1
-            continue
-        applied.placed.extend(assignments)
     await _place_lone(rt, tx, lone, seen, schedulable, applied)
     for p in plan.preemptions:
         rec = await alloc_repo.get(tx.conn, p.allocation_id)
@@ -165,6 +144,7 @@ async def _place_lone(
         applied.placed.append(assignment(alloc, [rec], replicas=1))
     await alloc_repo.insert_many(tx.conn, placed)
     rt.placed(placed)
+    applied.inserted.extend(placed)
 
 
 def _placed_values(
@@ -202,21 +182,22 @@ async def _place_atomically(
     group: list[Placement],
     seen: Mapping[str, JobRecord],
     schedulable: dict[str, bool],
-) -> list[Assignment] | None:
-    """``_place_group`` all or nothing: None (and nothing written) when anything is stale.
+    applied: Applied,
+) -> bool:
+    """``_place_group`` all or nothing: False (and nothing written) when anything is stale.
 
     One job on one node needs no savepoint: its only write that can fail (the
     guarded job update) comes first. A batch or a gang gets a savepoint.
     """
     mark = tx.mark()
     if len(group) == 1 and len(group[0].job_ids) == 1:
-        placed = await _place_group(rt, tx, group, seen, schedulable)
+        placed = await _place_group(rt, tx, group, seen, schedulable, applied)
     else:
         async with tx.conn.begin_nested() as savepoint:
-            placed = await _place_group(rt, tx, group, seen, schedulable)
-            if placed is None:
+            placed = await _place_group(rt, tx, group, seen, schedulable, applied)
+            if not placed:
                 await savepoint.rollback()
-    if placed is None:
+    if not placed:
         tx.undo_since(mark)  # the events of a group's first jobs go with its rows
     return placed
 
@@ -227,8 +208,10 @@ async def _place_group(
     group: list[Placement],
     seen: Mapping[str, JobRecord],
     schedulable: dict[str, bool],
-) -> list[Assignment] | None:
-    """Move the jobs to placed, then insert the allocations; None when anything is stale.
+    applied: Applied,
+) -> bool:
+    """Move the jobs to placed, then insert the allocations (noted in ``applied``);
+    False when anything is stale.
 
     The jobs' records are the snapshot's: each update is guarded by the version
     it saw, so a job changed since (cancelled, placed elsewhere) makes it fail.
@@ -236,7 +219,7 @@ async def _place_group(
     job_ids = group[0].job_ids
     jobs = {j: seen[j] for j in job_ids if j in seen}
     if not await _still_valid(tx, group, jobs, schedulable):
-        return None
+        return False
     attempt = max(r.job.attempt for r in jobs.values()) + 1
     first = jobs[job_ids[0]].job
     allocs = [
@@ -247,12 +230,14 @@ async def _place_group(
     for rec in jobs.values():
         values = _placed_values(tx, rec, alloc_ids, allocs[0])
         if not await job_repo.update(tx.conn, rec, **values):
-            return None
+            return False
         _emit_placed(tx, rec, values)
     placed = [AllocRecord(alloc=alloc, created_at=tx.now) for alloc in allocs]
     await alloc_repo.insert_many(tx.conn, placed)
     rt.placed(placed)
-    return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
+    applied.inserted.extend(placed)
+    applied.placed.extend(assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs)
+    return True
 
 
 async def _still_valid(

@@ -131,7 +131,7 @@ async def queued_teams(conn: AsyncConnection) -> list[tuple[str, str]]:
 
 
 async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
-    """(id, version) of every queued job in submission order: cheap, for the snapshot cache."""
+    """(id, version) of every queued job in submission order: cheap, for the change feed."""
     return await _queued_with(conn, "version")
 
 

@@ -56,7 +56,7 @@ jobs = sa.Table(
 )
 
 # SQLite only: triggers (migration 0006) append each job entering, changing in or leaving
-# the queue, in commit order, so the scheduling loop re-reads just those (loops/snapshot.py).
+# the queue, in commit order, so the scheduling loop re-reads just those (loops/changes.py).
 job_changes = sa.Table(
     "job_changes",
     metadata,

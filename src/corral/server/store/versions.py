@@ -1,4 +1,4 @@
-"""What a scheduling cycle reads first (``loops/snapshot.py``): the versions of the queued
+"""What a scheduling cycle reads first (``loops/changes.py``): the versions of the queued
 jobs, the active allocations and the nodes, and the teams.
 
 On PostgreSQL this is one query, one round trip instead of four: in the

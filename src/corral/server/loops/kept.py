@@ -1,0 +1,106 @@
+"""The scheduling leader's kept scheduler, told what changed in the store.
+
+A ``Scheduler`` (scheduler/incremental.py) keeps its working state between
+cycles and is told each change: ``submit``, ``withdraw``, ``start``, ``end``.
+The simulator tells it from its clock; here ``catch_up`` tells it from the
+store's changes (``changes.py``) before each cycle, and ``placed`` tells it
+of the allocations a cycle inserted itself. Its plans are those of
+``schedule(snapshot, ...)`` on the store's state (``snapshot()`` gives that
+state back, for tests and follow-ups that want it whole).
+
+A job whose placement preempts others waits, queued, until its victims have
+ended (``services/placement.py``); meanwhile it is set aside, out of the
+scheduler's queue, so that the same room is not bought twice, and submitted
+again once none of its victims is active.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.model import Job
+from corral.scheduler.api import Config, Snapshot
+from corral.scheduler.incremental import Scheduler
+from corral.server.loops.changes import ChangeFeed, Changes
+from corral.server.store.records import AllocRecord, JobRecord
+
+
+class Kept:
+    """A scheduler kept in step with the store, and the jobs set aside from it."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config=config)
+        self.feed = ChangeFeed()
+        self.awaiting: dict[str, frozenset[str]] = {}  # job -> victims still stopping
+        self._aside: dict[str, Job] = {}  # those jobs, out of the scheduler's queue
+
+    @property
+    def records(self) -> dict[str, JobRecord]:
+        """Every queued job's record, at the version told (set-aside ones too): what the
+        placement transaction guards its writes with."""
+        return self.feed.jobs
+
+    @property
+    def queued(self) -> int:
+        """Jobs the next cycle considers (not those set aside)."""
+        return len(self.scheduler.queue)
+
+    async def catch_up(self, conn: AsyncConnection, model_sizes: Mapping[str, int]) -> None:
+        """Tell the scheduler what changed in the store since the last time."""
+        self.tell(await self.feed.read(conn))
+        if model_sizes != self.scheduler.model_sizes:
+            self.scheduler.set_model_sizes(model_sizes)
+        self._release()
+
+    def tell(self, changes: Changes) -> None:
+        """``changes`` as the scheduler's events: what went first, then what came."""
+        sched, aside = self.scheduler, self._aside
+        for job_id in changes.withdrawn:
+            if aside.pop(job_id, None) is None:
+                sched.withdraw(job_id)
+        for alloc_id in changes.ended:
+            sched.end(alloc_id)
+        if changes.nodes is not None:
+            sched.set_nodes(changes.nodes)
+        if changes.teams != sched.teams:
+            sched.set_teams(changes.teams)
+        for rec in changes.submitted:
+            if rec.job.id in self.awaiting:  # still waiting for its victims
+                aside[rec.job.id] = rec.job
+            else:
+                sched.submit(rec.job)
+        for alloc in changes.started:
+            sched.start(alloc.alloc, alloc.expected_end_at)
+
+    def placed(self, records: Sequence[AllocRecord]) -> None:
+        """Allocations a cycle inserted (committed): started now, not read back."""
+        self.feed.placed(records)
+        for rec in records:
+            self.scheduler.start(rec.alloc, rec.expected_end_at)
+
+    def set_aside(self, awaiting: Mapping[str, frozenset[str]]) -> None:
+        """Jobs waiting for their victims to end leave the scheduler's queue meanwhile."""
+        queue = self.scheduler.queue.jobs
+        for job_id, victims in awaiting.items():
+            self.awaiting[job_id] = victims
+            if job_id in queue:
+                self._aside[job_id] = self.scheduler.withdraw(job_id)
+
+    def _release(self) -> None:
+        """Submit again the jobs none of whose victims is still active."""
+        if not self.awaiting:
+            return
+        active = self.feed.allocations
+        done = [j for j, victims in self.awaiting.items() if not any(v in active for v in victims)]
+        for job_id in done:
+            del self.awaiting[job_id]
+            job = self._aside.pop(job_id, None)
+            if job is not None:
+                self.scheduler.submit(job)
+
+    def snapshot(self) -> Snapshot:
+        """What the scheduler holds, as the ``Snapshot`` ``schedule`` would be given."""
+        return self.scheduler.snapshot()
