@@ -16,7 +16,7 @@ from corral.scheduler.api import Placement
 from corral.scheduler.capacity import Change, NodeCap
 from corral.scheduler.fit import Fit
 from corral.scheduler.scorers import Candidate
-from corral.scheduler.victims import Held
+from corral.scheduler.victims import TeamEvictable
 from corral.sim import world
 from corral.sim.clock import Timer
 from corral.sim.scenario import SimJob
@@ -43,7 +43,7 @@ def test_per_job_records_are_untracked_exactly_when_compiled() -> None:
     # made per placement tried, freed within the cycle: nothing to unlink from the GC's list
     node = _node_cap()
     fit = Fit(node, (0,), 1000, 0, 4)
-    records += [fit, Candidate(fit, 0, None), Change(0, node, (0,), 1000, 0, 4), Held()]
+    records += [fit, Candidate(fit, 0, None), Change(0, node, (0,), 1000, 0, 4), TeamEvictable()]
     tracked = {type(r).__name__: gc.is_tracked(r) for r in records}
     want = not _compiled()  # pure Python tracks every instance with reference fields
     assert tracked == dict.fromkeys(tracked, want)

@@ -37,7 +37,7 @@ class Snapshot:
     (start + estimated run time), for end-together placement. ``model_sizes``
     (optional) gives registered models' sizes, for model-aware routing.
     ``served`` (optional) is each user's recent service from the shell's
-    ``scheduler.service.ServiceLedger``, so fair mixing carries across cycles.
+    ``scheduler.served.ServiceLedger``, so fair mixing carries across cycles.
     """
 
     nodes: tuple[Node, ...] = ()

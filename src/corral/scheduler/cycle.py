@@ -141,7 +141,7 @@ class Cycle:
         self._sources = cluster.sources
         self._plain_sources = cluster.plain_sources
         self._feasible = cluster.feasible
-        # (where, key, old value): a memo's dict or a ``quota.Book`` (``Any``: written back
+        # (where, key, old value): a memo's dict or a ``quota.TeamBudget`` (``Any``: written back
         # by a generic item store, which each of them takes)
         self._memo_log: list[tuple[Any, Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()

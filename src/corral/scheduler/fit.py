@@ -160,10 +160,7 @@ def _search_whole(
             bucket, allowed = source.index.whole[level], source.allowed
             if not bucket.size:
                 continue
-            nodes, i = bucket.nodes, bucket.next_at(0)
-            while i >= 0:
-                nc = nodes[i]
-                i = bucket.next_at(i + 1)
+            for nc in bucket:
                 if nc.cpus_free < cpus or (seen is not None and nc.idx in seen):
                     continue
                 if allowed is not None and nc.cls not in allowed:
@@ -187,10 +184,7 @@ def _search_partial(
             bucket, allowed = source.index.partial[level], source.allowed
             if not bucket.size:
                 continue
-            nodes, i = bucket.nodes, bucket.next_at(0)
-            while i >= 0:
-                nc = nodes[i]
-                i = bucket.next_at(i + 1)
+            for nc in bucket:
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
@@ -221,10 +215,7 @@ def _search_bucket(
 ) -> None:
     if not bucket.size:
         return
-    nodes, i = bucket.nodes, bucket.next_at(0)
-    while i >= 0:
-        nc = nodes[i]
-        i = bucket.next_at(i + 1)
+    for nc in bucket:
         if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
             continue
         fit = fit_on(nc, need)

@@ -44,7 +44,16 @@ from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
-from corral.scheduler.slots import NOWHERE, Numbers, Running, Slot, Slots, Tally, join, leave
+from corral.scheduler.slots import (
+    NOWHERE,
+    RunningCount,
+    Slot,
+    Slots,
+    TeamNumbers,
+    TeamUsage,
+    join,
+    leave,
+)
 from corral.scheduler.victims import VictimIndex
 
 if TYPE_CHECKING:
@@ -68,12 +77,13 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.classes = {c.name: c for c in config.priority_classes}
-        self.served: Mapping[str, float] = {}  # user -> recent service (see service.py)
+        self.served: Mapping[str, float] = {}  # user -> recent service (see served.py)
         self.queue = Queue(self.classes, config.reserve_min_gpus)
         self._slots = Slots()  # the allocations as given, active or not, and their ends
-        self._team_numbers = Numbers()  # the teams of allocations given
-        self._used: list[Tally] = []  # team number -> milli-GPUs its active allocations hold
-        self._running: dict[str, dict[str, Running]] = {}  # class -> user -> active allocations
+        self._team_numbers = TeamNumbers()  # the teams of allocations given
+        self._used: list[TeamUsage] = []  # team number -> milli-GPUs its active allocations hold
+        # class -> user -> active allocations
+        self._running: dict[str, dict[str, RunningCount]] = {}
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
@@ -120,7 +130,7 @@ class Scheduler:
             raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
         team = slot.team = self._team_numbers.number(alloc.team)
         if team == len(self._used):
-            self._used.append(Tally())
+            self._used.append(TeamUsage())
         if alloc.active:
             self._count(slot, alloc, +1, expected_end)
 

@@ -36,9 +36,10 @@ from corral.scheduler.cycle import Cycle, Memo, current
 from corral.scheduler.explain import explain, simple
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
+from corral.scheduler.groups import Group
 from corral.scheduler.need import Need
 from corral.scheduler.preemption import Ask, Preemptor, Room
-from corral.scheduler.queues import Group, Queue
+from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.reservation import NodeWork, Reservations
 from corral.scheduler.routing import ModelRouter

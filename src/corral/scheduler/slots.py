@@ -39,7 +39,7 @@ class Slot:
         self.alloc = alloc
         self.end = end  # expected end (None: not known)
         # ``i64``: machine integers in a compiled build, ints in pure Python
-        self.team = team  # its team's number (``Numbers``)
+        self.team = team  # its team's number (``TeamNumbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
         self.at: i64 = 0  # its place in its node's list of work (``join``)
         self.victim_at: i64 = -1  # its place in its node's list of victims there (-1: none)
@@ -48,16 +48,16 @@ class Slot:
         # its end reads no tuple of job ids (long out of the cache) to find it again
         self.first = ""
         # its user's count of active allocations in its class, while it is counted there
-        self.running: Running | None = None
+        self.running: RunningCount | None = None
 
-    def count_in(self, running: dict[str, dict[str, Running]]) -> None:
+    def count_in(self, running: dict[str, dict[str, RunningCount]]) -> None:
         """Its allocation starts counting as its user's running work in its class
         (``running``: class -> user -> count); it holds the count until ``uncount``."""
         alloc = self.alloc
         users = inner_map(running, alloc.priority)
         kept = users.get(alloc.user)
         if kept is None:
-            kept = users[alloc.user] = Running()
+            kept = users[alloc.user] = RunningCount()
         kept.count += 1.0
         self.running = kept
 
@@ -71,11 +71,11 @@ class Slot:
 
 
 @mypyc_attr(acyclic=True)  # a float, nothing else (core/compiled.py)
-class Running:
+class RunningCount:
     """A user's active allocations in one priority class, counted in place: a float
     stored in a dict was boxed anew (and the old one freed) at every start and end, and
     each end looked the class and user up again; a slot holds its count's record. A float:
-    the fair queue adds it to the user's recent service when users tie (``service.py``)."""
+    the fair queue adds it to the user's recent service when users tie (``served.py``)."""
 
     __slots__ = ("count",)
 
@@ -83,7 +83,7 @@ class Running:
         self.count = 0.0
 
 
-class Tally:
+class TeamUsage:
     """Milli-GPUs held, in a record updated in place: an int stored in a list is boxed, a
     new object for each value over 256 (and the old one freed) at every start and end."""
 
@@ -140,7 +140,7 @@ def leave(work: list[Slot], slot: Slot) -> None:
         last.at = slot.at
 
 
-class Numbers:
+class TeamNumbers:
     """Names (of teams) numbered 0, 1, ... as they first come; a number is never reused."""
 
     def __init__(self) -> None:

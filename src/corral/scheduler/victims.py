@@ -55,7 +55,7 @@ class Victim:
 
 
 @mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
-class Held:
+class TeamEvictable:
     """A team's evictable allocations on one node: how many, and the milli they hold."""
 
     __slots__ = ("count", "milli")
@@ -67,7 +67,7 @@ class Held:
 
 class NodeVictims:
     """One node's evictable work: its slots, the milli they hold, and each team's share by
-    team number (``Held``). One record per node, where four lists by node (the slots, the
+    team number (``TeamEvictable``). One record per node, where four lists by node (the slots, the
     milli, the teams' counts and, per team, the milli) were each read at every start and
     end, each a cache line of its own at the goal's size."""
 
@@ -76,7 +76,7 @@ class NodeVictims:
     def __init__(self) -> None:
         self.slots: list[Slot] = []
         self.milli: i64 = 0
-        self.teams: list[Held] = []  # by team number; made as teams first come here
+        self.teams: list[TeamEvictable] = []  # by team number; made as teams first come here
 
 
 class VictimIndex:
@@ -125,7 +125,7 @@ class VictimIndex:
         _enter(here.slots, slot)
         teams, team = here.teams, slot.team
         while len(teams) <= team:
-            teams.append(Held())
+            teams.append(TeamEvictable())
         while len(self._team_spread) <= team:
             self._team_spread.append(0)
             self._team_name.append("")

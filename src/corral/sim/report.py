@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from corral.core.model import Job
 from corral.core.resources import MILLI, ResourceRequest
 from corral.core.states import JobState
-from corral.scheduler.queues import RECENT_REQUESTS
 from corral.sim.waits import Ranks, Wait, Waits, mean
+
+RECENT_SIZES: Final = 8  # requests whose size buckets are found by identity (a trace has few)
 
 T = TypeVar("T")
 
@@ -152,7 +153,7 @@ class Metrics:
             if request is r and count == replicas:
                 return bucket
         bucket = _bucket(self._by_gpus, _size(job))
-        if len(self._sizes) < RECENT_REQUESTS:
+        if len(self._sizes) < RECENT_SIZES:
             self._sizes.append((r, replicas, bucket))  # holds ``r``: its identity stays its own
         return bucket
 

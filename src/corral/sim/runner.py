@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from corral.scheduler.api import Config, Plan, ReasonCode
 from corral.scheduler.fragmentation import of_free
-from corral.scheduler.service import ServiceLedger
+from corral.scheduler.served import ServiceLedger
 from corral.sim.clock import EventClock
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer

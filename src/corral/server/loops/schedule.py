@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.scheduler import KeptSchedule
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
-from corral.scheduler.service import ServiceLedger
+from corral.scheduler.served import ServiceLedger
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.snapshot import SnapshotCache
 from corral.server.services.placement import Applied, apply_plan

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from corral.scheduler.slots import Running
+from corral.scheduler.slots import RunningCount
 
 HALF_LIFE_S: Final = 600.0
 """Service ten minutes ago counts half: long enough to span many short jobs,
@@ -82,7 +82,7 @@ class _Served:
 
 
 def with_served(
-    running: Mapping[str, Mapping[str, Running]],
+    running: Mapping[str, Mapping[str, RunningCount]],
     served: Mapping[str, float],
     classes: Iterable[str],
 ) -> dict[str, dict[str, float]]:
