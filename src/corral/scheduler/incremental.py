@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
@@ -320,10 +320,7 @@ class Scheduler:
     def _count(self, slot: Slot, alloc: Allocation, sign: int, expected_end: float | None) -> None:
         """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
-            team = slot.team
-            # not ``sign * milli``: a compiled build multiplies by a negative int generically
-            held = alloc.milli
-            self._used[team].milli += held if sign > 0 else -held
+            self._used[slot.team].milli += alloc.milli * sign
         node = slot.node
         if sign > 0:
             slot.count_in(self._running)
@@ -331,11 +328,10 @@ class Scheduler:
             if node != NOWHERE:
                 join(self._here[node], slot)
                 latest = self._end_at[node]
-                given: Any = expected_end  # stored as given: a narrowed float is boxed again
                 if expected_end is not None and expected_end > (
                     -math.inf if latest is None else latest
                 ):
-                    self._end_at[node] = given
+                    self._end_at[node] = expected_end
         else:
             slot.uncount()
             self._victims.remove(slot)
@@ -497,9 +493,7 @@ def _same(p: Placement, alloc: Allocation) -> bool:
     """Does ``alloc`` hold exactly what placement ``p`` reserved?"""
     return (
         p.node == alloc.node
-        # the same tuple, where the caller made the allocation from the placement: a
-        # tuple's ``==`` is a generic comparison in a compiled build
-        and (p.gpu_indices is alloc.gpu_indices or p.gpu_indices == alloc.gpu_indices)
+        and p.gpu_indices == alloc.gpu_indices
         and p.gpu_milli == alloc.gpu_milli
         and p.vram_bytes == alloc.vram_bytes
         and p.cpus == alloc.cpus
