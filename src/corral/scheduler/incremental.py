@@ -362,11 +362,8 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        milli: i64 = alloc.gpu_milli  # given back (-1) ...
-        vram: i64 = alloc.vram_bytes
-        cpus: i64 = alloc.cpus
-        if sign > 0:  # ... or taken; negated, not multiplied by ``-sign`` (see ``_count``)
-            milli, vram, cpus = -milli, -vram, -cpus
+        free = -sign  # an allocation that starts takes capacity; one that ends gives it back
+        milli, vram, cpus = alloc.gpu_milli * free, alloc.vram_bytes * free, alloc.cpus * free
         _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: i64) -> None:
