@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from corral.core.compiled import mypyc_attr
 from corral.core.errors import InvalidSpec
 from corral.core.model import (
     DEFAULT_PRIORITY_CLASSES,
@@ -168,12 +167,11 @@ class Reason:
     message: str
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Placement:
     """Run ``job_ids`` (one job, or a batch of sample jobs) on ``node``.
 
-    ``__init__`` is written out for a compiled build's sake, as ``Job``'s is.
+    ``__init__`` is written out, as ``Job``'s is (one is made per placement).
     """
 
     allocation_id: str

@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
@@ -66,9 +65,7 @@ def card_layout(gpus: tuple[Gpu, ...]) -> Layout:
 
 class Card:
     """One card's free milli-GPUs (``free``) and VRAM bytes (``vram_free``): on a working
-    copy, and in the simulator's world. A record, not two ints in lists by card position:
-    a compiled build updates its fields natively, where storing a changed int in a list
-    boxed it (a new int object per card reserved or released, and the old one freed)."""
+    copy, and in the simulator's world."""
 
     __slots__ = ("free", "vram_free")
 
@@ -133,14 +130,12 @@ class NodeCap:
         return len(self.gpu_vram)
 
     def usable(self, gpu: int, vram: i64, models: frozenset[str]) -> bool:
-        """Card ``gpu`` is big enough and of an accepted model (any, when ``models`` is empty).
-        ``len``, here and below: a compiled build reads a set's size, where its truth is a
-        generic call."""
-        return self.gpu_vram[gpu] >= vram and (not len(models) or self.gpu_model[gpu] in models)
+        """Card ``gpu`` is big enough and of an accepted model (any, when ``models`` is empty)."""
+        return self.gpu_vram[gpu] >= vram and (not models or self.gpu_model[gpu] in models)
 
     def whole_free_cards(self, vram: i64, models: frozenset[str]) -> list[int]:
         """Indices of wholly free cards with at least ``vram`` bytes, of an accepted model."""
-        if not vram and not len(models):
+        if not vram and not models:
             return [i for i, card in enumerate(self.cards) if card.free == MILLI]
         return [
             i
@@ -152,20 +147,14 @@ class NodeCap:
         """Milli-GPUs a shared reservation (``vram`` bytes, ``milli`` compute) takes on ``gpu``."""
         total: i64 = self.gpu_vram[gpu]
         share: i64 = -(-vram * MILLI // total) if total != 0 and vram != 0 else 0
-        # ``max(milli, min(share, MILLI), 1)`` written out: a compiled build calls a
-        # three-argument ``max`` generically
-        if share > MILLI:
-            share = MILLI
-        if milli > share:
-            share = milli
-        return share if share > 1 else 1
+        return max(milli, min(share, MILLI), 1)
 
     def best_shared_gpu(self, vram: i64, milli: i64, models: frozenset[str]) -> int | None:
         """The card where a shared reservation fits tightest (partly used cards first)."""
         best: int | None = None
         best_left: i64 = 2 * MILLI + 1
         for i, card in enumerate(self.cards):
-            if card.vram_free < vram or (len(models) and self.gpu_model[i] not in models):
+            if card.vram_free < vram or (models and self.gpu_model[i] not in models):
                 continue
             free = card.free
             left: i64 = free - self.milli_for(i, vram, milli)
@@ -245,17 +234,13 @@ class Index:
                 self._cpu(now_whole).add(nc)
 
     def _cpu(self, whole_free: int) -> Bucket:
-        """The CPU bucket of a node with ``whole_free`` wholly free cards. Constant indices:
-        a compiled build keeps the pair unboxed, and indexing it by a variable would build
-        a tuple object first."""
+        """The CPU bucket of a node with ``whole_free`` wholly free cards."""
         return self.cpu[1] if whole_free > 0 else self.cpu[0]
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class Change:
     """One entry of a ``Capacity``'s journal: what ``op`` (reserve, release, hide) did to
-    ``nc``. A record, not a tuple: a compiled build keeps its ints unboxed, where a tuple
-    boxed three per reservation."""
+    ``nc``."""
 
     __slots__ = ("cpus", "gpus", "milli", "nc", "op", "vram")
 
@@ -429,7 +414,7 @@ class Capacity:
                 continue
             if change.op == _RESERVE:
                 self._apply(nc, change.gpus, change.milli, change.vram, change.cpus)
-            else:  # negated, not multiplied by -1: a compiled build multiplies that generically
+            else:
                 self._apply(nc, change.gpus, -change.milli, -change.vram, -change.cpus)
         self.generation = generation
 
@@ -450,7 +435,7 @@ class Capacity:
                     card.vram_free += sizes[g] if milli > 0 else -sizes[g]
                 else:
                     card.vram_free += vram
-                if now == MILLI:  # comparisons, not bools subtracted: ints made natively
+                if now == MILLI:
                     whole += 1
                 if was == MILLI:
                     whole -= 1

@@ -83,9 +83,8 @@ class Cluster:
 
 
 def current(stamp: int | None, generation: int) -> bool:
-    """Is a memo's capacity stamp (``None``: no entry) this ``generation``? A compiled
-    build compares two ints natively here, where ``memo.get(key) == generation`` made a
-    generic rich comparison of the boxed value (a memo's values are erased generics)."""
+    """Is a memo's capacity stamp (``None``: no entry) this ``generation``? A failure
+    noted before capacity last changed says nothing now."""
     return stamp is not None and stamp == generation
 
 
@@ -96,8 +95,8 @@ class Memo(Generic[K, V]):
         self._data: dict[K, V] = {}
         self.log = log  # the log it writes to (``Cycle.rollback`` undoes it; a ``quota.Ledger``
         # writes its changes there too)
-        self.get = self._data.get  # the hot path: a bound dict method, no wrapper call
-        self.data = self._data  # read-only view for hot paths of a compiled build (typed dict)
+        self.get = self._data.get
+        self.data = self._data  # read-only: writes go through ``put``, which logs them
 
     def put(self, key: K, value: V) -> None:
         self.log.append((self._data, key, self._data.get(key, _MISSING)))
@@ -141,19 +140,17 @@ class Cycle:
         self._sources = cluster.sources
         self._plain_sources = cluster.plain_sources
         self._feasible = cluster.feasible
-        # (where, key, old value): a memo's dict or a ``quota.TeamBudget`` (``Any``: written back
-        # by a generic item store, which each of them takes)
+        # (where, key, old value): a memo's dict or a ``quota.TeamBudget``, each written
+        # back by an item store
         self._memo_log: list[tuple[Any, Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
         if end_at is None:
             end_at = _by_index(dict(ends or {}), len(cluster.cap.nodes))
-        # Read by index: the look-up per candidate node of ``expected_end`` boxed the index
-        # and hashed it, twice (both maps), where a list is read natively.
-        self._base_at = end_at
+        self._base_at = end_at  # node index -> when its work should all end, at the start
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         # by node index: may ``_ends`` hold it (set by a change, left by a rollback: then the
-        # map says no). A list read natively, where a look-up in the map boxed the index.
+        # map says no)
         self._moved: list[bool] = []
         self.start = self.checkpoint()
 
@@ -195,7 +192,7 @@ class Cycle:
         if model is None and runtime is None and self._tightest_wins and not need.cpu_only:
             limit = 1  # no locality, no end time: the best-fit order is the score order
         chosen: Fit | None = None
-        if len(avoid):  # its size, read natively; a frozenset's truth is a generic call
+        if avoid:
             passed = self.cap.by_name
             skip = {passed[n].idx for n in avoid if n in passed}
             chosen = self._choose(need, model, runtime, limit, skip)

@@ -119,7 +119,7 @@ class Planner:
     def asks(self, pclass: PriorityClass, guaranteed: bool) -> dict[str, Ask]:
         """The asks made this cycle for ``pclass`` in one kind of pass, by team (a pass
         holds it: ``passes.Liveness``)."""
-        by_class = self._asks[1] if guaranteed else self._asks[0]  # constant indices: unboxed
+        by_class = self._asks[1] if guaranteed else self._asks[0]
         by_team = by_class.get(pclass.name)
         if by_team is None:
             by_team = by_class[pclass.name] = {}
@@ -318,8 +318,6 @@ class Planner:
     def _record(
         self, job: Job, fits: list[Fit], on_cpu: bool, borrowed: bool, rooms: list[Room]
     ) -> None:
-        # Written for the common case (one job, nobody preempted): a compiled build then
-        # makes no generator, starred tuple, set update or dict for it.
         decided = self.decided
         riders: tuple[Job, ...] = ()
         if not job.gang:

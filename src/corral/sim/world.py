@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
@@ -44,10 +43,8 @@ SUCCEEDED: Final = JobState.SUCCEEDED
 ALLOC_RUNNING: Final = AllocObserved.RUNNING
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
 class JobRun:
-    """A job while it is in the world (queued or running). A plain class: one is made
-    per job, and a compiled build compiles this ``__init__`` (not a generated one)."""
+    """A job while it is in the world (queued or running)."""
 
     __slots__ = (
         "alloc",
@@ -103,7 +100,7 @@ class World:
         snapshots: bool = True,
     ) -> None:
         self.nodes = scenario.nodes
-        self._observer = observing(observer)  # a base class: called directly when compiled
+        self._observer = observing(observer)
         self._clock = clock
         self._metrics = metrics
         self._sink = sink
@@ -299,8 +296,7 @@ class World:
             self._joined(first, p, alloc, now)
         self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
-        # ``Any``: one boxed float for the map of ends and the observer (not boxed twice)
-        end: Any = None
+        end: float | None = None
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
             ends = self._expected_ends
@@ -414,9 +410,7 @@ class World:
     def _release(
         self, alloc_id: str, now: float, *, preempted: bool, still_running: bool = False
     ) -> None:
-        # get and del, not pop: a compiled build has both natively, pop is a generic call
-        alloc = self.allocations[alloc_id]
-        del self.allocations[alloc_id]
+        alloc = self.allocations.pop(alloc_id)
         if self._batch_left and len(alloc.job_ids) > 1:  # the map's size first (``_leave``)
             self._batch_left.pop(alloc_id, None)
         ends = self._expected_ends
@@ -484,7 +478,7 @@ class _Free:
 
 class _TeamUse:
     """A team's milli-GPUs held in the world, and the most it may hold (``cap``; None: no
-    limit): one record, not two maps by team (a look-up in each and a boxed sum)."""
+    limit)."""
 
     __slots__ = ("cap", "milli")
 
