@@ -10,7 +10,8 @@ from corral.core import GIB, Gpu, Node
 from corral.scheduler.api import Config
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Capacity, NodeCap
-from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.cluster import Cluster
+from corral.scheduler.cycle import Cycle
 from corral.scheduler.fit import Source, fit_on, search
 from corral.scheduler.need import Need, need_of
 

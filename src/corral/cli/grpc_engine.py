@@ -1,15 +1,13 @@
 """gRPC's I/O engine for the processes the ``corral`` command runs, chosen before gRPC loads.
 
-grpcio 1.85 runs client channels and listeners on its EventEngine by default.
-On corral's agent link (one long-lived bidirectional stream per agent, small
-messages, each one's latency on a job's critical path) gRPC's polling engine
-is faster. Measured with both settings in turn in one run (docs/performance.md,
-item 49): a bare bidirectional ping-pong with 2 ms pauses, 0.27-0.42 ms per
-round trip against 0.22-0.27 ms; ``bench/agent_link.py``'s idle shape with
-pauses, 1.76-1.91 against 1.43-1.77 ms and 20-28% less of the agents' CPU;
-``bench/e2e.py``'s idle shape (two corral peers in turn), 4.1 -> 3.5, 4.7 ->
-3.9 and 3.3 -> 2.5 ms (p50) with 14-23% less CPU in the server and the agents
-together.
+grpcio 1.85 runs client channels and listeners on its EventEngine by default. On
+corral's agent link (one long-lived bidirectional stream per agent, small messages, each
+one's latency on a job's critical path) gRPC's polling engine is faster. Measured with
+both settings in turn in one run: a bare bidirectional ping-pong with 2 ms pauses,
+0.27-0.42 ms per round trip against 0.22-0.27 ms; ``bench/agent_link.py``'s idle shape
+with pauses, 1.76-1.91 against 1.43-1.77 ms and 20-28% less of the agents' CPU;
+``bench/e2e.py``'s idle shape (two corral peers in turn), 4.1 -> 3.5, 4.7 -> 3.9 and 3.3
+-> 2.5 ms (p50) with 14-23% less CPU in the server and the agents together.
 
 So the command sets ``GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener``
 when it is imported, before anything imports gRPC (gRPC reads the variable

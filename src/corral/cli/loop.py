@@ -2,8 +2,8 @@
 
 uvloop where it is installed (it is a dependency on Linux and macOS): the
 server's HTTP, SSE and gRPC traffic and the agent's link are many small
-socket operations, and uvloop does each for a fraction of asyncio's CPU
-(docs/performance.md, "Fourth round"). ``CORRAL_EVENT_LOOP=asyncio`` runs on
+socket operations, and uvloop does each for a fraction of asyncio's CPU.
+``CORRAL_EVENT_LOOP=asyncio`` runs on
 asyncio's own loop instead, e.g. to rule uvloop out when chasing a bug.
 
 ``settle_heap()`` runs once a command has started: see its docstring.
@@ -68,7 +68,7 @@ def settle_heap() -> bool:
     it in full collections. ``gc.freeze()`` moves everything alive now to a
     generation the collector never scans, and a young-generation threshold of
     ``FIRST_GENERATION`` collects about 30 times less often; together about
-    20 us per job (docs/performance.md, "Fifth round"). Cycles are still
+    20 us per job. Cycles are still
     collected, a little later; memory stays bounded.
     """
     if os.environ.get(GC_ENV, "").strip().lower() == "default":

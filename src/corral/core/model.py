@@ -13,6 +13,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.errors import InvalidSpec
 from corral.core.resources import ResourceRequest
 from corral.core.states import AllocDesired, AllocObserved, JobState, NodeState
@@ -115,6 +116,7 @@ class Team:
             raise InvalidSpec("weight", "must be > 0")
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Job:
     """What a client submitted, with its current lifecycle state.
@@ -216,6 +218,7 @@ class Job:
         return self.replicas > 1
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Allocation:
     """One attempt of a job (or of a batch of sample jobs) on a node.

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from corral.core.compiled import mypyc_attr
 from corral.core.errors import InvalidSpec
 from corral.core.model import (
     DEFAULT_PRIORITY_CLASSES,
@@ -167,6 +168,7 @@ class Reason:
     message: str
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Placement:
     """Run ``job_ids`` (one job, or a batch of sample jobs) on ``node``.

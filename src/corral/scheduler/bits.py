@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:  # capacity.py imports this module
-    from corral.scheduler.capacity import NodeCap
+    from corral.scheduler.node_cap import NodeCap
 
 WORD: Final = 60
 """Node indices per word of a bucket's bits (a word stays a small machine integer)."""

@@ -1,9 +1,4 @@
-"""A cycle's working state: node classes, capacity, caches, reservations.
-
-``Cluster`` is what a cycle starts from: node equivalence classes, the
-capacity under the active allocations, and caches that depend only on them.
-``schedule`` builds one from a ``Snapshot``; the incremental ``Scheduler``
-keeps one between cycles and feeds it the world's changes.
+"""A cycle's working state on a ``Cluster`` (``cluster.py``): capacity, caches, ends.
 
 ``Cycle`` is one cycle on a cluster. It answers one question fast: where does
 this need fit best right now (``find``), and records the answer (``take``)
@@ -16,15 +11,15 @@ state rather than from its own plan).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from corral.core.model import Allocation, Node
+from corral.core.model import Allocation
 from corral.scheduler.api import Config, Snapshot
-from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
-from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
+from corral.scheduler.cluster import Cluster, node_ends
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import ABSENT, LOADED, ON_DISK, NodeCap
 from corral.scheduler.scorers import (
     DEFAULT_SCORERS,
     TIGHTEST_FIRST_SCORERS,
@@ -45,41 +40,6 @@ Mark = tuple[tuple[int, int], int]
 FEW_CLASSES: Final = 8
 """Up to this many feasible classes, walk their own indexes; past it, walk the
 overall index and skip other classes (cheaper than many nearly empty buckets)."""
-
-
-class Cluster:
-    """Node classes, capacity under the active allocations, and static caches.
-
-    ``label_keys``: node labels some queued job selects on (they split classes);
-    ``models``: models some queued job names (holders get an index).
-    """
-
-    def __init__(
-        self,
-        nodes: Sequence[Node],
-        label_keys: Iterable[str],
-        models: Iterable[str],
-        active: Iterable[Allocation],
-        filters: Sequence[Filter] = DEFAULT_FILTERS,
-    ) -> None:
-        self.label_keys = frozenset(label_keys)
-        self.models = frozenset(models)
-        classes, self.representatives = _classify(nodes, self.label_keys)
-        self.class_members: list[list[int]] = [[] for _ in self.representatives]
-        for i, cls in enumerate(classes):
-            self.class_members[cls].append(i)
-        self.cap = Capacity(nodes, classes, self.models, active)
-        self.checks = StaticChecks(self.representatives, filters)
-        self.sources: dict[tuple[Need, str], list[list[Source]]] = {}  # by need and model
-        self.plain_sources: dict[Need, list[list[Source]]] = {}  # no model: no tuple to hash
-        self.feasible: dict[Need, list[int]] = {}
-
-    @staticmethod
-    def of(snapshot: Snapshot) -> Cluster:
-        """The cluster of a snapshot (its queued jobs decide label keys and models)."""
-        keys = {k for job in snapshot.queued for k in job.node_selector}
-        models = {job.model for job in snapshot.queued if job.model}
-        return Cluster(snapshot.nodes, keys, models, [a for a in snapshot.allocations if a.active])
 
 
 def current(stamp: int | None, generation: int) -> bool:
@@ -374,23 +334,6 @@ class Cycle:
         return [Source(self.cap.everywhere, allowed)]
 
 
-def node_ends(
-    cap: Capacity, allocations: Iterable[Allocation], ends: Mapping[str, float]
-) -> dict[int, float]:
-    """Per node index, the latest expected end of its active allocations (known ends only)."""
-    out: dict[int, float] = {}
-    if not ends:
-        return out
-    for alloc in allocations:
-        end = ends.get(alloc.id)
-        nc = cap.by_name.get(alloc.node)
-        if end is not None and nc is not None and alloc.active:
-            old = out.get(nc.idx)
-            if old is None or end > old:
-                out[nc.idx] = end
-    return out
-
-
 def _by_index(ends: dict[int, float], nodes: int) -> list[float | None]:
     """``ends`` as a list by node index (``nodes`` long, or to the last index ``ends``
     names), ``None`` where a node has no known end."""
@@ -414,18 +357,3 @@ def locality(nc: NodeCap, model: str | None) -> int:
     if model in node.models_loaded:
         return LOADED
     return ON_DISK if model in node.models_on_disk else ABSENT
-
-
-def _classify(nodes: Sequence[Node], label_keys: frozenset[str]) -> tuple[list[int], list[Node]]:
-    """Class id per node, and one representative node per class."""
-    ids: dict[Hashable, int] = {}
-    reps: list[Node] = []
-    classes: list[int] = []
-    for node in nodes:
-        key = class_key(node, label_keys)
-        cls = ids.get(key)
-        if cls is None:
-            cls = ids[key] = len(reps)
-            reps.append(node)
-        classes.append(cls)
-    return classes, reps

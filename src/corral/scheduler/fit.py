@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
-from corral.scheduler.capacity import PARTIAL_STEP, Card, Index, NodeCap
+from corral.scheduler.capacity import Index
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import PARTIAL_STEP, Card, NodeCap
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -39,6 +41,7 @@ def every(count: int) -> tuple[int, ...]:
     return _EVERY[count] if 0 <= count < len(_EVERY) else tuple(range(count))
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Fit:
     """Where exactly a need fits on a node: which cards, how much of each. Treat it as
     immutable."""

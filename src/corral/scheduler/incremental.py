@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
 from corral.scheduler.api import Config, Placement, Plan, QueueDelta, Snapshot
-from corral.scheduler.capacity import Capacity, NodeCap
-from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.capacity import Capacity
+from corral.scheduler.cluster import Cluster
+from corral.scheduler.cycle import Cycle
+from corral.scheduler.node_cap import NodeCap
 from corral.scheduler.passes import Passes
 from corral.scheduler.planned import Planned
 from corral.scheduler.planner import Planner

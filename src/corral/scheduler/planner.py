@@ -13,6 +13,9 @@ Every "does not fit" answer is remembered until capacity is given back (a
 memo keyed by the capacity generation), so ``live`` can tell from memos
 alone that no job of a group can be placed now: the passes skip the group.
 Reasons for the jobs left queued are worked out at the end (``explanation``).
+
+Over 400 lines on purpose: the steps of one decision (fit, backfill, preempt, offload,
+record) share the cycle's memos and working copy; apart they would pass it all around.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Final
 from corral.core.model import Allocation
 from corral.core.resources import MILLI
 from corral.scheduler.api import Reason, ReasonCode
-from corral.scheduler.capacity import Card, NodeCap
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import Card, NodeCap
 
 if TYPE_CHECKING:
     from mypy_extensions import i64

@@ -20,11 +20,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from corral.scheduler.capacity import LOADED
+from corral.core.compiled import mypyc_attr
 from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import LOADED
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Candidate:
     """A fit and what scorers may want to know about its node; treat it as immutable."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ NOWHERE: Final = -1
 """The node index of an allocation on a node the scheduler does not hold."""
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
@@ -63,6 +65,7 @@ class Slot:
             self.running = None
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class RunningCount:
     """A user's active allocations in one priority class. A slot holds the count it is in,
     so an end updates it without looking up class and user. A float: the fair queue adds

@@ -11,6 +11,7 @@ from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Job
 
 Q = TypeVar("Q", bound=Hashable)
@@ -21,6 +22,7 @@ def job_key(job: Job) -> tuple[float, str]:
     return (job.submitted_at, job.id)
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class GroupCursor:
     """One user's jobs in one group, and a pass's cursor over them.
 

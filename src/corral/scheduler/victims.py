@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
 from corral.scheduler.slots import NOWHERE, Slot
@@ -49,6 +50,7 @@ class Victim:
     cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class TeamEvictable:
     """A team's evictable allocations on one node: how many, and the milli they hold."""
 

@@ -64,7 +64,7 @@ class ControlPlane:
         self.auth = AuthService(rt)
         self.audit = AuditService(rt)  # who did what (docs/security/audit.md)
         # One writer queue for submissions and agents' updates: under load a group of both
-        # is one transaction and one fsync instead of two (docs/performance.md, item 46).
+        # is one transaction and one fsync instead of two.
         writes = GroupCommitter(rt)
         self.rates = RateLimits(rt.settings.limits, rt.clock)  # per team token
         self.jobs = JobService(rt, writes, self.rates, TeamQuotas(rt))

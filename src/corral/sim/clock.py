@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corral.core.compiled import mypyc_attr
+
 if TYPE_CHECKING:
     from mypy_extensions import i64
 
 
+@mypyc_attr(acyclic=True)  # its key never refers back to it (core/compiled.py)
 class Timer:
     """Fire ``(key, token)`` at ``at``; ``seq`` (the order set) breaks ties. Not generic
     in its key: a compiled build's acyclic class has no generic base."""

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 from corral.autoscaler import Config as AutoscaleConfig
 from corral.autoscaler import Pool
+from corral.core.compiled import mypyc_attr
 from corral.core.model import Job, Node, Team
 from corral.scheduler.api import Config
 
 
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class SimJob:
     """One job of a trace: the job as submitted, and how much work it is.

@@ -4,7 +4,7 @@ FastAPI builds two things from an endpoint's signature: its OpenAPI entry and
 its request handler, which solves the declared dependencies on every request.
 For ``POST /v1/jobs`` that solving (the plane, the bearer scheme, the caller,
 the header, the body) cost more than the submission itself: about 330 us of a
-request's 500 us of server CPU in process (docs/performance.md, "Fifth round").
+request's 500 us of server CPU in process (``bench/e2e.py``).
 
 A route made with ``gathered_by(gather)`` keeps the declared endpoint: it is
 still the route's one implementation and its OpenAPI entry. Only the handler

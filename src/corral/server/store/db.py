@@ -48,7 +48,7 @@ EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event
 # commit that takes the WAL past this many pages: on the loop, 2-10 ms each. A commit here
 # rewrites the same right-hand pages (store/ids.py), so a checkpoint every 4,000 pages copies
 # few more pages than one every 1,000 (SQLite's default) did: a quarter of the stalls, for a
-# WAL of up to 16 MB (docs/performance.md, item 83).
+# WAL of up to 16 MB.
 WAL_AUTOCHECKPOINT_PAGES = 4000
 WAL_HEADER_BYTES = 32  # SQLite's WAL: a header, then frames of a page and its header
 WAL_FRAME_HEADER_BYTES = 24

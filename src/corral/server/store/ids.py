@@ -8,8 +8,7 @@ those indexes, and every such page was written to the WAL, fsynced, and
 later copied back by a checkpoint: about 9.5 pages per job in the concurrent
 benchmark shape. An id that starts with the time puts the rows committed
 together next to each other, at the right-hand end of every index: 4.6 pages
-per job, commits half as long, checkpoints a quarter (docs/performance.md,
-item 81). The idea is ULID's and UUIDv7's.
+per job, commits half as long, checkpoints a quarter. The idea is ULID's and UUIDv7's.
 
 ``sortable_id("job_")`` is the prefix and 22 hex digits (two more than the
 random ids had): 8 for the wall clock in milliseconds, modulo 2^32 (it
