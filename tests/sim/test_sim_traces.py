@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -120,6 +121,26 @@ def test_the_runner_pulls_jobs_only_as_simulated_time_reaches_them() -> None:
     summary = simulate(scenario, first_fit, sink=finished.append)
     assert summary["jobs_completed"] == 2000
     assert all(done >= k - 2 for k, done in finished_when_pulled)
+
+
+def test_the_generated_trace_draws_what_the_stdlib_random_methods_draw() -> None:
+    # generate.trace writes out Random.expovariate / lognormvariate / uniform; the same seed
+    # must still give the stdlib's values, draw for draw.
+    ours, theirs = random.Random(7), random.Random(7)
+    for _ in range(2_000):
+        assert generate.expovariate(ours.random, 0.3) == theirs.expovariate(0.3)
+        assert generate.lognormvariate(ours.random, 6.4, 1.0) == theirs.lognormvariate(6.4, 1.0)
+        assert 1.0 + 1.0 * ours.random() == theirs.uniform(1.0, 2.0)
+
+
+def test_the_generators_rounding_is_round() -> None:
+    # generate._round writes out round() of a float (ties to even); the trace must round as
+    # round() does.
+    rng = random.Random(3)
+    values = [k / 2 for k in range(-41, 41)] + [rng.uniform(-1e6, 1e6) for _ in range(5_000)]
+    values += [0.49999999999999994, 2.5000000000000004, 4503599627370495.5]
+    for value in values:
+        assert generate._round(value) == round(value), value
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])

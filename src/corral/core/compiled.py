@@ -2,10 +2,9 @@
 instances never take part in a reference cycle.
 
 The compiled build (``scripts/build-native``) makes such instances without the cyclic
-garbage collector's bookkeeping. The simulator makes several of these records per job,
-and tracking them cost about a fifth of its compiled speed. Mark only classes that hold
-immutable values or records that never refer back (an untracked cycle would leak).
-Pure Python ignores the mark.
+garbage collector's bookkeeping, which the simulator pays for several records per job.
+Mark only classes that hold immutable values or records that never refer back (an
+untracked cycle would leak). Pure Python ignores the mark.
 """
 
 from __future__ import annotations

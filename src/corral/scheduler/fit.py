@@ -143,7 +143,9 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None)
 def _search_whole(
     need: Need, sources: list[Source], limit: int, seen: set[int] | None, found: list[Fit]
 ) -> None:
-    top = max((len(source.index.whole) for source in sources), default=0)
+    top = 0
+    for source in sources:
+        top = max(top, len(source.index.whole))
     cpus = need.cpus
     level: i64 = need.gpus if need.gpus > 1 else 1
     while level < top:
@@ -151,7 +153,10 @@ def _search_whole(
             bucket, allowed = source.index.whole[level], source.allowed
             if not bucket.size:
                 continue
-            for nc in bucket:
+            nodes, i = bucket.nodes, bucket.next_at(0)
+            while i >= 0:
+                nc = nodes[i]
+                i = bucket.next_at(i + 1)
                 if nc.cpus_free < cpus or (seen is not None and nc.idx in seen):
                     continue
                 if allowed is not None and nc.cls not in allowed:
@@ -175,7 +180,10 @@ def _search_partial(
             bucket, allowed = source.index.partial[level], source.allowed
             if not bucket.size:
                 continue
-            for nc in bucket:
+            nodes, i = bucket.nodes, bucket.next_at(0)
+            while i >= 0:
+                nc = nodes[i]
+                i = bucket.next_at(i + 1)
                 if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
                     continue
                 fit = fit_on(nc, need)
@@ -206,7 +214,10 @@ def _search_bucket(
 ) -> None:
     if not bucket.size:
         return
-    for nc in bucket:
+    nodes, i = bucket.nodes, bucket.next_at(0)
+    while i >= 0:
+        nc = nodes[i]
+        i = bucket.next_at(i + 1)
         if nc.idx in seen or (allowed is not None and nc.cls not in allowed):
             continue
         fit = fit_on(nc, need)

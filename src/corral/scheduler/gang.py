@@ -60,7 +60,10 @@ def _room(cycle: Cycle, need: Need, replicas: int, label: str | None) -> list[tu
         buckets = index.whole[need.gpus :] if need.gpus else list(index.cpu)
         enough = replicas if need.gpus and len(buckets) == 1 and label is None else -1
         for bucket in buckets:
-            for nc in bucket:
+            nodes, i = bucket.nodes, bucket.next_at(0)
+            while i >= 0:
+                nc = nodes[i]
+                i = bucket.next_at(i + 1)
                 if nc.cls in allowed:
                     _count_room(nc, need, replicas, found)
                     if len(found) == enough:

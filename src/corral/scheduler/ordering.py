@@ -23,7 +23,7 @@ from typing import Final, Generic, TypeVar
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.slots import RunningCount
-from corral.scheduler.user_groups import GroupCursor, UserGroups, user_groups_of
+from corral.scheduler.user_groups import GroupCursor, UserGroups, job_before, user_groups_of
 
 Q = TypeVar("Q", bound=Hashable)
 
@@ -196,12 +196,8 @@ class LiveQueue(Generic[Q]):
         if not state.started:
             self._start(state)
         job = best.jobs[best.at]
-        state.queued_vt, state.at, state.job_id, state.cursor = (
-            state.vt,
-            job.submitted_at,
-            job.id,
-            best,
-        )
+        state.queued_vt, state.cursor = state.vt, best
+        state.at, state.job_id = job.submitted_at, job.id
         return True
 
     def _walk(self, state: _User[Q], own: UserGroups[Q], i: int) -> GroupCursor | None:
@@ -277,8 +273,7 @@ class LiveQueue(Generic[Q]):
 
 def _sooner(a: GroupCursor, b: GroupCursor) -> bool:
     """Is ``a``'s next job before ``b``'s (``job_key``)?"""
-    x, y = a.jobs[a.at], b.jobs[b.at]
-    return (x.submitted_at, x.id) < (y.submitted_at, y.id)
+    return job_before(a.jobs[a.at], b.jobs[b.at])
 
 
 class _User(Generic[Q]):
@@ -327,12 +322,16 @@ class _User(Generic[Q]):
         self.job_id = ""
 
     def __lt__(self, other: _User[Q]) -> bool:
-        return (self.queued_vt, self.tie, self.at, self.job_id) < (
-            other.queued_vt,
-            other.tie,
-            other.at,
-            other.job_id,
-        )
+        """By (``queued_vt``, ``tie``, ``at``, ``job_id``), compared field by field: the
+        heap compares users on every turn, and a pair of tuples made per comparison cost
+        about 5% of the compiled simulator."""
+        if self.queued_vt != other.queued_vt:
+            return self.queued_vt < other.queued_vt
+        if self.tie != other.tie:
+            return self.tie < other.tie
+        if self.at != other.at:
+            return self.at < other.at
+        return self.job_id < other.job_id
 
 
 _EPOCHS: Final = itertools.count(1)  # each queue's mark on the cursors it takes up

@@ -266,22 +266,19 @@ class Liveness(Gate[Group]):
         self._guaranteed = guaranteed
         self._asks = planner.asks(pclass, guaranteed)  # by team: one look-up per group asked
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
-        self._fits: dict[Group, bool] = {}  # may a job of the group fit, since the last reset
-        self._budgets: dict[str, TeamBudget] = {}  # each team's quota and usage
+        self._seen: dict[Group, _Seen] = {}  # what was found of each group asked
 
     def live(self, group: Group) -> bool:
-        fits = self._fits.get(group)
-        if fits is None:
+        seen = self._seen.get(group)
+        if seen is None:
             planner = self._planner
             fits = planner.may_fit(group, self._pclass, self._guaranteed, self._asks)
-            self._fits[group] = fits
-        if not fits:
+            budget = planner.ledger.budget(group.team)
+            seen = self._seen[group] = _Seen(fits, budget, budget.bound(not self._guaranteed))
+        if not seen.fits:
             return False
-        budget = self._budgets.get(group.team)
-        if budget is None:
-            budget = self._budgets[group.team] = self._planner.ledger.budget(group.team)
-        bound = budget.bound(not self._guaranteed)  # inf: borrowing without a limit
-        return bound == math.inf or group.lowest + budget.usage <= bound
+        bound = seen.bound  # inf: borrowing without a limit
+        return bound == math.inf or group.lowest + seen.budget.usage <= bound
 
     def usable(self, job: Job) -> bool:
         return job.id not in self._decided and job.not_before <= self._now
@@ -291,8 +288,23 @@ class Liveness(Gate[Group]):
         if group.cpu:
             self.reset()
             return
-        for other in self._by_need.get(group.need, ()):
-            self._fits.pop(other, None)
+        alike = self._by_need.get(group.need)
+        if alike is not None:
+            for other in alike:
+                self._seen.pop(other, None)
 
     def reset(self) -> None:
-        self._fits.clear()
+        self._seen.clear()
+
+
+class _Seen:
+    """What a ``Liveness`` found of a group since the last reset: may a job of it fit
+    (``fits``, from the planner's memos), its team's ``budget`` and the most the team may
+    hold in this pass (``bound``)."""
+
+    __slots__ = ("bound", "budget", "fits")
+
+    def __init__(self, fits: bool, budget: TeamBudget, bound: float) -> None:
+        self.fits = fits
+        self.budget = budget
+        self.bound = bound

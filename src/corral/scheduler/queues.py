@@ -22,7 +22,7 @@ from corral.core.resources import ResourceRequest
 from corral.scheduler.batching import batch_key
 from corral.scheduler.groups import Group, bucket_floor, runtime_bucket
 from corral.scheduler.need import Need, need_of
-from corral.scheduler.user_groups import UserGroups, job_key
+from corral.scheduler.user_groups import UserGroups, job_before, job_key
 
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
 
@@ -164,7 +164,10 @@ def _hold(queue: ClassQueue, group: Group, job: Job, sort: bool) -> None:
     holders = queue.groups.get(group)
     if holders is None:
         holders = queue.groups[group] = {}
-        queue.by_need.setdefault(group.need, []).append(group)
+        alike = queue.by_need.get(group.need)
+        if alike is None:
+            alike = queue.by_need[group.need] = []
+        alike.append(group)
     own = holders.get(job.user)
     if own is None:
         own = holders[job.user] = []
@@ -172,7 +175,9 @@ def _hold(queue: ClassQueue, group: Group, job: Job, sort: bool) -> None:
     _insert(own, job, sort)
     if not sort or own[0] is not job:
         return
-    users = queue.users.setdefault(group.team, {})
+    users = queue.users.get(group.team)
+    if users is None:
+        users = queue.users[group.team] = {}
     line = users.get(job.user)
     if line is None:
         line = users[job.user] = UserGroups()
@@ -211,7 +216,7 @@ def _release(queue: ClassQueue, group: Group, job: Job) -> None:
 
 
 def _insert(own: list[Job], job: Job, sort: bool) -> None:
-    if not sort or not own or job_key(own[-1]) <= job_key(job):
+    if not sort or not own or not job_before(job, own[-1]):
         own.append(job)
     else:
         insort(own, job, key=job_key)

@@ -22,6 +22,14 @@ def job_key(job: Job) -> tuple[float, str]:
     return (job.submitted_at, job.id)
 
 
+def job_before(a: Job, b: Job) -> bool:
+    """``job_key(a) < job_key(b)`` without making the two tuples (the queues compare jobs
+    on every add, remove and turn)."""
+    if a.submitted_at != b.submitted_at:
+        return a.submitted_at < b.submitted_at
+    return a.id < b.id
+
+
 @mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class GroupCursor:
     """One user's jobs in one group, and a pass's cursor over them.
@@ -72,7 +80,7 @@ class UserGroups(Generic[Q]):
         (``first`` among them)."""
         cursors = self.cursors
         cursor = GroupCursor(group, first, jobs)
-        if not cursors or job_key(cursors[-1].first) < job_key(first):
+        if not cursors or job_before(cursors[-1].first, first):
             cursors.append(cursor)  # the usual case: the newest job, of a new group
             return
         cursors.insert(self._search(first, 0), cursor)

@@ -7,8 +7,7 @@ most of those reads first miss the TLB. CPython's small-object allocator takes i
 an arena (1 MiB) at a time, each by its own ``mmap``, which the kernel backs with huge
 pages only where the process asked (transparent huge pages are ``madvise`` on Debian).
 ``_arenas.enable()`` serves every arena from then on from one region of address space
-marked ``MADV_HUGEPAGE``: at 1,000,000 jobs the compiled simulator ran 4-5% faster
-(docs/performance.md, "Session 29").
+marked ``MADV_HUGEPAGE``: at 1,000,000 jobs the compiled simulator ran 4-5% faster.
 
 The switch is process-wide and one-way: arenas given back are kept for reuse, not returned
 to the system while the process runs. So the simulator's entry points (``corral sim``,

@@ -24,8 +24,7 @@ import sys
 import threading
 import traceback
 from array import array
-from bisect import bisect
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Final, NoReturn
 
@@ -50,6 +49,7 @@ MEDIAN_RUN_S: Final = 600.0  # log-normal run time: median 10 minutes ...
 RUN_SIGMA: Final = 1.0  # ... mean about 16.5 minutes, a long tail
 MAX_RUN_S: Final = 86_400.0  # one day
 _DAY_RAD: Final = 2 * math.pi / 86_400.0
+_NV_MAGIC: Final = 4 * math.exp(-0.5) / math.sqrt(2.0)  # random.NV_MAGICCONST
 _DIGITS: Final = tuple(f"{k:03d}" for k in range(1000))  # a job id's last three digits
 CHUNK: Final = 8192  # jobs drawn at a time (``Columns``): a forked drawer's unit of work
 PIPE_BYTES: Final = 1 << 20  # the drawer's pipe and the reader's buffer
@@ -128,7 +128,7 @@ class _Drawer:
     own stream."""
 
     def __init__(self, shape: TraceShape) -> None:
-        self.rng = random.Random(shape.seed)
+        self.rand = random.Random(shape.seed).random
         self.rate = shape.load * shape.total_gpus / (_mean_gpus() * _mean_run_s())
         self.kind_cdf = list(itertools.accumulate(w for _, _, w in SHAPES))
         self.class_cdf = list(itertools.accumulate(w for _, w in PRIORITY_MIX))
@@ -138,28 +138,29 @@ class _Drawer:
         # users' estimates, drawn from their own stream: 60 s x ceil(run x uniform(low,
         # high) / 60)
         self.guess = None if shape.estimates is None else _estimates_rand(shape)
-        self.low, self.high = shape.estimates or (0.0, 0.0)
+        self.low, high = shape.estimates or (0.0, 0.0)
+        self.span = high - self.low  # Random.uniform(low, high) is low + (high - low) * random()
         self.clock = 0.0
 
     def draw(self, count: int) -> Columns:
-        rng, rand, peak, rate, swing = self.rng, self.rng.random, self.peak, self.rate, self.swing
-        kind_cdf, class_cdf, guess = self.kind_cdf, self.class_cdf, self.guess
-        clock = self.clock
+        rand, peak, rate, swing, day_rad = self.rand, self.peak, self.rate, self.swing, _DAY_RAD
+        kind_cdf, class_cdf, users, mu = self.kind_cdf, self.class_cdf, self.users, self.mu
+        guess, low, span, clock = self.guess, self.low, self.span, self.clock
         out = Columns()
         for _ in range(count):
-            clock += rng.expovariate(peak)
-            while rand() * peak > rate * (1 + swing * math.sin(clock * _DAY_RAD)):
-                clock += rng.expovariate(peak)  # thinning: fewer arrivals at night
-            out.kind.append(bisect(kind_cdf, rand() * kind_cdf[-1]))
-            out.user.append(int(rand() * self.users))
-            run_s = min(MAX_RUN_S, max(1.0, round(rng.lognormvariate(self.mu, RUN_SIGMA))))
+            clock += expovariate(rand, peak)
+            while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
+                clock += expovariate(rand, peak)  # thinning: fewer arrivals at night
+            out.kind.append(_pick(kind_cdf, rand() * kind_cdf[-1]))
+            out.user.append(int(rand() * users))
+            run_s = min(MAX_RUN_S, max(1.0, _round(lognormvariate(rand, mu, RUN_SIGMA))))
             out.run.append(run_s)
-            out.cls.append(bisect(class_cdf, rand() * class_cdf[-1]))
-            out.submit.append(float(round(clock)))
+            out.cls.append(_pick(class_cdf, rand() * class_cdf[-1]))
+            out.submit.append(float(_round(clock)))
             out.estimate.append(
                 math.nan
                 if guess is None
-                else 60.0 * math.ceil(run_s * guess.uniform(self.low, self.high) / 60.0)
+                else 60.0 * math.ceil(run_s * (low + span * guess()) / 60.0)
             )
         self.clock = clock
         return out
@@ -177,8 +178,8 @@ def _here(shape: TraceShape) -> Generator[Columns, None, None]:
 def _ahead(shape: TraceShape) -> Generator[Columns, None, None]:
     """The trace's draws from a forked process (``_drawer_main``), a chunk or so ahead.
 
-    Drawing takes a share of a long run's time, which a second core takes off it;
-    making the jobs stays here (a ``Job`` does not cross a pipe cheaply). The drawer
+    Drawing is 5-8% of a compiled run's time at 1,000,000 jobs, which a second core takes off
+    it; making the jobs stays here (a ``Job`` does not cross a pipe cheaply). The drawer
     writes each chunk as one packed record (``_pack``) and blocks while the pipe is full.
     A drawer that stops short is an error here; a consumer that stops early (a run's
     ``until``) ends it."""
@@ -269,7 +270,8 @@ def _unpack(pipe: IO[bytes]) -> Columns | None:
 
 def _jobs(shape: TraceShape, chunks: Generator[Columns, None, None]) -> Iterator[SimJob]:
     """The jobs of ``chunks`` of draws: ``g1``, ``g2``, ... sharing one request per kind.
-    Closing this stream closes ``chunks`` (a drawer ahead ends with it)."""
+    Closing this stream closes ``chunks`` (a drawer ahead ends with it), explicitly: a
+    generator dropped unclosed need not run its ``finally``."""
     try:
         yield from _made(shape, chunks)
     finally:
@@ -281,7 +283,7 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
     classes = [name for name, _ in PRIORITY_MIX]
     users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]
     # A job's id ``g{n}`` as ``g{n // 1000}`` (made once a thousand jobs) joined to the last
-    # three digits (made once): a speed path, ids are made per job
+    # three digits (made once): ids are made per job, on the simulator's path
     high: i64 = 0
     low: i64 = 0
     head = "g"
@@ -319,6 +321,25 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
             yield SimJob(job, int(run_s) if 1.0 < run_s < MAX_RUN_S else run_s, "generated")
 
 
+def expovariate(rand: Callable[[], float], rate: float) -> float:
+    """``random.Random.expovariate(rate)`` drawn from ``rand`` (its ``random``): the same
+    formula, so the same value. Here, so that the drawer compiles it: with ``random``'s
+    interpreted methods the drawer fell behind the compiled simulator it feeds (tests
+    check that both agree)."""
+    return -math.log(1.0 - rand()) / rate
+
+
+def lognormvariate(rand: Callable[[], float], mu: float, sigma: float) -> float:
+    """``random.Random.lognormvariate(mu, sigma)`` drawn from ``rand``, as ``expovariate``:
+    exp of a normal variate by Kinderman and Monahan's method, as ``random`` does it."""
+    while True:
+        u1 = rand()
+        u2 = 1.0 - rand()
+        z = _NV_MAGIC * (u1 - 0.5) / u2
+        if z * z / 4.0 <= -math.log(u2):
+            return math.exp(mu + z * sigma)
+
+
 def scenario(
     nodes: int,
     jobs: int,
@@ -346,9 +367,28 @@ def scenario(
     )
 
 
-def _estimates_rand(shape: TraceShape) -> random.Random:
+def _round(x: float) -> int:
+    """``round(x)``: the nearest integer, ties to even, written out for the drawer (see
+    ``expovariate``)."""
+    low = math.floor(x)
+    rest = x - low  # exact: the fraction of x
+    if rest > 0.5 or (rest == 0.5 and low % 2 == 1):
+        low += 1
+    return low
+
+
+def _pick(cdf: list[float], x: float) -> int:
+    """``bisect.bisect(cdf, x)``: the first position of the sorted ``cdf`` whose value is
+    above ``x``, written out for the drawer (see ``expovariate``)."""
+    at = 0
+    while at < len(cdf) and cdf[at] <= x:
+        at += 1
+    return at
+
+
+def _estimates_rand(shape: TraceShape) -> Callable[[], float]:
     """The random stream users' estimates are drawn from (see ``TraceShape.estimates``)."""
-    return random.Random(f"estimates-{shape.seed}")
+    return random.Random(f"estimates-{shape.seed}").random
 
 
 def _request(gpus: float) -> ResourceRequest:
