@@ -84,8 +84,7 @@ class Scheduler:
         self._slots = Slots()  # the allocations as given, active or not, and their ends
         self._team_numbers = TeamNumbers()  # the teams of allocations given
         self._used: list[TeamUsage] = []  # team number -> milli-GPUs its active allocations hold
-        # class -> user -> active allocations
-        self._running: dict[str, dict[str, RunningCount]] = {}
+        self._running: dict[str, dict[str, RunningCount]] = {}  # class -> user -> count
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
@@ -322,7 +321,7 @@ class Scheduler:
     def _count(self, slot: Slot, alloc: Allocation, sign: int, expected_end: float | None) -> None:
         """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
-            self._used[slot.team].milli += alloc.milli * sign
+            self._used[slot.team].milli += alloc.milli if sign > 0 else -alloc.milli  # negated
         node = slot.node
         if sign > 0:
             slot.count_in(self._running)
@@ -364,8 +363,9 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        free = -sign  # an allocation that starts takes capacity; one that ends gives it back
-        milli, vram, cpus = alloc.gpu_milli * free, alloc.vram_bytes * free, alloc.cpus * free
+        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back ...
+        if sign > 0:  # ... or taken: negated (multiplying by a negative is slow compiled)
+            milli, vram, cpus = -milli, -vram, -cpus
         _adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 
     def _recompute_end(self, node: i64) -> None:

@@ -7,7 +7,6 @@ the front of each user's groups instead of sorting every live group into a heap.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -112,12 +111,17 @@ class UserGroups(Generic[Q]):
         return at
 
     def _search(self, job: Job, lo: int) -> int:
-        """Where ``job`` goes among the first jobs from ``lo`` on."""
-        return bisect_left(self.cursors, job_key(job), lo, key=_first_key)
-
-
-def _first_key(cursor: GroupCursor) -> tuple[float, str]:
-    return job_key(cursor.first)
+        """Where ``job`` goes among the first jobs from ``lo`` on (``bisect_left``, by
+        ``job_before``: with a key function it cost about 2% of the compiled simulator)."""
+        cursors = self.cursors
+        hi = len(cursors)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if job_before(cursors[mid].first, job):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
 
 def user_groups_of(groups: Mapping[Q, Mapping[str, list[Job]]]) -> dict[str, UserGroups[Q]]:
