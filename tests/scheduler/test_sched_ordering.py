@@ -14,7 +14,7 @@ from corral.scheduler.fair import FairQueue
 from corral.scheduler.groups import Group
 from corral.scheduler.need import need_of
 from corral.scheduler.ordering import Checks, LiveQueue
-from corral.scheduler.queues import Queue
+from corral.scheduler.queues import SWEEP_AFTER, Queue
 
 
 def jobs_of(user: str, count: int, start: float = 0.0) -> list[Job]:
@@ -143,12 +143,18 @@ def _shape(queue: Queue) -> dict[str, object]:
             {
                 _key(g): {u: [j.id for j in own] for u, own in holders.items()}
                 for g, holders in queued.groups.items()
+                if holders  # emptied groups stay until a sweep
             },
-            {need: {_key(g) for g in groups} for need, groups in queued.by_need.items()},
+            {
+                need: {_key(g) for g in groups if queued.groups[g]}
+                for need, groups in queued.by_need.items()
+                if any(queued.groups[g] for g in groups)
+            },
             {
                 (team, user): ([_key(g) for g in own.groups], [j.id for j in own.firsts])
                 for team, users in queued.users.items()
                 for user, own in users.items()
+                if own.cursors  # emptied ones stay until a sweep
             },
             [j.id for j in queued.big],
             queued.big_teams,
@@ -348,7 +354,7 @@ def test_jobs_share_a_group_only_when_team_need_replicas_fallback_and_bucket_agr
     assert add("team2", team="u") is others[0]
 
 
-def test_a_queue_emptied_of_its_jobs_holds_nothing_for_them() -> None:
+def test_a_queue_emptied_of_its_jobs_holds_nothing_for_them_after_a_sweep() -> None:
     queue = Queue(["batch"], big_gpus=8)
     for i in range(20):
         queue.add(
@@ -359,6 +365,7 @@ def test_a_queue_emptied_of_its_jobs_holds_nothing_for_them() -> None:
         )
     for i in range(20):
         queue.remove(f"j{i}")
+    queue.sweep()
     queued = queue.classes["batch"]
     assert (queued.groups, queued.by_need, queued.users, queued.big, queued.big_teams) == (
         {},
@@ -369,6 +376,16 @@ def test_a_queue_emptied_of_its_jobs_holds_nothing_for_them() -> None:
     )
     assert not queue.groups
     assert not queue.jobs
+
+
+def test_removals_sweep_emptied_entries_on_their_own() -> None:
+    queue = Queue(["batch"])
+    for i in range(SWEEP_AFTER + 2):  # a team each: a group and a user's groups each
+        queue.add(job(f"j{i}").gpus(1).set(priority="batch", team=f"t{i}").build())
+        queue.remove(f"j{i}")
+    queued = queue.classes["batch"]
+    assert len(queued.groups) < SWEEP_AFTER
+    assert len(queued.users) < SWEEP_AFTER
 
 
 def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -> None:

@@ -96,7 +96,7 @@ class Passes:
         self._head(pclass, guaranteed=True)
         live = self._live(pclass, guaranteed=True)
         # most passes of a busy cluster end here: cheaper (groups with no job pass over)
-        if not any(live.live(g) for g in groups):
+        if not any(live.live(g) for g, holders in groups.items() if holders):
             return
         running = self.running.get(pclass.name) or {}
         users = queued.users.values()

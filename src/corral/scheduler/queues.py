@@ -8,7 +8,10 @@ the models they name (they shape the cluster's node classes and indexes), and th
 of unknown classes.
 
 Adding or removing a job costs O(log n) (plus a list shift); jobs arriving in
-submission order are appended.
+submission order are appended. A group or a user's groups emptied by a removal stay, empty,
+for the next job like them (a user's few jobs come and go: made and dropped each time, they
+cost the compiled simulator several percent); passes skip empty ones, and a sweep drops them all
+once removals since the last sweep pass the queued jobs' count by ``SWEEP_AFTER``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from corral.scheduler.need import Need, need_of
 from corral.scheduler.user_groups import UserGroups, job_before, job_key
 
 NEED_CACHE: Final = 4096  # distinct resource requests remembered; past it the cache starts afresh
+SWEEP_AFTER: Final = 1024  # removals past the queued jobs' count between sweeps of empty entries
 
 Holders = dict[str, list[Job]]
 """A group's queued jobs by user, each user's sorted by ``job_key``."""
@@ -64,6 +68,7 @@ class Queue:
         self.models: dict[str, int] = {}  # models queued jobs name: jobs each
         self._needs: dict[ResourceRequest, Need] = {}
         self._interned: dict[tuple[str, Need, int, bool, int], Group] = {}
+        self._removed = 0  # removals since the last sweep
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -128,7 +133,26 @@ class Queue:
             _remove_from(queue.big, job)
             _decrement(queue.big_teams, job.team)
         _release(queue, group, job)
+        self._removed += 1
+        if self._removed > len(self.jobs) + SWEEP_AFTER:
+            self.sweep()
         return job
+
+    def sweep(self) -> None:
+        """Drop the groups and users' groups left empty by removals."""
+        for queue in self.classes.values():
+            for group in [g for g, holders in queue.groups.items() if not holders]:
+                del queue.groups[group]
+                alike = queue.by_need[group.need]
+                alike.remove(group)
+                if not alike:
+                    del queue.by_need[group.need]
+            for team, users in list(queue.users.items()):
+                for user in [u for u, own in users.items() if not own.cursors]:
+                    del users[user]
+                if not users:
+                    del queue.users[team]
+        self._removed = 0
 
     def sort(self) -> None:
         """Sort every list after ``add(..., sort=False)`` calls."""
@@ -198,21 +222,9 @@ def _release(queue: ClassQueue, group: Group, job: Job) -> None:
         if own:
             line.move(group, job, own[0])
         else:
-            line.drop(group, job)
-            if not line.cursors:
-                del users[job.user]
-                if not users:
-                    del queue.users[job.team]
-    if own:
-        return
-    del holders[job.user]
-    if holders:
-        return
-    del queue.groups[group]  # the group's last job of the class left
-    alike = queue.by_need[group.need]
-    alike.remove(group)
-    if not alike:
-        del queue.by_need[group.need]
+            line.drop(group, job)  # an emptied line stays (``Queue.sweep``)
+    if not own:
+        del holders[job.user]  # an emptied group stays (``Queue.sweep``)
 
 
 def _insert(own: list[Job], job: Job, sort: bool) -> None:
