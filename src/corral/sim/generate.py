@@ -6,8 +6,11 @@ gangs, some shared-GPU (half a card) jobs, log-normal run times (median 10
 minutes), Poisson arrivals at a rate that offers ``load`` x the cluster's
 GPUs on average, swinging over a day so that busy hours queue, and users'
 run-time estimates of 1-2x the true run time. Times are whole seconds, as in
-those traces. The same seed gives the same trace, job
-for job, and the trace is produced as a stream.
+those traces. The same seed gives the same trace, job for job, and the trace is
+produced as a stream.
+
+Over 400 lines on purpose: the shape, the draws (here or by a forked drawer, packed
+through a pipe) and the jobs made of them are one pipeline, each step feeding the next.
 """
 
 from __future__ import annotations
