@@ -1,10 +1,10 @@
 """Is anything else using the CPU? ``bench/e2e.py`` warns when it is.
 
-A CPU-bound process beside the benchmark, even a niced one, slows Celery's chain
-(a process wakes for every step of every task) far more than corral's, whose
-work arrives in batches: beside one, ``bench/e2e.py`` printed throughput ratios
-of 2.0-2.6 where the quiet machine gives 1.65. So the benchmark samples the machine
-before and after its run and says when the figures are not a quiet machine's.
+A CPU-bound process beside the benchmark, even a niced one, slows Celery's chain (a
+process wakes for every step of every task) far more than corral's, whose work arrives
+in batches: beside one, ``bench/e2e.py`` printed throughput ratios of 2.0-2.6 where the
+quiet machine gives 1.65. So the benchmark samples the machine before and after its run
+and says when the figures are not a quiet machine's.
 """
 
 from __future__ import annotations

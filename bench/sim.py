@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _interpreter() -> str:
     """Which Python runs the simulation: its build weighs on the figures (a distribution's,
     built with profile-guided and link-time optimisation, runs the compiled simulator's
-    trace in 13% fewer instructions than a plain pyenv build: docs/performance.md)."""
+    trace in 13% fewer instructions than a plain pyenv build)."""
     version = ".".join(str(v) for v in sys.version_info[:3])
     where = os.path.realpath(sys.executable)
     compiler = sys.version.split("[")[-1].rstrip("]")

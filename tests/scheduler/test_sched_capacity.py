@@ -10,7 +10,8 @@ from corral.core import GIB, Gpu, Node
 from corral.scheduler.api import Config
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Capacity, NodeCap
-from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.cluster import Cluster
+from corral.scheduler.cycle import Cycle
 from corral.scheduler.fit import Source, fit_on, search
 from corral.scheduler.need import Need, need_of
 
@@ -139,7 +140,7 @@ def test_a_rollback_also_undoes_cache_writes_made_during_the_what_if() -> None:
 
 
 def test_a_rollback_also_undoes_team_usage_the_ledger_took_during_the_what_if() -> None:
-    # The ledger keeps each team's usage on a page of its own (``quota.Book``), not in a
+    # The ledger keeps each team's usage in an entry of its own (``quota.TeamBudget``), not in a
     # memo's dict: its changes go to the cycle's log all the same, and roll back with it.
     from corral.core.model import Team
     from corral.scheduler import Config, Snapshot
@@ -148,7 +149,7 @@ def test_a_rollback_also_undoes_team_usage_the_ledger_took_during_the_what_if() 
     cycle = Cycle(Snapshot(nodes=NODES), Config(), now=0.0)
     teams = (Team("a", quota_gpus=1, borrow_limit_gpus=1),)
     ledger = Ledger.of_usage(teams, {"a": 500, "stranger": 250}, cycle.memo())
-    page = ledger.book("a")
+    page = ledger.budget("a")
     ledger.add("a", 250)
     mark = cycle.checkpoint()
     ledger.add("a", 1000)

@@ -11,10 +11,10 @@ from scheduler_builders import alloc, job, node, snapshot
 
 from corral.core import Gpu, Node
 from corral.scheduler import Config, ReasonCode, schedule
-from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.gang import _fewest_nodes, _room
 from corral.scheduler.need import need_of
+from corral.scheduler.node_cap import NodeCap
 
 
 def test_a_gang_is_placed_whole_on_the_fewest_nodes() -> None:

@@ -14,7 +14,7 @@ from scheduler_builders import AllocBuilder, JobBuilder, NodeBuilder, alloc, job
 
 from corral.scheduler import Config, ReasonCode, Remedy, schedule
 from corral.scheduler.api import Snapshot
-from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK
+from corral.scheduler.node_cap import ABSENT, LOADED, ON_DISK
 from corral.scheduler.routing import startup_s
 
 SIZE = 6_500_000_000

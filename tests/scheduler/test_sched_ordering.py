@@ -6,19 +6,15 @@ from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
-from live_queue_reference import ReferenceLiveQueue
 from scheduler_builders import alloc, job, node, snapshot, team
 
 from corral.core import Job
 from corral.scheduler import Config, schedule
 from corral.scheduler.fair import FairQueue
-from corral.scheduler.lines import Line, lines_of
-from corral.scheduler.need import Need, need_of
+from corral.scheduler.groups import Group
+from corral.scheduler.need import need_of
 from corral.scheduler.ordering import Checks, LiveQueue
-from corral.scheduler.passes import _take_least
-from corral.scheduler.queues import IDLE_GROUPS, IDLE_LINES, Group, Queue
-from corral.scheduler.service import with_served
-from corral.scheduler.slots import Running
+from corral.scheduler.queues import SWEEP_AFTER, Queue
 
 
 def jobs_of(user: str, count: int, start: float = 0.0) -> list[Job]:
@@ -134,29 +130,44 @@ def queue_jobs(draw: st.DrawFn) -> list[Job]:
     ]
 
 
-Splits = tuple[dict[str, dict[str, list[Group]]], dict[str, dict[Need, list[Group]]]]
+def _key(group: Group) -> tuple[object, ...]:
+    return (group.team, group.need, group.replicas, group.cpu, group.floor)
 
 
-def _splits(queue: Queue) -> Splits:
-    """The groups of ``Queue.by_team`` and ``Queue.by_need`` as a rebuild from ``Queue.lists``
-    has them, in the lists' order."""
-    by_team: dict[str, dict[str, list[Group]]] = {}
-    by_need: dict[str, dict[Need, list[Group]]] = {}
-    for cls, groups in queue.lists.items():
-        teams_of, needs_of = by_team.setdefault(cls, {}), by_need.setdefault(cls, {})
-        for group in groups:
-            teams_of.setdefault(group.team, []).append(group)
-            needs_of.setdefault(group.need, []).append(group)
-    return by_team, by_need
+def _shape(queue: Queue) -> dict[str, object]:
+    """What a queue holds per class: groups' jobs by user, the groups of each need, each
+    user's groups in order with their first jobs, the big jobs and their teams."""
+    out: dict[str, object] = {}
+    for name, queued in queue.classes.items():
+        out[name] = (
+            {
+                _key(g): {u: [j.id for j in own] for u, own in holders.items()}
+                for g, holders in queued.groups.items()
+                if holders  # emptied groups stay until a sweep
+            },
+            {
+                need: {_key(g) for g in groups if queued.groups[g]}
+                for need, groups in queued.by_need.items()
+                if any(queued.groups[g] for g in groups)
+            },
+            {
+                (team, user): ([_key(g) for g in own.groups], [j.id for j in own.firsts])
+                for team, users in queued.users.items()
+                for user, own in users.items()
+                if own.cursors  # emptied ones stay until a sweep
+            },
+            [j.id for j in queued.big],
+            queued.big_teams,
+        )
+    return out
 
 
 @given(queue_jobs(), st.lists(st.integers(0, 10_000), max_size=40))
-def test_the_queue_keeps_its_splits_by_team_and_need_as_a_rebuild_has_them(
+def test_a_queue_after_any_adds_and_removes_holds_what_a_fresh_one_would(
     jobs: list[Job], picks: list[int]
 ) -> None:
-    """Jobs come and go in any order; the kept splits and users' lines always equal ones
-    rebuilt from the lists, in the same order (a pass walks a team's groups in it),
-    holding the same per-user lists."""
+    """Jobs come and go in any order; the queue then holds exactly what a queue given only
+    the jobs left holds, in the same order, and nothing for jobs gone."""
     queue = Queue(["paid", "batch"], big_gpus=8)
     waiting = list(jobs)
     for pick in picks:
@@ -165,33 +176,16 @@ def test_the_queue_keeps_its_splits_by_team_and_need_as_a_rebuild_has_them(
             queue.add(waiting.pop(pick % len(waiting)))
         elif held:
             queue.remove(held[pick % len(held)])
-        by_team, by_need = _splits(queue)
-        assert {c: {t: list(own) for t, own in ts.items()} for c, ts in queue.by_team.items()} == (
-            by_team
+        fresh = Queue(["paid", "batch"], big_gpus=8)
+        for kept in queue.jobs.values():
+            fresh.add(kept, sort=False)
+        fresh.sort()
+        assert _shape(queue) == _shape(fresh)
+        assert (queue.unknown, queue.label_keys, queue.models) == (
+            fresh.unknown,
+            fresh.label_keys,
+            fresh.models,
         )
-        assert queue.by_need == by_need
-        for cls, teams_of in queue.by_team.items():
-            for own in teams_of.values():
-                assert all(holders is queue.lists[cls][g] for g, holders in own.items())
-            kept = {  # less the lines kept empty for their users' next jobs
-                (team, user): (line.groups, line.firsts)
-                for team, users in queue.lines[cls].items()
-                for user, line in users.items()
-                if line.groups
-            }
-            for users in queue.lines[cls].values():  # each place holds the queue's own list
-                assert all(
-                    place.jobs is queue.lists[cls][place.group][user]
-                    and place.first is place.jobs[0]
-                    for user, line in users.items()
-                    for place in line.places
-                )
-            rebuilt = {
-                (team, user): (line.groups, line.firsts)
-                for team, own in teams_of.items()
-                for user, line in lines_of(own).items()
-            }
-            assert kept == rebuilt
 
 
 @st.composite
@@ -213,91 +207,95 @@ def live_queue_runs(draw: st.DrawFn) -> tuple[dict[str, dict[str, list[Job]]], l
     return groups, draw(st.lists(st.integers(0, 99), max_size=60))
 
 
-@given(
-    live_queue_runs(),
-    st.booleans(),
-    st.dictionaries(st.sampled_from("uvwx"), st.sampled_from([0.25, 1.0, 2.5]), max_size=4),
-)
-def test_the_live_queue_hands_out_jobs_as_the_reference_model_does(
+@given(live_queue_runs(), st.sets(st.sampled_from([f"g{i}" for i in range(6)])))
+def test_the_live_queue_serves_users_in_turn_oldest_first_and_never_a_dead_group(
+    run: tuple[dict[str, dict[str, list[Job]]], list[int]], dead: set[str]
+) -> None:
+    """Every job placed: each user's jobs come oldest first, no user gets a second turn
+    before every user with a job left had one (equal weights, nothing running), jobs of
+    dead groups never come, and every job of a live group comes exactly once."""
+    groups, _ = run
+    queue = LiveQueue(groups, {}, {}, Checks(lambda g: g not in dead, lambda j: True))
+    handed: list[Job] = []
+    while (got := queue.pop()) is not None:
+        handed.append(got)
+        queue.done(got, placed=True)
+    live_jobs = {
+        j.id for g, h in groups.items() if g not in dead for own in h.values() for j in own
+    }
+    assert sorted(j.id for j in handed) == sorted(live_jobs)
+    by_user: dict[str, list[Job]] = {}
+    for got in handed:
+        by_user.setdefault(got.user, []).append(got)
+    for own in by_user.values():
+        assert own == sorted(own, key=lambda j: (j.submitted_at, j.id))
+    served: dict[str, int] = dict.fromkeys(by_user, 0)
+    for got in handed:
+        left = [u for u in by_user if served[u] < len(by_user[u])]
+        assert served[got.user] == min(served[u] for u in left)
+        served[got.user] += 1
+
+
+@given(live_queue_runs())
+def test_each_job_is_offered_once_placed_or_not_and_a_refill_offers_the_rest(
     run: tuple[dict[str, dict[str, list[Job]]], list[int]],
-    by_team: bool,
-    served: dict[str, float],
 ) -> None:
-    """Pop for pop, the queue over kept lines agrees with the one that heaps every live
-    group (the implementation before the sim2 round): groups die as the script says,
-    jobs are decided, placed or not, with riders, and a refill revives groups. Users'
-    recent service, given apart, counts as the reference's running work with it added
-    (``with_served``). Over kept lines, the script runs twice: the second queue takes up
-    the users' states the first one left on the lines (``Line.state``), and must start
-    from nothing all the same."""
+    """Jobs decided as the script says (placed or not): no job is offered twice, even
+    after a refill, and a refill offers every job not offered yet."""
     groups, script = run
-    weights = {"v": 2.0}
-    running = {"w": 1.0}
-    if by_team:  # two "teams": even and odd groups, each with its own lines
-        halves = [{g: h for g, h in groups.items() if int(g[1:]) % 2 == k} for k in (0, 1)]
-        lines = [lines_of(half) for half in halves]
-        for _ in range(2):
-            _run_live_queue(groups, weights, running, served, script, lines)
-    else:
-        _run_live_queue(groups, weights, running, served, script, None)
-
-
-def _counted(value: float) -> Running:
-    """A user's running work as the kept scheduler counts it."""
-    kept = Running()
-    kept.count = value
-    return kept
-
-
-def _run_live_queue(
-    groups: dict[str, dict[str, list[Job]]],
-    weights: dict[str, float],
-    running: dict[str, float],
-    served: dict[str, float],
-    script: list[int],
-    lines: list[dict[str, Line[str]]] | None,
-) -> None:
-    dead: set[str] = set()
     decided: set[str] = set()
-    counts = {user: _counted(value) for user, value in running.items()}
-    merged = with_served({"c": counts}, served, ["c"]).get("c", {})
-
-    def live(g: str) -> bool:
-        return g not in dead
-
-    def usable(j: Job) -> bool:
-        return j.id not in decided
-
-    ours = LiveQueue(groups, weights, counts, Checks(live, usable), lines, served)
-    reference = ReferenceLiveQueue(groups, weights, merged, live, usable)
-    names = sorted(groups)
-    every = [j for holders in groups.values() for own in holders.values() for j in own]
+    queue = LiveQueue(groups, {}, {}, Checks(lambda g: True, lambda j: j.id not in decided))
+    offered: set[str] = set()
     for step in script:
-        if step < 15:  # a group dies (only between refills may it come back)
-            dead.add(names[step % len(names)])
-        elif step < 25:  # capacity came back: everything lives again
-            dead.clear()
-            ours.refill()
-            reference.refill()
-            continue
-        elif step < 30 and every:  # some job is decided elsewhere (a rider, another pass)
-            decided.add(every[step % len(every)].id)
-        want, got = reference.pop(), ours.pop()
-        assert (got and got.id) == (want and want.id)
-        if want is None or got is None:
-            continue
+        got = queue.pop()
+        if got is None:
+            break
+        assert got.id not in offered, "offered twice without a refill"
+        offered.add(got.id)
         placed = step % 2 == 0
-        riders = (every[step % len(every)],) if placed and step % 5 == 0 else ()
         if placed:
-            decided.add(want.id)
-        reference.done(want, placed, riders)
-        ours.done(got, placed, riders)
-    assert bool(ours) == bool(reference)
+            decided.add(got.id)
+        queue.done(got, placed)
+    queue.refill()
+    again: set[str] = set()
+    while (got := queue.pop()) is not None:
+        again.add(got.id)
+        decided.add(got.id)
+        queue.done(got, placed=True)
+    every = {j.id for h in groups.values() for own in h.values() for j in own}
+    assert again == every - offered
+
+
+@given(queue_jobs(), st.integers(1, 16))
+def test_each_cycle_places_users_in_turn_and_each_user_s_oldest_first(
+    jobs: list[Job], gpus: int
+) -> None:
+    """Through ``schedule``: one class and team, 1-GPU jobs of three users on one node:
+    each user's placed jobs are its oldest, and no user is placed two more than one who
+    still has a job queued."""
+    same = [
+        replace(j, priority="batch", team="a", resources=job("x").gpus(1).build().resources)
+        for j in jobs
+    ]
+    snap = replace(snapshot([node("n").gpus(gpus)], teams=[team("a", gpus)]), queued=tuple(same))
+    plan = schedule(snap)
+    placed = {j for p in plan.placements for j in p.job_ids}
+    by_user: dict[str, list[Job]] = {}
+    for j in sorted(same, key=lambda j: (j.submitted_at, j.id)):
+        by_user.setdefault(j.user, []).append(j)
+    counts = {}
+    for user, own in by_user.items():
+        flags = [j.id in placed for j in own]
+        assert flags == sorted(flags, reverse=True), f"{user}'s placed jobs are its oldest"
+        counts[user] = sum(flags)
+    waiting = [u for u, own in by_user.items() if counts[u] < len(own)]
+    for user in waiting:
+        assert max(counts.values()) <= counts[user] + 1
 
 
 def test_a_queue_s_need_cache_never_mistakes_a_new_request_for_a_freed_one() -> None:
-    # ``Queue.need`` finds a request by its id first; a request freed and another made in
-    # its place (the same id, a different shape) must get its own need.
+    # Requests freed and others made in their place (perhaps at the same address) each
+    # get their own need; jobs sharing one request share its need.
     queue = Queue(["free"])
     for i in range(200):
         made = job(f"j{i}").gpus(1 + i % 7).build()
@@ -325,9 +323,8 @@ def test_jobs_share_a_group_when_their_estimates_share_a_power_of_two() -> None:
 
 
 def test_jobs_share_a_group_only_when_team_need_replicas_fallback_and_bucket_agree() -> None:
-    # ``Queue._group`` finds a group by need, then bucket, then a scan of team, replicas and
-    # CPU fallback: each part alone makes another group; an equal need (a new object, as a
-    # node selector's need is) finds the same one.
+    # Each of team, need, replicas, CPU fallback and estimate bucket alone makes another
+    # group; an equal need (a new object, as a node selector's need is) finds the same one.
     queue = Queue(["batch"])
 
     def add(name: str, *, fallback: bool = False, **fields: object) -> Group:
@@ -357,130 +354,53 @@ def test_jobs_share_a_group_only_when_team_need_replicas_fallback_and_bucket_agr
     assert add("team2", team="u") is others[0]
 
 
-@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5]), st.booleans()), max_size=12))
-def test_the_borrowing_pass_takes_teams_by_least_share_then_name(
-    draws: list[tuple[float, bool]],
-) -> None:
-    # ``_take_least`` takes what ``heapq`` popped: the least (share, team) of those left,
-    # each once, teams coming back (``append``) where they left a heap.
-    shares = [(share, f"team-{i:02d}") for i, (share, _) in enumerate(draws)]
-    left = list(shares)
-    taken = []
-    again = [f"team-{i:02d}" for i, (_, back) in enumerate(draws) if back]
-    while left:
-        expected = min(left)
-        name = _take_least(left)
-        assert name == expected[1]
-        assert expected not in left
-        assert len(left) == len(set(left))
-        taken.append(name)
-        if name in again:  # it placed a job and still has one: back in with a new share
-            again.remove(name)
-            left.append((expected[0] + 1.0, name))
-    assert sorted(set(taken)) == sorted(t for _, t in shares)
+def test_a_queue_emptied_of_its_jobs_holds_nothing_for_them_after_a_sweep() -> None:
+    queue = Queue(["batch"], big_gpus=8)
+    for i in range(20):
+        queue.add(
+            job(f"j{i}")
+            .gpus(1 + 7 * (i % 2))
+            .set(priority="batch", user=f"u{i % 3}", team=f"t{i % 4}")
+            .build()
+        )
+    for i in range(20):
+        queue.remove(f"j{i}")
+    queue.sweep()
+    queued = queue.classes["batch"]
+    assert (queued.groups, queued.by_need, queued.users, queued.big, queued.big_teams) == (
+        {},
+        {},
+        {},
+        [],
+        {},
+    )
+    assert not queue.groups
+    assert not queue.jobs
 
 
-def test_an_emptied_line_is_kept_for_the_user_s_next_job_without_its_pass_state() -> None:
-    # A user's few queued jobs come and go: the line stays when its last job leaves, and the
-    # user's next job takes it up again; a pass skips it while it is empty. The state a
-    # pass left on it goes (its slots would hold on to lists and jobs long gone), and with
-    # it the cycle the state and the line make.
+def test_removals_sweep_emptied_entries_on_their_own() -> None:
     queue = Queue(["batch"])
-    made = job("a").gpus(1).set(priority="batch", user="u").build()
-    queue.add(made)
-    users = queue.lines["batch"][made.team]
-    line = users["u"]
-    LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
-    state = line.state
-    assert state is not None
-    assert state.lines == [line]
-    queue.remove("a")
-    assert users["u"] is line
-    assert line.groups == []
-    assert line.firsts == []
-    assert line.state is None
-    empty = LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
-    assert empty.pop() is None
-    assert line.state is None
-    queue.add(job("b").gpus(1).set(priority="batch", user="u", submitted_at=5).build())
-    assert users["u"] is line
-    assert len(line.groups) == 1
-    fair = LiveQueue(queue.lists["batch"], {}, {}, Checks(lambda g: True, lambda j: True), [users])
-    handed = fair.pop()
-    assert handed is not None
-    assert handed.id == "b"
-    assert line.state is not None
-
-
-def test_empty_lines_past_the_bound_are_swept_holding_no_pass_state() -> None:
-    # Kept empty lines are bounded: past IDLE_LINES more than the queued jobs, every empty
-    # line goes. None of them holds a pass state (which refers back to its line: a cycle
-    # reference counting alone would not free): each let go of it as it emptied.
-    queue = Queue(["batch"])
-    keeper = job("keep").gpus(1).set(priority="batch", user="k").build()
-    queue.add(keeper)
-    lines = []
-    for n in range(IDLE_LINES + 1):
-        made = job(f"j{n}").gpus(1).set(priority="batch", user=f"u{n}").build()
-        queue.add(made)
-        line = queue.lines["batch"][made.team][f"u{n}"]
-        line.state = object()  # what a pass would leave on it
-        lines.append(line)
-        queue.remove(made.id)
-    users = queue.lines["batch"][keeper.team]
-    assert len(users) == IDLE_LINES + 2  # one more would pass the bound
-    gone = job("last").gpus(1).set(priority="batch", user="last").build()
-    queue.add(gone)
-    queue.remove("last")
-    assert list(users) == ["k"]  # the one line with a job stays
-    assert all(line.state is None for line in lines)
-    assert [j.id for j in queue.lists["batch"][queue.groups["keep"]]["k"]] == ["keep"]
-
-
-def test_an_emptied_group_stays_for_its_next_job_and_past_the_bound_is_swept() -> None:
-    # A group whose last job leaves keeps its (empty) place in its class's lists and both
-    # splits, and its next job takes it up again; past IDLE_GROUPS more such groups than
-    # queued jobs, every group with no job goes from the lists and the splits.
-    queue = Queue(["batch"])
-    keeper = job("keep").gpus(1).set(priority="batch", user="k").build()
-    queue.add(keeper)
-    groups, kept = queue.lists["batch"], queue.groups["keep"]
-    first = job("a").gpus(2).set(priority="batch", user="u").build()
-    queue.add(first)
-    group = queue.groups["a"]
-    queue.remove("a")
-    assert groups[group] == {}, "kept, with no job"
-    assert group in queue.by_team["batch"][first.team]
-    assert group in queue.by_need["batch"][group.need]
-    again = job("b").gpus(2).set(priority="batch", user="v", submitted_at=3).build()
-    queue.add(again)
-    assert queue.groups["b"] is group
-    assert groups[group] == {"v": [again]}
-    queue.remove("b")
-    for n in range(IDLE_GROUPS + 1):  # each a group of its own (a team each)
-        made = job(f"j{n}").gpus(3).set(priority="batch", team=f"t{n}").build()
-        queue.add(made)
-        queue.remove(made.id)
-    assert list(groups) == [kept], "swept: only the group with a job is left"
-    assert list(queue.by_team["batch"][keeper.team]) == [kept]
-    assert queue.by_need["batch"] == {kept.need: [kept]}
+    for i in range(SWEEP_AFTER + 2):  # a team each: a group and a user's groups each
+        queue.add(job(f"j{i}").gpus(1).set(priority="batch", team=f"t{i}").build())
+        queue.remove(f"j{i}")
+    queued = queue.classes["batch"]
+    assert len(queued.groups) < SWEEP_AFTER
+    assert len(queued.users) < SWEEP_AFTER
 
 
 def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -> None:
-    # The state a pass leaves on a user's line keeps its slots (a cursor over the user's
-    # jobs of one group) for the next pass. Between passes, the user's last job of a group
-    # may leave (the queue drops the list) and a new one come (a new list): the next pass
-    # must read the new list, not the one its slot held.
+    # Between passes, the user's last job of a group may leave (the queue drops the list)
+    # and a new one come (a new list): the next pass must read the new list.
     queue = Queue(["batch"])
     first = job("a").gpus(1).set(priority="batch", user="u", submitted_at=1).build()
     other = job("b").gpus(2).set(priority="batch", user="u", submitted_at=2).build()
     queue.add(first)
     queue.add(other)  # another group of the user's: the line stays when "a" leaves
-    users = queue.lines["batch"][first.team]
+    queued = queue.classes["batch"]
 
     def one_pass() -> list[str]:
         gate: Checks[Group] = Checks(lambda g: True, lambda j: True)
-        fair = LiveQueue(queue.lists["batch"], {}, {}, gate, [users])
+        fair = LiveQueue(queued.groups, {}, {}, gate, [queued.users[first.team]])
         out = []
         while (handed := fair.pop()) is not None:
             out.append(handed.id)
@@ -493,26 +413,23 @@ def test_a_pass_reads_a_user_s_jobs_anew_after_the_queue_replaced_their_list() -
     assert one_pass() == ["b", "c"]
 
 
-def test_a_line_s_slots_start_afresh_for_the_next_queue_whoever_holds_the_line() -> None:
-    # A line keeps its slots (Line.cursors) between passes; each queue's user state marks
-    # its own. A user's second line joins the first line's state in a queue over every
-    # team, and gets a state of its own in a queue over its team alone: the two states'
-    # marks must differ, or the second queue would take up the first's cursor and skip
-    # the job it handed out (and did not place).
+def test_the_next_queue_offers_a_job_an_earlier_queue_handed_out_and_did_not_place() -> None:
+    # A user's groups in two teams: one queue over both teams, then one over the second
+    # team alone; the second must offer the job the first handed out and did not place.
     queue = Queue(["batch"])
     for name, team_name in (("a", "t1"), ("b", "t2")):
         queue.add(job(name).gpus(1).set(priority="batch", user="u", team=team_name).build())
-    lines = queue.lines["batch"]
-    every = [lines["t1"], lines["t2"]]
+    queued = queue.classes["batch"]
+    users = queued.users
+    every = [users["t1"], users["t2"]]
     gate: Checks[Group] = Checks(lambda g: True, lambda j: True)
-    first = LiveQueue(queue.lists["batch"], {}, {}, gate, every)
+    first = LiveQueue(queued.groups, {}, {}, gate, every)
     handed = []
     while (j := first.pop()) is not None:
         handed.append(j.id)
         first.done(j, placed=False)  # stays queued: its slot's cursor moved past it
     assert handed == ["a", "b"]
-    assert lines["t2"]["u"].state is None  # joined the t1 line's state in that queue
-    alone = LiveQueue(queue.lists["batch"], {}, {}, gate, [lines["t2"]])
+    alone = LiveQueue(queued.groups, {}, {}, gate, [users["t2"]])
     again = alone.pop()
     assert again is not None
     assert again.id == "b"

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from scheduler_builders import alloc, job, node, snapshot
 
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
-from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.cluster import Cluster
+from corral.scheduler.cycle import Cycle
 from corral.scheduler.need import need_of
 from corral.scheduler.reservation import Reservations
 

@@ -10,10 +10,10 @@ from scheduler_builders import alloc, job, node, snapshot
 
 from corral.core import GIB, Gpu, Node
 from corral.scheduler.api import Config
-from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need, need_of
+from corral.scheduler.node_cap import NodeCap
 from corral.scheduler.scorers import (
     DEFAULT_SCORERS,
     Candidate,

@@ -1,11 +1,11 @@
-"""The kept scheduler's books by slot and number agree with a walk of its allocations.
+"""A kept scheduler's books after any starts, ends and changes of nodes.
 
-``Scheduler`` keeps each allocation in a slot (``slots.py``) with its expected end, its
-team's number and its node's index, a list of slots per node, milli-GPUs per team number
-and the latest expected end per node index (in a map and a list). After any sequence of
-starts, ends and changes of nodes, all of them must be what a walk of the allocations
-held gives, and each slot must be where its node's list says (``Slot.at``,
-``Slot.victim_at``). Starting an id held already is refused and changes nothing.
+``Scheduler`` keeps what each allocation holds, its expected end, its team's usage and
+its node's work as allocations start and end. After any sequence of starts, ends and
+changes of nodes, it holds exactly the allocations started and not ended, and it plans
+as a scheduler made afresh from those allocations does: the same placements and
+preemptions for the same queued jobs. Starting an id held already is refused and
+changes nothing.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from corral.core import Gpu, InvalidSpec, Node
+from corral.core import GIB, Gpu, InvalidSpec, Job, Node, ResourceRequest, Team
 from corral.core.model import Allocation
 from corral.core.states import AllocDesired, AllocObserved
-from corral.scheduler import Scheduler
-from corral.scheduler.slots import NOWHERE
+from corral.scheduler import Scheduler, Snapshot, schedule
 
 RUNNING = AllocObserved.RUNNING
 
@@ -69,7 +68,7 @@ step = st.one_of(
 
 @given(allocations(), st.lists(step, min_size=1, max_size=40))
 @example(_THREE, [("start", 0, 1.0), ("start", 1, None), ("start", 2, 3.0), ("end", 0)])
-def test_the_books_by_slot_agree_with_a_walk_of_the_allocations(
+def test_a_kept_scheduler_holds_and_plans_as_one_made_from_its_allocations(
     allocs: list[Allocation], script: list[tuple[Any, ...]]
 ) -> None:
     sched = Scheduler(NODES)
@@ -88,35 +87,37 @@ def test_the_books_by_slot_agree_with_a_walk_of_the_allocations(
         elif step[0] == "end" and allocs[step[1]].id in held:
             assert sched.end(allocs[step[1]].id) is held.pop(allocs[step[1]].id)[0]
         _check(sched, held)
-    for node, here in enumerate(sched._victims.nodes):
-        victims = here.slots
-        assert [slot.victim_at for slot in victims] == list(range(len(victims)))
-        assert {slot.alloc.node for slot in victims} <= {sched.nodes[node].name}
+    _check_plans(sched, held)
+
+
+TEAMS = tuple(Team(f"t{n}", quota_gpus=1, borrow_limit_gpus=1) for n in range(3))
+PROBES = (  # queued jobs whose placement depends on the cards, usage and ends held
+    Job("p0", ResourceRequest(gpus=1), team="t0", priority="interactive", estimated_runtime_s=2),
+    Job("p1", ResourceRequest(gpus=2), team="t1", submitted_at=1.0),
+    Job("p2", ResourceRequest(gpu_milli=250, vram_bytes=GIB), team="t2", submitted_at=2.0),
+    Job("p3", ResourceRequest(gpus=4), team="t0", priority="interactive", submitted_at=3.0),
+    Job("p4", ResourceRequest(cpus=2), team="t1", submitted_at=4.0),
+)
 
 
 def _check(sched: Scheduler, held: dict[str, tuple[Allocation, float | None]]) -> None:
-    """Every book of ``sched`` is what a walk of ``held`` (id -> allocation, end) gives."""
+    """``sched`` holds what ``held`` (id -> allocation, expected end) says."""
     assert sched.allocations == {a: alloc for a, (alloc, _) in held.items()}
     assert sched.expected_ends == {a: end for a, (_, end) in held.items() if end is not None}
-    index = {node.name: i for i, node in enumerate(sched.nodes)}
-    teams = sched._team_numbers
-    used = [0] * len(teams.names)
-    here: list[set[str]] = [set() for _ in sched.nodes]
-    ends: dict[int, float] = {}
-    for alloc_id, slot in sched._slots.of.items():
-        alloc, end = held[alloc_id]
-        assert (slot.alloc, slot.end) == (alloc, end)
-        assert teams.names[slot.team] == alloc.team
-        assert slot.node == index.get(alloc.node, NOWHERE)
-        if not alloc.active:
-            continue
-        used[slot.team] += 0 if alloc.on_cpu else alloc.milli
-        if slot.node != NOWHERE:
-            here[slot.node].add(alloc_id)
-            if end is not None:
-                ends[slot.node] = max(end, ends.get(slot.node, end))
-    assert [tally.milli for tally in sched._used] == used
-    assert [{slot.alloc.id for slot in work} for work in sched._here] == here
-    for work in sched._here:
-        assert [slot.at for slot in work] == list(range(len(work)))
-    assert sched._end_at == [ends.get(node) for node in range(len(sched.nodes))]
+
+
+def _check_plans(sched: Scheduler, held: dict[str, tuple[Allocation, float | None]]) -> None:
+    """``sched`` plans for the probe jobs as a plan from scratch of the same state does."""
+    fresh = Snapshot(
+        nodes=sched.nodes,
+        queued=PROBES,
+        allocations=tuple(alloc for alloc, _ in held.values()),
+        teams=TEAMS,
+        expected_ends={a: end for a, (_, end) in held.items() if end is not None},
+    )
+    sched.set_teams(TEAMS)
+    for probe in PROBES:
+        sched.submit(probe)
+    kept, scratch = sched.schedule(now=0.5), schedule(fresh, now=0.5)
+    assert kept.placements == scratch.placements
+    assert kept.preemptions == scratch.preemptions

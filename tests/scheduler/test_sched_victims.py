@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from corral.core.model import Allocation, PriorityClass
 from corral.core.states import AllocDesired
-from corral.scheduler.slots import NOWHERE, Numbers, Slot
+from corral.scheduler.slots import NOWHERE, Slot, TeamNumbers
 from corral.scheduler.victims import VictimIndex
 
 RUN = AllocDesired.RUN
@@ -82,7 +82,7 @@ def test_the_index_holds_what_a_walk_of_the_running_allocations_gives_after_each
     allocs: list[Allocation], script: list[tuple[Any, ...]]
 ) -> None:
     index = VictimIndex(dict(CLASSES), len(NODES))
-    teams = Numbers()
+    teams = TeamNumbers()
     running: dict[str, Slot] = {}  # a new slot per start, as the scheduler gives
     for kind, which in script:
         if which >= len(allocs):
@@ -158,7 +158,7 @@ def test_slots_indexed_again_in_a_new_index_make_one_unit_per_gang() -> None:
     # When the scheduler's nodes change it files its running slots in a new index; their
     # chains of kin from the old one must not carry over (a chain that loops back made
     # ``units`` walk for ever).
-    teams = Numbers()
+    teams = TeamNumbers()
     slots = [Slot(a, None, teams.number(a.team), NODES[a.node]) for a in _GANG]
     old = VictimIndex(CLASSES, len(NODES))
     for slot in slots:

@@ -251,7 +251,7 @@ def test_waits_by_size_group_every_job_by_its_size_however_many_requests() -> No
     # ``first_placed`` finds the first requests' size groups by the request's identity and
     # the replicas; a gang of the same request is another size, and requests past the first
     # few are grouped by name as before.
-    requests = [ResourceRequest(gpus=g % 4 + 1) for g in range(report.RECENT_REQUESTS + 4)]
+    requests = [ResourceRequest(gpus=g % 4 + 1) for g in range(report.RECENT_SIZES + 4)]
     requests.append(ResourceRequest(gpu_milli=500))
     metrics, want = Metrics(), {}
     for i in range(120):

@@ -124,8 +124,8 @@ def test_the_runner_pulls_jobs_only_as_simulated_time_reaches_them() -> None:
 
 
 def test_the_generated_trace_draws_what_the_stdlib_random_methods_draw() -> None:
-    # generate.trace inlines Random.expovariate / lognormvariate / uniform (a compiled build
-    # then compiles them); the same seed must still give the stdlib's values, draw for draw.
+    # generate.trace writes out Random.expovariate / lognormvariate / uniform; the same seed
+    # must still give the stdlib's values, draw for draw.
     ours, theirs = random.Random(7), random.Random(7)
     for _ in range(2_000):
         assert generate.expovariate(ours.random, 0.3) == theirs.expovariate(0.3)
@@ -134,8 +134,8 @@ def test_the_generated_trace_draws_what_the_stdlib_random_methods_draw() -> None
 
 
 def test_the_generators_rounding_is_round() -> None:
-    # generate._round writes out round() of a float (ties to even), which a compiled build
-    # calls through a generic lookup; the trace must round as round() does.
+    # generate._round writes out round() of a float (ties to even); the trace must round as
+    # round() does.
     rng = random.Random(3)
     values = [k / 2 for k in range(-41, 41)] + [rng.uniform(-1e6, 1e6) for _ in range(5_000)]
     values += [0.49999999999999994, 2.5000000000000004, 4503599627370495.5]

@@ -1,13 +1,10 @@
-"""What the compiled build (``scripts/build-native``, mypyc) is told about a class:
-``@mypyc_attr(acyclic=True)``, spelled so (mypyc knows the decorator by its name).
+"""``@mypyc_attr(acyclic=True)`` (mypyc knows the decorator by that name): a class whose
+instances never take part in a reference cycle.
 
-``acyclic``: instances of the class never take part in a reference cycle, so the compiled
-build makes them without the cyclic garbage collector's header and never tracks them.
-A tracked object is linked into the collector's list when made and unlinked when freed,
-which writes to its two neighbours in that list: objects made about when it was, long
-cold when a job's records die. Each such class holds only immutable values, or records
-that never refer back to it; an untracked object in a cycle would not be freed (a leak,
-never a crash). Pure Python ignores the mark.
+The compiled build (``scripts/build-native``) makes such instances without the cyclic
+garbage collector's bookkeeping, which the simulator pays for several records per job.
+Mark only classes that hold immutable values or records that never refer back (an
+untracked cycle would leak). Pure Python ignores the mark.
 """
 
 from __future__ import annotations

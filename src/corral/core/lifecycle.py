@@ -2,9 +2,8 @@
 
 ``Lifecycle`` is a named transition table (an edge per allowed change, with why it
 exists); ``Transition`` one recorded change. The gate that checks and records a change
-is ``gate.transition``; the tables themselves are in ``states.py``. A module of its
-own: the compiled build leaves it interpreted (mypyc cannot compile the generic
-dataclass ``Lifecycle``) and compiles the gate, which imports it.
+is ``gate.transition``; the tables themselves are in ``states.py``. Apart from the gate
+so that the gate can be compiled (``Lifecycle``, a generic dataclass, cannot).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Final
 
 from corral.core.errors import InvalidSpec
 
-MILLI: Final = 1000  # Final: a compiled build (scripts/build-native) inlines it
+MILLI: Final = 1000
 """Milli-GPUs in one whole GPU."""
 
 GIB: Final = 1024**3
@@ -76,9 +76,8 @@ class ResourceRequest:
             raise InvalidSpec("resources.cpus", "must be >= 0")
 
     def __hash__(self) -> int:
-        """The hash ``dataclass`` would generate (the same value), written out so that a
-        compiled build compiles it: requests key the scheduler's cache of needs, looked
-        up once per queued job, and a generated ``__hash__`` stays interpreted code."""
+        """The hash ``dataclass`` would generate, written out: compiled, it is one of the
+        simulator's per-job costs (the queue's cache of needs is keyed by request)."""
         return hash(
             (
                 self.gpus,

@@ -4,7 +4,7 @@ Every entity with a lifecycle has one table: an edge per allowed change and
 a comment saying when it happens. ``transition`` is the only gate: it checks
 the edge and appends a ``Transition`` to the entity's history, so every
 change is explained and recorded. The table's and the record's types live in
-``lifecycle.py`` and the gate in ``gate.py`` (which the compiled build compiles);
+``lifecycle.py`` and the gate in ``gate.py``;
 all three are named here too.
 """
 

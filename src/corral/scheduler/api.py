@@ -37,7 +37,7 @@ class Snapshot:
     (start + estimated run time), for end-together placement. ``model_sizes``
     (optional) gives registered models' sizes, for model-aware routing.
     ``served`` (optional) is each user's recent service from the shell's
-    ``scheduler.service.ServiceLedger``, so fair mixing carries across cycles.
+    ``scheduler.served.ServiceLedger``, so fair mixing carries across cycles.
     """
 
     nodes: tuple[Node, ...] = ()
@@ -156,12 +156,12 @@ class Reason:
     message: str
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class Placement:
     """Run ``job_ids`` (one job, or a batch of sample jobs) on ``node``.
 
-    ``__init__`` is written out for a compiled build's sake, as ``Job``'s is.
+    ``__init__`` is written out, as ``Job``'s is (one is made per placement).
     """
 
     allocation_id: str

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from corral.core.model import Job, JobKind
-from corral.scheduler.ordering import job_key
+from corral.scheduler.user_groups import job_key
 
 
 def batch_key(job: Job) -> Hashable | None:

@@ -31,163 +31,21 @@ from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, Gpu, Node
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
+from corral.scheduler.node_cap import (
+    LOADED,
+    ON_DISK,
+    PARTIAL_STEP,
+    Layout,
+    NodeCap,
+    card_layout,
+)
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
 
-LOADED: Final = 2
-ON_DISK: Final = 1
-ABSENT: Final = 0
-"""Model locality of a node for a job's model (``ABSENT`` also when there is no model)."""
-
-PARTIAL_STEP: Final = 50
-"""Width, in milli-GPUs, of a bucket of the shared-card index (20 buckets per card)."""
-
 _RESERVE: Final = 0
 _RELEASE: Final = 1
 _HIDE: Final = 2
-
-Layout = tuple[list[int], list[str], dict[int, int] | None]
-"""VRAM and model per card position, and ``Gpu.index`` -> position (None: the same)."""
-
-
-def card_layout(gpus: tuple[Gpu, ...]) -> Layout:
-    """Static facts of a node's cards; shared by nodes with identical cards (read-only).
-
-    Cards are addressed by position here; ``Gpu.index`` (what agents and plans
-    use) may differ when a node hides a card.
-    """
-    indices = [g.index for g in gpus]
-    positions = (
-        None if indices == list(range(len(indices))) else {i: p for p, i in enumerate(indices)}
-    )
-    return [g.vram_bytes for g in gpus], [g.model for g in gpus], positions
-
-
-class Card:
-    """One card's free milli-GPUs (``free``) and VRAM bytes (``vram_free``): on a working
-    copy, and in the simulator's world. A record, not two ints in lists by card position:
-    a compiled build updates its fields natively, where storing a changed int in a list
-    boxed it (a new int object per card reserved or released, and the old one freed)."""
-
-    __slots__ = ("free", "vram_free")
-
-    def __init__(self, free: int, vram_free: int) -> None:
-        self.free: i64 = free
-        self.vram_free: i64 = vram_free
-
-
-class NodeCap:
-    """Free capacity of one node. Mutable; owned by ``Capacity``."""
-
-    __slots__ = (
-        "cards",
-        "cls",
-        "cpus_free",
-        "gpu_model",
-        "gpu_vram",
-        "groups",
-        "hidden",
-        "idx",
-        "milli_free",
-        "node",
-        "partial_level",
-        "positions",
-        "schedulable",
-        "whole_free",
-    )
-
-    def __init__(self, idx: int, node: Node, cls: int, layout: Layout | None = None) -> None:
-        self.idx: i64 = idx
-        self.node = node
-        self.cls = cls
-        self.schedulable = node.schedulable
-        self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
-        self.cards = [Card(MILLI, vram) for vram in self.gpu_vram]  # by position
-        self.milli_free: i64 = MILLI * len(self.gpu_vram)  # the cards' free, summed (scorers)
-        self.cpus_free: i64 = node.cpus
-        self.whole_free: i64 = len(self.gpu_vram)
-        self.partial_level: i64 = -1  # bucket of the roomiest partly used card; -1: none
-        self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
-        self.hidden = False  # reserved for a job ahead: out of every index this cycle
-
-    def to_positions(self, indices: tuple[int, ...]) -> tuple[int, ...]:
-        """Card positions of ``Gpu.index`` values (unknown indices are dropped)."""
-        if self.positions is None:
-            return indices
-        return tuple(self.positions[i] for i in indices if i in self.positions)
-
-    def to_indices(self, positions: tuple[int, ...]) -> tuple[int, ...]:
-        """``Gpu.index`` values of card positions."""
-        if self.positions is None:
-            return positions
-        gpus = self.node.gpus
-        return tuple(gpus[p].index for p in positions)
-
-    @property
-    def name(self) -> str:
-        return self.node.name
-
-    @property
-    def gpu_count(self) -> int:
-        return len(self.gpu_vram)
-
-    def usable(self, gpu: int, vram: i64, models: frozenset[str]) -> bool:
-        """Card ``gpu`` is big enough and of an accepted model (any, when ``models`` is empty).
-        ``len``, here and below: a compiled build reads a set's size, where its truth is a
-        generic call."""
-        return self.gpu_vram[gpu] >= vram and (not len(models) or self.gpu_model[gpu] in models)
-
-    def whole_free_cards(self, vram: i64, models: frozenset[str]) -> list[int]:
-        """Indices of wholly free cards with at least ``vram`` bytes, of an accepted model."""
-        if not vram and not len(models):
-            return [i for i, card in enumerate(self.cards) if card.free == MILLI]
-        return [
-            i
-            for i, card in enumerate(self.cards)
-            if card.free == MILLI and self.usable(i, vram, models)
-        ]
-
-    def milli_for(self, gpu: int, vram: i64, milli: i64) -> i64:
-        """Milli-GPUs a shared reservation (``vram`` bytes, ``milli`` compute) takes on ``gpu``."""
-        total: i64 = self.gpu_vram[gpu]
-        share: i64 = -(-vram * MILLI // total) if total != 0 and vram != 0 else 0
-        # ``max(milli, min(share, MILLI), 1)`` written out: a compiled build calls a
-        # three-argument ``max`` generically
-        if share > MILLI:
-            share = MILLI
-        if milli > share:
-            share = milli
-        return share if share > 1 else 1
-
-    def best_shared_gpu(self, vram: i64, milli: i64, models: frozenset[str]) -> int | None:
-        """The card where a shared reservation fits tightest (partly used cards first)."""
-        best: int | None = None
-        best_left: i64 = 2 * MILLI + 1
-        for i, card in enumerate(self.cards):
-            if card.vram_free < vram or (len(models) and self.gpu_model[i] not in models):
-                continue
-            free = card.free
-            left: i64 = free - self.milli_for(i, vram, milli)
-            if left < 0:
-                continue
-            if free == MILLI:
-                left += MILLI  # a fresh card only when no used card has room
-            if left < best_left:
-                best, best_left = i, left
-        return best
-
-    def _recount(self) -> None:
-        whole: i64 = 0
-        level: i64 = -1
-        for card in self.cards:
-            free = card.free
-            if free == MILLI:
-                whole += 1
-            elif free > 0:
-                level = max(level, min(free, MILLI - 1) // PARTIAL_STEP)
-        self.whole_free = whole
-        self.partial_level = level
 
 
 class Index:
@@ -245,17 +103,14 @@ class Index:
                 self._cpu(now_whole).add(nc)
 
     def _cpu(self, whole_free: int) -> Bucket:
-        """The CPU bucket of a node with ``whole_free`` wholly free cards. Constant indices:
-        a compiled build keeps the pair unboxed, and indexing it by a variable would build
-        a tuple object first."""
+        """The CPU bucket of a node with ``whole_free`` wholly free cards."""
         return self.cpu[1] if whole_free > 0 else self.cpu[0]
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Change:
     """One entry of a ``Capacity``'s journal: what ``op`` (reserve, release, hide) did to
-    ``nc``. A record, not a tuple: a compiled build keeps its ints unboxed, where a tuple
-    boxed three per reservation."""
+    ``nc``."""
 
     __slots__ = ("cpus", "gpus", "milli", "nc", "op", "vram")
 
@@ -429,7 +284,7 @@ class Capacity:
                 continue
             if change.op == _RESERVE:
                 self._apply(nc, change.gpus, change.milli, change.vram, change.cpus)
-            else:  # negated, not multiplied by -1: a compiled build multiplies that generically
+            else:
                 self._apply(nc, change.gpus, -change.milli, -change.vram, -change.cpus)
         self.generation = generation
 
@@ -450,7 +305,7 @@ class Capacity:
                     card.vram_free += sizes[g] if milli > 0 else -sizes[g]
                 else:
                     card.vram_free += vram
-                if now == MILLI:  # comparisons, not bools subtracted: ints made natively
+                if now == MILLI:
                     whole += 1
                 if was == MILLI:
                     whole -= 1

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 from corral.core.model import Allocation
 from corral.scheduler.api import Placement, Plan
-from corral.scheduler.capacity import Capacity, NodeCap
-from corral.scheduler.cycle import Cluster
+from corral.scheduler.capacity import Capacity
+from corral.scheduler.cluster import Cluster
+from corral.scheduler.node_cap import NodeCap
 from corral.scheduler.planned import Planned
 from corral.scheduler.slots import Slot
 

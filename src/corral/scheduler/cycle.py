@@ -1,9 +1,4 @@
-"""A cycle's working state: node classes, capacity, caches, reservations.
-
-``Cluster`` is what a cycle starts from: node equivalence classes, the
-capacity under the active allocations, and caches that depend only on them.
-``schedule`` builds one from a ``Snapshot``; the incremental ``Scheduler``
-keeps one between cycles and feeds it the world's changes.
+"""A cycle's working state on a ``Cluster`` (``cluster.py``): capacity, caches, ends.
 
 ``Cycle`` is one cycle on a cluster. It answers one question fast: where does
 this need fit best right now (``find``), and records the answer (``take``)
@@ -16,15 +11,15 @@ state rather than from its own plan).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from corral.core.model import Allocation, Node
+from corral.core.model import Allocation
 from corral.scheduler.api import Config, Snapshot
-from corral.scheduler.capacity import ABSENT, LOADED, ON_DISK, Capacity, NodeCap
-from corral.scheduler.filters import DEFAULT_FILTERS, Filter, StaticChecks, class_key
+from corral.scheduler.cluster import Cluster, node_ends
 from corral.scheduler.fit import Fit, Source, search
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import ABSENT, LOADED, ON_DISK, NodeCap
 from corral.scheduler.scorers import (
     DEFAULT_SCORERS,
     TIGHTEST_FIRST_SCORERS,
@@ -47,45 +42,9 @@ FEW_CLASSES: Final = 8
 overall index and skip other classes (cheaper than many nearly empty buckets)."""
 
 
-class Cluster:
-    """Node classes, capacity under the active allocations, and static caches.
-
-    ``label_keys``: node labels some queued job selects on (they split classes);
-    ``models``: models some queued job names (holders get an index).
-    """
-
-    def __init__(
-        self,
-        nodes: Sequence[Node],
-        label_keys: Iterable[str],
-        models: Iterable[str],
-        active: Iterable[Allocation],
-        filters: Sequence[Filter] = DEFAULT_FILTERS,
-    ) -> None:
-        self.label_keys = frozenset(label_keys)
-        self.models = frozenset(models)
-        classes, self.representatives = _classify(nodes, self.label_keys)
-        self.class_members: list[list[int]] = [[] for _ in self.representatives]
-        for i, cls in enumerate(classes):
-            self.class_members[cls].append(i)
-        self.cap = Capacity(nodes, classes, self.models, active)
-        self.checks = StaticChecks(self.representatives, filters)
-        self.sources: dict[tuple[Need, str], list[list[Source]]] = {}  # by need and model
-        self.plain_sources: dict[Need, list[list[Source]]] = {}  # no model: no tuple to hash
-        self.feasible: dict[Need, list[int]] = {}
-
-    @staticmethod
-    def of(snapshot: Snapshot) -> Cluster:
-        """The cluster of a snapshot (its queued jobs decide label keys and models)."""
-        keys = {k for job in snapshot.queued for k in job.node_selector}
-        models = {job.model for job in snapshot.queued if job.model}
-        return Cluster(snapshot.nodes, keys, models, [a for a in snapshot.allocations if a.active])
-
-
 def current(stamp: int | None, generation: int) -> bool:
-    """Is a memo's capacity stamp (``None``: no entry) this ``generation``? A compiled
-    build compares two ints natively here, where ``memo.get(key) == generation`` made a
-    generic rich comparison of the boxed value (a memo's values are erased generics)."""
+    """Is a memo's capacity stamp (``None``: no entry) this ``generation``? A failure
+    noted before capacity last changed says nothing now."""
     return stamp is not None and stamp == generation
 
 
@@ -96,8 +55,8 @@ class Memo(Generic[K, V]):
         self._data: dict[K, V] = {}
         self.log = log  # the log it writes to (``Cycle.rollback`` undoes it; a ``quota.Ledger``
         # writes its changes there too)
-        self.get = self._data.get  # the hot path: a bound dict method, no wrapper call
-        self.data = self._data  # read-only view for hot paths of a compiled build (typed dict)
+        self.get = self._data.get
+        self.data = self._data  # read-only: writes go through ``put``, which logs them
 
     def put(self, key: K, value: V) -> None:
         self.log.append((self._data, key, self._data.get(key, _MISSING)))
@@ -141,19 +100,17 @@ class Cycle:
         self._sources = cluster.sources
         self._plain_sources = cluster.plain_sources
         self._feasible = cluster.feasible
-        # (where, key, old value): a memo's dict or a ``quota.Book`` (``Any``: written back
-        # by a generic item store, which each of them takes)
+        # (where, key, old value): a memo's dict or a ``quota.TeamBudget``, each written
+        # back by an item store
         self._memo_log: list[tuple[Any, Any, Any]] = []
         self._failed: Memo[Need, int] = self.memo()
         if end_at is None:
             end_at = _by_index(dict(ends or {}), len(cluster.cap.nodes))
-        # Read by index: the look-up per candidate node of ``expected_end`` boxed the index
-        # and hashed it, twice (both maps), where a list is read natively.
-        self._base_at = end_at
+        self._base_at = end_at  # node index -> when its work should all end, at the start
         self._ends: Memo[int, float] = self.memo()  # node -> when its work should all end
         self._end_data = self._ends.data
         # by node index: may ``_ends`` hold it (set by a change, left by a rollback: then the
-        # map says no). A list read natively, where a look-up in the map boxed the index.
+        # map says no)
         self._moved: list[bool] = []
         self.start = self.checkpoint()
 
@@ -199,8 +156,8 @@ class Cycle:
             limit = 1  # no locality, no end time: the best-fit order is the score order
         chosen: Fit | None = None
         passed = self.cap.by_name
-        banned = {passed[n].idx for n in exclude if n in passed} if len(exclude) else None
-        if len(avoid):  # its size, read natively; a frozenset's truth is a generic call
+        banned = {passed[n].idx for n in exclude if n in passed} if exclude else None
+        if avoid:
             skip = {passed[n].idx for n in avoid if n in passed}
             chosen = self._choose(need, model, runtime, limit, skip | banned if banned else skip)
         if chosen is None:
@@ -381,23 +338,6 @@ class Cycle:
         return [Source(self.cap.everywhere, allowed)]
 
 
-def node_ends(
-    cap: Capacity, allocations: Iterable[Allocation], ends: Mapping[str, float]
-) -> dict[int, float]:
-    """Per node index, the latest expected end of its active allocations (known ends only)."""
-    out: dict[int, float] = {}
-    if not ends:
-        return out
-    for alloc in allocations:
-        end = ends.get(alloc.id)
-        nc = cap.by_name.get(alloc.node)
-        if end is not None and nc is not None and alloc.active:
-            old = out.get(nc.idx)
-            if old is None or end > old:
-                out[nc.idx] = end
-    return out
-
-
 def _by_index(ends: dict[int, float], nodes: int) -> list[float | None]:
     """``ends`` as a list by node index (``nodes`` long, or to the last index ``ends``
     names), ``None`` where a node has no known end."""
@@ -421,18 +361,3 @@ def locality(nc: NodeCap, model: str | None) -> int:
     if model in node.models_loaded:
         return LOADED
     return ON_DISK if model in node.models_on_disk else ABSENT
-
-
-def _classify(nodes: Sequence[Node], label_keys: frozenset[str]) -> tuple[list[int], list[Node]]:
-    """Class id per node, and one representative node per class."""
-    ids: dict[Hashable, int] = {}
-    reps: list[Node] = []
-    classes: list[int] = []
-    for node in nodes:
-        key = class_key(node, label_keys)
-        cls = ids.get(key)
-        if cls is None:
-            cls = ids[key] = len(reps)
-            reps.append(node)
-        classes.append(cls)
-    return classes, reps

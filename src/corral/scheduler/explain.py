@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 
 from corral.scheduler.api import Reason, ReasonCode, Remedy
-from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import NodeCap
 
 STATIC_MESSAGES: dict[ReasonCode, str] = {
     ReasonCode.NODE_NOT_READY: "not ready (lost)",

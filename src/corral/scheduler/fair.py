@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from heapq import heapify, heappop, heappush
 
 from corral.core.model import Job
-from corral.scheduler.ordering import job_key
+from corral.scheduler.user_groups import job_key
 
 
 class FairQueue:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Final
 from corral.core.compiled import mypyc_attr
 from corral.core.resources import MILLI
 from corral.scheduler.bits import Bucket
-from corral.scheduler.capacity import PARTIAL_STEP, Card, Index, NodeCap
+from corral.scheduler.capacity import Index
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import PARTIAL_STEP, Card, NodeCap
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -40,14 +41,10 @@ def every(count: int) -> tuple[int, ...]:
     return _EVERY[count] if 0 <= count < len(_EVERY) else tuple(range(count))
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Fit:
-    """Where exactly a need fits on a node: which cards, how much of each.
-
-    A plain class, not a dataclass: several are made per placement, and a compiled
-    build (scripts/build-native) compiles this ``__init__`` but not a generated one
-    (about 20x cheaper). Treat it as immutable.
-    """
+    """Where exactly a need fits on a node: which cards, how much of each. Treat it as
+    immutable."""
 
     __slots__ = ("cpus", "gpus", "milli", "node", "vram")
 
@@ -77,7 +74,7 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
-        if need.picky:  # a field: the frozenset's truth would be a generic call
+        if need.picky:  # a VRAM floor or card models named
             cards = nc.whole_free_cards(need.vram, need.gpu_models)
             if len(cards) < need.gpus:
                 return None
@@ -114,9 +111,7 @@ def _first_free(gpu_cards: list[Card], count: i64) -> tuple[int, ...]:
 
 
 class Source:
-    """An index to walk and the node classes allowed in it (``allowed`` None: all of them).
-    A record, not a pair: a compiled build checks the type of each item it unpacks from a
-    tuple, and a check of ``None`` against ``frozenset`` asks for a subtype each time."""
+    """An index to walk and the node classes allowed in it (``allowed`` None: all of them)."""
 
     __slots__ = ("allowed", "index")
 
@@ -148,11 +143,9 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None)
 def _search_whole(
     need: Need, sources: list[Source], limit: int, seen: set[int] | None, found: list[Fit]
 ) -> None:
-    top: i64 = 0  # a loop, not max() over a generator: a compiled build runs it inline
+    top = 0
     for source in sources:
-        size: i64 = len(source.index.whole)
-        if size > top:
-            top = size
+        top = max(top, len(source.index.whole))
     cpus = need.cpus
     level: i64 = need.gpus if need.gpus > 1 else 1
     while level < top:

@@ -73,7 +73,7 @@ def of_free(nodes: Sequence[Node], free: Sequence[list[int]]) -> Fragmentation:
     node ``nodes[i]``'s free milli-GPUs by card index (a shell that keeps them, as the
     simulator's world does, need not walk its allocations: O(cards), no map)."""
     total = free_cards = whole_nodes_free = stranded = 0
-    blocks: dict[int, int] = {}  # not a Counter: a compiled build updates a dict natively
+    blocks: dict[int, int] = {}  # free cards on a node -> nodes with that many
     for node, cards in zip(nodes, free, strict=True):
         if not node.schedulable or not node.gpus:
             continue

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.fit import Fit, fit_on, slots
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import NodeCap
 
 Choice = list[tuple[NodeCap, int]]
 """Nodes and how many replicas each gets."""

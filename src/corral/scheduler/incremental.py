@@ -30,18 +30,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
 from corral.scheduler.api import Config, Plan, Snapshot
 from corral.scheduler.carried import Carried, adjust_on
-from corral.scheduler.cycle import Cluster, Cycle
+from corral.scheduler.cluster import Cluster
+from corral.scheduler.cycle import Cycle
 from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
-from corral.scheduler.slots import NOWHERE, Numbers, Running, Slot, Slots, Tally, join, leave
+from corral.scheduler.slots import (
+    NOWHERE,
+    RunningCount,
+    Slot,
+    Slots,
+    TeamNumbers,
+    TeamUsage,
+    join,
+    leave,
+)
 from corral.scheduler.victims import VictimIndex
 
 if TYPE_CHECKING:
@@ -63,12 +73,12 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.classes = {c.name: c for c in config.priority_classes}
-        self.served: Mapping[str, float] = {}  # user -> recent service (see service.py)
+        self.served: Mapping[str, float] = {}  # user -> recent service (see served.py)
         self.queue = Queue(self.classes, config.reserve_min_gpus)
         self._slots = Slots()  # the allocations as given, active or not, and their ends
-        self._team_numbers = Numbers()  # the teams of allocations given
-        self._used: list[Tally] = []  # team number -> milli-GPUs its active allocations hold
-        self._running: dict[str, dict[str, Running]] = {}  # class -> user -> active allocations
+        self._team_numbers = TeamNumbers()  # the teams of allocations given
+        self._used: list[TeamUsage] = []  # team number -> milli-GPUs its active allocations hold
+        self._running: dict[str, dict[str, RunningCount]] = {}  # class -> user -> count
         self._here: list[list[Slot]] = []  # node index -> slots of its active allocations
         self._end_at: list[float | None] = []  # node index -> latest expected end there
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
@@ -114,7 +124,7 @@ class Scheduler:
             raise InvalidSpec("snapshot.allocations", f"duplicate {alloc.id!r}")
         team = slot.team = self._team_numbers.number(alloc.team)
         if team == len(self._used):
-            self._used.append(Tally())
+            self._used.append(TeamUsage())
         if alloc.active:
             self._count(slot, alloc, +1, expected_end)
 
@@ -263,10 +273,7 @@ class Scheduler:
     def _count(self, slot: Slot, alloc: Allocation, sign: int, expected_end: float | None) -> None:
         """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
-            team = slot.team
-            # not ``sign * milli``: a compiled build multiplies by a negative int generically
-            held = alloc.milli
-            self._used[team].milli += held if sign > 0 else -held
+            self._used[slot.team].milli += alloc.milli if sign > 0 else -alloc.milli  # negated
         node = slot.node
         if sign > 0:
             slot.count_in(self._running)
@@ -274,11 +281,10 @@ class Scheduler:
             if node != NOWHERE:
                 join(self._here[node], slot)
                 latest = self._end_at[node]
-                given: Any = expected_end  # stored as given: a narrowed float is boxed again
                 if expected_end is not None and expected_end > (
                     -math.inf if latest is None else latest
                 ):
-                    self._end_at[node] = given
+                    self._end_at[node] = expected_end
         else:
             slot.uncount()
             self._victims.remove(slot)
@@ -304,10 +310,8 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        milli: i64 = alloc.gpu_milli  # given back (-1) ...
-        vram: i64 = alloc.vram_bytes
-        cpus: i64 = alloc.cpus
-        if sign > 0:  # ... or taken; negated, not multiplied by ``-sign`` (see ``_count``)
+        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back ...
+        if sign > 0:  # ... or taken: negated (multiplying by a negative is slow compiled)
             milli, vram, cpus = -milli, -vram, -cpus
         adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 

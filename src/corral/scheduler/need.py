@@ -25,8 +25,6 @@ class Need:
     is kept: needs are dictionary keys on the hot path of every cycle.
     """
 
-    # ``i64``: a compiled build keeps them as machine integers (the fit search compares
-    # them with the nodes' free capacity, also kept so); in pure Python they are ints
     gpus: i64 = 0  # whole cards
     milli: i64 = 0  # compute share of one card (shared jobs)
     vram: i64 = 0  # bytes: minimum per card (whole) or reserved on the card (shared)
@@ -46,8 +44,6 @@ class Need:
         object.__setattr__(self, "cpu_only", self.on_cpu or (self.gpus == 0 and not shared))
         object.__setattr__(self, "picky", self.vram != 0 or len(self.gpu_models) > 0)
         key = (self.gpus, self.milli, self.vram, self.cpus, self.gpu_models, self.selector)
-        # Shifted into 62 bits: a compiled build keeps such an int unboxed, and hashing a
-        # need (a dict key on every cycle's hot path) then reads no boxed int back.
         object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu)) >> 2)
 
     def __hash__(self) -> int:

@@ -24,23 +24,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from heapq import heapify, heappop, heappush
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
 from corral.scheduler.explain import simple
 from corral.scheduler.fair import FairQueue
-from corral.scheduler.lines import Line
+from corral.scheduler.groups import Group
 from corral.scheduler.need import Need
 from corral.scheduler.ordering import Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
-from corral.scheduler.queues import Group, Queue
-from corral.scheduler.quota import Ledger
-from corral.scheduler.service import with_served
-from corral.scheduler.slots import Running
-
-if TYPE_CHECKING:
-    from mypy_extensions import i64
+from corral.scheduler.queues import Queue
+from corral.scheduler.quota import Ledger, TeamBudget
+from corral.scheduler.served import with_served
+from corral.scheduler.slots import RunningCount
+from corral.scheduler.user_groups import UserGroups
 
 
 class Passes:
@@ -50,7 +48,7 @@ class Passes:
         self,
         planner: Planner,
         queue: Queue,
-        running: dict[str, dict[str, Running]],
+        running: dict[str, dict[str, RunningCount]],
         served: dict[str, float] | None = None,
     ) -> None:
         self.planner = planner
@@ -91,17 +89,18 @@ class Passes:
 
     def _guaranteed(self, pclass: PriorityClass) -> None:
         """Within-quota work of one class, fair across users."""
-        groups = self.queue.lists.get(pclass.name)
-        if not groups:
+        queued = self.queue.classes.get(pclass.name)
+        if queued is None or not queued.groups:
             return
+        groups = queued.groups
         self._head(pclass, guaranteed=True)
         live = self._live(pclass, guaranteed=True)
         # most passes of a busy cluster end here: cheaper (groups with no job pass over)
         if not any(live.live(g) for g, holders in groups.items() if holders):
             return
         running = self.running.get(pclass.name) or {}
-        lines = self.queue.lines[pclass.name].values()
-        queue = LiveQueue(groups, self.weights, running, live, lines, self.served)
+        users = queued.users.values()
+        queue = LiveQueue(groups, self.weights, running, live, users, self.served)
         planner = self.planner
         state = planner.state()
         while (job := queue.pop()) is not None:
@@ -119,30 +118,31 @@ class Passes:
 
     def _borrowing(self, pclass: PriorityClass) -> None:
         """What is left of one class: the team borrowing least per weight first."""
-        groups = self.queue.lists.get(pclass.name)
-        if not groups:
+        queued = self.queue.classes.get(pclass.name)
+        if queued is None or not queued.groups:
             return
+        groups = queued.groups
         self._head(pclass, guaranteed=False)
         live = self._live(pclass, guaranteed=False)
-        lines = self.queue.lines[pclass.name]
+        by_team = queued.users
         # A team none of whose jobs may be handed out gets no queue: it would stay empty
         # through every refill (usable jobs only get fewer in a cycle). The common case:
         # the guaranteed pass placed them (96% of these queues were empty at 20,000 jobs).
         teams = sorted(
-            t for t, own in lines.items() if _any_usable(own, live) and _any_live(own, live)
+            t for t, own in by_team.items() if _any_usable(own, live) and _any_live(own, live)
         )
         if not teams:
             return
         running = self.running.get(pclass.name) or {}
         queues = {
-            t: LiveQueue(groups, self.weights, running, live, (lines[t],), self.served)
+            t: LiveQueue(groups, self.weights, running, live, (by_team[t],), self.served)
             for t in teams
         }
         planner, ledger = self.planner, self.planner.ledger
         shares = _shares(queues, ledger)
         state = planner.state()
         while shares:
-            team = _take_least(shares)
+            _, team = heappop(shares)
             queue = queues[team]
             job = queue.pop()
             if job is None:
@@ -161,21 +161,21 @@ class Passes:
                     q.refill()
                 shares = _shares(queues, ledger)
             elif queue:
-                shares.append((_share(ledger, team), team))
+                heappush(shares, (_share(ledger, team), team))
 
     def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
         """The oldest big jobs this pass may place go first (``reservation.py``)."""
         planner = self.planner
         count = planner.config.reservations
-        big = self.queue.big.get(pclass.name)
-        if not big or count < 1 or planner.stopped:
+        queued = self.queue.classes.get(pclass.name)
+        if queued is None or not queued.big or count < 1 or planner.stopped:
             return
         ledger, groups = planner.ledger, self.queue.groups
         decided, now = planner.decided, self.now
         blocked: dict[str, float] = {}  # team -> the least milli it was found to lack room for
-        teams = len(self.queue.big_teams[pclass.name])  # teams with big jobs queued
+        teams = len(queued.big_teams)  # teams with big jobs queued
         heads: list[Job] = []
-        for job in big:  # the checks of ``usable`` written out: this loop walks long lists
+        for job in queued.big:
             if job.id in decided or job.not_before > now:
                 continue
             lowest = groups[job.id].lowest
@@ -196,18 +196,18 @@ class Passes:
             planner.head(job, pclass, guaranteed)
 
     def _live(self, pclass: PriorityClass, guaranteed: bool) -> Liveness:
-        return Liveness(self.planner, pclass, guaranteed, self.queue.by_need[pclass.name])
+        return Liveness(self.planner, pclass, guaranteed, self.queue.classes[pclass.name].by_need)
 
     def _explain(self) -> None:
         """Every job still queued, with reasons: classes by rank, fair order inside each."""
         planner, usable, waiting = self.planner, self.usable, self.planner.reasons
         for pclass in self.ranked:
-            groups = self.queue.lists.get(pclass.name)
-            if not groups:
+            queued = self.queue.classes.get(pclass.name)
+            if queued is None:
                 continue
             left = [
                 job
-                for holders in groups.values()
+                for holders in queued.groups.values()
                 for jobs in holders.values()
                 for job in jobs
                 if job.id in waiting or usable(job)  # a wait for a model holder has its reason
@@ -218,8 +218,10 @@ class Passes:
 
 
 def _shares(queues: dict[str, LiveQueue[Group]], ledger: Ledger) -> list[tuple[float, str]]:
-    """The teams with a job to hand out, each with what it borrows per weight."""
-    return [(_share(ledger, t), t) for t, q in queues.items() if q]
+    """A heap of the teams with a job to hand out, by what each borrows per weight."""
+    shares = [(_share(ledger, t), t) for t, q in queues.items() if q]
+    heapify(shares)
+    return shares
 
 
 def _share(ledger: Ledger, team: str) -> float:
@@ -227,59 +229,27 @@ def _share(ledger: Ledger, team: str) -> float:
     return ledger.borrowed(team) / ledger.weight(team)
 
 
-def _take_least(shares: list[tuple[float, str]]) -> str:
-    """Take the team borrowing least per weight (ties: by name) out of ``shares``. A walk
-    of the few teams, where a heap (``heapq``) made generic calls and compared tuples
-    generically for each job a borrowing pass handed out."""
-    best: i64 = 0
-    least, name = shares[0]
-    for i in range(1, len(shares)):
-        share, team = shares[i]
-        if share < least or (share == least and team < name):
-            best, least, name = i, share, team
-    last = shares.pop()
-    if best < len(shares):
-        shares[best] = last
-    return name
+def _any_usable(users: dict[str, UserGroups[Group]], live: Liveness) -> bool:
+    """Does a team (``users``: its users' groups in a class) hold a job that may be handed
+    out (not decided yet)?"""
+    return any(
+        live.usable(job) for own in users.values() for cursor in own.cursors for job in cursor.jobs
+    )
 
 
-def _any_usable(users: dict[str, Line[Group]], live: Liveness) -> bool:
-    """Does a team's line (``users``: its users' lines in a class) hold a job that may be
-    handed out (not decided yet)? Asked before ``_any_live``: at 100,000 jobs it said no
-    for 7% of the teams asked, and ``_any_live`` for none of the rest. Lines, not the
-    team's groups: a line holds only groups with the user's jobs, where the groups kept
-    with no job (``Queue.remove``) were walked past, at 1,000,000 jobs 1.7% of the run.
-    Loops, not ``any`` over generators: a compiled build runs them natively (a generator is
-    a generic call per item)."""
-    for line in users.values():
-        for place in line.places:
-            for job in place.jobs:
-                if live.usable(job):
-                    return True
-    return False
-
-
-def _any_live(users: dict[str, Line[Group]], live: Liveness) -> bool:
-    """Is any group in a team's lines live (``_any_usable``: lines, loops)?"""
-    for line in users.values():
-        for place in line.places:
-            if live.live(place.group):
-                return True
-    return False
+def _any_live(users: dict[str, UserGroups[Group]], live: Liveness) -> bool:
+    """Is any of a team's groups (``users``: its users' groups in a class) live?"""
+    return any(live.live(cursor.group) for own in users.values() for cursor in own.cursors)
 
 
 class Liveness(Gate[Group]):
-    """``Planner.live`` for one pass and class: the quota part asked each time (one
-    lookup), the memo part remembered per group; and whether a job may be handed out
-    (not decided yet, ready).
+    """``Planner.live`` for one pass and class: the quota part asked each time, the memo
+    part remembered per group; and whether a job may be handed out (not decided yet,
+    ready).
 
-    A decision changes memos of its own need only (a failure), so afterwards only
-    the groups of that need are asked again; every group is, after capacity
-    comes back or a reservation is made (``reset``), and after a CPU-offload try.
-    What it remembers lives on the groups themselves (``Group.seen``, ``fits``,
-    ``bound``), valid while ``seen`` is this pass's stamp (``Queue.stamp``: new for each
-    pass and each ``reset``): a compiled build reads fields where maps by group and team
-    cost a lookup each, on the passes' most frequent call.
+    A decision changes memos of its own need only (a failure), so afterwards only the
+    groups of that need are asked again; every group is, after capacity comes back or a
+    reservation is made (``reset``), and after a CPU-offload try.
     """
 
     def __init__(
@@ -289,33 +259,26 @@ class Liveness(Gate[Group]):
         guaranteed: bool,
         by_need: Mapping[Need, list[Group]],
     ) -> None:
+        self._planner = planner
         self._decided = planner.decided
         self._now = planner.now
-        self._planner = planner  # its methods and the ledger's called directly: no bound
-        self._ledger = planner.ledger  # method objects (generic calls in a compiled build)
-        self._serial: i64 = planner.ledger.serial
         self._pclass = pclass
         self._guaranteed = guaranteed
         self._asks = planner.asks(pclass, guaranteed)  # by team: one look-up per group asked
         self._by_need = by_need  # the class's groups by need (kept by ``Queue``)
-        self._queue = planner.queue
-        self._stamp = planner.queue.stamp()
+        self._seen: dict[Group, _Seen] = {}  # what was found of each group asked
 
     def live(self, group: Group) -> bool:
-        if group.seen != self._stamp:
-            group.seen = self._stamp
-            group.fits = self._planner.may_fit(group, self._pclass, self._guaranteed, self._asks)
-            page = group.book
-            if page is None or group.paged != self._serial:  # a page of an earlier cycle's
-                page = group.book = self._ledger.book(group.team)
-                group.paged = self._serial
-            group.bound = page.bound(not self._guaranteed)
-        if not group.fits:
+        seen = self._seen.get(group)
+        if seen is None:
+            planner = self._planner
+            fits = planner.may_fit(group, self._pclass, self._guaranteed, self._asks)
+            budget = planner.ledger.budget(group.team)
+            seen = self._seen[group] = _Seen(fits, budget, budget.bound(not self._guaranteed))
+        if not seen.fits:
             return False
-        bound = group.bound  # inf: a borrowing pass of a team without a limit
-        book = group.book  # the team's page: what it holds now, without a look-up by team
-        held = 0 if book is None else book.usage  # set with ``seen``: never None here
-        return bound == math.inf or group.lowest + held <= bound
+        bound = seen.bound  # inf: borrowing without a limit
+        return bound == math.inf or group.lowest + seen.budget.usage <= bound
 
     def usable(self, job: Job) -> bool:
         return job.id not in self._decided and job.not_before <= self._now
@@ -325,10 +288,23 @@ class Liveness(Gate[Group]):
         if group.cpu:
             self.reset()
             return
-        alike = self._by_need.get(group.need)  # no default: a list is walked natively
+        alike = self._by_need.get(group.need)
         if alike is not None:
             for other in alike:
-                other.seen = 0  # no stamp: asked again
+                self._seen.pop(other, None)
 
     def reset(self) -> None:
-        self._stamp = self._queue.stamp()
+        self._seen.clear()
+
+
+class _Seen:
+    """What a ``Liveness`` found of a group since the last reset: may a job of it fit
+    (``fits``, from the planner's memos), its team's ``budget`` and the most the team may
+    hold in this pass (``bound``)."""
+
+    __slots__ = ("bound", "budget", "fits")
+
+    def __init__(self, fits: bool, budget: TeamBudget, bound: float) -> None:
+        self.fits = fits
+        self.budget = budget
+        self.bound = bound

@@ -24,7 +24,7 @@ class Planned:
     __slots__ = ("_by_id", "_next", "_order")
 
     def __init__(self, placements: Sequence[Placement] = ()) -> None:
-        # a tuple (a plan's already: not copied), which a compiled build indexes natively
+        # the plan's placements, in order (a plan's tuple is not copied)
         self._order = tuple(placements)
         self._next: i64 = 0  # the placement the next start is expected to be
         self._by_id: dict[str, Placement] | None = None  # made at the first start out of order

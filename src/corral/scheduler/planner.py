@@ -13,6 +13,9 @@ Every "does not fit" answer is remembered until capacity is given back (a
 memo keyed by the capacity generation), so ``live`` can tell from memos
 alone that no job of a group can be placed now: the passes skip the group.
 Reasons for the jobs left queued are worked out at the end (``explanation``).
+
+Over 400 lines on purpose: the steps of one decision (fit, backfill, preempt, offload,
+record) share the cycle's memos and working copy; apart they would pass it all around.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from corral.scheduler.cycle import Cycle, Memo, current
 from corral.scheduler.explain import explain, simple
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
+from corral.scheduler.groups import Group
 from corral.scheduler.need import Need
 from corral.scheduler.preemption import Ask, Preemptor, Room
-from corral.scheduler.queues import Group, Queue
+from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.reservation import NodeWork, Reservations
 from corral.scheduler.routing import ModelRouter, lacking_reason, on_lacking
@@ -118,7 +122,7 @@ class Planner:
     def asks(self, pclass: PriorityClass, guaranteed: bool) -> dict[str, Ask]:
         """The asks made this cycle for ``pclass`` in one kind of pass, by team (a pass
         holds it: ``passes.Liveness``)."""
-        by_class = self._asks[1] if guaranteed else self._asks[0]  # constant indices: unboxed
+        by_class = self._asks[1] if guaranteed else self._asks[0]
         by_team = by_class.get(pclass.name)
         if by_team is None:
             by_team = by_class[pclass.name] = {}
@@ -323,8 +327,6 @@ class Planner:
     def _record(
         self, job: Job, fits: list[Fit], on_cpu: bool, borrowed: bool, rooms: list[Room]
     ) -> None:
-        # Written for the common case (one job, nobody preempted): a compiled build then
-        # makes no generator, starred tuple, set update or dict for it.
         decided = self.decided
         riders: tuple[Job, ...] = ()
         if not job.gang:

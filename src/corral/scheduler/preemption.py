@@ -27,10 +27,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from corral.scheduler.capacity import NodeCap
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import NodeCap
 from corral.scheduler.quota import Ledger
 from corral.scheduler.victims import Victim, VictimIndex, milli_on
 

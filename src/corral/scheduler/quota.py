@@ -10,21 +10,18 @@ preemption. Teams missing from the snapshot get no quota and no limit.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from corral.core.model import Allocation, Team
 from corral.core.resources import MILLI
 from corral.scheduler.cycle import Memo
 
 
-class Book:
-    """One team's page of a ``Ledger``: its quota and limit in milli-GPUs (``limit`` None:
-    no limit), its weight, and the milli-GPUs it holds now (``usage``). A record: one
-    look-up by team gives all four, and a pass keeps the page of each group's team
-    (``Group.book``), so that asking whether the group is within bounds looks nothing up."""
+class TeamBudget:
+    """One team's entry in a ``Ledger``: its quota and limit in milli-GPUs (``limit`` None:
+    no limit), its weight, and the milli-GPUs it holds now (``usage``)."""
 
     __slots__ = ("limit", "quota", "usage", "weight")
 
@@ -39,16 +36,11 @@ class Book:
         if not borrowing:
             return self.quota
         limit = self.limit
-        if limit is None:  # two returns: one conditional expression of both is boxed
-            return math.inf
-        return limit
+        return math.inf if limit is None else limit
 
     def __setitem__(self, key: object, usage: int) -> None:
         """What ``Cycle.rollback`` writes back (``data[key] = old``, as into a memo's dict)."""
         self.usage = usage
-
-
-_SERIALS: Final = itertools.count(1)  # ledgers' serial numbers: one per ledger made
 
 
 class Ledger:
@@ -64,8 +56,8 @@ class Ledger:
         store: Memo[str, int] | None = None,
     ) -> None:
         named = {t.name: t for t in teams}  # the last of a name, as a map of teams keeps it
-        self._books: dict[str, Book] = {
-            t.name: Book(
+        self._budgets: dict[str, TeamBudget] = {
+            t.name: TeamBudget(
                 round(t.quota_gpus * MILLI),
                 None
                 if t.borrow_limit_gpus is None
@@ -77,10 +69,8 @@ class Ledger:
         # Where changes are logged: a ``Cycle.memo()``'s log, so what-ifs roll back, or a
         # log of its own (nothing rolls it back)
         self._log: list[tuple[Any, Any, Any]] = store.log if store is not None else []
-        # never another ledger's: a page noted with it is this ledger's (``Group.paged``)
-        self.serial: int = next(_SERIALS)
         for team, milli in usage(allocations).items():
-            self.book(team).usage = milli
+            self.budget(team).usage = milli
 
     @classmethod
     def of_usage(
@@ -90,33 +80,33 @@ class Ledger:
         ledger = cls(teams, (), store)
         for team, milli in used.items():
             if milli:
-                ledger.book(team).usage = milli
+                ledger.budget(team).usage = milli
         return ledger
 
-    def book(self, team: str) -> Book:
-        """``team``'s page (a team missing from the snapshot gets one: no quota, no limit)."""
-        book = self._books.get(team)
-        if book is None:
-            book = self._books[team] = Book(0, None, 1.0)
-        return book
+    def budget(self, team: str) -> TeamBudget:
+        """``team``'s entry (a team missing from the snapshot gets one: no quota, no limit)."""
+        budget = self._budgets.get(team)
+        if budget is None:
+            budget = self._budgets[team] = TeamBudget(0, None, 1.0)
+        return budget
 
     def quota(self, team: str) -> int:
         """Guaranteed milli-GPUs of ``team``."""
-        book = self._books.get(team)
-        return 0 if book is None else book.quota
+        budget = self._budgets.get(team)
+        return 0 if budget is None else budget.quota
 
     def limit(self, team: str) -> int | None:
         """Most milli-GPUs ``team`` may hold, borrowing included; ``None``: no limit."""
-        book = self._books.get(team)
-        return None if book is None else book.limit
+        budget = self._budgets.get(team)
+        return None if budget is None else budget.limit
 
     def weight(self, team: str) -> float:
-        book = self._books.get(team)
-        return 1.0 if book is None else book.weight
+        budget = self._budgets.get(team)
+        return 1.0 if budget is None else budget.weight
 
     def used(self, team: str) -> int:
-        book = self._books.get(team)
-        return 0 if book is None else book.usage
+        budget = self._budgets.get(team)
+        return 0 if budget is None else budget.usage
 
     def borrowed(self, team: str) -> int:
         """Milli-GPUs held past the quota."""
@@ -124,26 +114,26 @@ class Ledger:
 
     def within_quota(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under its guaranteed quota."""
-        book = self._books.get(team)
-        if book is None:
+        budget = self._budgets.get(team)
+        if budget is None:
             return charge <= 0
-        return book.usage + charge <= book.quota
+        return budget.usage + charge <= budget.quota
 
     def within_limit(self, team: str, charge: int) -> bool:
         """``charge`` more keeps ``team`` at or under quota + borrowing limit."""
-        book = self._books.get(team)
-        if book is None:
+        budget = self._budgets.get(team)
+        if budget is None:
             return True
-        limit = book.limit
-        return limit is None or book.usage + charge <= limit
+        limit = budget.limit
+        return limit is None or budget.usage + charge <= limit
 
     def bound(self, team: str, borrowing: bool) -> float:
         """The most milli-GPUs ``team`` may hold: its quota, or (``borrowing``) its quota +
         borrowing limit (``inf`` without a limit)."""
-        book = self._books.get(team)
-        if book is None:
+        budget = self._budgets.get(team)
+        if budget is None:
             return math.inf if borrowing else 0
-        return book.bound(borrowing)
+        return budget.bound(borrowing)
 
     def headroom(self, team: str, borrowing: bool) -> float:
         """Milli-GPUs ``team`` may still take: up to its quota, or (``borrowing``) up to its
@@ -155,9 +145,9 @@ class Ledger:
 
     def add(self, team: str, milli: int) -> None:
         """Charge (positive) or refund (negative) ``team``."""
-        book = self.book(team)
-        self._log.append((book, None, book.usage))  # rolled back by ``Book.__setitem__``
-        book.usage = book.usage + milli
+        budget = self.budget(team)
+        self._log.append((budget, None, budget.usage))  # rolled back by ``TeamBudget.__setitem__``
+        budget.usage = budget.usage + milli
 
 
 def usage(allocations: Iterable[Allocation]) -> dict[str, int]:

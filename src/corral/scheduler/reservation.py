@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Final
 from corral.core.model import Allocation
 from corral.core.resources import MILLI
 from corral.scheduler.api import Reason, ReasonCode
-from corral.scheduler.capacity import Card, NodeCap
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import Card, NodeCap
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -171,8 +171,7 @@ class Reservations:
         found: list[int] = []  # ... and their nodes
         full, last = False, INF  # ``want`` found, and the end of the last of them
         started = cycle.started_ends()
-        for idx in range(len(started)):  # a range: a compiled build walks it natively
-            end = started[idx]
+        for idx, end in enumerate(started):
             # indices come in order: a node ending with the last kept one comes after it
             if end is None or (full and end >= last):
                 continue
@@ -259,11 +258,7 @@ def _nth(free_at: list[float], usable: list[bool] | None, n: int) -> float:
     """The ``n``-th soonest (from 1) of the usable cards' times (``usable`` None: all)."""
     if usable is None:
         if n == len(free_at):  # the whole node: when its last card frees
-            latest = free_at[0]  # a loop, not ``max``: compared natively, not generically
-            for at in free_at:
-                if at > latest:
-                    latest = at
-            return latest
+            return max(free_at)
         free_at.sort()
         return free_at[n - 1]
     return sorted(free_at[i] for i in range(len(free_at)) if usable[i])[n - 1]

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 from corral.core.model import Job
 from corral.scheduler.api import Config, Reason, ReasonCode, Remedy
-from corral.scheduler.capacity import LOADED, ON_DISK, NodeCap
 from corral.scheduler.cycle import Cycle, locality
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import LOADED, ON_DISK, NodeCap
 
 
 @dataclass(frozen=True, slots=True)

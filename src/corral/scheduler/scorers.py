@@ -21,15 +21,14 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from corral.core.compiled import mypyc_attr
-from corral.scheduler.capacity import LOADED
 from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
+from corral.scheduler.node_cap import LOADED
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Candidate:
-    """A fit and what scorers may want to know about its node (a plain class, like
-    ``Fit``: cheap to make in a compiled build; treat it as immutable)."""
+    """A fit and what scorers may want to know about its node; treat it as immutable."""
 
     __slots__ = ("end_gap", "fit", "locality")
 
@@ -136,15 +135,14 @@ def weighted(scorers: Sequence[Scorer], weights: Mapping[str, float]) -> list[tu
 
 def choose(
     need: Need,
-    candidates: list[Candidate],  # a list, not a Sequence: a compiled build walks it natively
+    candidates: list[Candidate],
     chain: Sequence[tuple[float, Scorer]],
     fixed: Weights | None = None,
 ) -> Fit:
     """The best of ``candidates`` by weighted score; the earlier wins ties.
 
     ``fixed``: the chain's weights when it is the default chain (``fixed_weights``): the
-    same sums, each scorer called by its class (a compiled build calls it natively,
-    not through a generic method call per scorer and candidate).
+    same sums, the default scorers called directly (a speed path for the common case).
     """
     if len(candidates) == 1:
         return candidates[0].fit

@@ -1,15 +1,12 @@
 """The kept scheduler's allocations in slots, and names numbered as they come.
 
 A kept ``Scheduler`` (``incremental.py``) updates its books on every start and end of
-an allocation: what it holds, its expected end, its team's usage, its node's work.
-Kept in maps by allocation id, team and node names, each of those was a lookup by a
-string, and at a million simulated jobs such lookups were about a quarter of the time,
-mostly cache misses on maps of allocations started long before (docs/performance.md,
-"Simulator"). Here an allocation's id is looked up once, for its slot, a
-small record of what the scheduler keeps about it (the allocation, its expected end,
-its team's number and its node's index, unboxed in a compiled build); its node's list
-of work and the victims' index (``victims.py``) hold the slot itself. A slot is made per
-start and dropped at its end.
+an allocation: what it holds, its expected end, its team's usage, its node's work. An
+allocation's id is looked up once, for its slot, a small record of what the scheduler
+keeps about it (the allocation, its expected end, its team's number and its node's
+index); its node's list of work and the victims' index (``victims.py``) hold the slot
+itself, so an end finds everything from the slot. A slot is made per start and dropped
+at its end.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ NOWHERE: Final = -1
 """The node index of an allocation on a node the scheduler does not hold."""
 
 
-@mypyc_attr(acyclic=True)  # its kin: other slots, never itself (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class Slot:
     """What the scheduler keeps about one allocation it holds."""
 
@@ -38,26 +35,24 @@ class Slot:
     def __init__(self, alloc: Allocation, end: float | None, team: i64, node: i64) -> None:
         self.alloc = alloc
         self.end = end  # expected end (None: not known)
-        # ``i64``: machine integers in a compiled build, ints in pure Python
-        self.team = team  # its team's number (``Numbers``)
+        self.team = team  # its team's number (``TeamNumbers``)
         self.node = node  # its node's index (``NOWHERE``: not a node held)
         self.at: i64 = 0  # its place in its node's list of work (``join``)
         self.victim_at: i64 = -1  # its place in its node's list of victims there (-1: none)
         self.kin: Slot | None = None  # the next indexed slot whose job set has its first job
-        # its key in ``VictimIndex.by_jobs`` (its first job's id), noted as it is indexed:
-        # its end reads no tuple of job ids (long out of the cache) to find it again
+        # its key in ``VictimIndex.by_jobs`` (its first job's id), noted as it is indexed
         self.first = ""
         # its user's count of active allocations in its class, while it is counted there
-        self.running: Running | None = None
+        self.running: RunningCount | None = None
 
-    def count_in(self, running: dict[str, dict[str, Running]]) -> None:
+    def count_in(self, running: dict[str, dict[str, RunningCount]]) -> None:
         """Its allocation starts counting as its user's running work in its class
         (``running``: class -> user -> count); it holds the count until ``uncount``."""
         alloc = self.alloc
         users = inner_map(running, alloc.priority)
         kept = users.get(alloc.user)
         if kept is None:
-            kept = users[alloc.user] = Running()
+            kept = users[alloc.user] = RunningCount()
         kept.count += 1.0
         self.running = kept
 
@@ -70,12 +65,11 @@ class Slot:
             self.running = None
 
 
-@mypyc_attr(acyclic=True)  # a float, nothing else (core/compiled.py)
-class Running:
-    """A user's active allocations in one priority class, counted in place: a float
-    stored in a dict was boxed anew (and the old one freed) at every start and end, and
-    each end looked the class and user up again; a slot holds its count's record. A float:
-    the fair queue adds it to the user's recent service when users tie (``service.py``)."""
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
+class RunningCount:
+    """A user's active allocations in one priority class. A slot holds the count it is in,
+    so an end updates it without looking up class and user. A float: the fair queue adds
+    it to the user's recent service when users tie (``served.py``)."""
 
     __slots__ = ("count",)
 
@@ -83,9 +77,8 @@ class Running:
         self.count = 0.0
 
 
-class Tally:
-    """Milli-GPUs held, in a record updated in place: an int stored in a list is boxed, a
-    new object for each value over 256 (and the old one freed) at every start and end."""
+class TeamUsage:
+    """Milli-GPUs a team's active allocations hold."""
 
     __slots__ = ("milli",)
 
@@ -108,16 +101,13 @@ class Slots:
         self.of: dict[str, Slot] = {}  # allocation id -> its slot, in the order given
 
     def put(self, alloc: Allocation, end: float | None, team: i64, node: i64) -> Slot | None:
-        """Give ``alloc`` a slot; None (and nothing changed) if its id is held already.
-        One look-up of the id (``setdefault``), where a test and a store were two."""
+        """Give ``alloc`` a slot; None (and nothing changed) if its id is held already."""
         slot = Slot(alloc, end, team, node)
         return slot if self.of.setdefault(alloc.id, slot) is slot else None
 
     def take(self, alloc_id: str) -> Slot:
         """``alloc_id``'s slot, no longer held (KeyError if it was not)."""
-        slot = self.of[alloc_id]  # get and del, not pop: a compiled build has both natively
-        del self.of[alloc_id]
-        return slot
+        return self.of.pop(alloc_id)
 
     def order(self, ids: list[str]) -> None:
         """Hold the ids (exactly those held) in this order."""
@@ -140,7 +130,7 @@ def leave(work: list[Slot], slot: Slot) -> None:
         last.at = slot.at
 
 
-class Numbers:
+class TeamNumbers:
     """Names (of teams) numbered 0, 1, ... as they first come; a number is never reused."""
 
     def __init__(self) -> None:

@@ -10,12 +10,8 @@ the ``Preemptor`` turns the allocations of the nodes it looks at into
 ``Victim`` units when it looks (a gang is one unit, with every replica, and
 only if every replica may go).
 
-The index is kept eagerly: ``add`` and ``remove`` update the maps at once, while the
-allocation's slot and record are still in the cache from the start or end that touched
-them. Kept lazily (changes noted, the maps brought up to date when a cycle first needed
-victims), it indexed a fifth fewer allocations at 100,000 jobs (most cycles of a busy
-cluster need victims), but touched the slots of work started and ended long before:
-bringing it up to date was 7% of the samples at 1,000,000 jobs. Allocations on nodes the
+The index is kept eagerly: ``add`` and ``remove`` update it as each allocation starts
+and ends (most cycles of a busy cluster need victims). Allocations on nodes the
 scheduler does not hold are in ``by_jobs`` only (a gang's unit counts every replica);
 nothing looks for victims there.
 """
@@ -33,7 +29,7 @@ from corral.scheduler.slots import NOWHERE, Slot
 if TYPE_CHECKING:
     from mypy_extensions import i64
 
-_RUN: Final = AllocDesired.RUN  # a module constant: a compiled build reads it directly
+_RUN: Final = AllocDesired.RUN
 
 
 @dataclass(slots=True, eq=False)
@@ -54,8 +50,8 @@ class Victim:
     cost: tuple[bool, float, float, str]  # borrowed first, least work lost, least progress
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
-class Held:
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
+class TeamEvictable:
     """A team's evictable allocations on one node: how many, and the milli they hold."""
 
     __slots__ = ("count", "milli")
@@ -67,31 +63,27 @@ class Held:
 
 class NodeVictims:
     """One node's evictable work: its slots, the milli they hold, and each team's share by
-    team number (``Held``). One record per node, where four lists by node (the slots, the
-    milli, the teams' counts and, per team, the milli) were each read at every start and
-    end, each a cache line of its own at the goal's size."""
+    team number (``TeamEvictable``)."""
 
     __slots__ = ("milli", "slots", "teams")
 
     def __init__(self) -> None:
         self.slots: list[Slot] = []
         self.milli: i64 = 0
-        self.teams: list[Held] = []  # by team number; made as teams first come here
+        self.teams: list[TeamEvictable] = []  # by team number; made as teams first come here
 
 
 class VictimIndex:
     """Evictable running work by node and by team (see the module docstring)."""
 
     def __init__(self, classes: dict[str, PriorityClass], nodes: int) -> None:
-        self.classes = classes  # a dict, not any mapping: read natively per allocation
+        self.classes = classes
         self.nodes: list[NodeVictims] = [NodeVictims() for _ in range(nodes)]  # by node index
-        # running, by the first job of their job set (a string key: no tuple hashed, and
-        # the map's fast path; a reader keeps those of the very job set): the first slot
-        # indexed, which leads to the others (``Slot.kin``; no list made per allocation)
+        # running, by the first job of their job set: the first slot indexed, which leads
+        # to the others of that job set (``Slot.kin``)
         self.by_jobs: dict[str, Slot] = {}
-        # By team number (``Slot.team``), lists where maps by team name were read and
-        # written per allocation: on how many nodes it has any, and its name (``teams``,
-        # ``nodes_of``)
+        # By team number (``Slot.team``): on how many nodes it has any evictable work, and
+        # its name (``teams``, ``nodes_of``)
         self._team_spread: list[int] = []
         self._team_name: list[str] = []
 
@@ -125,7 +117,7 @@ class VictimIndex:
         _enter(here.slots, slot)
         teams, team = here.teams, slot.team
         while len(teams) <= team:
-            teams.append(Held())
+            teams.append(TeamEvictable())
         while len(self._team_spread) <= team:
             self._team_spread.append(0)
             self._team_name.append("")

@@ -167,7 +167,7 @@ def create_app(
 
 def _without_telemetry() -> dict[str, Any]:
     """FastAPI's built-in OpenTelemetry hooks, off: corral exports Prometheus metrics, and the
-    hooks ask the global providers (and the environment) on every request (docs/performance.md).
+    hooks ask the global providers (and the environment) on every request.
     """
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}  # a FastAPI without them

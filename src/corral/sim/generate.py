@@ -6,8 +6,11 @@ gangs, some shared-GPU (half a card) jobs, log-normal run times (median 10
 minutes), Poisson arrivals at a rate that offers ``load`` x the cluster's
 GPUs on average, swinging over a day so that busy hours queue, and users'
 run-time estimates of 1-2x the true run time. Times are whole seconds, as in
-those traces. The same seed gives the same trace, job
-for job, and the trace is produced as a stream.
+those traces. The same seed gives the same trace, job for job, and the trace is
+produced as a stream.
+
+Over 400 lines on purpose: the shape, the draws (here or by a forked drawer, packed
+through a pipe) and the jobs made of them are one pipeline, each step feeding the next.
 """
 
 from __future__ import annotations
@@ -136,14 +139,13 @@ class _Drawer:
         self.swing, self.users = shape.daily_swing, shape.users
         self.peak = self.rate * (1 + shape.daily_swing)
         # users' estimates, drawn from their own stream: 60 s x ceil(run x uniform(low,
-        # high) / 60), written out (a closure was a generic call per job)
+        # high) / 60)
         self.guess = None if shape.estimates is None else _estimates_rand(shape)
         self.low, high = shape.estimates or (0.0, 0.0)
         self.span = high - self.low  # Random.uniform(low, high) is low + (high - low) * random()
         self.clock = 0.0
 
     def draw(self, count: int) -> Columns:
-        # Read once, not per job: fields and module globals are look-ups in a compiled build.
         rand, peak, rate, swing, day_rad = self.rand, self.peak, self.rate, self.swing, _DAY_RAD
         kind_cdf, class_cdf, users, mu = self.kind_cdf, self.class_cdf, self.users, self.mu
         guess, low, span, clock = self.guess, self.low, self.span, self.clock
@@ -179,8 +181,8 @@ def _here(shape: TraceShape) -> Generator[Columns, None, None]:
 def _ahead(shape: TraceShape) -> Generator[Columns, None, None]:
     """The trace's draws from a forked process (``_drawer_main``), a chunk or so ahead.
 
-    Drawing is 5-8% of a compiled run's time at 1,000,000 jobs, which a second core takes off it;
-    making the jobs stays here (a ``Job`` does not cross a pipe cheaply). The drawer
+    Drawing is 5-8% of a compiled run's time at 1,000,000 jobs, which a second core takes off
+    it; making the jobs stays here (a ``Job`` does not cross a pipe cheaply). The drawer
     writes each chunk as one packed record (``_pack``) and blocks while the pipe is full.
     A drawer that stops short is an error here; a consumer that stops early (a run's
     ``until``) ends it."""
@@ -221,8 +223,6 @@ def _drawer_main(shape: TraceShape, fd: int) -> NoReturn:
         for chunk in _here(shape):  # the chunks the trace would draw in process
             view = memoryview(_pack(chunk))
             while len(view):
-                # the count first: a compiled build evaluated a call inside the slice twice
-                # (each chunk was written twice)
                 written = os.write(fd, view)
                 view = view[written:]
     except BrokenPipeError:
@@ -273,8 +273,8 @@ def _unpack(pipe: IO[bytes]) -> Columns | None:
 
 def _jobs(shape: TraceShape, chunks: Generator[Columns, None, None]) -> Iterator[SimJob]:
     """The jobs of ``chunks`` of draws: ``g1``, ``g2``, ... sharing one request per kind.
-    Closing this stream closes ``chunks`` (a drawer ahead ends with it): explicitly, as a
-    compiled generator that is dropped unclosed runs no ``finally``."""
+    Closing this stream closes ``chunks`` (a drawer ahead ends with it), explicitly: a
+    generator dropped unclosed need not run its ``finally``."""
     try:
         yield from _made(shape, chunks)
     finally:
@@ -286,8 +286,7 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
     classes = [name for name, _ in PRIORITY_MIX]
     users = [(sys.intern(f"user-{u}"), team_name(u % shape.teams)) for u in range(shape.users)]
     # A job's id ``g{n}`` as ``g{n // 1000}`` (made once a thousand jobs) joined to the last
-    # three digits (made once): formatting each id from its number cost 500 instructions
-    # (made ahead by the drawer instead, 8,192 at a time, they were out of the cache when read)
+    # three digits (made once): ids are made per job, on the simulator's path
     high: i64 = 0
     low: i64 = 0
     head = "g"
@@ -327,8 +326,9 @@ def _made(shape: TraceShape, chunks: Iterator[Columns]) -> Iterator[SimJob]:
 
 def expovariate(rand: Callable[[], float], rate: float) -> float:
     """``random.Random.expovariate(rate)`` drawn from ``rand`` (its ``random``): the same
-    formula, so the same value, without the interpreted method call (a compiled build
-    compiles this one; tests check that both agree)."""
+    formula, so the same value. Here, so that the drawer compiles it: with ``random``'s
+    interpreted methods the drawer fell behind the compiled simulator it feeds (tests
+    check that both agree)."""
     return -math.log(1.0 - rand()) / rate
 
 
@@ -371,8 +371,8 @@ def scenario(
 
 
 def _round(x: float) -> int:
-    """``round(x)``: the nearest integer, ties to even. Written out: a compiled build calls
-    ``round`` of a float through a generic lookup of its ``__round__`` method."""
+    """``round(x)``: the nearest integer, ties to even, written out for the drawer (see
+    ``expovariate``)."""
     low = math.floor(x)
     rest = x - low  # exact: the fraction of x
     if rest > 0.5 or (rest == 0.5 and low % 2 == 1):
@@ -382,8 +382,7 @@ def _round(x: float) -> int:
 
 def _pick(cdf: list[float], x: float) -> int:
     """``bisect.bisect(cdf, x)``: the first position of the sorted ``cdf`` whose value is
-    above ``x``. A loop over these short lists, which a compiled build runs inline, where
-    ``bisect`` was a generic call comparing boxed floats."""
+    above ``x``, written out for the drawer (see ``expovariate``)."""
     at = 0
     while at < len(cdf) and cdf[at] <= x:
         at += 1

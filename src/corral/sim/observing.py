@@ -3,8 +3,8 @@ what a snapshot holds.
 
 ``Observer`` is the protocol any object may follow. ``Observing`` is the same six methods
 as a base class: the world holds its observer as one (``observing`` wraps any other in a
-relay), so a compiled build calls a subclass's methods (``policies.Kept``'s, four per job)
-directly instead of a generic method call per event.
+relay), since compiled calls through a base class are direct, and a kept scheduler is
+told four events per job.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ POLICIES = ("corral", "first-fit", "best-fit", "corral-rebuild")
 class Policy(Protocol):
     """What the runner drives: told each change to the world (``observing.Observer``), asked
     for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed;
-    ``served`` is users' recent service (``scheduler.service``), as the server keeps it.
+    ``served`` is users' recent service (``scheduler.served``), as the server keeps it.
     ``snapshots``: False when ``plan`` never calls ``snapshot`` (the world then keeps no
     maps of queued jobs and expected ends for it; a policy without the attribute is taken
     to call it)."""

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from corral.core.model import Job
 from corral.core.resources import MILLI, ResourceRequest
 from corral.core.states import JobState
-from corral.scheduler.queues import RECENT_REQUESTS
 from corral.sim.waits import Ranks, Wait, Waits, mean
+
+RECENT_SIZES: Final = 8  # requests whose size buckets are found by identity (a trace has few)
 
 T = TypeVar("T")
 
@@ -92,17 +93,17 @@ class Metrics:
 
     def __init__(self) -> None:
         self.jobs_total = 0
-        self._states: dict[JobState, _Count] = {state: _Count() for state in JobState}
+        self._states: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self.never_placed = 0
         self.preemptions = 0
         self.quota_violations = 0
         self.cycles = 0
         self.start: float | None = None
         self.gpu_milli_s = 0.0
-        self._team_milli_s: dict[str, _Sum] = {}  # per team: a record, one look-up a change
+        self._team_milli_s: dict[str, float] = {}
         self.gpu_teams: set[str] = set()
         # Equal waits share one record (``waits.Waits``), which the summary ranks once and
-        # counts groups on. Lists, not arrays: a compiled build appends to a list natively.
+        # counts groups on.
         self.distinct = Waits()
         self.queued_waits: list[float] = []  # jobs still queued at the end: their wait so far
         self.queued_by_gpus: dict[str, list[float]] = {}
@@ -152,7 +153,7 @@ class Metrics:
             if request is r and count == replicas:
                 return bucket
         bucket = _bucket(self._by_gpus, _size(job))
-        if len(self._sizes) < RECENT_REQUESTS:
+        if len(self._sizes) < RECENT_SIZES:
             self._sizes.append((r, replicas, bucket))  # holds ``r``: its identity stays its own
         return bucket
 
@@ -164,25 +165,21 @@ class Metrics:
     @property
     def team_milli_s(self) -> dict[str, float]:
         """Milli-GPU-seconds each team's ended allocations held (a new dict)."""
-        return {team: total.value for team, total in self._team_milli_s.items()}
+        return dict(self._team_milli_s)
 
     def allocation_ended(self, team: str, milli: int, seconds: float) -> None:
         used = milli * seconds
         self.gpu_milli_s += used
-        total = self._team_milli_s.get(team)
-        if total is None:
-            total = self._team_milli_s[team] = _Sum()
-        total.value += used  # a float field: added natively, no float boxed per change
+        self._team_milli_s[team] = self._team_milli_s.get(team, 0.0) + used
 
     @property
     def states(self) -> dict[JobState, int]:
         """How many jobs left the simulation in each state (a new dict)."""
-        return {state: count.value for state, count in self._states.items()}
+        return dict(self._states)
 
     def job_done(self, state: JobState, *, placed: bool) -> None:
         """A job left the simulation (finished, or still there at the end)."""
-        count = self._states[state]
-        count.value = count.value + 1  # not ``+=``: native in a compiled build
+        self._states[state] += 1
         if not placed:
             self.never_placed += 1
 
@@ -235,25 +232,6 @@ class Metrics:
             "end_s": end,
             "cycles": self.cycles,
         }
-
-
-class _Count:
-    """A count kept in a map, updated in place (see ``_Sum``)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-
-class _Sum:
-    """A running total kept in a map: updated in place, where a float in the map was
-    looked up, added to, boxed and stored again."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
 
 
 class FragmentationSampler:

@@ -23,7 +23,7 @@ from typing import Any, Final
 from corral.core.clock import VirtualClock
 from corral.scheduler.api import Config, Plan, ReasonCode
 from corral.scheduler.fragmentation import of_free
-from corral.scheduler.service import ServiceLedger
+from corral.scheduler.served import ServiceLedger
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer
 from corral.sim.policies import Policy, ScheduleFn, drive
@@ -120,8 +120,7 @@ class _Run:
             return self._loop(arrivals, until, seed)
         finally:
             # a stream that holds something (a file, a drawer process: ``generate.trace``)
-            # is closed here, run to its end or not: a compiled generator dropped unclosed
-            # runs no ``finally`` of its own
+            # is closed here, run to its end or not
             close = getattr(arrivals, "close", None)
             if close is not None:
                 close()
@@ -253,12 +252,8 @@ def _fragmentation_measure(world: World) -> Callable[[], Any]:
 
 
 def _first(arrivals: Iterator[SimJob]) -> SimJob | None:
-    """The next job of ``arrivals`` (None: no more). A loop's one step, not ``next(it,
-    None)``: a compiled build calls the iterator natively, where ``next`` with a default
-    is the builtin looked up and called generically, per job."""
-    for job in arrivals:
-        return job
-    return None
+    """The next job of ``arrivals`` (None: no more)."""
+    return next(arrivals, None)
 
 
 def _earliest(nxt: SimJob | None, timer: float | None, cycle_at: float | None) -> float | None:

@@ -20,7 +20,7 @@ from corral.core.model import Job, Node, Team
 from corral.scheduler.api import Config
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 @dataclass(frozen=True, slots=True, init=False)
 class SimJob:
     """One job of a trace: the job as submitted, and how much work it is.
@@ -35,7 +35,7 @@ class SimJob:
     where: str = ""
 
     def __init__(self, job: Job, duration: float | None, where: str = "") -> None:
-        # Written out (``init=False``): a compiled build compiles it to three slot stores.
+        # Written out, as ``Job``'s is: one is made per job of a trace.
         object.__setattr__(self, "job", job)
         object.__setattr__(self, "duration", duration)
         object.__setattr__(self, "where", where)

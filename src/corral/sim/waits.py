@@ -50,7 +50,7 @@ class Waits:
     def __init__(self, cap: int = INTERNED) -> None:
         self.cap = cap
         # whole seconds below ``cap`` by value, in a list (None: not seen yet); the rest by
-        # value in a map (a float hashed and compared generically, where a list is indexed)
+        # value in a map
         self.whole: list[Wait | None] = []
         self.known: dict[float, Wait] = {}
         self.loose: list[Wait] = []  # made past the cap: one per job, not remembered

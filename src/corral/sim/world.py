@@ -10,13 +10,16 @@ and applying a placement is O(GPUs it takes); no node is rebuilt per event.
 Applying checks the plan as the server's verifier would: a placement that
 over-commits a GPU, names a job that is not queued, or places part of a gang
 raises ``PlanRejected`` (a scheduler bug) instead of being half applied.
+
+Over 400 lines on purpose: placing, starting, ending and requeueing all change the same
+records (runs, allocations, free cards, team use), which one class keeps consistent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from corral.core.clock import VirtualClock
 from corral.core.compiled import mypyc_attr
@@ -26,7 +29,7 @@ from corral.core.resources import MILLI
 from corral.core.states import JOB as JOB_LIFECYCLE
 from corral.core.states import AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
-from corral.scheduler.capacity import Card
+from corral.scheduler.node_cap import Card
 from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.observing import Observer, observing
 from corral.sim.report import JobRecord, Metrics, PlacementRecord
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
     from mypy_extensions import i64
 
 Sink = Callable[[JobRecord], None]
-JOB: Final = JOB_LIFECYCLE  # a static here: an imported name is looked up at each use
+JOB: Final = JOB_LIFECYCLE
 QUEUED: Final = JobState.QUEUED
 PLACED: Final = JobState.PLACED
 RUNNING: Final = JobState.RUNNING
@@ -44,10 +47,9 @@ SUCCEEDED: Final = JobState.SUCCEEDED
 ALLOC_RUNNING: Final = AllocObserved.RUNNING
 
 
-@mypyc_attr(acyclic=True)  # no reference cycles (core/compiled.py)
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
 class JobRun:
-    """A job while it is in the world (queued or running). A plain class: one is made
-    per job, and a compiled build compiles this ``__init__`` (not a generated one)."""
+    """A job while it is in the world (queued or running)."""
 
     __slots__ = (
         "alloc",
@@ -103,7 +105,7 @@ class World:
         snapshots: bool = True,
     ) -> None:
         self.nodes = scenario.nodes
-        self._observer = observing(observer)  # a base class: called directly when compiled
+        self._observer = observing(observer)
         self._clock = clock
         self._metrics = metrics
         self._sink = sink
@@ -299,8 +301,7 @@ class World:
             self._joined(first, p, alloc, now)
         self._count_team(job.team, alloc.milli)
         estimate = job.estimated_runtime_s
-        # ``Any``: one boxed float for the map of ends and the observer (not boxed twice)
-        end: Any = None
+        end: float | None = None
         if estimate is not None:
             end = now + max(0.0, estimate - first.done)
             ends = self._expected_ends
@@ -414,9 +415,7 @@ class World:
     def _release(
         self, alloc_id: str, now: float, *, preempted: bool, still_running: bool = False
     ) -> None:
-        # get and del, not pop: a compiled build has both natively, pop is a generic call
-        alloc = self.allocations[alloc_id]
-        del self.allocations[alloc_id]
+        alloc = self.allocations.pop(alloc_id)
         if self._batch_left and len(alloc.job_ids) > 1:  # the map's size first (``_leave``)
             self._batch_left.pop(alloc_id, None)
         ends = self._expected_ends
@@ -472,7 +471,7 @@ class World:
 
 
 class _Free:
-    """A node's free capacity in the world: its cards (``capacity.Card``, the record the
+    """A node's free capacity in the world: its cards (``node_cap.Card``, the record the
     scheduler's working copy keeps per card) and CPUs."""
 
     __slots__ = ("cards", "cpus")
@@ -484,7 +483,7 @@ class _Free:
 
 class _TeamUse:
     """A team's milli-GPUs held in the world, and the most it may hold (``cap``; None: no
-    limit): one record, not two maps by team (a look-up in each and a boxed sum)."""
+    limit)."""
 
     __slots__ = ("cap", "milli")
 

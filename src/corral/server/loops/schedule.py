@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import EMPTY
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
-from corral.scheduler.service import ServiceLedger
+from corral.scheduler.served import ServiceLedger
 from corral.server.loops.kept import Kept
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.pacing import Pacing

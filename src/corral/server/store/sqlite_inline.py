@@ -4,7 +4,7 @@
 thread and hands the answer back through the event loop: four thread
 switches and loop wake-ups per statement. A unit of work here runs a dozen
 statements, each taking microseconds inside SQLite, so those hops were most
-of the server's time under load (profiled in docs/performance.md).
+of the server's time under load.
 
 This module offers the same small async surface SQLAlchemy's ``aiosqlite``
 dialect uses (``create_async_engine(..., async_creator=connector(path))``),

@@ -8,7 +8,7 @@ import pytest
 
 from corral.core import Job, Node, ResourceRequest
 from corral.scheduler import Config, Plan, Scheduler, Snapshot, schedule
-from corral.scheduler.service import ServiceLedger
+from corral.scheduler.served import ServiceLedger
 
 Schedule = Callable[[Snapshot, Config, float], Plan]
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from corral.scheduler.slots import Running
+from corral.scheduler.slots import RunningCount
 
 HALF_LIFE_S: Final = 600.0
 """Service ten minutes ago counts half: long enough to span many short jobs,
@@ -48,8 +48,6 @@ class ServiceLedger:
 
     def view(self, now: float) -> Mapping[str, float]:
         """Every user's decayed service at ``now`` (users whose service faded are dropped)."""
-        # One walk of the records (no look-up per user), the faded ones listed: a set of
-        # every user made per cycle (the keys' difference) cost most of a view
         out: dict[str, float] = {}
         faded: list[str] = []
         for user, got in self._value.items():
@@ -66,13 +64,11 @@ class ServiceLedger:
         elapsed = now - got.at
         if not elapsed > 0:  # no time passed (or the clock went back): no decay
             return got.value
-        # ``math.pow``, not ``**``: the same C ``pow``, which a compiled build calls natively
         return got.value * math.pow(0.5, elapsed / self.half_life_s)
 
 
 class _Served:
-    """A user's service (``value``) as of a time (``at``). A record updated in place, not a
-    tuple made per placement: a compiled build keeps both floats unboxed."""
+    """A user's service (``value``) as of a time (``at``)."""
 
     __slots__ = ("at", "value")
 
@@ -82,7 +78,7 @@ class _Served:
 
 
 def with_served(
-    running: Mapping[str, Mapping[str, Running]],
+    running: Mapping[str, Mapping[str, RunningCount]],
     served: Mapping[str, float],
     classes: Iterable[str],
 ) -> dict[str, dict[str, float]]:
