@@ -34,8 +34,7 @@ from corral.server.loops.snapshot import SnapshotCache
 from corral.server.services.placement import Applied, apply_plan
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import jobs as job_repo
-from corral.server.store import pgraw
-from corral.server.store.rawsql import driver
+from corral.server.store import sql
 from corral.server.store.records import JobRecord
 
 log = logging.getLogger("corral.server.schedule")
@@ -197,7 +196,7 @@ class SchedulingLoop:
         if mark is None or mark - self._forgot < FORGET_EVERY:
             return
         async with self.rt.db.write(ordered_events=False, durable=False) as conn:
-            db = driver(conn)
+            db = sql.sqlite_connection(conn)
             if db is not None:
                 job_repo.forget_queue_changes(db, mark)
         self._forgot = mark
@@ -438,23 +437,17 @@ class _Savepoint:
 
     @classmethod
     def of(cls, conn: AsyncConnection) -> _Savepoint | None:
-        """SQLite's inline connection or PostgreSQL's asyncpg one under ``conn``, else None."""
-        db = driver(conn)
-        if db is not None:
-
-            async def sqlite(sql: str) -> object:
-                return db.execute(sql)
-
-            return cls(sqlite, pg=False)
-        raw = pgraw.pg(conn)
-        if raw is None:
+        """A savepoint on the driver connection under ``conn``, else None."""
+        try:
+            name, _ = sql.driver(conn)
+        except sql.NotRunByStore:
             return None
 
-        async def postgres(sql: str) -> object:
-            pgraw.forget_read_ahead(conn)  # rows read ahead may hold what is undone
-            return await raw.execute(sql)
+        async def run(text: str) -> object:
+            await sql.plain(conn, text)
+            return None
 
-        return cls(postgres, pg=True)
+        return cls(run, pg=name == "postgresql")
 
     async def take(self) -> None:
         await self._execute("SAVEPOINT corral_place")

@@ -33,8 +33,8 @@ from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store import versions
-from corral.server.store.rawsql import driver
 from corral.server.store.records import AllocRecord, JobRecord
+from corral.server.store.sql import sqlite_connection
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
 _JOB = attrgetter("job")
@@ -84,14 +84,14 @@ class SnapshotCache:
         told that transaction committed (``QueueView.follow``).
         """
         self.rows_read = 0
-        db = driver(conn)
+        db = sqlite_connection(conn)
         if self._follow is None and db is not None:
             self._follow = job_repo.follows_queue_changes(db)
         if db is not None and self._follow:
             changed = self.queue.follow(db, advance=advance)
             seen = await versions.read(conn, with_queued=False)
         else:
-            seen = await versions.read(conn)  # on PostgreSQL one round trip
+            seen = await versions.read(conn)
             changed = self.queue.replace(seen.queued)
         dropped, loaded = await self._refresh_jobs(conn, changed, fresh or {})
         if fresh:

@@ -33,8 +33,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from corral.core.errors import InvalidSpec
-from corral.server.store import pgraw, sqlite_inline
+from corral.server.store import sqlite_inline
 from corral.server.store.events import pg_mark_epoch
+from corral.server.store.sql import RAW
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
@@ -177,13 +178,11 @@ class Database:
         before it. ``on_commit`` is awaited right after the commit (and after that
         fsync was handed to the thread, when fsyncs go there), before the wait.
         """
-        # Nested ``async with``, not an ``AsyncExitStack``: the same order of entering and
-        # leaving, without the stack's five calls per context (two writes per job).
         if self._writer is not None and self._write_lock is not None:
             # SQLite: the kept connection (sqlite_writer), one writer at a time
             async with self._write_lock, self._writer.transaction(durable=durable) as conn:
                 yield conn
-        else:  # PostgreSQL: the transaction runs on the asyncpg connection (pgraw)
+        else:  # PostgreSQL: the transaction runs on the asyncpg connection
             async with (
                 self.engine.connect() as conn,
                 self._pg_transaction(conn, ordered_events, durable) as raw,
@@ -225,22 +224,15 @@ class Database:
         does not wait for PostgreSQL's WAL flush; a crash of PostgreSQL may lose
         it, as SQLite's relaxed commits may, and reconciliation recovers those),
         and the event-ordering lock. ``COMMIT`` closes it. Meanwhile the
-        SQLAlchemy adapter is in autocommit (``pgraw.RAW``), so statements sent
+        SQLAlchemy adapter is in autocommit (``sql.RAW``), so statements sent
         through SQLAlchemy run inside this transaction and its own commit and
-        rollback do nothing, and ``pgraw.pg(conn)`` hands the repos the asyncpg
-        connection. A connection whose rollback failed, or that a cancel left
-        mid-statement, is invalidated (closed; PostgreSQL rolls back).
+        rollback do nothing, and ``sql.Query`` runs on the asyncpg connection.
+        A connection whose rollback failed, or that a cancel left mid-statement,
+        is invalidated (closed; PostgreSQL rolls back).
         """
-        adapted = pgraw.adapter(conn)
-        if adapted is None:  # not asyncpg under SQLAlchemy: let SQLAlchemy run it
-            async with conn.begin():
-                if ordered_events:
-                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
-                yield conn
-            return
+        adapted = _adapter(conn)
         raw = adapted._connection
-        adapted.isolation_level = pgraw.RAW
-        pgraw.forget_read_ahead(conn)
+        adapted.isolation_level = RAW
         # A connection's first ordered write checks that no crash of PostgreSQL emptied
         # the event marker since (every connection after such a crash is new).
         unmarked = ordered_events and not conn.info.get(EPOCH_SEEN)
@@ -268,12 +260,11 @@ class Database:
         its own snapshot either way.
         """
         async with self.engine.connect() as conn:
-            adapted = pgraw.adapter(conn) if self.target.dialect == "postgresql" else None
-            if adapted is None:
+            if not self.is_postgres:
                 yield conn
                 return
-            adapted.isolation_level = pgraw.RAW
-            pgraw.forget_read_ahead(conn)
+            adapted = _adapter(conn)
+            adapted.isolation_level = RAW
             try:
                 yield conn
             except BaseException:
@@ -323,6 +314,11 @@ class Database:
         await self.engine.dispose()
         if self.file_lock is not None:
             self.file_lock.release()
+
+
+def _adapter(conn: AsyncConnection) -> Any:
+    """SQLAlchemy's asyncpg adapter under a checked-out ``conn``."""
+    return conn.sync_connection._dbapi_connection.dbapi_connection  # type: ignore[union-attr]
 
 
 async def _pg_abandon(conn: AsyncConnection, raw: Any, exc: BaseException) -> None:
@@ -377,8 +373,6 @@ def _make_engine(
             pool_timeout=timeout,
             connect_args=connect_args,
         )
-        # Job rows read ahead (pgraw.seen_jobs) may hold what a rolled-back savepoint wrote.
-        sa.event.listen(engine.sync_engine, "rollback_savepoint", _forget_read_ahead)
         return engine
     # Statements run inline on the loop, commits on a thread (see sqlite_inline).
     path = target.url.database or ":memory:"
@@ -386,10 +380,6 @@ def _make_engine(
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
     sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous, deferred))
     return engine
-
-
-def _forget_read_ahead(conn: Any, _name: Any, _context: Any) -> None:
-    pgraw.drop_read_ahead(conn.info)
 
 
 def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:
