@@ -42,7 +42,6 @@ from corral.server.store.wal_sync import WalSync
 
 log = logging.getLogger("corral.server.store")
 
-DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
 EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event marker
 # SQLite checkpoints (copies the WAL back into the database file and fsyncs it) inside the
@@ -123,15 +122,11 @@ class Database:
         # A SQLite file that must survive power loss: commits skip SQLite's own fsync and a
         # durable write waits for WalSync's, taken after the write lock is released.
         self.wal_sync = _wal_sync(target, sqlite_synchronous)
-        deferred = self.wal_sync is not None
-        pool = (pool_size, pool_timeout_s)
-        self.engine = _make_engine(target, sqlite_synchronous, pool, deferred)
-        self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
-        self._writer = (
-            KeptWriter(self.engine, sqlite_synchronous, deferred)
-            if target.dialect == "sqlite"
-            else None
-        )
+        self.engine = _make_engine(target, sqlite_synchronous, (pool_size, pool_timeout_s))
+        sqlite = target.dialect == "sqlite"
+        self._write_lock = asyncio.Lock() if sqlite else None
+        deferred = self.wal_sync is not None  # durable commits fsync later, through WalSync
+        self._writer = KeptWriter(self.engine, sqlite_synchronous, deferred) if sqlite else None
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
         self._pg_begin = {
             (ordered, durable): "BEGIN"
@@ -168,7 +163,7 @@ class Database:
         which then do not queue behind the event-ordering lock on PostgreSQL.
         ``durable=False`` is for writes no promise rests on until a later durable
         one (placements, starts, progress): on SQLite they commit without an
-        fsync (see ``_sqlite_begin``); on PostgreSQL with ``synchronous_commit``
+        fsync (see ``sqlite_writer``); on PostgreSQL with ``synchronous_commit``
         off (see ``_pg_transaction``).
 
         On a SQLite file with ``synchronous`` FULL, every commit is written to the
@@ -357,9 +352,7 @@ def _wal_sync(target: DbTarget, synchronous: str) -> WalSync | None:
     return WalSync(Path(f"{database}-wal"))
 
 
-def _make_engine(
-    target: DbTarget, synchronous: str, pool: tuple[int, float], deferred: bool = False
-) -> AsyncEngine:
+def _make_engine(target: DbTarget, synchronous: str, pool: tuple[int, float]) -> AsyncEngine:
     """The engine; ``pool``: PostgreSQL's pool size and how long a checkout may wait."""
     if target.dialect == "postgresql":
         connect_args: dict[str, Any] = {}
@@ -378,39 +371,17 @@ def _make_engine(
     path = target.url.database or ":memory:"
     engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
-    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous, deferred))
+    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin)
     return engine
 
 
-def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:
-    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT).
-
-    Before a write, set how its commit reaches the disk (SQLite allows that
-    only outside a transaction): a durable write commits with the configured
-    ``synchronous`` (FULL: the WAL is fsynced before the commit returns); a
-    write with ``durable=False`` with NORMAL: no fsync, yet it survives a kill
-    of the process (it is in the WAL), and the next durable commit's fsync
-    covers it as well, since the WAL is one file written in order.
-    ``deferred``: every write commits with NORMAL, and ``Database.write``
-    fsyncs the WAL for the durable ones (``WalSync``).
-    """
-    relaxed = "OFF" if synchronous == "OFF" else "NORMAL"
-
-    def begin(conn: Any) -> None:
-        driver = conn.connection.driver_connection
-        if isinstance(driver, sqlite_inline.InlineConnection) and driver._conn.in_transaction:
-            return  # the kept writer began it (sqlite_writer): SQLAlchemy's runs inside
-        durable = conn.get_execution_options().get(DURABLE)
-        if durable is not None:  # a write (reads leave the setting alone)
-            level = synchronous if durable and not deferred else relaxed
-            if conn.info.get(DURABLE) != level:
-                conn.exec_driver_sql(f"PRAGMA synchronous={level}")
-                conn.info[DURABLE] = level
-                if isinstance(driver, sqlite_inline.InlineConnection):
-                    driver.commit_waits_for_disk = level in ("FULL", "EXTRA")
-        conn.exec_driver_sql("BEGIN")
-
-    return begin
+def _sqlite_begin(conn: Any) -> None:
+    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT), unless
+    the kept writer began one (``sqlite_writer``): SQLAlchemy's then runs inside it."""
+    driver = conn.connection.driver_connection
+    if isinstance(driver, sqlite_inline.InlineConnection) and driver._conn.in_transaction:
+        return
+    conn.exec_driver_sql("BEGIN")
 
 
 def _sqlite_pragmas(synchronous: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,26 +58,33 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent], *, jump: int
     it returns, sorted, are those of its rows in order (RETURNING promises no order).
     """
     rows = [
-        {
-            "kind": te.event.kind.value,
-            "at": te.event.at,
-            "job_id": te.event.job_id,
-            "node": te.event.node,
-            "team": te.team,
-            "data": dict(te.event.data),
-        }
+        (
+            te.event.kind.value,
+            te.event.at,
+            te.event.job_id,
+            te.event.node,
+            te.team,
+            dict(te.event.data),
+        )
         for te in batch
     ]
     seqs: list[int] = []
     if jump and rows:
-        first = await _APPEND_JUMPED.rows(conn, jump=jump, **rows[0])
+        params = dict(zip(_COLUMNS, rows[0], strict=True))
+        first = await _APPEND_JUMPED.rows(conn, jump=jump, **params)
         seqs.append(int(first[0].seq))
         rows = rows[1:]
     for at in range(0, len(rows), APPEND_ROWS):
         part = rows[at : at + APPEND_ROWS]
-        params = {f"{c}_{i}": row[c] for i, row in enumerate(part) for c in _COLUMNS}
+        params = dict(zip(_names(len(part)), itertools.chain.from_iterable(part), strict=True))
         seqs += sorted(int(r.seq) for r in await _append(len(part)).rows(conn, **params))
     return seqs
+
+
+@functools.cache
+def _names(count: int) -> tuple[str, ...]:
+    """The parameters of ``_append(count)``, row by row: ``kind_0``, ``at_0``, ..."""
+    return tuple(f"{c}_{i}" for i in range(count) for c in _COLUMNS)
 
 
 @functools.lru_cache(maxsize=APPEND_ROWS)

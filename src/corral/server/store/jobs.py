@@ -43,6 +43,10 @@ async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
 
 
 async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, JobRecord]:
+    if len(ids) == 1:  # nearly every call: the lookup by one key is the cheaper statement
+        (job_id,) = ids
+        row = await _GET.first(conn, id=job_id)
+        return {job_id: job_from_row(row)} if row else {}
     if not ids:
         return {}
     rows = await _GET_MANY.rows(conn, keys=list(dict.fromkeys(ids)))

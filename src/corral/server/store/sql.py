@@ -83,7 +83,7 @@ async def plain(conn: AsyncConnection, text: str) -> None:
 class each_key(GenericFunction[Any]):
     """The elements of a JSON array given as one parameter, as rows of one column ``value``.
 
-    Rows by many keys use it (``Query.by_keys``): one statement for any number of keys,
+    Rows by many keys use it (``rows_by_keys``): one statement for any number of keys,
     where ``IN (...)`` would be a new statement for each count.
     """
 
