@@ -245,18 +245,20 @@ async def test_events_append_in_order_and_page_by_filter(db: Database) -> None:
 async def test_versions_read_what_a_cycle_starts_from(db: Database) -> None:
     await _node(db, "n1")
     async with db.write() as conn:
-        await job_repo.insert_many(conn, [_job("j1"), _job("j2")])
+        await job_repo.insert_many(conn, [_job("j2"), _job("j1"), _job("j3")])
         await alloc_repo.insert(conn, _alloc("a1", "j1"))
+        j3 = await job_repo.get(conn, "j3")
+        assert j3 is not None
+        assert await job_repo.update(conn, j3, state=JobState.PLACED.value)
         await node_repo.put_team(conn, Team("b-team", 4.0, None, 2.0), 1.0)
         await node_repo.put_team(conn, Team("a-team", 8.0, 2.5, 1.0), 1.0)
     async with db.read() as conn:
         seen = await versions.read(conn)
         without = await versions.read(conn, with_queued=False)
-    assert seen.queued == [("j1", 1), ("j2", 1)]
+    assert seen.queued == [("j2", 1), ("j1", 1)], "in submission order"
     assert seen.active == {"a1": 1}
     assert seen.nodes == {"n1": 1}
-    assert [t.name for t in seen.teams] == ["a-team", "b-team"]
-    assert seen.teams[0].borrow_limit_gpus == 2.5
+    assert seen.teams == [Team("a-team", 8.0, 2.5, 1.0), Team("b-team", 4.0, None, 2.0)]
     assert without.queued == []
 
 

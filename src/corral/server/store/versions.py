@@ -1,16 +1,22 @@
 """What a scheduling cycle reads first (``loops/snapshot.py``): the versions of the queued
-jobs, the active allocations and the nodes, and the teams: four narrow reads."""
+jobs, the active allocations and the nodes, and the teams.
+
+One statement (four narrow reads joined by ``UNION ALL``, each row tagged with the
+part it belongs to), so PostgreSQL answers it in one round trip instead of four.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import Team
-from corral.server.store import allocations as alloc_repo
-from corral.server.store import jobs as job_repo
-from corral.server.store import nodes as node_repo
+from corral.core.states import JobState
+from corral.server.store.sql import Query
+from corral.server.store.tables import allocations, jobs, nodes, teams
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +27,58 @@ class Versions:
     teams: list[Team]  # by name
 
 
+def _part(
+    tag: str, key: Any, version: Any, order: Any, team: tuple[Any, Any, Any] | None = None
+) -> sa.Select[Any]:
+    """One part's rows as (part, key, version, order, quota, borrow limit, weight)."""
+    quota, borrow, weight = team or (sa.null(), sa.null(), sa.null())
+    return sa.select(
+        sa.literal_column(f"'{tag}'", sa.String).label("part"),
+        sa.cast(key, sa.String).label("key"),
+        sa.cast(version, sa.Integer).label("version"),
+        sa.cast(order, sa.BigInteger).label("ord"),
+        sa.cast(quota, sa.Double).label("quota"),
+        sa.cast(borrow, sa.Double).label("borrow"),
+        sa.cast(weight, sa.Double).label("weight"),
+    )
+
+
+_QUEUED = _part("q", jobs.c.id, jobs.c.version, jobs.c.seq).where(
+    jobs.c.state == sa.bindparam("queued", type_=sa.String)
+)
+_REST = (
+    _part("a", allocations.c.id, allocations.c.version, sa.null()).where(
+        allocations.c.active == sa.true()
+    ),
+    _part("n", nodes.c.name, nodes.c.version, sa.null()),
+    _part(
+        "t",
+        teams.c.name,
+        sa.null(),
+        sa.null(),
+        (teams.c.quota_gpus, teams.c.borrow_limit_gpus, teams.c.weight),
+    ),
+)
+_ORDER = ("part", "ord", "key")  # queued jobs by submission order, teams by name
+_WITH_QUEUED = Query(sa.union_all(_QUEUED, *_REST).order_by(*_ORDER))
+_WITHOUT_QUEUED = Query(sa.union_all(*_REST).order_by(*_ORDER))
+
+
 async def read(conn: AsyncConnection, *, with_queued: bool = True) -> Versions:
     """``with_queued=False``: leave the queued jobs out (SQLite, when the cycle follows
     ``job_changes`` instead: ``loops/queue_view.py``)."""
-    return Versions(
-        await job_repo.queued_versions(conn) if with_queued else [],
-        await alloc_repo.active_versions(conn),
-        await node_repo.versions(conn),
-        await node_repo.all_teams(conn),
-    )
+    if with_queued:
+        rows = await _WITH_QUEUED.rows(conn, queued=JobState.QUEUED.value)
+    else:
+        rows = await _WITHOUT_QUEUED.rows(conn)
+    found = Versions([], {}, {}, [])
+    for r in rows:
+        if r.part == "q":
+            found.queued.append((r.key, r.version))
+        elif r.part == "a":
+            found.active[r.key] = r.version
+        elif r.part == "n":
+            found.nodes[r.key] = r.version
+        else:
+            found.teams.append(Team(r.key, r.quota, r.borrow, r.weight))
+    return found
