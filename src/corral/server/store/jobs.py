@@ -106,7 +106,7 @@ async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
 
 async def _queued_with(conn: AsyncConnection, column: str) -> list[tuple[str, Any]]:
     """(id, ``column``) of every queued job, in submission order."""
-    rows = await _QUEUED_WITH[column].rows(conn, state=JobState.QUEUED.value)
+    rows = await _QUEUED_WITH[column].tuples(conn, state=JobState.QUEUED.value)
     return [(r[0], r[1]) for r in rows]
 
 

@@ -68,17 +68,18 @@ async def read(conn: AsyncConnection, *, with_queued: bool = True) -> Versions:
     """``with_queued=False``: leave the queued jobs out (SQLite, when the cycle follows
     ``job_changes`` instead: ``loops/queue_view.py``)."""
     if with_queued:
-        rows = await _WITH_QUEUED.rows(conn, queued=JobState.QUEUED.value)
+        rows = await _WITH_QUEUED.tuples(conn, queued=JobState.QUEUED.value)
     else:
-        rows = await _WITHOUT_QUEUED.rows(conn)
+        rows = await _WITHOUT_QUEUED.tuples(conn)
     found = Versions([], {}, {}, [])
-    for r in rows:
-        if r.part == "q":
-            found.queued.append((r.key, r.version))
-        elif r.part == "a":
-            found.active[r.key] = r.version
-        elif r.part == "n":
-            found.nodes[r.key] = r.version
+    queued, active, nodes_ = found.queued.append, found.active, found.nodes
+    for part, key, version, _, quota, borrow, weight in rows:
+        if part == "q":
+            queued((key, version))
+        elif part == "a":
+            active[key] = version
+        elif part == "n":
+            nodes_[key] = version
         else:
-            found.teams.append(Team(r.key, r.quota, r.borrow, r.weight))
+            found.teams.append(Team(key, quota, borrow, weight))
     return found
