@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,28 +56,27 @@ async def append(conn: AsyncConnection, batch: Sequence[TeamEvent], *, jump: int
     The rows of one INSERT take their ``seq`` in the order they are listed, so the seqs
     it returns, sorted, are those of its rows in order (RETURNING promises no order).
     """
-    rows = [
-        (
-            te.event.kind.value,
-            te.event.at,
-            te.event.job_id,
-            te.event.node,
-            te.team,
-            dict(te.event.data),
-        )
-        for te in batch
-    ]
     seqs: list[int] = []
-    if jump and rows:
-        params = dict(zip(_COLUMNS, rows[0], strict=True))
-        first = await _APPEND_JUMPED.rows(conn, jump=jump, **params)
-        seqs.append(int(first[0].seq))
-        rows = rows[1:]
-    for at in range(0, len(rows), APPEND_ROWS):
-        part = rows[at : at + APPEND_ROWS]
-        params = dict(zip(_names(len(part)), itertools.chain.from_iterable(part), strict=True))
-        seqs += sorted(int(r.seq) for r in await _append(len(part)).rows(conn, **params))
+    if jump and batch:
+        params = dict(zip(_COLUMNS, _values(batch[:1]), strict=True))
+        first = await _APPEND_JUMPED.tuples(conn, jump=jump, **params)
+        seqs.append(int(first[0][0]))
+        batch = batch[1:]
+    for at in range(0, len(batch), APPEND_ROWS):
+        part = batch[at : at + APPEND_ROWS]
+        params = dict(zip(_names(len(part)), _values(part), strict=True))
+        seqs += sorted(int(r[0]) for r in await _append(len(part)).tuples(conn, **params))
     return seqs
+
+
+def _values(batch: Sequence[TeamEvent]) -> list[Any]:
+    """The column values of ``batch``, row after row, in ``_COLUMNS`` order."""
+    return [
+        value
+        for te in batch
+        for e in (te.event,)
+        for value in (e.kind.value, e.at, e.job_id, e.node, te.team, dict(e.data))
+    ]
 
 
 @functools.cache

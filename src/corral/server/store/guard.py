@@ -26,8 +26,7 @@ async def guarded_update(
     """
     column, value = key
     query = _update(table, column, tuple(values))
-    params = {f"v_{k}": v for k, v in values.items()}
-    return await query.run(conn, k_key=value, k_version=version, **params) == 1
+    return await query.run(conn, k_key=value, k_version=version, **values) == 1
 
 
 async def guarded_update_many(
@@ -55,7 +54,7 @@ def _update(table: sa.Table, column: str, names: tuple[str, ...]) -> Query:
             table.c.version == sa.bindparam("k_version", type_=table.c.version.type),
         )
         .values(
-            {n: sa.bindparam(f"v_{n}", type_=table.c[n].type) for n in names}
+            {n: sa.bindparam(n, type_=table.c[n].type) for n in names}
             | {"version": table.c.version + sa.literal_column("1")}
         )
     )
