@@ -15,8 +15,8 @@ from corral.core.states import JobState
 from corral.server.loops.queue_view import QueueView
 from corral.server.store import jobs as job_repo
 from corral.server.store.db import Database, parse_db
-from corral.server.store.rawsql import driver
 from corral.server.store.records import JobRecord
+from corral.server.store.sql import sqlite_connection
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +45,7 @@ async def _move(db: Database, job_id: str, state: JobState) -> None:
 
 async def _follow(db: Database, view: QueueView) -> dict[str, int | None]:
     async with db.read() as conn:
-        raw = driver(conn)
+        raw = sqlite_connection(conn)
         assert raw is not None, "SQLite runs inline"
         return view.follow(raw)
 
@@ -104,7 +104,7 @@ async def test_forgotten_changes_are_gone_and_following_goes_on(db: Database) ->
     await _follow(db, view)
     assert view.mark is not None
     async with db.write() as conn:
-        raw = driver(conn)
+        raw = sqlite_connection(conn)
         assert raw is not None
         assert job_repo.forget_queue_changes(raw, view.mark) == 1, "all but the last"
     await _insert(db, "c")

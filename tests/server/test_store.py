@@ -118,7 +118,7 @@ async def test_a_node_s_flags_alone_say_whether_it_takes_work(db_url: str) -> No
                     joined_at=1.0,
                     last_seen=1.0,
                 )
-        for reading in (db.write, db.read):  # the raw driver in a write, SQLAlchemy in a read
+        for reading in (db.write, db.read):  # inside a transaction and outside one
             async with reading() as conn:
                 full = {n: await node_repo.get(conn, n) for n in flags}
                 said = {n: await node_repo.schedulable(conn, n) for n in [*flags, "nowhere"]}

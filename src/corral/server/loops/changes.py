@@ -41,8 +41,8 @@ from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store import versions
-from corral.server.store.rawsql import driver
 from corral.server.store.records import AllocRecord, JobRecord
+from corral.server.store.sql import sqlite_connection
 
 CHUNK = 500  # ids per IN (...) query: far below SQLite's bound-parameter limit
 
@@ -77,7 +77,7 @@ class ChangeFeed:
         """What changed since the last read; the feed then holds the store's state."""
         self.rows_read = 0
         changes = Changes()
-        db = driver(conn)
+        db = sqlite_connection(conn)
         if self._follow is None and db is not None:
             self._follow = job_repo.follows_queue_changes(db)
         if db is not None and self._follow:

@@ -33,7 +33,7 @@ from corral.server.loops.pacing import Pacing
 from corral.server.services.placement import Applied, apply_plan
 from corral.server.services.unit import Runtime
 from corral.server.store import jobs as job_repo
-from corral.server.store.rawsql import driver
+from corral.server.store import sql
 from corral.server.store.records import JobRecord
 
 log = logging.getLogger("corral.server.schedule")
@@ -241,7 +241,7 @@ class SchedulingLoop:
         if mark is None or mark - self._forgot < FORGET_EVERY:
             return
         async with self.rt.db.write(ordered_events=False, durable=False) as conn:
-            db = driver(conn)
+            db = sql.sqlite_connection(conn)
             if db is not None:
                 job_repo.forget_queue_changes(db, mark)
         self._forgot = mark

@@ -33,15 +33,15 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from corral.core.errors import InvalidSpec
-from corral.server.store import pgraw, sqlite_inline
+from corral.server.store import sqlite_inline
 from corral.server.store.events import pg_mark_epoch
+from corral.server.store.sql import RAW
 from corral.server.store.sqlite_lock import SqliteLock
 from corral.server.store.sqlite_writer import KeptWriter
 from corral.server.store.wal_sync import WalSync
 
 log = logging.getLogger("corral.server.store")
 
-DURABLE = "corral_durable"  # execution option: does this write's commit wait for the disk?
 EVENT_ORDER_LOCK = 0x636F7272616C  # "corral": the advisory lock that orders event commits
 EPOCH_SEEN = "corral_epoch_seen"  # conn.info: this connection checked the event marker
 # SQLite checkpoints (copies the WAL back into the database file and fsyncs it) inside the
@@ -122,15 +122,11 @@ class Database:
         # A SQLite file that must survive power loss: commits skip SQLite's own fsync and a
         # durable write waits for WalSync's, taken after the write lock is released.
         self.wal_sync = _wal_sync(target, sqlite_synchronous)
-        deferred = self.wal_sync is not None
-        pool = (pool_size, pool_timeout_s)
-        self.engine = _make_engine(target, sqlite_synchronous, pool, deferred)
-        self._write_lock = asyncio.Lock() if target.dialect == "sqlite" else None
-        self._writer = (
-            KeptWriter(self.engine, sqlite_synchronous, deferred)
-            if target.dialect == "sqlite"
-            else None
-        )
+        self.engine = _make_engine(target, sqlite_synchronous, (pool_size, pool_timeout_s))
+        sqlite = target.dialect == "sqlite"
+        self._write_lock = asyncio.Lock() if sqlite else None
+        deferred = self.wal_sync is not None  # durable commits fsync later, through WalSync
+        self._writer = KeptWriter(self.engine, sqlite_synchronous, deferred) if sqlite else None
         self.event_lock = lock_key(EVENT_ORDER_LOCK, target.schema)
         self._pg_begin = {
             (ordered, durable): "BEGIN"
@@ -167,7 +163,7 @@ class Database:
         which then do not queue behind the event-ordering lock on PostgreSQL.
         ``durable=False`` is for writes no promise rests on until a later durable
         one (placements, starts, progress): on SQLite they commit without an
-        fsync (see ``_sqlite_begin``); on PostgreSQL with ``synchronous_commit``
+        fsync (see ``sqlite_writer``); on PostgreSQL with ``synchronous_commit``
         off (see ``_pg_transaction``).
 
         On a SQLite file with ``synchronous`` FULL, every commit is written to the
@@ -177,13 +173,11 @@ class Database:
         before it. ``on_commit`` is awaited right after the commit (and after that
         fsync was handed to the thread, when fsyncs go there), before the wait.
         """
-        # Nested ``async with``, not an ``AsyncExitStack``: the same order of entering and
-        # leaving, without the stack's five calls per context (two writes per job).
         if self._writer is not None and self._write_lock is not None:
             # SQLite: the kept connection (sqlite_writer), one writer at a time
             async with self._write_lock, self._writer.transaction(durable=durable) as conn:
                 yield conn
-        else:  # PostgreSQL: the transaction runs on the asyncpg connection (pgraw)
+        else:  # PostgreSQL: the transaction runs on the asyncpg connection
             async with (
                 self.engine.connect() as conn,
                 self._pg_transaction(conn, ordered_events, durable) as raw,
@@ -225,22 +219,15 @@ class Database:
         does not wait for PostgreSQL's WAL flush; a crash of PostgreSQL may lose
         it, as SQLite's relaxed commits may, and reconciliation recovers those),
         and the event-ordering lock. ``COMMIT`` closes it. Meanwhile the
-        SQLAlchemy adapter is in autocommit (``pgraw.RAW``), so statements sent
+        SQLAlchemy adapter is in autocommit (``sql.RAW``), so statements sent
         through SQLAlchemy run inside this transaction and its own commit and
-        rollback do nothing, and ``pgraw.pg(conn)`` hands the repos the asyncpg
-        connection. A connection whose rollback failed, or that a cancel left
-        mid-statement, is invalidated (closed; PostgreSQL rolls back).
+        rollback do nothing, and ``sql.Query`` runs on the asyncpg connection.
+        A connection whose rollback failed, or that a cancel left mid-statement,
+        is invalidated (closed; PostgreSQL rolls back).
         """
-        adapted = pgraw.adapter(conn)
-        if adapted is None:  # not asyncpg under SQLAlchemy: let SQLAlchemy run it
-            async with conn.begin():
-                if ordered_events:
-                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(self.event_lock)))
-                yield conn
-            return
+        adapted = _adapter(conn)
         raw = adapted._connection
-        adapted.isolation_level = pgraw.RAW
-        pgraw.forget_read_ahead(conn)
+        adapted.isolation_level = RAW
         # A connection's first ordered write checks that no crash of PostgreSQL emptied
         # the event marker since (every connection after such a crash is new).
         unmarked = ordered_events and not conn.info.get(EPOCH_SEEN)
@@ -268,12 +255,11 @@ class Database:
         its own snapshot either way.
         """
         async with self.engine.connect() as conn:
-            adapted = pgraw.adapter(conn) if self.target.dialect == "postgresql" else None
-            if adapted is None:
+            if not self.is_postgres:
                 yield conn
                 return
-            adapted.isolation_level = pgraw.RAW
-            pgraw.forget_read_ahead(conn)
+            adapted = _adapter(conn)
+            adapted.isolation_level = RAW
             try:
                 yield conn
             except BaseException:
@@ -325,6 +311,11 @@ class Database:
             self.file_lock.release()
 
 
+def _adapter(conn: AsyncConnection) -> Any:
+    """SQLAlchemy's asyncpg adapter under a checked-out ``conn``."""
+    return conn.sync_connection._dbapi_connection.dbapi_connection  # type: ignore[union-attr]
+
+
 async def _pg_abandon(conn: AsyncConnection, raw: Any, exc: BaseException) -> None:
     """Roll back after ``exc``; a connection that cannot be trusted is closed instead.
 
@@ -361,9 +352,7 @@ def _wal_sync(target: DbTarget, synchronous: str) -> WalSync | None:
     return WalSync(Path(f"{database}-wal"))
 
 
-def _make_engine(
-    target: DbTarget, synchronous: str, pool: tuple[int, float], deferred: bool = False
-) -> AsyncEngine:
+def _make_engine(target: DbTarget, synchronous: str, pool: tuple[int, float]) -> AsyncEngine:
     """The engine; ``pool``: PostgreSQL's pool size and how long a checkout may wait."""
     if target.dialect == "postgresql":
         connect_args: dict[str, Any] = {}
@@ -377,50 +366,22 @@ def _make_engine(
             pool_timeout=timeout,
             connect_args=connect_args,
         )
-        # Job rows read ahead (pgraw.seen_jobs) may hold what a rolled-back savepoint wrote.
-        sa.event.listen(engine.sync_engine, "rollback_savepoint", _forget_read_ahead)
         return engine
     # Statements run inline on the loop, commits on a thread (see sqlite_inline).
     path = target.url.database or ":memory:"
     engine = create_async_engine(target.url, async_creator=sqlite_inline.connector(path))
     sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas(synchronous))
-    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin(synchronous, deferred))
+    sa.event.listen(engine.sync_engine, "begin", _sqlite_begin)
     return engine
 
 
-def _forget_read_ahead(conn: Any, _name: Any, _context: Any) -> None:
-    pgraw.drop_read_ahead(conn.info)
-
-
-def _sqlite_begin(synchronous: str, deferred: bool = False) -> Any:
-    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT).
-
-    Before a write, set how its commit reaches the disk (SQLite allows that
-    only outside a transaction): a durable write commits with the configured
-    ``synchronous`` (FULL: the WAL is fsynced before the commit returns); a
-    write with ``durable=False`` with NORMAL: no fsync, yet it survives a kill
-    of the process (it is in the WAL), and the next durable commit's fsync
-    covers it as well, since the WAL is one file written in order.
-    ``deferred``: every write commits with NORMAL, and ``Database.write``
-    fsyncs the WAL for the durable ones (``WalSync``).
-    """
-    relaxed = "OFF" if synchronous == "OFF" else "NORMAL"
-
-    def begin(conn: Any) -> None:
-        driver = conn.connection.driver_connection
-        if isinstance(driver, sqlite_inline.InlineConnection) and driver._conn.in_transaction:
-            return  # the kept writer began it (sqlite_writer): SQLAlchemy's runs inside
-        durable = conn.get_execution_options().get(DURABLE)
-        if durable is not None:  # a write (reads leave the setting alone)
-            level = synchronous if durable and not deferred else relaxed
-            if conn.info.get(DURABLE) != level:
-                conn.exec_driver_sql(f"PRAGMA synchronous={level}")
-                conn.info[DURABLE] = level
-                if isinstance(driver, sqlite_inline.InlineConnection):
-                    driver.commit_waits_for_disk = level in ("FULL", "EXTRA")
-        conn.exec_driver_sql("BEGIN")
-
-    return begin
+def _sqlite_begin(conn: Any) -> None:
+    """Emit BEGIN ourselves (the driver's own transaction handling breaks SAVEPOINT), unless
+    the kept writer began one (``sqlite_writer``): SQLAlchemy's then runs inside it."""
+    driver = conn.connection.driver_connection
+    if isinstance(driver, sqlite_inline.InlineConnection) and driver._conn.in_transaction:
+        return
+    conn.exec_driver_sql("BEGIN")
 
 
 def _sqlite_pragmas(synchronous: str) -> Any:

@@ -11,33 +11,28 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.events import Event, EventKind
-from corral.server.store import pgraw
-from corral.server.store.jsontext import dumps
-from corral.server.store.rawsql import codec, driver
+from corral.server.store.sql import Query
 from corral.server.store.tables import events
 
-_RAW = codec(events)
-_RAW_APPEND = "INSERT INTO events (kind, at, job_id, node, team, data) VALUES (?, ?, ?, ?, ?, ?)"
-_RAW_APPEND_AT = (
-    "INSERT INTO events (seq, kind, at, job_id, node, team, data) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
 SEQ_JUMP = 1_000_000
 """How far past the highest event on disk a SQLite server's first event after a start is
 numbered. Events may reach readers before their commit is on disk (docs/server.md); a
 power loss forgets those, and without the jump their numbers would be given to later
 events, which a reader resuming after the last number it saw would then skip."""
-_PG = pgraw.codec(events)
-_PG_APPEND = (
-    "INSERT INTO events (kind, at, job_id, node, team, data) "
-    "VALUES ($1, $2, $3, $4, $5, $6) RETURNING seq"
+APPEND_ROWS = 64
+"""Events per INSERT at most: a batch's events go in one statement (one round trip on
+PostgreSQL) up to this many; a statement is compiled once per row count up to it."""
+_COLUMNS = ("kind", "at", "job_id", "node", "team", "data")
+# The first event after a start on SQLite, numbered SEQ_JUMP past the highest on disk.
+_APPEND_JUMPED = Query(
+    sa.insert(events)
+    .values(
+        seq=sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0)).scalar_subquery()
+        + sa.bindparam("jump", type_=sa.BigInteger),
+        **{c: sa.bindparam(c, type_=events.c[c].type) for c in _COLUMNS},
+    )
+    .returning(events.c.seq)
 )
-# Several events in one statement; rows are inserted (and their seq drawn) in array order.
-_PG_APPEND_MANY = (
-    "INSERT INTO events (kind, at, job_id, node, team, data) SELECT * FROM unnest("
-    "$1::varchar[], $2::float8[], $3::varchar[], $4::varchar[], $5::varchar[], $6::json[]) "
-    "RETURNING seq"
-)
-_APPEND = sa.insert(events).returning(events.c.seq, sort_by_parameter_order=True)
 # PostgreSQL: the sequence moved SEQ_JUMP past its last value (0 if never drawn from, which
 # is also what a crash leaves when it forgot every draw).
 _PG_JUMP = (
@@ -56,42 +51,48 @@ class TeamEvent:
 
 async def append(conn: AsyncConnection, batch: Sequence[TeamEvent], *, jump: int = 0) -> list[int]:
     """Insert ``batch``; returns the ``seq`` each event got, in order. ``jump`` (SQLite):
-    number the first event that far past the highest one in the table (``SEQ_JUMP``)."""
-    if not batch:
-        return []
-    db = driver(conn)
-    if db is not None:  # one writer holds the transaction: each row's rowid is its seq
-        seqs = []
-        cursor = db.cursor()
-        for te in batch:
-            e = te.event
-            row = (e.kind.value, e.at, e.job_id, e.node, te.team, dumps(dict(e.data)))
-            if jump:
-                top = cursor.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
-                cursor.execute(_RAW_APPEND_AT, (int(top) + jump, *row))
-                jump = 0
-            else:
-                cursor.execute(_RAW_APPEND, row)
-            seqs.append(int(cursor.lastrowid or 0))
-        return seqs
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        return await _pg_append(raw, batch)
-    rows = await conn.execute(
-        _APPEND,
-        [
-            {
-                "kind": te.event.kind.value,
-                "at": te.event.at,
-                "job_id": te.event.job_id,
-                "node": te.event.node,
-                "team": te.team,
-                "data": dict(te.event.data),
-            }
-            for te in batch
-        ],
-    )
-    return [r.seq for r in rows]
+    number the first event that far past the highest one in the table (``SEQ_JUMP``).
+
+    The rows of one INSERT take their ``seq`` in the order they are listed, so the seqs
+    it returns, sorted, are those of its rows in order (RETURNING promises no order).
+    """
+    seqs: list[int] = []
+    if jump and batch:
+        params = dict(zip(_COLUMNS, _values(batch[:1]), strict=True))
+        first = await _APPEND_JUMPED.tuples(conn, jump=jump, **params)
+        seqs.append(int(first[0][0]))
+        batch = batch[1:]
+    for at in range(0, len(batch), APPEND_ROWS):
+        part = batch[at : at + APPEND_ROWS]
+        params = dict(zip(_names(len(part)), _values(part), strict=True))
+        seqs += sorted(int(r[0]) for r in await _append(len(part)).tuples(conn, **params))
+    return seqs
+
+
+def _values(batch: Sequence[TeamEvent]) -> list[Any]:
+    """The column values of ``batch``, row after row, in ``_COLUMNS`` order."""
+    return [
+        value
+        for te in batch
+        for e in (te.event,)
+        for value in (e.kind.value, e.at, e.job_id, e.node, te.team, dict(e.data))
+    ]
+
+
+@functools.cache
+def _names(count: int) -> tuple[str, ...]:
+    """The parameters of ``_append(count)``, row by row: ``kind_0``, ``at_0``, ..."""
+    return tuple(f"{c}_{i}" for i in range(count) for c in _COLUMNS)
+
+
+@functools.lru_cache(maxsize=APPEND_ROWS)
+def _append(count: int) -> Query:
+    """INSERT of ``count`` events (parameters ``kind_0``, ``at_0``, ... ``data_<count-1>``)."""
+    values = [
+        {c: sa.bindparam(f"{c}_{i}", type_=events.c[c].type) for c in _COLUMNS}
+        for i in range(count)
+    ]
+    return Query(sa.insert(events).values(values).returning(events.c.seq))
 
 
 async def after(
@@ -103,57 +104,14 @@ async def after(
     limit: int = 500,
 ) -> list[tuple[Event, str | None]]:
     """Events with ``seq`` greater than ``seq``, oldest first, with their team."""
-    db = driver(conn)
-    if db is not None:
-        clause = "WHERE seq > ?" + (" AND job_id = ?" if job_id is not None else "")
-        clause += (" AND team = ?" if team is not None else "") + " ORDER BY seq LIMIT ?"
-        args = [seq, *(v for v in (job_id, team) if v is not None), limit]
-        return [
-            (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
-            for r in _RAW.where(db, clause, args)
-        ]
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        clause = "WHERE seq > $1" + (" AND job_id = $2" if job_id is not None else "")
-        if team is not None:
-            clause += f" AND team = ${2 + (job_id is not None)}"
-        clause += f" ORDER BY seq LIMIT ${2 + (job_id is not None) + (team is not None)}"
-        args = [seq, *(v for v in (job_id, team) if v is not None), limit]
-        return [
-            (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
-            for r in await _PG.where(raw, clause, args)
-        ]
     params = {"seq": seq, "limit": limit, "job_id": job_id, "team": team}
-    rows = await conn.execute(_after(job_id is not None, team is not None), params)
+    rows = await _after(job_id is not None, team is not None).rows(
+        conn, **{k: v for k, v in params.items() if v is not None}
+    )
     return [
         (Event(EventKind(r.kind), r.at, r.job_id, r.node, r.data or {}, r.seq), r.team)
         for r in rows
     ]
-
-
-async def _pg_append(raw: Any, batch: Sequence[TeamEvent]) -> list[int]:
-    """One round trip: a single row, or all of them through ``unnest``.
-
-    The rows of the ``unnest`` insert are drawn from the arrays in order and
-    each takes the next ``seq`` as it is inserted, so the returned seqs,
-    sorted, are those of ``batch`` in order (RETURNING promises no order).
-    """
-    if len(batch) == 1:
-        te = batch[0]
-        e = te.event
-        args = (e.kind.value, e.at, e.job_id, e.node, te.team, dumps(dict(e.data)))
-        return [int(await raw.fetchval(_PG_APPEND, *args))]
-    columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
-    kinds, ats, job_ids, nodes, teams, datas = columns
-    for te in batch:
-        e = te.event
-        kinds.append(e.kind.value)
-        ats.append(e.at)
-        job_ids.append(e.job_id)
-        nodes.append(e.node)
-        teams.append(te.team)
-        datas.append(dumps(dict(e.data)))
-    return sorted(int(r[0]) for r in await raw.fetch(_PG_APPEND_MANY, *columns))
 
 
 async def pg_mark_epoch(raw: Any) -> bool:
@@ -179,11 +137,11 @@ async def pg_mark_epoch(raw: Any) -> bool:
 
 
 @functools.cache
-def _after(by_job: bool, by_team: bool) -> sa.Select[Any]:
-    """The page query for one combination of filters, built once (SSE readers run it often)."""
+def _after(by_job: bool, by_team: bool) -> Query:
+    """The page query for one combination of filters (SSE readers run it often)."""
     query = (
         sa.select(events)
-        .where(events.c.seq > sa.bindparam("seq"))
+        .where(events.c.seq > sa.bindparam("seq", type_=sa.BigInteger))
         .order_by(events.c.seq)
         .limit(sa.bindparam("limit", type_=sa.Integer))
     )
@@ -191,7 +149,7 @@ def _after(by_job: bool, by_team: bool) -> sa.Select[Any]:
         query = query.where(events.c.job_id == sa.bindparam("job_id"))
     if by_team:
         query = query.where(events.c.team == sa.bindparam("team"))
-    return query
+    return Query(query)
 
 
 async def last_seq(conn: AsyncConnection) -> int:

@@ -11,15 +11,22 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.states import JobState
-from corral.server.store import pgraw
 from corral.server.store.guard import guarded_update, guarded_update_many
-from corral.server.store.rawsql import codec, driver
 from corral.server.store.records import JobRecord, job_from_row, job_row
+from corral.server.store.sql import Query, insert_rows, rows_by_keys
 from corral.server.store.tables import jobs
 
-_RAW = codec(jobs)
 _SECOND = itemgetter(1)
-_PG = pgraw.codec(jobs)
+_GET = Query(sa.select(jobs).where(jobs.c.id == sa.bindparam("id")))
+_GET_MANY = Query(rows_by_keys(jobs, "id"))
+_QUEUED_WITH = {  # (id, column) of every queued job, by submission order
+    column: Query(
+        sa.select(jobs.c.id, jobs.c[column])
+        .where(jobs.c.state == sa.bindparam("state"))
+        .order_by(jobs.c.seq)
+    )
+    for column in ("team", "version")
+}
 
 
 async def insert(conn: AsyncConnection, rec: JobRecord) -> None:
@@ -27,60 +34,22 @@ async def insert(conn: AsyncConnection, rec: JobRecord) -> None:
 
 
 async def insert_many(conn: AsyncConnection, recs: Sequence[JobRecord]) -> None:
-    if not recs:
-        return
-    db = driver(conn)
-    if db is not None:
-        _RAW.insert(db, [job_row(r) for r in recs])
-        return
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        pgraw.forget_read_ahead(conn)
-        await _PG.insert(raw, [job_row(r) for r in recs])
-        return
-    await conn.execute(sa.insert(jobs), [job_row(r) for r in recs])
-
-
-# Hot queries are built once (building a statement costs more than running it on SQLite).
-_GET = sa.select(jobs).where(jobs.c.id == sa.bindparam("id"))
-_GET_MANY = sa.select(jobs).where(jobs.c.id.in_(sa.bindparam("ids", expanding=True)))
-_QUEUED_WITH = {  # (id, column) of every queued job, by submission order
-    column: sa.select(jobs.c.id, jobs.c[column])
-    .where(jobs.c.state == JobState.QUEUED.value)
-    .order_by(jobs.c.seq)
-    for column in ("team", "version")
-}
+    await insert_rows(conn, jobs, [job_row(r) for r in recs])
 
 
 async def get(conn: AsyncConnection, job_id: str) -> JobRecord | None:
-    db = driver(conn)
-    if db is not None:
-        rows = _RAW.by_keys(db, "id", [job_id])
-        return job_from_row(rows[0]) if rows else None
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        seen = pgraw.seen_jobs(conn)
-        if job_id in seen:  # read along with its allocation a moment ago (allocations.get)
-            return job_from_row(seen.pop(job_id))
-        rows = await _PG.by_keys(raw, "id", [job_id])
-        return job_from_row(rows[0]) if rows else None
-    row = (await conn.execute(_GET, {"id": job_id})).first()
+    row = await _GET.first(conn, id=job_id)
     return job_from_row(row) if row else None
 
 
 async def get_many(conn: AsyncConnection, ids: Collection[str]) -> dict[str, JobRecord]:
+    if len(ids) == 1:  # nearly every call: the lookup by one key is the cheaper statement
+        (job_id,) = ids
+        row = await _GET.first(conn, id=job_id)
+        return {job_id: job_from_row(row)} if row else {}
     if not ids:
         return {}
-    db = driver(conn)
-    if db is not None:
-        return {r.id: job_from_row(r) for r in _RAW.by_keys(db, "id", list(ids))}
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        seen = pgraw.seen_jobs(conn)
-        if seen and all(i in seen for i in ids):  # read along with their allocation
-            return {i: job_from_row(seen.pop(i)) for i in ids}
-        return {r.id: job_from_row(r) for r in await _PG.by_keys(raw, "id", list(ids))}
-    rows = await conn.execute(_GET_MANY, {"ids": list(ids)})
+    rows = await _GET_MANY.rows(conn, keys=list(dict.fromkeys(ids)))
     return {r.id: job_from_row(r) for r in rows}
 
 
@@ -137,15 +106,8 @@ async def queued_versions(conn: AsyncConnection) -> list[tuple[str, int]]:
 
 async def _queued_with(conn: AsyncConnection, column: str) -> list[tuple[str, Any]]:
     """(id, ``column``) of every queued job, in submission order."""
-    db = driver(conn)
-    if db is not None:
-        sql = f"SELECT id, {column} FROM jobs WHERE state = ? ORDER BY seq"
-        return list(db.execute(sql, (JobState.QUEUED.value,)))
-    raw = pgraw.pg(conn)
-    if raw is not None:
-        sql = f"SELECT id, {column} FROM jobs WHERE state = $1 ORDER BY seq"
-        return [(r[0], r[1]) for r in await raw.fetch(sql, JobState.QUEUED.value)]
-    return [(r[0], r[1]) for r in await conn.execute(_QUEUED_WITH[column])]
+    rows = await _QUEUED_WITH[column].tuples(conn, state=JobState.QUEUED.value)
+    return [(r[0], r[1]) for r in rows]
 
 
 # -- what changed in the queue (SQLite: the triggers of migration 0006) -----------------------

@@ -3,7 +3,7 @@
 An empty write transaction through SQLAlchemy's connection handling (pool
 check-out, execution options, ``begin`` event, ``COMMIT`` through the
 adapter, check-in with its reset) cost about 0.5 ms of CPU here, several
-times the statements a unit runs inside it (``rawsql``). SQLite has one
+times the statements a unit runs inside it (``sql.Query``). SQLite has one
 writer at a time anyway (``Database.write`` holds an asyncio lock), so the
 writer keeps one connection and runs ``BEGIN`` / ``COMMIT`` / ``ROLLBACK``
 on its ``sqlite3`` connection. SQLAlchemy still sees an ordinary
