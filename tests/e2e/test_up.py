@@ -21,6 +21,8 @@ def test_corral_up_serves_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         base = up.wait_for(r"dashboard:\s+(http://\S+)/").group(1)
         token = up.wait_for(r"admin token: (\S+)").group(1)
         assert (tmp_path / "admin-token").read_text().strip() == token  # kept for the next run
+        link = up.wait_for(r"log in:\s+(\S+)").group(1)
+        assert link == f"{base}/#token={token}"  # the dashboard logs in from the fragment
         headers = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=base, headers=headers, timeout=10) as http:
             assert http.get("/").status_code == 200  # the dashboard

@@ -410,6 +410,21 @@ async def test_openapi_documents_every_route(served_sqlite: Served) -> None:
     assert (await served_sqlite.admin.get("/docs")).status_code == 200
 
 
+async def test_swagger_ui_is_served_from_the_package_with_no_cdn(served_sqlite: Served) -> None:
+    """``/docs`` loads its script and style from this server, so it works offline."""
+    import re
+
+    page = (await served_sqlite.admin.get("/docs")).text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert any(a.endswith("swagger-ui-bundle.js") for a in assets), assets
+    assert any(a.endswith("swagger-ui.css") for a in assets), assets
+    for asset in assets:
+        assert asset.startswith("/"), f"{asset} is not served by corral"
+        reply = await served_sqlite.admin.get(asset)
+        assert reply.status_code == 200, asset
+        assert len(reply.content) > 500, asset  # the real file, not an error page
+
+
 async def test_the_event_log_exports_as_a_trace_corral_sim_reads(
     served_sqlite: Served, tmp_path: Path
 ) -> None:

@@ -246,6 +246,9 @@ def _banner(base: str, address: str, token: str, home: Path, agent: Agent) -> No
             [
                 "corral is up",
                 f"  dashboard:   {base}/",
+                # The token rides in the fragment, which a browser never sends: the server
+                # (and any proxy's log) never sees it; the page trades it for a cookie.
+                f"  log in:      {base}/#token={token}   (one click, no pasting)",
                 f"  API:         {base}/v1   (docs: {base}/docs)",
                 f"  admin token: {token}",
                 f"               (kept in {home / 'admin-token'})",

@@ -149,7 +149,7 @@ def create_app(
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served from the package by web.install: works offline
         openapi_url="/openapi.json",
         **_without_telemetry(),
     )
