@@ -36,7 +36,8 @@ function logout(message = "") {
   fetch("/v1/session", { method: "DELETE", headers: CSRF }).catch(() => {});  // drop the cookie
   state.loggedIn = false;
   if (state.abort) state.abort.abort();
-  $("board").hidden = true; $("logout").hidden = true; $("login").hidden = false;
+  for (const id of ["board", "jobs-view", "job-view", "nav", "logout"]) $(id).hidden = true;
+  $("login").hidden = false;
   $("login-error").textContent = message;
 }
 
@@ -55,7 +56,8 @@ async function login(token) {
 async function show() {
   state.loggedIn = true;
   $("token").value = "";  // the cookie holds it now; the page keeps no copy
-  $("login").hidden = true; $("board").hidden = false; $("logout").hidden = false;
+  $("login").hidden = true; $("nav").hidden = false; $("logout").hidden = false;
+  route();  // jobs.js: the view the address names
   await refresh();
   follow();
 }
@@ -116,7 +118,7 @@ const resumed = (job) => job.resumed_from_step != null
 
 function renderRunning(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
-    el("h3", {}, job.id, el("span", { class: "badge" }, job.state)),
+    el("h3", {}, jobLink(job.id), el("span", { class: "badge" }, job.state)),
     el("div", { class: "muted" }, `${job.kind} · ${job.team}/${job.user} · ${job.priority} · ${job.node || "placing"}`),
     bar([[job.progress]]),
     el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`), resumed(job));
@@ -141,7 +143,7 @@ const ran = (job) => job.ran
 
 function renderFinished(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
-    el("h3", {}, job.id, el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job) }, outcome(job))),
+    el("h3", {}, jobLink(job.id), el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job) }, outcome(job))),
     el("div", { class: "muted" }, `${job.team}/${job.user} · ${job.error || `${job.result.length} result file(s)`}`),
     resumed(job), ran(job));
   for (const f of job.result.filter((f) => f.content_type.startsWith("image/")).slice(0, 2)) {
@@ -234,7 +236,7 @@ async function refresh() {
   $("running").replaceChildren(...(running.jobs.length ? running.jobs.map(renderRunning) : [el("p", { class: "muted" }, "Nothing running.")]));
   $("queue-count").textContent = `(${queue.total})`;
   $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
-    el("strong", {}, e.job.id), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
+    el("strong", {}, jobLink(e.job.id)), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
     el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"))));
   $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
   $("finished").replaceChildren(...finished.jobs.map(renderFinished));
@@ -332,5 +334,5 @@ $("login-form").addEventListener("submit", (e) => { e.preventDefault(); login($(
 $("logout").addEventListener("click", () => logout());
 // A link with #token=... (as `corral up` prints) logs in once; the hash is cleared first.
 const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromHash) { history.replaceState(null, "", location.pathname); login(fromHash); }
+if (fromHash) { history.replaceState(null, "", location.pathname); login(fromHash); }  // never kept in history
 else fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
