@@ -47,7 +47,8 @@ def test_the_job_page_follows_a_job_and_its_buttons_act_on_it(
         result = page.locator(".results li").first
         expect(result.locator("img.preview")).to_be_visible(timeout=10_000)
         href = result.locator("a").get_attribute("href")
-        assert href is not None and http.get(href).status_code == 200  # the download link
+        assert href is not None
+        assert http.get(href).status_code == 200  # the download link
         page.screenshot(path=str(SHOTS / "job-finished.png"), full_page=True)
 
         page.locator('button[data-action="retry"]').click()  # the same request, a new job
