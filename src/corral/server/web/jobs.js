@@ -131,8 +131,15 @@ function queueExplanation(job) {
   return el("section", { id: "job-queue" }, el("h3", {}, "Why it waits"),
     el("p", {}, `position ${q.position + 1} in the queue: ${q.summary || "waiting for the next cycle"}`),
     el("ul", {}, q.reasons.map((r) => el("li", {}, `${r.nodes} node(s): ${r.message}`))),
-    q.remedy ? el("p", { class: "remedy" }, `remedy: ${q.remedy}`) : "");
+    q.remedy ? el("p", { class: "remedy", "data-remedy": q.remedy }, REMEDIES[q.remedy] || q.remedy) : "");
 }
+
+// The scheduler's remedy codes (scheduler/api.py Remedy), said as what to do.
+const REMEDIES = {
+  wait: "It runs when a node that fits frees up.",
+  preempt: "Lower-priority or borrowed work will be preempted to make room.",
+  none: "No node can ever run it as it is: add a node that fits (to try, start an agent with --fake-gpus), or change its request.",
+};
 
 function results(job) {
   if (!job.result.length) return el("p", { class: "muted" }, TERMINAL.includes(job.state) ? "No result files." : "Not finished yet.");
@@ -177,7 +184,7 @@ function onJobEvent(id, e) {
     return;
   }
   if (e.kind === "job.preview") {
-    imageUrl(d.url).then((u) => $("job-preview").replaceChildren(el("img", { class: "preview", alt: "latest preview", src: u }))).catch(() => {});
+    imageUrl(d.url).then((u) => $("job-preview").replaceChildren(el("h3", {}, "Latest preview"), el("img", { class: "preview", alt: "latest preview", src: u }))).catch(() => {});
     return;
   }
   if (e.kind === "job.log") {
