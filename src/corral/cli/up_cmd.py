@@ -78,9 +78,8 @@ def up(
     ] = None,
 ) -> None:
     """Start a server on SQLite and a local agent; print the URL and the admin token."""
-    from corral.core.errors import InvalidSpec
-
     from corral.cli import up_running
+    from corral.core.errors import InvalidSpec
 
     home = data_dir.expanduser()
     if (other := up_running.running(home)) is not None:
