@@ -51,6 +51,9 @@ async def test_submit_get_and_the_scheduler_s_reasons(served_sqlite: Served) -> 
     got = await eventually(reasons)
     assert got["queue"]["reasons"][0]["code"]
     assert got["queue"]["summary"]
+    # no node at all: never runnable, and the queue names what to start
+    assert got["queue"]["remedy"] == "none"
+    assert "start an agent" in got["queue"]["advice"]
     queue = (await served_sqlite.admin.get("/v1/queue")).json()
     assert queue["total"] == 1
     assert queue["entries"][0]["job"]["id"] == job["id"]

@@ -237,7 +237,8 @@ async function refresh() {
   $("queue-count").textContent = `(${queue.total})`;
   $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
     el("strong", {}, jobLink(e.job.id)), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
-    el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"))));
+    el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"),
+    e.queue.advice ? el("div", { class: "remedy" }, e.queue.advice) : "")));
   $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
   $("finished").replaceChildren(...finished.jobs.map(renderFinished));
   const scaling = await getJson("/v1/autoscaler").catch(() => null);  // 403 for a team token

@@ -131,7 +131,7 @@ function queueExplanation(job) {
   return el("section", { id: "job-queue" }, el("h3", {}, "Why it waits"),
     el("p", {}, `position ${q.position + 1} in the queue: ${q.summary || "waiting for the next cycle"}`),
     el("ul", {}, q.reasons.map((r) => el("li", {}, `${r.nodes} node(s): ${r.message}`))),
-    q.remedy ? el("p", { class: "remedy", "data-remedy": q.remedy }, REMEDIES[q.remedy] || q.remedy) : "");
+    q.remedy ? el("p", { class: "remedy", "data-remedy": q.remedy }, q.advice || REMEDIES[q.remedy] || q.remedy) : "");
 }
 
 // The scheduler's remedy codes (scheduler/api.py Remedy), said as what to do.
