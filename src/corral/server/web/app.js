@@ -334,6 +334,13 @@ async function readSse(reader) {
 $("login-form").addEventListener("submit", (e) => { e.preventDefault(); login($("token").value.trim()); });
 $("logout").addEventListener("click", () => logout());
 // A link with #token=... (as `corral up` prints) logs in once; the hash is cleared first.
-const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromHash) { history.replaceState(null, "", location.pathname); login(fromHash); }  // never kept in history
-else fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
+function loginFromHash() {
+  const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (!fromHash) return false;
+  history.replaceState(null, "", location.pathname);  // never kept in history
+  login(fromHash);
+  return true;
+}
+// Also when the link is opened in a tab already showing the page: only the hash changes.
+window.addEventListener("hashchange", loginFromHash);
+if (!loginFromHash()) fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
