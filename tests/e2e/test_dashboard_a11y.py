@@ -46,6 +46,7 @@ def test_every_view_passes_axe_at_desktop_and_phone_width(cluster: Cluster, brow
         "jobs": ("#jobs", "#jobs-table tr[data-job]"),
         "job": (f"#job/{done}", ".results img.preview"),
         "waiting": (f"#job/{waiting}", "#job-queue .remedy"),
+        "node": ("#node/gpu-box", ".gpu-card"),
     }
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})

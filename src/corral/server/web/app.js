@@ -36,7 +36,7 @@ function logout(message = "") {
   fetch("/v1/session", { method: "DELETE", headers: CSRF }).catch(() => {});  // drop the cookie
   state.loggedIn = false;
   if (state.abort) state.abort.abort();
-  for (const id of ["board", "jobs-view", "job-view", "nav", "logout"]) $(id).hidden = true;
+  for (const id of ["board", "jobs-view", "job-view", "node-view", "nav", "logout"]) $(id).hidden = true;
   $("login").hidden = false;
   $("login-error").textContent = message;
 }
@@ -104,7 +104,7 @@ function renderNode(n) {
       .then(refresh).catch((e) => alert(e.message)),
   }, n.paused ? "resume" : "pause");
   return el("div", { class: "card node", "data-node": n.name },
-    el("h3", {}, n.name, el("span", { class: `badge ${st}`, "data-state": st }, st), toggle),
+    el("h3", {}, el("a", { href: `#node/${encodeURIComponent(n.name)}` }, n.name), el("span", { class: `badge ${st}`, "data-state": st }, st), toggle),
     n.gpus.length ? gpus : el("div", { class: "muted" }, `CPU only · ${n.cpus} slots`),
     el("div", { class: "muted" }, `models loaded: ${n.models_loaded.join(", ") || "none"}`),
     el("div", { class: "muted" }, `models on disk: ${n.models_on_disk.join(", ") || "none"}`),

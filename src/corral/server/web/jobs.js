@@ -1,11 +1,11 @@
-// corral dashboard: the jobs list (#jobs) and one job's page (#job/<id>). Loaded after
+// corral dashboard: the views' routing, the jobs list (#jobs) and one job's page (#job/<id>). Loaded after
 // app.js, whose helpers ($, el, api, getJson, bar, imageUrl, outcome, ran) it uses.
 "use strict";
 
 const TERMINAL = ["succeeded", "failed", "cancelled"];
 const when = (t) => t ? new Date(t * 1000).toLocaleString() : "-";
 const jobLink = (id) => el("a", { href: `#job/${encodeURIComponent(id)}` }, id);
-const views = { board: "board", jobs: "jobs-view", job: "job-view" };
+const views = { board: "board", jobs: "jobs-view", job: "job-view", node: "node-view" };
 const jobView = { abort: null, cursor: null };
 
 // ---- routing ---------------------------------------------------------------
@@ -15,13 +15,15 @@ function route() {
   if (!state.loggedIn) return;
   if (jobView.abort) { jobView.abort.abort(); jobView.abort = null; }  // stop the last job's stream
   const hash = location.hash.slice(1);
-  const [name, arg] = hash.startsWith("job/") ? ["job", decodeURIComponent(hash.slice(4))] : [hash === "jobs" ? "jobs" : "board", null];
+  const [name, arg] = hash.startsWith("job/") ? ["job", decodeURIComponent(hash.slice(4))]
+    : hash.startsWith("node/") ? ["node", decodeURIComponent(hash.slice(5))] : [hash === "jobs" ? "jobs" : "board", null];
   for (const [view, id] of Object.entries(views)) $(id).hidden = view !== name;
   for (const a of document.querySelectorAll("#nav a")) {
     if (a.dataset.view === name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
   if (name === "jobs") listJobs(false).catch((e) => showError("jobs-error", e));
   if (name === "job") showJob(arg).catch((e) => showError("job-error", e));
+  if (name === "node") showNode(arg).catch((e) => showError("node-error", e));  // node.js
 }
 const showError = (id, e) => { if (e.message !== "401") $(id).textContent = e.message; };
 window.addEventListener("hashchange", route);
