@@ -24,7 +24,7 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
     from playwright.sync_api import expect
 
     SHOTS.mkdir(parents=True, exist_ok=True)
-    cluster.start_server()
+    cluster.start_server(CORRAL_API__HISTORY_SAMPLE_S="0.2")
     cluster.start_agent("gpu-box", "--fake-gpus", "2x RTX 4090 24GiB", "--cpus", "2")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{cluster.http}/#token={ADMIN}")
@@ -44,7 +44,28 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
         expect(gpu).to_contain_text("VRAM reserved 24.0 GiB")  # a whole card: all of it
         expect(page.locator(f'.gpu-card[data-gpu="{1 - index}"]')).to_contain_text("idle")
         assert card["node"] == "gpu-box"
+        # the last hour, sampled: the job's card is held by its team, reserved whole
+        samples = eventually(
+            lambda: [
+                s
+                for s in http.get("/v1/history", params={"node": "gpu-box"}).json()["samples"]
+                if s["held"] or s["borrowed"]
+            ],
+            what="a sample with the job's GPU",
+        )
+        last = samples[-1]
+        assert last["held"].get("default", 0) + last["borrowed"].get("default", 0) == 1
+        assert last["idle_gpus"] == 1
+        assert last["cards"][index]["vram_reserved"] == 24 * 2**30
+        page.reload()
+        expect(gpu.locator(f"#plot-util-{index} canvas")).to_be_visible(timeout=10_000)
+        expect(gpu.locator(f"#plot-vram-{index} canvas")).to_be_visible()
         page.screenshot(path=str(SHOTS / "node.png"), full_page=True)
+        page.goto(f"{cluster.http}/#")
+        expect(page.locator("#plot-gpus canvas")).to_be_visible(timeout=10_000)
+        expect(page.locator("#plot-queue canvas")).to_be_visible()
+        page.screenshot(path=str(SHOTS / "cluster-plots.png"), full_page=True)
+        page.goto(f"{cluster.http}/#node/gpu-box")
 
         page.locator('button[data-action="drain"]').click()
         expect(page.locator("#node-state")).to_have_text("draining", timeout=10_000)

@@ -59,6 +59,7 @@ async function show() {
   $("login").hidden = true; $("nav").hidden = false; $("logout").hidden = false;
   route();  // jobs.js: the view the address names
   await refresh();
+  followPlots();  // plots.js
   follow();
 }
 

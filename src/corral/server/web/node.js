@@ -5,6 +5,7 @@
 async function showNode(name) {
   $("node-error").textContent = "";
   renderNodePage(await getJson(`/v1/nodes/${encodeURIComponent(name)}`));
+  await nodePlots(name);  // plots.js
 }
 
 // Each GPU with what it holds, the models, the node's own failures, and its controls.
@@ -53,7 +54,7 @@ function cpuWork(allocations) {
 function nodeActions(n) {
   const act = (verb, title) => el("button", { "data-action": verb, title, onclick: () =>
     api(`/v1/nodes/${encodeURIComponent(n.name)}/${verb}`, { method: "POST" })
-      .then((r) => r.json()).then(renderNodePage).catch((e) => { $("node-error").textContent = e.message; }) }, verb);
+      .then((r) => r.json()).then((node) => { renderNodePage(node); return nodePlots(node.name); }).catch((e) => { $("node-error").textContent = e.message; }) }, verb);
   const out = [];
   if (!n.paused && !n.draining) out.push(act("pause", "no new work; running work continues"));
   if (!n.draining) out.push(act("drain", "no new work; it can be removed once empty"));
