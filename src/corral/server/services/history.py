@@ -11,7 +11,7 @@ a restart starts them afresh. Each replica samples the shared store, so any answ
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from corral.server.store import nodes as node_repo
 from corral.server.store.tables import events, jobs
 
 WINDOW_S = 3600.0
+log = logging.getLogger(__name__)
 
 _QUEUED = (
     sa.select(jobs.c.priority, sa.func.count())
@@ -64,8 +65,10 @@ class History:
     async def run(self) -> None:
         """Sample until cancelled; a failed sample (a store hiccup) is skipped, not fatal."""
         while True:
-            with contextlib.suppress(Exception):
+            try:
                 self.samples.append(await self.sample())
+            except Exception:  # the plots miss a point; the server goes on
+                log.warning("history: a sample failed", exc_info=True)
             await self.rt.clock.sleep(self.period)
 
     def since(self, start: float) -> Iterator[Sample]:
