@@ -97,8 +97,16 @@ def test_the_jobs_list_filters_pages_and_explains_a_job_that_cannot_run(
         expect(rows).to_have_count(55)  # the next page, from the cursor
         expect(page.locator("#jobs-more")).to_be_hidden()
 
+        page.select_option("#job-filters select[name=state]", "")
+        page.fill("#job-filters input[name=team]", "")
+        page.fill("#job-filters input[name=q]", done[:-3])  # an id's beginning
+        page.select_option("#job-filters select[name=since]", "3600")
+        page.locator("#job-filters button[type=submit]").click()
+        expect(rows).to_have_count(1)
+        expect(page.locator(f'#jobs-table tr[data-job="{done}"]')).to_be_visible()
+
         waiting = reply.json()["jobs"][0]["id"]
-        page.locator(f'#jobs-table tr[data-job="{waiting}"] a').click()
+        page.goto(f"{cluster.http}/#job/{waiting}")
         explained = page.locator("#job-queue")
         eventually(
             lambda: http.get(f"/v1/jobs/{waiting}").json()["queue"]["reasons"], what="a reason"

@@ -228,6 +228,31 @@ async def test_list_pages_with_cursors_and_filters(served: Served) -> None:
     assert none["jobs"] == []
 
 
+async def test_list_filters_by_kind_priority_node_time_and_id(served: Served) -> None:
+    placed = await submit(served, kind="sample", resources={"gpus": 1})
+    agent = await served.agent("gpu-1")
+    await agent.start(await agent.next_assignment())
+    custom = await submit(served, priority="batch", resources={"gpus": 64})  # stays queued
+    later = custom["submitted_at"]
+
+    async def ids(**params: Any) -> list[str]:
+        reply = await served.admin.get("/v1/jobs", params=params)
+        assert reply.status_code == 200, reply.text
+        return [j["id"] for j in reply.json()["jobs"]]
+
+    assert await ids(kind="sample") == [placed["id"]]
+    assert await ids(priority="batch") == [custom["id"]]
+    assert await ids(node="gpu-1") == [placed["id"]]
+    assert await ids(since=later) == [custom["id"]]
+    assert await ids(until=later) == [placed["id"]]
+    assert await ids(q=custom["id"][:-2]) == [custom["id"]]
+    assert await ids(q="job_%") == []  # a wildcard matches itself only
+    assert await ids(interrupted="false", kind="sample") == [placed["id"]]
+    bad = await served.admin.get("/v1/jobs", params={"kind": "nonsense"})
+    assert bad.status_code == 422
+    assert "kind" in bad.text
+
+
 async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served) -> None:
     job = await submit(served, kind="sample", resources={"gpus": 1})
     frames: list[dict[str, Any]] = []

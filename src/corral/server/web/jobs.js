@@ -30,13 +30,15 @@ window.addEventListener("hashchange", route);
 
 // ---- the list --------------------------------------------------------------
 
-// Filters go to the API as they are (state, team, user); paging follows the API's
+// Filters go to the API as they are (state, team, user, kind, priority, node, submitted
+// since, id prefix); paging follows the API's
 // cursor (keyset: each page costs the same however many jobs the database holds).
 async function listJobs(more) {
   $("jobs-error").textContent = "";
   const f = new FormData($("job-filters"));
   const query = new URLSearchParams({ limit: "50" });
-  for (const key of ["state", "team", "user"]) if (f.get(key)) query.set(key, f.get(key).trim());
+  for (const key of ["state", "team", "user", "kind", "priority", "node", "q"]) if (f.get(key)) query.set(key, f.get(key).trim());
+  if (f.get("since")) query.set("since", String(Date.now() / 1000 - Number(f.get("since"))));
   if (more && jobView.cursor) query.set("cursor", jobView.cursor);
   const page = await getJson(`/v1/jobs?${query}`);
   jobView.cursor = page.next_cursor;
@@ -53,8 +55,7 @@ async function listJobs(more) {
 
 $("job-filters").addEventListener("submit", (e) => {
   e.preventDefault();
-  const id = new FormData(e.target).get("id").trim();
-  if (id) location.hash = `job/${encodeURIComponent(id)}`; else listJobs(false).catch((err) => showError("jobs-error", err));
+  listJobs(false).catch((err) => showError("jobs-error", err));
 });
 $("jobs-more").addEventListener("click", () => listJobs(true).catch((e) => showError("jobs-error", e)));
 
