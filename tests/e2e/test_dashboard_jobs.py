@@ -141,3 +141,24 @@ def _logged_in(cluster: Cluster, browser: Any) -> Any:
 
 def _percent(text: str) -> int:
     return int(text.rstrip("%") or 0)
+
+
+def test_a_team_token_s_dashboard_shows_its_team_only(cluster: Cluster, browser: object) -> None:
+    from playwright.sync_api import expect
+
+    page = _logged_in(cluster, browser)
+    with cluster.client() as http:
+        ours = submit(http, payload={}, resources={"gpus": 8}, team="vision")["id"]
+        theirs = submit(http, payload={}, resources={"gpus": 8}, team="speech")["id"]
+        made = http.post("/v1/tokens", json={"kind": "team", "name": "ci", "team": "vision"})
+        secret = made.json()["token"]
+    page.locator("#logout").click()
+    expect(page.locator("#login-form")).to_be_visible()
+    page.fill("#token", secret)
+    page.click("#login-form button[type=submit]")
+    expect(page.locator("#nav")).to_be_visible(timeout=10_000)
+    page.goto(f"{cluster.http}/#jobs")
+    expect(page.locator(f'#jobs-table tr[data-job="{ours}"]')).to_be_visible(timeout=10_000)
+    expect(page.locator(f'#jobs-table tr[data-job="{theirs}"]')).to_have_count(0)
+    page.goto(f"{cluster.http}/#job/{theirs}")
+    expect(page.locator("#job-error")).to_contain_text("not found", timeout=10_000)

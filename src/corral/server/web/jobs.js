@@ -63,6 +63,8 @@ $("jobs-more").addEventListener("click", () => listJobs(true).catch((e) => showE
 
 async function showJob(id) {
   $("job-error").textContent = "";
+  $("job-body").replaceChildren();  // never another job's page under this one's error
+  jobView.drawn = null;
   const job = await getJson(`/v1/jobs/${encodeURIComponent(id)}`);
   $("job-body").replaceChildren(el("div", { id: "job-summary" }), el("div", { id: "job-preview" }),
     el("section", {}, el("h3", {}, "Timeline"), el("ol", { id: "job-timeline", class: "timeline" })),
