@@ -51,6 +51,9 @@ async def test_submit_get_and_the_scheduler_s_reasons(served_sqlite: Served) -> 
     got = await eventually(reasons)
     assert got["queue"]["reasons"][0]["code"]
     assert got["queue"]["summary"]
+    # no node at all: never runnable, and the queue names what to start
+    assert got["queue"]["remedy"] == "none"
+    assert "start an agent" in got["queue"]["advice"]
     queue = (await served_sqlite.admin.get("/v1/queue")).json()
     assert queue["total"] == 1
     assert queue["entries"][0]["job"]["id"] == job["id"]
@@ -223,6 +226,31 @@ async def test_list_pages_with_cursors_and_filters(served: Served) -> None:
     assert len(queued["jobs"]) == 5
     none = (await served.admin.get("/v1/jobs", params={"state": "succeeded"})).json()
     assert none["jobs"] == []
+
+
+async def test_list_filters_by_kind_priority_node_time_and_id(served: Served) -> None:
+    placed = await submit(served, kind="sample", resources={"gpus": 1})
+    agent = await served.agent("gpu-1")
+    await agent.start(await agent.next_assignment())
+    custom = await submit(served, priority="batch", resources={"gpus": 64})  # stays queued
+    later = custom["submitted_at"]
+
+    async def ids(**params: Any) -> list[str]:
+        reply = await served.admin.get("/v1/jobs", params=params)
+        assert reply.status_code == 200, reply.text
+        return [j["id"] for j in reply.json()["jobs"]]
+
+    assert await ids(kind="sample") == [placed["id"]]
+    assert await ids(priority="batch") == [custom["id"]]
+    assert await ids(node="gpu-1") == [placed["id"]]
+    assert await ids(since=later) == [custom["id"]]
+    assert await ids(until=later) == [placed["id"]]
+    assert await ids(q=custom["id"][:-2]) == [custom["id"]]
+    assert await ids(q="job_%") == []  # a wildcard matches itself only
+    assert await ids(interrupted="false", kind="sample") == [placed["id"]]
+    bad = await served.admin.get("/v1/jobs", params={"kind": "nonsense"})
+    assert bad.status_code == 422
+    assert "kind" in bad.text
 
 
 async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served) -> None:
@@ -408,6 +436,21 @@ async def test_openapi_documents_every_route(served_sqlite: Served) -> None:
         "/metrics",
     } <= paths
     assert (await served_sqlite.admin.get("/docs")).status_code == 200
+
+
+async def test_swagger_ui_is_served_from_the_package_with_no_cdn(served_sqlite: Served) -> None:
+    """``/docs`` loads its script and style from this server, so it works offline."""
+    import re
+
+    page = (await served_sqlite.admin.get("/docs")).text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert any(a.endswith("swagger-ui-bundle.js") for a in assets), assets
+    assert any(a.endswith("swagger-ui.css") for a in assets), assets
+    for asset in assets:
+        assert asset.startswith("/"), f"{asset} is not served by corral"
+        reply = await served_sqlite.admin.get(asset)
+        assert reply.status_code == 200, asset
+        assert len(reply.content) > 500, asset  # the real file, not an error page
 
 
 async def test_the_event_log_exports_as_a_trace_corral_sim_reads(

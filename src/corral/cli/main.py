@@ -15,6 +15,7 @@ from corral.cli import (
     server_cmd,
     sim_cmd,
     teams_cmd,
+    token_cmd,
     up_cmd,
     watch_cmd,
 )
@@ -47,6 +48,7 @@ nodes_cmd.register(app)
 autoscaler_cmd.register(app)
 models_cmd.register(app)
 audit_cmd.register(app)
+token_cmd.register(app)
 
 
 def main() -> None:

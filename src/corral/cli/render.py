@@ -76,6 +76,8 @@ def why(info: WaitInfo | None) -> str:
     text = info.summary or "; ".join(f"{r.nodes} nodes: {r.message}" for r in info.reasons)
     if info.remedy and info.remedy != "none":
         text += f" (could run after: {info.remedy})"
+    if info.advice:
+        text += f" — {info.advice}"
     return text
 
 

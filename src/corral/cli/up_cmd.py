@@ -78,9 +78,13 @@ def up(
     ] = None,
 ) -> None:
     """Start a server on SQLite and a local agent; print the URL and the admin token."""
+    from corral.cli import up_running
     from corral.core.errors import InvalidSpec
 
     home = data_dir.expanduser()
+    if (other := up_running.running(home)) is not None:
+        typer.echo(f"corral up: already running at {other[1]}/ (pid {other[0]})", err=True)
+        raise typer.Exit(1)
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: the server's state
         token = admin_token(home)
@@ -143,6 +147,7 @@ async def _serve(
 ) -> None:
     """Serve, run the local agent, stop both in order on Ctrl-C."""
     from corral.agent.main import Agent, AgentOptions
+    from corral.cli import up_running
     from corral.server.app import create_app, create_plane
     from corral.server.serving import uvicorn_config
 
@@ -178,6 +183,7 @@ async def _serve(
         agent = Agent(options)
         linked = asyncio.create_task(agent.run(), name="corral-up-agent")
         _banner(base, address, token, home, agent)
+        up_running.record(home, base)
         if tls is not None:
             print(f"  TLS certificate: {tls.cert}  fingerprint: {tls.fingerprint}", flush=True)
         event_loop.settle_heap()  # server and agent started: that much lives until Ctrl-C
@@ -193,6 +199,7 @@ async def _serve(
         await asyncio.gather(linked, *extras, return_exceptions=True)
         server.should_exit = True
         await served
+    up_running.forget(home)
     print("corral: stopped", flush=True)
 
 
@@ -246,6 +253,9 @@ def _banner(base: str, address: str, token: str, home: Path, agent: Agent) -> No
             [
                 "corral is up",
                 f"  dashboard:   {base}/",
+                # The token rides in the fragment, which a browser never sends: the server
+                # (and any proxy's log) never sees it; the page trades it for a cookie.
+                f"  log in:      {base}/#token={token}   (one click, no pasting)",
                 f"  API:         {base}/v1   (docs: {base}/docs)",
                 f"  admin token: {token}",
                 f"               (kept in {home / 'admin-token'})",
@@ -288,10 +298,15 @@ async def _demo(base: str, token: str, cert: Path | None) -> None:
             {"backend": "demo", "payload": {"prompt": p, "steps": 25, "step_s": 0.12}}
             for p in DEMO_PROMPTS
         ]
-        reply = await client.post("/v1/jobs/batch", json={"jobs": jobs})
+        # One key for every run: a restart shows the jobs of the first run, not a second set.
+        key = {"Idempotency-Key": "corral-up-demo"}
+        reply = await client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=key)
         reply.raise_for_status()
         ids = [j["id"] for j in reply.json()["jobs"]]
-        print(f"demo: submitted {len(ids)} jobs; watch them at {base}/", flush=True)
+        if reply.status_code == 200:
+            print(f"demo: the {len(ids)} demo jobs of an earlier run, at {base}/#jobs", flush=True)
+        else:
+            print(f"demo: submitted {len(ids)} jobs; watch them at {base}/", flush=True)
         pending = set(ids)
         while pending:
             await asyncio.sleep(0.5)

@@ -108,6 +108,7 @@ class WaitInfo(_Out):
     remedy: str | None = None
     summary: str = ""
     reasons: list[Reason] = Field(default_factory=list)
+    advice: str | None = Field(default=None, description="what to do when no node can ever run it")
 
 
 class JobStatus(_Out):

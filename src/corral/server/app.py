@@ -7,6 +7,7 @@ link, the scheduler). Tests pass their own (a stub link, a virtual clock).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -36,6 +37,7 @@ from corral.server.api import (
     tokens,
     web,
 )
+from corral.server.api import history as history_api
 from corral.server.api import models as model_api
 from corral.server.api.direct import HotRoutes
 from corral.server.api.limits import BodyLimit, upload_limits
@@ -43,6 +45,7 @@ from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.permissions import make_private
 from corral.server.plane import ControlPlane, StartReport
+from corral.server.services.history import History
 from corral.server.services.metrics import Metrics
 from corral.server.services.unit import Runtime
 from corral.server.settings import Settings
@@ -125,9 +128,12 @@ def create_app(
     """The HTTP app. Starting it (its lifespan) migrates the store and starts the loops."""
     plane = plane or create_plane(settings or Settings())
 
+    kept = History(plane.rt)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         report = await plane.start()
+        sampling = asyncio.create_task(kept.run(), name="corral-history")
         try:
             if isinstance(plane.link, GrpcLink):  # agents may dial in once the store is ready
                 rt = plane.rt
@@ -136,6 +142,7 @@ def create_app(
                 on_started(report)
             yield
         finally:
+            sampling.cancel()
             if isinstance(plane.link, GrpcLink):
                 await plane.link.close()
             await plane.stop()
@@ -145,7 +152,7 @@ def create_app(
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served from the package by web.install: works offline
         openapi_url="/openapi.json",
         **_without_telemetry(),
     )
@@ -154,6 +161,7 @@ def create_app(
     for module in (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session):
         app.include_router(module.router)
     model_api.install(app, plane)
+    history_api.install(app, kept)  # the dashboard's plots
     compat.install(app, plane)  # /sdapi/v1/* and ComfyUI's API (docs/compat.md)
     web.install(app)
     app.add_middleware(HotRoutes, routes=jobs.router.routes)  # inside BodyLimit: limits apply

@@ -74,6 +74,9 @@ class ApiSettings(BaseModel):
         description="SSE streams re-read the event table at least this often (other replicas)",
     )
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
+    history_sample_s: float = Field(
+        default=10.0, ge=0.05, description="the dashboard's plots: one sample this often"
+    )
     token_cache_s: float = Field(
         default=5.0, ge=0, description="how long a verified token is trusted without a DB read"
     )

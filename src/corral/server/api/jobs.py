@@ -8,10 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from prometheus_client import Gauge
-from pydantic import StringConstraints, TypeAdapter
+from pydantic import BaseModel, Field, StringConstraints, TypeAdapter
 
 from corral.core.errors import InvalidSpec
 from corral.core.events import Event, EventKind
+from corral.core.model import JobKind
 from corral.core.states import JobState
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.direct import caller, gathered_by, header, json_body, refuse
@@ -30,6 +31,7 @@ from corral.server.api.streams import HeldStream
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 from corral.server.services.jobs import Draft, new_job_id
+from corral.server.store.job_search import JobFilter
 from corral.server.store.jsontext import dumps
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
@@ -126,10 +128,23 @@ async def submit_batch(
     return BatchOut(jobs=[job_out(r) for r in records])
 
 
+class ListFilters(BaseModel):
+    """The jobs list's filters besides state, team and user."""
+
+    kind: JobKind | None = None
+    priority: str | None = Field(None, max_length=64)
+    node: str | None = Field(None, max_length=255, description="where it runs or ran")
+    since: float | None = Field(None, ge=0, description="submitted at or after (epoch s)")
+    until: float | None = Field(None, ge=0, description="submitted before (epoch s)")
+    q: str | None = Field(None, min_length=1, max_length=40, description="ids starting so")
+    interrupted: bool | None = Field(None, description="only (or no) interrupted jobs")
+
+
 @router.get("", response_model=JobPage)
 async def list_jobs(
     plane: Plane,
     who: Caller,
+    more: Annotated[ListFilters, Query()],
     state: Annotated[list[JobState] | None, Query(description="repeat for several")] = None,
     team: Annotated[str | None, Query(max_length=64)] = None,
     user: Annotated[str | None, Query(max_length=128)] = None,
@@ -137,8 +152,12 @@ async def list_jobs(
     cursor: Annotated[str | None, Query(max_length=100)] = None,
 ) -> JobPage:
     """Jobs newest first. Follow ``next_cursor`` for older ones."""
+    where = JobFilter(
+        kind=more.kind.value if more.kind else None, priority=more.priority, node=more.node,
+        since=more.since, until=more.until, id_prefix=more.q, interrupted=more.interrupted,
+    )  # fmt: skip
     page = await plane.jobs.page(
-        who, states=state or (), team=team, user=user, limit=limit, cursor=cursor
+        who, states=state or (), team=team, user=user, limit=limit, cursor=cursor, where=where
     )
     unplaced = plane.schedule.unplaced
     return JobPage(

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from corral.core.events import Event
 from corral.core.model import Team
 from corral.scheduler.api import Unplaced
+from corral.server.api.advice import advice
 from corral.server.api.schemas import (
     ApiModel,
     AttemptOut,
@@ -29,6 +30,7 @@ def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
         remedy=u.remedy.value,
         summary=u.summary(),
         reasons=[ReasonOut(code=r.code.value, nodes=r.nodes, message=r.message) for r in u.reasons],
+        advice=advice(u),
     )
 
 

@@ -235,6 +235,9 @@ class QueueInfo(BaseModel):
     remedy: str | None = None
     summary: str = ""
     reasons: list[ReasonOut] = Field(default_factory=list)
+    advice: str | None = Field(
+        default=None, description="what to do when no node can ever run it (remedy none)"
+    )
 
 
 class AttemptOut(BaseModel):

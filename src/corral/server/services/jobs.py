@@ -39,9 +39,11 @@ from corral.server.services.rates import RateLimits
 from corral.server.services.settling import request_stop, stop_job
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
+from corral.server.store import job_search
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.ids import sortable_id
+from corral.server.store.job_search import JobFilter
 from corral.server.store.records import JobRecord, ResultFile
 from corral.server.store.retention import JobAge
 
@@ -197,18 +199,19 @@ class JobService:
         user: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        where: JobFilter | None = None,
     ) -> Page:
-        """Jobs newest first, ``limit`` at a time; ``next_cursor`` fetches the next page."""
+        """Jobs newest first, ``limit`` at a time; ``next_cursor`` fetches the next page.
+        ``where`` adds the jobs list's other filters (kind, node, time, id prefix ...)."""
         who.require_client()
         if not who.is_admin:
             if team is not None and team != who.team:
                 raise Forbidden(f"a token of team {who.team!r} cannot list team {team!r}")
             team = who.team
         before = decode_cursor(cursor) if cursor else None
+        f = replace(where or JobFilter(), states=states, team=team, user=user)
         async with self.rt.db.read() as conn:
-            recs = await job_repo.page(
-                conn, states=states, team=team, user=user, before_seq=before, limit=limit + 1
-            )
+            recs = await job_search.page(conn, f, before_seq=before, limit=limit + 1)
         more = len(recs) > limit
         recs = recs[:limit]
         return Page(recs, encode_cursor(recs[-1].seq) if more and recs else None)

@@ -36,7 +36,8 @@ function logout(message = "") {
   fetch("/v1/session", { method: "DELETE", headers: CSRF }).catch(() => {});  // drop the cookie
   state.loggedIn = false;
   if (state.abort) state.abort.abort();
-  $("board").hidden = true; $("logout").hidden = true; $("login").hidden = false;
+  for (const id of ["board", "jobs-view", "job-view", "node-view", "nav", "logout"]) $(id).hidden = true;
+  $("login").hidden = false;
   $("login-error").textContent = message;
 }
 
@@ -55,8 +56,10 @@ async function login(token) {
 async function show() {
   state.loggedIn = true;
   $("token").value = "";  // the cookie holds it now; the page keeps no copy
-  $("login").hidden = true; $("board").hidden = false; $("logout").hidden = false;
+  $("login").hidden = true; $("nav").hidden = false; $("logout").hidden = false;
+  route();  // jobs.js: the view the address names
   await refresh();
+  followPlots();  // plots.js
   follow();
 }
 
@@ -102,7 +105,7 @@ function renderNode(n) {
       .then(refresh).catch((e) => alert(e.message)),
   }, n.paused ? "resume" : "pause");
   return el("div", { class: "card node", "data-node": n.name },
-    el("h3", {}, n.name, el("span", { class: `badge ${st}`, "data-state": st }, st), toggle),
+    el("h3", {}, el("a", { href: `#node/${encodeURIComponent(n.name)}` }, n.name), el("span", { class: `badge ${st}`, "data-state": st }, st), toggle),
     n.gpus.length ? gpus : el("div", { class: "muted" }, `CPU only · ${n.cpus} slots`),
     el("div", { class: "muted" }, `models loaded: ${n.models_loaded.join(", ") || "none"}`),
     el("div", { class: "muted" }, `models on disk: ${n.models_on_disk.join(", ") || "none"}`),
@@ -116,7 +119,7 @@ const resumed = (job) => job.resumed_from_step != null
 
 function renderRunning(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
-    el("h3", {}, job.id, el("span", { class: "badge" }, job.state)),
+    el("h3", {}, jobLink(job.id), el("span", { class: "badge" }, job.state)),
     el("div", { class: "muted" }, `${job.kind} · ${job.team}/${job.user} · ${job.priority} · ${job.node || "placing"}`),
     bar([[job.progress]]),
     el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`), resumed(job));
@@ -141,7 +144,7 @@ const ran = (job) => job.ran
 
 function renderFinished(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
-    el("h3", {}, job.id, el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job) }, outcome(job))),
+    el("h3", {}, jobLink(job.id), el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job) }, outcome(job))),
     el("div", { class: "muted" }, `${job.team}/${job.user} · ${job.error || `${job.result.length} result file(s)`}`),
     resumed(job), ran(job));
   for (const f of job.result.filter((f) => f.content_type.startsWith("image/")).slice(0, 2)) {
@@ -234,8 +237,9 @@ async function refresh() {
   $("running").replaceChildren(...(running.jobs.length ? running.jobs.map(renderRunning) : [el("p", { class: "muted" }, "Nothing running.")]));
   $("queue-count").textContent = `(${queue.total})`;
   $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
-    el("strong", {}, e.job.id), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
-    el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"))));
+    el("strong", {}, jobLink(e.job.id)), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
+    el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"),
+    e.queue.advice ? el("div", { class: "remedy" }, e.queue.advice) : "")));
   $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
   $("finished").replaceChildren(...finished.jobs.map(renderFinished));
   const scaling = await getJson("/v1/autoscaler").catch(() => null);  // 403 for a team token
@@ -331,6 +335,13 @@ async function readSse(reader) {
 $("login-form").addEventListener("submit", (e) => { e.preventDefault(); login($("token").value.trim()); });
 $("logout").addEventListener("click", () => logout());
 // A link with #token=... (as `corral up` prints) logs in once; the hash is cleared first.
-const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromHash) { history.replaceState(null, "", location.pathname); login(fromHash); }
-else fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
+function loginFromHash() {
+  const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (!fromHash) return false;
+  history.replaceState(null, "", location.pathname);  // never kept in history
+  login(fromHash);
+  return true;
+}
+// Also when the link is opened in a tab already showing the page: only the hash changes.
+window.addEventListener("hashchange", loginFromHash);
+if (!loginFromHash()) fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));

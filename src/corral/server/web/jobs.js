@@ -1,0 +1,212 @@
+// corral dashboard: the views' routing, the jobs list (#jobs) and one job's page (#job/<id>). Loaded after
+// app.js, whose helpers ($, el, api, getJson, bar, imageUrl, outcome, ran) it uses.
+"use strict";
+
+const TERMINAL = ["succeeded", "failed", "cancelled"];
+const when = (t) => t ? new Date(t * 1000).toLocaleString() : "-";
+const jobLink = (id) => el("a", { href: `#job/${encodeURIComponent(id)}` }, id);
+const views = { board: "board", jobs: "jobs-view", job: "job-view", node: "node-view" };
+const jobView = { abort: null, cursor: null };
+
+// ---- routing ---------------------------------------------------------------
+
+// Which view the hash names: "" the cluster board, "#jobs" the list, "#job/<id>" one job.
+function route() {
+  if (!state.loggedIn) return;
+  if (jobView.abort) { jobView.abort.abort(); jobView.abort = null; }  // stop the last job's stream
+  const hash = location.hash.slice(1);
+  const [name, arg] = hash.startsWith("job/") ? ["job", decodeURIComponent(hash.slice(4))]
+    : hash.startsWith("node/") ? ["node", decodeURIComponent(hash.slice(5))] : [hash === "jobs" ? "jobs" : "board", null];
+  for (const [view, id] of Object.entries(views)) $(id).hidden = view !== name;
+  for (const a of document.querySelectorAll("#nav a")) {
+    if (a.dataset.view === name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  if (name === "jobs") listJobs(false).catch((e) => showError("jobs-error", e));
+  if (name === "job") showJob(arg).catch((e) => showError("job-error", e));
+  if (name === "node") showNode(arg).catch((e) => showError("node-error", e));  // node.js
+}
+const showError = (id, e) => { if (e.message !== "401") $(id).textContent = e.message; };
+window.addEventListener("hashchange", route);
+
+// ---- the list --------------------------------------------------------------
+
+// Filters go to the API as they are (state, team, user, kind, priority, node, submitted
+// since, id prefix); paging follows the API's
+// cursor (keyset: each page costs the same however many jobs the database holds).
+async function listJobs(more) {
+  $("jobs-error").textContent = "";
+  const f = new FormData($("job-filters"));
+  const query = new URLSearchParams({ limit: "50" });
+  for (const key of ["state", "team", "user", "kind", "priority", "node", "q"]) if (f.get(key)) query.set(key, f.get(key).trim());
+  if (f.get("since")) query.set("since", String(Date.now() / 1000 - Number(f.get("since"))));
+  if (more && jobView.cursor) query.set("cursor", jobView.cursor);
+  const page = await getJson(`/v1/jobs?${query}`);
+  jobView.cursor = page.next_cursor;
+  const rows = page.jobs.map((j) => el("tr", { "data-job": j.id },
+    el("td", {}, jobLink(j.id)),
+    el("td", {}, el("span", { class: `badge ${outcome(j)}`, "data-state": outcome(j) }, outcome(j))),
+    el("td", {}, j.kind + (j.backend ? ` · ${j.backend}` : "")), el("td", {}, `${j.team}/${j.user}`),
+    el("td", {}, j.priority), el("td", {}, j.node || "-"), el("td", {}, when(j.submitted_at))));
+  const head = el("tr", {}, ["job", "state", "kind", "team/user", "priority", "node", "submitted"].map((h) => el("th", { scope: "col" }, h)));
+  if (more) $("jobs-table").append(...rows);
+  else $("jobs-table").replaceChildren(head, ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No jobs match."))]));
+  $("jobs-more").hidden = !page.next_cursor;
+}
+
+$("job-filters").addEventListener("submit", (e) => {
+  e.preventDefault();
+  listJobs(false).catch((err) => showError("jobs-error", err));
+});
+$("jobs-more").addEventListener("click", () => listJobs(true).catch((e) => showError("jobs-error", e)));
+
+// ---- one job ---------------------------------------------------------------
+
+async function showJob(id) {
+  $("job-error").textContent = "";
+  $("job-body").replaceChildren();  // never another job's page under this one's error
+  jobView.drawn = null;
+  const job = await getJson(`/v1/jobs/${encodeURIComponent(id)}`);
+  $("job-body").replaceChildren(el("div", { id: "job-summary" }), el("div", { id: "job-preview" }),
+    el("section", {}, el("h3", {}, "Timeline"), el("ol", { id: "job-timeline", class: "timeline" })),
+    el("section", {}, el("h3", {}, "Logs"), el("pre", { id: "job-logs", class: "logs", tabindex: "0" })),
+    el("section", {}, el("h3", {}, "Request"),
+      el("pre", { class: "payload", tabindex: "0" }, JSON.stringify({ payload: job.payload, resources: job.resources, model: job.model,
+        models: job.models, node_selector: job.node_selector, replicas: job.replicas, timeout_s: job.timeout_s }, null, 2))));
+  renderJob(job);
+  jobView.abort = new AbortController();
+  followJob(job.id, jobView.abort.signal).catch(() => {});
+}
+
+// What changes as it runs: state, actions, why it waits, progress, results.
+function renderJob(job) {
+  // Drawn again only when it changed: a button must not be replaced under a click.
+  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.result, job.queue, job.error]);
+  if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) return;
+  jobView.drawn = drawn;
+  const done = TERMINAL.includes(job.state);
+  $("job-summary").replaceChildren(
+    el("h2", {}, `Job ${job.id} `, el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job), id: "job-state" }, outcome(job))),
+    el("p", { class: "muted" }, `${job.kind}${job.backend ? " · " + job.backend : ""} · ${job.team}/${job.user} · priority ${job.priority}` +
+      ` · attempt ${job.attempt} of ${job.max_attempts}${job.node ? " · on " + job.node : ""} · submitted ${when(job.submitted_at)}`),
+    el("div", { class: "actions", role: "group", "aria-label": "actions" }, actions(job, done)),
+    queueExplanation(job),
+    el("section", {}, el("h3", {}, "Progress"), bar([[job.progress]]),
+      el("div", { class: "muted", id: "job-progress" }, `${Math.round(job.progress * 100)}%`),
+      job.error ? el("p", { class: "error" }, job.error) : "", resumed(job), ran(job)),
+    el("section", {}, el("h3", {}, "Results"), results(job)));
+}
+
+const reload = (id) => getJson(`/v1/jobs/${encodeURIComponent(id)}`).then(renderJob);
+
+// Cancel ends it now; interrupt keeps what it made so far; retry submits the same request
+// again as a new job; delete removes a finished one with its results.
+function actions(job, done) {
+  const act = (label, title, run) => el("button", { "data-action": label, title, onclick: () => run().catch((e) => { $("job-error").textContent = e.message; }) }, label);
+  const post = (verb) => async () => { renderJob(await (await api(`/v1/jobs/${encodeURIComponent(job.id)}/${verb}`, { method: "POST" })).json()); };
+  const out = [];
+  if (!done) out.push(act("cancel", "end it now; running work is told to stop", post("cancel")));
+  if (job.state === "running" || job.state === "placed") out.push(act("interrupt", "stop early and keep what it made so far", post("interrupt")));
+  if (done) {
+    out.push(act("retry", "submit the same request again as a new job", async () => {
+      const created = await (await api("/v1/jobs", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(resubmission(job)) })).json();
+      location.hash = `job/${encodeURIComponent(created.id)}`;
+    }));
+    out.push(act("delete", "delete it with its results", async () => {
+      if (!confirm(`Delete ${job.id} and its results?`)) return;
+      await api(`/v1/jobs/${encodeURIComponent(job.id)}`, { method: "DELETE" });
+      location.hash = "jobs";
+    }));
+  }
+  return out;
+}
+
+function resubmission(job) {
+  const r = job.resources;
+  const gpus = r.gpus ? r.gpus : r.gpu_milli / 1000;
+  return { kind: job.kind, payload: job.payload, priority: job.priority, team: job.team, user: job.user,
+    resources: { gpus, vram: r.vram_bytes || null, cpus: r.cpus, gpu_models: r.gpu_models, cpu_fallback: r.cpu_fallback },
+    node_selector: job.node_selector, replicas: job.replicas, gang_label: job.gang_label, model: job.model, models: job.models,
+    backend: job.backend, batch_key: job.batch_key, preemptible: job.preemptible, timeout_s: job.timeout_s, max_attempts: job.max_attempts };
+}
+
+// While it waits: its place in the queue and the scheduler's reasons, with the remedy.
+function queueExplanation(job) {
+  if (job.state !== "queued" || !job.queue) return "";
+  const q = job.queue;
+  return el("section", { id: "job-queue" }, el("h3", {}, "Why it waits"),
+    el("p", {}, `position ${q.position + 1} in the queue: ${q.summary || "waiting for the next cycle"}`),
+    el("ul", {}, q.reasons.map((r) => el("li", {}, `${r.nodes} node(s): ${r.message}`))),
+    q.remedy ? el("p", { class: "remedy", "data-remedy": q.remedy }, q.advice || REMEDIES[q.remedy] || q.remedy) : "");
+}
+
+// The scheduler's remedy codes (scheduler/api.py Remedy), said as what to do.
+const REMEDIES = {
+  wait: "It runs when a node that fits frees up.",
+  preempt: "Lower-priority or borrowed work will be preempted to make room.",
+  none: "No node can ever run it as it is: add a node that fits (to try, start an agent with --fake-gpus), or change its request.",
+};
+
+function results(job) {
+  if (!job.result.length) return el("p", { class: "muted" }, TERMINAL.includes(job.state) ? "No result files." : "Not finished yet.");
+  return el("ul", { class: "results" }, job.result.map((f) => {
+    const item = el("li", { "data-file": f.name }, el("a", { href: f.url, download: f.name }, f.name), ` ${f.content_type}, ${f.size} bytes`);
+    if (f.content_type.startsWith("image/")) {
+      imageUrl(f.url).then((u) => item.append(el("img", { class: "preview", alt: `result ${f.name}`, src: u }))).catch(() => {});
+    }
+    return item;
+  }));
+}
+
+// The job's own event stream from its first event: the timeline, progress, previews and
+// logs, live until it ends (the server closes the stream after its final event).
+async function followJob(id, signal) {
+  const response = await fetch(`/v1/jobs/${encodeURIComponent(id)}/events?after=0`, { signal, credentials: "same-origin" });
+  if (!response.ok) return;
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, end); buffer = buffer.slice(end + 2);
+      const data = frame.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
+      if (data) onJobEvent(id, JSON.parse(data));
+    }
+  }
+  if (!signal.aborted) reload(id).catch(() => {});  // it ended: show its results
+}
+
+function onJobEvent(id, e) {
+  const d = e.data || {};
+  if (e.kind === "job.progress") {
+    const frac = d.fraction ?? d.progress ?? 0;
+    const span = document.querySelector("#job-body .bar > span");
+    if (span) span.style.width = `${(frac * 100).toFixed(1)}%`;
+    $("job-progress").textContent = `${Math.round(frac * 100)}%`;
+    return;
+  }
+  if (e.kind === "job.preview") {
+    imageUrl(d.url).then((u) => $("job-preview").replaceChildren(el("h3", {}, "Latest preview"), el("img", { class: "preview", alt: "latest preview", src: u }))).catch(() => {});
+    return;
+  }
+  if (e.kind === "job.log") {
+    const logs = $("job-logs");
+    logs.append((d.lines || []).join("\n") + "\n");
+    logs.scrollTop = logs.scrollHeight;  // follow
+    return;
+  }
+  reloadSoon(id);  // a change of state: new actions, results, reasons
+  const shown = Object.entries(d).filter(([k]) => !["allocations", "state"].includes(k)).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`);
+  $("job-timeline").append(el("li", { "data-kind": e.kind }, el("time", {}, new Date(e.at * 1000).toLocaleTimeString()), " ",
+    el("strong", {}, e.kind.replace("job.", "")), e.node ? ` on ${e.node}` : "", shown.length ? ` · ${shown.join(", ")}` : ""));
+}
+
+// A replayed history arrives as a burst of events: one reload for all of them.
+let reloadTimer = null;
+function reloadSoon(id) {
+  if (reloadTimer) return;
+  reloadTimer = setTimeout(() => { reloadTimer = null; if (location.hash === `#job/${encodeURIComponent(id)}`) reload(id).catch(() => {}); }, 300);
+}
