@@ -19,11 +19,12 @@ from corral.core.states import AllocDesired, AllocObserved, JobState
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import audit as audit_repo
 from corral.server.store import events as event_repo
+from corral.server.store import job_search, retention, tokens, usage, versions
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
-from corral.server.store import retention, tokens, usage, versions
 from corral.server.store.db import Database, parse_db
 from corral.server.store.events import TeamEvent
+from corral.server.store.job_search import JobFilter
 from corral.server.store.records import AllocRecord, AttemptError, JobRecord, ResultFile
 
 pytestmark = pytest.mark.anyio
@@ -132,9 +133,10 @@ async def test_job_lists_and_the_queue(db: Database) -> None:
     assert moved == {"j1"}, "the stale one is left alone"
     async with db.read() as conn:
         keyed = await job_repo.by_idempotency_keys(conn, "x", ["k1", "k3", "k2"])
-        newest = await job_repo.page(conn, limit=2)
-        older = await job_repo.page(conn, before_seq=newest[-1].seq, limit=10)
-        team_y = await job_repo.page(conn, team="y", states=[JobState.QUEUED])
+        newest = await job_search.page(conn, JobFilter(), before_seq=None, limit=2)
+        older = await job_search.page(conn, JobFilter(), before_seq=newest[-1].seq, limit=10)
+        queued_y = JobFilter(team="y", states=[JobState.QUEUED])
+        team_y = await job_search.page(conn, queued_y, before_seq=None, limit=50)
         after = await job_repo.after_seq(conn, newest[-1].seq, 10)
         teams = await job_repo.queued_teams(conn)
         queued = await job_repo.queued_versions(conn)

@@ -65,28 +65,6 @@ async def by_idempotency_keys(
     return {r.idempotency_key: job_from_row(r) for r in rows}
 
 
-async def page(
-    conn: AsyncConnection,
-    *,
-    states: Collection[JobState] = (),
-    team: str | None = None,
-    user: str | None = None,
-    before_seq: int | None = None,
-    limit: int = 50,
-) -> list[JobRecord]:
-    """Newest first; ``before_seq`` continues a previous page (the cursor)."""
-    query = sa.select(jobs).order_by(jobs.c.seq.desc()).limit(limit)
-    if states:
-        query = query.where(jobs.c.state.in_([s.value for s in states]))
-    if team is not None:
-        query = query.where(jobs.c.team == team)
-    if user is not None:
-        query = query.where(jobs.c.user == user)
-    if before_seq is not None:
-        query = query.where(jobs.c.seq < before_seq)
-    return [job_from_row(r) for r in await conn.execute(query)]
-
-
 async def after_seq(conn: AsyncConnection, seq: int, limit: int) -> list[JobRecord]:
     """Jobs submitted after ``seq``, oldest first (for streaming exports)."""
     query = sa.select(jobs).where(jobs.c.seq > seq).order_by(jobs.c.seq).limit(limit)
