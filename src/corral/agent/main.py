@@ -47,6 +47,7 @@ from corral.agent.wire import Identity
 from corral.core import Clock, InvalidSpec, WallClock
 from corral.core.model import EMPTY
 from corral.core.pins import parse_fingerprint, parse_join
+from corral.core.rendezvous import ADDRESS_LABEL
 
 log = logging.getLogger("corral.agent")
 
@@ -71,6 +72,7 @@ class AgentOptions:
     comfyui_models: Path | None = None  # ComfyUI's models/checkpoints
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     cpus: int | None = None
+    address: str | None = None  # reachable by other nodes (a gang's rendezvous); see reachable
     work_dir: Path = Path("~/.corral/agent")
     models_dir: Path | None = None  # the model cache (default <work_dir>/models)
     models_budget: str | int = "100GiB"  # disk the model cache may use
@@ -78,6 +80,21 @@ class AgentOptions:
     shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported, not uploaded
     ca_fingerprint: str | None = None  # pin the server's certificate (sha256:<hex>)
     ca_cert: Path | None = None  # trust this CA (PEM) for the server instead of the system's
+
+
+def reachable(server: str) -> str:
+    """This machine's address on its route to ``server`` (``host:port``): the address other
+    nodes of the cluster most likely reach it at too (they reach the same server). No packet
+    is sent: connecting a UDP socket only picks the route. The host name when it has none."""
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port or 0) or 1))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:
@@ -119,7 +136,8 @@ class Agent:
         self.identity = Identity(
             node=options.name or socket.gethostname(),
             cpus=options.cpus if options.cpus is not None else os.cpu_count() or 1,
-            labels=options.labels,
+            labels={ADDRESS_LABEL: options.address or reachable(targets[0].address)}
+            | dict(options.labels),
             backends=tuple(sorted(executors)),
             version=__version__,
             key=node_key(work_dir),

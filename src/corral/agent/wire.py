@@ -16,6 +16,7 @@ from typing import Any
 from corral.agent.executors.base import (
     Checkpoint,
     Failed,
+    Gang,
     JobWork,
     LogLine,
     Preview,
@@ -100,7 +101,14 @@ def _job(
         resume_step=w.resume_step,
         timeout_s=w.timeout_s or None,
         results_root=results,
+        gang=_gang(msg),
     )
+
+
+def _gang(msg: pb.Assign) -> Gang | None:
+    if msg.replicas <= 1:
+        return None
+    return Gang(msg.replica, msg.replicas, msg.master_addr, msg.master_port)
 
 
 def model_specs(msg: pb.Assign, api_base: str) -> dict[str, SpecOrError]:

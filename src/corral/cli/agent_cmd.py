@@ -106,6 +106,13 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     cpus: Annotated[
         int | None, typer.Option(help="CPU slots offered. [default: CPU count]", min=0)
     ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="The address other nodes reach this one at (a gang's rendezvous). "
+            "[default: this machine's address on the route to the server]"
+        ),
+    ] = None,
     work_dir: Annotated[Path, typer.Option(help="Checkpoints and scratch space.")] = Path(
         "~/.corral/agent"
     ),
@@ -153,6 +160,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             comfyui_models=comfyui_models,
             labels=parse_labels(labels or []),
             cpus=cpus,
+            address=address,
             work_dir=work_dir,
             models_dir=models_dir,
             models_budget=models_budget,

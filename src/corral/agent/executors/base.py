@@ -32,6 +32,17 @@ from corral.core.states import StopReason
 
 
 @dataclass(frozen=True, slots=True)
+class Gang:
+    """This replica's place in a gang (docs/agent.md "Gangs"): one rank per replica, all
+    meeting at replica 0's node (``master_addr:master_port``)."""
+
+    rank: int
+    size: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobWork:
     """One job of an assignment, as an executor runs it: one attempt of the job, with this
     node's paths for it (the agent's side of ``Work`` in ``proto/corral/v1/agent.proto``)."""
@@ -51,6 +62,7 @@ class JobWork:
     # Where the agent keeps result files until the server has the allocation's end
     # (``scratch_dir``); None: an executor reads its result files instead.
     results_root: Path | None = None
+    gang: Gang | None = None  # set for a replica of a gang
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))

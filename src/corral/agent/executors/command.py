@@ -2,7 +2,8 @@
 
 The process gets its job through the environment (``CORRAL_JOB_ID``,
 ``CORRAL_ATTEMPT``, ``CUDA_VISIBLE_DEVICES``, ``CORRAL_CHECKPOINT_DIR``,
-``CORRAL_RESUME_FROM``, ``CORRAL_OUTPUT_DIR``, ... see ``job_env``) and talks
+``CORRAL_RESUME_FROM``, ``CORRAL_OUTPUT_DIR``, ... see ``job_env``; a gang's replica
+also ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... see ``distributed.py``) and talks
 back with plain lines on stdout or stderr (see ``corral.agent.executors.lines``);
 every other line is streamed as a log line. Files it leaves in
 ``CORRAL_OUTPUT_DIR`` are its results. Its exit code decides: 0 succeeds,
@@ -36,6 +37,7 @@ from corral.agent.executors.base import (
     monotone,
     stopped_terminal,
 )
+from corral.agent.executors.distributed import gang_env, launch_argv, launcher_of
 from corral.agent.executors.lines import ResultFile, file_result, parse_line, read_result
 from corral.core import Clock, ExecutorError, InvalidSpec
 
@@ -77,7 +79,9 @@ class CommandExecutor:
         return self._pids.get(allocation_id)
 
     async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
-        argv = self._argv(assignment.payload)
+        argv = launch_argv(
+            self._argv(assignment.payload), assignment, launcher_of(assignment.payload)
+        )
         if stop.requested is not None:  # stopped before it began: do not even start it
             yield stopped_terminal(stop.requested)
             return
@@ -155,7 +159,7 @@ class CommandExecutor:
 
 def job_env(assignment: JobWork, out_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment a job's process runs with; corral's own variables win over ``extra``."""
-    env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1", **gang_env(assignment)}
     checkpoint_dir = assignment.checkpoint_dir
     if checkpoint_dir is not None:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)

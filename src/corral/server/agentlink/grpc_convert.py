@@ -101,6 +101,8 @@ def assign_message(a: Assignment) -> pb.ServerMessage:
             jobs=[_work(w) for w in a.jobs],
             replica=a.replica,
             replicas=a.replicas,
+            master_addr=a.master_addr,
+            master_port=a.master_port,
         )
     )
 

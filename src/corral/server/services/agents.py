@@ -42,6 +42,7 @@ from corral.server.services.node_keys import may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
+from corral.server.services.rendezvous import master_of
 from corral.server.services.results import Files, apart, cut_batch, inline_results, store_results
 from corral.server.services.sessions import AgentAdmission
 from corral.server.services.settling import Said, end_allocation, is_current, record_start
@@ -113,8 +114,9 @@ class AgentService:
                     reason = StopReason(rec.stop_reason or "cancel")
                     stop.append(StopOrder(a.id, reason, rec.stop_grace_s or 0.0))
             elif a.observed is AllocObserved.PENDING and a.desired is AllocDesired.RUN:
-                jobs = await job_repo.get_many(tx.conn, a.job_ids)
-                assign.append(assignment(a, list(jobs.values())))
+                works = list((await job_repo.get_many(tx.conn, a.job_ids)).values())
+                master = await master_of(tx.conn, a, works)
+                assign.append(assignment(a, works, master=master))
             elif a.observed is AllocObserved.PENDING:
                 await end_allocation(self.rt, tx, rec, Ending.STOPPED)
             else:
@@ -278,6 +280,10 @@ class AgentService:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
+            if rec.alloc.replica != 0:
+                # A gang keeps one checkpoint, rank 0's (it holds the whole model under DDP):
+                # every rank resumes from it, so another rank's would only overwrite it.
+                return Ack.ACCEPTED
             await alloc_repo.update(tx.conn, rec, last_checkpoint_at=tx.now)
             for job in await self._current_jobs(tx, rec, job_id):
                 await job_repo.update(tx.conn, job, checkpoint=ref, checkpoint_step=step or None)

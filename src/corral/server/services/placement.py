@@ -27,6 +27,7 @@ from corral.core.model import Allocation, Node
 from corral.core.states import JOB, JobState, StopReason, transition
 from corral.scheduler.api import Placement, Plan
 from corral.server.agentlink.base import Assignment, JobWork
+from corral.server.services.rendezvous import NO_MASTER, master_at
 from corral.server.services.settling import request_stop
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -252,7 +253,11 @@ async def _place_group(
     placed = [AllocRecord(alloc=alloc, created_at=tx.now) for alloc in allocs]
     await alloc_repo.insert_many(tx.conn, placed)
     rt.placed(placed)
-    return [assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs]
+    master = NO_MASTER
+    if first.replicas > 1:
+        master = await master_at(tx.conn, min(allocs, key=lambda a: a.replica))
+    works = list(jobs.values())
+    return [assignment(a, works, replicas=len(group), master=master) for a in allocs]
 
 
 async def _still_valid(
@@ -301,10 +306,14 @@ def _allocation(
 
 
 def assignment(
-    alloc: Allocation, jobs: Sequence[JobRecord], *, replicas: int | None = None
+    alloc: Allocation,
+    jobs: Sequence[JobRecord],
+    *,
+    replicas: int | None = None,
+    master: tuple[str, int] = NO_MASTER,
 ) -> Assignment:
     """The message that tells an agent to run ``alloc`` (``replicas``: of its gang; by
-    default its jobs' own)."""
+    default its jobs' own; ``master``: the gang's rendezvous, ``rendezvous.master_of``)."""
     if replicas is None:
         replicas = max((r.job.replicas for r in jobs), default=1)
     work = tuple(
@@ -332,6 +341,8 @@ def assignment(
         vram_bytes=alloc.vram_bytes,
         cpus=alloc.cpus,
         on_cpu=alloc.on_cpu,
+        master_addr=master[0],
+        master_port=master[1],
     )
 
 

@@ -1007,6 +1007,8 @@ class Assign(_message.Message):
     JOBS_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    MASTER_ADDR_FIELD_NUMBER: _builtins.int
+    MASTER_PORT_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     gpu_milli: _builtins.int
@@ -1017,6 +1019,11 @@ class Assign(_message.Message):
     """which replica of a gang, 0-based"""
     replicas: _builtins.int
     """gang size; 1 for a single job or a batch"""
+    master_addr: _builtins.str
+    """A gang's rendezvous (docs/scheduler.md "Gangs"): replica 0's node as the others reach it
+    (its agent's reported address) and a port the server handed out there. Empty/0 otherwise.
+    """
+    master_port: _builtins.int
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1036,10 +1043,12 @@ class Assign(_message.Message):
         jobs: _abc.Iterable[Global___Work] | None = ...,
         replica: _builtins.int = ...,
         replicas: _builtins.int = ...,
+        master_addr: _builtins.str = ...,
+        master_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "master_addr", b"master_addr", "master_port", b"master_port", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
