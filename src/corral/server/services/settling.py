@@ -156,7 +156,9 @@ async def _settle_job(
             stop_reason=how.stop_reason,
             failures=job.failures,
             max_attempts=job.job.max_attempts,
-            retryable=how.retryable,
+            # A replica of a gang fails when a peer vanishes mid-collective, whatever its own
+            # exit code says: the gang is retried as one, bounded by max_attempts.
+            retryable=how.retryable or gang,
             error=how.error,
             alike_nodes=alike,
             same_failure_nodes=rt.settings.scheduling.same_failure_nodes,
