@@ -165,6 +165,12 @@ class SchedulingSettings(BaseModel):
         default=30.0, ge=0, description="time a preempted allocation gets to checkpoint"
     )
     stop_grace_s: float = Field(default=10.0, ge=0, description="grace for cancel and timeout")
+    gang_start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a gang replica not started this long after its placement fails the "
+        "gang's attempt (the gang is requeued as one)",
+    )
     stop_slack_s: float = Field(
         default=30.0,
         ge=0,
