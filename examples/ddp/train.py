@@ -10,6 +10,8 @@ corral gives each replica ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 checkpoint in ``CORRAL_RESUME_FROM`` when an attempt resumes, and a folder for
 results in ``CORRAL_OUTPUT_DIR``. Rank 0 alone writes checkpoints (every rank
 holds the same weights under DDP); every rank resumes from the one it wrote.
+Stopped (SIGTERM) or left alone by a lost peer, rank 0 saves where it got to
+before it exits.
 
 The run is deterministic for a seed: each step's batch is drawn from
 ``(seed, step)`` and split between the ranks, so a run that was stopped and
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -35,20 +38,28 @@ def main() -> None:
     torch.set_num_threads(1)  # the ranks share the machine's cores; a fixed order of sums
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank} of {world} joined at {time.time():.3f}", flush=True)
+    print(f"rank {rank} of {world} joined", flush=True)
+    note(args.ledger, "join", rank)
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     start = resume(model, opt)
     ddp = DistributedDataParallel(model)
+    stopping: list[int] = []  # corral stops a replica with SIGTERM (preempted, or a peer lost)
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     for step in range(start + 1, args.steps + 1):
         x, y = batch(args.seed, step, args.batch)
         opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x[rank::world]), y[rank::world])
-        loss.backward()  # DDP averages the gradients over the ranks: the whole batch's
+        try:
+            loss = torch.nn.functional.mse_loss(ddp(x[rank::world]), y[rank::world])
+            loss.backward()  # DDP averages the gradients over the ranks: the whole batch's
+        except RuntimeError:  # a peer went away mid-step: the weights are still step - 1's
+            leave(rank, model, opt, step - 1, start)
         opt.step()
+        if stopping:
+            leave(rank, model, opt, step, start)
         if rank == 0:
-            note(args.ledger, step)
+            note(args.ledger, "step", step)
             print(f"CORRAL_PROGRESS {step}/{args.steps} loss {loss.item():.5f}", flush=True)
             if step % args.checkpoint_every == 0 and step < args.steps:
                 save(model, opt, step)
@@ -61,6 +72,16 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def leave(
+    rank: int, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, start: int
+) -> None:
+    """Stop early: rank 0 saves where the gang got to, so the next attempt loses nothing;
+    exit 75 ("try again"), as the gang is retried."""
+    if rank == 0 and step > start:
+        save(model, opt, step)
+    raise SystemExit(75)
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=100)
@@ -69,7 +90,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=48, help="the whole batch, split over ranks")
     p.add_argument("--step-s", type=float, default=0.0, help="pause after each step (demos)")
     p.add_argument("--backend", default="gloo")
-    p.add_argument("--ledger", default="", help="rank 0 appends '<attempt> <step>' per step")
+    p.add_argument("--ledger", default="", help="append ranks' joins and steps here (a file)")
     return p.parse_args()
 
 
@@ -99,10 +120,11 @@ def save(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
     print(f"CORRAL_CHECKPOINT {path} {step}", flush=True)
 
 
-def note(ledger: str, step: int) -> None:
+def note(ledger: str, what: str, n: int) -> None:
+    """``<what> <attempt> <n> <time>``: ranks joining and steps done, for bench/gang.py."""
     if ledger:
         with open(ledger, "a") as f:
-            f.write(f"{os.environ.get('CORRAL_ATTEMPT', '0')} {step}\n")
+            f.write(f"{what} {os.environ.get('CORRAL_ATTEMPT', '0')} {n} {time.time():.4f}\n")
 
 
 if __name__ == "__main__":
