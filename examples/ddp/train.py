@@ -2,8 +2,7 @@
 
 Run as a gang (two machines, each running ``corral agent --command "python train.py"``)::
 
-    corral jobs submit --kind train --replicas 2 --cpus 1 --max-attempts 5 \\
-        --payload '{"args": ["--steps", "200"]}'
+    corral submit examples/ddp/gang.yaml --watch --out weights/
 
 corral gives each replica ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` (``init_process_group`` reads them), the gang's last
