@@ -37,11 +37,12 @@ from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
-from corral.agent.fingerprint import GpuInventory, detect_inventory
+from corral.agent.fingerprint import GpuInventory, NvmlInventory, detect_inventory
 from corral.agent.link import LinkClient, LinkRefused, LinkSettings, Target, parse_server
 from corral.agent.model_report import ModelReporter
 from corral.agent.models import ModelManager, ModelSettings
 from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
+from corral.agent.topology import Topology, parse_fake
 from corral.agent.trust import ServerTrust
 from corral.agent.wire import Identity
 from corral.core import Clock, InvalidSpec, WallClock
@@ -63,6 +64,7 @@ class AgentOptions:
     token: str  # the agent token, or a join string that also pins the server (core/pins.py)
     name: str | None = None
     fake_gpus: str | None = None
+    fake_topology: str | None = None  # with fake_gpus: "numa=0,0,1,1; nvlink=0-1,2-3"
     handler: str | None = None
     command: str | None = None
     default_backend: str | None = None  # jobs naming none run here (default: see build_executors)
@@ -123,7 +125,8 @@ class Agent:
         self.clock = clock or WallClock()
         self.gpus = gpus or detect_inventory(options.fake_gpus)
         work_dir = options.work_dir.expanduser()
-        executors, default, by_kind = build_executors(options, self.clock, work_dir)
+        topology = detect_topology(options, self.gpus)
+        executors, default, by_kind = build_executors(options, self.clock, work_dir, topology)
         cache = ModelSettings.parse(
             options.models_dir or work_dir / "models", options.models_budget
         )
@@ -258,8 +261,17 @@ NODE_KEY = "node-key"
 KEY_CHARS = 64
 
 
+def detect_topology(options: AgentOptions, gpus: GpuInventory) -> Topology | None:
+    """The GPUs' layout: given (``--fake-topology``), else NVML's, else unknown."""
+    if options.fake_topology:
+        return parse_fake(options.fake_topology, len(gpus.snapshot().gpus))
+    if isinstance(gpus, NvmlInventory):
+        return gpus.topology()
+    return None
+
+
 def build_executors(
-    options: AgentOptions, clock: Clock, work_dir: Path
+    options: AgentOptions, clock: Clock, work_dir: Path, topology: Topology | None = None
 ) -> tuple[dict[str, Executor], str, dict[str, str]]:
     """The executors this node offers, the default one, and defaults per job kind."""
     executors: dict[str, Executor] = {"demo": DemoExecutor(clock)}
@@ -277,7 +289,7 @@ def build_executors(
         workdir.mkdir(parents=True, exist_ok=True)
         argv = shlex.split(options.command)
         executors["command"] = CommandExecutor(
-            clock, argv, allow_payload_command=False, workdir=workdir
+            clock, argv, allow_payload_command=False, workdir=workdir, topology=topology
         )
         by_kind["train"] = "command"
     if options.handler:

@@ -76,6 +76,13 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         str | None,
         typer.Option(help='Pretend to have GPUs, for tests and demos: "2x RTX 4090 24GiB".'),
     ] = None,
+    fake_topology: Annotated[
+        str | None,
+        typer.Option(
+            help="With --fake-gpus: their layout, e.g. 'numa=0,0,1,1; nvlink=0-1,2-3; "
+            "cpus=0:0-15,1:16-31' (a job is pinned to its GPUs' NUMA nodes' CPUs)."
+        ),
+    ] = None,
     handler: Annotated[
         str | None,
         typer.Option(help="Run jobs with this Python function: package.module:function."),
@@ -152,6 +159,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             ca_cert=ca_cert,
             name=name,
             fake_gpus=fake_gpus,
+            fake_topology=fake_topology,
             handler=handler,
             command=command,
             a1111=a1111,

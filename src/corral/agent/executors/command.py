@@ -30,6 +30,7 @@ from corral.agent.executors.base import (
     Failed,
     Finished,
     JobWork,
+    LogLine,
     Progress,
     Result,
     StopSignal,
@@ -39,6 +40,7 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.distributed import gang_env, launch_argv, launcher_of
 from corral.agent.executors.lines import ResultFile, file_result, parse_line, read_result
+from corral.agent.topology import Topology
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 EX_TEMPFAIL = 75
@@ -62,12 +64,14 @@ class CommandExecutor:
         allow_payload_command: bool = True,
         workdir: Path | None = None,
         name: str = "command",
+        topology: Topology | None = None,
     ) -> None:
         self._clock = clock
         self._workdir = (workdir or Path.cwd()).resolve()
         self._command = list(command) if command else None
         self._allow_payload_command = allow_payload_command
         self._name = name
+        self._topology = topology  # pins a job to its GPUs' NUMA nodes' CPUs when known
         self._pids: dict[str, int] = {}  # allocation id -> its process (the VRAM guard asks)
 
     @property
@@ -89,8 +93,14 @@ class CommandExecutor:
         keep = assignment.scratch_dir  # results stay there as files until the server has them
         try:
             env = job_env(assignment, out_dir, _payload_env(assignment.payload))
+            cpus = self._topology.cpus_for(assignment.gpu_indices) if self._topology else None
+            if cpus is not None:
+                env["CORRAL_CPUS"] = ",".join(map(str, sorted(cpus)))
             proc = await _spawn(argv, env, self._workdir)
             self._pids[assignment.allocation_id] = proc.pid
+            if cpus is not None and self._topology is not None:
+                pin(proc.pid, cpus)
+                yield LogLine(self._topology.describe(assignment.gpu_indices), "agent")
             async for update in self._supervise(proc, stop, out_dir, keep):
                 yield update
         finally:
@@ -155,6 +165,13 @@ class CommandExecutor:
         _kill_group(proc, signal.SIGTERM)
         await self._clock.sleep(request.grace_s)
         _kill_group(proc, signal.SIGKILL)
+
+
+def pin(pid: int, cpus: frozenset[int]) -> None:
+    """Keep ``pid`` on ``cpus`` (its GPUs' NUMA nodes): set as it starts, before it makes
+    its threads, which inherit it."""
+    with contextlib.suppress(OSError):  # it ended already, or the CPUs went offline
+        os.sched_setaffinity(pid, cpus)
 
 
 def job_env(assignment: JobWork, out_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
