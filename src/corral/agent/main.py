@@ -144,6 +144,7 @@ class Agent:
             backends=tuple(sorted(executors)),
             version=__version__,
             key=node_key(work_dir),
+            topology=topology,
         )
         self.link = LinkClient(
             targets,

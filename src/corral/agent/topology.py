@@ -25,10 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from corral.core import InvalidSpec
-
-LINKS = ("nvlink", "pcie_switch", "same_socket", "cross_socket")
-MAX_SETS = 5000
-"""GPU sets compared at most (C(16, 4) = 1820): beyond that the first free GPUs are taken."""
+from corral.core.topology import LINKS, closest, describe
 
 # NVML's nvmlGpuTopologyLevel_t: 0 internal, 10 single switch, 20 multiple switches,
 # 30 host bridge, 40 same NUMA node, 50 across sockets (SMP interconnect).
@@ -60,33 +57,19 @@ class Topology:
         return frozenset(usable) or None
 
     def closest(self, free: Sequence[int], count: int) -> tuple[int, ...]:
-        """``count`` of the ``free`` GPUs, linked as closely as possible: the set whose pairs'
-        links are closest in sum (NVLink-connected sets first), then fewest NUMA nodes, then
-        the lowest indices."""
-        free = sorted(free)
-        if count <= 1 or count >= len(free) or _too_many(len(free), count):
-            return tuple(free[:count])
-        return min(itertools.combinations(free, count), key=self._distance)
+        """``count`` of the ``free`` GPUs linked as closely as possible (``core/topology.py``)."""
+        return closest(free, count, self.link, self.numa_of)
 
-    def _distance(self, gpus: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
-        pairs = sum(LINKS.index(self.link(a, b)) for a, b in itertools.combinations(gpus, 2))
-        nodes = len({self.numa[g] for g in gpus if g < len(self.numa)})
-        return pairs, nodes, gpus
+    def numa_of(self, gpu: int) -> int:
+        return self.numa[gpu] if 0 <= gpu < len(self.numa) else -1
+
+    def row(self, gpu: int) -> tuple[str, ...]:
+        """``gpu``'s link to every GPU by index ("" to itself): what the agent reports."""
+        return tuple("" if g == gpu else self.link(gpu, g) for g in range(len(self.numa)))
 
     def describe(self, gpus: Sequence[int]) -> str:
-        """``"GPUs 0,1 (nvlink) on NUMA node 0"``: how a job's GPUs sit, for its log."""
-        kinds = {self.link(a, b) for a, b in itertools.combinations(gpus, 2)}
-        worst = max(kinds, key=LINKS.index) if kinds else "alone"
-        nodes = sorted({self.numa[g] for g in gpus if 0 <= g < len(self.numa)})
-        where = ",".join(map(str, nodes)) or "?"
-        return f"GPUs {','.join(map(str, gpus))} ({worst}) on NUMA node {where}"
-
-
-def _too_many(n: int, k: int) -> bool:
-    total = 1
-    for i in range(k):
-        total = total * (n - i) // (i + 1)
-    return total > MAX_SETS
+        """How a job's GPUs sit, for its log (``core/topology.describe``)."""
+        return describe(gpus, self.link, self.numa_of)
 
 
 def parse_fake(text: str, gpus: int) -> Topology:

@@ -27,6 +27,7 @@ from corral.agent.fingerprint import GpuSnapshot
 from corral.agent.model_gate import SpecOrError
 from corral.agent.model_report import spec_from
 from corral.agent.supervisor import Done, Held, Order, Report
+from corral.agent.topology import Topology
 from corral.core import InvalidSpec
 from corral.core.model import EMPTY
 from corral.core.states import StopReason
@@ -52,6 +53,7 @@ class Identity:
     version: str = ""
     loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)  # per backend
     key: str = ""  # this installation's secret (``node_key``): the node name is bound to it
+    topology: Topology | None = None  # how the GPUs sit, when known
 
 
 def order_from(
@@ -136,7 +138,7 @@ def stop_from(msg: pb.Stop) -> tuple[str, StopReason, float]:
 def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -> pb.Inventory:
     return pb.Inventory(
         node=identity.node,
-        gpus=gpus(snapshot),
+        gpus=placed(gpus(snapshot), identity.topology),
         cpus=identity.cpus,
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
@@ -155,6 +157,17 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         ],
         agent_version=identity.version,
     )
+
+
+def placed(cards: list[pb.Gpu], topology: Topology | None) -> list[pb.Gpu]:
+    """``cards`` with their NUMA node and links, when the topology is known."""
+    if topology is None:
+        return cards
+    for card in cards:
+        if 0 <= card.index < len(topology.numa):
+            card.numa_node = topology.numa[card.index]
+            card.links.extend(topology.row(card.index))
+    return cards
 
 
 def gpus(snapshot: GpuSnapshot) -> list[pb.Gpu]:

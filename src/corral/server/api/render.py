@@ -103,6 +103,12 @@ class GpuOut(BaseModel):
     vram_bytes: int
     vram_free_bytes: int | None = None
     utilization: float | None = None
+    numa: int = Field(-1, description="its NUMA node; -1: unknown")
+    links: list[str] = Field(
+        default_factory=list,
+        description="its link to each GPU by index: nvlink, pcie_switch, same_socket, "
+        "cross_socket ('' itself); empty: unknown",
+    )
 
 
 class AllocationOut(BaseModel):

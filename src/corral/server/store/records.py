@@ -313,6 +313,8 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
                 "vram_bytes": g.vram_bytes,
                 "vram_free_bytes": g.vram_free_bytes,
                 "utilization": g.utilization,
+                "numa": g.numa,
+                "links": list(g.links),
             }
             for g in node.gpus
         ],
@@ -324,11 +326,16 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
     }
 
 
+def gpu_from_json(g: dict[str, Any]) -> Gpu:
+    """A stored GPU; one stored before topology was reported has none."""
+    return Gpu(**{**g, "links": tuple(g.get("links", ()))})
+
+
 def node_from_row(row: Any) -> NodeRecord:
     inv = row.inventory
     node = Node(
         name=row.name,
-        gpus=tuple(Gpu(**g) for g in inv.get("gpus", ())),
+        gpus=tuple(gpu_from_json(g) for g in inv.get("gpus", ())),
         cpus=inv.get("cpus", 0),
         labels=inv.get("labels") or {},
         models_on_disk=frozenset(inv.get("models_on_disk", ())),

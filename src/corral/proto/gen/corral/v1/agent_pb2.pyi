@@ -130,12 +130,20 @@ class Gpu(_message.Message):
     VRAM_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     VRAM_FREE_BYTES_FIELD_NUMBER: _builtins.int
     UTILIZATION_FIELD_NUMBER: _builtins.int
+    NUMA_NODE_FIELD_NUMBER: _builtins.int
+    LINKS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     model: _builtins.str
     vram_total_bytes: _builtins.int
     vram_free_bytes: _builtins.int
     utilization: _builtins.float
     """0..1"""
+    numa_node: _builtins.int
+    """Topology (hello only; docs/agent.md "GPU topology"): the NUMA node, and the link to
+    each GPU by index ("nvlink" | "pcie_switch" | "same_socket" | "cross_socket"; "" itself).
+    """
+    @_builtins.property
+    def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -144,12 +152,16 @@ class Gpu(_message.Message):
         vram_total_bytes: _builtins.int = ...,
         vram_free_bytes: _builtins.int = ...,
         utilization: _builtins.float = ...,
+        numa_node: _builtins.int | None = ...,
+        links: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "numa_node", b"numa_node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "model", b"model", "utilization", b"utilization", "vram_free_bytes", b"vram_free_bytes", "vram_total_bytes", b"vram_total_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "index", b"index", "links", b"links", "model", b"model", "numa_node", b"numa_node", "utilization", b"utilization", "vram_free_bytes", b"vram_free_bytes", "vram_total_bytes", b"vram_total_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__numa_node: _TypeAlias = _typing.Literal["numa_node"]  # noqa: Y015
+    _WhichOneofArgType__numa_node: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__numa_node) -> _WhichOneofReturnType__numa_node | None: ...
 
 Global___Gpu: _TypeAlias = Gpu  # noqa: Y015
 
