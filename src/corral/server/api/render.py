@@ -53,6 +53,7 @@ def job_fields(
         "node_selector": dict(j.node_selector),
         "replicas": j.replicas,
         "gang_label": j.gang_label,
+        "gang_label_required": j.gang_label_required,
         "model": j.model,
         "models": sorted(j.models),
         "backend": j.backend,
