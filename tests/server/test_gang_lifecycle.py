@@ -138,3 +138,18 @@ async def test_cancelling_a_gang_stops_every_replica(world: World) -> None:
         assert (order.allocation_id, order.reason) == (r.allocation_id, StopReason.CANCEL)
         await agent.stopped(r)
     assert (await world.job(job_id)).state is JobState.CANCELLED
+
+
+async def test_a_gang_requiring_its_label_waits_for_room_within_one_value(world: World) -> None:
+    spec = {"gang_label": "rack", "gang_label_required": True}
+    job = await world.submit(resources={"gpus": 1}, replicas=2, kind="train", **spec)
+    assert (await world.job(job.job.id)).job.gang_label_required
+    await world.agent("a1", labels={"rack": "r1"})
+    b1 = await world.agent("b1", labels={"rack": "r2"})
+    await world.cycle()
+    assert (await world.job(job.job.id)).state is JobState.QUEUED, "never across racks"
+    b2 = await world.agent("b2", labels={"rack": "r2"})
+    await world.cycle()
+    assert (await world.job(job.job.id)).state is JobState.PLACED
+    placed = {(await b1.next_assignment()).replica, (await b2.next_assignment()).replica}
+    assert placed == {0, 1}
