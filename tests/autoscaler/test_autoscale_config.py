@@ -12,9 +12,10 @@ import pytest
 from corral.autoscaler.config import pools_from_json
 from corral.core.errors import InvalidSpec
 from corral.core.resources import GIB
+from corral.server.autoscale_settings import AutoscaleSettings
 from corral.server.autoscaling import load_pools, provider_from, scaling_from
 from corral.server.providers import CommandProvider, WebhookProvider
-from corral.server.settings import AutoscaleSettings, Settings
+from corral.server.settings import Settings
 
 
 def test_a_pool_with_every_field() -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, Protocol
 
+from corral.agent.topology import Topology, read_nvml
 from corral.core import InvalidSpec, parse_bytes
 
 
@@ -102,6 +103,10 @@ class NvmlInventory:
             gpus.append(replace(status, utilization=self._utilization(handle)))
             processes.extend(self._processes(index, handle))
         return GpuSnapshot(tuple(gpus), tuple(processes), source="nvml")
+
+    def topology(self) -> Topology:
+        """How the GPUs are linked and which NUMA node each is on (``topology.py``)."""
+        return read_nvml(self._nvml, self._handles)
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()

@@ -37,16 +37,18 @@ from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
-from corral.agent.fingerprint import GpuInventory, detect_inventory
+from corral.agent.fingerprint import GpuInventory, NvmlInventory, detect_inventory
 from corral.agent.link import LinkClient, LinkRefused, LinkSettings, Target, parse_server
 from corral.agent.model_report import ModelReporter
 from corral.agent.models import ModelManager, ModelSettings
 from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
+from corral.agent.topology import Topology, parse_fake
 from corral.agent.trust import ServerTrust
 from corral.agent.wire import Identity
 from corral.core import Clock, InvalidSpec, WallClock
 from corral.core.model import EMPTY
 from corral.core.pins import parse_fingerprint, parse_join
+from corral.core.rendezvous import ADDRESS_LABEL
 
 log = logging.getLogger("corral.agent")
 
@@ -62,6 +64,7 @@ class AgentOptions:
     token: str  # the agent token, or a join string that also pins the server (core/pins.py)
     name: str | None = None
     fake_gpus: str | None = None
+    fake_topology: str | None = None  # with fake_gpus: "numa=0,0,1,1; nvlink=0-1,2-3"
     handler: str | None = None
     command: str | None = None
     default_backend: str | None = None  # jobs naming none run here (default: see build_executors)
@@ -71,6 +74,7 @@ class AgentOptions:
     comfyui_models: Path | None = None  # ComfyUI's models/checkpoints
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     cpus: int | None = None
+    address: str | None = None  # reachable by other nodes (a gang's rendezvous); see reachable
     work_dir: Path = Path("~/.corral/agent")
     models_dir: Path | None = None  # the model cache (default <work_dir>/models)
     models_budget: str | int = "100GiB"  # disk the model cache may use
@@ -78,6 +82,21 @@ class AgentOptions:
     shared_storage: tuple[Path, ...] = ()  # checkpoints under these are reported, not uploaded
     ca_fingerprint: str | None = None  # pin the server's certificate (sha256:<hex>)
     ca_cert: Path | None = None  # trust this CA (PEM) for the server instead of the system's
+
+
+def reachable(server: str) -> str:
+    """This machine's address on its route to ``server`` (``host:port``): the address other
+    nodes of the cluster most likely reach it at too (they reach the same server). No packet
+    is sent: connecting a UDP socket only picks the route. The host name when it has none."""
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port or 0) or 1))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:
@@ -106,7 +125,8 @@ class Agent:
         self.clock = clock or WallClock()
         self.gpus = gpus or detect_inventory(options.fake_gpus)
         work_dir = options.work_dir.expanduser()
-        executors, default, by_kind = build_executors(options, self.clock, work_dir)
+        topology = detect_topology(options, self.gpus)
+        executors, default, by_kind = build_executors(options, self.clock, work_dir, topology)
         cache = ModelSettings.parse(
             options.models_dir or work_dir / "models", options.models_budget
         )
@@ -119,10 +139,12 @@ class Agent:
         self.identity = Identity(
             node=options.name or socket.gethostname(),
             cpus=options.cpus if options.cpus is not None else os.cpu_count() or 1,
-            labels=options.labels,
+            labels={ADDRESS_LABEL: options.address or reachable(targets[0].address)}
+            | dict(options.labels),
             backends=tuple(sorted(executors)),
             version=__version__,
             key=node_key(work_dir),
+            topology=topology,
         )
         self.link = LinkClient(
             targets,
@@ -240,8 +262,17 @@ NODE_KEY = "node-key"
 KEY_CHARS = 64
 
 
+def detect_topology(options: AgentOptions, gpus: GpuInventory) -> Topology | None:
+    """The GPUs' layout: given (``--fake-topology``), else NVML's, else unknown."""
+    if options.fake_topology:
+        return parse_fake(options.fake_topology, len(gpus.snapshot().gpus))
+    if isinstance(gpus, NvmlInventory):
+        return gpus.topology()
+    return None
+
+
 def build_executors(
-    options: AgentOptions, clock: Clock, work_dir: Path
+    options: AgentOptions, clock: Clock, work_dir: Path, topology: Topology | None = None
 ) -> tuple[dict[str, Executor], str, dict[str, str]]:
     """The executors this node offers, the default one, and defaults per job kind."""
     executors: dict[str, Executor] = {"demo": DemoExecutor(clock)}
@@ -259,7 +290,7 @@ def build_executors(
         workdir.mkdir(parents=True, exist_ok=True)
         argv = shlex.split(options.command)
         executors["command"] = CommandExecutor(
-            clock, argv, allow_payload_command=False, workdir=workdir
+            clock, argv, allow_payload_command=False, workdir=workdir, topology=topology
         )
         by_kind["train"] = "command"
     if options.handler:

@@ -16,6 +16,7 @@ from typing import Any
 from corral.agent.executors.base import (
     Checkpoint,
     Failed,
+    Gang,
     InputPath,
     JobWork,
     LogLine,
@@ -27,6 +28,7 @@ from corral.agent.fingerprint import GpuSnapshot
 from corral.agent.model_gate import SpecOrError
 from corral.agent.model_report import spec_from
 from corral.agent.supervisor import Done, Held, Order, Report
+from corral.agent.topology import Topology
 from corral.core import InvalidSpec
 from corral.core.model import EMPTY
 from corral.core.states import StopReason
@@ -52,6 +54,7 @@ class Identity:
     version: str = ""
     loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)  # per backend
     key: str = ""  # this installation's secret (``node_key``): the node name is bound to it
+    topology: Topology | None = None  # how the GPUs sit, when known
 
 
 def order_from(
@@ -102,7 +105,14 @@ def _job(
         timeout_s=w.timeout_s or None,
         results_root=results,
         inputs=tuple(InputPath(i.name, i.sha256) for i in w.inputs),
+        gang=_gang(msg),
     )
+
+
+def _gang(msg: pb.Assign) -> Gang | None:
+    if msg.replicas <= 1:
+        return None
+    return Gang(msg.replica, msg.replicas, msg.master_addr, msg.master_port)
 
 
 def model_specs(msg: pb.Assign, api_base: str) -> dict[str, SpecOrError]:
@@ -130,7 +140,7 @@ def stop_from(msg: pb.Stop) -> tuple[str, StopReason, float]:
 def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -> pb.Inventory:
     return pb.Inventory(
         node=identity.node,
-        gpus=gpus(snapshot),
+        gpus=placed(gpus(snapshot), identity.topology),
         cpus=identity.cpus,
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
@@ -149,6 +159,17 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         ],
         agent_version=identity.version,
     )
+
+
+def placed(cards: list[pb.Gpu], topology: Topology | None) -> list[pb.Gpu]:
+    """``cards`` with their NUMA node and links, when the topology is known."""
+    if topology is None:
+        return cards
+    for card in cards:
+        if 0 <= card.index < len(topology.numa):
+            card.numa_node = topology.numa[card.index]
+            card.links.extend(topology.row(card.index))
+    return cards
 
 
 def gpus(snapshot: GpuSnapshot) -> list[pb.Gpu]:

@@ -76,6 +76,13 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         str | None,
         typer.Option(help='Pretend to have GPUs, for tests and demos: "2x RTX 4090 24GiB".'),
     ] = None,
+    fake_topology: Annotated[
+        str | None,
+        typer.Option(
+            help="With --fake-gpus: their layout, e.g. 'numa=0,0,1,1; nvlink=0-1,2-3; "
+            "cpus=0:0-15,1:16-31' (a job is pinned to its GPUs' NUMA nodes' CPUs)."
+        ),
+    ] = None,
     handler: Annotated[
         str | None,
         typer.Option(help="Run jobs with this Python function: package.module:function."),
@@ -105,6 +112,13 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     ] = None,
     cpus: Annotated[
         int | None, typer.Option(help="CPU slots offered. [default: CPU count]", min=0)
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="The address other nodes reach this one at (a gang's rendezvous). "
+            "[default: this machine's address on the route to the server]"
+        ),
     ] = None,
     work_dir: Annotated[Path, typer.Option(help="Checkpoints and scratch space.")] = Path(
         "~/.corral/agent"
@@ -145,6 +159,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             ca_cert=ca_cert,
             name=name,
             fake_gpus=fake_gpus,
+            fake_topology=fake_topology,
             handler=handler,
             command=command,
             a1111=a1111,
@@ -153,6 +168,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             comfyui_models=comfyui_models,
             labels=parse_labels(labels or []),
             cpus=cpus,
+            address=address,
             work_dir=work_dir,
             models_dir=models_dir,
             models_budget=models_budget,

@@ -67,6 +67,8 @@ class Gpu:
     vram_bytes: int
     vram_free_bytes: int | None = None  # observed, for display; scheduling uses reservations
     utilization: float | None = None  # observed 0..1
+    numa: int = -1  # its NUMA node; -1: unknown
+    links: tuple[str, ...] = ()  # its link to each GPU by index (core/topology.py), "" itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,7 @@ class Job:
     node_selector: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     replicas: int = 1  # > 1: a gang, placed all or nothing
     gang_label: str | None = None  # prefer replicas on nodes sharing this label's value
+    gang_label_required: bool = False  # ... or only on such nodes
     model: str | None = None  # registry name the job needs
     backend: str | None = None  # executor it needs ("a1111", "comfyui", "python", "command")
     batch_key: str | None = None  # equal keys may share one allocation (sample jobs)
@@ -176,6 +179,7 @@ class Job:
         node_selector: Mapping[str, str] = EMPTY,
         replicas: int = 1,
         gang_label: str | None = None,
+        gang_label_required: bool = False,
         model: str | None = None,
         backend: str | None = None,
         batch_key: str | None = None,
@@ -216,6 +220,7 @@ class Job:
         object.__setattr__(self, "node_selector", node_selector)
         object.__setattr__(self, "replicas", replicas)
         object.__setattr__(self, "gang_label", gang_label)
+        object.__setattr__(self, "gang_label_required", gang_label_required)
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "backend", backend)
         object.__setattr__(self, "batch_key", batch_key)

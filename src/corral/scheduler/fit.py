@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from corral.core.compiled import mypyc_attr
+from corral.core.model import Node
 from corral.core.resources import MILLI
+from corral.core.topology import closest
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Index
 from corral.scheduler.need import Need
@@ -79,8 +81,12 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
             if len(cards) < need.gpus:
                 return None
             chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
+            if len(cards) > need.gpus > 1 and linked(nc.node):
+                chosen = closest_cards(nc.node, cards, need.gpus)
         elif need.gpus == len(nc.cards):  # the whole node, every card of it wholly free
             chosen = every(need.gpus)
+        elif need.gpus > 1 and linked(nc.node):  # its topology is known: the closest set
+            chosen = closest_cards(nc.node, nc.whole_free_cards(0, frozenset()), need.gpus)
         else:
             chosen = _first_free(nc.cards, need.gpus)  # never more than asked
             if len(chosen) < need.gpus:
@@ -90,6 +96,22 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     if card is None:
         return None
     return Fit(nc, one(card), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+
+
+def linked(node: Node) -> bool:
+    """Whether ``node`` reported how its GPUs are linked (``core/topology.py``)."""
+    return bool(node.gpus) and bool(node.gpus[0].links)
+
+
+def closest_cards(node: Node, free: list[int], count: int) -> tuple[int, ...]:
+    """The ``count`` free cards (card positions are GPU indices) linked most closely."""
+    gpus = node.gpus
+
+    def link(a: int, b: int) -> str:
+        row = gpus[a].links
+        return row[b] if b < len(row) else ""
+
+    return closest(free, count, link, lambda g: gpus[g].numa)
 
 
 def _first_free(gpu_cards: list[Card], count: i64) -> tuple[int, ...]:

@@ -6,7 +6,8 @@ goes on as few nodes as possible: nodes are taken most room first, and the
 last one is the tightest node that holds the remainder (best fit, so whole
 free nodes stay whole). With ``Job.gang_label`` (say ``rack``), a set of
 nodes sharing one value of that label is preferred; the gang spans values
-only when no single value has room.
+only when no single value has room, and never when the label is required
+(``Job.gang_label_required``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ Choice = list[tuple[NodeCap, int]]
 """Nodes and how many replicas each gets."""
 
 
-def place_gang(cycle: Cycle, need: Need, replicas: int, label: str | None) -> list[Fit] | None:
+def place_gang(
+    cycle: Cycle, need: Need, replicas: int, label: str | None, *, required: bool = False
+) -> list[Fit] | None:
     """Reserve every replica on the working copy; ``None`` (with partial work) if it cannot.
 
     The caller checkpoints before and rolls back on ``None``.
     """
     room = _room(cycle, need, replicas, label)
-    choice = _choose(room, replicas, label)
+    choice = _choose(room, replicas, label, required)
     if choice is None:
         return None
     fits: list[Fit] = []
@@ -85,8 +88,10 @@ def _count_room(nc: NodeCap, need: Need, replicas: int, found: list[tuple[NodeCa
         found.append((nc, count))
 
 
-def _choose(room: list[tuple[NodeCap, int]], replicas: int, label: str | None) -> Choice | None:
-    """Fewest nodes, in one label group when possible."""
+def _choose(
+    room: list[tuple[NodeCap, int]], replicas: int, label: str | None, required: bool
+) -> Choice | None:
+    """Fewest nodes, in one label group when possible (``required``: or not at all)."""
     if label is not None:
         groups: dict[str, list[tuple[NodeCap, int]]] = defaultdict(list)
         for nc, count in room:
@@ -100,8 +105,8 @@ def _choose(room: list[tuple[NodeCap, int]], replicas: int, label: str | None) -
                 key = (len(picked), _leftover(picked), value)
                 if best is None or key < best[0]:
                     best = (key, picked)
-        if best is not None:
-            return best[1]
+        if best is not None or required:
+            return None if best is None else best[1]
     return _fewest_nodes(room, replicas)
 
 

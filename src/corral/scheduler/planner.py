@@ -252,7 +252,10 @@ class Planner:
         """Decide the big job at the head of its class first; reserve for it if it cannot
         start (``reservation.py``)."""
         placed = self.consider(job, pclass, guaranteed)
-        if not placed and job.id not in self.decided and not self.stopped:
+        # A gang bound to a label holds no nodes while it waits: the reservation picks nodes
+        # by when they free up, not by label group, and could hold ones it can never use.
+        bound = job.gang_label_required and job.gang_label is not None
+        if not placed and job.id not in self.decided and not self.stopped and not bound:
             self.reservations.reserve(job.id, self.queue.groups[job.id].need, job.replicas)
 
     def _fit_with_preemption(
@@ -301,13 +304,17 @@ class Planner:
                 self.cycle.take(fit, runtime)
             return None if fit is None else [fit]
         key = (need, job.replicas)
+        # A gang bound to a label can fail for want of room in one group while others with
+        # the same need fit: its failure says nothing about theirs, so it is not remembered.
+        bound = job.gang_label_required and job.gang_label is not None
         if current(self._gang_failed.data.get(key), self.cycle.cap.generation):
             return None
         mark = self.cycle.checkpoint()
-        fits = place_gang(self.cycle, need, job.replicas, job.gang_label)
+        fits = place_gang(self.cycle, need, job.replicas, job.gang_label, required=bound)
         if fits is None:
             self.cycle.rollback(mark)
-            self._gang_failed.put(key, self.cycle.cap.generation)
+            if not bound:
+                self._gang_failed.put(key, self.cycle.cap.generation)
         return fits
 
     def _make_room(

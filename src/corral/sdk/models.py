@@ -46,6 +46,7 @@ class JobSpec(BaseModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     replicas: int = 1
     gang_label: str | None = None
+    gang_label_required: bool = False
     model: str | None = None
     models: list[str] = Field(default_factory=list)  # LoRAs, a VAE ...: "lora:<name>"
     backend: str | None = None
@@ -125,6 +126,7 @@ class JobStatus(_Out):
     node_selector: dict[str, str] = Field(default_factory=dict)
     replicas: int = 1
     gang_label: str | None = None
+    gang_label_required: bool = False
     model: str | None = None
     models: list[str] = Field(default_factory=list)
     backend: str | None = None

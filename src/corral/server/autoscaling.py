@@ -37,8 +37,9 @@ import yaml
 from corral.autoscaler import Pool, Provider
 from corral.autoscaler.config import pools_from_json
 from corral.core.errors import InvalidSpec
+from corral.server.autoscale_settings import AutoscaleSettings
 from corral.server.providers import CommandProvider, FixedProvider, WebhookProvider
-from corral.server.settings import AutoscaleSettings, Settings
+from corral.server.settings import Settings
 
 _PROVIDER_KEYS = frozenset({"command", "webhook_url", "token_env", "timeout_s", "fixed"})
 

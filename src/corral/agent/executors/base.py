@@ -32,6 +32,17 @@ from corral.core.states import StopReason
 
 
 @dataclass(frozen=True, slots=True)
+class Gang:
+    """This replica's place in a gang (docs/agent.md "Gangs"): one rank per replica, all
+    meeting at replica 0's node (``master_addr:master_port``)."""
+
+    rank: int
+    size: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True, slots=True)
 class InputPath:
     """An uploaded file the job reads: the name its payload uses, its content, and where the
     agent put it (None until fetched)."""
@@ -62,6 +73,7 @@ class JobWork:
     # (``scratch_dir``); None: an executor reads its result files instead.
     results_root: Path | None = None
     inputs: tuple[InputPath, ...] = ()  # uploaded files, fetched before the executor starts
+    gang: Gang | None = None  # set for a replica of a gang
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))

@@ -2,7 +2,8 @@
 
 The process gets its job through the environment (``CORRAL_JOB_ID``,
 ``CORRAL_ATTEMPT``, ``CUDA_VISIBLE_DEVICES``, ``CORRAL_CHECKPOINT_DIR``,
-``CORRAL_RESUME_FROM``, ``CORRAL_OUTPUT_DIR``, ... see ``job_env``) and talks
+``CORRAL_RESUME_FROM``, ``CORRAL_OUTPUT_DIR``, ... see ``job_env``; a gang's replica
+also ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... see ``distributed.py``) and talks
 back with plain lines on stdout or stderr (see ``corral.agent.executors.lines``);
 every other line is streamed as a log line. Files it leaves in
 ``CORRAL_OUTPUT_DIR`` are its results. Its exit code decides: 0 succeeds,
@@ -29,6 +30,7 @@ from corral.agent.executors.base import (
     Failed,
     Finished,
     JobWork,
+    LogLine,
     Progress,
     Result,
     StopSignal,
@@ -36,7 +38,9 @@ from corral.agent.executors.base import (
     monotone,
     stopped_terminal,
 )
+from corral.agent.executors.distributed import gang_env, launch_argv, launcher_of
 from corral.agent.executors.lines import ResultFile, file_result, parse_line, read_result
+from corral.agent.topology import Topology
 from corral.core import Clock, ExecutorError, InvalidSpec
 
 EX_TEMPFAIL = 75
@@ -60,12 +64,14 @@ class CommandExecutor:
         allow_payload_command: bool = True,
         workdir: Path | None = None,
         name: str = "command",
+        topology: Topology | None = None,
     ) -> None:
         self._clock = clock
         self._workdir = (workdir or Path.cwd()).resolve()
         self._command = list(command) if command else None
         self._allow_payload_command = allow_payload_command
         self._name = name
+        self._topology = topology  # pins a job to its GPUs' NUMA nodes' CPUs when known
         self._pids: dict[str, int] = {}  # allocation id -> its process (the VRAM guard asks)
 
     @property
@@ -77,7 +83,9 @@ class CommandExecutor:
         return self._pids.get(allocation_id)
 
     async def run(self, assignment: JobWork, stop: StopSignal) -> AsyncIterator[Update]:
-        argv = self._argv(assignment.payload)
+        argv = launch_argv(
+            self._argv(assignment.payload), assignment, launcher_of(assignment.payload)
+        )
         if stop.requested is not None:  # stopped before it began: do not even start it
             yield stopped_terminal(stop.requested)
             return
@@ -85,8 +93,14 @@ class CommandExecutor:
         keep = assignment.scratch_dir  # results stay there as files until the server has them
         try:
             env = job_env(assignment, out_dir, _payload_env(assignment.payload))
+            cpus = self._topology.cpus_for(assignment.gpu_indices) if self._topology else None
+            if cpus is not None:
+                env["CORRAL_CPUS"] = ",".join(map(str, sorted(cpus)))
             proc = await _spawn(argv, env, self._workdir)
             self._pids[assignment.allocation_id] = proc.pid
+            if cpus is not None and self._topology is not None:
+                pin(proc.pid, cpus)
+                yield LogLine(self._topology.describe(assignment.gpu_indices), "agent")
             async for update in self._supervise(proc, stop, out_dir, keep):
                 yield update
         finally:
@@ -153,9 +167,16 @@ class CommandExecutor:
         _kill_group(proc, signal.SIGKILL)
 
 
+def pin(pid: int, cpus: frozenset[int]) -> None:
+    """Keep ``pid`` on ``cpus`` (its GPUs' NUMA nodes): set as it starts, before it makes
+    its threads, which inherit it."""
+    with contextlib.suppress(OSError):  # it ended already, or the CPUs went offline
+        os.sched_setaffinity(pid, cpus)
+
+
 def job_env(assignment: JobWork, out_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment a job's process runs with; corral's own variables win over ``extra``."""
-    env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1", **gang_env(assignment)}
     checkpoint_dir = assignment.checkpoint_dir
     if checkpoint_dir is not None:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)

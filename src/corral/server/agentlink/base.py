@@ -73,6 +73,8 @@ class Assignment:
     vram_bytes: int = 0
     cpus: int = 0
     on_cpu: bool = False
+    master_addr: str = ""  # a gang's rendezvous: replica 0's node, reachable by the others
+    master_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,8 @@ def gpus_from(gpus: Iterable[pb.Gpu]) -> tuple[Gpu, ...]:
             vram_bytes=g.vram_total_bytes,
             vram_free_bytes=g.vram_free_bytes,
             utilization=g.utilization,
+            numa=g.numa_node if g.HasField("numa_node") else -1,
+            links=tuple(g.links),
         )
         for g in gpus
     )
@@ -101,6 +103,8 @@ def assign_message(a: Assignment) -> pb.ServerMessage:
             jobs=[_work(w) for w in a.jobs],
             replica=a.replica,
             replicas=a.replicas,
+            master_addr=a.master_addr,
+            master_port=a.master_port,
         )
     )
 

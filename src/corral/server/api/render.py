@@ -56,6 +56,7 @@ def job_fields(
         "node_selector": dict(j.node_selector),
         "replicas": j.replicas,
         "gang_label": j.gang_label,
+        "gang_label_required": j.gang_label_required,
         "model": j.model,
         "models": sorted(j.models),
         "backend": j.backend,
@@ -106,6 +107,12 @@ class GpuOut(BaseModel):
     vram_bytes: int
     vram_free_bytes: int | None = None
     utilization: float | None = None
+    numa: int = Field(-1, description="its NUMA node; -1: unknown")
+    links: list[str] = Field(
+        default_factory=list,
+        description="its link to each GPU by index: nvlink, pcie_switch, same_socket, "
+        "cross_socket ('' itself); empty: unknown",
+    )
 
 
 class AllocationOut(BaseModel):

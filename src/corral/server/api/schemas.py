@@ -120,6 +120,9 @@ class JobIn(ApiModel):
     node_selector: dict[Label, Label] = Field(default_factory=dict, max_length=32)
     replicas: int = Field(1, ge=1, le=1024, description="> 1: a gang, placed all or nothing")
     gang_label: Label | None = None
+    gang_label_required: bool = Field(
+        False, description="place the gang only on nodes sharing one value of gang_label"
+    )
     model: Label | None = None
     models: list[Label] = Field(
         default_factory=list,
@@ -162,6 +165,7 @@ class JobIn(ApiModel):
             node_selector=self.node_selector,
             replicas=self.replicas,
             gang_label=self.gang_label,
+            gang_label_required=self.gang_label_required,
             model=self.model,
             models=self._models(),
             backend=self.backend,
@@ -186,10 +190,11 @@ class JobIn(ApiModel):
 
     def request_hash(self, team: str) -> str:
         """What makes two submissions "the same request" for idempotency."""
-        # ``models`` and ``inputs`` count only when given, so a request hashes as it did
-        # before they existed (idempotency keys stay replayable)
+        # ``models``, ``inputs`` and ``gang_label_required`` count only when given, so a
+        # request hashes as it did before they existed (idempotency keys stay replayable)
         unset = {"idempotency_key"} | (set() if self.models else {"models"})
         unset |= set() if self.inputs else {"inputs"}
+        unset |= set() if self.gang_label_required else {"gang_label_required"}
         body = self.model_dump(mode="json", exclude=unset) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -262,6 +267,7 @@ class JobOut(BaseModel):
     node_selector: dict[str, str]
     replicas: int
     gang_label: str | None
+    gang_label_required: bool = False
     model: str | None
     models: list[str] = Field(default_factory=list, description="further models it uses")
     backend: str | None

@@ -47,12 +47,12 @@ from corral.autoscaler import (
 from corral.autoscaler.clocks import Clocks
 from corral.autoscaler.ledger import HOUR_S, backoff, fleet, leaving, rate, spent
 from corral.core.errors import Conflict, InvalidSpec, NotFound
+from corral.server.autoscale_settings import AutoscaleSettings
 from corral.server.loops.fleet import Fleet
 from corral.server.loops.schedule import SchedulingLoop
 from corral.server.services.auth import AuthService, TokenKind
 from corral.server.services.nodes import DRAINED_BY_AUTOSCALER, NodeService
 from corral.server.services.unit import Runtime
-from corral.server.settings import AutoscaleSettings
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.records import NodeRecord

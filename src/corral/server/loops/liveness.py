@@ -9,6 +9,8 @@ Every ``liveness_tick_s`` it looks for
   stop is taken as done, so a silent agent cannot hold a job forever;
 * running allocations past their deadline (the jobs' ``timeout_s``): told to
   stop with reason ``timeout``.
+* gang replicas not started within ``gang_start_timeout_s``: the gang's attempt
+  fails (``services/stragglers.py``).
 
 ``tick`` decides from one read and acts in one short transaction per item,
 re-checking the condition inside it (the state may have moved on).
@@ -32,6 +34,7 @@ from corral.core.states import AllocDesired, NodeState, StopReason
 from corral.server.services.departure import lose_node
 from corral.server.services.outcomes import Ending
 from corral.server.services.settling import end_allocation, request_stop
+from corral.server.services.stragglers import fail_straggler, stragglers
 from corral.server.services.unit import Runtime
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import nodes as node_repo
@@ -45,6 +48,7 @@ class TickReport:
     lost_nodes: list[str] = field(default_factory=list)
     forced_stops: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
+    stragglers: list[str] = field(default_factory=list)
 
 
 class LivenessLoop:
@@ -88,6 +92,9 @@ class LivenessLoop:
                 report.forced_stops.append(rec.alloc.id)
             elif _past_deadline(rec, now) and await self._time_out(rec.alloc.id):
                 report.timed_out.append(rec.alloc.id)
+        for alloc_id in stragglers(active, now, s.gang_start_timeout_s):
+            if await fail_straggler(self.rt, alloc_id, s.gang_start_timeout_s):
+                report.stragglers.append(alloc_id)
         return report
 
     def _lead(self, now: float) -> bool:

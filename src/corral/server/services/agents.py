@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from corral.core.errors import Conflict, LinkError
 from corral.core.events import EventKind
-from corral.core.model import EMPTY, Gpu
+from corral.core.model import EMPTY, Allocation, Gpu
 from corral.core.states import (
     ALLOCATION,
     AllocDesired,
@@ -43,6 +43,7 @@ from corral.server.services.node_keys import may_hold, taken
 from corral.server.services.outcomes import Ending
 from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
+from corral.server.services.rendezvous import master_of
 from corral.server.services.results import Files, apart, cut_batch, inline_results, store_results
 from corral.server.services.sessions import AgentAdmission
 from corral.server.services.settling import Said, end_allocation, is_current, record_start
@@ -114,8 +115,9 @@ class AgentService:
                     reason = StopReason(rec.stop_reason or "cancel")
                     stop.append(StopOrder(a.id, reason, rec.stop_grace_s or 0.0))
             elif a.observed is AllocObserved.PENDING and a.desired is AllocDesired.RUN:
-                jobs = await job_repo.get_many(tx.conn, a.job_ids)
-                assign.append(assignment(a, list(jobs.values())))
+                works = list((await job_repo.get_many(tx.conn, a.job_ids)).values())
+                master = await master_of(tx.conn, a, works)
+                assign.append(assignment(a, works, master=master))
             elif a.observed is AllocObserved.PENDING:
                 await end_allocation(self.rt, tx, rec, Ending.STOPPED)
             else:
@@ -279,8 +281,12 @@ class AgentService:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
+            if rec.alloc.replica != 0:
+                # A gang keeps one checkpoint, rank 0's (it holds the whole model under DDP):
+                # every rank resumes from it, so another rank's would only overwrite it.
+                return Ack.ACCEPTED
             await alloc_repo.update(tx.conn, rec, last_checkpoint_at=tx.now)
-            for job in await self._current_jobs(tx, rec, job_id):
+            for job in await self._current_jobs(tx, rec, job_id, requeued=True):
                 await job_repo.update(tx.conn, job, checkpoint=ref, checkpoint_step=step or None)
                 if job.checkpoint != ref:  # the one it replaces is no use to anyone now
                     drop_after_commit(self.rt, tx, job.checkpoint)
@@ -462,7 +468,22 @@ class AgentService:
             return Ack.DUPLICATE if done is not None and rec.alloc.observed is done else Ack.STALE
         return rec
 
-    async def _current_jobs(self, tx: Tx, rec: AllocRecord, job_id: str | None) -> list[JobRecord]:
+    async def _current_jobs(
+        self, tx: Tx, rec: AllocRecord, job_id: str | None, *, requeued: bool = False
+    ) -> list[JobRecord]:
+        """The jobs ``rec`` may still change; ``requeued``: also those its attempt just
+        requeued (a gang's rank 0 checkpointing while it is stopped: the next attempt
+        resumes from that checkpoint)."""
         ids = [job_id] if job_id is not None else list(rec.alloc.job_ids)
         jobs = await job_repo.get_many(tx.conn, [i for i in ids if i in rec.alloc.job_ids])
-        return [j for j in jobs.values() if is_current(j, rec.alloc)]
+        return [
+            j
+            for j in jobs.values()
+            if is_current(j, rec.alloc) or (requeued and _requeued_by(j, rec.alloc))
+        ]
+
+
+def _requeued_by(job: JobRecord, alloc: Allocation) -> bool:
+    """``job`` waits to be placed again after ``alloc``'s attempt, the latest it had (a
+    requeued job forgets its allocations; its attempt moves on only when it is placed)."""
+    return job.state is JobState.QUEUED and job.job.attempt == alloc.attempt

@@ -25,6 +25,7 @@ from corral.core.states import AllocDesired, AllocObserved, JobState, StopReason
 from corral.server.agentlink.base import AgentLink, StopOrder
 from corral.server.agentlink.relay import holds
 from corral.server.services.placement import assignment
+from corral.server.services.rendezvous import master_of
 from corral.server.services.unit import Runtime
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
@@ -108,8 +109,9 @@ class Delivery:
         return sent
 
     async def _assign(self, conn: AsyncConnection, rec: AllocRecord) -> int:
-        jobs = await job_repo.get_many(conn, rec.alloc.job_ids)
-        work = assignment(rec.alloc, list(jobs.values()))
+        works = list((await job_repo.get_many(conn, rec.alloc.job_ids)).values())
+        master = await master_of(conn, rec.alloc, works)
+        work = assignment(rec.alloc, works, master=master)
         return await self._send(self.transport.assign(rec.alloc.node, work))
 
     async def _send(self, message: Awaitable[None]) -> int:

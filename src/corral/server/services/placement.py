@@ -27,6 +27,7 @@ from corral.core.model import Allocation
 from corral.core.states import JOB, JobState, StopReason, transition
 from corral.scheduler.api import Placement, Plan
 from corral.server.agentlink.base import Assignment, JobWork
+from corral.server.services.rendezvous import NO_MASTER, master_at
 from corral.server.services.settling import request_stop
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
@@ -236,7 +237,11 @@ async def _place_group(
     await alloc_repo.insert_many(tx.conn, placed)
     rt.placed(placed)
     applied.inserted.extend(placed)
-    applied.placed.extend(assignment(a, list(jobs.values()), replicas=len(group)) for a in allocs)
+    master = NO_MASTER
+    if first.replicas > 1:
+        master = await master_at(tx.conn, min(allocs, key=lambda a: a.replica))
+    works = list(jobs.values())
+    applied.placed.extend(assignment(a, works, replicas=len(group), master=master) for a in allocs)
     return True
 
 
@@ -286,10 +291,14 @@ def _allocation(
 
 
 def assignment(
-    alloc: Allocation, jobs: Sequence[JobRecord], *, replicas: int | None = None
+    alloc: Allocation,
+    jobs: Sequence[JobRecord],
+    *,
+    replicas: int | None = None,
+    master: tuple[str, int] = NO_MASTER,
 ) -> Assignment:
     """The message that tells an agent to run ``alloc`` (``replicas``: of its gang; by
-    default its jobs' own)."""
+    default its jobs' own; ``master``: the gang's rendezvous, ``rendezvous.master_of``)."""
     if replicas is None:
         replicas = max((r.job.replicas for r in jobs), default=1)
     work = tuple(
@@ -318,6 +327,8 @@ def assignment(
         vram_bytes=alloc.vram_bytes,
         cpus=alloc.cpus,
         on_cpu=alloc.on_cpu,
+        master_addr=master[0],
+        master_port=master[1],
     )
 
 

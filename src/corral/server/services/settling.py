@@ -156,7 +156,9 @@ async def _settle_job(
             stop_reason=how.stop_reason,
             failures=job.failures,
             max_attempts=job.job.max_attempts,
-            retryable=how.retryable,
+            # A replica of a gang fails when a peer vanishes mid-collective, whatever its own
+            # exit code says: the gang is retried as one, bounded by max_attempts.
+            retryable=how.retryable or gang,
             error=how.error,
             alike_nodes=alike,
             same_failure_nodes=rt.settings.scheduling.same_failure_nodes,
@@ -175,7 +177,9 @@ async def _settle_job(
         ran=ran_as(job, modified) if how.ending is Ending.SUCCEEDED else None,
     )
     if decision.state is not JobState.SUCCEEDED and job.job.replicas > 1:
-        await stop_siblings(rt, tx, job, alloc)
+        # Requeued: the others may checkpoint on their way out (rank 0 holds the weights).
+        requeued = decision.state is JobState.QUEUED
+        await stop_siblings(rt, tx, job, alloc, StopReason.PREEMPT if requeued else None)
 
 
 async def apply_settlement(
@@ -338,14 +342,18 @@ async def _record_partial_result(
         raise Conflict(f"job {job.job.id} changed while recording a replica's result")
 
 
-async def stop_siblings(rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation) -> None:
-    """A gang is all or nothing: when one replica ends badly, stop the others."""
+async def stop_siblings(
+    rt: Runtime, tx: Tx, job: JobRecord, alloc: Allocation, reason: StopReason | None = None
+) -> None:
+    """A gang is all or nothing: when one replica ends badly, stop the others (``PREEMPT``:
+    with the preemption grace to checkpoint, the gang being requeued; else cancelled)."""
+    s = rt.settings.scheduling
+    reason = reason or StopReason.CANCEL
+    grace = s.preemption_grace_s if reason is StopReason.PREEMPT else s.stop_grace_s
     for other_id in job.allocation_ids:
         other = await alloc_repo.get(tx.conn, other_id) if other_id != alloc.id else None
         if other is not None and other.alloc.active:
-            await request_stop(
-                rt, tx, other, StopReason.CANCEL, rt.settings.scheduling.stop_grace_s
-            )
+            await request_stop(rt, tx, other, reason, grace)
 
 
 def stop_job(

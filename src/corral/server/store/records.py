@@ -160,6 +160,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "resources": resources_to_json(j.resources),
             "node_selector": dict(j.node_selector),
             "gang_label": j.gang_label,
+            **({"gang_label_required": True} if j.gang_label_required else {}),
             "model": j.model,
             **({"models": sorted(j.models)} if j.models else {}),
             "backend": j.backend,
@@ -196,6 +197,7 @@ def job_from_row(row: Any) -> JobRecord:
         node_selector=spec.get("node_selector") or {},
         replicas=row.replicas,
         gang_label=spec.get("gang_label"),
+        gang_label_required=bool(spec.get("gang_label_required", False)),
         model=spec.get("model"),
         backend=spec.get("backend"),
         batch_key=spec.get("batch_key"),
@@ -315,6 +317,8 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
                 "vram_bytes": g.vram_bytes,
                 "vram_free_bytes": g.vram_free_bytes,
                 "utilization": g.utilization,
+                "numa": g.numa,
+                "links": list(g.links),
             }
             for g in node.gpus
         ],
@@ -326,11 +330,16 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
     }
 
 
+def gpu_from_json(g: dict[str, Any]) -> Gpu:
+    """A stored GPU; one stored before topology was reported has none."""
+    return Gpu(**{**g, "links": tuple(g.get("links", ()))})
+
+
 def node_from_row(row: Any) -> NodeRecord:
     inv = row.inventory
     node = Node(
         name=row.name,
-        gpus=tuple(Gpu(**g) for g in inv.get("gpus", ())),
+        gpus=tuple(gpu_from_json(g) for g in inv.get("gpus", ())),
         cpus=inv.get("cpus", 0),
         labels=inv.get("labels") or {},
         models_on_disk=frozenset(inv.get("models_on_disk", ())),

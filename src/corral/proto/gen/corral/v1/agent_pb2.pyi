@@ -130,12 +130,20 @@ class Gpu(_message.Message):
     VRAM_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     VRAM_FREE_BYTES_FIELD_NUMBER: _builtins.int
     UTILIZATION_FIELD_NUMBER: _builtins.int
+    NUMA_NODE_FIELD_NUMBER: _builtins.int
+    LINKS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     model: _builtins.str
     vram_total_bytes: _builtins.int
     vram_free_bytes: _builtins.int
     utilization: _builtins.float
     """0..1"""
+    numa_node: _builtins.int
+    """Topology (hello only; docs/agent.md "GPU topology"): the NUMA node, and the link to
+    each GPU by index ("nvlink" | "pcie_switch" | "same_socket" | "cross_socket"; "" itself).
+    """
+    @_builtins.property
+    def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -144,12 +152,16 @@ class Gpu(_message.Message):
         vram_total_bytes: _builtins.int = ...,
         vram_free_bytes: _builtins.int = ...,
         utilization: _builtins.float = ...,
+        numa_node: _builtins.int | None = ...,
+        links: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "numa_node", b"numa_node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "model", b"model", "utilization", b"utilization", "vram_free_bytes", b"vram_free_bytes", "vram_total_bytes", b"vram_total_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "index", b"index", "links", b"links", "model", b"model", "numa_node", b"numa_node", "utilization", b"utilization", "vram_free_bytes", b"vram_free_bytes", "vram_total_bytes", b"vram_total_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__numa_node: _TypeAlias = _typing.Literal["numa_node"]  # noqa: Y015
+    _WhichOneofArgType__numa_node: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__numa_node) -> _WhichOneofReturnType__numa_node | None: ...
 
 Global___Gpu: _TypeAlias = Gpu  # noqa: Y015
 
@@ -1007,6 +1019,8 @@ class Assign(_message.Message):
     JOBS_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    MASTER_ADDR_FIELD_NUMBER: _builtins.int
+    MASTER_PORT_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     gpu_milli: _builtins.int
@@ -1017,6 +1031,11 @@ class Assign(_message.Message):
     """which replica of a gang, 0-based"""
     replicas: _builtins.int
     """gang size; 1 for a single job or a batch"""
+    master_addr: _builtins.str
+    """A gang's rendezvous (docs/scheduler.md "Gangs"): replica 0's node as the others reach it
+    (its agent's reported address) and a port the server handed out there. Empty/0 otherwise.
+    """
+    master_port: _builtins.int
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1036,10 +1055,12 @@ class Assign(_message.Message):
         jobs: _abc.Iterable[Global___Work] | None = ...,
         replica: _builtins.int = ...,
         replicas: _builtins.int = ...,
+        master_addr: _builtins.str = ...,
+        master_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "master_addr", b"master_addr", "master_port", b"master_port", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

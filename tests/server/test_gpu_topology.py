@@ -1,0 +1,67 @@
+"""A node's GPU topology, as its agent reports it, and the GPUs a multi-GPU job gets."""
+
+from __future__ import annotations
+
+import pytest
+from server_harness import ADMIN, World
+
+from corral.core.model import Gpu
+from corral.server.agentlink.base import Inventory
+from corral.server.agentlink.inprocess import StubAgent
+
+pytestmark = pytest.mark.anyio
+
+GIB = 1 << 30
+# Two sockets, two GPUs each; one NVLink bridge joins GPU 1 and GPU 2 across them.
+ROWS = (
+    ("", "same_socket", "cross_socket", "cross_socket"),
+    ("same_socket", "", "nvlink", "cross_socket"),
+    ("cross_socket", "nvlink", "", "same_socket"),
+    ("cross_socket", "cross_socket", "same_socket", ""),
+)
+
+
+async def box(world: World, name: str, links: bool = True) -> StubAgent:
+    cards = tuple(
+        Gpu(i, "A100", 80 * GIB, numa=i // 2 if links else -1, links=ROWS[i] if links else ())
+        for i in range(4)
+    )
+    agent = StubAgent(world.plane.agents, world.link, Inventory(node=name, gpus=cards, cpus=32))
+    await agent.connect()
+    return agent
+
+
+async def test_the_topology_is_kept_with_the_node(world: World) -> None:
+    await box(world, "n1")
+    view = await world.plane.nodes.get(ADMIN, "n1")
+    gpus = view.record.node.gpus
+    assert [g.numa for g in gpus] == [0, 0, 1, 1]
+    assert gpus[1].links == ROWS[1]
+
+
+@pytest.mark.parametrize(
+    ("first", "gpus", "want"),
+    [
+        (None, 2, (1, 2)),  # the NVLink pair, though it spans the sockets
+        (None, 3, (0, 1, 2)),  # the pair, and a socket-mate of one of them
+        (0, 2, (1, 2)),  # GPU 0 taken: still the pair, not the first two free
+    ],
+)
+async def test_a_multi_gpu_job_gets_the_closest_free_gpus(
+    world: World, first: int | None, gpus: int, want: tuple[int, ...]
+) -> None:
+    agent = await box(world, "n1")
+    if first is not None:  # a one-GPU job takes the first free GPU
+        await world.submit(resources={"gpus": 1})
+        await world.cycle()
+        assert (await agent.next_assignment()).gpu_indices == (first,)
+    await world.submit(resources={"gpus": gpus})
+    await world.cycle()
+    assert (await agent.next_assignment()).gpu_indices == want
+
+
+async def test_without_a_topology_gpus_go_in_index_order(world: World) -> None:
+    agent = await box(world, "n1", links=False)
+    await world.submit(resources={"gpus": 2})
+    await world.cycle()
+    assert (await agent.next_assignment()).gpu_indices == (0, 1)
