@@ -15,6 +15,10 @@ failure ends the whole order (the server requeues its jobs).
 An allocation that ended stays *held* until the link says the server
 acknowledged its end (``acknowledge``): the hello after a reconnect lists it,
 so the server waits for the resent result instead of declaring the work lost.
+
+Over 400 lines on purpose: starting, stopping, superseding and acknowledging work all act
+on the same slots; what stands alone lives beside it (``vram_guard``, ``model_gate``,
+``inputs``, ``checkpoints``).
 """
 
 from __future__ import annotations

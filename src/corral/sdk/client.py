@@ -12,6 +12,9 @@
 
 Connection failures are retried with backoff (``Retry``); every submission
 carries an Idempotency-Key, so a retry can never create a second job.
+
+Over 400 lines on purpose: this is the SDK's one synchronous surface, a method per call a
+user makes (jobs, inputs, nodes, models, tokens), mirrored method for method by ``aio.py``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Built once in the composition root (``corral server`` or a test) and passed
 down; nothing reads the environment at import time. Every field can be set
 from the environment with the ``CORRAL_`` prefix and ``__`` for nesting, e.g.
 ``CORRAL_STORE__DB=postgresql://db/corral`` or ``CORRAL_API__PORT=9000``.
+
+Over 400 lines on purpose: one field per setting, each with the description that
+``corral server --help`` and docs/server.md show; sections with rooms of their own live in
+``compat_settings``, ``security_settings`` and ``autoscale_settings``.
 """
 
 from __future__ import annotations

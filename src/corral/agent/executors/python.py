@@ -14,6 +14,9 @@ stop's grace period to return what it has (an interrupt keeps every result
 yielded or returned, a preempt may yield a ``Checkpoint`` first); after that
 it is abandoned. Sync handlers run in a worker thread so they never block the
 agent's event loop.
+
+Over 400 lines on purpose: a handler comes in several shapes (function, coroutine,
+generator, async generator), and each needs its own way to stop and to hand back results.
 """
 
 from __future__ import annotations

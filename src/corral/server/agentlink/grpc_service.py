@@ -13,6 +13,9 @@ them until then and resends after a reconnect, which the inbound side
 answers ``duplicate`` when it already has them. A heartbeat from a node the
 server declared lost ends the stream with FAILED_PRECONDITION: the agent
 reconnects and says hello, and the server reconciles.
+
+Over 400 lines on purpose: the stream's handshake, reconciliation and reader are one
+protocol, read top to bottom; blob uploads live in ``grpc_uploads.py``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ one the server knows, and (for anything touching a job) the job still points
 at it: the fencing rule of ``settling.is_current``. Late messages from an
 older attempt (a node that came back after its work was requeued) are
 answered ``STALE`` and change nothing.
+
+Over 400 lines on purpose: every message an agent sends is applied here under the one
+fencing rule; the rules that stand alone live apart (``settling``, ``departure``,
+``attempts``, ``lacking``, ``stragglers``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ Options are per caller (token + user name), never global: a checkpoint chosen
 through ``POST /options`` becomes the ``model`` of that caller's later jobs
 (so the scheduler routes them to nodes with it), other options travel as the
 request's ``override_settings``.
+
+Over 400 lines on purpose: every webui route a client calls is here in the webui's shapes;
+split by route, the per-caller options and the progress tracker they share would scatter.
 """
 
 from __future__ import annotations
