@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_harness import Cluster, eventually, job, submit, wait_state
+from e2e_harness import Cluster, events, eventually, job, submit, wait_state
 from PIL import Image
 
 from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
@@ -99,6 +99,14 @@ def test_a_sample_whose_machine_is_killed_resumes_from_its_last_segment_elsewher
             images = [r["name"] for r in done["result"] if r["name"].endswith(".png")]
             assert len(images) == 1, done["result"]
             image = c.get(f"/v1/jobs/{j['id']}/result/{images[0]}").content
+            step = done["resumed_from_step"]
+            stream = [f["data"] for f in events(c, j["id"])]
+            placed = [e for e in stream if e["kind"] == "job.placed"]
+            assert placed[-1]["data"]["message"] == f"resumed from step {step} on node box-b"
+            after = stream[stream.index(placed[-1]) :]
+            shown = [e["data"]["progress"] for e in after if e["kind"] == "job.progress"]
+            assert shown[0] == step / STEPS, "the bar goes on from the checkpoint, not from 0"
+            assert shown == sorted(shown)
         (entry,) = second.history.values()  # the one prompt the second machine ran
         resumed = entry["prompt"][2]
         loads = [n for n in resumed.values() if n["class_type"] == "LoadLatent"]
