@@ -254,3 +254,19 @@ def test_info_is_json_inside_a_string_like_the_real_webui() -> None:
     assert info["seed"] == 3
     assert info["all_seeds"] == [3]
     assert info["sd_model_name"] == "tiny-sd"
+
+
+def test_a_restarted_job_asking_for_a_random_seed_makes_the_same_image_elsewhere() -> None:
+    payload = {"prompt": "a fox", "steps": 3, "seed": -1, **SMALL}
+    _, first = run_against(JobWork("a", 1, ("job-1",), payload=payload))
+    # the machine was lost: attempt 2 samples again from step 0, on another webui
+    _, again = run_against(JobWork("b", 2, ("job-1",), payload=payload))
+    _, other = run_against(JobWork("c", 1, ("job-2",), payload=payload))
+    ends = [u[-1] for u in (first, again, other)]
+    assert all(isinstance(e, Finished) for e in ends)
+    one, two, three = (e for e in ends if isinstance(e, Finished))
+    assert one.results[0].data == two.results[0].data
+    assert one.modified["seed"] == two.modified["seed"] != three.modified["seed"]
+    notes = [u.line for u in again if isinstance(u, LogLine)]
+    assert any(f"from step 0 with seed {two.modified['seed']}" in n for n in notes)
+    assert not [u for u in first if isinstance(u, LogLine) and "step 0" in u.line]

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from corral.agent.checkpoints import CheckpointCourier
-from corral.agent.executors.base import Failed, Started
+from corral.agent.executors.base import Checkpoint, Failed, Started
 from corral.agent.link import LinkSettings
 from corral.agent.sender import Queued, Sender, linger, open_starts
 from corral.agent.supervisor import Done, Report
@@ -127,3 +127,26 @@ async def sent(bundling: bool) -> list[list[int]]:
 async def test_a_sender_bundles_what_is_queued_only_for_a_server_that_reads_bundles() -> None:
     assert await sent(True) == [[1, 2, 3]]
     assert await sent(False) == [[1], [2], [3]], "an older server: one message per write"
+
+
+@pytest.mark.anyio
+async def test_a_checkpoint_with_a_newer_one_queued_is_dropped_unsent() -> None:
+    courier = CheckpointCourier((), chunk_bytes=1024, max_bytes=1024)
+    reports = {
+        1: Report("a1", 1, Checkpoint("", 5), job_id="j1"),
+        2: Report("a2", 1, Checkpoint("", 7), job_id="j2"),
+        3: Report("a1", 1, Checkpoint("", 10), job_id="j1"),
+    }
+    outbox = dict(reports)
+    sender = Sender(LinkSettings(token="t"), outbox, courier, ())
+    live: asyncio.Queue[Queued] = asyncio.Queue()
+    for item in reports.items():
+        live.put_nowait(item)
+    call = FakeCall()
+    task = asyncio.create_task(sender.run(call, None, live))
+    while len(call.written) < 2:
+        await asyncio.sleep(0.001)
+    task.cancel()
+    assert [m.seq for m in call.written] == [2, 3], "the step-5 checkpoint of j1 never went"
+    assert [m.update.checkpoint.step for m in call.written] == [7, 10]
+    assert sorted(outbox) == [2, 3], "nor waits for an acknowledgement"

@@ -202,6 +202,7 @@ async def test_the_next_attempt_resumes_from_the_latest_checkpoint_and_says_so(
     assert (shown.checkpoint_step, shown.resumed_from_step, shown.attempt) == (30, 30, 2)
     placed = [e for e in await world.events(job.job.id) if e.kind.value == "job.placed"]
     assert [e.data.get("resumed_from_step") for e in placed] == [None, 30]
+    assert [e.data.get("message") for e in placed] == [None, "resumed from step 30 on node n2"]
     assert [a.error for a in shown.attempts] == ["node n1 was lost"]
 
 

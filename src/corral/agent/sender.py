@@ -75,6 +75,8 @@ class Sender:
             return pb.AgentMessage(seq=seq, heartbeat=item)
         if isinstance(item, pb.ModelStatus):
             return pb.AgentMessage(seq=seq, models=item)
+        if self._superseded(seq, item):
+            return None
         try:
             blob_ids = await self._upload_large(stub, item)
         except grpc.aio.AioRpcError as exc:
@@ -87,6 +89,23 @@ class Sender:
             item = self._replace(seq, item, f"the server refused a result: {exc.details()}")
             blob_ids = {}
         return wire.update_message(seq, item, blob_ids)
+
+    def _superseded(self, seq: int, report: Report) -> bool:
+        """A checkpoint with a newer one of its job already queued is dropped unsent (and
+        forgotten): only the latest is ever resumed from, so on a slow link the uploads
+        skip to it instead of falling behind the sampling."""
+        if not isinstance(report.update, Checkpoint):
+            return False
+        newer = any(
+            later > seq
+            and isinstance(other.update, Checkpoint)
+            and (other.allocation_id, other.attempt, other.job_id)
+            == (report.allocation_id, report.attempt, report.job_id)
+            for later, other in self.outbox.items()
+        )
+        if newer:
+            self.outbox.pop(seq, None)
+        return newer
 
     def _later(self, seq: int, report: Report, wait_s: float) -> None:
         """Queue ``report`` again in ``wait_s`` (it stays in the outbox meanwhile: a

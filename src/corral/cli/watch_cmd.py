@@ -138,6 +138,8 @@ class Watcher:
                 description=self._label("running", event.message),
             )
         elif event.state:
+            if event.message:  # a new attempt resumed from a checkpoint
+                self.say(f"{self.job.id} {escape(event.message)}")
             done = 1.0 if event.state == "succeeded" else None
             label = self._label("interrupted" if event.interrupted else event.state)
             self.bar.update(self.task, description=label, completed=done)
@@ -169,6 +171,7 @@ def describe(event: JobEvent) -> str:
         parts.append(f"attempt {data['attempt']}" if data.get("attempt") else "")
         parts.append(f"files: {', '.join(map(str, data['files']))}" if data.get("files") else "")
         parts.append(f"({data['error']})" if data.get("error") else "")
+        parts.append(f"· {event.message}" if event.message else "")
         ran = data.get("ran")
         parts.append("ran " + ", ".join(f"{k}={v}" for k, v in sorted(ran.items())) if ran else "")
         detail = " ".join(p for p in parts if p)

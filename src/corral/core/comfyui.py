@@ -30,7 +30,11 @@ LONG_LIST = 20
 """ComfyUI names the choices of a refused enum value only up to this many (model lists
 can be thousands long); longer lists read ``(list of length N)``."""
 CONVERT: dict[str, type] = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
-SELF_VALIDATED = {"LoadImage": ("image",), "LoadImageMask": ("image", "channel")}
+SELF_VALIDATED = {
+    "LoadImage": ("image",),
+    "LoadImageMask": ("image", "channel"),
+    "LoadLatent": ("latent",),
+}
 """Nodes that validate these inputs themselves (their ``VALIDATE_INPUTS``): ComfyUI then
 skips the choice list of each (an image need not be in ``/object_info``'s list, which was
 read before it was uploaded) and asks the node instead: is the file there, is the
@@ -225,9 +229,10 @@ class _Checker:
         """ComfyUI's ``LoadImage``/``LoadImageMask.VALIDATE_INPUTS``: its one verdict is
         reported once for each of the inputs it takes (so a missing image of a
         ``LoadImageMask`` is two errors, ``image - ...`` and ``channel - ...``)."""
-        image, reason = inputs.get("image"), None
+        what = "latent" if kind == "LoadLatent" else "image"
+        image, reason = inputs.get(what), None
         if not isinstance(image, str) or not self.files(image):
-            reason = f"Invalid image file: {image}"
+            reason = f"Invalid {what} file: {image}"
         elif kind == "LoadImageMask" and inputs.get("channel") not in COLOR_CHANNELS:
             reason = f"Invalid color channel: {inputs.get('channel')}"
         if reason is None:

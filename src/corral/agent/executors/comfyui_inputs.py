@@ -42,17 +42,21 @@ async def upload_inputs(
         if item.path is None:
             continue  # not fetched: the backend says which input it misses
         suffix = PurePosixPath(item.name).suffix[:16]
-        unique = f"{job.job_id}-{i}{suffix}"
         data = await asyncio.to_thread(item.path.read_bytes)
-        mime = mimetypes.guess_type(item.name)[0] or "application/octet-stream"
-        response = await client.post(
-            "/upload/image",
-            files={"image": (unique, data, mime)},
-            data={"type": UPLOAD_TYPE, "subfolder": SUBFOLDER, "overwrite": "true"},
-        )
-        answer = check_response(response, backend, "/upload/image").json()
-        refs[item.name] = reference(answer)
+        refs[item.name] = await upload_file(client, f"{job.job_id}-{i}{suffix}", data, backend)
     return rewrite(workflow, refs)
+
+
+async def upload_file(client: httpx.AsyncClient, unique: str, data: bytes, backend: str) -> str:
+    """One file into ComfyUI's temp folder (see the module doc); its reference."""
+    mime = mimetypes.guess_type(unique)[0] or "application/octet-stream"
+    response = await client.post(
+        "/upload/image",
+        files={"image": (unique, data, mime)},
+        data={"type": UPLOAD_TYPE, "subfolder": SUBFOLDER, "overwrite": "true"},
+    )
+    answer = check_response(response, backend, "/upload/image").json()
+    return reference(answer)
 
 
 def reference(answer: Mapping[str, Any]) -> str:

@@ -21,6 +21,12 @@ that the webui does not have fails the job retryably, naming it
 (``model_names.lacking``): another node may have it. When it names none, asks for a random
 seed or names no sampler, the model, seed and sampler that were used are reported
 in ``Finished.modified`` (the server keeps them as the job's ``ran``).
+
+The webui's API has no mid-sampling checkpoint, so a job whose machine is lost
+samples again from step 0 on the next one. So that the restart makes the same
+image, a random seed (``seed: -1`` or none) is not left to the webui to draw:
+the executor pins one derived from the job's id (``job_seed``), the same on
+every attempt and every machine.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -125,6 +132,13 @@ class A1111Executor:
             self._loaded = assignment.model or modified.get("model", "").split(" [")[0] or None
             if switched:
                 yield LogLine(switched, "agent")
+            if body.get("seed", -1) in (-1, None):
+                body["seed"] = job_seed(assignment.job_id)
+                modified["seed"] = str(body["seed"])
+            if assignment.attempt > 1:
+                note = f"sampling again from step 0 with seed {body.get('seed')}: the webui "
+                note += "cannot resume mid-sampling, the same seed makes the same image"
+                yield LogLine(note, "agent")
         call = asyncio.create_task(client.post(MODES[mode], json=body, timeout=None))
         try:
             async for update in self._follow(client, call, stop):
@@ -266,6 +280,12 @@ def with_inputs(job: JobWork) -> Mapping[str, Any]:
     elif images:
         payload.setdefault("init_images", images)
     return payload
+
+
+def job_seed(job_id: str) -> int:
+    """The seed a job asking for a random one samples with: drawn from its id, so every
+    attempt of it (on any machine) makes the same image; in the webui's 32-bit range."""
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big")
 
 
 def _request(payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

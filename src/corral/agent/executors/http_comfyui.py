@@ -27,7 +27,9 @@ reconnects. A stop posts ``/interrupt`` for its prompt and deletes it from the
 queue if it had not started; an interrupt keeps the outputs already saved.
 
 Input files of the job are uploaded first and the graph pointed at them
-(``comfyui_inputs.py``). When the job names a model, every
+(``comfyui_inputs.py``). Samplers are split in segments whose latents become
+the job's checkpoints, and a resumed attempt runs only the steps left
+(``comfyui_segments.py``, ``comfyui_resume.py``). When the job names a model, every
 ``CheckpointLoaderSimple`` loads it; when it names none, the checkpoint the
 workflow used is reported in ``modified``.
 Progress messages read ``node <id>: <value>/<max>`` (ComfyUI's own figures).
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -55,7 +56,6 @@ from corral.agent.executors.base import (
     Finished,
     JobWork,
     LogLine,
-    Preview,
     Progress,
     Result,
     StopSignal,
@@ -63,6 +63,10 @@ from corral.agent.executors.base import (
     stopped_terminal,
 )
 from corral.agent.executors.comfyui_inputs import upload_inputs
+from corral.agent.executors.comfyui_messages import error_text as _error_text
+from corral.agent.executors.comfyui_messages import json_body as _json
+from corral.agent.executors.comfyui_messages import names as _names
+from corral.agent.executors.comfyui_messages import preview as _preview
 from corral.agent.executors.comfyui_outputs import (
     OutputGone,
     fetch_outputs,
@@ -73,12 +77,12 @@ from corral.agent.executors.comfyui_outputs import (
 from corral.agent.executors.comfyui_refusals import dropped as _dropped
 from corral.agent.executors.comfyui_refusals import lacks as _lacks
 from corral.agent.executors.comfyui_refusals import refusal as _refusal
+from corral.agent.executors.comfyui_resume import save_checkpoint, segment_steps, segmented
+from corral.agent.executors.comfyui_segments import Range, Segmented
 from corral.agent.executors.http_common import backend_errors, check_response
 from corral.agent.executors.model_files import install
 from corral.core import Clock, ExecutorError, InvalidSpec
 
-PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
-IMAGE_MIME = {1: "image/jpeg", 2: "image/png"}
 LOADERS = ("CheckpointLoaderSimple",)
 FINAL = ("execution_success", "execution_error", "execution_interrupted")
 
@@ -89,13 +93,21 @@ class _Watch:
 
     prompt_id: str
     samplers: int
+    plan: Segmented
+    job: JobWork
     node_progress: dict[str, float] = field(default_factory=dict)
+    saved: list[tuple[Range, dict[str, Any]]] = field(default_factory=list)  # latents to fetch
+    timing: tuple[float, int] | None = None  # (when, step) of the first progress measured
+    step_s: float | None = None
     reported: float = 0.0
     outcome: str | None = None  # "success" | "error" | "interrupted"
     error: str = ""
     ended: bool = False  # its history is written: outputs can be fetched
 
     def progress(self, node: str, value: int, maximum: int) -> Progress | None:
+        where = self.plan.segments.get(node)
+        if where is not None:  # a segment's own count: its place in the whole run
+            node, value, maximum = where.sampler, where.start + value, where.total
         self.node_progress[node] = value / maximum if maximum else 0.0
         overall = sum(self.node_progress.values()) / max(self.samplers, len(self.node_progress))
         fraction = min(0.99, max(self.reported, overall))  # 1.0 only once outputs are in
@@ -126,6 +138,7 @@ class ComfyUIExecutor:
         self._timeout = request_timeout_s
         self._reconcile_s = reconcile_interval_s
         self._name = name
+        self._step_s: float | None = None  # its backend's last measured sampling step
 
     @property
     def name(self) -> str:
@@ -146,6 +159,7 @@ class ComfyUIExecutor:
             yield Finished((Result("catalog.json", data, "application/json"),))
             return
         workflow, modified = _workflow(assignment.payload, self._checkpoint(assignment))
+        every = segment_steps(assignment.payload, self._step_s)
         self._loaded = assignment.model or modified.get("model") or self._loaded
         if stop.requested is not None:
             yield stopped_terminal(stop.requested)
@@ -153,13 +167,20 @@ class ComfyUIExecutor:
         with backend_errors(self._name, self._base_url):
             async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
                 workflow = await upload_inputs(client, workflow, assignment, self._name)
-                attempt = _Attempt(workflow)
+                plan = await segmented(client, workflow, assignment, self._name, every)
+                for note in plan.notes:
+                    yield LogLine(f"comfyui: {note}", "agent")
+                if plan.resumed is not None:
+                    step, total = plan.resumed.step, plan.segments[plan.resumed.node].total
+                    yield LogLine(f"resuming sampling at step {step} of {total}", "agent")
+                    yield Progress(step / total, step, total, f"resumed from step {step}")
+                attempt = _Attempt(plan.graph, _count_samplers(workflow), plan, assignment)
                 async for update in self._attempt(client, attempt, assignment, stop):
                     yield update
                 if attempt.gone is not None and stop.requested is None:
                     yield LogLine(_rerun_note(attempt.gone), "agent")
                     graph = rerun_outputs(workflow, attempt.gone_nodes, uuid.uuid4().hex)
-                    attempt = _Attempt(graph, rerun=True)
+                    attempt = _Attempt(graph, attempt.samplers, Segmented(graph), assignment, True)
                     async for update in self._attempt(client, attempt, assignment, stop):
                         yield update
         if attempt.refused is not None:
@@ -190,7 +211,9 @@ class ComfyUIExecutor:
             return
         async for update in self._follow(ws, client, client_id, watch, stop):
             yield update
+        self._step_s = watch.step_s or self._step_s
         outputs = (await self._history(client, watch.prompt_id)).get("outputs", {})
+        outputs = {k: v for k, v in outputs.items() if k not in watch.plan.latents}
         try:
             attempt.results = await fetch_outputs(
                 client, outputs, assignment.scratch_dir, self._name
@@ -272,10 +295,26 @@ class ComfyUIExecutor:
                     continue
                 update = _read(message, watch)
                 if update is not None:
+                    self._time(watch, update)
                     yield update
+                while watch.saved:
+                    where, entry = watch.saved.pop(0)
+                    saved = await save_checkpoint(client, entry, where, watch.job, self._name)
+                    if saved is not None:
+                        yield saved
         finally:
             if ws is not None:
                 await ws.close()
+
+    def _time(self, watch: _Watch, update: Update) -> None:
+        """Measure the backend's step time (it sizes the next jobs' segments)."""
+        if not isinstance(update, Progress) or not update.total:
+            return
+        now = self._clock.now()
+        if watch.timing is None or update.step <= watch.timing[1]:
+            watch.timing = (now, update.step)  # the first step, or another sampler's
+        else:
+            watch.step_s = (now - watch.timing[0]) / (update.step - watch.timing[1])
 
     async def _receive(
         self, ws: ClientConnection, stop: StopSignal, quiet: bool
@@ -342,6 +381,9 @@ class _Attempt:
     (``refused``), or the cached output that was gone (``gone``: run it again)."""
 
     workflow: dict[str, Any]
+    samplers: int
+    plan: Segmented
+    job: JobWork
     rerun: bool = False
     watch: _Watch = field(init=False)
     refused: Failed | None = None
@@ -350,24 +392,7 @@ class _Attempt:
     gone_nodes: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.watch = _Watch(str(uuid.uuid4()), samplers=_count_samplers(self.workflow))
-
-
-def _json(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _names(response: httpx.Response) -> list[str]:
-    """A JSON list of names, or none (a backend without the route, or a bad answer)."""
-    try:
-        body = response.json() if response.status_code == 200 else []
-    except ValueError:
-        return []
-    return [str(n) for n in body] if isinstance(body, list) else []
+        self.watch = _Watch(str(uuid.uuid4()), self.samplers, self.plan, self.job)
 
 
 def _rerun_note(gone: OutputGone) -> str:
@@ -416,23 +441,12 @@ def _read(message: str | bytes, watch: _Watch) -> Update | None:
         watch.outcome = "interrupted"
     elif kind == "execution_success":
         watch.outcome = "success"
+    elif kind == "executed" and str(data.get("node")) in watch.plan.latents:
+        for entry in (data.get("output") or {}).get("latents", []):
+            watch.saved.append((watch.plan.latents[str(data.get("node"))], entry))
     elif kind == "executing" and data.get("node") is None and "prompt_id" in data:
         watch.ended = True  # sent after the history entry is written
         watch.outcome = watch.outcome or "success"
-    return None
-
-
-def _preview(frame: bytes) -> Preview | None:
-    if len(frame) < 8:
-        return None
-    (event,) = struct.unpack(">I", frame[:4])
-    if event == PREVIEW_IMAGE:
-        (image_type,) = struct.unpack(">I", frame[4:8])
-        return Preview(frame[8:], IMAGE_MIME.get(image_type, "image/jpeg"))
-    if event == PREVIEW_IMAGE_WITH_METADATA:
-        (size,) = struct.unpack(">I", frame[4:8])
-        meta = json.loads(frame[8 : 8 + size])
-        return Preview(frame[8 + size :], str(meta.get("image_type", "image/jpeg")))
     return None
 
 
@@ -448,12 +462,6 @@ def _history_outcome(entry: dict[str, Any], watch: _Watch) -> bool:
         "success" if status.get("status_str") == "success" else "error"
     )
     return True
-
-
-def _error_text(data: Mapping[str, Any]) -> str:
-    where = f"node {data.get('node_id')} ({data.get('node_type')})"
-    kind, message = data.get("exception_type", "error"), data.get("exception_message", "")
-    return f"{kind} in {where}: {message}".strip()
 
 
 def _terminal(

@@ -13,6 +13,7 @@ nodes stay cached (``clean_unused``), so running A, B, A runs A twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,5 +80,8 @@ def _signature(
         if isinstance(value, list) and len(value) == 2:
             value = ["link", _signature(prompt, str(value[0]), found, seen, changed), value[1]]
         parts.append([key, value])
-    found[node_id] = json.dumps(parts, sort_keys=True, default=str)
+    # a digest, not the text: a text holding its inputs' texts doubles its escaping at each
+    # link, and a long chain (a sampler split in segments) would grow past any memory
+    text = json.dumps(parts, sort_keys=True, default=str)
+    found[node_id] = hashlib.sha256(text.encode()).hexdigest()
     return found[node_id]

@@ -3,10 +3,11 @@ ComfyUI's model-free image nodes (``comfyui_images.py``).
 
 ``CheckpointLoaderSimple -> CLIPTextEncode -> EmptyLatentImage -> KSampler ->
 VAEDecode -> SaveImage`` (or VideoHelperSuite's ``VHS_VideoCombine``), with
-ComfyUI's input names and output types. The
-"latent" is a small RGB picture that KSampler moves from seeded noise toward a
-colour hashed from the prompt, one step at a time, so images are deterministic
-for a seed and every step is a real intermediate image for previews.
+ComfyUI's input names and output types. The "latent" is an RGB picture that the
+samplers move from seeded noise toward a colour hashed from the prompt, one step
+at a time, so images are deterministic for a seed and every step is a real
+intermediate image for previews. ``KSamplerAdvanced``, ``SaveLatent`` and
+``LoadLatent`` split sampling as ComfyUI does (``comfyui_sampling.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import posixpath
 import random
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -23,6 +23,7 @@ from typing import Any
 from PIL import Image
 
 from corral.agent.reference import comfyui_images as images
+from corral.agent.reference import comfyui_sampling as sampling
 
 SAMPLERS = ("euler", "euler_ancestral", "dpmpp_2m", "ddim")
 SCHEDULERS = ("normal", "karras", "simple")
@@ -110,6 +111,7 @@ NODES: dict[str, NodeSpec] = {
             "denoise": {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01},
         },
     ),
+    **{name: NodeSpec(i, o, options=opts) for name, (i, o, opts) in sampling.SPECS.items()},
     "VAEDecode": NodeSpec({"samples": "LATENT", "vae": "VAE"}, ("IMAGE",)),
     "SaveImage": NodeSpec(
         {"images": "IMAGE", "filename_prefix": "STRING"},
@@ -182,8 +184,10 @@ _RUNNERS: dict[str, Callable[[dict[str, Any], Context], tuple[Any, ...]]] = {
     "VAELoader": lambda i, ctx: _load("VAELoader", i),
     "CLIPTextEncode": lambda i, ctx: (str(i["text"]),),
     "EmptyLatentImage": lambda i, ctx: ({"width": int(i["width"]), "height": int(i["height"])},),
-    "KSampler": lambda i, ctx: (_sample(i, ctx),),
-    "VAEDecode": lambda i, ctx: (i["samples"],),
+    "KSampler": lambda i, ctx: (sampling.ksampler(i, _stepper(ctx)),),
+    "KSamplerAdvanced": lambda i, ctx: (sampling.ksampler_advanced(i, _stepper(ctx)),),
+    "LoadLatent": lambda i, ctx: (sampling.load_latent(ctx.open_input(str(i["latent"]))),),
+    "VAEDecode": lambda i, ctx: (sampling.decoded(i["samples"]),),
     "SaveImage": lambda i, ctx: _save(i["images"], str(i.get("filename_prefix", "ComfyUI")), ctx),
     "PreviewImage": lambda i, ctx: _preview(i["images"], ctx),
     "SaveLatent": lambda i, ctx: _save_latent(i["samples"], str(i["filename_prefix"]), ctx),
@@ -202,24 +206,17 @@ def _load(class_type: str, inputs: dict[str, Any]) -> tuple[Any, ...]:
     return (f"model:{name}", f"clip:{name}", f"vae:{name}")
 
 
-def _sample(inputs: dict[str, Any], ctx: Context) -> Image.Image:
-    latent, steps = inputs["latent_image"], int(inputs["steps"])
-    size = (max(8, latent["width"] // 8), max(8, latent["height"] // 8))
-    rng = random.Random(int(inputs["seed"]))
-    noise = Image.frombytes(
-        "RGB", size, bytes(rng.randrange(256) for _ in range(size[0] * size[1] * 3))
-    )
-    colour = zlib.crc32(str(inputs["positive"]).encode()).to_bytes(4, "big")[:3]
-    target = Image.new("RGB", size, tuple(colour))
-    image = noise
-    for step in range(1, steps + 1):
+def _stepper(ctx: Context) -> sampling.OnStep:
+    """What a sampler calls before each step: stop on an interrupt, pace, report."""
+
+    def step(value: int, total: int, latent: Image.Image) -> None:
         if ctx.interrupted():
             raise Interrupted
         if ctx.step_delay_s:
             time.sleep(ctx.step_delay_s)
-        image = Image.blend(noise, target, step / steps * float(inputs.get("denoise", 1.0)))
-        ctx.on_progress(step, steps, image)
-    return image.resize((latent["width"], latent["height"]), Image.Resampling.NEAREST)
+        ctx.on_progress(value, total, latent)
+
+    return step
 
 
 def _save(image: Any, prefix: str, ctx: Context, kind: str = "output") -> tuple[Any, ...]:
@@ -244,7 +241,7 @@ def _save_latent(latent: Image.Image, prefix: str, ctx: Context) -> tuple[Any, .
     """SaveLatent: listed under ``latents`` (the reference's latent is a picture, stored
     as PNG bytes in the ``.latent`` file; ComfyUI stores a safetensors tensor)."""
     path, entry = _save_path(prefix, "_.latent", ctx)
-    latent.save(path, format="PNG")
+    sampling.save_latent(latent, path)
     ctx.saved.append(entry)
     return ({"latents": [entry]},)
 
@@ -330,6 +327,8 @@ def object_info(
                 choices: Any = [list(models.get(kind.removeprefix("folder:"), ()))]
             elif kind == images.INPUT_FILES:
                 choices = [sorted(files)]
+            elif kind == sampling.INPUT_LATENTS:  # LoadLatent lists the input folder's latents
+                choices = [sorted(f for f in files if f.endswith(".latent"))]
             elif isinstance(kind, tuple):
                 choices = [list(kind)]
             else:

@@ -173,8 +173,16 @@ def _emit_placed(tx: Tx, rec: JobRecord, values: dict[str, Any]) -> None:
         state="placed",
         attempt=values["attempt"],
         allocations=values["allocation_ids"],
-        data={} if resumed is None else {"resumed_from_step": resumed},
+        data=_resumed(resumed, values["node"]),
     )
+
+
+def _resumed(step: int | None, node: str) -> dict[str, Any]:
+    """What a placed event says of the checkpoint the attempt starts from: the step, and a
+    line for people ("resumed from step 45 on node X") an event stream can show as it is."""
+    if step is None:
+        return {}
+    return {"resumed_from_step": step, "message": f"resumed from step {step} on node {node}"}
 
 
 async def _place_atomically(
