@@ -59,7 +59,7 @@ def test_models_embeddings_and_system_stats(comfy: httpx.Client) -> None:
     folders = comfy.get("/models").json()
     assert {"checkpoints", "loras", "vae", "embeddings"} <= set(folders)
     assert comfy.get("/models/checkpoints").json() == ["tiny-v2.safetensors", "tiny.safetensors"]
-    assert comfy.get("/models/loras").json() == []  # the reference has no LoRA loader
+    assert comfy.get("/models/loras").json() == ["tiny-lora.safetensors"]  # its LoraLoader's
     missing = comfy.get("/models/no-such-folder")
     assert (missing.status_code, missing.content) == (404, b"")  # ComfyUI: 404, no body
     assert comfy.get("/embeddings").json() == []

@@ -35,6 +35,10 @@ workflow used is reported in ``modified``.
 Progress messages read ``node <id>: <value>/<max>`` (ComfyUI's own figures).
 A payload ``{"mode": "catalog"}`` runs nothing: it answers ``catalog.json``
 with the backend's ``object_info`` and ``embeddings``.
+
+Over 400 lines on purpose: one prompt's life (submit, follow the socket, collect outputs,
+rerun from a stale cache, stop) reads top to bottom; refusals, inputs, outputs, messages
+and segments live in their own ``comfyui_*`` modules.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ What it shares with the real one (stable-diffusion-webui ``modules/api``):
 Images come from ``tiny_diffusion`` (a real diffusers pipeline with a tiny random
 model on CPU). Faults for tests: ``step_delay_s`` (slow sampling), ``slow_calls_s`` (slow small
 calls), ``fail_next`` (HTTP 500).
+
+Over 400 lines on purpose: one class answering the webui routes the agent and the drop-in
+API call, each as the webui answers it; the sampling itself lives in ``tiny_diffusion``.
 """
 
 from __future__ import annotations

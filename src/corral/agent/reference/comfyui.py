@@ -34,6 +34,9 @@ What it shares with the real one (ComfyUI ``server.py`` / ``execution.py``):
 Faults for tests: ``step_delay_s`` (slow sampling), ``fail_next`` (the next
 KSampler raises), ``slow_calls_s`` (late answers to ``/prompt``),
 ``drop_websockets()`` (every socket closes at once).
+
+Over 400 lines on purpose: the server's routes, queue and socket are one ComfyUI; the nodes,
+images, uploads, cache and sampling each live in their own ``comfyui_*`` module.
 """
 
 from __future__ import annotations
