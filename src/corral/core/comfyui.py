@@ -19,6 +19,29 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+MODEL_FOLDERS = (
+    "checkpoints",
+    "configs",
+    "loras",
+    "vae",
+    "text_encoders",
+    "diffusion_models",
+    "clip_vision",
+    "style_models",
+    "embeddings",
+    "diffusers",
+    "vae_approx",
+    "controlnet",
+    "gligen",
+    "upscale_models",
+    "custom_nodes",
+    "hypernetworks",
+    "photomaker",
+    "classifiers",
+)
+"""ComfyUI's model folders in the order ``folder_paths.folder_names_and_paths`` registers
+them: what ``GET /models`` lists, on a ComfyUI and on the drop-in API."""
+
 OUTPUTS_MANIFEST = "comfyui-outputs.json"
 """The result a ComfyUI job adds to its files: the prompt's history ``outputs``, each file
 entry with the ``result`` it was saved as (so each file keeps its kind, node, subfolder)."""

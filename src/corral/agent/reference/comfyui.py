@@ -65,7 +65,7 @@ from corral.agent.reference import comfyui_nodes as nodes
 from corral.agent.reference.comfyui_cache import Entry, OutputCache
 from corral.agent.reference.comfyui_uploads import Folders, upload
 from corral.agent.reference.comfyui_workflows import two_branch_workflow, txt2img_workflow
-from corral.core.comfyui import validate_prompt
+from corral.core.comfyui import MODEL_FOLDERS, validate_prompt
 
 __all__ = ["ReferenceComfyUI", "two_branch_workflow", "txt2img_workflow"]
 
@@ -155,12 +155,12 @@ class ReferenceComfyUI:
         """Every model folder's files, sorted as ``folder_paths.get_filename_list`` sorts
         them (folders it has no files in are empty; the checkpoints keep the reference's
         own order in ``/object_info``, which older tests quote)."""
-        listed = {f: tuple(sorted(self.files.get(f, ()))) for f in nodes.MODEL_FOLDERS}
+        listed = {f: tuple(sorted(self.files.get(f, ()))) for f in MODEL_FOLDERS}
         return {**listed, "checkpoints": self.checkpoints}
 
     async def model_folders(self, request: Request) -> Response:
         """``GET /models``: the model folder names (ComfyUI's ``list_model_types``)."""
-        return JSONResponse(list(nodes.MODEL_FOLDERS))
+        return JSONResponse(list(MODEL_FOLDERS))
 
     async def model_files(self, request: Request) -> Response:
         """``GET /models/{folder}``: the file names in one folder, as the loaders' inputs list

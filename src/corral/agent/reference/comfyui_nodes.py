@@ -284,30 +284,6 @@ def _counter(name: str, stem: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-MODEL_FOLDERS = (
-    "checkpoints",
-    "configs",
-    "loras",
-    "vae",
-    "text_encoders",
-    "diffusion_models",
-    "clip_vision",
-    "style_models",
-    "embeddings",
-    "diffusers",
-    "vae_approx",
-    "controlnet",
-    "gligen",
-    "upscale_models",
-    "custom_nodes",
-    "hypernetworks",
-    "photomaker",
-    "classifiers",
-)
-"""ComfyUI's model folders in the order ``folder_paths.folder_names_and_paths`` registers
-them: what ``GET /models`` lists."""
-
-
 def object_info(
     checkpoints: tuple[str, ...],
     folders: Mapping[str, Sequence[str]] | None = None,

@@ -13,12 +13,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from corral.core.comfyui import MODEL_FOLDERS
 from corral.core.errors import InvalidSpec
 from corral.server.api.compat_auth import compat_caller, shaped_route
 from corral.server.api.compat_comfyui import json_body, render
 from corral.server.services.compat import Caller
 from corral.server.services.compat_comfyui_cluster import HISTORY_MAX, ComfyCluster
-from corral.server.services.compat_comfyui_info import FOLDERS, JOB_STATUSES, one_class
+from corral.server.services.compat_comfyui_info import JOB_STATUSES, one_class
 
 router = APIRouter(
     tags=["ComfyUI-compatible"], route_class=shaped_route(render), include_in_schema=False
@@ -47,13 +48,13 @@ async def object_info_one(request: Request, who: Who, node_class: str) -> dict[s
 @router.get("/models")
 async def model_folders(who: Who) -> list[str]:
     """ComfyUI's model folder names (its ``folder_names_and_paths`` keys)."""
-    return list(FOLDERS)
+    return list(MODEL_FOLDERS)
 
 
 @router.get("/models/{folder}")
 async def models(request: Request, who: Who, folder: str) -> Response:
     """A folder's files on any node; 404 with no body for an unknown folder, as ComfyUI."""
-    if folder not in FOLDERS:
+    if folder not in MODEL_FOLDERS:
         return Response(status_code=404)
     return JSONResponse(await cluster(request).models(who, folder))
 

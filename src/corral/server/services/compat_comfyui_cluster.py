@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from corral import __version__
+from corral.core.comfyui import MODEL_FOLDERS
 from corral.core.errors import Conflict, NotFound, Unavailable
 from corral.core.states import JOB, JobState
 from corral.server.services.backend_info import BackendInfoStore
 from corral.server.services.compat import Caller, Unservable
 from corral.server.services.compat_comfyui import BACKEND, ComfyService, history_entry
 from corral.server.services.compat_comfyui_info import (
-    FOLDERS,
     folder_files,
     job_entries,
     system_stats,
@@ -91,8 +91,8 @@ class ComfyCluster:
     async def models(self, caller: Caller, folder: str) -> list[str]:
         """``/models/{folder}``: its files on any node; ``NotFound`` for a folder ComfyUI
         does not have (its 404)."""
-        if folder not in FOLDERS:
-            raise NotFound(f"no model folder {folder!r} (ComfyUI's are {', '.join(FOLDERS)})")
+        if folder not in MODEL_FOLDERS:
+            raise NotFound(f"no model folder {folder!r} (ComfyUI's are {', '.join(MODEL_FOLDERS)})")
         return folder_files(await self.object_info(caller), folder)
 
     async def embeddings(self, caller: Caller) -> list[str]:

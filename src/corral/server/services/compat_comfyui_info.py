@@ -18,28 +18,6 @@ from typing import Any
 
 from corral.core.model import Node
 
-FOLDERS = (
-    "checkpoints",
-    "configs",
-    "loras",
-    "vae",
-    "text_encoders",
-    "diffusion_models",
-    "clip_vision",
-    "style_models",
-    "embeddings",
-    "diffusers",
-    "vae_approx",
-    "controlnet",
-    "gligen",
-    "upscale_models",
-    "custom_nodes",
-    "hypernetworks",
-    "photomaker",
-    "classifiers",
-)
-"""ComfyUI's model folders (its ``folder_paths``), what ``GET /models`` lists there."""
-
 FOLDER_INPUTS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "checkpoints": (("CheckpointLoaderSimple", "ckpt_name"), ("CheckpointLoader", "ckpt_name")),
     "loras": (("LoraLoader", "lora_name"), ("LoraLoaderModelOnly", "lora_name")),
