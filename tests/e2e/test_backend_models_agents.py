@@ -14,8 +14,6 @@ their prompts name (``<lora:name:weight>``).
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,32 +24,16 @@ from e2e_harness import Cluster, eventually, submit, wait_state
 
 from corral.agent.reference.a1111 import ReferenceA1111
 from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
-from corral.agent.reference.serve import serving
+from corral.agent.reference.serve import serving_in_thread
 
 pytestmark = pytest.mark.slow
 
 
 @contextmanager
-def backend(server: ReferenceComfyUI | ReferenceA1111) -> Iterator[str]:
-    """Serve ``server`` from a thread of this process; its URL."""
-    ready = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def run() -> None:
-        holder["loop"], holder["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        async with serving(server.app) as url:
-            holder["url"] = url
-            ready.set()
-            await holder["stop"].wait()
-
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    assert ready.wait(30), "the reference ComfyUI did not start"
-    try:
-        yield holder["url"]
-    finally:
-        holder["loop"].call_soon_threadsafe(holder["stop"].set)
-        thread.join(30)
+def backend(server: Any) -> Iterator[str]:
+    """Serve ``server`` (a reference ComfyUI or webui) from a thread of this process."""
+    with serving_in_thread(server.app) as url:
+        yield url
 
 
 def graph_job(http: httpx.Client, **workflow: Any) -> dict[str, Any]:

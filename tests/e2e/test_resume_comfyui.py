@@ -8,9 +8,7 @@ is the one an uninterrupted run of the same graph gives.
 
 from __future__ import annotations
 
-import asyncio
 import io
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +19,7 @@ from e2e_harness import Cluster, events, eventually, job, submit, wait_state
 from PIL import Image
 
 from corral.agent.reference.comfyui import ReferenceComfyUI, txt2img_workflow
-from corral.agent.reference.serve import serving
+from corral.agent.reference.serve import serving_in_thread
 
 pytestmark = pytest.mark.slow
 
@@ -29,26 +27,10 @@ STEPS = 40
 
 
 @contextmanager
-def backend(server: ReferenceComfyUI) -> Iterator[str]:
-    """Serve ``server`` from a thread of this process; its URL."""
-    ready = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def run() -> None:
-        holder["loop"], holder["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        async with serving(server.app) as url:
-            holder["url"] = url
-            ready.set()
-            await holder["stop"].wait()
-
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    assert ready.wait(30), "the reference ComfyUI did not start"
-    try:
-        yield holder["url"]
-    finally:
-        holder["loop"].call_soon_threadsafe(holder["stop"].set)
-        thread.join(30)
+def backend(server: Any) -> Iterator[str]:
+    """Serve ``server`` (a reference ComfyUI or webui) from a thread of this process."""
+    with serving_in_thread(server.app) as url:
+        yield url
 
 
 def pixels(data: bytes) -> bytes:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
@@ -36,6 +37,31 @@ async def serving(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIter
         server.should_exit = True
         await task
         sock.close()
+
+
+@contextmanager
+def serving_in_thread(app: Any) -> Iterator[str]:
+    """``serving`` from a thread of its own, for a caller that is not async (a test that
+    runs agents as other processes); its URL."""
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def run() -> None:
+        holder["loop"], holder["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        async with serving(app) as url:
+            holder["url"] = url
+            ready.set()
+            await holder["stop"].wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise RuntimeError("the reference backend did not start within 30 s")
+    try:
+        yield holder["url"]
+    finally:
+        holder["loop"].call_soon_threadsafe(holder["stop"].set)
+        thread.join(30)
 
 
 def free_port() -> int:
