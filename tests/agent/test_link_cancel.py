@@ -205,7 +205,7 @@ def test_a_cancel_that_lands_as_the_link_comes_up_ends_a_checkpoint_download(
         connected = asyncio.Event()
         courier = CheckpointCourier((), chunk_bytes=1024, max_bytes=1024, connected=connected)
         into = tmp_path / "b1.tar"
-        task = asyncio.create_task(courier._download(pb.BlobRequest(blob_id="b1"), into))
+        task = asyncio.create_task(courier.download(pb.BlobRequest(blob_id="b1"), into))
         await turns()
         connected.set()
         task.cancel()

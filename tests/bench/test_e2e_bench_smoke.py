@@ -86,11 +86,9 @@ def test_the_idle_steps_benchmark_stamps_each_step_of_a_job() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     steps, _, timeline = out.stdout.partition("round trip of")
     rows = {line[:40].strip(): line.split()[-1] for line in steps.splitlines()[3:] if line}
-    # Stamps came from the server and the agent processes, for every job. A job submitted
-    # to the quiet server is scheduled in its submission's transaction (docs/server.md).
+    # Stamps came from the server and the agent processes, for every job.
     for step in ("server: schedule", "agent: assignment read", "server: SSE event framed"):
         assert rows.get(step) == "5", out.stdout
-    assert int(rows.get("server: cycle in the submission >", 0)) >= 1, out.stdout
     assert rows["client: saw it done"] == "5"
     # --timeline: one whole trip, with the server loop's callbacks among the stamps.
     assert "server: schedule" in timeline, out.stdout

@@ -69,10 +69,14 @@ def test_comfyuis_frontend_loads_lists_node_types_and_queues_a_graph_that_runs(
     page.evaluate("async (g) => await window.app.loadApiJson(g, 'red-barn.json')", graph)
     expect(page.get_by_text("red-barn").first).to_be_visible(timeout=10_000)
 
-    # the node library lists the cluster's node types, under the backend's category
+    # the node library lists the cluster's node types by category and display name, as
+    # their object_info gives them (the tiny chain's own, ComfyUI's image nodes under "image")
     page.get_by_role("button", name="Node Library (n)").click()
     page.get_by_text("corral-reference").first.click()
-    for name in ("EmptyLatentImage", "KSampler", "SaveImage"):
+    for name in ("EmptyLatentImage", "KSampler"):
+        expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=10_000)
+    page.get_by_text("image", exact=True).first.click()
+    for name in ("Save Image", "Load Image"):
         expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=10_000)
     page.screenshot(path=str(shots / "node-library.png"))
     page.get_by_role("button", name="Node Library (n)").click()

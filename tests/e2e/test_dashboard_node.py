@@ -28,7 +28,7 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
     cluster.start_agent("gpu-box", "--fake-gpus", "2x RTX 4090 24GiB", "--cpus", "2")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{cluster.http}/#token={ADMIN}")
-    expect(page.locator('#nodes .node[data-node="gpu-box"]')).to_be_visible(timeout=10_000)
+    expect(page.locator('#nodes .node[data-node="gpu-box"]')).to_be_visible(timeout=30_000)
     with cluster.client() as http:
         slow = {"steps": 400, "step_s": 0.05}
         job_id = submit(http, payload=slow, resources={"gpus": 1})["id"]
