@@ -112,9 +112,7 @@ def _same(p: Placement, alloc: Allocation) -> bool:
     """Does ``alloc`` hold exactly what placement ``p`` reserved?"""
     return (
         p.node == alloc.node
-        # the same tuple, where the caller made the allocation from the placement: a
-        # tuple's ``==`` is a generic comparison in a compiled build
-        and (p.gpu_indices is alloc.gpu_indices or p.gpu_indices == alloc.gpu_indices)
+        and p.gpu_indices == alloc.gpu_indices
         and p.gpu_milli == alloc.gpu_milli
         and p.vram_bytes == alloc.vram_bytes
         and p.cpus == alloc.cpus

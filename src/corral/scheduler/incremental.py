@@ -311,7 +311,7 @@ class Scheduler:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
         milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back ...
-        if sign > 0:  # ... or taken: negated (multiplying by a negative is slow compiled)
+        if sign > 0:  # ... or taken
             milli, vram, cpus = -milli, -vram, -cpus
         adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
 

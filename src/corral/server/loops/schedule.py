@@ -227,7 +227,7 @@ class SchedulingLoop:
             for job_id in placed:
                 self.unplaced.pop(job_id, None)
             self.unplaced.update((u.job_id, u) for u in plan.unplaced)
-        # The earliest retry back-off still to end (C-level: this runs over the whole queue).
+        # The earliest retry back-off still to end: the loop wakes for it.
         not_before = map(_NOT_BEFORE, kept.scheduler.queue.jobs.values())
         self._next_timer = min(filter(now.__lt__, not_before), default=None)
         left = offered > len(placed)  # what an explained cycle would leave unplaced
