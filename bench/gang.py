@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from corral.agent.vram_guard import process_tree
+
 ADMIN = "corral_admin_gang-bench-admin-token-0123456789"
 CLI = "from corral.cli.main import main; main()"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp" / "train.py"
@@ -172,25 +174,11 @@ def events(c: httpx.Client, job_id: str) -> list[dict[str, Any]]:
 
 def lose_machine(agent: subprocess.Popen[bytes]) -> None:
     """The machine dies: the agent and every process under it, at once."""
-    doomed = [agent.pid, *descendants(agent.pid)]
+    doomed = [agent.pid, *(process_tree(agent.pid) - {agent.pid})]
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     agent.wait(10)
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def corral() -> list[str]:

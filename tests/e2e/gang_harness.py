@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 from e2e_harness import Cluster, Proc, submit
 
+from corral.agent.vram_guard import process_tree
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp" / "train.py"
 AGENT = ("--command", f"{sys.executable} {EXAMPLE}", "--cpus", "1")
 """An agent that runs train jobs as the example script, one replica at a time."""
@@ -66,28 +68,8 @@ def reference(tmp: Path, replicas: int, *args: str) -> list[float]:
 
 def lose_machine(agent: Proc) -> None:
     """The machine under ``agent`` dies: the agent and every process it started, at once."""
-    doomed = descendants(agent.popen.pid)
+    doomed = process_tree(agent.popen.pid) - {agent.popen.pid}
     agent.kill9()
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError):  # ended with its parent
             os.kill(pid, signal.SIGKILL)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
