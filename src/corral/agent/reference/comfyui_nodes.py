@@ -24,17 +24,12 @@ from PIL import Image
 
 from corral.agent.reference import comfyui_images as images
 from corral.agent.reference import comfyui_sampling as sampling
-
-SAMPLERS = ("euler", "euler_ancestral", "dpmpp_2m", "ddim")
-SCHEDULERS = ("normal", "karras", "simple")
+from corral.agent.reference.comfyui_images import MAX_RESOLUTION
+from corral.agent.reference.comfyui_sampling import ANY_SEED, SAMPLERS, SCHEDULERS
 
 
 class Interrupted(Exception):
     """The user asked ComfyUI to stop (``/interrupt``)."""
-
-
-MAX_RESOLUTION = 16384  # ComfyUI's nodes.MAX_RESOLUTION
-ANY_SEED = 0xFFFFFFFFFFFFFFFF  # KSampler's seed range: any 64-bit number
 
 
 @dataclass

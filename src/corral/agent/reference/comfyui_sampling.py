@@ -40,7 +40,7 @@ OnStep = Callable[[int, int, Image.Image], None]
 INPUT_LATENTS = "INPUT_LATENTS"  # LoadLatent's choices: the input folder's .latent files
 SAMPLERS = ("euler", "euler_ancestral", "dpmpp_2m", "ddim")
 SCHEDULERS = ("normal", "karras", "simple")
-ANY_SEED = 0xFFFFFFFFFFFFFFFF
+ANY_SEED = 0xFFFFFFFFFFFFFFFF  # KSampler's seed range: any 64-bit number
 _COMMON: dict[str, str | tuple[str, ...]] = {
     "model": "MODEL",
     "steps": "INT",
