@@ -26,7 +26,8 @@ from corral.agent.executors.base import (
 )
 from corral.agent.model_report import ModelReporter, api_base, spec_from, token_headers
 from corral.agent.models import ModelManager, ModelSpec
-from corral.agent.supervisor import Done, Order, Report, Supervisor
+from corral.agent.orders import Done, Order, Report
+from corral.agent.supervisor import Supervisor
 from corral.agent.wire import order_from
 from corral.core import VirtualClock
 from corral.core.states import StopReason

@@ -10,8 +10,8 @@ import pytest
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Failed, Started
 from corral.agent.link import LinkSettings
+from corral.agent.orders import Done, Report
 from corral.agent.sender import Queued, Sender, linger, open_starts
-from corral.agent.supervisor import Done, Report
 from corral.proto import bundles
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 

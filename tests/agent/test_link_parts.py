@@ -9,7 +9,7 @@ import pytest
 from corral.agent.executors.base import Failed, Progress, Result
 from corral.agent.link import Target, backoff_s, parse_server
 from corral.agent.main import parse_labels
-from corral.agent.supervisor import Done, JobResult, Report
+from corral.agent.orders import Done, JobResult, Report
 from corral.agent.wire import order_from, stop_from, update_message
 from corral.core import InvalidSpec
 from corral.core.states import StopReason

@@ -6,7 +6,7 @@ import pytest
 from test_supervisor import Bench
 
 from corral.agent.executors.base import Failed, JobWork
-from corral.agent.supervisor import Done, Order
+from corral.agent.orders import Done, Order
 
 pytestmark = pytest.mark.anyio
 

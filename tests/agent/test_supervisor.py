@@ -12,7 +12,8 @@ from corral.agent.executors.base import Checkpoint, Failed, JobWork, Progress, S
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.python import HandlerContext, PythonExecutor
 from corral.agent.executors.scripted import ScriptedExecutor
-from corral.agent.supervisor import Done, Order, Report, Supervisor
+from corral.agent.orders import Done, Order, Report
+from corral.agent.supervisor import Supervisor
 from corral.core import VirtualClock, WallClock
 from corral.core.states import StopReason
 

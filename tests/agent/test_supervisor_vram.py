@@ -9,7 +9,8 @@ import asyncio
 from corral.agent.executors.base import Failed, JobWork
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.fingerprint import FakeGpus
-from corral.agent.supervisor import Order, Report, Supervisor
+from corral.agent.orders import Order, Report
+from corral.agent.supervisor import Supervisor
 from corral.core import GIB, WallClock
 
 

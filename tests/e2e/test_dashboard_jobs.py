@@ -35,6 +35,7 @@ def test_the_job_page_follows_a_job_and_its_buttons_act_on_it(
         timeline = page.locator("#job-timeline")
         expect(timeline.locator('[data-kind="job.started"]')).to_be_visible(timeout=10_000)
         expect(timeline.locator('[data-kind="job.placed"]')).to_contain_text("gpu-box")
+        expect(page.locator("#job-placement")).to_contain_text("gpu-box")  # where, on what
         expect(page.locator("#job-preview img.preview")).to_be_visible(timeout=10_000)
         progress = page.locator("#job-progress")
         eventually(lambda: _percent(progress.inner_text()) > 0, what="progress shown")

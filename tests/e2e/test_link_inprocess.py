@@ -5,6 +5,7 @@ resend paths are checked on every run."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -80,6 +81,10 @@ class Inbound:
 
     async def started(self, node: str, allocation_id: str, attempt: int) -> Ack:
         self.calls.append(("started", allocation_id))
+        return Ack.ACCEPTED
+
+    async def ready(self, node: str, allocation_id: str, attempt: int) -> Ack:
+        self.calls.append(("ready", allocation_id))
         return Ack.ACCEPTED
 
     async def progress(self, node: str, allocation_id: str, attempt: int, fraction: float,
@@ -319,3 +324,39 @@ async def test_a_result_the_server_refuses_becomes_a_failure_not_a_retry_loop(pa
     assert retryable is False
     assert pair.agent.sessions == 1  # no reconnect storm
     await pair.until(lambda: pair.agent.supervisor.held() == [])
+
+
+def replica(alloc: str, job: str, **payload: object) -> Assignment:
+    """Replica 1 of a gang of two, meeting at 10.0.0.1."""
+    one = work(alloc, job, **payload)
+    return dataclasses.replace(
+        one, replica=1, replicas=2, master_addr="10.0.0.1", master_port=29500
+    )
+
+
+@pytest.mark.anyio
+async def test_a_gang_replica_says_ready_and_launches_only_on_the_go(pair: Pair) -> None:
+    await pair.until(pair.agent.connected.is_set)
+    await pair.link.assign("n1", replica("al-g", "jg"))
+    await pair.until(lambda: "ready" in pair.inbound.kinds())
+    await asyncio.sleep(0.2)  # time it would have had to start
+    assert "started" not in pair.inbound.kinds(), "it waits for the rest of its gang"
+    await pair.link.go("n1", "al-g", 1)
+    await pair.link.go("n1", "al-g", 1)  # said again (resync): ignored
+    await pair.until(lambda: "finished" in pair.inbound.kinds())
+    kinds = pair.inbound.kinds()
+    assert kinds.index("ready") < kinds.index("started") < kinds.index("finished")
+    assert kinds.count("started") == 1
+
+
+@pytest.mark.anyio
+async def test_a_gang_replica_stopped_while_it_waits_never_launches(pair: Pair) -> None:
+    await pair.until(pair.agent.connected.is_set)
+    await pair.link.assign("n1", replica("al-h", "jh"))
+    await pair.until(lambda: "ready" in pair.inbound.kinds())
+    await pair.link.stop("n1", StopOrder("al-h", StopReason.PREEMPT, 1.0))
+    await pair.until(lambda: "failed" in pair.inbound.kinds())
+    assert "started" not in pair.inbound.kinds()
+    [(error, retryable)] = [v for k, v in pair.inbound.calls if k == "failed"]
+    assert error.startswith("preempted")
+    assert retryable

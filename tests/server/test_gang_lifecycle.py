@@ -153,3 +153,42 @@ async def test_a_gang_requiring_its_label_waits_for_room_within_one_value(world:
     assert (await world.job(job.job.id)).state is JobState.PLACED
     placed = {(await b1.next_assignment()).replica, (await b2.next_assignment()).replica}
     assert placed == {0, 1}
+
+
+async def test_the_gang_is_told_go_only_once_every_replica_is_ready(world: World) -> None:
+    job_id, (n_a, n_b), (r0, r1) = await placed_gang(world)
+    assert await n_a.ready(r0) is Ack.ACCEPTED
+    assert (n_a.go, n_b.go) == ([], []), "replica 1 is still preparing: nobody launches"
+    assert await n_a.ready(r0) is Ack.DUPLICATE  # resent after a reconnect: harmless
+    assert await n_b.ready(r1) is Ack.ACCEPTED
+    assert (n_a.go, n_b.go) == ([r0.allocation_id], [r1.allocation_id])
+    assert (await world.job(job_id)).state is JobState.PLACED, "ready is not started"
+    await n_a.start(r0)
+    await n_b.start(r1)
+    assert (await world.job(job_id)).state is JobState.RUNNING
+
+
+async def test_a_ready_replica_waits_while_its_mate_straggles_then_is_stopped(
+    world: World,
+) -> None:
+    job_id, (n_a, n_b), (r0, r1) = await placed_gang(world)
+    await n_a.ready(r0)
+    timeout = world.plane.rt.settings.scheduling.gang_start_timeout_s
+    assert await heard_for(world, [n_a, n_b], timeout + 10) == [r1.allocation_id]
+    assert n_a.go == [], "a gang missing a replica never launches"
+    rec = await world.job(job_id)
+    assert rec.state is JobState.QUEUED
+    assert "replica 1 did not start within" in rec.attempt_errors[-1].error
+    assert (await stop_of(n_a)).allocation_id == r0.allocation_id
+
+
+async def test_a_lost_go_is_said_again_and_an_agent_without_two_phases_still_counts(
+    world: World,
+) -> None:
+    _, (n_a, n_b), (r0, r1) = await placed_gang(world)
+    await n_b.start(r1)  # an older agent: it starts at once, never says ready
+    await n_a.ready(r0)
+    assert n_a.go == [r0.allocation_id], "a replica running counts as ready"
+    n_a.go.clear()  # the message died with the stream
+    assert await world.plane.delivery.resync(older_than_s=0) >= 1
+    assert n_a.go == [r0.allocation_id], "resync says go again while it waits"

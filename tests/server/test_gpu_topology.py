@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from http_harness import eventually, serve
 from server_harness import ADMIN, World
 
 from corral.core.model import Gpu
@@ -65,3 +68,23 @@ async def test_without_a_topology_gpus_go_in_index_order(world: World) -> None:
     await world.submit(resources={"gpus": 2})
     await world.cycle()
     assert (await agent.next_assignment()).gpu_indices == (0, 1)
+
+
+async def test_the_job_page_shows_the_gpus_chosen_and_how_they_are_linked(
+    tmp_path: Path,
+) -> None:
+    async with serve(str(tmp_path / "c.db"), tmp_path) as s:
+        cards = tuple(Gpu(i, "A100", 80 * GIB, numa=i // 2, links=ROWS[i]) for i in range(4))
+        agent = StubAgent(s.plane.agents, s.link, Inventory(node="n1", gpus=cards, cpus=32))
+        await agent.connect()
+        r = await s.admin.post("/v1/jobs", json={"kind": "train", "resources": {"gpus": 2}})
+        job_id = r.json()["id"]
+        await agent.next_assignment(timeout=10)
+
+        async def placed() -> list[dict[str, object]] | None:
+            return (await s.admin.get(f"/v1/jobs/{job_id}")).json()["placement"] or None
+
+        (where,) = await eventually(placed)
+        assert (where["node"], where["gpu_indices"]) == ("n1", [1, 2])
+        assert where["topology"] == "GPUs 1,2 (nvlink) on NUMA node 0,1"
+        assert where["observed"] == "pending"

@@ -32,7 +32,7 @@ import grpc
 
 from corral.agent import blobs
 from corral.agent.executors.base import Checkpoint, JobWork
-from corral.agent.supervisor import Report
+from corral.agent.orders import Report
 from corral.core import LinkError
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 

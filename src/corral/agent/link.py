@@ -37,12 +37,13 @@ import grpc
 
 from corral.agent import wire
 from corral.agent.checkpoints import CheckpointCourier
-from corral.agent.executors.base import Checkpoint, Preview, Started
+from corral.agent.executors.base import Checkpoint, Preview, Ready, Started
 from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.inputs import InputCourier
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
+from corral.agent.orders import Report
 from corral.agent.sender import Queued, Sender
-from corral.agent.supervisor import Report, Supervisor
+from corral.agent.supervisor import Supervisor
 from corral.agent.trust import ServerTrust
 from corral.core import Clock, CorralError, InvalidSpec, LinkError
 from corral.core.pins import CertificateMismatch
@@ -185,7 +186,7 @@ class LinkClient:
             log.warning("dropping a %d-byte preview of %s", len(update.image), report.job_id)
             return
         seq = next(self._seq)
-        if report.terminal or isinstance(update, Started | Checkpoint):
+        if report.terminal or isinstance(update, Ready | Started | Checkpoint):
             self._outbox[seq] = report
         if self._live is not None:
             self._live.put_nowait((seq, report))
@@ -305,6 +306,7 @@ class LinkClient:
             self.heartbeat_s = min(self.heartbeat_s, self.settings.heartbeat_s)
         self.api_base = api_base(target.address, target.tls, msg.welcome)
         self.sender.bundles = msg.welcome.bundles
+        self.supervisor.gang.enabled = msg.welcome.gang_go
         return rest
 
     async def _read(self, call: Any) -> None:
@@ -330,6 +332,8 @@ class LinkClient:
                 self.supervisor.stop_job(allocation_id, msg.stop.job_id, reason, grace_s)
             else:
                 self.supervisor.stop(allocation_id, reason, grace_s)
+        elif body == "go":
+            self.supervisor.gang.go(msg.go.allocation_id)
         elif body == "intake":
             self.supervisor.intake_open = not msg.intake.paused
         elif body == "ack":

@@ -23,7 +23,7 @@ from corral.agent import wire
 from corral.agent.blobs import upload
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Failed, Started
-from corral.agent.supervisor import Done, JobResult, Report
+from corral.agent.orders import Done, JobResult, Report
 from corral.proto import bundles, caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 

@@ -18,7 +18,7 @@ so the server waits for the resent result instead of declaring the work lost.
 
 Over 400 lines on purpose: starting, stopping, superseding and acknowledging work all act
 on the same slots; what stands alone lives beside it (``vram_guard``, ``model_gate``,
-``inputs``, ``checkpoints``).
+``inputs``, ``checkpoints``, ``gang_gate``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from corral.agent.executors.base import (
     JobWork,
     LogLine,
     Progress,
-    Result,
+    Ready,
     Started,
     StopSignal,
     Update,
@@ -46,12 +46,13 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.runner import TIMEOUT_GRACE_S, execute
 from corral.agent.fingerprint import GpuSnapshot
+from corral.agent.gang_gate import GangGate
 from corral.agent.inputs import InputFetcher
-from corral.agent.model_gate import SpecOrError, ready
+from corral.agent.model_gate import ready
 from corral.agent.models import ModelManager
+from corral.agent.orders import Done, Held, JobResult, Order, Report
 from corral.agent.vram_guard import Reservation, VramGuard, process_tree
 from corral.core import Clock
-from corral.core.model import EMPTY
 from corral.core.model_names import lacked
 from corral.core.states import StopReason
 
@@ -59,63 +60,6 @@ log = logging.getLogger("corral.agent")
 
 SHUTDOWN_GRACE_S = 10.0
 """On agent shutdown, running work gets this long to checkpoint before it is abandoned."""
-
-
-@dataclass(frozen=True, slots=True)
-class Order:
-    """An allocation the server assigned: one job, a batch run in turn, or one gang replica."""
-
-    allocation_id: str
-    attempt: int
-    jobs: tuple[JobWork, ...]
-    kind: str = "custom"
-    backend: str = ""  # the executor the jobs asked for; "" lets the supervisor choose
-    gpu_indices: tuple[int, ...] = ()
-    vram_bytes: int = 0  # per GPU; 0: whole cards (the VRAM guard's allowance)
-    model_specs: Mapping[str, SpecOrError] = field(default_factory=lambda: EMPTY)  # by job id
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    job_id: str
-    result: Result
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """An order's successful end: every job's results (partial when interrupted). Also what a
-    batch cut short finished before it failed (``Report.before``: ``jobs`` says which)."""
-
-    results: tuple[JobResult, ...] = ()
-    modified: Mapping[str, str] = field(default_factory=lambda: EMPTY)
-    interrupted: bool = False
-    jobs: tuple[str, ...] = ()  # the jobs that finished (set for a batch cut short)
-    stopped: tuple[str, ...] = ()  # jobs of a batch stopped on their own, with no result
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """One update of one allocation, for the link to send."""
-
-    allocation_id: str
-    attempt: int
-    update: Update | Done  # never ``Finished``: an order's success is one ``Done``
-    job_id: str = ""  # the job it is about (for a batch's failure: the job that failed)
-    before: Done | None = None  # a batch cut short by a failure: what finished before it
-
-    @property
-    def terminal(self) -> bool:
-        return isinstance(self.update, Done | Failed)
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """An allocation this agent holds, as the hello reports it."""
-
-    allocation_id: str
-    attempt: int
-    observed: str  # "running" | "finished" (its end not yet acknowledged)
-    progress: float = 0.0
 
 
 @runtime_checkable
@@ -173,6 +117,7 @@ class Supervisor:
         self.prepare: Callable[[JobWork], Awaitable[JobWork]] | None = None
         self.inputs: InputFetcher | None = None  # fetches a job's input files (inputs.py)
         self.intake_open = True  # the server's word; it only affects what it sends
+        self.gang = GangGate()  # gang replicas wait for the server's go (gang_gate.py)
         self._slots: dict[str, _Slot] = {}
         self._by_job: dict[str, str] = {}  # job id -> the allocation holding its latest attempt
 
@@ -403,9 +348,18 @@ class Supervisor:
         self, slot: _Slot, job: JobWork, index: int, *, batch: bool, first: bool
     ) -> Finished | Failed | None:
         """Run one job of the order; its terminal (None: the executor gave none, a bug).
-        Only the order's ``first`` job reports ``Started``; a ``batch``'s job gets a stop
-        signal of its own (``stop_job``)."""
+        Only the order's ``first`` job reports ``Started`` (a gang replica's, once its gang
+        is ready: ``gang_gate.py``); a ``batch``'s job gets a stop signal of its own
+        (``stop_job``)."""
         assert slot.executor is not None
+        if first and job.gang is not None and self.gang.enabled:
+
+            def say_ready() -> None:
+                self._emit(slot, Ready(), job.job_id)
+
+            request = await self.gang.ready(slot.order.allocation_id, slot.stop, say_ready)
+            if request is not None:
+                return _failed(stopped_terminal(request))
         terminal: Finished | Failed | None = None
         signal = _job_signal(slot, job.job_id) if batch else slot.stop
         updates = execute(

@@ -22,12 +22,13 @@ from corral.agent.executors.base import (
     LogLine,
     Preview,
     Progress,
+    Ready,
     Started,
 )
 from corral.agent.fingerprint import GpuSnapshot
 from corral.agent.model_gate import SpecOrError
 from corral.agent.model_report import spec_from
-from corral.agent.supervisor import Done, Held, Order, Report
+from corral.agent.orders import Done, Held, Order, Report
 from corral.agent.topology import Topology
 from corral.core import InvalidSpec
 from corral.core.model import EMPTY
@@ -210,6 +211,8 @@ def update_message(
     x = report.update
     if isinstance(x, Started):
         u.started.SetInParent()
+    elif isinstance(x, Ready):
+        u.ready.SetInParent()
     elif isinstance(x, Progress):
         u.progress.CopyFrom(
             pb.Progress(fraction=x.fraction, step=x.step, total=x.total, message=x.message)

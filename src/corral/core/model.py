@@ -27,6 +27,7 @@ NO_RESOURCES: Final = ResourceRequest()
 """A job's default request (one CPU); frozen, so every job without one shares it."""
 # The states of an active allocation (``Allocation.active``)
 _PENDING: Final = AllocObserved.PENDING
+_READY: Final = AllocObserved.READY
 _RUNNING: Final = AllocObserved.RUNNING
 
 
@@ -323,7 +324,7 @@ class Allocation:
     def active(self) -> bool:
         """Holds resources: wanted or still running."""
         observed = self.observed
-        return observed is _PENDING or observed is _RUNNING
+        return observed is _PENDING or observed is _RUNNING or observed is _READY
 
     @property
     def milli(self) -> int:

@@ -20,6 +20,7 @@ __all__ = [
     "DESIRED",
     "JOB",
     "NODE",
+    "UNSTARTED",
     "AllocDesired",
     "AllocObserved",
     "JobState",
@@ -67,6 +68,7 @@ class AllocObserved(StrEnum):
     """What the agent last reported about an allocation."""
 
     PENDING = "pending"  # assigned, not yet started
+    READY = "ready"  # a gang replica prepared to start, waiting for the rest of its gang
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -102,11 +104,18 @@ NODE: Lifecycle[NodeState] = Lifecycle(
     terminal=frozenset(),
 )
 
-_PEND, _RUN = AllocObserved.PENDING, AllocObserved.RUNNING
+_PEND, _READY, _RUN = AllocObserved.PENDING, AllocObserved.READY, AllocObserved.RUNNING
+UNSTARTED = frozenset({_PEND, _READY})
+"""Observed states of an allocation the agent has not started yet."""
 ALLOCATION: Lifecycle[AllocObserved] = Lifecycle(
     "allocation",
     {
         (_PEND, _RUN): "the agent started it",
+        (_PEND, _READY): "a gang replica is prepared and waits for its gang's go",
+        (_READY, _RUN): "every replica of its gang was ready: the server said go",
+        (_READY, AllocObserved.STOPPED): "stopped (cancel, preempt, a replica failed) before go",
+        (_READY, AllocObserved.FAILED): "the agent could not start it after all",
+        (_READY, AllocObserved.LOST): "its node was lost while it waited for its gang",
         (_PEND, AllocObserved.STOPPED): "stopped (cancel, preempt) before it started",
         (_PEND, AllocObserved.FAILED): "the agent could not start it",
         (_PEND, AllocObserved.LOST): "its node was lost before it started",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
+from corral.core.model import Gpu
+
 LINKS = ("nvlink", "pcie_switch", "same_socket", "cross_socket")
 """Link kinds, closest first; an unknown link counts as the farthest."""
 
@@ -49,6 +51,22 @@ def describe(gpus: Sequence[int], link: Link, numa: Callable[[int], int]) -> str
     nodes = sorted({numa(g) for g in gpus} - {-1})
     where = ",".join(map(str, nodes)) or "?"
     return f"GPUs {','.join(map(str, gpus))} ({worst}) on NUMA node {where}"
+
+
+def of_gpus(gpus: Sequence[Gpu]) -> tuple[Link, Callable[[int], int]] | None:
+    """The link and NUMA lookups of a node's reported ``gpus`` (positions are GPU
+    indices); None when its agent reported no topology."""
+    if not gpus or not gpus[0].links:
+        return None
+
+    def link(a: int, b: int) -> str:
+        row = gpus[a].links if a < len(gpus) else ()
+        return row[b] if b < len(row) else ""
+
+    def numa(g: int) -> int:
+        return gpus[g].numa if g < len(gpus) else -1
+
+    return link, numa
 
 
 def _too_many(n: int, k: int) -> bool:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final
 from corral.core.compiled import mypyc_attr
 from corral.core.model import Node
 from corral.core.resources import MILLI
-from corral.core.topology import closest
+from corral.core.topology import closest, of_gpus
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Index
 from corral.scheduler.need import Need
@@ -105,13 +105,10 @@ def linked(node: Node) -> bool:
 
 def closest_cards(node: Node, free: list[int], count: int) -> tuple[int, ...]:
     """The ``count`` free cards (card positions are GPU indices) linked most closely."""
-    gpus = node.gpus
-
-    def link(a: int, b: int) -> str:
-        row = gpus[a].links
-        return row[b] if b < len(row) else ""
-
-    return closest(free, count, link, lambda g: gpus[g].numa)
+    lookups = of_gpus(node.gpus)
+    if lookups is None:
+        return tuple(sorted(free)[:count])
+    return closest(free, count, *lookups)
 
 
 def _first_free(gpu_cards: list[Card], count: i64) -> tuple[int, ...]:

@@ -101,6 +101,12 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
+class Ready:
+    """A gang replica is prepared and waits for the server's go (emitted by the supervisor,
+    not by executors; ``agent/gang_gate.py``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     fraction: float  # 0..1, never decreasing within one run
     step: int = 0
@@ -164,7 +170,7 @@ class Failed:
     stopped: StopReason | None = None  # set when the failure is an obeyed stop
 
 
-Update = Started | Progress | Preview | LogLine | Checkpoint | Finished | Failed
+Update = Ready | Started | Progress | Preview | LogLine | Checkpoint | Finished | Failed
 Terminal = Finished | Failed
 
 

@@ -145,6 +145,10 @@ class AgentLink(Protocol):
 
     async def set_intake(self, node: str, *, open: bool) -> None: ...
 
+    async def go(self, node: str, allocation_id: str, attempt: int) -> None:
+        """Every replica of the gang is ready: launch this one (``gang_start.py``)."""
+        ...
+
 
 class Admission(Protocol):
     """An agent's accepted token, to which its stream is tied (docs/security/revocation.md)."""
@@ -175,6 +179,10 @@ class AgentInbound(Protocol):
     async def heartbeat(self, node: str, gpus: Sequence[Gpu] | None = None) -> None: ...
 
     async def started(self, node: str, allocation_id: str, attempt: int) -> Ack: ...
+
+    async def ready(self, node: str, allocation_id: str, attempt: int) -> Ack:
+        """A gang replica is prepared and waits for its go (``gang_start.py``)."""
+        ...
 
     async def progress(
         self,

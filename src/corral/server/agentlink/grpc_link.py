@@ -221,6 +221,7 @@ class GrpcLink:
                 msg.welcome.api_url = self.api_url
                 msg.welcome.api_port = self.api_port
                 msg.welcome.bundles = True
+                msg.welcome.gang_go = True
             attach_refs(msg, self.model_refs)
         return messages
 
@@ -229,6 +230,10 @@ class GrpcLink:
 
     async def set_intake(self, node: str, *, open: bool) -> None:
         self._session(node).send(convert.intake_message(open))
+
+    async def go(self, node: str, allocation_id: str, attempt: int) -> None:
+        go = pb.Go(allocation_id=allocation_id, attempt=attempt)
+        self._session(node).send(pb.ServerMessage(go=go))
 
     def _session(self, node: str) -> Session:
         session = self.sessions.get(node)

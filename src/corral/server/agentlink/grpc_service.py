@@ -51,7 +51,7 @@ FETCH_CHUNK_BYTES = 256 * 1024
 MAX_IN_FLIGHT = 256
 """Allocation updates of one stream being handled at once (see ``_read``)."""
 
-RELIABLE = frozenset({"started", "checkpoint", "finished", "failed"})
+RELIABLE = frozenset({"ready", "started", "checkpoint", "finished", "failed"})
 """Update kinds the agent keeps until acknowledged; progress, previews and logs are lossy."""
 
 
@@ -80,6 +80,7 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         self.clock = clock
         self.releases = Releases(settings.upload_idle_s, inbound.uploads_read)
         self._updates: dict[str, Callable[[str, pb.AllocationUpdate], Awaitable[Ack]]] = {
+            "ready": self._ready,
             "started": self._started,
             "progress": self._progress,
             "preview": self._preview,
@@ -333,6 +334,9 @@ class AgentLinkService(pb_grpc.AgentLinkServicer):
         except Exception:
             log.exception("agent %s: heartbeat failed", session.node)
             session.end("UNAVAILABLE", "the server failed to record a heartbeat; reconnect")
+
+    async def _ready(self, node: str, u: pb.AllocationUpdate) -> Ack:
+        return await self.inbound.ready(node, u.allocation_id, u.attempt)
 
     async def _started(self, node: str, u: pb.AllocationUpdate) -> Ack:
         return await self.inbound.started(node, u.allocation_id, u.attempt)

@@ -3,7 +3,7 @@
 ``InProcessLink`` implements ``AgentLink`` by handing messages to
 ``StubAgent`` objects in the same process. A ``StubAgent`` speaks the inbound
 side exactly as a real agent would (hello with inventory, heartbeats,
-started / progress / preview / log / checkpoint / finished / failed /
+ready / started / progress / preview / log / checkpoint / finished / failed /
 stopped), either step by step as a test scripts it, or on ``autopilot``
 (start, report progress, finish with one small result per job).
 """
@@ -37,6 +37,7 @@ class Sent:
     assigned: list[Assignment] = field(default_factory=list)
     stopped: list[StopOrder] = field(default_factory=list)
     intake: list[tuple[str, bool]] = field(default_factory=list)
+    go: list[tuple[str, str, int]] = field(default_factory=list)  # node, allocation, attempt
 
 
 class InProcessLink:
@@ -73,6 +74,11 @@ class InProcessLink:
         self.sent.intake.append((node, open))
         agent.intake_open = open
 
+    async def go(self, node: str, allocation_id: str, attempt: int) -> None:
+        agent = self._agent(node)
+        self.sent.go.append((node, allocation_id, attempt))
+        agent.go.append(allocation_id)
+
 
 def inventory(
     name: str, gpus: int = 1, model: str = "RTX 4090", vram_gib: int = 24, **kw: object
@@ -91,6 +97,7 @@ class StubAgent:
         self.inv = inv
         self.inbox: asyncio.Queue[Assignment | StopOrder] = asyncio.Queue()
         self.intake_open = True
+        self.go: list[str] = []  # allocations the server said go to (a gang's two phases)
         self.running: dict[str, Assignment] = {}
         self.acks: list[Ack] = []
         self._pilot: asyncio.Task[None] | None = None
@@ -141,6 +148,10 @@ class StubAgent:
 
     async def start(self, a: Assignment) -> Ack:
         return self._note(await self.server.started(self.node, a.allocation_id, a.attempt))
+
+    async def ready(self, a: Assignment) -> Ack:
+        """Say a gang replica is prepared; the server says go once its whole gang is."""
+        return self._note(await self.server.ready(self.node, a.allocation_id, a.attempt))
 
     async def progress(self, a: Assignment, fraction: float, message: str | None = None) -> Ack:
         ack = await self.server.progress(

@@ -51,6 +51,12 @@ class RelayLink:
         except LinkError:
             self._relay(Note("intake", node))
 
+    async def go(self, node: str, allocation_id: str, attempt: int) -> None:
+        try:
+            await self.transport.go(node, allocation_id, attempt)
+        except LinkError:
+            self._relay(Note("go", node, allocation_id))
+
     def _relay(self, note: Note) -> None:
         self.relayed += 1
         self.notifier.publish(note)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -24,12 +25,14 @@ from corral.server.api.schemas import (
     JobIn,
     JobOut,
     JobPage,
+    PlacedOut,
     ResultOut,
 )
 from corral.server.api.served_files import file_headers
 from corral.server.api.streams import HeldStream
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
+from corral.server.services.job_placement import placement
 from corral.server.services.jobs import Draft, new_job_id
 from corral.server.store.job_search import JobFilter
 from corral.server.store.jsontext import dumps
@@ -167,9 +170,13 @@ async def list_jobs(
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(job_id: str, plane: Plane, who: Caller) -> JobOut:
-    """One job; a queued one carries the scheduler's reasons in ``queue``."""
+    """One job; a queued one carries the scheduler's reasons in ``queue``, a placed or
+    running one its allocations and their GPUs' topology in ``placement``."""
     rec = await plane.jobs.get(who, job_id)
-    return job_out(rec, plane.schedule.unplaced.get(job_id))
+    out = job_out(rec, plane.schedule.unplaced.get(job_id))
+    placed = await placement(plane.rt, rec)
+    out.placement = [PlacedOut(**dataclasses.asdict(p)) for p in placed]
+    return out
 
 
 @router.get(

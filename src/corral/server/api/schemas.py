@@ -254,6 +254,21 @@ class AttemptOut(BaseModel):
     at: float
 
 
+class PlacedOut(BaseModel):
+    """One allocation of a job: where it runs and on what."""
+
+    allocation: str
+    node: str
+    replica: int
+    gpu_indices: list[int]
+    cpus: int
+    observed: str = Field(description="pending, ready (a gang replica waiting for its go), ...")
+    topology: str = Field(
+        description="how its GPUs are linked, e.g. 'GPUs 0,1 (nvlink) on NUMA node 0'; "
+        "empty when the node reported no topology"
+    )
+
+
 class JobOut(BaseModel):
     id: str
     kind: str
@@ -307,6 +322,9 @@ class JobOut(BaseModel):
     )
     result: list[ResultFileOut]
     queue: QueueInfo | None = None
+    placement: list[PlacedOut] | None = Field(
+        None, description="its allocations and their GPUs (GET /v1/jobs/{id} only)"
+    )
 
 
 class JobPage(BaseModel):

@@ -22,11 +22,11 @@ from corral.core.events import EventKind
 from corral.core.model import EMPTY, Allocation, Gpu
 from corral.core.states import (
     ALLOCATION,
+    UNSTARTED,
     AllocDesired,
     AllocObserved,
     JobState,
     NodeState,
-    StopReason,
     transition,
 )
 from corral.server.agentlink.base import (
@@ -36,18 +36,16 @@ from corral.server.agentlink.base import (
     ResultBlob,
     Running,
     Standing,
-    StopOrder,
 )
 from corral.server.services.auth import AuthService
 from corral.server.services.checkpoints import drop_after_commit, drop_uploads, may_fetch
+from corral.server.services.gang_start import mark_ready
 from corral.server.services.group import GroupCommitter
 from corral.server.services.inputs import InputService, input_sha
-from corral.server.services.node_join import upsert_node
+from corral.server.services.node_join import reconcile, upsert_node
 from corral.server.services.node_keys import may_hold, taken
 from corral.server.services.outcomes import Ending
-from corral.server.services.placement import assignment
 from corral.server.services.previews import keep_latest, preview_key
-from corral.server.services.rendezvous import master_of
 from corral.server.services.results import Files, apart, cut_batch, inline_results, store_results
 from corral.server.services.sessions import AgentAdmission
 from corral.server.services.settling import Said, end_allocation, is_current, record_start
@@ -96,9 +94,8 @@ class AgentService:
         cap, retry_s = s.agents.max_nodes_per_token, s.scheduling.node_timeout_s
         async with self.rt.tx(reschedule=True) as tx:
             node = await upsert_node(tx, inventory, cap, retry_s)
-            assign, stop = await self._reconcile(
-                tx, name, {r.allocation_id: r.attempt for r in running}
-            )
+            reported = {r.allocation_id: r.attempt for r in running}
+            assign, stop = await reconcile(self.rt, tx, name, reported)
         self._written_seen[name] = tx.now
         return HelloReply(
             assign=tuple(assign),
@@ -106,31 +103,6 @@ class AgentService:
             intake_open=not (node.paused or node.draining),
             heartbeat_s=self.heartbeat_s,
         )
-
-    async def _reconcile(
-        self, tx: Tx, node: str, reported: dict[str, int]
-    ) -> tuple[list, list[StopOrder]]:  # type: ignore[type-arg]
-        assign, stop = [], []
-        server_side = await alloc_repo.active(tx.conn, node=node)
-        for rec in server_side:
-            a = rec.alloc
-            if reported.get(a.id) == a.attempt:
-                if a.desired is not AllocDesired.RUN:
-                    reason = StopReason(rec.stop_reason or "cancel")
-                    stop.append(StopOrder(a.id, reason, rec.stop_grace_s or 0.0))
-            elif a.observed is AllocObserved.PENDING and a.desired is AllocDesired.RUN:
-                works = list((await job_repo.get_many(tx.conn, a.job_ids)).values())
-                master = await master_of(tx.conn, a, works)
-                assign.append(assignment(a, works, master=master))
-            elif a.observed is AllocObserved.PENDING:
-                await end_allocation(self.rt, tx, rec, Ending.STOPPED)
-            else:
-                await end_allocation(
-                    self.rt, tx, rec, Ending.LOST, error="the agent restarted and lost it"
-                )
-        known = {r.alloc.id for r in server_side}
-        stop.extend(StopOrder(i, StopReason.CANCEL) for i in reported if i not in known)
-        return assign, stop
 
     async def heartbeat(self, node: str, gpus: Sequence[Gpu] | None = None) -> None:
         """Note that ``node`` is alive. Written at most every few seconds per node."""
@@ -151,7 +123,7 @@ class AgentService:
             rec = await self._fenced(tx, node, allocation_id, attempt)
             if isinstance(rec, Ack):
                 return rec
-            if rec.alloc.observed is not AllocObserved.PENDING:
+            if rec.alloc.observed not in UNSTARTED:
                 return Ack.DUPLICATE
             jobs = await job_repo.get_many(tx.conn, rec.alloc.job_ids)
             timeouts = [j.job.timeout_s for j in jobs.values() if j.job.timeout_s]
@@ -180,6 +152,13 @@ class AgentService:
             return Ack.ACCEPTED
 
         return await self.updates.run(unit, durable=False)
+
+    async def ready(self, node: str, allocation_id: str, attempt: int) -> Ack:
+        async def unit(tx: Tx) -> Ack:
+            rec = await self._fenced(tx, node, allocation_id, attempt)
+            return rec if isinstance(rec, Ack) else await mark_ready(self.rt, tx, rec)
+
+        return await self.updates.run(unit)
 
     async def _start_job(self, tx: Tx, job: JobRecord) -> None:
         running = record_start(self.rt, tx, job)
@@ -360,7 +339,7 @@ class AgentService:
             rec = await self._fenced(tx, node, allocation_id, attempt, done=AllocObserved.SUCCEEDED)
             if isinstance(rec, Ack):  # a start of an allocation no longer active is stale
                 return (Ack.STALE if rec is Ack.DUPLICATE else rec), rec
-            starts = rec.alloc.observed is AllocObserved.PENDING
+            starts = rec.alloc.observed in UNSTARTED
             files = inline_results(rec, results)
             said = Said(files, starts, dict.fromkeys(stopped, Ending.STOPPED))
             await end_allocation(self.rt, tx, rec, Ending.SUCCEEDED, said=said)

@@ -8,9 +8,11 @@ still holds, and only to a node whose stream is on this replica.
   asks the scheduling leader for a cycle (work arrived at a follower).
 * ``resync``: the safety net, run every ``scheduling.resync_s`` on every
   replica. Assignments still pending and stops still unanswered after that
-  long are sent again to the nodes held here, so a lost note or a message
-  that died with a stream delays work instead of stranding it. Agents ignore
-  an assignment they already hold and a stop for work they already stopped.
+  long are sent again to the nodes held here, and a gang replica waiting
+  for its go gets it again once its whole gang is ready, so a lost note or a
+  message that died with a stream delays work instead of stranding it. Agents
+  ignore an assignment they already hold, a stop for work they already
+  stopped and a go for a replica that is not waiting.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from corral.core.errors import LinkError
 from corral.core.states import AllocDesired, AllocObserved, JobState, StopReason
 from corral.server.agentlink.base import AgentLink, StopOrder
 from corral.server.agentlink.relay import holds
+from corral.server.services.gang_start import waiting_for_go
 from corral.server.services.placement import assignment
 from corral.server.services.rendezvous import master_of
 from corral.server.services.unit import Runtime
@@ -71,6 +74,8 @@ class Delivery:
                 await self._send(self.transport.stop(note.node, _stop_order(rec)))
             elif note.kind == "stop":  # a job of a batch cancelled on its own
                 await self._stop_jobs(conn, rec, older_than_s=-1.0)
+            elif note.kind == "go" and rec.alloc.observed is AllocObserved.READY:
+                await self._go(conn, rec)
 
     async def resync(self, older_than_s: float) -> int:
         """Send again what has waited longer than ``older_than_s``; returns how many."""
@@ -86,6 +91,8 @@ class Delivery:
                     sent += await self._send(self.transport.stop(rec.alloc.node, _stop_order(rec)))
                 elif len(rec.alloc.job_ids) > 1:
                     sent += await self._stop_jobs(conn, rec, older_than_s)
+                elif rec.alloc.observed is AllocObserved.READY:
+                    sent += await self._go(conn, rec)
         if sent:
             log.info("resent %d assignments and stops to agents held here", sent)
         return sent
@@ -113,6 +120,12 @@ class Delivery:
         master = await master_of(conn, rec.alloc, works)
         work = assignment(rec.alloc, works, master=master)
         return await self._send(self.transport.assign(rec.alloc.node, work))
+
+    async def _go(self, conn: AsyncConnection, rec: AllocRecord) -> int:
+        """Say go (again) to a replica whose whole gang is ready (``gang_start.py``)."""
+        if not any(m.id == rec.alloc.id for m in await waiting_for_go(conn, rec.alloc)):
+            return 0
+        return await self._send(self.transport.go(rec.alloc.node, rec.alloc.id, rec.alloc.attempt))
 
     async def _send(self, message: Awaitable[None]) -> int:
         try:

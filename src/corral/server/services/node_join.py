@@ -14,11 +14,16 @@ from __future__ import annotations
 from corral.core.errors import LimitReached, LinkError
 from corral.core.events import EventKind
 from corral.core.model import Node
-from corral.core.states import NODE, NodeState, transition
-from corral.server.agentlink.base import Inventory
+from corral.core.states import NODE, UNSTARTED, AllocDesired, NodeState, StopReason, transition
+from corral.server.agentlink.base import Assignment, Inventory, StopOrder
 from corral.server.services.node_keys import key_hash, may_hold, taken
-from corral.server.services.unit import Tx
+from corral.server.services.outcomes import Ending
+from corral.server.services.placement import assignment
+from corral.server.services.rendezvous import master_of
+from corral.server.services.settling import end_allocation
+from corral.server.services.unit import Runtime, Tx
 from corral.server.store import allocations as alloc_repo
+from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.records import inventory_to_json
 
@@ -100,3 +105,32 @@ async def _forget(tx: Tx, name: str, token_id: str) -> bool:
     why = f"join token {token_id} reached agents.max_nodes_per_token: the longest-lost name goes"
     tx.emit(EventKind.NODE_REMOVED, team=None, node=name, data={"reason": why})
     return True
+
+
+async def reconcile(
+    rt: Runtime, tx: Tx, node: str, reported: dict[str, int]
+) -> tuple[list[Assignment], list[StopOrder]]:
+    """What a node saying hello must be sent, given the allocations (id -> attempt) its agent
+    ``reported`` holding: stops for held work the server no longer wants, assignments for
+    work it should hold but does not (a replica waiting for its gang's go counts as not
+    started); work it lost while running ends as lost, and work it holds that the server
+    does not know is stopped."""
+    assign, stop = [], []
+    server_side = await alloc_repo.active(tx.conn, node=node)
+    for rec in server_side:
+        a = rec.alloc
+        if reported.get(a.id) == a.attempt:
+            if a.desired is not AllocDesired.RUN:
+                reason = StopReason(rec.stop_reason or "cancel")
+                stop.append(StopOrder(a.id, reason, rec.stop_grace_s or 0.0))
+        elif a.observed in UNSTARTED and a.desired is AllocDesired.RUN:
+            works = list((await job_repo.get_many(tx.conn, a.job_ids)).values())
+            master = await master_of(tx.conn, a, works)
+            assign.append(assignment(a, works, master=master))
+        elif a.observed in UNSTARTED:
+            await end_allocation(rt, tx, rec, Ending.STOPPED)
+        else:
+            await end_allocation(rt, tx, rec, Ending.LOST, error="the agent restarted and lost it")
+    known = {r.alloc.id for r in server_side}
+    stop.extend(StopOrder(i, StopReason.CANCEL) for i in reported if i not in known)
+    return assign, stop

@@ -18,6 +18,7 @@ from corral.core.states import (
     ALLOCATION,
     DESIRED,
     JOB,
+    UNSTARTED,
     AllocDesired,
     AllocObserved,
     JobState,
@@ -64,8 +65,8 @@ async def end_allocation(
     said = said or Said()
     alloc = rec.alloc
     observed = alloc.observed
-    started = said.started and observed is AllocObserved.PENDING
-    if observed is AllocObserved.PENDING and ending is Ending.SUCCEEDED:
+    started = said.started and observed in UNSTARTED
+    if observed in UNSTARTED and ending is Ending.SUCCEEDED:
         observed = transition(
             ALLOCATION,
             alloc.id,

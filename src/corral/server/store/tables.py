@@ -89,7 +89,7 @@ allocations = sa.Table(
     sa.Column("progress", sa.Double, nullable=False, default=0.0),
     sa.Column("desired", sa.String(16), nullable=False),
     sa.Column("observed", sa.String(16), nullable=False),
-    sa.Column("active", sa.Boolean, nullable=False),  # observed in (pending, running)
+    sa.Column("active", sa.Boolean, nullable=False),  # observed in (pending, ready, running)
     sa.Column("stop_reason", sa.String(16), nullable=True),
     sa.Column("stop_at", sa.Double, nullable=True),  # when the stop was sent
     sa.Column("stop_grace_s", sa.Double, nullable=True),

@@ -80,7 +80,7 @@ async function showJob(id) {
 // What changes as it runs: state, actions, why it waits, progress, results.
 function renderJob(job) {
   // Drawn again only when it changed: a button must not be replaced under a click.
-  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.result, job.queue, job.error]);
+  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.placement, job.result, job.queue, job.error]);
   if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) return;
   jobView.drawn = drawn;
   const done = TERMINAL.includes(job.state);
@@ -90,10 +90,20 @@ function renderJob(job) {
       ` · attempt ${job.attempt} of ${job.max_attempts}${job.node ? " · on " + job.node : ""} · submitted ${when(job.submitted_at)}`),
     el("div", { class: "actions", role: "group", "aria-label": "actions" }, actions(job, done)),
     queueExplanation(job),
+    placement(job),
     el("section", {}, el("h3", {}, "Progress"), bar([[job.progress]]),
       el("div", { class: "muted", id: "job-progress" }, `${Math.round(job.progress * 100)}%`),
       job.error ? el("p", { class: "error" }, job.error) : "", resumed(job), ran(job)),
     el("section", {}, el("h3", {}, "Results"), results(job)));
+}
+
+// Where it runs: each allocation (a gang's replicas in rank order), its GPUs and their links.
+function placement(job) {
+  const placed = job.placement || [];
+  if (!placed.length) return "";
+  return el("section", { id: "job-placement" }, el("h3", {}, "Placement"), el("ul", {}, placed.map((p) =>
+    el("li", {}, `${placed.length > 1 ? "rank " + p.replica + ": " : ""}`, el("a", { href: `#node/${encodeURIComponent(p.node)}` }, p.node),
+      ` · ${p.topology || (p.gpu_indices.length ? "GPUs " + p.gpu_indices.join(",") : "no GPU")} · ${p.cpus} CPU(s) · ${p.observed}`))));
 }
 
 const reload = (id) => getJson(`/v1/jobs/${encodeURIComponent(id)}`).then(renderJob);

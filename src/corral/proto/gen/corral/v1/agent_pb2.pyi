@@ -802,6 +802,26 @@ class Started(_message.Message):
 Global___Started: _TypeAlias = Started  # noqa: Y015
 
 @_typing.final
+class Ready(_message.Message):
+    """A gang replica is prepared (models, checkpoint, input files in place) and waits for
+    the server's ``Go`` before it launches, so no rank sits in its rendezvous while
+    another replica is still downloading (docs/scheduler.md "Gangs").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ready: _TypeAlias = Ready  # noqa: Y015
+
+@_typing.final
 class AllocationUpdate(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -814,6 +834,7 @@ class AllocationUpdate(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
@@ -834,6 +855,8 @@ class AllocationUpdate(_message.Message):
     def finished(self) -> Global___Finished: ...
     @_builtins.property
     def failed(self) -> Global___Failed: ...
+    @_builtins.property
+    def ready(self) -> Global___Ready: ...
     def __init__(
         self,
         *,
@@ -846,13 +869,14 @@ class AllocationUpdate(_message.Message):
         checkpoint: Global___Checkpoint | None = ...,
         finished: Global___Finished | None = ...,
         failed: Global___Failed | None = ...,
+        ready: Global___Ready | None = ...,
         job_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "log", b"log", "preview", b"preview", "progress", b"progress", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "log", b"log", "preview", b"preview", "progress", b"progress", "ready", b"ready", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "job_id", b"job_id", "log", b"log", "preview", b"preview", "progress", b"progress", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "body", b"body", "checkpoint", b"checkpoint", "failed", b"failed", "finished", b"finished", "job_id", b"job_id", "log", b"log", "preview", b"preview", "progress", b"progress", "ready", b"ready", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["started", "progress", "preview", "log", "checkpoint", "finished", "failed"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["started", "progress", "preview", "log", "checkpoint", "finished", "failed", "ready"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -871,6 +895,7 @@ class ServerMessage(_message.Message):
     ACK_FIELD_NUMBER: _builtins.int
     PREFETCH_FIELD_NUMBER: _builtins.int
     BUNDLE_FIELD_NUMBER: _builtins.int
+    GO_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -887,6 +912,8 @@ class ServerMessage(_message.Message):
     def bundle(self) -> Global___ServerBundle:
         """several messages at once (only to an agent whose Hello says so)"""
 
+    @_builtins.property
+    def go(self) -> Global___Go: ...
     def __init__(
         self,
         *,
@@ -897,16 +924,43 @@ class ServerMessage(_message.Message):
         ack: Global___UpdateAck | None = ...,
         prefetch: Global___Prefetch | None = ...,
         bundle: Global___ServerBundle | None = ...,
+        go: Global___Go | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "bundle", b"bundle", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "bundle", b"bundle", "go", b"go", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "bundle", b"bundle", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assign", b"assign", "body", b"body", "bundle", b"bundle", "go", b"go", "intake", b"intake", "prefetch", b"prefetch", "stop", b"stop", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack", "prefetch", "bundle"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["welcome", "assign", "stop", "intake", "ack", "prefetch", "bundle", "go"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
+
+@_typing.final
+class Go(_message.Message):
+    """Every replica of the gang said ``Ready``: launch. Sent again while the gang waits
+    (a lost message must not hold it); an agent ignores a go it has no waiting replica for.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOCATION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    allocation_id: _builtins.str
+    attempt: _builtins.int
+    def __init__(
+        self,
+        *,
+        allocation_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Go: _TypeAlias = Go  # noqa: Y015
 
 @_typing.final
 class ServerBundle(_message.Message):
@@ -974,6 +1028,7 @@ class Welcome(_message.Message):
     API_URL_FIELD_NUMBER: _builtins.int
     API_PORT_FIELD_NUMBER: _builtins.int
     BUNDLES_FIELD_NUMBER: _builtins.int
+    GANG_GO_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     heartbeat_interval_s: _builtins.float
     api_url: _builtins.str
@@ -983,6 +1038,10 @@ class Welcome(_message.Message):
     api_port: _builtins.int
     bundles: _builtins.bool
     """this server reads AgentBundle"""
+    gang_go: _builtins.bool
+    """This server answers a gang replica's ``Ready`` with ``Go``: replicas wait for it.
+    An older server never sends it, and its agents' replicas start at once.
+    """
     @_builtins.property
     def stop_allocations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """running ones the server no longer wants"""
@@ -996,10 +1055,11 @@ class Welcome(_message.Message):
         api_url: _builtins.str = ...,
         api_port: _builtins.int = ...,
         bundles: _builtins.bool = ...,
+        gang_go: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_port", b"api_port", "api_url", b"api_url", "bundles", b"bundles", "heartbeat_interval_s", b"heartbeat_interval_s", "node", b"node", "stop_allocations", b"stop_allocations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_port", b"api_port", "api_url", b"api_url", "bundles", b"bundles", "gang_go", b"gang_go", "heartbeat_interval_s", b"heartbeat_interval_s", "node", b"node", "stop_allocations", b"stop_allocations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
