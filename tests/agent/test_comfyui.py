@@ -26,7 +26,7 @@ from corral.agent.executors.base import (
     Update,
 )
 from corral.agent.executors.comfyui_outputs import OUTPUTS_MANIFEST
-from corral.agent.executors.http_comfyui import ComfyUIExecutor, _saved_files, _unique
+from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.reference.comfyui import (
     ReferenceComfyUI,
     two_branch_workflow,
@@ -287,16 +287,27 @@ def test_with_a_results_folder_each_output_is_streamed_into_a_file_there(tmp_pat
         assert animation.n_frames == 2
 
 
-def test_outputs_sharing_a_file_name_get_distinct_names() -> None:
-    names: set[str] = set()
-    got = [_unique(n, names) for n in ("a.png", "a.png", "sub/a.png", "b")]
-    assert got == ["a.png", "a-2.png", "a-3.png", "b"]
-    node = {
-        "images": [{"filename": "x.png", "type": "output"}, {"filename": "p.png", "type": "temp"}],
-        "animated": [True],
-        "audio": [{"filename": "x.flac", "subfolder": "audio", "type": "output"}],
+def test_outputs_sharing_a_file_name_get_distinct_names_and_previews_are_not_results() -> None:
+    image = {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1,
+                                                     "color": 0}}  # fmt: skip
+
+    def save(prefix: str) -> dict[str, Any]:
+        return {
+            "class_type": "SaveImage",
+            "inputs": {"images": ["1", 0], "filename_prefix": prefix},
+        }
+
+    graph = {
+        "1": image,
+        "2": save("a"),
+        "3": save("sub/a"),  # the same file name, in a subfolder
+        "4": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}},  # a temp file
     }
-    assert [f["filename"] for f in _saved_files(node)] == ["x.png", "x.flac"]
+    job = JobWork("al-same", 1, ("job-same",), payload={"workflow": graph})
+    terminal = run_against(job)[-1]
+    assert isinstance(terminal, Finished), terminal
+    images = sorted(r.name for r in terminal.results if r.name.endswith(".png"))
+    assert images == ["a_00001_-2.png", "a_00001_.png"]
 
 
 def test_backend_down_is_a_retryable_failure() -> None:
