@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from corral.core.events import Event
 from corral.core.model import Team
-from corral.scheduler.api import Unplaced
+from corral.scheduler.api import Reason, ReasonCode, Remedy, Unplaced
 from corral.server.api.advice import advice
 from corral.server.api.schemas import (
     ApiModel,
@@ -20,6 +20,12 @@ from corral.server.api.schemas import (
 from corral.server.services.auth import TokenInfo
 from corral.server.services.nodes import NodeView
 from corral.server.store.records import JobRecord, resources_to_json
+
+
+def held(job_id: str, position: int = 0) -> Unplaced:
+    """The explanation of a held job: no cycle looks at it until it is released."""
+    reason = Reason(ReasonCode.HELD, 0, "held: release it (corral jobs release) to queue it")
+    return Unplaced(job_id, position, (reason,), Remedy.WAIT)
 
 
 def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
@@ -92,7 +98,14 @@ def job_fields(
             for f in rec.result
         ],
         "queue": (
-            queue_info(unplaced).model_dump() if queued and j.state.value == "queued" else None
+            queue_info(held(j.id) if rec.held else unplaced).model_dump()
+            if queued and j.state.value == "queued"
+            else None
+        ),
+        "held": rec.held,
+        "labels": dict(rec.labels),
+        "webhook": (
+            {"url": rec.webhook.url, "events": rec.webhook.events} if rec.webhook else None
         ),
     }
 
