@@ -4,8 +4,8 @@ Each pass, on the scheduling leader only:
 
 1. **Follow.** The events after the cursor whose job names a webhook become
    deliveries, in one transaction with the cursor's move (compare and set: a
-   second writer makes none twice). The first start begins at the newest event:
-   history is not replayed.
+   second writer makes none twice). Migration 0020 starts the cursor at the
+   newest event then (no job named a webhook before).
 2. **Send.** Due deliveries are leased (their ``next_at`` moved past the call's
    timeout, guarded by version) and called in background tasks: at most
    ``webhooks.concurrency`` at once, ``per_team_concurrency`` for one team, so a
@@ -115,9 +115,9 @@ class WebhookLoop:
         async with self.rt.db.write(ordered_events=False) as conn:
             at = await repo.cursor(conn)
             head = await repo.last_event(conn)
-            if at is None:
-                await repo.start_cursor(conn, head)
-                return False
+            if at is None:  # migration 0020 starts it; a store emptied by hand starts over
+                await repo.start_cursor(conn, 0)
+                at = 0
             upto = min(head, at + SPAN)
             if upto <= at:
                 return False

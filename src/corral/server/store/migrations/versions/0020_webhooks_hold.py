@@ -64,6 +64,10 @@ def upgrade() -> None:
         sa.Column("name", sa.String(16), primary_key=True),
         sa.Column("seq", sa.BigInteger(), nullable=False),
     )
+    # No job named a webhook before this revision: the events so far need no delivery.
+    op.execute(
+        "INSERT INTO webhook_cursor (name, seq) SELECT 'events', COALESCE(MAX(seq), 0) FROM events"
+    )
 
 
 def downgrade() -> None:
