@@ -118,9 +118,10 @@ class WebhookLoop:
             if at is None:  # migration 0020 starts it; a store emptied by hand starts over
                 await repo.start_cursor(conn, 0)
                 at = 0
-            upto = min(head, at + SPAN)
-            if upto <= at:
+            first = await repo.next_event(conn, at) if head > at else None
+            if first is None:
                 return False
+            upto = min(head, first - 1 + SPAN)
             hooked = await repo.hooked_events(conn, at, upto, STATE_EVENTS)
             wanted = [e for e in hooked if e.events == "all" or e.kind in END_EVENTS]
             rows = await self._rows(conn, wanted)

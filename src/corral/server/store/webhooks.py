@@ -62,6 +62,13 @@ async def last_event(conn: AsyncConnection) -> int:
     return int(value or 0)
 
 
+async def next_event(conn: AsyncConnection, after: int) -> int | None:
+    """The first event after ``after`` (numbers jump at each start: gaps are skipped)."""
+    query = sa.select(sa.func.min(events.c.seq)).where(events.c.seq > after)
+    value = (await conn.execute(query)).scalar()
+    return None if value is None else int(value)
+
+
 async def hooked_events(
     conn: AsyncConnection, after: int, upto: int, kinds: Collection[str]
 ) -> list[HookedEvent]:
