@@ -36,7 +36,9 @@ REPLAY_WINDOW_S = 300
 MAX_BODY = 1024 * 1024
 
 
-def verify(secret: str, header: str, body: bytes, now: float, window_s: float = REPLAY_WINDOW_S) -> bool:
+def verify(
+    secret: str, header: str, body: bytes, now: float, window_s: float = REPLAY_WINDOW_S
+) -> bool:
     """Is ``header`` (Corral-Signature) a signature of ``body`` by ``secret`` made
     within ``window_s`` of ``now``?"""
     fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
@@ -75,7 +77,7 @@ class Receiver(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     server: Receiver
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY:
             return self._answer(413, "too large")
@@ -101,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+    def log_message(self, format: str, *args: Any) -> None:
         return  # quiet: events are printed by on_event
 
 

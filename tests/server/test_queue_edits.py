@@ -95,7 +95,11 @@ async def test_patch_changes_class_time_limit_labels_and_refuses_what_it_cannot(
 ) -> None:
     job = await submit(served.admin, user="ana", priority="free", labels={"run": "a"})
     out = await patch(served, job, priority="paid", timeout_s=60, labels={"run": "b", "x": "1"})
-    assert (out["priority"], out["timeout_s"], out["labels"]) == ("paid", 60, {"run": "b", "x": "1"})
+    assert (out["priority"], out["timeout_s"], out["labels"]) == (
+        "paid",
+        60,
+        {"run": "b", "x": "1"},
+    )
     again = (await served.admin.get(f"/v1/jobs/{job}")).json()
     assert again["labels"] == {"run": "b", "x": "1"}
     assert again["payload"] == {}
