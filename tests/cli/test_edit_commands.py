@@ -34,12 +34,15 @@ def test_hold_release_top_and_edit_a_queued_job(cli: Cli, server: Running, team:
     assert f"{first} queued paid limit 90s run=b" in edited.stdout
     bad = cli("edit", first, "--priority", "gold")
     assert bad.exit_code != 0
-    assert "priority" in bad.stderr and "gold" in bad.stderr
+    assert "priority" in bad.stderr
+    assert "gold" in bad.stderr
     nothing = cli("edit", first)
-    assert nothing.exit_code != 0 and "name a change" in nothing.stderr
+    assert nothing.exit_code != 0
+    assert "name a change" in nothing.stderr
     assert cli("cancel", first, second).exit_code == 0
     late = cli("hold", first)
-    assert late.exit_code != 0 and "only a queued job" in late.stderr
+    assert late.exit_code != 0
+    assert "only a queued job" in late.stderr
 
 
 def test_webhook_secret_and_a_job_s_deliveries(cli: Cli, server: Running, team: str) -> None:
@@ -49,7 +52,8 @@ def test_webhook_secret_and_a_job_s_deliveries(cli: Cli, server: Running, team: 
     assert key.stdout.strip().startswith("whsec_")
     assert cli("webhooks", "secret").stdout == key.stdout
     rotated = cli("webhooks", "secret", "--rotate")
-    assert rotated.stdout.strip().startswith("whsec_") and rotated.stdout != key.stdout
+    assert rotated.stdout.strip().startswith("whsec_")
+    assert rotated.stdout != key.stdout
     made = cli("submit", "-", "--json", "--team", team, input="{user: ana}\n")
     job = json.loads(made.stdout)[0]["id"]
     listed = cli("deliveries", job)

@@ -74,7 +74,8 @@ async def test_a_held_job_stays_queued_says_held_and_runs_once_released(served: 
             lines += frame["data"]["data"]["lines"]
             if len(lines) == 2:
                 break
-    assert lines[0].startswith("held (by") and lines[1].startswith("released (by")
+    assert lines[0].startswith("held (by")
+    assert lines[1].startswith("released (by")
 
 
 async def test_top_moves_a_job_before_its_user_s_older_jobs(served: Served) -> None:

@@ -36,7 +36,8 @@ FAST = {  # retries within a test's time: the policy is the same, its clock shor
 
 def example() -> ModuleType:
     spec = importlib.util.spec_from_file_location("webhook_receiver", EXAMPLE)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -118,8 +119,10 @@ async def test_a_finished_job_is_posted_once_signed_and_recorded(
     (d,) = await eventually(delivered)
     assert (d["kind"], d["attempts"], d["last_status"]) == ("job.succeeded", 1, 200)
     (event,) = receiver.events
-    assert event["type"] == "job.succeeded" and event["id"] == d["id"]
-    assert event["job"]["id"] == job_id and event["job"]["state"] == "succeeded"
+    assert event["type"] == "job.succeeded"
+    assert event["id"] == d["id"]
+    assert event["job"]["id"] == job_id
+    assert event["job"]["state"] == "succeeded"
     assert event["job"]["result"][0]["url"] == f"/v1/jobs/{job_id}/result/out.png"
     assert receiver.server.refused == 0  # the signature checked out
 
@@ -151,7 +154,8 @@ async def test_a_receiver_down_for_a_while_gets_the_call_when_it_is_back(
 
     waiting = await eventually(failed_twice)
     assert waiting["state"] == "pending"
-    assert waiting["last_status"] is None and waiting["last_error"]
+    assert waiting["last_status"] is None
+    assert waiting["last_error"]
     assert waiting["next_at"] is not None
     receiver = Running(port, key)
     receivers.append(receiver)
@@ -181,7 +185,8 @@ async def test_a_receiver_answering_500_is_retried_until_the_retry_time_is_over(
 
         d = await eventually(failed)
         assert d["attempts"] >= 3
-        assert d["last_status"] == 500 and d["last_error"].startswith("HTTP 500")
+        assert d["last_status"] == 500
+        assert d["last_error"].startswith("HTTP 500")
         assert {h["status"] for h in d["history"]} == {500}
 
 
@@ -205,7 +210,9 @@ async def test_urls_into_the_server_s_network_are_refused(tmp_path: Path) -> Non
             out = await loop.call("http://localhost:9/x", b"{}", "dlv_1", "job.succeeded", "k")
         finally:
             await loop.close()
-        assert out.final and out.status is None and "not a public address" in (out.error or "")
+        assert out.final
+        assert out.status is None
+        assert "not a public address" in (out.error or "")
 
 
 def test_signatures_check_the_body_the_secret_and_the_time() -> None:
@@ -222,13 +229,16 @@ def test_signatures_check_the_body_the_secret_and_the_time() -> None:
 
 async def test_the_team_secret_is_kept_rotated_and_per_team(served: Served) -> None:
     first = await secret(served)
-    assert first.startswith("whsec_") and first == await secret(served)
+    assert first.startswith("whsec_")
+    assert first == await secret(served)
     rotated = (await served.admin.post("/v1/webhooks/secret/rotate")).json()["secret"]
-    assert rotated != first and rotated == await secret(served)
+    assert rotated != first
+    assert rotated == await secret(served)
     made = await served.admin.post("/v1/tokens", json={"kind": "team", "name": "b", "team": "b"})
     async with served.client(made.json()["token"]) as team_b:
         own = (await team_b.get("/v1/webhooks/secret")).json()
-        assert own["team"] == "b" and own["secret"] != rotated
+        assert own["team"] == "b"
+        assert own["secret"] != rotated
         r = await team_b.get("/v1/webhooks/secret", params={"team": "default"})
         assert r.status_code == 403
 
@@ -247,5 +257,6 @@ async def test_pending_deliveries_are_bounded_per_team(
 
         first, second = await eventually(both_made)
         assert first["state"] == "pending"
-        assert second["state"] == "failed" and "max_pending_per_team" in second["last_error"]
+        assert second["state"] == "failed"
+        assert "max_pending_per_team" in second["last_error"]
         assert second["attempts"] == 0
