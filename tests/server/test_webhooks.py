@@ -203,7 +203,8 @@ async def test_urls_into_the_server_s_network_are_refused(tmp_path: Path) -> Non
         ]:
             r = await s.admin.post("/v1/jobs", json={"webhook": {"url": url}})
             assert r.status_code == 422, url
-            assert r.json()["field"] == "webhook.url" and says in r.text, r.text
+            assert r.json()["field"] == "webhook.url", r.text
+            assert says in r.text, r.text
         # a name is checked when called, against the addresses it resolves to then
         loop = WebhookLoop(s.plane.rt)
         try:
