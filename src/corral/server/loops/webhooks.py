@@ -150,23 +150,25 @@ class WebhookLoop:
         return rows
 
     async def send_due(self) -> int:
-        """Lease and start the due calls there is room for; how many started."""
+        """Lease the due calls there is room for, then start them (after the lease's
+        commit: no call runs inside a transaction); how many started."""
         room = self.settings.concurrency - len(self._calls)
         if room <= 0:
             return 0
         now = self.rt.clock.now()
         lease = now + self.settings.timeout_s + LEASE_MARGIN_S
-        started = 0
+        busy = Counter(self._by_team)
+        leased: list[tuple[Any, str]] = []
         async with self.rt.db.write(ordered_events=False, durable=False) as conn:
             for row in await repo.due(conn, now, room * 4):
-                if started >= room or self._by_team[row.team] >= self.settings.per_team_concurrency:
+                if len(leased) >= room or busy[row.team] >= self.settings.per_team_concurrency:
                     continue
-                if not await repo.update(conn, row.id, row.version, next_at=lease):
-                    continue
-                secret = await team_secret(self.rt, conn, row.team)
-                self._start(row, row.version + 1, secret)
-                started += 1
-        return started
+                if await repo.update(conn, row.id, row.version, next_at=lease):
+                    busy[row.team] += 1
+                    leased.append((row, await team_secret(self.rt, conn, row.team)))
+        for row, secret in leased:
+            self._start(row, row.version + 1, secret)
+        return len(leased)
 
     def _start(self, row: Any, version: int, secret: str) -> None:
         self._by_team[row.team] += 1
