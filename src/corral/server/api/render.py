@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from corral.core.events import Event
 from corral.core.model import Team
-from corral.scheduler.api import Reason, ReasonCode, Remedy, Unplaced
+from corral.scheduler.api import ReasonCode, Unplaced
 from corral.server.api.advice import advice
 from corral.server.api.schemas import (
     ApiModel,
@@ -21,11 +21,13 @@ from corral.server.services.auth import TokenInfo
 from corral.server.services.nodes import NodeView
 from corral.server.store.records import JobRecord, resources_to_json
 
+HELD = "held: release it to let it be placed (corral release ID)"
 
-def held(job_id: str, position: int = 0) -> Unplaced:
-    """The explanation of a held job: no cycle looks at it until it is released."""
-    reason = Reason(ReasonCode.HELD, 0, "held: release it (corral jobs release) to queue it")
-    return Unplaced(job_id, position, (reason,), Remedy.WAIT)
+
+def held_info(position: int = 0) -> QueueInfo:
+    """Why a held job waits: no cycle looks at it until it is released (no remedy but that)."""
+    reason = ReasonOut(code=ReasonCode.HELD.value, nodes=0, message=HELD)
+    return QueueInfo(position=position, remedy=None, summary=HELD, reasons=[reason])
 
 
 def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
@@ -98,7 +100,7 @@ def job_fields(
             for f in rec.result
         ],
         "queue": (
-            queue_info(held(j.id) if rec.held else unplaced).model_dump()
+            (held_info() if rec.held else queue_info(unplaced)).model_dump()
             if queued and j.state.value == "queued"
             else None
         ),

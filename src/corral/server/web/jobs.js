@@ -190,7 +190,7 @@ function queueExplanation(job) {
   const q = job.queue;
   return el("section", { id: "job-queue" }, el("h3", {}, "Why it waits"),
     el("p", {}, `position ${q.position + 1} in the queue: ${q.summary || "waiting for the next cycle"}`),
-    el("ul", {}, q.reasons.map((r) => el("li", {}, `${r.nodes} node(s): ${r.message}`))),
+    el("ul", {}, q.reasons.map((r) => el("li", { "data-code": r.code }, r.nodes ? `${r.nodes} node(s): ${r.message}` : r.message))),
     q.remedy ? el("p", { class: "remedy", "data-remedy": q.remedy }, q.advice || REMEDIES[q.remedy] || q.remedy) : "");
 }
 
