@@ -54,9 +54,16 @@ def test_webhook_secret_and_a_job_s_deliveries(cli: Cli, server: Running, team: 
     rotated = cli("webhooks", "secret", "--rotate")
     assert rotated.stdout.strip().startswith("whsec_")
     assert rotated.stdout != key.stdout
-    made = cli("submit", "-", "--json", "--team", team, input="{user: ana}\n")
-    job = json.loads(made.stdout)[0]["id"]
+    hook = "https://hooks.example.com/corral"
+    made = cli("submit", "-", "--json", "--team", team, "--webhook", hook, input="{user: ana}\n")
+    assert made.exit_code == 0, made.output
+    submitted = json.loads(made.stdout)[0]
+    assert submitted["webhook"] == {"url": hook, "events": "end"}
+    job = submitted["id"]
     listed = cli("deliveries", job)
     assert listed.exit_code == 0, listed.output
-    assert "no deliveries" in listed.stdout
+    assert "no deliveries" in listed.stdout  # it ends only when cancelled: not yet
     assert json.loads(cli("deliveries", job, "--json").stdout) == []
+    refused = cli("submit", "-", "--team", team, "--webhook", "http://10.0.0.5/x", input="{}\n")
+    assert refused.exit_code != 0
+    assert "webhook.url" in refused.stderr
