@@ -261,3 +261,59 @@ async def test_pending_deliveries_are_bounded_per_team(
         assert second["state"] == "failed"
         assert "max_pending_per_team" in second["last_error"]
         assert second["attempts"] == 0
+
+
+class Hanging:
+    """A receiver that accepts connections and never answers."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                conn, _ = self.sock.accept()
+                self.held.append(conn)
+        except OSError:  # closed: the test is over
+            return
+
+    def stop(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+async def test_a_receiver_that_never_answers_holds_up_neither_scheduling_nor_others(
+    tmp_path: Path, port: int
+) -> None:
+    hooks = FAST | {"timeout_s": 60.0, "per_team_concurrency": 1}
+    hanging = Hanging(port)
+    try:
+        async with serve(str(tmp_path / "c.db"), tmp_path, sections={"webhooks": hooks}) as s:
+            agent = await s.agent("gpu-1")
+            url = f"http://127.0.0.1:{port}/"
+            first = await run_job(s, url, agent=agent)
+
+            async def calling() -> bool:  # its call is in flight, and stays so
+                return bool(hanging.held)
+
+            await eventually(calling)
+            later = [await run_job(s, url, agent=agent) for _ in range(3)]  # placed and run
+            for job_id in later:
+                got = (await s.admin.get(f"/v1/jobs/{job_id}")).json()
+                assert got["state"] == "succeeded"
+
+            async def made() -> list[dict[str, Any]]:
+                found = [d for j in later for d in await deliveries(s, j)]
+                return found if len(found) == 3 else []
+
+            for d in await eventually(made):  # the team's one call at a time is taken
+                assert (d["state"], d["attempts"]) == ("pending", 0)
+            (d,) = await deliveries(s, first)
+            assert (d["state"], d["attempts"]) == ("pending", 0)  # still waiting for an answer
+            assert len(hanging.held) == 1
+    finally:
+        hanging.stop()
