@@ -76,3 +76,24 @@ async def test_nodes_teams_and_queue(server: Running, team: str) -> None:
         team_quota = await corral.set_team(team, quota=1.5)
         assert team_quota.quota_gpus == 1.5
         assert team in [t.name for t in await corral.teams()]
+
+
+async def test_hold_release_top_edit_and_deliveries_awaited(server: Running, team: str) -> None:
+    async with AsyncClient(server.url, server.token, retry=FAST_RETRY) as corral:
+        job = await corral.submit(team=team, gpus=1, labels={"run": "a"})
+        assert job.status.labels == {"run": "a"}
+        assert (await job.hold()).held
+        assert job.status.queue is not None
+        assert job.status.queue.reasons[0].code == "held"
+        assert not (await job.release()).held
+        assert (await job.top()).state is JobState.QUEUED
+        edited = await corral.edit_job(job.id, priority="paid", timeout_s=30, labels={})
+        assert (edited.priority, edited.timeout_s, edited.labels) == ("paid", 30, {})
+        with pytest.raises(BadRequest) as err:
+            await corral.edit_job(job.id, priority="gold")
+        assert err.value.field == "priority"
+        assert await job.deliveries() == []
+        secret = await corral.webhook_secret()
+        assert secret.startswith("whsec_")
+        assert await corral.webhook_secret() == secret
+        await job.cancel()

@@ -75,6 +75,13 @@ def _matrix(a_job: str, b_job: str) -> list[tuple[str, str, dict[str, Any] | Non
         ("GET", f"/v1/jobs/{b_job}/events", None, row(OK, MISSING)),
         ("POST", f"/v1/jobs/{b_job}/cancel", None, row(OK, MISSING)),
         ("POST", f"/v1/jobs/{b_job}/interrupt", None, row(OK, MISSING)),
+        ("PATCH", f"/v1/jobs/{a_job}", {"hold": False}, row(OK, OK)),
+        ("PATCH", f"/v1/jobs/{b_job}", {"hold": True}, row(CONFLICT, MISSING)),  # cancelled
+        ("GET", f"/v1/jobs/{a_job}/deliveries", None, row(OK, OK)),
+        ("GET", f"/v1/jobs/{b_job}/deliveries", None, row(OK, MISSING)),
+        ("GET", "/v1/webhooks/secret", None, row(OK, OK)),
+        ("GET", "/v1/webhooks/secret?team=mx-b", None, row(OK, FORBIDDEN)),
+        ("POST", "/v1/webhooks/secret/rotate?team=mx-b", None, row(OK, FORBIDDEN)),
         ("GET", "/v1/nodes", None, row(OK, OK)),
         ("GET", "/v1/nodes/gpu-x", None, row(MISSING, MISSING)),
         ("POST", "/v1/nodes/gpu-x/pause", None, row(MISSING, FORBIDDEN)),

@@ -68,6 +68,16 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
             "to every job's inputs, named as the payload calls it (default: its file name).",
         ),
     ] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            help="Post each job's end to this URL, signed (docs/server.md, Webhooks); "
+            "--webhook-events all: each state change."
+        ),
+    ] = None,
+    webhook_events: Annotated[
+        str, typer.Option(help="With --webhook: end (default) or all.")
+    ] = "end",
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -77,6 +87,8 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
         jobs = with_defaults(parse_jobs(text, source), team=team, user=user, priority=priority)
+        if webhook is not None:
+            jobs = [{**job, "webhook": {"url": webhook, "events": webhook_events}} for job in jobs]
     except (OSError, UnicodeDecodeError) as exc:
         fail(f"cannot read {source}: {exc}", EXIT_BAD_INPUT)
     except JobFileError as exc:

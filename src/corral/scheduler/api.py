@@ -145,6 +145,7 @@ class ReasonCode(StrEnum):
     RESERVED = "reserved"  # the node is reserved for a bigger job ahead in the queue
     HOLDS_RESERVATION = "holds_reservation"  # informational: nodes are reserved for this job
     UNKNOWN_PRIORITY = "unknown_priority"
+    HELD = "held"  # a client holds it: never placed until released
 
 
 @dataclass(frozen=True, slots=True)

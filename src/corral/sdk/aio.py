@@ -33,6 +33,7 @@ from corral.sdk.inputs import InputFile
 from corral.sdk.models import (
     AuditRecord,
     AutoscalerStatus,
+    Delivery,
     JobSpec,
     JobStatus,
     NewToken,
@@ -242,6 +243,28 @@ class AsyncClient:
 
     async def stop_job(self, job_id: str, how: str) -> JobStatus:
         return await self.run(calls.stop(job_id, how))
+
+    async def edit_job(
+        self,
+        job_id: str,
+        *,
+        priority: str | None = None,
+        timeout_s: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        hold: bool | None = None,
+        top: bool = False,
+    ) -> JobStatus:
+        """``Client.edit_job``."""
+        change = calls.edits(priority, timeout_s, labels, hold, top)
+        return await self.run(calls.edit_job(job_id, change))
+
+    async def deliveries(self, job_id: str, limit: int = 100) -> list[Delivery]:
+        """``Client.deliveries``."""
+        return await self.run(calls.deliveries(job_id, limit))
+
+    async def webhook_secret(self, team: str | None = None, *, rotate: bool = False) -> str:
+        """``Client.webhook_secret``."""
+        return await self.run(calls.webhook_secret(team, rotate))
 
     async def delete_job(self, job_id: str) -> None:
         """``Client.delete_job``."""

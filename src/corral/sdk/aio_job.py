@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from corral.sdk.errors import WaitTimeout
 from corral.sdk.events import WAIT_KINDS, JobEvent
-from corral.sdk.models import JobStatus, ResultFile
+from corral.sdk.models import Delivery, JobStatus, ResultFile
 from corral.sdk.results import check_result, pick_file, save_path
 from corral.sdk.retry import Follow
 
@@ -95,6 +95,25 @@ class AsyncJob:
     async def cancel(self) -> JobStatus:
         self.status = await self.client.stop_job(self.id, "cancel")
         return self.status
+
+    async def hold(self) -> JobStatus:
+        """Keep it queued but never placed until ``release`` (only while queued)."""
+        self.status = await self.client.edit_job(self.id, hold=True)
+        return self.status
+
+    async def release(self) -> JobStatus:
+        """Let a held job be placed again."""
+        self.status = await self.client.edit_job(self.id, hold=False)
+        return self.status
+
+    async def top(self) -> JobStatus:
+        """Make it its user's next job (before that user's older queued jobs)."""
+        self.status = await self.client.edit_job(self.id, top=True)
+        return self.status
+
+    async def deliveries(self) -> list[Delivery]:
+        """Its webhook calls, each with its attempts."""
+        return await self.client.deliveries(self.id)
 
     async def interrupt(self) -> JobStatus:
         self.status = await self.client.stop_job(self.id, "interrupt")

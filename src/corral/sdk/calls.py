@@ -19,6 +19,7 @@ from corral.sdk.errors import BadRequest
 from corral.sdk.models import (
     AuditPage,
     AutoscalerStatus,
+    Delivery,
     JobPage,
     JobSpec,
     JobStatus,
@@ -139,6 +140,41 @@ def result(job_id: str) -> Call[ResultStatus]:
 def stop(job_id: str, how: str) -> Call[JobStatus]:
     """``how`` is ``cancel`` or ``interrupt``."""
     return Call("POST", f"/v1/jobs/{_seg(job_id)}/{how}", _model(JobStatus))
+
+
+def edit_job(job_id: str, change: Mapping[str, Any]) -> Call[JobStatus]:
+    """Change a queued job (``PATCH``): priority, timeout_s, labels, hold, top."""
+    return Call("PATCH", f"/v1/jobs/{_seg(job_id)}", _model(JobStatus), json=dict(change))
+
+
+def edits(
+    priority: str | None, timeout_s: float | None, labels: Mapping[str, str] | None,
+    hold: bool | None, top: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """A PATCH body of the changes given (None: unchanged)."""
+    body: dict[str, Any] = {"priority": priority, "timeout_s": timeout_s, "hold": hold}
+    body = {k: v for k, v in body.items() if v is not None}
+    if labels is not None:
+        body["labels"] = dict(labels)
+    if top:
+        body["top"] = True
+    return body
+
+
+def deliveries(job_id: str, limit: int = 100) -> Call[list[Delivery]]:
+    path = f"/v1/jobs/{_seg(job_id)}/deliveries"
+    return Call("GET", path, _deliveries, params=[("limit", limit)])
+
+
+def _deliveries(body: Any) -> list[Delivery]:
+    return [Delivery.model_validate(d) for d in body["deliveries"]]
+
+
+def webhook_secret(team: str | None, rotate: bool = False) -> Call[str]:
+    """The team's webhook signing secret (``rotate``: a new one)."""
+    path = "/v1/webhooks/secret/rotate" if rotate else "/v1/webhooks/secret"
+    params: list[tuple[str, str | int]] = [("team", team)] if team else []
+    return Call("POST" if rotate else "GET", path, lambda b: str(b["secret"]), params=params)
 
 
 def delete_job(job_id: str) -> Call[None]:

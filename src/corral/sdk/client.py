@@ -37,6 +37,7 @@ from corral.sdk.job import EventStream, Job
 from corral.sdk.models import (
     AuditRecord,
     AutoscalerStatus,
+    Delivery,
     JobSpec,
     JobStatus,
     NewToken,
@@ -328,6 +329,30 @@ class Client:
 
     def stop_job(self, job_id: str, how: str) -> JobStatus:
         return self.run(calls.stop(job_id, how))
+
+    def edit_job(
+        self,
+        job_id: str,
+        *,
+        priority: str | None = None,
+        timeout_s: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        hold: bool | None = None,
+        top: bool = False,
+    ) -> JobStatus:
+        """Change a queued job: its priority class, time limit or labels; ``hold=True``
+        keeps it queued but never placed, ``hold=False`` releases it; ``top`` makes it its
+        user's next job. ``Conflict`` once it is no longer queued."""
+        change = calls.edits(priority, timeout_s, labels, hold, top)
+        return self.run(calls.edit_job(job_id, change))
+
+    def deliveries(self, job_id: str, limit: int = 100) -> list[Delivery]:
+        """The job's webhook calls, each with its attempts."""
+        return self.run(calls.deliveries(job_id, limit))
+
+    def webhook_secret(self, team: str | None = None, *, rotate: bool = False) -> str:
+        """The secret that signs your team's webhook calls (``rotate``: make a new one)."""
+        return self.run(calls.webhook_secret(team, rotate))
 
     def delete_job(self, job_id: str) -> None:
         """Delete a finished job now, with its events, results and previews (the server's

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from corral.sdk.errors import WaitTimeout
 from corral.sdk.events import WAIT_KINDS, JobEvent
-from corral.sdk.models import JobStatus, ResultFile
+from corral.sdk.models import Delivery, JobStatus, ResultFile
 from corral.sdk.results import check_result, pick_file, save_path
 from corral.sdk.retry import Follow
 
@@ -111,6 +111,25 @@ class Job:
         """End the job now; running work is told to stop. Cancelling twice is harmless."""
         self.status = self.client.stop_job(self.id, "cancel")
         return self.status
+
+    def hold(self) -> JobStatus:
+        """Keep it queued but never placed until ``release`` (only while queued)."""
+        self.status = self.client.edit_job(self.id, hold=True)
+        return self.status
+
+    def release(self) -> JobStatus:
+        """Let a held job be placed again."""
+        self.status = self.client.edit_job(self.id, hold=False)
+        return self.status
+
+    def top(self) -> JobStatus:
+        """Make it its user's next job (before that user's older queued jobs)."""
+        self.status = self.client.edit_job(self.id, top=True)
+        return self.status
+
+    def deliveries(self) -> list[Delivery]:
+        """Its webhook calls, each with its attempts."""
+        return self.client.deliveries(self.id)
 
     def interrupt(self) -> JobStatus:
         """Stop early and keep what was made so far as the result (not started: cancelled)."""

@@ -59,6 +59,10 @@ class JobSpec(BaseModel):
     inputs: list[dict[str, str]] = Field(
         default_factory=list, description='uploaded files: [{"blob": sha256, "name": ...}]'
     )
+    labels: dict[str, str] = Field(default_factory=dict, description="your own tags")
+    webhook: dict[str, str] | None = Field(
+        None, description='{"url": ..., "events": "end" | "all"}: called signed on changes'
+    )
 
     def body(self) -> dict[str, Any]:
         """The JSON body: only what was set, so the server's defaults apply to the rest."""
@@ -156,6 +160,9 @@ class JobStatus(_Out):
     ran: dict[str, str] | None = None
     result: list[ResultFile] = Field(default_factory=list)
     queue: WaitInfo | None = None
+    held: bool = False  # queued, but not placed until released
+    labels: dict[str, str] = Field(default_factory=dict)
+    webhook: dict[str, str] | None = None
 
     @property
     def done(self) -> bool:
@@ -352,3 +359,28 @@ class AutoscalerStatus(_Out):
     spend: ScalingSpend | None = None
     decisions: list[ScalingLines] = Field(default_factory=list)  # recent ones that did something
     last: ScalingDecision | None = None
+
+
+class DeliveryAttempt(_Out):
+    at: float
+    status: int | None = None  # the receiver's HTTP status; None: no answer
+    error: str | None = None
+    ms: float = 0.0
+
+
+class Delivery(_Out):
+    """One webhook call of a job (``GET /v1/jobs/{id}/deliveries``) and its attempts."""
+
+    id: str  # the Corral-Delivery header, the same on every attempt
+    kind: str  # the event it reports, e.g. job.succeeded
+    event_seq: int
+    url: str
+    state: str  # pending | delivered | failed
+    attempts: int
+    created_at: float
+    next_at: float | None = None
+    delivered_at: float | None = None
+    last_status: int | None = None
+    last_error: str | None = None
+    history: list[DeliveryAttempt] = Field(default_factory=list)
+    body: dict[str, Any] = Field(default_factory=dict)

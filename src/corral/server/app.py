@@ -36,6 +36,7 @@ from corral.server.api import (
     session,
     tokens,
     web,
+    webhooks,
 )
 from corral.server.api import history as history_api
 from corral.server.api import models as model_api
@@ -158,7 +159,18 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    for module in (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session):
+    for module in (
+        jobs,
+        webhooks,
+        inputs,
+        nodes,
+        autoscaler,
+        tokens,
+        audit,
+        events,
+        health,
+        session,
+    ):
         app.include_router(module.router)
     model_api.install(app, plane)
     history_api.install(app, kept)  # the dashboard's plots

@@ -20,6 +20,7 @@ from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
 from corral.server.loops.retention import RetentionLoop
 from corral.server.loops.schedule import SchedulingLoop
+from corral.server.loops.webhooks import WebhookLoop
 from corral.server.services.agents import AgentService
 from corral.server.services.audit import AuditService
 from corral.server.services.auth import AuthService
@@ -35,6 +36,7 @@ from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
 from corral.server.services.streams import StreamGate
 from corral.server.services.unit import Runtime
+from corral.server.services.webhooks import WebhookService
 from corral.server.store.db import lock_key
 from corral.server.store.notify import Note, Notifier, PgNotifier
 from corral.server.tls import ServerTls
@@ -84,6 +86,9 @@ class ControlPlane:
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.retention = RetentionLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.queue = QueueService(rt, lambda: self.schedule.unplaced)
+        # Webhooks: made and sent by the leader, beside scheduling (loops/webhooks.py).
+        self.webhooks = WebhookService(rt)
+        self.webhook_loop = WebhookLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.schedule.model_sizes = self.models.sizes
         self.prefetch = PrefetchLoop(rt, self.models, self.model_status, lambda: self.link)
         self.schedule.after_cycle.append(self.prefetch.after_cycle)
@@ -134,6 +139,7 @@ class ControlPlane:
                 asyncio.create_task(self.retention.run(), name="corral-retention"),
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
                 asyncio.create_task(self.auth.watch(), name="corral-revocations"),
+                asyncio.create_task(self.webhook_loop.run(), name="corral-webhooks"),
             ]
             if self.autoscale is not None:
                 self._tasks.append(
@@ -150,6 +156,7 @@ class ControlPlane:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # a cancel of stop propagates
         self._tasks = []
+        await self.webhook_loop.close()
         await self.schedule.close()
         for provider in self.autoscale.providers.values() if self.autoscale else ():
             closing = getattr(provider, "aclose", None)

@@ -26,6 +26,7 @@ from corral.server.security_settings import (
     TlsSettings,
     weakness,
 )
+from corral.server.webhook_settings import WebhookSettings
 
 DEFAULT_HOME = Path("~/.corral")
 DEFAULT_PORT = 8470
@@ -417,6 +418,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     inputs: InputSettings = Field(default_factory=InputSettings)
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)  # docs/server.md
 
     @field_validator("admin_token")
     @classmethod

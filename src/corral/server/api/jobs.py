@@ -17,6 +17,7 @@ from corral.core.model import JobKind
 from corral.core.states import JobState
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.direct import caller, gathered_by, header, json_body, refuse
+from corral.server.api.edits import JobPatchIn
 from corral.server.api.render import event_json, job_fields, job_out
 from corral.server.api.schemas import (
     BatchIn,
@@ -34,8 +35,10 @@ from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 from corral.server.services.job_placement import placement
 from corral.server.services.jobs import Draft, new_job_id
+from corral.server.services.queue_edits import edit
 from corral.server.store.job_search import JobFilter
 from corral.server.store.jsontext import dumps
+from corral.server.store.records import Webhook
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
@@ -65,7 +68,9 @@ def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
     team = spec.team or who.team or "default"
     job = spec.to_job(new_job_id(), team=team, idempotency_key=key)
     # Only a submission under an idempotency key is ever compared with another one.
-    return Draft(job, spec.request_hash(team) if job.idempotency_key else None)
+    hook = Webhook(spec.webhook.url, spec.webhook.events) if spec.webhook else None
+    digest = spec.request_hash(team) if job.idempotency_key else None
+    return Draft(job, digest, spec.labels, hook)
 
 
 async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = None) -> Response:
@@ -296,6 +301,14 @@ async def delete_job(job_id: str, plane: Plane, who: Caller) -> Response:
     answers 409: cancel it first."""
     await plane.jobs.delete(who, job_id)
     return Response(status_code=204)
+
+
+@router.patch("/{job_id}", response_model=JobOut, responses={409: {"model": ErrorOut}})
+async def edit_job(job_id: str, change: JobPatchIn, plane: Plane, who: Caller) -> JobOut:
+    """Change a queued job: priority class, time limit, labels; hold or release it; move it
+    to the top of its user's own queue. A job no longer queued answers 409."""
+    rec = await edit(plane.rt, who, job_id, change.to_edit())
+    return job_out(rec, plane.schedule.unplaced.get(job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses={409: {"model": ErrorOut}})

@@ -14,6 +14,7 @@ from corral.server.api.render import (
     QueueOut,
     TeamIn,
     TeamOut,
+    held_info,
     job_out,
     node_out,
     queue_info,
@@ -87,7 +88,7 @@ async def queue(
             QueueEntryOut(
                 job=job_out(e.job, queued=False),
                 position=e.position,
-                queue=queue_info(e.unplaced, e.position),
+                queue=held_info(e.position) if e.job.held else queue_info(e.unplaced, e.position),
             )
             for e in entries
         ],

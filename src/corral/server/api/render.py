@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from corral.core.events import Event
 from corral.core.model import Team
-from corral.scheduler.api import Unplaced
+from corral.scheduler.api import ReasonCode, Unplaced
 from corral.server.api.advice import advice
 from corral.server.api.schemas import (
     ApiModel,
@@ -20,6 +20,14 @@ from corral.server.api.schemas import (
 from corral.server.services.auth import TokenInfo
 from corral.server.services.nodes import NodeView
 from corral.server.store.records import JobRecord, resources_to_json
+
+HELD = "held: release it to let it be placed (corral release ID)"
+
+
+def held_info(position: int = 0) -> QueueInfo:
+    """Why a held job waits: no cycle looks at it until it is released (no remedy but that)."""
+    reason = ReasonOut(code=ReasonCode.HELD.value, nodes=0, message=HELD)
+    return QueueInfo(position=position, remedy=None, summary=HELD, reasons=[reason])
 
 
 def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
@@ -92,7 +100,14 @@ def job_fields(
             for f in rec.result
         ],
         "queue": (
-            queue_info(unplaced).model_dump() if queued and j.state.value == "queued" else None
+            (held_info() if rec.held else queue_info(unplaced)).model_dump()
+            if queued and j.state.value == "queued"
+            else None
+        ),
+        "held": rec.held,
+        "labels": dict(rec.labels),
+        "webhook": (
+            {"url": rec.webhook.url, "events": rec.webhook.events} if rec.webhook else None
         ),
     }
 

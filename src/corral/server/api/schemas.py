@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,6 +18,7 @@ from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
 from corral.core.resources import ResourceRequest, parse_bytes
+from corral.server.webhook_urls import check_form
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Label = Annotated[str, Field(min_length=1, max_length=255)]
@@ -108,6 +109,26 @@ class InputOut(BaseModel):
     name: str
 
 
+MAX_URL = 2048
+MAX_LABELS = 32
+
+
+class WebhookIn(ApiModel):
+    """Where to post the job's state changes, signed with the team's secret (docs/server.md,
+    "Webhooks")."""
+
+    url: Annotated[str, Field(min_length=8, max_length=MAX_URL, examples=["https://x.io/hook"])]
+    events: Literal["end", "all"] = Field(
+        "end", description="end: its final state only; all: every state change"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        check_form(value)
+        return value
+
+
 class JobIn(ApiModel):
     """A job to submit."""
 
@@ -143,6 +164,10 @@ class JobIn(ApiModel):
         max_length=256,
         description="uploaded files the agent hands the job's backend (docs/server.md)",
     )
+    labels: dict[Label, Label] = Field(
+        default_factory=dict, max_length=MAX_LABELS, description="the client's own tags"
+    )
+    webhook: WebhookIn | None = Field(None, description="called when it ends (or on each change)")
 
     @field_validator("payload")
     @classmethod
@@ -195,6 +220,8 @@ class JobIn(ApiModel):
         unset = {"idempotency_key"} | (set() if self.models else {"models"})
         unset |= set() if self.inputs else {"inputs"}
         unset |= set() if self.gang_label_required else {"gang_label_required"}
+        unset |= set() if self.labels else {"labels"}
+        unset |= set() if self.webhook else {"webhook"}
         body = self.model_dump(mode="json", exclude=unset) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -325,6 +352,9 @@ class JobOut(BaseModel):
     placement: list[PlacedOut] | None = Field(
         None, description="its allocations and their GPUs (GET /v1/jobs/{id} only)"
     )
+    held: bool = Field(False, description="queued but not placed until released")
+    labels: dict[str, str] = Field(default_factory=dict, description="the client's own tags")
+    webhook: dict[str, str] | None = Field(None, description="url and events, as submitted")
 
 
 class JobPage(BaseModel):

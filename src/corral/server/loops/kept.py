@@ -12,11 +12,17 @@ A job whose placement preempts others waits, queued, until its victims have
 ended (``services/placement.py``); meanwhile it is set aside, out of the
 scheduler's queue, so that the same room is not bought twice, and submitted
 again once none of its victims is active.
+
+A held job (``PATCH /v1/jobs/{id}`` with ``hold``) is never given to the scheduler: it
+stays queued in the store and is submitted when a release changes its row. A job moved
+to the top of its user's queue is given with its place (``queue_at``) as its submission
+time, which is what orders a user's own jobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -36,6 +42,7 @@ class Kept:
         self.feed = ChangeFeed()
         self.awaiting: dict[str, frozenset[str]] = {}  # job -> victims still stopping
         self._aside: dict[str, Job] = {}  # those jobs, out of the scheduler's queue
+        self.held: set[str] = set()  # held jobs: queued in the store, kept from the scheduler
 
     @property
     def records(self) -> dict[str, JobRecord]:
@@ -58,8 +65,11 @@ class Kept:
     def tell(self, changes: Changes) -> None:
         """``changes`` as the scheduler's events: what went first, then what came."""
         sched, aside = self.scheduler, self._aside
+        held = self.held
         for job_id in changes.withdrawn:
-            if aside.pop(job_id, None) is None:
+            if job_id in held:
+                held.discard(job_id)
+            elif aside.pop(job_id, None) is None:
                 sched.withdraw(job_id)
         for alloc_id in changes.ended:
             sched.end(alloc_id)
@@ -68,10 +78,14 @@ class Kept:
         if changes.teams != sched.teams:
             sched.set_teams(changes.teams)
         for rec in changes.submitted:
-            if rec.job.id in self.awaiting:  # still waiting for its victims
-                aside[rec.job.id] = rec.job
+            if rec.held:
+                held.add(rec.job.id)
+                continue
+            job = rec.job if rec.queue_at is None else replace(rec.job, submitted_at=rec.queue_at)
+            if job.id in self.awaiting:  # still waiting for its victims
+                aside[job.id] = job
             else:
-                sched.submit(rec.job)
+                sched.submit(job)
         for alloc in changes.started:
             sched.start(alloc.alloc, alloc.expected_end_at)
 

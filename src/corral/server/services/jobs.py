@@ -11,8 +11,8 @@ import base64
 import binascii
 import re
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -34,6 +34,7 @@ from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
 from corral.server.services.inputs import InputService
 from corral.server.services.previews import preview_key
+from corral.server.services.queue_edits import check_priority
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
 from corral.server.services.settling import request_stop, stop_job
@@ -44,8 +45,9 @@ from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.ids import sortable_id
 from corral.server.store.job_search import JobFilter
-from corral.server.store.records import JobRecord, ResultFile
+from corral.server.store.records import JobRecord, ResultFile, Webhook
 from corral.server.store.retention import JobAge
+from corral.server.webhook_urls import check_literal
 
 _CURSOR = re.compile(r"s([0-9]{1,19})")
 MAX_SEQ = 2**63 - 1
@@ -65,6 +67,8 @@ class Draft:
 
     job: Job
     request_hash: str | None
+    labels: Mapping[str, str] = field(default_factory=dict)  # the client's own tags
+    webhook: Webhook | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,12 @@ class JobService:
         if existing is not None:
             return existing, False
         records = [
-            JobRecord(job=replace(d.job, submitted_at=tx.now), request_hash=d.request_hash)
+            JobRecord(
+                job=replace(d.job, submitted_at=tx.now),
+                request_hash=d.request_hash,
+                labels=d.labels,
+                webhook=d.webhook,
+            )
             for d in drafts
         ]
         await job_repo.insert_many(tx.conn, records)
@@ -144,11 +153,12 @@ class JobService:
                 raise Forbidden(
                     f"a token of team {who.team!r} cannot submit jobs for team {d.job.team!r}"
                 )
-            if d.job.priority not in self._classes:
-                known = ", ".join(sorted(self._classes))
-                raise InvalidSpec(
-                    f"{prefix}priority", f"unknown class {d.job.priority!r} (known: {known})"
-                )
+            check_priority(who, d.job.priority, self._classes, f"{prefix}priority")
+            if d.webhook is not None:
+                try:
+                    check_literal(d.webhook.url, self.rt.settings.webhooks.allow_private)
+                except InvalidSpec as e:
+                    raise InvalidSpec(f"{prefix}{e.field}", e.message) from None
 
     async def _check_inputs(self, who: Principal, drafts: Sequence[Draft]) -> None:
         """Every input file a job names must be one its submitter uploaded (422 otherwise)."""

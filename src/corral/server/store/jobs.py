@@ -147,3 +147,14 @@ async def update_many(
     """``update`` of many jobs (every change setting the same columns); the ids that matched."""
     rows = [(rec.job.id, rec.version, values) for rec, values in changes]
     return await guarded_update_many(conn, jobs, "id", rows)
+
+
+async def user_queue_front(conn: AsyncConnection, team: str, user: str) -> float | None:
+    """The earliest place in ``user``'s own queue (of ``team``): the least ``queue_at`` or,
+    for a job never moved, ``submitted_at``, of its queued jobs (None: none queued)."""
+    place = sa.func.coalesce(jobs.c.queue_at, jobs.c.submitted_at)
+    query = sa.select(sa.func.min(place)).where(
+        jobs.c.team == team, jobs.c.user == user, jobs.c.state == JobState.QUEUED.value
+    )
+    value = (await conn.execute(query)).scalar()
+    return None if value is None else float(value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.model import Allocation, Gpu, InputFile, Job, JobKind, Node, Team
@@ -74,6 +74,15 @@ class AttemptError:
 
 
 @dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a job's state changes are posted: ``events`` is ``end`` (its final state only)
+    or ``all`` (every state change)."""
+
+    url: str
+    events: str = "end"
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
     seq: int = 0
@@ -94,6 +103,10 @@ class JobRecord:
     request_hash: str | None = None
     interrupted: bool = False  # ended because a client interrupted it (its result is partial)
     ran: Mapping[str, str] | None = None  # model and parameters as run, where the agent chose
+    held: bool = False  # queued, but not placed until released (``PATCH /v1/jobs/{id}``)
+    queue_at: float | None = None  # its place in its user's own queue (None: submitted_at)
+    webhook: Webhook | None = None  # called on its state changes (services/webhooks.py)
+    labels: Mapping[str, str] = field(default_factory=dict)  # the client's own tags
 
     @property
     def state(self) -> JobState:
@@ -169,6 +182,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "payload": dict(j.payload),
             "estimated_runtime_s": j.estimated_runtime_s,
             **({"inputs": [[f.name, f.sha256] for f in j.inputs]} if j.inputs else {}),
+            **({"labels": dict(rec.labels)} if rec.labels else {}),
         },
         "replicas": j.replicas,
         "max_attempts": j.max_attempts,
@@ -181,6 +195,10 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
         "failures": rec.failures,
         "progress": rec.progress,
         "version": rec.version,
+        "held": rec.held,
+        "queue_at": rec.queue_at,
+        "webhook_url": rec.webhook.url if rec.webhook else None,
+        "webhook_events": rec.webhook.events if rec.webhook else None,
     }
 
 
@@ -236,6 +254,10 @@ def job_from_row(row: Any) -> JobRecord:
         request_hash=row.request_hash,
         interrupted=bool(row.interrupted),
         ran=row.ran,
+        held=bool(row.held),
+        queue_at=row.queue_at,
+        webhook=Webhook(row.webhook_url, row.webhook_events or "end") if row.webhook_url else None,
+        labels=spec.get("labels") or {},
     )
 
 

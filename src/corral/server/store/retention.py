@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.events import EventKind
 from corral.core.states import JOB
 from corral.server.store.records import JobRecord
-from corral.server.store.tables import allocations, events, jobs
+from corral.server.store.tables import allocations, events, jobs, webhook_deliveries
 
 TERMINAL = tuple(s.value for s in JOB.terminal)
 DETAIL = (EventKind.JOB_PROGRESS.value, EventKind.JOB_PREVIEW.value)
@@ -92,6 +92,9 @@ async def delete_jobs(conn: AsyncConnection, expired: Sequence[JobAge]) -> tuple
             )
         )
     ev = await conn.execute(sa.delete(events).where(events.c.job_id.in_(deleted)))
+    await conn.execute(
+        sa.delete(webhook_deliveries).where(webhook_deliveries.c.subject.in_(deleted))
+    )
     return len(deleted), ev.rowcount or 0
 
 

@@ -50,6 +50,12 @@ jobs = sa.Table(
     # Migration 0010: ended because a client interrupted it; what the agent filled in.
     sa.Column("interrupted", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     sa.Column("ran", sa.JSON, nullable=True),  # {"model": ..., "seed": ...} as it ran
+    # Migration 0020: the editable queue (held: queued, never placed until released;
+    # queue_at: its place in its user's own queue once moved to the top) and its webhook.
+    sa.Column("held", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
+    sa.Column("queue_at", sa.Double, nullable=True),
+    sa.Column("webhook_url", sa.String(2048), nullable=True),
+    sa.Column("webhook_events", sa.String(8), nullable=True),  # end | all
     sa.UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
     sa.Index("ix_jobs_state_seq", "state", "seq"),
     sa.Index("ix_jobs_team_seq", "team", "seq"),
@@ -235,4 +241,48 @@ input_names = sa.Table(
     sa.Column("name", sa.String(255), primary_key=True),
     sa.Column("sha256", sa.String(64), nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
+)
+
+# Webhooks (migration 0020): one row per call to make (an event of a subject, a job for
+# now), its attempts in ``history``; deleted with its job (services/webhooks.py).
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("subject", sa.String(40), nullable=False),  # the job (or array, pipeline) id
+    sa.Column("subject_kind", sa.String(16), nullable=False),  # job
+    sa.Column("team", sa.String(64), nullable=False),
+    sa.Column("event_seq", sa.BigInteger, nullable=False),  # the event it reports
+    sa.Column("kind", sa.String(32), nullable=False),  # the event's kind, e.g. job.succeeded
+    sa.Column("url", sa.String(2048), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),  # the JSON sent, byte for byte each attempt
+    sa.Column("state", sa.String(16), nullable=False),  # pending | delivered | failed
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("next_at", sa.Double, nullable=False),  # due (or leased by a sender until)
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("delivered_at", sa.Double, nullable=True),
+    sa.Column("last_status", sa.Integer, nullable=True),  # the receiver's HTTP status
+    sa.Column("last_error", sa.String(512), nullable=True),
+    sa.Column("history", sa.JSON, nullable=False),  # the latest attempts: at, status, error
+    sa.Column("version", sa.Integer, nullable=False, default=1),
+    sa.UniqueConstraint("subject", "event_seq", name="uq_webhook_deliveries_subject_event"),
+    sa.Index("ix_webhook_deliveries_state_next", "state", "next_at"),
+    sa.Index("ix_webhook_deliveries_team_state", "team", "state"),
+)
+
+# One HMAC-SHA256 secret per team signs its webhooks; kept readable (signing needs it).
+webhook_secrets = sa.Table(
+    "webhook_secrets",
+    metadata,
+    sa.Column("team", sa.String(64), primary_key=True),
+    sa.Column("secret", sa.String(80), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+)
+
+# The last event turned into deliveries: moved in the transaction that inserts them.
+webhook_cursor = sa.Table(
+    "webhook_cursor",
+    metadata,
+    sa.Column("name", sa.String(16), primary_key=True),
+    sa.Column("seq", sa.BigInteger, nullable=False),
 )

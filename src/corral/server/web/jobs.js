@@ -80,7 +80,8 @@ async function showJob(id) {
 // What changes as it runs: state, actions, why it waits, progress, results.
 function renderJob(job) {
   // Drawn again only when it changed: a button must not be replaced under a click.
-  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.placement, job.result, job.queue, job.error]);
+  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.placement, job.result, job.queue, job.error,
+    job.held, job.priority, job.timeout_s, job.labels]);
   if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) return;
   jobView.drawn = drawn;
   const done = TERMINAL.includes(job.state);
@@ -89,12 +90,59 @@ function renderJob(job) {
     el("p", { class: "muted" }, `${job.kind}${job.backend ? " · " + job.backend : ""} · ${job.team}/${job.user} · priority ${job.priority}` +
       ` · attempt ${job.attempt} of ${job.max_attempts}${job.node ? " · on " + job.node : ""} · submitted ${when(job.submitted_at)}`),
     el("div", { class: "actions", role: "group", "aria-label": "actions" }, actions(job, done)),
+    job.state === "queued" ? editForm(job) : "",
     queueExplanation(job),
     placement(job),
+    labelList(job),
+    job.webhook ? el("section", { id: "job-webhook" }, el("h3", {}, "Webhook"),
+      el("p", { class: "muted" }, `${job.webhook.url} (${job.webhook.events === "all" ? "every state change" : "when it ends"})`),
+      el("ul", { id: "job-deliveries" })) : "",
     el("section", {}, el("h3", {}, "Progress"), bar([[job.progress]]),
       el("div", { class: "muted", id: "job-progress" }, `${Math.round(job.progress * 100)}%`),
       job.error ? el("p", { class: "error" }, job.error) : "", resumed(job), ran(job)),
     el("section", {}, el("h3", {}, "Results"), results(job)));
+  if (job.webhook) showDeliveries(job.id).catch(() => {});
+}
+
+// A queued job's class, time limit and labels, changed in place (PATCH /v1/jobs/{id}).
+function editForm(job) {
+  const labels = Object.entries(job.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  const field = (label, attrs) => el("label", {}, label + " ", el("input", attrs));
+  const form = el("form", { id: "job-edit", class: "edit", "aria-label": "edit the queued job" },
+    field("priority", { name: "priority", value: job.priority, size: "10" }),
+    field("time limit (s)", { name: "timeout_s", type: "number", min: "1", value: job.timeout_s ?? "", size: "8" }),
+    field("labels", { name: "labels", value: labels, placeholder: "key=value, ...", size: "24" }),
+    el("button", { type: "submit", "data-action": "save" }, "save"));
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const data = new FormData(form);
+    const change = { priority: data.get("priority") };
+    if (data.get("timeout_s")) change.timeout_s = Number(data.get("timeout_s"));
+    change.labels = Object.fromEntries(String(data.get("labels")).split(",").map((p) => p.trim()).filter(Boolean)
+      .map((p) => [p.split("=")[0].trim(), p.split("=").slice(1).join("=").trim()]));
+    edit(job, change).catch((err) => { $("job-error").textContent = err.message; });
+  });
+  return form;
+}
+
+async function edit(job, change) {
+  const r = await api(`/v1/jobs/${encodeURIComponent(job.id)}`, { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(change) });
+  renderJob(await r.json());
+}
+
+function labelList(job) {
+  const entries = Object.entries(job.labels || {});
+  if (!entries.length) return "";
+  return el("p", { id: "job-labels", class: "muted" }, "labels: ", entries.map(([k, v]) => el("code", {}, `${k}=${v} `)));
+}
+
+// Each webhook call: the event it reports, where it stands, the receiver's last answer.
+async function showDeliveries(id) {
+  const found = (await getJson(`/v1/jobs/${encodeURIComponent(id)}/deliveries`)).deliveries;
+  const list = $("job-deliveries");
+  if (!list) return;
+  list.replaceChildren(...found.map((d) => el("li", { "data-state": d.state },
+    `${d.kind}: ${d.state} after ${d.attempts} attempt(s)` + (d.last_status ? ` · HTTP ${d.last_status}` : d.last_error ? ` · ${d.last_error}` : ""))));
 }
 
 // Where it runs: each allocation (a gang's replicas in rank order), its GPUs and their links.
@@ -108,13 +156,20 @@ function placement(job) {
 
 const reload = (id) => getJson(`/v1/jobs/${encodeURIComponent(id)}`).then(renderJob);
 
-// Cancel ends it now; interrupt keeps what it made so far; retry submits the same request
-// again as a new job; delete removes a finished one with its results.
+// Cancel ends it now; interrupt keeps what it made so far; hold keeps a queued job from
+// being placed until released; top makes it its user's next job; retry submits the same
+// request again as a new job; delete removes a finished one with its results.
 function actions(job, done) {
   const act = (label, title, run) => el("button", { "data-action": label, title, onclick: () => run().catch((e) => { $("job-error").textContent = e.message; }) }, label);
   const post = (verb) => async () => { renderJob(await (await api(`/v1/jobs/${encodeURIComponent(job.id)}/${verb}`, { method: "POST" })).json()); };
   const out = [];
   if (!done) out.push(act("cancel", "end it now; running work is told to stop", post("cancel")));
+  if (job.state === "queued") {
+    out.push(job.held
+      ? act("release", "let it be placed again", () => edit(job, { hold: false }))
+      : act("hold", "keep it queued but do not place it", () => edit(job, { hold: true })));
+    out.push(act("top", "make it its user's next job", () => edit(job, { top: true })));
+  }
   if (job.state === "running" || job.state === "placed") out.push(act("interrupt", "stop early and keep what it made so far", post("interrupt")));
   if (done) {
     out.push(act("retry", "submit the same request again as a new job", async () => {
@@ -145,7 +200,7 @@ function queueExplanation(job) {
   const q = job.queue;
   return el("section", { id: "job-queue" }, el("h3", {}, "Why it waits"),
     el("p", {}, `position ${q.position + 1} in the queue: ${q.summary || "waiting for the next cycle"}`),
-    el("ul", {}, q.reasons.map((r) => el("li", {}, `${r.nodes} node(s): ${r.message}`))),
+    el("ul", {}, q.reasons.map((r) => el("li", { "data-code": r.code }, r.nodes ? `${r.nodes} node(s): ${r.message}` : r.message))),
     q.remedy ? el("p", { class: "remedy", "data-remedy": q.remedy }, q.advice || REMEDIES[q.remedy] || q.remedy) : "");
 }
 
