@@ -8,7 +8,8 @@ a scenario file both ways and compares the outcomes:
   all real processes on loopback, on wall-clock time. Each scenario job is
   submitted at its ``submit_at`` (seconds after the cluster is ready) as the
   demo executor's job, whose run time the scenario sets: ``duration / STEP_S``
-  steps of ``STEP_S`` seconds (a job without a duration runs past the end).
+  steps of ``STEP_S`` seconds (a job without a duration runs past the end);
+  the jobs due at one instant are one batch (``POST /v1/jobs/batch``).
   The demo checkpoints when preempted and resumes from its step, as the
   simulator assumes every job does. The server's minimum run time before
   preemption is the scenario's, and its idle cycle is longer than the run,
@@ -33,14 +34,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -206,17 +206,24 @@ def start_agent(node: Any, agents_url: str, tmp: Path) -> subprocess.Popen[bytes
 
 
 def submit_on_time(c: httpx.Client, scenario: Scenario) -> dict[str, str]:
-    """Submit every job at its ``submit_at`` after now; scenario id -> server id."""
+    """Submit the jobs due at each ``submit_at`` (seconds after now) together, in one batch
+    (one transaction, as the simulator has them arrive in one instant, so one cycle sees
+    them all); scenario id -> server id."""
     ids: dict[str, str] = {}
     start = time.monotonic()
-    for sim_job in sorted(scenario.jobs(), key=lambda sj: sj.job.submitted_at):
-        delay = start + sim_job.job.submitted_at - time.monotonic()
+    due: dict[float, list[SimJob]] = defaultdict(list)
+    for sim_job in scenario.jobs():
+        due[sim_job.job.submitted_at].append(sim_job)
+    for at in sorted(due):
+        delay = start + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        reply = c.post("/v1/jobs", json=job_spec(sim_job))
+        jobs = due[at]
+        reply = c.post("/v1/jobs/batch", json={"jobs": [job_spec(sj) for sj in jobs]})
         if reply.status_code != 201:
-            raise SystemExit(f"parity: the server refused {sim_job.job.id}: {reply.text}")
-        ids[sim_job.job.id] = reply.json()["id"]
+            raise SystemExit(f"parity: the server refused the jobs due at {at:g} s: {reply.text}")
+        for sim_job, made in zip(jobs, reply.json()["jobs"], strict=True):
+            ids[sim_job.job.id] = made["id"]
     left = start + (scenario.until or 0) - time.monotonic()
     if left > 0:
         time.sleep(left)
@@ -235,8 +242,13 @@ def job_spec(sim_job: SimJob) -> dict[str, Any]:
     if r.gpu_models:
         resources["gpu_models"] = sorted(r.gpu_models)
     return {
-        "payload": {"prompt": job.id, "steps": steps, "step_s": STEP_S, "preview_every": 0,
-                    "size": 8},
+        "payload": {
+            "prompt": job.id,
+            "steps": steps,
+            "step_s": STEP_S,
+            "preview_every": 0,
+            "size": 8,
+        },
         "resources": resources,
         "team": job.team,
         "user": job.user,
@@ -287,7 +299,9 @@ def compare(sim: Outcome, real: Outcome, tolerance_s: float) -> list[str]:
     for sig in sorted(set(sim.waits) | set(real.waits), key=str):
         name = _name(sig)
         a, b = sim.waits.get(sig, []), real.waits.get(sig, [])
-        if len(a) != len(b) or any(not _close(x, y, tolerance_s) for x, y in zip(a, b)):
+        if len(a) != len(b) or any(
+            not _close(x, y, tolerance_s) for x, y in zip(a, b, strict=True)
+        ):
             out.append(f"{name}: waits sim {_fmt(a)} server {_fmt(b)}")
         if sim.states.get(sig) != real.states.get(sig):
             out.append(f"{name}: states sim {sim.states.get(sig)} server {real.states.get(sig)}")
@@ -298,20 +312,30 @@ def compare(sim: Outcome, real: Outcome, tolerance_s: float) -> list[str]:
             )
     for team in sorted(set(sim.held) | set(real.held)):
         if abs(sim.held.get(team, 0.0) - real.held.get(team, 0.0)) > 1e-9:
-            out.append(f"team {team}: GPUs held sim {sim.held.get(team)} server {real.held.get(team)}")
+            out.append(
+                f"team {team}: GPUs held sim {sim.held.get(team)} server {real.held.get(team)}"
+            )
     return out
 
 
 def print_side_by_side(sim: Outcome, real: Outcome) -> None:
-    print(f"{'jobs (team/user/priority/gpus/replicas/submit/duration)':58} {'sim':>24} {'server':>24}")
+    print(
+        f"{'jobs (team/user/priority/gpus/replicas/submit/duration)':58} {'sim':>24} {'server':>24}"
+    )
     for sig in sorted(set(sim.waits) | set(real.waits), key=str):
-        print(f"{_name(sig) + ' waits':58} {_fmt(sim.waits.get(sig, [])):>24} "
-              f"{_fmt(real.waits.get(sig, [])):>24}")
-        print(f"{_name(sig) + ' preempted':58} {sim.preempted.get(sig, 0):>24} "
-              f"{real.preempted.get(sig, 0):>24}")
+        print(
+            f"{_name(sig) + ' waits':58} {_fmt(sim.waits.get(sig, [])):>24} "
+            f"{_fmt(real.waits.get(sig, [])):>24}"
+        )
+        print(
+            f"{_name(sig) + ' preempted':58} {sim.preempted.get(sig, 0):>24} "
+            f"{real.preempted.get(sig, 0):>24}"
+        )
     for team in sorted(set(sim.held) | set(real.held)):
-        print(f"{'team ' + team + ' GPUs held at the end':58} {sim.held.get(team, 0):>24g} "
-              f"{real.held.get(team, 0):>24g}")
+        print(
+            f"{'team ' + team + ' GPUs held at the end':58} {sim.held.get(team, 0):>24g} "
+            f"{real.held.get(team, 0):>24g}"
+        )
     print(f"{'preemptions':58} {sim.preemptions:>24} {real.preemptions:>24}")
 
 

@@ -42,7 +42,6 @@ from corral.scheduler.passes import Passes
 from corral.scheduler.planner import Planner
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
-from corral.scheduler.timers import Timers
 from corral.scheduler.slots import (
     NOWHERE,
     RunningCount,
@@ -53,6 +52,7 @@ from corral.scheduler.slots import (
     join,
     leave,
 )
+from corral.scheduler.timers import Timers
 from corral.scheduler.victims import VictimIndex
 
 if TYPE_CHECKING:

@@ -84,9 +84,7 @@ class Rebuilding(Observing):
     ) -> Plan:
         return self.schedule(snapshot(), config, now, seed)
 
-    def wake_at(
-        self, snapshot: Callable[[], Snapshot], config: Config, now: float
-    ) -> float | None:
+    def wake_at(self, snapshot: Callable[[], Snapshot], config: Config, now: float) -> float | None:
         """corral's scheduler: its timers over a fresh snapshot (``scheduler.timers``); the
         baselines decide nothing by the clock."""
         if self.schedule is not _plain_schedule():
@@ -134,9 +132,7 @@ class Kept(Observing):
         self.scheduler.served = served
         return self.scheduler.schedule(now, seed, explain=self.explain)
 
-    def wake_at(
-        self, snapshot: Callable[[], Snapshot], config: Config, now: float
-    ) -> float | None:
+    def wake_at(self, snapshot: Callable[[], Snapshot], config: Config, now: float) -> float | None:
         return self.scheduler.wake_at(now)
 
 

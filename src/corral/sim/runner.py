@@ -138,8 +138,7 @@ class _Run:
                 break
             self.clock.advance_to(t)
             changed, nxt = self._arrive(nxt, arrivals, t)
-            for timer in self.clock.pop_due():
-                changed = self.world.complete(timer.key, timer.token, t) or changed
+            changed = self._complete(t) or changed
             if wake is not None and wake <= t:
                 wake, changed = None, True  # as the server's loop wakes for its timer
             if scaling is not None:
@@ -232,6 +231,14 @@ class _Run:
             f"the scheduler did not settle at t={now:g}: still preempting after "
             f"{MAX_CYCLES_PER_INSTANT} cycles"
         )
+
+    def _complete(self, t: float) -> bool:
+        """End the work due at ``t``; whether any ended (a timer of a preempted attempt is
+        stale and ends nothing)."""
+        changed = False
+        for timer in self.clock.pop_due():
+            changed = self.world.complete(timer.key, timer.token, t) or changed
+        return changed
 
     def _wake_at(self, now: float) -> float | None:
         """After a cycle at ``now``: the next instant at which the policy may decide
