@@ -98,11 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", type=Path)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE_S, help="seconds")
+    parser.add_argument("--keep", type=Path, help="keep the server's and agents' files here")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
     sim = sim_outcome(scenario)
-    with tempfile.TemporaryDirectory(prefix="corral-parity-") as tmp:
-        real = server_outcome(scenario, Path(tmp))
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        real = server_outcome(scenario, args.keep)
+    else:
+        with tempfile.TemporaryDirectory(prefix="corral-parity-") as tmp:
+            real = server_outcome(scenario, Path(tmp))
     print_side_by_side(sim, real)
     differences = compare(sim, real, args.tolerance)
     for line in differences:
@@ -125,9 +130,9 @@ def sim_outcome(scenario: Scenario) -> Outcome:
         out.waits.setdefault(sig, []).append(rec["wait_s"])
         state = {"succeeded": "done", "placed": "running"}.get(rec["state"], rec["state"])
         out.states.setdefault(sig, []).append(state)
-        out.preempted[sig] = out.preempted.get(sig, 0) + sum(
-            1 for p in rec["placements"] if p.get("preempted")
-        )
+        # a gang's replicas are preempted together: one preemption per instant
+        stops = {p["end"] for p in rec["placements"] if p.get("preempted")}
+        out.preempted[sig] = out.preempted.get(sig, 0) + len(stops)
         held = sum(p["gpus"] for p in rec["placements"] if p["end"] is None)
         out.held[rec["team"]] = out.held.get(rec["team"], 0.0) + held
     return _sorted(out)
@@ -280,7 +285,7 @@ def collect(c: httpx.Client, scenario: Scenario, ids: dict[str, str]) -> Outcome
         job = c.get(f"/v1/jobs/{server_id}").raise_for_status().json()
         state = {"succeeded": "done", "placed": "running"}.get(job["state"], job["state"])
         out.states.setdefault(sig, []).append(state)
-        gone = sum(1 for e in mine if e["kind"] == "job.preempted")
+        gone = len({e["at"] for e in mine if e["kind"] == "job.preempted"})  # a gang's: one
         out.preempted[sig] = out.preempted.get(sig, 0) + gone
         if state == "running":
             held = _gpus(sim_job) * sim_job.job.replicas
