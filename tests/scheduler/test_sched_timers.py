@@ -7,7 +7,7 @@ instant is the one given (so both shells wake exactly then).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from scheduler_builders import alloc, job, node, snapshot, team
@@ -49,6 +49,20 @@ def _backoff() -> Scheduler:
     return Scheduler.from_snapshot(snap)
 
 
+def _model_wait() -> Scheduler:
+    """j waits for the busy node that has its model loaded (expected free at t=10) rather
+    than fetch the 6.5 GB model onto the idle node (~71 s), up to model_max_wait_s = 300
+    after its submission; the holder overruns."""
+    config = Config(model_fetch_bytes_per_s=100e6, model_max_wait_s=300)
+    snap = snapshot(
+        nodes=[node("holder").gpus(1).models(loaded=("sdxl",)), node("idle").gpus(1)],
+        allocs=[alloc("busy", "holder").cards(0).set(started_at=0.0, preemptible=False)],
+        jobs=[job("j").gpus(1).set(model="sdxl", estimated_runtime_s=30.0, submitted_at=0.0)],
+    )
+    snap = replace(snap, expected_ends={"busy": 10.0}, model_sizes={"sdxl": 6_500_000_000})
+    return Scheduler.from_snapshot(snap, config)
+
+
 def _acted(plan: Plan) -> bool:
     return bool(plan.placements or plan.preemptions)
 
@@ -56,6 +70,7 @@ def _acted(plan: Plan) -> bool:
 CASES = [
     Case("a reclaim waits for the victim's minimum run time", _reclaim(), 20.0, 10.0 + MIN_RUN),
     Case("a backoff ends", _backoff(), 10.0, 50.0),
+    Case("a wait for the model's holder runs out", _model_wait(), 5.0, 300.0),
 ]
 
 
