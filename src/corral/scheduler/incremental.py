@@ -206,10 +206,10 @@ class Scheduler:
     def wake_at(self, now: float) -> float | None:
         """The first instant after ``now`` at which a cycle may place or preempt what a cycle
         at ``now`` did not, with nothing else changing (``timers.py``); None: no such instant.
-        A shell runs a cycle then, as it does on an arrival or an end."""
-        if not self.queue:
-            return None
-        return self._timers.wake_at(now, self.queue.jobs, self._slots.of)
+        A shell runs a cycle then, as it does on an arrival or an end. Asked after every
+        cycle, queue or not: that is also when the instants passed are forgotten."""
+        wake = self._timers.wake_at(now, self.queue.jobs, self._slots.of)
+        return wake if self.queue else None
 
     # -- deciding -------------------------------------------------------------------
 

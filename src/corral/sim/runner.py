@@ -244,13 +244,14 @@ class _Run:
         """After a cycle at ``now``: the next instant at which the policy may decide
         differently with nothing arriving or ending (a victim passing its minimum run time,
         a backoff ending; ``scheduler.timers``), while anything waits."""
-        if not self.world.waiting:
-            return None
         wake_at = getattr(self.policy, "wake_at", None)
         if wake_at is None:
             return None
+        if not self.world.waiting and getattr(self.policy, "snapshots", True):
+            return None  # nothing to wake for, and a policy fed snapshots keeps no timers
+        # asked with an empty queue too: a kept scheduler forgets the instants passed then
         when: float | None = wake_at(self.world.snapshot, self.scenario.config, now)
-        return when
+        return when if self.world.waiting else None
 
     def _report(self, *, done: bool = False) -> None:
         if self.progress is None:
