@@ -88,6 +88,12 @@ class SchedulingLoop:
     def explain_every(self) -> float:
         return self.pacing.explain_every
 
+    @property
+    def wake_at(self) -> float | None:
+        """When the loop next wakes with no trigger, short of the idle cycle: the first
+        instant at which time alone may change the last cycle's plan (None: none)."""
+        return self._next_timer
+
     def rebuild(self) -> None:
         """Forget the kept state: the next catch-up reads it all from the store again."""
         self.kept = Kept(self.config())
