@@ -52,6 +52,7 @@ from corral.scheduler.slots import (
     join,
     leave,
 )
+from corral.scheduler.timers import Timers
 from corral.scheduler.victims import VictimIndex
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class Scheduler:
         self._victims = VictimIndex(self.classes, 0)  # what preemption could evict
         self._cluster: Cluster | None = None
         self._carried = Carried()  # what the last cycle took or gave back (carried.py)
+        self._timers = Timers(config, self.classes)  # when time alone may change a plan
         self.nodes: tuple[Node, ...] = ()
         self._index: dict[str, int] = {}
         self.teams: tuple[Team, ...] = ()
@@ -98,6 +100,7 @@ class Scheduler:
         for job in snapshot.queued:
             if not sched.queue.add(job, sort=False):
                 raise InvalidSpec("snapshot.queued", f"duplicate {job.id!r}")
+            sched._timers.queued(job)
         sched.queue.sort()
         ends = snapshot.expected_ends
         for alloc in snapshot.allocations:
@@ -112,6 +115,7 @@ class Scheduler:
         """``job`` is queued (placeable from its ``not_before`` on)."""
         if not self.queue.add(job):
             raise InvalidSpec("snapshot.queued", f"duplicate {job.id!r}")
+        self._timers.queued(job)
 
     def withdraw(self, job_id: str) -> Job:
         """``job_id`` is no longer queued (placed, cancelled, failed). KeyError if unknown."""
@@ -127,6 +131,7 @@ class Scheduler:
             self._used.append(TeamUsage())
         if alloc.active:
             self._count(slot, alloc, +1, expected_end)
+            self._timers.started(alloc)
 
     def end(self, alloc_id: str) -> Allocation:
         """``alloc_id`` no longer exists (ended, preempted, lost). KeyError if unknown."""
@@ -197,6 +202,14 @@ class Scheduler:
             model_sizes=self.model_sizes,
             served=self.served,
         )
+
+    def wake_at(self, now: float) -> float | None:
+        """The first instant after ``now`` at which a cycle may place or preempt what a cycle
+        at ``now`` did not, with nothing else changing (``timers.py``); None: no such instant.
+        A shell runs a cycle then, as it does on an arrival or an end. Asked after every
+        cycle, queue or not: that is also when the instants passed are forgotten."""
+        wake = self._timers.wake_at(now, self.queue.jobs, self._slots.of)
+        return wake if self.queue else None
 
     # -- deciding -------------------------------------------------------------------
 

@@ -164,6 +164,12 @@ class SchedulingSettings(BaseModel):
         default=30.0, gt=0, description="a node not heard from for this long is lost"
     )
     liveness_tick_s: float = Field(default=1.0, gt=0, description="how often timeouts are checked")
+    min_runtime_before_preemption_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="work that has run less than this is never preempted (no thrashing of "
+        "work that just began); the loop wakes when it passes, not at the next idle cycle",
+    )
     preemption_grace_s: float = Field(
         default=30.0, ge=0, description="time a preempted allocation gets to checkpoint"
     )

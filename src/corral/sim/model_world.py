@@ -38,7 +38,7 @@ from typing import Literal
 from corral.core.model import Allocation, Gpu, Job, Node
 from corral.core.resources import GIB, ResourceRequest
 from corral.core.states import AllocObserved
-from corral.scheduler import Config, Snapshot, schedule
+from corral.scheduler import Config, Scheduler, Snapshot, schedule
 from corral.scheduler.prefetch import CacheState, PrefetchConfig, plan_prefetch
 
 Mode = Literal["aware", "locality", "blind"]
@@ -162,6 +162,8 @@ class _Sim:
         heapq.heappush(self.events, (at, self.seq, kind, key))
 
     def _handle(self, kind: str, key: str, now: float) -> None:
+        """An event: ``arrive``, ``done``, ``fetched``; ``wake`` changes nothing itself (the
+        loop's cycle after it is the point)."""
         if kind == "arrive":
             job = self.queued[key] = self.future.pop(key)
             self._popular(job.model or "", now)
@@ -176,9 +178,16 @@ class _Sim:
                 self._store(node, model)
 
     def _cycle(self, now: float) -> None:
-        plan = schedule(self._snapshot(), self.config, now)
+        snapshot = self._snapshot()
+        plan = schedule(snapshot, self.config, now)
         for p in plan.placements:
             self._start(self.queued.pop(p.job_ids[0]), self._node(p.node), p.gpu_indices, now)
+        if len(plan.placements) < len(snapshot.queued):
+            # a job waiting for its model's busy holder stops waiting at a time no event
+            # marks (``scheduler.timers``): wake for it, as the server's loop does
+            wake = Scheduler.from_snapshot(snapshot, self.config).wake_at(now)
+            if wake is not None:
+                self._push(wake, "wake", "")
 
     def _popular(self, model: str, now: float) -> None:
         """Recent demand per model: arrivals, decayed with a half-life of ``POPULARITY_HALF_S``."""

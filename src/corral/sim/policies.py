@@ -30,7 +30,9 @@ POLICIES = ("corral", "first-fit", "best-fit", "corral-rebuild")
 
 class Policy(Protocol):
     """What the runner drives: told each change to the world (``observing.Observer``), asked
-    for a plan once per cycle. ``snapshot`` builds the world's snapshot, when needed;
+    for a plan once per cycle, and after it for the next instant at which time alone may
+    change its answer (``wake_at``; None: none, as for a policy without the method).
+    ``snapshot`` builds the world's snapshot, when needed;
     ``served`` is users' recent service (``scheduler.served``), as the server keeps it.
     ``snapshots``: False when ``plan`` never calls ``snapshot`` (the world then keeps no
     maps of queued jobs and expected ends for it; a policy without the attribute is taken
@@ -59,6 +61,10 @@ class Policy(Protocol):
         served: Mapping[str, float],
     ) -> Plan: ...
 
+    def wake_at(
+        self, snapshot: Callable[[], Snapshot], config: Config, now: float
+    ) -> float | None: ...
+
 
 class Rebuilding(Observing):
     """A ``schedule``-shaped function, handed a fresh snapshot every cycle."""
@@ -77,6 +83,13 @@ class Rebuilding(Observing):
         served: Mapping[str, float],
     ) -> Plan:
         return self.schedule(snapshot(), config, now, seed)
+
+    def wake_at(self, snapshot: Callable[[], Snapshot], config: Config, now: float) -> float | None:
+        """corral's scheduler: its timers over a fresh snapshot (``scheduler.timers``); the
+        baselines decide nothing by the clock."""
+        if self.schedule is not _plain_schedule():
+            return None
+        return Scheduler.from_snapshot(snapshot(), config).wake_at(now)
 
 
 class Kept(Observing):
@@ -118,6 +131,9 @@ class Kept(Observing):
     ) -> Plan:
         self.scheduler.served = served
         return self.scheduler.schedule(now, seed, explain=self.explain)
+
+    def wake_at(self, snapshot: Callable[[], Snapshot], config: Config, now: float) -> float | None:
+        return self.scheduler.wake_at(now)
 
 
 def resolve(name: str) -> ScheduleFn:

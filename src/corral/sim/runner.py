@@ -128,17 +128,19 @@ class _Run:
     def _loop(self, arrivals: Iterator[SimJob], until: float | None, seed: int) -> dict[str, Any]:
         nxt = _first(arrivals)
         cycle_at: float | None = None
+        wake: float | None = None  # when time alone may change the policy's answer
         scaling = self.scaling  # None without pools: one test per instant, nothing per job
         while True:
-            t = _earliest(nxt, self.clock.next_time(), cycle_at)
+            t = _earliest(nxt, self.clock.next_time(), _sooner(cycle_at, wake))
             if scaling is not None:
                 t = _sooner(t, scaling.next_time())
             if t is None or (until is not None and t > until):
                 break
             self.clock.advance_to(t)
             changed, nxt = self._arrive(nxt, arrivals, t)
-            for timer in self.clock.pop_due():
-                changed = self.world.complete(timer.key, timer.token, t) or changed
+            changed = self._complete(t) or changed
+            if wake is not None and wake <= t:
+                wake, changed = None, True  # as the server's loop wakes for its timer
             if scaling is not None:
                 changed = scaling.joins(t) or changed
                 if changed:
@@ -148,6 +150,7 @@ class _Run:
             if cycle_at == t:
                 cycle_at = None
                 self._cycles(t, seed)
+                wake = self._wake_at(t)
                 if self.fragmentation.due(t):
                     self.fragmentation.sample(t)
                 if scaling is not None:
@@ -228,6 +231,27 @@ class _Run:
             f"the scheduler did not settle at t={now:g}: still preempting after "
             f"{MAX_CYCLES_PER_INSTANT} cycles"
         )
+
+    def _complete(self, t: float) -> bool:
+        """End the work due at ``t``; whether any ended (a timer of a preempted attempt is
+        stale and ends nothing)."""
+        changed = False
+        for timer in self.clock.pop_due():
+            changed = self.world.complete(timer.key, timer.token, t) or changed
+        return changed
+
+    def _wake_at(self, now: float) -> float | None:
+        """After a cycle at ``now``: the next instant at which the policy may decide
+        differently with nothing arriving or ending (a victim passing its minimum run time,
+        a backoff ending; ``scheduler.timers``), while anything waits."""
+        wake_at = getattr(self.policy, "wake_at", None)
+        if wake_at is None:
+            return None
+        if not self.world.waiting and getattr(self.policy, "snapshots", True):
+            return None  # nothing to wake for, and a policy fed snapshots keeps no timers
+        # asked with an empty queue too: a kept scheduler forgets the instants passed then
+        when: float | None = wake_at(self.world.snapshot, self.scenario.config, now)
+        return when if self.world.waiting else None
 
     def _report(self, *, done: bool = False) -> None:
         if self.progress is None:

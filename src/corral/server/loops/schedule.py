@@ -3,8 +3,9 @@
 It runs when something changed (a submission, a node joining or changing,
 an allocation ending: anything that fires ``Runtime.schedule_needed``),
 paced (``pacing.py``) so that a burst of changes costs one cycle, plus a slow
-idle cycle as a safety net and a timer for the earliest retry backoff. Never a
-fixed fast sleep.
+idle cycle as a safety net and a timer for the first instant at which time
+alone may change the plan (``Scheduler.wake_at``: a retry backoff ending, a
+victim passing its minimum run time). Never a fixed fast sleep.
 
 Only the leader schedules (``leader.py``). It keeps a ``Scheduler`` between
 cycles (``kept.py``) and tells it, before each cycle, what changed in the
@@ -20,7 +21,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from operator import attrgetter
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -43,7 +43,6 @@ INLINE_WORK = 4096
 millisecond); larger cycles run on a thread so the API stays responsive meanwhile."""
 
 FORGET_EVERY = 10_000  # queue changes (SQLite's ``job_changes``) followed between deletions
-_NOT_BEFORE = attrgetter("not_before")
 
 
 class SchedulingLoop:
@@ -75,6 +74,7 @@ class SchedulingLoop:
             priority_classes=self.rt.priority_classes,
             max_batch_size=s.max_batch_size,
             preemption=s.preemption,
+            min_runtime_before_preemption_s=s.min_runtime_before_preemption_s,
             model_fetch_bytes_per_s=m.fetch_bytes_per_s if m.routing else None,
             model_load_bytes_per_s=m.load_bytes_per_s,
             model_max_wait_s=m.max_wait_s,
@@ -87,6 +87,12 @@ class SchedulingLoop:
     @property
     def explain_every(self) -> float:
         return self.pacing.explain_every
+
+    @property
+    def wake_at(self) -> float | None:
+        """When the loop next wakes with no trigger, short of the idle cycle: the first
+        instant at which time alone may change the last cycle's plan (None: none)."""
+        return self._next_timer
 
     def rebuild(self) -> None:
         """Forget the kept state: the next catch-up reads it all from the store again."""
@@ -227,9 +233,10 @@ class SchedulingLoop:
             for job_id in placed:
                 self.unplaced.pop(job_id, None)
             self.unplaced.update((u.job_id, u) for u in plan.unplaced)
-        # The earliest retry back-off still to end: the loop wakes for it.
-        not_before = map(_NOT_BEFORE, kept.scheduler.queue.jobs.values())
-        self._next_timer = min(filter(now.__lt__, not_before), default=None)
+        # The first instant at which time alone may change the plan (a backoff ending, a
+        # victim passing its minimum run time, a model wait running out): the loop wakes for
+        # it, as the simulator does (``scheduler.timers``), not at the next idle cycle.
+        self._next_timer = kept.scheduler.wake_at(now)
         left = offered > len(placed)  # what an explained cycle would leave unplaced
         self.rt.work_waiting = bool(left or kept.awaiting or self._next_timer is not None)
         self.rt.metrics.observe_nodes(kept.scheduler.nodes)
