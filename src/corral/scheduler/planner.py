@@ -372,13 +372,12 @@ class Planner:
             if not on_cpu:
                 self.ledger.add(job.team, fit.total_milli)
         for room in rooms:
-            for victim in room.victims:
-                why = "reclaim borrowed capacity" if victim.team != job.team else "higher priority"
+            for victim, why in zip(room.victims, room.why, strict=True):
                 for alloc in victim.allocs:
+                    if not why:  # priority preemption inside the team
+                        why = f"priority: {job.priority} outranks {alloc.priority}"
                     self.preemptions.append(
-                        Preemption(
-                            alloc.id, alloc.job_ids, alloc.node, job.id, f"{why} for {job.id}"
-                        )
+                        Preemption(alloc.id, alloc.job_ids, alloc.node, job.id, f"{why}; for {job.id}")
                     )
         self.position += 1
 
