@@ -144,6 +144,7 @@ class ReasonCode(StrEnum):
     CYCLE_LIMIT = "cycle_limit"  # max placements per cycle reached
     RESERVED = "reserved"  # the node is reserved for a bigger job ahead in the queue
     HOLDS_RESERVATION = "holds_reservation"  # informational: nodes are reserved for this job
+    MIN_RUNTIME = "min_runtime"  # informational: when the work it would evict may be evicted
     UNKNOWN_PRIORITY = "unknown_priority"
 
 
@@ -238,6 +239,9 @@ class Plan:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     unplaced: tuple[Unplaced, ...] = ()
+    # (allocation id, borrowed): running allocations whose ``borrowed`` flag changes, so the
+    # flags stay the fewest that cover each team's usage past its quota (``borrowing.py``)
+    reflags: tuple[tuple[str, bool], ...] = ()
 
     @property
     def batches(self) -> tuple[Placement, ...]:

@@ -20,6 +20,7 @@ record) share the cycle's memos and working copy; apart they would pass it all a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Final
 
@@ -93,10 +94,11 @@ class Planner:
         self.reasons: dict[str, Explanation] = {}  # those reasons (a wait for a model holder)
         self.stopped = False  # the cycle placement limit was reached
         self.riders: tuple[Job, ...] = ()  # jobs that joined the last placement (a batch)
+        self.lent: dict[str, int] = {}  # team -> milli-GPUs placed as borrowed this cycle
         self.position = 0
         self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = cycle.memo()
         self._no_room: Memo[tuple[Need, Ask, bool], int] = cycle.memo()
-        self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = cycle.memo()
+        self._patient: Memo[tuple[Need, Ask, int], tuple[int, Reason | None]] = cycle.memo()
         self._gang_failed: Memo[tuple[Need, int], int] = cycle.memo()
         self._preempt_failed: Memo[tuple[Need, int, Ask], int] = cycle.memo()
         # made once per (pass kind, class, team): asked for on every liveness check after a
@@ -371,6 +373,8 @@ class Planner:
             )
             if not on_cpu:
                 self.ledger.add(job.team, fit.total_milli)
+                if borrowed:
+                    self.lent[job.team] = self.lent.get(job.team, 0) + fit.total_milli
         for room in rooms:
             for victim, why in zip(room.victims, room.why, strict=True):
                 for alloc in victim.allocs:
@@ -411,14 +415,20 @@ class Planner:
             reasons = (*reasons, held)
         if job.lacking_nodes:
             reasons = (*reasons, lacking_reason(job))
-        if remedy is Remedy.WAIT and self._preemption_would_help(job, pclass, need, guaranteed):
-            remedy = Remedy.PREEMPT
+        if remedy is Remedy.WAIT:
+            helps = self._preemption_would_help(job, pclass, need, guaranteed)
+            if helps is not None:
+                remedy = Remedy.PREEMPT
+                if helps.message:
+                    reasons = (*reasons, helps)
         return reasons, remedy
 
     def _preemption_would_help(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool
-    ) -> bool:
-        """Would evictions let the job fit once victims have run long enough? (a what-if)"""
+    ) -> Reason | None:
+        """Would evictions let the job fit once victims have run long enough? (a what-if)
+        If so, a reason saying when the last victim it needs passes its minimum run time
+        (an empty message: they all have; the job waits only for their stop)."""
         ask = self.ask(job.team, pclass, guaranteed)
         key = (need, ask, job.replicas)
         cached = self._patient.get(key)
@@ -427,8 +437,29 @@ class Planner:
         mark = self.cycle.checkpoint()
         found = self._fit_with_preemption(job, pclass, need, guaranteed, patient=True)
         self.cycle.rollback(mark)
-        self._patient.put(key, (self.cycle.cap.generation, found is not None))
-        return found is not None
+        helps = None if found is None else self._when_evictable(job, found[1])
+        self._patient.put(key, (self.cycle.cap.generation, helps))
+        return helps
+
+    def _when_evictable(self, job: Job, rooms: list[Room]) -> Reason:
+        """``"team a's work passes its 60 s minimum run time in ~38 s"``: the victims the
+        what-if chose, the one that may be evicted last."""
+        least = self.config.min_runtime_before_preemption_s
+        last, wait = None, 0.0
+        for room in rooms:
+            for victim in room.victims:
+                left = victim.started_at + least - self.now
+                if left > wait:
+                    last, wait = victim, left
+        if last is None:
+            return Reason(ReasonCode.MIN_RUNTIME, 0, "")
+        whose = (
+            f"{last.allocs[0].priority} work"
+            if last.team == job.team
+            else f"team {last.team}'s work"
+        )
+        text = f"{whose} passes its {least:g} s minimum run time in ~{math.ceil(wait)} s"
+        return Reason(ReasonCode.MIN_RUNTIME, 0, text)
 
     def _quota_reason(self, job: Job) -> Explanation:
         limit = self.ledger.limit(job.team) or 0
@@ -444,11 +475,12 @@ class Planner:
         self.unplaced.append(Unplaced(job.id, self.position, why[0], why[1]))
         self.position += 1
 
-    def plan(self) -> Plan:
+    def plan(self, reflags: list[tuple[str, bool]] | None = None) -> Plan:
         return Plan(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
             unplaced=tuple(self.unplaced),
+            reflags=tuple(reflags) if reflags else (),
         )
 
 
