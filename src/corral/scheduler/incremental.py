@@ -29,6 +29,7 @@ cycle limit leaves.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -136,6 +137,14 @@ class Scheduler:
         if alloc.active:
             self._count(slot, alloc, -1, slot.end)
         return alloc
+
+    def reflag(self, alloc_id: str, borrowed: bool) -> None:
+        """``alloc_id``'s ``borrowed`` flag is now ``borrowed`` (a plan's ``reflags`` applied):
+        it ends and starts again so flagged, keeping its expected end. KeyError if unknown."""
+        slot = self._slots.of[alloc_id]
+        if slot.alloc.borrowed != borrowed:
+            end = slot.end
+            self.start(replace(self.end(alloc_id), borrowed=borrowed), end)
 
     @property
     def allocations(self) -> dict[str, Allocation]:

@@ -102,6 +102,9 @@ class Kept(Observing):
     def ended(self, alloc_id: str) -> None:
         self.scheduler.end(alloc_id)
 
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None:
+        self.scheduler.reflag(alloc_id, borrowed)
+
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         self.scheduler.set_teams(teams)
 

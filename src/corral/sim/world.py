@@ -209,14 +209,12 @@ class World:
 
     def _reflag(self, alloc_id: str, borrowed: bool) -> None:
         """The plan moved an allocation's ``borrowed`` flag (the scheduler's usage changed
-        under it): the kept scheduler sees the allocation end and start again, flagged so."""
+        under it)."""
         alloc = self.allocations.get(alloc_id)
         if alloc is None or alloc.borrowed == borrowed:
             return  # ended in this plan, or already so
-        alloc = self.allocations[alloc_id] = replace(alloc, borrowed=borrowed)
-        self._observer.ended(alloc_id)
-        ends = self._expected_ends
-        self._observer.started(alloc, None if ends is None else ends.get(alloc_id))
+        self.allocations[alloc_id] = replace(alloc, borrowed=borrowed)
+        self._observer.reflagged(alloc_id, borrowed)
 
     def complete(self, run: JobRun, token: int, now: float) -> bool:
         """A completion timer of ``run`` fired; False when it was stale (the job was
