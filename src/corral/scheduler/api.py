@@ -172,7 +172,7 @@ class Placement:
     gpu_indices: tuple[int, ...] = ()
     gpu_milli: int = 0  # per listed GPU
     vram_bytes: int = 0  # reserved per listed GPU
-    cpus: int = 0
+    cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False
     borrowed: bool = False
     preempts: tuple[str, ...] = ()  # allocation ids that must stop before this one starts
@@ -186,7 +186,7 @@ class Placement:
         gpu_indices: tuple[int, ...] = (),
         gpu_milli: int = 0,
         vram_bytes: int = 0,
-        cpus: int = 0,
+        cpus: float = 0,
         on_cpu: bool = False,
         borrowed: bool = False,
         preempts: tuple[str, ...] = (),

@@ -92,7 +92,9 @@ def reflag(
 
 def _counts(alloc: Allocation) -> bool:
     """An allocation whose flag is kept: it holds GPUs and is meant to run on."""
-    return alloc.active and not alloc.on_cpu and alloc.milli > 0 and alloc.desired is AllocDesired.RUN
+    return (
+        alloc.active and not alloc.on_cpu and alloc.milli > 0 and alloc.desired is AllocDesired.RUN
+    )
 
 
 def _age(alloc: Allocation) -> tuple[float, str]:

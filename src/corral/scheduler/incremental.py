@@ -29,12 +29,13 @@ cycle limit leaves.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
+from corral.core.resources import cpu_milli
 from corral.scheduler.api import Config, Plan, Snapshot
 from corral.scheduler.borrowing import reflag
 from corral.scheduler.carried import Carried, adjust_on
@@ -342,7 +343,7 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back ...
+        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus)  # given back
         if sign > 0:  # ... or taken
             milli, vram, cpus = -milli, -vram, -cpus
         adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)

@@ -20,12 +20,11 @@ record) share the cycle's memos and working copy; apart they would pass it all a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Final
 
 from corral.core.model import Job, PriorityClass
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, MILLI_CPU
 from corral.scheduler.api import (
     Placement,
     Plan,
@@ -37,7 +36,7 @@ from corral.scheduler.api import (
 )
 from corral.scheduler.batching import Batcher
 from corral.scheduler.cycle import Cycle, Memo, current
-from corral.scheduler.explain import explain, simple
+from corral.scheduler.explain import explain, simple, when_evictable
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
 from corral.scheduler.groups import Group
@@ -365,7 +364,7 @@ class Planner:
                     gpu_indices=fit.node.to_indices(fit.gpus),
                     gpu_milli=fit.milli,
                     vram_bytes=fit.vram,
-                    cpus=fit.cpus,
+                    cpus=fit.cpus / MILLI_CPU,
                     on_cpu=on_cpu,
                     borrowed=borrowed,
                     preempts=by_node.get(fit.node.name, ()) if rooms else (),
@@ -375,15 +374,22 @@ class Planner:
                 self.ledger.add(job.team, fit.total_milli)
                 if borrowed:
                     self.lent[job.team] = self.lent.get(job.team, 0) + fit.total_milli
+        if rooms:
+            self._evict(job, rooms)
+        self.position += 1
+
+    def _evict(self, job: Job, rooms: list[Room]) -> None:
+        """The preemptions that make ``rooms`` for ``job``, each with its reason."""
         for room in rooms:
             for victim, why in zip(room.victims, room.why, strict=True):
                 for alloc in victim.allocs:
                     if not why:  # priority preemption inside the team
                         why = f"priority: {job.priority} outranks {alloc.priority}"
                     self.preemptions.append(
-                        Preemption(alloc.id, alloc.job_ids, alloc.node, job.id, f"{why}; for {job.id}")
+                        Preemption(
+                            alloc.id, alloc.job_ids, alloc.node, job.id, f"{why}; for {job.id}"
+                        )
                     )
-        self.position += 1
 
     def explanation(self, job: Job, pclass: PriorityClass) -> Explanation:
         """Why ``job`` is still queued at the end of the cycle, and what could help."""
@@ -437,29 +443,12 @@ class Planner:
         mark = self.cycle.checkpoint()
         found = self._fit_with_preemption(job, pclass, need, guaranteed, patient=True)
         self.cycle.rollback(mark)
-        helps = None if found is None else self._when_evictable(job, found[1])
+        helps = None
+        if found is not None:
+            least = self.config.min_runtime_before_preemption_s
+            helps = when_evictable(job, found[1], self.now, least)
         self._patient.put(key, (self.cycle.cap.generation, helps))
         return helps
-
-    def _when_evictable(self, job: Job, rooms: list[Room]) -> Reason:
-        """``"team a's work passes its 60 s minimum run time in ~38 s"``: the victims the
-        what-if chose, the one that may be evicted last."""
-        least = self.config.min_runtime_before_preemption_s
-        last, wait = None, 0.0
-        for room in rooms:
-            for victim in room.victims:
-                left = victim.started_at + least - self.now
-                if left > wait:
-                    last, wait = victim, left
-        if last is None:
-            return Reason(ReasonCode.MIN_RUNTIME, 0, "")
-        whose = (
-            f"{last.allocs[0].priority} work"
-            if last.team == job.team
-            else f"team {last.team}'s work"
-        )
-        text = f"{whose} passes its {least:g} s minimum run time in ~{math.ceil(wait)} s"
-        return Reason(ReasonCode.MIN_RUNTIME, 0, text)
 
     def _quota_reason(self, job: Job) -> Explanation:
         limit = self.ledger.limit(job.team) or 0
