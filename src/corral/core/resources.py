@@ -115,7 +115,7 @@ class ResourceRequest:
         if self.vram_bytes < 0:
             raise InvalidSpec("resources.vram_bytes", "must be >= 0")
         cpus = self.cpus
-        if cpus.__class__ is not int or cpus < 0:  # a whole count >= 0 needs no more checks
+        if cpus.__class__ is not int or not 0 <= cpus <= MAX_CPUS:  # else nothing to check
             parse_cpus(cpus, field_name="resources.cpus")
 
     def __hash__(self) -> int:

@@ -27,7 +27,7 @@ class Resources(BaseModel):
 
     gpus: float = 0
     vram: int | str | None = Field(default=None, description="bytes or '12GiB'")
-    cpus: float | str = Field(default=1, description="to a milli-CPU: 2, 0.5 or '500m'")
+    cpus: int | float | str = Field(default=1, description="to a milli-CPU: 2, 0.5 or '500m'")
     gpu_models: list[str] = Field(default_factory=list)
     cpu_fallback: bool = False
 

@@ -60,7 +60,8 @@ class ResourcesIn(ApiModel):
         "the reservation for a share of one GPU",
         examples=["12GiB"],
     )
-    cpus: float | str = Field(
+    # int first: a whole count keeps its JSON form (and so its request hash) from before
+    cpus: int | float | str = Field(
         1,
         description="CPUs per replica, to a milli-CPU: 2, 0.5 or '500m'",
         examples=[1, 0.5, "500m"],
