@@ -134,5 +134,5 @@ def test_bad_cpu_counts_are_refused_naming_the_field(value: object, want: str) -
         parse_cpus(value, field_name="resources.cpus")
     assert info.value.field == "resources.cpus"
     assert want in info.value.message
-    with pytest.raises(InvalidSpec, match="resources.cpus"):
+    with pytest.raises(InvalidSpec, match=r"resources\.cpus"):
         ResourceRequest(cpus=value)  # type: ignore[arg-type]

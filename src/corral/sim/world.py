@@ -203,18 +203,7 @@ class World:
             self._allocate(p, firsts[k], now)
         for run in runs:
             self._start(run, now)
-        for alloc_id, borrowed in plan.reflags:
-            self._reflag(alloc_id, borrowed)
         return runs
-
-    def _reflag(self, alloc_id: str, borrowed: bool) -> None:
-        """The plan moved an allocation's ``borrowed`` flag (the scheduler's usage changed
-        under it)."""
-        alloc = self.allocations.get(alloc_id)
-        if alloc is None or alloc.borrowed == borrowed:
-            return  # ended in this plan, or already so
-        self.allocations[alloc_id] = replace(alloc, borrowed=borrowed)
-        self._observer.reflagged(alloc_id, borrowed)
 
     def complete(self, run: JobRun, token: int, now: float) -> bool:
         """A completion timer of ``run`` fired; False when it was stale (the job was
