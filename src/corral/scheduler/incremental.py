@@ -270,11 +270,17 @@ class Scheduler:
         flags brought back (``borrowing.py``). ``lent``: team -> milli placed borrowed."""
         gone = frozenset(evicted)
         of = self._slots.of
-        shrunk = {of[a].alloc.team for a in gone if a in of}
+        change = dict(lent)  # team -> flagged milli the plan adds (placed) less what it evicts
+        for alloc_id in gone:
+            slot = of.get(alloc_id)
+            if slot is not None and slot.alloc.borrowed and not slot.alloc.on_cpu:
+                team = slot.alloc.team
+                change[team] = change.get(team, 0) - slot.alloc.milli
         excess: dict[str, int] = {}
         for name, usage in zip(self._team_numbers.names, self._used, strict=True):
             over = max(0, ledger.used(name) - ledger.quota(name))
-            if name in shrunk or not usage.flags.cover(over, lent.get(name, 0)):
+            # evictions only raise the smallest flagged size: a cover before them stays one
+            if not usage.flags.cover(over, change.get(name, 0)):
                 excess[name] = over
         if not excess:
             return []
