@@ -175,6 +175,8 @@ def test_a_reclaim_evicts_exactly_what_the_owed_team_needs() -> None:
     assert sorted(p.job_ids[0] for p in plan.placements) == ["b1", "b2", "b3", "b4"]
     assert len(plan.preemptions) == 4
     assert {p.for_job for p in plan.preemptions} == {"b1", "b2", "b3", "b4"}
+    evicted_jobs = {j for p in plan.preemptions for j in p.job_ids}
+    assert not evicted_jobs & {j for p in plan.placements for j in p.job_ids}
     held = {a.build().id: a.build() for a in allocs}
     for p in plan.placements:  # every evicted card goes to the job it was evicted for
         evicted = {g for v in p.preempts for g in held[v].gpu_indices}

@@ -66,3 +66,6 @@ async def test_a_reclaim_evicts_only_what_the_owed_team_needs(world: World) -> N
     assert len(evictions) == 4
     for e in evictions:
         assert e.data["why"].startswith("reclaim: team b is owed its quota of 20 GPUs; team a")
+        # evicted for b, and not placed again on the 2 cards left idle: a holds 18 of its 20
+        assert e.job_id is not None
+        assert (await world.job(e.job_id)).state.value == "queued"
