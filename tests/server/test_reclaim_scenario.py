@@ -35,6 +35,7 @@ async def test_a_reclaim_evicts_only_what_the_owed_team_needs(world: World) -> N
     await world.submit_many([{"resources": {"gpus": 3}, "team": "a"}] * 10)
     await world.cycle()
     await _obey(agents)
+    cards = {a: (ag.node, item.gpu_indices) for ag in agents for a, item in ag.running.items()}
     world.clock.advance(20)
     b_jobs = await world.submit_many([{"resources": {"gpus": 4}, "team": "b"}] * 5)
     await world.cycle()
@@ -46,17 +47,21 @@ async def test_a_reclaim_evicts_only_what_the_owed_team_needs(world: World) -> N
         assert why is not None
         assert "team a's work passes its 60 s minimum run time in ~40 s" in why.summary()
 
-    preempted = 0
+    preempted: list[str] = []
     while world.clock.now() < START + 120:
         world.clock.advance(10)
         for agent in agents:
             await agent.heartbeat()
         applied = await world.cycle()
-        preempted += len(applied.preempted)
+        preempted += applied.preempted
         await _obey(agents)
 
-    assert preempted == 4  # a 30 -> 18: the fewest 3-GPU evictions that fit four 4-GPU jobs
+    assert len(preempted) == 4  # a 30 -> 18: the fewest 3-GPU evictions that fit four 4-GPU jobs
     held = (await world.plane.schedule.snapshot()).allocations
+    b_cards = {(a.node, g) for a in held if a.team == "b" for g in a.gpu_indices}
+    for alloc_id in preempted:  # every evicted card went to b: none left idle
+        node, gpus = cards[alloc_id]
+        assert {(node, g) for g in gpus} <= b_cards
     used = {t: sum(len(a.gpu_indices) for a in held if a.team == t) for t in "ab"}
     assert used == {"a": 18, "b": 20}
     assert not any(a.borrowed for a in held)  # 18 of a's 20, 20 of b's 20: nobody borrows
