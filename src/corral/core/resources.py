@@ -47,9 +47,9 @@ def parse_bytes(text: str | int | float, *, field_name: str = "size") -> int:
 def parse_cpus(value: object, *, field_name: str = "cpus") -> float:
     """CPUs as a number of milli-CPU precision: ``2``, ``0.5``, ``"0.5"``, ``"500m"``.
 
-    Returns the count in CPUs (``cpu_milli`` gives it exactly in milli-CPUs); refuses,
-    naming the field, a negative, non-finite or absurd count, one finer than a milli-CPU,
-    and text that is not a number.
+    Returns the count in CPUs, an int when whole (``cpu_milli`` gives it exactly in
+    milli-CPUs); refuses, naming the field, a negative, non-finite or absurd count, one
+    finer than a milli-CPU, and text that is not a number.
     """
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InvalidSpec(field_name, f"expected a number of CPUs or '500m', got {value!r}")
@@ -67,7 +67,8 @@ def parse_cpus(value: object, *, field_name: str = "cpus") -> float:
     milli = round(number * MILLI_CPU)
     if abs(milli - number * MILLI_CPU) > 1e-6 * max(1.0, number):
         raise InvalidSpec(field_name, f"{value!r} is finer than a milli-CPU (0.001)")
-    return milli / MILLI_CPU
+    whole, part = divmod(milli, MILLI_CPU)
+    return whole if not part else milli / MILLI_CPU  # a whole count stays an int (JSON "2")
 
 
 def cpus_text(milli: int) -> str:
