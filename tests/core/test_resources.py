@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from corral.core import GIB, MILLI, InvalidSpec, ResourceRequest, parse_bytes
+from corral.core.resources import parse_cpus
 
 
 @pytest.mark.parametrize(
@@ -104,3 +105,34 @@ def test_requests_compare_as_the_generated_dataclass_eq_would() -> None:
     compared = tuple(getattr(base, f.name) for f in dataclasses.fields(base) if f.compare)
     assert base != compared
     assert base != 2
+
+
+@pytest.mark.parametrize(
+    ("value", "want_milli"),
+    [(2, 2000), (0.5, 500), ("0.5", 500), ("500m", 500), (11.4, 11_400), ("1m", 1), (0, 0)],
+)
+def test_cpus_are_read_to_a_milli_cpu(value: float | str, want_milli: int) -> None:
+    cpus = parse_cpus(value)
+    assert ResourceRequest(cpus=cpus).cpu_milli == want_milli
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        (-1, "must be a finite number >= 0"),
+        (float("nan"), "must be a finite number >= 0"),
+        ("five", "not a CPU count: 'five' (try 2, 0.5 or '500m')"),
+        ("5mm", "not a CPU count"),
+        (0.0005, "finer than a milli-CPU"),
+        ("0.5m", "finer than a milli-CPU"),
+        (True, "expected a number of CPUs"),
+        (10**9, "more CPUs than any machine has"),
+    ],
+)
+def test_bad_cpu_counts_are_refused_naming_the_field(value: object, want: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_cpus(value, field_name="resources.cpus")
+    assert info.value.field == "resources.cpus"
+    assert want in info.value.message
+    with pytest.raises(InvalidSpec, match=r"resources\.cpus"):
+        ResourceRequest(cpus=value)  # type: ignore[arg-type]

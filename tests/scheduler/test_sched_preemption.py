@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler_builders import AllocBuilder, alloc, job, node, snapshot, team
+from scheduler_builders import AllocBuilder, NodeBuilder, alloc, job, node, snapshot, team
 
-from corral.scheduler import Config, Remedy, schedule
+from corral.scheduler import Config, Plan, Remedy, schedule
 
 NOW = 10_000.0
 
@@ -131,3 +131,104 @@ def test_a_gang_owed_its_quota_reclaims_room_for_every_replica_or_for_none() -> 
     plan = schedule(snapshot(nodes, [too_big], allocs, [team("a", 0), team("b", 12)]), now=NOW)
     assert not plan.preemptions
     assert not plan.placements
+
+
+# Issue 48's reclaim: 4 nodes x 10 GPUs; team a (quota 20) runs ten 3-GPU jobs from t=0, team
+# b (quota 20) submits five 4-GPU jobs at t=20. The minimum run time is the default 60 s.
+
+
+def _lenders() -> tuple[list[AllocBuilder], list[NodeBuilder]]:
+    """Team a's ten 3-GPU jobs as best fit packs them: three per node, the tenth on n3,
+    the last four placed beyond a's quota (borrowed)."""
+    allocs, nodes = [], [node(f"n{i}").gpus(10) for i in range(4)]
+    for k in range(10):
+        where, first = f"n{k // 3}", 3 * (k % 3)
+        allocs.append(
+            alloc(f"a{k}", where)
+            .cards(first, first + 1, first + 2)
+            .set(team="a", started_at=0.0, borrowed=k >= 6)
+        )
+    return allocs, nodes
+
+
+def _issue_48(now: float, b_running: int = 0) -> tuple[Plan, list[AllocBuilder]]:
+    allocs, nodes = _lenders()
+    for k in range(b_running):
+        allocs.append(alloc(f"b{k}", "n3").cards(3, 4, 5, 6).set(team="b", started_at=20.0))
+    jobs = [job(f"b{k}").gpus(4).set(team="b", submitted_at=20.0) for k in range(b_running, 5)]
+    teams = [team("a", 20), team("b", 20)]
+    return schedule(snapshot(nodes, jobs, allocs, teams), now=now), allocs
+
+
+def test_the_queue_says_when_a_reclaim_becomes_possible() -> None:
+    plan, _ = _issue_48(now=22.0, b_running=1)
+    assert not plan.preemptions
+    for u in plan.unplaced:
+        assert u.remedy is Remedy.PREEMPT
+        assert "team a's work passes its 60 s minimum run time in ~38 s" in u.summary()
+
+
+def test_a_reclaim_evicts_exactly_what_the_owed_team_needs() -> None:
+    plan, allocs = _issue_48(now=61.0, b_running=1)
+    # a holds 30 of its 20; b needs 16 more: four 3-GPU evictions are the fewest that fit
+    # four 4-GPU jobs, and a ends at 18 (one more eviction would leave b nothing to gain)
+    assert sorted(p.job_ids[0] for p in plan.placements) == ["b1", "b2", "b3", "b4"]
+    assert len(plan.preemptions) == 4
+    assert {p.for_job for p in plan.preemptions} == {"b1", "b2", "b3", "b4"}
+    evicted_jobs = {j for p in plan.preemptions for j in p.job_ids}
+    assert not evicted_jobs & {j for p in plan.placements for j in p.job_ids}
+    held = {a.build().id: a.build() for a in allocs}
+    for p in plan.placements:  # every evicted card goes to the job it was evicted for
+        evicted = {g for v in p.preempts for g in held[v].gpu_indices}
+        assert len(p.preempts) == 1
+        assert evicted <= set(p.gpu_indices)
+    for p in plan.preemptions:
+        assert p.reason.startswith("reclaim: team b is owed its quota of 20 GPUs; team a held ")
+        assert "over its quota of 20" in p.reason
+
+
+def test_borrowed_flags_follow_usage_after_a_reclaim() -> None:
+    plan, allocs = _issue_48(now=61.0, b_running=1)
+    flags = {a.build().id: a.build().borrowed for a in allocs}
+    flags.update(dict(plan.reflags))
+    evicted = {p.allocation_id for p in plan.preemptions}
+    left = [k for k in flags if k.startswith("a") and k not in evicted]
+    assert len(left) == 6  # 18 GPUs, within a's quota of 20: nothing of a's is borrowed
+    assert not any(flags[k] for k in left)
+
+
+def test_flags_are_given_back_when_the_quota_holders_work_ends() -> None:
+    allocs = [
+        alloc("old", "n").cards(0, 1).set(team="a", started_at=0.0),
+        alloc("young", "n").cards(2, 3).set(team="a", started_at=5.0, borrowed=True),
+        alloc("younger", "n").cards(4, 5).set(team="a", started_at=9.0, borrowed=True),
+    ]
+    nodes = [node("n").gpus(8)]
+    plan = schedule(snapshot(nodes, [], allocs, [team("a", 2)]), now=10.0)
+    assert plan.reflags == ()  # 6 of 2: the two youngest cover the 4 borrowed
+    plan = schedule(snapshot(nodes, [], allocs[1:], [team("a", 2)]), now=10.0)
+    assert plan.reflags == (("young", False),)  # "old" ended: the oldest left keeps the quota
+    plan = schedule(snapshot(nodes, [], allocs[:1], [team("a", 1)]), now=10.0)
+    assert plan.reflags == (("old", True),)  # the quota went down to 1
+
+
+def test_the_node_whose_evicted_cards_the_job_would_use_wins() -> None:
+    # "big" frees 6 cards on a node with none free (2 left idle by a 4-GPU job), "small"
+    # frees 3 next to 1 free card (none idle): one eviction either way
+    allocs = [
+        alloc("big", "x").cards(*range(6)).set(team="a", started_at=0.0, borrowed=True),
+        alloc("x-rest", "x").cards(6, 7).set(team="a", started_at=0.0),
+        alloc("small", "y").cards(0, 1, 2).set(team="a", started_at=0.0, borrowed=True),
+        alloc("y-rest", "y").cards(3, 4, 5, 6).set(team="a", started_at=0.0),
+    ]
+    nodes = [node("x").gpus(8), node("y").gpus(8)]
+    jobs = [job("b").gpus(4).set(team="b")]
+    plan = schedule(snapshot(nodes, jobs, allocs, [team("a", 0), team("b", 4)]), now=NOW)
+    assert [p.allocation_id for p in plan.preemptions] == ["small"]
+
+
+def test_a_priority_eviction_names_the_classes() -> None:
+    allocs = busy("n", 1, team="t", priority="free")
+    jobs = [job("p").gpus(1).set(team="t", priority="paid")]
+    plan = schedule(snapshot([node("n").gpus(1)], jobs, allocs), now=NOW)
+    assert [p.reason for p in plan.preemptions] == ["priority: paid outranks free; for p"]

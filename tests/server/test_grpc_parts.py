@@ -22,6 +22,7 @@ from corral.server.agentlink.grpc_convert import (
     ack_message,
     assign_message,
     checkpoint_ref,
+    inventory_from,
     split_ref,
     welcome_messages,
 )
@@ -53,6 +54,13 @@ def test_a_batched_assignment_lists_every_job_and_resumes_from_its_checkpoint() 
     ]
     assert [json.loads(w.payload_json) for w in a.jobs] == [{"prompt": "a"}, {"prompt": "b"}]
     assert (a.attempt, list(a.gpu_indices), a.vram_bytes) == (2, [0], 99)
+
+
+def test_cpus_cross_the_wire_to_a_milli_cpu_and_old_peers_read_whole_ones() -> None:
+    msg = assign_message(Assignment("al-1", 1, "n1", (), cpus=0.5)).assign
+    assert (msg.cpu_milli, msg.cpus) == (500, 1)  # an agent from before reads a whole CPU
+    assert inventory_from(pb.Inventory(node="n", cpus=1, cpu_milli=1500)).cpus == 1.5
+    assert inventory_from(pb.Inventory(node="old", cpus=8)).cpus == 8  # no cpu_milli sent
 
 
 def test_the_welcome_comes_first_then_work_then_stops_then_intake() -> None:

@@ -111,6 +111,10 @@ async def test_batch_is_all_or_nothing(served: Served) -> None:
         ({"user": "a\x00b"}, "user"),
         ({"payload": {"k": ["\x00"]}}, "payload"),
         ({"resources": {"vram": "9000000 TiB"}}, "resources.vram"),
+        ({"resources": {"cpus": -1}}, "resources.cpus"),
+        ({"resources": {"cpus": "five"}}, "resources.cpus"),
+        ({"resources": {"cpus": 0.0005}}, "resources.cpus"),
+        ({"resources": {"cpus": 5000}}, "resources.cpus"),
     ],
     ids=[
         "negative-gpus",
@@ -125,6 +129,10 @@ async def test_batch_is_all_or_nothing(served: Served) -> None:
         "nul-in-user",
         "nul-in-payload",
         "absurd-vram",
+        "negative-cpus",
+        "cpus-in-words",
+        "cpus-finer-than-a-milli-cpu",
+        "absurd-cpus",
     ],
 )
 async def test_bad_input_is_a_422_naming_the_field(
@@ -134,6 +142,12 @@ async def test_bad_input_is_a_422_naming_the_field(
     assert r.status_code == 422, r.text
     assert r.json()["field"] == want_field
     assert want_field in r.json()["message"]
+
+
+@pytest.mark.parametrize("cpus", [0.5, "0.5", "500m"])
+async def test_fractional_cpus_are_accepted(served_sqlite: Served, cpus: float | str) -> None:
+    job = await submit(served_sqlite, resources={"gpus": 0, "cpus": cpus})
+    assert job["resources"]["cpus"] == 0.5
 
 
 async def test_malformed_json_and_bad_query_are_422(served_sqlite: Served) -> None:

@@ -128,6 +128,9 @@ BAD = [
     # (narrative id, scenario text, wanted field, wanted place in the message)
     ("negative-gpus", "jobs: [{id: x, gpus: -1}]", "gpus", "jobs[0] (line 2)"),
     ("whole-gpus-with-a-fraction", "jobs: [{gpus: 1.5}]", "gpus", "line 2"),
+    ("cpus-finer-than-a-milli-cpu", "jobs: [{cpus: 0.0005}]", "cpus", "line 2"),
+    ("cpus-as-words", "jobs: [{cpus: lots}]", "cpus", "line 2"),
+    ("negative-node-cpus", "nodes: [{cpus: -2}]", "cpus", "nodes[0]"),
     ("typo-in-a-field", "jobs: [{id: x, gpu: 2}]", "gpu", "jobs[0]"),
     ("unknown-priority", "jobs: [{priority: urgent}]", "priority", "line 2"),
     ("zero-duration", "jobs: [{duration: 0}]", "duration", "line 2"),
@@ -180,3 +183,17 @@ def test_broken_yaml_and_json_say_which_line(write: Callable[[str, str], Path]) 
         load_scenario(write("broken.yaml", "nodes: [{}]\njobs: [{id: a}}]\n"))
     with pytest.raises(SimInputError, match="line 2"):
         load_scenario(write("broken.json", '{"nodes":\n  [}'))
+
+
+def test_cpus_are_counted_to_a_milli_cpu(write: Callable[[str, str], Path]) -> None:
+    # the Alibaba trace asks for 11.4 CPUs, Kubernetes users for "500m"
+    scenario = load_scenario(
+        write(
+            "cpus.yaml",
+            "nodes: [{cpus: 12.5, gpus: 1}]\n"
+            "jobs: [{id: trace, cpus: 11.4, gpus: 0}, {id: k8s, cpus: 500m, gpus: 0}]\n",
+        )
+    )
+    assert scenario.nodes[0].cpus == 12.5
+    jobs = {j.job.id: j.job.resources for j in scenario.jobs()}
+    assert (jobs["trace"].cpu_milli, jobs["k8s"].cpu_milli) == (11_400, 500)

@@ -56,6 +56,28 @@ FLUSH_S = 3.0
 """On shutdown, how long to wait for the server to acknowledge the last results."""
 
 
+def cpu_slots(gpus: int, cpu_count: int | None = None) -> float:
+    """The CPU slots an agent offers when not told (``--cpus``): the machine's CPU count,
+    and at least one per GPU.
+
+    Every job takes CPU slots (one by default), so a box with fewer cores than GPUs would
+    otherwise leave GPUs idle for want of a slot: a GPU job's CPU mostly feeds its GPU,
+    and sharing cores among those feeders costs less than an idle card. The agent says so
+    when it raises the count, so that CPU-heavy work can be given a true ``--cpus``.
+    """
+    cores = cpu_count if cpu_count is not None else os.cpu_count() or 1
+    if gpus <= cores:
+        return float(cores)
+    log.warning(
+        "%d CPUs for %d GPUs: offering %d CPU slots (one per GPU) so every GPU can take a "
+        "one-CPU job; start the agent with --cpus to offer another number",
+        cores,
+        gpus,
+        gpus,
+    )
+    return float(gpus)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentOptions:
     """Everything ``corral agent`` can be told."""
@@ -73,7 +95,7 @@ class AgentOptions:
     a1111_models: Path | None = None  # the webui's models/Stable-diffusion (cached models go there)
     comfyui_models: Path | None = None  # ComfyUI's models/checkpoints
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
-    cpus: int | None = None
+    cpus: float | None = None  # CPU slots, to a milli-CPU (None: ``cpu_slots``)
     address: str | None = None  # reachable by other nodes (a gang's rendezvous); see reachable
     work_dir: Path = Path("~/.corral/agent")
     models_dir: Path | None = None  # the model cache (default <work_dir>/models)
@@ -138,7 +160,9 @@ class Agent:
         )
         self.identity = Identity(
             node=options.name or socket.gethostname(),
-            cpus=options.cpus if options.cpus is not None else os.cpu_count() or 1,
+            cpus=options.cpus
+            if options.cpus is not None
+            else cpu_slots(len(self.gpus.snapshot().gpus)),
             labels={ADDRESS_LABEL: options.address or reachable(targets[0].address)}
             | dict(options.labels),
             backends=tuple(sorted(executors)),

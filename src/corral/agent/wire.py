@@ -8,6 +8,7 @@ readings become the hello's ``Inventory`` and heartbeats.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from corral.agent.orders import Done, Held, Order, Report
 from corral.agent.topology import Topology
 from corral.core import InvalidSpec
 from corral.core.model import EMPTY
+from corral.core.resources import cpu_milli
 from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
@@ -48,7 +50,7 @@ class Identity:
     """What the agent says about itself besides its GPUs."""
 
     node: str
-    cpus: int
+    cpus: float  # CPU slots, to a milli-CPU
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     backends: tuple[str, ...] = ()
     models_on_disk: tuple[str, ...] = ()
@@ -142,7 +144,8 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
     return pb.Inventory(
         node=identity.node,
         gpus=placed(gpus(snapshot), identity.topology),
-        cpus=identity.cpus,
+        cpus=math.floor(identity.cpus),  # what a server from before milli-CPUs reads
+        cpu_milli=cpu_milli(identity.cpus),
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
         backends=list(identity.backends),

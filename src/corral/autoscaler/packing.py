@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from corral.autoscaler.api import Pool
 from corral.core.model import Job
-from corral.core.resources import MILLI, ResourceRequest
+from corral.core.resources import MILLI, MILLI_CPU, ResourceRequest
 
 SPEND_SLACK = 1e-9  # dollars per hour: a cap met exactly by float sums is met, not passed
 
@@ -30,20 +30,20 @@ class Machine:
     pool: Pool
     name: str | None  # a member's name; None for one this decision would launch
     cards: list[list[int]] = field(default_factory=list)
-    cpus: int = 0
+    cpus: int = 0  # milli-CPUs left
     used: bool = False
 
     @classmethod
     def empty(cls, pool: Pool, name: str | None) -> Machine:
         cards = [[MILLI, pool.vram_bytes] for _ in range(pool.gpus)]
-        return cls(pool, name, cards, pool.cpus)
+        return cls(pool, name, cards, pool.cpus * MILLI_CPU)
 
     def copy(self) -> Machine:
         return Machine(self.pool, self.name, [card[:] for card in self.cards], self.cpus, self.used)
 
     def take(self, r: ResourceRequest) -> bool:
         """Reserve one replica's room here; False (and nothing changed) when it does not fit."""
-        if r.cpus > self.cpus:
+        if r.cpu_milli > self.cpus:
             return False
         if r.gpus:
             whole = [c for c in self.cards if c[0] == MILLI and c[1] == self.pool.vram_bytes]
@@ -59,7 +59,7 @@ class Machine:
                 return False
             card[0] -= milli
             card[1] -= r.vram_bytes
-        self.cpus -= r.cpus
+        self.cpus -= r.cpu_milli
         self.used = True
         return True
 
@@ -67,8 +67,8 @@ class Machine:
 def fits(pool: Pool, job: Job) -> str | None:
     """None when one of ``pool``'s machines could ever run a replica of ``job``, else why not."""
     r = job.resources
-    if r.cpus > pool.cpus:
-        return f"needs {r.cpus} CPUs, {pool.name} has {pool.cpus}"
+    if r.cpu_milli > pool.cpus * MILLI_CPU:
+        return f"needs {r.cpus:g} CPUs, {pool.name} has {pool.cpus}"
     if r.wants_gpu:
         if r.gpus > pool.gpus or not pool.gpus:
             n = max(r.gpus, 1)

@@ -111,7 +111,11 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         typer.Option("--labels", "--label", help="Node labels key=value (repeat or comma-join)."),
     ] = None,
     cpus: Annotated[
-        int | None, typer.Option(help="CPU slots offered. [default: CPU count]", min=0)
+        str | None,
+        typer.Option(
+            help="CPU slots offered, to a milli-CPU: 16, 0.5 or 500m. [default: the CPU "
+            "count, and at least one per GPU (see docs/scheduler.md, CPUs)]"
+        ),
     ] = None,
     address: Annotated[
         str | None,
@@ -147,6 +151,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     from corral.agent.main import AgentOptions, parse_labels
     from corral.core.errors import InvalidSpec
     from corral.core.pins import CertificateMismatch
+    from corral.core.resources import parse_cpus
 
     setup_logging(log_level)
     if token and join:
@@ -167,7 +172,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             a1111_models=a1111_models,
             comfyui_models=comfyui_models,
             labels=parse_labels(labels or []),
-            cpus=cpus,
+            cpus=None if cpus is None else parse_cpus(cpus, field_name="--cpus"),
             address=address,
             work_dir=work_dir,
             models_dir=models_dir,

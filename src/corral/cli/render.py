@@ -142,7 +142,7 @@ def nodes_table(nodes: list[NodeStatus], now: float) -> Table:
             gpus_summary(n),
             vram_summary(n),
             utilization(n),
-            str(n.cpus),
+            f"{n.cpus:g}",
             models_summary(n),
             str(sum(len(a.job_ids) for a in n.allocations)),
             age(n.last_seen, now) + " ago",

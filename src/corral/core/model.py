@@ -78,7 +78,7 @@ class Node:
 
     name: str
     gpus: tuple[Gpu, ...] = ()
-    cpus: int = 0
+    cpus: float = 0  # CPU slots, to a milli-CPU (``resources.parse_cpus``)
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     models_on_disk: frozenset[str] = frozenset()
     models_loaded: frozenset[str] = frozenset()  # in a backend's VRAM right now
@@ -265,7 +265,7 @@ class Allocation:
     gpu_indices: tuple[int, ...] = ()
     gpu_milli: int = 0  # per listed GPU: 1000 for whole cards, the share for a shared card
     vram_bytes: int = 0  # reserved per listed GPU (shared cards)
-    cpus: int = 0
+    cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False  # CPU offload of a GPU job
     preemptible: bool = True
     borrowed: bool = False  # runs on capacity beyond its team's quota
@@ -288,7 +288,7 @@ class Allocation:
         gpu_indices: tuple[int, ...] = (),
         gpu_milli: int = 0,
         vram_bytes: int = 0,
-        cpus: int = 0,
+        cpus: float = 0,
         on_cpu: bool = False,
         preemptible: bool = True,
         borrowed: bool = False,

@@ -18,6 +18,11 @@ MILLI: Final = 1000
 """Milli-GPUs in one whole GPU."""
 
 GIB: Final = 1024**3
+MILLI_CPU: Final = 1000
+"""Milli-CPUs in one CPU: requests like Kubernetes' ``500m`` and trace rows like 11.4 CPUs
+are exact in it; the scheduler counts CPU slots in milli-CPUs."""
+MAX_CPUS: Final = 1_000_000
+_CPU_TEXT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(m?)\s*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
@@ -39,6 +44,43 @@ def parse_bytes(text: str | int | float, *, field_name: str = "size") -> int:
     return int(number * scale)
 
 
+def parse_cpus(value: object, *, field_name: str = "cpus") -> float:
+    """CPUs as a number of milli-CPU precision: ``2``, ``0.5``, ``"0.5"``, ``"500m"``.
+
+    Returns the count in CPUs, an int when whole (``cpu_milli`` gives it exactly in
+    milli-CPUs); refuses, naming the field, a negative, non-finite or absurd count, one
+    finer than a milli-CPU, and text that is not a number.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidSpec(field_name, f"expected a number of CPUs or '500m', got {value!r}")
+    if isinstance(value, str):
+        match = _CPU_TEXT.match(value)
+        if not match:
+            raise InvalidSpec(field_name, f"not a CPU count: {value!r} (try 2, 0.5 or '500m')")
+        number = float(match.group(1)) / (MILLI_CPU if match.group(2) else 1)
+    else:
+        number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise InvalidSpec(field_name, f"must be a finite number >= 0, got {value!r}")
+    if number > MAX_CPUS:
+        raise InvalidSpec(field_name, f"{value!r} is more CPUs than any machine has")
+    milli = round(number * MILLI_CPU)
+    if abs(milli - number * MILLI_CPU) > 1e-6 * max(1.0, number):
+        raise InvalidSpec(field_name, f"{value!r} is finer than a milli-CPU (0.001)")
+    whole, part = divmod(milli, MILLI_CPU)
+    return whole if not part else milli / MILLI_CPU  # a whole count stays an int (JSON "2")
+
+
+def cpus_text(milli: int) -> str:
+    """``"1 CPU"``, ``"0.5 CPUs"``, ``"11.4 CPUs"`` for a count in milli-CPUs (messages)."""
+    return f"{milli / MILLI_CPU:g} CPU{'' if milli == MILLI_CPU else 's'}"
+
+
+def cpu_milli(cpus: float) -> int:
+    """``cpus`` (of milli-CPU precision, as ``parse_cpus`` gives) in milli-CPUs."""
+    return round(cpus * MILLI_CPU)
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceRequest:
     """What ONE replica of a job needs.
@@ -49,13 +91,14 @@ class ResourceRequest:
         0 < x < 1000) and/or ``vram_bytes`` (VRAM reserved on that card);
       * CPU only: no GPU at all.
     ``cpu_fallback`` lets a GPU job run on CPU slots when no GPU is free and
-    its priority class allows CPU offload.
+    its priority class allows CPU offload. ``cpus`` may be fractional, to a milli-CPU
+    (``parse_cpus``); the scheduler counts it in milli-CPUs (``cpu_milli``).
     """
 
     gpus: int = 0
     gpu_milli: int = 0
     vram_bytes: int = 0
-    cpus: int = 1
+    cpus: float = 1
     gpu_models: frozenset[str] = field(default_factory=frozenset)
     cpu_fallback: bool = False
 
@@ -72,8 +115,9 @@ class ResourceRequest:
             )
         if self.vram_bytes < 0:
             raise InvalidSpec("resources.vram_bytes", "must be >= 0")
-        if self.cpus < 0:
-            raise InvalidSpec("resources.cpus", "must be >= 0")
+        cpus = self.cpus
+        if cpus.__class__ is not int or not 0 <= cpus <= MAX_CPUS:  # else nothing to check
+            parse_cpus(cpus, field_name="resources.cpus")
 
     def __hash__(self) -> int:
         """The hash ``dataclass`` would generate, written out: compiled, it is one of the
@@ -104,6 +148,11 @@ class ResourceRequest:
             and self.gpu_models == other.gpu_models
             and self.cpu_fallback == other.cpu_fallback
         )
+
+    @property
+    def cpu_milli(self) -> int:
+        """Milli-CPUs one replica takes."""
+        return round(self.cpus * MILLI_CPU)
 
     @property
     def shared(self) -> bool:

@@ -144,6 +144,7 @@ class ReasonCode(StrEnum):
     CYCLE_LIMIT = "cycle_limit"  # max placements per cycle reached
     RESERVED = "reserved"  # the node is reserved for a bigger job ahead in the queue
     HOLDS_RESERVATION = "holds_reservation"  # informational: nodes are reserved for this job
+    MIN_RUNTIME = "min_runtime"  # informational: when the work it would evict may be evicted
     UNKNOWN_PRIORITY = "unknown_priority"
     HELD = "held"  # a client holds it: never placed until released
 
@@ -172,7 +173,7 @@ class Placement:
     gpu_indices: tuple[int, ...] = ()
     gpu_milli: int = 0  # per listed GPU
     vram_bytes: int = 0  # reserved per listed GPU
-    cpus: int = 0
+    cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False
     borrowed: bool = False
     preempts: tuple[str, ...] = ()  # allocation ids that must stop before this one starts
@@ -186,7 +187,7 @@ class Placement:
         gpu_indices: tuple[int, ...] = (),
         gpu_milli: int = 0,
         vram_bytes: int = 0,
-        cpus: int = 0,
+        cpus: float = 0,
         on_cpu: bool = False,
         borrowed: bool = False,
         preempts: tuple[str, ...] = (),
@@ -239,6 +240,9 @@ class Plan:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     unplaced: tuple[Unplaced, ...] = ()
+    # (allocation id, borrowed): running allocations whose ``borrowed`` flag changes, so the
+    # flags stay the fewest that cover each team's usage past its quota (``borrowing.py``)
+    reflags: tuple[tuple[str, bool], ...] = ()
 
     @property
     def batches(self) -> tuple[Placement, ...]:

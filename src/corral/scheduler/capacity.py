@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation, Gpu, Node
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, cpu_milli
 from corral.scheduler.bits import Bucket
 from corral.scheduler.node_cap import (
     LOADED,
@@ -173,7 +173,7 @@ class Capacity:
             nc = self.by_name.get(alloc.node)
             if nc is None:
                 continue
-            nc.cpus_free -= alloc.cpus
+            nc.cpus_free -= cpu_milli(alloc.cpus)
             touched.add(nc)
             if alloc.on_cpu:
                 continue

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from corral.core.model import Allocation
+from corral.core.resources import cpu_milli
 from corral.scheduler.api import Placement, Plan
 from corral.scheduler.capacity import Capacity
 from corral.scheduler.cluster import Cluster
@@ -57,9 +58,25 @@ class Carried:
         if cluster is None:
             return
         for p in pending.left():
-            adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
+            adjust(
+                cluster,
+                p.node,
+                p.gpu_indices,
+                p.on_cpu,
+                p.gpu_milli,
+                p.vram_bytes,
+                cpu_milli(p.cpus),
+            )
         for a in released.values():
-            adjust(cluster, a.node, a.gpu_indices, a.on_cpu, -a.gpu_milli, -a.vram_bytes, -a.cpus)
+            adjust(
+                cluster,
+                a.node,
+                a.gpu_indices,
+                a.on_cpu,
+                -a.gpu_milli,
+                -a.vram_bytes,
+                -cpu_milli(a.cpus),
+            )
 
     def started(self, cluster: Cluster, alloc: Allocation) -> bool:
         """Rules 1 and 2 for a start of ``alloc``: True when its room is taken already."""
@@ -69,7 +86,9 @@ class Carried:
         if _same(planned, alloc):
             return True
         p = planned
-        adjust(cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, p.cpus)
+        adjust(
+            cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, cpu_milli(p.cpus)
+        )
         return False
 
     def ended(self, alloc_id: str) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from corral.core.model import Allocation
+from corral.core.resources import cpu_milli
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.cluster import Cluster, node_ends
 from corral.scheduler.fit import Fit, Source, search
@@ -119,14 +120,14 @@ class Cycle:
         nc = self.cap.by_name.get(alloc.node)
         if nc is not None:
             gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
-            self.cap.reserve(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
+            self.cap.reserve(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus))
 
     def unhold(self, alloc: Allocation) -> None:
         """Give an allocation's capacity back (a preemption, on the working copy)."""
         nc = self.cap.by_name.get(alloc.node)
         if nc is not None:
             gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
-            self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, alloc.cpus)
+            self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus))
 
     def failed(self, need: Need) -> bool:
         """``find(need)`` is known to find nothing now (a memo hit)."""

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 from corral.core.model import Node
+from corral.core.resources import cpu_milli
 from corral.core.states import NodeState
 from corral.scheduler.api import ReasonCode
 from corral.scheduler.need import Need
@@ -104,7 +105,7 @@ class CpuCount:
     name = "cpu_count"
 
     def check(self, need: Need, node: Node) -> ReasonCode | None:
-        return ReasonCode.INSUFFICIENT_CPUS if node.cpus < need.cpus else None
+        return ReasonCode.INSUFFICIENT_CPUS if cpu_milli(node.cpus) < need.cpus else None
 
 
 DEFAULT_FILTERS: tuple[Filter, ...] = (

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import EMPTY, Allocation, Job, Node, Team, frozen_map
+from corral.core.resources import cpu_milli
 from corral.scheduler.api import Config, Plan, Snapshot
+from corral.scheduler.borrowing import reflag
 from corral.scheduler.carried import Carried, adjust_on
 from corral.scheduler.cluster import Cluster
 from corral.scheduler.cycle import Cycle
@@ -141,6 +144,14 @@ class Scheduler:
             self._count(slot, alloc, -1, slot.end)
         return alloc
 
+    def reflag(self, alloc_id: str, borrowed: bool) -> None:
+        """``alloc_id``'s ``borrowed`` flag is now ``borrowed`` (a plan's ``reflags`` applied):
+        it ends and starts again so flagged, keeping its expected end. KeyError if unknown."""
+        slot = self._slots.of[alloc_id]
+        if slot.alloc.borrowed != borrowed:
+            end = slot.end
+            self.start(replace(self.end(alloc_id), borrowed=borrowed), end)
+
     @property
     def allocations(self) -> dict[str, Allocation]:
         """Allocation id -> allocation, as given, active or not (a new dict)."""
@@ -230,13 +241,14 @@ class Scheduler:
         """One cycle; ``keep=False`` leaves the kept cluster in its end-of-cycle state and
         drops it (a throwaway scheduler saves the rollback)."""
         self._carried.undo(self._cluster)
+        names = self._team_numbers.names
+        used = {name: t.milli for name, t in zip(names, self._used, strict=True)}
         if not self.queue:
-            return Plan()
+            reflags = self._reflags(Ledger.of_usage(self.teams, used), (), {})
+            return Plan(reflags=tuple(reflags)) if reflags else Plan()
         cluster = self._cluster_now()
         cycle = Cycle(cluster, self.config, now, end_at=self._end_at)
         try:
-            names = self._team_numbers.names
-            used = {name: t.milli for name, t in zip(names, self._used, strict=True)}
             ledger = Ledger.of_usage(self.teams, used, cycle.memo())
             planner = Planner(
                 cycle,
@@ -250,7 +262,8 @@ class Scheduler:
             )
             served = self.served if isinstance(self.served, dict) else dict(self.served)
             Passes(planner, self.queue, self._running, served).run()
-            plan = planner.plan()
+            evicted = [p.allocation_id for p in planner.preemptions]
+            plan = planner.plan(self._reflags(ledger, evicted, planner.lent))
         except BaseException:
             cycle.rollback(cycle.start)
             raise
@@ -261,6 +274,30 @@ class Scheduler:
         cycle.cap.commit()
         self._carried.keep(plan, self._slots.of)
         return plan
+
+    def _reflags(
+        self, ledger: Ledger, evicted: Iterable[str], lent: Mapping[str, int]
+    ) -> list[tuple[str, bool]]:
+        """``Plan.reflags``: the teams whose flags no longer cover their excess once the plan
+        is applied (``ledger``), or that lose work to its evictions, have their allocations'
+        flags brought back (``borrowing.py``). ``lent``: team -> milli placed borrowed."""
+        gone = frozenset(evicted)
+        of = self._slots.of
+        change = dict(lent)  # team -> flagged milli the plan adds (placed) less what it evicts
+        for alloc_id in gone:
+            slot = of.get(alloc_id)
+            if slot is not None and slot.alloc.borrowed and not slot.alloc.on_cpu:
+                team = slot.alloc.team
+                change[team] = change.get(team, 0) - slot.alloc.milli
+        excess: dict[str, int] = {}
+        for name, usage in zip(self._team_numbers.names, self._used, strict=True):
+            over = max(0, ledger.used(name) - ledger.quota(name))
+            # evictions only raise the smallest flagged size: a cover before them stays one
+            if not usage.flags.cover(over, change.get(name, 0)):
+                excess[name] = over
+        if not excess:
+            return []
+        return reflag((slot.alloc for slot in of.values()), excess, lent, gone)
 
     def _cluster_now(self) -> Cluster:
         """The kept cluster, rebuilt when selectors or models of the queue outgrew it."""
@@ -286,7 +323,9 @@ class Scheduler:
     def _count(self, slot: Slot, alloc: Allocation, sign: int, expected_end: float | None) -> None:
         """An active allocation (in ``slot``) starts (+1) or ends (-1) holding resources."""
         if not alloc.on_cpu:
-            self._used[slot.team].milli += alloc.milli if sign > 0 else -alloc.milli  # negated
+            usage = self._used[slot.team]
+            usage.milli += alloc.milli if sign > 0 else -alloc.milli  # negated
+            usage.flags.count(alloc, sign)
         node = slot.node
         if sign > 0:
             slot.count_in(self._running)
@@ -323,7 +362,7 @@ class Scheduler:
         if node == NOWHERE:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
-        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, alloc.cpus  # given back ...
+        milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus)  # given back
         if sign > 0:  # ... or taken
             milli, vram, cpus = -milli, -vram, -cpus
         adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)

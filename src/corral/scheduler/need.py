@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.core.model import Job
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, cpus_text
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -28,7 +28,7 @@ class Need:
     gpus: i64 = 0  # whole cards
     milli: i64 = 0  # compute share of one card (shared jobs)
     vram: i64 = 0  # bytes: minimum per card (whole) or reserved on the card (shared)
-    cpus: i64 = 0
+    cpus: i64 = 0  # milli-CPUs
     gpu_models: frozenset[str] = frozenset()
     selector: tuple[tuple[str, str], ...] = ()
     backend: str | None = None
@@ -60,7 +60,7 @@ class Need:
     def describe(self) -> str:
         """``"2 GPUs"``, ``"0.25 GPU + 12 GiB VRAM"``, ``"4 CPUs"``: for messages."""
         if self.cpu_only:
-            return f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}"
+            return cpus_text(self.cpus)
         if self.gpus:
             return f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"
         parts = [f"{self.milli / MILLI:g} GPU"] if self.milli else []
@@ -74,12 +74,12 @@ def need_of(job: Job, *, on_cpu: bool = False) -> Need:
     r = job.resources
     selector = tuple(sorted(job.node_selector.items()))
     if on_cpu:
-        return Need(cpus=r.cpus, selector=selector, backend=job.backend, on_cpu=True)
+        return Need(cpus=r.cpu_milli, selector=selector, backend=job.backend, on_cpu=True)
     return Need(
         gpus=r.gpus,
         milli=r.gpu_milli,
         vram=r.vram_bytes,
-        cpus=r.cpus,
+        cpus=r.cpu_milli,
         gpu_models=r.gpu_models,
         selector=selector,
         backend=job.backend,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from corral.core.model import Gpu, Node
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, cpu_milli
 
 if TYPE_CHECKING:  # capacity.py imports this module
     from mypy_extensions import i64
@@ -81,7 +81,7 @@ class NodeCap:
         self.gpu_vram, self.gpu_model, self.positions = layout or card_layout(node.gpus)
         self.cards = [Card(MILLI, vram) for vram in self.gpu_vram]  # by position
         self.milli_free: i64 = MILLI * len(self.gpu_vram)  # the cards' free, summed (scorers)
-        self.cpus_free: i64 = node.cpus
+        self.cpus_free: i64 = cpu_milli(node.cpus)  # milli-CPUs
         self.whole_free: i64 = len(self.gpu_vram)
         self.partial_level: i64 = -1  # bucket of the roomiest partly used card; -1: none
         self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)

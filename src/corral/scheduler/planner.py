@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from corral.core.model import Job, PriorityClass
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, MILLI_CPU
 from corral.scheduler.api import (
     Placement,
     Plan,
@@ -36,7 +36,7 @@ from corral.scheduler.api import (
 )
 from corral.scheduler.batching import Batcher
 from corral.scheduler.cycle import Cycle, Memo, current
-from corral.scheduler.explain import explain, simple
+from corral.scheduler.explain import explain, simple, when_evictable
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
 from corral.scheduler.groups import Group
@@ -93,10 +93,11 @@ class Planner:
         self.reasons: dict[str, Explanation] = {}  # those reasons (a wait for a model holder)
         self.stopped = False  # the cycle placement limit was reached
         self.riders: tuple[Job, ...] = ()  # jobs that joined the last placement (a batch)
+        self.lent: dict[str, int] = {}  # team -> milli-GPUs placed as borrowed this cycle
         self.position = 0
         self._explained: Memo[tuple[Need, str | None], tuple[int, Explanation]] = cycle.memo()
         self._no_room: Memo[tuple[Need, Ask, bool], int] = cycle.memo()
-        self._patient: Memo[tuple[Need, Ask, int], tuple[int, bool]] = cycle.memo()
+        self._patient: Memo[tuple[Need, Ask, int], tuple[int, Reason | None]] = cycle.memo()
         self._gang_failed: Memo[tuple[Need, int], int] = cycle.memo()
         self._preempt_failed: Memo[tuple[Need, int, Ask], int] = cycle.memo()
         # made once per (pass kind, class, team): asked for on every liveness check after a
@@ -363,7 +364,7 @@ class Planner:
                     gpu_indices=fit.node.to_indices(fit.gpus),
                     gpu_milli=fit.milli,
                     vram_bytes=fit.vram,
-                    cpus=fit.cpus,
+                    cpus=fit.cpus / MILLI_CPU,
                     on_cpu=on_cpu,
                     borrowed=borrowed,
                     preempts=by_node.get(fit.node.name, ()) if rooms else (),
@@ -371,16 +372,24 @@ class Planner:
             )
             if not on_cpu:
                 self.ledger.add(job.team, fit.total_milli)
+                if borrowed:
+                    self.lent[job.team] = self.lent.get(job.team, 0) + fit.total_milli
+        if rooms:
+            self._evict(job, rooms)
+        self.position += 1
+
+    def _evict(self, job: Job, rooms: list[Room]) -> None:
+        """The preemptions that make ``rooms`` for ``job``, each with its reason."""
         for room in rooms:
-            for victim in room.victims:
-                why = "reclaim borrowed capacity" if victim.team != job.team else "higher priority"
+            for victim, why in zip(room.victims, room.why, strict=True):
                 for alloc in victim.allocs:
+                    if not why:  # priority preemption inside the team
+                        why = f"priority: {job.priority} outranks {alloc.priority}"
                     self.preemptions.append(
                         Preemption(
-                            alloc.id, alloc.job_ids, alloc.node, job.id, f"{why} for {job.id}"
+                            alloc.id, alloc.job_ids, alloc.node, job.id, f"{why}; for {job.id}"
                         )
                     )
-        self.position += 1
 
     def explanation(self, job: Job, pclass: PriorityClass) -> Explanation:
         """Why ``job`` is still queued at the end of the cycle, and what could help."""
@@ -412,14 +421,20 @@ class Planner:
             reasons = (*reasons, held)
         if job.lacking_nodes:
             reasons = (*reasons, lacking_reason(job))
-        if remedy is Remedy.WAIT and self._preemption_would_help(job, pclass, need, guaranteed):
-            remedy = Remedy.PREEMPT
+        if remedy is Remedy.WAIT:
+            helps = self._preemption_would_help(job, pclass, need, guaranteed)
+            if helps is not None:
+                remedy = Remedy.PREEMPT
+                if helps.message:
+                    reasons = (*reasons, helps)
         return reasons, remedy
 
     def _preemption_would_help(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool
-    ) -> bool:
-        """Would evictions let the job fit once victims have run long enough? (a what-if)"""
+    ) -> Reason | None:
+        """Would evictions let the job fit once victims have run long enough? (a what-if)
+        If so, a reason saying when the last victim it needs passes its minimum run time
+        (an empty message: they all have; the job waits only for their stop)."""
         ask = self.ask(job.team, pclass, guaranteed)
         key = (need, ask, job.replicas)
         cached = self._patient.get(key)
@@ -428,8 +443,12 @@ class Planner:
         mark = self.cycle.checkpoint()
         found = self._fit_with_preemption(job, pclass, need, guaranteed, patient=True)
         self.cycle.rollback(mark)
-        self._patient.put(key, (self.cycle.cap.generation, found is not None))
-        return found is not None
+        helps = None
+        if found is not None:
+            least = self.config.min_runtime_before_preemption_s
+            helps = when_evictable(job, found[1], self.now, least)
+        self._patient.put(key, (self.cycle.cap.generation, helps))
+        return helps
 
     def _quota_reason(self, job: Job) -> Explanation:
         limit = self.ledger.limit(job.team) or 0
@@ -445,11 +464,12 @@ class Planner:
         self.unplaced.append(Unplaced(job.id, self.position, why[0], why[1]))
         self.position += 1
 
-    def plan(self) -> Plan:
+    def plan(self, reflags: list[tuple[str, bool]] | None = None) -> Plan:
         return Plan(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
             unplaced=tuple(self.unplaced),
+            reflags=tuple(reflags) if reflags else (),
         )
 
 

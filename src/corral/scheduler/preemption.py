@@ -12,13 +12,26 @@ Never evicted: non-preemptible allocations (the allocation's flag or its
 class), work younger than ``min_runtime_before_preemption_s``, work already
 being stopped, work placed in this cycle. A gang's allocations go together.
 
+A team is a reclaim victim while it holds more than its quota, counted as
+each victim is chosen (as Kueue does): the last eviction may take it below
+its quota by less than one allocation, because the asking team is owed its
+whole quota and the lender only what it was guaranteed. Its ``borrowed``
+flags only order the victims (borrowed first); they do not gate eligibility,
+since they are recomputed only at the end of a cycle (``borrowing.py``).
+
 For each node that could run the job, victims are released on the working
 copy cheapest first (borrowed before not, then least work lost since the
 last checkpoint, then least progress) until the job fits; victims that turn
 out not to be needed are reprieved; the copy is rolled back. The node with
-the fewest victims, then the fewest not borrowed, then the least work lost,
-wins, and only then is anything committed: there is no preemption that does
-not let the preemptor run.
+the fewest victims, then the fewest evicted GPUs the job would leave idle,
+then the fewest not borrowed, then the least work lost, wins, and only then
+is anything committed: there is no preemption that does not let the
+preemptor run, and none that frees a card the preemptor could do without
+when another node needed less.
+
+Each victim carries its true reason (``Room.why``): which team is owed its
+quota and how far over its own the victim's team was, or which class
+outranks which.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from corral.core.resources import MILLI
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
 from corral.scheduler.need import Need
@@ -64,8 +78,13 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class Room:
+    """Where a job fits once ``victims`` are gone; ``idle``: milli-GPUs evicted that the job
+    would not use; ``why``: each victim's reason, once committed (``make_room``)."""
+
     fit: Fit
     victims: tuple[Victim, ...]
+    idle: int = 0
+    why: tuple[str, ...] = ()
 
 
 class Preemptor:
@@ -103,7 +122,7 @@ class Preemptor:
         ``patient`` ignores the minimum run time: "would preemption help once
         the victims have run long enough?" (for the ``preempt`` remedy).
         """
-        best: tuple[tuple[int, int, float, int], Room] | None = None
+        best: tuple[tuple[int, int, int, float, int], Room] | None = None
         tried = 0
         for nc in self._candidates(cycle, ledger, need, ask):
             room = self._try_node(cycle, ledger, nc, need, ask, patient)
@@ -113,11 +132,13 @@ class Preemptor:
             key = _badness(room, nc.idx)
             if best is None or key < best[0]:
                 best = (key, room)
-            if key[:2] == (1, 0) or tried >= NODES_TO_TRY:
+            if key[:3] == (1, 0, 0) or tried >= NODES_TO_TRY:
                 break
         if best is None:
             return None
+        why: list[str] = []
         for victim in best[1].victims:
+            why.append(_reason(ledger, victim, ask))
             self._release(cycle, victim)
             self._gone.put(victim.allocs[0].id, True)
             ledger.add(victim.team, -victim.milli)
@@ -129,7 +150,7 @@ class Preemptor:
         fit = fit_on(best[1].fit.node, need)
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
-        return Room(fit, best[1].victims)
+        return Room(fit, best[1].victims, best[1].idle, tuple(why))
 
     def _candidates(self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask) -> Iterator[NodeCap]:
         """Feasible nodes holding work this ask may evict, most room (free + victims) first.
@@ -174,6 +195,7 @@ class Preemptor:
     ) -> Room | None:
         if need.nominal_milli() > nc.milli_free + self._evictable(nc.idx):
             return None  # even evicting everything there would not be enough
+        free = nc.milli_free
         mark = cycle.checkpoint()
         spent: dict[str, int] = {}
         chosen: list[Victim] = []
@@ -191,7 +213,11 @@ class Preemptor:
             chosen = self._reprieve(cycle, nc, need, chosen)
             fit = fit_on(nc, need)
         cycle.rollback(mark)
-        return Room(fit, tuple(chosen)) if fit is not None else None
+        if fit is None:
+            return None
+        evicted = sum(milli_on(v, nc.name) for v in chosen)
+        idle = max(0, min(evicted, free + evicted - fit.total_milli))
+        return Room(fit, tuple(chosen), idle)
 
     def _reprieve(
         self, cycle: Cycle, nc: NodeCap, need: Need, chosen: list[Victim]
@@ -218,10 +244,7 @@ class Preemptor:
             return ask.priority and victim.rank < ask.rank
         if not ask.reclaim:
             return False
-        used = ledger.used(victim.team) - spent.get(victim.team, 0)
-        quota = ledger.quota(victim.team)
-        excess = victim.borrowed or used - victim.milli >= quota
-        return used > quota and excess
+        return ledger.used(victim.team) - spent.get(victim.team, 0) > ledger.quota(victim.team)
 
     @staticmethod
     def _release(cycle: Cycle, victim: Victim) -> None:
@@ -229,12 +252,26 @@ class Preemptor:
             cycle.unhold(alloc)
 
 
-def _badness(room: Room, idx: int) -> tuple[int, int, float, int]:
-    """Fewest evicted allocations, then fewest not borrowed, then least work lost."""
+def _badness(room: Room, idx: int) -> tuple[int, int, int, float, int]:
+    """Fewest evicted allocations, then fewest evicted GPUs left idle, then fewest not
+    borrowed, then least work lost."""
     victims = room.victims
     return (
         sum(len(v.allocs) for v in victims),
+        room.idle,
         sum(len(v.allocs) for v in victims if not v.borrowed),
         sum(v.lost_s for v in victims),
         idx,
+    )
+
+
+def _reason(ledger: Ledger, victim: Victim, ask: Ask) -> str:
+    """Why ``victim`` goes, from the ledger before its eviction is counted."""
+    if victim.team == ask.team:
+        return ""  # the planner names the classes (``Planner._record``)
+    used, quota = ledger.used(victim.team) / MILLI, ledger.quota(victim.team) / MILLI
+    owed = ledger.quota(ask.team) / MILLI
+    return (
+        f"reclaim: team {ask.team} is owed its quota of {owed:g} GPUs; "
+        f"team {victim.team} held {used:g}, over its quota of {quota:g}"
     )

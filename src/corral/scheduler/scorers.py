@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from corral.core.compiled import mypyc_attr
+from corral.core.resources import cpu_milli
 from corral.scheduler.fit import Fit
 from corral.scheduler.need import Need
 from corral.scheduler.node_cap import LOADED
@@ -99,7 +100,7 @@ def best_fit(need: Need, fit: Fit) -> float:
     """``BestFit``'s score of ``fit``."""
     nc = fit.node
     if need.cpu_only:
-        total = nc.node.cpus or 1
+        total = cpu_milli(nc.node.cpus) or 1
         return 1.0 - (nc.cpus_free - fit.cpus) / total
     total_cards = nc.gpu_count or 1
     free_after = nc.milli_free - fit.total_milli

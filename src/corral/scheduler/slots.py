@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from corral.core.compiled import mypyc_attr
 from corral.core.model import Allocation
+from corral.scheduler.borrowing import Flags
 
 if TYPE_CHECKING:
     from mypy_extensions import i64
@@ -78,12 +79,13 @@ class RunningCount:
 
 
 class TeamUsage:
-    """Milli-GPUs a team's active allocations hold."""
+    """Milli-GPUs a team's active allocations hold, and which are flagged borrowed."""
 
-    __slots__ = ("milli",)
+    __slots__ = ("flags", "milli")
 
     def __init__(self) -> None:
         self.milli: i64 = 0
+        self.flags = Flags()
 
 
 def inner_map(outer: dict[K, dict[str, V]], key: K) -> dict[str, V]:

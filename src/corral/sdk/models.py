@@ -27,7 +27,7 @@ class Resources(BaseModel):
 
     gpus: float = 0
     vram: int | str | None = Field(default=None, description="bytes or '12GiB'")
-    cpus: int = 1
+    cpus: int | float | str = Field(default=1, description="to a milli-CPU: 2, 0.5 or '500m'")
     gpu_models: list[str] = Field(default_factory=list)
     cpu_fallback: bool = False
 
@@ -73,7 +73,7 @@ class ResourcesStatus(_Out):
     gpus: int
     gpu_milli: int
     vram_bytes: int
-    cpus: int
+    cpus: float
     gpu_models: list[str] = Field(default_factory=list)
     cpu_fallback: bool = False
 
@@ -81,7 +81,7 @@ class ResourcesStatus(_Out):
         """``"1 GPU"``, ``"0.5 GPU"``, ``"2 GPU × 24GiB"``, or ``"cpu"``."""
         share = self.gpus or self.gpu_milli / 1000
         if not share:
-            return f"{self.cpus} cpu"
+            return f"{self.cpus:g} cpu"
         text = f"{share:g} GPU"
         if self.vram_bytes:
             text += f" × {self.vram_bytes / 2**30:g}GiB"
@@ -204,7 +204,7 @@ class AllocationStatus(_Out):
     gpu_indices: list[int] = Field(default_factory=list)
     gpu_milli: int = 0
     vram_bytes: int = 0
-    cpus: int = 0
+    cpus: float = 0
     on_cpu: bool = False
     borrowed: bool = False
     desired: str = "run"
@@ -219,7 +219,7 @@ class NodeStatus(_Out):
     draining: bool = False
     schedulable: bool = True
     gpus: list[GpuStatus] = Field(default_factory=list)
-    cpus: int = 0
+    cpus: float = 0
     labels: dict[str, str] = Field(default_factory=dict)
     models_on_disk: list[str] = Field(default_factory=list)
     models_loaded: list[str] = Field(default_factory=list)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.core.model import Job, Node
-from corral.core.resources import MILLI, ResourceRequest
+from corral.core.resources import MILLI, MILLI_CPU, ResourceRequest, cpu_milli
 from corral.scheduler.api import Config, Placement, Plan, Reason, ReasonCode, Remedy, Snapshot
 from corral.scheduler.api import Unplaced as UnplacedJob
 
@@ -46,7 +46,7 @@ class _Static:
     labels: tuple[Mapping[str, str], ...]
     schedulable: tuple[int, ...]  # indices of the nodes that take new work
     gpu_count: tuple[int, ...]
-    cpus: tuple[int, ...]
+    cpus: tuple[int, ...]  # milli-CPUs
     max_gpus: int
     all_free: tuple[list[int], ...]  # templates: never mutated, copied on write
     card_vram_lists: tuple[list[int], ...]  # the same for VRAM
@@ -68,7 +68,7 @@ def _static(nodes: tuple[Node, ...]) -> _Static:
         labels=tuple(n.labels for n in nodes),
         schedulable=tuple(i for i, n in enumerate(nodes) if n.schedulable),
         gpu_count=tuple(len(n.gpus) for n in nodes),
-        cpus=tuple(n.cpus for n in nodes),
+        cpus=tuple(cpu_milli(n.cpus) for n in nodes),
         max_gpus=max((len(n.gpus) for n in nodes), default=0),
         all_free=tuple([MILLI] * len(n.gpus) for n in nodes),
         card_vram_lists=tuple([g.vram_bytes for g in n.gpus] for n in nodes),
@@ -78,7 +78,7 @@ def _static(nodes: tuple[Node, ...]) -> _Static:
     return static
 
 
-Pick = tuple[int, tuple[int, ...], int, int, int]  # node, GPUs, milli per GPU, vram, cpus
+Pick = tuple[int, tuple[int, ...], int, int, int]  # node, GPUs, milli per GPU, vram, milli-CPUs
 
 
 class _Greedy:
@@ -111,7 +111,7 @@ class _Greedy:
                     self._own_vram(i)
                     for g in a.gpu_indices:
                         vram[i][g] -= a.vram_bytes
-            cpu[i] -= a.cpus
+            cpu[i] -= cpu_milli(a.cpus)
         whole = self.whole = list(st.gpu_count)
         for i, node_free in enumerate(free):
             if node_free is not templates[i]:
@@ -156,7 +156,7 @@ class _Greedy:
                         gpu_indices=gpus,
                         gpu_milli=milli,
                         vram_bytes=vram,
-                        cpus=cpus,
+                        cpus=cpus / MILLI_CPU,
                     )
                 )
         return Plan(placements=tuple(placements), unplaced=tuple(unplaced))
@@ -202,7 +202,7 @@ class _Greedy:
             cards = [g for g in range(len(self.free[i])) if self._card_free(i, g, r)]
         else:
             cards = [g for g, f in enumerate(self.free[i]) if f == MILLI]
-        return (i, tuple(cards[: r.gpus]), MILLI, 0, r.cpus)
+        return (i, tuple(cards[: r.gpus]), MILLI, 0, r.cpu_milli)
 
     def _find_shared(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
         """A partly used card that fits (tightest for best fit), else a fresh one."""
@@ -226,15 +226,15 @@ class _Greedy:
             if self.vram[i][g] < r.vram_bytes:
                 return None
         _, i, g, milli = choice
-        return (i, (g,), milli, r.vram_bytes, r.cpus)
+        return (i, (g,), milli, r.vram_bytes, r.cpu_milli)
 
     def _find_cpu(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
         fits = [
             (self.cpu[i] if self.best else i, i)
             for i in self.st.schedulable
-            if self.cpu[i] >= r.cpus and _matches(self.st.labels[i], selector)
+            if self.cpu[i] >= r.cpu_milli and _matches(self.st.labels[i], selector)
         ]
-        return (min(fits)[1], (), 0, 0, r.cpus) if fits else None
+        return (min(fits)[1], (), 0, 0, r.cpu_milli) if fits else None
 
     def _groups_for(self, r: ResourceRequest) -> list[list[list[int]]]:
         """The bucket lists of the node groups whose GPU model suits ``r``."""
@@ -245,7 +245,7 @@ class _Greedy:
         ]
 
     def _fits_whole(self, i: int, r: ResourceRequest, selector: Mapping[str, str]) -> bool:
-        if self.cpu[i] < r.cpus or (selector and not _matches(self.st.labels[i], selector)):
+        if self.cpu[i] < r.cpu_milli or (selector and not _matches(self.st.labels[i], selector)):
             return False
         if not r.vram_bytes and (not r.gpu_models or self.st.group[i] is not None):
             return True
@@ -267,7 +267,7 @@ class _Greedy:
         return (
             self.free[i][g] >= milli
             and self.vram[i][g] >= r.vram_bytes
-            and self.cpu[i] >= r.cpus
+            and self.cpu[i] >= r.cpu_milli
             and (not r.gpu_models or model in r.gpu_models)
             and _matches(self.st.labels[i], selector)
         )

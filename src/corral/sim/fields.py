@@ -16,7 +16,7 @@ from typing import Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, Gpu, Job, Node, Team
-from corral.core.resources import GIB, MILLI, ResourceRequest
+from corral.core.resources import GIB, MILLI, ResourceRequest, parse_cpus
 from corral.sim.errors import SimInputError
 from corral.sim.scenario import SimJob
 
@@ -78,6 +78,14 @@ def as_int(value: Any, name: str, where: str, minimum: int) -> int:
     if number < minimum:
         raise SimInputError(name, f"must be >= {minimum}, got {value!r}", where)
     return int(number)
+
+
+def as_cpus(value: Any, where: str) -> float:
+    """CPUs to a milli-CPU: ``4``, ``11.4``, ``"500m"`` (as the API takes them)."""
+    try:
+        return parse_cpus(value)
+    except InvalidSpec as e:
+        raise SimInputError("cpus", e.message, where) from None
 
 
 def as_bool(value: Any, name: str, where: str) -> bool:
@@ -231,7 +239,7 @@ def _build_request(gpus: Any, cpus: Any, vram: Any, models: Any, where: str) -> 
         gpus=int(count) if count >= 1 else 0,
         gpu_milli=round(count * MILLI) if count < 1 else 0,
         vram_bytes=int(vram_gib * GIB) if count > 0 else 0,
-        cpus=DEFAULT_JOB_CPUS if omitted(cpus) else as_int(cpus, "cpus", where, 0),
+        cpus=DEFAULT_JOB_CPUS if omitted(cpus) else as_cpus(cpus, where),
         gpu_models=frozenset() if omitted(models) else as_names(models, "gpu_models", where),
     )
 
@@ -250,7 +258,7 @@ def parse_nodes(record: Any, where: str) -> list[Node]:
         raise SimInputError("vram_gib", f"must be > 0, got {vram!r}", where)
     cpus = row.get("cpus")
     default_cpus = max(MIN_NODE_CPUS, CPUS_PER_GPU * gpus)
-    cpu_count = default_cpus if omitted(cpus) else as_int(cpus, "cpus", where, 0)
+    cpu_count = default_cpus if omitted(cpus) else as_cpus(cpus, where)
     labels = {} if omitted(row.get("labels")) else as_labels(row["labels"], "labels", where)
     cards = tuple(Gpu(i, model, int(vram_gib * GIB)) for i in range(gpus))
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(1, count + 1)]

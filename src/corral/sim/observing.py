@@ -1,7 +1,7 @@
 """What the world tells its observer (a kept scheduler is one): every change it makes to
 what a snapshot holds.
 
-``Observer`` is the protocol any object may follow. ``Observing`` is the same six methods
+``Observer`` is the protocol any object may follow. ``Observing`` is the same seven methods
 as a base class: the world holds its observer as one (``observing`` wraps any other in a
 relay), since compiled calls through a base class are direct, and a kept scheduler is
 told four events per job.
@@ -25,6 +25,8 @@ class Observer(Protocol):
 
     def ended(self, alloc_id: str) -> None: ...  # finished, preempted, or the run ended
 
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None: ...  # its borrowed flag moved
+
     def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
 
     def nodes_changed(self, nodes: tuple[Node, ...]) -> None: ...  # joined, drained, removed
@@ -43,6 +45,9 @@ class Observing:
         pass
 
     def ended(self, alloc_id: str) -> None:
+        pass
+
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None:
         pass
 
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
@@ -79,6 +84,9 @@ class _Relay(Observing):
 
     def ended(self, alloc_id: str) -> None:
         self._to.ended(alloc_id)
+
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None:
+        self._to.reflagged(alloc_id, borrowed)
 
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         self._to.teams_changed(teams)

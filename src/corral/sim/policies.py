@@ -48,6 +48,8 @@ class Policy(Protocol):
 
     def ended(self, alloc_id: str) -> None: ...
 
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None: ...
+
     def teams_changed(self, teams: tuple[Team, ...]) -> None: ...
 
     def nodes_changed(self, nodes: tuple[Node, ...]) -> None: ...
@@ -114,6 +116,9 @@ class Kept(Observing):
 
     def ended(self, alloc_id: str) -> None:
         self.scheduler.end(alloc_id)
+
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None:
+        self.scheduler.reflag(alloc_id, borrowed)
 
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         self.scheduler.set_teams(teams)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from corral.core.clock import VirtualClock
@@ -99,6 +99,7 @@ class _Run:
         self.metrics = Metrics()
         busy = Busy(policy) if scenario.pools else None
         observer: Observer = policy if busy is None else busy
+        self.observer = observer  # told of flags the plans move (``_reflag``)
         self.world = World(
             scenario,
             self.clock,
@@ -224,6 +225,8 @@ class _Run:
             service = self.service
             for run in world.apply(plan, now):  # each job started (a gang's once)
                 service.record(run.job.user, now)
+            if plan.reflags:
+                self._reflag(plan.reflags)
             again = bool(plan.preemptions) or _hit_limit(plan, config)
             if not again or not (plan.placements or plan.preemptions):
                 return
@@ -252,6 +255,16 @@ class _Run:
         # asked with an empty queue too: a kept scheduler forgets the instants passed then
         when: float | None = wake_at(self.world.snapshot, self.scenario.config, now)
         return when if self.world.waiting else None
+
+    def _reflag(self, reflags: tuple[tuple[str, bool], ...]) -> None:
+        """A plan moved ``borrowed`` flags (usage changed under them: scheduler/borrowing.py),
+        as the server's applier does."""
+        held = self.world.allocations
+        for alloc_id, borrowed in reflags:
+            alloc = held.get(alloc_id)
+            if alloc is not None and alloc.borrowed != borrowed:
+                held[alloc_id] = replace(alloc, borrowed=borrowed)
+                self.observer.reflagged(alloc_id, borrowed)
 
     def _report(self, *, done: bool = False) -> None:
         if self.progress is None:

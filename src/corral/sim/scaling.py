@@ -75,6 +75,9 @@ class Busy(Observing):
         else:
             del self.on_node[node]
 
+    def reflagged(self, alloc_id: str, borrowed: bool) -> None:
+        self.policy.reflagged(alloc_id, borrowed)
+
     def teams_changed(self, teams: tuple[Team, ...]) -> None:
         self.policy.teams_changed(teams)
 

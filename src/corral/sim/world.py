@@ -25,7 +25,7 @@ from corral.core.clock import VirtualClock
 from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, cpu_milli
 from corral.core.states import JOB as JOB_LIFECYCLE
 from corral.core.states import AllocObserved, JobState
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
@@ -336,7 +336,7 @@ class World:
                 )
             card.free -= milli
             card.vram_free -= vram
-        free.cpus -= p.cpus
+        free.cpus -= cpu_milli(p.cpus)
         if free.cpus < 0:
             raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
 
@@ -428,7 +428,7 @@ class World:
             card = cards[g]
             card.free += gpu_milli
             card.vram_free += vram
-        free.cpus += alloc.cpus
+        free.cpus += cpu_milli(alloc.cpus)
         milli = alloc.milli
         use = self._team_use[alloc.team]
         use.milli = use.milli - milli
@@ -478,7 +478,7 @@ class _Free:
 
     def __init__(self, node: Node) -> None:
         self.cards = [Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
-        self.cpus: i64 = node.cpus
+        self.cpus: i64 = cpu_milli(node.cpus)  # milli-CPUs
 
 
 class _TeamUse:

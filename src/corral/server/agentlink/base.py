@@ -71,7 +71,7 @@ class Assignment:
     gpu_indices: tuple[int, ...] = ()
     gpu_milli: int = 0
     vram_bytes: int = 0
-    cpus: int = 0
+    cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False
     master_addr: str = ""  # a gang's rendezvous: replica 0's node, reachable by the others
     master_port: int = 0
@@ -91,7 +91,7 @@ class Inventory:
 
     node: str
     gpus: tuple[Gpu, ...] = ()
-    cpus: int = 0
+    cpus: float = 0  # CPU slots, to a milli-CPU
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     models_on_disk: frozenset[str] = frozenset()
     models_loaded: frozenset[str] = frozenset()

@@ -13,10 +13,12 @@ older one-string form ``path#step=N``, still understood.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
 from corral.core.model import Gpu
+from corral.core.resources import MILLI_CPU, cpu_milli
 from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.server.agentlink.base import (
@@ -44,7 +46,7 @@ def inventory_from(msg: pb.Inventory, agent_version: str = "") -> Inventory:
     return Inventory(
         node=msg.node,
         gpus=gpus_from(msg.gpus),
-        cpus=msg.cpus,
+        cpus=msg.cpu_milli / MILLI_CPU if msg.cpu_milli else msg.cpus,
         labels=dict(msg.labels),
         models_on_disk=frozenset(msg.models_on_disk),
         models_loaded=frozenset(loaded),
@@ -98,7 +100,8 @@ def assign_message(a: Assignment) -> pb.ServerMessage:
             gpu_indices=list(a.gpu_indices),
             gpu_milli=a.gpu_milli,
             vram_bytes=a.vram_bytes,
-            cpus=a.cpus,
+            cpus=math.ceil(a.cpus),
+            cpu_milli=cpu_milli(a.cpus),
             on_cpu=a.on_cpu,
             jobs=[_work(w) for w in a.jobs],
             replica=a.replica,

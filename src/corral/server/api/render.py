@@ -138,7 +138,7 @@ class AllocationOut(BaseModel):
     gpu_indices: list[int]
     gpu_milli: int
     vram_bytes: int
-    cpus: int
+    cpus: float
     on_cpu: bool
     borrowed: bool
     desired: str
@@ -157,7 +157,7 @@ class NodeOut(BaseModel):
     draining: bool
     schedulable: bool
     gpus: list[GpuOut]
-    cpus: int
+    cpus: float
     labels: dict[str, str]
     models_on_disk: list[str]
     models_loaded: list[str]

@@ -17,13 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
-from corral.core.resources import ResourceRequest, parse_bytes
+from corral.core.resources import ResourceRequest, parse_bytes, parse_cpus
 from corral.server.webhook_urls import check_form
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Label = Annotated[str, Field(min_length=1, max_length=255)]
 MAX_TIMEOUT_S = 30 * 24 * 3600.0
 MAX_VRAM = 2**50  # 1 PiB: far above any card, far below a 64-bit overflow
+MAX_JOB_CPUS = 4096  # one replica asks for at most this many: far above any machine today
 
 
 class ApiModel(BaseModel):
@@ -60,7 +61,12 @@ class ResourcesIn(ApiModel):
         "the reservation for a share of one GPU",
         examples=["12GiB"],
     )
-    cpus: int = Field(1, ge=0, le=4096)
+    # int first: a whole count keeps its JSON form (and so its request hash) from before
+    cpus: int | float | str = Field(
+        1,
+        description="CPUs per replica, to a milli-CPU: 2, 0.5 or '500m'",
+        examples=[1, 0.5, "500m"],
+    )
     gpu_models: list[Label] = Field(default_factory=list, max_length=32)
     cpu_fallback: bool = False
 
@@ -72,13 +78,21 @@ class ResourcesIn(ApiModel):
             return ResourceRequest.from_gpus(
                 self.gpus,
                 vram_bytes=vram,
-                cpus=self.cpus,
+                cpus=_cpus(self.cpus),
                 gpu_models=frozenset(self.gpu_models),
                 cpu_fallback=self.cpu_fallback,
             )
         except InvalidSpec as e:
             field = e.field if e.field.startswith("resources.") else f"resources.{e.field}"
             raise InvalidSpec(field, e.message) from None
+
+
+def _cpus(value: float | str) -> float:
+    """``resources.cpus`` to a milli-CPU, at most ``MAX_JOB_CPUS``."""
+    cpus = parse_cpus(value, field_name="cpus")
+    if cpus > MAX_JOB_CPUS:
+        raise InvalidSpec("cpus", f"{value!r} is more than {MAX_JOB_CPUS} CPUs")
+    return cpus
 
 
 class InputIn(ApiModel):
@@ -234,7 +248,7 @@ class ResourcesOut(BaseModel):
     gpus: int
     gpu_milli: int
     vram_bytes: int
-    cpus: int
+    cpus: float
     gpu_models: list[str]
     cpu_fallback: bool
 
@@ -288,7 +302,7 @@ class PlacedOut(BaseModel):
     node: str
     replica: int
     gpu_indices: list[int]
-    cpus: int
+    cpus: float
     observed: str = Field(description="pending, ready (a gang replica waiting for its go), ...")
     topology: str = Field(
         description="how its GPUs are linked, e.g. 'GPUs 0,1 (nvlink) on NUMA node 0'; "

@@ -24,7 +24,7 @@ class Placed:
     node: str
     replica: int
     gpu_indices: tuple[int, ...]
-    cpus: int
+    cpus: float
     observed: str
     topology: str
 

@@ -46,13 +46,14 @@ class Applied:
     # job id -> allocation ids that must end before it is placed (see the module doc)
     awaiting: dict[str, frozenset[str]] = field(default_factory=dict)
     stale: int = 0  # placement groups or preemptions skipped because the state moved on
+    reflagged: list[str] = field(default_factory=list)  # allocations whose borrowed flag moved
     inserted: list[AllocRecord] = field(default_factory=list)  # the allocations placed
 
 
 async def apply_plan(rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord]) -> Applied:
     """Apply ``plan``; ``seen`` are the queued jobs' records the scheduler was told."""
     applied = Applied()
-    if not plan.placements and not plan.preemptions:
+    if not plan.placements and not plan.preemptions and not plan.reflags:
         return applied
     async with rt.tx(durable=False) as tx:  # placements are recovered by reconciliation
         await _apply(rt, tx, plan, seen, applied)
@@ -102,6 +103,21 @@ async def _apply(
                     for_job=p.for_job,
                     why=p.reason,
                 )
+    await _reflag(tx, plan.reflags, applied)
+
+
+async def _reflag(tx: Tx, reflags: Sequence[tuple[str, bool]], applied: Applied) -> None:
+    """Move ``borrowed`` flags as the plan says (``scheduler/borrowing.py``); an allocation
+    that ended or changed since is left to the next cycle's plan."""
+    if not reflags:
+        return
+    recs = {r.alloc.id: r for r in await alloc_repo.get_many(tx.conn, [a for a, _ in reflags])}
+    for alloc_id, borrowed in reflags:
+        rec = recs.get(alloc_id)
+        if rec is None or not rec.alloc.active or rec.alloc.borrowed == borrowed:
+            continue
+        if await alloc_repo.update(tx.conn, rec, borrowed=borrowed):
+            applied.reflagged.append(alloc_id)
 
 
 def _groups(placements: Sequence[Placement]) -> list[list[Placement]]:

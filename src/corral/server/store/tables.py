@@ -83,7 +83,7 @@ allocations = sa.Table(
     sa.Column("gpu_indices", sa.JSON, nullable=False),
     sa.Column("gpu_milli", sa.Integer, nullable=False, default=0),
     sa.Column("vram_bytes", sa.BigInteger, nullable=False, default=0),
-    sa.Column("cpus", sa.Integer, nullable=False, default=0),
+    sa.Column("cpus", sa.Double, nullable=False, default=0),  # to a milli-CPU
     sa.Column("on_cpu", sa.Boolean, nullable=False, default=False),
     sa.Column("preemptible", sa.Boolean, nullable=False, default=True),
     sa.Column("borrowed", sa.Boolean, nullable=False, default=False),

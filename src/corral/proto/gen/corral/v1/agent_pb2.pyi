@@ -293,9 +293,14 @@ class Inventory(_message.Message):
     BACKENDS_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    CPU_MILLI_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     cpus: _builtins.int
     agent_version: _builtins.str
+    cpu_milli: _builtins.int
+    """CPU slots in milli-CPUs (fractional slots, docs/scheduler.md "CPUs"); 0: read ``cpus``
+    (an agent from before milli-CPUs), which carries the whole slots for such a server.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     @_builtins.property
@@ -326,10 +331,11 @@ class Inventory(_message.Message):
         backends: _abc.Iterable[_builtins.str] | None = ...,
         running: _abc.Iterable[Global___RunningAllocation] | None = ...,
         agent_version: _builtins.str = ...,
+        cpu_milli: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "backends", b"backends", "cpus", b"cpus", "gpus", b"gpus", "labels", b"labels", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk", "node", b"node", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "backends", b"backends", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpus", b"gpus", "labels", b"labels", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk", "node", b"node", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1081,6 +1087,7 @@ class Assign(_message.Message):
     REPLICAS_FIELD_NUMBER: _builtins.int
     MASTER_ADDR_FIELD_NUMBER: _builtins.int
     MASTER_PORT_FIELD_NUMBER: _builtins.int
+    CPU_MILLI_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     gpu_milli: _builtins.int
@@ -1096,6 +1103,10 @@ class Assign(_message.Message):
     (its agent's reported address) and a port the server handed out there. Empty/0 otherwise.
     """
     master_port: _builtins.int
+    cpu_milli: _builtins.int
+    """CPUs the allocation holds, in milli-CPUs; ``cpus`` carries them rounded up, for an
+    agent from before milli-CPUs.
+    """
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1117,10 +1128,11 @@ class Assign(_message.Message):
         replicas: _builtins.int = ...,
         master_addr: _builtins.str = ...,
         master_port: _builtins.int = ...,
+        cpu_milli: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "master_addr", b"master_addr", "master_port", b"master_port", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "master_addr", b"master_addr", "master_port", b"master_port", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
