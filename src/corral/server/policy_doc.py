@@ -11,14 +11,14 @@ one to the scheduling loop and the job service.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import yaml
 
 from corral.core.errors import InvalidSpec
-from corral.core.model import EMPTY, PriorityClass, frozen_map
+from corral.core.model import EMPTY, PriorityClass, Team, frozen_map
 from corral.scheduler.api import Config
 from corral.scheduler.scorers import DEFAULT_SCORERS
 
@@ -80,6 +80,21 @@ class Policy:
 
     def rule(self, name: str) -> ClassRule | None:
         return next((r for r in self.classes if r.pclass.name == name), None)
+
+    def capped(self, teams: Iterable[Team]) -> tuple[Team, ...]:
+        """``teams`` with each team's ``max_running_gpus``: its quota and borrowing
+        together never pass it (a cap under the quota lowers the guarantee too)."""
+        out = []
+        for team in teams:
+            caps = self.teams.get(team.name)
+            cap = caps.max_running_gpus if caps is not None else None
+            if cap is not None:
+                quota = min(team.quota_gpus, cap)
+                room = cap - quota
+                borrow = room if team.borrow_limit_gpus is None else min(team.borrow_limit_gpus, room)
+                team = replace(team, quota_gpus=quota, borrow_limit_gpus=borrow)
+            out.append(team)
+        return tuple(out)
 
     def config(self, base: Config) -> Config:
         """``base`` (the server's settings) with what this policy sets."""
@@ -418,3 +433,38 @@ def _names(node: yaml.Node, where: str) -> frozenset[str]:
 
 def _default(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+def describe(policy: Policy) -> dict[str, Any]:
+    """The policy as JSON: what the API, the CLI and the dashboard show."""
+    classes = [
+        {
+            "name": r.pclass.name,
+            "rank": r.pclass.rank,
+            "preemptible": r.pclass.preemptible,
+            "may_preempt": r.pclass.can_preempt,
+            "cpu_offload": r.pclass.cpu_offload,
+            "default_time_limit_s": r.default_time_limit_s,
+            "allowed": None
+            if r.teams is None and r.users is None
+            else {"teams": sorted(r.teams or ()), "users": sorted(r.users or ())},
+        }
+        for r in policy.classes
+    ]
+    return {
+        "classes": classes,
+        "user_weights": dict(policy.user_weights),
+        "users": {k: _caps_json(v) for k, v in policy.users.items()},
+        "teams": {k: _caps_json(v) for k, v in policy.teams.items()},
+        "preemption": {"enabled": policy.preemption, "min_runtime_s": policy.min_runtime_s},
+        "scorers": dict(policy.scorer_weights),
+        "reservations": {
+            "min_gpus": None if policy.reserve_off else policy.reserve_min_gpus,
+            "per_class": policy.reservations,
+        },
+        "pools": {k: {"gpu_hour": v} for k, v in policy.gpu_hour_prices.items()},
+    }
+
+
+def _caps_json(caps: Caps) -> dict[str, Any]:
+    return {"max_running_gpus": caps.max_running_gpus, "max_queued_jobs": caps.max_queued_jobs}

@@ -24,14 +24,16 @@ from corral.core.model import Job
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.incremental import Scheduler
 from corral.server.loops.changes import ChangeFeed, Changes
+from corral.server.policy_doc import Policy
 from corral.server.store.records import AllocRecord, JobRecord
 
 
 class Kept:
     """A scheduler kept in step with the store, and the jobs set aside from it."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, policy: Policy | None = None) -> None:
         self.config = config
+        self.policy = policy  # its caps on teams' running GPUs shape the teams told
         self.scheduler = Scheduler(config=config)
         self.feed = ChangeFeed()
         self.awaiting: dict[str, frozenset[str]] = {}  # job -> victims still stopping
@@ -65,8 +67,9 @@ class Kept:
             sched.end(alloc_id)
         if changes.nodes is not None:
             sched.set_nodes(changes.nodes)
-        if changes.teams != sched.teams:
-            sched.set_teams(changes.teams)
+        teams = changes.teams if self.policy is None else self.policy.capped(changes.teams)
+        if teams != sched.teams:
+            sched.set_teams(teams)
         for rec in changes.submitted:
             if rec.job.id in self.awaiting:  # still waiting for its victims
                 aside[rec.job.id] = rec.job

@@ -31,6 +31,7 @@ from corral.server.loops.kept import Kept
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.pacing import Pacing
 from corral.server.services.placement import Applied, apply_plan
+from corral.server.services.policy import PolicyService
 from corral.server.services.unit import Runtime
 from corral.server.store import jobs as job_repo
 from corral.server.store import sql
@@ -49,13 +50,17 @@ _NOT_BEFORE = attrgetter("not_before")
 class SchedulingLoop:
     """Owns the cycle and remembers the last plan's reasons for ``GET /v1/queue``."""
 
-    def __init__(self, rt: Runtime, leader: Leadership | None = None) -> None:
+    def __init__(
+        self, rt: Runtime, leader: Leadership | None = None, policy: PolicyService | None = None
+    ) -> None:
         self.rt = rt
+        self.policy = policy or PolicyService(rt)  # read again at every cycle's catch-up
         self.leader = leader or AlwaysLeader()
         self.leading = False
         self.unplaced: dict[str, Unplaced] = {}
         self.cycles = 0
-        self.kept = Kept(self.config())
+        self.kept = Kept(self.config(), rt.policy)
+        self._built_for = rt.policy_version  # the policy version the kept scheduler follows
         self.pacing = Pacing(rt.settings.scheduling)
         self.service = ServiceLedger()  # who was served lately: fairness across cycles
         self._forgot = 0  # ``job_changes`` rows up to this one are deleted
@@ -70,15 +75,16 @@ class SchedulingLoop:
         self.on_follow: Callable[[], None] | None = None
 
     def config(self) -> Config:
+        """The settings' knobs, with what the policy in force sets (``policy_doc.Policy``)."""
         s, m = self.rt.settings.scheduling, self.rt.settings.models
-        return Config(
-            priority_classes=self.rt.priority_classes,
+        base = Config(
             max_batch_size=s.max_batch_size,
             preemption=s.preemption,
             model_fetch_bytes_per_s=m.fetch_bytes_per_s if m.routing else None,
             model_load_bytes_per_s=m.load_bytes_per_s,
             model_max_wait_s=m.max_wait_s,
         )
+        return self.rt.policy.config(base)
 
     @property
     def last_cycle_s(self) -> float:
@@ -90,7 +96,8 @@ class SchedulingLoop:
 
     def rebuild(self) -> None:
         """Forget the kept state: the next catch-up reads it all from the store again."""
-        self.kept = Kept(self.config())
+        self.kept = Kept(self.config(), self.rt.policy)
+        self._built_for = self.rt.policy_version
 
     async def run(self) -> None:
         """Forever: wait for a trigger (or the idle timeout), pace, run a cycle."""
@@ -170,6 +177,9 @@ class SchedulingLoop:
         return self.kept.snapshot()
 
     async def _catch_up(self, conn: AsyncConnection) -> None:
+        await self.policy.refresh(conn)
+        if self.rt.policy_version != self._built_for:  # a new policy: a scheduler set by it
+            self.rebuild()
         sizes = EMPTY if self.model_sizes is None else await self.model_sizes(conn)
         await self.kept.catch_up(conn, sizes)
 

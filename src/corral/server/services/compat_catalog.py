@@ -104,7 +104,7 @@ class CatalogCache:
         return catalog
 
     def _most_urgent(self) -> str:
-        classes = self.jobs.plane.rt.priority_classes
+        classes = self.jobs.plane.rt.policy.priority_classes
         return max(classes, key=lambda c: c.rank).name if classes else "free"
 
 

@@ -33,6 +33,7 @@ from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
 from corral.server.services.inputs import InputService
+from corral.server.services.policy import PolicyService
 from corral.server.services.previews import preview_key
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
@@ -81,13 +82,14 @@ class JobService:
         rates: RateLimits,
         quotas: TeamQuotas,
         inputs: InputService | None = None,
+        policy: PolicyService | None = None,
     ) -> None:
         self.rt = rt
         self.inputs = inputs or InputService(rt)  # checks the files jobs name are theirs
         self.group = group  # concurrent submissions share a commit, with agents' updates too
         self.rates = rates
         self.quotas = quotas
-        self._classes = {c.name for c in rt.priority_classes}
+        self.policy = policy or PolicyService(rt)  # classes, who may use them, caps
 
     async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
         """Create the jobs atomically (all or none); concurrent calls share one commit.
@@ -100,9 +102,11 @@ class JobService:
         """
         who.require_client()
         self._check(who, drafts)
+        drafts, counts = await self._entitled(who, drafts)
         await self._check_inputs(who, drafts)
         self.rates.submit(who, len(drafts))
         try:
+            await self.policy.check_queued(who, counts)
             async with self.quotas.admit(who, len(drafts)) as admission:
                 records, created = await self.group.run(lambda tx: self._insert(tx, drafts))
                 admission.created = created
@@ -137,18 +141,31 @@ class JobService:
         return records, True
 
     def _check(self, who: Principal, drafts: Sequence[Draft]) -> None:
-        many = len(drafts) > 1
-        for i, d in enumerate(drafts):
-            prefix = f"jobs[{i}]." if many else ""
+        for d in drafts:
             if not who.sees(d.job.team):
                 raise Forbidden(
                     f"a token of team {who.team!r} cannot submit jobs for team {d.job.team!r}"
                 )
-            if d.job.priority not in self._classes:
-                known = ", ".join(sorted(self._classes))
-                raise InvalidSpec(
-                    f"{prefix}priority", f"unknown class {d.job.priority!r} (known: {known})"
-                )
+
+    async def _entitled(
+        self, who: Principal, drafts: Sequence[Draft]
+    ) -> tuple[Sequence[Draft], dict[tuple[str, str], int]]:
+        """Each job's class must be one the policy lets its team or user use (403 naming
+        class and team); a job without a time limit gets its class's default one. Also
+        the new jobs per (team, user), for the policy's caps on queued jobs."""
+        many = len(drafts) > 1
+        out, counts = [], defaultdict[tuple[str, str], int](int)
+        for i, d in enumerate(drafts):
+            job = d.job
+            field = f"jobs[{i}].priority" if many else "priority"
+            await self.policy.entitle(who, job.team, job.user, job.priority, field)
+            counts[(job.team, job.user)] += 1
+            rule = self.policy.current.rule(job.priority)
+            limit = rule.default_time_limit_s if rule is not None else None
+            if job.timeout_s is None and limit is not None:
+                d = replace(d, job=replace(job, timeout_s=limit))
+            out.append(d)
+        return out, counts
 
     async def _check_inputs(self, who: Principal, drafts: Sequence[Draft]) -> None:
         """Every input file a job names must be one its submitter uploaded (422 otherwise)."""
