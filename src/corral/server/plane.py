@@ -100,6 +100,7 @@ class ControlPlane:
         self.autoscale: AutoscaleLoop | None = None
         if scaling is not None:  # docs/autoscaler.md
             providers, pools = scaling
+            rt.pool_prices.update((p.name, p.cost_per_hour / p.gpus) for p in pools if p.gpus)
             self.autoscale = AutoscaleLoop(
                 rt,
                 self.schedule,

@@ -49,6 +49,9 @@ class Runtime:
     # and its version (0: the built-in one, none applied yet).
     policy: Policy
     policy_version: int = 0
+    # Price per GPU-hour of each autoscaled node pool (its machine's price over its GPUs):
+    # what usage costs where the policy names no price (services/usage.py).
+    pool_prices: dict[str, float] = field(default_factory=dict)
     wakeups: Wakeups = field(default_factory=Wakeups)  # SSE readers wait on it
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check

@@ -250,12 +250,13 @@ policies = sa.Table(
     sa.Column("note", sa.String(512), nullable=False, default=""),  # e.g. "rollback to 3"
 )
 
-# Migration 0017: resources used per day, team, user, class and node pool, added to as
-# allocations end (services/usage.py). A day is ``floor(epoch seconds / 86400)`` (UTC).
-usage_days = sa.Table(
-    "usage_days",
+# Migration 0017: resources used per hour, team, user, class and node pool, added to as
+# allocations end (services/usage.py). An hour is ``floor(epoch seconds / 3600)``: fine
+# enough for a day's chart, and days and months are sums of whole hours.
+usage_hours = sa.Table(
+    "usage_hours",
     metadata,
-    sa.Column("day", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("hour", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("team", sa.String(64), primary_key=True),
     sa.Column("user", sa.String(128), primary_key=True),
     sa.Column("priority", sa.String(64), primary_key=True),

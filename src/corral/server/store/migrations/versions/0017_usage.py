@@ -1,4 +1,4 @@
-"""Usage per day, team, user, class and node pool, added to as allocations end
+"""Usage per hour, team, user, class and node pool, added to as allocations end
 (services/usage.py).
 
 Revision ID: 0017
@@ -19,8 +19,8 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_table(
-        "usage_days",
-        sa.Column("day", sa.Integer(), primary_key=True, autoincrement=False),
+        "usage_hours",
+        sa.Column("hour", sa.Integer(), primary_key=True, autoincrement=False),
         sa.Column("team", sa.String(64), primary_key=True),
         sa.Column("user", sa.String(128), primary_key=True),
         sa.Column("priority", sa.String(64), primary_key=True),
@@ -33,4 +33,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("usage_days")
+    op.drop_table("usage_hours")
