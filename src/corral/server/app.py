@@ -35,6 +35,7 @@ from corral.server.api import (
     policy,
     session,
     tokens,
+    usage,
     web,
 )
 from corral.server.api import history as history_api
@@ -159,7 +160,7 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    routers = (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session, policy)
+    routers = (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session, policy, usage)
     for module in routers:
         app.include_router(module.router)
     model_api.install(app, plane)
