@@ -89,8 +89,9 @@ async def test_apply_history_and_rollback_keep_every_version(served: Served) -> 
 async def test_a_wrong_document_is_refused_naming_line_and_field(served: Served) -> None:
     bad = SURGE.replace("rank: 40", "rank: high")
     for route in ("/v1/policy/check", "/v1/policy"):
-        r = await served.admin.request("PUT" if route == "/v1/policy" else "POST", route,
-                                       json={"document": bad})
+        r = await served.admin.request(
+            "PUT" if route == "/v1/policy" else "POST", route, json={"document": bad}
+        )
         assert r.status_code == 422, r.text
         assert r.json()["field"] == "classes[1].rank"
         assert "line 5" in r.json()["message"]
@@ -120,7 +121,9 @@ async def test_submissions_follow_the_classes_the_policy_opens(served: Served) -
         assert "'interactive'" in refused.json()["message"]
         assert "'research'" in refused.json()["message"]
         # the user the class names may use it from any team
-        ana = await research.post("/v1/jobs", json={**job, "priority": "interactive", "user": "ana"})
+        ana = await research.post(
+            "/v1/jobs", json={**job, "priority": "interactive", "user": "ana"}
+        )
         assert ana.status_code == 201, ana.text
         assert (await ops.post("/v1/jobs", json={**job, "priority": "surge"})).status_code == 201
         gone = await research.post("/v1/jobs", json={**job, "priority": "batch"})
@@ -135,7 +138,9 @@ async def test_submissions_follow_the_classes_the_policy_opens(served: Served) -
         assert capped.status_code == 429, capped.text
         assert "user 'bob'" in capped.json()["message"]
     # the admin token may use every class
-    assert (await served.admin.post("/v1/jobs", json={**job, "priority": "surge"})).status_code == 201
+    assert (
+        await served.admin.post("/v1/jobs", json={**job, "priority": "surge"})
+    ).status_code == 201
 
 
 async def test_the_next_cycle_schedules_by_the_applied_policy(world: World) -> None:
@@ -153,7 +158,7 @@ async def test_the_next_cycle_schedules_by_the_applied_policy(world: World) -> N
     assert high.job.id in placed
     assert len(placed & {low.job.id, capped.job.id}) == 1
     reasons = world.plane.schedule.unplaced
-    left = (low.job.id if capped.job.id in placed else capped.job.id)
+    left = low.job.id if capped.job.id in placed else capped.job.id
     assert left in reasons
 
 

@@ -49,7 +49,9 @@ async def api(world: World) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(plane=world.plane)
     headers = {"Authorization": f"Bearer {report.admin_token}"}
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://corral", headers=headers) as c:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://corral", headers=headers
+    ) as c:
         yield c
 
 
@@ -148,7 +150,9 @@ async def replay_day(world: World, agents: list[StubAgent], rng: random.Random) 
                 await agent.finish(a)
 
 
-async def held_by_allocations(world: World, now: float) -> dict[tuple[str, ...], tuple[float, float, int]]:
+async def held_by_allocations(
+    world: World, now: float
+) -> dict[tuple[str, ...], tuple[float, float, int]]:
     """Per (team, user, class, pool): milli-GPU-seconds, CPU-seconds and jobs ended, from the
     allocations table itself."""
     out: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])

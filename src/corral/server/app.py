@@ -160,7 +160,19 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    routers = (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session, policy, usage)
+    routers = (
+        jobs,
+        inputs,
+        nodes,
+        autoscaler,
+        tokens,
+        audit,
+        events,
+        health,
+        session,
+        policy,
+        usage,
+    )
     for module in routers:
         app.include_router(module.router)
     model_api.install(app, plane)

@@ -91,7 +91,9 @@ class Policy:
             if cap is not None:
                 quota = min(team.quota_gpus, cap)
                 room = cap - quota
-                borrow = room if team.borrow_limit_gpus is None else min(team.borrow_limit_gpus, room)
+                borrow = (
+                    room if team.borrow_limit_gpus is None else min(team.borrow_limit_gpus, room)
+                )
                 team = replace(team, quota_gpus=quota, borrow_limit_gpus=borrow)
             out.append(team)
         return tuple(out)

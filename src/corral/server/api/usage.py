@@ -45,13 +45,15 @@ class UsageOut(BaseModel):
     truncated: bool = Field(description=f"more than {usage.MAX_GROUPS} groups: the first ones")
 
 
-@router.get("", response_model=UsageOut, response_model_by_alias=True,
-            response_model_exclude_none=True)
+@router.get(
+    "", response_model=UsageOut, response_model_by_alias=True, response_model_exclude_none=True
+)
 async def get_usage(
     plane: Plane,
     who: Caller,
-    by: Annotated[str, Query(max_length=64, description="comma-separated: team, user, "
-                             "class, pool, day, hour")] = "team",
+    by: Annotated[
+        str, Query(max_length=64, description="comma-separated: team, user, class, pool, day, hour")
+    ] = "team",
     start: Annotated[str | None, Query(alias="from", max_length=40, description=TIME_HELP)] = None,
     end: Annotated[str | None, Query(alias="to", max_length=40, description=TIME_HELP)] = None,
 ) -> dict[str, Any]:

@@ -72,7 +72,9 @@ class PolicyService:
         try:
             policy = default_policy() if entry is None else parse(entry.document)
         except InvalidSpec as e:  # applied by a server that read it otherwise: keep ours
-            log.error("policy version %d cannot be read here (%s): keeping the last one", version, e)
+            log.error(
+                "policy version %d cannot be read here (%s): keeping the last one", version, e
+            )
             self.rt.policy_version = version
             return False
         self.rt.policy, self.rt.policy_version = policy, version
@@ -118,7 +120,9 @@ class PolicyService:
                 caps = policy.teams.get(team)
                 if caps is not None and caps.max_queued_jobs is not None:
                     new = sum(n for (t, _), n in counts.items() if t == team)
-                    _refuse_past(f"team {team!r}", caps.max_queued_jobs, await _queued(conn, team), new)
+                    _refuse_past(
+                        f"team {team!r}", caps.max_queued_jobs, await _queued(conn, team), new
+                    )
 
     # ---- the admin's side ---------------------------------------------------------------
 
@@ -139,7 +143,9 @@ class PolicyService:
             try:
                 await repo.insert(tx.conn, entry)
             except sa.exc.IntegrityError:
-                raise Conflict("another policy was applied meanwhile: look and apply again") from None
+                raise Conflict(
+                    "another policy was applied meanwhile: look and apply again"
+                ) from None
             await audit.record(tx, who, "policy.apply", f"policy/{version}", {"note": note})
         self.rt.policy, self.rt.policy_version = policy, version
         self._checked_at = self.rt.clock.now()

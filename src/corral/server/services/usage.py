@@ -78,9 +78,7 @@ def _use(alloc: Allocation) -> Use:
     return Use(0 if alloc.on_cpu else alloc.milli, alloc.cpus, jobs)
 
 
-def spent_by_hour(
-    use: Use, start: float, end: float, price: float
-) -> Iterator[tuple[int, Spent]]:
+def spent_by_hour(use: Use, start: float, end: float, price: float) -> Iterator[tuple[int, Spent]]:
     """``use`` held from ``start`` to ``end``, per hour it spans; the jobs go to the
     hour it ended in."""
     end = max(start, end)
@@ -126,12 +124,16 @@ async def report(
     for row in running:
         pool = pools.get(str(row.node), "")
         keys = {"team": row.team, "user": row.user, "class": row.priority, "pool": pool}
-        for hour, spent in spent_by_hour(_running_use(row), row.created_at, now, gpu_hour_price(rt, pool)):
+        for hour, spent in spent_by_hour(
+            _running_use(row), row.created_at, now, gpu_hour_price(rt, pool)
+        ):
             if first <= hour < stop:
                 group = tuple(_group_key(b, keys, hour) for b in by)
                 sums[group] = sums.get(group, Spent()) + spent
     rows = sorted(sums.items(), key=lambda kv: tuple(map(str, kv[0])))
-    return Report(tuple(by), first * HOUR_S, stop * HOUR_S, rows[:MAX_GROUPS], len(rows) > MAX_GROUPS)
+    return Report(
+        tuple(by), first * HOUR_S, stop * HOUR_S, rows[:MAX_GROUPS], len(rows) > MAX_GROUPS
+    )
 
 
 def _running_use(row: Any) -> Use:

@@ -51,6 +51,9 @@ async def insert(conn: AsyncConnection, entry: PolicyVersion) -> None:
 def _version(row: sa.Row[tuple[object, ...]]) -> PolicyVersion:
     m = row._mapping
     return PolicyVersion(
-        int(m["version"]), str(m["document"]), str(m["applied_by"]), float(m["applied_at"]),
+        int(m["version"]),
+        str(m["document"]),
+        str(m["applied_by"]),
+        float(m["applied_at"]),
         str(m["note"]),
     )

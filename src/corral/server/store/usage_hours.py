@@ -56,7 +56,11 @@ class Spent:
 
 
 async def add(
-    conn: AsyncConnection, team: str, user: str, priority: str, pool: str,
+    conn: AsyncConnection,
+    team: str,
+    user: str,
+    priority: str,
+    pool: str,
     by_hour: Sequence[tuple[int, Spent]],
 ) -> None:
     """Add what one allocation used in each hour to its rows."""
@@ -92,7 +96,10 @@ async def summed(
     cols = [GROUPS[b].label(b) for b in by]
     u = usage_hours.c
     query = sa.select(
-        *cols, sa.func.sum(u.gpu_milli_s), sa.func.sum(u.cpu_s), sa.func.sum(u.jobs),
+        *cols,
+        sa.func.sum(u.gpu_milli_s),
+        sa.func.sum(u.cpu_s),
+        sa.func.sum(u.jobs),
         sa.func.sum(u.cost),
     ).where(u.hour >= first_hour, u.hour < end_hour)
     if team is not None:
@@ -112,8 +119,18 @@ async def active(conn: AsyncConnection, team: str | None) -> list[sa.Row[tuple[o
     """The allocations holding resources now, with what their use is counted from."""
     a = allocations.c
     query = sa.select(
-        a.id, a.node, a.team, a.user, a.priority, a.replica, a.job_ids, a.gpu_indices,
-        a.gpu_milli, a.cpus, a.on_cpu, a.created_at,
+        a.id,
+        a.node,
+        a.team,
+        a.user,
+        a.priority,
+        a.replica,
+        a.job_ids,
+        a.gpu_indices,
+        a.gpu_milli,
+        a.cpus,
+        a.on_cpu,
+        a.created_at,
     ).where(a.active.is_(True))
     if team is not None:
         query = query.where(a.team == team)
