@@ -36,7 +36,8 @@ def test_check_diff_apply_history_and_rollback(cli: Cli, server: Running, tmp_pa
 
     refused = admin("policy", "check", str(bad))
     assert refused.exit_code == 2, refused.output
-    assert "users.ana.weight" in refused.output and "line 8" in refused.output
+    assert "users.ana.weight" in refused.output
+    assert "line 8" in refused.output
     assert admin("policy", "check", str(good)).exit_code == 0
 
     before = admin("policy", "show", "--json")
@@ -65,8 +66,10 @@ def test_usage_prints_a_table_and_csv(cli: Cli, server: Running, team: str) -> N
     admin = cli.against(server)
     table = admin("usage", "--by", "team,class")
     assert table.exit_code == 0, table.output
-    assert "GPU-HOURS" in table.stdout and "total" in table.stdout
+    assert "GPU-HOURS" in table.stdout
+    assert "total" in table.stdout
     rows = list(csv.reader(io.StringIO(admin("usage", "--by", "team", "--csv").stdout)))
     assert rows[0] == ["team", "gpu_seconds", "milli_gpu_seconds", "cpu_seconds", "jobs", "cost"]
     bad = admin("usage", "--by", "colour")
-    assert bad.exit_code == 2 and "by" in bad.output
+    assert bad.exit_code == 2
+    assert "by" in bad.output

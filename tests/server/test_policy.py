@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from http_harness import Served, eventually, serve
+from http_harness import Served, serve
 from server_harness import World
 
 from corral.server.services.auth import Principal, TokenKind
@@ -99,7 +99,8 @@ async def test_a_wrong_document_is_refused_naming_line_and_field(served: Served)
     assert unknown.json()["field"] == "colour"
     assert (await served.admin.get("/v1/policy")).json()["version"] == 0  # nothing applied
     ok = await served.admin.post("/v1/policy/check", json={"document": SURGE})
-    assert ok.status_code == 200 and ok.json()["ok"] is True
+    assert ok.status_code == 200
+    assert ok.json()["ok"] is True
 
 
 async def test_team_tokens_may_not_read_or_change_the_policy(served: Served) -> None:
@@ -127,7 +128,8 @@ async def test_submissions_follow_the_classes_the_policy_opens(served: Served) -
         assert ana.status_code == 201, ana.text
         assert (await ops.post("/v1/jobs", json={**job, "priority": "surge"})).status_code == 201
         gone = await research.post("/v1/jobs", json={**job, "priority": "batch"})
-        assert gone.status_code == 422 and gone.json()["field"] == "priority"
+        assert gone.status_code == 422
+        assert gone.json()["field"] == "priority"
         free = await research.post("/v1/jobs", json={**job, "priority": "free"})
         assert free.json()["timeout_s"] == 600  # the class's default time limit
         own = await research.post("/v1/jobs", json={**job, "timeout_s": 5})

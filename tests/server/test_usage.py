@@ -45,7 +45,8 @@ SHARES = (1, 1, 2, 0.5, 0.25)  # whole cards, two cards, shared cards
 @pytest.fixture
 async def api(world: World) -> AsyncIterator[httpx.AsyncClient]:
     report = world.plane.report
-    assert report is not None and report.admin_token
+    assert report is not None
+    assert report.admin_token
     app = create_app(plane=world.plane)
     headers = {"Authorization": f"Bearer {report.admin_token}"}
     transport = httpx.ASGITransport(app=app)
@@ -106,9 +107,11 @@ async def test_a_team_token_sees_its_own_team_and_bad_queries_are_named(
     ours = (await api.get("/v1/usage")).json()
     assert [(r["team"], r["gpu_seconds"]) for r in ours["rows"]] == [("lab", 600.0)]
     bad = await api.get("/v1/usage", params={"by": "team,colour"})
-    assert bad.status_code == 422 and bad.json()["field"] == "by"
+    assert bad.status_code == 422
+    assert bad.json()["field"] == "by"
     when = await api.get("/v1/usage", params={"from": "yesterday"})
-    assert when.status_code == 422 and when.json()["field"] == "from"
+    assert when.status_code == 422
+    assert when.json()["field"] == "from"
     text = (await api.get("/metrics")).text
     assert "corral_usage_gpu_seconds_total" in text
 

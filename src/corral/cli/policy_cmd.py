@@ -144,7 +144,7 @@ def rollback(
     out().print(f"applied version {version} again as version {policy.version}")
 
 
-def usage(  # noqa: PLR0913 (each option of the command is an argument)
+def usage(
     by: Annotated[
         str, typer.Option(help="Group by, comma-separated: team, user, class, pool, day, hour.")
     ] = "team",

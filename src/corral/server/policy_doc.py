@@ -157,13 +157,13 @@ def parse(text: str) -> Policy:
         min_runtime_s=preemption.opt("min_runtime_s", _seconds) if preemption else None,
         scorer_weights=frozen_map(_scorers(doc)),
         reserve_min_gpus=reserving.opt("min_gpus", _positive_int) if reserving else None,
-        reserve_off=bool(reserving) and reserving.is_null("min_gpus"),
+        reserve_off=reserving is not None and reserving.is_null("min_gpus"),
         reservations=reserving.opt("per_class", _count) if reserving else None,
         gpu_hour_prices=frozen_map(_prices(doc)),
     )
     doc.done()
     for part in (preemption, reserving):
-        if part:
+        if part is not None:
             part.done()
     _cross_check(policy, doc)
     return policy
@@ -196,7 +196,7 @@ def _classes(doc: _Map) -> tuple[ClassRule, ...]:
         )
         allowed = entry.sub("allowed")
         teams = users = None
-        if allowed:
+        if allowed is not None:
             teams = allowed.opt("teams", _names)
             users = allowed.opt("users", _names)
             allowed.done()
@@ -236,11 +236,11 @@ def _caps(doc: _Map, key: str) -> dict[str, Caps]:
 
 def _scorers(doc: _Map) -> dict[str, float]:
     scorers = doc.sub("scorers")
-    if not scorers:
+    if scorers is None:
         return {}
     out = {}
     known = sorted(s.name for s in DEFAULT_SCORERS)
-    for key in scorers.keys():
+    for key in scorers.names():
         if key not in known:
             raise scorers.error(key, f"unknown scorer (known: {', '.join(known)})")
         weight = scorers.req(key, _number)
@@ -292,10 +292,7 @@ class _Map:
             self.keys_at[name] = _line(key)
         self._read: set[str] = set()
 
-    def __bool__(self) -> bool:
-        return True
-
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         self._read.update(self.items)
         return list(self.items)
 
@@ -333,7 +330,7 @@ class _Map:
         table = self.sub(key)
         if table is None:
             return []
-        names = table.keys()
+        names = table.names()
         if len(names) > MAX_ENTRIES:
             raise self.error(key, f"at most {MAX_ENTRIES} entries")
         out = []
