@@ -16,6 +16,7 @@ import pytest
 from http_harness import Served, serve
 from server_harness import World
 
+from corral.core.model import Team
 from corral.server.services.auth import Principal, TokenKind
 from corral.server.services.policy import REFRESH_S
 
@@ -183,3 +184,38 @@ async def test_a_policy_applied_on_one_replica_rules_the_other(pg_url: str, tmp_
     finally:
         await two.close()
         await one.close()
+
+
+ACROSS = """\
+format: 1
+classes:
+  - {name: surge, rank: 50, preempt_other_teams: true}
+  - {name: paid, rank: 30, may_preempt: true}
+  - {name: batch, rank: 10}
+"""
+
+
+@pytest.mark.parametrize(
+    ("klass", "lab_quota", "want_evicted"),
+    [
+        pytest.param("surge", 0.0, 1, id="a surge takes borrowed capacity from another team"),
+        pytest.param("surge", 2.0, 0, id="never below that team's guarantee"),
+        pytest.param("paid", 0.0, 0, id="a class that may only preempt its own team"),
+    ],
+)
+async def test_a_class_may_preempt_other_teams_borrowed_work(
+    world: World, klass: str, lab_quota: float, want_evicted: int
+) -> None:
+    admin = Principal("tok_a", TokenKind.ADMIN, "admin")
+    await world.plane.policy.apply(admin, ACROSS)
+    await world.plane.nodes.put_team(admin, Team("lab", quota_gpus=lab_quota))
+    agent = await world.agent("n1", gpus=2)
+    for _ in range(2):
+        await world.submit(resources={"gpus": 1}, team="lab", priority="batch")
+    assert len((await world.cycle()).placed) == 2
+    for _ in range(2):
+        await agent.start(await agent.next_assignment())
+    world.clock.advance(120)  # past the minimum run time before preemption
+    await world.submit(resources={"gpus": 1}, team="ops", priority=klass)
+    applied = await world.cycle()
+    assert len(applied.preempted) == want_evicted

@@ -190,6 +190,7 @@ def _classes(doc: Fields) -> tuple[ClassRule, ...]:
             can_preempt=entry.opt("may_preempt", yf.boolean) or False,
             preemptible=yf.default(entry.opt("preemptible", yf.boolean), True),
             cpu_offload=entry.opt("cpu_offload", yf.boolean) or False,
+            preempt_other_teams=entry.opt("preempt_other_teams", yf.boolean) or False,
         )
         allowed = entry.sub("allowed")
         teams = users = None
@@ -277,6 +278,7 @@ def describe(policy: Policy) -> dict[str, Any]:
             "preemptible": r.pclass.preemptible,
             "may_preempt": r.pclass.can_preempt,
             "cpu_offload": r.pclass.cpu_offload,
+            "preempt_other_teams": r.pclass.preempt_other_teams,
             "default_time_limit_s": r.default_time_limit_s,
             "allowed": None
             if r.teams is None and r.users is None
