@@ -6,9 +6,9 @@ replica; every version is kept with who applied it and when.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from corral.server.api.deps import ERRORS, Caller, Plane
@@ -24,8 +24,11 @@ class PolicyIn(BaseModel):
     note: str = Field("", max_length=512, description="why: kept in the history")
 
 
+MAX_VERSION = 2**31 - 1  # versions are 32-bit integers on both databases
+
+
 class RollbackIn(BaseModel):
-    version: int = Field(ge=0, le=2**31 - 1, description="the version to apply again")
+    version: int = Field(ge=0, le=MAX_VERSION, description="the version to apply again")
 
 
 class VersionOut(BaseModel):
@@ -77,7 +80,9 @@ async def policy_history(
 
 
 @router.get("/versions/{version}", response_model=PolicyOut)
-async def policy_version(version: int, plane: Plane, who: Caller) -> PolicyOut:
+async def policy_version(
+    version: Annotated[int, Path(ge=0, le=MAX_VERSION)], plane: Plane, who: Caller
+) -> PolicyOut:
     entry = await plane.policy.version(who, version)
     return _out(entry, parse(entry.document))
 
