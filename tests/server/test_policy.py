@@ -219,3 +219,17 @@ async def test_a_class_may_preempt_other_teams_borrowed_work(
     await world.submit(resources={"gpus": 1}, team="ops", priority=klass)
     applied = await world.cycle()
     assert len(applied.preempted) == want_evicted
+
+
+async def test_work_of_a_class_a_new_policy_drops_waits_until_the_class_is_back(
+    world: World,
+) -> None:
+    admin = Principal("tok_a", TokenKind.ADMIN, "admin")
+    queued = await world.submit(resources={"gpus": 1}, priority="batch")
+    await world.plane.policy.apply(admin, ACROSS.replace("  - {name: batch, rank: 10}\n", ""))
+    await world.agent("n1", gpus=1)
+    assert (await world.cycle()).placed == []
+    reasons = world.plane.schedule.unplaced[queued.job.id].reasons
+    assert "batch" in reasons[0].message
+    await world.plane.policy.rollback(admin, 0)
+    assert [w.job_id for p in (await world.cycle()).placed for w in p.jobs] == [queued.job.id]
