@@ -52,6 +52,8 @@ class Runtime:
     # Price per GPU-hour of each autoscaled node pool (its machine's price over its GPUs):
     # what usage costs where the policy names no price (services/usage.py).
     pool_prices: dict[str, float] = field(default_factory=dict)
+    # Each node's pool as last read, and when (services/usage.py): read again after a minute.
+    node_pools: dict[str, tuple[str, float]] = field(default_factory=dict)
     wakeups: Wakeups = field(default_factory=Wakeups)  # SSE readers wait on it
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check

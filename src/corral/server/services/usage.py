@@ -34,6 +34,12 @@ HOUR_S = 3600
 MAX_RANGE_S = 400 * 86400.0
 """A report covers at most this much time: more than a year, bounded work per request."""
 
+POOL_KEPT_S = 60.0
+"""How long a node's pool is taken as read: an allocation's end then costs no extra read,
+and a node relabelled is counted in its new pool within a minute."""
+
+POOLS_KEPT = 10_000  # nodes whose pool is kept, at most (a bound on memory, not a limit)
+
 MAX_GROUPS = 10_000
 """Groups one report returns at most (``truncated`` says when there were more)."""
 
@@ -41,8 +47,7 @@ MAX_GROUPS = 10_000
 async def record_end(rt: Runtime, tx: Tx, rec: AllocRecord) -> None:
     """Add what ``rec``'s allocation used, from its placement to now, to its hours."""
     alloc = rec.alloc
-    pools = await repo.pools_of(tx.conn, [alloc.node])
-    pool = pools.get(alloc.node, "")
+    pool = await _pool_of(rt, tx, alloc.node)
     price = gpu_hour_price(rt, pool)
     by_hour = list(spent_by_hour(_use(alloc), rec.created_at, tx.now, price))
     await repo.add(tx.conn, alloc.team, alloc.user, alloc.priority, pool, by_hour)
@@ -56,6 +61,17 @@ async def record_end(rt: Runtime, tx: Tx, rec: AllocRecord) -> None:
         metrics.usage_cost.labels(*labels).inc(total.cost)
 
     tx.then(count)
+
+
+async def _pool_of(rt: Runtime, tx: Tx, node: str) -> str:
+    kept = rt.node_pools.get(node)
+    if kept is not None and tx.now - kept[1] < POOL_KEPT_S:
+        return kept[0]
+    pool = (await repo.pools_of(tx.conn, [node])).get(node, "")
+    if len(rt.node_pools) >= POOLS_KEPT:
+        rt.node_pools.clear()
+    rt.node_pools[node] = (pool, tx.now)
+    return pool
 
 
 def gpu_hour_price(rt: Runtime, pool: str) -> float:
