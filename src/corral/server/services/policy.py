@@ -16,6 +16,7 @@ moves a job between classes.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -100,29 +101,34 @@ class PolicyService:
             raise InvalidSpec(field, f"unknown class {priority!r} (known: {known})")
         if not may_use(policy, who, team, user, priority):
             raise Forbidden(
-                f"team {team!r} may not use priority class {priority!r} (user {user!r}); "
-                "the policy names who may (`corral policy show`)"
+                f"team {team!r} may not use priority class {priority!r} (user {user!r}): "
+                "the policy opens it to other teams or users; ask an administrator"
             )
 
     async def check_queued(self, who: Principal, counts: dict[tuple[str, str], int]) -> None:
-        """Refuse (429) new jobs past a user's or team's ``max_queued_jobs`` in the policy.
-        ``counts``: new jobs per (team, user). The admin's submissions are not capped."""
+        """Refuse (429) new jobs past a user's (in every team) or a team's ``max_queued_jobs``
+        in the policy. ``counts``: new jobs per (team, user). The admin's submissions are not
+        capped. Counted before the insert, as the caps in ``quotas.py`` are: concurrent
+        submissions may pass a cap by what they add together."""
         policy = self.rt.policy
         if who.is_admin or not (policy.users or policy.teams):
             return
+        by_user: dict[str, int] = defaultdict(int)
+        by_team: dict[str, int] = defaultdict(int)
+        for (team, user), new in counts.items():
+            by_user[user] += new
+            by_team[team] += new
         async with self.rt.db.read() as conn:
-            for (team, user), new in counts.items():
+            for user, new in by_user.items():
                 caps = policy.users.get(user)
                 if caps is not None and caps.max_queued_jobs is not None:
-                    held = await _queued(conn, team, user)
+                    held = await _queued(conn, jobs.c.user == user)
                     _refuse_past(f"user {user!r}", caps.max_queued_jobs, held, new)
-            for team in {t for t, _ in counts}:
+            for team, new in by_team.items():
                 caps = policy.teams.get(team)
                 if caps is not None and caps.max_queued_jobs is not None:
-                    new = sum(n for (t, _), n in counts.items() if t == team)
-                    _refuse_past(
-                        f"team {team!r}", caps.max_queued_jobs, await _queued(conn, team), new
-                    )
+                    held = await _queued(conn, jobs.c.team == team)
+                    _refuse_past(f"team {team!r}", caps.max_queued_jobs, held, new)
 
     # ---- the admin's side ---------------------------------------------------------------
 
@@ -173,12 +179,8 @@ class PolicyService:
             return await repo.history(conn, max(1, min(limit, HISTORY_MAX)))
 
 
-async def _queued(conn: AsyncConnection, team: str, user: str | None = None) -> int:
-    query = sa.select(sa.func.count()).where(
-        jobs.c.team == team, jobs.c.state == JobState.QUEUED.value
-    )
-    if user is not None:
-        query = query.where(jobs.c.user == user)
+async def _queued(conn: AsyncConnection, whose: sa.ColumnElement[bool]) -> int:
+    query = sa.select(sa.func.count()).where(whose, jobs.c.state == JobState.QUEUED.value)
     return int((await conn.execute(query)).scalar() or 0)
 
 
