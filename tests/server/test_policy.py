@@ -233,3 +233,33 @@ async def test_work_of_a_class_a_new_policy_drops_waits_until_the_class_is_back(
     assert "batch" in reasons[0].message
     await world.plane.policy.rollback(admin, 0)
     assert [w.job_id for p in (await world.cycle()).placed for w in p.jobs] == [queued.job.id]
+
+
+CAPPED_USER = """\
+format: 1
+classes:
+  - {name: paid, rank: 30}
+  - {name: free, rank: 20}
+users:
+  ana: {max_running_gpus: 2}
+"""
+
+
+async def test_a_user_holds_no_more_running_gpus_than_the_policy_caps(world: World) -> None:
+    admin = Principal("tok_a", TokenKind.ADMIN, "admin")
+    await world.plane.policy.apply(admin, CAPPED_USER)
+    agent = await world.agent("n1", gpus=4)
+    old = await world.submit(resources={"gpus": 1}, user="ana")
+    urgent = await world.submit(resources={"gpus": 1}, user="ana", priority="paid")
+    later = await world.submit(resources={"gpus": 1}, user="ana")
+    other = await world.submit(resources={"gpus": 1}, user="bo")
+    placed = {w.job_id for p in (await world.cycle()).placed for w in p.jobs}
+    # the cap lets two of ana's in, highest class then oldest; bo is not capped
+    assert placed == {urgent.job.id, old.job.id, other.job.id}
+    reason = world.plane.schedule.unplaced[later.job.id].reasons[0]
+    assert reason.code.value == "quota_exceeded"
+    assert "user ana holds its cap of 2 running GPUs" in reason.message
+    assert (await world.cycle()).placed == []  # still capped, though a GPU is free
+    running = {a.jobs[0].job_id: a for a in [await agent.next_assignment() for _ in range(3)]}
+    await agent.finish(running[old.job.id])
+    assert [w.job_id for p in (await world.cycle()).placed for w in p.jobs] == [later.job.id]

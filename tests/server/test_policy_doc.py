@@ -72,12 +72,6 @@ def test_a_team_cap_bounds_quota_and_borrowing_together() -> None:
         ),
         pytest.param(HEAD + "classes: []\n", "classes", 4, id="key twice"),
         pytest.param("format: 1\nclasses: [\n", "policy", 3, id="not yaml"),
-        pytest.param(
-            HEAD + "users: {ana: {max_running_gpus: 2}}\n",
-            "users.ana.max_running_gpus",
-            4,
-            id="a user's running GPUs are not capped",
-        ),
     ],
 )
 def test_a_mistake_names_its_field_and_line(text: str, want_field: str, want_line: int) -> None:

@@ -220,11 +220,9 @@ def _weights(doc: Fields, key: str) -> dict[str, float]:
 def _caps(doc: Fields, key: str) -> dict[str, Caps]:
     out: dict[str, Caps] = {}
     for name, entry in doc.entries(key):
-        gpus = None
-        if key == "teams":  # a user's running GPUs are not capped (yet): only its team's
-            gpus = entry.opt("max_running_gpus", yf.number)
-            if gpus is not None and gpus < 0:
-                raise entry.error("max_running_gpus", "must be >= 0")
+        gpus = entry.opt("max_running_gpus", yf.number)
+        if gpus is not None and gpus < 0:
+            raise entry.error("max_running_gpus", "must be >= 0")
         queued = entry.opt("max_queued_jobs", yf.count)
         if key == "users":
             entry.opt("weight", yf.number)  # read by ``_weights``

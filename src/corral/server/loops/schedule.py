@@ -25,7 +25,9 @@ from operator import attrgetter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import EMPTY
-from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
+from corral.core.resources import MILLI
+from corral.scheduler.api import Config, Plan, ReasonCode, Remedy, Snapshot, Unplaced
+from corral.scheduler.explain import simple
 from corral.scheduler.served import ServiceLedger
 from corral.server.loops.kept import Kept
 from corral.server.loops.leader import AlwaysLeader, Leadership
@@ -240,9 +242,20 @@ class SchedulingLoop:
         # The earliest retry back-off still to end: the loop wakes for it.
         not_before = map(_NOT_BEFORE, kept.scheduler.queue.jobs.values())
         self._next_timer = min(filter(now.__lt__, not_before), default=None)
+        self._capped(offered)
         left = offered > len(placed)  # what an explained cycle would leave unplaced
-        self.rt.work_waiting = bool(left or kept.awaiting or self._next_timer is not None)
+        waiting = kept.awaiting or kept.capped  # an allocation's end may let them go
+        self.rt.work_waiting = bool(left or waiting or self._next_timer is not None)
         self.rt.metrics.observe_nodes(kept.scheduler.nodes)
+
+    def _capped(self, offered: int) -> None:
+        """The reason of each job set aside for its user's cap on running GPUs."""
+        caps = self.kept.user_caps
+        for i, job in enumerate(self.kept.capped.values()):
+            gpus = caps.get(job.user, 0) / MILLI
+            text = f"user {job.user} holds its cap of {gpus:g} running GPUs (the policy)"
+            reasons, remedy = simple(ReasonCode.QUOTA_EXCEEDED, text, Remedy.WAIT)
+            self.unplaced[job.id] = Unplaced(job.id, offered + i, reasons, remedy)
 
     async def _forget_followed(self) -> None:
         """Delete the queue's changes the cycles have followed (SQLite), every
