@@ -1,29 +1,43 @@
 """Usage per hour, team, user, class and node pool: added to as allocations end, summed by
 any of those (``services/usage.py``).
 
-The addition is one ``INSERT ... ON CONFLICT DO UPDATE``, which SQLite and
-PostgreSQL spell the same way, so concurrent ends of one team's work add up
-instead of overwriting each other.
+The addition is one ``INSERT ... ON CONFLICT DO UPDATE`` per hour, so
+concurrent ends of one team's work add up instead of overwriting each other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.store.sql import Query
 from corral.server.store.tables import allocations, autoscale_machines, nodes, usage_hours
 
-_ADD = sa.text(
-    'INSERT INTO usage_hours (hour, team, "user", priority, pool, gpu_milli_s, cpu_s, jobs, cost) '
-    "VALUES (:hour, :team, :user, :priority, :pool, :gpu_milli_s, :cpu_s, :jobs, :cost) "
-    'ON CONFLICT (hour, team, "user", priority, pool) DO UPDATE SET '
-    "gpu_milli_s = usage_hours.gpu_milli_s + excluded.gpu_milli_s, "
-    "cpu_s = usage_hours.cpu_s + excluded.cpu_s, "
-    "jobs = usage_hours.jobs + excluded.jobs, "
-    "cost = usage_hours.cost + excluded.cost"
+
+def _add_statement(insert: Any) -> Any:
+    """``INSERT ... ON CONFLICT DO UPDATE`` adding to the row, in one database's dialect."""
+    u = usage_hours.c
+    figures = ("gpu_milli_s", "cpu_s", "jobs", "cost")
+    stmt = insert(usage_hours).values(
+        {c.name: sa.bindparam(c.name, type_=c.type) for c in usage_hours.columns}
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[u.hour, u.team, u.user, u.priority, u.pool],
+        set_={f: u[f] + stmt.excluded[f] for f in figures},
+    )
+
+
+# Run on the driver connection (``sql.Query``): it is on the path of every allocation's end.
+_ADD = Query(
+    {
+        "sqlite": _add_statement(sqlite.insert),
+        "postgresql": _add_statement(postgresql.insert),
+    }
 )
 
 GROUPS = {
@@ -80,7 +94,7 @@ async def add(
         }
         for hour, s in by_hour
     ]
-    await conn.execute(_ADD, rows)
+    await _ADD.run_many(conn, rows)
 
 
 async def summed(
