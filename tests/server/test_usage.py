@@ -109,6 +109,9 @@ async def test_a_team_token_sees_its_own_team_and_bad_queries_are_named(
     bad = await api.get("/v1/usage", params={"by": "team,colour"})
     assert bad.status_code == 422
     assert bad.json()["field"] == "by"
+    far = await api.get("/v1/usage", params={"to": "1e300"})
+    assert far.status_code == 422
+    assert far.json()["field"] == "to"
     when = await api.get("/v1/usage", params={"from": "yesterday"})
     assert when.status_code == 422
     assert when.json()["field"] == "from"

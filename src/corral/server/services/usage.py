@@ -40,6 +40,9 @@ and a node relabelled is counted in its new pool within a minute."""
 
 POOLS_KEPT = 10_000  # nodes whose pool is kept, at most (a bound on memory, not a limit)
 
+LAST_TIME = 253_402_300_799.0
+"""The end of the year 9999: the last time a report may name (its hour fits 32 bits)."""
+
 MAX_GROUPS = 10_000
 """Groups one report returns at most (``truncated`` says when there were more)."""
 
@@ -128,7 +131,7 @@ async def report(
     who.require_client()
     now = rt.clock.now()
     end = now if end is None else end
-    start = end - 30 * 86400.0 if start is None else start
+    start = max(0.0, end - 30 * 86400.0) if start is None else start
     _check(by, start, end)
     first, stop = int(start // HOUR_S), math.ceil(end / HOUR_S)
     team = None if who.is_admin else who.team
@@ -175,7 +178,10 @@ def _check(by: Sequence[str], start: float, end: float) -> None:
         raise InvalidSpec("by", "names a group twice")
     if "day" in by and "hour" in by:
         raise InvalidSpec("by", "group by day or by hour, not both")
-    if not all(map(math.isfinite, (start, end))) or end < start:
+    for name, when in (("to", end), ("from", start)):
+        if not 0 <= when <= LAST_TIME:  # NaN too
+            raise InvalidSpec(name, "must be a time between 1970 and 9999")
+    if end < start:
         raise InvalidSpec("from", "must be a time before `to`")
     if end - start > MAX_RANGE_S:
         raise InvalidSpec("from", f"a report covers at most {MAX_RANGE_S / 86400:.0f} days")
