@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from scheduler_builders import AllocBuilder, NodeBuilder, alloc, job, node, snapshot, team
 
+from corral.core.model import PriorityClass
 from corral.scheduler import Config, Plan, Remedy, schedule
 
 NOW = 10_000.0
@@ -232,3 +234,30 @@ def test_a_priority_eviction_names_the_classes() -> None:
     jobs = [job("p").gpus(1).set(team="t", priority="paid")]
     plan = schedule(snapshot([node("n").gpus(1)], jobs, allocs), now=NOW)
     assert [p.reason for p in plan.preemptions] == ["priority: paid outranks free; for p"]
+
+
+SURGE_CLASSES = (
+    PriorityClass("surge", rank=50, preempt_other_teams=True),
+    PriorityClass("free", rank=20),
+    PriorityClass("batch", rank=10),
+)
+
+
+@pytest.mark.parametrize(
+    ("victim_class", "victim_quota", "want_evicted"),
+    [
+        pytest.param("batch", 0, 1, id="another team's borrowed lower class"),
+        pytest.param("batch", 2, 0, id="never below that team's quota"),
+        pytest.param("surge", 0, 0, id="never its own rank"),
+    ],
+)
+def test_a_class_may_preempt_other_teams_only_beyond_their_quota(
+    victim_class: str, victim_quota: int, want_evicted: int
+) -> None:
+    allocs = busy("n", 2, team="a", priority=victim_class)
+    jobs = [job("s").gpus(1).set(team="b", priority="surge")]
+    teams = [team("a", victim_quota), team("b", 0)]
+    config = Config(priority_classes=SURGE_CLASSES)
+    plan = schedule(snapshot([node("n").gpus(2)], jobs, allocs, teams), config, now=NOW)
+    assert len(plan.preemptions) == want_evicted
+    assert len(plan.placements) == want_evicted

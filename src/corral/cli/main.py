@@ -13,6 +13,7 @@ from corral.cli import (
     jobs_cmd,
     models_cmd,
     nodes_cmd,
+    policy_cmd,
     server_cmd,
     sim_cmd,
     teams_cmd,
@@ -50,6 +51,7 @@ nodes_cmd.register(app)
 autoscaler_cmd.register(app)
 models_cmd.register(app)
 audit_cmd.register(app)
+policy_cmd.register(app)
 token_cmd.register(app)
 
 

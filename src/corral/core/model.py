@@ -51,6 +51,9 @@ class PriorityClass:
     can_preempt: bool = False  # may evict lower, preemptible classes of its own team
     preemptible: bool = True  # its allocations may be evicted
     cpu_offload: bool = False  # its jobs may run on CPU slots when no GPU is free
+    # May evict other teams' work of lower classes, only what they borrow beyond their quota
+    # (a paid surge takes back lent capacity without waiting; never a team's guarantee).
+    preempt_other_teams: bool = False
 
 
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (

@@ -197,7 +197,7 @@ class Planner:
         # ``ask.reclaim or ask.priority`` (``_ask``) without the ask: it is looked up, by
         # team, only to key the memo (a borrowing pass of a class that may not preempt
         # asked for one per group and check, to find it may evict nobody)
-        if self.config.preemption and (guaranteed or pclass.can_preempt):
+        if self.config.preemption and (guaranteed or _evicts(pclass)):
             ask = self.ask(group.team, pclass, guaranteed, asks)
             key = (need, replicas, ask)
             if not current(self._preempt_failed.data.get(key), self.cycle.cap.generation):
@@ -267,7 +267,7 @@ class Planner:
         A failure is remembered (outside the rolled-back what-if) until capacity
         is given back: the same job shape would fail the same way.
         """
-        if not (guaranteed or pclass.can_preempt):  # the ask's reclaim or priority (``_ask``)
+        if not (guaranteed or _evicts(pclass)):  # the ask's reclaim, priority or across
             return None  # it may evict nobody (and the job did not fit without evictions)
         ask = self.ask(job.team, pclass, guaranteed)
         key = (need, job.replicas, ask)
@@ -322,7 +322,7 @@ class Planner:
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False
     ) -> Room | None:
         ask = self.ask(job.team, pclass, guaranteed)
-        if not (ask.reclaim or ask.priority):
+        if not (ask.reclaim or ask.priority or ask.across):
             return None
         key = (need, ask, patient)
         if current(self._no_room.data.get(key), self.cycle.cap.generation):
@@ -474,8 +474,19 @@ class Planner:
 
 
 def _ask(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
-    # ``may_fit`` reads ``reclaim or priority`` as ``guaranteed or pclass.can_preempt``
-    return Ask(team, pclass.rank, reclaim=guaranteed, priority=pclass.can_preempt)
+    # ``may_fit`` reads ``reclaim or priority or across`` as ``guaranteed or _evicts(pclass)``
+    return Ask(
+        team,
+        pclass.rank,
+        reclaim=guaranteed,
+        priority=pclass.can_preempt,
+        across=pclass.preempt_other_teams,
+    )
+
+
+def _evicts(pclass: PriorityClass) -> bool:
+    """May work of ``pclass`` evict anyone without being owed its quota?"""
+    return pclass.can_preempt or pclass.preempt_other_teams
 
 
 def _on_cpu(need: Need) -> Need:

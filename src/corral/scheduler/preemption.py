@@ -6,7 +6,10 @@ Two kinds, both decided here and never by chance:
   borrow: victims are allocations of teams *over* their quota (marked
   ``borrowed``, or plainly in excess), of a class no higher than the job's;
 * **priority** - inside one team, a class that ``can_preempt`` evicts work of
-  lower, preemptible classes.
+  lower, preemptible classes;
+* **across** - a class that may ``preempt_other_teams`` evicts other teams'
+  work of lower classes, as reclaim does: only what those teams hold beyond
+  their quota, so no team is ever pushed below its guarantee.
 
 Never evicted: non-preemptible allocations (the allocation's flag or its
 class), work younger than ``min_runtime_before_preemption_s``, work already
@@ -66,10 +69,11 @@ class Ask:
     rank: int
     reclaim: bool  # the team is under quota: it may take back borrowed capacity
     priority: bool  # its class can_preempt: it may evict lower classes of its team
+    across: bool = False  # its class may preempt other teams' lower classes beyond their quota
     _hash: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        key = (self.team, self.rank, self.reclaim, self.priority)
+        key = (self.team, self.rank, self.reclaim, self.priority, self.across)
         object.__setattr__(self, "_hash", hash(key))
 
     def __hash__(self) -> int:
@@ -164,7 +168,7 @@ class Preemptor:
             t
             for t in self._index.teams()
             if (t == ask.team and ask.priority)
-            or (t != ask.team and ask.reclaim and ledger.over_quota(t))
+            or (t != ask.team and (ask.reclaim or ask.across) and ledger.over_quota(t))
         ]
         seen: set[int] = set()
         for team in sorted(teams):
@@ -242,7 +246,7 @@ class Preemptor:
             return False
         if victim.team == ask.team:
             return ask.priority and victim.rank < ask.rank
-        if not ask.reclaim:
+        if not (ask.reclaim or (ask.across and victim.rank < ask.rank)):
             return False
         return ledger.used(victim.team) - spent.get(victim.team, 0) > ledger.quota(victim.team)
 

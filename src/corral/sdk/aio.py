@@ -38,9 +38,12 @@ from corral.sdk.models import (
     JobStatus,
     NewToken,
     NodeStatus,
+    PolicyStatus,
+    PolicyVersion,
     QueueStatus,
     ResultStatus,
     TeamQuota,
+    UsageReport,
 )
 from corral.sdk.retry import RETRYABLE, Follow, Retry, describe
 
@@ -182,6 +185,32 @@ class AsyncClient:
     async def delete_node(self, name: str) -> None:
         """``Client.delete_node``."""
         await self.run(calls.delete_node(name))
+
+    async def policy(self) -> PolicyStatus:
+        """``Client.policy``."""
+        return await self.run(calls.get_policy())
+
+    async def apply_policy(self, document: str, note: str = "") -> PolicyStatus:
+        """``Client.apply_policy``."""
+        return await self.run(calls.put_policy(document, note))
+
+    async def check_policy(self, document: str) -> dict[str, Any]:
+        """``Client.check_policy``."""
+        return await self.run(calls.check_policy(document))
+
+    async def policy_history(self, limit: int = 50) -> list[PolicyVersion]:
+        """``Client.policy_history``."""
+        return await self.run(calls.policy_history(limit))
+
+    async def rollback_policy(self, version: int) -> PolicyStatus:
+        """``Client.rollback_policy``."""
+        return await self.run(calls.rollback_policy(version))
+
+    async def usage(
+        self, by: Sequence[str] = ("team",), since: float | None = None, until: float | None = None
+    ) -> UsageReport:
+        """``Client.usage``."""
+        return await self.run(calls.usage(by, since, until))
 
     async def teams(self) -> list[TeamQuota]:
         return await self.run(calls.list_teams())

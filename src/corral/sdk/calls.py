@@ -25,9 +25,12 @@ from corral.sdk.models import (
     JobStatus,
     NewToken,
     NodeStatus,
+    PolicyStatus,
+    PolicyVersion,
     QueueStatus,
     ResultStatus,
     TeamQuota,
+    UsageReport,
 )
 
 T = TypeVar("T")
@@ -280,3 +283,35 @@ def merge_team(
         ),
         weight=base.weight if weight is None else weight,
     )
+
+
+def get_policy() -> Call[PolicyStatus]:
+    return Call("GET", "/v1/policy", _model(PolicyStatus))
+
+
+def put_policy(document: str, note: str = "") -> Call[PolicyStatus]:
+    body = {"document": document, "note": note}
+    return Call("PUT", "/v1/policy", _model(PolicyStatus), json=body)
+
+
+def check_policy(document: str) -> Call[dict[str, Any]]:
+    return Call("POST", "/v1/policy/check", _model(dict[str, Any]), json={"document": document})
+
+
+def policy_history(limit: int = 50) -> Call[list[PolicyVersion]]:
+    return Call("GET", "/v1/policy/history", _model(list[PolicyVersion]), params=[("limit", limit)])
+
+
+def rollback_policy(version: int) -> Call[PolicyStatus]:
+    return Call("POST", "/v1/policy/rollback", _model(PolicyStatus), json={"version": version})
+
+
+def usage(
+    by: Iterable[str] = ("team",), since: float | None = None, until: float | None = None
+) -> Call[UsageReport]:
+    params: list[tuple[str, str | int]] = [("by", ",".join(by))]
+    if since is not None:
+        params.append(("from", repr(since)))
+    if until is not None:
+        params.append(("to", repr(until)))
+    return Call("GET", "/v1/usage", _model(UsageReport), params=params)

@@ -42,9 +42,12 @@ from corral.sdk.models import (
     JobStatus,
     NewToken,
     NodeStatus,
+    PolicyStatus,
+    PolicyVersion,
     QueueStatus,
     ResultStatus,
     TeamQuota,
+    UsageReport,
 )
 from corral.sdk.registry import ModelInfo, Progress, add_local_file
 from corral.sdk.retry import RETRYABLE, Follow, Retry, describe
@@ -249,6 +252,35 @@ class Client:
         current = next((t for t in self.teams() if t.name == name), None)
         team = merge_team(name, current, quota, borrow_limit, weight)
         return self.run(calls.put_team(team))
+
+    def policy(self) -> PolicyStatus:
+        """The policy in force (admin): its document, version, who applied it and when."""
+        return self.run(calls.get_policy())
+
+    def apply_policy(self, document: str, note: str = "") -> PolicyStatus:
+        """Apply a policy document (YAML) as the next version (admin); ``BadRequest`` names
+        the line and field of a mistake."""
+        return self.run(calls.put_policy(document, note))
+
+    def check_policy(self, document: str) -> dict[str, Any]:
+        """How the server reads a policy document, without applying it (admin)."""
+        return self.run(calls.check_policy(document))
+
+    def policy_history(self, limit: int = 50) -> list[PolicyVersion]:
+        """The versions applied, newest first (admin)."""
+        return self.run(calls.policy_history(limit))
+
+    def rollback_policy(self, version: int) -> PolicyStatus:
+        """Apply an earlier version again, as a new version (admin)."""
+        return self.run(calls.rollback_policy(version))
+
+    def usage(
+        self, by: Sequence[str] = ("team",), since: float | None = None, until: float | None = None
+    ) -> UsageReport:
+        """GPU-seconds, CPU-seconds, jobs and cost per group of ``by`` (team, user, class,
+        pool, day, hour) between ``since`` and ``until`` (epoch seconds; default: the last
+        30 days). A team token sees its own team alone."""
+        return self.run(calls.usage(by, since, until))
 
     def create_token(self, kind: str, name: str, team: str | None = None) -> NewToken:
         """A new ``team`` or ``agent`` token (admin); the secret is in ``.token``, once."""

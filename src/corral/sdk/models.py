@@ -384,3 +384,48 @@ class Delivery(_Out):
     last_error: str | None = None
     history: list[DeliveryAttempt] = Field(default_factory=list)
     body: dict[str, Any] = Field(default_factory=dict)
+
+
+class PolicyVersion(_Out):
+    """One version of the policy: 0 is the built-in one (none applied yet)."""
+
+    version: int
+    applied_by: str
+    applied_at: float
+    note: str = ""
+
+
+class PolicyStatus(PolicyVersion):
+    """A policy version with its document and how the server reads it."""
+
+    document: str
+    policy: dict[str, Any] = Field(default_factory=dict)
+
+
+class UsageRow(_Out):
+    """One group's use; the fields not grouped by are None."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    team: str | None = None
+    user: str | None = None
+    priority_class: str | None = Field(None, alias="class")
+    pool: str | None = None
+    day: str | None = None
+    hour: str | None = None
+    gpu_seconds: float = 0.0
+    milli_gpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    jobs: int = 0
+    cost: float = 0.0
+
+
+class UsageReport(_Out):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    by: list[str]
+    start: float = Field(alias="from")
+    end: float = Field(alias="to")
+    rows: list[UsageRow]
+    total: UsageRow
+    truncated: bool = False

@@ -18,7 +18,6 @@ from fastapi import FastAPI
 
 from corral import __version__
 from corral.core.clock import Clock, WallClock
-from corral.core.model import DEFAULT_PRIORITY_CLASSES
 from corral.server import tls
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.grpc_link import GrpcLink
@@ -33,8 +32,10 @@ from corral.server.api import (
     inputs,
     jobs,
     nodes,
+    policy,
     session,
     tokens,
+    usage,
     web,
     webhooks,
 )
@@ -46,6 +47,7 @@ from corral.server.autoscaling import scaling_from
 from corral.server.blobs import BlobStore, LocalBlobStore
 from corral.server.permissions import make_private
 from corral.server.plane import ControlPlane, StartReport
+from corral.server.policy_doc import default_policy
 from corral.server.services.history import History
 from corral.server.services.metrics import Metrics
 from corral.server.services.unit import Runtime
@@ -91,7 +93,7 @@ def build_runtime(
         clock=clock or WallClock(),
         link=link or default_link(settings),
         metrics=Metrics(),
-        priority_classes=DEFAULT_PRIORITY_CLASSES,
+        policy=default_policy(),  # until the store's latest is read (services/policy.py)
     )
 
 
@@ -159,7 +161,7 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    for module in (
+    routers = (
         jobs,
         webhooks,
         inputs,
@@ -170,7 +172,10 @@ def create_app(
         events,
         health,
         session,
-    ):
+        policy,
+        usage,
+    )
+    for module in routers:
         app.include_router(module.router)
     model_api.install(app, plane)
     history_api.install(app, kept)  # the dashboard's plots

@@ -32,6 +32,7 @@ from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
+from corral.server.services.policy import PolicyService
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
 from corral.server.services.streams import StreamGate
@@ -70,7 +71,8 @@ class ControlPlane:
         writes = GroupCommitter(rt)
         self.rates = RateLimits(rt.settings.limits, rt.clock)  # per team token
         self.inputs = InputService(rt)  # files uploaded for jobs to read
-        self.jobs = JobService(rt, writes, self.rates, TeamQuotas(rt), self.inputs)
+        self.policy = PolicyService(rt)  # classes, entitlements, caps (docs/server.md)
+        self.jobs = JobService(rt, writes, self.rates, TeamQuotas(rt), self.inputs, self.policy)
         self.nodes = NodeService(rt)
         self.agents = AgentService(rt, self.auth, writes)
         self.feed = EventFeed(rt)
@@ -80,7 +82,7 @@ class ControlPlane:
         leader: Leadership = AlwaysLeader()
         if rt.db.is_postgres:
             leader = AdvisoryLockLeader(rt.db.engine, lock_key(LEADER_LOCK, rt.db.target.schema))
-        self.schedule = SchedulingLoop(rt, leader)
+        self.schedule = SchedulingLoop(rt, leader, self.policy)
         # With the loops running, only the scheduling leader watches liveness and sweeps old
         # work away; a test driving the plane by hand (run_loops=False) ticks them directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
@@ -103,6 +105,7 @@ class ControlPlane:
         self.autoscale: AutoscaleLoop | None = None
         if scaling is not None:  # docs/autoscaler.md
             providers, pools = scaling
+            rt.pool_prices.update((p.name, p.cost_per_hour / p.gpus) for p in pools if p.gpus)
             self.autoscale = AutoscaleLoop(
                 rt,
                 self.schedule,

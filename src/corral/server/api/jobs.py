@@ -307,7 +307,7 @@ async def delete_job(job_id: str, plane: Plane, who: Caller) -> Response:
 async def edit_job(job_id: str, change: JobPatchIn, plane: Plane, who: Caller) -> JobOut:
     """Change a queued job: priority class, time limit, labels; hold or release it; move it
     to the top of its user's own queue. A job no longer queued answers 409."""
-    rec = await edit(plane.rt, who, job_id, change.to_edit())
+    rec = await edit(plane.rt, who, job_id, change.to_edit(), plane.policy.entitle)
     return job_out(rec, plane.schedule.unplaced.get(job_id))
 
 

@@ -17,6 +17,14 @@ A held job (``PATCH /v1/jobs/{id}`` with ``hold``) is never given to the schedul
 stays queued in the store and is submitted when a release changes its row. A job moved
 to the top of its user's queue is given with its place (``queue_at``) as its submission
 time, which is what orders a user's own jobs.
+A user's cap on running GPUs (the policy's ``users.<name>.max_running_gpus``)
+is kept the same way: before each cycle the user's queued jobs, highest class
+and oldest first, are offered to the scheduler only while what the user holds
+plus what they ask stays within the cap; the rest are set aside until the
+user's work ends. Counting what offered jobs ask, placed or not, never lets
+one cycle pass the cap; a job may wait behind another of its user's that
+does not fit yet. Only users with a cap cost anything: their queued jobs and
+the active allocations are walked each cycle.
 """
 
 from __future__ import annotations
@@ -27,22 +35,32 @@ from dataclasses import replace
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import Job
+from corral.core.resources import MILLI
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.incremental import Scheduler
 from corral.server.loops.changes import ChangeFeed, Changes
+from corral.server.policy_doc import Policy
 from corral.server.store.records import AllocRecord, JobRecord
 
 
 class Kept:
     """A scheduler kept in step with the store, and the jobs set aside from it."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, policy: Policy | None = None) -> None:
         self.config = config
+        self.policy = policy  # its caps on teams' running GPUs shape the teams told
         self.scheduler = Scheduler(config=config)
         self.feed = ChangeFeed()
         self.awaiting: dict[str, frozenset[str]] = {}  # job -> victims still stopping
         self._aside: dict[str, Job] = {}  # those jobs, out of the scheduler's queue
         self.held: set[str] = set()  # held jobs: queued in the store, kept from the scheduler
+        users = policy.users if policy is not None else {}
+        self.user_caps = {  # milli-GPUs each capped user may hold
+            name: round(c.max_running_gpus * MILLI)
+            for name, c in users.items()
+            if c.max_running_gpus is not None
+        }
+        self.capped: dict[str, Job] = {}  # jobs of users at their cap, out of the queue
 
     @property
     def records(self) -> dict[str, JobRecord]:
@@ -61,6 +79,8 @@ class Kept:
         if model_sizes != self.scheduler.model_sizes:
             self.scheduler.set_model_sizes(model_sizes)
         self._release()
+        if self.user_caps:
+            self._cap_users()
 
     def tell(self, changes: Changes) -> None:
         """``changes`` as the scheduler's events: what went first, then what came."""
@@ -69,14 +89,15 @@ class Kept:
         for job_id in changes.withdrawn:
             if job_id in held:
                 held.discard(job_id)
-            elif aside.pop(job_id, None) is None:
+            elif aside.pop(job_id, None) is None and self.capped.pop(job_id, None) is None:
                 sched.withdraw(job_id)
         for alloc_id in changes.ended:
             sched.end(alloc_id)
         if changes.nodes is not None:
             sched.set_nodes(changes.nodes)
-        if changes.teams != sched.teams:
-            sched.set_teams(changes.teams)
+        teams = changes.teams if self.policy is None else self.policy.capped(changes.teams)
+        if teams != sched.teams:
+            sched.set_teams(teams)
         for rec in changes.submitted:
             if rec.held:
                 held.add(rec.job.id)
@@ -114,6 +135,27 @@ class Kept:
             job = self._aside.pop(job_id, None)
             if job is not None:
                 self.scheduler.submit(job)
+
+    def _cap_users(self) -> None:
+        """Offer each capped user's queued jobs while they fit the cap; set the rest aside."""
+        caps = self.user_caps
+        held = dict.fromkeys(caps, 0)
+        for rec in self.feed.allocations.values():
+            alloc = rec.alloc
+            if alloc.user in held and not alloc.on_cpu:
+                held[alloc.user] += alloc.milli
+        queue = self.scheduler.queue.jobs
+        rank = {c.name: c.rank for c in self.config.priority_classes}
+        theirs = [j for j in (*queue.values(), *self.capped.values()) if j.user in caps]
+        theirs.sort(key=lambda j: (-rank.get(j.priority, 0), j.submitted_at, j.id))
+        for job in theirs:
+            need = job.resources.nominal_milli() * job.replicas
+            if held[job.user] + need <= caps[job.user]:
+                held[job.user] += need
+                if job.id in self.capped:
+                    self.scheduler.submit(self.capped.pop(job.id))
+            elif job.id in queue:
+                self.capped[job.id] = self.scheduler.withdraw(job.id)
 
     def snapshot(self) -> Snapshot:
         """What the scheduler holds, as the ``Snapshot`` ``schedule`` would be given."""

@@ -25,12 +25,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.model import EMPTY
-from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
+from corral.core.resources import MILLI
+from corral.scheduler.api import Config, Plan, ReasonCode, Remedy, Snapshot, Unplaced
+from corral.scheduler.explain import simple
 from corral.scheduler.served import ServiceLedger
 from corral.server.loops.kept import Kept
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.pacing import Pacing
 from corral.server.services.placement import Applied, apply_plan
+from corral.server.services.policy import PolicyService
 from corral.server.services.unit import Runtime
 from corral.server.store import jobs as job_repo
 from corral.server.store import sql
@@ -48,13 +51,17 @@ FORGET_EVERY = 10_000  # queue changes (SQLite's ``job_changes``) followed betwe
 class SchedulingLoop:
     """Owns the cycle and remembers the last plan's reasons for ``GET /v1/queue``."""
 
-    def __init__(self, rt: Runtime, leader: Leadership | None = None) -> None:
+    def __init__(
+        self, rt: Runtime, leader: Leadership | None = None, policy: PolicyService | None = None
+    ) -> None:
         self.rt = rt
+        self.policy = policy or PolicyService(rt)  # read again at every cycle's catch-up
         self.leader = leader or AlwaysLeader()
         self.leading = False
         self.unplaced: dict[str, Unplaced] = {}
         self.cycles = 0
-        self.kept = Kept(self.config())
+        self.kept = Kept(self.config(), rt.policy)
+        self._built_for = rt.policy_version  # the policy version the kept scheduler follows
         self.pacing = Pacing(rt.settings.scheduling)
         self.service = ServiceLedger()  # who was served lately: fairness across cycles
         self._forgot = 0  # ``job_changes`` rows up to this one are deleted
@@ -69,9 +76,9 @@ class SchedulingLoop:
         self.on_follow: Callable[[], None] | None = None
 
     def config(self) -> Config:
+        """The settings' knobs, with what the policy in force sets (``policy_doc.Policy``)."""
         s, m = self.rt.settings.scheduling, self.rt.settings.models
-        return Config(
-            priority_classes=self.rt.priority_classes,
+        base = Config(
             max_batch_size=s.max_batch_size,
             preemption=s.preemption,
             min_runtime_before_preemption_s=s.min_runtime_before_preemption_s,
@@ -79,6 +86,7 @@ class SchedulingLoop:
             model_load_bytes_per_s=m.load_bytes_per_s,
             model_max_wait_s=m.max_wait_s,
         )
+        return self.rt.policy.config(base)
 
     @property
     def last_cycle_s(self) -> float:
@@ -96,7 +104,8 @@ class SchedulingLoop:
 
     def rebuild(self) -> None:
         """Forget the kept state: the next catch-up reads it all from the store again."""
-        self.kept = Kept(self.config())
+        self.kept = Kept(self.config(), self.rt.policy)
+        self._built_for = self.rt.policy_version
 
     async def run(self) -> None:
         """Forever: wait for a trigger (or the idle timeout), pace, run a cycle."""
@@ -176,6 +185,9 @@ class SchedulingLoop:
         return self.kept.snapshot()
 
     async def _catch_up(self, conn: AsyncConnection) -> None:
+        await self.policy.refresh(conn)
+        if self.rt.policy_version != self._built_for:  # a new policy: a scheduler set by it
+            self.rebuild()
         sizes = EMPTY if self.model_sizes is None else await self.model_sizes(conn)
         await self.kept.catch_up(conn, sizes)
 
@@ -237,9 +249,20 @@ class SchedulingLoop:
         # victim passing its minimum run time, a model wait running out): the loop wakes for
         # it, as the simulator does (``scheduler.timers``), not at the next idle cycle.
         self._next_timer = kept.scheduler.wake_at(now)
+        self._capped(offered)
         left = offered > len(placed)  # what an explained cycle would leave unplaced
-        self.rt.work_waiting = bool(left or kept.awaiting or self._next_timer is not None)
+        waiting = kept.awaiting or kept.capped  # an allocation's end may let them go
+        self.rt.work_waiting = bool(left or waiting or self._next_timer is not None)
         self.rt.metrics.observe_nodes(kept.scheduler.nodes)
+
+    def _capped(self, offered: int) -> None:
+        """The reason of each job set aside for its user's cap on running GPUs."""
+        caps = self.kept.user_caps
+        for i, job in enumerate(self.kept.capped.values()):
+            gpus = caps.get(job.user, 0) / MILLI
+            text = f"user {job.user} holds its cap of {gpus:g} running GPUs (the policy)"
+            reasons, remedy = simple(ReasonCode.QUOTA_EXCEEDED, text, Remedy.WAIT)
+            self.unplaced[job.id] = Unplaced(job.id, offered + i, reasons, remedy)
 
     async def _forget_followed(self) -> None:
         """Delete the queue's changes the cycles have followed (SQLite), every

@@ -26,6 +26,7 @@ from corral.core.model import Node
 from corral.core.model_names import is_checkpoint
 from corral.core.states import JobState
 from corral.server.services.compat import Caller, CompatJobs, Submission
+from corral.server.services.policy import may_use
 
 CATALOG_FILE = "catalog.json"
 CATALOG_USER = "corral-catalog"  # catalog jobs are the server's asking, not the caller's work
@@ -82,7 +83,7 @@ class CatalogCache:
             backend=backend,
             payload={"mode": "catalog"},
             kind="custom",
-            priority=self._most_urgent(),
+            priority=self._most_urgent(caller),
             resources=NO_RESOURCES,
             max_attempts=2,
             user=CATALOG_USER,
@@ -103,9 +104,17 @@ class CatalogCache:
         self._kept[backend] = catalog
         return catalog
 
-    def _most_urgent(self) -> str:
-        classes = self.jobs.plane.rt.priority_classes
-        return max(classes, key=lambda c: c.rank).name if classes else "free"
+    def _most_urgent(self, caller: Caller) -> str:
+        """The highest class the caller may use: a listing blocks the requests behind it."""
+        policy = self.jobs.plane.rt.policy
+        usable = [
+            c
+            for c in policy.priority_classes
+            if may_use(policy, caller.principal, caller.team, CATALOG_USER, c.name)
+        ]
+        return (
+            max(usable, key=lambda c: c.rank).name if usable else self.jobs.priority(caller, None)
+        )
 
 
 # ---- models ------------------------------------------------------------------

@@ -33,8 +33,8 @@ from corral.server.services.checkpoints import drop_after_commit
 from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
 from corral.server.services.inputs import InputService
+from corral.server.services.policy import PolicyService
 from corral.server.services.previews import preview_key
-from corral.server.services.queue_edits import check_priority
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
 from corral.server.services.settling import request_stop, stop_job
@@ -85,13 +85,14 @@ class JobService:
         rates: RateLimits,
         quotas: TeamQuotas,
         inputs: InputService | None = None,
+        policy: PolicyService | None = None,
     ) -> None:
         self.rt = rt
         self.inputs = inputs or InputService(rt)  # checks the files jobs name are theirs
         self.group = group  # concurrent submissions share a commit, with agents' updates too
         self.rates = rates
         self.quotas = quotas
-        self._classes = {c.name for c in rt.priority_classes}
+        self.policy = policy or PolicyService(rt)  # classes, who may use them, caps
 
     async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
         """Create the jobs atomically (all or none); concurrent calls share one commit.
@@ -104,9 +105,11 @@ class JobService:
         """
         who.require_client()
         self._check(who, drafts)
+        drafts, counts = await self._entitled(who, drafts)
         await self._check_inputs(who, drafts)
         self.rates.submit(who, len(drafts))
         try:
+            await self.policy.check_queued(who, counts)
             async with self.quotas.admit(who, len(drafts)) as admission:
                 records, created = await self.group.run(lambda tx: self._insert(tx, drafts))
                 admission.created = created
@@ -153,12 +156,31 @@ class JobService:
                 raise Forbidden(
                     f"a token of team {who.team!r} cannot submit jobs for team {d.job.team!r}"
                 )
-            check_priority(who, d.job.priority, self._classes, f"{prefix}priority")
             if d.webhook is not None:
                 try:
                     check_literal(d.webhook.url, self.rt.settings.webhooks.allow_private)
                 except InvalidSpec as e:
                     raise InvalidSpec(f"{prefix}{e.field}", e.message) from None
+
+    async def _entitled(
+        self, who: Principal, drafts: Sequence[Draft]
+    ) -> tuple[Sequence[Draft], dict[tuple[str, str], int]]:
+        """Each job's class must be one the policy lets its team or user use (403 naming
+        class and team); a job without a time limit gets its class's default one. Also
+        the new jobs per (team, user), for the policy's caps on queued jobs."""
+        many = len(drafts) > 1
+        out, counts = [], defaultdict[tuple[str, str], int](int)
+        for i, d in enumerate(drafts):
+            job = d.job
+            field = f"jobs[{i}].priority" if many else "priority"
+            await self.policy.entitle(who, job.team, job.user, job.priority, field)
+            counts[(job.team, job.user)] += 1
+            rule = self.policy.current.rule(job.priority)
+            limit = rule.default_time_limit_s if rule is not None else None
+            if job.timeout_s is None and limit is not None:
+                d = replace(d, job=replace(job, timeout_s=limit))
+            out.append(d)
+        return out, counts
 
     async def _check_inputs(self, who: Principal, drafts: Sequence[Draft]) -> None:
         """Every input file a job names must be one its submitter uploaded (422 otherwise)."""

@@ -28,6 +28,18 @@ class Metrics:
         self.placements = Counter("corral_placements", "Allocations created", registry=r)
         self.preemptions = Counter("corral_preemptions", "Allocations preempted", registry=r)
         self.requeues = Counter("corral_requeues", "Jobs requeued", ["why"], registry=r)
+        # Usage as allocations end (services/usage.py): GPU-seconds (a shared card's share
+        # counts its fraction), CPU-seconds and cost at the node pool's price.
+        usage = ["team", "priority"]
+        self.usage_gpu_seconds = Counter(
+            "corral_usage_gpu_seconds", "GPU-seconds used by ended allocations", usage, registry=r
+        )
+        self.usage_cpu_seconds = Counter(
+            "corral_usage_cpu_seconds", "CPU-seconds used by ended allocations", usage, registry=r
+        )
+        self.usage_cost = Counter(
+            "corral_usage_cost", "Cost of ended allocations' GPU time", usage, registry=r
+        )
         self.retention_deleted = Counter(
             "corral_retention_deleted",
             "What the retention sweep deleted: jobs, events, result files, previews, audit records",

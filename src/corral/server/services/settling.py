@@ -32,6 +32,7 @@ from corral.server.services.lacking import settle_lacking
 from corral.server.services.node_health import note_outcome
 from corral.server.services.outcomes import Ending, Settlement, backoff_s, settle
 from corral.server.services.unit import Runtime, Tx
+from corral.server.services.usage import record_end
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
 from corral.server.store.records import AllocRecord, AttemptError, JobRecord, ResultFile
@@ -83,6 +84,7 @@ async def end_allocation(
         values["started_at"] = tx.now
     if not await alloc_repo.update(tx.conn, rec, **values):
         raise Conflict(f"allocation {alloc.id} changed while it was being ended")
+    await record_end(rt, tx, rec)  # what it used, kept for the usage report
     # The freed capacity matters to work still waiting (a job it requeues pokes on its own).
     tx.reschedule = tx.reschedule or rt.work_waiting
     lacks = ending is Ending.FAILED and bool(lacked(error or ""))  # not the node's fault

@@ -20,9 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.clock import Clock
 from corral.core.events import Event, EventKind
-from corral.core.model import PriorityClass
 from corral.server.agentlink.base import AgentLink
 from corral.server.blobs import BlobStore
+from corral.server.policy_doc import Policy
 from corral.server.services.metrics import Metrics
 from corral.server.services.publishing import InOrder, Publication
 from corral.server.services.recent import RecentEvents
@@ -45,7 +45,15 @@ class Runtime:
     clock: Clock
     link: AgentLink
     metrics: Metrics
-    priority_classes: tuple[PriorityClass, ...]
+    # The policy in force here (``services/policy.py`` replaces it with the store's latest)
+    # and its version (0: the built-in one, none applied yet).
+    policy: Policy
+    policy_version: int = 0
+    # Price per GPU-hour of each autoscaled node pool (its machine's price over its GPUs):
+    # what usage costs where the policy names no price (services/usage.py).
+    pool_prices: dict[str, float] = field(default_factory=dict)
+    # Each node's pool as last read, and when (services/usage.py): read again after a minute.
+    node_pools: dict[str, tuple[str, float]] = field(default_factory=dict)
     wakeups: Wakeups = field(default_factory=Wakeups)  # SSE readers wait on it
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check

@@ -286,3 +286,33 @@ webhook_cursor = sa.Table(
     sa.Column("name", sa.String(16), primary_key=True),
     sa.Column("seq", sa.BigInteger, nullable=False),
 )
+
+# Migration 0016: every policy document applied (services/policy.py), kept whole with who
+# applied it and when, so history and rollback need nothing else. The highest version is
+# the one in force on every replica.
+policies = sa.Table(
+    "policies",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("document", sa.Text, nullable=False),
+    sa.Column("applied_by", sa.String(128), nullable=False),  # the token's name
+    sa.Column("applied_at", sa.Double, nullable=False),
+    sa.Column("note", sa.String(512), nullable=False, default=""),  # e.g. "rollback to 3"
+)
+
+# Migration 0017: resources used per hour, team, user, class and node pool, added to as
+# allocations end (services/usage.py). An hour is ``floor(epoch seconds / 3600)``: fine
+# enough for a day's chart, and days and months are sums of whole hours.
+usage_hours = sa.Table(
+    "usage_hours",
+    metadata,
+    sa.Column("hour", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("team", sa.String(64), primary_key=True),
+    sa.Column("user", sa.String(128), primary_key=True),
+    sa.Column("priority", sa.String(64), primary_key=True),
+    sa.Column("pool", sa.String(64), primary_key=True),  # "" : machines of no pool
+    sa.Column("gpu_milli_s", sa.Double, nullable=False, default=0.0),  # milli-GPU-seconds
+    sa.Column("cpu_s", sa.Double, nullable=False, default=0.0),
+    sa.Column("jobs", sa.Integer, nullable=False, default=0),  # job attempts that ended
+    sa.Column("cost", sa.Double, nullable=False, default=0.0),
+)

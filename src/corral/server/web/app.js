@@ -60,6 +60,7 @@ async function show() {
   route();  // jobs.js: the view the address names
   await refresh();
   followPlots();  // plots.js
+  followUsage();  // usage.js
   follow();
 }
 
