@@ -25,9 +25,12 @@ is left out for all.
 ``--quick`` keeps every 8th node (the arrivals scale with the cluster) and
 one variant: a development run of seconds rather than minutes.
 
-Prints one line per variant, policy and load::
+Prints one line per variant, policy and load (wrapped here)::
 
-    multigpu50  fgd       load 130%: allocated 0.9312  fragmentation 0.0410  (placed 5123 / 6870, 3.1 s)
+    multigpu50  fgd       load 130%: allocated 0.9733  fragmentation 0.0266
+        (placed 5109 / 6440, 2.1 s)
+
+(the parenthesis: tasks placed / arrived, CPU seconds so far)
 
 then a table of the allocated share at 130% per variant and policy.
 """
@@ -105,11 +108,10 @@ def replay(
     place = _placer(policy, nodes, seed, frag, window)
     points: dict[float, Point] = {}
     marks = [(round(load * capacity), load) for load in LOADS]
-    asked = placed = arrived = 0
+    asked = placed = 0
     started = time.process_time()
-    for task in arrivals(tasks, seed, marks[-1][0]):
+    for arrived, task in enumerate(arrivals(tasks, seed, marks[-1][0]), start=1):
         asked += task.gpu_milli_total
-        arrived += 1
         placed += place(task)
         while marks and asked >= marks[0][0]:
             placed += place(None)  # a cycle for what the window holds
