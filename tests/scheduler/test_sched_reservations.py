@@ -11,12 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scheduler_builders import alloc, job, node, snapshot
 
-from corral.core.errors import InvalidSpec
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
 from corral.scheduler.cluster import Cluster
 from corral.scheduler.cycle import Cycle
@@ -264,28 +262,3 @@ def test_when_a_need_fits_on_a_node_is_its_nth_soonest_usable_card(
     else:
         want = every[gpus - 1]
     assert reservations._fits_at(nc, need) == want
-
-
-def test_a_big_job_that_has_not_waited_reserve_after_s_holds_no_nodes_yet() -> None:
-    smalls = [small(f"s{i}", at=10 + i) for i in range(4)]
-    patient = Config(reserve_min_gpus=4, reserve_after_s=600.0)
-    early = schedule(cluster(big(at=0), *smalls), patient, now=100.0)
-    assert sorted(where(early).values()) == ["n1", "n2", "n2", "n2"]  # as without reservations
-    late = schedule(cluster(big(at=0), *smalls), patient, now=600.0)
-    assert set(where(late).values()) == {"n2"}  # waited 600 s: n1 is kept for it
-
-
-def test_no_reservation_when_the_big_job_would_start_past_reserve_within_s() -> None:
-    smalls = [small(f"s{i}", at=10 + i) for i in range(4)]
-    # n1 should free at 500: 500 s away at t=0 is past 300, 200 s away at t=300 is not
-    near = Config(reserve_min_gpus=4, reserve_within_s=300.0)
-    far = schedule(cluster(big(), *smalls), near, now=0.0)
-    assert sorted(where(far).values()) == ["n1", "n2", "n2", "n2"]
-    soon = schedule(cluster(big(), *smalls), near, now=300.0)
-    assert set(where(soon).values()) == {"n2"}
-
-
-@pytest.mark.parametrize("field", ["reserve_after_s", "reserve_within_s"])
-def test_the_reservation_knobs_refuse_negative_values(field: str) -> None:
-    with pytest.raises(InvalidSpec, match=field):
-        Config(**{field: -1.0})  # type: ignore[arg-type]

@@ -77,10 +77,6 @@ class Config:
     # first; later jobs use them only if their run-time estimate ends before. None: off.
     reserve_min_gpus: int | None = 8
     reservations: int = 1  # big jobs at the head of each class (and pass) that get one
-    # A reservation holds free cards idle; it pays only when the big job would otherwise
-    # wait long. None/0 keep the plain rule (every head-of-line job that cannot start).
-    reserve_after_s: float = 0.0  # only for a job that has waited at least this long
-    reserve_within_s: float | None = None  # only when it should start within this; None: any
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -119,10 +115,6 @@ def _check_reservations(config: Config) -> None:
         raise InvalidSpec("config.reservations", "must be >= 0")
     if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
         raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
-    if config.reserve_after_s < 0:
-        raise InvalidSpec("config.reserve_after_s", "must be >= 0")
-    if config.reserve_within_s is not None and config.reserve_within_s < 0:
-        raise InvalidSpec("config.reserve_within_s", "must be >= 0 or None")
 
 
 class Remedy(StrEnum):

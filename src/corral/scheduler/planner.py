@@ -256,9 +256,7 @@ class Planner:
         # by when they free up, not by label group, and could hold ones it can never use.
         bound = job.gang_label_required and job.gang_label is not None
         if not placed and job.id not in self.decided and not self.stopped and not bound:
-            self.reservations.reserve(
-                job.id, self.queue.groups[job.id].need, job.replicas, job.submitted_at
-            )
+            self.reservations.reserve(job.id, self.queue.groups[job.id].need, job.replicas)
 
     def _fit_with_preemption(
         self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool, patient: bool = False

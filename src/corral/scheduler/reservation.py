@@ -82,25 +82,13 @@ class Reservations:
             return False
         return need.gpus * replicas >= self.min_gpus
 
-    def reserve(self, job_id: str, need: Need, replicas: int, submitted_at: float = -INF) -> None:
-        """Hide the nodes where ``need`` x ``replicas`` should fit soonest.
-
-        Not before the job has waited ``Config.reserve_after_s``, nor when it should fit
-        no sooner than ``Config.reserve_within_s`` from now: the held cards would idle
-        longer than the wait they save (the job then competes as any other does, and
-        a later cycle reserves once its nodes are about to free).
-        """
-        config = self.cycle.config
-        if self.now - submitted_at < config.reserve_after_s:
-            return
+    def reserve(self, job_id: str, need: Need, replicas: int) -> None:
+        """Hide the nodes where ``need`` x ``replicas`` should fit soonest."""
         rated = self._soonest(need)
         if len(rated) < replicas:
             return
         chosen = rated[:replicas]
         start = max(when for when, *_ in chosen)
-        within = config.reserve_within_s
-        if within is not None and start > self.now + within:
-            return
         nodes = tuple(nc for *_, nc in chosen)
         for nc in nodes:
             self.cycle.cap.hide(nc)
