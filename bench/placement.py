@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -128,7 +128,9 @@ def replay(
     return points
 
 
-def _placer(policy: str, nodes: list[NodeState], seed: int, frag: Fragmentation, window: int):  # type: ignore[no-untyped-def]
+def _placer(
+    policy: str, nodes: list[NodeState], seed: int, frag: Fragmentation, window: int
+) -> Callable[[Task | None], int]:
     """A function taking a task (None: decide what is waiting) and returning how many tasks
     it placed."""
     if policy == "corral":
