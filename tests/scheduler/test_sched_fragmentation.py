@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from scheduler_builders import alloc, job, node, snapshot
+from scheduler_builders import JobBuilder, NodeBuilder, alloc, job, node, snapshot
 from scheduler_replay import World
 
-from corral.scheduler import fragmentation
+from corral.scheduler import fragmentation, schedule
 from corral.scheduler.fragmentation import of_free
 
 
@@ -57,3 +57,28 @@ def test_packing_small_jobs_keeps_whole_nodes_whole() -> None:
     used = sum(1 + i % 3 for i in range(10))  # 19 cards: fits on 3 nodes
     assert report.free_gpus == 32 - used
     assert report.free_in_whole_nodes == 8  # one node left whole
+
+
+def _placed_on(nodes: list[NodeBuilder], *jobs: JobBuilder) -> dict[str, str]:
+    plan = schedule(snapshot(nodes, list(jobs)))
+    return {p.job_ids[0]: p.node for p in plan.placements}
+
+
+def test_a_cpu_hungry_job_leaves_a_small_node_s_cards_their_cpus() -> None:
+    # the 2-card node is the tighter fit, but 12 of its 16 CPUs would leave its other card
+    # with 4: less than a card's share (8); the 8-card node keeps CPUs beside its cards
+    nodes = [node("small").gpus(2).cpus(16), node("big").gpus(8).cpus(96)]
+    assert _placed_on(nodes, job("hungry").gpus(1).cpus(12)) == {"hungry": "big"}
+    assert _placed_on(nodes, job("modest").gpus(1).cpus(6)) == {"modest": "small"}
+
+
+def test_a_job_that_strands_cpus_everywhere_still_runs() -> None:
+    nodes = [node("small").gpus(2).cpus(16)]
+    assert _placed_on(nodes, job("hungry").gpus(1).cpus(12)) == {"hungry": "small"}
+
+
+def test_cpu_work_keeps_off_the_cpus_that_free_cards_need() -> None:
+    # neither node is without free cards; on "lean" the job would leave 2 CPUs beside 2
+    # free cards (a card's share is 8), on "roomy" 56 beside 8
+    nodes = [node("lean").gpus(2).cpus(16), node("roomy").gpus(8).cpus(64)]
+    assert _placed_on(nodes, job("c").cpus(14)) == {"c": "roomy"}

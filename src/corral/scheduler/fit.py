@@ -146,21 +146,61 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None)
     ``seen`` None: no node to skip and no later tier (the caller's only one). A search
     for whole cards then keeps no set: the sources of a tier hold disjoint nodes, and an
     index holds a node in one bucket of wholly free cards, so no node comes twice.
+
+    A fit that would strand the node's free cards (``strands``: too few CPUs left beside
+    them) is put off: such fits are returned only when the walk finds no other (it stops
+    looking after ``DEFERRED`` of them), so a job takes a node whose CPUs it leaves usable
+    whenever there is one.
     """
     found: list[Fit] = []
+    deferred: list[Fit] = []
     if need.cpu_only:
-        _search_cpu(need, sources, limit, set() if seen is None else seen, found)
-        return found
-    if need.shared:  # a node may be in a partial bucket and in a whole one
-        seen = set() if seen is None else seen
-        _search_partial(need, sources, limit, seen, found)
-    if len(found) < limit:
-        _search_whole(need, sources, limit, seen, found)
+        _search_cpu(need, sources, limit, set() if seen is None else seen, found, deferred)
+    else:
+        if need.shared:  # a node may be in a partial bucket and in a whole one
+            seen = set() if seen is None else seen
+            _search_partial(need, sources, limit, seen, found, deferred)
+        if len(found) < limit and len(deferred) < DEFERRED:
+            _search_whole(need, sources, limit, seen, found, deferred)
+    if not found:
+        found.extend(deferred[:limit])
     return found
 
 
+DEFERRED: Final = 16
+"""How many stranding fits a search puts off before it takes them: a bounded walk (a
+cluster whose every fit strands CPUs costs 16 more fits per search, not a scan)."""
+
+
+def strands(fit: Fit) -> bool:
+    """Whether ``fit`` leaves its node with free GPU compute but too few free CPUs to use
+    it: fewer than one card's share of the node's CPUs, or than this job takes, whichever
+    is less. Work that eats the CPUs beside free cards wastes those cards as surely as
+    a badly split card does (the Alibaba trace's nodes of 2 cards and 16 CPUs are left
+    with idle cards that way); a job asking for few CPUs never strands anything."""
+    nc = fit.node
+    count = nc.gpu_count
+    if fit.cpus == 0 or count == 0 or nc.milli_free - fit.total_milli <= 0:
+        return False
+    per_card = nc.node.cpus // count
+    wanted = min(per_card, fit.cpus) if fit.gpus else per_card
+    return nc.cpus_free - fit.cpus < wanted
+
+
+def _keep(fit: Fit, found: list[Fit], deferred: list[Fit]) -> None:
+    if strands(fit):
+        deferred.append(fit)
+    else:
+        found.append(fit)
+
+
 def _search_whole(
-    need: Need, sources: list[Source], limit: int, seen: set[int] | None, found: list[Fit]
+    need: Need,
+    sources: list[Source],
+    limit: int,
+    seen: set[int] | None,
+    found: list[Fit],
+    deferred: list[Fit],
 ) -> None:
     top = 0
     for source in sources:
@@ -184,14 +224,19 @@ def _search_whole(
                 if fit is not None:
                     if seen is not None:
                         seen.add(nc.idx)
-                    found.append(fit)
-                    if len(found) >= limit:
+                    _keep(fit, found, deferred)
+                    if len(found) >= limit or len(deferred) >= DEFERRED:
                         return
         level += 1
 
 
 def _search_partial(
-    need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
+    need: Need,
+    sources: list[Source],
+    limit: int,
+    seen: set[int],
+    found: list[Fit],
+    deferred: list[Fit],
 ) -> None:
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
@@ -208,18 +253,23 @@ def _search_partial(
                 fit = fit_on(nc, need)
                 if fit is not None and nc.cards[fit.gpus[0]].free < MILLI:
                     seen.add(nc.idx)
-                    found.append(fit)
-                    if len(found) >= limit:
+                    _keep(fit, found, deferred)
+                    if len(found) >= limit or len(deferred) >= DEFERRED:
                         return
 
 
 def _search_cpu(
-    need: Need, sources: list[Source], limit: int, seen: set[int], found: list[Fit]
+    need: Need,
+    sources: list[Source],
+    limit: int,
+    seen: set[int],
+    found: list[Fit],
+    deferred: list[Fit],
 ) -> None:
     for source in sources:
         for bucket in source.index.cpu:  # nodes without free cards first
-            _search_bucket(need, bucket, source.allowed, limit, seen, found)
-            if len(found) >= limit:
+            _search_bucket(need, bucket, source.allowed, limit, seen, found, deferred)
+            if len(found) >= limit or len(deferred) >= DEFERRED:
                 return
 
 
@@ -230,6 +280,7 @@ def _search_bucket(
     limit: int,
     seen: set[int],
     found: list[Fit],
+    deferred: list[Fit],
 ) -> None:
     if not bucket.size:
         return
@@ -242,8 +293,8 @@ def _search_bucket(
         fit = fit_on(nc, need)
         if fit is not None:
             seen.add(nc.idx)
-            found.append(fit)
-            if len(found) >= limit:
+            _keep(fit, found, deferred)
+            if len(found) >= limit or len(deferred) >= DEFERRED:
                 return
 
 
