@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 
 from corral.core.compiled import mypyc_attr
 from corral.core.model import Node
-from corral.core.resources import MILLI
+from corral.core.resources import MILLI, cpu_milli
 from corral.core.topology import closest, of_gpus
 from corral.scheduler.bits import Bucket
 from corral.scheduler.capacity import Index
@@ -182,7 +182,7 @@ def strands(fit: Fit) -> bool:
     count = nc.gpu_count
     if fit.cpus == 0 or count == 0 or nc.milli_free - fit.total_milli <= 0:
         return False
-    per_card = nc.node.cpus // count
+    per_card = cpu_milli(nc.node.cpus) // count  # milli-CPUs, as ``cpus_free`` counts
     wanted = min(per_card, fit.cpus) if fit.gpus else per_card
     return nc.cpus_free - fit.cpus < wanted
 
