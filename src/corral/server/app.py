@@ -33,6 +33,7 @@ from corral.server.api import (
     inputs,
     jobs,
     nodes,
+    pipelines,
     session,
     tokens,
     web,
@@ -158,7 +159,8 @@ def create_app(
     )
     app.state.plane = plane
     errors.install(app, refused=audit.refusals(plane))
-    for module in (jobs, inputs, nodes, autoscaler, tokens, audit, events, health, session):
+    routers = (jobs, pipelines, inputs, nodes, autoscaler, tokens, audit, events, health, session)
+    for module in routers:
         app.include_router(module.router)
     model_api.install(app, plane)
     history_api.install(app, kept)  # the dashboard's plots

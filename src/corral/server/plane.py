@@ -15,6 +15,7 @@ from corral.autoscaler import Pool, Provider
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.relay import RelayLink
 from corral.server.loops.autoscale import AutoscaleLoop
+from corral.server.loops.dependencies import ReleaseLoop
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
@@ -31,6 +32,7 @@ from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
+from corral.server.services.pipelines import PipelineService
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
 from corral.server.services.streams import StreamGate
@@ -84,6 +86,8 @@ class ControlPlane:
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.retention = RetentionLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.queue = QueueService(rt, lambda: self.schedule.unplaced)
+        self.release = ReleaseLoop(rt)  # waiting jobs into the queue as what they need ends
+        self.pipelines = PipelineService(rt, self.jobs)  # pipelines and job arrays
         self.schedule.model_sizes = self.models.sizes
         self.prefetch = PrefetchLoop(rt, self.models, self.model_status, lambda: self.link)
         self.schedule.after_cycle.append(self.prefetch.after_cycle)
@@ -134,6 +138,7 @@ class ControlPlane:
                 asyncio.create_task(self.retention.run(), name="corral-retention"),
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
                 asyncio.create_task(self.auth.watch(), name="corral-revocations"),
+                asyncio.create_task(self.release.run(), name="corral-release"),
             ]
             if self.autoscale is not None:
                 self._tasks.append(

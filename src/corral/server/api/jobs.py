@@ -62,7 +62,10 @@ def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
     team = spec.team or who.team or "default"
     job = spec.to_job(new_job_id(), team=team, idempotency_key=key)
     # Only a submission under an idempotency key is ever compared with another one.
-    return Draft(job, spec.request_hash(team) if job.idempotency_key else None)
+    digest = spec.request_hash(team) if job.idempotency_key else None
+    if not (spec.after or spec.after_any or spec.inputs):
+        return Draft(job, digest)
+    return Draft(job, digest, tuple(spec.dependencies()), spec.takes())
 
 
 async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = None) -> Response:

@@ -74,6 +74,19 @@ class AttemptError:
 
 
 @dataclass(frozen=True, slots=True)
+class Take:
+    """Result files of another job a job reads as inputs: ``file`` of job ``job`` (None:
+    every file it made), called ``as_name`` by the job (None: its own name)."""
+
+    job: str
+    file: str | None = None
+    as_name: str | None = None
+
+    def to_json(self) -> list[str | None]:
+        return [self.job, self.file, self.as_name]
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
     seq: int = 0
@@ -94,6 +107,13 @@ class JobRecord:
     request_hash: str | None = None
     interrupted: bool = False  # ended because a client interrupted it (its result is partial)
     ran: Mapping[str, str] | None = None  # model and parameters as run, where the agent chose
+    # Pipelines and arrays (services/dependencies.py, services/pipelines.py): the jobs it
+    # runs after, each with "ok" (succeeded) or "any" (ended at all); the result files of
+    # others it reads; the pipeline or array it belongs to and its step name or index there.
+    after: tuple[tuple[str, str], ...] = ()
+    takes: tuple[Take, ...] = ()
+    group_id: str | None = None
+    member: str | None = None
 
     @property
     def state(self) -> JobState:
@@ -169,6 +189,8 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "payload": dict(j.payload),
             "estimated_runtime_s": j.estimated_runtime_s,
             **({"inputs": [[f.name, f.sha256] for f in j.inputs]} if j.inputs else {}),
+            **({"after": [list(a) for a in rec.after]} if rec.after else {}),
+            **({"takes": [t.to_json() for t in rec.takes]} if rec.takes else {}),
         },
         "replicas": j.replicas,
         "max_attempts": j.max_attempts,
@@ -181,6 +203,8 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
         "failures": rec.failures,
         "progress": rec.progress,
         "version": rec.version,
+        "group_id": rec.group_id,
+        "member": rec.member,
     }
 
 
@@ -236,6 +260,10 @@ def job_from_row(row: Any) -> JobRecord:
         request_hash=row.request_hash,
         interrupted=bool(row.interrupted),
         ran=row.ran,
+        after=tuple((a[0], a[1]) for a in spec.get("after") or ()),
+        takes=tuple(Take(t[0], t[1], t[2]) for t in spec.get("takes") or ()),
+        group_id=row.group_id,
+        member=row.member,
     )
 
 

@@ -1,0 +1,264 @@
+"""Pipelines, dependencies and job arrays over HTTP against the real server with stub agents,
+on SQLite and PostgreSQL: steps wait for the steps they need, read their result files as
+inputs, are cancelled with the reason when one fails, and a group is read, cancelled and
+reprioritised as one."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from http_harness import Served, eventually, serve
+
+from corral.server.agentlink.base import Assignment
+from corral.server.agentlink.inprocess import StubAgent
+
+pytestmark = pytest.mark.anyio
+PNG = b"\x89PNG not really, but bytes all the same"
+
+
+@pytest.fixture
+async def served(db_url: str, tmp_path: Path) -> AsyncIterator[Served]:
+    async with serve(db_url, tmp_path) as s:
+        yield s
+
+
+def step(**kw: Any) -> dict[str, Any]:
+    return {"kind": "custom", **kw}
+
+
+async def state(client: httpx.AsyncClient, job_id: str) -> str:
+    return str((await client.get(f"/v1/jobs/{job_id}")).json()["state"])
+
+
+async def until(client: httpx.AsyncClient, job_id: str, want: str) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        body: dict[str, Any] = (await client.get(f"/v1/jobs/{job_id}")).json()
+        return body if body["state"] == want else None
+
+    return await eventually(probe)
+
+
+async def pipeline(served: Served, steps: dict[str, Any]) -> httpx.Response:
+    return await served.admin.post("/v1/pipelines", json={"steps": steps})
+
+
+def ids(body: dict[str, Any]) -> dict[str, str]:
+    return {s["name"]: s["job_id"] for s in body["steps"]}
+
+
+async def test_a_step_reads_the_file_the_step_before_made(served: Served) -> None:
+    agent = await served.agent("gpu-1")
+    made = await pipeline(
+        served,
+        {
+            "upscale": step(
+                payload={"mode": "upscale", "upscaling_resize": 2},
+                inputs=[{"from": "txt2img", "file": "image-0.png", "as": "init.png"}],
+            ),
+            "txt2img": step(payload={"prompt": "a red fox"}, outputs=["image-0.png"]),
+        },
+    )
+    assert made.status_code == 201, made.text
+    body = made.json()
+    assert [s["name"] for s in body["steps"]] == ["txt2img", "upscale"]  # run order
+    assert body["steps"][1]["after"] == ["txt2img"]
+    job = ids(body)
+    assert await state(served.admin, job["upscale"]) == "waiting"
+
+    first = await agent.next_assignment()
+    assert [w.job_id for w in first.jobs] == [job["txt2img"]]
+    await agent.start(first)
+    await agent.finish(first, {job["txt2img"]: {"image-0.png": PNG, "info.json": b"{}"}})
+
+    second = await agent.next_assignment()
+    (work,) = second.jobs
+    assert work.job_id == job["upscale"]
+    sha = hashlib.sha256(PNG).hexdigest()
+    assert [(f.name, f.sha256) for f in work.inputs] == [("init.png", sha)]
+    held = served.plane.rt.settings.blob_path() / "inputs" / sha
+    assert held.read_bytes() == PNG  # the agent fetches it as it fetches an uploaded input
+    assert await served.plane.inputs.may_fetch(second.allocation_id, second.attempt, sha)
+    await agent.start(second)
+    await agent.finish(second)
+    done = await eventually(lambda: _group(served, body["id"], "succeeded"))
+    assert done["progress"] == 1.0
+    assert done["counts"] == {"succeeded": 2}
+
+
+async def _group(served: Served, group_id: str, want: str) -> dict[str, Any] | None:
+    kind = "pipelines" if group_id.startswith("pipe_") else "arrays"
+    body: dict[str, Any] = (await served.admin.get(f"/v1/{kind}/{group_id}")).json()
+    return body if body["state"] == want else None
+
+
+@pytest.mark.parametrize(
+    ("steps", "want_field", "want_words"),
+    [
+        pytest.param(
+            {"a": step(after=["b"]), "b": step(after=["a"])},
+            "steps.a.after",
+            "a cycle: a -> b -> a",
+            id="a cycle",
+        ),
+        pytest.param(
+            {"a": step(), "b": step(after_any=["nobody"])},
+            "steps.b.after_any[0]",
+            "no step 'nobody'",
+            id="an unknown step",
+        ),
+        pytest.param(
+            {
+                "gen": step(outputs=["image-0.png"]),
+                "up": step(inputs=[{"from": "gen", "file": "mask.png"}]),
+            },
+            "steps.up.inputs[0].file",
+            "makes no file 'mask.png'",
+            id="a file the step does not make",
+        ),
+        pytest.param(
+            {"a": step(), "b": step(after=["job_0000000000000000000000"])},
+            "steps.b.after[0]",
+            "no job",
+            id="an unknown job id",
+        ),
+        pytest.param(
+            {"a": step(priority="nope")},
+            "steps.a.priority",
+            "unknown class",
+            id="a bad field of one step",
+        ),
+    ],
+)
+async def test_a_pipeline_is_refused_whole_naming_the_step_and_field(
+    served: Served, steps: dict[str, Any], want_field: str, want_words: str
+) -> None:
+    refused = await pipeline(served, steps)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["field"] == want_field
+    assert want_words in refused.json()["message"]
+    listed = await served.admin.get("/v1/jobs")
+    assert listed.json()["jobs"] == []  # nothing half-written
+
+
+async def test_a_failed_step_cancels_those_that_need_it_with_the_reason(served: Served) -> None:
+    agent = await served.agent("gpu-1")
+    made = await pipeline(
+        served,
+        {
+            "a": step(max_attempts=2),
+            "b": step(after=["a"]),
+            "c": step(after=["b"]),
+            "cleanup": step(after_any=["a"]),
+        },
+    )
+    job = ids(made.json())
+    first = await agent.next_assignment()
+    await agent.start(first)
+    await agent.fail(first, "CUDA out of memory", retryable=True)  # its own retry first
+    assert await state(served.admin, job["b"]) == "waiting"
+    again = await agent.next_assignment()
+    assert [w.job_id for w in again.jobs] == [job["a"]]
+    await agent.start(again)
+    await agent.fail(again, "CUDA out of memory", retryable=True)  # out of attempts
+
+    b = await until(served.admin, job["b"], "cancelled")
+    assert "step 'a'" in b["error"]
+    assert "failed" in b["error"]
+    assert "CUDA out of memory" in b["error"]
+    c = await until(served.admin, job["c"], "cancelled")
+    assert "step 'b'" in c["error"]
+    last = await agent.next_assignment()  # after_any: it runs whatever became of a
+    assert [w.job_id for w in last.jobs] == [job["cleanup"]]
+    group = (await served.admin.get(f"/v1/pipelines/{made.json()['id']}")).json()
+    assert group["counts"] == {"failed": 1, "cancelled": 2, "placed": 1}
+
+
+async def test_cancelling_a_pipeline_cancels_every_step(served: Served) -> None:
+    agent = await served.agent("gpu-1")
+    made = await pipeline(served, {"a": step(), "b": step(after=["a"])})
+    job = ids(made.json())
+    running = await agent.next_assignment()
+    await agent.start(running)
+    cancelled = await served.admin.post(f"/v1/pipelines/{made.json()['id']}/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    assert cancelled.json()["counts"] == {"cancelled": 2}
+    stop = await agent.receive()
+    assert stop.allocation_id == running.allocation_id  # the running step is told to stop
+    assert await state(served.admin, job["b"]) == "cancelled"
+
+
+async def test_a_job_runs_after_existing_jobs_and_reads_all_their_files(served: Served) -> None:
+    agent = await served.agent("gpu-1")
+    first = (await served.admin.post("/v1/jobs", json=step())).json()["id"]
+    bad = await served.admin.post("/v1/jobs", json=step(after=["job_nope"]))
+    assert bad.status_code == 422
+    assert bad.json()["field"] == "after[0]"
+    second = await served.admin.post("/v1/jobs", json=step(inputs=[{"from": first}]))
+    assert second.status_code == 201, second.text
+    assert second.json()["state"] == "waiting"
+    assert second.json()["after"] == [{"job": first, "need": "ok"}]
+    a = await agent.next_assignment()
+    await agent.start(a)
+    await agent.finish(a, {first: {"a.png": b"one", "b.png": b"two"}})
+    b: Assignment = await agent.next_assignment()
+    assert sorted(f.name for f in b.jobs[0].inputs) == ["a.png", "b.png"]
+    # Reading a file the finished job did not make is refused at once.
+    wrong = await served.admin.post(
+        "/v1/jobs", json=step(inputs=[{"from": first, "file": "c.png"}])
+    )
+    assert wrong.status_code == 422
+    assert "made no file 'c.png'" in wrong.json()["message"]
+
+
+async def test_an_array_is_submitted_followed_reprioritised_and_cancelled_as_one(
+    served: Served,
+) -> None:
+    made = await served.admin.post(
+        "/v1/arrays",
+        json={
+            "job": step(payload={"prompt": "a fox"}),
+            "count": 20,
+            "index_key": "seed",
+            "index_start": 1000,
+        },
+    )
+    assert made.status_code == 201, made.text
+    body = made.json()
+    assert body["size"] == 20
+    assert [j["payload"]["seed"] for j in body["jobs"]] == list(range(1000, 1020))
+    assert [j["array"]["index"] for j in body["jobs"]] == list(range(20))
+    moved = await served.admin.patch(f"/v1/arrays/{body['id']}", json={"priority": "paid"})
+    assert {j["priority"] for j in moved.json()["jobs"]} == {"paid"}
+    agent: StubAgent = await served.agent("gpu-1")
+    a = await agent.next_assignment()
+    await agent.start(a)
+    await agent.progress(a, 0.5)
+    await agent.finish(a)
+    half = await eventually(lambda: _done_count(served, body["id"]))
+    assert half["progress"] == pytest.approx(len(a.jobs) / 20)
+    gone = await served.admin.post(f"/v1/arrays/{body['id']}/cancel")
+    assert gone.json()["state"] == "cancelled"
+    assert gone.json()["counts"]["succeeded"] == len(a.jobs)
+    listed = await served.admin.get("/v1/arrays")
+    assert [g["id"] for g in listed.json()["items"]] == [body["id"]]
+
+
+async def _done_count(served: Served, group_id: str) -> dict[str, Any] | None:
+    body: dict[str, Any] = (await served.admin.get(f"/v1/arrays/{group_id}")).json()
+    return body if body["counts"].get("succeeded") else None
+
+
+async def test_a_command_array_element_has_its_index_in_its_environment(served: Served) -> None:
+    made = await served.admin.post(
+        "/v1/arrays",
+        json={"job": {"backend": "command", "payload": {"argv": ["true"]}}, "count": 2},
+    )
+    envs = [j["payload"]["env"]["CORRAL_ARRAY_INDEX"] for j in made.json()["jobs"]]
+    assert envs == ["0", "1"]
+    assert [j["payload"]["array_index"] for j in made.json()["jobs"]] == [0, 1]
