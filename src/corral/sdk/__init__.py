@@ -33,6 +33,7 @@ from corral.sdk.errors import (
     WaitTimeout,
 )
 from corral.sdk.events import JobEvent
+from corral.sdk.groups import Group, GroupStatus, StepStatus
 from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
@@ -76,6 +77,8 @@ __all__ = [
     "Conflict",
     "EventStream",
     "GpuStatus",
+    "Group",
+    "GroupStatus",
     "InputFile",
     "Job",
     "JobEvent",
@@ -96,6 +99,7 @@ __all__ = [
     "Retry",
     "ServerError",
     "ServerUnreachable",
+    "StepStatus",
     "StreamError",
     "Target",
     "TeamQuota",

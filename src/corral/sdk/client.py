@@ -27,11 +27,12 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls, inputs, registry, trust
+from corral.sdk import calls, groups, inputs, registry, trust
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
 from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.groups import Group
 from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job
 from corral.sdk.models import (
@@ -141,6 +142,36 @@ class Client:
             key = base if n == 0 and len(checked) <= chunk else f"{base}.{n}"
             jobs += [Job(self, s) for s in self.run(calls.submit_batch(part, key))]
         return jobs
+
+    def submit_pipeline(
+        self, steps: Mapping[str, JobSpec | Mapping[str, Any]], *, team: str | None = None
+    ) -> Group:
+        """Submit a pipeline: ``steps`` maps a name to a job whose ``after``, ``after_any``
+        and ``inputs`` (``{"from": step, "file": ..., "as": ...}``) name other steps; a step
+        may say its ``outputs``. Accepted or refused whole (``BadRequest`` naming
+        ``steps.<name>.<field>``)."""
+        return Group(self, self.run(groups.submit_pipeline(steps, team)))
+
+    def submit_array(
+        self,
+        job: JobSpec | Mapping[str, Any],
+        count: int,
+        *,
+        index_key: str = "array_index",
+        index_start: int = 0,
+    ) -> Group:
+        """Submit ``count`` copies of ``job`` as one array; element ``i`` gets
+        ``index_start + i`` in its payload under ``index_key`` (``"seed"`` for N seeds of
+        one prompt) and, for a command, in ``CORRAL_ARRAY_INDEX``."""
+        return Group(self, self.run(groups.submit_array(job, count, index_key, index_start)))
+
+    def group(self, group_id: str) -> Group:
+        """A handle on an existing pipeline (``pipe_...``) or array (``arr_...``)."""
+        return Group(self, self.run(groups.get(group_id)))
+
+    def groups(self, kind: str = "pipeline", limit: int = 20) -> list[Group]:
+        """The newest pipelines (``kind="array"``: arrays) the token sees."""
+        return [Group(self, s) for s in self.run(groups.listing(kind, limit))]
 
     def upload_input(self, source: str | Path | bytes, name: str | None = None) -> InputFile:
         """Upload a file for jobs to read (``POST /v1/inputs``); name it in a job's

@@ -57,8 +57,12 @@ class JobSpec(BaseModel):
     estimated_runtime_s: float | None = None
     idempotency_key: str | None = None
     inputs: list[dict[str, str]] = Field(
-        default_factory=list, description='uploaded files: [{"blob": sha256, "name": ...}]'
+        default_factory=list,
+        description='uploaded files: [{"blob": sha256, "name": ...}]; other jobs\' results: '
+        '[{"from": job id or step, "file": ..., "as": ...}]',
     )
+    after: list[str] = Field(default_factory=list, description="jobs (steps) that must succeed")
+    after_any: list[str] = Field(default_factory=list, description="jobs (steps) that must end")
 
     def body(self) -> dict[str, Any]:
         """The JSON body: only what was set, so the server's defaults apply to the rest."""
@@ -156,6 +160,10 @@ class JobStatus(_Out):
     ran: dict[str, str] | None = None
     result: list[ResultFile] = Field(default_factory=list)
     queue: WaitInfo | None = None
+    inputs: list[dict[str, str]] = Field(default_factory=list)  # [{blob, name}] it reads
+    after: list[dict[str, str]] = Field(default_factory=list)  # [{job, need: ok | any}]
+    pipeline: dict[str, Any] | None = None  # {id, step}
+    array: dict[str, Any] | None = None  # {id, index}
 
     @property
     def done(self) -> bool:
