@@ -9,6 +9,7 @@ from corral.cli import (
     agent_cmd,
     audit_cmd,
     autoscaler_cmd,
+    groups_cmd,
     jobs_cmd,
     models_cmd,
     nodes_cmd,
@@ -42,6 +43,7 @@ up_cmd.register(app)
 # client commands (talk to a server through corral.sdk)
 login_cmd.register(app)
 jobs_cmd.register(app)
+groups_cmd.register(app)
 watch_cmd.register(app)
 teams_cmd.register(app)
 nodes_cmd.register(app)
