@@ -18,6 +18,7 @@ from rich.table import Table
 
 from corral.cli.common import (
     EXIT_BAD_INPUT,
+    EXIT_JOB_FAILED,
     JsonOpt,
     TokenOpt,
     UrlOpt,
@@ -108,7 +109,7 @@ def _report(group: Group, follow: bool, as_json: bool) -> None:
         print_json(status)
     else:
         out().print(group_table(status))
-    raise typer.Exit(0 if status.state == "succeeded" else 1)
+    raise typer.Exit(0 if status.state == "succeeded" else EXIT_JOB_FAILED)
 
 
 def show(
