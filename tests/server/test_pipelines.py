@@ -262,3 +262,55 @@ async def test_a_command_array_element_has_its_index_in_its_environment(served: 
     envs = [j["payload"]["env"]["CORRAL_ARRAY_INDEX"] for j in made.json()["jobs"]]
     assert envs == ["0", "1"]
     assert [j["payload"]["array_index"] for j in made.json()["jobs"]] == [0, 1]
+
+
+LATENT = bytes(range(256)) * 8192  # 2 MiB: over the agent's inline limit, kept where made
+
+
+@pytest.mark.parametrize(
+    ("move_bytes_per_s", "want_node"),
+    [
+        pytest.param(1000.0, "gpu-1", id="a costly move waits for the machine that made it"),
+        pytest.param(1e15, "gpu-2", id="a cheap move goes to a free machine at once"),
+    ],
+)
+async def test_a_step_is_held_near_its_inputs_while_moving_them_costs_more(
+    db_url: str, tmp_path: Path, move_bytes_per_s: float, want_node: str
+) -> None:
+    sections = {"scheduling": {"input_move_bytes_per_s": move_bytes_per_s}}
+    async with serve(db_url, tmp_path, sections=sections) as served:
+        maker = await served.agent("gpu-1")
+        made = await pipeline(
+            served,
+            {
+                "encode": step(resources={"gpus": 1}),
+                "decode": step(resources={"gpus": 1}, inputs=[{"from": "encode"}]),
+            },
+        )
+        job = ids(made.json())
+        first = await maker.next_assignment()
+        blocker = step(
+            resources={"gpus": 1}, priority="paid", node_selector={"corral/node": "gpu-1"}
+        )
+        other = (await served.admin.post("/v1/jobs", json=blocker)).json()["id"]
+        await eventually(lambda: _waits(served, other))
+        free = await served.agent("gpu-2")
+        await maker.start(first)
+        await maker.finish(first, {job["encode"]: {"latent.bin": LATENT}})
+        busy = await maker.next_assignment()  # the paid job takes the machine first
+        assert [w.job_id for w in busy.jobs] == [other]
+        if want_node == "gpu-1":
+            held = await eventually(lambda: _waits(served, job["decode"]))
+            assert held["node_selector"] == {"corral/node": "gpu-1"}
+            assert free.pending() == []  # gpu-2 is free, and not used
+            await maker.start(busy)
+            await maker.finish(busy)
+        runner = maker if want_node == "gpu-1" else free
+        last = await runner.next_assignment()
+        assert [w.job_id for w in last.jobs] == [job["decode"]]
+
+
+async def _waits(served: Served, job_id: str) -> dict[str, Any] | None:
+    """The job once the scheduler has looked at it and left it queued (it says why)."""
+    body: dict[str, Any] = (await served.admin.get(f"/v1/jobs/{job_id}")).json()
+    return body if body["state"] == "queued" and body["queue"] else None

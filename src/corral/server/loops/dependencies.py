@@ -25,12 +25,23 @@ class ReleaseLoop:
         self.rt = rt
 
     async def run(self) -> None:
-        trigger = self.rt.release_needed
+        trigger, wait_s = self.rt.release_needed, POLL_S
         while True:
-            await trigger.wait(POLL_S)
+            await trigger.wait(wait_s)
             trigger.clear()  # an end committed during the pass fires it again
             try:
-                while await release_waiting(self.rt):
-                    pass  # a cancel ends jobs that need it: their dependents go next
+                wait_s = await self.drain()
             except Exception:  # keep releasing even if one pass fails
                 log.exception("the release pass failed")
+                wait_s = POLL_S
+
+    async def drain(self) -> float:
+        """Passes until one moves nothing (a cancel ends jobs that need it: their dependents
+        go next); how long until the next must run (a hold ends, or ``POLL_S``)."""
+        while True:
+            moved, hold_end = await release_waiting(self.rt)
+            if not moved:
+                break
+        if hold_end is None:
+            return POLL_S
+        return min(POLL_S, max(0.0, hold_end - self.rt.clock.now()))

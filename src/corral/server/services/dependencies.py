@@ -14,6 +14,14 @@ waiting job whose dependencies have all ended:
   or cancelled), was deleted, or did not make a file it reads: it is cancelled
   with that reason, and so, in the next pass, are those that need it.
 
+Where it runs: the files it reads were made on some machine, and moving them costs
+their size over ``scheduling.input_move_bytes_per_s``. When the result files that
+machine keeps (those uploaded as blobs, ``agent/produced.py``) are worth waiting for,
+the job enters the queue held to that machine (a selector on its ``corral/node``
+label, a "near" row here) for as long as moving them would take; then the pass lets
+it go anywhere. The machine that just finished the step before is usually free, so
+the step runs there at once, with no transfer at all.
+
 A dependency that is requeued (a retryable failure, a lost node) has not ended:
 the job keeps waiting. The pass runs when a job ends on this replica while jobs
 wait (``Runtime.release_needed``) and every ``POLL_S`` for ends committed by
@@ -33,7 +41,7 @@ import sqlalchemy as sa
 
 from corral.core.errors import InvalidSpec, NotFound
 from corral.core.events import EventKind
-from corral.core.model import InputFile
+from corral.core.model import NODE_NAME_LABEL, InputFile
 from corral.core.states import JOB, JobState, transition
 from corral.server.blobs import StoredBlob
 from corral.server.services.auth import Principal
@@ -58,7 +66,11 @@ def field_prefix(drafts: Sequence[Draft], i: int) -> str:
 
 log = logging.getLogger("corral.server.dependencies")
 
-NEED_OK, NEED_ANY = "ok", "any"
+NEED_OK, NEED_ANY, NEAR = "ok", "any", "near"
+KEPT_OVER = 1024 * 1024
+"""Results an agent keeps for a next step on its machine: those it uploads as blobs, over
+its inline limit (``LinkSettings.inline_bytes``, 1 MiB by default); smaller ones cost
+nothing to move."""
 MAX_ROWS = 5000
 """Open dependencies read by one pass: far more than the jobs one pass can move; the rest
 wait for the next."""
@@ -135,14 +147,16 @@ class Verdict:
     reason: str = ""
 
 
-async def release_waiting(rt: Runtime) -> int:
-    """Queue or cancel each waiting job whose dependencies have all ended; how many."""
+async def release_waiting(rt: Runtime) -> tuple[int, float | None]:
+    """Queue or cancel each waiting job whose dependencies have all ended, and let go of
+    the holds past their time: how many jobs moved, and when the next hold ends."""
     waiter, dep = jobs.alias("waiter"), jobs.alias("dep")
     query = (
         sa.select(
             job_deps.c.job_id,
             job_deps.c.dep_id,
             job_deps.c.need,
+            job_deps.c.until,
             waiter.c.state.label("waiter_state"),
             dep.c.state.label("dep_state"),
         )
@@ -159,14 +173,18 @@ async def release_waiting(rt: Runtime) -> int:
     rt.deps_waiting = bool(rows)
     by_job: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
+        if row.need == NEAR:
+            continue
         by_job[row.job_id].append(row)
+    moved = await _let_go(rt, [r for r in rows if r.need == NEAR])
     if len(rows) == MAX_ROWS:  # the last job's rows may be cut short: decide it next time
         by_job.pop(rows[-1].job_id, None)
     stale = [j for j, deps in by_job.items() if deps[0].waiter_state != JobState.WAITING.value]
     if stale:  # cancelled by its client, or deleted: its rows are no longer open
         async with rt.tx(durable=False) as tx:
-            await tx.conn.execute(sa.delete(job_deps).where(job_deps.c.job_id.in_(stale)))
-    moved = 0
+            await tx.conn.execute(
+                sa.delete(job_deps).where(job_deps.c.job_id.in_(stale), job_deps.c.need != NEAR)
+            )
     for job_id, deps in by_job.items():
         if job_id in stale:
             continue
@@ -176,7 +194,7 @@ async def release_waiting(rt: Runtime) -> int:
                 moved += await _apply(rt, verdict)
             except Exception:  # one job's trouble must not hold the others: next pass
                 log.exception("could not release waiting job %s", job_id)
-    return moved
+    return moved, next_hold_end(rows)
 
 
 def decide(job_id: str, deps: Sequence[Any]) -> Verdict | None:
@@ -203,22 +221,76 @@ async def _apply(rt: Runtime, verdict: Verdict) -> int:
     files, missing = await _inputs(rt, rec, sources)
     if missing:
         return await _cancel(rt, rec, missing)
+    near, hold_s = _nearest(rt, rec, sources)
     async with rt.tx(reschedule=True) as tx:
         now = await job_repo.get(tx.conn, rec.job.id)
         if now is None or now.state is not JobState.WAITING:
             return 0
         target = transition(JOB, rec.job.id, now.state, JobState.QUEUED, at=tx.now, why="ready")
         job = replace(now.job, inputs=(*now.job.inputs, *(f for f, _ in files)), state=target)
+        if near is not None:
+            job = replace(job, node_selector={**job.node_selector, NODE_NAME_LABEL: near})
+            row = {"job_id": rec.job.id, "dep_id": near, "need": NEAR, "until": tx.now + hold_s}
+            await tx.conn.execute(sa.insert(job_deps).values(**row))
         spec = job_row(replace(now, job=job))["spec"]
         if not await job_repo.update(tx.conn, now, state=target.value, spec=spec):
             return 0
         await _own(tx, f"team:{rec.job.team}", files)
-        await tx.conn.execute(sa.delete(job_deps).where(job_deps.c.job_id == rec.job.id))
-        data = {"inputs": [f.name for f, _ in files]} if files else None
+        await tx.conn.execute(
+            sa.delete(job_deps).where(job_deps.c.job_id == rec.job.id, job_deps.c.need != NEAR)
+        )
+        data: dict[str, Any] = {"inputs": [f.name for f, _ in files]} if files else {}
+        if near is not None:
+            data |= {"near": near, "hold_s": round(hold_s, 3)}
         tx.emit(
             EventKind.JOB_QUEUED, team=rec.job.team, job_id=rec.job.id, state="queued", data=data
         )
     return 1
+
+
+def _nearest(
+    rt: Runtime, rec: JobRecord, sources: dict[str, JobRecord]
+) -> tuple[str | None, float]:
+    """The machine holding most of the bytes ``rec`` reads as results it kept (uploaded
+    as blobs: inline ones are not worth keeping), and how long moving them would take."""
+    held: dict[str, int] = defaultdict(int)
+    for t in rec.takes:
+        src = sources.get(t.job)
+        if src is None or src.node is None:
+            continue
+        for f in src.result:
+            if f.size > KEPT_OVER and (t.file is None or f.name == t.file):
+                held[src.node] += f.size
+    if not held:
+        return None, 0.0
+    node = max(held, key=lambda n: held[n])
+    return node, held[node] / rt.settings.scheduling.input_move_bytes_per_s
+
+
+async def _let_go(rt: Runtime, pins: Sequence[Any]) -> int:
+    """End each hold past its time, or whose job left the queue: the job may then run on
+    any machine (its selector loses the ``corral/node`` it was held by)."""
+    now, moved = rt.clock.now(), 0
+    for pin in pins:
+        queued = pin.waiter_state == JobState.QUEUED.value
+        if queued and pin.until > now:
+            continue
+        async with rt.tx(reschedule=queued) as tx:
+            rec = await job_repo.get(tx.conn, pin.job_id) if queued else None
+            if rec is not None and rec.state is JobState.QUEUED:
+                selector = {k: v for k, v in rec.job.node_selector.items() if k != NODE_NAME_LABEL}
+                spec = job_row(replace(rec, job=replace(rec.job, node_selector=selector)))["spec"]
+                moved += await job_repo.update(tx.conn, rec, spec=spec)
+            await tx.conn.execute(
+                sa.delete(job_deps).where(job_deps.c.job_id == pin.job_id, job_deps.c.need == NEAR)
+            )
+    return moved
+
+
+def next_hold_end(rows: Sequence[Any]) -> float | None:
+    """The earliest end of a hold among ``rows`` (None: none)."""
+    ends = [r.until for r in rows if r.need == NEAR and r.until is not None]
+    return min(ends, default=None)
 
 
 async def _why(rt: Runtime, rec: JobRecord, reason: str) -> str:

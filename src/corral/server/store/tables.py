@@ -264,5 +264,7 @@ job_deps = sa.Table(
     sa.Column("job_id", sa.String(40), primary_key=True),  # the waiting job
     sa.Column("dep_id", sa.String(40), primary_key=True),  # a job it runs after
     sa.Column("need", sa.String(8), nullable=False),  # "ok": succeeded; "any": ended at all
+    # "near": not a dependency but a queued job held on node ``dep_id`` until ``until``.
+    sa.Column("until", sa.Double, nullable=True),
     sa.Index("ix_job_deps_dep_id", "dep_id"),
 )

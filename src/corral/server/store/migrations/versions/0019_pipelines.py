@@ -39,6 +39,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(40), primary_key=True),
         sa.Column("dep_id", sa.String(40), primary_key=True),
         sa.Column("need", sa.String(8), nullable=False),
+        sa.Column("until", sa.Double(), nullable=True),
     )
     op.create_index("ix_job_deps_dep_id", "job_deps", ["dep_id"])
 
