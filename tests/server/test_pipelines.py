@@ -247,6 +247,9 @@ async def test_an_array_is_submitted_followed_reprioritised_and_cancelled_as_one
     assert gone.json()["counts"]["succeeded"] == len(a.jobs)
     listed = await served.admin.get("/v1/arrays")
     assert [g["id"] for g in listed.json()["items"]] == [body["id"]]
+    for j in gone.json()["jobs"]:  # the array goes with its last job
+        assert (await served.admin.delete(f"/v1/jobs/{j['id']}")).status_code == 204
+    assert (await served.admin.get(f"/v1/arrays/{body['id']}")).status_code == 404
 
 
 async def _done_count(served: Served, group_id: str) -> dict[str, Any] | None:
