@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from live_server import FAST_RETRY, Running
 
-from corral.sdk import BadRequest, Client
+from corral.sdk import AsyncClient, BadRequest, Client
 
 
 def test_a_pipeline_is_submitted_followed_and_its_file_passed_on(
@@ -71,3 +72,25 @@ def test_an_array_of_seeds_runs_as_one(runner_client: Client, team: str) -> None
     assert final.counts == {"succeeded": 5}
     assert final.progress == 1.0
     assert runner_client.group(group.id).status.size == 5
+
+
+@pytest.mark.anyio
+async def test_the_async_client_follows_a_pipeline_and_cancels_an_array(
+    stub: Running, team: str
+) -> None:
+    async with AsyncClient(stub.url, stub.token, retry=FAST_RETRY) as corral:
+        group = await corral.submit_pipeline(
+            {
+                "a": {"team": team, "payload": {"files": {"x.txt": "x"}}},
+                "b": {"team": team, "inputs": [{"from": "a", "file": "x.txt"}]},
+            },
+            team=team,
+        )
+        seen = [s async for s in group.follow(poll_s=0.05)]
+        assert seen[-1].state == "succeeded"
+        assert [f["name"] for f in seen[-1].step("b").inputs] == ["x.txt"]
+        slow = {"team": team, "payload": {"steps": 100, "step_s": 0.2}}
+        array = await corral.submit_array(slow, 3)
+        cancelled = await array.cancel()
+        assert cancelled.state == "cancelled"
+        assert (await corral.group(array.id)).status.counts == {"cancelled": 3}

@@ -33,7 +33,7 @@ from corral.sdk.errors import (
     WaitTimeout,
 )
 from corral.sdk.events import JobEvent
-from corral.sdk.groups import Group, GroupStatus, StepStatus
+from corral.sdk.groups import AsyncGroup, Group, GroupStatus, StepStatus
 from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
@@ -65,6 +65,7 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "AsyncEventStream",
+    "AsyncGroup",
     "AsyncJob",
     "AsyncResult",
     "AuditActor",

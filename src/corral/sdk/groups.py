@@ -10,8 +10,9 @@ act on all its jobs.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -21,6 +22,7 @@ from corral.sdk.errors import WaitTimeout
 from corral.sdk.models import JobSpec, JobStatus, _Out
 
 if TYPE_CHECKING:
+    from corral.sdk.aio import AsyncClient
     from corral.sdk.client import Client
 
 POLL_S = 1.0  # how often ``follow`` asks again: a group's state is its jobs', read whole
@@ -166,4 +168,55 @@ class Group:
     def reprioritise(self, priority: str) -> GroupStatus:
         """Move its jobs not yet placed to priority class ``priority``."""
         self.status = self.client.run(reprioritise(self.id, priority))
+        return self.status
+
+
+class AsyncGroup:
+    """``Group`` for asyncio code (``AsyncClient.submit_pipeline`` ...): the same, awaited."""
+
+    def __init__(self, client: AsyncClient, status: GroupStatus) -> None:
+        self.client = client
+        self.status = status
+
+    @property
+    def id(self) -> str:
+        return self.status.id
+
+    def __repr__(self) -> str:
+        return f"AsyncGroup({self.id!r}, state={self.status.state!r})"
+
+    async def refresh(self) -> GroupStatus:
+        self.status = await self.client.run(get(self.id))
+        return self.status
+
+    async def follow(self, *, poll_s: float = POLL_S) -> AsyncIterator[GroupStatus]:
+        """Its status each time a job's state or the progress changed, until every job ended."""
+        seen: tuple[Any, ...] | None = None
+        while True:
+            status = await self.refresh()
+            now = (status.counts, round(status.progress, 3))
+            if now != seen:
+                seen = now
+                yield status
+            if status.done:
+                return
+            await asyncio.sleep(poll_s)
+
+    async def wait(self, timeout: float | None = None, *, poll_s: float = POLL_S) -> GroupStatus:
+        """Until every job ended; ``WaitTimeout`` after ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                async for status in self.follow(poll_s=poll_s):
+                    if status.done:
+                        return status
+        except TimeoutError:
+            raise WaitTimeout(self.id, timeout or 0.0, self.status.state) from None
+        return self.status
+
+    async def cancel(self) -> GroupStatus:
+        self.status = await self.client.run(cancel(self.id))
+        return self.status
+
+    async def reprioritise(self, priority: str) -> GroupStatus:
+        self.status = await self.client.run(reprioritise(self.id, priority))
         return self.status
