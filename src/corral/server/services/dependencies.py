@@ -232,15 +232,14 @@ async def _apply(rt: Runtime, verdict: Verdict) -> int:
         job = replace(now.job, inputs=(*now.job.inputs, *(f for f, _ in files)), state=target)
         if near is not None:
             job = replace(job, node_selector={**job.node_selector, NODE_NAME_LABEL: near})
-            row = {"job_id": rec.job.id, "dep_id": near, "need": NEAR, "until": tx.now + hold_s}
-            await tx.conn.execute(sa.insert(job_deps).values(**row))
         spec = job_row(replace(now, job=job))["spec"]
         if not await job_repo.update(tx.conn, now, state=target.value, spec=spec):
             return 0
         await _own(tx, f"team:{rec.job.team}", files)
-        await tx.conn.execute(
-            sa.delete(job_deps).where(job_deps.c.job_id == rec.job.id, job_deps.c.need != NEAR)
-        )
+        await tx.conn.execute(sa.delete(job_deps).where(job_deps.c.job_id == rec.job.id))
+        if near is not None:
+            row = {"job_id": rec.job.id, "dep_id": near, "need": NEAR, "until": tx.now + hold_s}
+            await tx.conn.execute(sa.insert(job_deps).values(**row))
         data: dict[str, Any] = {"inputs": [f.name for f, _ in files]} if files else {}
         if near is not None:
             data |= {"near": near, "hold_s": round(hold_s, 3)}
@@ -256,6 +255,8 @@ def _nearest(
     """The machine holding most of the bytes ``rec`` reads as results it kept (uploaded
     as blobs: inline ones are not worth keeping), and how long moving them would take."""
     held: dict[str, int] = defaultdict(int)
+    if NODE_NAME_LABEL in rec.job.node_selector:  # its client chose the machine itself
+        return None, 0.0
     for t in rec.takes:
         src = sources.get(t.job)
         if src is None or src.node is None:
@@ -270,19 +271,25 @@ def _nearest(
 
 
 async def _let_go(rt: Runtime, pins: Sequence[Any]) -> int:
-    """End each hold past its time, or whose job left the queue: the job may then run on
-    any machine (its selector loses the ``corral/node`` it was held by)."""
+    """End each hold past its time: a queued job's selector loses the ``corral/node`` it
+    was held by, so it may run anywhere. A placed or running job keeps the row (its row is
+    the agent's to change now) until it ends, or is requeued (its node lost: it must not
+    wait for that node). A job that changed meanwhile keeps its hold until the next pass."""
     now, moved = rt.clock.now(), 0
+    terminal = {s.value for s in JOB.terminal}
     for pin in pins:
         queued = pin.waiter_state == JobState.QUEUED.value
-        if queued and pin.until > now:
+        ended = pin.waiter_state is None or pin.waiter_state in terminal
+        if not (ended or (queued and pin.until <= now)):
             continue
         async with rt.tx(reschedule=queued) as tx:
             rec = await job_repo.get(tx.conn, pin.job_id) if queued else None
             if rec is not None and rec.state is JobState.QUEUED:
                 selector = {k: v for k, v in rec.job.node_selector.items() if k != NODE_NAME_LABEL}
                 spec = job_row(replace(rec, job=replace(rec.job, node_selector=selector)))["spec"]
-                moved += await job_repo.update(tx.conn, rec, spec=spec)
+                if not await job_repo.update(tx.conn, rec, spec=spec):
+                    continue
+            moved += 1
             await tx.conn.execute(
                 sa.delete(job_deps).where(job_deps.c.job_id == pin.job_id, job_deps.c.need == NEAR)
             )
@@ -290,8 +297,9 @@ async def _let_go(rt: Runtime, pins: Sequence[Any]) -> int:
 
 
 def next_hold_end(rows: Sequence[Any]) -> float | None:
-    """The earliest end of a hold among ``rows`` (None: none)."""
-    ends = [r.until for r in rows if r.need == NEAR and r.until is not None]
+    """The earliest end of a hold of a queued job among ``rows`` (None: none)."""
+    queued = JobState.QUEUED.value
+    ends = [r.until for r in rows if r.need == NEAR and r.waiter_state == queued]
     return min(ends, default=None)
 
 
