@@ -317,3 +317,22 @@ async def _waits(served: Served, job_id: str) -> dict[str, Any] | None:
     """The job once the scheduler has looked at it and left it queued (it says why)."""
     body: dict[str, Any] = (await served.admin.get(f"/v1/jobs/{job_id}")).json()
     return body if body["state"] == "queued" and body["queue"] else None
+
+
+async def test_an_idempotency_key_returns_the_same_pipeline_and_array(served: Served) -> None:
+    key = {"Idempotency-Key": "nightly-1"}
+    steps = {"a": step(), "b": step(after=["a"])}
+    first = await served.admin.post("/v1/pipelines", json={"steps": steps}, headers=key)
+    again = await served.admin.post("/v1/pipelines", json={"steps": steps}, headers=key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    other = {"a": step(priority="paid"), "b": step(after=["a"])}
+    clash = await served.admin.post("/v1/pipelines", json={"steps": other}, headers=key)
+    assert clash.status_code == 409
+    array = {"job": step(), "count": 3}
+    made = await served.admin.post("/v1/arrays", json=array, headers={"Idempotency-Key": "k2"})
+    same = await served.admin.post("/v1/arrays", json=array, headers={"Idempotency-Key": "k2"})
+    assert (made.status_code, same.status_code) == (201, 200)
+    assert same.json()["id"] == made.json()["id"]
+    assert len((await served.admin.get("/v1/jobs")).json()["jobs"]) == 5

@@ -109,10 +109,17 @@ class AsyncClient:
         return AsyncJob(self, await self.run(calls.submit(job_spec, key)))
 
     async def submit_pipeline(
-        self, steps: Mapping[str, JobSpec | Mapping[str, Any]], *, team: str | None = None
+        self,
+        steps: Mapping[str, JobSpec | Mapping[str, Any]],
+        *,
+        team: str | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncGroup:
         """``Client.submit_pipeline``, awaited."""
-        return AsyncGroup(self, await self.run(groups.submit_pipeline(steps, team)))
+        return AsyncGroup(
+            self,
+            await self.run(groups.submit_pipeline(steps, team, idempotency_key or calls.new_key())),
+        )
 
     async def submit_array(
         self,
@@ -121,9 +128,12 @@ class AsyncClient:
         *,
         index_key: str = "array_index",
         index_start: int = 0,
+        idempotency_key: str | None = None,
     ) -> AsyncGroup:
         """``Client.submit_array``, awaited."""
-        call = groups.submit_array(job, count, index_key, index_start)
+        call = groups.submit_array(
+            job, count, index_key, index_start, idempotency_key or calls.new_key()
+        )
         return AsyncGroup(self, await self.run(call))
 
     async def group(self, group_id: str) -> AsyncGroup:

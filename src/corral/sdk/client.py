@@ -144,13 +144,19 @@ class Client:
         return jobs
 
     def submit_pipeline(
-        self, steps: Mapping[str, JobSpec | Mapping[str, Any]], *, team: str | None = None
+        self,
+        steps: Mapping[str, JobSpec | Mapping[str, Any]],
+        *,
+        team: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Group:
         """Submit a pipeline: ``steps`` maps a name to a job whose ``after``, ``after_any``
         and ``inputs`` (``{"from": step, "file": ..., "as": ...}``) name other steps; a step
         may say its ``outputs``. Accepted or refused whole (``BadRequest`` naming
         ``steps.<name>.<field>``)."""
-        return Group(self, self.run(groups.submit_pipeline(steps, team)))
+        return Group(
+            self, self.run(groups.submit_pipeline(steps, team, idempotency_key or calls.new_key()))
+        )
 
     def submit_array(
         self,
@@ -159,11 +165,19 @@ class Client:
         *,
         index_key: str = "array_index",
         index_start: int = 0,
+        idempotency_key: str | None = None,
     ) -> Group:
         """Submit ``count`` copies of ``job`` as one array; element ``i`` gets
         ``index_start + i`` in its payload under ``index_key`` (``"seed"`` for N seeds of
         one prompt) and, for a command, in ``CORRAL_ARRAY_INDEX``."""
-        return Group(self, self.run(groups.submit_array(job, count, index_key, index_start)))
+        return Group(
+            self,
+            self.run(
+                groups.submit_array(
+                    job, count, index_key, index_start, idempotency_key or calls.new_key()
+                )
+            ),
+        )
 
     def group(self, group_id: str) -> Group:
         """A handle on an existing pipeline (``pipe_...``) or array (``arr_...``)."""

@@ -73,7 +73,7 @@ def kind_of(group_id: str) -> str:
 
 
 def submit_pipeline(
-    steps: Mapping[str, JobSpec | Mapping[str, Any]], team: str | None
+    steps: Mapping[str, JobSpec | Mapping[str, Any]], team: str | None, key: str
 ) -> Call[GroupStatus]:
     """Each step checked locally first (a typo names ``steps.<name>.<field>``)."""
     body: dict[str, Any] = {"steps": {}}
@@ -84,11 +84,12 @@ def submit_pipeline(
         body["steps"][name] = step if outputs is None else {**step, "outputs": list(outputs)}
     if team is not None:
         body["team"] = team
-    return Call("POST", "/v1/pipelines", _model(GroupStatus), json=body)
+    headers = {"Idempotency-Key": key}  # a retried request returns the same pipeline
+    return Call("POST", "/v1/pipelines", _model(GroupStatus), json=body, headers=headers)
 
 
 def submit_array(
-    job: JobSpec | Mapping[str, Any], count: int, index_key: str, index_start: int
+    job: JobSpec | Mapping[str, Any], count: int, index_key: str, index_start: int, key: str
 ) -> Call[GroupStatus]:
     body = {
         "job": make_spec(job, {}, "job.").body(),
@@ -96,7 +97,8 @@ def submit_array(
         "index_key": index_key,
         "index_start": index_start,
     }
-    return Call("POST", "/v1/arrays", _model(GroupStatus), json=body)
+    headers = {"Idempotency-Key": key}  # a retried request returns the same array
+    return Call("POST", "/v1/arrays", _model(GroupStatus), json=body, headers=headers)
 
 
 def get(group_id: str) -> Call[GroupStatus]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
 from corral.core.errors import InvalidSpec
 from corral.core.states import JobState
 from corral.server.api.deps import ERRORS, Caller, Plane
+from corral.server.api.jobs import IdempotencyKey
 from corral.server.api.render import job_out
 from corral.server.api.schemas import ApiModel, JobIn, JobOut, Label, Name
 from corral.server.services.jobs import Draft, new_job_id
@@ -126,9 +127,18 @@ def group_out(view: GroupView) -> GroupOut:
     )
 
 
-@router.post("/v1/pipelines", status_code=201, response_model=GroupOut)
-async def submit_pipeline(spec: PipelineIn, plane: Plane, who: Caller) -> GroupOut:
-    """Submit a pipeline: accepted whole (201) or refused whole (422 naming step and field)."""
+@router.post(
+    "/v1/pipelines",
+    status_code=201,
+    response_model=GroupOut,
+    responses={200: {"model": GroupOut, "description": "a replay of an Idempotency-Key"}},
+)
+async def submit_pipeline(
+    spec: PipelineIn, plane: Plane, who: Caller, response: Response, key: IdempotencyKey = None
+) -> GroupOut:
+    """Submit a pipeline: accepted whole (201) or refused whole (422 naming step and field).
+    With an Idempotency-Key, step ``name`` gets the key ``<key>/<name>``: the same request
+    again returns the same pipeline (200)."""
     team = spec.team or who.team or "default"
     user = next(iter(spec.steps.values())).user
     order = order_steps({name: _refs(step) for name, step in spec.steps.items()})
@@ -143,9 +153,18 @@ async def submit_pipeline(spec: PipelineIn, plane: Plane, who: Caller) -> GroupO
             (ids.get(ref, ref), need, f"steps.{name}.{field}")
             for ref, need, field in step.dependencies()
         )
-        job = step.to_job(ids[name], team=team, idempotency_key=None)
-        drafts.append(Draft(job, None, after, step.takes(ids), group_id, name))
-    view = await plane.pipelines.submit(who, "pipeline", drafts, team, user)
+        job_key = f"{key}/{name}" if key else None
+        job = step.to_job(ids[name], team=team, idempotency_key=job_key)
+        digest = step.request_hash(team) if job_key else None
+        drafts.append(Draft(job, digest, after, step.takes(ids), group_id, name))
+    view, created = await plane.pipelines.submit(who, "pipeline", drafts, team, user)
+    return _answer(view, created, response)
+
+
+def _answer(view: GroupView, created: bool, response: Response) -> GroupOut:
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
     return group_out(view)
 
 
@@ -159,20 +178,28 @@ def _refs(step: StepIn) -> StepRefs:
     return StepRefs(after, reads, step.outputs)
 
 
-@router.post("/v1/arrays", status_code=201, response_model=GroupOut)
-async def submit_array(spec: ArrayIn, plane: Plane, who: Caller) -> GroupOut:
-    """Submit ``count`` copies of a job as one array, each with its index."""
+@router.post(
+    "/v1/arrays",
+    status_code=201,
+    response_model=GroupOut,
+    responses={200: {"model": GroupOut, "description": "a replay of an Idempotency-Key"}},
+)
+async def submit_array(
+    spec: ArrayIn, plane: Plane, who: Caller, response: Response, key: IdempotencyKey = None
+) -> GroupOut:
+    """Submit ``count`` copies of a job as one array, each with its index. With an
+    Idempotency-Key, element ``i`` gets the key ``<key>/<i>`` (a replay answers 200)."""
     limit = plane.rt.settings.api.max_batch_jobs
     if spec.count > limit:
         raise InvalidSpec("count", f"at most {limit} elements (api.max_batch_jobs)")
     team = spec.job.team or who.team or "default"
     group_id = new_group_id("array")
-    drafts = [_element(spec, i, team, group_id) for i in range(spec.count)]
-    view = await plane.pipelines.submit(who, "array", drafts, team, spec.job.user)
-    return group_out(view)
+    drafts = [_element(spec, i, team, group_id, key) for i in range(spec.count)]
+    view, created = await plane.pipelines.submit(who, "array", drafts, team, spec.job.user)
+    return _answer(view, created, response)
 
 
-def _element(spec: ArrayIn, i: int, team: str, group_id: str) -> Draft:
+def _element(spec: ArrayIn, i: int, team: str, group_id: str, key: str | None) -> Draft:
     """Element ``i``: the job with its index in the payload (and a command's environment)."""
     index = spec.index_start + i
     payload: dict[str, Any] = {**spec.job.payload, spec.index_key: index}
@@ -183,9 +210,11 @@ def _element(spec: ArrayIn, i: int, team: str, group_id: str) -> Draft:
             "CORRAL_ARRAY_INDEX": str(index),
         }
     job_in = spec.job.model_copy(update={"payload": payload})
-    job = job_in.to_job(new_job_id(), team=team, idempotency_key=None)
+    job_key = f"{key}/{i}" if key else None
+    job = job_in.to_job(new_job_id(), team=team, idempotency_key=job_key)
+    digest = job_in.request_hash(team) if job_key else None
     after = tuple((ref, need, f"job.{field}") for ref, need, field in job_in.dependencies())
-    return Draft(job, None, after, job_in.takes(), group_id, str(i))
+    return Draft(job, digest, after, job_in.takes(), group_id, str(i))
 
 
 def _lister(kind: str) -> Any:

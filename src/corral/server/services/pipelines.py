@@ -127,13 +127,20 @@ class PipelineService:
 
     async def submit(
         self, who: Principal, kind: str, drafts: Sequence[Draft], team: str, user: str
-    ) -> GroupView:
-        """Submit the group's jobs (their ``group_id`` set) all or none."""
+    ) -> tuple[GroupView, bool]:
+        """Submit the group's jobs (their ``group_id`` set) all or none; the group, and
+        whether it was made (False: a replay of the same idempotency keys, the group then
+        being the one those jobs belong to)."""
         group_id = drafts[0].group_id
         assert group_id is not None
         group = Group(group_id, kind, team, user, len(drafts))
-        records, _ = await self.jobs.submit(who, drafts, group)
-        return GroupView(group, records[0].job.submitted_at, records)
+        records, created = await self.jobs.submit(who, drafts, group)
+        if not created:
+            replayed = records[0].group_id
+            if replayed is None or replayed[:4] != group_id[:4]:
+                raise Conflict("the Idempotency-Key was already used for other jobs")
+            return await self.get(who, replayed), False
+        return GroupView(group, records[0].job.submitted_at, records), True
 
     async def get(self, who: Principal, group_id: str) -> GroupView:
         who.require_client()
