@@ -89,10 +89,11 @@ class ProducedFiles:
                     st = path.stat()
                     files.append((st.st_mtime, st.st_size, path))
         files.sort(reverse=True)  # newest first
-        total = 0
-        for n, (_, size, path) in enumerate(files):
-            total += size
-            if n >= self.max_files or total > self.max_bytes:
+        count = total = 0
+        for _, size, path in files:
+            if count < self.max_files and total + size <= self.max_bytes:
+                count, total = count + 1, total + size
+            else:
                 path.unlink(missing_ok=True)
 
 
