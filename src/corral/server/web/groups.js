@@ -80,7 +80,7 @@ function stepGraph(steps) {
       svg("text", { x: x + 8, y: y + 36, class: "step-state" }, `${s.state} ${Math.round(s.progress * 100)}%`));
     return svg("g", { class: `step ${s.state}`, "data-step": s.name, "data-state": s.state }, link, svg("title", {}, s.error || s.state));
   });
-  const graph = svg("svg", { id: "pipeline-graph", width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "the pipeline's steps" },
+  const graph = svg("svg", { id: "pipeline-graph", width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": "the pipeline's steps" },
     svg("defs", {}, marker), ...edges, ...boxes);
   const errors = steps.filter((s) => s.error).map((s) => el("li", {}, el("strong", {}, s.name), `: ${s.error}`));
   return el("section", {}, el("h3", {}, "Steps"), el("div", { class: "scroll" }, graph), errors.length ? el("ul", { class: "error" }, errors) : "");
