@@ -336,3 +336,30 @@ async def test_an_idempotency_key_returns_the_same_pipeline_and_array(served: Se
     assert (made.status_code, same.status_code) == (201, 200)
     assert same.json()["id"] == made.json()["id"]
     assert len((await served.admin.get("/v1/jobs")).json()["jobs"]) == 5
+
+
+async def test_a_team_sees_and_touches_only_its_own_pipelines_and_arrays(served: Served) -> None:
+    async def team(name: str) -> httpx.AsyncClient:
+        body = {"kind": "team", "name": name, "team": name}
+        made = await served.admin.post("/v1/tokens", json=body)
+        return served.client(made.json()["token"])
+
+    red, blue = await team("red"), await team("blue")
+    async with red, blue:
+        ours = await red.post("/v1/pipelines", json={"steps": {"a": step()}})
+        assert ours.status_code == 201
+        assert ours.json()["team"] == "red"
+        pipe, job = ours.json()["id"], ours.json()["steps"][0]["job_id"]
+        arr = (await red.post("/v1/arrays", json={"job": step(), "count": 2})).json()["id"]
+        for path in (f"/v1/pipelines/{pipe}", f"/v1/arrays/{arr}"):
+            assert (await blue.get(path)).status_code == 404
+            assert (await blue.post(f"{path}/cancel")).status_code == 404
+            assert (await blue.patch(path, json={"priority": "paid"})).status_code == 404
+        assert (await blue.get("/v1/pipelines")).json()["items"] == []
+        assert [g["id"] for g in (await red.get("/v1/arrays")).json()["items"]] == [arr]
+        theirs = await blue.post("/v1/pipelines", json={"steps": {"b": step(after=[job])}})
+        assert theirs.status_code == 422
+        assert theirs.json()["field"] == "steps.b.after[0]"
+        forged = await blue.post("/v1/pipelines", json={"team": "red", "steps": {"b": step()}})
+        assert forged.status_code == 403
+        assert (await red.get(f"/v1/pipelines/{pipe}")).json()["state"] == "running"
