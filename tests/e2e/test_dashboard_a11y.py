@@ -30,6 +30,10 @@ def test_every_view_passes_axe_at_desktop_and_phone_width(cluster: Cluster, brow
         done = submit(http, payload={"steps": 3, "step_s": 0.01}, user="ada")["id"]
         wait_state(http, done, "succeeded")
         waiting = submit(http, payload={}, resources={"gpus": 8})["id"]
+        quick = {"payload": {"steps": 2, "step_s": 0.01}}
+        steps = {"draw": quick, "upscale": {**quick, "after": ["draw"]}}
+        pipe = http.post("/v1/pipelines", json={"steps": steps}).json()["id"]
+        array = http.post("/v1/arrays", json={"job": quick, "count": 3}).json()["id"]
     # The checker is injected as a script: the dashboard's own policy would refuse it.
     context = browser.new_context(bypass_csp=True)
     page = context.new_page()
@@ -47,6 +51,9 @@ def test_every_view_passes_axe_at_desktop_and_phone_width(cluster: Cluster, brow
         "job": (f"#job/{done}", ".results img.preview"),
         "waiting": (f"#job/{waiting}", "#job-queue .remedy"),
         "node": ("#node/gpu-box", ".gpu-card"),
+        "groups": ("#groups", "#groups-table tr[data-group]"),
+        "pipeline": (f"#pipeline/{pipe}", "#pipeline-graph g.step"),
+        "array": (f"#array/{array}", "tr[data-index]"),
     }
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})

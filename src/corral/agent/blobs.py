@@ -45,15 +45,12 @@ async def upload(
     chunk: pb.BlobChunk,
     source: bytes | Path,
     chunk_bytes: int,
+    known: tuple[int, str] | None = None,
 ) -> str:
     """Upload ``source`` (bytes, or a file read a chunk at a time: a checkpoint archive is
     never held in memory) as described by ``chunk`` (allocation, attempt, name, mime); its
-    blob id."""
-    size, sha = (
-        (len(source), hashlib.sha256(source).hexdigest())
-        if isinstance(source, bytes)
-        else await asyncio.to_thread(_size_and_sha, source)
-    )
+    blob id. ``known``: its (size, sha256), when the caller has them."""
+    size, sha = known or await size_and_sha(source)
     base = pb.BlobChunk(
         allocation_id=chunk.allocation_id,
         attempt=chunk.attempt,
@@ -92,6 +89,13 @@ def _pieces(
         f.seek(start)
         for offset in range(start, max(size, 1), chunk_bytes):
             yield offset, f.read(chunk_bytes)
+
+
+async def size_and_sha(source: bytes | Path) -> tuple[int, str]:
+    """The size and sha256 of bytes, or of a file (read in a thread)."""
+    if isinstance(source, bytes):
+        return len(source), hashlib.sha256(source).hexdigest()
+    return await asyncio.to_thread(_size_and_sha, source)
 
 
 def _size_and_sha(path: Path) -> tuple[int, str]:

@@ -42,6 +42,7 @@ from corral.agent.fingerprint import GpuInventory, GpuSnapshot
 from corral.agent.inputs import InputCourier
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
 from corral.agent.orders import Report
+from corral.agent.produced import ProducedFiles
 from corral.agent.sender import Queued, Sender
 from corral.agent.supervisor import Supervisor
 from corral.agent.trust import ServerTrust
@@ -172,9 +173,11 @@ class LinkClient:
             scratch=checkpoint_root,
         )
         supervisor.prepare = self.checkpoints.prepare
-        inputs_root = (checkpoint_root or Path(tempfile.gettempdir()) / "corral-agent") / "inputs"
-        supervisor.inputs = InputCourier(self.checkpoints.download, inputs_root)
+        work_root = checkpoint_root or Path(tempfile.gettempdir()) / "corral-agent"
+        produced = ProducedFiles(work_root / "produced")  # results kept for next steps here
+        supervisor.inputs = InputCourier(self.checkpoints.download, work_root / "inputs", produced)
         self.sender = Sender(settings, self._outbox, self.checkpoints, self._metadata)
+        self.sender.produced = produced
         self.reporter = reporter  # tells the server about the model cache (model_report.py)
         self.models = reporter.models if reporter else None  # prefetch hints go there
         self.api_base = ""  # the server's HTTP API, for the model files it holds

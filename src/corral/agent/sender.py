@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from corral.agent import wire
-from corral.agent.blobs import upload
+from corral.agent.blobs import size_and_sha, upload
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Failed, Started
 from corral.agent.orders import Done, JobResult, Report
+from corral.agent.produced import ProducedFiles
 from corral.proto import bundles, caller
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 
@@ -52,6 +53,7 @@ class Sender:
         self.metadata = metadata
         self.bundles = False  # the connected server reads AgentBundle (its Welcome says)
         self.live: asyncio.Queue[Queued] | None = None  # the session's queue, while it runs
+        self.produced: ProducedFiles | None = None  # results kept for next steps here
 
     async def run(self, call: Any, stub: Any, live: asyncio.Queue[Queued]) -> None:
         """Write what is queued, then wait for more, until the stream breaks."""
@@ -147,7 +149,11 @@ class Sender:
             mime=jr.result.mime,
         )
         source = jr.result.path or jr.result.data  # a file is read a chunk at a time
-        return await upload(stub, self.metadata, chunk, source, self.settings.chunk_bytes)
+        known = await size_and_sha(source)
+        blob_id = await upload(stub, self.metadata, chunk, source, self.settings.chunk_bytes, known)
+        if self.produced is not None:  # a next step here reads it without a transfer
+            await self.produced.keep(known[1], source)
+        return blob_id
 
 
 def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:

@@ -155,7 +155,9 @@ def _send(client: Client, jobs: list[dict[str, Any]], key: str | None, source: s
 def list_jobs(
     state: Annotated[
         list[str] | None,
-        typer.Option(help="queued, placed, running, succeeded, failed, cancelled (repeatable)."),
+        typer.Option(
+            help="waiting, queued, placed, running, succeeded, failed, cancelled (repeatable)."
+        ),
     ] = None,
     team: Annotated[str | None, typer.Option(help="Only this team's jobs.")] = None,
     user: Annotated[str | None, typer.Option(help="Only this user's jobs.")] = None,

@@ -10,6 +10,7 @@ from corral.cli import (
     audit_cmd,
     autoscaler_cmd,
     edit_cmd,
+    groups_cmd,
     jobs_cmd,
     models_cmd,
     nodes_cmd,
@@ -45,6 +46,7 @@ up_cmd.register(app)
 login_cmd.register(app)
 jobs_cmd.register(app)
 edit_cmd.register(app)
+groups_cmd.register(app)
 watch_cmd.register(app)
 teams_cmd.register(app)
 nodes_cmd.register(app)

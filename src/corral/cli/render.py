@@ -14,6 +14,7 @@ from rich.table import Table
 from corral.sdk import AutoscalerStatus, JobStatus, NodeStatus, QueueEntry, TeamQuota, WaitInfo
 
 STATE_STYLE = {
+    "waiting": "grey62",  # for the jobs it runs after (a pipeline step)
     "queued": "yellow",
     "placed": "cyan",
     "running": "blue",

@@ -15,6 +15,7 @@ from corral.core.model import EMPTY, frozen_map
 
 class EventKind(StrEnum):
     JOB_SUBMITTED = "job.submitted"
+    JOB_QUEUED = "job.queued"  # a waiting job's dependencies were met: it entered the queue
     JOB_PLACED = "job.placed"
     JOB_STARTED = "job.started"
     JOB_PROGRESS = "job.progress"

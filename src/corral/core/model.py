@@ -8,7 +8,7 @@ values with ``dataclasses.replace`` when state changes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
@@ -97,6 +97,19 @@ class Node:
     @property
     def schedulable(self) -> bool:
         return takes_work(self.state, paused=self.paused, draining=self.draining)
+
+
+NODE_NAME_LABEL: Final = "corral/node"
+"""Every node's own name, as a label the scheduler sees (as Kubernetes'
+``kubernetes.io/hostname``): a job selecting it runs on that node only (a pipeline's
+step held near its inputs, services/dependencies.py)."""
+
+
+def named(node: Node) -> Node:
+    """``node`` with its name among its labels (``NODE_NAME_LABEL``)."""
+    if node.labels.get(NODE_NAME_LABEL) == node.name:
+        return node
+    return replace(node, labels={**node.labels, NODE_NAME_LABEL: node.name})
 
 
 def takes_work(state: NodeState, *, paused: bool, draining: bool) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
 
 
 class JobState(StrEnum):
+    WAITING = "waiting"  # for the jobs it runs after (a pipeline's step): not yet in the queue
     QUEUED = "queued"
     PLACED = "placed"
     RUNNING = "running"
@@ -76,10 +77,12 @@ class AllocObserved(StrEnum):
     LOST = "lost"  # its node vanished
 
 
-Q, P, R = JobState.QUEUED, JobState.PLACED, JobState.RUNNING
+W, Q, P, R = JobState.WAITING, JobState.QUEUED, JobState.PLACED, JobState.RUNNING
 JOB: Lifecycle[JobState] = Lifecycle(
     "job",
     {
+        (W, Q): "every job it runs after ended as it needs: it enters the queue",
+        (W, JobState.CANCELLED): "its client cancelled it, or a job it needs did not succeed",
         (Q, P): "the scheduler placed it on a node (an allocation exists)",
         (Q, JobState.CANCELLED): "the client cancelled it before it was placed",
         (Q, JobState.FAILED): "it can never run: attempts exhausted while it waited, or rejected",

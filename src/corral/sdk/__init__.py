@@ -33,6 +33,7 @@ from corral.sdk.errors import (
     WaitTimeout,
 )
 from corral.sdk.events import JobEvent
+from corral.sdk.groups import AsyncGroup, Group, GroupStatus, StepStatus
 from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job, Result
 from corral.sdk.models import (
@@ -70,6 +71,7 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "AsyncEventStream",
+    "AsyncGroup",
     "AsyncJob",
     "AsyncResult",
     "AuditActor",
@@ -84,6 +86,8 @@ __all__ = [
     "DeliveryAttempt",
     "EventStream",
     "GpuStatus",
+    "Group",
+    "GroupStatus",
     "InputFile",
     "Job",
     "JobEvent",
@@ -106,6 +110,7 @@ __all__ = [
     "Retry",
     "ServerError",
     "ServerUnreachable",
+    "StepStatus",
     "StreamError",
     "Target",
     "TeamQuota",

@@ -22,13 +22,14 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls, inputs, trust
+from corral.sdk import calls, groups, inputs, trust
 from corral.sdk.aio_job import AsyncEventStream, AsyncJob
 from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
 from corral.sdk.client import BATCH_CHUNK, DEFAULT_TIMEOUT
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
 from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.groups import AsyncGroup
 from corral.sdk.inputs import InputFile
 from corral.sdk.models import (
     AuditRecord,
@@ -110,6 +111,38 @@ class AsyncClient:
         job_spec = calls.make_spec(spec, fields)
         key = idempotency_key or job_spec.idempotency_key or calls.new_key()
         return AsyncJob(self, await self.run(calls.submit(job_spec, key)))
+
+    async def submit_pipeline(
+        self,
+        steps: Mapping[str, JobSpec | Mapping[str, Any]],
+        *,
+        team: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncGroup:
+        """``Client.submit_pipeline``, awaited."""
+        return AsyncGroup(
+            self,
+            await self.run(groups.submit_pipeline(steps, team, idempotency_key or calls.new_key())),
+        )
+
+    async def submit_array(
+        self,
+        job: JobSpec | Mapping[str, Any],
+        count: int,
+        *,
+        index_key: str = "array_index",
+        index_start: int = 0,
+        idempotency_key: str | None = None,
+    ) -> AsyncGroup:
+        """``Client.submit_array``, awaited."""
+        call = groups.submit_array(
+            job, count, index_key, index_start, idempotency_key or calls.new_key()
+        )
+        return AsyncGroup(self, await self.run(call))
+
+    async def group(self, group_id: str) -> AsyncGroup:
+        """A handle on an existing pipeline (``pipe_...``) or array (``arr_...``)."""
+        return AsyncGroup(self, await self.run(groups.get(group_id)))
 
     async def upload_input(self, source: bytes, name: str) -> InputFile:
         """Upload a file's bytes for jobs to read (see ``Client.upload_input``)."""

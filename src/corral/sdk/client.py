@@ -27,27 +27,22 @@ from typing import Any, TypeVar
 import httpx
 
 from corral import __version__
-from corral.sdk import calls, inputs, registry, trust
-from corral.sdk.calls import UNCHANGED, Unchanged, merge_team
+from corral.sdk import calls, groups, inputs, registry, trust
+from corral.sdk.admin import AdminCalls
 from corral.sdk.config import resolve
 from corral.sdk.errors import RETRY_STATUSES, ClientError, ServerUnreachable, api_error
 from corral.sdk.events import JobEvent, SseDecoder
+from corral.sdk.groups import Group
 from corral.sdk.inputs import InputFile
 from corral.sdk.job import EventStream, Job
 from corral.sdk.models import (
-    AuditRecord,
     AutoscalerStatus,
     Delivery,
     JobSpec,
     JobStatus,
-    NewToken,
     NodeStatus,
-    PolicyStatus,
-    PolicyVersion,
     QueueStatus,
     ResultStatus,
-    TeamQuota,
-    UsageReport,
 )
 from corral.sdk.registry import ModelInfo, Progress, add_local_file
 from corral.sdk.retry import RETRYABLE, Follow, Retry, describe
@@ -57,7 +52,7 @@ DEFAULT_TIMEOUT = 30.0
 BATCH_CHUNK = 500  # jobs per batch request; the server accepts up to api.max_batch_jobs
 
 
-class Client:
+class Client(AdminCalls):
     """A connection (pool) to one corral server; close it (or use ``with``) when done.
 
     ``url`` and ``token`` default to ``CORRAL_URL`` / ``CORRAL_TOKEN``, then
@@ -145,6 +140,50 @@ class Client:
             key = base if n == 0 and len(checked) <= chunk else f"{base}.{n}"
             jobs += [Job(self, s) for s in self.run(calls.submit_batch(part, key))]
         return jobs
+
+    def submit_pipeline(
+        self,
+        steps: Mapping[str, JobSpec | Mapping[str, Any]],
+        *,
+        team: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Group:
+        """Submit a pipeline: ``steps`` maps a name to a job whose ``after``, ``after_any``
+        and ``inputs`` (``{"from": step, "file": ..., "as": ...}``) name other steps; a step
+        may say its ``outputs``. Accepted or refused whole (``BadRequest`` naming
+        ``steps.<name>.<field>``)."""
+        return Group(
+            self, self.run(groups.submit_pipeline(steps, team, idempotency_key or calls.new_key()))
+        )
+
+    def submit_array(
+        self,
+        job: JobSpec | Mapping[str, Any],
+        count: int,
+        *,
+        index_key: str = "array_index",
+        index_start: int = 0,
+        idempotency_key: str | None = None,
+    ) -> Group:
+        """Submit ``count`` copies of ``job`` as one array; element ``i`` gets
+        ``index_start + i`` in its payload under ``index_key`` (``"seed"`` for N seeds of
+        one prompt) and, for a command, in ``CORRAL_ARRAY_INDEX``."""
+        return Group(
+            self,
+            self.run(
+                groups.submit_array(
+                    job, count, index_key, index_start, idempotency_key or calls.new_key()
+                )
+            ),
+        )
+
+    def group(self, group_id: str) -> Group:
+        """A handle on an existing pipeline (``pipe_...``) or array (``arr_...``)."""
+        return Group(self, self.run(groups.get(group_id)))
+
+    def groups(self, kind: str = "pipeline", limit: int = 20) -> list[Group]:
+        """The newest pipelines (``kind="array"``: arrays) the token sees."""
+        return [Group(self, s) for s in self.run(groups.listing(kind, limit))]
 
     def upload_input(self, source: str | Path | bytes, name: str | None = None) -> InputFile:
         """Upload a file for jobs to read (``POST /v1/inputs``); name it in a job's
@@ -235,86 +274,6 @@ class Client:
         """Forget a node that is gone (admin). ``Conflict`` unless it is lost: its agent
         stopped and was not heard from for the server's node timeout."""
         self.run(calls.delete_node(name))
-
-    def teams(self) -> list[TeamQuota]:
-        return self.run(calls.list_teams())
-
-    def set_team(
-        self,
-        name: str,
-        *,
-        quota: float | None = None,
-        borrow_limit: float | Unchanged | None = UNCHANGED,
-        weight: float | None = None,
-    ) -> TeamQuota:
-        """Create or change a team (admin). Settings not given keep their current value;
-        ``borrow_limit=None`` means "may borrow any idle GPU"."""
-        current = next((t for t in self.teams() if t.name == name), None)
-        team = merge_team(name, current, quota, borrow_limit, weight)
-        return self.run(calls.put_team(team))
-
-    def policy(self) -> PolicyStatus:
-        """The policy in force (admin): its document, version, who applied it and when."""
-        return self.run(calls.get_policy())
-
-    def apply_policy(self, document: str, note: str = "") -> PolicyStatus:
-        """Apply a policy document (YAML) as the next version (admin); ``BadRequest`` names
-        the line and field of a mistake."""
-        return self.run(calls.put_policy(document, note))
-
-    def check_policy(self, document: str) -> dict[str, Any]:
-        """How the server reads a policy document, without applying it (admin)."""
-        return self.run(calls.check_policy(document))
-
-    def policy_history(self, limit: int = 50) -> list[PolicyVersion]:
-        """The versions applied, newest first (admin)."""
-        return self.run(calls.policy_history(limit))
-
-    def rollback_policy(self, version: int) -> PolicyStatus:
-        """Apply an earlier version again, as a new version (admin)."""
-        return self.run(calls.rollback_policy(version))
-
-    def usage(
-        self, by: Sequence[str] = ("team",), since: float | None = None, until: float | None = None
-    ) -> UsageReport:
-        """GPU-seconds, CPU-seconds, jobs and cost per group of ``by`` (team, user, class,
-        pool, day, hour) between ``since`` and ``until`` (epoch seconds; default: the last
-        30 days). A team token sees its own team alone."""
-        return self.run(calls.usage(by, since, until))
-
-    def create_token(self, kind: str, name: str, team: str | None = None) -> NewToken:
-        """A new ``team`` or ``agent`` token (admin); the secret is in ``.token``, once."""
-        return self.run(calls.create_token(kind, name, team))
-
-    def audit(
-        self,
-        *,
-        actor: str | None = None,
-        team: str | None = None,
-        action: str | Sequence[str] | None = None,
-        target: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 50,
-    ) -> list[AuditRecord]:
-        """The audit log, newest first (admin): who made, changed or removed what, when and
-        from where. ``actor`` is a token's id or name, ``action`` one or several actions
-        (``job.*``: every job action), ``since``/``until`` epoch seconds. Follows pages
-        until ``limit`` records are read."""
-        actions = [action] if isinstance(action, str) else list(action or ())
-        out: list[AuditRecord] = []
-        cursor: str | None = None
-        while len(out) < limit:
-            call = calls.audit(
-                actor=actor, team=team, actions=actions, target=target, since=since,
-                until=until, limit=limit - len(out), cursor=cursor,
-            )  # fmt: skip
-            page = self.run(call)
-            out += page.records
-            cursor = page.next_cursor
-            if not cursor or not page.records:
-                break
-        return out
 
     def health(self) -> dict[str, Any]:
         return self.run(calls.health())

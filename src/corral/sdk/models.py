@@ -57,12 +57,16 @@ class JobSpec(BaseModel):
     estimated_runtime_s: float | None = None
     idempotency_key: str | None = None
     inputs: list[dict[str, str]] = Field(
-        default_factory=list, description='uploaded files: [{"blob": sha256, "name": ...}]'
+        default_factory=list,
+        description='uploaded files: [{"blob": sha256, "name": ...}]; other jobs\' results: '
+        '[{"from": job id or step, "file": ..., "as": ...}]',
     )
     labels: dict[str, str] = Field(default_factory=dict, description="your own tags")
     webhook: dict[str, str] | None = Field(
         None, description='{"url": ..., "events": "end" | "all"}: called signed on changes'
     )
+    after: list[str] = Field(default_factory=list, description="jobs (steps) that must succeed")
+    after_any: list[str] = Field(default_factory=list, description="jobs (steps) that must end")
 
     def body(self) -> dict[str, Any]:
         """The JSON body: only what was set, so the server's defaults apply to the rest."""
@@ -163,6 +167,10 @@ class JobStatus(_Out):
     held: bool = False  # queued, but not placed until released
     labels: dict[str, str] = Field(default_factory=dict)
     webhook: dict[str, str] | None = None
+    inputs: list[dict[str, str]] = Field(default_factory=list)  # [{blob, name}] it reads
+    after: list[dict[str, str]] = Field(default_factory=list)  # [{job, need: ok | any}]
+    pipeline: dict[str, Any] | None = None  # {id, step}
+    array: dict[str, Any] | None = None  # {id, index}
 
     @property
     def done(self) -> bool:

@@ -32,6 +32,7 @@ from corral.server.api import (
     inputs,
     jobs,
     nodes,
+    pipelines,
     policy,
     session,
     tokens,
@@ -163,6 +164,7 @@ def create_app(
     errors.install(app, refused=audit.refusals(plane))
     routers = (
         jobs,
+        pipelines,
         webhooks,
         inputs,
         nodes,

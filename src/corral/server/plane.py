@@ -15,6 +15,7 @@ from corral.autoscaler import Pool, Provider
 from corral.server.agentlink.base import AgentLink
 from corral.server.agentlink.relay import RelayLink
 from corral.server.loops.autoscale import AutoscaleLoop
+from corral.server.loops.dependencies import ReleaseLoop
 from corral.server.loops.leader import LEADER_LOCK, AdvisoryLockLeader, AlwaysLeader, Leadership
 from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
@@ -32,6 +33,7 @@ from corral.server.services.jobs import JobService
 from corral.server.services.model_status import ModelStatusService
 from corral.server.services.models import ModelService
 from corral.server.services.nodes import NodeService
+from corral.server.services.pipelines import PipelineService
 from corral.server.services.policy import PolicyService
 from corral.server.services.quotas import TeamQuotas
 from corral.server.services.rates import RateLimits
@@ -91,6 +93,8 @@ class ControlPlane:
         # Webhooks: made and sent by the leader, beside scheduling (loops/webhooks.py).
         self.webhooks = WebhookService(rt)
         self.webhook_loop = WebhookLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
+        self.release = ReleaseLoop(rt)  # waiting jobs into the queue as what they need ends
+        self.pipelines = PipelineService(rt, self.jobs)  # pipelines and job arrays
         self.schedule.model_sizes = self.models.sizes
         self.prefetch = PrefetchLoop(rt, self.models, self.model_status, lambda: self.link)
         self.schedule.after_cycle.append(self.prefetch.after_cycle)
@@ -143,6 +147,7 @@ class ControlPlane:
                 asyncio.create_task(self._resync_forever(), name="corral-resync"),
                 asyncio.create_task(self.auth.watch(), name="corral-revocations"),
                 asyncio.create_task(self.webhook_loop.run(), name="corral-webhooks"),
+                asyncio.create_task(self.release.run(), name="corral-release"),
             ]
             if self.autoscale is not None:
                 self._tasks.append(

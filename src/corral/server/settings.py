@@ -185,6 +185,12 @@ class SchedulingSettings(BaseModel):
         ge=0,
         description="after grace + slack without an answer, a stop is taken as done",
     )
+    input_move_bytes_per_s: float = Field(
+        default=100e6,
+        gt=0,
+        description="how fast a pipeline step's input files move between machines: a step "
+        "waits this long per byte for the machine that made them before going elsewhere",
+    )
     retry_backoff_s: float = Field(
         default=2.0, ge=0, description="first retry delay after a retryable failure; doubles"
     )

@@ -193,6 +193,8 @@ def job_env(assignment: JobWork, out_dir: Path, extra: Mapping[str, str]) -> dic
         CORRAL_MODEL=assignment.model or "",
         CORRAL_MODEL_PATH=str(assignment.model_path or ""),
         CORRAL_PAYLOAD=json.dumps(dict(assignment.payload)),
+        # Its input files (uploaded, or a pipeline's earlier steps' results): name -> path.
+        CORRAL_INPUTS=json.dumps({f.name: str(f.path) for f in assignment.inputs if f.path}),
     )
     return env
 

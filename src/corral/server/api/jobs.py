@@ -70,7 +70,9 @@ def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
     # Only a submission under an idempotency key is ever compared with another one.
     hook = Webhook(spec.webhook.url, spec.webhook.events) if spec.webhook else None
     digest = spec.request_hash(team) if job.idempotency_key else None
-    return Draft(job, digest, spec.labels, hook)
+    if not (spec.after or spec.after_any or spec.inputs):
+        return Draft(job, digest, spec.labels, hook)
+    return Draft(job, digest, spec.labels, hook, tuple(spec.dependencies()), spec.takes())
 
 
 async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = None) -> Response:

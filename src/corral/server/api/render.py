@@ -109,7 +109,19 @@ def job_fields(
         "webhook": (
             {"url": rec.webhook.url, "events": rec.webhook.events} if rec.webhook else None
         ),
+        "after": [{"job": dep, "need": need} for dep, need in rec.after],
+        "inputs_from": [{"from": t.job, "file": t.file, "as": t.as_name} for t in rec.takes],
+        "pipeline": group_of(rec, "pipe_", "step"),
+        "array": group_of(rec, "arr_", "index"),
     }
+
+
+def group_of(rec: JobRecord, prefix: str, what: str) -> dict[str, Any] | None:
+    """The pipeline (or array) ``rec`` belongs to and its step name (or index) there."""
+    if rec.group_id is None or not rec.group_id.startswith(prefix):
+        return None
+    member: Any = rec.member
+    return {"id": rec.group_id, what: int(member) if what == "index" else member}
 
 
 def job_out(rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True) -> JobOut:

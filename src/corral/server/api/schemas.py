@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
 from corral.core.resources import ResourceRequest, parse_bytes, parse_cpus
+from corral.server.store.records import Take
 from corral.server.webhook_urls import check_form
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Label = Annotated[str, Field(min_length=1, max_length=255)]
 MAX_TIMEOUT_S = 30 * 24 * 3600.0
+EMPTY_IDS: Mapping[str, str] = MappingProxyType({})
+MAX_AFTER = 64  # jobs one job runs after: a pipeline's fan-in, not a way to watch the queue
 MAX_VRAM = 2**50  # 1 PiB: far above any card, far below a 64-bit overflow
 MAX_JOB_CPUS = 4096  # one replica asks for at most this many: far above any machine today
 
@@ -96,11 +101,15 @@ def _cpus(value: float | str) -> float:
 
 
 class InputIn(ApiModel):
-    """An uploaded file the job reads (``POST /v1/inputs``)."""
+    """A file the job reads: an uploaded one (``blob`` and ``name``), or the result files of
+    another job (``from``: a job id, or a step of the same pipeline; ``file``: one of its
+    files, else all of them; ``as``: the name the job reads it by)."""
 
-    blob: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="its sha256")]
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    blob: Annotated[str | None, Field(pattern=r"^[0-9a-f]{64}$", description="its sha256")] = None
     name: Annotated[
-        str,
+        str | None,
         Field(
             min_length=1,
             max_length=255,
@@ -108,14 +117,37 @@ class InputIn(ApiModel):
             description="what the payload calls it: a ComfyUI LoadImage's image (which may "
             "name a subfolder, 'masks/a.png'), an A1111 init image's file name",
         ),
-    ]
+    ] = None
+    from_: Annotated[
+        str | None,
+        Field(
+            alias="from",
+            min_length=1,
+            max_length=64,
+            description="a job id (or a step's name in a pipeline) whose result files it reads",
+        ),
+    ] = None
+    file: Annotated[str | None, Field(min_length=1, max_length=255)] = None
+    as_: Annotated[str | None, Field(alias="as", min_length=1, max_length=255)] = None
 
-    @field_validator("name")
+    @field_validator("name", "file", "as_")
     @classmethod
-    def _relative(cls, value: str) -> str:
-        if value.startswith("/") or ".." in value.split("/"):
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
             raise ValueError("a relative name, without '..'")
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InputIn:
+        if (self.blob is None) == (self.from_ is None):
+            raise ValueError("give either blob (an uploaded file) or from (another job's results)")
+        if self.blob is not None and (self.name is None or self.file or self.as_):
+            raise ValueError("an uploaded file takes blob and name (not file or as)")
+        if self.from_ is not None and self.name is not None:
+            raise ValueError("a job's result file takes from, file and as (not name)")
+        if self.as_ is not None and self.file is None:
+            raise ValueError("as renames one file: name it with file")
+        return self
 
 
 class InputOut(BaseModel):
@@ -176,7 +208,18 @@ class JobIn(ApiModel):
     inputs: list[InputIn] = Field(
         default_factory=list,
         max_length=256,
-        description="uploaded files the agent hands the job's backend (docs/server.md)",
+        description="uploaded files the agent hands the job's backend (docs/server.md), "
+        "or other jobs' result files ({from, file, as})",
+    )
+    after: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=MAX_AFTER,
+        description="jobs (or, in a pipeline, steps) that must succeed before it is queued",
+    )
+    after_any: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=MAX_AFTER,
+        description="jobs (or steps) that must end, in any state, before it is queued",
     )
     labels: dict[Label, Label] = Field(
         default_factory=dict, max_length=MAX_LABELS, description="the client's own tags"
@@ -215,8 +258,32 @@ class JobIn(ApiModel):
             max_attempts=self.max_attempts,
             idempotency_key=idempotency_key or self.idempotency_key,
             estimated_runtime_s=self.estimated_runtime_s,
-            inputs=tuple(InputFile(f.name, f.blob) for f in self.inputs),
+            inputs=tuple(
+                InputFile(f.name, f.blob) for f in self.inputs if f.blob and f.name is not None
+            ),
         )
+
+    def takes(self, ids: Mapping[str, str] = EMPTY_IDS) -> tuple[Take, ...]:
+        """The result files of other jobs it reads; ``ids``: a pipeline's step names' jobs."""
+        return tuple(
+            Take(ids.get(f.from_, f.from_), f.file, f.as_)
+            for f in self.inputs
+            if f.from_ is not None
+        )
+
+    def dependencies(self) -> list[tuple[str, str, str]]:
+        """(reference, need, field) of every job it runs after: ``after`` (need "ok"),
+        ``after_any`` ("any") and the jobs it reads results of (need "ok"), first named
+        first; a reference is a job id, or a step's name in a pipeline."""
+        found: dict[str, tuple[str, str, str]] = {}
+        for i, ref in enumerate(self.after):
+            found.setdefault(ref, (ref, "ok", f"after[{i}]"))
+        for i, f in enumerate(self.inputs):
+            if f.from_ is not None:
+                found.setdefault(f.from_, (f.from_, "ok", f"inputs[{i}].from"))
+        for i, ref in enumerate(self.after_any):
+            found.setdefault(ref, (ref, "any", f"after_any[{i}]"))
+        return list(found.values())
 
     def _models(self) -> frozenset[str]:
         """The models it names besides ``model``: those given, and those its payload names
@@ -233,6 +300,8 @@ class JobIn(ApiModel):
         # request hashes as it did before they existed (idempotency keys stay replayable)
         unset = {"idempotency_key"} | (set() if self.models else {"models"})
         unset |= set() if self.inputs else {"inputs"}
+        unset |= set() if self.after else {"after"}
+        unset |= set() if self.after_any else {"after_any"}
         unset |= set() if self.gang_label_required else {"gang_label_required"}
         unset |= set() if self.labels else {"labels"}
         unset |= set() if self.webhook else {"webhook"}
@@ -310,6 +379,19 @@ class PlacedOut(BaseModel):
     )
 
 
+class AfterOut(BaseModel):
+    job: str
+    need: str
+
+
+class TakeOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: str = Field(alias="from")
+    file: str | None
+    as_: str | None = Field(alias="as")
+
+
 class JobOut(BaseModel):
     id: str
     kind: str
@@ -369,6 +451,14 @@ class JobOut(BaseModel):
     held: bool = Field(False, description="queued but not placed until released")
     labels: dict[str, str] = Field(default_factory=dict, description="the client's own tags")
     webhook: dict[str, str] | None = Field(None, description="url and events, as submitted")
+    after: list[AfterOut] = Field(
+        default_factory=list, description="jobs it runs after; need ok: succeeded, any: ended"
+    )
+    inputs_from: list[TakeOut] = Field(
+        default_factory=list, description="result files of other jobs it reads as inputs"
+    )
+    pipeline: dict[str, Any] | None = Field(None, description="{id, step} of its pipeline")
+    array: dict[str, Any] | None = Field(None, description="{id, index} of its job array")
 
 
 class JobPage(BaseModel):

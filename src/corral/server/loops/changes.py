@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.model import Node, Team
+from corral.core.model import Node, Team, named
 from corral.server.loops.queue_view import Changed, QueueView
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import jobs as job_repo
@@ -149,7 +149,8 @@ class ChangeFeed:
         stale = [n for n in wanted if n not in self.nodes]
 
         async def fetch(names: list[str]) -> list[tuple[str, int, Node]]:
-            return [(r.node.name, r.version, r.node) for r in await node_repo.get_many(conn, names)]
+            found = await node_repo.get_many(conn, names)
+            return [(r.node.name, r.version, named(r.node)) for r in found]
 
         for key, version, node in await _chunked(stale, fetch):
             self.nodes[key] = (version, node)

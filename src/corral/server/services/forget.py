@@ -12,6 +12,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from corral.core.errors import InvalidSpec
 from corral.server.services import audit
 from corral.server.services.auth import Principal
@@ -19,6 +22,7 @@ from corral.server.services.previews import preview_folder
 from corral.server.services.unit import Runtime
 from corral.server.store import retention as repo
 from corral.server.store.retention import JobAge
+from corral.server.store.tables import job_groups, jobs
 
 log = logging.getLogger("corral.server.retention")
 
@@ -59,11 +63,27 @@ async def forget(rt: Runtime, jobs: Sequence[JobAge], by: Principal | None = Non
         done.results += await delete_tree(rt, f"results/{job.id}")
         done.previews += await delete_tree(rt, preview_folder(job.id))
     async with rt.tx() as tx:
+        groups = await _groups_of(tx.conn, [j.id for j in finished])
         done.jobs, done.events = await repo.delete_jobs(tx.conn, finished)
+        await _drop_empty_groups(tx.conn, groups)
         if by is not None and done.jobs:
             for job in finished:
                 await audit.record(tx, by, "job.delete", job.id, {"state": job.state})
     return done
+
+
+async def _groups_of(conn: AsyncConnection, job_ids: Sequence[str]) -> list[str]:
+    """The pipelines and arrays these jobs belong to."""
+    query = sa.select(jobs.c.group_id).where(jobs.c.id.in_(job_ids), jobs.c.group_id.is_not(None))
+    return sorted({row.group_id for row in await conn.execute(query)})
+
+
+async def _drop_empty_groups(conn: AsyncConnection, groups: Sequence[str]) -> None:
+    """Forget a pipeline or array once its last job is gone."""
+    if not groups:
+        return
+    left = sa.select(jobs.c.id).where(jobs.c.group_id == job_groups.c.id).exists()
+    await conn.execute(sa.delete(job_groups).where(job_groups.c.id.in_(groups), ~left))
 
 
 async def delete_tree(rt: Runtime, prefix: str) -> int:

@@ -30,6 +30,12 @@ from corral.core.states import JOB, JobState, StopReason, transition
 from corral.server.services import audit
 from corral.server.services.auth import Principal
 from corral.server.services.checkpoints import drop_after_commit
+from corral.server.services.dependencies import (
+    Group,
+    check_dependencies,
+    field_prefix,
+    insert_links,
+)
 from corral.server.services.forget import forget
 from corral.server.services.group import GroupCommitter
 from corral.server.services.inputs import InputService
@@ -45,7 +51,7 @@ from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.ids import sortable_id
 from corral.server.store.job_search import JobFilter
-from corral.server.store.records import JobRecord, ResultFile, Webhook
+from corral.server.store.records import JobRecord, ResultFile, Take, Webhook
 from corral.server.store.retention import JobAge
 from corral.server.webhook_urls import check_literal
 
@@ -69,6 +75,27 @@ class Draft:
     request_hash: str | None
     labels: Mapping[str, str] = field(default_factory=dict)  # the client's own tags
     webhook: Webhook | None = None
+    # Pipelines and arrays (services/dependencies.py): the jobs it runs after as (id, need),
+    # with the field of the request that named each (a 422 names it); the result files of
+    # others it reads; its pipeline or array and its step name or index there.
+    after: tuple[tuple[str, str, str], ...] = ()
+    takes: tuple[Take, ...] = ()
+    group_id: str | None = None
+    member: str | None = None
+
+    def record(self, now: float) -> JobRecord:
+        """The job's row as inserted: waiting while it runs after others, else queued."""
+        state = JobState.WAITING if self.after else self.job.state
+        return JobRecord(
+            job=replace(self.job, submitted_at=now, state=state),
+            request_hash=self.request_hash,
+            labels=self.labels,
+            webhook=self.webhook,
+            after=tuple((dep, need) for dep, need, _ in self.after),
+            takes=self.takes,
+            group_id=self.group_id,
+            member=self.member,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +121,14 @@ class JobService:
         self.quotas = quotas
         self.policy = policy or PolicyService(rt)  # classes, who may use them, caps
 
-    async def submit(self, who: Principal, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
+    async def submit(
+        self, who: Principal, drafts: Sequence[Draft], group: Group | None = None
+    ) -> tuple[list[JobRecord], bool]:
         """Create the jobs atomically (all or none); concurrent calls share one commit.
 
         Returns the jobs and whether they were created (False: every job was
-        already there under the same idempotency keys: a replay).
+        already there under the same idempotency keys: a replay). ``group``: the
+        pipeline or array they form, inserted with them.
 
         A team token's submission first passes its rate limit (``RateLimits``) and its
         team's caps (``TeamQuotas``); a replay of jobs already made passes the caps.
@@ -107,11 +137,12 @@ class JobService:
         self._check(who, drafts)
         drafts, counts = await self._entitled(who, drafts)
         await self._check_inputs(who, drafts)
+        await check_dependencies(self.rt, who, drafts)
         self.rates.submit(who, len(drafts))
         try:
             await self.policy.check_queued(who, counts)
             async with self.quotas.admit(who, len(drafts)) as admission:
-                records, created = await self.group.run(lambda tx: self._insert(tx, drafts))
+                records, created = await self.group.run(lambda tx: self._insert(tx, drafts, group))
                 admission.created = created
         except (LimitReached, QuotaExceeded):
             async with self.rt.db.read() as conn:
@@ -125,33 +156,32 @@ class JobService:
                 self.rt.metrics.submitted.labels(r.job.priority, r.job.team).inc()
         return records, created
 
-    async def _insert(self, tx: Tx, drafts: Sequence[Draft]) -> tuple[list[JobRecord], bool]:
+    async def _insert(
+        self, tx: Tx, drafts: Sequence[Draft], group: Group | None = None
+    ) -> tuple[list[JobRecord], bool]:
         """One submission inside a (group) transaction: replay, or insert with events."""
         existing = await self._replays(tx.conn, drafts)
         if existing is not None:
             return existing, False
-        records = [
-            JobRecord(
-                job=replace(d.job, submitted_at=tx.now),
-                request_hash=d.request_hash,
-                labels=d.labels,
-                webhook=d.webhook,
-            )
-            for d in drafts
-        ]
+        records = [d.record(tx.now) for d in drafts]
         await job_repo.insert_many(tx.conn, records)
+        if await insert_links(tx, records, group):
+            self.rt.deps_waiting = True
+            tx.at_commit(self._release)  # what they wait for may have ended already
         tx.reschedule = True  # new work: the scheduling loop must see it
         teams = {r.job.team for r in records}
         if not teams <= self.rt.known_teams:
             await node_repo.ensure_teams(tx.conn, teams - self.rt.known_teams, tx.now)
         for r in records:
-            tx.emit(EventKind.JOB_SUBMITTED, team=r.job.team, job_id=r.job.id, state="queued")
+            tx.emit(EventKind.JOB_SUBMITTED, team=r.job.team, job_id=r.job.id, state=r.state.value)
         return records, True
 
+    async def _release(self) -> None:
+        self.rt.release_needed.fire()
+
     def _check(self, who: Principal, drafts: Sequence[Draft]) -> None:
-        many = len(drafts) > 1
         for i, d in enumerate(drafts):
-            prefix = f"jobs[{i}]." if many else ""
+            prefix = field_prefix(drafts, i)
             if not who.sees(d.job.team):
                 raise Forbidden(
                     f"a token of team {who.team!r} cannot submit jobs for team {d.job.team!r}"
@@ -184,9 +214,9 @@ class JobService:
 
     async def _check_inputs(self, who: Principal, drafts: Sequence[Draft]) -> None:
         """Every input file a job names must be one its submitter uploaded (422 otherwise)."""
-        many, cap = len(drafts) > 1, self.rt.settings.inputs.max_per_job
+        cap = self.rt.settings.inputs.max_per_job
         for i, d in enumerate(drafts):
-            field = f"jobs[{i}].inputs" if many else "inputs"
+            field = f"{field_prefix(drafts, i)}inputs"
             if len(d.job.inputs) > cap:
                 raise InvalidSpec(field, f"at most {cap} input files a job (inputs.max_per_job)")
             await self.inputs.check(who, d.job.inputs, field)

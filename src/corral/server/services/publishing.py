@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import LinkError
+from corral.core.events import TERMINAL_JOB_EVENTS
 from corral.server.store import events as event_repo
 
 if TYPE_CHECKING:
@@ -104,6 +105,8 @@ class Publication:
         tx = self.tx
         if self.reschedule or tx.reschedule:
             self.rt.schedule_needed.fire()
+        if self.rt.deps_waiting and any(e.event.kind in TERMINAL_JOB_EVENTS for e in tx.events):
+            self.rt.release_needed.fire()  # a job that waits for this one may go now
         upto = len(tx.events) if self.early else tx.early_events
         turn = self.turn
         if upto and not self.jump and turn is not None and turn.ready:

@@ -58,6 +58,10 @@ class Runtime:
     recent: RecentEvents = field(default_factory=RecentEvents)  # what SSE readers read first
     known_teams: set[str] = field(default_factory=set)  # rows known to exist: skip the check
     schedule_needed: Trigger = field(default_factory=Trigger)  # the scheduling loop waits on it
+    # Jobs wait for others to end (services/dependencies.py): a job's end then pokes the
+    # release pass. True until a pass finds none, so a restart looks once.
+    deps_waiting: bool = True
+    release_needed: Trigger = field(default_factory=Trigger)  # the release loop waits on it
     # Work the scheduling loop could not place yet (or victims it awaits, or a backoff timer).
     # Only the leading loop ever clears it, after a cycle that left nothing waiting: an
     # allocation's end then needs no cycle of its own (see ``settling.end_allocation``).

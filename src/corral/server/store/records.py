@@ -83,6 +83,19 @@ class Webhook:
 
 
 @dataclass(frozen=True, slots=True)
+class Take:
+    """Result files of another job a job reads as inputs: ``file`` of job ``job`` (None:
+    every file it made), called ``as_name`` by the job (None: its own name)."""
+
+    job: str
+    file: str | None = None
+    as_name: str | None = None
+
+    def to_json(self) -> list[str | None]:
+        return [self.job, self.file, self.as_name]
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
     seq: int = 0
@@ -107,6 +120,13 @@ class JobRecord:
     queue_at: float | None = None  # its place in its user's own queue (None: submitted_at)
     webhook: Webhook | None = None  # called on its state changes (services/webhooks.py)
     labels: Mapping[str, str] = field(default_factory=dict)  # the client's own tags
+    # Pipelines and arrays (services/dependencies.py, services/pipelines.py): the jobs it
+    # runs after, each with "ok" (succeeded) or "any" (ended at all); the result files of
+    # others it reads; the pipeline or array it belongs to and its step name or index there.
+    after: tuple[tuple[str, str], ...] = ()
+    takes: tuple[Take, ...] = ()
+    group_id: str | None = None
+    member: str | None = None
 
     @property
     def state(self) -> JobState:
@@ -183,6 +203,8 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
             "estimated_runtime_s": j.estimated_runtime_s,
             **({"inputs": [[f.name, f.sha256] for f in j.inputs]} if j.inputs else {}),
             **({"labels": dict(rec.labels)} if rec.labels else {}),
+            **({"after": [list(a) for a in rec.after]} if rec.after else {}),
+            **({"takes": [t.to_json() for t in rec.takes]} if rec.takes else {}),
         },
         "replicas": j.replicas,
         "max_attempts": j.max_attempts,
@@ -199,6 +221,8 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
         "queue_at": rec.queue_at,
         "webhook_url": rec.webhook.url if rec.webhook else None,
         "webhook_events": rec.webhook.events if rec.webhook else None,
+        "group_id": rec.group_id,
+        "member": rec.member,
     }
 
 
@@ -258,6 +282,10 @@ def job_from_row(row: Any) -> JobRecord:
         queue_at=row.queue_at,
         webhook=Webhook(row.webhook_url, row.webhook_events or "end") if row.webhook_url else None,
         labels=spec.get("labels") or {},
+        after=tuple((a[0], a[1]) for a in spec.get("after") or ()),
+        takes=tuple(Take(t[0], t[1], t[2]) for t in spec.get("takes") or ()),
+        group_id=row.group_id,
+        member=row.member,
     )
 
 

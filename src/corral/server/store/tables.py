@@ -56,9 +56,13 @@ jobs = sa.Table(
     sa.Column("queue_at", sa.Double, nullable=True),
     sa.Column("webhook_url", sa.String(2048), nullable=True),
     sa.Column("webhook_events", sa.String(8), nullable=True),  # end | all
+    # Migration 0019: the pipeline or array it belongs to, and its step name or index there.
+    sa.Column("group_id", sa.String(40), nullable=True),
+    sa.Column("member", sa.String(64), nullable=True),
     sa.UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
     sa.Index("ix_jobs_state_seq", "state", "seq"),
     sa.Index("ix_jobs_team_seq", "team", "seq"),
+    sa.Index("ix_jobs_group_id", "group_id"),
 )
 
 # SQLite only: triggers (migration 0006) append each job entering, changing in or leaving
@@ -315,4 +319,32 @@ usage_hours = sa.Table(
     sa.Column("cpu_s", sa.Double, nullable=False, default=0.0),
     sa.Column("jobs", sa.Integer, nullable=False, default=0),  # job attempts that ended
     sa.Column("cost", sa.Double, nullable=False, default=0.0),
+)
+
+# Pipelines and job arrays (migration 0019, services/pipelines.py): one row per group of
+# jobs submitted together; its jobs carry its id in ``jobs.group_id``.
+job_groups = sa.Table(
+    "job_groups",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # "pipeline" | "array"
+    sa.Column("team", sa.String(64), nullable=False),
+    sa.Column("user", sa.String(128), nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),  # how many jobs it holds
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Index("ix_job_groups_team_created", "team", "created_at"),
+)
+
+# What a waiting job still waits for (migration 0019, services/dependencies.py): a row per
+# job it runs after; the rows go when it enters the queue or is cancelled, so the table holds
+# only the dependencies still open and the release pass reads it whole.
+job_deps = sa.Table(
+    "job_deps",
+    metadata,
+    sa.Column("job_id", sa.String(40), primary_key=True),  # the waiting job
+    sa.Column("dep_id", sa.String(40), primary_key=True),  # a job it runs after
+    sa.Column("need", sa.String(8), nullable=False),  # "ok": succeeded; "any": ended at all
+    # "near": not a dependency but a queued job held on node ``dep_id`` until ``until``.
+    sa.Column("until", sa.Double, nullable=True),
+    sa.Index("ix_job_deps_dep_id", "dep_id"),
 )

@@ -36,10 +36,10 @@ _RESULT_BYTES = {
 
 
 async def queued_jobs(conn: AsyncConnection, team: str) -> int:
-    """How many of ``team``'s jobs wait in the queue."""
-    query = sa.select(sa.func.count()).where(
-        jobs.c.team == team, jobs.c.state == JobState.QUEUED.value
-    )
+    """How many of ``team``'s jobs wait in the queue, or wait for others to enter it (a
+    pipeline's later steps count: they hold a place as surely as queued jobs do)."""
+    waiting = (JobState.QUEUED.value, JobState.WAITING.value)
+    query = sa.select(sa.func.count()).where(jobs.c.team == team, jobs.c.state.in_(waiting))
     return int((await conn.execute(query)).scalar() or 0)
 
 

@@ -5,18 +5,22 @@
 const TERMINAL = ["succeeded", "failed", "cancelled"];
 const when = (t) => t ? new Date(t * 1000).toLocaleString() : "-";
 const jobLink = (id) => el("a", { href: `#job/${encodeURIComponent(id)}` }, id);
-const views = { board: "board", jobs: "jobs-view", job: "job-view", node: "node-view" };
+const views = { board: "board", jobs: "jobs-view", job: "job-view", node: "node-view", groups: "groups-view", group: "group-view" };
 const jobView = { abort: null, cursor: null };
 
 // ---- routing ---------------------------------------------------------------
 
-// Which view the hash names: "" the cluster board, "#jobs" the list, "#job/<id>" one job.
+// Which view the hash names: "" the cluster board, "#jobs" the list, "#job/<id>" one job,
+// "#groups" the pipelines and arrays, "#pipeline/<id>" or "#array/<id>" one of them (groups.js).
 function route() {
   if (!state.loggedIn) return;
   if (jobView.abort) { jobView.abort.abort(); jobView.abort = null; }  // stop the last job's stream
   const hash = location.hash.slice(1);
+  const group = hash.match(/^(pipeline|array)\/(.+)$/);
   const [name, arg] = hash.startsWith("job/") ? ["job", decodeURIComponent(hash.slice(4))]
-    : hash.startsWith("node/") ? ["node", decodeURIComponent(hash.slice(5))] : [hash === "jobs" ? "jobs" : "board", null];
+    : hash.startsWith("node/") ? ["node", decodeURIComponent(hash.slice(5))]
+    : group ? ["group", decodeURIComponent(group[2])]
+    : [["jobs", "groups"].includes(hash) ? hash : "board", null];
   for (const [view, id] of Object.entries(views)) $(id).hidden = view !== name;
   for (const a of document.querySelectorAll("#nav a")) {
     if (a.dataset.view === name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
@@ -24,6 +28,8 @@ function route() {
   if (name === "jobs") listJobs(false).catch((e) => showError("jobs-error", e));
   if (name === "job") showJob(arg).catch((e) => showError("job-error", e));
   if (name === "node") showNode(arg).catch((e) => showError("node-error", e));  // node.js
+  if (name === "groups") listGroups().catch((e) => showError("groups-error", e));  // groups.js
+  if (name === "group") showGroup(group[1], arg).catch((e) => showError("group-error", e));
 }
 const showError = (id, e) => { if (e.message !== "401") $(id).textContent = e.message; };
 window.addEventListener("hashchange", route);
@@ -89,6 +95,7 @@ function renderJob(job) {
     el("h2", {}, `Job ${job.id} `, el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job), id: "job-state" }, outcome(job))),
     el("p", { class: "muted" }, `${job.kind}${job.backend ? " · " + job.backend : ""} · ${job.team}/${job.user} · priority ${job.priority}` +
       ` · attempt ${job.attempt} of ${job.max_attempts}${job.node ? " · on " + job.node : ""} · submitted ${when(job.submitted_at)}`),
+    memberOf(job),
     el("div", { class: "actions", role: "group", "aria-label": "actions" }, actions(job, done)),
     job.state === "queued" ? editForm(job) : "",
     queueExplanation(job),
@@ -152,6 +159,15 @@ function placement(job) {
   return el("section", { id: "job-placement" }, el("h3", {}, "Placement"), el("ul", {}, placed.map((p) =>
     el("li", {}, `${placed.length > 1 ? "rank " + p.replica + ": " : ""}`, el("a", { href: `#node/${encodeURIComponent(p.node)}` }, p.node),
       ` · ${p.topology || (p.gpu_indices.length ? "GPUs " + p.gpu_indices.join(",") : "no GPU")} · ${p.cpus} CPU(s) · ${p.observed}`))));
+}
+
+// The pipeline step or array element a job is, linked to its group's page.
+function memberOf(job) {
+  if (job.pipeline) return el("p", { id: "job-group" }, "step ", el("strong", {}, job.pipeline.step), " of pipeline ",
+    el("a", { href: `#pipeline/${encodeURIComponent(job.pipeline.id)}` }, job.pipeline.id));
+  if (job.array) return el("p", { id: "job-group" }, `element ${job.array.index} of array `,
+    el("a", { href: `#array/${encodeURIComponent(job.array.id)}` }, job.array.id));
+  return "";
 }
 
 const reload = (id) => getJson(`/v1/jobs/${encodeURIComponent(id)}`).then(renderJob);

@@ -1,0 +1,224 @@
+"""Pipelines and job arrays: jobs submitted, followed and cancelled as one (docs/sdk.md).
+
+``Client.submit_pipeline`` sends a small DAG of named steps (each a job whose
+``after``, ``after_any`` and ``inputs: [{"from": step, "file": ..., "as": ...}]``
+name other steps) and ``Client.submit_array`` N copies of one job, each with its
+index. Both give a ``Group``: ``follow()`` yields its status as it changes,
+``wait()`` returns it once every job ended, ``cancel()`` and ``reprioritise()``
+act on all its jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from corral.sdk.calls import Call, _model, _seg, make_spec
+from corral.sdk.errors import WaitTimeout
+from corral.sdk.models import JobSpec, JobStatus, _Out
+
+if TYPE_CHECKING:
+    from corral.sdk.aio import AsyncClient
+    from corral.sdk.client import Client
+
+POLL_S = 1.0  # how often ``follow`` asks again: a group's state is its jobs', read whole
+
+
+class StepStatus(_Out):
+    name: str
+    job_id: str
+    state: str
+    after: list[str] = Field(default_factory=list)  # the steps it runs after: the graph
+    progress: float = 0.0
+    error: str | None = None
+
+
+class GroupStatus(_Out):
+    """A pipeline or array as the server last saw it."""
+
+    id: str
+    kind: str
+    state: str  # running, then succeeded, failed or cancelled
+    team: str
+    user: str
+    size: int
+    created_at: float
+    progress: float = 0.0
+    counts: dict[str, int] = Field(default_factory=dict)
+    steps: list[StepStatus] | None = None
+    jobs: list[JobStatus] = Field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.state != "running"
+
+    def step(self, name: str) -> JobStatus:
+        """A pipeline step's job by the step's name."""
+        for s in self.steps or ():
+            if s.name == name:
+                return next(j for j in self.jobs if j.id == s.job_id)
+        raise KeyError(name)
+
+
+def _path(kind: str, group_id: str = "") -> str:
+    return f"/v1/{kind}s" + (f"/{_seg(group_id)}" if group_id else "")
+
+
+def kind_of(group_id: str) -> str:
+    return "pipeline" if group_id.startswith("pipe_") else "array"
+
+
+def submit_pipeline(
+    steps: Mapping[str, JobSpec | Mapping[str, Any]], team: str | None, key: str
+) -> Call[GroupStatus]:
+    """Each step checked locally first (a typo names ``steps.<name>.<field>``)."""
+    body: dict[str, Any] = {"steps": {}}
+    for name, spec in steps.items():
+        fields = dict(spec) if isinstance(spec, Mapping) else spec.body()
+        outputs = fields.pop("outputs", None)  # a step's own field, not a job's
+        step = make_spec(fields, {}, f"steps.{name}.").body()
+        body["steps"][name] = step if outputs is None else {**step, "outputs": list(outputs)}
+    if team is not None:
+        body["team"] = team
+    headers = {"Idempotency-Key": key}  # a retried request returns the same pipeline
+    return Call("POST", "/v1/pipelines", _model(GroupStatus), json=body, headers=headers)
+
+
+def submit_array(
+    job: JobSpec | Mapping[str, Any], count: int, index_key: str, index_start: int, key: str
+) -> Call[GroupStatus]:
+    body = {
+        "job": make_spec(job, {}, "job.").body(),
+        "count": count,
+        "index_key": index_key,
+        "index_start": index_start,
+    }
+    headers = {"Idempotency-Key": key}  # a retried request returns the same array
+    return Call("POST", "/v1/arrays", _model(GroupStatus), json=body, headers=headers)
+
+
+def get(group_id: str) -> Call[GroupStatus]:
+    return Call("GET", _path(kind_of(group_id), group_id), _model(GroupStatus))
+
+
+def cancel(group_id: str) -> Call[GroupStatus]:
+    return Call("POST", _path(kind_of(group_id), group_id) + "/cancel", _model(GroupStatus))
+
+
+def reprioritise(group_id: str, priority: str) -> Call[GroupStatus]:
+    path = _path(kind_of(group_id), group_id)
+    return Call("PATCH", path, _model(GroupStatus), json={"priority": priority})
+
+
+def listing(kind: str, limit: int) -> Call[list[GroupStatus]]:
+    def parse(body: Any) -> list[GroupStatus]:
+        return [GroupStatus.model_validate(g) for g in body["items"]]
+
+    return Call("GET", _path(kind), parse, params=[("limit", limit)])
+
+
+class Group:
+    """A submitted pipeline or array. ``status`` is what the server said last."""
+
+    def __init__(self, client: Client, status: GroupStatus) -> None:
+        self.client = client
+        self.status = status
+
+    @property
+    def id(self) -> str:
+        return self.status.id
+
+    def __repr__(self) -> str:
+        return f"Group({self.id!r}, state={self.status.state!r})"
+
+    def refresh(self) -> GroupStatus:
+        self.status = self.client.run(get(self.id))
+        return self.status
+
+    def follow(self, *, poll_s: float = POLL_S) -> Iterator[GroupStatus]:
+        """Its status each time a job's state or the progress changed, until every job ended."""
+        seen: tuple[Any, ...] | None = None
+        while True:
+            status = self.refresh()
+            now = (status.counts, round(status.progress, 3))
+            if now != seen:
+                seen = now
+                yield status
+            if status.done:
+                return
+            time.sleep(poll_s)
+
+    def wait(self, timeout: float | None = None, *, poll_s: float = POLL_S) -> GroupStatus:
+        """Block until every job ended; ``WaitTimeout`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for status in self.follow(poll_s=poll_s):
+            if status.done:
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(self.id, timeout or 0.0, status.state)
+        return self.status
+
+    def cancel(self) -> GroupStatus:
+        """Cancel every job of it that has not ended."""
+        self.status = self.client.run(cancel(self.id))
+        return self.status
+
+    def reprioritise(self, priority: str) -> GroupStatus:
+        """Move its jobs not yet placed to priority class ``priority``."""
+        self.status = self.client.run(reprioritise(self.id, priority))
+        return self.status
+
+
+class AsyncGroup:
+    """``Group`` for asyncio code (``AsyncClient.submit_pipeline`` ...): the same, awaited."""
+
+    def __init__(self, client: AsyncClient, status: GroupStatus) -> None:
+        self.client = client
+        self.status = status
+
+    @property
+    def id(self) -> str:
+        return self.status.id
+
+    def __repr__(self) -> str:
+        return f"AsyncGroup({self.id!r}, state={self.status.state!r})"
+
+    async def refresh(self) -> GroupStatus:
+        self.status = await self.client.run(get(self.id))
+        return self.status
+
+    async def follow(self, *, poll_s: float = POLL_S) -> AsyncIterator[GroupStatus]:
+        """Its status each time a job's state or the progress changed, until every job ended."""
+        seen: tuple[Any, ...] | None = None
+        while True:
+            status = await self.refresh()
+            now = (status.counts, round(status.progress, 3))
+            if now != seen:
+                seen = now
+                yield status
+            if status.done:
+                return
+            await asyncio.sleep(poll_s)
+
+    async def wait(self, timeout: float | None = None, *, poll_s: float = POLL_S) -> GroupStatus:
+        """Until every job ended; ``WaitTimeout`` after ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                async for status in self.follow(poll_s=poll_s):
+                    if status.done:
+                        return status
+        except TimeoutError:
+            raise WaitTimeout(self.id, timeout or 0.0, self.status.state) from None
+        return self.status
+
+    async def cancel(self) -> GroupStatus:
+        self.status = await self.client.run(cancel(self.id))
+        return self.status
+
+    async def reprioritise(self, priority: str) -> GroupStatus:
+        self.status = await self.client.run(reprioritise(self.id, priority))
+        return self.status
