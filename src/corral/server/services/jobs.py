@@ -198,11 +198,10 @@ class JobService:
         """Each job's class must be one the policy lets its team or user use (403 naming
         class and team); a job without a time limit gets its class's default one. Also
         the new jobs per (team, user), for the policy's caps on queued jobs."""
-        many = len(drafts) > 1
         out, counts = [], defaultdict[tuple[str, str], int](int)
         for i, d in enumerate(drafts):
             job = d.job
-            field = f"jobs[{i}].priority" if many else "priority"
+            field = f"{field_prefix(drafts, i)}priority"
             await self.policy.entitle(who, job.team, job.user, job.priority, field)
             counts[(job.team, job.user)] += 1
             rule = self.policy.current.rule(job.priority)
