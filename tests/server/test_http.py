@@ -253,6 +253,18 @@ async def test_list_filters_by_kind_priority_node_time_and_id(served: Served) ->
     assert "kind" in bad.text
 
 
+async def test_list_filters_by_model(served: Served) -> None:
+    sdxl = await submit(served, model="sdxl-base")
+    await submit(served, model="flux-dev")
+    await submit(served)
+    page = (await served.admin.get("/v1/jobs", params={"model": "sdxl-base"})).json()
+    assert [j["id"] for j in page["jobs"]] == [sdxl["id"]]
+    assert (await served.admin.get("/v1/jobs", params={"model": "sd"})).json()["jobs"] == []
+    long = await served.admin.get("/v1/jobs", params={"model": "m" * 300})
+    assert long.status_code == 422
+    assert "model" in long.text
+
+
 async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served) -> None:
     job = await submit(served, kind="sample", resources={"gpus": 1})
     frames: list[dict[str, Any]] = []

@@ -29,6 +29,7 @@ class JobFilter:
     kind: str | None = None
     priority: str | None = None
     node: str | None = None  # where it runs or last ran
+    model: str | None = None  # the registry model it asks for
     since: float | None = None  # submitted at or after (epoch seconds)
     until: float | None = None  # submitted before
     id_prefix: str | None = None
@@ -55,6 +56,8 @@ def _clauses(f: JobFilter) -> list[sa.ColumnElement[bool]]:
     out += [jobs.c[name] == value for name, value in equal.items() if value is not None]
     if f.node is not None:
         out.append(jobs.c.node == f.node)
+    if f.model is not None:
+        out.append(jobs.c.spec["model"].as_string() == f.model)
     if f.since is not None:
         out.append(jobs.c.submitted_at >= f.since)
     if f.until is not None:
