@@ -156,6 +156,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
         "priority": j.priority,
         "team": j.team,
         "user": j.user,
+        "model": j.model,
         "spec": {
             "resources": resources_to_json(j.resources),
             "node_selector": dict(j.node_selector),

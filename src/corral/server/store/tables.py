@@ -50,9 +50,15 @@ jobs = sa.Table(
     # Migration 0010: ended because a client interrupted it; what the agent filled in.
     sa.Column("interrupted", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     sa.Column("ran", sa.JSON, nullable=True),  # {"model": ..., "seed": ...} as it ran
+    # Migration 0022: the model it asks for (also in spec), for the jobs list's filter.
+    sa.Column("model", sa.String(255), nullable=True),
     sa.UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+    # The jobs list's filters, each a page read from an index (store/job_search.py).
     sa.Index("ix_jobs_state_seq", "state", "seq"),
     sa.Index("ix_jobs_team_seq", "team", "seq"),
+    sa.Index("ix_jobs_user_seq", "user", "seq"),
+    sa.Index("ix_jobs_node_seq", "node", "seq"),
+    sa.Index("ix_jobs_model_seq", "model", "seq"),
 )
 
 # SQLite only: triggers (migration 0006) append each job entering, changing in or leaving
