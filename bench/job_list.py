@@ -130,7 +130,10 @@ async def run(label: str, url: str, small: int, big: int, repeat: int) -> None:
         for c in CASES:
             after[c.name] = await timed(db, c, big, repeat)
             ratio = after[c.name] / before[c.name] if before[c.name] else float("inf")
-            print(f"{label:8} {big:>7,} jobs  {c.name:30} {after[c.name]:7.1f} ms  {ratio:5.1f}x", flush=True)
+            print(
+                f"{label:8} {big:>7,} jobs  {c.name:30} {after[c.name]:7.1f} ms  {ratio:5.1f}x",
+                flush=True,
+            )
         worst = max(after, key=after.__getitem__)
         print(f"{label:8} slowest at {big:,}: {worst} {after[worst]:.1f} ms", flush=True)
     finally:

@@ -125,3 +125,25 @@ def test_corral_up_keeps_its_data_in_corral_home_when_it_is_set(
     assert result.exit_code == 0, result.output
     assert served == [home, flag], "the flag beats the variable"
     assert (home / "admin-token").is_file(), "the token `corral jobs` finds through CORRAL_HOME"
+
+
+def test_a_demo_backend_missing_a_module_is_one_line_naming_the_api_and_the_fix() -> None:
+    import subprocess
+    import sys
+
+    from corral.cli.up_backends import INSTALL_DEMO, not_serving
+
+    crash = subprocess.run(
+        [sys.executable, "-c", "import diffusers_not_installed_here.pipelines"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    line = not_serving("a1111", crash.stderr.splitlines()[-5:])
+    assert line == (
+        "corral: not serving the AUTOMATIC1111 API (/sdapi/v1): "
+        f"needs diffusers_not_installed_here; add it with: {INSTALL_DEMO}"
+    )
+    other = not_serving("comfyui", ["Traceback (most recent call last):", "OSError: port taken"])
+    assert other == (
+        "corral: not serving the ComfyUI API (/prompt): "
+        "its reference backend did not start (OSError: port taken)"
+    )

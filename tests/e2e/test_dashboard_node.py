@@ -60,10 +60,12 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
         page.reload()
         expect(gpu.locator(f"#plot-util-{index} canvas")).to_be_visible(timeout=10_000)
         expect(gpu.locator(f"#plot-vram-{index} canvas")).to_be_visible()
+        expect(gpu.locator(f"#plot-temp-{index} canvas")).to_be_visible()
         page.screenshot(path=str(SHOTS / "node.png"), full_page=True)
         page.goto(f"{cluster.http}/#")
         expect(page.locator("#plot-gpus canvas")).to_be_visible(timeout=10_000)
         expect(page.locator("#plot-queue canvas")).to_be_visible()
+        expect(page.locator("#plot-wait canvas")).to_be_visible()
         page.screenshot(path=str(SHOTS / "cluster-plots.png"), full_page=True)
         page.goto(f"{cluster.http}/#node/gpu-box")
 

@@ -3,7 +3,7 @@
 Three sources behind one small protocol, ``GpuInventory.snapshot()``:
 
 * ``NvmlInventory``: the real thing, through NVML (``pynvml`` from
-  ``nvidia-ml-py``): index, model, VRAM total/free, utilisation and the VRAM
+  ``nvidia-ml-py``): index, model, VRAM total/free, utilisation, temperature and the VRAM
   each process uses (the VRAM guard's input);
 * ``FakeGpus``: ``--fake-gpus "2x RTX 4090 24GiB, 1x A100 80GiB"`` for tests
   and demos, whose figures tests can change;
@@ -33,6 +33,7 @@ class GpuStatus:
     vram_total_bytes: int
     vram_free_bytes: int
     utilization: float | None = None  # 0..1; None when the driver cannot say
+    temperature_c: float | None = None  # the GPU die's, degrees Celsius; None: cannot say
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,13 @@ class NvmlInventory:
         for index, handle in enumerate(self._handles):
             memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
             status = GpuStatus(index, self._models[index], int(memory.total), int(memory.free))
-            gpus.append(replace(status, utilization=self._utilization(handle)))
+            gpus.append(
+                replace(
+                    status,
+                    utilization=self._utilization(handle),
+                    temperature_c=self._temperature(handle),
+                )
+            )
             processes.extend(self._processes(index, handle))
         return GpuSnapshot(tuple(gpus), tuple(processes), source="nvml")
 
@@ -116,6 +123,14 @@ class NvmlInventory:
             return float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
         except self._nvml.NVMLError:
             return None  # e.g. NVML_ERROR_NOT_SUPPORTED on some consumer cards
+
+    def _temperature(self, handle: Any) -> float | None:
+        try:
+            return float(
+                self._nvml.nvmlDeviceGetTemperature(handle, self._nvml.NVML_TEMPERATURE_GPU)
+            )
+        except self._nvml.NVMLError:
+            return None  # NVML_ERROR_NOT_SUPPORTED: no sensor the driver exposes
 
     def _processes(self, index: int, handle: Any) -> list[ProcessVram]:
         """Compute and graphics processes on one GPU, each pid once."""
@@ -143,6 +158,7 @@ class FakeGpus:
     def __init__(self, cards: list[tuple[str, int]]) -> None:
         self._cards = cards
         self._utilization: dict[int, float] = {}
+        self._temperature: dict[int, float] = {}
         self._used: dict[int, tuple[int, int]] = {}  # pid -> (gpu index, bytes)
 
     @classmethod
@@ -164,7 +180,14 @@ class FakeGpus:
 
     def snapshot(self) -> GpuSnapshot:
         gpus = tuple(
-            GpuStatus(i, model, total, max(0, total - self._used_on(i)), self._utilization.get(i))
+            GpuStatus(
+                i,
+                model,
+                total,
+                max(0, total - self._used_on(i)),
+                self._utilization.get(i),
+                self._temperature.get(i),
+            )
             for i, (model, total) in enumerate(self._cards)
         )
         procs = tuple(ProcessVram(pid, i, used) for pid, (i, used) in sorted(self._used.items()))
@@ -183,6 +206,12 @@ class FakeGpus:
         if not 0.0 <= fraction <= 1.0:
             raise InvalidSpec("utilization", f"must be within 0..1, got {fraction}")
         self._utilization[gpu_index] = fraction
+
+    def set_temperature(self, gpu_index: int, celsius: float) -> None:
+        self._check_index(gpu_index)
+        if not -50.0 <= celsius <= 150.0:  # past what any GPU sensor reads: a test's typo
+            raise InvalidSpec("temperature_c", f"must be within -50..150, got {celsius}")
+        self._temperature[gpu_index] = celsius
 
     def _used_on(self, gpu_index: int) -> int:
         return sum(b for i, b in self._used.values() if i == gpu_index)

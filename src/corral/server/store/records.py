@@ -318,6 +318,7 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
                 "vram_bytes": g.vram_bytes,
                 "vram_free_bytes": g.vram_free_bytes,
                 "utilization": g.utilization,
+                "temperature_c": g.temperature_c,
                 "numa": g.numa,
                 "links": list(g.links),
             }
