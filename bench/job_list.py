@@ -82,7 +82,7 @@ CASES = [
     Case("priority paid", lambda n: JobFilter(priority="paid")),
     Case("submitted last hour", lambda n: JobFilter(since=_END - 3600)),
     Case("id prefix", lambda n: JobFilter(id_prefix="job_00000")),
-    Case("team3 + user u3 + failed", lambda n: JobFilter(states=(JobState.FAILED,), team="team3", user="u3")),
+    Case("team3 + user u3 + failed", lambda n: JobFilter((JobState.FAILED,), "team3", "u3")),
     Case("user nobody (no match)", lambda n: JobFilter(user="nobody")),
     Case("model absent (no match)", lambda n: JobFilter(model="absent")),
     Case("node absent (no match)", lambda n: JobFilter(node="absent")),

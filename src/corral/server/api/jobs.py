@@ -154,8 +154,9 @@ async def list_jobs(
 ) -> JobPage:
     """Jobs newest first. Follow ``next_cursor`` for older ones."""
     where = JobFilter(
-        kind=more.kind.value if more.kind else None, priority=more.priority, node=more.node, model=more.model,
-        since=more.since, until=more.until, id_prefix=more.q, interrupted=more.interrupted,
+        kind=more.kind.value if more.kind else None, priority=more.priority, node=more.node,
+        model=more.model, since=more.since, until=more.until, id_prefix=more.q,
+        interrupted=more.interrupted,
     )  # fmt: skip
     page = await plane.jobs.page(
         who, states=state or (), team=team, user=user, limit=limit, cursor=cursor, where=where
