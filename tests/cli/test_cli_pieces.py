@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from corral.cli.jobfile import JobFileError, parse_jobs, with_defaults
-from corral.cli.render import age, vram_summary, why
+from corral.cli.render import JOBS_DROP, age, fit, jobs_table, vram_summary, why
 from corral.cli.watch_cmd import describe
-from corral.sdk import JobEvent, NodeStatus, WaitInfo
+from corral.sdk import JobEvent, JobStatus, NodeStatus, WaitInfo
 
 GIB = 2**30
 
@@ -147,3 +147,27 @@ def test_a_demo_backend_missing_a_module_is_one_line_naming_the_api_and_the_fix(
         "corral: not serving the ComfyUI API (/prompt): "
         "its reference backend did not start (OSError: port taken)"
     )
+
+
+def test_a_jobs_table_fits_80_columns_by_leaving_out_details_not_folding_ids() -> None:
+    from rich.console import Console
+
+    job = JobStatus.model_validate(
+        {
+            "id": "job_0123456789abcdef012345", "kind": "sample", "state": "running",
+            "priority": "interactive", "team": "vision-research", "user": "alice@example.com",
+            "resources": {"gpus": 1, "gpu_milli": 1000, "cpus": 1, "vram_bytes": 8 * 2**30},
+            "node": "gpu-box-number-17", "progress": 0.42, "submitted_at": 1000.0,
+        }
+    )  # fmt: skip
+    for width in (80, 60):
+        console = Console(width=width, force_terminal=True)
+        with console.capture() as shown:
+            console.print(fit(jobs_table([job], 1300.0), console, JOBS_DROP))
+        lines = shown.get().splitlines()
+        assert all(console.measure(line).maximum <= width for line in lines)
+        assert len(lines) == 2, lines  # a header and one row: no cell folded onto a second
+        assert job.id in lines[1]
+        assert "running" in lines[1]
+    wide = Console(width=200, force_terminal=True)
+    assert len(fit(jobs_table([job], 1300.0), wide, JOBS_DROP).columns) == 10
