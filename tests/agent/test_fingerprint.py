@@ -187,3 +187,21 @@ def test_fake_gpu_setters_refuse_unknown_gpus_and_bad_fractions() -> None:
 )
 def test_model_names_are_shortened_alike(raw: str | bytes, want: str) -> None:
     assert short_model(raw) == want
+
+
+def test_fake_gpus_follow_the_agent_s_work_warming_and_cooling() -> None:
+    from corral.agent.fingerprint import HOT_C, IDLE_C, WARM_S
+
+    gpus = FakeGpus.parse("2x RTX 4090 24GiB")
+    gpus.follow_work({1}, WARM_S)  # one time constant: 63% of the way
+    idle, busy = gpus.snapshot().gpus
+    assert (idle.utilization, busy.utilization) == (0.0, 1.0)
+    assert idle.temperature_c == IDLE_C
+    assert busy.temperature_c == pytest.approx(IDLE_C + 0.632 * (HOT_C - IDLE_C), abs=0.1)
+    for _ in range(20):
+        gpus.follow_work({1}, WARM_S)
+    assert gpus.snapshot().gpus[1].temperature_c == pytest.approx(HOT_C, abs=0.1)
+    gpus.follow_work(set(), WARM_S)
+    cooling = gpus.snapshot().gpus[1]
+    assert cooling.utilization == 0.0
+    assert IDLE_C < (cooling.temperature_c or 0) < HOT_C

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def served(db_url: str, tmp_path: Path) -> AsyncIterator[Served]:
-    async with serve(db_url, tmp_path, history_sample_s=0.05) as s:
+    # node_timeout_s / 4: how often a node's heartbeat is written (0.5 s, not 5)
+    faster = {"scheduling": {"node_timeout_s": 2.0}}
+    async with serve(db_url, tmp_path, sections=faster, history_sample_s=0.05) as s:
         yield s
 
 
@@ -48,3 +50,26 @@ async def test_samples_carry_waits_quotas_and_card_temperatures(served: Served) 
     assert [c["temperature_c"] for c in last["cards"]] == [71.0, None]
     node = (await served.admin.get("/v1/nodes/hot")).json()
     assert [g["temperature_c"] for g in node["gpus"]] == [71.0, None]
+
+
+async def test_a_heartbeat_s_gpu_figures_replace_the_hello_s(served: Served) -> None:
+    hello = (Gpu(0, "RTX 4090", 24 * GIB, 24 * GIB, 0.0, 40.0, numa=1),)
+    agent = StubAgent(served.plane.agents, served.link, Inventory("warm", hello, cpus=2))
+    await agent.connect()
+    beat = (Gpu(0, "RTX 4090", 24 * GIB, 4 * GIB, 0.97, 83.0),)
+
+    async def beaten() -> dict[str, Any] | None:  # beats within the write interval are not kept
+        await served.plane.agents.heartbeat("warm", beat)
+        (gpu,) = (await served.admin.get("/v1/nodes/warm")).json()["gpus"]
+        return gpu if gpu["temperature_c"] == 83.0 else None
+
+    gpu = await eventually(beaten)
+    want = {"vram_free_bytes": 4 * GIB, "utilization": 0.97, "temperature_c": 83.0, "numa": 1}
+    assert {k: gpu[k] for k in want} == want  # the hello's topology stays
+
+    async def card() -> dict[str, Any] | None:
+        reply = await served.admin.get("/v1/history", params={"node": "warm", "seconds": 60})
+        cards = [s["cards"][0] for s in reply.json()["samples"] if s["cards"]]
+        return cards[-1] if cards and cards[-1]["temperature_c"] == 83.0 else None
+
+    assert (await eventually(card))["vram_used"] == 20 * GIB

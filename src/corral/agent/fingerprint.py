@@ -6,7 +6,8 @@ Three sources behind one small protocol, ``GpuInventory.snapshot()``:
   ``nvidia-ml-py``): index, model, VRAM total/free, utilisation, temperature and the VRAM
   each process uses (the VRAM guard's input);
 * ``FakeGpus``: ``--fake-gpus "2x RTX 4090 24GiB, 1x A100 80GiB"`` for tests
-  and demos, whose figures tests can change;
+  and demos, whose figures tests can change, and which an agent makes look as busy
+  (utilisation, temperature) as the work it runs on them;
 * ``NoGpus``: no NVML (no driver, no library): the node offers CPU slots only.
 
 Model names are shortened the same way for all three (``"NVIDIA GeForce RTX
@@ -17,7 +18,9 @@ and fake cards alike.
 from __future__ import annotations
 
 import importlib
+import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, Protocol
@@ -149,6 +152,12 @@ class NvmlInventory:
         return list(seen.values())
 
 
+# Fake cards' temperatures: a consumer card idles near 35 degrees Celsius and settles near
+# 75 under full load, about half a minute after the load changes.
+IDLE_C = 35.0
+HOT_C = 75.0
+WARM_S = 30.0
+
 _GROUP = re.compile(r"^\s*(?:(\d+)\s*x\s+)?(.+?)\s+(\d+(?:\.\d+)?\s*[KMGT]i?B?)\s*$", re.I)
 
 
@@ -206,6 +215,17 @@ class FakeGpus:
         if not 0.0 <= fraction <= 1.0:
             raise InvalidSpec("utilization", f"must be within 0..1, got {fraction}")
         self._utilization[gpu_index] = fraction
+
+    def follow_work(self, busy: Collection[int], elapsed_s: float) -> None:
+        """Look like cards doing the agent's work: fully used while work holds them, idle
+        otherwise, warming towards ``HOT_C`` or cooling towards ``IDLE_C`` with a time
+        constant of ``WARM_S`` (so a demo's plots show work as a real card's would)."""
+        step = 1.0 - math.exp(-max(0.0, elapsed_s) / WARM_S)
+        for i in range(len(self._cards)):
+            target = HOT_C if i in busy else IDLE_C
+            now = self._temperature.get(i, IDLE_C)
+            self._temperature[i] = round(now + (target - now) * step, 1)
+            self._utilization[i] = 1.0 if i in busy else 0.0
 
     def set_temperature(self, gpu_index: int, celsius: float) -> None:
         self._check_index(gpu_index)

@@ -118,6 +118,9 @@ nodes = sa.Table(
     sa.Column("failure_streak", sa.Integer, nullable=False, default=0),  # failed jobs in a row
     sa.Column("pause_reason", sa.String(512), nullable=True),  # why it was paused automatically
     sa.Column("key_hash", sa.String(64), nullable=True),  # sha256 of the agent's node key
+    # Migration 0022: each GPU's latest figures from heartbeats (free VRAM, utilisation,
+    # temperature), apart from the inventory: written with last_seen, no version bump.
+    sa.Column("gpu_live", sa.JSON, nullable=True),
     sa.Column("token_id", sa.String(64), nullable=True),  # the join token that admitted it
     sa.Column("version", sa.Integer, nullable=False, default=1),
     sa.Index("ix_nodes_token_id", "token_id"),

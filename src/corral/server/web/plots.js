@@ -7,15 +7,18 @@ const COLORS = ["#2563eb", "#f59e0b", "#16a34a", "#dc2626", "#7c3aed", "#0891b2"
 const plots = {};  // container id -> its uPlot, replaced on each draw
 let plotTimer = null;
 
-// One line per key of ``rows`` (each row a {key: value} of one sample), over ``times``;
-// keys ending " quota" are drawn dashed, in their team's colour (a limit, not a load).
+// One line per key of ``rows`` (each row a {key: value} of one sample), over ``times``.
+// A team's lines share its colour: held solid, "(borrowed)" dotted, "quota" dashed (a
+// limit, not a load).
 function drawPlot(id, times, rows, { stacked = false, unit = "" } = {}) {
   const box = $(id);
   if (!box || !window.uPlot) return;
   const keys = [...new Set(rows.flatMap((r) => Object.keys(r)))].sort();
   const data = [times, ...keys.map((k) => rows.map((r) => r[k] ?? (stacked ? 0 : null)))];
-  const colour = (k) => COLORS[keys.indexOf(k.replace(/ quota$/, "")) % COLORS.length] || COLORS[keys.indexOf(k) % COLORS.length];
-  const series = [{}, ...keys.map((k) => ({ label: k, stroke: colour(k), width: 2, dash: k.endsWith(" quota") ? [6, 4] : undefined,
+  const base = (k) => k.replace(/ (quota|\(borrowed\))$/, "");
+  const groups = [...new Set(keys.map(base))];
+  const dash = (k) => (k.endsWith(" quota") ? [8, 4] : k.endsWith(" (borrowed)") ? [2, 3] : undefined);
+  const series = [{}, ...keys.map((k) => ({ label: k, stroke: COLORS[groups.indexOf(base(k)) % COLORS.length], width: 2, dash: dash(k),
     value: (u, v) => (v == null ? "-" : `${Math.round(v * 100) / 100}${unit}`) }))];
   if (plots[id]) plots[id].destroy();
   box.replaceChildren();
