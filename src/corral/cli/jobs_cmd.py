@@ -176,7 +176,7 @@ def show_job(
     if as_json:
         print_json(job.status)
     else:
-        out().print(job_details(job.status, time.time()))
+        print_table(job_details(job.status, time.time()))
 
 
 def cancel(
