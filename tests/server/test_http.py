@@ -59,6 +59,21 @@ async def test_submit_get_and_the_scheduler_s_reasons(served_sqlite: Served) -> 
     assert queue["entries"][0]["job"]["id"] == job["id"]
 
 
+async def test_a_gpu_job_on_cpu_only_nodes_is_told_no_node_has_a_gpu(
+    served_sqlite: Served,
+) -> None:
+    await served_sqlite.agent("cpu-box", gpus=0)
+    job = await submit(served_sqlite, kind="sample", resources={"gpus": 1})
+
+    async def advice() -> str | None:
+        got = (await served_sqlite.admin.get(f"/v1/jobs/{job['id']}")).json()
+        return got["queue"]["advice"] if got["queue"]["remedy"] else None
+
+    said = await eventually(advice)
+    assert said is not None
+    assert said.startswith("no node has a GPU: start an agent with --fake-gpus"), said
+
+
 async def test_idempotency_key_returns_the_same_job(served: Served) -> None:
     body = {"kind": "sample", "payload": {"prompt": "x"}}
     headers = {"Idempotency-Key": "req-1"}
