@@ -1,6 +1,7 @@
-"""Every example in docs/*.md runs as written on ``corral up --demo`` (a CPU-only machine).
+"""Every example in docs/*.md and README.md runs as written on ``corral up --demo`` (a
+CPU-only machine).
 
-Each ``python``, ``bash`` and ``sh`` block of the docs is run here, in a fresh HOME,
+Each ``python``, ``bash`` and ``sh`` block of the docs and the README is run here, in a fresh HOME,
 against one ``corral up --demo`` (as ``test_readme_quickstart.py`` does for the README):
 a Python block as a script, a shell block line by line, from the checkout's root (where
 the docs' relative paths point). A block that cannot run as written (a sketch of an
@@ -42,7 +43,7 @@ class Block:
 
 def blocks() -> list[Block]:
     found = []
-    for doc in sorted((ROOT / "docs").glob("*.md")):
+    for doc in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
         text = doc.read_text()
         for m in _FENCE.finditer(text):
             before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
