@@ -5,9 +5,10 @@ wait and how long the longest-waiting of them has (the wait people feel; a mean 
 hide a starved job among fresh ones); per team, its quota and the GPUs its work holds
 within it and borrowed beyond it; the GPUs nobody holds; how many jobs ended since the
 last sample; and per node and card, utilisation, temperature and VRAM in use (as the
-agents' heartbeats report them) and VRAM reserved (from the allocations). Samples live in memory, one hour of them at most (``WINDOW_S``): the plots
-show how the last hour went, not an archive (Prometheus at ``/metrics`` keeps that), and
-a restart starts them afresh. Each replica samples the shared store, so any answers.
+agents' heartbeats report them) and VRAM reserved (from the allocations). Samples live
+in memory, one hour of them at most (``WINDOW_S``): the plots show how the last hour
+went, not an archive (Prometheus at ``/metrics`` keeps that), and a restart starts them
+afresh. Each replica samples the shared store, so any answers.
 """
 
 from __future__ import annotations
