@@ -31,6 +31,7 @@ class FakeDevice:
     util: int | None  # percent; None: NOT_SUPPORTED
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
+    temperature: int | None = None  # degrees Celsius; None: NOT_SUPPORTED
 
 
 def fake_pynvml(devices: list[FakeDevice], init_error: Exception | None = None) -> types.ModuleType:
@@ -56,6 +57,13 @@ def fake_pynvml(devices: list[FakeDevice], init_error: Exception | None = None) 
             raise NVMLError("Not Supported")
         return types.SimpleNamespace(gpu=handle.util, memory=0)
 
+    def temperature(handle: FakeDevice, sensor: int):  # type: ignore[no-untyped-def]
+        if handle.temperature is None or sensor != nvml.NVML_TEMPERATURE_GPU:
+            raise NVMLError("Not Supported")
+        return handle.temperature
+
+    nvml.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetTemperature = temperature  # type: ignore[attr-defined]
     nvml.nvmlInit = init  # type: ignore[attr-defined]
     nvml.nvmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
     nvml.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
@@ -73,14 +81,14 @@ def fake_pynvml(devices: list[FakeDevice], init_error: Exception | None = None) 
 def test_nvml_inventory_reads_every_gpu_and_process() -> None:
     nvml = fake_pynvml(
         [
-            FakeDevice("NVIDIA GeForce RTX 4090", 24 * GIB, 20 * GIB, 37, [(101, 3 * GIB)]),
+            FakeDevice("NVIDIA GeForce RTX 4090", 24 * GIB, 20 * GIB, 37, [(101, 3 * GIB)], [], 64),
             FakeDevice(b"NVIDIA A100-SXM4-80GB", 80 * GIB, 80 * GIB, None, [], [(202, None)]),
         ]
     )
     snap = NvmlInventory(nvml).snapshot()
     assert snap.source == "nvml"
     assert snap.gpus == (
-        GpuStatus(0, "RTX 4090", 24 * GIB, 20 * GIB, 0.37),
+        GpuStatus(0, "RTX 4090", 24 * GIB, 20 * GIB, 0.37, 64.0),
         GpuStatus(1, "A100-SXM4-80GB", 80 * GIB, 80 * GIB, None),
     )
     # a process whose usage the driver hides counts as 0 rather than crashing
@@ -137,9 +145,11 @@ def test_fake_gpu_figures_change_when_tests_say_so() -> None:
     gpus.use(pid=11, gpu_index=1, used_bytes=6 * GIB)
     gpus.use(pid=12, gpu_index=1, used_bytes=2 * GIB)
     gpus.set_utilization(1, 0.5)
+    gpus.set_temperature(1, 71.5)
     snap = gpus.snapshot()
     assert snap.gpus[1].vram_free_bytes == 16 * GIB
     assert snap.gpus[1].utilization == 0.5
+    assert (snap.gpus[0].temperature_c, snap.gpus[1].temperature_c) == (None, 71.5)
     assert snap.gpus[0].vram_free_bytes == 24 * GIB
     assert snap.processes == (ProcessVram(11, 1, 6 * GIB), ProcessVram(12, 1, 2 * GIB))
     gpus.release(11)
@@ -163,6 +173,8 @@ def test_fake_gpu_setters_refuse_unknown_gpus_and_bad_fractions() -> None:
         gpus.use(1, 3, GIB)
     with pytest.raises(InvalidSpec, match=r"within 0\.\.1"):
         gpus.set_utilization(0, 1.5)
+    with pytest.raises(InvalidSpec, match="temperature_c"):
+        gpus.set_temperature(0, 900)
 
 
 @pytest.mark.parametrize(
@@ -175,3 +187,21 @@ def test_fake_gpu_setters_refuse_unknown_gpus_and_bad_fractions() -> None:
 )
 def test_model_names_are_shortened_alike(raw: str | bytes, want: str) -> None:
     assert short_model(raw) == want
+
+
+def test_fake_gpus_follow_the_agent_s_work_warming_and_cooling() -> None:
+    from corral.agent.fingerprint import HOT_C, IDLE_C, WARM_S
+
+    gpus = FakeGpus.parse("2x RTX 4090 24GiB")
+    gpus.follow_work({1}, WARM_S)  # one time constant: 63% of the way
+    idle, busy = gpus.snapshot().gpus
+    assert (idle.utilization, busy.utilization) == (0.0, 1.0)
+    assert idle.temperature_c == IDLE_C
+    assert busy.temperature_c == pytest.approx(IDLE_C + 0.632 * (HOT_C - IDLE_C), abs=0.1)
+    for _ in range(20):
+        gpus.follow_work({1}, WARM_S)
+    assert gpus.snapshot().gpus[1].temperature_c == pytest.approx(HOT_C, abs=0.1)
+    gpus.follow_work(set(), WARM_S)
+    cooling = gpus.snapshot().gpus[1]
+    assert cooling.utilization == 0.0
+    assert IDLE_C < (cooling.temperature_c or 0) < HOT_C

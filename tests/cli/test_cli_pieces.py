@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from corral.cli.jobfile import JobFileError, parse_jobs, with_defaults
-from corral.cli.render import age, vram_summary, why
+from corral.cli.render import JOBS_DROP, age, fit, jobs_table, vram_summary, why
 from corral.cli.watch_cmd import describe
-from corral.sdk import JobEvent, NodeStatus, WaitInfo
+from corral.sdk import JobEvent, JobStatus, NodeStatus, WaitInfo
 
 GIB = 2**30
 
@@ -125,3 +125,49 @@ def test_corral_up_keeps_its_data_in_corral_home_when_it_is_set(
     assert result.exit_code == 0, result.output
     assert served == [home, flag], "the flag beats the variable"
     assert (home / "admin-token").is_file(), "the token `corral jobs` finds through CORRAL_HOME"
+
+
+def test_a_demo_backend_missing_a_module_is_one_line_naming_the_api_and_the_fix() -> None:
+    import subprocess
+    import sys
+
+    from corral.cli.up_backends import INSTALL_DEMO, not_serving
+
+    crash = subprocess.run(
+        [sys.executable, "-c", "import diffusers_not_installed_here.pipelines"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    line = not_serving("a1111", crash.stderr.splitlines()[-5:])
+    assert line == (
+        "corral: not serving the AUTOMATIC1111 API (/sdapi/v1): "
+        f"needs diffusers_not_installed_here; add it with: {INSTALL_DEMO}"
+    )
+    other = not_serving("comfyui", ["Traceback (most recent call last):", "OSError: port taken"])
+    assert other == (
+        "corral: not serving the ComfyUI API (/prompt): "
+        "its reference backend did not start (OSError: port taken)"
+    )
+
+
+def test_a_jobs_table_fits_80_columns_by_leaving_out_details_not_folding_ids() -> None:
+    from rich.console import Console
+
+    job = JobStatus.model_validate(
+        {
+            "id": "job_0123456789abcdef012345", "kind": "sample", "state": "running",
+            "priority": "interactive", "team": "vision-research", "user": "alice@example.com",
+            "resources": {"gpus": 1, "gpu_milli": 1000, "cpus": 1, "vram_bytes": 8 * 2**30},
+            "node": "gpu-box-number-17", "progress": 0.42, "submitted_at": 1000.0,
+        }
+    )  # fmt: skip
+    for width in (80, 60):
+        console = Console(width=width, force_terminal=True)
+        with console.capture() as shown:
+            console.print(fit(jobs_table([job], 1300.0), console, JOBS_DROP))
+        lines = shown.get().splitlines()
+        assert all(console.measure(line).maximum <= width for line in lines)
+        assert len(lines) == 2, lines  # a header and one row: no cell folded onto a second
+        assert job.id in lines[1]
+        assert "running" in lines[1]
+    wide = Console(width=200, force_terminal=True)
+    assert len(fit(jobs_table([job], 1300.0), wide, JOBS_DROP).columns) == 10

@@ -65,6 +65,12 @@ def test_submit_a_yaml_list_then_list_show_and_cancel(
     table = cli("jobs", "--team", team, "--limit", "2").stdout
     assert table.count(team) == 2
     assert "0.5 GPU" in table
+    # piped: a header, then each job whole on one line (nothing folded, no colour)
+    header, *rows = table.splitlines()
+    assert header.split()[:3] == ["ID", "STATE", "KIND"]
+    assert [r.split()[0] for r in rows] == [listed[0]["id"], listed[1]["id"]]
+    assert all("bob" in r or "anonymous" in r for r in rows)
+    assert "\x1b[" not in table
 
     first = listed[-1]["id"]
     details = cli("job", first)

@@ -106,6 +106,13 @@ def test_the_jobs_list_filters_pages_and_explains_a_job_that_cannot_run(
         expect(rows).to_have_count(1)
         expect(page.locator(f'#jobs-table tr[data-job="{done}"]')).to_be_visible()
 
+        sdxl = submit(http, model="sdxl-base", resources={"gpus": 8})["id"]
+        page.fill("#job-filters input[name=q]", "")
+        page.fill("#job-filters input[name=model]", "sdxl-base")
+        page.locator("#job-filters button[type=submit]").click()
+        expect(page.locator(f'#jobs-table tr[data-job="{sdxl}"]')).to_be_visible(timeout=10_000)
+        expect(rows).to_have_count(1)
+
         waiting = reply.json()["jobs"][0]["id"]
         page.goto(f"{cluster.http}/#job/{waiting}")
         explained = page.locator("#job-queue")

@@ -44,6 +44,9 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
         expect(gpu).to_contain_text("VRAM reserved 24.0 GiB")  # a whole card: all of it
         expect(page.locator(f'.gpu-card[data-gpu="{1 - index}"]')).to_contain_text("idle")
         assert card["node"] == "gpu-box"
+        # a quota line and a job that waits, for the cluster's plots
+        assert http.put("/v1/teams/default", json={"quota_gpus": 1}).status_code == 200
+        stuck = submit(http, payload={}, resources={"gpus": 8})["id"]
         # the last hour, sampled: the job's card is held by its team, reserved whole
         samples = eventually(
             lambda: [
@@ -55,15 +58,35 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
         )
         last = samples[-1]
         assert last["held"].get("default", 0) + last["borrowed"].get("default", 0) == 1
+        # fake cards look as busy as the agent's work: the job's warms, the other idles
+        warm = eventually(
+            lambda: [
+                s["cards"]
+                for s in http.get("/v1/history", params={"node": "gpu-box"}).json()["samples"]
+                if s["cards"] and (s["cards"][index]["temperature_c"] or 0) > 35
+            ],
+            what="the busy card warming",
+        )[-1]
+        assert (warm[index]["utilization"], warm[1 - index]["utilization"]) == (1.0, 0.0)
         assert last["idle_gpus"] == 1
         assert last["cards"][index]["vram_reserved"] == 24 * 2**30
         page.reload()
         expect(gpu.locator(f"#plot-util-{index} canvas")).to_be_visible(timeout=10_000)
         expect(gpu.locator(f"#plot-vram-{index} canvas")).to_be_visible()
+        expect(gpu.locator(f"#plot-temp-{index} canvas")).to_be_visible()
+        expect(gpu).to_contain_text("100% busy")
+        expect(gpu).to_contain_text("°C")
         page.screenshot(path=str(SHOTS / "node.png"), full_page=True)
+        eventually(
+            lambda: http.get("/v1/history", params={"seconds": 60}).json()["samples"][-1]["quota"],
+            what="a sample with the team's quota",
+        )
         page.goto(f"{cluster.http}/#")
         expect(page.locator("#plot-gpus canvas")).to_be_visible(timeout=10_000)
+        expect(page.locator("#plot-gpus .u-legend")).to_contain_text("default quota")
+        expect(page.locator("#plot-wait .u-legend")).to_contain_text("free")
         expect(page.locator("#plot-queue canvas")).to_be_visible()
+        expect(page.locator("#plot-wait canvas")).to_be_visible()
         page.screenshot(path=str(SHOTS / "cluster-plots.png"), full_page=True)
         page.goto(f"{cluster.http}/#node/gpu-box")
 
@@ -74,3 +97,4 @@ def test_the_node_page_shows_each_card_s_work_and_drains_and_resumes(
         expect(page.locator("#node-state")).to_have_text("ready", timeout=10_000)
         assert not http.get("/v1/nodes/gpu-box").json()["draining"]
         assert http.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+        assert http.post(f"/v1/jobs/{stuck}/cancel").status_code == 200

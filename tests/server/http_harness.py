@@ -54,12 +54,13 @@ async def serve(
 ) -> AsyncIterator[Served]:
     """A server on ``db_url``; ``api`` settings, and other ``sections`` (e.g. ``limits``)."""
     sections = dict(sections or {})
+    scheduling = {"debounce_s": 0.001, **sections.pop("scheduling", {})}
     settings = Settings(
         home=home,
         admin_token=ADMIN_TOKEN,  # type: ignore[arg-type]
         store={"db": db_url},  # type: ignore[arg-type]
         api={"sse_poll_s": 0.2, **api},  # type: ignore[arg-type]
-        scheduling={"debounce_s": 0.001, **sections.pop("scheduling", {})},  # type: ignore[arg-type]
+        scheduling=scheduling,  # type: ignore[arg-type]
         log_level="warning",
         **sections,
     )

@@ -22,6 +22,7 @@ from corral.server.agentlink.grpc_convert import (
     ack_message,
     assign_message,
     checkpoint_ref,
+    gpus_from,
     inventory_from,
     split_ref,
     welcome_messages,
@@ -256,3 +257,14 @@ def test_a_session_writes_what_is_queued_as_one_bundle_to_an_agent_that_reads_th
 
     assert asyncio.run(written(True)) == [["a0", "a1", "a2"]]
     assert asyncio.run(written(False)) == [["a0"], ["a1"], ["a2"]], "an older agent: one by one"
+
+
+def test_gpu_figures_cross_the_wire_and_an_unmeasured_temperature_stays_unknown() -> None:
+    from corral.agent import wire
+    from corral.agent.fingerprint import GpuSnapshot, GpuStatus
+
+    snap = GpuSnapshot((GpuStatus(0, "RTX 4090", 24, 20, 0.5, 66.0), GpuStatus(1, "L4", 24, 24)))
+    sent = pb.Heartbeat.FromString(wire.heartbeat(snap, {}, 0.0).SerializeToString())
+    hot, unknown = gpus_from(sent.gpus)
+    assert (hot.utilization, hot.temperature_c, hot.vram_free_bytes) == (0.5, 66.0, 20)
+    assert unknown.temperature_c is None

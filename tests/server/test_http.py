@@ -59,6 +59,21 @@ async def test_submit_get_and_the_scheduler_s_reasons(served_sqlite: Served) -> 
     assert queue["entries"][0]["job"]["id"] == job["id"]
 
 
+async def test_a_gpu_job_on_cpu_only_nodes_is_told_no_node_has_a_gpu(
+    served_sqlite: Served,
+) -> None:
+    await served_sqlite.agent("cpu-box", gpus=0)
+    job = await submit(served_sqlite, kind="sample", resources={"gpus": 1})
+
+    async def advice() -> str | None:
+        got = (await served_sqlite.admin.get(f"/v1/jobs/{job['id']}")).json()
+        return got["queue"]["advice"] if got["queue"]["remedy"] else None
+
+    said = await eventually(advice)
+    assert said is not None
+    assert said.startswith("no node has a GPU: start an agent with --fake-gpus"), said
+
+
 async def test_idempotency_key_returns_the_same_job(served: Served) -> None:
     body = {"kind": "sample", "payload": {"prompt": "x"}}
     headers = {"Idempotency-Key": "req-1"}
@@ -265,6 +280,18 @@ async def test_list_filters_by_kind_priority_node_time_and_id(served: Served) ->
     bad = await served.admin.get("/v1/jobs", params={"kind": "nonsense"})
     assert bad.status_code == 422
     assert "kind" in bad.text
+
+
+async def test_list_filters_by_model(served: Served) -> None:
+    sdxl = await submit(served, model="sdxl-base")
+    await submit(served, model="flux-dev")
+    await submit(served)
+    page = (await served.admin.get("/v1/jobs", params={"model": "sdxl-base"})).json()
+    assert [j["id"] for j in page["jobs"]] == [sdxl["id"]]
+    assert (await served.admin.get("/v1/jobs", params={"model": "sd"})).json()["jobs"] == []
+    long = await served.admin.get("/v1/jobs", params={"model": "m" * 300})
+    assert long.status_code == 422
+    assert "model" in long.text
 
 
 async def test_a_job_seen_live_over_sse_from_placement_to_result(served: Served) -> None:

@@ -218,3 +218,27 @@ async def test_an_older_schema_is_upgraded_in_place_keeping_its_rows(db_url: str
             assert await job_repo.get(conn, "old") is not None
     finally:
         await db.close()
+
+
+async def test_migration_0022_copies_each_job_s_model_into_its_column(db_url: str) -> None:
+    from alembic import command
+
+    from corral.server.store import job_search
+    from corral.server.store.job_search import JobFilter
+    from corral.server.store.migrate import alembic_config
+
+    db = Database(parse_db(db_url))
+    try:
+        await db.prepare()
+        async with db.write() as conn:
+            await conn.run_sync(lambda c: command.downgrade(alembic_config(c), "0015"))
+            for job in (Job(id="a", model="sdxl-base"), Job(id="b")):
+                await conn.run_sync(_insert_as_of_the_schema, JobRecord(job=job))
+        await db.prepare()
+        async with db.read() as conn:
+            found = await job_search.page(
+                conn, JobFilter(model="sdxl-base"), before_seq=None, limit=10
+            )
+            assert [r.job.id for r in found] == ["a"]
+    finally:
+        await db.close()

@@ -3,10 +3,11 @@
 Three sources behind one small protocol, ``GpuInventory.snapshot()``:
 
 * ``NvmlInventory``: the real thing, through NVML (``pynvml`` from
-  ``nvidia-ml-py``): index, model, VRAM total/free, utilisation and the VRAM
+  ``nvidia-ml-py``): index, model, VRAM total/free, utilisation, temperature and the VRAM
   each process uses (the VRAM guard's input);
 * ``FakeGpus``: ``--fake-gpus "2x RTX 4090 24GiB, 1x A100 80GiB"`` for tests
-  and demos, whose figures tests can change;
+  and demos, whose figures tests can change, and which an agent makes look as busy
+  (utilisation, temperature) as the work it runs on them;
 * ``NoGpus``: no NVML (no driver, no library): the node offers CPU slots only.
 
 Model names are shortened the same way for all three (``"NVIDIA GeForce RTX
@@ -17,7 +18,9 @@ and fake cards alike.
 from __future__ import annotations
 
 import importlib
+import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, Protocol
@@ -33,6 +36,7 @@ class GpuStatus:
     vram_total_bytes: int
     vram_free_bytes: int
     utilization: float | None = None  # 0..1; None when the driver cannot say
+    temperature_c: float | None = None  # the GPU die's, degrees Celsius; None: cannot say
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +104,13 @@ class NvmlInventory:
         for index, handle in enumerate(self._handles):
             memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
             status = GpuStatus(index, self._models[index], int(memory.total), int(memory.free))
-            gpus.append(replace(status, utilization=self._utilization(handle)))
+            gpus.append(
+                replace(
+                    status,
+                    utilization=self._utilization(handle),
+                    temperature_c=self._temperature(handle),
+                )
+            )
             processes.extend(self._processes(index, handle))
         return GpuSnapshot(tuple(gpus), tuple(processes), source="nvml")
 
@@ -116,6 +126,14 @@ class NvmlInventory:
             return float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
         except self._nvml.NVMLError:
             return None  # e.g. NVML_ERROR_NOT_SUPPORTED on some consumer cards
+
+    def _temperature(self, handle: Any) -> float | None:
+        try:
+            return float(
+                self._nvml.nvmlDeviceGetTemperature(handle, self._nvml.NVML_TEMPERATURE_GPU)
+            )
+        except self._nvml.NVMLError:
+            return None  # NVML_ERROR_NOT_SUPPORTED: no sensor the driver exposes
 
     def _processes(self, index: int, handle: Any) -> list[ProcessVram]:
         """Compute and graphics processes on one GPU, each pid once."""
@@ -134,6 +152,12 @@ class NvmlInventory:
         return list(seen.values())
 
 
+# Fake cards' temperatures: a consumer card idles near 35 degrees Celsius and settles near
+# 75 under full load, about half a minute after the load changes.
+IDLE_C = 35.0
+HOT_C = 75.0
+WARM_S = 30.0
+
 _GROUP = re.compile(r"^\s*(?:(\d+)\s*x\s+)?(.+?)\s+(\d+(?:\.\d+)?\s*[KMGT]i?B?)\s*$", re.I)
 
 
@@ -143,6 +167,7 @@ class FakeGpus:
     def __init__(self, cards: list[tuple[str, int]]) -> None:
         self._cards = cards
         self._utilization: dict[int, float] = {}
+        self._temperature: dict[int, float] = {}
         self._used: dict[int, tuple[int, int]] = {}  # pid -> (gpu index, bytes)
 
     @classmethod
@@ -164,7 +189,14 @@ class FakeGpus:
 
     def snapshot(self) -> GpuSnapshot:
         gpus = tuple(
-            GpuStatus(i, model, total, max(0, total - self._used_on(i)), self._utilization.get(i))
+            GpuStatus(
+                i,
+                model,
+                total,
+                max(0, total - self._used_on(i)),
+                self._utilization.get(i),
+                self._temperature.get(i),
+            )
             for i, (model, total) in enumerate(self._cards)
         )
         procs = tuple(ProcessVram(pid, i, used) for pid, (i, used) in sorted(self._used.items()))
@@ -183,6 +215,23 @@ class FakeGpus:
         if not 0.0 <= fraction <= 1.0:
             raise InvalidSpec("utilization", f"must be within 0..1, got {fraction}")
         self._utilization[gpu_index] = fraction
+
+    def follow_work(self, busy: Collection[int], elapsed_s: float) -> None:
+        """Look like cards doing the agent's work: fully used while work holds them, idle
+        otherwise, warming towards ``HOT_C`` or cooling towards ``IDLE_C`` with a time
+        constant of ``WARM_S`` (so a demo's plots show work as a real card's would)."""
+        step = 1.0 - math.exp(-max(0.0, elapsed_s) / WARM_S)
+        for i in range(len(self._cards)):
+            target = HOT_C if i in busy else IDLE_C
+            now = self._temperature.get(i, IDLE_C)
+            self._temperature[i] = round(now + (target - now) * step, 1)
+            self._utilization[i] = 1.0 if i in busy else 0.0
+
+    def set_temperature(self, gpu_index: int, celsius: float) -> None:
+        self._check_index(gpu_index)
+        if not -50.0 <= celsius <= 150.0:  # past what any GPU sensor reads: a test's typo
+            raise InvalidSpec("temperature_c", f"must be within -50..150, got {celsius}")
+        self._temperature[gpu_index] = celsius
 
     def _used_on(self, gpu_index: int) -> int:
         return sum(b for i, b in self._used.values() if i == gpu_index)

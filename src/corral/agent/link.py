@@ -38,7 +38,7 @@ import grpc
 from corral.agent import wire
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.base import Checkpoint, Preview, Ready, Started
-from corral.agent.fingerprint import GpuInventory, GpuSnapshot
+from corral.agent.fingerprint import FakeGpus, GpuInventory, GpuSnapshot
 from corral.agent.inputs import InputCourier
 from corral.agent.model_report import ModelReporter, api_base, hint, token_headers
 from corral.agent.orders import Report
@@ -349,6 +349,8 @@ class LinkClient:
     async def _beat(self, live: asyncio.Queue[Queued]) -> None:
         while True:
             await self.clock.sleep(self.heartbeat_s)
+            if isinstance(self.gpus, FakeGpus):  # a demo's cards look as busy as their work
+                self.gpus.follow_work(self.supervisor.busy_gpus(), self.heartbeat_s)
             try:
                 snapshot = self.gpus.snapshot()
             except Exception as exc:  # a driver hiccup must not stop the heartbeats

@@ -201,13 +201,9 @@ class Supervisor:
         return True
 
     def held(self) -> list[Held]:
+        observed = {True: "finished", False: "running"}
         return [
-            Held(
-                s.order.allocation_id,
-                s.order.attempt,
-                "finished" if s.finished else "running",
-                s.progress,
-            )
+            Held(s.order.allocation_id, s.order.attempt, observed[s.finished], s.progress)
             for s in self._slots.values()
         ]
 
@@ -224,6 +220,9 @@ class Supervisor:
 
     def running(self) -> list[str]:
         return [a for a, s in self._slots.items() if not s.finished]
+
+    def busy_gpus(self) -> set[int]:  # the GPU indices running work holds
+        return {i for s in self._slots.values() if not s.finished for i in s.order.gpu_indices}
 
     def process_owners(self) -> dict[int, str]:
         """pid -> allocation, for work running in child processes (see ``OwnsProcesses``)."""

@@ -184,6 +184,7 @@ def gpus(snapshot: GpuSnapshot) -> list[pb.Gpu]:
             vram_total_bytes=g.vram_total_bytes,
             vram_free_bytes=g.vram_free_bytes,
             utilization=g.utilization or 0.0,
+            temperature_c=g.temperature_c,
         )
         for g in snapshot.gpus
     ]

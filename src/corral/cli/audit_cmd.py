@@ -20,9 +20,10 @@ from corral.cli.common import (
     connect,
     err,
     fail,
-    out,
     print_json,
+    print_table,
 )
+from corral.cli.render import AUDIT_DROP
 from corral.sdk import AuditRecord
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -66,7 +67,7 @@ def audit(  # noqa: PLR0913 (each option of the command is an argument)
     elif not records:
         err().print("no audit records match")
     else:
-        out().print(audit_table(records))
+        print_table(audit_table(records), AUDIT_DROP)
 
 
 def moment(text: str | None, now: float, option: str) -> float | None:

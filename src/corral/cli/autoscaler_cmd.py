@@ -8,8 +8,18 @@ import time
 import typer
 from rich.markup import escape
 
-from corral.cli.common import JsonOpt, TokenOpt, UrlOpt, cli_errors, connect, err, out, print_json
-from corral.cli.render import age, pool_machines, pools_table
+from corral.cli.common import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    connect,
+    err,
+    out,
+    print_json,
+    print_table,
+)
+from corral.cli.render import POOLS_DROP, age, pool_machines, pools_table
 from corral.sdk import AutoscalerStatus
 
 SHOWN = 20  # waiting jobs listed as not served; --json has them all
@@ -48,7 +58,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         err().print("the autoscaler is off: see docs/autoscaler.md (autoscale.pools_file)")
         return
     now = time.time()
-    out().print(pools_table(shown, now))
+    print_table(pools_table(shown, now), POOLS_DROP)
     out().print("machines:")
     for line in pool_machines(shown):
         out().print(f"  {line}")

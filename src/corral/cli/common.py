@@ -16,7 +16,9 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
+from corral.cli.render import fit
 from corral.sdk import (
     AsyncClient,
     BadRequest,
@@ -32,6 +34,10 @@ EXIT_REFUSED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_JOB_FAILED = 4
+
+# Piped output is for reading whole rows later, not for a screen: wide enough that no
+# cell is ever folded or cut.
+PIPED_WIDTH = 10_000
 
 # A person is waiting: ride out a restart's blip (~0.6 s), then say what is wrong.
 CLI_RETRY = Retry(attempts=3, base_s=0.2)
@@ -65,6 +71,20 @@ LOGIN_HINT = (
 def out() -> Console:
     """Console for results (stdout); made per call so test runners can swap stdout."""
     return Console(highlight=False, soft_wrap=False)
+
+
+def print_table(table: Table, drop: Sequence[str] = ()) -> None:
+    """A table on a terminal: its detail columns (``drop``, first first) left out until it
+    fits the width. Piped or redirected: every column, each row on one line, no colour, so
+    ``grep`` and ``less`` see whole rows (``--json`` is the form for programs)."""
+    console = out()
+    if console.is_terminal:
+        console.print(fit(table, console, drop))
+    else:
+        plain = Console(highlight=False, soft_wrap=False, width=PIPED_WIDTH, no_color=True)
+        with plain.capture() as captured:
+            plain.print(table)
+        typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def err() -> Console:

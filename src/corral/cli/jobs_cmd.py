@@ -23,9 +23,10 @@ from corral.cli.common import (
     out,
     print_json,
     print_json_line,
+    print_table,
 )
 from corral.cli.jobfile import JobFileError, parse_jobs, with_defaults
-from corral.cli.render import job_details, jobs_table, styled
+from corral.cli.render import JOBS_DROP, job_details, jobs_table, styled
 from corral.sdk import BadRequest, Client, Job
 from corral.sdk.calls import make_spec, new_key
 
@@ -103,7 +104,7 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
     elif quiet:
         typer.echo("\n".join(j.id for j in created))
     else:
-        out().print(jobs_table([j.status for j in created], time.time()))
+        print_table(jobs_table([j.status for j in created], time.time()), JOBS_DROP)
         err().print(f"submitted {len(created)} job{'s' * (len(created) != 1)}")
     if watch:
         raise typer.Exit(watch_cmd.watch_ids([j.id for j in created], url, token, out_dir))
@@ -174,7 +175,7 @@ def list_jobs(
     elif not jobs:
         err().print("no jobs")
     else:
-        out().print(jobs_table(jobs, time.time()))
+        print_table(jobs_table(jobs, time.time()), JOBS_DROP)
 
 
 def show_job(
@@ -189,7 +190,7 @@ def show_job(
     if as_json:
         print_json(job.status)
     else:
-        out().print(job_details(job.status, time.time()))
+        print_table(job_details(job.status, time.time()))
 
 
 def cancel(

@@ -40,7 +40,9 @@ from corral.cli.common import (
     fail,
     out,
     print_json,
+    print_table,
 )
+from corral.cli.render import MODELS_DROP
 from corral.sdk.registry import ModelInfo, UploadProgress
 
 model_app = typer.Typer(
@@ -103,7 +105,7 @@ def list_models(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = F
     if as_json:
         print_json(models)
     else:
-        out().print(models_table(models))
+        print_table(models_table(models), MODELS_DROP)
 
 
 @model_app.command("rm")

@@ -9,8 +9,18 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from corral.cli.common import JsonOpt, TokenOpt, UrlOpt, cli_errors, connect, err, out, print_json
-from corral.cli.render import nodes_table, styled
+from corral.cli.common import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    connect,
+    err,
+    out,
+    print_json,
+    print_table,
+)
+from corral.cli.render import NODES_DROP, nodes_table, styled
 from corral.sdk import Client, NodeStatus
 
 node_app = typer.Typer(
@@ -35,7 +45,7 @@ def list_nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fa
     elif not nodes:
         err().print("no nodes yet: start an agent with `corral agent --server URL --token T`")
     else:
-        out().print(nodes_table(nodes, time.time()))
+        print_table(nodes_table(nodes, time.time()), NODES_DROP)
 
 
 @node_app.command("pause")

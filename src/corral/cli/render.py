@@ -7,7 +7,9 @@ so ages are testable.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -28,6 +30,28 @@ STATE_STYLE = {
     "lost": "red",
 }
 GIB = 2**30
+
+
+# Columns each table leaves out, first to last, until it fits a narrow terminal: what
+# identifies a row (its id, name, state, age) stays; the details go first.
+JOBS_DROP = ("PRIORITY", "KIND", "USER", "PROGRESS", "NODE", "TEAM", "NEEDS")
+QUEUE_DROP = ("USER", "PRIORITY", "TEAM", "WAITING", "NEEDS")
+NODES_DROP = ("MODELS", "CPUS", "JOBS", "UTIL", "LAST SEEN", "VRAM")
+POOLS_DROP = ("CAP/H", "BACKOFF", "PROVIDER", "MIN", "COST/H")
+MODELS_DROP = ("BACKEND", "KIND", "SIZE")
+AUDIT_DROP = ("FROM", "TARGET", "DETAIL")
+
+
+def fit(table: Table, console: Console, drop: Sequence[str]) -> Table:
+    """``table`` without the columns named in ``drop``, left out in that order only while
+    it is wider than ``console``: folding every cell to a few letters reads worse than
+    fewer columns (``--json`` has them all)."""
+    unbounded = console.options.update_width(10_000)  # its natural width, not the screen's
+    for name in drop:
+        if console.measure(table, options=unbounded).maximum <= console.width:
+            break
+        table.columns = [c for c in table.columns if c.header != name]
+    return table
 
 
 def styled(state: str) -> str:

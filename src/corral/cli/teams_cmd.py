@@ -16,10 +16,10 @@ from corral.cli.common import (
     connect,
     err,
     fail,
-    out,
     print_json,
+    print_table,
 )
-from corral.cli.render import queue_table, teams_table
+from corral.cli.render import QUEUE_DROP, queue_table, teams_table
 from corral.sdk import UNCHANGED
 from corral.sdk.calls import Unchanged
 
@@ -40,7 +40,7 @@ def list_teams(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fa
     if as_json:
         print_json(teams)
     else:
-        out().print(teams_table(teams))
+        print_table(teams_table(teams))
 
 
 @team_app.command("set")
@@ -69,7 +69,7 @@ def set_team(
     if as_json:
         print_json(team)
     else:
-        out().print(teams_table([team]))
+        print_table(teams_table([team]))
 
 
 def _borrow_limit(text: str | None) -> float | Unchanged | None:
@@ -98,7 +98,7 @@ def queue(
     if not status.entries:
         err().print("the queue is empty")
         return
-    out().print(queue_table(status.entries, time.time()))
+    print_table(queue_table(status.entries, time.time()), QUEUE_DROP)
     shown = len(status.entries)
     more = f" ({status.total - shown} more not shown)" if status.total > shown else ""
     err().print(f"{status.total} queued{more}")

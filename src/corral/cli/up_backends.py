@@ -5,7 +5,8 @@ Each runs as its own process (``python -m corral.agent.reference``): the webui
 one generates real images with a tiny random diffusers pipeline on CPU, so an
 existing A1111 or ComfyUI client pointed at corral gets a picture back with no
 GPU and nothing downloaded. The webui needs the ``demo`` extra (torch,
-diffusers); without it ``corral up`` says so and goes on without that API.
+diffusers); without it ``corral up`` says so in one line, with the command that adds
+it, and goes on without that API.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 START_TIMEOUT_S = 120.0
 """Importing torch and diffusers on a slow machine takes a while."""
 _LISTENING = re.compile(r"listening on (http://\S+)")
+_MISSING = re.compile(r"No module named '([\w.]+)'")
+INSTALL_DEMO = "python3 -m pip install -e '.[demo]'"  # as the README installs: from a checkout
+_SERVES = {"a1111": "the AUTOMATIC1111 API (/sdapi/v1)", "comfyui": "the ComfyUI API (/prompt)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +77,19 @@ async def _start(
                 tail = [*tail[-4:], line.rstrip()]
     except TimeoutError:
         tail.append(f"(no answer within {START_TIMEOUT_S:g}s)")
-    hint = " (pip install 'corral[demo]')" if any("ModuleNotFound" in t for t in tail) else ""
-    print(f"corral: the reference {backend} backend did not start{hint}:", *tail, sep="\n  ")
+    print(not_serving(backend, tail), flush=True)
     return None
+
+
+def not_serving(backend: str, tail: list[str]) -> str:
+    """One line: the API ``corral up`` goes on without, why, and the command that adds it
+    (a missing module), from the last lines the backend printed; never its traceback."""
+    missing = next((m.group(1) for t in tail if (m := _MISSING.search(t))), None)
+    if missing is not None:
+        why = f"needs {missing.split('.')[0]}; add it with: {INSTALL_DEMO}"
+    else:
+        why = f"its reference backend did not start ({tail[-1].strip() if tail else 'no output'})"
+    return f"corral: not serving {_SERVES.get(backend, backend)}: {why}"
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:

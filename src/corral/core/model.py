@@ -71,6 +71,7 @@ class Gpu:
     vram_bytes: int
     vram_free_bytes: int | None = None  # observed, for display; scheduling uses reservations
     utilization: float | None = None  # observed 0..1
+    temperature_c: float | None = None  # observed, degrees Celsius, for display
     numa: int = -1  # its NUMA node; -1: unknown
     links: tuple[str, ...] = ()  # its link to each GPU by index (core/topology.py), "" itself
 

@@ -202,6 +202,7 @@ class GpuStatus(_Out):
     vram_bytes: int
     vram_free_bytes: int | None = None
     utilization: float | None = Field(default=None, description="0..1, as the agent last measured")
+    temperature_c: float | None = Field(default=None, description="degrees Celsius, likewise")
 
 
 class AllocationStatus(_Out):

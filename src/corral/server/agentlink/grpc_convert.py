@@ -68,6 +68,7 @@ def gpus_from(gpus: Iterable[pb.Gpu]) -> tuple[Gpu, ...]:
             vram_bytes=g.vram_total_bytes,
             vram_free_bytes=g.vram_free_bytes,
             utilization=g.utilization,
+            temperature_c=g.temperature_c if g.HasField("temperature_c") else None,
             numa=g.numa_node if g.HasField("numa_node") else -1,
             links=tuple(g.links),
         )

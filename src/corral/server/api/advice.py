@@ -11,6 +11,7 @@ from __future__ import annotations
 from corral.scheduler.api import ReasonCode, Remedy, Unplaced
 
 FAKE_GPUS = 'start an agent with --fake-gpus "1x RTX 4090 24GiB" to try'
+_NO_GPU = "fewer than 1 usable GPU"  # explain.py's words when one GPU is asked: none has any
 
 ADVICE = {  # by the reason that ruled out the most nodes
     ReasonCode.TOO_FEW_GPUS: "no node has that many GPUs: add one that has, or "
@@ -32,5 +33,7 @@ def advice(u: Unplaced | None) -> str | None:
         return None
     if not u.reasons or u.reasons[0].message == "no nodes in the cluster":
         return "no node has joined: start an agent (corral agent), or " + FAKE_GPUS
-    first = u.reasons[0].code
-    return ADVICE.get(first, "no node can ever run it as it is: change its request")
+    first = u.reasons[0]
+    if first.code is ReasonCode.TOO_FEW_GPUS and first.message.startswith(_NO_GPU):
+        return f"no node has a GPU: {FAKE_GPUS}, or ask for none (resources.gpus: 0)"
+    return ADVICE.get(first.code, "no node can ever run it as it is: change its request")

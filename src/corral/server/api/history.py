@@ -25,10 +25,11 @@ async def history(
     seconds: Annotated[float, Query(gt=0, le=WINDOW_S, description="how far back")] = WINDOW_S,
     node: Annotated[str | None, Query(max_length=128, description="its cards only")] = None,
 ) -> dict[str, Any]:
-    """Samples oldest first: ``queued`` per priority class, ``held`` and ``borrowed`` GPUs
-    per team, ``idle_gpus``, ``ended`` (jobs that ended since the sample before) and, with
-    ``node``, that node's ``cards`` (utilisation, VRAM used, reserved and total). A team
-    token sees its own team's GPUs only."""
+    """Samples oldest first: ``queued`` per priority class and ``waited`` (seconds the
+    longest-waiting job of each has waited), ``quota``, ``held`` and ``borrowed`` GPUs per
+    team, ``idle_gpus``, ``ended`` (jobs that ended since the sample before) and, with
+    ``node``, that node's ``cards`` (utilisation, temperature, VRAM used, reserved and
+    total). A team token sees its own team's GPUs only."""
     who.require_client()
     kept: History = request.app.state.history
     team = None if who.is_admin else who.team
@@ -37,6 +38,8 @@ async def history(
         {
             "at": s.at,
             "queued": s.queued,
+            "waited": s.waited,
+            "quota": _only(s.quota, team),
             "held": _only(s.held, team),
             "borrowed": _only(s.borrowed, team),
             "idle_gpus": s.idle_gpus,

@@ -144,6 +144,7 @@ class ListFilters(BaseModel):
     kind: JobKind | None = None
     priority: str | None = Field(None, max_length=64)
     node: str | None = Field(None, max_length=255, description="where it runs or ran")
+    model: str | None = Field(None, max_length=255, description="the model it asks for")
     since: float | None = Field(None, ge=0, description="submitted at or after (epoch s)")
     until: float | None = Field(None, ge=0, description="submitted before (epoch s)")
     q: str | None = Field(None, min_length=1, max_length=40, description="ids starting so")
@@ -164,7 +165,8 @@ async def list_jobs(
     """Jobs newest first. Follow ``next_cursor`` for older ones."""
     where = JobFilter(
         kind=more.kind.value if more.kind else None, priority=more.priority, node=more.node,
-        since=more.since, until=more.until, id_prefix=more.q, interrupted=more.interrupted,
+        model=more.model, since=more.since, until=more.until, id_prefix=more.q,
+        interrupted=more.interrupted,
     )  # fmt: skip
     page = await plane.jobs.page(
         who, states=state or (), team=team, user=user, limit=limit, cursor=cursor, where=where

@@ -134,6 +134,7 @@ class GpuOut(BaseModel):
     vram_bytes: int
     vram_free_bytes: int | None = None
     utilization: float | None = None
+    temperature_c: float | None = Field(None, description="degrees Celsius, as last measured")
     numa: int = Field(-1, description="its NUMA node; -1: unknown")
     links: list[str] = Field(
         default_factory=list,

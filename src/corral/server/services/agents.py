@@ -115,7 +115,7 @@ class AgentService:
             rec = await node_repo.get(conn, node)
             if rec is None or rec.node.state is NodeState.LOST:
                 raise LinkError(f"node {node} is unknown or was marked lost: say hello again")
-            await node_repo.touch(conn, node, now)
+            await node_repo.touch(conn, node, now, gpus)
         self._written_seen[node] = now
 
     async def started(self, node: str, allocation_id: str, attempt: int) -> Ack:

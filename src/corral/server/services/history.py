@@ -1,12 +1,14 @@
 """The last hour of the cluster, sampled: what the dashboard's plots draw.
 
 Every ``api.history_sample_s`` the server notes, per priority class, how many jobs
-wait; per team, the GPUs its work holds within its quota and borrowed beyond it; the
-GPUs nobody holds; how many jobs ended since the last sample; and per node and card,
-utilisation and VRAM in use (as the agents report them) and VRAM reserved (from the
-allocations). Samples live in memory, one hour of them at most (``WINDOW_S``): the plots
-show how the last hour went, not an archive (Prometheus at ``/metrics`` keeps that), and
-a restart starts them afresh. Each replica samples the shared store, so any answers.
+wait and how long the longest-waiting of them has (the wait people feel; a mean would
+hide a starved job among fresh ones); per team, its quota and the GPUs its work holds
+within it and borrowed beyond it; the GPUs nobody holds; how many jobs ended since the
+last sample; and per node and card, utilisation, temperature and VRAM in use (as the
+agents' heartbeats report them) and VRAM reserved (from the allocations). Samples live
+in memory, one hour of them at most (``WINDOW_S``): the plots show how the last hour
+went, not an archive (Prometheus at ``/metrics`` keeps that), and a restart starts them
+afresh. Each replica samples the shared store, so any answers.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ WINDOW_S = 3600.0
 log = logging.getLogger(__name__)
 
 _QUEUED = (
-    sa.select(jobs.c.priority, sa.func.count())
+    sa.select(jobs.c.priority, sa.func.count(), sa.func.min(jobs.c.submitted_at))
     .where(jobs.c.state == JobState.QUEUED.value)
     .group_by(jobs.c.priority)
 )
@@ -46,6 +48,8 @@ _HEAD = sa.select(sa.func.max(events.c.seq))
 class Sample:
     at: float
     queued: dict[str, int]  # priority class -> jobs waiting
+    waited: dict[str, float]  # priority class -> seconds its longest-waiting job has waited
+    quota: dict[str, float]  # team -> GPUs guaranteed (teams with none left out)
     held: dict[str, float]  # team -> GPUs held within its quota
     borrowed: dict[str, float]  # team -> GPUs held beyond it
     idle_gpus: float
@@ -76,7 +80,8 @@ class History:
 
     async def sample(self) -> Sample:
         async with self.rt.db.read() as conn:
-            queued = {p: int(n) for p, n in await conn.execute(_QUEUED)}
+            waiting = list(await conn.execute(_QUEUED))
+            teams = await node_repo.all_teams(conn)
             nodes = await node_repo.all_nodes(conn)
             active = await alloc_repo.active(conn)
             if self._after is None:  # the first sample counts from now
@@ -90,7 +95,18 @@ class History:
             for n in nodes
         }
         idle = max(0.0, len(vram) - sum(held.values()) - sum(borrowed.values()))
-        return Sample(self.rt.clock.now(), queued, held, borrowed, idle, int(ended), cards)
+        now = self.rt.clock.now()
+        return Sample(
+            at=now,
+            queued={p: int(n) for p, n, _ in waiting},
+            waited={p: max(0.0, now - float(first)) for p, _, first in waiting},
+            quota={t.name: t.quota_gpus for t in teams if t.quota_gpus > 0},
+            held=held,
+            borrowed=borrowed,
+            idle_gpus=idle,
+            ended=int(ended),
+            cards=cards,
+        )
 
 
 def _holdings(
@@ -118,6 +134,7 @@ def _card(g: Gpu, reserved: int) -> dict[str, Any]:
     return {
         "index": g.index,
         "utilization": g.utilization,
+        "temperature_c": g.temperature_c,
         "vram_used": used,
         "vram_reserved": reserved,
         "vram_bytes": g.vram_bytes,

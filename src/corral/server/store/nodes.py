@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.model import Team, takes_work
+from corral.core.model import Gpu, Team, takes_work
 from corral.core.states import NodeState
 from corral.server.store.guard import guarded_update
-from corral.server.store.records import NodeRecord, node_from_row, team_from_row
+from corral.server.store.records import (
+    NodeRecord,
+    gpu_live_to_json,
+    node_from_row,
+    team_from_row,
+)
 from corral.server.store.sql import Query, rows_by_keys
 from corral.server.store.tables import nodes, teams
 
@@ -100,10 +106,16 @@ async def reset_streak(conn: AsyncConnection, name: str) -> None:
     await _RESET_STREAK.run(conn, name=name)
 
 
-async def touch(conn: AsyncConnection, name: str, at: float) -> bool:
-    """Record a heartbeat. Unguarded on purpose: ``last_seen`` only moves forward."""
+async def touch(
+    conn: AsyncConnection, name: str, at: float, gpus: Sequence[Gpu] | None = None
+) -> bool:
+    """Record a heartbeat, and the live figures of ``gpus`` when it carried them.
+    Unguarded on purpose: ``last_seen`` only moves forward, and the figures with it."""
+    values: dict[str, Any] = {"last_seen": at}
+    if gpus is not None:
+        values["gpu_live"] = gpu_live_to_json(gpus)
     result = await conn.execute(
-        sa.update(nodes).where(nodes.c.name == name, nodes.c.last_seen < at).values(last_seen=at)
+        sa.update(nodes).where(nodes.c.name == name, nodes.c.last_seen < at).values(values)
     )
     return bool(result.rowcount == 1)
 

@@ -8,8 +8,8 @@ Row <-> record conversion lives here so repos stay a list of queries.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from corral.core.model import Allocation, Gpu, InputFile, Job, JobKind, Node, Team
@@ -189,6 +189,7 @@ def job_row(rec: JobRecord) -> dict[str, Any]:
         "priority": j.priority,
         "team": j.team,
         "user": j.user,
+        "model": j.model,
         "spec": {
             "resources": resources_to_json(j.resources),
             "node_selector": dict(j.node_selector),
@@ -367,6 +368,7 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
                 "vram_bytes": g.vram_bytes,
                 "vram_free_bytes": g.vram_free_bytes,
                 "utilization": g.utilization,
+                "temperature_c": g.temperature_c,
                 "numa": g.numa,
                 "links": list(g.links),
             }
@@ -380,6 +382,27 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
     }
 
 
+_LIVE = ("vram_free_bytes", "utilization", "temperature_c")  # what a heartbeat measures
+
+
+def gpu_live_to_json(gpus: Sequence[Gpu]) -> list[dict[str, Any]]:
+    """A heartbeat's figures for ``nodes.gpu_live``: per GPU index, what it measures."""
+    return [{"index": g.index, **{k: getattr(g, k) for k in _LIVE}} for g in gpus]
+
+
+def _with_live(gpus: tuple[Gpu, ...], live: list[dict[str, Any]] | None) -> tuple[Gpu, ...]:
+    """The inventory's GPUs with the latest heartbeat's figures over the hello's."""
+    if not live:
+        return gpus
+    by_index = {g["index"]: g for g in live}
+    return tuple(
+        replace(g, **{k: by_index[g.index][k] for k in _LIVE if k in by_index[g.index]})
+        if g.index in by_index
+        else g
+        for g in gpus
+    )
+
+
 def gpu_from_json(g: dict[str, Any]) -> Gpu:
     """A stored GPU; one stored before topology was reported has none."""
     return Gpu(**{**g, "links": tuple(g.get("links", ()))})
@@ -389,7 +412,7 @@ def node_from_row(row: Any) -> NodeRecord:
     inv = row.inventory
     node = Node(
         name=row.name,
-        gpus=tuple(gpu_from_json(g) for g in inv.get("gpus", ())),
+        gpus=_with_live(tuple(gpu_from_json(g) for g in inv.get("gpus", ())), row.gpu_live),
         cpus=inv.get("cpus", 0),
         labels=inv.get("labels") or {},
         models_on_disk=frozenset(inv.get("models_on_disk", ())),

@@ -59,10 +59,16 @@ jobs = sa.Table(
     # Migration 0019: the pipeline or array it belongs to, and its step name or index there.
     sa.Column("group_id", sa.String(40), nullable=True),
     sa.Column("member", sa.String(64), nullable=True),
+    # Migration 0022: the model it asks for (also in spec), for the jobs list's filter.
+    sa.Column("model", sa.String(255), nullable=True),
     sa.UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+    # The jobs list's filters, each a page read from an index (store/job_search.py).
     sa.Index("ix_jobs_state_seq", "state", "seq"),
     sa.Index("ix_jobs_team_seq", "team", "seq"),
     sa.Index("ix_jobs_group_id", "group_id"),
+    sa.Index("ix_jobs_user_seq", "user", "seq"),
+    sa.Index("ix_jobs_node_seq", "node", "seq"),
+    sa.Index("ix_jobs_model_seq", "model", "seq"),
 )
 
 # SQLite only: triggers (migration 0006) append each job entering, changing in or leaving
@@ -122,6 +128,9 @@ nodes = sa.Table(
     sa.Column("failure_streak", sa.Integer, nullable=False, default=0),  # failed jobs in a row
     sa.Column("pause_reason", sa.String(512), nullable=True),  # why it was paused automatically
     sa.Column("key_hash", sa.String(64), nullable=True),  # sha256 of the agent's node key
+    # Migration 0022: each GPU's latest figures from heartbeats (free VRAM, utilisation,
+    # temperature), apart from the inventory: written with last_seen, no version bump.
+    sa.Column("gpu_live", sa.JSON, nullable=True),
     sa.Column("token_id", sa.String(64), nullable=True),  # the join token that admitted it
     sa.Column("version", sa.Integer, nullable=False, default=1),
     sa.Index("ix_nodes_token_id", "token_id"),

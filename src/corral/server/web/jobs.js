@@ -36,14 +36,14 @@ window.addEventListener("hashchange", route);
 
 // ---- the list --------------------------------------------------------------
 
-// Filters go to the API as they are (state, team, user, kind, priority, node, submitted
+// Filters go to the API as they are (state, team, user, kind, priority, node, model, submitted
 // since, id prefix); paging follows the API's
 // cursor (keyset: each page costs the same however many jobs the database holds).
 async function listJobs(more) {
   $("jobs-error").textContent = "";
   const f = new FormData($("job-filters"));
   const query = new URLSearchParams({ limit: "50" });
-  for (const key of ["state", "team", "user", "kind", "priority", "node", "q"]) if (f.get(key)) query.set(key, f.get(key).trim());
+  for (const key of ["state", "team", "user", "kind", "priority", "node", "model", "q"]) if (f.get(key)) query.set(key, f.get(key).trim());
   if (f.get("since")) query.set("since", String(Date.now() / 1000 - Number(f.get("since"))));
   if (more && jobView.cursor) query.set("cursor", jobView.cursor);
   const page = await getJson(`/v1/jobs?${query}`);

@@ -30,7 +30,8 @@ function gpuCard(g, allocations) {
   const here = allocations.filter((a) => !a.on_cpu && a.gpu_indices.includes(g.index));
   const reserved = here.reduce((s, a) => s + (a.vram_bytes || 0), 0);
   const used = g.vram_free_bytes != null ? g.vram_bytes - g.vram_free_bytes : null;
-  const util = g.utilization != null ? `${Math.round(g.utilization * 100)}% busy` : "utilisation not reported";
+  const util = (g.utilization != null ? `${Math.round(g.utilization * 100)}% busy` : "utilisation not reported") +
+    (g.temperature_c != null ? ` · ${Math.round(g.temperature_c)} °C` : "");
   return el("div", { class: "card gpu-card", "data-gpu": String(g.index) },
     el("h4", {}, `GPU ${g.index} · ${g.model}`),
     el("div", { class: "muted" }, util),

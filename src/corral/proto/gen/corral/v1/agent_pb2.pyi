@@ -132,6 +132,7 @@ class Gpu(_message.Message):
     UTILIZATION_FIELD_NUMBER: _builtins.int
     NUMA_NODE_FIELD_NUMBER: _builtins.int
     LINKS_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_C_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     model: _builtins.str
     vram_total_bytes: _builtins.int
@@ -142,6 +143,8 @@ class Gpu(_message.Message):
     """Topology (hello only; docs/agent.md "GPU topology"): the NUMA node, and the link to
     each GPU by index ("nvlink" | "pcie_switch" | "same_socket" | "cross_socket"; "" itself).
     """
+    temperature_c: _builtins.float
+    """degrees Celsius; unset: the driver cannot say"""
     @_builtins.property
     def links(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -154,14 +157,20 @@ class Gpu(_message.Message):
         utilization: _builtins.float = ...,
         numa_node: _builtins.int | None = ...,
         links: _abc.Iterable[_builtins.str] | None = ...,
+        temperature_c: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "numa_node", b"numa_node"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "_temperature_c", b"_temperature_c", "numa_node", b"numa_node", "temperature_c", b"temperature_c"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "index", b"index", "links", b"links", "model", b"model", "numa_node", b"numa_node", "utilization", b"utilization", "vram_free_bytes", b"vram_free_bytes", "vram_total_bytes", b"vram_total_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "_temperature_c", b"_temperature_c", "index", b"index", "links", b"links", "model", b"model", "numa_node", b"numa_node", "temperature_c", b"temperature_c", "utilization", b"utilization", "vram_free_bytes", b"vram_free_bytes", "vram_total_bytes", b"vram_total_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__numa_node: _TypeAlias = _typing.Literal["numa_node"]  # noqa: Y015
     _WhichOneofArgType__numa_node: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node"]  # noqa: Y015
+    _WhichOneofReturnType__temperature_c: _TypeAlias = _typing.Literal["temperature_c"]  # noqa: Y015
+    _WhichOneofArgType__temperature_c: _TypeAlias = _typing.Literal["_temperature_c", b"_temperature_c"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__numa_node) -> _WhichOneofReturnType__numa_node | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature_c) -> _WhichOneofReturnType__temperature_c | None: ...
 
 Global___Gpu: _TypeAlias = Gpu  # noqa: Y015
 
