@@ -99,6 +99,7 @@ def job_fields(
             }
             for f in rec.result
         ],
+        "placement": None,  # read only for one job (GET /v1/jobs/{id}: job_placement.py)
         "queue": (
             (held_info() if rec.held else queue_info(unplaced)).model_dump()
             if queued and j.state.value == "queued"
