@@ -146,6 +146,10 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         gpus=placed(gpus(snapshot), identity.topology),
         cpus=math.floor(identity.cpus),  # what a server from before milli-CPUs reads
         cpu_milli=cpu_milli(identity.cpus),
+        numa_cpus=[
+            pb.NumaCpus(numa_node=n, cpu_milli=m)
+            for n, m in (identity.topology.cpu_shares(cpu_milli(identity.cpus)) if identity.topology else ())
+        ],
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
         backends=list(identity.backends),

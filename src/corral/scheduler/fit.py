@@ -91,11 +91,35 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
             chosen = _first_free(nc.cards, need.gpus)  # never more than asked
             if len(chosen) < need.gpus:
                 return None
+        if nc.numa_free and need.cpus and nc.numa_room(chosen) < need.cpus:
+            chosen = _on_roomy_numa(nc, need)  # the cards' NUMA nodes lack the CPUs
+            if not chosen:
+                return None
         return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus)
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
     if card is None:
         return None
+    if nc.numa_free and need.cpus and nc.numa_room(one(card)) < need.cpus:
+        return None
     return Fit(nc, one(card), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+
+
+def _on_roomy_numa(nc: NodeCap, need: Need) -> tuple[int, ...]:
+    """Cards for ``need`` among those whose NUMA node alone has its CPUs free (the first
+    choice's nodes had too few); () when there are not enough."""
+    numa, free = nc.card_numa, nc.numa_free
+    cards = [
+        c
+        for c in nc.whole_free_cards(need.vram, need.gpu_models)
+        if 0 <= numa[c] and free[numa[c]] >= need.cpus
+    ]
+    if len(cards) < need.gpus:
+        return ()
+    if need.gpus > 1 and linked(nc.node):
+        chosen = closest_cards(nc.node, cards, need.gpus)
+    else:
+        chosen = tuple(cards[: need.gpus])
+    return chosen if nc.numa_room(chosen) >= need.cpus else ()
 
 
 def linked(node: Node) -> bool:

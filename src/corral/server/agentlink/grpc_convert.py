@@ -52,6 +52,7 @@ def inventory_from(msg: pb.Inventory, agent_version: str = "") -> Inventory:
         models_loaded=frozenset(loaded),
         backends=frozenset(msg.backends),
         agent_version=msg.agent_version or agent_version,
+        numa_cpus=tuple(sorted((n.numa_node, n.cpu_milli / MILLI_CPU) for n in msg.numa_cpus)),
     )
 
 
