@@ -98,3 +98,14 @@ def test_numa_cpus_come_back_when_work_is_preempted() -> None:
         100,
     )
     assert [p.allocation_id for p in plan.preemptions] == ["x"], plan.unplaced
+
+
+def test_a_job_spans_numa_nodes_when_no_one_node_has_its_cpus() -> None:
+    # NUMA node 0: GPUs 0 and 1 free, 2 CPUs; node 1: GPU 3 free, 8 CPUs. Two GPUs and
+    # 9 CPUs: not GPUs 0 and 1 (2 CPUs beside them) but GPU 3 and one of node 0's
+    box = node("n").gpus(6).numa((0, 0, 0, 1, 1, 1), (8, 8))
+    held = [alloc("x", "n").cards(2).set(cpus=6), alloc("y", "n").cards(4, 5).set(cpus=0)]
+    plan = schedule(snapshot([box], [job("j").gpus(2).cpus(9)], held), Config(), 100)
+    assert placed_cards(plan, "j") == (0, 3)
+    plan = schedule(snapshot([box], [job("j").gpus(2).cpus(11)], held), Config(), 100)
+    assert placed_cards(plan, "j") is None

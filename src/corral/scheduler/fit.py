@@ -105,20 +105,22 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
 
 
 def _on_roomy_numa(nc: NodeCap, need: Need) -> tuple[int, ...]:
-    """Cards for ``need`` among those whose NUMA node alone has its CPUs free (the first
-    choice's nodes had too few); () when there are not enough."""
+    """Cards for ``need`` whose NUMA nodes have its CPUs free (the first choice's nodes had
+    too few): the closest set on nodes that each have them all, else cards of the roomiest
+    nodes first (the job spans them); () when no set has the CPUs."""
     numa, free = nc.card_numa, nc.numa_free
-    cards = [
-        c
-        for c in nc.whole_free_cards(need.vram, need.gpu_models)
-        if 0 <= numa[c] and free[numa[c]] >= need.cpus
-    ]
-    if len(cards) < need.gpus:
-        return ()
-    if need.gpus > 1 and linked(nc.node):
-        chosen = closest_cards(nc.node, cards, need.gpus)
+    cards = [c for c in nc.whole_free_cards(need.vram, need.gpu_models) if 0 <= numa[c]]
+    roomy = [c for c in cards if free[numa[c]] >= need.cpus]
+    if len(roomy) >= need.gpus:
+        if need.gpus > 1 and linked(nc.node):
+            chosen = closest_cards(nc.node, roomy, need.gpus)
+        else:
+            chosen = tuple(roomy[: need.gpus])
+    elif len(cards) >= need.gpus:
+        cards.sort(key=lambda c: (-free[numa[c]], numa[c], c))
+        chosen = tuple(sorted(cards[: need.gpus]))
     else:
-        chosen = tuple(cards[: need.gpus])
+        return ()
     return chosen if nc.numa_room(chosen) >= need.cpus else ()
 
 
