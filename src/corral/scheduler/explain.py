@@ -109,10 +109,9 @@ def _message(code: ReasonCode, need: Need) -> str:
         return f"not enough free GPU capacity for {need.describe()}"
     if code is ReasonCode.INSUFFICIENT_VRAM:
         return f"insufficient VRAM for {need.describe()}"
-    if code is ReasonCode.INSUFFICIENT_CPUS:
-        return f"not enough free CPUs for {cpus_text(need.cpus)}"
-    if code is ReasonCode.INSUFFICIENT_NUMA_CPUS:
-        return f"not enough free CPUs on its GPUs' NUMA node for {cpus_text(need.cpus)}"
+    if code is ReasonCode.INSUFFICIENT_CPUS or code is ReasonCode.INSUFFICIENT_NUMA_CPUS:
+        where = " on its GPUs' NUMA node" if code is ReasonCode.INSUFFICIENT_NUMA_CPUS else ""
+        return f"not enough free CPUs{where} for {cpus_text(need.cpus)}"
     return STATIC_MESSAGES.get(code, code.value)
 
 

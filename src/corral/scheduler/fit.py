@@ -71,37 +71,45 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     """The cards ``need`` would take on ``nc`` now, or ``None`` when it does not fit."""
     if nc.cpus_free < need.cpus:
         return None
-    if need.cpu_only:
+    if need.cpu_only:  # from any NUMA node with room: counted against the node's only
         return Fit(nc, (), 0, 0, need.cpus)
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
         if need.picky:  # a VRAM floor or card models named
-            cards = nc.whole_free_cards(need.vram, need.gpu_models)
-            if len(cards) < need.gpus:
-                return None
-            chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
-            if len(cards) > need.gpus > 1 and linked(nc.node):
-                chosen = closest_cards(nc.node, cards, need.gpus)
+            chosen = _picky(nc, need)
         elif need.gpus == len(nc.cards):  # the whole node, every card of it wholly free
             chosen = every(need.gpus)
         elif need.gpus > 1 and linked(nc.node):  # its topology is known: the closest set
             chosen = closest_cards(nc.node, nc.whole_free_cards(0, frozenset()), need.gpus)
         else:
             chosen = _first_free(nc.cards, need.gpus)  # never more than asked
-            if len(chosen) < need.gpus:
-                return None
-        if nc.numa_free and need.cpus and nc.numa_room(chosen) < need.cpus:
-            chosen = _on_roomy_numa(nc, need)  # the cards' NUMA nodes lack the CPUs
-            if not chosen:
-                return None
+        if nc.numa_free and need.cpus:  # its CPUs come from its cards' NUMA nodes
+            chosen = _numa_cards(nc, need, chosen)
+        if len(chosen) < need.gpus:
+            return None
         return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus)
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
-    if card is None:
-        return None
-    if nc.numa_free and need.cpus and nc.numa_room(one(card)) < need.cpus:
+    if card is None or (nc.numa_free and need.cpus and nc.numa_room(one(card)) < need.cpus):
         return None
     return Fit(nc, one(card), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+
+
+def _picky(nc: NodeCap, need: Need) -> tuple[int, ...]:
+    """Wholly free cards of the VRAM and models ``need`` names; () when too few."""
+    cards = nc.whole_free_cards(need.vram, need.gpu_models)
+    if len(cards) < need.gpus:
+        return ()
+    if len(cards) > need.gpus > 1 and linked(nc.node):
+        return closest_cards(nc.node, cards, need.gpus)
+    return tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
+
+
+def _numa_cards(nc: NodeCap, need: Need, chosen: tuple[int, ...]) -> tuple[int, ...]:
+    """``chosen`` when their NUMA nodes have ``need``'s CPUs, else other cards that do."""
+    if len(chosen) < need.gpus or nc.numa_room(chosen) >= need.cpus:
+        return chosen
+    return _on_roomy_numa(nc, need)
 
 
 def _on_roomy_numa(nc: NodeCap, need: Need) -> tuple[int, ...]:
@@ -109,7 +117,7 @@ def _on_roomy_numa(nc: NodeCap, need: Need) -> tuple[int, ...]:
     too few): the closest set on nodes that each have them all, else cards of the roomiest
     nodes first (the job spans them); () when no set has the CPUs."""
     numa, free = nc.card_numa, nc.numa_free
-    cards = [c for c in nc.whole_free_cards(need.vram, need.gpu_models) if 0 <= numa[c]]
+    cards = [c for c in nc.whole_free_cards(need.vram, need.gpu_models) if numa[c] >= 0]
     roomy = [c for c in cards if free[numa[c]] >= need.cpus]
     if len(roomy) >= need.gpus:
         if need.gpus > 1 and linked(nc.node):

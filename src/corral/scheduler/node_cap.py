@@ -116,9 +116,7 @@ class NodeCap:
             mine |= 1 << k
         room: i64 = 0
         for k, f in enumerate(free):
-            if mine >> k & 1:
-                room += f
-            elif f < 0:
+            if mine >> k & 1 or f < 0:  # its nodes' free CPUs, less what others lent
                 room += f
         return min(room, self.cpus_free)
 
