@@ -109,3 +109,15 @@ def test_a_job_spans_numa_nodes_when_no_one_node_has_its_cpus() -> None:
     assert placed_cards(plan, "j") == (0, 3)
     plan = schedule(snapshot([box], [job("j").gpus(2).cpus(11)], held), Config(), 100)
     assert placed_cards(plan, "j") is None
+
+
+def test_a_gang_counts_replicas_by_numa_node() -> None:
+    # 5 CPUs a replica: the NUMA box's 16 CPUs hold three by count, but 8 per NUMA node
+    # hold one each; the gang of three goes to the box that holds it whole
+    nodes = [two_sockets(), node("plain").gpus(4).cpus(16)]
+    gang = job("g").gpus(1).cpus(5).set(replicas=3)
+    plan = schedule(snapshot(nodes, [gang]), Config(), 100)
+    assert sorted(p.node for p in plan.placements) == ["plain"] * 3, plan.unplaced
+    # a gang of two fits the NUMA box, one replica on each NUMA node
+    plan = schedule(snapshot([two_sockets()], [gang.set(replicas=2)]), Config(), 100)
+    assert sorted(p.gpu_indices for p in plan.placements) == [(0,), (2,)], plan.unplaced

@@ -338,6 +338,8 @@ def slots(nc: NodeCap, need: Need, most: int) -> int:
     if need.cpu_only or count == 0:
         return count
     if need.gpus:
+        if nc.numa_free and need.cpus:  # each replica's CPUs from its cards' NUMA nodes
+            return _numa_slots(nc, need, count)
         if not need.vram and not need.gpu_models:  # every wholly free card will do
             return min(count, nc.whole_free // need.gpus)
         return min(count, len(nc.whole_free_cards(need.vram, need.gpu_models)) // need.gpus)
@@ -350,3 +352,32 @@ def slots(nc: NodeCap, need: Need, most: int) -> int:
             per_card = min(per_card, state.vram_free // need.vram)
         room += max(per_card, 0)
     return min(count, room)
+
+
+def _numa_slots(nc: NodeCap, need: Need, most: int) -> int:
+    """How many replicas of whole-card ``need`` fit on ``nc`` when its CPUs come from the
+    cards' NUMA nodes: each placed in turn as ``place_gang`` will place them (``fit_on``),
+    on ``nc`` itself, then given back. Exact where a count of free cards and CPUs is not
+    (two replicas may each fit a NUMA node's CPUs, but not both); O(replicas) fits, on
+    the nodes that reported NUMA nodes only."""
+    taken: list[tuple[int, ...]] = []
+    while len(taken) < most:
+        fit = fit_on(nc, need)
+        if fit is None:
+            break
+        _hold(nc, fit.gpus, -need.cpus)
+        taken.append(fit.gpus)
+    for gpus in taken:
+        _hold(nc, gpus, need.cpus)
+    return len(taken)
+
+
+def _hold(nc: NodeCap, gpus: tuple[int, ...], cpus: i64) -> None:
+    """Take (``cpus`` < 0) or give back whole cards and CPUs on ``nc`` alone, its indexes
+    untouched: for a count made and undone at once (``_numa_slots``), never a placement."""
+    free: i64 = MILLI if cpus > 0 else 0
+    for g in gpus:
+        nc.cards[g].free = free
+    nc.whole_free += len(gpus) if cpus > 0 else -len(gpus)
+    nc.cpus_free += cpus
+    nc.draw_numa(gpus, cpus)
