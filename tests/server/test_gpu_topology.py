@@ -42,6 +42,14 @@ async def test_the_topology_is_kept_with_the_node(world: World) -> None:
     assert gpus[1].links == ROWS[1]
 
 
+async def test_the_cpus_of_each_numa_node_are_kept_with_the_node(world: World) -> None:
+    cards = tuple(Gpu(i, "A100", 80 * GIB, numa=i // 2, links=ROWS[i]) for i in range(4))
+    numa = ((0, 6.5), (1, 9.5))
+    inv = Inventory(node="n1", gpus=cards, cpus=16, numa_cpus=numa)
+    await StubAgent(world.plane.agents, world.link, inv).connect()
+    assert (await world.plane.nodes.get(ADMIN, "n1")).record.node.numa_cpus == numa
+
+
 @pytest.mark.parametrize(
     ("first", "gpus", "want"),
     [

@@ -97,9 +97,9 @@ class Inventory:
     models_loaded: frozenset[str] = frozenset()
     backends: frozenset[str] = frozenset()
     agent_version: str = ""
-    numa_cpus: tuple[tuple[int, float], ...] = ()  # CPU slots per NUMA node (``Node``)
     key: str = ""  # the agent's node key (``Hello.node_key``); "" from an agent without one
     token: str = ""  # the id of the join token that admitted the agent (its nodes count)
+    numa_cpus: tuple[tuple[int, float], ...] = ()  # CPU slots per NUMA node (``Node``)
 
 
 @dataclass(frozen=True, slots=True)
