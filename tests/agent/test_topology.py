@@ -13,9 +13,10 @@ import pytest
 
 from corral.agent.executors.base import Finished, JobWork, LogLine, Update
 from corral.agent.executors.command import CommandExecutor
-from corral.agent.fingerprint import NvmlInventory
+from corral.agent.fingerprint import GpuSnapshot, NvmlInventory
 from corral.agent.testing import Harness, run_to_end
 from corral.agent.topology import Topology, parse_cpulist, parse_fake
+from corral.agent.wire import Identity, inventory
 from corral.core import InvalidSpec, WallClock
 
 # Two sockets, two GPUs each; one NVLink bridge joins GPU 1 and GPU 2 across them.
@@ -140,3 +141,26 @@ def test_a_cpu_job_is_not_pinned() -> None:
     command = [sys.executable, "-c", "import os; print(os.environ.get('CORRAL_CPUS', 'free'))"]
     updates = run(JobWork("al", 1, ("j",), payload={"command": command}), parse_fake(BOX, 4))
     assert LogLine("free") in updates
+
+
+@pytest.mark.parametrize(
+    ("layout", "slots", "want"),
+    [
+        (BOX, 16, [(0, 8000), (1, 8000)]),  # as many slots as CPUs: each node its CPUs
+        ("numa=0,1; cpus=0:0-3,1:4-11", 6, [(0, 2000), (1, 4000)]),  # --cpus 6: by share
+        ("numa=0,1; cpus=0:0-2,1:3-5", 1, [(0, 500), (1, 500)]),
+        ("numa=0,1,1; cpus=0:0,1:1-2", 1, [(0, 334), (1, 666)]),  # the rounding to the first
+    ],
+)
+def test_the_hello_reports_each_numa_nodes_share_of_the_cpu_slots(
+    layout: str, slots: float, want: list[tuple[int, int]]
+) -> None:
+    gpus = layout.split(";")[0].count(",") + 1
+    identity = Identity("n", cpus=slots, topology=parse_fake(layout, gpus))
+    hello = inventory(identity, GpuSnapshot(), [])
+    assert [(n.numa_node, n.cpu_milli) for n in hello.numa_cpus] == want
+    assert sum(m for _, m in want) == hello.cpu_milli
+
+
+def test_without_a_topology_the_hello_reports_no_numa_cpus() -> None:
+    assert not inventory(Identity("n", cpus=4), GpuSnapshot(), []).numa_cpus

@@ -26,6 +26,11 @@ def test_a_two_gpu_job_gets_the_nvlink_pair_and_its_numa_nodes_cpus(cluster: Clu
         gpus = c.get("/v1/nodes/box").json()["gpus"]
         assert [g["numa"] for g in gpus] == [0, 0, 1, 1]
         assert gpus[2]["links"] == ["cross_socket", "cross_socket", "", "nvlink"]
+        # one CPU on each NUMA node: the agent's slots split between them
+        numa = c.get("/v1/nodes/box").json()["numa_cpus"]
+        slots = c.get("/v1/nodes/box").json()["cpus"]
+        assert set(numa) == {"0", "1"}
+        assert sum(numa.values()) == pytest.approx(slots)
         j = submit(c, kind="train", resources={"gpus": 2})
         done = wait_state(c, j["id"], "succeeded", "failed", timeout=30)
         assert done["state"] == "succeeded", done

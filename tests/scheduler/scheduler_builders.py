@@ -39,6 +39,14 @@ class NodeBuilder:
         self._node = replace(self._node, cpus=count)
         return self
 
+    def numa(self, gpu_numa: tuple[int, ...], cpus: tuple[float, ...]) -> NodeBuilder:
+        """Each GPU's NUMA node and each NUMA node's CPU slots (node ``i`` has ``cpus[i]``)."""
+        cards = tuple(replace(g, numa=n) for g, n in zip(self._node.gpus, gpu_numa, strict=True))
+        self._node = replace(
+            self._node, gpus=cards, cpus=sum(cpus), numa_cpus=tuple(enumerate(cpus))
+        )
+        return self
+
     def label(self, **labels: str) -> NodeBuilder:
         self._node = replace(self._node, labels={**self._node.labels, **labels})
         return self

@@ -27,11 +27,17 @@ def nodes(draw: st.DrawFn) -> tuple[Node, ...]:
         cards = draw(st.sampled_from((0, 1, 2, 4, 4)))
         model = draw(st.sampled_from(MODELS))
         vram = draw(st.sampled_from((24, 80))) * GIB
+        cpus = draw(st.sampled_from((0, 4, 16, 32)))
+        # a third report two NUMA nodes, the first half of the cards on node 0, CPUs split
+        numa = cards > 1 and draw(st.integers(0, 2)) == 0
         out.append(
             Node(
                 name=f"n{i}",
-                gpus=tuple(Gpu(g, model, vram) for g in range(cards)),
-                cpus=draw(st.sampled_from((0, 4, 16, 32))),
+                gpus=tuple(
+                    Gpu(g, model, vram, numa=2 * g // cards if numa else -1) for g in range(cards)
+                ),
+                cpus=cpus,
+                numa_cpus=((0, cpus / 2), (1, cpus / 2)) if numa else (),
                 labels={"rack": draw(st.sampled_from(("r1", "r2")))},
                 models_on_disk=frozenset(draw(st.sets(st.sampled_from(("sdxl", "flux"))))),
                 backends=frozenset(draw(st.sets(st.sampled_from(("comfyui", "command"))))),

@@ -19,6 +19,17 @@ NODES = tuple(
     Node(name=f"n{i}", gpus=tuple(Gpu(g, "A100", 24 * GIB) for g in range(4)), cpus=8)
     for i in range(3)
 )
+# n1 reports two NUMA nodes (cards 0-1 and 2-3, 4 CPUs each): its CPUs are drawn per node
+NODES = (
+    NODES[0],
+    Node(
+        name="n1",
+        gpus=tuple(Gpu(g, "A100", 24 * GIB, numa=g // 2) for g in range(4)),
+        cpus=8,
+        numa_cpus=((0, 4.0), (1, 4.0)),
+    ),
+    NODES[2],
+)
 
 
 def state(cap: Capacity) -> list[tuple[object, ...]]:
@@ -30,6 +41,7 @@ def state(cap: Capacity) -> list[tuple[object, ...]]:
                 tuple(card.free for card in nc.cards),
                 tuple(card.vram_free for card in nc.cards),
                 nc.cpus_free,
+                tuple(nc.numa_free),
                 nc.hidden,
                 tuple(lv for lv, b in enumerate(cap.everywhere.whole) if nc in b),
                 tuple(lv for lv, b in enumerate(cap.everywhere.partial) if nc in b),
@@ -60,7 +72,9 @@ def consistent(cap: Capacity) -> None:
 Held = tuple[NodeCap, tuple[int, ...], int, int, int]
 
 op = st.tuples(
-    st.sampled_from(("whole", "whole", "share", "release", "hide", "checkpoint", "rollback")),
+    st.sampled_from(
+        ("whole", "whole", "pair", "share", "release", "hide", "checkpoint", "rollback")
+    ),
     st.integers(0, 2),
     st.integers(0, 3),
     st.sampled_from((250, 500)),
@@ -94,6 +108,9 @@ def test_rollback_restores_the_exact_state_and_the_index_stays_consistent(
         nc = cap.nodes[n]
         if kind == "whole" and nc.cards[card].free == 1000 and nc.cpus_free >= 1:
             held.append((nc, (card,), 1000, 0, 1))
+            cap.reserve(*held[-1])
+        elif kind == "pair" and all(nc.cards[c].free == 1000 for c in (card, (card + 1) % 4)):
+            held.append((nc, (card, (card + 1) % 4), 1000, 0, 3))  # across NUMA nodes at 1, 3
             cap.reserve(*held[-1])
         elif kind == "share" and nc.cards[card].free >= milli:
             held.append((nc, (card,), milli, milli * 24 * GIB // 1000, 0))

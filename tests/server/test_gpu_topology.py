@@ -42,6 +42,14 @@ async def test_the_topology_is_kept_with_the_node(world: World) -> None:
     assert gpus[1].links == ROWS[1]
 
 
+async def test_the_cpus_of_each_numa_node_are_kept_with_the_node(world: World) -> None:
+    cards = tuple(Gpu(i, "A100", 80 * GIB, numa=i // 2, links=ROWS[i]) for i in range(4))
+    numa = ((0, 6.5), (1, 9.5))
+    inv = Inventory(node="n1", gpus=cards, cpus=16, numa_cpus=numa)
+    await StubAgent(world.plane.agents, world.link, inv).connect()
+    assert (await world.plane.nodes.get(ADMIN, "n1")).record.node.numa_cpus == numa
+
+
 @pytest.mark.parametrize(
     ("first", "gpus", "want"),
     [
@@ -88,3 +96,30 @@ async def test_the_job_page_shows_the_gpus_chosen_and_how_they_are_linked(
         assert (where["node"], where["gpu_indices"]) == ("n1", [1, 2])
         assert where["topology"] == "GPUs 1,2 (nvlink) on NUMA node 0,1"
         assert where["observed"] == "pending"
+
+
+async def test_a_gpu_jobs_cpus_come_from_its_gpus_numa_node(tmp_path: Path) -> None:
+    async with serve(str(tmp_path / "c.db"), tmp_path) as s:
+        cards = tuple(Gpu(i, "A100", 80 * GIB, numa=i // 2, links=ROWS[i]) for i in range(4))
+        numa = ((0, 4.0), (1, 12.0))  # CPU slots of NUMA node 0 and node 1
+        inv = Inventory(node="n1", gpus=cards, cpus=16, numa_cpus=numa)
+        agent = StubAgent(s.plane.agents, s.link, inv)
+        await agent.connect()
+        view = await s.plane.nodes.get(ADMIN, "n1")
+        assert view.record.node.numa_cpus == numa
+        first = {"kind": "train", "resources": {"gpus": 1, "cpus": 8}}
+        assert (await s.admin.post("/v1/jobs", json=first)).status_code == 201
+        # GPU 0 is free, but only NUMA node 1 has 8 CPUs: the first GPU there
+        assert (await agent.next_assignment(timeout=10)).gpu_indices == (2,)
+        # 8 CPUs are left, 4 beside each node's free GPUs: 6 fit the node, no NUMA node
+        second = {"kind": "train", "resources": {"gpus": 1, "cpus": 6}}
+        job_id = (await s.admin.post("/v1/jobs", json=second)).json()["id"]
+
+        async def explained() -> dict[str, object] | None:
+            queue = (await s.admin.get(f"/v1/jobs/{job_id}")).json()["queue"]
+            return queue if queue and queue["reasons"] else None
+
+        queue = await eventually(explained)
+        assert [r["code"] for r in queue["reasons"]] == ["insufficient_numa_cpus"]
+        assert "NUMA node" in queue["summary"]
+        assert (await s.admin.get(f"/v1/jobs/{job_id}")).json()["state"] == "queued"

@@ -64,6 +64,30 @@ def test_cpus_cross_the_wire_to_a_milli_cpu_and_old_peers_read_whole_ones() -> N
     assert inventory_from(pb.Inventory(node="old", cpus=8)).cpus == 8  # no cpu_milli sent
 
 
+def numa(*pairs: tuple[int, int]) -> pb.Inventory:
+    return pb.Inventory(
+        node="n",
+        cpu_milli=8000,
+        numa_cpus=[pb.NumaCpus(numa_node=n, cpu_milli=m) for n, m in pairs],
+    )
+
+
+@pytest.mark.parametrize(
+    ("report", "want"),
+    [
+        (((1, 5500), (0, 2500)), ((0, 2.5), (1, 5.5))),  # sorted by node, in CPU slots
+        ((), ()),  # an agent without a topology, or from before NUMA reports: one pool
+        (((0, 4000), (0, 4000)), ()),  # a node named twice: not plausible, one pool
+        (((0, -1000), (1, 9000)), ()),
+        (tuple((n, 1) for n in range(65)), ()),  # more NUMA nodes than any machine has
+    ],
+)
+def test_the_hello_s_cpus_per_numa_node_are_kept_when_plausible(
+    report: tuple[tuple[int, int], ...], want: tuple[tuple[int, float], ...]
+) -> None:
+    assert inventory_from(numa(*report)).numa_cpus == want
+
+
 def test_the_welcome_comes_first_then_work_then_stops_then_intake() -> None:
     reply = HelloReply(
         assign=(Assignment("al-1", 1, "n1", (JobWork("j", JobKind.CUSTOM),)),),

@@ -7,6 +7,8 @@ NVLink state, the common PCIe ancestor of each pair, each GPU's NUMA node) or,
 for tests and demos, given as ``--fake-topology`` (``parse_fake``), and
 
 * pins a job's process to the CPUs of its GPUs' NUMA nodes (``cpus_for``);
+* reports each NUMA node's share of its CPU slots (``cpu_shares``), from which the
+  server draws a GPU job's CPUs;
 * ranks GPU sets by closeness (``closest``: NVLink-connected sets first), the
   choice a placement of several GPUs on one node should make.
 
@@ -55,6 +57,19 @@ class Topology:
         cpus = frozenset().union(*(self.numa_cpus.get(n, frozenset()) for n in nodes))
         usable = cpus & os.sched_getaffinity(0)
         return frozenset(usable) or None
+
+    def cpu_shares(self, total_milli: int) -> list[tuple[int, int]]:
+        """``total_milli`` (the node's CPU slots, in milli-CPUs) split among the NUMA nodes by
+        their CPU count, as ``(numa node, milli-CPUs)``: what the agent reports, so the
+        server draws a GPU job's CPUs from its GPUs' NUMA nodes. Slots, not CPUs: an agent
+        offering fewer slots than it has CPUs (``--cpus``) offers each node its share."""
+        counts = sorted((n, len(cpus)) for n, cpus in self.numa_cpus.items() if cpus)
+        every = sum(c for _, c in counts)
+        if not every:
+            return []
+        shares = [(n, total_milli * c // every) for n, c in counts]
+        left = total_milli - sum(s for _, s in shares)  # the rounding, to the first node
+        return [(shares[0][0], shares[0][1] + left), *shares[1:]]
 
     def closest(self, free: Sequence[int], count: int) -> tuple[int, ...]:
         """``count`` of the ``free`` GPUs linked as closely as possible (``core/topology.py``)."""

@@ -146,6 +146,7 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         gpus=placed(gpus(snapshot), identity.topology),
         cpus=math.floor(identity.cpus),  # what a server from before milli-CPUs reads
         cpu_milli=cpu_milli(identity.cpus),
+        numa_cpus=numa_cpus(identity),
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
         backends=list(identity.backends),
@@ -163,6 +164,14 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         ],
         agent_version=identity.version,
     )
+
+
+def numa_cpus(identity: Identity) -> list[pb.NumaCpus]:
+    """Each NUMA node's share of the agent's CPU slots; none when the topology is unknown."""
+    if identity.topology is None:
+        return []
+    shares = identity.topology.cpu_shares(cpu_milli(identity.cpus))
+    return [pb.NumaCpus(numa_node=n, cpu_milli=m) for n, m in shares]
 
 
 def placed(cards: list[pb.Gpu], topology: Topology | None) -> list[pb.Gpu]:

@@ -91,6 +91,10 @@ class Node:
     paused: bool = False  # no new work; running work continues
     draining: bool = False  # no new work; becomes removable when empty
     last_seen: float = 0.0
+    # CPU slots of each NUMA node, ``(numa node, slots)`` by node, summing to ``cpus``; empty:
+    # not reported (the node's CPUs are one pool). A GPU job's CPUs come from its GPUs' NUMA
+    # nodes (docs/scheduler.md "CPUs from the GPUs' NUMA node").
+    numa_cpus: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", frozen_map(self.labels))

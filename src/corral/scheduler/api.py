@@ -136,6 +136,8 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_GPUS = "insufficient_gpus"  # not enough free right now
     INSUFFICIENT_VRAM = "insufficient_vram"
     INSUFFICIENT_CPUS = "insufficient_cpus"
+    # the node has the CPUs, but not on the NUMA nodes of the GPUs it could give
+    INSUFFICIENT_NUMA_CPUS = "insufficient_numa_cpus"
     MODEL_MISSING = "model_missing"  # informational: will be downloaded
     MODEL_WAIT = "model_wait"  # waits for a node with its model: quicker than fetching it
     QUOTA_EXCEEDED = "quota_exceeded"  # team at quota + borrow limit

@@ -178,7 +178,10 @@ class Capacity:
             if alloc.on_cpu:
                 continue
             whole = alloc.gpu_milli == MILLI
-            for g in nc.to_positions(alloc.gpu_indices):
+            positions = nc.to_positions(alloc.gpu_indices)
+            if nc.numa_free:
+                nc.draw_numa(positions, -cpu_milli(alloc.cpus))
+            for g in positions:
                 card = nc.cards[g]
                 card.free -= alloc.gpu_milli
                 nc.milli_free -= alloc.gpu_milli
@@ -314,6 +317,8 @@ class Capacity:
             if touched:
                 nc._recount()
         nc.cpus_free += cpus
+        if nc.numa_free:
+            nc.draw_numa(gpus, cpus)
         if nc.hidden:
             return
         for index in nc.groups:

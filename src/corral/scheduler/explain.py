@@ -75,13 +75,20 @@ def dynamic_reason(nc: NodeCap, need: Need) -> ReasonCode:
             return ReasonCode.INSUFFICIENT_GPUS
         if len(nc.whole_free_cards(need.vram, need.gpu_models)) < need.gpus:
             return ReasonCode.INSUFFICIENT_VRAM
-        return ReasonCode.INSUFFICIENT_CPUS
+        return _cpus(nc, need)
     if nc.best_shared_gpu(need.vram, need.milli, need.gpu_models) is not None:
-        return ReasonCode.INSUFFICIENT_CPUS
+        return _cpus(nc, need)
     if need.vram and not need.milli:
         return ReasonCode.INSUFFICIENT_VRAM  # VRAM is all it asks for
     roomy = any(card.free >= need.milli for card in nc.cards)
     return ReasonCode.INSUFFICIENT_VRAM if roomy and need.vram else ReasonCode.INSUFFICIENT_GPUS
+
+
+def _cpus(nc: NodeCap, need: Need) -> ReasonCode:
+    """Too few CPUs: on the node, or (the node has enough) on its free GPUs' NUMA nodes."""
+    if nc.numa_free and nc.cpus_free >= need.cpus:
+        return ReasonCode.INSUFFICIENT_NUMA_CPUS
+    return ReasonCode.INSUFFICIENT_CPUS
 
 
 def _order(item: tuple[ReasonCode, int]) -> tuple[int, str]:
@@ -102,8 +109,9 @@ def _message(code: ReasonCode, need: Need) -> str:
         return f"not enough free GPU capacity for {need.describe()}"
     if code is ReasonCode.INSUFFICIENT_VRAM:
         return f"insufficient VRAM for {need.describe()}"
-    if code is ReasonCode.INSUFFICIENT_CPUS:
-        return f"not enough free CPUs for {cpus_text(need.cpus)}"
+    if code is ReasonCode.INSUFFICIENT_CPUS or code is ReasonCode.INSUFFICIENT_NUMA_CPUS:
+        where = " on its GPUs' NUMA node" if code is ReasonCode.INSUFFICIENT_NUMA_CPUS else ""
+        return f"not enough free CPUs{where} for {cpus_text(need.cpus)}"
     return STATIC_MESSAGES.get(code, code.value)
 
 

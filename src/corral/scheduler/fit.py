@@ -71,31 +71,65 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     """The cards ``need`` would take on ``nc`` now, or ``None`` when it does not fit."""
     if nc.cpus_free < need.cpus:
         return None
-    if need.cpu_only:
+    if need.cpu_only:  # from any NUMA node with room: counted against the node's only
         return Fit(nc, (), 0, 0, need.cpus)
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
         if need.picky:  # a VRAM floor or card models named
-            cards = nc.whole_free_cards(need.vram, need.gpu_models)
-            if len(cards) < need.gpus:
-                return None
-            chosen = tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
-            if len(cards) > need.gpus > 1 and linked(nc.node):
-                chosen = closest_cards(nc.node, cards, need.gpus)
+            chosen = _picky(nc, need)
         elif need.gpus == len(nc.cards):  # the whole node, every card of it wholly free
             chosen = every(need.gpus)
         elif need.gpus > 1 and linked(nc.node):  # its topology is known: the closest set
             chosen = closest_cards(nc.node, nc.whole_free_cards(0, frozenset()), need.gpus)
         else:
             chosen = _first_free(nc.cards, need.gpus)  # never more than asked
-            if len(chosen) < need.gpus:
-                return None
+        if nc.numa_free and need.cpus:  # its CPUs come from its cards' NUMA nodes
+            chosen = _numa_cards(nc, need, chosen)
+        if len(chosen) < need.gpus:
+            return None
         return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus)
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
-    if card is None:
+    if card is None or (nc.numa_free and need.cpus and nc.numa_room(one(card)) < need.cpus):
         return None
     return Fit(nc, one(card), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+
+
+def _picky(nc: NodeCap, need: Need) -> tuple[int, ...]:
+    """Wholly free cards of the VRAM and models ``need`` names; () when too few."""
+    cards = nc.whole_free_cards(need.vram, need.gpu_models)
+    if len(cards) < need.gpus:
+        return ()
+    if len(cards) > need.gpus > 1 and linked(nc.node):
+        return closest_cards(nc.node, cards, need.gpus)
+    return tuple(cards) if len(cards) == need.gpus else tuple(cards[: need.gpus])
+
+
+def _numa_cards(nc: NodeCap, need: Need, chosen: tuple[int, ...]) -> tuple[int, ...]:
+    """``chosen`` when their NUMA nodes have ``need``'s CPUs, else other cards that do."""
+    if len(chosen) < need.gpus or nc.numa_room(chosen) >= need.cpus:
+        return chosen
+    return _on_roomy_numa(nc, need)
+
+
+def _on_roomy_numa(nc: NodeCap, need: Need) -> tuple[int, ...]:
+    """Cards for ``need`` whose NUMA nodes have its CPUs free (the first choice's nodes had
+    too few): the closest set on nodes that each have them all, else cards of the roomiest
+    nodes first (the job spans them); () when no set has the CPUs."""
+    numa, free = nc.card_numa, nc.numa_free
+    cards = [c for c in nc.whole_free_cards(need.vram, need.gpu_models) if numa[c] >= 0]
+    roomy = [c for c in cards if free[numa[c]] >= need.cpus]
+    if len(roomy) >= need.gpus:
+        if need.gpus > 1 and linked(nc.node):
+            chosen = closest_cards(nc.node, roomy, need.gpus)
+        else:
+            chosen = tuple(roomy[: need.gpus])
+    elif len(cards) >= need.gpus:
+        cards.sort(key=lambda c: (-free[numa[c]], numa[c], c))
+        chosen = tuple(sorted(cards[: need.gpus]))
+    else:
+        return ()
+    return chosen if nc.numa_room(chosen) >= need.cpus else ()
 
 
 def linked(node: Node) -> bool:
@@ -304,6 +338,8 @@ def slots(nc: NodeCap, need: Need, most: int) -> int:
     if need.cpu_only or count == 0:
         return count
     if need.gpus:
+        if nc.numa_free and need.cpus:  # each replica's CPUs from its cards' NUMA nodes
+            return _numa_slots(nc, need, count)
         if not need.vram and not need.gpu_models:  # every wholly free card will do
             return min(count, nc.whole_free // need.gpus)
         return min(count, len(nc.whole_free_cards(need.vram, need.gpu_models)) // need.gpus)
@@ -316,3 +352,32 @@ def slots(nc: NodeCap, need: Need, most: int) -> int:
             per_card = min(per_card, state.vram_free // need.vram)
         room += max(per_card, 0)
     return min(count, room)
+
+
+def _numa_slots(nc: NodeCap, need: Need, most: int) -> int:
+    """How many replicas of whole-card ``need`` fit on ``nc`` when its CPUs come from the
+    cards' NUMA nodes: each placed in turn as ``place_gang`` will place them (``fit_on``),
+    on ``nc`` itself, then given back. Exact where a count of free cards and CPUs is not
+    (two replicas may each fit a NUMA node's CPUs, but not both); O(replicas) fits, on
+    the nodes that reported NUMA nodes only."""
+    taken: list[tuple[int, ...]] = []
+    while len(taken) < most:
+        fit = fit_on(nc, need)
+        if fit is None:
+            break
+        _hold(nc, fit.gpus, -need.cpus)
+        taken.append(fit.gpus)
+    for gpus in taken:
+        _hold(nc, gpus, need.cpus)
+    return len(taken)
+
+
+def _hold(nc: NodeCap, gpus: tuple[int, ...], cpus: i64) -> None:
+    """Take (``cpus`` < 0) or give back whole cards and CPUs on ``nc`` alone, its indexes
+    untouched: for a count made and undone at once (``_numa_slots``), never a placement."""
+    free: i64 = MILLI if cpus > 0 else 0
+    for g in gpus:
+        nc.cards[g].free = free
+    nc.whole_free += len(gpus) if cpus > 0 else -len(gpus)
+    nc.cpus_free += cpus
+    nc.draw_numa(gpus, cpus)

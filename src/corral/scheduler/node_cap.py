@@ -57,6 +57,7 @@ class NodeCap:
     """Free capacity of one node. Mutable; owned by ``Capacity``."""
 
     __slots__ = (
+        "card_numa",
         "cards",
         "cls",
         "cpus_free",
@@ -67,6 +68,7 @@ class NodeCap:
         "idx",
         "milli_free",
         "node",
+        "numa_free",
         "partial_level",
         "positions",
         "schedulable",
@@ -82,10 +84,57 @@ class NodeCap:
         self.cards = [Card(MILLI, vram) for vram in self.gpu_vram]  # by position
         self.milli_free: i64 = MILLI * len(self.gpu_vram)  # the cards' free, summed (scorers)
         self.cpus_free: i64 = cpu_milli(node.cpus)  # milli-CPUs
+        # Free milli-CPUs of each reported NUMA node (by position), and each card's NUMA
+        # node's position (-1: unknown); both empty when the node reported none (one pool).
+        self.numa_free: list[i64] = []
+        self.card_numa: list[int] = []
+        if node.numa_cpus:
+            self._numa(node)
         self.whole_free: i64 = len(self.gpu_vram)
         self.partial_level: i64 = -1  # bucket of the roomiest partly used card; -1: none
         self.groups: list[Index] = []  # the indexes it sits in (none when not schedulable)
         self.hidden = False  # reserved for a job ahead: out of every index this cycle
+
+    def _numa(self, node: Node) -> None:
+        at = {numa: p for p, (numa, _) in enumerate(node.numa_cpus)}
+        self.numa_free = [cpu_milli(cpus) for _, cpus in node.numa_cpus]
+        self.card_numa = [at.get(g.numa, -1) for g in node.gpus]
+
+    def numa_room(self, gpus: tuple[int, ...]) -> i64:
+        """Free milli-CPUs for a job on cards ``gpus`` (positions): its cards' NUMA nodes'
+        together, less what other nodes lent them (a node below zero gave CPUs to a job
+        spanning it and a neighbour); the node's free CPUs when NUMA is not reported, or a
+        card's node is unknown."""
+        free = self.numa_free
+        if not free:
+            return self.cpus_free
+        mine = 0  # bit per NUMA position (a node has few)
+        for g in gpus:
+            k = self.card_numa[g] if 0 <= g < len(self.card_numa) else -1
+            if k < 0:
+                return self.cpus_free
+            mine |= 1 << k
+        room: i64 = 0
+        for k, f in enumerate(free):
+            if mine >> k & 1 or f < 0:  # its nodes' free CPUs, less what others lent
+                room += f
+        return min(room, self.cpus_free)
+
+    def draw_numa(self, gpus: tuple[int, ...], cpus: i64) -> None:
+        """Take ``cpus`` (negative: give back) from the NUMA nodes of cards ``gpus``, split
+        evenly by card: a function of the job alone, so giving back returns exactly what
+        was taken, whatever happened in between. A card of unknown node takes from none
+        (its share counts against the node's pool only)."""
+        count = len(gpus)
+        if count == 0 or cpus == 0:
+            return
+        magnitude = -cpus if cpus < 0 else cpus
+        share, left = magnitude // count, magnitude % count
+        sign: i64 = -1 if cpus < 0 else 1
+        for i, g in enumerate(gpus):
+            k = self.card_numa[g] if 0 <= g < len(self.card_numa) else -1
+            if k >= 0:
+                self.numa_free[k] += sign * (share + (left if i == 0 else 0))
 
     def to_positions(self, indices: tuple[int, ...]) -> tuple[int, ...]:
         """Card positions of ``Gpu.index`` values (unknown indices are dropped)."""

@@ -99,6 +99,7 @@ class Inventory:
     agent_version: str = ""
     key: str = ""  # the agent's node key (``Hello.node_key``); "" from an agent without one
     token: str = ""  # the id of the join token that admitted the agent (its nodes count)
+    numa_cpus: tuple[tuple[int, float], ...] = ()  # CPU slots per NUMA node (``Node``)
 
 
 @dataclass(frozen=True, slots=True)

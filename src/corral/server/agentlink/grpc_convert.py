@@ -52,7 +52,24 @@ def inventory_from(msg: pb.Inventory, agent_version: str = "") -> Inventory:
         models_loaded=frozenset(loaded),
         backends=frozenset(msg.backends),
         agent_version=msg.agent_version or agent_version,
+        numa_cpus=numa_cpus_from(msg.numa_cpus),
     )
+
+
+MAX_NUMA_NODES = 64
+"""NUMA nodes kept from a hello (the largest machines have 32): beyond, or with a node
+named twice or negative slots, the report is dropped and the node's CPUs are one pool,
+so no agent makes every fit on its node walk a long list."""
+
+
+def numa_cpus_from(report: Iterable[pb.NumaCpus]) -> tuple[tuple[int, float], ...]:
+    """An agent's CPU slots per NUMA node, sorted by node; () when not plausible."""
+    pairs = sorted((n.numa_node, n.cpu_milli) for n in report)
+    if len(pairs) > MAX_NUMA_NODES or len({n for n, _ in pairs}) < len(pairs):
+        return ()
+    if any(n < 0 or milli < 0 for n, milli in pairs):
+        return ()
+    return tuple((n, milli / MILLI_CPU) for n, milli in pairs)
 
 
 def running_from(msg: pb.Inventory) -> list[Running]:

@@ -172,6 +172,11 @@ class NodeOut(BaseModel):
     schedulable: bool
     gpus: list[GpuOut]
     cpus: float
+    numa_cpus: dict[int, float] = Field(
+        default_factory=dict,
+        description="CPU slots of each NUMA node, by node; empty: not reported (the node's "
+        "CPUs are one pool)",
+    )
     labels: dict[str, str]
     models_on_disk: list[str]
     models_loaded: list[str]
@@ -193,6 +198,7 @@ def node_out(view: NodeView) -> NodeOut:
         schedulable=n.schedulable,
         gpus=[GpuOut(**_fields(g)) for g in n.gpus],
         cpus=n.cpus,
+        numa_cpus=dict(n.numa_cpus),
         labels=dict(n.labels),
         models_on_disk=sorted(n.models_on_disk),
         models_loaded=sorted(n.models_loaded),

@@ -379,6 +379,7 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
         "models_on_disk": sorted(node.models_on_disk),
         "models_loaded": sorted(node.models_loaded),
         "backends": sorted(node.backends),
+        "numa_cpus": [list(pair) for pair in node.numa_cpus],
     }
 
 
@@ -418,6 +419,7 @@ def node_from_row(row: Any) -> NodeRecord:
         models_on_disk=frozenset(inv.get("models_on_disk", ())),
         models_loaded=frozenset(inv.get("models_loaded", ())),
         backends=frozenset(inv.get("backends", ())),
+        numa_cpus=tuple((int(n), float(c)) for n, c in inv.get("numa_cpus", ())),
         state=NodeState(row.state),
         paused=row.paused,
         draining=row.draining,

@@ -303,6 +303,7 @@ class Inventory(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     CPU_MILLI_FIELD_NUMBER: _builtins.int
+    NUMA_CPUS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     cpus: _builtins.int
     agent_version: _builtins.str
@@ -328,6 +329,12 @@ class Inventory(_message.Message):
     def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunningAllocation]:
         """what it runs now: the server reconciles"""
 
+    @_builtins.property
+    def numa_cpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___NumaCpus]:
+        """CPU slots of each NUMA node (docs/agent.md "GPU topology"), summing to cpu_milli;
+        empty: unknown (the server counts the node's CPUs as one pool).
+        """
+
     def __init__(
         self,
         *,
@@ -341,14 +348,38 @@ class Inventory(_message.Message):
         running: _abc.Iterable[Global___RunningAllocation] | None = ...,
         agent_version: _builtins.str = ...,
         cpu_milli: _builtins.int = ...,
+        numa_cpus: _abc.Iterable[Global___NumaCpus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "backends", b"backends", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpus", b"gpus", "labels", b"labels", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk", "node", b"node", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "backends", b"backends", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpus", b"gpus", "labels", b"labels", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk", "node", b"node", "numa_cpus", b"numa_cpus", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Inventory: _TypeAlias = Inventory  # noqa: Y015
+
+@_typing.final
+class NumaCpus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NUMA_NODE_FIELD_NUMBER: _builtins.int
+    CPU_MILLI_FIELD_NUMBER: _builtins.int
+    numa_node: _builtins.int
+    cpu_milli: _builtins.int
+    """its share of the node's CPU slots"""
+    def __init__(
+        self,
+        *,
+        numa_node: _builtins.int = ...,
+        cpu_milli: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_milli", b"cpu_milli", "numa_node", b"numa_node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NumaCpus: _TypeAlias = NumaCpus  # noqa: Y015
 
 @_typing.final
 class Hello(_message.Message):
