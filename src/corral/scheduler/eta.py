@@ -1,56 +1,57 @@
 """Expected start and end times: when will a queued job start, a running one end.
 
-``estimate(snapshot, config, durations, now)`` projects the queue forward on
-a model of the cluster's cards: every GPU card is free from some time on
-(now, or when the allocation holding it is expected to end, ``Durations``).
-Queued jobs are taken in the scheduler's order (priority class, then users
-round robin by weight, then age: ``queue_order``); each takes, on the nodes
-that could run it, the cards that free up first, from the time its last one
-is free, and holds them for its predicted run time. That is list scheduling
-with backfill onto cards no earlier job claimed, as the scheduler places a
-small job on a card a big job ahead cannot use. A job whose class may
-preempt sees the cards of lower, preemptible work of its own team (or
-borrowed work) as free once that work has run the minimum time before
-preemption. A gang takes its replicas' cards on as many nodes at once.
+``estimate(snapshot, config, durations, now)`` replays the scheduler
+forward from the snapshot with run times predicted from history
+(``Durations``): every active allocation ends when its jobs are expected to
+(by their progress, their own estimate, or jobs like them), and at each such
+end the real scheduler (``Scheduler``, the same code, the same config) runs
+a cycle on what is left: queued jobs are placed in its order, with its
+backfill, reservations for big jobs, quotas and preemptions, and each
+placed job holds its cards for its predicted run time. A job's ETA is the
+time of the cycle that places it; a preempted job is queued again with the
+rest of its run.
 
 What it does not know: work submitted later that will be served first (a
-higher class, or a user with less service), retries and failures, nodes
-joining, leaving or pausing, quota limits that hold a team back while cards
-are idle, batching, models still to download, and the reservations for big
-jobs beyond the cards this projection already gives them. Its error is
-measured on a trace by ``bench/eta.py`` (docs/scheduler.md, "ETA").
+higher class, or a user with less recent service), retries and failures,
+nodes joining, leaving or pausing, models still to download, and how wrong
+the predicted run times are. Its error is measured on a trace by
+``bench/eta.py`` (docs/scheduler.md, "ETA").
 
-Bounded: at most ``budget`` job x node checks per call; jobs past it get no
-estimate. Pure: no I/O, ``now`` is an input.
+Bounded: at most ``cycles`` replayed cycles; jobs still queued then get an
+``Eta`` without a start (``beyond``). Pure: no I/O, ``now`` is an input.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Final
 
-from corral.core.model import EMPTY, Allocation, Job, Node, PriorityClass
-from corral.core.resources import MILLI
-from corral.scheduler.api import Config, Snapshot
+from corral.core.model import EMPTY, Allocation, Job, Node
+from corral.core.states import AllocObserved
+from corral.scheduler.api import Config, Placement, Plan, ReasonCode, Snapshot
 from corral.scheduler.durations import Durations
+from corral.scheduler.incremental import Scheduler
 
-BUDGET: Final = 1_000_000  # job x node checks per estimate: about a second at worst
+CYCLES: Final = 2_000  # replayed cycles per estimate: a busy server's queue in about a second
+WINDOW_S: Final = 3600.0  # the last hour's arrivals are expected again in the next
+AGAIN: Final = 20  # cycles at one instant (preemptions free room the next one uses)
 CPU_MODEL: Final = "cpu"  # the GPU model history keys a node without GPUs by
 
 
 @dataclass(frozen=True, slots=True)
 class Eta:
-    """When a job is expected to start (queued; None: running already, or no node could
-    run it) and end, its predicted run time and what that rests on (``Durations``)."""
+    """A job's expected start (queued jobs; None for a running job, and for one the replay
+    never placed) and end, its predicted run time and what that rests on (``Durations``:
+    history, estimate, progress, default; ``beyond``: past the replay's horizon;
+    ``never``: no node it could run on was freed by the replay)."""
 
     job_id: str
     start_at: float | None
     end_at: float | None
     runtime_s: float
     basis: str
-    position: int | None = None  # in the projection's order (queued jobs)
 
 
 def estimate(
@@ -60,54 +61,79 @@ def estimate(
     now: float,
     *,
     running: Mapping[str, Job] = EMPTY,
-    budget: int = BUDGET,
+    recent: Sequence[Job] = (),
+    window_s: float = WINDOW_S,
+    cycles: int = CYCLES,
+    seed: int = 0,
 ) -> dict[str, Eta]:
-    """An ``Eta`` per queued job (within ``budget``) and per job of an active allocation.
+    """An ``Eta`` for every queued job and every job of an active allocation.
     ``running``: the running jobs' specs by id (kind, backend, model, estimate: the
-    snapshot's allocations do not carry them); a job missing there is predicted from all
-    history."""
-    cluster = _Cluster(snapshot.nodes, config, now)
-    etas = _running(snapshot.allocations, cluster, durations, running, now)
-    for alloc in snapshot.allocations:
-        if alloc.active:
-            end = max((etas[j].end_at or now for j in alloc.job_ids if j in etas), default=now)
-            cluster.hold(alloc, end)
-    ranks = {c.name: c for c in config.priority_classes}
-    left = budget
-    for position, job in enumerate(queue_order(snapshot.queued, config)):
-        if left <= 0:
-            break
-        left -= max(1, len(cluster.nodes))
-        gpu = cluster.model_for(job)
-        runtime, basis = durations.predict(job, gpu)
-        start = cluster.place(job, ranks[job.priority], runtime, now)
-        end = None if start is None else start + runtime
-        etas[job.id] = Eta(job.id, start, end, runtime, basis, position)
+    snapshot's allocations do not carry them); one missing there is predicted from all of
+    history. ``recent``: jobs submitted in the last ``window_s`` seconds; the replay expects
+    as many again, submitted as they were, over the next ``window_s`` (work arriving
+    later that the scheduler will serve first)."""
+    models = {n.name: gpu_model(n) for n in snapshot.nodes}
+    etas = _running(snapshot.allocations, models, durations, running, now)
+    ends = {
+        a.id: max(etas[j].end_at or now for j in a.job_ids)
+        for a in snapshot.allocations
+        if a.active
+    }
+    # a job placed by the cycle that just ran may still be listed as queued: it runs
+    queued = tuple(j for j in snapshot.queued if j.id not in etas)
+    replay = _Replay(replace(snapshot, queued=queued, expected_ends=ends), config, seed)
+    for job in queued:
+        runtime, basis = durations.predict(job, _likely_model(job, snapshot.nodes))
+        replay.add(job, runtime, basis)
+    for job_id in (j for a in snapshot.allocations if a.active for j in a.job_ids):
+        spec = running.get(job_id)
+        eta = etas[job_id]
+        if spec is not None and eta.end_at is not None:  # requeued with the rest, if preempted
+            replay.rest[job_id] = (spec, eta.end_at, eta.basis)
+    for alloc_id, end in ends.items():
+        replay.timer(end, alloc_id)
+    for job in recent:
+        if now - window_s < job.submitted_at <= now:
+            runtime, _ = durations.predict(job, _likely_model(job, snapshot.nodes))
+            replay.expect(job, job.submitted_at + window_s, runtime)
+    replay.run(now, cycles)
+    for job_id, (start, runtime, basis) in replay.starts.items():
+        if basis == "expected":
+            continue
+        if job_id in etas:  # a running job preempted and started again: a later end
+            etas[job_id] = replace(etas[job_id], end_at=start + runtime)
+        else:
+            etas[job_id] = Eta(job_id, start, start + runtime, runtime, basis)
+    left = "beyond" if replay.cut else "never"
+    for job_id, (_, runtime, basis) in replay.waiting.items():
+        if basis != "expected":
+            etas.setdefault(job_id, Eta(job_id, None, None, runtime, left))
     return etas
 
 
-def queue_order(queued: Iterable[Job], config: Config) -> list[Job]:
-    """``queued`` as the scheduler considers them: higher class first; inside a class
-    each user's n-th job in round n (scaled by ``1 / weight``); then oldest first. Jobs of
-    an unknown class are left out (the scheduler never places them)."""
-    ranks = {c.name: c.rank for c in config.priority_classes}
-    weights = config.user_weights
-    seen: defaultdict[tuple[str, str], int] = defaultdict(int)
-    keyed = []
-    for job in sorted(queued, key=lambda j: (j.submitted_at, j.id)):
-        rank = ranks.get(job.priority)
-        if rank is None:
-            continue
-        turn = seen[job.priority, job.user]
-        seen[job.priority, job.user] = turn + 1
-        keyed.append(((-rank, turn / weights.get(job.user, 1.0), job.submitted_at, job.id), job))
-    keyed.sort(key=lambda kj: kj[0])
-    return [job for _, job in keyed]
+def gpu_model(node: Node) -> str:
+    """The GPU model run times on ``node`` are keyed by (its first card's)."""
+    return node.gpus[0].model if node.gpus else CPU_MODEL
+
+
+def _likely_model(job: Job, nodes: Sequence[Node]) -> str:
+    """The GPU model a queued job will most likely run on: its only allowed one, else the
+    most common among the nodes."""
+    res = job.resources
+    if len(res.gpu_models) == 1:
+        return next(iter(res.gpu_models))
+    if not res.gpus and not res.gpu_milli and not res.vram_bytes:
+        return CPU_MODEL
+    counts: dict[str, int] = {}
+    for n in nodes:
+        if n.gpus and (not res.gpu_models or n.gpus[0].model in res.gpu_models):
+            counts[n.gpus[0].model] = counts.get(n.gpus[0].model, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else ""
 
 
 def _running(
     allocations: Sequence[Allocation],
-    cluster: _Cluster,
+    models: Mapping[str, str],
     durations: Durations,
     running: Mapping[str, Job],
     now: float,
@@ -117,149 +143,151 @@ def _running(
     for alloc in allocations:
         if not alloc.active:
             continue
-        gpu = cluster.model_of(alloc.node)
         elapsed = max(0.0, now - alloc.started_at)
         for job_id in alloc.job_ids:
             if job_id in etas:
                 continue
             job = running.get(job_id) or Job(job_id)
-            total, basis = durations.total(job, gpu, elapsed, alloc.progress)
+            total, basis = durations.total(job, models.get(alloc.node, ""), elapsed, alloc.progress)
             end = max(now, alloc.started_at + total)
             etas[job_id] = Eta(job_id, None, end, total, basis)
     return etas
 
 
-@dataclass(slots=True)
-class _Victim:
-    """Preemptible work on a card, and from when it may be preempted."""
+class _Replay:
+    """The scheduler run forward on predicted run times; see the module docstring."""
 
-    rank: int
-    team: str
-    borrowed: bool
-    at: float
+    def __init__(self, snapshot: Snapshot, config: Config, seed: int) -> None:
+        self.sched = Scheduler.from_snapshot(snapshot, config)
+        self.config = config
+        self.seed = seed
+        self.waiting: dict[str, tuple[Job, float, str]] = {}  # queued: spec, run time, basis
+        self.rest: dict[str, tuple[Job, float, str]] = {}  # running: spec, end, basis
+        self.starts: dict[str, tuple[float, float, str]] = {}  # placed: start, run time, basis
+        self._timers: list[tuple[float, str]] = []
+        self._coming: list[tuple[float, str, Job, float]] = []  # expected arrivals
+        self._expected: set[str] = set()  # ids of the expected arrivals
+        self._live = {a.id for a in snapshot.allocations if a.active}
+        self._allocs = 0
+        self.cut = False  # stopped at the cycle bound with jobs still queued
 
+    def add(self, job: Job, runtime: float, basis: str) -> None:
+        self.waiting[job.id] = (job, runtime, basis)
 
-class _Node:
-    """One node's cards: from when each is free, and what preemptible work holds it."""
+    def expect(self, job: Job, at: float, runtime: float) -> None:
+        """A job like ``job`` is expected to arrive at ``at`` (it gets no ``Eta``)."""
+        heapq.heappush(self._coming, (at, job.id, job, runtime))
 
-    __slots__ = ("free", "node", "victims")
+    def timer(self, at: float, alloc_id: str) -> None:
+        heapq.heappush(self._timers, (at, alloc_id))
 
-    def __init__(self, node: Node, now: float) -> None:
-        self.node = node
-        self.free = [now] * len(node.gpus)
-        self.victims: list[_Victim | None] = [None] * len(node.gpus)
+    def run(self, now: float, cycles: int) -> None:
+        t = now
+        for _ in range(cycles):
+            if not self.waiting.keys() - self._expected:
+                return
+            self._cycles(t)
+            nxt = self._next(t)
+            if nxt is None:
+                return  # nothing more will end or become ready: the rest never starts
+            t = nxt
+            self._end_due(t)
+            self._arrive_due(t)
+        self.cut = bool(self.waiting.keys() - self._expected)
 
-    def ready(self, count: int, rank: int, team: str) -> float:
-        """When ``count`` of its cards are free for a job of ``rank`` (its class may
-        preempt: rank > 0) in ``team``."""
-        if rank <= 0:
-            return sorted(self.free)[count - 1]
-        times = [
-            t if v is None or not _may_evict(v, rank, team) else min(t, v.at)
-            for t, v in zip(self.free, self.victims, strict=True)
-        ]
-        return sorted(times)[count - 1]
-
-    def claim(self, count: int, start: float, until: float, share: int) -> None:
-        """Hold the ``count`` cards that free up first from ``start`` to ``until`` (a
-        share of one card: that card for the share's part of the time)."""
-        order = sorted(range(len(self.free)), key=self.free.__getitem__)
-        for i in order[:count]:
-            if share:
-                self.free[i] = max(self.free[i], start) + (until - start) * share / MILLI
-            else:
-                self.free[i] = until
-            self.victims[i] = None
-
-
-def _may_evict(victim: _Victim, rank: int, team: str) -> bool:
-    return victim.rank < rank and (victim.borrowed or victim.team == team)
-
-
-class _Cluster:
-    """The card model the queue is projected on."""
-
-    def __init__(self, nodes: Sequence[Node], config: Config, now: float) -> None:
-        self.nodes = [_Node(n, now) for n in nodes if n.schedulable and n.gpus]
-        self._by_name = {n.node.name: n for n in self.nodes}
-        self._models = {n.name: n.gpus[0].model if n.gpus else CPU_MODEL for n in nodes}
-        self._classes = {c.name: c for c in config.priority_classes}
-        self._preemption = config.preemption
-        self._min_run = config.min_runtime_before_preemption_s
-        self._now = now
-
-    def model_of(self, node: str) -> str:
-        return self._models.get(node, "")
-
-    def model_for(self, job: Job) -> str:
-        """The GPU model a queued job will most likely run on: its only allowed one, else
-        the most common among nodes (history keyed by it)."""
-        allowed = job.resources.gpu_models
-        if len(allowed) == 1:
-            return next(iter(allowed))
-        if not job.resources.gpus and not job.resources.gpu_milli:
-            return CPU_MODEL
-        models = [n.node.gpus[0].model for n in self.nodes]
-        return max(set(models), key=models.count) if models else ""
-
-    def hold(self, alloc: Allocation, end: float) -> None:
-        """Cards of a running allocation are busy until its expected end."""
-        node = self._by_name.get(alloc.node)
-        if node is None or alloc.on_cpu:
-            return
-        victim = self._victim(alloc)
-        for i in alloc.gpu_indices:
-            if i >= len(node.free):
+    def _arrive_due(self, t: float) -> None:
+        while self._coming and self._coming[0][0] <= t:
+            at, job_id, job, runtime = heapq.heappop(self._coming)
+            twin = replace(job, id=f"{job_id}~eta", submitted_at=at, attempt=0, not_before=0.0)
+            if twin.id in self.waiting:
                 continue
-            if alloc.gpu_milli >= MILLI:
-                node.free[i] = max(node.free[i], end)
-            else:  # a share: the card is busy for that share of the time
-                node.free[i] = max(node.free[i], self._now) + (end - self._now) * (
-                    alloc.gpu_milli / MILLI
-                )
-            node.victims[i] = victim
+            self._expected.add(twin.id)
+            self.waiting[twin.id] = (twin, runtime, "expected")
+            self.sched.submit(twin)
 
-    def _victim(self, alloc: Allocation) -> _Victim | None:
-        cls = self._classes.get(alloc.priority)
-        if not self._preemption or not alloc.preemptible or cls is None or not cls.preemptible:
-            return None
-        at = max(self._now, alloc.started_at + self._min_run)
-        return _Victim(cls.rank, alloc.team, alloc.borrowed, at)
+    def _cycles(self, t: float) -> None:
+        """Cycles at ``t`` until one neither preempts nor stops at the placement limit."""
+        for _ in range(AGAIN):
+            plan = self.sched.schedule(t, self.seed, explain=False)
+            for p in plan.preemptions:
+                self._preempt(p.allocation_id, p.job_ids, t)
+            placed: dict[str, None] = {}
+            for p in plan.placements:
+                if self._place(p, t):
+                    placed.update(dict.fromkeys(p.job_ids))
+            for job_id in placed:  # a gang's replicas all placed: it leaves the queue once
+                spec, each, basis = self.waiting.pop(job_id)
+                self.sched.withdraw(job_id)
+                self.starts[job_id] = (t, each, basis)
+                self.rest[job_id] = (spec, t + each, basis)
+            if not plan.preemptions and not _hit_limit(plan):
+                return
 
-    def place(self, job: Job, cls: PriorityClass, runtime: float, now: float) -> float | None:
-        """The projected start of ``job`` (its cards then held), None: no node could."""
-        earliest = max(now, job.not_before)
-        res = job.resources
-        if not res.gpus and not res.gpu_milli and not res.vram_bytes:
-            return earliest  # CPU only: cores are rarely what work waits for
-        count = res.gpus or 1
-        rank = cls.rank if cls.can_preempt and self._preemption else 0
-        ready = sorted(
-            (node.ready(count, rank, job.team), k)
-            for k, node in enumerate(self.nodes)
-            if _fits(job, node.node, count)
+    def _place(self, p: Placement, t: float) -> bool:
+        """Start placement ``p`` at ``t`` (False: it names no job still queued)."""
+        first = self.waiting.get(p.job_ids[0])
+        if first is None:
+            return False
+        runtime = max(self.waiting[j][1] for j in p.job_ids if j in self.waiting)
+        job = first[0]
+        self._allocs += 1
+        alloc = Allocation(
+            f"eta-{self._allocs}",
+            p.job_ids,
+            p.node,
+            team=job.team,
+            user=job.user,
+            priority=job.priority,
+            replica=p.replica,
+            gpu_indices=p.gpu_indices,
+            gpu_milli=p.gpu_milli,
+            vram_bytes=p.vram_bytes,
+            cpus=p.cpus,
+            on_cpu=p.on_cpu,
+            preemptible=job.preemptible,
+            borrowed=p.borrowed,
+            started_at=t,
+            observed=AllocObserved.RUNNING,
         )
-        if len(ready) < job.replicas:
-            return None
-        chosen = ready[: job.replicas]
-        start = max(earliest, chosen[-1][0])
-        share = 0 if res.gpus else (res.gpu_milli or MILLI)
-        for _, k in chosen:
-            self.nodes[k].claim(count, start, start + runtime, share)
-        return start
+        end = t + runtime
+        self.sched.start(alloc, end)
+        self._live.add(alloc.id)
+        self.timer(end, alloc.id)
+        return True
+
+    def _preempt(self, alloc_id: str, job_ids: tuple[str, ...], t: float) -> None:
+        """End the allocation; its jobs queue again with the rest of their run."""
+        if alloc_id not in self._live:
+            return  # another replica of the same gang went already
+        self._live.discard(alloc_id)
+        self.sched.end(alloc_id)
+        for job_id in job_ids:
+            rest = self.rest.pop(job_id, None)
+            if rest is None or job_id in self.waiting:
+                continue
+            spec = replace(rest[0], attempt=rest[0].attempt + 1)
+            self.waiting[job_id] = (spec, max(1.0, rest[1] - t), rest[2])
+            self.starts.pop(job_id, None)
+            self.sched.submit(spec)
+
+    def _next(self, t: float) -> float | None:
+        """When something next changes: an allocation ends, or a back-off ends."""
+        ends = self._timers[0][0] if self._timers else None
+        if self._coming and (ends is None or self._coming[0][0] < ends):
+            ends = self._coming[0][0]
+        waiting = self.waiting.values()
+        backoff = min((j.not_before for j, _, _ in waiting if j.not_before > t), default=None)
+        if ends is None:
+            return backoff
+        return ends if backoff is None else min(ends, backoff)
+
+    def _end_due(self, t: float) -> None:
+        while self._timers and self._timers[0][0] <= t:
+            _, alloc_id = heapq.heappop(self._timers)
+            if alloc_id in self._live:
+                self._live.discard(alloc_id)
+                self.sched.end(alloc_id)
 
 
-def _fits(job: Job, node: Node, count: int) -> bool:
-    """Could ``node`` ever run one replica of ``job`` (its cards, models, labels, backend)."""
-    res = job.resources
-    if len(node.gpus) < count or node.name in job.lacking_nodes:
-        return False
-    card = node.gpus[0]
-    if res.gpu_models and card.model not in res.gpu_models:
-        return False
-    if res.vram_bytes and card.vram_bytes < res.vram_bytes:
-        return False
-    if job.backend is not None and node.backends and job.backend not in node.backends:
-        return False
-    labels = node.labels
-    return all(labels.get(k) == v for k, v in job.node_selector.items())
+def _hit_limit(plan: Plan) -> bool:
+    return any(r.code is ReasonCode.CYCLE_LIMIT for u in plan.unplaced for r in u.reasons)

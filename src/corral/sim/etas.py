@@ -16,6 +16,7 @@ made up to that long after submission.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -24,7 +25,7 @@ from corral.core.model import Allocation, Job
 from corral.core.states import AllocObserved, JobState
 from corral.scheduler.api import Config, Plan, Snapshot
 from corral.scheduler.durations import Durations
-from corral.scheduler.eta import estimate
+from corral.scheduler.eta import WINDOW_S, estimate
 from corral.sim.policies import Kept
 from corral.sim.report import JobRecord
 from corral.sim.scenario import Scenario
@@ -43,7 +44,9 @@ class EtaProbe(Kept):
 
     snapshots = True  # the estimate reads the world's snapshot
 
-    def __init__(self, scenario: Scenario, every_s: float = 30.0) -> None:
+    def __init__(
+        self, scenario: Scenario, every_s: float = 30.0, window_s: float = WINDOW_S
+    ) -> None:
         super().__init__(scenario)
         self.every_s = every_s
         self.durations = Durations()
@@ -51,6 +54,8 @@ class EtaProbe(Kept):
         self.predicted: dict[str, Prediction] = {}
         self.starts: dict[str, tuple[float, float]] = {}  # job -> (submitted, first start)
         self._fresh: set[str] = set()
+        self.window_s = window_s
+        self._recent: deque[Job] = deque()  # submitted in the last window_s
         self._last = -math.inf
         self._models = {n.name: n.gpus[0].model if n.gpus else "cpu" for n in scenario.nodes}
 
@@ -58,6 +63,7 @@ class EtaProbe(Kept):
         super().submitted(job)
         if job.id not in self.jobs:
             self._fresh.add(job.id)
+            self._recent.append(job)
         self.jobs[job.id] = job
 
     def plan(
@@ -71,8 +77,13 @@ class EtaProbe(Kept):
         plan = super().plan(snapshot, config, now, seed, served)
         if self._fresh and now - self._last >= self.every_s:
             self._last = now
+            recent = self._recent
+            while recent and recent[0].submitted_at <= now - self.window_s:
+                recent.popleft()
             after = self._after(snapshot(), plan, now)
-            etas = estimate(after, config, self.durations, now, running=self.jobs)
+            etas = estimate(
+                after, config, self.durations, now, running=self.jobs, recent=tuple(recent), window_s=self.window_s
+            )
             for job in after.queued:
                 eta = etas.get(job.id)
                 if job.id in self._fresh and eta is not None and eta.start_at is not None:
@@ -96,7 +107,7 @@ class EtaProbe(Kept):
         """``snap`` as ``plan`` leaves it: placed jobs running, preempted ones queued."""
         placed = {j for p in plan.placements for j in p.job_ids}
         evicted = {p.allocation_id for p in plan.preemptions}
-        requeued = [self.jobs[j] for p in plan.preemptions for j in p.job_ids if j in self.jobs]
+        requeued = {j: self.jobs[j] for p in plan.preemptions for j in p.job_ids if j in self.jobs}
         allocations = [a for a in snap.allocations if a.id not in evicted]
         for p in plan.placements:
             job = self.jobs.get(p.job_ids[0])
@@ -116,8 +127,8 @@ class EtaProbe(Kept):
                     observed=AllocObserved.RUNNING,
                 )
             )
-        queued = [j for j in snap.queued if j.id not in placed]
-        queued.extend(requeued)
+        queued = [j for j in snap.queued if j.id not in placed and j.id not in requeued]
+        queued.extend(requeued.values())
         return Snapshot(
             nodes=snap.nodes, queued=tuple(queued), allocations=tuple(allocations), teams=snap.teams
         )

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.model import EMPTY
 from corral.scheduler.api import Config, Plan, ReasonCode, Snapshot, Unplaced
 from corral.scheduler.served import ServiceLedger
+from corral.server.loops.etas import EtaKeeper
 from corral.server.loops.kept import Kept
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.pacing import Pacing
@@ -58,6 +59,7 @@ class SchedulingLoop:
         self.kept = Kept(self.config())
         self.pacing = Pacing(rt.settings.scheduling)
         self.service = ServiceLedger()  # who was served lately: fairness across cycles
+        self.eta = EtaKeeper(rt)  # expected starts and ends (``GET /v1/jobs/{id}``, queue)
         self._forgot = 0  # ``job_changes`` rows up to this one are deleted
         self._one_at_a_time = asyncio.Lock()
         self._reader: AsyncConnection | None = None  # SQLite: the cycles' kept read connection
@@ -197,6 +199,9 @@ class SchedulingLoop:
             snapshot = kept.snapshot()
             for follow_up in self.after_cycle:
                 await follow_up(snapshot, plan)
+        if self.eta.due(sched.queue.jobs, now):
+            seed = self.rt.settings.scheduling.seed
+            await self.eta.refresh(kept.snapshot(), kept.config, now, seed)
         # A row that moved on since the catch-up (a job cancelled meanwhile) reaches the
         # scheduler with the next one, as any change does.
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
