@@ -80,7 +80,7 @@ async function showJob(id) {
 // What changes as it runs: state, actions, why it waits, progress, results.
 function renderJob(job) {
   // Drawn again only when it changed: a button must not be replaced under a click.
-  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.result, job.queue, job.error]);
+  const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.result, job.queue, job.error, etaText(job)]);
   if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) return;
   jobView.drawn = drawn;
   const done = TERMINAL.includes(job.state);
@@ -89,6 +89,7 @@ function renderJob(job) {
     el("p", { class: "muted" }, `${job.kind}${job.backend ? " · " + job.backend : ""} · ${job.team}/${job.user} · priority ${job.priority}` +
       ` · attempt ${job.attempt} of ${job.max_attempts}${job.node ? " · on " + job.node : ""} · submitted ${when(job.submitted_at)}`),
     el("div", { class: "actions", role: "group", "aria-label": "actions" }, actions(job, done)),
+    etaText(job) ? el("p", { class: "eta", id: "job-eta" }, etaText(job)) : "",
     queueExplanation(job),
     el("section", {}, el("h3", {}, "Progress"), bar([[job.progress]]),
       el("div", { class: "muted", id: "job-progress" }, `${Math.round(job.progress * 100)}%`),
