@@ -84,7 +84,8 @@ async def test_a_queued_job_expects_to_start_when_the_running_one_should_end(sit
     assert eta["computed_at"] == pytest.approx(site.clock.now())
 
     ahead = (await site.job(first))["eta"]
-    assert ahead["start_at"] is None and ahead["end_at"] == pytest.approx(began + 600)
+    assert ahead["start_at"] is None
+    assert ahead["end_at"] == pytest.approx(began + 600)
 
     r = await site.http.get("/v1/queue")
     assert r.status_code == 200
@@ -130,5 +131,6 @@ async def test_a_job_no_node_can_run_is_never_expected_to_start(site: Site) -> N
     job = await site.submit(resources={"gpus": 4})
     await site.cycle_after(0)
     eta = (await site.job(job))["eta"]
-    assert eta["start_at"] is None and eta["end_at"] is None
+    assert eta["start_at"] is None
+    assert eta["end_at"] is None
     assert eta["basis"] == "never"

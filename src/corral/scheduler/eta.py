@@ -54,7 +54,7 @@ class Eta:
     basis: str
 
 
-def estimate(
+def estimate(  # noqa: PLR0913 (past ``now``: optional inputs, each by keyword)
     snapshot: Snapshot,
     config: Config,
     durations: Durations,
@@ -165,9 +165,15 @@ class _Replay:
         self.rest: dict[str, tuple[Job, float, str]] = {}  # running: spec, end, basis
         self.starts: dict[str, tuple[float, float, str]] = {}  # placed: start, run time, basis
         self._timers: list[tuple[float, str]] = []
+        self._wakes: list[float] = []  # when running work becomes preemptible: cycle again
+        self._preempting = config.preemption
+        self._min_run = config.min_runtime_before_preemption_s
         self._coming: list[tuple[float, str, Job, float]] = []  # expected arrivals
         self._expected: set[str] = set()  # ids of the expected arrivals
         self._live = {a.id for a in snapshot.allocations if a.active}
+        for a in snapshot.allocations:
+            if a.active:
+                self._wake(a)
         self._allocs = 0
         self.cut = False  # stopped at the cycle bound with jobs still queued
 
@@ -209,8 +215,8 @@ class _Replay:
         """Cycles at ``t`` until one neither preempts nor stops at the placement limit."""
         for _ in range(AGAIN):
             plan = self.sched.schedule(t, self.seed, explain=False)
-            for p in plan.preemptions:
-                self._preempt(p.allocation_id, p.job_ids, t)
+            for victim in plan.preemptions:
+                self._preempt(victim.allocation_id, victim.job_ids, t)
             placed: dict[str, None] = {}
             for p in plan.placements:
                 if self._place(p, t):
@@ -252,8 +258,14 @@ class _Replay:
         end = t + runtime
         self.sched.start(alloc, end)
         self._live.add(alloc.id)
+        self._wake(alloc)
         self.timer(end, alloc.id)
         return True
+
+    def _wake(self, alloc: Allocation) -> None:
+        """Cycle again when ``alloc`` has run the minimum time before preemption."""
+        if self._preempting and alloc.preemptible and self._min_run > 0:
+            heapq.heappush(self._wakes, alloc.started_at + self._min_run)
 
     def _preempt(self, alloc_id: str, job_ids: tuple[str, ...], t: float) -> None:
         """End the allocation; its jobs queue again with the rest of their run."""
@@ -272,9 +284,13 @@ class _Replay:
 
     def _next(self, t: float) -> float | None:
         """When something next changes: an allocation ends, or a back-off ends."""
+        wakes = self._wakes
+        while wakes and wakes[0] <= t:
+            heapq.heappop(wakes)
         ends = self._timers[0][0] if self._timers else None
-        if self._coming and (ends is None or self._coming[0][0] < ends):
-            ends = self._coming[0][0]
+        for soon in (self._coming[0][0] if self._coming else None, wakes[0] if wakes else None):
+            if soon is not None and (ends is None or soon < ends):
+                ends = soon
         waiting = self.waiting.values()
         backoff = min((j.not_before for j, _, _ in waiting if j.not_before > t), default=None)
         if ends is None:

@@ -82,7 +82,13 @@ class EtaProbe(Kept):
                 recent.popleft()
             after = self._after(snapshot(), plan, now)
             etas = estimate(
-                after, config, self.durations, now, running=self.jobs, recent=tuple(recent), window_s=self.window_s
+                after,
+                config,
+                self.durations,
+                now,
+                running=self.jobs,
+                recent=tuple(recent),
+                window_s=self.window_s,
             )
             for job in after.queued:
                 eta = etas.get(job.id)

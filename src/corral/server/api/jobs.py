@@ -69,7 +69,9 @@ async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = N
     """Submit a job. 201 with the job; 200 with the same job when the Idempotency-Key was seen."""
     records, created = await plane.jobs.submit(who, [_draft(who, spec, key)])
     job_id = records[0].job.id
-    out = job_fields(records[0], plane.schedule.unplaced.get(job_id), eta=plane.schedule.eta.of(job_id))
+    out = job_fields(
+        records[0], plane.schedule.unplaced.get(job_id), eta=plane.schedule.eta.of(job_id)
+    )
     # Written here, from the fields: FastAPI would validate a JobOut built from them, then
     # validate it a second time and dump it (the hot path; ``job_fields``).
     return Response(

@@ -22,8 +22,8 @@ from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.durations import Durations
 from corral.scheduler.eta import WINDOW_S, Eta, estimate, gpu_model
 from corral.server.services.unit import Runtime
-from corral.server.store import jobs as job_repo
 from corral.server.store import job_search
+from corral.server.store import jobs as job_repo
 from corral.server.store.job_search import JobFilter
 from corral.server.store.records import JobRecord
 
