@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from corral.scheduler.eta import WINDOW_S
 from corral.sim.etas import EtaProbe
 from corral.sim.generate import scenario
 from corral.sim.runner import simulate
@@ -37,9 +38,15 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=float, default=30.0, help="simulated s between estimates")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=WINDOW_S,
+        help="the last WINDOW s of arrivals are expected again (0: expect none)",
+    )
     args = parser.parse_args()
     world = scenario(args.nodes, args.jobs, load=args.load, seed=args.seed)
-    probe = EtaProbe(world, every_s=args.every)
+    probe = EtaProbe(world, every_s=args.every, window_s=args.window)
     began = time.perf_counter()
     simulate(world, probe, sink=probe.sink)
     wall = time.perf_counter() - began
