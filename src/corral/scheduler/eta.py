@@ -82,8 +82,9 @@ def estimate(  # noqa: PLR0913 (past ``now``: optional inputs, each by keyword)
     # a job placed by the cycle that just ran may still be listed as queued: it runs
     queued = tuple(j for j in snapshot.queued if j.id not in etas)
     replay = _Replay(replace(snapshot, queued=queued, expected_ends=ends), config, seed)
+    likely = _Likely(snapshot.nodes)
     for job in queued:
-        runtime, basis = durations.predict(job, _likely_model(job, snapshot.nodes))
+        runtime, basis = durations.predict(job, likely.model(job))
         replay.add(job, runtime, basis)
     for job_id in (j for a in snapshot.allocations if a.active for j in a.job_ids):
         spec = running.get(job_id)
@@ -94,7 +95,7 @@ def estimate(  # noqa: PLR0913 (past ``now``: optional inputs, each by keyword)
         replay.timer(end, alloc_id)
     for job in recent:
         if now - window_s < job.submitted_at <= now:
-            runtime, _ = durations.predict(job, _likely_model(job, snapshot.nodes))
+            runtime, _ = durations.predict(job, likely.model(job))
             replay.expect(job, job.submitted_at + window_s, runtime)
     replay.run(now, cycles)
     for job_id, (start, runtime, basis) in replay.starts.items():
@@ -116,19 +117,30 @@ def gpu_model(node: Node) -> str:
     return node.gpus[0].model if node.gpus else CPU_MODEL
 
 
-def _likely_model(job: Job, nodes: Sequence[Node]) -> str:
+class _Likely:
     """The GPU model a queued job will most likely run on: its only allowed one, else the
-    most common among the nodes."""
-    res = job.resources
-    if len(res.gpu_models) == 1:
-        return next(iter(res.gpu_models))
-    if not res.gpus and not res.gpu_milli and not res.vram_bytes:
-        return CPU_MODEL
-    counts: dict[str, int] = {}
-    for n in nodes:
-        if n.gpus and (not res.gpu_models or n.gpus[0].model in res.gpu_models):
-            counts[n.gpus[0].model] = counts.get(n.gpus[0].model, 0) + 1
-    return max(counts, key=counts.__getitem__) if counts else ""
+    most common among the nodes it allows (one count per distinct set of allowed models)."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self._nodes = nodes
+        self._by_allowed: dict[frozenset[str], str] = {}
+
+    def model(self, job: Job) -> str:
+        res = job.resources
+        if not res.gpus and not res.gpu_milli and not res.vram_bytes:
+            return CPU_MODEL
+        allowed = res.gpu_models
+        if len(allowed) == 1:
+            return next(iter(allowed))
+        known = self._by_allowed.get(allowed)
+        if known is None:
+            counts: dict[str, int] = {}
+            for n in self._nodes:
+                if n.gpus and (not allowed or n.gpus[0].model in allowed):
+                    counts[n.gpus[0].model] = counts.get(n.gpus[0].model, 0) + 1
+            known = max(counts, key=counts.__getitem__) if counts else ""
+            self._by_allowed[allowed] = known
+        return known
 
 
 def _running(
