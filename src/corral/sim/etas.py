@@ -9,8 +9,10 @@ run's sink, when the job really started. ``summary`` gives the errors,
 absolute and relative to the job's actual wait.
 
 Estimates run at most every ``every_s`` simulated seconds (the server
-estimates at explained cycles, not every cycle), so a prediction may be
-made up to that long after submission.
+estimates every few seconds, not every cycle), so a prediction may be
+made up to that long after submission. ``window_s`` > 0 hands the estimate
+the jobs submitted in the last ``window_s`` seconds as ``recent`` (expected
+again); 0, the server's way, hands none.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from corral.core.model import Allocation, Job
 from corral.core.states import AllocObserved, JobState
 from corral.scheduler.api import Config, Plan, Snapshot
 from corral.scheduler.durations import Durations
-from corral.scheduler.eta import WINDOW_S, estimate
+from corral.scheduler.eta import estimate
 from corral.sim.policies import Kept
 from corral.sim.report import JobRecord
 from corral.sim.scenario import Scenario
@@ -44,9 +46,7 @@ class EtaProbe(Kept):
 
     snapshots = True  # the estimate reads the world's snapshot
 
-    def __init__(
-        self, scenario: Scenario, every_s: float = 30.0, window_s: float = WINDOW_S
-    ) -> None:
+    def __init__(self, scenario: Scenario, every_s: float = 30.0, window_s: float = 0.0) -> None:
         super().__init__(scenario)
         self.every_s = every_s
         self.durations = Durations()

@@ -3,10 +3,11 @@
 After a cycle, at most every ``EVERY_S`` (sooner when a queued job has none
 yet, but never twice within ``MIN_GAP_S``), the leader reads from the store
 what the pure estimate needs and the kept scheduler does not hold: the
-latest finished jobs (run times, learned once each into a ``Durations``),
-the jobs submitted in the last hour (expected to recur), and the running
-jobs' specs; then ``scheduler.eta.estimate`` replays the scheduler forward
-(on a thread when the queue is large). ``GET /v1/jobs/{id}`` and
+latest finished jobs (run times, learned once each into a ``Durations``)
+and the running jobs' specs. It expects no further arrivals (``recent`` left
+empty: expecting the last hour's again made the estimate worse on the
+simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
+replays the scheduler forward (on a thread when the queue is large). ``GET /v1/jobs/{id}`` and
 ``/v1/queue`` show the result. Followers show none (they do not schedule).
 """
 
@@ -20,7 +21,7 @@ from typing import Final
 from corral.core.states import JobState
 from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.durations import Durations
-from corral.scheduler.eta import WINDOW_S, Eta, estimate, gpu_model
+from corral.scheduler.eta import Eta, estimate, gpu_model
 from corral.server.services.unit import Runtime
 from corral.server.store import job_search
 from corral.server.store import jobs as job_repo
@@ -30,7 +31,6 @@ from corral.server.store.records import JobRecord
 EVERY_S: Final = 10.0  # ETAs drift slowly: re-estimated this often while work is queued
 MIN_GAP_S: Final = 1.0  # a burst of submissions is estimated once a second, not per cycle
 HISTORY_ROWS: Final = 500  # latest finished jobs read per estimate (each learned once)
-RECENT_ROWS: Final = 2000  # at most this many of the last hour's submissions are expected again
 LEARNED: Final = 20_000  # ids of jobs already learned, kept to skip them on the next read
 INLINE_WORK: Final = 4096  # queued x nodes up to which the estimate runs on the loop itself
 
@@ -69,9 +69,6 @@ class EtaKeeper:
             done = await job_search.page(
                 conn, JobFilter(states=(JobState.SUCCEEDED,)), before_seq=None, limit=HISTORY_ROWS
             )
-            recent = await job_search.page(
-                conn, JobFilter(since=now - WINDOW_S), before_seq=None, limit=RECENT_ROWS
-            )
             running = await job_repo.get_many(conn, running_ids)
         self._learn(done, {n.name: gpu_model(n) for n in snapshot.nodes})
 
@@ -82,7 +79,6 @@ class EtaKeeper:
                 self.durations,
                 now,
                 running={k: r.job for k, r in running.items()},
-                recent=[r.job for r in recent],
                 seed=seed,
             )
 
