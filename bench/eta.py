@@ -15,7 +15,7 @@ waited at least a minute.
 Prints::
 
     eta start error (16 nodes, 1500 jobs, load 0.9): median 919 s = 62% of the wait, p90 ...
-    rated N of M jobs that started (P predicted); goal: median <= 25% of the wait: met
+    rated 178 of 1500 jobs that started (201 predicted); goal: median <= 25% of the wait: NOT met
 
 The run times the estimate uses are learned from the jobs finished so far,
 as the server learns them: the first hour's predictions rest on little.
