@@ -33,6 +33,7 @@ from corral.core.states import AllocObserved
 from corral.scheduler.api import Config, Placement, Plan, ReasonCode, Snapshot
 from corral.scheduler.durations import Durations
 from corral.scheduler.incremental import Scheduler
+from corral.scheduler.served import ServiceLedger
 
 CYCLES: Final = 2_000  # replayed cycles per estimate: a busy server's queue in about a second
 WINDOW_S: Final = 3600.0  # the last hour's arrivals are expected again in the next
@@ -81,7 +82,7 @@ def estimate(  # noqa: PLR0913 (past ``now``: optional inputs, each by keyword)
     }
     # a job placed by the cycle that just ran may still be listed as queued: it runs
     queued = tuple(j for j in snapshot.queued if j.id not in etas)
-    replay = _Replay(replace(snapshot, queued=queued, expected_ends=ends), config, seed)
+    replay = _Replay(replace(snapshot, queued=queued, expected_ends=ends), config, seed, now)
     likely = _Likely(snapshot.nodes)
     for job in queued:
         runtime, basis = durations.predict(job, likely.model(job))
@@ -169,8 +170,12 @@ def _running(
 class _Replay:
     """The scheduler run forward on predicted run times; see the module docstring."""
 
-    def __init__(self, snapshot: Snapshot, config: Config, seed: int) -> None:
+    def __init__(self, snapshot: Snapshot, config: Config, seed: int, now: float) -> None:
         self.sched = Scheduler.from_snapshot(snapshot, config)
+        # who was served lately, as the shells keep it: the fair order follows it
+        self._service = ServiceLedger()
+        for user, served in snapshot.served.items():
+            self._service.record(user, now, served)
         self.config = config
         self.seed = seed
         self.waiting: dict[str, tuple[Job, float, str]] = {}  # queued: spec, run time, basis
@@ -226,6 +231,7 @@ class _Replay:
     def _cycles(self, t: float) -> None:
         """Cycles at ``t`` until one neither preempts nor stops at the placement limit."""
         for _ in range(AGAIN):
+            self.sched.served = self._service.view(t)
             plan = self.sched.schedule(t, self.seed, explain=False)
             for victim in plan.preemptions:
                 self._preempt(victim.allocation_id, victim.job_ids, t)
@@ -235,6 +241,7 @@ class _Replay:
                     placed.update(dict.fromkeys(p.job_ids))
             for job_id in placed:  # a gang's replicas all placed: it leaves the queue once
                 spec, each, basis = self.waiting.pop(job_id)
+                self._service.record(spec.user, t)
                 self.sched.withdraw(job_id)
                 self.starts[job_id] = (t, each, basis)
                 self.rest[job_id] = (spec, t + each, basis)

@@ -123,6 +123,7 @@ class EtaProbe(Kept):
                     p.job_ids,
                     p.node,
                     team=job.team if job else "default",
+                    user=job.user if job else "anonymous",
                     priority=job.priority if job else "free",
                     gpu_indices=p.gpu_indices,
                     gpu_milli=p.gpu_milli,
@@ -133,10 +134,19 @@ class EtaProbe(Kept):
                     observed=AllocObserved.RUNNING,
                 )
             )
+        served = dict(snap.served)  # the runner records this plan's service after it
+        for job_id in placed:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                served[job.user] = served.get(job.user, 0.0) + 1.0
         queued = [j for j in snap.queued if j.id not in placed and j.id not in requeued]
         queued.extend(requeued.values())
         return Snapshot(
-            nodes=snap.nodes, queued=tuple(queued), allocations=tuple(allocations), teams=snap.teams
+            nodes=snap.nodes,
+            queued=tuple(queued),
+            allocations=tuple(allocations),
+            teams=snap.teams,
+            served=served,
         )
 
     def summary(self, min_wait_s: float = MIN_WAIT_S) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from operator import attrgetter
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -201,7 +202,8 @@ class SchedulingLoop:
                 await follow_up(snapshot, plan)
         if self.eta.due(sched.queue.jobs, now):
             seed = self.rt.settings.scheduling.seed
-            await self.eta.refresh(kept.snapshot(), kept.config, now, seed)
+            snapshot = replace(kept.snapshot(), served=self.service.view(now))  # with this cycle's
+            await self.eta.refresh(snapshot, kept.config, now, seed)
         # A row that moved on since the catch-up (a job cancelled meanwhile) reaches the
         # scheduler with the next one, as any change does.
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):
