@@ -69,7 +69,7 @@ class EtaKeeper:
             done = await job_search.page(
                 conn, JobFilter(states=(JobState.SUCCEEDED,)), before_seq=None, limit=HISTORY_ROWS
             )
-            running = await job_repo.get_many(conn, running_ids)
+            running = await job_repo.get_many(conn, running_ids) if running_ids else {}
         self._learn(done, {n.name: gpu_model(n) for n in snapshot.nodes})
 
         def work() -> dict[str, Eta]:
