@@ -223,3 +223,15 @@ def test_the_installed_command_prints_json_for_scripts(server: Running, tmp_path
         )
         assert done.returncode == 0, done.stderr
     assert "scripted" in [t["name"] for t in json.loads(done.stdout)]
+
+
+def test_a_job_shows_its_eta(cli: Cli, server: Running, team: str) -> None:
+    cli = cli.against(server)
+    [job] = submit_json(cli, json.dumps({"team": team, "resources": {"gpus": 2}}))
+
+    def shown() -> str | None:
+        out = cli("job", job["id"]).stdout
+        return out if "no node can run it" in out else None
+
+    assert "eta" in eventually(shown)
+    assert "no node can run it" in cli("queue", "--limit", "1000").stdout

@@ -123,6 +123,7 @@ def test_the_jobs_list_filters_pages_and_explains_a_job_that_cannot_run(
         expect(explained).to_be_visible(timeout=10_000)
         expect(explained).to_contain_text("fewer than 8 usable GPUs")
         expect(explained.locator(".remedy")).to_contain_text("--fake-gpus")
+        expect(page.locator("#job-eta")).to_contain_text("no node can run it")
         page.screenshot(path=str(SHOTS / "job-waiting.png"), full_page=True)
 
         page.set_viewport_size({"width": 390, "height": 844})  # a phone

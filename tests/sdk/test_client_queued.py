@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -13,6 +14,7 @@ from corral.sdk import (
     BadRequest,
     Client,
     Conflict,
+    Eta,
     JobSpec,
     NotFound,
     PermissionDenied,
@@ -190,3 +192,31 @@ def test_a_server_without_agents_has_no_nodes(admin: Client) -> None:
     with pytest.raises(NotFound):
         admin.delete_node("nope")
     assert admin.health() == {"status": "ok"}
+
+
+def test_a_job_no_node_can_run_has_an_eta_without_a_start(admin: Client, team: str) -> None:
+    job = admin.submit(team=team, gpus=1)
+
+    def eta() -> Eta | None:
+        return admin.job(job.id).status.eta
+
+    seen = eventually(eta)
+    assert (seen.start_at, seen.end_at, seen.basis) == (None, None, "never")
+    assert seen.describe(time.time()) == "no node can run it"
+    entry = next(e for e in admin.queue(limit=1000).entries if e.job.id == job.id)
+    assert entry.job.eta is not None
+
+
+@pytest.mark.parametrize(
+    ("eta", "running", "want"),
+    [
+        pytest.param(Eta(start_at=1240.0), False, "starts in ~4 min", id="minutes-away"),
+        pytest.param(Eta(start_at=1010.0), False, "starts any moment", id="due"),
+        pytest.param(Eta(start_at=900.0), False, "starts any moment", id="overdue"),
+        pytest.param(Eta(start_at=1000.0 + 9000), False, "starts in ~2.5 h", id="hours"),
+        pytest.param(Eta(end_at=1120.0), True, "ends in ~2 min", id="running"),
+        pytest.param(Eta(basis="beyond"), False, "start not foreseen", id="past-horizon"),
+    ],
+)
+def test_an_eta_reads_as_a_person_says_it(eta: Eta, running: bool, want: str) -> None:
+    assert eta.describe(1000.0, running=running) == want

@@ -73,9 +73,18 @@ def gib(n: int) -> str:
     return f"{n / GIB:.0f}" if n % GIB == 0 else f"{n / GIB:.1f}"
 
 
+def eta(j: JobStatus, now: float) -> str:
+    """``"starts in ~4 min"`` for a queued job, ``"ends in ~2 min"`` for a running one
+    (the server's estimate: docs/scheduler.md, "ETA"); ``""`` without one."""
+    if j.eta is None or j.done:
+        return ""
+    return j.eta.describe(now, running=j.state.value != "queued")
+
+
 def jobs_table(jobs: list[JobStatus], now: float) -> Table:
     table = Table(box=None, pad_edge=False)
-    for name in ("ID", "STATE", "KIND", "TEAM", "USER", "PRIORITY", "NEEDS", "NODE", "PROGRESS"):
+    names = ("ID", "STATE", "KIND", "TEAM", "USER", "PRIORITY", "NEEDS", "NODE", "PROGRESS", "ETA")
+    for name in names:
         table.add_column(name, no_wrap=name in ("ID", "STATE"))
     table.add_column("AGE", justify="right")
     for j in jobs:
@@ -89,6 +98,7 @@ def jobs_table(jobs: list[JobStatus], now: float) -> Table:
             escape(j.resources.describe()),
             escape(j.node or "-"),
             f"{j.progress:.0%}" if j.state.value == "running" else "",
+            eta(j, now),
             age(j.submitted_at, now),
         )
     return table
@@ -108,7 +118,7 @@ def why(info: WaitInfo | None) -> str:
 
 def queue_table(entries: list[QueueEntry], now: float) -> Table:
     table = Table(box=None, pad_edge=False)
-    for name in ("#", "ID", "TEAM", "USER", "PRIORITY", "NEEDS", "WAITING", "WHY"):
+    for name in ("#", "ID", "TEAM", "USER", "PRIORITY", "NEEDS", "WAITING", "ETA", "WHY"):
         table.add_column(name, no_wrap=name in ("#", "ID"), overflow="fold")
     for e in entries:
         j = e.job
@@ -120,6 +130,7 @@ def queue_table(entries: list[QueueEntry], now: float) -> Table:
             j.priority,
             escape(j.resources.describe()),
             age(j.submitted_at, now),
+            eta(j, now),
             escape(why(e.queue)),
         )
     return table
@@ -245,6 +256,7 @@ def job_details(j: JobStatus, now: float) -> Table:
         ("started", j.started_at and age(j.started_at, now) + " ago"),
         ("finished", j.finished_at and age(j.finished_at, now) + " ago"),
         ("progress", f"{j.progress:.0%}" if j.state.value == "running" else None),
+        ("eta", eta(j, now)),
         ("checkpoint", j.checkpoint and escape(j.checkpoint)),
         ("error", j.error and f"[red]{escape(j.error)}[/]"),
         ("waiting because", escape(why(j.queue)) if j.queue else None),

@@ -120,6 +120,38 @@ class WaitInfo(_Out):
     advice: str | None = Field(default=None, description="what to do when no node can ever run it")
 
 
+class Eta(_Out):
+    """When a job is expected to start and end (epoch seconds): an estimate the server
+    re-makes every few seconds from the queue and the run times of finished jobs."""
+
+    start_at: float | None = None  # queued jobs; None: not foreseen
+    end_at: float | None = None
+    runtime_s: float = 0.0
+    basis: str = ""  # history, estimate, progress, default; beyond or never (no start)
+    computed_at: float = 0.0
+
+    def describe(self, now: float, *, running: bool = False) -> str:
+        """``"starts in ~4 min"``, ``"ends in ~2 min"`` (``running``), or why neither."""
+        if running:
+            return "end not foreseen" if self.end_at is None else f"ends {_in(self.end_at - now)}"
+        if self.start_at is None:
+            return "no node can run it" if self.basis == "never" else "start not foreseen"
+        return f"starts {_in(self.start_at - now)}"
+
+
+def _in(seconds: float) -> str:
+    """``"in ~4 min"``: rounded as a person says it; ``"any moment"`` when due or overdue."""
+    if seconds < 30:
+        return "any moment"
+    if seconds < 90:
+        return "in ~1 min"
+    if seconds < 3600:
+        return f"in ~{round(seconds / 60)} min"
+    if seconds < 2 * 86_400:
+        return f"in ~{seconds / 3600:.1f} h".replace(".0 h", " h")
+    return f"in ~{round(seconds / 86_400)} days"
+
+
 class JobStatus(_Out):
     """A job as the server last saw it."""
 
@@ -171,6 +203,7 @@ class JobStatus(_Out):
     after: list[dict[str, str]] = Field(default_factory=list)  # [{job, need: ok | any}]
     pipeline: dict[str, Any] | None = None  # {id, step}
     array: dict[str, Any] | None = None  # {id, index}
+    eta: Eta | None = None  # expected start (queued) and end; None once it ended
 
     @property
     def done(self) -> bool:

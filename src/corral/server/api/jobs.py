@@ -78,7 +78,10 @@ def _draft(who: Principal, spec: JobIn, key: str | None) -> Draft:
 async def submit(spec: JobIn, plane: Plane, who: Caller, key: IdempotencyKey = None) -> Response:
     """Submit a job. 201 with the job; 200 with the same job when the Idempotency-Key was seen."""
     records, created = await plane.jobs.submit(who, [_draft(who, spec, key)])
-    out = job_fields(records[0], plane.schedule.unplaced.get(records[0].job.id))
+    job_id = records[0].job.id
+    out = job_fields(
+        records[0], plane.schedule.unplaced.get(job_id), eta=plane.schedule.eta.of(job_id)
+    )
     # Written here, from the fields: FastAPI would validate a JobOut built from them, then
     # validate it a second time and dump it (the hot path; ``job_fields``).
     return Response(
@@ -171,18 +174,20 @@ async def list_jobs(
     page = await plane.jobs.page(
         who, states=state or (), team=team, user=user, limit=limit, cursor=cursor, where=where
     )
-    unplaced = plane.schedule.unplaced
+    unplaced, eta = plane.schedule.unplaced, plane.schedule.eta
     return JobPage(
-        jobs=[job_out(r, unplaced.get(r.job.id)) for r in page.jobs], next_cursor=page.next_cursor
+        jobs=[job_out(r, unplaced.get(r.job.id), eta=eta.of(r.job.id)) for r in page.jobs],
+        next_cursor=page.next_cursor,
     )
 
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(job_id: str, plane: Plane, who: Caller) -> JobOut:
-    """One job; a queued one carries the scheduler's reasons in ``queue``, a placed or
-    running one its allocations and their GPUs' topology in ``placement``."""
+    """One job; a queued one carries the scheduler's reasons in ``queue``; a queued or
+    running one its expected start and end in ``eta``; a placed or running one its
+    allocations and their GPUs' topology in ``placement``."""
     rec = await plane.jobs.get(who, job_id)
-    out = job_out(rec, plane.schedule.unplaced.get(job_id))
+    out = job_out(rec, plane.schedule.unplaced.get(job_id), eta=plane.schedule.eta.of(job_id))
     placed = await placement(plane.rt, rec)
     out.placement = [PlacedOut(**dataclasses.asdict(p)) for p in placed]
     return out

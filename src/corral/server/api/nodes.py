@@ -80,13 +80,15 @@ async def put_team(name: Name, body: TeamIn, plane: Plane, who: Caller) -> TeamO
 async def queue(
     plane: Plane, who: Caller, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> QueueOut:
-    """Queued jobs in the order the scheduler considers them, each with why it waits."""
+    """Queued jobs in the order the scheduler considers them, each with why it waits and
+    when it is expected to start (``job.eta``)."""
     entries, total = await plane.queue.queue(who, limit)
+    eta = plane.schedule.eta
     return QueueOut(
         total=total,
         entries=[
             QueueEntryOut(
-                job=job_out(e.job, queued=False),
+                job=job_out(e.job, queued=False, eta=eta.of(e.job.job.id)),
                 position=e.position,
                 queue=held_info(e.position) if e.job.held else queue_info(e.unplaced, e.position),
             )

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from corral.core.events import Event
 from corral.core.model import Team
 from corral.scheduler.api import ReasonCode, Unplaced
+from corral.scheduler.eta import Eta
 from corral.server.api.advice import advice
 from corral.server.api.schemas import (
     ApiModel,
@@ -43,7 +44,11 @@ def queue_info(u: Unplaced | None, position: int | None = None) -> QueueInfo:
 
 
 def job_fields(
-    rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True
+    rec: JobRecord,
+    unplaced: Unplaced | None = None,
+    *,
+    queued: bool = True,
+    eta: tuple[Eta, float] | None = None,
 ) -> dict[str, Any]:
     """A job as ``JobOut``'s fields, in plain JSON values: ``job_out`` validates them into
     the model; the submit route writes them as its 201's body directly (a ``JobOut`` built
@@ -114,6 +119,7 @@ def job_fields(
         "inputs_from": [{"from": t.job, "file": t.file, "as": t.as_name} for t in rec.takes],
         "pipeline": group_of(rec, "pipe_", "step"),
         "array": group_of(rec, "arr_", "index"),
+        "eta": eta_fields(eta) if eta is not None and j.state.value in _ETA_STATES else None,
     }
 
 
@@ -125,8 +131,29 @@ def group_of(rec: JobRecord, prefix: str, what: str) -> dict[str, Any] | None:
     return {"id": rec.group_id, what: int(member) if what == "index" else member}
 
 
-def job_out(rec: JobRecord, unplaced: Unplaced | None = None, *, queued: bool = True) -> JobOut:
-    return JobOut.model_validate(job_fields(rec, unplaced, queued=queued))
+_ETA_STATES = frozenset({"queued", "placed", "running"})  # an ended job's ETA is stale
+
+
+def eta_fields(eta: tuple[Eta, float]) -> dict[str, Any]:
+    """An ``Eta`` made at a time as ``EtaOut``'s fields."""
+    e, at = eta
+    return {
+        "start_at": e.start_at,
+        "end_at": e.end_at,
+        "runtime_s": round(e.runtime_s, 3),
+        "basis": e.basis,
+        "computed_at": at,
+    }
+
+
+def job_out(
+    rec: JobRecord,
+    unplaced: Unplaced | None = None,
+    *,
+    queued: bool = True,
+    eta: tuple[Eta, float] | None = None,
+) -> JobOut:
+    return JobOut.model_validate(job_fields(rec, unplaced, queued=queued, eta=eta))
 
 
 class GpuOut(BaseModel):

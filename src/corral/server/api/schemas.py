@@ -355,6 +355,23 @@ class QueueInfo(BaseModel):
     )
 
 
+class EtaOut(BaseModel):
+    """When the job is expected to start and end: an estimate, re-made every few seconds
+    while work is queued (docs/scheduler.md, "ETA")."""
+
+    start_at: float | None = Field(
+        None, description="expected start, epoch seconds (queued jobs; null: not foreseen)"
+    )
+    end_at: float | None = Field(None, description="expected end, epoch seconds")
+    runtime_s: float = Field(description="predicted run time, seconds")
+    basis: str = Field(
+        description="what the run time rests on: history, estimate (the job's own, corrected "
+        "by history), progress, default (nothing finished yet); beyond (queued past the "
+        "estimate's horizon) or never (no node that could run it frees up)"
+    )
+    computed_at: float = Field(description="when the estimate was made, epoch seconds")
+
+
 class AttemptOut(BaseModel):
     """One attempt that ended badly."""
 
@@ -459,6 +476,9 @@ class JobOut(BaseModel):
     )
     pipeline: dict[str, Any] | None = Field(None, description="{id, step} of its pipeline")
     array: dict[str, Any] | None = Field(None, description="{id, index} of its job array")
+    eta: EtaOut | None = Field(
+        None, description="expected start and end; null once it ended, or before an estimate"
+    )
 
 
 class JobPage(BaseModel):

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -29,6 +30,7 @@ from corral.core.resources import MILLI
 from corral.scheduler.api import Config, Plan, ReasonCode, Remedy, Snapshot, Unplaced
 from corral.scheduler.explain import simple
 from corral.scheduler.served import ServiceLedger
+from corral.server.loops.etas import EtaKeeper
 from corral.server.loops.kept import Kept
 from corral.server.loops.leader import AlwaysLeader, Leadership
 from corral.server.loops.pacing import Pacing
@@ -64,6 +66,7 @@ class SchedulingLoop:
         self._built_for = rt.policy_version  # the policy version the kept scheduler follows
         self.pacing = Pacing(rt.settings.scheduling)
         self.service = ServiceLedger()  # who was served lately: fairness across cycles
+        self.eta = EtaKeeper(rt)  # expected starts and ends (``GET /v1/jobs/{id}``, queue)
         self._forgot = 0  # ``job_changes`` rows up to this one are deleted
         self._one_at_a_time = asyncio.Lock()
         self._reader: AsyncConnection | None = None  # SQLite: the cycles' kept read connection
@@ -215,6 +218,10 @@ class SchedulingLoop:
             snapshot = kept.snapshot()
             for follow_up in self.after_cycle:
                 await follow_up(snapshot, plan)
+        if self.eta.due(sched.queue.jobs, now):
+            seed = self.rt.settings.scheduling.seed
+            snapshot = replace(kept.snapshot(), served=self.service.view(now))  # with this cycle's
+            await self.eta.refresh(snapshot, kept.config, now, seed)
         # A row that moved on since the catch-up (a job cancelled meanwhile) reaches the
         # scheduler with the next one, as any change does.
         if applied.stale or any(_hit_cycle_limit(u) for u in plan.unplaced):

@@ -118,12 +118,31 @@ function renderNode(n) {
 const resumed = (job) => job.resumed_from_step != null
   ? el("div", { class: "muted resumed" }, `attempt ${job.attempt} · resumed from step ${job.resumed_from_step}`) : "";
 
+// The server's estimate (docs/scheduler.md, "ETA") as a person says it: "starts in ~4 min"
+// for a queued job, "ends in ~2 min" for a running one; "" without one (an ended job).
+function etaText(job) {
+  const e = job.eta;
+  if (!e) return "";
+  const inText = (at) => {
+    const s = at - Date.now() / 1000;
+    if (s < 30) return "any moment";
+    if (s < 90) return "in ~1 min";
+    if (s < 3600) return `in ~${Math.round(s / 60)} min`;
+    if (s < 2 * 86400) return `in ~${(s / 3600).toFixed(1).replace(/\.0$/, "")} h`;
+    return `in ~${Math.round(s / 86400)} days`;
+  };
+  if (job.state !== "queued") return e.end_at == null ? "" : `ends ${inText(e.end_at)}`;
+  if (e.start_at == null) return e.basis === "never" ? "no node can run it" : "start not foreseen";
+  return `starts ${inText(e.start_at)}`;
+}
+
 function renderRunning(job) {
   const card = el("div", { class: "card job", "data-job": job.id },
     el("h3", {}, jobLink(job.id), el("span", { class: "badge" }, job.state)),
     el("div", { class: "muted" }, `${job.kind} · ${job.team}/${job.user} · ${job.priority} · ${job.node || "placing"}`),
     bar([[job.progress]]),
-    el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`), resumed(job));
+    el("div", { class: "muted progress-text" }, `${Math.round(job.progress * 100)}%`),
+    el("div", { class: "muted eta" }, etaText(job)), resumed(job));
   const preview = state.previews["job:" + job.id];
   if (preview) showPreview(card, preview);
   return card;
@@ -239,6 +258,7 @@ async function refresh() {
   $("queue-count").textContent = `(${queue.total})`;
   $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
     el("strong", {}, jobLink(e.job.id)), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
+    etaText(e.job) ? el("span", { class: "eta" }, `${etaText(e.job)} · `) : "",
     el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"),
     e.queue.advice ? el("div", { class: "remedy" }, e.queue.advice) : "")));
   $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));

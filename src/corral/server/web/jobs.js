@@ -87,7 +87,7 @@ async function showJob(id) {
 function renderJob(job) {
   // Drawn again only when it changed: a button must not be replaced under a click.
   const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.placement, job.result, job.queue, job.error,
-    job.held, job.priority, job.timeout_s, job.labels]);
+    job.held, job.priority, job.timeout_s, job.labels, etaText(job)]);
   if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) return;
   jobView.drawn = drawn;
   const done = TERMINAL.includes(job.state);
@@ -98,6 +98,7 @@ function renderJob(job) {
     memberOf(job),
     el("div", { class: "actions", role: "group", "aria-label": "actions" }, actions(job, done)),
     job.state === "queued" ? editForm(job) : "",
+    etaText(job) ? el("p", { class: "eta", id: "job-eta" }, etaText(job)) : "",
     queueExplanation(job),
     placement(job),
     labelList(job),
