@@ -170,4 +170,4 @@ def test_a_jobs_table_fits_80_columns_by_leaving_out_details_not_folding_ids() -
         assert job.id in lines[1]
         assert "running" in lines[1]
     wide = Console(width=200, force_terminal=True)
-    assert len(fit(jobs_table([job], 1300.0), wide, JOBS_DROP).columns) == 10
+    assert len(fit(jobs_table([job], 1300.0), wide, JOBS_DROP).columns) == 11  # with ETA

@@ -235,6 +235,8 @@ class _Replay:
             plan = self.sched.schedule(t, self.seed, explain=False)
             for victim in plan.preemptions:
                 self._preempt(victim.allocation_id, victim.job_ids, t)
+            for alloc_id, borrowed in plan.reflags:  # as the server's applier and the sim do
+                self.sched.reflag(alloc_id, borrowed)
             placed: dict[str, None] = {}
             for p in plan.placements:
                 if self._place(p, t):

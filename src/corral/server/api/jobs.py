@@ -26,11 +26,11 @@ from corral.server.api.schemas import (
     JobIn,
     JobOut,
     JobPage,
-    PlacedOut,
     ResultOut,
 )
 from corral.server.api.served_files import file_headers
 from corral.server.api.streams import HeldStream
+from corral.server.api.whereabouts import PlacedOut
 from corral.server.plane import ControlPlane
 from corral.server.services.auth import Principal
 from corral.server.services.job_placement import placement

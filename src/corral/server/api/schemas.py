@@ -20,6 +20,7 @@ from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
 from corral.core.resources import ResourceRequest, parse_bytes, parse_cpus
+from corral.server.api.whereabouts import EtaOut, PlacedOut
 from corral.server.store.records import Take
 from corral.server.webhook_urls import check_form
 
@@ -355,23 +356,6 @@ class QueueInfo(BaseModel):
     )
 
 
-class EtaOut(BaseModel):
-    """When the job is expected to start and end: an estimate, re-made every few seconds
-    while work is queued (docs/scheduler.md, "ETA")."""
-
-    start_at: float | None = Field(
-        None, description="expected start, epoch seconds (queued jobs; null: not foreseen)"
-    )
-    end_at: float | None = Field(None, description="expected end, epoch seconds")
-    runtime_s: float = Field(description="predicted run time, seconds")
-    basis: str = Field(
-        description="what the run time rests on: history, estimate (the job's own, corrected "
-        "by history), progress, default (nothing finished yet); beyond (queued past the "
-        "estimate's horizon) or never (no node that could run it frees up)"
-    )
-    computed_at: float = Field(description="when the estimate was made, epoch seconds")
-
-
 class AttemptOut(BaseModel):
     """One attempt that ended badly."""
 
@@ -379,21 +363,6 @@ class AttemptOut(BaseModel):
     node: str | None
     error: str
     at: float
-
-
-class PlacedOut(BaseModel):
-    """One allocation of a job: where it runs and on what."""
-
-    allocation: str
-    node: str
-    replica: int
-    gpu_indices: list[int]
-    cpus: float
-    observed: str = Field(description="pending, ready (a gang replica waiting for its go), ...")
-    topology: str = Field(
-        description="how its GPUs are linked, e.g. 'GPUs 0,1 (nvlink) on NUMA node 0'; "
-        "empty when the node reported no topology"
-    )
 
 
 class AfterOut(BaseModel):
