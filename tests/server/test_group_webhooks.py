@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from http_harness import Served, eventually, serve
 from test_webhooks import FAST, Running, port, receivers, secret
 
 from corral.server.agentlink.inprocess import StubAgent
+from corral.server.store.tables import webhook_deliveries
 
 pytestmark = pytest.mark.anyio
 __all__ = ["port", "receivers"]  # fixtures shared with test_webhooks
@@ -98,6 +100,13 @@ async def test_a_pipeline_s_end_is_posted_once_signed(
     assert event["event"]["kind"] == "job.succeeded"  # the last step's end ended it
     for job_id in steps:  # the steps name no webhook of their own
         assert await deliveries(served, f"/v1/jobs/{job_id}") == []
+    for job_id in steps:  # the pipeline goes with its last job, and its deliveries too
+        assert (await served.admin.delete(f"/v1/jobs/{job_id}")).status_code == 204
+    assert (await served.admin.get(f"{path}/deliveries")).status_code == 404
+    async with served.plane.rt.db.read() as conn:
+        t = webhook_deliveries
+        left = await conn.execute(sa.select(sa.func.count()).where(t.c.subject == body["id"]))
+        assert left.scalar() == 0
 
 
 async def test_a_failing_step_ends_the_pipeline_failed(
