@@ -17,7 +17,10 @@ from http_harness import Served, eventually, serve
 from test_webhooks import FAST, Running, port, receivers, secret
 
 from corral.server.agentlink.inprocess import StubAgent
+from corral.server.services.webhooks import group_body
+from corral.server.store.jsontext import dumps
 from corral.server.store.tables import webhook_deliveries
+from corral.server.store.webhooks import GroupEvent
 
 pytestmark = pytest.mark.anyio
 __all__ = ["port", "receivers"]  # fixtures shared with test_webhooks
@@ -203,3 +206,18 @@ async def test_an_address_inside_the_network_is_refused_for_a_group(tmp_path: Pa
             assert r.status_code == 422, r.text
             assert r.json()["field"] == "webhook.url"
             assert "not a public address" in r.text
+
+
+def test_a_large_group_s_end_lists_as_many_jobs_as_fit() -> None:
+    members = [(f"job_{i:020d}", "succeeded") for i in range(5000)]
+    event = GroupEvent(9, "job.succeeded", 1.0, members[-1][0], {}, "arr_1", "array", "t",
+                       "https://x.io/h", "end")  # fmt: skip
+    body = group_body(event, {"succeeded": 5000}, "succeeded", None, members, 4096)
+    assert len(dumps(body)) <= 4096
+    assert body["jobs_truncated"] is True
+    assert 0 < len(body["jobs"]) < 5000
+    assert body["jobs"][0] == {"id": members[0][0], "state": "succeeded"}  # the first kept
+    assert body["group"]["size"] == 5000
+    whole = group_body(event, {"succeeded": 3}, "succeeded", None, members[:3], 4096)
+    assert "jobs_truncated" not in whole
+    assert len(whole["jobs"]) == 3

@@ -161,22 +161,26 @@ class WebhookLoop:
         for e in hooked:
             by_group.setdefault(e.group_id, []).append(e)
         rows = []
+        cut = self.settings.max_body_bytes
         for group_id, evs in by_group.items():
-            members = await repo.group_jobs(conn, group_id)
-            state = group_state(JobState(s) for _, s in members)
+            counts = await repo.group_counts(conn, group_id)
+            state = group_state(JobState(s) for s in counts)
             end = None
             if state != "running" and any(e.kind in END_EVENTS for e in evs):
                 last = await repo.last_group_event(conn, group_id, END_EVENTS)
                 end = next((e for e in evs if e.seq == last), None)
-            for e in evs:
-                if e is not end and e.events != "all":
-                    continue
-                kind = f"{e.group_kind}.{state}" if e is end else e.kind
-                body = group_body(
-                    e, members, state, ended=e is end, max_bytes=self.settings.max_body_bytes
-                )
+            changes = [e for e in evs if e is not end and e.events == "all"]
+            states = await repo.job_states(conn, {e.job_id for e in changes}) if changes else {}
+            for e in changes:
+                body = group_body(e, counts, state, states.get(e.job_id), None, cut)
                 subject = Subject(e.group_kind, group_id, e.team)
-                rows.append(self._row(subject, e.url, e.seq, kind, body, pending))
+                rows.append(self._row(subject, e.url, e.seq, e.kind, body, pending))
+            if end is not None:  # listed once, at the end: an array may hold 100,000 jobs
+                members = await repo.group_jobs(conn, group_id)
+                body = group_body(end, counts, state, None, members, cut)
+                subject = Subject(end.group_kind, group_id, end.team)
+                kind = f"{end.group_kind}.{state}"
+                rows.append(self._row(subject, end.url, end.seq, kind, body, pending))
         return rows
 
     def _row(

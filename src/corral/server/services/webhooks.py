@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,25 +142,24 @@ def job_body(rec: JobRecord | None, event: repo.HookedEvent, max_bytes: int) -> 
 
 
 def group_body(
-    event: repo.GroupEvent, members: Sequence[tuple[str, str]], state: str, *, ended: bool,
-    max_bytes: int,
+    event: repo.GroupEvent, counts: Mapping[str, int], state: str, job_state: str | None,
+    members: Sequence[tuple[str, str]] | None, max_bytes: int,
 ) -> dict[str, Any]:  # fmt: skip
     """The body of a pipeline's or array's delivery: the job event that made it, the group
-    with its state and counts as they are when it is made, and the changed job (a change)
-    or every job's id and state (its end: the job list cut to fit ``max_bytes``)."""
-    counts = Counter(s for _, s in members)
+    with its state and counts as they are when it is made, and either the changed job
+    (``job_state``: a change) or every job's id and state (``members``: its end, the list
+    cut to fit ``max_bytes``)."""
     kind = event.group_kind
     out: dict[str, Any] = {
         "created_at": event.at,
         "event": {"seq": event.seq, "kind": event.kind, "at": event.at, "job_id": event.job_id,
                   "data": event.data},
         "group": {"id": event.group_id, "kind": kind, "state": state, "team": event.team,
-                  "size": len(members), "counts": dict(sorted(counts.items())),
+                  "size": sum(counts.values()), "counts": dict(sorted(counts.items())),
                   "url": f"/v1/{kind}s/{event.group_id}"},
     }  # fmt: skip
-    if not ended:
-        states = dict(members)
-        return out | {"job": {"id": event.job_id, "state": states.get(event.job_id)}}
+    if members is None:
+        return out | {"job": {"id": event.job_id, "state": job_state}}
     listed = [{"id": i, "state": s} for i, s in members]
     out["jobs"] = listed
     size = len(dumps(out))

@@ -153,6 +153,21 @@ async def group_jobs(conn: AsyncConnection, group_id: str) -> list[tuple[str, st
     return [(r.id, r.state) for r in await conn.execute(query)]
 
 
+async def group_counts(conn: AsyncConnection, group_id: str) -> dict[str, int]:
+    """The group's jobs by state (counted in the database: an array may hold 100,000)."""
+    query = (
+        sa.select(jobs.c.state, sa.func.count())
+        .where(jobs.c.group_id == group_id)
+        .group_by(jobs.c.state)
+    )
+    return {state: int(n) for state, n in await conn.execute(query)}
+
+
+async def job_states(conn: AsyncConnection, ids: Collection[str]) -> dict[str, str]:
+    query = sa.select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(sorted(ids)))
+    return {r.id: r.state for r in await conn.execute(query)}
+
+
 async def last_group_event(conn: AsyncConnection, group_id: str, kinds: Collection[str]) -> int:
     """The newest event of ``kinds`` of any job of the group (0: none)."""
     query = (
