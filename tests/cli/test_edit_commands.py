@@ -4,6 +4,7 @@ against a real ``corral server`` process (no agents: jobs stay queued)."""
 from __future__ import annotations
 
 import json
+import time
 
 from cli_runner import Cli
 from live_server import Running
@@ -67,3 +68,25 @@ def test_webhook_secret_and_a_job_s_deliveries(cli: Cli, server: Running, team: 
     refused = cli("submit", "-", "--team", team, "--webhook", "http://10.0.0.5/x", input="{}\n")
     assert refused.exit_code != 0
     assert "webhook.url" in refused.stderr
+    steps = "steps: {a: {user: ana}}\n"
+    hook = "https://hooks.invalid/corral"  # called: .invalid never resolves, no network
+    args = ("pipeline", "submit", "-", "--json", "--team", team, "--webhook", hook)
+    pipe = cli(*args, "--webhook-events", "all", input=steps)
+    assert pipe.exit_code == 0, pipe.output
+    group = json.loads(pipe.stdout)
+    assert group["webhook"] == {"url": hook, "events": "all"}
+    # no agent places its step: its one change is the step's submission (events all)
+    deadline = time.monotonic() + 20
+    while not (listed := json.loads(cli("deliveries", group["id"], "--json").stdout)):
+        assert time.monotonic() < deadline, "the webhook loop made no delivery"
+        time.sleep(0.1)
+    (d,) = listed
+    assert (d["kind"], d["subject"], d["subject_kind"]) == (
+        "job.submitted",
+        group["id"],
+        "pipeline",
+    )
+    assert d["body"]["job"]["id"] == group["steps"][0]["job_id"]
+    missing = cli("deliveries", "pipe_nothing")
+    assert missing.exit_code != 0
+    assert "not found" in missing.stderr

@@ -1,11 +1,13 @@
 """The dashboard's pipeline page in a real browser (Debian chromium, Playwright): a real
 ``corral server`` and ``corral agent`` (fake GPUs, CPU demo executor) run a diamond of four
 steps; the page draws the steps as a graph, an arrow per dependency, each box taking its
-step's state as the run goes, and links each step to its job's page."""
+step's state as the run goes, links each step to its job's page, and lists the calls of
+the pipeline's own webhook."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,8 @@ def test_the_pipeline_page_draws_the_steps_as_a_graph_with_their_states(
         "compose": {"payload": QUICK, "after": ["upscale", "facefix"]},
     }
     with cluster.client() as http:
-        made = http.post("/v1/pipelines", json={"steps": steps})
+        hook = {"url": "https://hooks.invalid/corral"}  # .invalid: never resolves, no network
+        made = http.post("/v1/pipelines", json={"steps": steps, "webhook": hook})
         assert made.status_code == 201, made.text
         pipe = made.json()["id"]
     page.goto(f"{cluster.http}/#pipeline/{pipe}")
@@ -52,6 +55,18 @@ def test_the_pipeline_page_draws_the_steps_as_a_graph_with_their_states(
     for name in steps:
         expect(graph.locator(f'g[data-step="{name}"]')).to_have_attribute("data-state", "succeeded")
     page.screenshot(path=str(SHOTS / "pipeline-done.png"), full_page=True)
+    expect(page.locator("#group-webhook")).to_contain_text("when every job has ended")
+    with cluster.client() as http:  # made on the webhook loop's next pass
+        for _ in range(200):
+            made_calls = http.get(f"/v1/pipelines/{pipe}/deliveries").json()["deliveries"]
+            if made_calls:
+                break
+            time.sleep(0.05)
+        assert [d["kind"] for d in made_calls] == ["pipeline.succeeded"]
+    page.reload()  # the page stops reading once the pipeline ended: read its calls again
+    calls = page.locator("#group-deliveries li")
+    expect(calls).to_have_count(1, timeout=10_000)
+    expect(calls).to_contain_text("pipeline.succeeded")
     graph.locator('g[data-step="upscale"] a').click()
     expect(page.locator("#job-group")).to_contain_text("step upscale of pipeline")
     page.goto(f"{cluster.http}/#groups")

@@ -5,6 +5,7 @@ an array's elements carry their index."""
 from __future__ import annotations
 
 import hashlib
+import time
 
 import pytest
 from live_server import FAST_RETRY, Running
@@ -41,17 +42,26 @@ def test_a_pipeline_is_submitted_followed_and_its_file_passed_on(
 
 
 def test_a_failed_step_ends_the_pipeline_and_says_why(runner_client: Client, team: str) -> None:
+    hook = {"url": "https://hooks.invalid/corral", "events": "end"}  # .invalid: never resolves
     group = runner_client.submit_pipeline(
         {
             "train": {"team": team, "payload": {"fail": "loss is NaN"}, "max_attempts": 1},
             "evaluate": {"team": team, "after": ["train"]},
         },
         team=team,
+        webhook=hook,
     )
+    assert group.status.webhook == hook
     final = group.wait(timeout=20, poll_s=0.05)
     assert final.state == "failed"
     assert final.step("evaluate").state.value == "cancelled"
     assert "loss is NaN" in (final.step("evaluate").error or "")
+    deadline = time.monotonic() + 20
+    while not (made := group.deliveries()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the webhook loop makes it on its next pass
+    (d,) = made  # its end, made once (the receiver cannot be reached: it waits to retry)
+    assert (d.kind, d.subject, d.subject_kind) == ("pipeline.failed", group.id, "pipeline")
+    assert d.body["group"]["counts"] == {"cancelled": 1, "failed": 1}
 
 
 def test_a_refused_pipeline_names_the_step_and_field(runner_client: Client, team: str) -> None:

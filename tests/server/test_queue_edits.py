@@ -112,6 +112,12 @@ async def test_patch_changes_class_time_limit_labels_and_refuses_what_it_cannot(
     assert "timeout_s" in r.text
     r = await served.admin.patch(f"/v1/jobs/{job}", json={})
     assert r.status_code == 422
+    r = await served.admin.patch(f"/v1/jobs/{job}", json={"user_weight": 3, "hold": True})
+    assert r.status_code == 422
+    assert r.json()["field"] == "user_weight"
+    assert "per user in the policy" in r.json()["message"]
+    assert "corral policy apply" in r.json()["message"]
+    assert (await served.admin.get(f"/v1/jobs/{job}")).json()["held"] is False  # all or none
     made = await served.admin.post("/v1/tokens", json={"kind": "team", "name": "b", "team": "b"})
     async with served.client(made.json()["token"]) as other_team:
         r = await other_team.patch(f"/v1/jobs/{job}", json={"hold": True})

@@ -20,7 +20,7 @@ from corral.cli.common import (
     out,
     print_json,
 )
-from corral.sdk import Client, JobStatus
+from corral.sdk import Client, JobStatus, groups
 
 webhooks_app = typer.Typer(name="webhooks", help="Webhook signing.", no_args_is_help=True)
 JobIds = Annotated[list[str], typer.Argument(help="Job ids.")]
@@ -120,14 +120,20 @@ def _line(s: JobStatus) -> str:
 
 
 def deliveries(
-    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    subject: Annotated[
+        str, typer.Argument(help="A job's id, or a pipeline's (pipe_...) or array's (arr_...).")
+    ],
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A job's webhook calls: each event, its state, attempts and the last answer."""
+    """The webhook calls of a job, or of a pipeline's or array's own webhook: each event,
+    its state, attempts and the last answer."""
     with connect(url, token) as client, cli_errors():
-        found = client.deliveries(job_id)
+        if subject.startswith(("pipe_", "arr_")):
+            found = client.run(groups.deliveries(subject))
+        else:
+            found = client.deliveries(subject)
     if as_json:
         print_json(found)
         return
@@ -135,7 +141,7 @@ def deliveries(
     for d in found:
         answer = str(d.last_status) if d.last_status is not None else (d.last_error or "")
         table.add_row(d.id, d.kind, d.state, str(d.attempts), answer)
-    out().print(table if found else "no deliveries (the job names no webhook, or none yet)")
+    out().print(table if found else "no deliveries (it names no webhook, or none yet)")
 
 
 @webhooks_app.command("secret")

@@ -2,7 +2,8 @@
 
 A pipeline file is ``{steps: {name: job, ...}}`` (YAML or JSON), each job's
 ``after``, ``after_any`` and ``inputs: [{from: step, file, as}]`` naming other
-steps; an array file is one job, copied ``--count`` times.
+steps, and optionally the pipeline's own ``webhook: {url, events}``; an array file
+is one job, copied ``--count`` times. ``--webhook URL`` names the group's webhook.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ pipeline_app = typer.Typer(help="Pipelines: small DAGs of jobs that pass files o
 array_app = typer.Typer(help="Job arrays: N copies of one job, each with its index.")
 IdArg = Annotated[str, typer.Argument(help="The pipeline's (pipe_...) or array's (arr_...) id.")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Then follow it to its end.")]
+WebhookOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Post its end (every job ended) to this URL, signed (docs/server.md, Webhooks); "
+        "--webhook-events all: each of its jobs' state changes too."
+    ),
+]
+WebhookEventsOpt = Annotated[str, typer.Option(help="With --webhook: end (default) or all.")]
 STATE_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
@@ -61,6 +70,8 @@ def _read(file: str) -> Any:
 def submit_pipeline(
     file: Annotated[str, typer.Argument(help="YAML/JSON: {steps: {name: job}}; - for stdin.")],
     team: Annotated[str | None, typer.Option(help="The pipeline's team.")] = None,
+    webhook: WebhookOpt = None,
+    webhook_events: WebhookEventsOpt = "end",
     follow: FollowOpt = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -70,16 +81,19 @@ def submit_pipeline(
     doc = _read(file)
     if not isinstance(doc, Mapping) or not isinstance(doc.get("steps"), Mapping):
         fail(f"{file}: a pipeline is a mapping with steps: {{name: job, ...}}", EXIT_BAD_INPUT)
+    hook = _hook(webhook, webhook_events) or doc.get("webhook")
     with connect(url, token) as client, cli_errors():
-        group = client.submit_pipeline(doc["steps"], team=team or doc.get("team"))
+        group = client.submit_pipeline(doc["steps"], team=team or doc.get("team"), webhook=hook)
         _report(group, follow, as_json)
 
 
-def submit_array(
+def submit_array(  # noqa: PLR0913 (each option of the command is an argument)
     file: Annotated[str, typer.Argument(help="YAML/JSON: one job; - for stdin.")],
     count: Annotated[int, typer.Option(help="How many elements.", min=1)],
     index_key: Annotated[str, typer.Option(help="The payload field of the index.")] = "array_index",
     start: Annotated[int, typer.Option(help="The first element's index.", min=0)] = 0,
+    webhook: WebhookOpt = None,
+    webhook_events: WebhookEventsOpt = "end",
     follow: FollowOpt = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -90,8 +104,18 @@ def submit_array(
     if not isinstance(job, Mapping):
         fail(f"{file}: an array's job is a mapping of fields", EXIT_BAD_INPUT)
     with connect(url, token) as client, cli_errors():
-        group = client.submit_array(job, count, index_key=index_key, index_start=start)
+        group = client.submit_array(
+            job,
+            count,
+            index_key=index_key,
+            index_start=start,
+            webhook=_hook(webhook, webhook_events),
+        )
         _report(group, follow, as_json)
+
+
+def _hook(webhook: str | None, events: str) -> dict[str, str] | None:
+    return None if webhook is None else {"url": webhook, "events": events}
 
 
 def _report(group: Group, follow: bool, as_json: bool) -> None:

@@ -118,11 +118,14 @@ class AsyncClient:
         *,
         team: str | None = None,
         idempotency_key: str | None = None,
+        webhook: Mapping[str, str] | None = None,
     ) -> AsyncGroup:
         """``Client.submit_pipeline``, awaited."""
         return AsyncGroup(
             self,
-            await self.run(groups.submit_pipeline(steps, team, idempotency_key or calls.new_key())),
+            await self.run(
+                groups.submit_pipeline(steps, team, idempotency_key or calls.new_key(), webhook)
+            ),
         )
 
     async def submit_array(
@@ -133,10 +136,11 @@ class AsyncClient:
         index_key: str = "array_index",
         index_start: int = 0,
         idempotency_key: str | None = None,
+        webhook: Mapping[str, str] | None = None,
     ) -> AsyncGroup:
         """``Client.submit_array``, awaited."""
         call = groups.submit_array(
-            job, count, index_key, index_start, idempotency_key or calls.new_key()
+            job, count, index_key, index_start, idempotency_key or calls.new_key(), webhook
         )
         return AsyncGroup(self, await self.run(call))
 

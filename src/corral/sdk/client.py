@@ -147,13 +147,18 @@ class Client(AdminCalls):
         *,
         team: str | None = None,
         idempotency_key: str | None = None,
+        webhook: Mapping[str, str] | None = None,
     ) -> Group:
         """Submit a pipeline: ``steps`` maps a name to a job whose ``after``, ``after_any``
         and ``inputs`` (``{"from": step, "file": ..., "as": ...}``) name other steps; a step
         may say its ``outputs``. Accepted or refused whole (``BadRequest`` naming
-        ``steps.<name>.<field>``)."""
+        ``steps.<name>.<field>``). ``webhook``: ``{"url": ..., "events": "end"|"all"}``,
+        the pipeline's own, called when every step has ended."""
         return Group(
-            self, self.run(groups.submit_pipeline(steps, team, idempotency_key or calls.new_key()))
+            self,
+            self.run(
+                groups.submit_pipeline(steps, team, idempotency_key or calls.new_key(), webhook)
+            ),
         )
 
     def submit_array(
@@ -164,15 +169,17 @@ class Client(AdminCalls):
         index_key: str = "array_index",
         index_start: int = 0,
         idempotency_key: str | None = None,
+        webhook: Mapping[str, str] | None = None,
     ) -> Group:
         """Submit ``count`` copies of ``job`` as one array; element ``i`` gets
         ``index_start + i`` in its payload under ``index_key`` (``"seed"`` for N seeds of
-        one prompt) and, for a command, in ``CORRAL_ARRAY_INDEX``."""
+        one prompt) and, for a command, in ``CORRAL_ARRAY_INDEX``. ``webhook``: as for
+        ``submit_pipeline``."""
         return Group(
             self,
             self.run(
                 groups.submit_array(
-                    job, count, index_key, index_start, idempotency_key or calls.new_key()
+                    job, count, index_key, index_start, idempotency_key or calls.new_key(), webhook
                 )
             ),
         )

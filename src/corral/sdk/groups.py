@@ -3,9 +3,10 @@
 ``Client.submit_pipeline`` sends a small DAG of named steps (each a job whose
 ``after``, ``after_any`` and ``inputs: [{"from": step, "file": ..., "as": ...}]``
 name other steps) and ``Client.submit_array`` N copies of one job, each with its
-index. Both give a ``Group``: ``follow()`` yields its status as it changes,
-``wait()`` returns it once every job ended, ``cancel()`` and ``reprioritise()``
-act on all its jobs.
+index. Either may name its own ``webhook`` (``{"url": ..., "events": "end"|"all"}``),
+called when every job of it has ended. Both give a ``Group``: ``follow()`` yields its
+status as it changes, ``wait()`` returns it once every job ended, ``cancel()`` and
+``reprioritise()`` act on all its jobs, ``deliveries()`` lists its webhook's calls.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from corral.sdk.calls import Call, _model, _seg, make_spec
+from corral.sdk.calls import Call, _deliveries, _model, _seg, make_spec
 from corral.sdk.errors import WaitTimeout
-from corral.sdk.models import JobSpec, JobStatus, _Out
+from corral.sdk.models import Delivery, JobSpec, JobStatus, _Out
 
 if TYPE_CHECKING:
     from corral.sdk.aio import AsyncClient
@@ -50,6 +51,7 @@ class GroupStatus(_Out):
     progress: float = 0.0
     counts: dict[str, int] = Field(default_factory=dict)
     steps: list[StepStatus] | None = None
+    webhook: dict[str, str] | None = None  # its own: url and events
     jobs: list[JobStatus] = Field(default_factory=list)
 
     @property
@@ -73,7 +75,10 @@ def kind_of(group_id: str) -> str:
 
 
 def submit_pipeline(
-    steps: Mapping[str, JobSpec | Mapping[str, Any]], team: str | None, key: str
+    steps: Mapping[str, JobSpec | Mapping[str, Any]],
+    team: str | None,
+    key: str,
+    webhook: Mapping[str, str] | None = None,
 ) -> Call[GroupStatus]:
     """Each step checked locally first (a typo names ``steps.<name>.<field>``)."""
     body: dict[str, Any] = {"steps": {}}
@@ -84,19 +89,28 @@ def submit_pipeline(
         body["steps"][name] = step if outputs is None else {**step, "outputs": list(outputs)}
     if team is not None:
         body["team"] = team
+    if webhook is not None:
+        body["webhook"] = dict(webhook)
     headers = {"Idempotency-Key": key}  # a retried request returns the same pipeline
     return Call("POST", "/v1/pipelines", _model(GroupStatus), json=body, headers=headers)
 
 
 def submit_array(
-    job: JobSpec | Mapping[str, Any], count: int, index_key: str, index_start: int, key: str
+    job: JobSpec | Mapping[str, Any],
+    count: int,
+    index_key: str,
+    index_start: int,
+    key: str,
+    webhook: Mapping[str, str] | None = None,
 ) -> Call[GroupStatus]:
-    body = {
+    body: dict[str, Any] = {
         "job": make_spec(job, {}, "job.").body(),
         "count": count,
         "index_key": index_key,
         "index_start": index_start,
     }
+    if webhook is not None:
+        body["webhook"] = dict(webhook)
     headers = {"Idempotency-Key": key}  # a retried request returns the same array
     return Call("POST", "/v1/arrays", _model(GroupStatus), json=body, headers=headers)
 
@@ -112,6 +126,11 @@ def cancel(group_id: str) -> Call[GroupStatus]:
 def reprioritise(group_id: str, priority: str) -> Call[GroupStatus]:
     path = _path(kind_of(group_id), group_id)
     return Call("PATCH", path, _model(GroupStatus), json={"priority": priority})
+
+
+def deliveries(group_id: str, limit: int = 100) -> Call[list[Delivery]]:
+    path = _path(kind_of(group_id), group_id) + "/deliveries"
+    return Call("GET", path, _deliveries, params=[("limit", limit)])
 
 
 def listing(kind: str, limit: int) -> Call[list[GroupStatus]]:
@@ -172,6 +191,11 @@ class Group:
         self.status = self.client.run(reprioritise(self.id, priority))
         return self.status
 
+    def deliveries(self, limit: int = 100) -> list[Delivery]:
+        """Its own webhook's calls (its end; ``events: all``: its jobs' changes too), each
+        with its attempts, oldest first."""
+        return self.client.run(deliveries(self.id, limit))
+
 
 class AsyncGroup:
     """``Group`` for asyncio code (``AsyncClient.submit_pipeline`` ...): the same, awaited."""
@@ -222,3 +246,6 @@ class AsyncGroup:
     async def reprioritise(self, priority: str) -> GroupStatus:
         self.status = await self.client.run(reprioritise(self.id, priority))
         return self.status
+
+    async def deliveries(self, limit: int = 100) -> list[Delivery]:
+        return await self.client.run(deliveries(self.id, limit))

@@ -411,9 +411,12 @@ class DeliveryAttempt(_Out):
 
 
 class Delivery(_Out):
-    """One webhook call of a job (``GET /v1/jobs/{id}/deliveries``) and its attempts."""
+    """One webhook call of a job, pipeline or array (``GET /v1/jobs/{id}/deliveries``) and
+    its attempts."""
 
     id: str  # the Corral-Delivery header, the same on every attempt
+    subject: str = ""  # the job, pipeline or array it reports on
+    subject_kind: str = "job"  # job | pipeline | array
     kind: str  # the event it reports, e.g. job.succeeded
     event_seq: int
     url: str

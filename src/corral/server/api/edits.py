@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from corral.server.api.schemas import MAX_LABELS, MAX_TIMEOUT_S, ApiModel, Label, Name
 from corral.server.services.queue_edits import JobEdit
@@ -26,6 +26,20 @@ class JobPatchIn(ApiModel):
         None, description="true: hold (stays queued, never placed); false: release"
     )
     top: bool = Field(False, description="move it to the top of its user's own queue")
+    user_weight: Any = Field(
+        None,
+        description="refused: a weight is its user's, set in the policy (corral policy apply)",
+    )
+
+    @field_validator("user_weight")
+    @classmethod
+    def _per_user(cls, value: Any) -> None:
+        # A user's weight shares the cluster among that user's jobs and its team's other
+        # users; a weight on one job would let each job claim its own share.
+        raise ValueError(
+            "weights are set per user in the policy document (users.<name>.weight, "
+            "applied with `corral policy apply`), not per job"
+        )
 
     def to_edit(self) -> JobEdit:
         return JobEdit(self.priority, self.timeout_s, self.labels, self.hold, self.top)
@@ -42,6 +56,8 @@ class DeliveryOut(BaseModel):
     """One webhook call to make, and how its attempts went."""
 
     id: str = Field(description="sent as Corral-Delivery on every attempt")
+    subject: str = Field(description="the job, pipeline or array it reports on")
+    subject_kind: str = Field(description="job, pipeline or array")
     kind: str = Field(description="the event reported, e.g. job.succeeded (Corral-Event)")
     event_seq: int
     url: str
@@ -68,6 +84,8 @@ class SecretOut(BaseModel):
 def delivery_out(row: Any) -> DeliveryOut:
     return DeliveryOut(
         id=row.id,
+        subject=row.subject,
+        subject_kind=row.subject_kind,
         kind=row.kind,
         event_seq=row.event_seq,
         url=row.url,

@@ -19,7 +19,7 @@ from corral.core.states import JobState
 from corral.server.api.deps import ERRORS, Caller, Plane
 from corral.server.api.jobs import IdempotencyKey
 from corral.server.api.render import job_out
-from corral.server.api.schemas import ApiModel, JobIn, JobOut, Label, Name
+from corral.server.api.schemas import ApiModel, JobIn, JobOut, Label, Name, WebhookIn
 from corral.server.services.jobs import Draft, new_job_id
 from corral.server.services.pipelines import (
     MAX_STEPS,
@@ -32,6 +32,7 @@ from corral.server.store.records import Webhook
 
 router = APIRouter(tags=["pipelines"], responses=ERRORS)
 
+GROUP_HOOK = "called when every job of it has ended (events all: also on each job's change)"
 StepName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][\w.-]*$")]
 
 
@@ -50,6 +51,7 @@ class StepIn(JobIn):
 class PipelineIn(ApiModel):
     steps: dict[StepName, StepIn] = Field(min_length=1, max_length=MAX_STEPS)
     team: Name | None = Field(None, description="default: the token's team, or 'default'")
+    webhook: WebhookIn | None = Field(None, description=GROUP_HOOK)
 
 
 class ArrayIn(ApiModel):
@@ -59,6 +61,7 @@ class ArrayIn(ApiModel):
         "array_index", description="the payload field that gets each element's index"
     )
     index_start: int = Field(0, ge=0, le=2**31, description="the first element's index")
+    webhook: WebhookIn | None = Field(None, description=GROUP_HOOK)
 
 
 class PriorityIn(ApiModel):
@@ -87,6 +90,7 @@ class GroupOut(BaseModel):
     progress: float = Field(description="0..1: ended jobs whole, the others by their progress")
     counts: dict[str, int] = Field(description="jobs by state")
     steps: list[StepOut] | None = Field(None, description="a pipeline's steps, in run order")
+    webhook: dict[str, str] | None = Field(None, description="its own: url and events")
     jobs: list[JobOut]
 
 
@@ -124,6 +128,7 @@ def group_out(view: GroupView) -> GroupOut:
         progress=view.progress,
         counts=counts,
         steps=steps,
+        webhook={"url": g.webhook.url, "events": g.webhook.events} if g.webhook else None,
         jobs=[job_out(r) for r in view.jobs],
     )
 
@@ -160,7 +165,8 @@ async def submit_pipeline(
         drafts.append(
             Draft(job, digest, step.labels, _hook(step), after, step.takes(ids), group_id, name)
         )
-    view, created = await plane.pipelines.submit(who, "pipeline", drafts, team, user)
+    hook = _hook(spec)
+    view, created = await plane.pipelines.submit(who, "pipeline", drafts, team, user, hook)
     return _answer(view, created, response)
 
 
@@ -198,7 +204,8 @@ async def submit_array(
     team = spec.job.team or who.team or "default"
     group_id = new_group_id("array")
     drafts = [_element(spec, i, team, group_id, key) for i in range(spec.count)]
-    view, created = await plane.pipelines.submit(who, "array", drafts, team, spec.job.user)
+    hook = _hook(spec)
+    view, created = await plane.pipelines.submit(who, "array", drafts, team, spec.job.user, hook)
     return _answer(view, created, response)
 
 
@@ -220,7 +227,7 @@ def _element(spec: ArrayIn, i: int, team: str, group_id: str, key: str | None) -
     return Draft(job, digest, job_in.labels, _hook(job_in), after, job_in.takes(), group_id, str(i))
 
 
-def _hook(spec: JobIn) -> Webhook | None:
+def _hook(spec: JobIn | PipelineIn | ArrayIn) -> Webhook | None:
     return Webhook(spec.webhook.url, spec.webhook.events) if spec.webhook else None
 
 

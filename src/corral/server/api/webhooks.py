@@ -1,4 +1,5 @@
-"""``/v1/webhooks/secret`` (a team's signing secret) and ``/v1/jobs/{id}/deliveries``."""
+"""``/v1/webhooks/secret`` (a team's signing secret) and the deliveries of a job's,
+pipeline's or array's webhook (``/v1/{jobs,pipelines,arrays}/{id}/deliveries``)."""
 
 from __future__ import annotations
 
@@ -34,4 +35,15 @@ async def deliveries(
 ) -> DeliveriesOut:
     """The job's webhook deliveries, in event order, each with its attempts."""
     rows = await plane.webhooks.deliveries(who, job_id, limit)
+    return DeliveriesOut(deliveries=[delivery_out(r) for r in rows])
+
+
+@router.get("/pipelines/{group_id}/deliveries", response_model=DeliveriesOut)
+@router.get("/arrays/{group_id}/deliveries", response_model=DeliveriesOut)
+async def group_deliveries(
+    group_id: str, plane: Plane, who: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> DeliveriesOut:
+    """The deliveries of the pipeline's or array's own webhook (its end; with ``events:
+    all`` its jobs' changes), in event order, each with its attempts."""
+    rows = await plane.webhooks.group_deliveries(who, group_id, limit)
     return DeliveriesOut(deliveries=[delivery_out(r) for r in rows])

@@ -3,9 +3,10 @@
 Each pass, on the scheduling leader only:
 
 1. **Follow.** The events after the cursor whose job names a webhook become
-   deliveries, in one transaction with the cursor's move (compare and set: a
-   second writer makes none twice). Migration 0020 starts the cursor at the
-   newest event then (no job named a webhook before).
+   deliveries, and so do those whose job's pipeline or array names one (its end,
+   and with ``events: all`` its jobs' changes), in one transaction with the
+   cursor's move (compare and set: a second writer makes none twice). Migration
+   0020 starts the cursor at the newest event then (no job named a webhook before).
 2. **Send.** Due deliveries are leased (their ``next_at`` moved past the call's
    timeout, guarded by version) and called in background tasks: at most
    ``webhooks.concurrency`` at once, ``per_team_concurrency`` for one team, so a
@@ -34,6 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from corral.core.states import JobState
+from corral.server.services.pipelines import group_state
 from corral.server.services.unit import Runtime
 from corral.server.services.webhooks import (
     DELIVERY,
@@ -44,6 +47,7 @@ from corral.server.services.webhooks import (
     STATE_EVENTS,
     Subject,
     enqueue_row,
+    group_body,
     job_body,
     sign,
     team_secret,
@@ -124,30 +128,75 @@ class WebhookLoop:
             upto = min(head, first - 1 + SPAN)
             hooked = await repo.hooked_events(conn, at, upto, STATE_EVENTS)
             wanted = [e for e in hooked if e.events == "all" or e.kind in END_EVENTS]
-            rows = await self._rows(conn, wanted)
+            grouped = await repo.group_events(conn, at, upto, STATE_EVENTS)
+            teams = {e.team for e in hooked} | {e.team for e in grouped}
+            pending = Counter(await repo.pending_by_team(conn, teams)) if teams else Counter()
+            rows = await self._rows(conn, wanted, pending)
+            rows += await self._group_rows(conn, grouped, pending)
             if not await repo.move_cursor(conn, at, upto):
                 raise RuntimeError("another writer moved the webhook cursor; rolled back")
             await repo.insert(conn, rows)
         return upto < head
 
-    async def _rows(self, conn: Any, hooked: list[repo.HookedEvent]) -> list[dict[str, Any]]:
+    async def _rows(
+        self, conn: Any, hooked: list[repo.HookedEvent], pending: Counter[str]
+    ) -> list[dict[str, Any]]:
         if not hooked:
             return []
         records = await job_repo.get_many(conn, {e.job_id for e in hooked})
-        pending = Counter(await repo.pending_by_team(conn, {e.team for e in hooked}))
-        now, cap = self.rt.clock.now(), self.settings.max_pending_per_team
         rows = []
         for e in hooked:
             body = job_body(records.get(e.job_id), e, self.settings.max_body_bytes)
-            dropped = None
-            if pending[e.team] >= cap:
-                dropped = f"not sent: team {e.team} has {cap} deliveries waiting "
-                dropped += "(webhooks.max_pending_per_team)"
-            else:
-                pending[e.team] += 1
             subject = Subject("job", e.job_id, e.team)
-            rows.append(enqueue_row(subject, e.url, e.seq, e.kind, body, now, dropped=dropped))
+            rows.append(self._row(subject, e.url, e.seq, e.kind, body, pending))
         return rows
+
+    async def _group_rows(
+        self, conn: Any, hooked: list[repo.GroupEvent], pending: Counter[str]
+    ) -> list[dict[str, Any]]:
+        """A group's deliveries: its end, once, at the last of its jobs' end events (the
+        one after which none is left running), named ``<kind>.<state>`` and carrying that
+        event; with ``events: all`` also each other state change of its jobs."""
+        by_group: dict[str, list[repo.GroupEvent]] = {}
+        for e in hooked:
+            by_group.setdefault(e.group_id, []).append(e)
+        rows = []
+        cut = self.settings.max_body_bytes
+        for group_id, evs in by_group.items():
+            counts = await repo.group_counts(conn, group_id)
+            state = group_state(JobState(s) for s in counts)
+            end = None
+            if state != "running" and any(e.kind in END_EVENTS for e in evs):
+                last = await repo.last_group_event(conn, group_id, END_EVENTS)
+                end = next((e for e in evs if e.seq == last), None)
+            changes = [e for e in evs if e is not end and e.events == "all"]
+            states = await repo.job_states(conn, {e.job_id for e in changes}) if changes else {}
+            for e in changes:
+                body = group_body(e, counts, state, states.get(e.job_id), None, cut)
+                subject = Subject(e.group_kind, group_id, e.team)
+                rows.append(self._row(subject, e.url, e.seq, e.kind, body, pending))
+            if end is not None:  # listed once, at the end: an array may hold 100,000 jobs
+                members = await repo.group_jobs(conn, group_id)
+                body = group_body(end, counts, state, None, members, cut)
+                subject = Subject(end.group_kind, group_id, end.team)
+                kind = f"{end.group_kind}.{state}"
+                rows.append(self._row(subject, end.url, end.seq, kind, body, pending))
+        return rows
+
+    def _row(
+        self, subject: Subject, url: str, seq: int, kind: str, body: dict[str, Any],
+        pending: Counter[str],
+    ) -> dict[str, Any]:  # fmt: skip
+        """A delivery row; recorded as failed at once when its team has
+        ``max_pending_per_team`` waiting (a receiver down must not grow the table unbounded)."""
+        cap, dropped = self.settings.max_pending_per_team, None
+        if pending[subject.team] >= cap:
+            dropped = f"not sent: team {subject.team} has {cap} deliveries waiting "
+            dropped += "(webhooks.max_pending_per_team)"
+        else:
+            pending[subject.team] += 1
+        now = self.rt.clock.now()
+        return enqueue_row(subject, url, seq, kind, body, now, dropped=dropped)
 
     async def send_due(self) -> int:
         """Lease the due calls there is room for, then start them (after the lease's

@@ -48,7 +48,7 @@ from corral.server.services.auth import Principal
 from corral.server.services.inputs import blob_key
 from corral.server.services.unit import Runtime, Tx
 from corral.server.store import jobs as job_repo
-from corral.server.store.records import JobRecord, ResultFile, job_row
+from corral.server.store.records import JobRecord, ResultFile, Webhook, job_row
 from corral.server.store.tables import inputs, job_deps, job_groups, jobs
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ class Group:
     team: str
     user: str
     size: int
+    webhook: Webhook | None = None  # the group's own: called when every job of it ended
 
 
 async def check_dependencies(rt: Runtime, who: Principal, drafts: Sequence[Draft]) -> None:
@@ -132,6 +133,8 @@ async def insert_links(tx: Tx, records: Sequence[JobRecord], group: Group | None
                 user=group.user,
                 size=group.size,
                 created_at=tx.now,
+                webhook_url=group.webhook.url if group.webhook else None,
+                webhook_events=group.webhook.events if group.webhook else None,
             )
         )
     rows = [

@@ -22,7 +22,7 @@ from corral.server.services.previews import preview_folder
 from corral.server.services.unit import Runtime
 from corral.server.store import retention as repo
 from corral.server.store.retention import JobAge
-from corral.server.store.tables import job_groups, jobs
+from corral.server.store.tables import job_groups, jobs, webhook_deliveries
 
 log = logging.getLogger("corral.server.retention")
 
@@ -79,11 +79,17 @@ async def _groups_of(conn: AsyncConnection, job_ids: Sequence[str]) -> list[str]
 
 
 async def _drop_empty_groups(conn: AsyncConnection, groups: Sequence[str]) -> None:
-    """Forget a pipeline or array once its last job is gone."""
+    """Forget a pipeline or array once its last job is gone, with its webhook's deliveries."""
     if not groups:
         return
     left = sa.select(jobs.c.id).where(jobs.c.group_id == job_groups.c.id).exists()
-    await conn.execute(sa.delete(job_groups).where(job_groups.c.id.in_(groups), ~left))
+    gone = await conn.execute(
+        sa.delete(job_groups).where(job_groups.c.id.in_(groups), ~left).returning(job_groups.c.id)
+    )
+    ids = [row[0] for row in gone]
+    if ids:
+        t = webhook_deliveries
+        await conn.execute(sa.delete(t).where(t.c.subject.in_(ids)))
 
 
 async def delete_tree(rt: Runtime, prefix: str) -> int:

@@ -11,7 +11,7 @@ cancelled and (arrays) reprioritised as one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -25,8 +25,9 @@ from corral.server.services.jobs import Draft, JobService
 from corral.server.services.unit import Runtime
 from corral.server.store import jobs as job_repo
 from corral.server.store.ids import sortable_id
-from corral.server.store.records import JobRecord
+from corral.server.store.records import JobRecord, Webhook
 from corral.server.store.tables import job_groups, jobs
+from corral.server.webhook_urls import check_literal
 
 MAX_STEPS = 64
 """Steps in one pipeline: a workflow of models and passes, not a way around batch caps."""
@@ -53,13 +54,7 @@ class GroupView:
     @property
     def state(self) -> str:
         """running while any job has not ended; then failed, cancelled or succeeded."""
-        states = {r.state for r in self.jobs}
-        if states - JOB.terminal:
-            return "running"
-        for end in (JobState.FAILED, JobState.CANCELLED):
-            if end in states:
-                return end.value
-        return JobState.SUCCEEDED.value
+        return group_state(r.state for r in self.jobs)
 
     @property
     def progress(self) -> float:
@@ -68,6 +63,18 @@ class GroupView:
             return 0.0
         done = sum(1.0 if r.state in JOB.terminal else r.progress for r in self.jobs)
         return done / len(self.jobs)
+
+
+def group_state(states: Iterable[JobState]) -> str:
+    """A group's state from its jobs': running while any has not ended; then failed if
+    any failed, else cancelled if any was cancelled, else succeeded."""
+    seen = set(states)
+    if seen - JOB.terminal:
+        return "running"
+    for end in (JobState.FAILED, JobState.CANCELLED):
+        if end in seen:
+            return end.value
+    return JobState.SUCCEEDED.value
 
 
 def order_steps(steps: Mapping[str, StepRefs]) -> list[str]:
@@ -126,14 +133,23 @@ class PipelineService:
         self.jobs = jobs
 
     async def submit(
-        self, who: Principal, kind: str, drafts: Sequence[Draft], team: str, user: str
+        self,
+        who: Principal,
+        kind: str,
+        drafts: Sequence[Draft],
+        team: str,
+        user: str,
+        webhook: Webhook | None = None,
     ) -> tuple[GroupView, bool]:
         """Submit the group's jobs (their ``group_id`` set) all or none; the group, and
         whether it was made (False: a replay of the same idempotency keys, the group then
-        being the one those jobs belong to)."""
+        being the one those jobs belong to). ``webhook``: the group's own, called when
+        every job of it has ended (``loops/webhooks.py``)."""
         group_id = drafts[0].group_id
         assert group_id is not None
-        group = Group(group_id, kind, team, user, len(drafts))
+        if webhook is not None:  # the same rules as a job's (422 naming webhook.url)
+            check_literal(webhook.url, self.rt.settings.webhooks.allow_private)
+        group = Group(group_id, kind, team, user, len(drafts), webhook)
         records, created = await self.jobs.submit(who, drafts, group)
         if not created:
             replayed = records[0].group_id
@@ -156,7 +172,8 @@ class PipelineService:
                 )
             ]
             found = await job_repo.get_many(conn, ids)
-        group = Group(row.id, row.kind, row.team, row.user, row.size)
+        hook = Webhook(row.webhook_url, row.webhook_events or "end") if row.webhook_url else None
+        group = Group(row.id, row.kind, row.team, row.user, row.size, hook)
         return GroupView(group, row.created_at, [found[i] for i in ids if i in found])
 
     async def page(self, who: Principal, kind: str, limit: int = 50) -> list[GroupView]:

@@ -1,9 +1,10 @@
 """Webhooks: a job names a URL, and its state changes are posted there, signed.
 
-A delivery is one call to make: an event of a subject (a job today; a job array or a
-pipeline can name a webhook the same way and call ``enqueue`` for its own changes), its
-JSON body fixed when it is made, retried with backoff for ``webhooks.retry_for_s``, each
-attempt recorded (``GET /v1/jobs/{id}/deliveries``). The loop that makes and sends them
+A delivery is one call to make: an event of a subject (a job, or a pipeline or array
+that names its own webhook: called when every job of it has ended, and with ``events:
+all`` on each of its jobs' state changes), its JSON body fixed when it is made, retried
+with backoff for ``webhooks.retry_for_s``, each attempt recorded (``GET
+/v1/{jobs,pipelines,arrays}/{id}/deliveries``). The loop that makes and sends them
 (``loops/webhooks.py``) runs beside scheduling and never inside its transactions.
 
 Signing, as Stripe's and GitHub's: each team has one secret; every call carries
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,7 @@ def verify(secret: str, header: str, body: bytes, now: float, window_s: float = 
 
 @dataclass(frozen=True, slots=True)
 class Subject:
-    """What a delivery reports on: ``kind`` job (an array or a pipeline later), its id."""
+    """What a delivery reports on: ``kind`` job, pipeline or array, and its id."""
 
     kind: str
     id: str
@@ -140,6 +141,36 @@ def job_body(rec: JobRecord | None, event: repo.HookedEvent, max_bytes: int) -> 
     return out
 
 
+def group_body(
+    event: repo.GroupEvent, counts: Mapping[str, int], state: str, job_state: str | None,
+    members: Sequence[tuple[str, str]] | None, max_bytes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The body of a pipeline's or array's delivery: the job event that made it, the group
+    with its state and counts as they are when it is made, and either the changed job
+    (``job_state``: a change) or every job's id and state (``members``: its end, the list
+    cut to fit ``max_bytes``)."""
+    kind = event.group_kind
+    out: dict[str, Any] = {
+        "created_at": event.at,
+        "event": {"seq": event.seq, "kind": event.kind, "at": event.at, "job_id": event.job_id,
+                  "data": event.data},
+        "group": {"id": event.group_id, "kind": kind, "state": state, "team": event.team,
+                  "size": sum(counts.values()), "counts": dict(sorted(counts.items())),
+                  "url": f"/v1/{kind}s/{event.group_id}"},
+    }  # fmt: skip
+    if members is None:
+        return out | {"job": {"id": event.job_id, "state": job_state}}
+    listed = [{"id": i, "state": s} for i, s in members]
+    out["jobs"] = listed
+    size = len(dumps(out))
+    if size > max_bytes:  # cut in proportion once, then trim: a 100,000-job array stays cheap
+        del listed[max(0, len(listed) * max_bytes // size - 1) :]
+        out["jobs_truncated"] = True
+        while listed and len(dumps(out)) > max_bytes:
+            listed.pop()
+    return out
+
+
 async def team_secret(rt: Runtime, conn: AsyncConnection, team: str) -> str:
     """``team``'s signing secret, made on first use."""
     found = await repo.secret(conn, team)
@@ -182,3 +213,13 @@ class WebhookService:
             if rec is None or not who.sees(rec.job.team):
                 raise NotFound(f"job {job_id} not found")
             return await repo.of_subject(conn, job_id, limit)
+
+    async def group_deliveries(self, who: Principal, group_id: str, limit: int) -> list[Any]:
+        """The deliveries of a pipeline's or array's own webhook, oldest first."""
+        who.require_client()
+        async with self.rt.db.read() as conn:
+            team = await repo.group_team(conn, group_id)
+            if team is None or not who.sees(team):
+                what = "pipeline" if group_id.startswith("pipe_") else "array"
+                raise NotFound(f"{what} {group_id} not found")
+            return await repo.of_subject(conn, group_id, limit)

@@ -263,7 +263,7 @@ webhook_deliveries = sa.Table(
     metadata,
     sa.Column("id", sa.String(40), primary_key=True),
     sa.Column("subject", sa.String(40), nullable=False),  # the job (or array, pipeline) id
-    sa.Column("subject_kind", sa.String(16), nullable=False),  # job
+    sa.Column("subject_kind", sa.String(16), nullable=False),  # job | pipeline | array
     sa.Column("team", sa.String(64), nullable=False),
     sa.Column("event_seq", sa.BigInteger, nullable=False),  # the event it reports
     sa.Column("kind", sa.String(32), nullable=False),  # the event's kind, e.g. job.succeeded
@@ -341,6 +341,8 @@ job_groups = sa.Table(
     sa.Column("user", sa.String(128), nullable=False),
     sa.Column("size", sa.Integer, nullable=False),  # how many jobs it holds
     sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("webhook_url", sa.String(2048), nullable=True),  # its own webhook (0023)
+    sa.Column("webhook_events", sa.String(8), nullable=True),  # end | all
     sa.Index("ix_job_groups_team_created", "team", "created_at"),
 )
 

@@ -1,5 +1,6 @@
 """Queries on the webhook tables (``services/webhooks.py``): the events cursor,
-deliveries and the teams' secrets. Off the job path: plain SQLAlchemy."""
+deliveries and the teams' secrets, and the events of jobs whose pipeline or array
+names a webhook. Off the job path: plain SQLAlchemy."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.server.store.tables import (
     events,
+    job_groups,
     jobs,
     webhook_cursor,
     webhook_deliveries,
@@ -98,6 +100,89 @@ async def hooked_events(
                     r.webhook_events or "end")
         for r in await conn.execute(query)
     ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEvent:
+    """An event of a job whose pipeline or array names a webhook."""
+
+    seq: int
+    kind: str
+    at: float
+    job_id: str
+    data: dict[str, Any]
+    group_id: str
+    group_kind: str  # pipeline | array
+    team: str
+    url: str
+    events: str  # end | all
+
+
+async def group_events(
+    conn: AsyncConnection, after: int, upto: int, kinds: Collection[str]
+) -> list[GroupEvent]:
+    """Events in ``(after, upto]`` of ``kinds`` whose job's group names a webhook, in order."""
+    g = job_groups
+    query = (
+        sa.select(
+            events.c.seq, events.c.kind, events.c.at, events.c.job_id, events.c.data,
+            g.c.id, g.c.kind.label("group_kind"), g.c.team, g.c.webhook_url, g.c.webhook_events,
+        )
+        .join(jobs, jobs.c.id == events.c.job_id)
+        .join(g, g.c.id == jobs.c.group_id)
+        .where(
+            events.c.seq > after,
+            events.c.seq <= upto,
+            events.c.kind.in_(sorted(kinds)),
+            g.c.webhook_url.is_not(None),
+        )
+        .order_by(events.c.seq)
+    )  # fmt: skip
+    return [
+        GroupEvent(r.seq, r.kind, r.at, r.job_id, dict(r.data or {}), r.id, r.group_kind,
+                   r.team, r.webhook_url, r.webhook_events or "end")
+        for r in await conn.execute(query)
+    ]  # fmt: skip
+
+
+async def group_jobs(conn: AsyncConnection, group_id: str) -> list[tuple[str, str]]:
+    """(id, state) of each job of the group, in submission order."""
+    query = (
+        sa.select(jobs.c.id, jobs.c.state).where(jobs.c.group_id == group_id).order_by(jobs.c.seq)
+    )
+    return [(r.id, r.state) for r in await conn.execute(query)]
+
+
+async def group_counts(conn: AsyncConnection, group_id: str) -> dict[str, int]:
+    """The group's jobs by state (counted in the database: an array may hold 100,000)."""
+    query = (
+        sa.select(jobs.c.state, sa.func.count())
+        .where(jobs.c.group_id == group_id)
+        .group_by(jobs.c.state)
+    )
+    return {state: int(n) for state, n in await conn.execute(query)}
+
+
+async def job_states(conn: AsyncConnection, ids: Collection[str]) -> dict[str, str]:
+    query = sa.select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(sorted(ids)))
+    return {r.id: r.state for r in await conn.execute(query)}
+
+
+async def last_group_event(conn: AsyncConnection, group_id: str, kinds: Collection[str]) -> int:
+    """The newest event of ``kinds`` of any job of the group (0: none)."""
+    query = (
+        sa.select(sa.func.max(events.c.seq))
+        .join(jobs, jobs.c.id == events.c.job_id)
+        .where(jobs.c.group_id == group_id, events.c.kind.in_(sorted(kinds)))
+    )
+    return int((await conn.execute(query)).scalar() or 0)
+
+
+async def group_team(conn: AsyncConnection, group_id: str) -> str | None:
+    """The team of the pipeline or array (None: there is none)."""
+    query = sa.select(job_groups.c.team).where(job_groups.c.id == group_id)
+    value = (await conn.execute(query)).scalar()
+    return None if value is None else str(value)
 
 
 async def pending_by_team(conn: AsyncConnection, teams: Collection[str]) -> dict[str, int]:

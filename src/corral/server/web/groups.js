@@ -1,5 +1,5 @@
 // corral dashboard: pipelines and job arrays (#groups, #pipeline/<id>, #array/<id>). Loaded after
-// app.js and jobs.js, whose helpers ($, el, getJson, bar, jobLink, when) it uses.
+// app.js and jobs.js, whose helpers ($, el, getJson, bar, jobLink, when, showDeliveries) it uses.
 "use strict";
 
 const groupView = { timer: null };
@@ -41,7 +41,11 @@ async function showGroup(kind, id) {
     el("div", { class: "actions", role: "group", "aria-label": "actions" },
       g.state === "running" ? el("button", { "data-action": "cancel", onclick: () => cancelGroup(g) }, "cancel all") : ""),
     bar([[g.progress]]), el("div", { class: "muted", id: "group-progress" }, `${Math.round(g.progress * 100)}%`),
+    g.webhook ? el("section", { id: "group-webhook" }, el("h3", {}, "Webhook"),
+      el("p", { class: "muted" }, `${g.webhook.url} (${g.webhook.events === "all" ? "when it ends and on each job's change" : "when every job has ended"})`),
+      el("ul", { id: "group-deliveries" })) : "",
     g.steps ? stepGraph(g.steps) : elements(g.jobs));
+  if (g.webhook) showDeliveries(g.id, `/v1/${kind}s/${encodeURIComponent(id)}`, "group-deliveries").catch(() => {});
   if (g.state === "running" && location.hash.startsWith(`#${kind}/`)) {
     groupView.timer = setTimeout(() => showGroup(kind, id).catch((e) => showError("group-error", e)), 2000);
   }

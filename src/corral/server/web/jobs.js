@@ -145,9 +145,10 @@ function labelList(job) {
 }
 
 // Each webhook call: the event it reports, where it stands, the receiver's last answer.
-async function showDeliveries(id) {
-  const found = (await getJson(`/v1/jobs/${encodeURIComponent(id)}/deliveries`)).deliveries;
-  const list = $("job-deliveries");
+// ``path``: a job's, pipeline's or array's (/v1/{jobs,pipelines,arrays}/<id>); the list's element id.
+async function showDeliveries(id, path = `/v1/jobs/${encodeURIComponent(id)}`, listId = "job-deliveries") {
+  const found = (await getJson(`${path}/deliveries`)).deliveries;
+  const list = $(listId);
   if (!list) return;
   list.replaceChildren(...found.map((d) => el("li", { "data-state": d.state },
     `${d.kind}: ${d.state} after ${d.attempts} attempt(s)` + (d.last_status ? ` · HTTP ${d.last_status}` : d.last_error ? ` · ${d.last_error}` : ""))));
