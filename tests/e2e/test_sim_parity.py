@@ -60,10 +60,14 @@ def test_the_simulator_and_the_server_agree(name: str) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="issue 48 item 2: while its victims stop, the server sees them still held and "
-    "evicts more of a's work (4-7 preemptions by run, b gets 20 GPUs); the simulator, whose "
-    "victims stop at once, evicts 3 and leaves one b job queued",
+    strict=False,
+    reason="issue 48 item 2, still open on the server: a cycle that runs while a's first "
+    "victims are stopping may count them as a's and evict one more (sim 4, server 4 or 5 by "
+    "run); the simulator's victims stop at once",
 )
 def test_issue_48s_reclaim_agrees() -> None:
-    assert _run("issue48")[1] == []
+    """Issue 48's reclaim: a's victims stopping take a moment on the server and none in the
+    simulator; both evict what b's quota needs and no more."""
+    sim, differences = _run("issue48")
+    assert differences == []
+    assert sim.preemptions == 4  # type: ignore[attr-defined]
