@@ -182,8 +182,11 @@ def test_a_server_process_sweeps_on_its_own(db_url: str, tmp_path: Path) -> None
             assert missing.status_code == 404
             assert gone in missing.text
             assert c.get(f"/v1/jobs/{kept}").json()["state"] == "queued"
-            metrics = c.get("/metrics").text
-            assert 'corral_retention_deleted_total{what="jobs"} 1.0' in metrics
+            # counted once the sweep's transaction is done, a moment after the row is gone
+            counted = 'corral_retention_deleted_total{what="jobs"} 1.0'
+            while counted not in c.get("/metrics").text:
+                assert time.monotonic() < deadline, "the sweep was never counted"
+                time.sleep(0.1)
     finally:
         server.stop()
     assert not [line for line in server.output if "sweep failed" in line], server.output

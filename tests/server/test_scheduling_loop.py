@@ -48,7 +48,10 @@ async def test_the_feed_decodes_only_what_changed(world: World) -> None:
     assert feed.rows_read == 0, "the placed allocations come from the placement itself"
     assert len(feed.allocations) == 2
     held = await world.plane.schedule.snapshot()
-    assert sorted(j.id for j in held.queued) == sorted(j.job.id for j in jobs[3:])
+    # the jobs neither cancelled nor placed (all five were submitted at one instant: which
+    # two are placed first is the scheduler's tie-break, not this test's concern)
+    waiting = {j.job.id for j in jobs[1:]} - placed
+    assert sorted(j.id for j in held.queued) == sorted(waiting)
 
 
 async def test_only_one_replica_leads(pg_url: str) -> None:
