@@ -10,6 +10,9 @@
 
 Requests are the same ``calls.Call`` objects the sync client sends, so both
 clients speak the API identically.
+
+Over 400 lines on purpose: the mirror of ``client.py`` (with ``admin.py``), method for
+method, so the two clients cannot drift apart unseen.
 """
 
 from __future__ import annotations

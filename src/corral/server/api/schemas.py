@@ -4,6 +4,9 @@ Input models validate ranges and formats so a bad field gets a 422 naming
 it; ``to_job`` turns a submission into the core ``Job`` (whose own checks
 also name the field). Output models are built from store records by the
 ``*_out`` functions, so routers stay thin.
+
+Over 400 lines on purpose: a job's request and response shapes are read together, each
+field's checks beside its description; other routes' shapes live beside their routers.
 """
 
 from __future__ import annotations

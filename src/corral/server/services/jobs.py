@@ -3,6 +3,10 @@
 Every method takes the ``Principal`` and enforces what it may see: a team
 token never learns that another team's job exists (it gets 404, as for an
 unknown id).
+
+Over 400 lines on purpose: a client's whole view of jobs (submission with its checks, reads,
+lists, cancel, interrupt, results) behind one permission rule; pipelines, edits and
+deletion live apart (``pipelines``, ``queue_edits``, ``forget``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Shared by the agent service (an agent reports an ending), the liveness loop
 (a node is lost, a stop went unanswered) and the job service (cancel). The
 decision itself is ``outcomes.settle``; this module applies it to the rows.
+
+Over 400 lines on purpose: every way an allocation ends (finished, failed, lost, stopped,
+preempted) settles its jobs through this one path, its usage recorded in the same unit.
 """
 
 from __future__ import annotations
