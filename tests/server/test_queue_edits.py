@@ -112,16 +112,24 @@ async def test_patch_changes_class_time_limit_labels_and_refuses_what_it_cannot(
     assert "timeout_s" in r.text
     r = await served.admin.patch(f"/v1/jobs/{job}", json={})
     assert r.status_code == 422
-    r = await served.admin.patch(f"/v1/jobs/{job}", json={"user_weight": 3, "hold": True})
+    r = await served.admin.patch(f"/v1/jobs/{job}", json={"user_weight": 0, "hold": True})
     assert r.status_code == 422
     assert r.json()["field"] == "user_weight"
-    assert "per user in the policy" in r.json()["message"]
-    assert "corral policy apply" in r.json()["message"]
     assert (await served.admin.get(f"/v1/jobs/{job}")).json()["held"] is False  # all or none
     made = await served.admin.post("/v1/tokens", json={"kind": "team", "name": "b", "team": "b"})
     async with served.client(made.json()["token"]) as other_team:
         r = await other_team.patch(f"/v1/jobs/{job}", json={"hold": True})
         assert r.status_code == 404  # another team's job does not exist for it
+        r = await other_team.patch(f"/v1/jobs/{job}", json={"user_weight": 3})
+        assert r.status_code == 403  # a user's weight is the administrator's to set
+    before = (await served.admin.get("/v1/policy")).json()["version"]
+    out = await patch(served, job, user_weight=3, hold=True)
+    assert out["held"] is True
+    policy = (await served.admin.get("/v1/policy")).json()
+    assert policy["version"] == before + 1, "a user's weight is a new policy version"
+    assert policy["policy"]["user_weights"] == {"ana": 3}
+    assert "ana's weight set to 3" in policy["note"]
+    await patch(served, job, hold=False)
     agent = await served.agent("gpu-1")
     a = await agent.next_assignment()
     await agent.start(a)

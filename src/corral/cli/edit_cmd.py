@@ -56,7 +56,7 @@ def top(
     _each(job_ids, lambda c, j: c.edit_job(j, top=True), url, token, as_json)
 
 
-def edit(
+def edit(  # noqa: PLR0913 (each option of the command is an argument)
     job_id: Annotated[str, typer.Argument(help="The job's id.")],
     priority: Annotated[str | None, typer.Option(help="A priority class, e.g. paid.")] = None,
     timeout: Annotated[
@@ -67,17 +67,26 @@ def edit(
         typer.Option("--label", help="KEY=VALUE (repeat): replaces its labels."),
     ] = None,
     clear_labels: Annotated[bool, typer.Option(help="Remove all its labels.")] = False,
+    user_weight: Annotated[
+        float | None,
+        typer.Option(help="Its user's weight (admin): a new policy version.", min=0.001),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Change a queued job's priority class, time limit or labels."""
+    """Change a queued job's priority class, time limit or labels, or its user's weight."""
     labels = _labels(label or []) if label or clear_labels else None
-    if priority is None and timeout is None and labels is None:
-        fail("name a change: --priority, --timeout, --label or --clear-labels", EXIT_BAD_INPUT)
+    if priority is None and timeout is None and labels is None and user_weight is None:
+        fail(
+            "name a change: --priority, --timeout, --label, --clear-labels or --user-weight",
+            EXIT_BAD_INPUT,
+        )
 
     def change(client: Client, job_id: str) -> JobStatus:
-        return client.edit_job(job_id, priority=priority, timeout_s=timeout, labels=labels)
+        return client.edit_job(
+            job_id, priority=priority, timeout_s=timeout, labels=labels, user_weight=user_weight
+        )
 
     _each([job_id], change, url, token, as_json)
 

@@ -322,9 +322,10 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         hold: bool | None = None,
         top: bool = False,
+        user_weight: float | None = None,
     ) -> JobStatus:
         """``Client.edit_job``."""
-        change = calls.edits(priority, timeout_s, labels, hold, top)
+        change = calls.edits(priority, timeout_s, labels, hold, top, user_weight)
         return await self.run(calls.edit_job(job_id, change))
 
     async def deliveries(self, job_id: str, limit: int = 100) -> list[Delivery]:

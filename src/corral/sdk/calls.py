@@ -146,16 +146,18 @@ def stop(job_id: str, how: str) -> Call[JobStatus]:
 
 
 def edit_job(job_id: str, change: Mapping[str, Any]) -> Call[JobStatus]:
-    """Change a queued job (``PATCH``): priority, timeout_s, labels, hold, top."""
+    """Change a queued job (``PATCH``): priority, timeout_s, labels, hold, top, user_weight."""
     return Call("PATCH", f"/v1/jobs/{_seg(job_id)}", _model(JobStatus), json=dict(change))
 
 
 def edits(
     priority: str | None, timeout_s: float | None, labels: Mapping[str, str] | None,
-    hold: bool | None, top: bool,
+    hold: bool | None, top: bool, user_weight: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """A PATCH body of the changes given (None: unchanged)."""
-    body: dict[str, Any] = {"priority": priority, "timeout_s": timeout_s, "hold": hold}
+    body: dict[str, Any] = {
+        "priority": priority, "timeout_s": timeout_s, "hold": hold, "user_weight": user_weight,
+    }  # fmt: skip
     body = {k: v for k, v in body.items() if v is not None}
     if labels is not None:
         body["labels"] = dict(labels)

@@ -337,11 +337,13 @@ class Client(AdminCalls):
         labels: Mapping[str, str] | None = None,
         hold: bool | None = None,
         top: bool = False,
+        user_weight: float | None = None,
     ) -> JobStatus:
         """Change a queued job: its priority class, time limit or labels; ``hold=True``
         keeps it queued but never placed, ``hold=False`` releases it; ``top`` makes it its
-        user's next job. ``Conflict`` once it is no longer queued."""
-        change = calls.edits(priority, timeout_s, labels, hold, top)
+        user's next job; ``user_weight`` sets its user's weight (admin: a new policy version).
+        ``Conflict`` once it is no longer queued."""
+        change = calls.edits(priority, timeout_s, labels, hold, top, user_weight)
         return self.run(calls.edit_job(job_id, change))
 
     def deliveries(self, job_id: str, limit: int = 100) -> list[Delivery]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from corral.server.api.schemas import MAX_LABELS, MAX_TIMEOUT_S, ApiModel, Label, Name
 from corral.server.services.queue_edits import JobEdit
@@ -26,20 +26,14 @@ class JobPatchIn(ApiModel):
         None, description="true: hold (stays queued, never placed); false: release"
     )
     top: bool = Field(False, description="move it to the top of its user's own queue")
-    user_weight: Any = Field(
+    user_weight: float | None = Field(
         None,
-        description="refused: a weight is its user's, set in the policy (corral policy apply)",
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="its user's weight (admin): a user's share among the team's users, set "
+        "in the policy as a new version (users.<name>.weight); every job of the user has it",
     )
-
-    @field_validator("user_weight")
-    @classmethod
-    def _per_user(cls, value: Any) -> None:
-        # A user's weight shares the cluster among that user's jobs and its team's other
-        # users; a weight on one job would let each job claim its own share.
-        raise ValueError(
-            "weights are set per user in the policy document (users.<name>.weight, "
-            "applied with `corral policy apply`), not per job"
-        )
 
     def to_edit(self) -> JobEdit:
         return JobEdit(self.priority, self.timeout_s, self.labels, self.hold, self.top)

@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from prometheus_client import Gauge
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter
 
-from corral.core.errors import InvalidSpec
+from corral.core.errors import Conflict, InvalidSpec
 from corral.core.events import Event, EventKind
 from corral.core.model import JobKind
 from corral.core.states import JobState
@@ -315,8 +315,21 @@ async def delete_job(job_id: str, plane: Plane, who: Caller) -> Response:
 @router.patch("/{job_id}", response_model=JobOut, responses={409: {"model": ErrorOut}})
 async def edit_job(job_id: str, change: JobPatchIn, plane: Plane, who: Caller) -> JobOut:
     """Change a queued job: priority class, time limit, labels; hold or release it; move it
-    to the top of its user's own queue. A job no longer queued answers 409."""
-    rec = await edit(plane.rt, who, job_id, change.to_edit(), plane.policy.entitle)
+    to the top of its user's own queue; its user's weight (admin: a new policy version). A
+    job no longer queued answers 409."""
+    wanted = change.to_edit()
+    if change.user_weight is None:
+        rec = await edit(plane.rt, who, job_id, wanted, plane.policy.entitle)
+        return job_out(rec, plane.schedule.unplaced.get(job_id))
+    who.require_admin("change a user's weight")  # before anything changes
+    rec = await plane.jobs.get(who, job_id)
+    if rec.state is not JobState.QUEUED:
+        raise Conflict(f"job {job_id} is {rec.state.value}: only a queued job can be edited")
+    if not wanted.empty():
+        rec = await edit(plane.rt, who, job_id, wanted, plane.policy.entitle)
+    user, weight = rec.job.user, change.user_weight
+    note = f"user {user}'s weight set to {weight:g} (PATCH of job {job_id})"
+    await plane.policy.set_user_weight(who, user, weight, note)
     return job_out(rec, plane.schedule.unplaced.get(job_id))
 
 

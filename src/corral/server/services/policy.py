@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+import yaml
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import Conflict, Forbidden, InvalidSpec, LimitReached, NotFound
@@ -156,6 +157,22 @@ class PolicyService:
         self.rt.policy, self.rt.policy_version = policy, version
         self._checked_at = self.rt.clock.now()
         return entry
+
+    async def set_user_weight(
+        self, who: Principal, user: str, weight: float, note: str
+    ) -> PolicyVersion:
+        """The policy in force with ``user``'s weight (``users.<user>.weight``) set, applied
+        as the next version (admin). The new version's document is the old one's data
+        written again: its comments stay in the version before it."""
+        who.require_admin("change a user's weight")
+        entry, _ = await self.show()
+        doc = yaml.safe_load(entry.document) or {}
+        users = doc.get("users") or {}
+        if not isinstance(doc, dict) or not isinstance(users, dict):
+            raise InvalidSpec("user_weight", "the policy in force has no users mapping to set")
+        users[user] = {**(users.get(user) or {}), "weight": weight}
+        doc["users"] = users
+        return await self.apply(who, yaml.safe_dump(doc, sort_keys=False), note)
 
     async def version(self, who: Principal, version: int) -> PolicyVersion:
         """Version ``version`` as applied (0: the built-in policy)."""
