@@ -48,12 +48,15 @@ def test_the_job_page_holds_releases_tops_and_edits_a_queued_job(
         form.locator("input[name=priority]").fill("paid")
         form.locator("input[name=timeout_s]").fill("120")
         form.locator("input[name=labels]").fill("run=b, stage=2")
+        form.locator("input[name=user_weight]").fill("2")
         form.locator('button[data-action="save"]').click()
         expect(page.locator("#job-labels")).to_contain_text("stage=2", timeout=10_000)
         expect(page.locator("#job-summary")).to_contain_text("priority paid")
         got = http.get(f"/v1/jobs/{job_id}").json()
         assert (got["priority"], got["timeout_s"]) == ("paid", 120)
         assert got["labels"] == {"run": "b", "stage": "2"}
+        weights = http.get("/v1/policy").json()["policy"]["user_weights"]
+        assert weights == {got["user"]: 2}  # the user's weight, as a policy version
         form.locator("input[name=priority]").fill("gold")
         form.locator('button[data-action="save"]').click()
         expect(page.locator("#job-error")).to_contain_text("gold", timeout=10_000)

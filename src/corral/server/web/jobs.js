@@ -120,12 +120,14 @@ function editForm(job) {
     field("priority", { name: "priority", value: job.priority, size: "10" }),
     field("time limit (s)", { name: "timeout_s", type: "number", min: "1", value: job.timeout_s ?? "", size: "8" }),
     field("labels", { name: "labels", value: labels, placeholder: "key=value, ...", size: "24" }),
+    field(`${job.user}'s weight`, { name: "user_weight", type: "number", min: "0.001", step: "any", placeholder: "admin", size: "6" }),
     el("button", { type: "submit", "data-action": "save" }, "save"));
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     const data = new FormData(form);
     const change = { priority: data.get("priority") };
     if (data.get("timeout_s")) change.timeout_s = Number(data.get("timeout_s"));
+    if (data.get("user_weight")) change.user_weight = Number(data.get("user_weight"));  // a new policy version
     change.labels = Object.fromEntries(String(data.get("labels")).split(",").map((p) => p.trim()).filter(Boolean)
       .map((p) => [p.split("=")[0].trim(), p.split("=").slice(1).join("=").trim()]));
     edit(job, change).catch((err) => { $("job-error").textContent = err.message; });
