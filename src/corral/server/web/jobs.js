@@ -85,10 +85,15 @@ async function showJob(id) {
 
 // What changes as it runs: state, actions, why it waits, progress, results.
 function renderJob(job) {
-  // Drawn again only when it changed: a button must not be replaced under a click.
+  // Drawn again only when it changed: a button must not be replaced under a click, nor the
+  // edit form under the user's typing. The ETA moves every few seconds: its line alone is
+  // updated in place.
   const drawn = JSON.stringify([job.id, job.state, job.interrupted, job.attempt, job.node, job.placement, job.result, job.queue, job.error,
-    job.held, job.priority, job.timeout_s, job.labels, etaText(job)]);
-  if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) return;
+    job.held, job.priority, job.timeout_s, job.labels, Boolean(etaText(job))]);
+  if (drawn === jobView.drawn && $("job-summary").hasChildNodes()) {
+    if ($("job-eta")) $("job-eta").textContent = etaText(job);
+    return;
+  }
   jobView.drawn = drawn;
   const done = TERMINAL.includes(job.state);
   $("job-summary").replaceChildren(
