@@ -95,6 +95,10 @@ function renderJob(job) {
     return;
   }
   jobView.drawn = drawn;
+  // What the user is typing in the edit form survives a redraw (the queue's explanation moves
+  // on every cycle); it is dropped once saved.
+  const form = $("job-edit");
+  const typed = form && form.dataset.typing === job.id ? [...new FormData(form)] : null;
   const done = TERMINAL.includes(job.state);
   $("job-summary").replaceChildren(
     el("h2", {}, `Job ${job.id} `, el("span", { class: `badge ${outcome(job)}`, "data-state": outcome(job), id: "job-state" }, outcome(job))),
@@ -114,6 +118,11 @@ function renderJob(job) {
       el("div", { class: "muted", id: "job-progress" }, `${Math.round(job.progress * 100)}%`),
       job.error ? el("p", { class: "error" }, job.error) : "", resumed(job), ran(job)),
     el("section", {}, el("h3", {}, "Results"), results(job)));
+  const again = $("job-edit");
+  if (typed && again) {
+    for (const [name, value] of typed) if (again.elements.namedItem(name)) again.elements.namedItem(name).value = value;
+    again.dataset.typing = job.id;
+  }
   if (job.webhook) showDeliveries(job.id).catch(() => {});
 }
 
@@ -127,9 +136,11 @@ function editForm(job) {
     field("labels", { name: "labels", value: labels, placeholder: "key=value, ...", size: "24" }),
     field(`${job.user}'s weight`, { name: "user_weight", type: "number", min: "0.001", step: "any", placeholder: "admin", size: "6" }),
     el("button", { type: "submit", "data-action": "save" }, "save"));
+  form.addEventListener("input", () => { form.dataset.typing = job.id; });
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     const data = new FormData(form);
+    delete form.dataset.typing;
     const change = { priority: data.get("priority") };
     if (data.get("timeout_s")) change.timeout_s = Number(data.get("timeout_s"));
     if (data.get("user_weight")) change.user_weight = Number(data.get("user_weight"));  // a new policy version
