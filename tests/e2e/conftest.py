@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_harness import Cluster
@@ -45,7 +47,35 @@ def browser() -> Iterator[object]:
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        b.new_page = _traced(b.new_page)  # type: ignore[method-assign]
         try:
             yield b
         finally:
             b.close()
+
+
+def _traced(new_page: Callable[..., Any]) -> Callable[..., Any]:
+    """Pages that print what went wrong in them (a failed or refused request, a slow answer,
+    a console error, an uncaught exception): pytest shows it when a test fails."""
+    started = time.monotonic()
+
+    def stamp() -> str:
+        return f"[browser +{time.monotonic() - started:6.2f}s]"
+
+    def new(*args: Any, **kwargs: Any) -> Any:
+        page = new_page(*args, **kwargs)
+        page.on("pageerror", lambda e: print(stamp(), "uncaught:", e))
+        page.on("console", lambda m: m.type == "error" and print(stamp(), "console:", m.text))
+        page.on("requestfailed", lambda r: print(stamp(), "failed:", r.method, r.url, r.failure))
+
+        def answered(response: Any) -> None:
+            timing = response.request.timing
+            took = (timing["responseEnd"] - timing["requestStart"]) / 1000
+            if response.status >= 400 or took > 1:
+                request = response.request
+                print(stamp(), response.status, request.method, response.url, f"{took:.2f}s")
+
+        page.on("requestfinished", lambda r: answered(r.response()) if r.response() else None)
+        return page
+
+    return new

@@ -58,10 +58,11 @@ async function show() {
   $("token").value = "";  // the cookie holds it now; the page keeps no copy
   $("login").hidden = true; $("nav").hidden = false; $("logout").hidden = false;
   route();  // jobs.js: the view the address names
-  await refresh();
+  // Live updates, plots and panels start together: none waits for another to load.
+  follow();
   followPlots();  // plots.js
   followUsage();  // usage.js
-  follow();
+  await refresh();
 }
 
 // ---- rendering -------------------------------------------------------------
@@ -246,34 +247,58 @@ function money(x) {
   return (Math.round(x * 100) / 100).toString();
 }
 
+// The board's panels, each drawn from its own requests as they answer: one slow or failing
+// request never holds the others. A panel that could not load says so on the board and is
+// asked again a second later, so a server that was briefly busy heals without a reload.
+const PANELS = {
+  nodes: async () => {
+    const [nodes, teams, running] = await Promise.all([
+      getJson("/v1/nodes"), getJson("/v1/teams").catch(() => []),
+      getJson("/v1/jobs?state=running&state=placed&limit=100"),
+    ]);
+    $("nodes-count").textContent = `(${nodes.length})`;
+    $("nodes").replaceChildren(...(nodes.length ? nodes.map(renderNode) : [el("p", { class: "muted" }, "No agent has connected yet.")]));
+    $("running").replaceChildren(...(running.jobs.length ? running.jobs.map(renderRunning) : [el("p", { class: "muted" }, "Nothing running.")]));
+    $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
+  },
+  queue: async () => {
+    const queue = await getJson("/v1/queue");
+    $("queue-count").textContent = `(${queue.total})`;
+    $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
+      el("strong", {}, jobLink(e.job.id)), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
+      etaText(e.job) ? el("span", { class: "eta" }, `${etaText(e.job)} · `) : "",
+      el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"),
+      e.queue.advice ? el("div", { class: "remedy" }, e.queue.advice) : "")));
+  },
+  finished: async () => {
+    const finished = await getJson("/v1/jobs?state=succeeded&state=failed&state=cancelled&limit=12");
+    $("finished").replaceChildren(...finished.jobs.map(renderFinished));
+  },
+  autoscaler: async () => {
+    const scaling = await getJson("/v1/autoscaler").catch(() => null);  // 403 for a team token
+    $("autoscaler-section").hidden = !(scaling && scaling.enabled);
+    if (scaling && scaling.enabled) {
+      const [table, spend, lines] = renderAutoscaler(scaling);
+      $("pools").replaceChildren(...table);
+      $("autoscaler-spend").textContent = spend;
+      $("autoscaler-last").replaceChildren(...lines);
+    }
+  },
+  models: async () => {
+    const models = await getJson("/v1/models").catch(() => []);
+    $("models-count").textContent = `(${models.length})`;
+    $("models").replaceChildren(...(models.length ? renderModels(models) : [el("tr", {}, el("td", { class: "muted" }, "No models registered (corral model add).") )]));
+  },
+};
+const failedPanels = new Map();  // panel -> why it did not load
+
 async function refresh() {
-  const [nodes, queue, teams, running, finished] = await Promise.all([
-    getJson("/v1/nodes"), getJson("/v1/queue"), getJson("/v1/teams").catch(() => []),
-    getJson("/v1/jobs?state=running&state=placed&limit=100"),
-    getJson("/v1/jobs?state=succeeded&state=failed&state=cancelled&limit=12"),
-  ]);
-  $("nodes-count").textContent = `(${nodes.length})`;
-  $("nodes").replaceChildren(...(nodes.length ? nodes.map(renderNode) : [el("p", { class: "muted" }, "No agent has connected yet.")]));
-  $("running").replaceChildren(...(running.jobs.length ? running.jobs.map(renderRunning) : [el("p", { class: "muted" }, "Nothing running.")]));
-  $("queue-count").textContent = `(${queue.total})`;
-  $("queue").replaceChildren(...queue.entries.map((e) => el("li", { "data-job": e.job.id },
-    el("strong", {}, jobLink(e.job.id)), ` ${e.job.priority} · ${e.job.team}/${e.job.user} — `,
-    etaText(e.job) ? el("span", { class: "eta" }, `${etaText(e.job)} · `) : "",
-    el("span", { class: "muted" }, e.queue.summary || "waiting for the next cycle"),
-    e.queue.advice ? el("div", { class: "remedy" }, e.queue.advice) : "")));
-  $("teams").replaceChildren(...renderTeams(teams, nodes, running.jobs));
-  $("finished").replaceChildren(...finished.jobs.map(renderFinished));
-  const scaling = await getJson("/v1/autoscaler").catch(() => null);  // 403 for a team token
-  $("autoscaler-section").hidden = !(scaling && scaling.enabled);
-  if (scaling && scaling.enabled) {
-    const [table, spend, lines] = renderAutoscaler(scaling);
-    $("pools").replaceChildren(...table);
-    $("autoscaler-spend").textContent = spend;
-    $("autoscaler-last").replaceChildren(...lines);
-  }
-  const models = await getJson("/v1/models").catch(() => []);
-  $("models-count").textContent = `(${models.length})`;
-  $("models").replaceChildren(...(models.length ? renderModels(models) : [el("tr", {}, el("td", { class: "muted" }, "No models registered (corral model add).") )]));
+  await Promise.all(Object.entries(PANELS).map(([name, draw]) => draw().then(
+    () => { failedPanels.delete(name); },
+    (e) => { if (e.message !== "401") failedPanels.set(name, e.message); })));
+  $("board-error").textContent = [...failedPanels].map(([name, why]) => `${name}: ${why}`).join(" · ")
+    + (failedPanels.size ? " (retrying)" : "");
+  if (failedPanels.size && state.loggedIn) refreshSoon();
 }
 
 // ---- live updates ----------------------------------------------------------
@@ -365,4 +390,8 @@ function loginFromHash() {
 }
 // Also when the link is opened in a tab already showing the page: only the hash changes.
 window.addEventListener("hashchange", loginFromHash);
-if (!loginFromHash()) fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
+// The first view starts once every script has run (they load deferred, in order, and a
+// quick answer to the session check could otherwise arrive before plots.js or usage.js).
+document.addEventListener("DOMContentLoaded", () => {
+  if (!loginFromHash()) fetch("/v1/session").then((r) => (r.ok ? show() : logout())).catch(() => logout("Could not reach the server."));
+});
