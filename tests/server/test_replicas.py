@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,56 @@ async def test_the_follower_takes_over_within_seconds_when_the_leader_goes(
     assert time.monotonic() - gone < 3.0
     job = await _submit(second.plane)
     await _eventually(lambda: _succeeded(second.plane, job.job.id), "done")
+
+
+async def test_a_follower_answers_the_queue_s_order_reasons_and_etas_as_the_leader_does(
+    replicas: Any,
+) -> None:
+    fast = {"idle_cycle_s": 1.0, "leader_retry_s": 0.2, "resync_s": 30.0}
+    leader = await replicas(run_loops=True, **fast)
+    await _eventually(lambda: leader.plane.schedule.leading, "the first replica leads")
+    follower = await replicas(run_loops=True, **fast)
+    agent = await leader.agent("n1")
+    running = await _submit(leader.plane, payload={"steps": 100})
+    await agent.next_assignment(timeout=5)
+    too_big = await _submit(leader.plane, resources={"gpus": 2})  # no node has two
+    waiting = await _submit(leader.plane)
+
+    async def queue(replica: Replica) -> list[tuple[str, object, object]]:
+        entries, _ = await replica.plane.queue.queue(ADMIN, 10)
+        return [
+            (e.job.job.id, e.unplaced and e.unplaced.remedy, e.unplaced and e.unplaced.summary())
+            for e in entries
+        ]
+
+    async def said() -> list[tuple[str, object, object]]:
+        said = await queue(leader)
+        return said if all(remedy for _, remedy, _ in said) else []
+
+    await _eventually(said, "the leader explains both waiting jobs")
+    explained = await queue(leader)
+    assert [job_id for job_id, *_ in explained] == [too_big.job.id, waiting.job.id]
+    assert explained[0][1] == "none"  # it fits nowhere
+    assert "GPU" in str(explained[0][2])
+    assert await follower.plane.waits.publish() == 0, "only the leader publishes"
+
+    async def etas(replica: Replica) -> list[object]:
+        said = await replica.plane.waits.said()
+        return [said.eta(job.job.id) for job in (waiting, running)]
+
+    await _eventually(lambda: _all(etas(leader)), "the leader's ETAs")
+    await _eventually(  # the leader publishes every few seconds
+        lambda: _same(queue(follower), queue(leader)), "the follower's queue", timeout=15
+    )
+    await _eventually(lambda: _same(etas(follower), etas(leader)), "its ETAs", timeout=15)
+
+
+async def _all(answer: Awaitable[list[object]]) -> bool:
+    return all(await answer)
+
+
+async def _same(answer: Awaitable[object], expected: Awaitable[object]) -> bool:
+    return await answer == await expected
 
 
 async def test_resync_resends_pending_work_to_an_agent_whose_message_was_lost(

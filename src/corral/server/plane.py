@@ -21,6 +21,7 @@ from corral.server.loops.liveness import LivenessLoop
 from corral.server.loops.prefetch import PrefetchLoop
 from corral.server.loops.retention import RetentionLoop
 from corral.server.loops.schedule import SchedulingLoop
+from corral.server.loops.waits import WaitBoard
 from corral.server.loops.webhooks import WebhookLoop
 from corral.server.services.agents import AgentService
 from corral.server.services.audit import AuditService
@@ -89,7 +90,11 @@ class ControlPlane:
         # work away; a test driving the plane by hand (run_loops=False) ticks them directly.
         self.liveness = LivenessLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
         self.retention = RetentionLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
-        self.queue = QueueService(rt, lambda: self.schedule.unplaced)
+        # The queue's order, reasons and ETAs as the leader decided them, on every replica; a
+        # plane driven by hand (run_loops=False) answers from its own cycles.
+        leading = (lambda: self.schedule.leading) if run_loops else (lambda: True)
+        self.waits = WaitBoard(rt, leading, lambda: self.schedule.unplaced, self.schedule.eta)
+        self.queue = QueueService(rt, self.waits.reasons)
         # Webhooks: made and sent by the leader, beside scheduling (loops/webhooks.py).
         self.webhooks = WebhookService(rt)
         self.webhook_loop = WebhookLoop(rt, (lambda: self.schedule.leading) if run_loops else None)
@@ -148,6 +153,7 @@ class ControlPlane:
                 asyncio.create_task(self.auth.watch(), name="corral-revocations"),
                 asyncio.create_task(self.webhook_loop.run(), name="corral-webhooks"),
                 asyncio.create_task(self.release.run(), name="corral-release"),
+                asyncio.create_task(self.waits.run(), name="corral-waits"),
             ]
             if self.autoscale is not None:
                 self._tasks.append(

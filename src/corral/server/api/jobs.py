@@ -174,9 +174,9 @@ async def list_jobs(
     page = await plane.jobs.page(
         who, states=state or (), team=team, user=user, limit=limit, cursor=cursor, where=where
     )
-    unplaced, eta = plane.schedule.unplaced, plane.schedule.eta
+    said = await plane.waits.said()
     return JobPage(
-        jobs=[job_out(r, unplaced.get(r.job.id), eta=eta.of(r.job.id)) for r in page.jobs],
+        jobs=[job_out(r, said.unplaced.get(r.job.id), eta=said.eta(r.job.id)) for r in page.jobs],
         next_cursor=page.next_cursor,
     )
 
@@ -187,7 +187,8 @@ async def get_job(job_id: str, plane: Plane, who: Caller) -> JobOut:
     running one its expected start and end in ``eta``; a placed or running one its
     allocations and their GPUs' topology in ``placement``."""
     rec = await plane.jobs.get(who, job_id)
-    out = job_out(rec, plane.schedule.unplaced.get(job_id), eta=plane.schedule.eta.of(job_id))
+    said = await plane.waits.said()
+    out = job_out(rec, said.unplaced.get(job_id), eta=said.eta(job_id))
     placed = await placement(plane.rt, rec)
     out.placement = [PlacedOut(**dataclasses.asdict(p)) for p in placed]
     return out

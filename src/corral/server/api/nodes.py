@@ -83,12 +83,12 @@ async def queue(
     """Queued jobs in the order the scheduler considers them, each with why it waits and
     when it is expected to start (``job.eta``)."""
     entries, total = await plane.queue.queue(who, limit)
-    eta = plane.schedule.eta
+    said = await plane.waits.said()
     return QueueOut(
         total=total,
         entries=[
             QueueEntryOut(
-                job=job_out(e.job, queued=False, eta=eta.of(e.job.job.id)),
+                job=job_out(e.job, queued=False, eta=said.eta(e.job.job.id)),
                 position=e.position,
                 queue=held_info(e.position) if e.job.held else queue_info(e.unplaced, e.position),
             )

@@ -8,7 +8,8 @@ and the running jobs' specs. It expects no further arrivals (``recent`` left
 empty: expecting the last hour's again made the estimate worse on the
 simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
 replays the scheduler forward (on a thread when the queue is large). ``GET /v1/jobs/{id}`` and
-``/v1/queue`` show the result. Followers show none (they do not schedule).
+``/v1/queue`` show the result; other replicas show what the leader last published
+(``loops/waits.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class EtaKeeper:
         self._learned: deque[str] = deque(maxlen=LEARNED)
         self._learned_ids: set[str] = set()
         self._last = float("-inf")
+
+    @property
+    def made_at(self) -> float:
+        """When the latest ETAs were made (-inf: none yet)."""
+        return self._last
 
     def of(self, job_id: str) -> tuple[Eta, float] | None:
         """``job_id``'s latest ETA and when it was made (None: none)."""

@@ -227,7 +227,9 @@ class QueueEntry:
 class QueueService:
     """Queued jobs in the scheduler's order, with its reasons."""
 
-    def __init__(self, rt: Runtime, reasons: Callable[[], Mapping[str, Unplaced]]) -> None:
+    def __init__(
+        self, rt: Runtime, reasons: Callable[[], Awaitable[Mapping[str, Unplaced]]]
+    ) -> None:
         self.rt = rt
         self.reasons = reasons
 
@@ -239,7 +241,7 @@ class QueueService:
         who.require_client()
         async with self.rt.db.read() as conn:
             queued = await job_repo.queued_teams(conn)
-            unplaced = self.reasons()
+            unplaced = await self.reasons()
             fallback = len(unplaced)
 
             def order(seq: int) -> tuple[int, int]:

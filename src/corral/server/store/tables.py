@@ -359,3 +359,21 @@ job_deps = sa.Table(
     sa.Column("until", sa.Double, nullable=True),
     sa.Index("ix_job_deps_dep_id", "dep_id"),
 )
+
+# What the scheduling leader last said of waiting and running jobs (migration 0025,
+# loops/waits.py): each queued job's place in the order, why it waits (JSON list of
+# [code, nodes, message]) and its remedy; each job's ETA. Rewritten whole by the leader a
+# few times a minute so that every replica answers as the leader would.
+queue_waits = sa.Table(
+    "queue_waits",
+    metadata,
+    sa.Column("job_id", sa.String(40), primary_key=True),
+    sa.Column("position", sa.Integer, nullable=True),  # None: not left unplaced by a cycle
+    sa.Column("reasons", sa.Text, nullable=True),
+    sa.Column("remedy", sa.String(16), nullable=True),
+    sa.Column("eta_start", sa.Double, nullable=True),
+    sa.Column("eta_end", sa.Double, nullable=True),
+    sa.Column("eta_runtime_s", sa.Double, nullable=True),  # None: no ETA
+    sa.Column("eta_basis", sa.String(16), nullable=True),
+    sa.Column("made_at", sa.Double, nullable=False),  # when the ETA was made
+)
