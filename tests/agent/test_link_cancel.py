@@ -57,8 +57,8 @@ class FakeCall:
 class FakeChannel:
     """Stands in for ``grpc.aio.Channel``: counts opens and closes, hands out ``FakeCall``s."""
 
-    def __init__(self, log: list[str], calls: list[FakeCall]) -> None:
-        self.log, self.calls = log, calls
+    def __init__(self, log: list[str], calls: list[Any], call: type[FakeCall] = FakeCall) -> None:
+        self.log, self.calls, self.call = log, calls, call
 
     async def __aenter__(self) -> FakeChannel:
         self.log.append("open")
@@ -69,7 +69,7 @@ class FakeChannel:
 
     def stream_stream(self, *args: object, **kwargs: object) -> Any:
         def connect(metadata: object = None) -> FakeCall:
-            call = FakeCall()
+            call = self.call()
             self.calls.append(call)
             return call
 
@@ -177,7 +177,7 @@ def test_a_cancel_while_the_sessions_tasks_wind_down_ends_the_session() -> None:
         reporter = SlowToStop()
         client = make_client(reporter=reporter)
         calls: list[ScriptedCall] = []
-        client._channel = lambda target: ScriptedChannel(calls)  # type: ignore[method-assign]
+        client._channel = lambda target: FakeChannel([], calls, ScriptedCall)  # type: ignore[method-assign]
         task = asyncio.create_task(client.run())
         await turns()
         (call,) = calls
@@ -202,20 +202,6 @@ class ScriptedCall(FakeCall):
 
     async def read(self) -> Any:
         return await self.answers.get()
-
-
-class ScriptedChannel(FakeChannel):
-    def __init__(self, calls: list[ScriptedCall]) -> None:
-        super().__init__([], [])
-        self.scripted = calls
-
-    def stream_stream(self, *args: object, **kwargs: object) -> Any:
-        def connect(metadata: object = None) -> ScriptedCall:
-            call = ScriptedCall()
-            self.scripted.append(call)
-            return call
-
-        return connect
 
 
 class SlowToStop:
