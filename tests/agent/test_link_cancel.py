@@ -22,7 +22,7 @@ import pytest
 from corral.agent.checkpoints import CheckpointCourier
 from corral.agent.executors.scripted import ScriptedExecutor
 from corral.agent.fingerprint import FakeGpus
-from corral.agent.link import LinkClient, LinkSettings, _first_to_end, parse_server
+from corral.agent.link import LinkClient, LinkSettings, parse_server
 from corral.agent.supervisor import Supervisor
 from corral.agent.wire import Identity
 from corral.core import WallClock
@@ -57,8 +57,8 @@ class FakeCall:
 class FakeChannel:
     """Stands in for ``grpc.aio.Channel``: counts opens and closes, hands out ``FakeCall``s."""
 
-    def __init__(self, log: list[str], calls: list[FakeCall]) -> None:
-        self.log, self.calls = log, calls
+    def __init__(self, log: list[str], calls: list[Any], call: type[FakeCall] = FakeCall) -> None:
+        self.log, self.calls, self.call = log, calls, call
 
     async def __aenter__(self) -> FakeChannel:
         self.log.append("open")
@@ -69,7 +69,7 @@ class FakeChannel:
 
     def stream_stream(self, *args: object, **kwargs: object) -> Any:
         def connect(metadata: object = None) -> FakeCall:
-            call = FakeCall()
+            call = self.call()
             self.calls.append(call)
             return call
 
@@ -81,7 +81,7 @@ class FakeChannel:
     unary_unary = unary_stream = stream_unary
 
 
-def make_client(target: str = "127.0.0.1:9") -> LinkClient:
+def make_client(target: str = "127.0.0.1:9", reporter: object = None) -> LinkClient:
     clock = WallClock()
     supervisor = Supervisor({"scripted": ScriptedExecutor(clock)}, clock, default="scripted")
     settings = LinkSettings(token="t", backoff_base_s=0.001, backoff_cap_s=0.001)
@@ -92,6 +92,7 @@ def make_client(target: str = "127.0.0.1:9") -> LinkClient:
         Identity("n1", 4, backends=("scripted",)),
         FakeGpus.parse("1x RTX 4090 24GiB"),
         clock,
+        reporter=reporter,  # type: ignore[arg-type]
     )
 
 
@@ -170,30 +171,64 @@ def test_a_silent_server_is_given_up_on_after_the_welcome_timeout_and_dialled_ag
 
 
 def test_a_cancel_while_the_sessions_tasks_wind_down_ends_the_session() -> None:
-    """The stream ended (one task returned) and the others are still stopping."""
+    """The stream ended (the reader returned) and another task is still stopping."""
 
     async def scenario() -> None:
-        stopping, release = asyncio.Event(), asyncio.Event()
-
-        async def ends() -> None:
-            return None
-
-        async def slow_to_stop() -> None:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                stopping.set()
-                await release.wait()
-                raise
-
-        task = asyncio.create_task(_first_to_end(ends(), slow_to_stop()))
-        await stopping.wait()
+        reporter = SlowToStop()
+        client = make_client(reporter=reporter)
+        calls: list[ScriptedCall] = []
+        client._channel = lambda target: FakeChannel([], calls, ScriptedCall)  # type: ignore[method-assign]
+        task = asyncio.create_task(client.run())
+        await turns()
+        (call,) = calls
+        call.answers.put_nowait(pb.ServerMessage(welcome=pb.Welcome()))
+        call.answers.put_nowait(grpc.aio.EOF)  # the server ends the stream
+        await reporter.stopping.wait()
         task.cancel()  # Ctrl-C, while the session's tasks are being cancelled
-        release.set()
+        reporter.release.set()
         await turns()
         assert task.cancelled(), "the cancel was swallowed with the tasks' own"
+        assert len(calls) == 1, "the link dialled again"
 
     asyncio.run(scenario())
+
+
+class ScriptedCall(FakeCall):
+    """A Connect call whose reads return ``answers`` in turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def read(self) -> Any:
+        return await self.answers.get()
+
+
+class SlowToStop:
+    """Stands in for the model cache's reporter: no models, and slow to stop once cancelled
+    (its task is the last of the session's to end)."""
+
+    models = None
+
+    def __init__(self) -> None:
+        self.stopping, self.release = asyncio.Event(), asyncio.Event()
+
+    def reconnected(self) -> None:
+        return None
+
+    def status(self) -> pb.ModelStatus:
+        return pb.ModelStatus()
+
+    async def describe(self, status: pb.ModelStatus, now: float) -> None:
+        return None
+
+    async def wait_change(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.stopping.set()
+            await self.release.wait()
+            raise
 
 
 def test_a_cancel_that_lands_as_the_link_comes_up_ends_a_checkpoint_download(

@@ -43,14 +43,17 @@ def test_a_call_that_raises_raises_in_its_future() -> None:
 
 
 def test_spare_threads_end_when_idle() -> None:
-    async def scenario() -> Workers:
+    async def scenario() -> set[int]:
         workers = Workers(idle_exit_s=0.01)
-        await asyncio.gather(*(workers.submit(lambda: None) for _ in range(3)))
-        return workers
+        return set(await asyncio.gather(*(workers.submit(threading.get_ident) for _ in range(3))))
 
-    workers = asyncio.run(scenario())
+    ran_on = asyncio.run(scenario())
+
+    def alive() -> set[int]:
+        return ran_on & {t.ident for t in threading.enumerate() if t.ident is not None}
+
     for _ in range(500):
-        if workers._threads == 0:
+        if not alive():
             break
         threading.Event().wait(0.01)
-    assert workers._threads == 0
+    assert not alive(), "the worker threads outlived their idle time"

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from corral.core import Allocation, AllocObserved, Job, Node, Team
 from corral.scheduler import DEFAULT_CONFIG, Config, Placement, Plan, Snapshot, schedule
+from corral.scheduler.allocation import allocation_of
 
 
 class World:
@@ -56,7 +57,7 @@ def apply(snapshot: Snapshot, plan: Plan, now: float, jobs: dict[str, Job]) -> S
     for p in plan.placements:
         lead = jobs[p.job_ids[0]]
         placed.update(p.job_ids)
-        kept.append(_allocation(p, lead, now))
+        kept.append(started(p, lead, now))
     requeued = [replace(jobs[j], attempt=jobs[j].attempt + 1) for j in sorted(requeued_ids)]
     for job in requeued:
         jobs[job.id] = job
@@ -64,22 +65,12 @@ def apply(snapshot: Snapshot, plan: Plan, now: float, jobs: dict[str, Job]) -> S
     return replace(snapshot, queued=tuple(queued), allocations=tuple(kept))
 
 
-def _allocation(p: Placement, lead: Job, now: float) -> Allocation:
-    return Allocation(
+def started(p: Placement, lead: Job, now: float) -> Allocation:
+    """The allocation placement ``p`` of ``lead`` (its first job) runs as from ``now``."""
+    return allocation_of(
+        p,
+        lead,
         id=p.allocation_id,
-        job_ids=p.job_ids,
-        node=p.node,
-        team=lead.team,
-        user=lead.user,
-        priority=lead.priority,
-        replica=p.replica,
-        gpu_indices=p.gpu_indices,
-        gpu_milli=p.gpu_milli,
-        vram_bytes=p.vram_bytes,
-        cpus=p.cpus,
-        on_cpu=p.on_cpu,
-        preemptible=lead.preemptible,
-        borrowed=p.borrowed,
         attempt=lead.attempt + 1,
         started_at=now,
         observed=AllocObserved.RUNNING,

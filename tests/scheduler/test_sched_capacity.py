@@ -14,6 +14,7 @@ from corral.scheduler.cluster import Cluster
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.fit import Source, fit_on, search
 from corral.scheduler.need import Need, need_of
+from corral.scheduler.scorers import Candidate
 
 NODES = tuple(
     Node(name=f"n{i}", gpus=tuple(Gpu(g, "A100", 24 * GIB) for g in range(4)), cpus=8)
@@ -257,11 +258,28 @@ def test_a_search_of_one_tier_lists_each_node_once_with_or_without_a_seen_set(
 
 def test_a_node_in_two_tiers_is_a_candidate_once() -> None:
     # Nodes holding the model are searched first (their tier), then every node: the ones
-    # found in the first tier must not come again from the second.
+    # found in the first tier must not come again from the second. A scorer sees each
+    # candidate once.
     nodes = [node(f"n{i}").gpus(2).models(loaded=("m",) if i < 2 else ()) for i in range(4)]
-    cycle = Cycle(Cluster.of(snapshot(nodes, [job("j").gpus(1).set(model="m")])), Config(), 0.0)
-    found = [c.fit.node.idx for c in cycle._candidates(Need(gpus=1), "m", None, 8, None)]
-    assert sorted(found) == [0, 1, 2, 3]
+    snap = snapshot(nodes, [job("j").gpus(1).set(model="m")])
+    rated = Rated()
+    cycle = Cycle(Cluster.of(snap), Config(candidates_per_tier=8), 0.0, scorers=(rated,))
+    assert cycle.find(Need(gpus=1), "m") is not None
+    assert sorted(rated.nodes) == [0, 1, 2, 3]
+
+
+class Rated:
+    """A scorer that notes the node of each candidate it rates (and prefers none)."""
+
+    name = "rated"
+    weight = 1.0
+
+    def __init__(self) -> None:
+        self.nodes: list[int] = []
+
+    def score(self, need: Need, candidate: Candidate) -> float:
+        self.nodes.append(candidate.fit.node.idx)
+        return 0.0
 
 
 def test_a_whole_node_takes_every_card_in_order_and_one_busy_card_refuses_it() -> None:

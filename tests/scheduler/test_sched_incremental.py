@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scheduler_replay import _allocation
+from scheduler_replay import started
 from scheduler_strategies import nodes, teams
 
 from corral.core import (
@@ -145,7 +145,7 @@ class Life:
                     placed.add(job_id)
             estimate = lead.estimated_runtime_s
             end = None if estimate is None else self.now + estimate
-            sched.start(_allocation(p, lead, self.now), end)
+            sched.start(started(p, lead, self.now), end)
         for job_id in sorted(requeue - placed):
             job = replace(self.jobs[job_id], attempt=self.jobs[job_id].attempt + 1)
             self.jobs[job_id] = job

@@ -19,7 +19,7 @@ from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, sche
 from corral.scheduler.cluster import Cluster
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.need import need_of
-from corral.scheduler.reservation import Reservations
+from corral.scheduler.reservation import CANDIDATES, Reservations
 
 ON = Config(reserve_min_gpus=4)
 OFF = Config(reserve_min_gpus=None)
@@ -119,34 +119,55 @@ def test_a_gang_reserves_one_node_per_replica() -> None:
     assert "s" not in where(plan)  # both nodes are held: the small job waits
 
 
-@settings(max_examples=60, deadline=None)
+_ENDS = st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9])  # few: many ties, -0.0 == 0.0
+
+
+@settings(max_examples=150, deadline=None)
 @given(
-    ends=st.lists(st.one_of(st.none(), st.integers(1, 50)), min_size=20, max_size=40),
-    booked=st.dictionaries(st.integers(0, 19), st.integers(1, 80), max_size=10),
+    ends=st.lists(st.one_of(st.just("free"), st.none(), _ENDS, _ENDS), min_size=20, max_size=40),
+    booked=st.lists(st.tuples(st.integers(0, 39), _ENDS), max_size=8),
     hidden=st.sets(st.integers(0, 39), max_size=6),
-    seen=st.sets(st.integers(0, 39), max_size=10),
+    replicas=st.just(CANDIDATES) | st.integers(1, CANDIDATES),  # all of the candidates, or some
 )
-def test_the_soonest_ending_nodes_read_off_the_kept_order_are_those_a_walk_finds(
-    ends: list[int | None], booked: dict[int, int], hidden: set[int], seen: set[int]
+def test_a_reservation_holds_the_nodes_that_free_up_first(
+    ends: list[str | float | None],
+    booked: list[tuple[int, float]],
+    hidden: set[int],
+    replicas: int,
 ) -> None:
-    # Busy one-card nodes, some with a known end; this cycle books later ends on some
-    # and hides others; the candidates read off NodeEnds' order match walking them all.
-    nodes = [node(f"n{i:02}").gpus(1) for i in range(len(ends))]
-    allocs = [alloc(f"a{i}", f"n{i:02}").cards(0) for i in range(len(ends))]
-    expected = {f"a{i}": float(end) for i, end in enumerate(ends) if end is not None}
-    snap = replace(snapshot(nodes, [], allocs), expected_ends=expected)
-    cycle = Cycle(snap, ON, now=0.0)
-    for idx, end in booked.items():
-        cycle.book(idx, float(end))
+    # One-card nodes, each free, or busy with work whose end is known or not; this cycle
+    # books later ends on some (its own placements) and has hidden others (reserved ahead).
+    # A job of ``replicas`` one-card replicas reserves the nodes where it fits soonest, by
+    # (when, free before busy, index): a free node now, a busy one when its work should end
+    # (its booking, if later; never: unknown). It starts when the last of them frees.
+    size = len(ends)
+    nodes = [node(f"n{i:02}").gpus(1) for i in range(size)]
+    busy = [i for i, end in enumerate(ends) if end != "free"]
+    allocs = [alloc(f"a{i}", f"n{i:02}").cards(0) for i in busy]
+    known = {f"a{i}": end for i, end in enumerate(ends) if isinstance(end, float)}
+    cycle = Cycle(replace(snapshot(nodes, [], allocs), expected_ends=known), ON, now=0.0)
+    for idx, end in booked:
+        if idx < size:
+            cycle.book(idx, end)
     for idx in hidden:
-        if idx < len(ends):
+        if idx < size:
             cycle.cap.hide(cycle.cap.nodes[idx])
-    reservations = Reservations(cycle, lambda name: ())
-    feasible = set(cycle.feasible_classes(need_of(job("one").gpus(1).build())))
-    seen = {i for i in seen if i < len(ends)}
-    assert feasible
-    fast = reservations._soonest_ending(feasible, seen)
-    assert [nc.idx for nc in fast] == [nc.idx for nc in reservations._all_by_end(feasible, seen)]
+    reservations = Reservations(cycle, lambda name: ())  # no work listed: the nodes' ends
+    reservations.reserve("big", need_of(job("big").gpus(1).build()), replicas)
+
+    def fits_at(idx: int) -> tuple[float, int, int]:
+        if ends[idx] == "free":
+            return (0.0, -1, idx)
+        end = cycle.expected_end(idx)
+        return (math.inf if end is None else max(end, 0.0), 0, idx)
+
+    soonest = sorted(fits_at(idx) for idx in range(size) if idx not in hidden)[:replicas]
+    if len(soonest) < replicas:
+        assert reservations.held == []
+        return
+    (held,) = reservations.held
+    assert [nc.idx for nc in held.nodes] == [idx for *_, idx in soonest]
+    assert held.start == max(when for when, *_ in soonest)
 
 
 @settings(max_examples=60, deadline=None)
@@ -172,39 +193,6 @@ def test_a_nodes_expected_end_is_its_booking_else_the_end_it_started_with(
     assert [kept.expected_end(i) for i in range(6)] == [ends.get(i) for i in range(6)]
     made.rollback(mark)
     assert [made.expected_end(i) for i in range(6)] == [ends.get(i) for i in range(6)]
-
-
-_ENDS = st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25, 1e9])  # few: many ties, -0.0 == 0.0
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    ends=st.dictionaries(st.integers(0, 39), _ENDS, max_size=40),
-    booked=st.lists(st.tuples(st.integers(0, 39), _ENDS), max_size=8),
-    seen=st.sets(st.integers(0, 39), max_size=6),
-)
-def test_the_busy_candidates_are_the_soonest_ends_as_end_then_index_tuples_would_order_them(
-    ends: dict[int, float], booked: list[tuple[int, float]], seen: set[int]
-) -> None:
-    # 40 nodes, each with an end as the cycle started or none, some moved by this cycle's
-    # bookings, some already rated (``seen``): the candidates are the soonest by (end,
-    # index) of the ends the cycle started with outside its changes, and its changes; too
-    # few known ends and every node is walked instead (``_all_by_end``).
-    cluster = Cluster.of(snapshot([node(f"n{i}").gpus(1) for i in range(40)]))
-    cycle = Cycle(cluster, ON, 0.0, ends=ends)
-    for idx, end in booked:
-        cycle.book(idx, end)
-    reservations = Reservations(cycle, lambda name: ())
-    feasible = set(cycle.feasible_classes(need_of(job("one").gpus(1).build())))
-    changed = cycle.changed_ends()
-    want = 16 - len(seen)
-    started = [(end, idx) for idx, end in ends.items() if idx not in changed and idx not in seen]
-    got = [nc.idx for nc in reservations._soonest_ending(feasible, seen)]
-    if len(started) < want:
-        assert got == [nc.idx for nc in reservations._all_by_end(feasible, seen)]
-        return
-    moved = [(end, idx) for idx, end in changed.items() if idx not in seen]
-    assert got == [idx for _, idx in sorted(sorted(started)[:want] + moved)[:want]]
 
 
 @settings(max_examples=120, deadline=None)
@@ -261,4 +249,6 @@ def test_when_a_need_fits_on_a_node_is_its_nth_soonest_usable_card(
         want = 1.0
     else:
         want = every[gpus - 1]
-    assert reservations._fits_at(nc, need) == want
+    reservations.reserve("want", need, 1)  # the node is held from then (inf: if ever)
+    held = reservations.held
+    assert (held[0].start if held else math.inf) == want

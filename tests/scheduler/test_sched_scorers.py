@@ -16,10 +16,13 @@ from corral.scheduler.need import Need, need_of
 from corral.scheduler.node_cap import NodeCap
 from corral.scheduler.scorers import (
     DEFAULT_SCORERS,
+    BestFit,
     Candidate,
     EndTogether,
-    _default_total,
+    KeepWholeNodes,
+    Locality,
     choose,
+    default_total,
     fixed_weights,
     weighted,
 )
@@ -64,12 +67,14 @@ def test_the_default_chain_by_class_picks_what_the_chain_picks(
         total = 0.0
         for weight, scorer in chain:
             total += weight * scorer.score(need, candidate)
-        assert _default_total(need, candidate, fixed) == total  # the same float, not near it
+        got = default_total(need, candidate.fit, candidate.locality, candidate.end_gap, fixed)
+        assert got == total  # the same float, not near it
 
 
 def test_another_chain_is_summed_scorer_by_scorer() -> None:
     assert fixed_weights(weighted(DEFAULT_SCORERS, {"locality": 0})) is None  # dropped
     assert fixed_weights(weighted((EndTogether(), *DEFAULT_SCORERS[:3]), {})) is None
+    assert fixed_weights(weighted(SUMMED, {})) is None  # the same scorers, other classes
 
 
 @settings(max_examples=150, deadline=None)
@@ -111,8 +116,8 @@ def test_a_cycle_scoring_fits_as_they_come_chooses_what_choose_chooses(
 ) -> None:
     # Nodes of 8 cards with some in use, the model loaded on some, work ending at known
     # times on some: with the default chain a cycle scores each fit as it finds it (no
-    # Candidate made); it picks the node ``choose`` picks among the same fits made into
-    # candidates, ties to the earlier.
+    # Candidate made); it finds the node a chain of the same scorers summed one by one
+    # (``choose`` over every candidate) finds, ties to the earlier.
     nodes = []
     allocs = []
     for i, busy in enumerate(used):
@@ -123,14 +128,31 @@ def test_a_cycle_scoring_fits_as_they_come_chooses_what_choose_chooses(
     snap = snapshot(nodes, [], allocs)
     expected = {f"a{i}": end for i, end in ends.items() if i < len(used) and used[i]}
     snap = replace(snap, expected_ends=expected)
-    cycle = Cycle(snap, Config(scorer_weights=weights), now=0.0)
-    want = job("w").gpus(gpus).build()
-    need = need_of(want)
-    streamed = cycle._choose(need, model, runtime, limit, None)
-    found = cycle._candidates(need, model, runtime, limit, None)
-    if not found:
+    config = Config(scorer_weights=weights, candidates_per_tier=limit)
+    need = need_of(job("w").gpus(gpus).build())
+    streamed = Cycle(snap, config, now=0.0).find(need, model, runtime)
+    summed = Cycle(snap, config, now=0.0, scorers=SUMMED).find(need, model, runtime)
+    if summed is None:
         assert streamed is None
         return
-    picked = choose(need, found, cycle._chain)
     assert streamed is not None
-    assert (streamed.node.idx, streamed.gpus) == (picked.node.idx, picked.gpus)
+    assert (streamed.node.idx, streamed.gpus) == (summed.node.idx, summed.gpus)
+
+
+class _BestFit(BestFit):
+    """The default scorers under other classes: a chain of them is summed scorer by scorer."""
+
+
+class _Locality(Locality):
+    pass
+
+
+class _KeepWholeNodes(KeepWholeNodes):
+    pass
+
+
+class _EndTogether(EndTogether):
+    pass
+
+
+SUMMED = (_BestFit(), _Locality(), _KeepWholeNodes(), _EndTogether())

@@ -82,6 +82,11 @@ def test_an_array_of_seeds_runs_as_one(runner_client: Client, team: str) -> None
     assert final.counts == {"succeeded": 5}
     assert final.progress == 1.0
     assert runner_client.group(group.id).status.size == 5
+    assert group.refresh() is group.status
+    assert repr(group) == f"Group({group.id!r}, state='succeeded')"
+    job = runner_client.job(group.status.jobs[0].id)
+    assert job.refresh() is job.status
+    assert repr(job) == f"Job({job.id!r}, state='succeeded')"
 
 
 @pytest.mark.anyio
@@ -104,3 +109,8 @@ async def test_the_async_client_follows_a_pipeline_and_cancels_an_array(
         cancelled = await array.cancel()
         assert cancelled.state == "cancelled"
         assert (await corral.group(array.id)).status.counts == {"cancelled": 3}
+        assert (await array.refresh()).state == "cancelled"
+        assert repr(array) == f"AsyncGroup({array.id!r}, state='cancelled')"
+        job = await corral.job(array.status.jobs[0].id)
+        assert (await job.refresh()).id == job.id
+        assert repr(job) == f"AsyncJob({job.id!r}, state='cancelled')"

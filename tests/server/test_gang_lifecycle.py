@@ -192,3 +192,21 @@ async def test_a_lost_go_is_said_again_and_an_agent_without_two_phases_still_cou
     n_a.go.clear()  # the message died with the stream
     assert await world.plane.delivery.resync(older_than_s=0) >= 1
     assert n_a.go == [r0.allocation_id], "resync says go again while it waits"
+
+
+async def test_a_resync_pass_says_go_again_to_every_ready_replica_of_a_gang(
+    world: World,
+) -> None:
+    # Four replicas ready, every go lost with its stream: one pass says go to each again
+    # (the gang read once for all four).
+    await world.submit(resources={"gpus": 1}, replicas=4, kind="train")
+    agents = [await world.agent(f"n{i}") for i in range(1, 5)]
+    await world.cycle()
+    replicas = [await a.next_assignment() for a in agents]
+    for agent, replica in zip(agents, replicas, strict=True):
+        await agent.ready(replica)
+    assert all(a.go for a in agents), "the last ready replica launched the gang"
+    for agent in agents:
+        agent.go.clear()
+    assert await world.plane.delivery.resync(older_than_s=0) == 4
+    assert [a.go for a in agents] == [[r.allocation_id] for r in replicas]

@@ -258,7 +258,13 @@ def test_waits_by_size_group_every_job_by_its_size_however_many_requests() -> No
         request, replicas = requests[i * 7 % len(requests)], 1 + (i % 5 == 0)
         job = Job(f"j{i}", resources=request, replicas=replicas, submitted_at=0.0)
         metrics.first_placed(job, float(i))
-        want.setdefault(report._size(job), []).append(float(i))
+        want.setdefault(size_name(request, replicas), []).append(float(i))
     by_size = metrics.waits_by["gpus"]
     assert {size: [w.value for w in group] for size, group in by_size.items()} == want
     assert {"1", "4", "0.5", "2x1", "2x4"} <= set(want)
+
+
+def size_name(request: ResourceRequest, replicas: int) -> str:
+    """A size group's name: ``"8"``, ``"2x8"`` (a gang of two), ``"0.5"`` (a shared card)."""
+    per = str(request.gpus) if request.gpus else f"{request.gpu_milli / 1000:g}"
+    return per if replicas == 1 else f"{replicas}x{per}"

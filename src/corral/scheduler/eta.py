@@ -30,6 +30,7 @@ from typing import Final
 
 from corral.core.model import EMPTY, Allocation, Job, Node
 from corral.core.states import AllocObserved
+from corral.scheduler.allocation import allocation_of
 from corral.scheduler.api import Config, Placement, Plan, ReasonCode, Snapshot
 from corral.scheduler.durations import Durations
 from corral.scheduler.incremental import Scheduler
@@ -258,23 +259,8 @@ class _Replay:
         runtime = max(self.waiting[j][1] for j in p.job_ids if j in self.waiting)
         job = first[0]
         self._allocs += 1
-        alloc = Allocation(
-            f"eta-{self._allocs}",
-            p.job_ids,
-            p.node,
-            team=job.team,
-            user=job.user,
-            priority=job.priority,
-            replica=p.replica,
-            gpu_indices=p.gpu_indices,
-            gpu_milli=p.gpu_milli,
-            vram_bytes=p.vram_bytes,
-            cpus=p.cpus,
-            on_cpu=p.on_cpu,
-            preemptible=job.preemptible,
-            borrowed=p.borrowed,
-            started_at=t,
-            observed=AllocObserved.RUNNING,
+        alloc = allocation_of(
+            p, job, id=f"eta-{self._allocs}", started_at=t, observed=AllocObserved.RUNNING
         )
         end = t + runtime
         self.sched.start(alloc, end)

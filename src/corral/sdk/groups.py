@@ -14,17 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
 from corral.sdk.calls import Call, _deliveries, _model, _seg, make_spec
 from corral.sdk.errors import WaitTimeout
+from corral.sdk.handle import AsyncHandle, Handle
 from corral.sdk.models import Delivery, JobSpec, JobStatus, _Out
-
-if TYPE_CHECKING:
-    from corral.sdk.aio import AsyncClient
-    from corral.sdk.client import Client
 
 POLL_S = 1.0  # how often ``follow`` asks again: a group's state is its jobs', read whole
 
@@ -140,23 +137,14 @@ def listing(kind: str, limit: int) -> Call[list[GroupStatus]]:
     return Call("GET", _path(kind), parse, params=[("limit", limit)])
 
 
-class Group:
+class Group(Handle[GroupStatus]):
     """A submitted pipeline or array. ``status`` is what the server said last."""
 
-    def __init__(self, client: Client, status: GroupStatus) -> None:
-        self.client = client
-        self.status = status
+    def _state(self) -> str:
+        return self.status.state
 
-    @property
-    def id(self) -> str:
-        return self.status.id
-
-    def __repr__(self) -> str:
-        return f"Group({self.id!r}, state={self.status.state!r})"
-
-    def refresh(self) -> GroupStatus:
-        self.status = self.client.run(get(self.id))
-        return self.status
+    def _get(self) -> Call[GroupStatus]:
+        return get(self.id)
 
     def follow(self, *, poll_s: float = POLL_S) -> Iterator[GroupStatus]:
         """Its status each time a job's state or the progress changed, until every job ended."""
@@ -197,23 +185,14 @@ class Group:
         return self.client.run(deliveries(self.id, limit))
 
 
-class AsyncGroup:
+class AsyncGroup(AsyncHandle[GroupStatus]):
     """``Group`` for asyncio code (``AsyncClient.submit_pipeline`` ...): the same, awaited."""
 
-    def __init__(self, client: AsyncClient, status: GroupStatus) -> None:
-        self.client = client
-        self.status = status
+    def _state(self) -> str:
+        return self.status.state
 
-    @property
-    def id(self) -> str:
-        return self.status.id
-
-    def __repr__(self) -> str:
-        return f"AsyncGroup({self.id!r}, state={self.status.state!r})"
-
-    async def refresh(self) -> GroupStatus:
-        self.status = await self.client.run(get(self.id))
-        return self.status
+    def _get(self) -> Call[GroupStatus]:
+        return get(self.id)
 
     async def follow(self, *, poll_s: float = POLL_S) -> AsyncIterator[GroupStatus]:
         """Its status each time a job's state or the progress changed, until every job ended."""

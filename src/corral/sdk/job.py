@@ -7,8 +7,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from corral.sdk.calls import Call, get_job
 from corral.sdk.errors import WaitTimeout
 from corral.sdk.events import WAIT_KINDS, JobEvent
+from corral.sdk.handle import Handle
 from corral.sdk.models import Delivery, JobStatus, ResultFile
 from corral.sdk.results import check_result, pick_file, save_path
 from corral.sdk.retry import Follow
@@ -49,23 +51,14 @@ class EventStream:
             close()
 
 
-class Job:
+class Job(Handle[JobStatus]):
     """A submitted job. ``status`` is what the server said last; ``refresh()`` asks again."""
 
-    def __init__(self, client: Client, status: JobStatus) -> None:
-        self.client = client
-        self.status = status
+    def _state(self) -> str:
+        return self.status.outcome
 
-    @property
-    def id(self) -> str:
-        return self.status.id
-
-    def __repr__(self) -> str:
-        return f"Job({self.id!r}, state={self.status.outcome!r})"
-
-    def refresh(self) -> JobStatus:
-        self.status = self.client.job(self.id).status
-        return self.status
+    def _get(self) -> Call[JobStatus]:
+        return get_job(self.id)
 
     def events(
         self, *, after: int = 0, idle_timeout: float | None = None, kinds: Iterable[str] = ()

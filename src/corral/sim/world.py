@@ -4,15 +4,16 @@ The world is the simulator's imperative shell, playing the part the server
 plays in production: it keeps the state the scheduler decides about, hands
 ``schedule`` a ``Snapshot`` of it, and applies the returned ``Plan``.
 State is kept incrementally (queued jobs and active allocations in insertion-ordered
-dicts, free capacity per GPU in a record per card), so a snapshot costs two tuple copies
-and applying a placement is O(GPUs it takes); no node is rebuilt per event.
+dicts, free capacity per GPU in a record per card: ``sim/free.py``), so a snapshot costs
+two tuple copies and applying a placement is O(GPUs it takes); no node is rebuilt per event.
 
 Applying checks the plan as the server's verifier would: a placement that
-over-commits a GPU, names a job that is not queued, or places part of a gang
-raises ``PlanRejected`` (a scheduler bug) instead of being half applied.
+over-commits a node (``sim/free.py``), names a job that is not queued, or places part
+of a gang raises ``PlanRejected`` (a scheduler bug) instead of being half applied.
 
 Over 400 lines on purpose: placing, starting, ending and requeueing all change the same
-records (runs, allocations, free cards, team use), which one class keeps consistent.
+records (runs, allocations, team use, the nodes' free capacity), which one class keeps
+consistent.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from corral.core.clock import VirtualClock
 from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
-from corral.core.resources import MILLI, cpu_milli
+from corral.core.resources import MILLI
 from corral.core.states import JOB as JOB_LIFECYCLE
 from corral.core.states import AllocObserved, JobState
+from corral.scheduler.allocation import allocation_of
 from corral.scheduler.api import Placement, Plan, Preemption, Snapshot
-from corral.scheduler.node_cap import Card
 from corral.sim.errors import PlanRejected, SimInputError
+from corral.sim.free import NodeFree
 from corral.sim.observing import Observer, observing
 from corral.sim.report import JobRecord, Metrics, PlacementRecord
 from corral.sim.scenario import Scenario, SimJob
@@ -110,7 +112,7 @@ class World:
         self._metrics = metrics
         self._sink = sink
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
-        self._free = [_Free(n) for n in self.nodes]  # by node position
+        self._free = [NodeFree(n) for n in self.nodes]  # by node position
         self.teams: dict[str, Team] = {t.name: t for t in scenario.teams}
         self._teams_view = tuple(self.teams.values())
         self._auto_teams = scenario.auto_teams
@@ -236,10 +238,10 @@ class World:
         for alloc in self.allocations.values():
             if alloc.node not in names:
                 raise PlanRejected(f"node {alloc.node!r} left while allocation {alloc.id} ran")
-        free: list[_Free] = []
+        free: list[NodeFree] = []
         for node in nodes:
             i = self._index.get(node.name)
-            free.append(_Free(node) if i is None else self._free[i])  # joined: wholly free
+            free.append(NodeFree(node) if i is None else self._free[i])  # joined: wholly free
         self.nodes = nodes
         self._index = {n.name: i for i, n in enumerate(nodes)}
         self._free = free
@@ -266,21 +268,10 @@ class World:
         if i is None:
             raise PlanRejected(f"placement {p.allocation_id}: no node {p.node!r}")
         job = first.job
-        alloc = Allocation(
+        alloc = allocation_of(
+            p,
+            job,
             id=p.allocation_id,
-            job_ids=p.job_ids,
-            node=p.node,
-            team=job.team,
-            user=job.user,
-            priority=job.priority,
-            replica=p.replica,
-            gpu_indices=p.gpu_indices,
-            gpu_milli=p.gpu_milli,
-            vram_bytes=p.vram_bytes,
-            cpus=p.cpus,
-            on_cpu=p.on_cpu,
-            preemptible=job.preemptible,
-            borrowed=p.borrowed,
             attempt=first.attempts + 1,
             started_at=now,
             observed=ALLOC_RUNNING,
@@ -288,7 +279,7 @@ class World:
         if self.allocations.setdefault(p.allocation_id, alloc) is not alloc:
             raise PlanRejected(f"placement {p.allocation_id}: allocation id already in use")
         try:
-            self._take(i, p)
+            self._free[i].take(p)
         except PlanRejected:
             del self.allocations[p.allocation_id]
             raise
@@ -319,26 +310,6 @@ class World:
             record = PlacementRecord(p.node, alloc.milli / MILLI, now)
             run.placements.append(record)
             self._records.setdefault(p.allocation_id, []).append(record)
-
-    def _take(self, i: int, p: Placement) -> None:
-        """Reserve the placement's GPUs and CPUs on node ``i``, refusing over-commit."""
-        free = self._free[i]
-        cards, milli, vram = free.cards, p.gpu_milli, p.vram_bytes
-        if p.gpu_indices and milli <= 0:
-            raise PlanRejected(f"placement {p.allocation_id}: GPUs listed with gpu_milli 0")
-        for g in p.gpu_indices:
-            if not 0 <= g < len(cards):
-                raise PlanRejected(f"placement {p.allocation_id}: {p.node} has no GPU {g}")
-            card = cards[g]
-            if card.free < milli or card.vram_free < vram:
-                raise PlanRejected(
-                    f"placement {p.allocation_id}: GPU {g} of {p.node} is over-committed"
-                )
-            card.free -= milli
-            card.vram_free -= vram
-        free.cpus -= cpu_milli(p.cpus)
-        if free.cpus < 0:
-            raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
 
     def _count_team(self, team: str, milli: int) -> None:
         use = self._team_use.get(team)
@@ -422,13 +393,7 @@ class World:
         if ends is not None and alloc_id in ends:
             del ends[alloc_id]
         self._observer.ended(alloc_id)
-        free = self._free[self._index[alloc.node]]
-        cards, gpu_milli, vram = free.cards, alloc.gpu_milli, alloc.vram_bytes
-        for g in alloc.gpu_indices:
-            card = cards[g]
-            card.free += gpu_milli
-            card.vram_free += vram
-        free.cpus += cpu_milli(alloc.cpus)
+        self._free[self._index[alloc.node]].give_back(alloc)
         milli = alloc.milli
         use = self._team_use[alloc.team]
         use.milli = use.milli - milli
@@ -468,17 +433,6 @@ class World:
         self._teams_view = tuple(self.teams.values())
         self._team_use[name] = _TeamUse(_cap_milli(team))
         self._observer.teams_changed(self._teams_view)
-
-
-class _Free:
-    """A node's free capacity in the world: its cards (``node_cap.Card``, the record the
-    scheduler's working copy keeps per card) and CPUs."""
-
-    __slots__ = ("cards", "cpus")
-
-    def __init__(self, node: Node) -> None:
-        self.cards = [Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
-        self.cpus: i64 = cpu_milli(node.cpus)  # milli-CPUs
 
 
 class _TeamUse:

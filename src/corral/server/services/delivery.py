@@ -38,6 +38,9 @@ from corral.server.store.records import AllocRecord
 
 log = logging.getLogger("corral.server.delivery")
 
+Gang = tuple[tuple[str, ...], int]
+"""A gang attempt: its jobs' ids and the attempt number its replicas share."""
+
 
 class Delivery:
     def __init__(
@@ -75,12 +78,13 @@ class Delivery:
             elif note.kind == "stop":  # a job of a batch cancelled on its own
                 await self._stop_jobs(conn, rec, older_than_s=-1.0)
             elif note.kind == "go" and rec.alloc.observed is AllocObserved.READY:
-                await self._go(conn, rec)
+                await self._go(conn, rec, {})
 
     async def resync(self, older_than_s: float) -> int:
         """Send again what has waited longer than ``older_than_s``; returns how many."""
         now = self.rt.clock.now()
         sent = 0
+        gangs: dict[Gang, set[str]] = {}  # each waiting gang read once per pass
         async with self.rt.db.read() as conn:
             for rec in await alloc_repo.active(conn):
                 if not holds(self.transport, rec.alloc.node):
@@ -92,7 +96,7 @@ class Delivery:
                 elif len(rec.alloc.job_ids) > 1:
                     sent += await self._stop_jobs(conn, rec, older_than_s)
                 elif rec.alloc.observed is AllocObserved.READY:
-                    sent += await self._go(conn, rec)
+                    sent += await self._go(conn, rec, gangs)
         if sent:
             log.info("resent %d assignments and stops to agents held here", sent)
         return sent
@@ -121,9 +125,19 @@ class Delivery:
         work = assignment(rec.alloc, works, master=master)
         return await self._send(self.transport.assign(rec.alloc.node, work))
 
-    async def _go(self, conn: AsyncConnection, rec: AllocRecord) -> int:
-        """Say go (again) to a replica whose whole gang is ready (``gang_start.py``)."""
-        if not any(m.id == rec.alloc.id for m in await waiting_for_go(conn, rec.alloc)):
+    async def _go(
+        self, conn: AsyncConnection, rec: AllocRecord, gangs: dict[Gang, set[str]]
+    ) -> int:
+        """Say go (again) to a replica whose whole gang is ready (``gang_start.py``).
+
+        ``gangs``: the replicas to say go to of each gang read so far (by its jobs and
+        attempt, all ``waiting_for_go`` reads), so a pass reads a gang of N once, not N times.
+        """
+        gang = (rec.alloc.job_ids, rec.alloc.attempt)
+        ready = gangs.get(gang)
+        if ready is None:
+            ready = gangs[gang] = {m.id for m in await waiting_for_go(conn, rec.alloc)}
+        if rec.alloc.id not in ready:
             return 0
         return await self._send(self.transport.go(rec.alloc.node, rec.alloc.id, rec.alloc.attempt))
 

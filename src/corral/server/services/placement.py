@@ -25,6 +25,7 @@ from typing import Any
 from corral.core.events import EventKind
 from corral.core.model import Allocation
 from corral.core.states import JOB, JobState, StopReason, transition
+from corral.scheduler.allocation import allocation_of
 from corral.scheduler.api import Placement, Plan
 from corral.server.agentlink.base import Assignment, JobWork
 from corral.server.services.rendezvous import NO_MASTER, master_at
@@ -148,7 +149,7 @@ async def _place_lone(
             continue
         rec = jobs[p.job_ids[0]]
         job = rec.job
-        alloc = _allocation(p, job.team, job.user, job.priority, job.preemptible, job.attempt + 1)
+        alloc = allocation_of(p, job, id=_unique_id(), attempt=job.attempt + 1)
         ready.append((rec, alloc, _placed_values(tx, rec, [alloc.id], alloc)))
     moved = await job_repo.update_many(tx.conn, [(rec, values) for rec, _, values in ready])
     placed: list[AllocRecord] = []
@@ -247,10 +248,7 @@ async def _place_group(
         return False
     attempt = max(r.job.attempt for r in jobs.values()) + 1
     first = jobs[job_ids[0]].job
-    allocs = [
-        _allocation(p, first.team, first.user, first.priority, first.preemptible, attempt)
-        for p in group
-    ]
+    allocs = [allocation_of(p, first, id=_unique_id(), attempt=attempt) for p in group]
     alloc_ids = [a.id for a in allocs]
     for rec in jobs.values():
         values = _placed_values(tx, rec, alloc_ids, allocs[0])
@@ -291,27 +289,9 @@ async def _still_valid(
     return True
 
 
-def _allocation(
-    p: Placement, team: str, user: str, priority: str, preemptible: bool, attempt: int
-) -> Allocation:
+def _unique_id() -> str:
     # The scheduler's ids are only unique within one plan; the store needs them unique forever.
-    return Allocation(
-        id=sortable_id("al_"),
-        job_ids=p.job_ids,
-        node=p.node,
-        team=team,
-        user=user,
-        priority=priority,
-        replica=p.replica,
-        gpu_indices=p.gpu_indices,
-        gpu_milli=p.gpu_milli,
-        vram_bytes=p.vram_bytes,
-        cpus=p.cpus,
-        on_cpu=p.on_cpu,
-        preemptible=preemptible,
-        borrowed=p.borrowed,
-        attempt=attempt,
-    )
+    return sortable_id("al_")
 
 
 def assignment(
