@@ -271,6 +271,7 @@ class _Replay:
             vram_bytes=p.vram_bytes,
             cpus=p.cpus,
             on_cpu=p.on_cpu,
+            memory_bytes=p.memory_bytes,
             preemptible=job.preemptible,
             borrowed=p.borrowed,
             started_at=t,
