@@ -308,6 +308,7 @@ def _allocation(
         vram_bytes=p.vram_bytes,
         cpus=p.cpus,
         on_cpu=p.on_cpu,
+        memory_bytes=p.memory_bytes,
         preemptible=preemptible,
         borrowed=p.borrowed,
         attempt=attempt,
@@ -351,6 +352,7 @@ def assignment(
         vram_bytes=alloc.vram_bytes,
         cpus=alloc.cpus,
         on_cpu=alloc.on_cpu,
+        memory_bytes=alloc.memory_bytes,
         master_addr=master[0],
         master_port=master[1],
     )
