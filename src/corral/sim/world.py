@@ -82,8 +82,7 @@ class JobRun:
         self.alloc = ""
         self.more: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
-        # the placements of plan number ``plan`` that place it (``World.apply``'s check)
-        self.plan: i64 = 0
+        self.plan: i64 = 0  # ``claims`` placements of plan number ``plan`` place it (``apply``)
         self.claims: i64 = 0
 
     def allocs(self) -> tuple[str, ...]:
@@ -130,8 +129,8 @@ class World:
 
     @property
     def gpu_free(self) -> list[list[int]]:
-        """Each node's free milli-GPUs by card index, by node position (new lists, made
-        when asked: the fragmentation sampler's, every minute of simulated time)."""
+        """Each node's free milli-GPUs by card index, by node position (new lists, made when
+        asked: the fragmentation sampler's, every minute of simulated time)."""
         return [[card.free for card in free.cards] for free in self._free]
 
     def snapshot(self) -> Snapshot:
@@ -279,6 +278,7 @@ class World:
             vram_bytes=p.vram_bytes,
             cpus=p.cpus,
             on_cpu=p.on_cpu,
+            memory_bytes=p.memory_bytes,
             preemptible=job.preemptible,
             borrowed=p.borrowed,
             attempt=first.attempts + 1,
@@ -321,7 +321,7 @@ class World:
             self._records.setdefault(p.allocation_id, []).append(record)
 
     def _take(self, i: int, p: Placement) -> None:
-        """Reserve the placement's GPUs and CPUs on node ``i``, refusing over-commit."""
+        """Reserve the placement's GPUs, CPUs and memory on node ``i``, refusing over-commit."""
         free = self._free[i]
         cards, milli, vram = free.cards, p.gpu_milli, p.vram_bytes
         if p.gpu_indices and milli <= 0:
@@ -337,8 +337,9 @@ class World:
             card.free -= milli
             card.vram_free -= vram
         free.cpus -= cpu_milli(p.cpus)
-        if free.cpus < 0:
-            raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
+        free.memory -= p.memory_bytes
+        if free.cpus < 0 or free.memory < 0:
+            raise PlanRejected(f"placement {p.allocation_id}: {p.node} lacks free CPUs or memory")
 
     def _count_team(self, team: str, milli: int) -> None:
         use = self._team_use.get(team)
@@ -429,6 +430,7 @@ class World:
             card.free += gpu_milli
             card.vram_free += vram
         free.cpus += cpu_milli(alloc.cpus)
+        free.memory += alloc.memory_bytes
         milli = alloc.milli
         use = self._team_use[alloc.team]
         use.milli = use.milli - milli
@@ -471,19 +473,18 @@ class World:
 
 
 class _Free:
-    """A node's free capacity in the world: its cards (``node_cap.Card``, the record the
-    scheduler's working copy keeps per card) and CPUs."""
+    """A node's free capacity in the world: its cards (``node_cap.Card``), CPUs, memory."""
 
-    __slots__ = ("cards", "cpus")
+    __slots__ = ("cards", "cpus", "memory")
 
     def __init__(self, node: Node) -> None:
         self.cards = [Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
         self.cpus: i64 = cpu_milli(node.cpus)  # milli-CPUs
+        self.memory: i64 = node.memory_bytes
 
 
 class _TeamUse:
-    """A team's milli-GPUs held in the world, and the most it may hold (``cap``; None: no
-    limit)."""
+    """A team's milli-GPUs held in the world, and the most it may hold (None: no limit)."""
 
     __slots__ = ("cap", "milli")
 
