@@ -78,6 +78,7 @@ def _allocation(p: Placement, lead: Job, now: float) -> Allocation:
         vram_bytes=p.vram_bytes,
         cpus=p.cpus,
         on_cpu=p.on_cpu,
+        memory_bytes=p.memory_bytes,
         preemptible=lead.preemptible,
         borrowed=p.borrowed,
         attempt=lead.attempt + 1,
