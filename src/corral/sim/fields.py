@@ -276,14 +276,18 @@ def parse_nodes(record: Any, where: str) -> list[Node]:
     default_cpus = max(MIN_NODE_CPUS, CPUS_PER_GPU * gpus)
     cpu_count = default_cpus if omitted(cpus) else as_cpus(cpus, where)
     memory = row.get("memory")
-    default_memory = max(MIN_NODE_MEMORY, MEMORY_PER_GPU * gpus)
-    memory_bytes = default_memory if omitted(memory) else as_memory(memory, where)
+    memory_bytes = default_memory(gpus) if omitted(memory) else as_memory(memory, where)
     labels = {} if omitted(row.get("labels")) else as_labels(row["labels"], "labels", where)
     cards = tuple(Gpu(i, model, int(vram_gib * GIB)) for i in range(gpus))
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(1, count + 1)]
     return [
         Node(n, gpus=cards, cpus=cpu_count, labels=labels, memory_bytes=memory_bytes) for n in names
     ]
+
+
+def default_memory(gpus: int) -> int:
+    """A scenario node's memory when it does not say: 64 GiB per GPU, at least 64 GiB."""
+    return max(MIN_NODE_MEMORY, MEMORY_PER_GPU * gpus)
 
 
 def parse_team(record: Any, where: str) -> Team:
