@@ -170,7 +170,7 @@ def test_parse_memory_reads_kubernetes_quantities(value: str | float, want: int)
         ("-1Gi", "not a memory quantity"),
         (-1, ">= 0"),
         (float("nan"), "finite"),
-        ("500m", "500Mi or M"),
+        ("500m", "write 500Mi or 500M"),
         ("2Ei", "more memory than any machine"),
         (True, "expected bytes"),
         (None, "expected bytes"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Final
 
 from corral.core.errors import InvalidSpec
@@ -79,8 +80,9 @@ def parse_memory(value: object, *, field_name: str = "memory") -> int:
         match = _QUANTITY.match(value)
         unit = match.group(3) if match else ""
         if unit == "m":
+            amount = value.strip()[:-1].strip()
             raise InvalidSpec(
-                field_name, f"{value!r} is milli-bytes; write {value[:-1].strip()}Mi or M"
+                field_name, f"{value!r} is milli-bytes; write {amount}Mi or {amount}M"
             )
         key = unit.lower()
         if key.endswith("b") and key != "b":  # "16GiB", "512MB": sizes as parse_bytes reads
@@ -90,11 +92,14 @@ def parse_memory(value: object, *, field_name: str = "memory") -> int:
             raise InvalidSpec(
                 field_name, f"not a memory quantity: {value!r} (try '512Mi', '16Gi' or '1G')"
             )
-        number = float(match.group(1)) * 10 ** int(match.group(2) or 0) * scale
+        exponent = int(match.group(2) or 0)
+        if abs(exponent) > 30:
+            raise InvalidSpec(field_name, f"{value!r} is more memory than any machine has")
+        number = Fraction(match.group(1)) * Fraction(10) ** exponent * scale  # exact
     else:
-        number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise InvalidSpec(field_name, f"must be a finite amount >= 0, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise InvalidSpec(field_name, f"must be a finite amount >= 0, got {value!r}")
+        number = Fraction(value)
     if number > MAX_MEMORY:
         raise InvalidSpec(field_name, f"{value!r} is more memory than any machine has")
     return math.ceil(number)
