@@ -5,16 +5,17 @@ GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC 2023)
 and the behaviour of its simulator (hkust-adsl/kubernetes-scheduler-simulator),
 read, not copied:
 
-* a task asks for CPU (milli-CPUs), ``num_gpu`` cards and, when it asks for
-  one card, ``gpu_milli`` of it (1000: the whole card), and may name the GPU
-  models it accepts;
-* a node fits a task when it has the CPU, accepts the model, and has
-  ``num_gpu`` cards each with ``gpu_milli`` free;
+* a task asks for CPU (milli-CPUs), memory (``memory_mib``), ``num_gpu`` cards
+  and, when it asks for one card, ``gpu_milli`` of it (1000: the whole card), and
+  may name the GPU models it accepts;
+* a node fits a task when it has the CPU and the memory, accepts the model, and
+  has ``num_gpu`` cards each with ``gpu_milli`` free (the simulator's
+  NodeResourcesFit filter checks memory as it checks CPU);
 * **FGD** scores a node by how much the placement lowers the node's
   fragmentation for the *target workload* ``M`` (the task shapes of the trace
   making up 95% of its tasks, with their frequencies): ``F_n(M) = sum_m p_m
   F_n(m)``, where ``F_n(m)`` is all the node's free GPU compute when ``m``
-  cannot run there (CPU, model or cards short; a CPU-only ``m`` counts it too),
+  cannot run there (CPU, memory, model or cards short; a CPU-only ``m`` counts it too),
   else the free compute of the cards with less than ``m``'s share free. Score:
   ``int(100 * sigmoid((F_before - F_after) / 1000))``; a shared task tries
   every card that fits and keeps the best; whole cards go to the lowest free
@@ -24,8 +25,9 @@ read, not copied:
   0.5 (gpu_free - gpu) / 8 cards))`` and draws ties the same way; a shared
   task goes to the fullest card that fits.
 
-Memory is left out for every policy alike (corral's scheduler does not model
-it; FGD's fragmentation does not either).
+Memory is read from the trace's ``memory_mib`` columns when they are there, and
+counted by every policy alike; ``load_*(memory=False)`` leaves it out for all (a
+node file without the column offers ``UNCOUNTED`` memory).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pathlib import Path
 MILLI = 1000
 MAX_SPEC_CPU = 128_000  # best-fit's normalisers: the largest node's CPUs and cards
 MAX_SPEC_GPU = 8_000
+UNCOUNTED = 1 << 39  # MiB: the memory of a node whose memory is not counted (never short)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,7 @@ class Task:
     gpus: int  # cards
     milli: int  # per card (1000: whole); 0 for CPU-only tasks
     models: tuple[str, ...] = ()  # accepted GPU models; () any
+    memory: int = 0  # MiB
 
     @property
     def gpu_milli_total(self) -> int:
@@ -62,13 +66,24 @@ class NodeState:
     cpu_total: int
     cpu_free: int
     free: list[int]  # milli-GPUs free per card
+    mem_total: int = UNCOUNTED  # MiB
+    mem_free: int = UNCOUNTED
 
-    def key(self) -> tuple[str, int, tuple[int, ...]]:
+    def key(self) -> Key:
         """What fragmentation and fit depend on (card order does not matter)."""
-        return (self.model, self.cpu_free, tuple(sorted(self.free)))
+        return (self.model, self.cpu_free, tuple(sorted(self.free)), self.mem_free)
 
 
-def load_nodes(path: Path, every: int = 1) -> list[NodeState]:
+Key = tuple[str, int, tuple[int, ...], int]  # model, milli-CPUs, free cards, MiB free
+
+
+def _memory(row: dict[str, str], memory: bool, default: int) -> int:
+    """The row's ``memory_mib`` when counted and present, else ``default``."""
+    text = row.get("memory_mib") if memory else None
+    return int(text) if text else default
+
+
+def load_nodes(path: Path, every: int = 1, memory: bool = True) -> list[NodeState]:
     """The trace's nodes (every ``every``-th of them: the quick mode's smaller cluster)."""
     nodes = []
     with path.open() as f:
@@ -76,11 +91,12 @@ def load_nodes(path: Path, every: int = 1) -> list[NodeState]:
             if i % every:
                 continue
             cpu, gpus = int(row["cpu_milli"]), int(row["gpu"])
-            nodes.append(NodeState(row["sn"], row["model"], cpu, cpu, [MILLI] * gpus))
+            mem = _memory(row, memory, UNCOUNTED)
+            nodes.append(NodeState(row["sn"], row["model"], cpu, cpu, [MILLI] * gpus, mem, mem))
     return nodes
 
 
-def load_tasks(path: Path) -> list[Task]:
+def load_tasks(path: Path, memory: bool = True) -> list[Task]:
     tasks = []
     with path.open() as f:
         for row in csv.DictReader(f):
@@ -90,7 +106,8 @@ def load_tasks(path: Path) -> list[Task]:
             models = tuple(sorted(m for m in spec.split("|") if m))
             if gpus > 1:
                 milli = MILLI  # several cards are whole cards
-            tasks.append(Task(int(row["cpu_milli"]), gpus, milli, models))
+            mem = _memory(row, memory, 0)
+            tasks.append(Task(int(row["cpu_milli"]), gpus, milli, models, mem))
     return tasks
 
 
@@ -114,7 +131,7 @@ def accepts(node: NodeState, task: Task) -> bool:
 
 
 def fits(node: NodeState, task: Task) -> bool:
-    if node.cpu_free < task.cpu:
+    if node.cpu_free < task.cpu or node.mem_free < task.memory:
         return False
     if task.gpus == 0:
         return True
@@ -151,15 +168,18 @@ class Fragmentation:
 
     def __init__(self, workload: Sequence[tuple[Task, float]]) -> None:
         self.workload = list(workload)
-        self._cache: dict[tuple[str, int, tuple[int, ...]], float] = {}
+        self._cache: dict[tuple[str, int, tuple[int, ...]] | Key, float] = {}
 
-    def of(self, key: tuple[str, int, tuple[int, ...]]) -> float:
+    def of(self, key: tuple[str, int, tuple[int, ...]] | Key) -> float:
+        """``F_n(M)`` of a node state (``NodeState.key``; without memory: not counted)."""
         got = self._cache.get(key)
         if got is None:
             got = self._cache[key] = self._compute(*key)
         return got
 
-    def _compute(self, model: str, cpu_free: int, free: tuple[int, ...]) -> float:
+    def _compute(
+        self, model: str, cpu_free: int, free: tuple[int, ...], mem_free: int = UNCOUNTED
+    ) -> float:
         left = sum(free)
         if left == 0:
             return 0.0
@@ -169,7 +189,7 @@ class Fragmentation:
                 frag += p * left
                 continue
             usable = sum(1 for f in free if f >= task.milli)
-            if usable >= task.gpus and cpu_free >= task.cpu:
+            if usable >= task.gpus and cpu_free >= task.cpu and mem_free >= task.memory:
                 frag += p * sum(f for f in free if f < task.milli)
             else:
                 frag += p * left
@@ -188,7 +208,7 @@ class Packer:
     def __init__(self, nodes: list[NodeState], seed: int) -> None:
         self.nodes = nodes
         self.rng = random.Random(seed)
-        self.by_key: dict[tuple[str, int, tuple[int, ...]], set[int]] = {}
+        self.by_key: dict[Key, set[int]] = {}
         for i, n in enumerate(nodes):
             self.by_key.setdefault(n.key(), set()).add(i)
 
@@ -210,7 +230,7 @@ class Packer:
         i = pool[self.rng.randrange(len(pool))]
         return i, self.cards(self.nodes[i], task)
 
-    def moved(self, i: int, before: tuple[str, int, tuple[int, ...]]) -> None:
+    def moved(self, i: int, before: Key) -> None:
         """Node ``i`` changed from state ``before``."""
         members = self.by_key[before]
         members.discard(i)
@@ -246,7 +266,7 @@ class FGD(Packer):
     def __init__(self, nodes: list[NodeState], seed: int, frag: Fragmentation) -> None:
         super().__init__(nodes, seed)
         self.frag = frag
-        self._best: dict[tuple[tuple[str, int, tuple[int, ...]], Task], tuple[int, int]] = {}
+        self._best: dict[tuple[Key, Task], tuple[int, int]] = {}
 
     def score(self, node: NodeState, task: Task) -> int:
         return self._score_and_card(node, task)[0]
@@ -264,7 +284,8 @@ class FGD(Packer):
         if got is not None:
             return got
         before = self.frag.of(key)
-        model, cpu, free = key
+        model, cpu, free, mem = key
+        cpu, mem = cpu - task.cpu, mem - task.memory
         if task.gpus == 1 and task.milli < MILLI:
             best = (-1, -1)
             for value in sorted(set(free)):  # each distinct card level once
@@ -272,7 +293,7 @@ class FGD(Packer):
                     continue
                 after = list(free)
                 after[after.index(value)] -= task.milli
-                f = self.frag.of((model, cpu - task.cpu, tuple(sorted(after))))
+                f = self.frag.of((model, cpu, tuple(sorted(after)), mem))
                 s = int(sigmoid((before - f) / 1000) * 100)
                 if s > best[0]:
                     best = (s, value)
@@ -284,7 +305,7 @@ class FGD(Packer):
                     if value >= task.milli and taken < task.gpus:
                         after[j] -= task.milli
                         taken += 1
-            f = self.frag.of((model, cpu - task.cpu, tuple(sorted(after))))
+            f = self.frag.of((model, cpu, tuple(sorted(after)), mem))
             best = (int(sigmoid((before - f) / 1000) * 100), -1)
         self._best[(key, task)] = best
         return best

@@ -1,7 +1,7 @@
 """Packing on a real trace: corral's scheduler against best-fit and FGD (Alibaba openb).
 
 Usage: ``python bench/placement.py [--traces DIR] [--variants a,b] [--policies a,b]
-[--quick] [--seed 0] [--window 1]``
+[--quick] [--seed 0] [--window 1] [--no-memory]``
 
 The protocol of the FGD paper's Fig. 9 (Weng et al., USENIX ATC 2023), on its
 public trace (``/work/shared/traces/alibaba-openb``: 1,213 nodes, 6,212 GPUs
@@ -19,8 +19,9 @@ configuration, one scheduling cycle per ``--window`` arrivals (1: each task is
 decided alone, as the baselines decide it); ``best-fit`` and ``fgd`` are the
 simulator's scorers, ties drawn at random with ``--seed``. Every policy sees
 the same nodes and tasks: CPUs in milli-CPUs (corral's CPU slots count
-milli-CPUs here), cards in milli-GPUs, the GPU models a task accepts; memory
-is left out for all.
+milli-CPUs here), memory from the trace's ``memory_mib`` columns (corral's memory
+requests; ``--no-memory`` leaves it out for all), cards in milli-GPUs, the GPU models
+a task accepts.
 
 ``--quick`` keeps every 8th node (the arrivals scale with the cluster) and
 one variant: a development run of seconds rather than minutes.
@@ -65,6 +66,7 @@ from corral.core.resources import GIB, ResourceRequest
 from corral.scheduler import Config, Scheduler
 
 TRACES = Path("/work/shared/traces/alibaba-openb")
+MIB = 1024**2
 VARIANTS = ("gpushare40", "multigpu50", "gpuspec33", "cpu050")
 POLICIES = ("corral", "best-fit", "fgd")
 LOADS = (1.0, 1.1, 1.2, 1.3)
@@ -77,9 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     every = 8 if args.quick else 1
     table: dict[tuple[str, str], float] = {}
     for variant in variants:
-        tasks = load_tasks(args.traces / f"openb_pod_list_{variant}.csv")
+        tasks = load_tasks(args.traces / f"openb_pod_list_{variant}.csv", args.memory)
         for policy in policies:
-            nodes = load_nodes(args.traces / "openb_node_list_gpu_node.csv", every)
+            nodes = load_nodes(args.traces / "openb_node_list_gpu_node.csv", every, args.memory)
             points = replay(policy, nodes, tasks, seed=args.seed, window=args.window)
             for load, (share, frag, placed, arrived, seconds) in points.items():
                 print(
@@ -148,7 +150,7 @@ def _placer(
         i, cards = got
         node = nodes[i]
         before = node.key()
-        _take(node, cards, task.milli, task.cpu)
+        _take(node, cards, task.milli, task.cpu, task.memory)
         packer.moved(i, before)
         return 1
 
@@ -171,6 +173,7 @@ class CorralPacker:
                 n.name,
                 gpus=tuple(Gpu(i, n.model, 32 * GIB) for i in range(len(n.free))),
                 cpus=n.cpu_total,
+                memory_bytes=n.mem_total * MIB,
             )
             for n in nodes
         )
@@ -191,7 +194,7 @@ class CorralPacker:
             task = self.waiting.pop(p.job_ids[0])
             node = self.nodes[self.index[p.node]]
             assert fits(node, task) or task.gpus == 0, (task, node)
-            _take(node, p.gpu_indices, p.gpu_milli, p.cpus)
+            _take(node, p.gpu_indices, p.gpu_milli, p.cpus, p.memory_bytes // MIB)
             self.scheduler.withdraw(p.job_ids[0])
             alloc = Allocation(
                 p.allocation_id,
@@ -200,6 +203,7 @@ class CorralPacker:
                 gpu_indices=p.gpu_indices,
                 gpu_milli=p.gpu_milli,
                 cpus=p.cpus,
+                memory_bytes=p.memory_bytes,
             )
             self.scheduler.start(alloc, None)
         for job_id in self.waiting:
@@ -210,18 +214,23 @@ class CorralPacker:
 
 
 def _request(task: Task) -> ResourceRequest:
-    models = frozenset(task.models)
+    models, memory = frozenset(task.models), task.memory * MIB
     if task.gpus == 1 and task.milli < MILLI:
-        return ResourceRequest(gpu_milli=task.milli, cpus=task.cpu, gpu_models=models)
-    return ResourceRequest(gpus=task.gpus, cpus=task.cpu, gpu_models=models)
+        return ResourceRequest(
+            gpu_milli=task.milli, cpus=task.cpu, gpu_models=models, memory_bytes=memory
+        )
+    return ResourceRequest(gpus=task.gpus, cpus=task.cpu, gpu_models=models, memory_bytes=memory)
 
 
-def _take(node: NodeState, cards: Sequence[int], milli: int, cpu: int) -> None:
+def _take(node: NodeState, cards: Sequence[int], milli: int, cpu: int, memory: int) -> None:
+    """Take ``milli`` of each card, ``cpu`` milli-CPUs and ``memory`` MiB of ``node``."""
     for c in cards:
         node.free[c] -= milli
         assert node.free[c] >= 0, node
     node.cpu_free -= cpu
+    node.mem_free -= memory
     assert node.cpu_free >= 0, node
+    assert node.mem_free >= 0, node
 
 
 def _names(given: str | None, default: Sequence[str]) -> list[str]:
@@ -236,6 +245,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="every 8th node, one variant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window", type=int, default=1, help="arrivals per corral cycle")
+    parser.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="leave the trace's memory out for every policy",
+    )
     return parser.parse_args(argv)
 
 

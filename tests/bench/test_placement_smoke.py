@@ -84,3 +84,31 @@ def test_fgd_puts_a_half_card_where_it_fragments_least() -> None:
     fgd = packing.FGD(nodes, seed=0, frag=packing.Fragmentation(workload))
     # on b's half-used card it leaves b's whole card and all of a: nothing fragmented
     assert fgd.place(packing.Task(1000, 1, 500)) == (1, (0,))
+
+
+def test_the_trace_s_memory_is_read_and_binds_every_policy(traces: Path) -> None:
+    nodes = packing.load_nodes(traces / "openb_node_list_gpu_node.csv")
+    tasks = packing.load_tasks(traces / "openb_pod_list_tiny.csv")
+    assert (nodes[0].mem_total, tasks[2].memory) == (262144, 30517)  # MiB, as the trace says
+    blind = packing.load_tasks(traces / "openb_pod_list_tiny.csv", memory=False)
+    assert {t.memory for t in blind} == {0}
+    # a node of 16 GiB takes a 12 GiB task, never a 16 GiB + 1 one: for corral, best-fit and
+    # FGD alike
+    small = packing.Task(1000, 1, 1000, memory=12288)
+    big = packing.Task(1000, 1, 1000, memory=16385)
+
+    def node() -> packing.NodeState:
+        return packing.NodeState("n", "G2", 8000, 8000, [1000, 1000], 16384, 16384)
+
+    corral = placement.CorralPacker([node()], window=1)
+    assert (corral.offer(big), corral.offer(small)) == (0, 1)
+    assert corral.nodes[0].mem_free == 16384 - 12288
+    frag = packing.Fragmentation([(small, 1.0)])
+    for packer in (packing.BestFit([node()], seed=0), packing.FGD([node()], 0, frag)):
+        assert packer.place(big) is None, packer.name
+        assert packer.place(small) is not None, packer.name
+
+
+def test_no_memory_leaves_it_out_for_all(traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert placement.main(["--traces", str(traces), "--variants", "tiny", "--no-memory"]) == 0
+    assert "tiny        corral    load 130%: allocated " in capsys.readouterr().out

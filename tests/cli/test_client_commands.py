@@ -235,3 +235,18 @@ def test_a_job_shows_its_eta(cli: Cli, server: Running, team: str) -> None:
 
     assert "eta" in eventually(shown)
     assert "no node can run it" in cli("queue", "--limit", "1000").stdout
+
+
+def test_submit_memory_sets_every_job_s_request(
+    cli: Cli, server: Running, team: str, tmp_path: Path
+) -> None:
+    cli = cli.against(server)
+    path = tmp_path / "jobs.yaml"
+    path.write_text(f"- team: {team}\n  resources: {{memory: 1Gi}}\n- team: {team}\n")
+    jobs = json.loads(cli("submit", str(path), "--json").stdout)
+    assert [j["resources"]["memory_bytes"] for j in jobs] == [2**30, 0]  # from the file
+    jobs = json.loads(cli("submit", str(path), "--memory", "512Mi", "--json").stdout)
+    assert [j["resources"]["memory_bytes"] for j in jobs] == [2**29, 2**29]  # the flag wins
+    bad = cli("submit", str(path), "--memory", "500m")
+    assert bad.exit_code == 2
+    assert "resources.memory" in bad.stderr

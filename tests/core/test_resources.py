@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from corral.core import GIB, MILLI, InvalidSpec, ResourceRequest, parse_bytes
-from corral.core.resources import parse_cpus
+from corral.core.resources import memory_text, parse_cpus, parse_memory
 
 
 @pytest.mark.parametrize(
@@ -136,3 +136,63 @@ def test_bad_cpu_counts_are_refused_naming_the_field(value: object, want: str) -
     assert want in info.value.message
     with pytest.raises(InvalidSpec, match=r"resources\.cpus"):
         ResourceRequest(cpus=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("512Mi", 512 * 1024**2),
+        ("16Gi", 16 * GIB),
+        ("1G", 10**9),
+        ("1.5Gi", 3 * GIB // 2),
+        ("2Ti", 2 * 1024**4),
+        ("128k", 128_000),
+        ("1Ki", 1024),
+        ("129e6", 129_000_000),
+        ("64GiB", 64 * GIB),
+        ("512 MB", 512 * 10**6),
+        ("100", 100),
+        (4096, 4096),
+        (0.5, 1),  # a fraction of a byte rounds up, as Kubernetes rounds it
+        (0, 0),
+    ],
+)
+def test_parse_memory_reads_kubernetes_quantities(value: str | float, want: int) -> None:
+    assert parse_memory(value) == want
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("lots", "not a memory quantity"),
+        ("12 parsecs", "not a memory quantity"),
+        ("", "not a memory quantity"),
+        ("-1Gi", "not a memory quantity"),
+        (-1, ">= 0"),
+        (float("nan"), "finite"),
+        ("500m", "write 500Mi or 500M"),
+        ("2Ei", "more memory than any machine"),
+        (True, "expected bytes"),
+        (None, "expected bytes"),
+    ],
+)
+def test_parse_memory_names_the_field_on_bad_input(value: object, says: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_memory(value, field_name="resources.memory")
+    assert info.value.field == "resources.memory"
+    assert says in info.value.message
+
+
+def test_memory_reads_back_in_messages() -> None:
+    assert [memory_text(n) for n in (100, 512 * 1024**2, 16 * GIB, 3 * GIB // 2)] == [
+        "100 bytes",
+        "512 MiB",
+        "16 GiB",
+        "1.5 GiB",
+    ]
+
+
+def test_a_request_refuses_impossible_memory_naming_the_field() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        ResourceRequest(memory_bytes=-1)
+    assert info.value.field == "resources.memory"

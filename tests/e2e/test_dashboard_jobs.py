@@ -171,3 +171,18 @@ def test_a_team_token_s_dashboard_shows_its_team_only(cluster: Cluster, browser:
     expect(page.locator(f'#jobs-table tr[data-job="{theirs}"]')).to_have_count(0)
     page.goto(f"{cluster.http}/#job/{theirs}")
     expect(page.locator("#job-error")).to_contain_text("not found", timeout=10_000)
+
+
+def test_the_job_page_shows_a_job_s_memory_and_a_node_s(cluster: Cluster, browser: object) -> None:
+    from playwright.sync_api import expect
+
+    page = _logged_in(cluster, browser)
+    with cluster.client() as http:
+        slow = {"steps": 100, "step_s": 0.05}
+        job_id = submit(http, payload=slow, resources={"gpus": 1, "memory": "512Mi"})["id"]
+        page.goto(f"{cluster.http}/#job/{job_id}")
+        expect(page.locator("#job-placement")).to_contain_text("0.5 GiB memory", timeout=10_000)
+        expect(page.locator("pre.payload")).to_contain_text('"memory_bytes": 536870912')
+        page.goto(f"{cluster.http}/#node/gpu-box")
+        expect(page.locator("#node-body")).to_contain_text("memory for jobs")
+        http.post(f"/v1/jobs/{job_id}/cancel")

@@ -39,6 +39,11 @@ class NodeBuilder:
         self._node = replace(self._node, cpus=count)
         return self
 
+    def memory(self, gib: float) -> NodeBuilder:
+        """Host memory it offers, GiB."""
+        self._node = replace(self._node, memory_bytes=int(gib * GIB))
+        return self
+
     def numa(self, gpu_numa: tuple[int, ...], cpus: tuple[float, ...]) -> NodeBuilder:
         """Each GPU's NUMA node and each NUMA node's CPU slots (node ``i`` has ``cpus[i]``)."""
         cards = tuple(replace(g, numa=n) for g, n in zip(self._node.gpus, gpu_numa, strict=True))
@@ -101,6 +106,11 @@ class JobBuilder:
 
     def cpus(self, count: int) -> JobBuilder:
         self._res["cpus"] = count
+        return self
+
+    def memory(self, gib: float) -> JobBuilder:
+        """Host memory per replica, GiB."""
+        self._res["memory_bytes"] = int(gib * GIB)
         return self
 
     def gpu_models(self, *models: str) -> JobBuilder:

@@ -38,6 +38,7 @@ def nodes(draw: st.DrawFn) -> tuple[Node, ...]:
                 ),
                 cpus=cpus,
                 numa_cpus=((0, cpus / 2), (1, cpus / 2)) if numa else (),
+                memory_bytes=draw(st.sampled_from((0, 16, 64, 64))) * GIB,
                 labels={"rack": draw(st.sampled_from(("r1", "r2")))},
                 models_on_disk=frozenset(draw(st.sets(st.sampled_from(("sdxl", "flux"))))),
                 backends=frozenset(draw(st.sets(st.sampled_from(("comfyui", "command"))))),
@@ -51,6 +52,13 @@ def nodes(draw: st.DrawFn) -> tuple[Node, ...]:
 
 @st.composite
 def resources(draw: st.DrawFn) -> ResourceRequest:
+    request = draw(_resources())
+    memory = draw(st.sampled_from((0, 0, 0, 8, 24))) * GIB  # most jobs ask for none
+    return replace(request, memory_bytes=memory) if memory else request
+
+
+@st.composite
+def _resources(draw: st.DrawFn) -> ResourceRequest:
     shape = draw(st.sampled_from(("whole", "whole", "share", "vram", "cpu")))
     cpus = draw(st.integers(0, 2))
     models = frozenset(draw(st.sets(st.sampled_from(MODELS), max_size=1)))

@@ -51,10 +51,12 @@ def check_no_card_node_or_cpu_is_over_committed(snapshot: Snapshot, plan: Plan) 
     milli: Counter[tuple[str, int]] = Counter()
     vram: Counter[tuple[str, int]] = Counter()
     cpus: Counter[str] = Counter()
+    memory: Counter[str] = Counter()
     holders = [a for a in snapshot.allocations if a.active and a.id not in evicted]
     items: list[Allocation | Placement] = [*holders, *plan.placements]
     for item in items:
         cpus[item.node] += item.cpus
+        memory[item.node] += item.memory_bytes
         if item.on_cpu:
             continue
         for card in item.gpu_indices:
@@ -66,6 +68,8 @@ def check_no_card_node_or_cpu_is_over_committed(snapshot: Snapshot, plan: Plan) 
         assert vram[(name, card)] <= by_name[name].gpus[card].vram_bytes
     for name, used in cpus.items():
         assert used <= by_name[name].cpus
+    for name, used in memory.items():
+        assert used <= by_name[name].memory_bytes, f"{name}: {used} bytes of memory"
 
 
 def check_placements_honour_every_constraint(snapshot: Snapshot, plan: Plan, now: float) -> None:

@@ -220,3 +220,15 @@ def test_a_job_no_node_can_run_has_an_eta_without_a_start(admin: Client, team: s
 )
 def test_an_eta_reads_as_a_person_says_it(eta: Eta, running: bool, want: str) -> None:
     assert eta.describe(1000.0, running=running) == want
+
+
+def test_memory_is_a_resource_shortcut_and_a_bad_one_names_the_field(
+    admin: Client, team: str
+) -> None:
+    job = admin.submit(gpus=0, memory="16Gi", team=team)
+    assert job.status.resources.memory_bytes == 16 * 2**30
+    spec = admin.submit(JobSpec.model_validate({"team": team, "resources": {"memory": 2**20}}))
+    assert spec.status.resources.memory_bytes == 2**20
+    with pytest.raises(BadRequest) as info:
+        admin.submit(memory="lots", team=team)
+    assert info.value.field == "resources.memory"

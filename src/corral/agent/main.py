@@ -39,6 +39,7 @@ from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
 from corral.agent.fingerprint import GpuInventory, NvmlInventory, detect_inventory
 from corral.agent.link import LinkClient, LinkRefused, LinkSettings, Target, parse_server
+from corral.agent.memory import offered
 from corral.agent.model_report import ModelReporter
 from corral.agent.models import ModelManager, ModelSettings
 from corral.agent.supervisor import SHUTDOWN_GRACE_S, Supervisor
@@ -96,6 +97,8 @@ class AgentOptions:
     comfyui_models: Path | None = None  # ComfyUI's models/checkpoints
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     cpus: float | None = None  # CPU slots, to a milli-CPU (None: ``cpu_slots``)
+    memory: int | None = None  # bytes offered to memory requests (None: RAM less the reserve)
+    memory_reserve: int | None = None  # bytes kept back from RAM (None: agent/memory.py's)
     address: str | None = None  # reachable by other nodes (a gang's rendezvous); see reachable
     work_dir: Path = Path("~/.corral/agent")
     models_dir: Path | None = None  # the model cache (default <work_dir>/models)
@@ -163,6 +166,7 @@ class Agent:
             cpus=options.cpus
             if options.cpus is not None
             else cpu_slots(len(self.gpus.snapshot().gpus)),
+            memory_bytes=offered(options.memory, options.memory_reserve),
             labels={ADDRESS_LABEL: options.address or reachable(targets[0].address)}
             | dict(options.labels),
             backends=tuple(sorted(executors)),

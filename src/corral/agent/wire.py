@@ -58,6 +58,7 @@ class Identity:
     loaded: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)  # per backend
     key: str = ""  # this installation's secret (``node_key``): the node name is bound to it
     topology: Topology | None = None  # how the GPUs sit, when known
+    memory_bytes: int = 0  # host memory offered to jobs' requests (agent/memory.py)
 
 
 def order_from(
@@ -109,6 +110,7 @@ def _job(
         results_root=results,
         inputs=tuple(InputPath(i.name, i.sha256) for i in w.inputs),
         gang=_gang(msg),
+        memory_bytes=msg.memory_bytes,
     )
 
 
@@ -147,6 +149,7 @@ def inventory(identity: Identity, snapshot: GpuSnapshot, held: Sequence[Held]) -
         cpus=math.floor(identity.cpus),  # what a server from before milli-CPUs reads
         cpu_milli=cpu_milli(identity.cpus),
         numa_cpus=numa_cpus(identity),
+        memory_bytes=identity.memory_bytes,
         labels=dict(identity.labels),
         models_on_disk=list(identity.models_on_disk),
         backends=list(identity.backends),

@@ -117,6 +117,20 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             "count, and at least one per GPU (see docs/scheduler.md, CPUs)]"
         ),
     ] = None,
+    memory: Annotated[
+        str | None,
+        typer.Option(
+            help="Host memory offered to jobs' memory requests: 64Gi, 512G, bytes. "
+            "[default: RAM (or the container's limit) less --memory-reserve]"
+        ),
+    ] = None,
+    memory_reserve: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory kept back for the system and the agent: 4Gi. [default: 5% of RAM, "
+            "at least 1Gi]"
+        ),
+    ] = None,
     address: Annotated[
         str | None,
         typer.Option(
@@ -151,7 +165,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
     from corral.agent.main import AgentOptions, parse_labels
     from corral.core.errors import InvalidSpec
     from corral.core.pins import CertificateMismatch
-    from corral.core.resources import parse_cpus
+    from corral.core.resources import parse_cpus, parse_memory
 
     setup_logging(log_level)
     if token and join:
@@ -173,6 +187,10 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             comfyui_models=comfyui_models,
             labels=parse_labels(labels or []),
             cpus=None if cpus is None else parse_cpus(cpus, field_name="--cpus"),
+            memory=None if memory is None else parse_memory(memory, field_name="--memory"),
+            memory_reserve=None
+            if memory_reserve is None
+            else parse_memory(memory_reserve, field_name="--memory-reserve"),
             address=address,
             work_dir=work_dir,
             models_dir=models_dir,

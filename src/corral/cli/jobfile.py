@@ -58,6 +58,7 @@ def _kind(value: Any) -> str:
 
 
 def with_defaults(jobs: list[dict[str, Any]], **fields: str | None) -> list[dict[str, Any]]:
-    """Set ``fields`` given on the command line on every job (flags win over the file)."""
+    """Set ``fields`` given on the command line on every job (flags win over the file; a
+    resource such as ``memory`` is a top-level shortcut that wins over ``resources``)."""
     given = {k: v for k, v in fields.items() if v is not None}
     return [{**job, **given} for job in jobs]

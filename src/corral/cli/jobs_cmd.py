@@ -52,6 +52,10 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
     priority: Annotated[
         str | None, typer.Option(help="Set the priority class of every job (e.g. paid).")
     ] = None,
+    memory: Annotated[
+        str | None,
+        typer.Option(help="Set the host memory every job asks for: 16Gi, 512Mi, 1G or bytes."),
+    ] = None,
     key: Annotated[
         str | None,
         typer.Option(help="Idempotency key: submitting again with it returns the same jobs."),
@@ -87,7 +91,9 @@ def submit(  # noqa: PLR0913 (a command's options are its parameters)
     source = "stdin" if file == "-" else file
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
-        jobs = with_defaults(parse_jobs(text, source), team=team, user=user, priority=priority)
+        jobs = with_defaults(
+            parse_jobs(text, source), team=team, user=user, priority=priority, memory=memory
+        )
         if webhook is not None:
             jobs = [{**job, "webhook": {"url": webhook, "events": webhook_events}} for job in jobs]
     except (OSError, UnicodeDecodeError) as exc:

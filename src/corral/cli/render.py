@@ -168,7 +168,7 @@ def models_summary(node: NodeStatus) -> str:
 
 def nodes_table(nodes: list[NodeStatus], now: float) -> Table:
     table = Table(box=None, pad_edge=False)
-    for name in ("NAME", "STATE", "GPUS", "VRAM", "UTIL", "CPUS", "MODELS", "JOBS"):
+    for name in ("NAME", "STATE", "GPUS", "VRAM", "UTIL", "CPUS", "MEMORY", "MODELS", "JOBS"):
         table.add_column(name, no_wrap=name in ("NAME", "STATE"))
     table.add_column("LAST SEEN", justify="right")
     for n in nodes:
@@ -179,6 +179,7 @@ def nodes_table(nodes: list[NodeStatus], now: float) -> Table:
             vram_summary(n),
             utilization(n),
             f"{n.cpus:g}",
+            f"{n.memory_bytes / GIB:.0f}GiB" if n.memory_bytes else "-",
             models_summary(n),
             str(sum(len(a.job_ids) for a in n.allocations)),
             age(n.last_seen, now) + " ago",

@@ -95,6 +95,9 @@ class Node:
     # not reported (the node's CPUs are one pool). A GPU job's CPUs come from its GPUs' NUMA
     # nodes (docs/scheduler.md "CPUs from the GPUs' NUMA node").
     numa_cpus: tuple[tuple[int, float], ...] = ()
+    # Host memory jobs may request, in bytes (the agent's RAM less its reserve); 0: none
+    # reported, so a job asking for memory does not fit here.
+    memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", frozen_map(self.labels))
@@ -288,6 +291,7 @@ class Allocation:
     vram_bytes: int = 0  # reserved per listed GPU (shared cards)
     cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False  # CPU offload of a GPU job
+    memory_bytes: int = 0  # host memory it holds on the node
     preemptible: bool = True
     borrowed: bool = False  # runs on capacity beyond its team's quota
     attempt: int = 1
@@ -311,6 +315,7 @@ class Allocation:
         vram_bytes: int = 0,
         cpus: float = 0,
         on_cpu: bool = False,
+        memory_bytes: int = 0,
         preemptible: bool = True,
         borrowed: bool = False,
         attempt: int = 1,
@@ -332,6 +337,7 @@ class Allocation:
         object.__setattr__(self, "vram_bytes", vram_bytes)
         object.__setattr__(self, "cpus", cpus)
         object.__setattr__(self, "on_cpu", on_cpu)
+        object.__setattr__(self, "memory_bytes", memory_bytes)
         object.__setattr__(self, "preemptible", preemptible)
         object.__setattr__(self, "borrowed", borrowed)
         object.__setattr__(self, "attempt", attempt)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Final
 
 from corral.core.errors import InvalidSpec
@@ -24,6 +25,25 @@ are exact in it; the scheduler counts CPU slots in milli-CPUs."""
 MAX_CPUS: Final = 1_000_000
 _CPU_TEXT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(m?)\s*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+MAX_MEMORY: Final = 1 << 60
+"""An exbibyte: more host memory than any machine has (a request above it is a typo)."""
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+))?\s*([A-Za-z]*)\s*$")
+_QUANTITY_UNITS: Final = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "p": 1000**5,
+    "e": 1000**6,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+    "pi": 1024**5,
+    "ei": 1024**6,
+}
 
 
 def parse_bytes(text: str | int | float, *, field_name: str = "size") -> int:
@@ -42,6 +62,55 @@ def parse_bytes(text: str | int | float, *, field_name: str = "size") -> int:
     base = 1024 if "I" in unit else 1000
     scale = base ** ("KMGT".index(letter) + 1)
     return int(number * scale)
+
+
+def parse_memory(value: object, *, field_name: str = "memory") -> int:
+    """Host memory in bytes from a Kubernetes quantity: ``"512Mi"``, ``"16Gi"``, ``"1G"``,
+    ``"1.5Gi"``, ``"129e6"``, a plain number of bytes, or ``"16GiB"``/``"512 MB"`` as
+    ``parse_bytes`` reads sizes.
+
+    ``M``, ``G``, ... are decimal (10^6, 10^9), ``Mi``, ``Gi``, ... binary, as Kubernetes
+    reads them; a fraction of a byte rounds up (Kubernetes does too). Refuses, naming the
+    field: a negative or absurd amount, text that is not a quantity, and ``m`` (Kubernetes'
+    milli: ``500m`` of memory is half a byte, always a typo for ``500M`` or ``500Mi``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidSpec(field_name, f"expected bytes or a quantity like '16Gi', got {value!r}")
+    if isinstance(value, str):
+        match = _QUANTITY.match(value)
+        unit = match.group(3) if match else ""
+        if unit == "m":
+            amount = value.strip()[:-1].strip()
+            raise InvalidSpec(
+                field_name, f"{value!r} is milli-bytes; write {amount}Mi or {amount}M"
+            )
+        key = unit.lower()
+        if key.endswith("b") and key != "b":  # "16GiB", "512MB": sizes as parse_bytes reads
+            key = key[:-1]
+        scale = _QUANTITY_UNITS.get(key)
+        if match is None or scale is None:
+            raise InvalidSpec(
+                field_name, f"not a memory quantity: {value!r} (try '512Mi', '16Gi' or '1G')"
+            )
+        exponent = int(match.group(2) or 0)
+        if abs(exponent) > 30:
+            raise InvalidSpec(field_name, f"{value!r} is more memory than any machine has")
+        number = Fraction(match.group(1)) * Fraction(10) ** exponent * scale  # exact
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise InvalidSpec(field_name, f"must be a finite amount >= 0, got {value!r}")
+        number = Fraction(value)
+    if number > MAX_MEMORY:
+        raise InvalidSpec(field_name, f"{value!r} is more memory than any machine has")
+    return math.ceil(number)
+
+
+def memory_text(size: int) -> str:
+    """``"512 MiB"``, ``"16 GiB"``, ``"1.5 TiB"``, ``"100 bytes"``: for messages."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} byte{'' if size == 1 else 's'}"
 
 
 def parse_cpus(value: object, *, field_name: str = "cpus") -> float:
@@ -93,6 +162,7 @@ class ResourceRequest:
     ``cpu_fallback`` lets a GPU job run on CPU slots when no GPU is free and
     its priority class allows CPU offload. ``cpus`` may be fractional, to a milli-CPU
     (``parse_cpus``); the scheduler counts it in milli-CPUs (``cpu_milli``).
+    ``memory_bytes`` is host memory (``parse_memory``), 0 when the job asks for none.
     """
 
     gpus: int = 0
@@ -101,6 +171,7 @@ class ResourceRequest:
     cpus: float = 1
     gpu_models: frozenset[str] = field(default_factory=frozenset)
     cpu_fallback: bool = False
+    memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
@@ -115,6 +186,8 @@ class ResourceRequest:
             )
         if self.vram_bytes < 0:
             raise InvalidSpec("resources.vram_bytes", "must be >= 0")
+        if not 0 <= self.memory_bytes <= MAX_MEMORY:
+            raise InvalidSpec("resources.memory", f"must be in [0, 2^60], got {self.memory_bytes}")
         cpus = self.cpus
         if cpus.__class__ is not int or not 0 <= cpus <= MAX_CPUS:  # else nothing to check
             parse_cpus(cpus, field_name="resources.cpus")
@@ -130,6 +203,7 @@ class ResourceRequest:
                 self.cpus,
                 self.gpu_models,
                 self.cpu_fallback,
+                self.memory_bytes,
             )
         )
 
@@ -147,6 +221,7 @@ class ResourceRequest:
             and self.cpus == other.cpus
             and self.gpu_models == other.gpu_models
             and self.cpu_fallback == other.cpu_fallback
+            and self.memory_bytes == other.memory_bytes
         )
 
     @property

@@ -36,6 +36,7 @@ def allocation_of(
         vram_bytes=p.vram_bytes,
         cpus=p.cpus,
         on_cpu=p.on_cpu,
+        memory_bytes=p.memory_bytes,
         preemptible=job.preemptible,
         borrowed=p.borrowed,
         attempt=attempt,

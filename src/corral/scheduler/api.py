@@ -138,6 +138,7 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_CPUS = "insufficient_cpus"
     # the node has the CPUs, but not on the NUMA nodes of the GPUs it could give
     INSUFFICIENT_NUMA_CPUS = "insufficient_numa_cpus"
+    INSUFFICIENT_MEMORY = "insufficient_memory"  # host memory, on the node or free on it
     MODEL_MISSING = "model_missing"  # informational: will be downloaded
     MODEL_WAIT = "model_wait"  # waits for a node with its model: quicker than fetching it
     QUOTA_EXCEEDED = "quota_exceeded"  # team at quota + borrow limit
@@ -177,6 +178,7 @@ class Placement:
     vram_bytes: int = 0  # reserved per listed GPU
     cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False
+    memory_bytes: int = 0  # host memory
     borrowed: bool = False
     preempts: tuple[str, ...] = ()  # allocation ids that must stop before this one starts
 
@@ -191,6 +193,7 @@ class Placement:
         vram_bytes: int = 0,
         cpus: float = 0,
         on_cpu: bool = False,
+        memory_bytes: int = 0,
         borrowed: bool = False,
         preempts: tuple[str, ...] = (),
     ) -> None:
@@ -203,6 +206,7 @@ class Placement:
         object.__setattr__(self, "vram_bytes", vram_bytes)
         object.__setattr__(self, "cpus", cpus)
         object.__setattr__(self, "on_cpu", on_cpu)
+        object.__setattr__(self, "memory_bytes", memory_bytes)
         object.__setattr__(self, "borrowed", borrowed)
         object.__setattr__(self, "preempts", preempts)
 

@@ -1,7 +1,7 @@
 """The working copy of node capacity, indexed by free space.
 
 ``schedule`` never mutates the snapshot. It copies each node's free compute
-(milli-GPUs per card), free VRAM per card and free CPU slots into a
+(milli-GPUs per card), free VRAM per card, free CPU slots and free memory into a
 ``NodeCap``, and reserves/releases on those copies as it decides. Every change
 in a cycle goes through ``reserve``/``release``/``hide`` and is written to a
 journal, so a what-if (a gang that may not fit, a preemption that may not
@@ -112,10 +112,17 @@ class Change:
     """One entry of a ``Capacity``'s journal: what ``op`` (reserve, release, hide) did to
     ``nc``."""
 
-    __slots__ = ("cpus", "gpus", "milli", "nc", "op", "vram")
+    __slots__ = ("cpus", "gpus", "memory", "milli", "nc", "op", "vram")
 
     def __init__(
-        self, op: i64, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64
+        self,
+        op: i64,
+        nc: NodeCap,
+        gpus: tuple[int, ...],
+        milli: i64,
+        vram: i64,
+        cpus: i64,
+        memory: i64,
     ) -> None:
         self.op = op
         self.nc = nc
@@ -123,6 +130,7 @@ class Change:
         self.milli = milli
         self.vram = vram
         self.cpus = cpus
+        self.memory = memory
 
 
 class Capacity:
@@ -174,6 +182,7 @@ class Capacity:
             if nc is None:
                 continue
             nc.cpus_free -= cpu_milli(alloc.cpus)
+            nc.mem_free -= alloc.memory_bytes
             touched.add(nc)
             if alloc.on_cpu:
                 continue
@@ -214,18 +223,23 @@ class Capacity:
 
     # -- changes ----------------------------------------------------------
 
-    def reserve(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
-        """Take ``milli``/``vram`` on each card in ``gpus`` and ``cpus`` slots of ``nc``.
+    def reserve(
+        self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64, memory: i64 = 0
+    ) -> None:
+        """Take ``milli``/``vram`` on each card in ``gpus``, ``cpus`` slots and ``memory``
+        bytes of ``nc``.
 
         ``milli == MILLI`` takes whole cards, VRAM and all (``vram`` is then ignored).
         """
-        self._apply(nc, gpus, -milli, -vram, -cpus)
-        self._journal.append(Change(_RESERVE, nc, gpus, milli, vram, cpus))
+        self._apply(nc, gpus, -milli, -vram, -cpus, -memory)
+        self._journal.append(Change(_RESERVE, nc, gpus, milli, vram, cpus, memory))
 
-    def release(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
+    def release(
+        self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64, memory: i64 = 0
+    ) -> None:
         """Give back what ``reserve`` took (a preemption what-if, or undo)."""
-        self._apply(nc, gpus, milli, vram, cpus)
-        self._journal.append(Change(_RELEASE, nc, gpus, milli, vram, cpus))
+        self._apply(nc, gpus, milli, vram, cpus, memory)
+        self._journal.append(Change(_RELEASE, nc, gpus, milli, vram, cpus, memory))
         self._generations += 1
         self.generation = self._generations
 
@@ -239,17 +253,19 @@ class Capacity:
         for index in nc.groups:
             index.remove(nc)
         nc.hidden = True
-        self._journal.append(Change(_HIDE, nc, (), 0, 0, 0))
+        self._journal.append(Change(_HIDE, nc, (), 0, 0, 0, 0))
 
-    def adjust(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
+    def adjust(
+        self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64, memory: i64 = 0
+    ) -> None:
         """Between cycles: an allocation started (negative amounts) or ended (positive).
 
         Not journaled: the state a cycle starts from. Giving back bumps the generation.
         """
         if self._journal:
             raise RuntimeError("capacity changed between cycles while a cycle is open")
-        self._apply(nc, gpus, milli, vram, cpus)
-        if milli > 0 or vram > 0 or cpus > 0:
+        self._apply(nc, gpus, milli, vram, cpus, memory)
+        if milli > 0 or vram > 0 or cpus > 0 or memory > 0:
             self._generations += 1
             self.generation = self._generations
 
@@ -286,12 +302,16 @@ class Capacity:
                     index.add(nc)
                 continue
             if change.op == _RESERVE:
-                self._apply(nc, change.gpus, change.milli, change.vram, change.cpus)
+                self._apply(nc, change.gpus, change.milli, change.vram, change.cpus, change.memory)
             else:
-                self._apply(nc, change.gpus, -change.milli, -change.vram, -change.cpus)
+                self._apply(
+                    nc, change.gpus, -change.milli, -change.vram, -change.cpus, -change.memory
+                )
         self.generation = generation
 
-    def _apply(self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64) -> None:
+    def _apply(
+        self, nc: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64, memory: i64
+    ) -> None:
         whole_before, partial_before, cpu_before = nc.whole_free, nc.partial_level, nc.cpus_free > 0
         if gpus:
             cards, sizes = nc.cards, nc.gpu_vram
@@ -317,6 +337,7 @@ class Capacity:
             if touched:
                 nc._recount()
         nc.cpus_free += cpus
+        nc.mem_free += memory
         if nc.numa_free:
             nc.draw_numa(gpus, cpus)
         if nc.hidden:

@@ -66,6 +66,7 @@ class Carried:
                 p.gpu_milli,
                 p.vram_bytes,
                 cpu_milli(p.cpus),
+                p.memory_bytes,
             )
         for a in released.values():
             adjust(
@@ -76,6 +77,7 @@ class Carried:
                 -a.gpu_milli,
                 -a.vram_bytes,
                 -cpu_milli(a.cpus),
+                -a.memory_bytes,
             )
 
     def started(self, cluster: Cluster, alloc: Allocation) -> bool:
@@ -86,8 +88,16 @@ class Carried:
         if _same(planned, alloc):
             return True
         p = planned
+        cpus = cpu_milli(p.cpus)
         adjust(
-            cluster, p.node, p.gpu_indices, p.on_cpu, p.gpu_milli, p.vram_bytes, cpu_milli(p.cpus)
+            cluster,
+            p.node,
+            p.gpu_indices,
+            p.on_cpu,
+            p.gpu_milli,
+            p.vram_bytes,
+            cpus,
+            p.memory_bytes,
         )
         return False
 
@@ -107,11 +117,12 @@ def adjust(
     milli: int,
     vram: int,
     cpus: int,
+    memory: int,
 ) -> None:
     """Between cycles: give back (positive) or take (negative) capacity on the kept cluster."""
     nc = cluster.cap.by_name.get(node)
     if nc is not None:
-        adjust_on(cluster.cap, nc, indices, on_cpu, milli, vram, cpus)
+        adjust_on(cluster.cap, nc, indices, on_cpu, milli, vram, cpus, memory)
 
 
 def adjust_on(
@@ -122,9 +133,10 @@ def adjust_on(
     milli: i64,
     vram: i64,
     cpus: i64,
+    memory: i64,
 ) -> None:
     """``adjust`` on a node already found (the scheduler has its index)."""
-    cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus)
+    cap.adjust(nc, () if on_cpu else nc.to_positions(indices), milli, vram, cpus, memory)
 
 
 def _same(p: Placement, alloc: Allocation) -> bool:
@@ -135,5 +147,6 @@ def _same(p: Placement, alloc: Allocation) -> bool:
         and p.gpu_milli == alloc.gpu_milli
         and p.vram_bytes == alloc.vram_bytes
         and p.cpus == alloc.cpus
+        and p.memory_bytes == alloc.memory_bytes
         and p.on_cpu == alloc.on_cpu
     )

@@ -120,14 +120,16 @@ class Cycle:
         nc = self.cap.by_name.get(alloc.node)
         if nc is not None:
             gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
-            self.cap.reserve(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus))
+            cpus, memory = cpu_milli(alloc.cpus), alloc.memory_bytes
+            self.cap.reserve(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, cpus, memory)
 
     def unhold(self, alloc: Allocation) -> None:
         """Give an allocation's capacity back (a preemption, on the working copy)."""
         nc = self.cap.by_name.get(alloc.node)
         if nc is not None:
             gpus = () if alloc.on_cpu else nc.to_positions(alloc.gpu_indices)
-            self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus))
+            cpus, memory = cpu_milli(alloc.cpus), alloc.memory_bytes
+            self.cap.release(nc, gpus, alloc.gpu_milli, alloc.vram_bytes, cpus, memory)
 
     def failed(self, need: Need) -> bool:
         """``find(need)`` is known to find nothing now (a memo hit)."""
@@ -257,7 +259,7 @@ class Cycle:
 
     def take(self, fit: Fit, runtime: float | None = None) -> None:
         """Reserve ``fit`` on the working copy (and note when it should end, if known)."""
-        self.cap.reserve(fit.node, fit.gpus, fit.milli, fit.vram, fit.cpus)
+        self.cap.reserve(fit.node, fit.gpus, fit.milli, fit.vram, fit.cpus, fit.memory)
         if runtime is not None:
             self._expect_end(fit.node.idx, self.now + runtime)
 

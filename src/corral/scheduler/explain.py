@@ -4,7 +4,7 @@
 sdxl-base (downloadable)". Every node is counted once, under the first
 filter that ruled it out (cheapest first, as in the filter chain); nodes
 that could run the job but are busy are counted under the dynamic reason
-(free cards, free VRAM, free CPUs). The remedy says what could help:
+(free cards, free VRAM, free CPUs, free memory). The remedy says what could help:
 ``none`` when no node could ever run the job as it is, else ``wait``.
 Preemption upgrades it to ``preempt`` (see ``preemption.py``).
 """
@@ -15,7 +15,7 @@ import math
 from collections import Counter
 
 from corral.core.model import Job
-from corral.core.resources import cpus_text
+from corral.core.resources import cpus_text, memory_text
 from corral.scheduler.api import Reason, ReasonCode, Remedy
 from corral.scheduler.cycle import Cycle
 from corral.scheduler.need import Need
@@ -33,6 +33,7 @@ STATIC_MESSAGES: dict[ReasonCode, str] = {
     ReasonCode.INSUFFICIENT_VRAM: "insufficient VRAM",
     ReasonCode.INSUFFICIENT_GPUS: "not enough free GPUs",
     ReasonCode.INSUFFICIENT_CPUS: "not enough CPUs",
+    ReasonCode.INSUFFICIENT_MEMORY: "not enough memory",
     ReasonCode.RESERVED: "reserved for a bigger job ahead in the queue",
 }
 
@@ -69,7 +70,7 @@ def dynamic_reason(nc: NodeCap, need: Need) -> ReasonCode:
     if nc.hidden:
         return ReasonCode.RESERVED
     if need.cpu_only:
-        return ReasonCode.INSUFFICIENT_CPUS
+        return _cpus(nc, need)
     if need.gpus:
         if nc.whole_free < need.gpus:
             return ReasonCode.INSUFFICIENT_GPUS
@@ -85,9 +86,13 @@ def dynamic_reason(nc: NodeCap, need: Need) -> ReasonCode:
 
 
 def _cpus(nc: NodeCap, need: Need) -> ReasonCode:
-    """Too few CPUs: on the node, or (the node has enough) on its free GPUs' NUMA nodes."""
-    if nc.numa_free and nc.cpus_free >= need.cpus:
-        return ReasonCode.INSUFFICIENT_NUMA_CPUS
+    """Too few CPUs: on the node, or (the node has enough) on its free GPUs' NUMA nodes;
+    or too little free memory, when the node has the CPUs."""
+    if nc.cpus_free >= need.cpus:
+        if nc.mem_free < need.memory:
+            return ReasonCode.INSUFFICIENT_MEMORY
+        if nc.numa_free:
+            return ReasonCode.INSUFFICIENT_NUMA_CPUS
     return ReasonCode.INSUFFICIENT_CPUS
 
 
@@ -109,10 +114,25 @@ def _message(code: ReasonCode, need: Need) -> str:
         return f"not enough free GPU capacity for {need.describe()}"
     if code is ReasonCode.INSUFFICIENT_VRAM:
         return f"insufficient VRAM for {need.describe()}"
-    if code is ReasonCode.INSUFFICIENT_CPUS or code is ReasonCode.INSUFFICIENT_NUMA_CPUS:
-        where = " on its GPUs' NUMA node" if code is ReasonCode.INSUFFICIENT_NUMA_CPUS else ""
-        return f"not enough free CPUs{where} for {cpus_text(need.cpus)}"
+    if code in _HOST:
+        return _host_message(code, need)
     return STATIC_MESSAGES.get(code, code.value)
+
+
+_HOST = frozenset(
+    {
+        ReasonCode.INSUFFICIENT_CPUS,
+        ReasonCode.INSUFFICIENT_NUMA_CPUS,
+        ReasonCode.INSUFFICIENT_MEMORY,
+    }
+)
+
+
+def _host_message(code: ReasonCode, need: Need) -> str:
+    if code is ReasonCode.INSUFFICIENT_MEMORY:
+        return f"not enough free memory for {memory_text(need.memory)}"
+    where = " on its GPUs' NUMA node" if code is ReasonCode.INSUFFICIENT_NUMA_CPUS else ""
+    return f"not enough free CPUs{where} for {cpus_text(need.cpus)}"
 
 
 def simple(code: ReasonCode, message: str, remedy: Remedy) -> tuple[tuple[Reason, ...], Remedy]:

@@ -108,6 +108,15 @@ class CpuCount:
         return ReasonCode.INSUFFICIENT_CPUS if cpu_milli(node.cpus) < need.cpus else None
 
 
+class MemorySize:
+    """The node has the memory at all (a node that reports none has none to give)."""
+
+    name = "memory_size"
+
+    def check(self, need: Need, node: Node) -> ReasonCode | None:
+        return ReasonCode.INSUFFICIENT_MEMORY if node.memory_bytes < need.memory else None
+
+
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     Ready(),
     NotPaused(),
@@ -117,6 +126,7 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
     GpuModel(),
     GpuCount(),
     CpuCount(),
+    MemorySize(),
 )
 """Cheapest first; the first failure is the reason reported for a node."""
 
@@ -134,7 +144,17 @@ def class_key(node: Node, label_keys: frozenset[str]) -> Hashable:
         else ()
     )
     cards = tuple((g.model, g.vram_bytes) for g in node.gpus)
-    return (node.state, node.paused, node.draining, labels, cards, node.backends, node.cpus)
+    backends = node.backends
+    return (
+        node.state,
+        node.paused,
+        node.draining,
+        labels,
+        cards,
+        backends,
+        node.cpus,
+        node.memory_bytes,
+    )
 
 
 class StaticChecks:

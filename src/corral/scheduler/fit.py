@@ -48,19 +48,27 @@ class Fit:
     """Where exactly a need fits on a node: which cards, how much of each. Treat it as
     immutable."""
 
-    __slots__ = ("cpus", "gpus", "milli", "node", "vram")
+    __slots__ = ("cpus", "gpus", "memory", "milli", "node", "vram")
 
     def __init__(
-        self, node: NodeCap, gpus: tuple[int, ...], milli: i64, vram: i64, cpus: i64
+        self,
+        node: NodeCap,
+        gpus: tuple[int, ...],
+        milli: i64,
+        vram: i64,
+        cpus: i64,
+        memory: i64 = 0,
     ) -> None:
         self.node = node
         self.gpus = gpus
         self.milli = milli  # per card: MILLI for whole cards
         self.vram = vram  # per card
         self.cpus = cpus
+        self.memory = memory  # bytes of host memory
 
     def __repr__(self) -> str:
-        return f"Fit({self.node.name!r}, {self.gpus}, {self.milli}, {self.vram}, {self.cpus})"
+        amounts = (self.gpus, self.milli, self.vram, self.cpus, self.memory)
+        return f"Fit({self.node.name!r}, {', '.join(map(str, amounts))})"
 
     @property
     def total_milli(self) -> i64:
@@ -69,10 +77,10 @@ class Fit:
 
 def fit_on(nc: NodeCap, need: Need) -> Fit | None:
     """The cards ``need`` would take on ``nc`` now, or ``None`` when it does not fit."""
-    if nc.cpus_free < need.cpus:
+    if nc.cpus_free < need.cpus or nc.mem_free < need.memory:
         return None
     if need.cpu_only:  # from any NUMA node with room: counted against the node's only
-        return Fit(nc, (), 0, 0, need.cpus)
+        return Fit(nc, (), 0, 0, need.cpus, need.memory)
     if need.gpus:
         if nc.whole_free < need.gpus:
             return None
@@ -88,11 +96,12 @@ def fit_on(nc: NodeCap, need: Need) -> Fit | None:
             chosen = _numa_cards(nc, need, chosen)
         if len(chosen) < need.gpus:
             return None
-        return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus)
+        return Fit(nc, chosen, MILLI, nc.gpu_vram[chosen[0]], need.cpus, need.memory)
     card = nc.best_shared_gpu(need.vram, need.milli, need.gpu_models)
     if card is None or (nc.numa_free and need.cpus and nc.numa_room(one(card)) < need.cpus):
         return None
-    return Fit(nc, one(card), nc.milli_for(card, need.vram, need.milli), need.vram, need.cpus)
+    milli = nc.milli_for(card, need.vram, need.milli)
+    return Fit(nc, one(card), milli, need.vram, need.cpus, need.memory)
 
 
 def _picky(nc: NodeCap, need: Need) -> tuple[int, ...]:
@@ -207,18 +216,24 @@ cluster whose every fit strands CPUs costs 16 more fits per search, not a scan).
 
 
 def strands(fit: Fit) -> bool:
-    """Whether ``fit`` leaves its node with free GPU compute but too few free CPUs to use
-    it: fewer than one card's share of the node's CPUs, or than this job takes, whichever
-    is less. Work that eats the CPUs beside free cards wastes those cards as surely as
-    a badly split card does (the Alibaba trace's nodes of 2 cards and 16 CPUs are left
-    with idle cards that way); a job asking for few CPUs never strands anything."""
+    """Whether ``fit`` leaves its node with free GPU compute but too few free CPUs (or too
+    little memory) to use it: less than one card's share of the node's, or than this job
+    takes, whichever is less. Work that eats the CPUs or memory beside free cards wastes
+    them as surely as a badly split card does (the Alibaba trace's nodes of 2 cards and 16
+    CPUs are left with idle cards that way); a job asking for little never strands any."""
     nc = fit.node
     count = nc.gpu_count
-    if fit.cpus == 0 or count == 0 or nc.milli_free - fit.total_milli <= 0:
+    if (fit.cpus == 0 and fit.memory == 0) or count == 0 or nc.milli_free - fit.total_milli <= 0:
         return False
+    if fit.memory and _short(nc.node.memory_bytes // count, fit.memory, nc.mem_free, fit):
+        return True
     per_card = cpu_milli(nc.node.cpus) // count  # milli-CPUs, as ``cpus_free`` counts
-    wanted = min(per_card, fit.cpus) if fit.gpus else per_card
-    return nc.cpus_free - fit.cpus < wanted
+    return fit.cpus > 0 and _short(per_card, fit.cpus, nc.cpus_free, fit)
+
+
+def _short(per_card: i64, taken: i64, free: i64, fit: Fit) -> bool:
+    """Whether ``free`` less what ``fit`` takes is below one card's share (or what it takes)."""
+    return free - taken < (min(per_card, taken) if fit.gpus else per_card)
 
 
 def _keep(fit: Fit, found: list[Fit], deferred: list[Fit]) -> None:
@@ -239,7 +254,7 @@ def _search_whole(
     top = 0
     for source in sources:
         top = max(top, len(source.index.whole))
-    cpus = need.cpus
+    cpus, memory = need.cpus, need.memory
     level: i64 = need.gpus if need.gpus > 1 else 1
     while level < top:
         for source in sources:
@@ -250,7 +265,7 @@ def _search_whole(
             while i >= 0:
                 nc = nodes[i]
                 i = bucket.next_at(i + 1)
-                if nc.cpus_free < cpus or (seen is not None and nc.idx in seen):
+                if nc.cpus_free < cpus or nc.mem_free < memory or (seen and nc.idx in seen):
                     continue
                 if allowed is not None and nc.cls not in allowed:
                     continue
@@ -335,6 +350,8 @@ def _search_bucket(
 def slots(nc: NodeCap, need: Need, most: int) -> int:
     """How many replicas of ``need`` fit on ``nc`` at once now (at most ``most``)."""
     count = most if need.cpus == 0 else min(most, nc.cpus_free // need.cpus)
+    if need.memory:
+        count = min(count, max(nc.mem_free, 0) // need.memory)
     if need.cpu_only or count == 0:
         return count
     if need.gpus:

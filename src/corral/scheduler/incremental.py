@@ -363,9 +363,10 @@ class Scheduler:
             return
         nc = cluster.cap.nodes[node]  # the kept cluster holds the scheduler's nodes
         milli, vram, cpus = alloc.gpu_milli, alloc.vram_bytes, cpu_milli(alloc.cpus)  # given back
+        memory: i64 = alloc.memory_bytes
         if sign > 0:  # ... or taken
-            milli, vram, cpus = -milli, -vram, -cpus
-        adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus)
+            milli, vram, cpus, memory = -milli, -vram, -cpus, -memory
+        adjust_on(cluster.cap, nc, alloc.gpu_indices, alloc.on_cpu, milli, vram, cpus, memory)
 
     def _recompute_end(self, node: i64) -> None:
         """Node index ``node``'s latest expected end, from its active allocations' own."""

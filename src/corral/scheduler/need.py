@@ -33,6 +33,7 @@ class Need:
     selector: tuple[tuple[str, str], ...] = ()
     backend: str | None = None
     on_cpu: bool = False
+    memory: i64 = 0  # bytes of host memory
     shared: bool = field(init=False, compare=False)
     cpu_only: bool = field(init=False, compare=False)
     picky: bool = field(init=False, compare=False, repr=False)  # a VRAM floor or models named
@@ -44,7 +45,7 @@ class Need:
         object.__setattr__(self, "cpu_only", self.on_cpu or (self.gpus == 0 and not shared))
         object.__setattr__(self, "picky", self.vram != 0 or len(self.gpu_models) > 0)
         key = (self.gpus, self.milli, self.vram, self.cpus, self.gpu_models, self.selector)
-        object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu)) >> 2)
+        object.__setattr__(self, "_hash", hash((key, self.backend, self.on_cpu, self.memory)) >> 2)
 
     def __hash__(self) -> int:
         return self._hash
@@ -68,14 +69,22 @@ class Need:
             parts.append(f"{self.vram / 1024**3:g} GiB VRAM")
         return " + ".join(parts)
 
+    def offloaded(self) -> Need:
+        """The CPU-offload variant of this need (as ``need_of(job, on_cpu=True)`` gives it)."""
+        return Need(
+            cpus=self.cpus,
+            selector=self.selector,
+            backend=self.backend,
+            on_cpu=True,
+            memory=self.memory,
+        )
+
 
 def need_of(job: Job, *, on_cpu: bool = False) -> Need:
     """The ``Need`` of one replica of ``job`` (on CPU slots when ``on_cpu``)."""
     r = job.resources
     selector = tuple(sorted(job.node_selector.items()))
-    if on_cpu:
-        return Need(cpus=r.cpu_milli, selector=selector, backend=job.backend, on_cpu=True)
-    return Need(
+    need = Need(
         gpus=r.gpus,
         milli=r.gpu_milli,
         vram=r.vram_bytes,
@@ -83,4 +92,6 @@ def need_of(job: Job, *, on_cpu: bool = False) -> Need:
         gpu_models=r.gpu_models,
         selector=selector,
         backend=job.backend,
+        memory=r.memory_bytes,
     )
+    return need.offloaded() if on_cpu else need

@@ -1,4 +1,5 @@
-"""One node's capacity on a working copy: its cards' free compute and VRAM, its free CPUs.
+"""One node's capacity on a working copy: its cards' free compute and VRAM, its free CPUs
+and host memory.
 
 A ``NodeCap`` is what ``Capacity`` (``capacity.py``) indexes and reserves on; ``Card``
 is one card's free milli-GPUs and VRAM. Cards are addressed by position here;
@@ -66,6 +67,7 @@ class NodeCap:
         "groups",
         "hidden",
         "idx",
+        "mem_free",
         "milli_free",
         "node",
         "numa_free",
@@ -84,6 +86,7 @@ class NodeCap:
         self.cards = [Card(MILLI, vram) for vram in self.gpu_vram]  # by position
         self.milli_free: i64 = MILLI * len(self.gpu_vram)  # the cards' free, summed (scorers)
         self.cpus_free: i64 = cpu_milli(node.cpus)  # milli-CPUs
+        self.mem_free: i64 = node.memory_bytes  # bytes of host memory
         # Free milli-CPUs of each reported NUMA node (by position), and each card's NUMA
         # node's position (-1: unknown); both empty when the node reported none (one pool).
         self.numa_free: list[i64] = []

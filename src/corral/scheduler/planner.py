@@ -366,6 +366,7 @@ class Planner:
                     vram_bytes=fit.vram,
                     cpus=fit.cpus / MILLI_CPU,
                     on_cpu=on_cpu,
+                    memory_bytes=fit.memory,
                     borrowed=borrowed,
                     preempts=by_node.get(fit.node.name, ()) if rooms else (),
                 )
@@ -491,4 +492,4 @@ def _evicts(pclass: PriorityClass) -> bool:
 
 def _on_cpu(need: Need) -> Need:
     """The CPU-offload variant of ``need`` (as ``need_of(job, on_cpu=True)`` gives it)."""
-    return Need(cpus=need.cpus, selector=need.selector, backend=need.backend, on_cpu=True)
+    return need.offloaded()

@@ -34,7 +34,7 @@ from corral.sdk.models import (
 )
 
 T = TypeVar("T")
-RESOURCE_FIELDS = frozenset({"gpus", "vram", "cpus", "gpu_models", "cpu_fallback"})
+RESOURCE_FIELDS = frozenset({"gpus", "vram", "cpus", "gpu_models", "cpu_fallback", "memory"})
 MAX_PAGE = 500  # the server's largest ?limit= on /v1/jobs
 
 
@@ -71,7 +71,7 @@ def make_spec(
 ) -> JobSpec:
     """A ``JobSpec`` from a spec or a mapping plus keyword fields.
 
-    ``gpus``, ``vram``, ``cpus``, ``gpu_models`` and ``cpu_fallback`` may be
+    ``gpus``, ``vram``, ``cpus``, ``memory``, ``gpu_models`` and ``cpu_fallback`` may be
     given at the top level as a shortcut for ``resources={...}``. Unknown or
     mistyped fields raise ``BadRequest`` naming the field (after ``prefix``,
     e.g. ``jobs[3].``).

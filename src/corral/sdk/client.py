@@ -111,7 +111,7 @@ class Client(AdminCalls):
     ) -> Job:
         """Submit one job: a ``JobSpec``, a mapping, or keyword fields (or a mix).
 
-        ``gpus=``, ``vram=``, ``cpus=``, ``gpu_models=`` are shortcuts for
+        ``gpus=``, ``vram=``, ``cpus=``, ``memory=``, ``gpu_models=`` are shortcuts for
         ``resources={...}``. Pass ``idempotency_key`` to make a submission
         safe to repeat across processes; one is generated otherwise. ``files=`` (paths, or
         ``{name: path or bytes}``) uploads each as an input file and adds it to ``inputs``.

@@ -33,6 +33,9 @@ class Resources(BaseModel):
     cpus: int | float | str = Field(default=1, description="to a milli-CPU: 2, 0.5 or '500m'")
     gpu_models: list[str] = Field(default_factory=list)
     cpu_fallback: bool = False
+    memory: int | str | None = Field(
+        default=None, description="host memory: bytes or a quantity like '16Gi' or '512Mi'"
+    )
 
 
 class JobSpec(BaseModel):
@@ -83,6 +86,7 @@ class ResourcesStatus(_Out):
     cpus: float
     gpu_models: list[str] = Field(default_factory=list)
     cpu_fallback: bool = False
+    memory_bytes: int = 0
 
     def describe(self) -> str:
         """``"1 GPU"``, ``"0.5 GPU"``, ``"2 GPU × 24GiB"``, or ``"cpu"``."""
@@ -251,6 +255,7 @@ class AllocationStatus(_Out):
     vram_bytes: int = 0
     cpus: float = 0
     on_cpu: bool = False
+    memory_bytes: int = 0
     borrowed: bool = False
     desired: str = "run"
     observed: str = "pending"
@@ -265,6 +270,7 @@ class NodeStatus(_Out):
     schedulable: bool = True
     gpus: list[GpuStatus] = Field(default_factory=list)
     cpus: float = 0
+    memory_bytes: int = 0  # host memory it offers to jobs' requests
     labels: dict[str, str] = Field(default_factory=dict)
     models_on_disk: list[str] = Field(default_factory=list)
     models_loaded: list[str] = Field(default_factory=list)

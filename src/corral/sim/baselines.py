@@ -47,6 +47,7 @@ class _Static:
     schedulable: tuple[int, ...]  # indices of the nodes that take new work
     gpu_count: tuple[int, ...]
     cpus: tuple[int, ...]  # milli-CPUs
+    memory: tuple[int, ...]  # bytes
     max_gpus: int
     all_free: tuple[list[int], ...]  # templates: never mutated, copied on write
     card_vram_lists: tuple[list[int], ...]  # the same for VRAM
@@ -69,6 +70,7 @@ def _static(nodes: tuple[Node, ...]) -> _Static:
         schedulable=tuple(i for i, n in enumerate(nodes) if n.schedulable),
         gpu_count=tuple(len(n.gpus) for n in nodes),
         cpus=tuple(cpu_milli(n.cpus) for n in nodes),
+        memory=tuple(n.memory_bytes for n in nodes),
         max_gpus=max((len(n.gpus) for n in nodes), default=0),
         all_free=tuple([MILLI] * len(n.gpus) for n in nodes),
         card_vram_lists=tuple([g.vram_bytes for g in n.gpus] for n in nodes),
@@ -78,7 +80,8 @@ def _static(nodes: tuple[Node, ...]) -> _Static:
     return static
 
 
-Pick = tuple[int, tuple[int, ...], int, int, int]  # node, GPUs, milli per GPU, vram, milli-CPUs
+# node, GPUs, milli per GPU, vram, milli-CPUs, memory bytes
+Pick = tuple[int, tuple[int, ...], int, int, int, int]
 
 
 class _Greedy:
@@ -95,6 +98,7 @@ class _Greedy:
         free = self.free = list(st.all_free)
         vram = self.vram = list(st.card_vram_lists)
         cpu = self.cpu = list(st.cpus)
+        mem = self.mem = list(st.memory)
         index, templates = st.index, st.all_free
         shared = set()
         for a in snapshot.allocations:
@@ -112,6 +116,7 @@ class _Greedy:
                     for g in a.gpu_indices:
                         vram[i][g] -= a.vram_bytes
             cpu[i] -= cpu_milli(a.cpus)
+            mem[i] -= a.memory_bytes
         whole = self.whole = list(st.gpu_count)
         for i, node_free in enumerate(free):
             if node_free is not templates[i]:
@@ -146,7 +151,7 @@ class _Greedy:
                 failed.add(shape)
                 unplaced.append(_unplaced(job, position))
                 continue
-            for replica, (i, gpus, milli, vram, cpus) in enumerate(picks):
+            for replica, (i, gpus, milli, vram, cpus, memory) in enumerate(picks):
                 placements.append(
                     Placement(
                         allocation_id=f"{job.id}:{job.attempt + 1}:{replica}",
@@ -157,6 +162,7 @@ class _Greedy:
                         gpu_milli=milli,
                         vram_bytes=vram,
                         cpus=cpus / MILLI_CPU,
+                        memory_bytes=memory,
                     )
                 )
         return Plan(placements=tuple(placements), unplaced=tuple(unplaced))
@@ -202,7 +208,7 @@ class _Greedy:
             cards = [g for g in range(len(self.free[i])) if self._card_free(i, g, r)]
         else:
             cards = [g for g, f in enumerate(self.free[i]) if f == MILLI]
-        return (i, tuple(cards[: r.gpus]), MILLI, 0, r.cpu_milli)
+        return (i, tuple(cards[: r.gpus]), MILLI, 0, r.cpu_milli, r.memory_bytes)
 
     def _find_shared(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
         """A partly used card that fits (tightest for best fit), else a fresh one."""
@@ -217,7 +223,9 @@ class _Greedy:
             if choice is not None and not self.best:
                 break
         if choice is None:
-            whole = ResourceRequest(gpus=1, cpus=r.cpus, gpu_models=r.gpu_models)
+            whole = ResourceRequest(
+                gpus=1, cpus=r.cpus, gpu_models=r.gpu_models, memory_bytes=r.memory_bytes
+            )
             pick = self._find_whole(whole, selector)
             if pick is None:
                 return None
@@ -226,15 +234,17 @@ class _Greedy:
             if self.vram[i][g] < r.vram_bytes:
                 return None
         _, i, g, milli = choice
-        return (i, (g,), milli, r.vram_bytes, r.cpu_milli)
+        return (i, (g,), milli, r.vram_bytes, r.cpu_milli, r.memory_bytes)
 
     def _find_cpu(self, r: ResourceRequest, selector: Mapping[str, str]) -> Pick | None:
         fits = [
             (self.cpu[i] if self.best else i, i)
             for i in self.st.schedulable
-            if self.cpu[i] >= r.cpu_milli and _matches(self.st.labels[i], selector)
+            if self.cpu[i] >= r.cpu_milli
+            and self.mem[i] >= r.memory_bytes
+            and _matches(self.st.labels[i], selector)
         ]
-        return (min(fits)[1], (), 0, 0, r.cpu_milli) if fits else None
+        return (min(fits)[1], (), 0, 0, r.cpu_milli, r.memory_bytes) if fits else None
 
     def _groups_for(self, r: ResourceRequest) -> list[list[list[int]]]:
         """The bucket lists of the node groups whose GPU model suits ``r``."""
@@ -245,7 +255,9 @@ class _Greedy:
         ]
 
     def _fits_whole(self, i: int, r: ResourceRequest, selector: Mapping[str, str]) -> bool:
-        if self.cpu[i] < r.cpu_milli or (selector and not _matches(self.st.labels[i], selector)):
+        if self.cpu[i] < r.cpu_milli or self.mem[i] < r.memory_bytes:
+            return False
+        if selector and not _matches(self.st.labels[i], selector):
             return False
         if not r.vram_bytes and (not r.gpu_models or self.st.group[i] is not None):
             return True
@@ -268,13 +280,14 @@ class _Greedy:
             self.free[i][g] >= milli
             and self.vram[i][g] >= r.vram_bytes
             and self.cpu[i] >= r.cpu_milli
+            and self.mem[i] >= r.memory_bytes
             and (not r.gpu_models or model in r.gpu_models)
             and _matches(self.st.labels[i], selector)
         )
 
     def _move(self, pick: Pick, *, sign: int) -> None:
         """Take (sign -1) or give back (+1) a pick, keeping the indexes current."""
-        i, gpus, milli, vram, cpus = pick
+        i, gpus, milli, vram, cpus, memory = pick
         free = self.free[i]
         if free is self.st.all_free[i]:
             free = self.free[i] = free[:]
@@ -284,6 +297,7 @@ class _Greedy:
             free[g] += sign * milli
             self.vram[i][g] += sign * vram
         self.cpu[i] += sign * cpus
+        self.mem[i] += sign * memory
         after = free.count(MILLI)
         if after != self.whole[i]:
             buckets = self.groups[self.st.group[i]]

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, Gpu, Job, Node, Team
-from corral.core.resources import GIB, MILLI, ResourceRequest, parse_cpus
+from corral.core.resources import GIB, MILLI, ResourceRequest, parse_cpus, parse_memory
 from corral.sim.errors import SimInputError
 from corral.sim.scenario import SimJob
 
@@ -26,6 +27,7 @@ JOB_FIELDS = (
     "duration",
     "gpus",
     "cpus",
+    "memory",
     "vram_gib",
     "gpu_models",
     "team",
@@ -35,7 +37,7 @@ JOB_FIELDS = (
     "replicas",
     "estimate",
 )
-NODE_FIELDS = ("name", "count", "gpus", "gpu_model", "vram_gib", "cpus", "labels")
+NODE_FIELDS = ("name", "count", "gpus", "gpu_model", "vram_gib", "cpus", "memory", "labels")
 TEAM_FIELDS = ("name", "quota_gpus", "borrow_limit_gpus", "weight")
 
 DEFAULT_JOB_GPUS = 1.0
@@ -48,6 +50,8 @@ DEFAULT_GPU_MODEL = "GPU"
 DEFAULT_VRAM_GIB = 24.0
 CPUS_PER_GPU = 8  # default node CPUs: 8 per GPU, at least MIN_NODE_CPUS
 MIN_NODE_CPUS = 8
+MEMORY_PER_GPU = 64 * GIB  # default node memory: 64 GiB per GPU, at least MIN_NODE_MEMORY
+MIN_NODE_MEMORY = 64 * GIB
 _TRUE = frozenset({"true", "yes", "1", "on"})
 _FALSE = frozenset({"false", "no", "0", "off"})
 
@@ -86,6 +90,14 @@ def as_cpus(value: Any, where: str) -> float:
         return parse_cpus(value)
     except InvalidSpec as e:
         raise SimInputError("cpus", e.message, where) from None
+
+
+def as_memory(value: Any, where: str) -> int:
+    """Memory in bytes: ``"16Gi"``, ``"512Mi"``, ``"1G"`` or bytes (as the API takes it)."""
+    try:
+        return parse_memory(value)
+    except InvalidSpec as e:
+        raise SimInputError("memory", e.message, where) from None
 
 
 def as_bool(value: Any, name: str, where: str) -> bool:
@@ -193,11 +205,15 @@ class JobParser:
 
     def _request(self, row: Mapping[str, Any], where: str) -> ResourceRequest:
         gpus, cpus, vram, models = (row.get(k) for k in ("gpus", "cpus", "vram_gib", "gpu_models"))
-        key = (gpus, cpus, vram, models if not isinstance(models, list) else tuple(models))
+        memory = row.get("memory")
+        listed = models if not isinstance(models, list) else tuple(models)
+        key = (gpus, cpus, vram, listed, memory)
         cached = self._requests.get(key)
         if cached is not None:
             return cached
         request = _build_request(gpus, cpus, vram, models, where)
+        if not omitted(memory):
+            request = replace(request, memory_bytes=as_memory(memory, where))
         if len(self._requests) < 10_000:  # traces have few shapes; bound it anyway
             self._requests[key] = request
         return request
@@ -259,10 +275,19 @@ def parse_nodes(record: Any, where: str) -> list[Node]:
     cpus = row.get("cpus")
     default_cpus = max(MIN_NODE_CPUS, CPUS_PER_GPU * gpus)
     cpu_count = default_cpus if omitted(cpus) else as_cpus(cpus, where)
+    memory = row.get("memory")
+    memory_bytes = default_memory(gpus) if omitted(memory) else as_memory(memory, where)
     labels = {} if omitted(row.get("labels")) else as_labels(row["labels"], "labels", where)
     cards = tuple(Gpu(i, model, int(vram_gib * GIB)) for i in range(gpus))
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(1, count + 1)]
-    return [Node(n, gpus=cards, cpus=cpu_count, labels=labels) for n in names]
+    return [
+        Node(n, gpus=cards, cpus=cpu_count, labels=labels, memory_bytes=memory_bytes) for n in names
+    ]
+
+
+def default_memory(gpus: int) -> int:
+    """A scenario node's memory when it does not say: 64 GiB per GPU, at least 64 GiB."""
+    return max(MIN_NODE_MEMORY, MEMORY_PER_GPU * gpus)
 
 
 def parse_team(record: Any, where: str) -> Team:

@@ -2,7 +2,7 @@
 
 The world checks each placement as the server's verifier would: a card whose
 free share or VRAM is short of what the placement asks, a card index the node
-does not have, or too few free CPUs is a scheduler bug (``PlanRejected``),
+does not have, or too few free CPUs or too little memory is a scheduler bug (``PlanRejected``),
 never an over-committed node.
 """
 
@@ -22,16 +22,17 @@ if TYPE_CHECKING:
 
 class NodeFree:
     """A node's free capacity in the world: its cards (``node_cap.Card``, the record the
-    scheduler's working copy keeps per card) and CPUs."""
+    scheduler's working copy keeps per card), CPUs and memory."""
 
-    __slots__ = ("cards", "cpus")
+    __slots__ = ("cards", "cpus", "memory")
 
     def __init__(self, node: Node) -> None:
         self.cards = [Card(MILLI, gpu.vram_bytes) for gpu in node.gpus]
         self.cpus: i64 = cpu_milli(node.cpus)  # milli-CPUs
+        self.memory: i64 = node.memory_bytes
 
     def take(self, p: Placement) -> None:
-        """Reserve the placement's GPUs and CPUs, refusing over-commit."""
+        """Reserve the placement's GPUs, CPUs and memory, refusing over-commit."""
         cards, milli, vram = self.cards, p.gpu_milli, p.vram_bytes
         if p.gpu_indices and milli <= 0:
             raise PlanRejected(f"placement {p.allocation_id}: GPUs listed with gpu_milli 0")
@@ -46,14 +47,16 @@ class NodeFree:
             card.free -= milli
             card.vram_free -= vram
         self.cpus -= cpu_milli(p.cpus)
-        if self.cpus < 0:
-            raise PlanRejected(f"placement {p.allocation_id}: {p.node} has too few free CPUs")
+        self.memory -= p.memory_bytes
+        if self.cpus < 0 or self.memory < 0:
+            raise PlanRejected(f"placement {p.allocation_id}: {p.node} lacks free CPUs or memory")
 
     def give_back(self, alloc: Allocation) -> None:
-        """An allocation on this node ended: its GPUs and CPUs are free again."""
+        """An allocation on this node ended: its GPUs, CPUs and memory are free again."""
         cards, gpu_milli, vram = self.cards, alloc.gpu_milli, alloc.vram_bytes
         for g in alloc.gpu_indices:
             card = cards[g]
             card.free += gpu_milli
             card.vram_free += vram
         self.cpus += cpu_milli(alloc.cpus)
+        self.memory += alloc.memory_bytes

@@ -39,6 +39,7 @@ from corral.autoscaler.clocks import Clocks
 from corral.core.model import Allocation, Gpu, Job, Node, Team
 from corral.core.states import JobState
 from corral.scheduler.api import Unplaced
+from corral.sim.fields import default_memory
 from corral.sim.observing import Observer, Observing, observing
 from corral.sim.scenario import Scenario
 from corral.sim.world import World
@@ -292,7 +293,8 @@ class Scaling:
 
 
 def node_of(pool: Pool, name: str, now: float) -> Node:
-    """The node a member of ``pool`` joins as: the pool's shape, ready."""
+    """The node a member of ``pool`` joins as: the pool's shape, ready, with a scenario
+    node's default memory (a pool does not say; its real agents would report theirs)."""
     gpus = tuple(Gpu(i, pool.gpu_model, pool.vram_bytes) for i in range(pool.gpus))
     return Node(
         name,
@@ -301,4 +303,5 @@ def node_of(pool: Pool, name: str, now: float) -> Node:
         labels=pool.labels,
         backends=pool.backends,
         last_seen=now,
+        memory_bytes=default_memory(pool.gpus),
     )

@@ -85,6 +85,8 @@ def job_record(sim_job: SimJob) -> dict[str, Any]:
     if sim_job.duration is not None:
         record["duration"] = sim_job.duration
     record["cpus"] = res.cpus
+    if res.memory_bytes:
+        record["memory"] = res.memory_bytes
     if res.vram_bytes:
         record["vram_gib"] = res.vram_bytes / GIB
     if res.gpu_models:

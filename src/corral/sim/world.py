@@ -84,8 +84,7 @@ class JobRun:
         self.alloc = ""
         self.more: tuple[str, ...] = ()
         self.placements: list[PlacementRecord] | None = None
-        # the placements of plan number ``plan`` that place it (``World.apply``'s check)
-        self.plan: i64 = 0
+        self.plan: i64 = 0  # ``claims`` placements of plan number ``plan`` place it (``apply``)
         self.claims: i64 = 0
 
     def allocs(self) -> tuple[str, ...]:
@@ -132,8 +131,8 @@ class World:
 
     @property
     def gpu_free(self) -> list[list[int]]:
-        """Each node's free milli-GPUs by card index, by node position (new lists, made
-        when asked: the fragmentation sampler's, every minute of simulated time)."""
+        """Each node's free milli-GPUs by card index, by node position (new lists, made when
+        asked: the fragmentation sampler's, every minute of simulated time)."""
         return [[card.free for card in free.cards] for free in self._free]
 
     def snapshot(self) -> Snapshot:
@@ -436,8 +435,7 @@ class World:
 
 
 class _TeamUse:
-    """A team's milli-GPUs held in the world, and the most it may hold (``cap``; None: no
-    limit)."""
+    """A team's milli-GPUs held in the world, and the most it may hold (None: no limit)."""
 
     __slots__ = ("cap", "milli")
 

@@ -74,6 +74,7 @@ class JobWork:
     results_root: Path | None = None
     inputs: tuple[InputPath, ...] = ()  # uploaded files, fetched before the executor starts
     gang: Gang | None = None  # set for a replica of a gang
+    memory_bytes: int = 0  # host memory its allocation holds (told to the job, not enforced)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload", frozen_map(self.payload))

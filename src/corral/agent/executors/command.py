@@ -195,6 +195,9 @@ def job_env(assignment: JobWork, out_dir: Path, extra: Mapping[str, str]) -> dic
         CORRAL_PAYLOAD=json.dumps(dict(assignment.payload)),
         # Its input files (uploaded, or a pipeline's earlier steps' results): name -> path.
         CORRAL_INPUTS=json.dumps({f.name: str(f.path) for f in assignment.inputs if f.path}),
+        # The host memory it asked for, bytes ("0": none): for the job to size itself by;
+        # the agent sets no limit (agent/memory.py says why).
+        CORRAL_MEMORY_BYTES=str(assignment.memory_bytes),
     )
     return env
 

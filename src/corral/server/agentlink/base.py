@@ -73,6 +73,7 @@ class Assignment:
     vram_bytes: int = 0
     cpus: float = 0  # to a milli-CPU
     on_cpu: bool = False
+    memory_bytes: int = 0  # host memory it holds (accounting: not enforced by the agent)
     master_addr: str = ""  # a gang's rendezvous: replica 0's node, reachable by the others
     master_port: int = 0
 
@@ -100,6 +101,7 @@ class Inventory:
     key: str = ""  # the agent's node key (``Hello.node_key``); "" from an agent without one
     token: str = ""  # the id of the join token that admitted the agent (its nodes count)
     numa_cpus: tuple[tuple[int, float], ...] = ()  # CPU slots per NUMA node (``Node``)
+    memory_bytes: int = 0  # host memory jobs may request (``Node``); 0: not reported
 
 
 @dataclass(frozen=True, slots=True)

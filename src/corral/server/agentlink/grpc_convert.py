@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 
 from corral.core.model import Gpu
-from corral.core.resources import MILLI_CPU, cpu_milli
+from corral.core.resources import MAX_MEMORY, MILLI_CPU, cpu_milli
 from corral.core.states import StopReason
 from corral.proto.gen.corral.v1 import agent_pb2 as pb
 from corral.server.agentlink.base import (
@@ -53,6 +53,7 @@ def inventory_from(msg: pb.Inventory, agent_version: str = "") -> Inventory:
         backends=frozenset(msg.backends),
         agent_version=msg.agent_version or agent_version,
         numa_cpus=numa_cpus_from(msg.numa_cpus),
+        memory_bytes=min(max(msg.memory_bytes, 0), MAX_MEMORY),
     )
 
 
@@ -121,6 +122,7 @@ def assign_message(a: Assignment) -> pb.ServerMessage:
             cpus=math.ceil(a.cpus),
             cpu_milli=cpu_milli(a.cpus),
             on_cpu=a.on_cpu,
+            memory_bytes=a.memory_bytes,
             jobs=[_work(w) for w in a.jobs],
             replica=a.replica,
             replicas=a.replicas,

@@ -181,6 +181,7 @@ class AllocationOut(BaseModel):
     vram_bytes: int
     cpus: float
     on_cpu: bool
+    memory_bytes: int = 0
     borrowed: bool
     desired: str
     observed: str
@@ -204,6 +205,9 @@ class NodeOut(BaseModel):
         description="CPU slots of each NUMA node, by node; empty: not reported (the node's "
         "CPUs are one pool)",
     )
+    memory_bytes: int = Field(
+        0, description="host memory jobs may request, bytes (RAM less the agent's reserve)"
+    )
     labels: dict[str, str]
     models_on_disk: list[str]
     models_loaded: list[str]
@@ -226,6 +230,7 @@ def node_out(view: NodeView) -> NodeOut:
         gpus=[GpuOut(**_fields(g)) for g in n.gpus],
         cpus=n.cpus,
         numa_cpus=dict(n.numa_cpus),
+        memory_bytes=n.memory_bytes,
         labels=dict(n.labels),
         models_on_disk=sorted(n.models_on_disk),
         models_loaded=sorted(n.models_loaded),
@@ -243,6 +248,7 @@ def node_out(view: NodeView) -> NodeOut:
                 vram_bytes=a.vram_bytes,
                 cpus=a.cpus,
                 on_cpu=a.on_cpu,
+                memory_bytes=a.memory_bytes,
                 borrowed=a.borrowed,
                 desired=a.desired.value,
                 observed=a.observed.value,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from corral.core.errors import InvalidSpec
 from corral.core.model import DEFAULT_TEAM, InputFile, Job, JobKind
 from corral.core.model_names import MAX_MODELS, is_checkpoint, job_models
-from corral.core.resources import ResourceRequest, parse_bytes, parse_cpus
+from corral.core.resources import ResourceRequest, parse_bytes, parse_cpus, parse_memory
 from corral.server.api.whereabouts import EtaOut, PlacedOut
 from corral.server.store.records import Take
 from corral.server.webhook_urls import check_form
@@ -78,6 +78,23 @@ class ResourcesIn(ApiModel):
     )
     gpu_models: list[Label] = Field(default_factory=list, max_length=32)
     cpu_fallback: bool = False
+    memory: int | float | str | None = Field(
+        None,
+        description="host memory per replica: bytes or a Kubernetes quantity ('512Mi', "
+        "'16Gi', '1G'); the job waits for a node with that much free",
+        examples=["16Gi"],
+    )
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_as_sent(cls, value: Any) -> Any:
+        """A number or a quantity, as sent: never ``true`` read as 1 byte (``to_request``
+        parses it)."""
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float | str)
+        ):
+            raise ValueError(f"expected bytes or a quantity like '16Gi', got {value!r}")
+        return value
 
     def to_request(self) -> ResourceRequest:
         try:
@@ -90,6 +107,7 @@ class ResourcesIn(ApiModel):
                 cpus=_cpus(self.cpus),
                 gpu_models=frozenset(self.gpu_models),
                 cpu_fallback=self.cpu_fallback,
+                memory_bytes=parse_memory(self.memory) if self.memory is not None else 0,
             )
         except InvalidSpec as e:
             field = e.field if e.field.startswith("resources.") else f"resources.{e.field}"
@@ -309,7 +327,10 @@ class JobIn(ApiModel):
         unset |= set() if self.gang_label_required else {"gang_label_required"}
         unset |= set() if self.labels else {"labels"}
         unset |= set() if self.webhook else {"webhook"}
-        body = self.model_dump(mode="json", exclude=unset) | {"team": team}
+        exclude: dict[str, Any] = dict.fromkeys(unset, True)
+        if self.resources.memory is None:
+            exclude["resources"] = {"memory"}
+        body = self.model_dump(mode="json", exclude=exclude) | {"team": team}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -324,6 +345,7 @@ class ResourcesOut(BaseModel):
     cpus: float
     gpu_models: list[str]
     cpu_fallback: bool
+    memory_bytes: int = Field(0, description="host memory per replica, bytes; 0: none asked")
 
 
 class ResultFileOut(BaseModel):

@@ -19,6 +19,7 @@ class PlacedOut(BaseModel):
         description="how its GPUs are linked, e.g. 'GPUs 0,1 (nvlink) on NUMA node 0'; "
         "empty when the node reported no topology"
     )
+    memory_bytes: int = Field(0, description="host memory it holds, bytes")
 
 
 class EtaOut(BaseModel):

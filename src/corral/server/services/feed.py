@@ -210,6 +210,8 @@ def sim_record(rec: JobRecord, origin: float) -> dict[str, Any]:
         row["duration"] = round(max(0.0, rec.finished_at - rec.started_at), 6)
     if res.vram_bytes:
         row["vram_gib"] = res.vram_bytes / GIB
+    if res.memory_bytes:
+        row["memory"] = res.memory_bytes
     if res.gpu_models:
         row["gpu_models"] = sorted(res.gpu_models)
     row.update(team=job.team, user=job.user, priority=job.priority)

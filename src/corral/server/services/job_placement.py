@@ -27,6 +27,7 @@ class Placed:
     cpus: float
     observed: str
     topology: str
+    memory_bytes: int
 
 
 async def placement(rt: Runtime, rec: JobRecord) -> list[Placed]:
@@ -53,4 +54,5 @@ def _placed(alloc: Allocation, node: Node | None) -> Placed:
         alloc.cpus,
         alloc.observed.value,
         topology,
+        alloc.memory_bytes,
     )

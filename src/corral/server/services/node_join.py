@@ -43,6 +43,7 @@ async def upsert_node(tx: Tx, inv: Inventory, cap: int, retry_s: float) -> Node:
         inv.models_loaded,
         inv.backends,
         numa_cpus=inv.numa_cpus,
+        memory_bytes=inv.memory_bytes,
     )
     values: dict[str, object] = {"inventory": inventory_to_json(probe), "last_seen": tx.now}
     rec = await node_repo.get(tx.conn, inv.node)

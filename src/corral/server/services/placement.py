@@ -331,6 +331,7 @@ def assignment(
         vram_bytes=alloc.vram_bytes,
         cpus=alloc.cpus,
         on_cpu=alloc.on_cpu,
+        memory_bytes=alloc.memory_bytes,
         master_addr=master[0],
         master_port=master[1],
     )

@@ -168,6 +168,7 @@ def resources_to_json(r: ResourceRequest) -> dict[str, Any]:
         "cpus": r.cpus,
         "gpu_models": sorted(r.gpu_models),
         "cpu_fallback": r.cpu_fallback,
+        "memory_bytes": r.memory_bytes,
     }
 
 
@@ -179,6 +180,7 @@ def resources_from_json(d: Mapping[str, Any]) -> ResourceRequest:
         cpus=d.get("cpus", 1),
         gpu_models=frozenset(d.get("gpu_models", ())),
         cpu_fallback=d.get("cpu_fallback", False),
+        memory_bytes=d.get("memory_bytes", 0),
     )
 
 
@@ -313,6 +315,7 @@ def alloc_row(rec: AllocRecord) -> dict[str, Any]:
         "vram_bytes": a.vram_bytes,
         "cpus": a.cpus,
         "on_cpu": a.on_cpu,
+        "memory_bytes": a.memory_bytes,
         "preemptible": a.preemptible,
         "borrowed": a.borrowed,
         "attempt": a.attempt,
@@ -340,6 +343,7 @@ def alloc_from_row(row: Any) -> AllocRecord:
         vram_bytes=row.vram_bytes,
         cpus=row.cpus,
         on_cpu=row.on_cpu,
+        memory_bytes=row.memory_bytes,
         preemptible=row.preemptible,
         borrowed=row.borrowed,
         attempt=row.attempt,
@@ -383,6 +387,7 @@ def inventory_to_json(node: Node) -> dict[str, Any]:
         "models_loaded": sorted(node.models_loaded),
         "backends": sorted(node.backends),
         "numa_cpus": [list(pair) for pair in node.numa_cpus],
+        "memory_bytes": node.memory_bytes,
     }
 
 
@@ -423,6 +428,7 @@ def node_from_row(row: Any) -> NodeRecord:
         models_loaded=frozenset(inv.get("models_loaded", ())),
         backends=frozenset(inv.get("backends", ())),
         numa_cpus=tuple((int(n), float(c)) for n, c in inv.get("numa_cpus", ())),
+        memory_bytes=inv.get("memory_bytes", 0),
         state=NodeState(row.state),
         paused=row.paused,
         draining=row.draining,

@@ -95,6 +95,8 @@ allocations = sa.Table(
     sa.Column("vram_bytes", sa.BigInteger, nullable=False, default=0),
     sa.Column("cpus", sa.Double, nullable=False, default=0),  # to a milli-CPU
     sa.Column("on_cpu", sa.Boolean, nullable=False, default=False),
+    # Migration 0024: host memory it holds, bytes (the job's ``resources.memory``).
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False, default=0, server_default="0"),
     sa.Column("preemptible", sa.Boolean, nullable=False, default=True),
     sa.Column("borrowed", sa.Boolean, nullable=False, default=False),
     sa.Column("attempt", sa.Integer, nullable=False),

@@ -178,7 +178,7 @@ function placement(job) {
   if (!placed.length) return "";
   return el("section", { id: "job-placement" }, el("h3", {}, "Placement"), el("ul", {}, placed.map((p) =>
     el("li", {}, `${placed.length > 1 ? "rank " + p.replica + ": " : ""}`, el("a", { href: `#node/${encodeURIComponent(p.node)}` }, p.node),
-      ` · ${p.topology || (p.gpu_indices.length ? "GPUs " + p.gpu_indices.join(",") : "no GPU")} · ${p.cpus} CPU(s) · ${p.observed}`))));
+      ` · ${p.topology || (p.gpu_indices.length ? "GPUs " + p.gpu_indices.join(",") : "no GPU")} · ${p.cpus} CPU(s)${p.memory_bytes ? " · " + gib(p.memory_bytes) + " memory" : ""} · ${p.observed}`))));
 }
 
 // The pipeline step or array element a job is, linked to its group's page.
@@ -225,7 +225,7 @@ function resubmission(job) {
   const r = job.resources;
   const gpus = r.gpus ? r.gpus : r.gpu_milli / 1000;
   return { kind: job.kind, payload: job.payload, priority: job.priority, team: job.team, user: job.user,
-    resources: { gpus, vram: r.vram_bytes || null, cpus: r.cpus, gpu_models: r.gpu_models, cpu_fallback: r.cpu_fallback },
+    resources: { gpus, vram: r.vram_bytes || null, cpus: r.cpus, gpu_models: r.gpu_models, cpu_fallback: r.cpu_fallback, memory: r.memory_bytes || null },
     node_selector: job.node_selector, replicas: job.replicas, gang_label: job.gang_label, model: job.model, models: job.models,
     backend: job.backend, batch_key: job.batch_key, preemptible: job.preemptible, timeout_s: job.timeout_s, max_attempts: job.max_attempts };
 }

@@ -13,7 +13,7 @@ function renderNodePage(n) {
   const st = nodeState(n);
   $("node-body").replaceChildren(
     el("h2", {}, `Node ${n.name} `, el("span", { class: `badge ${st}`, "data-state": st, id: "node-state" }, st)),
-    el("p", { class: "muted" }, `${n.gpus.length} GPU(s) · ${n.cpus} CPU slots · backends: ${n.backends.join(", ") || "none"} · ` +
+    el("p", { class: "muted" }, `${n.gpus.length} GPU(s) · ${n.cpus} CPU slots · ${n.memory_bytes ? gib(n.memory_bytes) : "no"} memory for jobs · backends: ${n.backends.join(", ") || "none"} · ` +
       `labels: ${Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(", ") || "none"} · last seen ${ago(n.last_seen)}`),
     el("div", { class: "actions", role: "group", "aria-label": "node actions" }, nodeActions(n)),
     n.pause_reason ? el("p", { class: "error pause-reason" }, n.pause_reason) : "",

@@ -304,12 +304,17 @@ class Inventory(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     CPU_MILLI_FIELD_NUMBER: _builtins.int
     NUMA_CPUS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     cpus: _builtins.int
     agent_version: _builtins.str
     cpu_milli: _builtins.int
     """CPU slots in milli-CPUs (fractional slots, docs/scheduler.md "CPUs"); 0: read ``cpus``
     (an agent from before milli-CPUs), which carries the whole slots for such a server.
+    """
+    memory_bytes: _builtins.int
+    """Host memory jobs may request, in bytes: the machine's RAM less the agent's reserve
+    (docs/agent.md "Memory"); 0: none (an agent from before memory requests).
     """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
@@ -349,10 +354,11 @@ class Inventory(_message.Message):
         agent_version: _builtins.str = ...,
         cpu_milli: _builtins.int = ...,
         numa_cpus: _abc.Iterable[Global___NumaCpus] | None = ...,
+        memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "backends", b"backends", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpus", b"gpus", "labels", b"labels", "loaded_by_backend", b"loaded_by_backend", "models_on_disk", b"models_on_disk", "node", b"node", "numa_cpus", b"numa_cpus", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "backends", b"backends", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpus", b"gpus", "labels", b"labels", "loaded_by_backend", b"loaded_by_backend", "memory_bytes", b"memory_bytes", "models_on_disk", b"models_on_disk", "node", b"node", "numa_cpus", b"numa_cpus", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1128,6 +1134,7 @@ class Assign(_message.Message):
     MASTER_ADDR_FIELD_NUMBER: _builtins.int
     MASTER_PORT_FIELD_NUMBER: _builtins.int
     CPU_MILLI_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     attempt: _builtins.int
     gpu_milli: _builtins.int
@@ -1146,6 +1153,10 @@ class Assign(_message.Message):
     cpu_milli: _builtins.int
     """CPUs the allocation holds, in milli-CPUs; ``cpus`` carries them rounded up, for an
     agent from before milli-CPUs.
+    """
+    memory_bytes: _builtins.int
+    """Host memory the allocation holds, in bytes (accounting: the agent passes it to the job
+    as CORRAL_MEMORY_BYTES and enforces no limit).
     """
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -1169,10 +1180,11 @@ class Assign(_message.Message):
         master_addr: _builtins.str = ...,
         master_port: _builtins.int = ...,
         cpu_milli: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "master_addr", b"master_addr", "master_port", b"master_port", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "attempt", b"attempt", "cpu_milli", b"cpu_milli", "cpus", b"cpus", "gpu_indices", b"gpu_indices", "gpu_milli", b"gpu_milli", "jobs", b"jobs", "master_addr", b"master_addr", "master_port", b"master_port", "memory_bytes", b"memory_bytes", "on_cpu", b"on_cpu", "replica", b"replica", "replicas", b"replicas", "vram_bytes", b"vram_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,7 +3,7 @@
 help, and each job's ETA (``loops/waits.py``). Rewritten whole by the leader.
 
 Revision ID: 0025
-Revises: 0023
+Revises: 0024
 Create Date: 2026-11-29
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0025"
-down_revision = "0023"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 
