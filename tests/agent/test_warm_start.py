@@ -1,0 +1,284 @@
+"""Warm start: Python commands forked from a zygote behave as the plain subprocesses they
+replace (real zygote processes, real scripts), and start cold when no zygote can fork them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.agent.executors.base import Failed, Finished, JobWork, LogLine, StopSignal, Update
+from corral.agent.executors.command import CommandExecutor
+from corral.agent.executors.scripted import tiny_png
+from corral.agent.main import preload_modules
+from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
+from corral.agent.vram_guard import process_tree
+from corral.core import InvalidSpec, WallClock
+from corral.core.states import StopReason
+
+PRELOAD = ["xml.dom.minidom"]  # cheap to import, and imported by nothing else here
+
+SCENARIOS = {
+    "quick": """
+import os, sys
+print("CORRAL_PROGRESS 0.5 halfway")
+print(f"CORRAL_PREVIEW {sys.argv[1]}")
+print("CORRAL_PROGRESS 2/2")
+with open(os.path.join(os.environ["CORRAL_OUTPUT_DIR"], "result.txt"), "w") as f:
+    f.write(f"done {os.environ['CORRAL_JOB_ID']}\\n")
+""",
+    "failing": """
+import sys
+print("CORRAL_PROGRESS 0.1")
+print("loss is NaN", file=sys.stderr)
+sys.exit(3)
+""",
+    "long": """
+import os, signal, sys, time
+def leave(*_):
+    print(f"CORRAL_CHECKPOINT {os.environ['CORRAL_CHECKPOINT_DIR']}/ckpt-{i} {i}")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, leave)
+with open(os.path.join(os.environ["CORRAL_OUTPUT_DIR"], "partial.txt"), "w") as f:
+    f.write("started\\n")
+i = 0
+while True:
+    i += 1
+    print(f"CORRAL_PROGRESS {i}/100000")
+    time.sleep(0.02)
+""",
+}
+
+REPORT = """
+import json, os, sys
+keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "MINE")
+print(json.dumps({
+    "env": {k: os.environ.get(k) for k in keys},
+    "argv": sys.argv,
+    "cwd": os.getcwd(),
+    "path0": sys.path[0],
+    "name": __name__,
+    "preloaded": "xml.dom.minidom" in sys.modules,
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def warm_executor(**kw: Any) -> CommandExecutor:
+    return CommandExecutor(WallClock(), preload=kw.pop("preload", PRELOAD), **kw)
+
+
+async def cooled(executor: CommandExecutor, work: Awaitable[Any]) -> Any:
+    try:
+        return await work
+    finally:
+        await executor.cool()
+
+
+def run(
+    executor: CommandExecutor, job: JobWork, on: Callable[[Update, StopSignal], None] | None = None
+) -> list[Update]:
+    h = Harness(executor, WallClock(), None)  # type: ignore[arg-type]
+    return list(asyncio.run(cooled(executor, run_to_end(h, job, on))))
+
+
+def python(tmp_path: Path, body: str, *args: str, **payload: Any) -> JobWork:
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    command = [sys.executable, str(script), *args]
+    return JobWork("al-1", 1, ("job-1",), payload={"command": command, **payload})
+
+
+def agent_lines(updates: list[Update]) -> list[str]:
+    return [u.line for u in updates if isinstance(u, LogLine) and u.stream == "agent"]
+
+
+def own_lines(updates: list[Update]) -> list[tuple[str, str]]:
+    return [(u.stream, u.line) for u in updates if isinstance(u, LogLine) and u.stream != "agent"]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_a_warm_command_passes_the_conformance_suite(check, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    preview = tmp_path / "preview.png"
+    preview.write_bytes(tiny_png(90))
+    for name, body in SCENARIOS.items():
+        (tmp_path / f"{name}.py").write_text(body)
+    executor = warm_executor()
+
+    def make(scenario: str, alloc: str) -> JobWork:
+        command = [sys.executable, str(tmp_path / f"{scenario}.py"), str(preview)]
+        return JobWork(
+            alloc, 1, (f"job-{alloc}",), payload={"command": command}, checkpoint_dir=tmp_path
+        )
+
+    h = Harness(executor, WallClock(), make, checkpoints_on_preempt=True)
+    asyncio.run(cooled(executor, check(h)))
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_warm_and_cold_runs_see_the_same_world_and_end_the_same(tmp_path: Path, code: int) -> None:
+    job = python(tmp_path, REPORT, "--lr", "0.1", env={"EXIT": str(code), "MINE": "yes"})
+    cold = run(CommandExecutor(WallClock()), job)
+    warm = run(warm_executor(), job)
+    assert agent_lines(warm) == ["started warm: forked with xml.dom.minidom preloaded"]
+    assert agent_lines(cold) == []
+    cold_report, warm_report = (json.loads(own_lines(u)[0][1]) for u in (cold, warm))
+    assert warm_report.pop("preloaded")
+    assert not cold_report.pop("preloaded")
+    assert warm_report == cold_report
+    assert warm_report["argv"] == [str(tmp_path / "script.py"), "--lr", "0.1"]
+    assert warm_report["path0"] == str(tmp_path)
+    assert warm_report["name"] == "__main__"
+    assert own_lines(warm)[1:] == own_lines(cold)[1:] == [("stderr", "to stderr")]
+    assert warm[-1] == cold[-1]
+
+
+def test_an_uncaught_exception_exits_1_with_the_scripts_traceback(tmp_path: Path) -> None:
+    job = python(tmp_path, "def main():\n    raise ValueError('bad batch')\nmain()\n")
+    terminal, lines = (lambda u: (u[-1], own_lines(u)))(run(warm_executor(), job))
+    assert isinstance(terminal, Failed)
+    assert terminal.error.startswith("command exited with code 1"), terminal
+    assert lines[-1] == ("stderr", "ValueError: bad batch")
+    frames = [line for _, line in lines if line.strip().startswith("File ")]
+    assert frames
+    assert all("script.py" in f for f in frames), frames  # none of the zygote's
+
+
+def test_death_by_a_signal_is_reported_as_for_a_subprocess(tmp_path: Path) -> None:
+    job = python(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    warm, cold = run(warm_executor(), job), run(CommandExecutor(WallClock()), job)
+    assert isinstance(warm[-1], Failed)
+    assert warm[-1] == cold[-1]
+    assert "killed by SIGKILL" in warm[-1].error
+    assert warm[-1].retryable
+
+
+def test_a_stop_reaches_everything_the_run_started(tmp_path: Path) -> None:
+    """The forked run leads its own process group, as a subprocess does: a cancel ends its
+    children too."""
+    body = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "print('CORRAL_PROGRESS 0.1', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    pids: list[int] = []
+
+    def on(update: Update, stop: StopSignal) -> None:
+        if isinstance(update, LogLine) and update.line.isdigit():
+            pids.append(int(update.line))
+        stop_on_first_progress(StopReason.CANCEL, 5.0)(update, stop)
+
+    updates = run(warm_executor(), python(tmp_path, body), on)
+    assert isinstance(updates[-1], Failed)
+    assert updates[-1].stopped is StopReason.CANCEL
+    assert pids
+    assert not _alive(pids[0])
+
+
+def test_a_dead_zygote_means_a_cold_start_then_a_new_zygote(tmp_path: Path) -> None:
+    executor = warm_executor()
+    job = python(tmp_path, REPORT)
+
+    async def scenario() -> list[list[Update]]:
+        h = Harness(executor, WallClock(), None)  # type: ignore[arg-type]
+        await executor.warm(job)
+        for pid in _zygotes():
+            os.kill(pid, signal.SIGKILL)
+        first = await run_to_end(h, job)
+        await executor.warm(job)  # as a gang replica does before it says ready
+        return [first, await run_to_end(h, job)]
+
+    first, second = asyncio.run(cooled(executor, scenario()))
+    assert isinstance(first[-1], Finished)
+    assert isinstance(second[-1], Finished)
+    [note] = agent_lines(first)
+    assert note.startswith("warm start unavailable (the zygote "), note
+    assert note.endswith("; started cold"), note
+    assert json.loads(own_lines(first)[0][1])["preloaded"] is False
+    assert agent_lines(second) == ["started warm: forked with xml.dom.minidom preloaded"]
+
+
+def test_a_run_outlives_its_zygote_and_ends_retryably(tmp_path: Path) -> None:
+    """Its exit code is lost with the zygote: the run still ends when it ends, retryably."""
+    body = "import time\nprint('CORRAL_PROGRESS 0.1', flush=True)\ntime.sleep(0.5)\nprint('done')\n"
+
+    def on(update: Update, stop: StopSignal) -> None:
+        if isinstance(update, LogLine) and update.stream == "agent":
+            for pid in _zygotes():
+                os.kill(pid, signal.SIGKILL)
+
+    updates = run(warm_executor(), python(tmp_path, body), on)
+    assert ("stdout", "done") in own_lines(updates)
+    assert isinstance(updates[-1], Failed)
+    assert updates[-1].retryable
+    assert "unknown exit status" in updates[-1].error
+
+
+def test_a_preload_that_fails_to_import_starts_runs_cold_and_says_why(tmp_path: Path) -> None:
+    updates = run(warm_executor(preload=["no_such_module_here"]), python(tmp_path, REPORT))
+    assert isinstance(updates[-1], Finished)
+    [note] = agent_lines(updates)
+    assert note.startswith("warm start unavailable (the zygote could not preload"), note
+    assert "No module named 'no_such_module_here'" in note
+
+
+@pytest.mark.parametrize(
+    ("payload", "want"),
+    [
+        ({"preload": []}, []),  # the job opts out
+        ({"launcher": "torchrun"}, None),  # torchrun starts its own workers
+    ],
+)
+def test_what_starts_cold(tmp_path: Path, payload: dict[str, Any], want: list[str] | None) -> None:
+    job = python(tmp_path, REPORT, **payload)
+    if want is None:  # only check that no zygote is asked: torchrun itself is not run here
+        executor = warm_executor()
+        asyncio.run(cooled(executor, executor.warm(job)))
+        assert not _zygotes()
+        return
+    assert agent_lines(run(warm_executor(), job)) == want
+
+
+def test_a_shell_command_starts_cold(tmp_path: Path) -> None:
+    job = JobWork("al", 1, ("job",), payload={"command": ["sh", "-c", "echo hi"]})
+    assert agent_lines(run(warm_executor(), job)) == []
+
+
+def test_a_bad_preload_names_the_field(tmp_path: Path) -> None:
+    updates = run(warm_executor(), python(tmp_path, REPORT, preload=["os; rm -rf"]))
+    assert isinstance(updates[-1], Failed)
+    assert "payload.preload" in updates[-1].error
+    with pytest.raises(InvalidSpec, match="preload"):
+        preload_modules(["torch", "not a module"])
+
+
+def _zygotes() -> list[int]:
+    """The zygote processes this test started (its children; their forks share the name)."""
+    found = []
+    for pid in process_tree(os.getpid()) - {os.getpid()}:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"zygote.py" in cmdline and parent == os.getpid():
+            found.append(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
