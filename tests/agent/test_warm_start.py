@@ -14,10 +14,21 @@ from typing import Any
 
 import pytest
 
-from corral.agent.executors.base import Failed, Finished, JobWork, LogLine, StopSignal, Update
+from corral.agent.executors.base import (
+    Failed,
+    Finished,
+    Gang,
+    JobWork,
+    LogLine,
+    Ready,
+    StopSignal,
+    Update,
+)
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.scripted import tiny_png
 from corral.agent.main import preload_modules
+from corral.agent.orders import Done, Order, Report
+from corral.agent.supervisor import Supervisor
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
 from corral.agent.vram_guard import process_tree
 from corral.core import InvalidSpec, WallClock
@@ -260,6 +271,53 @@ def test_a_bad_preload_names_the_field(tmp_path: Path) -> None:
     assert "payload.preload" in updates[-1].error
     with pytest.raises(InvalidSpec, match="preload"):
         preload_modules(["torch", "not a module"])
+
+
+def test_a_gang_replica_says_ready_once_its_zygote_has_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The imports are part of preparing: the go is followed by a fork, not by them."""
+    (tmp_path / "slow_import.py").write_text(
+        "import os, pathlib, time\ntime.sleep(0.3)\n"
+        "pathlib.Path(os.environ['IMPORTED']).write_text('yes')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the zygote has the agent's environment
+    monkeypatch.setenv("IMPORTED", str(tmp_path / "imported"))
+    script = tmp_path / "rank.py"
+    script.write_text("import sys\nprint('slow_import' in sys.modules)\n")
+
+    async def scenario() -> list[Report]:
+        clock = WallClock()
+        executor = CommandExecutor(clock, preload=["slow_import"])
+        sup = Supervisor({"cmd": executor}, clock, default="cmd")
+        sup.gang.enabled = True
+        reports: list[Report] = []
+        seen_at_ready: list[bool] = []
+
+        def sink(report: Report) -> None:
+            reports.append(report)
+            if isinstance(report.update, Ready):
+                seen_at_ready.append((tmp_path / "imported").exists())
+                sup.gang.go("al-g")
+
+        sup.sink = sink
+        job = JobWork(
+            "al-g", 1, ("j",), payload={"command": [sys.executable, str(script)]},
+            gang=Gang(0, 1, "127.0.0.1", 29500),
+        )  # fmt: skip
+        sup.assign(Order("al-g", 1, (job,)))
+        for _ in range(1000):
+            if any(r.terminal for r in reports):
+                break
+            await asyncio.sleep(0.01)
+        await sup.shutdown(0.0)
+        assert seen_at_ready == [True]
+        return reports
+
+    updates = [r.update for r in asyncio.run(scenario())]
+    assert isinstance(updates[-1], Done)
+    lines = [u.line for u in updates if isinstance(u, LogLine)]
+    assert lines == ["started warm: forked with slow_import preloaded", "True"]
 
 
 def _zygotes() -> list[int]:
