@@ -41,6 +41,10 @@ ZYGOTES_MAX = 4
 """Zygotes an agent keeps: each holds its modules in memory (``torch`` alone takes
 hundreds of MB), and a node runs few distinct training environments."""
 
+PRELOAD_TIMEOUT_S = 300.0
+"""How long a zygote may take to import its modules (torch from a cold disk takes tens of
+seconds) before it is taken for hung, killed, and its runs start cold."""
+
 CLOSE_WAIT_S = 5.0
 """How long a zygote gets to exit once told to, before it is killed."""
 
@@ -161,7 +165,8 @@ class Zygote:
         refusal = await self.ready()
         if refusal or self.dead:
             raise ZygoteUnavailable(refusal or "the zygote has ended")
-        body = {"module": entry.module, "script": entry.script, "args": list(entry.args)}
+        body: dict[str, object] = {"module": entry.module, "script": entry.script}
+        body["args"] = list(entry.args)
         body |= {"env": dict(env), "cwd": str(cwd), "cpus": sorted(cpus) if cpus else None}
         data = json.dumps(body).encode()
         out_r, out_w = os.pipe()
@@ -222,7 +227,12 @@ class Zygote:
         assert proc.stdout is not None
         assert proc.stderr is not None
         errors = asyncio.ensure_future(self._read_errors(proc.stderr))
-        line = await proc.stdout.readline()
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), PRELOAD_TIMEOUT_S)
+        except TimeoutError:
+            self._errors.append(f"no word after {PRELOAD_TIMEOUT_S:g} s")
+            proc.kill()
+            line = b""
         if line.startswith(b"ready"):
             self._ready.set_result("")
             log.info("zygote %s preloaded %s", line.split()[-1].decode(), ", ".join(self.modules))
@@ -283,7 +293,12 @@ async def _gone(pid: int) -> None:
         return
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
-    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+
+    def end() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, end)
     try:
         await ended
     finally:

@@ -200,11 +200,12 @@ def run(request: dict[str, Any]) -> None:
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
     fresh_random_state()
-    module, script, args = request.get("module"), request.get("script"), request["args"]
+    module: str = request.get("module") or ""
+    script: str = request.get("script") or ""
     home = os.getcwd() if module else os.path.dirname(os.path.abspath(script))
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:0] = [home, *(p for p in extra if p not in sys.path)]
-    sys.argv = [script or module, *args]
+    sys.argv = [script or module, *request["args"]]
     try:
         if module:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
