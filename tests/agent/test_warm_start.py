@@ -7,7 +7,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from corral.agent.vram_guard import process_tree
 from corral.core import InvalidSpec, WallClock
 from corral.core.states import StopReason
 
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 PRELOAD = ["xml.dom.minidom"]  # cheap to import, and imported by nothing else here
 
 SCENARIOS = {
@@ -320,16 +323,52 @@ def test_a_gang_replica_says_ready_once_its_zygote_has_imported(
     assert lines == ["started warm: forked with slow_import preloaded", "True"]
 
 
-def _zygotes() -> list[int]:
-    """The zygote processes this test started (its children; their forks share the name)."""
+AGENT = """
+import asyncio, sys
+from corral.agent.executors.base import JobWork
+from corral.agent.executors.command import CommandExecutor
+from corral.core import WallClock
+
+async def main():
+    executor = CommandExecutor(WallClock(), preload=["xml.dom.minidom"])
+    await executor.warm(JobWork("a", 1, ("j",), payload={"command": [sys.executable, "x.py"]}))
+    print("warm", flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+def test_a_zygote_ends_with_its_agent_even_on_kill_9() -> None:
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT], stdout=subprocess.PIPE, env=os.environ | {"PYTHONPATH": SRC}
+    )
+    try:
+        assert agent.stdout is not None
+        assert agent.stdout.readline() == b"warm\n"
+        [zygote] = _zygotes(agent.pid)
+    finally:
+        agent.kill()
+        agent.wait()
+        agent.stdout.close()  # type: ignore[union-attr]
+    for _ in range(200):  # it notices at once; the bound is for a loaded machine
+        if not _alive(zygote):
+            break
+        time.sleep(0.05)
+    assert not _alive(zygote)
+
+
+def _zygotes(parent: int | None = None) -> list[int]:
+    """The zygote processes ``parent`` (this test) started; their forks share the name."""
+    parent = parent or os.getpid()
     found = []
-    for pid in process_tree(os.getpid()) - {os.getpid()}:
+    for pid in process_tree(parent) - {parent}:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
-        if b"zygote.py" in cmdline and parent == os.getpid():
+        if b"zygote.py" in cmdline and ppid == parent:
             found.append(pid)
     return found
 
