@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from corral.agent.main import preload_modules
 from corral.agent.orders import Done, Order, Report
 from corral.agent.supervisor import Supervisor
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
+from corral.agent.topology import parse_fake
 from corral.agent.vram_guard import process_tree
 from corral.core import InvalidSpec, WallClock
 from corral.core.states import StopReason
@@ -153,6 +155,19 @@ def test_warm_and_cold_runs_see_the_same_world_and_end_the_same(tmp_path: Path, 
     assert warm_report["name"] == "__main__"
     assert own_lines(warm)[1:] == own_lines(cold)[1:] == [("stderr", "to stderr")]
     assert warm[-1] == cold[-1]
+
+
+def test_a_warm_run_is_pinned_to_its_gpus_cpus_from_its_first_line(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to tell the NUMA nodes apart")
+    layout = parse_fake(f"numa=0,1; cpus=0:{cpus[0]},1:{cpus[-1]}", 2)
+    body = "import os\nprint(sorted(os.sched_getaffinity(0)), os.environ['CUDA_VISIBLE_DEVICES'])\n"
+    job = replace(python(tmp_path, body), gpu_indices=(1,))
+    updates = run(warm_executor(topology=layout), job)
+    assert isinstance(updates[-1], Finished)
+    assert own_lines(updates) == [("stdout", f"[{cpus[-1]}] 1")]
+    assert "started warm: forked with xml.dom.minidom preloaded" in agent_lines(updates)
 
 
 def test_an_uncaught_exception_exits_1_with_the_scripts_traceback(tmp_path: Path) -> None:
