@@ -53,6 +53,7 @@ from typing import Any
 
 HEADER = struct.Struct("!Q")  # the JSON body's length, sent with the descriptors
 REFUSED = 3  # the exit code of a zygote that could not preload
+REQUEST_TIMEOUT_S = 10.0  # the agent sends a request at once; a stalled one must not block all
 
 
 def main() -> None:
@@ -71,6 +72,10 @@ def main() -> None:
     request = serve(listener)
     if request is not None:  # the forked child
         run(request)
+        return
+    with contextlib.suppress(OSError):  # the agent is gone: leave nothing behind in its place
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
 
 
 def preload(modules: list[str]) -> str:
@@ -124,23 +129,29 @@ def serve(listener: socket.socket) -> dict[str, Any] | None:
 
 
 def receive(conn: socket.socket) -> dict[str, Any] | None:
-    """One request: the header with the descriptors, then the body (None if malformed)."""
+    """One request: the header with the descriptors, then the body (None if malformed, or
+    not all there within ``REQUEST_TIMEOUT_S``: the zygote serves one request at a time)."""
+    fds: list[int] = []
+    conn.settimeout(REQUEST_TIMEOUT_S)
     try:
         header, fds, _, _ = socket.recv_fds(conn, HEADER.size, 2)
         if len(header) != HEADER.size or len(fds) != 2:
-            return None
+            raise ValueError("not a request")
         (size,) = HEADER.unpack(header)
         body = bytearray()
         while len(body) < size:
             chunk = conn.recv(size - len(body))
             if not chunk:
-                return None
+                raise ValueError("cut short")
             body += chunk
         request: dict[str, Any] = json.loads(body)
-        request["fds"] = fds
-        return request
     except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
         return None
+    conn.settimeout(None)
+    request["fds"] = fds
+    return request
 
 
 def fork(conn: socket.socket, request: dict[str, Any], waiting: dict[int, socket.socket]) -> bool:
