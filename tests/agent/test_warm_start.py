@@ -102,8 +102,13 @@ async def cooled(executor: CommandExecutor, work: Awaitable[Any]) -> Any:
 def run(
     executor: CommandExecutor, job: JobWork, on: Callable[[Update, StopSignal], None] | None = None
 ) -> list[Update]:
-    h = Harness(executor, WallClock(), None)  # type: ignore[arg-type]
-    return list(asyncio.run(cooled(executor, run_to_end(h, job, on))))
+    """Run ``job`` once its zygote is ready (as at the agent's start or before a gang's go)."""
+
+    async def warm_then_run() -> list[Update]:
+        await executor.warm(job)
+        return await run_to_end(Harness(executor, WallClock(), None), job, on)  # type: ignore[arg-type]
+
+    return list(asyncio.run(cooled(executor, warm_then_run())))
 
 
 def python(tmp_path: Path, body: str, *args: str, **payload: Any) -> JobWork:
@@ -135,8 +140,11 @@ def test_a_warm_command_passes_the_conformance_suite(check, tmp_path: Path) -> N
             alloc, 1, (f"job-{alloc}",), payload={"command": command}, checkpoint_dir=tmp_path
         )
 
-    h = Harness(executor, WallClock(), make, checkpoints_on_preempt=True)
-    asyncio.run(cooled(executor, check(h)))
+    async def warm_then_check() -> None:
+        await executor.warm(make("quick", "warm-up"))
+        await check(Harness(executor, WallClock(), make, checkpoints_on_preempt=True))
+
+    asyncio.run(cooled(executor, warm_then_check()))
 
 
 @pytest.mark.parametrize("code", [0, 3])
@@ -276,6 +284,24 @@ def test_what_starts_cold(tmp_path: Path, payload: dict[str, Any], want: list[st
         assert not _zygotes()
         return
     assert agent_lines(run(warm_executor(), job)) == want
+
+
+def test_a_run_does_not_wait_for_a_zygote_still_importing(tmp_path: Path) -> None:
+    """It would wait as long as a cold start takes; the zygote is for the runs after it."""
+    executor = warm_executor()
+    job = python(tmp_path, REPORT)
+
+    async def scenario() -> list[list[Update]]:
+        h = Harness(executor, WallClock(), None)  # type: ignore[arg-type]
+        first = await run_to_end(h, job)  # the zygote starts now, with this run
+        await executor.warm(job)
+        return [first, await run_to_end(h, job)]
+
+    first, second = asyncio.run(cooled(executor, scenario()))
+    assert agent_lines(first) == [
+        "warm start unavailable (the zygote is still importing); started cold"
+    ]
+    assert agent_lines(second) == ["started warm: forked with xml.dom.minidom preloaded"]
 
 
 def test_a_shell_command_starts_cold(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ class CommandExecutor:
         preloaded (None: the configured command's); nothing if it starts cold."""
         payload = assignment.payload if assignment is not None else {}
         try:
-            found = self._warm_entry(self._argv(payload), payload, revive=True)
+            found = self._warm_entry(self._argv(payload), payload)
         except InvalidSpec:
             return  # the run itself says what is wrong
         if found is not None:
@@ -162,7 +162,7 @@ class CommandExecutor:
     ) -> tuple[Running, str]:
         """Start the command: forked from its zygote when it can be, else a subprocess;
         and a line for the job's log saying which."""
-        found = self._warm_entry(argv, job.payload, revive=False)  # not now: cold is as fast
+        found = self._warm_entry(argv, job.payload)
         if found is None:
             return await _spawn(argv, env, self._workdir), ""
         zygote, entry = found
@@ -170,13 +170,13 @@ class CommandExecutor:
             proc = await zygote.spawn(entry, env, self._workdir, cpus, LINE_LIMIT)
         except ZygoteUnavailable as exc:
             log.warning("job %s: warm start unavailable (%s): starting cold", job.job_id, exc)
-            self._zygotes.get(zygote.python, zygote.modules, revive=True)  # for the next run
+            self._zygotes.get(zygote.python, zygote.modules)  # one that died: again, for the next
             note = f"warm start unavailable ({exc}); started cold"
             return await _spawn(argv, env, self._workdir), note
         return proc, f"started warm: forked with {', '.join(zygote.modules)} preloaded"
 
     def _warm_entry(
-        self, argv: list[str], payload: Mapping[str, object], *, revive: bool
+        self, argv: list[str], payload: Mapping[str, object]
     ) -> tuple[Zygote, Entry] | None:
         """The zygote and entry point to fork ``argv`` with; None when it starts cold."""
         modules = preload_of(payload, self._preload)
@@ -186,7 +186,7 @@ class CommandExecutor:
         entry = python_entry(argv, path)
         if entry is None:
             return None
-        zygote = self._zygotes.get(entry.python, modules, revive=revive)
+        zygote = self._zygotes.get(entry.python, modules)
         return None if zygote is None else (zygote, entry)
 
     def _argv(self, payload: Mapping[str, object]) -> list[str]:

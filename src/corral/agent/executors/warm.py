@@ -7,7 +7,9 @@ What is warmed is a *preload set*: the modules named by the job's ``payload.prel
 else by the agent's ``--preload``; an empty set means a cold start. One zygote per
 (interpreter, preload set), at most ``ZYGOTES_MAX``, each started at the agent's start
 (for its configured command) or while a gang replica prepares, before it says ready.
-A zygote that died is started again at the next use; one that could not preload
+A run never waits for a zygote still importing (it would wait about as long as a cold
+start takes): it starts cold. A zygote that died is started again at the next use; one
+that could not preload
 (an import failed, it initialised CUDA) is not retried until the agent restarts.
 Whenever no zygote can fork the run, it starts as a plain subprocess, and the job's
 log says why.
@@ -148,6 +150,11 @@ class Zygote:
     def dead(self) -> bool:
         return self._proc is not None and self._proc.returncode is not None
 
+    @property
+    def forks(self) -> bool:
+        """It has preloaded and is alive: a run forked now starts warm."""
+        return self._ready.done() and not self._ready.result() and not self.dead
+
     async def ready(self) -> str:
         """Wait until it can fork; "" then, else why it cannot."""
         return await asyncio.shield(self._ready)
@@ -161,10 +168,13 @@ class Zygote:
         limit: int,
     ) -> WarmProcess:
         """Fork ``entry`` with ``env`` in ``cwd`` on ``cpus`` (``limit``: the longest output
-        line read); ``ZygoteUnavailable`` if it cannot."""
-        refusal = await self.ready()
-        if refusal or self.dead:
-            raise ZygoteUnavailable(refusal or "the zygote has ended")
+        line read); ``ZygoteUnavailable`` if it cannot now. A zygote still importing is not
+        waited for: the run would wait as long as a cold start takes."""
+        if not self.forks:
+            refusal = self._ready.result() if self._ready.done() else ""
+            raise ZygoteUnavailable(refusal or "the zygote is still importing")
+        if self.dead:
+            raise ZygoteUnavailable("the zygote has ended")
         body: dict[str, object] = {"module": entry.module, "script": entry.script}
         body["args"] = list(entry.args)
         body |= {"env": dict(env), "cwd": str(cwd), "cpus": sorted(cpus) if cpus else None}
@@ -256,12 +266,12 @@ class Zygotes:
         self._limit = limit
         self._zygotes: dict[tuple[str, tuple[str, ...]], Zygote] = {}
 
-    def get(self, python: str, modules: tuple[str, ...], *, revive: bool) -> Zygote | None:
-        """The zygote for ``modules`` under ``python``, started if there is none (and again
-        if it died, when ``revive``); None when there are ``limit`` other sets already."""
+    def get(self, python: str, modules: tuple[str, ...]) -> Zygote | None:
+        """The zygote for ``modules`` under ``python``, started if there is none or it died;
+        None when there are ``limit`` other sets already."""
         key = (python, tuple(sorted(set(modules))))
         found = self._zygotes.get(key)
-        if revive and found is not None and found.dead and not found.refused:
+        if found is not None and found.dead and not found.refused:
             log.warning("zygote for %s died: starting another", ", ".join(key[1]))
             asyncio.get_running_loop().create_task(found.aclose())
             found = None
