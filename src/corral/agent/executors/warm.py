@@ -9,10 +9,9 @@ else by the agent's ``--preload``; an empty set means a cold start. One zygote p
 (for its configured command) or while a gang replica prepares, before it says ready.
 A run never waits for a zygote still importing (it would wait about as long as a cold
 start takes): it starts cold. A zygote that died is started again at the next use; one
-that could not preload
-(an import failed, it initialised CUDA) is not retried until the agent restarts.
-Whenever no zygote can fork the run, it starts as a plain subprocess, and the job's
-log says why.
+that could not preload (an import failed, it initialised CUDA) is not retried until the
+agent restarts. Whenever no zygote can fork the run, it starts as a plain subprocess,
+and the job's log says why.
 
 Only a command that is ``python [-u] [-B] script.py ...`` or ``python [-u] [-B] -m
 module ...`` can start warm; anything else (another program, other interpreter
