@@ -8,10 +8,10 @@ else by the agent's ``--preload``; an empty set means a cold start. One zygote p
 (interpreter, preload set), at most ``ZYGOTES_MAX``, each started at the agent's start
 (for its configured command) or while a gang replica prepares, before it says ready.
 A run never waits for a zygote still importing (it would wait about as long as a cold
-start takes): it starts cold. A zygote that died is started again at the next use; one
-that could not preload (an import failed, it initialised CUDA) is not retried until the
-agent restarts. Whenever no zygote can fork the run, it starts as a plain subprocess,
-and the job's log says why.
+start takes): it starts cold. A zygote that died is started again at the next use (up
+to ``RESTARTS_MAX`` times); one that could not preload (an import failed, it
+initialised CUDA) is not retried until the agent restarts. Whenever no zygote can fork
+the run, it starts as a plain subprocess, and the job's log says why.
 
 Only a command that is ``python [-u] [-B] script.py ...`` or ``python [-u] [-B] -m
 module ...`` can start warm; anything else (another program, other interpreter
@@ -45,6 +45,10 @@ hundreds of MB), and a node runs few distinct training environments."""
 PRELOAD_TIMEOUT_S = 300.0
 """How long a zygote may take to import its modules (torch from a cold disk takes tens of
 seconds) before it is taken for hung, killed, and its runs start cold."""
+
+RESTARTS_MAX = 5
+"""Times a zygote that died is started again in an agent's life: one that keeps dying
+(killed for memory, say) would otherwise cost an import per run."""
 
 CLOSE_WAIT_S = 5.0
 """How long a zygote gets to exit once told to, before it is killed."""
@@ -264,6 +268,7 @@ class Zygotes:
     def __init__(self, limit: int = ZYGOTES_MAX) -> None:
         self._limit = limit
         self._zygotes: dict[tuple[str, tuple[str, ...]], Zygote] = {}
+        self._restarts: dict[tuple[str, tuple[str, ...]], int] = {}
 
     def get(self, python: str, modules: tuple[str, ...]) -> Zygote | None:
         """The zygote for ``modules`` under ``python``, started if there is none or it died;
@@ -271,6 +276,9 @@ class Zygotes:
         key = (python, tuple(sorted(set(modules))))
         found = self._zygotes.get(key)
         if found is not None and found.dead and not found.refused:
+            self._restarts[key] = restarts = self._restarts.get(key, 0) + 1
+            if restarts > RESTARTS_MAX:
+                return found  # it keeps dying: its runs start cold (and say so)
             log.warning("zygote for %s died: starting another", ", ".join(key[1]))
             asyncio.get_running_loop().create_task(found.aclose())
             found = None
