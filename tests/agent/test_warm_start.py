@@ -29,7 +29,7 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.scripted import tiny_png
-from corral.agent.main import preload_modules
+from corral.agent.main import AgentOptions, build_executors, preload_modules
 from corral.agent.orders import Done, Order, Report
 from corral.agent.supervisor import Supervisor
 from corral.agent.testing import CHECKS, Harness, run_to_end, stop_on_first_progress
@@ -315,6 +315,9 @@ def test_a_bad_preload_names_the_field(tmp_path: Path) -> None:
     assert "payload.preload" in updates[-1].error
     with pytest.raises(InvalidSpec, match="preload"):
         preload_modules(["torch", "not a module"])
+    options = AgentOptions(servers=("grpc://127.0.0.1:1",), token="t", preload=("torch",))
+    with pytest.raises(InvalidSpec, match="preload: warms the runs of --command"):
+        build_executors(options, WallClock(), tmp_path)
 
 
 def test_a_gang_replica_says_ready_once_its_zygote_has_imported(

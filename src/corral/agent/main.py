@@ -312,6 +312,8 @@ def build_executors(
     if options.a1111:
         executors["a1111"] = A1111Executor(options.a1111, clock, models_dir=options.a1111_models)
         default = "a1111"
+    if options.preload and not options.command:
+        raise InvalidSpec("preload", "warms the runs of --command: give --command too")
     if options.command:
         workdir = work_dir / "runs"
         workdir.mkdir(parents=True, exist_ok=True)

@@ -58,13 +58,13 @@ from corral.agent.executors.warm import (
 from corral.agent.topology import Topology
 from corral.core import Clock, ExecutorError, InvalidSpec
 
+log = logging.getLogger("corral.agent")
+
 EX_TEMPFAIL = 75
 """sysexits.h "temporary failure": the conventional 'try again later' exit code."""
 
 LINE_LIMIT = 1 << 20
 """Longest output line kept (1 MiB); longer ones are dropped with a note."""
-
-log = logging.getLogger("corral.agent")
 
 STDERR_TAIL = 10
 """stderr lines quoted in the error of a failed command."""
