@@ -29,6 +29,7 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.scripted import tiny_png
+from corral.agent.executors.warm import RESTARTS_MAX, Zygotes
 from corral.agent.main import AgentOptions, build_executors, preload_modules
 from corral.agent.orders import Done, Order, Report
 from corral.agent.supervisor import Supervisor
@@ -259,6 +260,30 @@ def test_a_run_outlives_its_zygote_and_ends_retryably(tmp_path: Path) -> None:
     assert isinstance(updates[-1], Failed)
     assert updates[-1].retryable
     assert "unknown exit status" in updates[-1].error
+
+
+def test_a_zygote_that_keeps_dying_is_started_again_a_bounded_number_of_times() -> None:
+    async def scenario() -> tuple[int, bool]:
+        pool, started = Zygotes(), set[int]()
+        try:
+            for _ in range(RESTARTS_MAX + 3):
+                zygote = pool.get(sys.executable, tuple(PRELOAD))
+                assert zygote is not None
+                if zygote.dead:
+                    return len(started), zygote.forks
+                assert await zygote.ready() == ""
+                started.add(id(zygote))
+                for pid in _zygotes():
+                    os.kill(pid, signal.SIGKILL)
+                for _ in range(1000):  # until the pool has seen it die
+                    if zygote.dead:
+                        break
+                    await asyncio.sleep(0.01)
+            raise AssertionError("started again without end")
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(scenario()) == (1 + RESTARTS_MAX, False)
 
 
 def test_a_preload_that_fails_to_import_starts_runs_cold_and_says_why(tmp_path: Path) -> None:
