@@ -23,8 +23,12 @@ AGENT = ("--command", f"{sys.executable} {EXAMPLE}", "--cpus", "1")
 """An agent that runs train jobs as the example script, one replica at a time."""
 
 
-def start_agents(cluster: Cluster, *names: str) -> dict[str, Proc]:
-    return {name: cluster.start_agent(name, *AGENT) for name in names}
+WARM = ("--preload", "torch")
+"""Its ranks forked from a zygote that has imported torch (warm start)."""
+
+
+def start_agents(cluster: Cluster, *names: str, warm: bool = False) -> dict[str, Proc]:
+    return {name: cluster.start_agent(name, *AGENT, *(WARM if warm else ())) for name in names}
 
 
 def submit_gang(c: httpx.Client, replicas: int, *args: str, **spec: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_harness import Cluster, eventually, job, wait_state
+from e2e_harness import Cluster, events, eventually, job, wait_state
 from gang_harness import lose_machine, reference, start_agents, submit_gang, weights
 
 pytestmark = pytest.mark.slow
@@ -33,6 +33,28 @@ def test_a_gang_trains_with_ddp_across_agents(
         node = c.get("/v1/nodes/box-1").json()
     assert node["labels"]["corral.address"] == "127.0.0.1", "reachable: the route to the server"
     assert got["weights"] == reference(tmp_path, replicas, *args)
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_a_warm_started_gang_trains_as_a_cold_one(
+    cluster: Cluster, tmp_path: Path, replicas: int
+) -> None:
+    """Agents with ``--preload torch`` fork each rank from a zygote: the gang meets, trains
+    and ends with the weights of ranks started by hand, and each rank's log says it was
+    forked."""
+    args = ("--steps", "10", "--checkpoint-every", "5")
+    cluster.start_server()
+    start_agents(cluster, *(f"box-{i}" for i in range(replicas)), warm=True)
+    with cluster.client() as c:
+        j = submit_gang(c, replicas, *args)
+        done = wait_state(c, j["id"], "succeeded", "failed", timeout=90)
+        assert done["state"] == "succeeded", done
+        got = weights(c, j["id"])
+        logs = [e["data"]["data"] for e in events(c, j["id"]) if e["data"]["kind"] == "job.log"]
+        lines = [line for data in logs for line in data.get("lines", ())]
+    assert got["weights"] == reference(tmp_path, replicas, *args)
+    warm = [line for line in lines if line.endswith("started warm: forked with torch preloaded")]
+    assert len(warm) == replicas, lines
 
 
 def test_a_gang_that_loses_a_machine_resumes_from_its_checkpoint(

@@ -37,6 +37,7 @@ from corral.agent.executors.command import CommandExecutor
 from corral.agent.executors.http_a1111 import A1111Executor
 from corral.agent.executors.http_comfyui import ComfyUIExecutor
 from corral.agent.executors.python import PythonExecutor
+from corral.agent.executors.warm import MODULE_NAME
 from corral.agent.fingerprint import GpuInventory, NvmlInventory, detect_inventory
 from corral.agent.link import LinkClient, LinkRefused, LinkSettings, Target, parse_server
 from corral.agent.memory import offered
@@ -90,6 +91,7 @@ class AgentOptions:
     fake_topology: str | None = None  # with fake_gpus: "numa=0,0,1,1; nvlink=0-1,2-3"
     handler: str | None = None
     command: str | None = None
+    preload: tuple[str, ...] = ()  # modules a Python --command's runs start with (warm start)
     default_backend: str | None = None  # jobs naming none run here (default: see build_executors)
     a1111: str | None = None  # base URL of an AUTOMATIC1111 webui started with --api
     comfyui: str | None = None  # base URL of a ComfyUI server
@@ -209,6 +211,7 @@ class Agent:
         if note:
             log.info("%s", note)
         await self.note_backend_models()
+        self.supervisor.warm_up()  # the zygotes import while the agent connects
         await self.link.run()
 
     async def note_backend_models(self) -> None:
@@ -313,12 +316,19 @@ def build_executors(
     if options.a1111:
         executors["a1111"] = A1111Executor(options.a1111, clock, models_dir=options.a1111_models)
         default = "a1111"
+    if options.preload and not options.command:
+        raise InvalidSpec("preload", "warms the runs of --command: give --command too")
     if options.command:
         workdir = work_dir / "runs"
         workdir.mkdir(parents=True, exist_ok=True)
         argv = shlex.split(options.command)
         executors["command"] = CommandExecutor(
-            clock, argv, allow_payload_command=False, workdir=workdir, topology=topology
+            clock,
+            argv,
+            allow_payload_command=False,
+            workdir=workdir,
+            topology=topology,
+            preload=preload_modules(options.preload),
         )
         by_kind["train"] = "command"
     if options.handler:
@@ -332,6 +342,14 @@ def build_executors(
             )
         default = options.default_backend
     return executors, default, by_kind
+
+
+def preload_modules(modules: Sequence[str]) -> tuple[str, ...]:
+    """``--preload``'s module names, checked: a bad one names the ``preload`` option."""
+    for name in modules:
+        if not MODULE_NAME.fullmatch(name):
+            raise InvalidSpec("preload", f"{name!r} is not a module name")
+    return tuple(modules)
 
 
 async def run_agent(options: AgentOptions, agent: Agent | None = None) -> None:

@@ -69,6 +69,15 @@ class OwnsProcesses(Protocol):
     def root_pid(self, allocation_id: str) -> int | None: ...
 
 
+@runtime_checkable
+class Warms(Protocol):
+    """Executors that can get ready for a run ahead of it (``command.py``'s zygotes): at the
+    agent's start, and while a gang replica prepares, so its go does not wait for them."""
+
+    async def warm(self, assignment: JobWork | None) -> None: ...
+    async def cool(self) -> None: ...
+
+
 @dataclass
 class _Slot:
     order: Order
@@ -119,6 +128,7 @@ class Supervisor:
         self.intake_open = True  # the server's word; it only affects what it sends
         self.gang = GangGate()  # gang replicas wait for the server's go (gang_gate.py)
         self._slots: dict[str, _Slot] = {}
+        self._warming: set[asyncio.Task[None]] = set()
         self._by_job: dict[str, str] = {}  # job id -> the allocation holding its latest attempt
 
     @property
@@ -253,8 +263,17 @@ class Supervisor:
                 stopped.append(v.allocation_id)
         return stopped
 
+    def warm_up(self) -> None:
+        """Let the executors that can get ready for their configured work start now."""
+        for executor in self.executors.values():
+            if isinstance(executor, Warms):
+                task = asyncio.get_running_loop().create_task(executor.warm(None))
+                self._warming.add(task)
+                task.add_done_callback(self._warming.discard)
+
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Preempt everything running (so it checkpoints) and wait for it to end."""
+        """Preempt everything running (so it checkpoints) and wait for it to end; then let
+        the executors drop what they kept warm."""
         tasks = [s.task for s in self._slots.values() if s.task is not None and not s.finished]
         for alloc_id in self.running():
             self.stop(alloc_id, StopReason.PREEMPT, grace_s, "the agent is shutting down")
@@ -264,6 +283,7 @@ class Supervisor:
             task.cancel()
         # gather, not each under suppress(CancelledError): a cancel of shutdown itself propagates
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(e.cool() for e in self.executors.values() if isinstance(e, Warms)))
 
     async def _run(self, slot: _Slot) -> None:
         try:
@@ -356,7 +376,8 @@ class Supervisor:
             def say_ready() -> None:
                 self._emit(slot, Ready(), job.job_id)
 
-            request = await self.gang.ready(slot.order.allocation_id, slot.stop, say_ready)
+            warm = slot.executor.warm(job) if isinstance(slot.executor, Warms) else None
+            request = await self.gang.ready(slot.order.allocation_id, slot.stop, say_ready, warm)
             if request is not None:
                 return _failed(stopped_terminal(request))
         terminal: Finished | Failed | None = None

@@ -91,6 +91,13 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
         str | None,
         typer.Option(help="Run train jobs as this command line (a subprocess per job)."),
     ] = None,
+    preload: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Warm start: a --command that is a Python script is forked from a process "
+            "that has imported these modules already, e.g. torch (repeat, or comma-separated)."
+        ),
+    ] = None,
     a1111: Annotated[
         str | None,
         typer.Option("--a1111", help="AUTOMATIC1111 webui base URL (started with --api)."),
@@ -181,6 +188,7 @@ def agent(  # noqa: PLR0913 (each option of the command is an argument)
             fake_topology=fake_topology,
             handler=handler,
             command=command,
+            preload=tuple(m.strip() for it in preload or () for m in it.split(",") if m.strip()),
             a1111=a1111,
             comfyui=comfyui,
             a1111_models=a1111_models,

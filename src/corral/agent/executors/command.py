@@ -10,6 +10,11 @@ every other line is streamed as a log line. Files it leaves in
 75 (``EX_TEMPFAIL``) or death by a signal nobody sent fails retryably, any other
 code fails for good. A stop sends SIGTERM to its whole process group, then
 SIGKILL after the grace period.
+
+A Python entry point (``python train.py``) with a preload set (the agent's
+``--preload``, or the payload's ``preload``) is forked from a zygote that has
+imported those modules already (``warm.py``), and otherwise behaves as the plain
+subprocess it replaces; the plain subprocess is the fallback.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -25,6 +31,7 @@ import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from corral.agent.executors.base import (
     Failed,
@@ -40,8 +47,18 @@ from corral.agent.executors.base import (
 )
 from corral.agent.executors.distributed import gang_env, launch_argv, launcher_of
 from corral.agent.executors.lines import ResultFile, file_result, parse_line, read_result
+from corral.agent.executors.warm import (
+    Entry,
+    Zygote,
+    Zygotes,
+    ZygoteUnavailable,
+    preload_of,
+    python_entry,
+)
 from corral.agent.topology import Topology
 from corral.core import Clock, ExecutorError, InvalidSpec
+
+log = logging.getLogger("corral.agent")
 
 EX_TEMPFAIL = 75
 """sysexits.h "temporary failure": the conventional 'try again later' exit code."""
@@ -53,8 +70,21 @@ STDERR_TAIL = 10
 """stderr lines quoted in the error of a failed command."""
 
 
+class Running(Protocol):
+    """A started command: a plain subprocess or one forked by a zygote (``WarmProcess``)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
+    @property
+    def stderr(self) -> asyncio.StreamReader | None: ...
+    async def wait(self) -> int | None: ...
+
+
 class CommandExecutor:
-    """Runs ``command`` (or the payload's ``command``) as a subprocess per job."""
+    """Runs ``command`` (or the payload's ``command``) as a subprocess per job; Python
+    entry points forked from a zygote preloading ``preload`` (``warm.py``)."""
 
     def __init__(
         self,
@@ -65,6 +95,7 @@ class CommandExecutor:
         workdir: Path | None = None,
         name: str = "command",
         topology: Topology | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         self._clock = clock
         self._workdir = (workdir or Path.cwd()).resolve()
@@ -73,6 +104,8 @@ class CommandExecutor:
         self._name = name
         self._topology = topology  # pins a job to its GPUs' NUMA nodes' CPUs when known
         self._pids: dict[str, int] = {}  # allocation id -> its process (the VRAM guard asks)
+        self._preload = tuple(preload)
+        self._zygotes = Zygotes()
 
     @property
     def name(self) -> str:
@@ -96,8 +129,10 @@ class CommandExecutor:
             cpus = self._topology.cpus_for(assignment.gpu_indices) if self._topology else None
             if cpus is not None:
                 env["CORRAL_CPUS"] = ",".join(map(str, sorted(cpus)))
-            proc = await _spawn(argv, env, self._workdir)
+            proc, note = await self._start(argv, env, assignment, cpus)
             self._pids[assignment.allocation_id] = proc.pid
+            if note:
+                yield LogLine(note, "agent")
             if cpus is not None and self._topology is not None:
                 pin(proc.pid, cpus)
                 yield LogLine(self._topology.describe(assignment.gpu_indices), "agent")
@@ -106,6 +141,53 @@ class CommandExecutor:
         finally:
             self._pids.pop(assignment.allocation_id, None)
             shutil.rmtree(out_dir, ignore_errors=True)
+
+    async def warm(self, assignment: JobWork | None) -> None:
+        """Start the zygote ``assignment`` will be forked from and wait until it has
+        preloaded (None: the configured command's); nothing if it starts cold."""
+        payload = assignment.payload if assignment is not None else {}
+        try:
+            found = self._warm_entry(self._argv(payload), payload)
+        except InvalidSpec:
+            return  # the run itself says what is wrong
+        if found is not None:
+            await found[0].ready()
+
+    async def cool(self) -> None:
+        """Stop the zygotes (the runs they forked go on)."""
+        await self._zygotes.aclose()
+
+    async def _start(
+        self, argv: list[str], env: dict[str, str], job: JobWork, cpus: frozenset[int] | None
+    ) -> tuple[Running, str]:
+        """Start the command: forked from its zygote when it can be, else a subprocess;
+        and a line for the job's log saying which."""
+        found = self._warm_entry(argv, job.payload)
+        if found is None:
+            return await _spawn(argv, env, self._workdir), ""
+        zygote, entry = found
+        try:
+            proc = await zygote.spawn(entry, env, self._workdir, cpus, LINE_LIMIT)
+        except ZygoteUnavailable as exc:
+            log.warning("job %s: warm start unavailable (%s): starting cold", job.job_id, exc)
+            self._zygotes.get(zygote.python, zygote.modules)  # one that died: again, for the next
+            note = f"warm start unavailable ({exc}); started cold"
+            return await _spawn(argv, env, self._workdir), note
+        return proc, f"started warm: forked with {', '.join(zygote.modules)} preloaded"
+
+    def _warm_entry(
+        self, argv: list[str], payload: Mapping[str, object]
+    ) -> tuple[Zygote, Entry] | None:
+        """The zygote and entry point to fork ``argv`` with; None when it starts cold."""
+        modules = preload_of(payload, self._preload)
+        if not modules or launcher_of(payload):  # torchrun's workers are its own to start
+            return None
+        path = _payload_env(payload).get("PATH", os.environ.get("PATH"))
+        entry = python_entry(argv, path)
+        if entry is None:
+            return None
+        zygote = self._zygotes.get(entry.python, modules)
+        return None if zygote is None else (zygote, entry)
 
     def _argv(self, payload: Mapping[str, object]) -> list[str]:
         """The command line: the configured command plus ``args``, or the payload's command."""
@@ -123,7 +205,7 @@ class CommandExecutor:
 
     async def _supervise(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: Running,
         stop: StopSignal,
         out_dir: Path,
         keep: Path | None = None,
@@ -160,7 +242,7 @@ class CommandExecutor:
         results = await asyncio.to_thread(_collect_results, out_dir, result_files, keep)
         yield _terminal(code, stop, results, list(tail))
 
-    async def _kill_when_stopped(self, proc: asyncio.subprocess.Process, stop: StopSignal) -> None:
+    async def _kill_when_stopped(self, proc: Running, stop: StopSignal) -> None:
         request = await stop.wait()
         _kill_group(proc, signal.SIGTERM)
         await self._clock.sleep(request.grace_s)
@@ -263,7 +345,7 @@ async def _until_closed(
         yield item
 
 
-def _kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+def _kill_group(proc: Running, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
@@ -283,11 +365,13 @@ def _collect_results(
 
 
 def _terminal(
-    code: int, stop: StopSignal, results: tuple[Result, ...], tail: list[str]
+    code: int | None, stop: StopSignal, results: tuple[Result, ...], tail: list[str]
 ) -> Finished | Failed:
     request = stop.requested
     if request is not None:
         return stopped_terminal(request, results)
+    if code is None:  # forked by a zygote that ended before it could say how the run ended
+        return Failed("command ended with an unknown exit status (its zygote died)", True)
     if code == 0:
         return Finished(results)
     reason = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
