@@ -32,6 +32,14 @@ is anything committed: there is no preemption that does not let the
 preemptor run, and none that frees a card the preemptor could do without
 when another node needed less.
 
+Nor one that costs more than waiting would: when the best room now takes more
+than one eviction, or leaves evicted cards idle, and work still inside its
+minimum run time would give a cheaper room (fewer evictions, then fewer idle
+cards) once it may go, the job waits for that (its queue explanation says
+when). On a real cluster work started in one cycle passes its minimum a few
+milliseconds apart; without this, the first to pass would all be taken, two
+for a job that one would have served a moment later.
+
 Each victim carries its true reason (``Room.why``): which team is owed its
 quota and how far over its own the victim's team was, or which class
 outranks which.
@@ -126,20 +134,15 @@ class Preemptor:
         ``patient`` ignores the minimum run time: "would preemption help once
         the victims have run long enough?" (for the ``preempt`` remedy).
         """
-        best: tuple[tuple[int, int, int, float, int], Room] | None = None
-        tried = 0
-        for nc in self._candidates(cycle, ledger, need, ask):
-            room = self._try_node(cycle, ledger, nc, need, ask, patient)
-            if room is None:
-                continue
-            tried += 1
-            key = _badness(room, nc.idx)
-            if best is None or key < best[0]:
-                best = (key, room)
-            if key[:3] == (1, 0, 0) or tried >= NODES_TO_TRY:
-                break
+        best = self._best(cycle, ledger, need, ask, patient)
         if best is None:
             return None
+        if not patient and best[0][:2] != (1, 0):
+            # Costlier than one eviction that leaves nothing idle: wait if work still too
+            # young to evict would make cheaper room once it has run its minimum.
+            later = self._best(cycle, ledger, need, ask, True)
+            if later is not None and later[0][:2] < best[0][:2]:
+                return None
         why: list[str] = []
         for victim in best[1].victims:
             why.append(_reason(ledger, victim, ask))
@@ -155,6 +158,24 @@ class Preemptor:
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
         return Room(fit, best[1].victims, best[1].idle, tuple(why))
+
+    def _best(
+        self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, patient: bool
+    ) -> tuple[tuple[int, int, int, float, int], Room] | None:
+        """The cheapest room over the candidate nodes (``_badness``), nothing committed."""
+        best: tuple[tuple[int, int, int, float, int], Room] | None = None
+        tried = 0
+        for nc in self._candidates(cycle, ledger, need, ask):
+            room = self._try_node(cycle, ledger, nc, need, ask, patient)
+            if room is None:
+                continue
+            tried += 1
+            key = _badness(room, nc.idx)
+            if best is None or key < best[0]:
+                best = (key, room)
+            if key[:3] == (1, 0, 0) or tried >= NODES_TO_TRY:
+                break
+        return best
 
     def _candidates(self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask) -> Iterator[NodeCap]:
         """Feasible nodes holding work this ask may evict, most room (free + victims) first.

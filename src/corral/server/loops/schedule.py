@@ -211,7 +211,7 @@ class SchedulingLoop:
         records = kept.records
         applied = await apply_plan(self.rt, plan, records)
         kept.placed(applied.inserted)
-        kept.set_aside(applied.awaiting)
+        kept.set_aside(applied.awaiting, plan.placements, now)
         self._served(records, applied, now)
         self._remember(plan, now, explain, queued)
         if self.after_cycle:  # e.g. the prefetch policy (loops/prefetch.py)
