@@ -84,3 +84,8 @@ def need_of(job: Job, *, on_cpu: bool = False) -> Need:
         selector=selector,
         backend=job.backend,
     )
+
+
+def on_cpu(need: Need) -> Need:
+    """The CPU-offload variant of ``need`` (as ``need_of(job, on_cpu=True)`` gives it)."""
+    return Need(cpus=need.cpus, selector=need.selector, backend=need.backend, on_cpu=True)

@@ -51,6 +51,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from corral.core.model import PriorityClass
 from corral.core.resources import MILLI
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
@@ -91,12 +92,14 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Room:
     """Where a job fits once ``victims`` are gone; ``idle``: milli-GPUs evicted that the job
-    would not use; ``why``: each victim's reason, once committed (``make_room``)."""
+    would not use; ``why``: each victim's reason, once committed (``make_room``);
+    ``moves``: for a consolidation (``consolidation.py``), the node each victim moves to."""
 
     fit: Fit
     victims: tuple[Victim, ...]
     idle: int = 0
     why: tuple[str, ...] = ()
+    moves: tuple[str, ...] = ()
 
 
 class Preemptor:
@@ -125,6 +128,14 @@ class Preemptor:
         if units is None:
             units = self._units[node] = self._index.units(node, self._now)
         return units
+
+    def gone(self, victim: Victim) -> bool:
+        """Is ``victim`` evicted (or moved) already this cycle, on the working copy?"""
+        return bool(self._gone.get(victim.allocs[0].id))
+
+    def mark_gone(self, victim: Victim) -> None:
+        """``victim`` leaves this cycle another way (a consolidation move)."""
+        self._gone.put(victim.allocs[0].id, True)
 
     def make_room(
         self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, *, patient: bool = False
@@ -300,3 +311,21 @@ def _reason(ledger: Ledger, victim: Victim, ask: Ask) -> str:
         f"reclaim: team {ask.team} is owed its quota of {owed:g} GPUs; "
         f"team {victim.team} held {used:g}, over its quota of {quota:g}"
     )
+
+
+def ask_for(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
+    """What work of ``pclass`` may evict: ``guaranteed``, in the within-quota pass."""
+    # ``Planner.may_fit`` reads ``reclaim or priority or across`` as
+    # ``guaranteed or evicts(pclass)``
+    return Ask(
+        team,
+        pclass.rank,
+        reclaim=guaranteed,
+        priority=pclass.can_preempt,
+        across=pclass.preempt_other_teams,
+    )
+
+
+def evicts(pclass: PriorityClass) -> bool:
+    """May work of ``pclass`` evict anyone without being owed its quota?"""
+    return pclass.can_preempt or pclass.preempt_other_teams
