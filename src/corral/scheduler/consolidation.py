@@ -23,7 +23,7 @@ first in the order. A mover goes only to a node of its own node class, so any
 GPU model, label or backend it was placed for holds there too (an allocation
 does not carry its job's constraints). Bounds: ``MOVES_PER_JOB`` movers for
 one waiting job, ``Config.consolidation_moves`` per cycle, ``NODES_TO_TRY``
-nodes looked at per job.
+nodes and ``MOVERS_PER_NODE`` movers on each looked at per job.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ MOVES_PER_JOB: Final = 2
 """Movers for one waiting job at most: beyond two, a move chain costs more work
 lost than the wait for an ending job, and the search grows fast."""
 NODES_TO_TRY: Final = 8
+MOVERS_PER_NODE: Final = 4
+"""Movers looked at per node, cheapest first: each costs a fit search elsewhere."""
 """Nodes evaluated per waiting job, most free first: a bounded search."""
 
 Moves = list[tuple[Victim, Fit]]
@@ -65,6 +67,7 @@ class Consolidator:
         self._now = now
         self._min_runtime_s = min_runtime_s
         self.left = budget  # moves this cycle may still make
+        self._targets: list[Fit] = []  # where the movers were seen to fit, held this cycle
         self._others: dict[tuple[int, str], frozenset[str]] = {}
         # need -> the capacity generation at which no move helped it (rolled back with the
         # working copy, as the planner's memos are)
@@ -106,6 +109,7 @@ class Consolidator:
         why = []
         for victim, to in moves:
             self._preemptor.mark_gone(victim)
+            self._targets.append(to)
             alloc = victim.allocs[0]
             why.append(
                 f"consolidation: {alloc.job_ids[0]} moves from {alloc.node} to "
@@ -115,18 +119,28 @@ class Consolidator:
         victims = tuple(v for v, _ in moves)
         return Room(fit, victims, 0, tuple(why), tuple(to.node.name for _, to in moves))
 
+    def give_back(self, cycle: Cycle) -> None:
+        """At the end of the cycle, free the movers' rooms on the working copy: the plan
+        places no allocation there (a moved job is placed again by a later cycle), and a
+        kept scheduler keeps only what its plan says it took (``carried.py``)."""
+        for fit in self._targets:
+            cycle.cap.release(fit.node, fit.gpus, fit.milli, fit.vram, fit.cpus)
+        self._targets = []
+
     def _candidates(self, cycle: Cycle, need: Need) -> list[NodeCap]:
         """Feasible nodes where the need would fit were their movable work gone, most free
         first."""
         feasible = set(cycle.feasible_classes(need))
         want = need.nominal_milli()
-        nodes = [
-            nc
-            for nc in cycle.cap.nodes
-            if nc.cls in feasible
-            and not nc.hidden
-            and nc.milli_free + self._index.nodes[nc.idx].milli >= want
-        ]
+        victims = self._index.nodes
+        nodes, free = [], 0
+        for nc in cycle.cap.nodes:
+            if nc.cls in feasible and not nc.hidden:
+                free += nc.milli_free
+                if nc.milli_free + victims[nc.idx].milli >= want:
+                    nodes.append(nc)
+        if free < want:
+            return []  # moves only rearrange: the free cards must add up to the job first
         nodes.sort(key=lambda nc: (-nc.milli_free, nc.idx))
         return nodes[:NODES_TO_TRY]
 
@@ -136,6 +150,7 @@ class Consolidator:
         back either way)."""
         movers = [v for v in self._index.units(nc.idx, self._now) if self._movable(v)]
         movers.sort(key=lambda v: (v.lost_s, v.milli, v.allocs[0].id))
+        del movers[MOVERS_PER_NODE:]
         most = min(MOVES_PER_JOB, self.left)
         start = cycle.checkpoint()
         moves = self._move(cycle, nc, need, movers, most)

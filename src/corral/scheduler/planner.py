@@ -486,6 +486,8 @@ class Planner:
         self.position += 1
 
     def plan(self, reflags: list[tuple[str, bool]] | None = None) -> Plan:
+        if self._consolidator is not None:
+            self._consolidator.give_back(self.cycle)
         return Plan(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
