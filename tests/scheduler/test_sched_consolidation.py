@@ -26,7 +26,8 @@ def _scattered(**fields: object) -> Plan:
 def test_a_job_that_fits_elsewhere_moves_so_that_a_waiting_one_runs() -> None:
     plan = _scattered()
     (move,) = plan.preemptions
-    assert move.move_to in {"x", "y"} and move.move_to != move.node
+    assert move.move_to in {"x", "y"}
+    assert move.move_to != move.node
     (placed,) = plan.placements
     assert placed.job_ids == ("big",)
     assert placed.node == move.node

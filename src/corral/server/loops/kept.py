@@ -36,9 +36,8 @@ from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.model import Job
+from corral.core.model import Allocation, Job
 from corral.core.resources import MILLI
-from corral.core.model import Allocation
 from corral.scheduler.api import Config, Placement, Snapshot
 from corral.scheduler.incremental import Scheduler
 from corral.scheduler.stopping import stop_window
@@ -95,12 +94,7 @@ class Kept:
         sched, aside = self.scheduler, self._aside
         held = self.held
         for job_id in changes.withdrawn:
-            if job_id in held:
-                held.discard(job_id)
-            elif aside.pop(job_id, None) is not None:
-                self._unclaim(job_id)
-            elif self.capped.pop(job_id, None) is None:
-                sched.withdraw(job_id)
+            self._withdraw(job_id)
         stopping = self._stopping
         for alloc_id in changes.ended:
             if alloc_id not in stopping:  # a victim's end is seen by ``_release``
@@ -119,9 +113,20 @@ class Kept:
                 aside[job.id] = job
             else:
                 sched.submit(job)
+        for job_id in [j for j in self._claims if j not in aside]:
+            self._unclaim(job_id)  # cancelled while it waited
         for alloc in changes.started:
             if alloc.alloc.id not in stopping:  # a victim changed as it stops: still out
                 sched.start(alloc.alloc, alloc.expected_end_at)
+
+    def _withdraw(self, job_id: str) -> None:
+        """``job_id`` left the queue: held, set aside (with its claims), capped or queued."""
+        if job_id in self.held:
+            self.held.discard(job_id)
+        elif self._aside.pop(job_id, None) is not None:
+            pass  # its claims go with it unless it comes back changed (``tell``)
+        elif self.capped.pop(job_id, None) is None:
+            self.scheduler.withdraw(job_id)
 
     def placed(self, records: Sequence[AllocRecord]) -> None:
         """Allocations a cycle inserted (committed): started now, not read back."""
