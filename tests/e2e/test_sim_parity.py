@@ -2,8 +2,9 @@
 simulator and by a real server with ``--fake-gpus`` agents (``bench/parity.py``) gives the
 same waits (within ``TOLERANCE_S``), states, preemptions and GPUs held per team.
 
-The three quota situations (under quota, borrowing, reclaim) and a mixed one (a gang, shared
-cards, a higher class preempting its team's work). Each run is a few seconds of wall time.
+The three quota situations (under quota, borrowing, reclaim), a mixed one (a gang, shared
+cards, a higher class preempting its team's work) and a consolidation move. Each run is a few
+seconds of wall time.
 """
 
 from __future__ import annotations
@@ -39,8 +40,15 @@ parity = _bench()
 
 # What each scenario must show, so two runs that agree on doing nothing do not pass: the
 # preemptions it needs (the reclaim's happen only when the minimum run time has passed, with
-# nothing arriving or ending then: the server's idle cycle is longer than the run).
-WANT_PREEMPTIONS = {"under_quota": 0, "borrowing": 0, "reclaim": 5, "mixed": 1}
+# nothing arriving or ending then: the server's idle cycle is longer than the run), and
+# consolidation's one move (a stop and a requeue, as a preemption is, on both sides).
+WANT_PREEMPTIONS = {
+    "under_quota": 0,
+    "borrowing": 0,
+    "reclaim": 5,
+    "mixed": 1,
+    "consolidation": 1,
+}
 
 
 def _run(name: str) -> tuple[object, list[str]]:
