@@ -105,3 +105,15 @@ def test_a_move_keeps_the_moved_jobs_borrowed_flag() -> None:
     plan = _scattered(borrowed=True)
     assert len(plan.preemptions) == 1
     assert plan.reflags == ()
+
+
+def test_a_node_whose_backend_lacks_the_jobs_model_is_not_cleared_for_it() -> None:
+    allocs = [
+        alloc("mover", "x").cards(0, 1).set(team="t", started_at=0.0, last_checkpoint_at=NOW),
+        alloc("stays", "y").cards(0, 1).set(team="t", started_at=0.0),
+    ]
+    nodes = [node("x").gpus(4), node("y").gpus(4)]
+    jobs = [job("big").gpus(4).set(team="t", lacking_nodes=frozenset({"x"}))]
+    plan = schedule(snapshot(nodes, jobs, allocs), now=NOW)
+    assert [p.allocation_id for p in plan.preemptions] == ["stays"]  # x's is cheaper, but
+    assert [p.node for p in plan.placements] == ["y"]

@@ -66,31 +66,45 @@ class Consolidator:
         self._preemptor = preemptor  # knows what this cycle evicted already (``gone``)
         self._now = now
         self._min_runtime_s = min_runtime_s
-        self.left = budget  # moves this cycle may still make
-        self._targets: list[Fit] = []  # where the movers were seen to fit, held this cycle
+        self._budget = budget
+        # mover's allocation id -> where it was seen to fit, held this cycle: a memo, so a
+        # move the planner rolls back (the job's quota said no after all) is forgotten
+        self._targets: Memo[str, Fit] = cycle.memo()
         self._others: dict[tuple[int, str], frozenset[str]] = {}
         # need -> the capacity generation at which no move helped it (rolled back with the
         # working copy, as the planner's memos are)
         self._failed: Memo[Need, int] = cycle.memo()
+
+    @property
+    def left(self) -> int:
+        """Moves this cycle may still make."""
+        return self._budget - len(self._targets.data)
 
     def may_help(self, cycle: Cycle, need: Need) -> bool:
         """Might moves let ``need`` fit (no failure noted since capacity last changed)?"""
         failed = current(self._failed.data.get(need), cycle.cap.generation)
         return self.left > 0 and not need.cpu_only and not failed
 
-    def make_room(self, cycle: Cycle, need: Need, job_id: str) -> Room | None:
+    def make_room(
+        self, cycle: Cycle, need: Need, job_id: str, exclude: frozenset[str] = frozenset()
+    ) -> Room | None:
         """Move work on the working copy so ``need`` fits; ``None`` (and no change) if
-        no node can be cleared within the bounds."""
+        no node can be cleared within the bounds. ``exclude``: nodes never to clear for
+        it (their backend lacks a model the job needs)."""
         if not self.may_help(cycle, need):
             return None
-        room = self._make_room(cycle, need, job_id)
-        if room is None:
+        room = self._make_room(cycle, need, job_id, exclude)
+        if room is None and not exclude:  # as ``Cycle.find`` remembers failures
             self._failed.put(need, cycle.cap.generation)
         return room
 
-    def _make_room(self, cycle: Cycle, need: Need, job_id: str) -> Room | None:
+    def _make_room(
+        self, cycle: Cycle, need: Need, job_id: str, exclude: frozenset[str]
+    ) -> Room | None:
         best: tuple[tuple[int, float, int], NodeCap] | None = None
         for nc in self._candidates(cycle, need):
+            if nc.name in exclude:
+                continue
             mark = cycle.checkpoint()
             found = self._try(cycle, nc, need)
             cycle.rollback(mark)
@@ -109,13 +123,12 @@ class Consolidator:
         why = []
         for victim, to in moves:
             self._preemptor.mark_gone(victim)
-            self._targets.append(to)
             alloc = victim.allocs[0]
+            self._targets.put(alloc.id, to)
             why.append(
                 f"consolidation: {alloc.job_ids[0]} moves from {alloc.node} to "
                 f"{to.node.name}, where it fits now, so that {job_id} fits on {fit.node.name}"
             )
-        self.left -= len(moves)
         victims = tuple(v for v, _ in moves)
         return Room(fit, victims, 0, tuple(why), tuple(to.node.name for _, to in moves))
 
@@ -123,9 +136,9 @@ class Consolidator:
         """At the end of the cycle, free the movers' rooms on the working copy: the plan
         places no allocation there (a moved job is placed again by a later cycle), and a
         kept scheduler keeps only what its plan says it took (``carried.py``)."""
-        for fit in self._targets:
+        for fit in self._targets.data.values():
             cycle.cap.release(fit.node, fit.gpus, fit.milli, fit.vram, fit.cpus)
-        self._targets = []
+        self._budget = 0  # the cycle is over
 
     def _candidates(self, cycle: Cycle, need: Need) -> list[NodeCap]:
         """Feasible nodes where the need would fit were their movable work gone, most free

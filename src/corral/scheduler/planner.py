@@ -267,7 +267,7 @@ class Planner:
                 return found
         if job.gang or not self.config.consolidation_moves:
             return None
-        room = self.consolidator.make_room(self.cycle, need, job.id)
+        room = self.consolidator.make_room(self.cycle, need, job.id, job.lacking_nodes)
         return None if room is None else ([room.fit], [room])
 
     def head(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> None:
