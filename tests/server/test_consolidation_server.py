@@ -57,6 +57,10 @@ async def test_a_move_lets_a_waiting_job_run_and_is_counted_as_a_move(world: Wor
     metrics = world.plane.rt.metrics.registry
     assert metrics.get_sample_value("corral_consolidation_moves_total") == 1
     assert metrics.get_sample_value("corral_preemptions_total") == 0
+    queue = await world.plane.queue.queue(ADMIN, 10)
+    (waiting,) = [e.unplaced for e in queue[0] if e.job.job.id == big.job.id]
+    assert waiting is not None
+    assert "once 1 allocation there moves to another node (consolidation)" in waiting.summary()
     await _obey(agents)  # the mover checkpoints and stops
     for _ in range(3):
         await _settle(world, agents, 1)

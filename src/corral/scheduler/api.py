@@ -154,6 +154,8 @@ class ReasonCode(StrEnum):
     MIN_RUNTIME = "min_runtime"  # informational: when the work it would evict may be evicted
     UNKNOWN_PRIORITY = "unknown_priority"
     HELD = "held"  # a client holds it: never placed until released
+    # informational: placed, it waits for the work it evicts or moves to stop (a server's)
+    MAKING_ROOM = "making_room"
 
 
 @dataclass(frozen=True, slots=True)
