@@ -122,6 +122,7 @@ class Preemptor:
         self._victims_at = index.nodes  # node index -> its victims (and the milli they hold)
         self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at
         self._orders: dict[str, list[NodeCap]] = {}
+        self._young = False  # the last search passed over a victim inside its minimum run time
 
     def _by_node(self, node: int) -> list[Victim]:
         units = self._units.get(node)
@@ -145,12 +146,14 @@ class Preemptor:
         ``patient`` ignores the minimum run time: "would preemption help once
         the victims have run long enough?" (for the ``preempt`` remedy).
         """
+        self._young = False
         best = self._best(cycle, ledger, need, ask, patient)
         if best is None:
             return None
-        if not patient and best[0][:2] != (1, 0):
-            # Costlier than one eviction that leaves nothing idle: wait if work still too
-            # young to evict would make cheaper room once it has run its minimum.
+        if not patient and self._young and best[0][:2] != (1, 0):
+            # Costlier than one eviction that leaves nothing idle, and the search passed
+            # over work too young to evict: wait if it would make cheaper room once it has
+            # run its minimum.
             later = self._best(cycle, ledger, need, ask, True)
             if later is not None and later[0][:2] < best[0][:2]:
                 return None
@@ -275,6 +278,7 @@ class Preemptor:
         if self._gone.get(victim.allocs[0].id) or victim.rank > ask.rank:
             return False
         if not patient and self._now - victim.started_at < self._min_runtime_s:
+            self._young = True
             return False
         if victim.team == ask.team:
             return ask.priority and victim.rank < ask.rank
