@@ -75,6 +75,7 @@ def test_young_non_preemptible_and_gang_work_never_moves() -> None:
         _scattered(started_at=NOW - 1, last_checkpoint_at=None).preemptions == ()
     )  # inside its minimum run time
     assert _scattered(preemptible=False).preemptions == ()
+    assert _scattered(priority="paid").preemptions == ()  # a higher class than the waiting job's
     allocs = [
         alloc("g0", "x").cards(0, 1).set(team="t", started_at=0.0, job_ids=("g",)),
         alloc("g1", "y").cards(0, 1).set(team="t", started_at=0.0, job_ids=("g",), replica=1),

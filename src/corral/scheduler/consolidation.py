@@ -13,7 +13,8 @@ its grace period to checkpoint, requeued, and placed again where it fits (by
 the server's and the simulator's ordinary mechanisms; the plan names the node
 it was seen to fit, ``Preemption.move_to``). So a mover must be one a
 preemption could take (preemptible allocation and class, past its minimum run
-time, not evicted already this cycle), and it is never a gang's replica: a
+time, not evicted already this cycle, of a class no higher than the waiting
+job's), and it is never a gang's replica: a
 gang would have to move whole, and a move that only works piecemeal would
 break it. Its quota standing does not change: it holds as much afterwards.
 
@@ -73,29 +74,37 @@ class Consolidator:
         self._others: dict[tuple[int, str], frozenset[str]] = {}
         # need -> the capacity generation at which no move helped it (rolled back with the
         # working copy, as the planner's memos are)
-        self._failed: Memo[Need, int] = cycle.memo()
+        self._failed: Memo[tuple[Need, int], int] = cycle.memo()
+        self._rank = 0  # the class rank of the job moves are looked for
 
     @property
     def left(self) -> int:
         """Moves this cycle may still make."""
         return self._budget - len(self._targets.data)
 
-    def may_help(self, cycle: Cycle, need: Need) -> bool:
-        """Might moves let ``need`` fit (no failure noted since capacity last changed)?"""
-        failed = current(self._failed.data.get(need), cycle.cap.generation)
+    def may_help(self, cycle: Cycle, need: Need, rank: int) -> bool:
+        """Might moves let ``need`` (of a class of ``rank``) fit (no failure noted since
+        capacity last changed)?"""
+        failed = current(self._failed.data.get((need, rank)), cycle.cap.generation)
         return self.left > 0 and not need.cpu_only and not failed
 
     def make_room(
-        self, cycle: Cycle, need: Need, job_id: str, exclude: frozenset[str] = frozenset()
+        self,
+        cycle: Cycle,
+        need: Need,
+        job: tuple[str, int],
+        exclude: frozenset[str] = frozenset(),
     ) -> Room | None:
-        """Move work on the working copy so ``need`` fits; ``None`` (and no change) if
-        no node can be cleared within the bounds. ``exclude``: nodes never to clear for
-        it (their backend lacks a model the job needs)."""
-        if not self.may_help(cycle, need):
+        """Move work on the working copy so ``need`` of ``job`` (id, class rank) fits;
+        ``None`` (and no change) if no node can be cleared within the bounds. ``exclude``:
+        nodes never to clear for it (their backend lacks a model the job needs)."""
+        job_id, rank = job
+        if not self.may_help(cycle, need, rank):
             return None
+        self._rank = rank
         room = self._make_room(cycle, need, job_id, exclude)
         if room is None and not exclude:  # as ``Cycle.find`` remembers failures
-            self._failed.put(need, cycle.cap.generation)
+            self._failed.put((need, rank), cycle.cap.generation)
         return room
 
     def _make_room(
@@ -205,6 +214,7 @@ class Consolidator:
         alloc = victim.allocs[0]
         return (
             len(victim.allocs) == 1
+            and victim.rank <= self._rank  # a lower class never disturbs a higher one
             and not self._preemptor.gone(victim)
             and self._now - victim.started_at >= self._min_runtime_s
             and not alloc.on_cpu

@@ -208,7 +208,7 @@ class Planner:
             if not current(self._preempt_failed.data.get(key), self.cycle.cap.generation):
                 return True
         moves = replicas == 1 and self.config.consolidation_moves
-        if moves and self.consolidator.may_help(self.cycle, need):
+        if moves and self.consolidator.may_help(self.cycle, need, pclass.rank):
             return True
         return group.cpu and pclass.cpu_offload and not self._fit_failed(on_cpu(need), replicas)
 
@@ -267,7 +267,8 @@ class Planner:
                 return found
         if job.gang or not self.config.consolidation_moves:
             return None
-        room = self.consolidator.make_room(self.cycle, need, job.id, job.lacking_nodes)
+        mine = (job.id, pclass.rank)
+        room = self.consolidator.make_room(self.cycle, need, mine, job.lacking_nodes)
         return None if room is None else ([room.fit], [room])
 
     def head(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> None:
