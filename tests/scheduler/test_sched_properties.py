@@ -136,7 +136,11 @@ def check_preemption_is_lawful_and_never_in_vain(
         assert ranks[victim.priority].preemptible
         assert now - victim.started_at >= config.min_runtime_before_preemption_s
         assert ranks[victim.priority].rank <= ranks[job.priority].rank
-        if victim.team == job.team:
+        if pre.move_to:  # a consolidation move: one allocation, to another node, for a job
+            assert pre.move_to != victim.node  # the waiting job is placed where it left
+            assert sum(1 for a in allocs.values() if a.job_ids == victim.job_ids) == 1
+            assert victim.node in {p.node for p in plan.placements if pre.for_job in p.job_ids}
+        elif victim.team == job.team:
             assert ranks[job.priority].can_preempt
             assert ranks[victim.priority].rank < ranks[job.priority].rank
         else:

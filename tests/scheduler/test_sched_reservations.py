@@ -99,7 +99,12 @@ def test_a_higher_class_is_not_held_back_by_a_lower_class_reservation() -> None:
 
 
 def test_the_reservation_stays_on_the_same_node_cycle_after_cycle() -> None:
-    sched = Scheduler.from_snapshot(cluster(big(), *[small(f"s{i}", 10 + i) for i in range(6)]), ON)
+    # Without moves: from t=60 on, moving busy1 to n2's free cards would let the big job
+    # run at once (test_sched_consolidation.py); here it waits for its reservation.
+    still = replace(ON, consolidation_moves=0)
+    sched = Scheduler.from_snapshot(
+        cluster(big(), *[small(f"s{i}", 10 + i) for i in range(6)]), still
+    )
     for now in (0.0, 100.0, 200.0):
         plan = sched.schedule(now)
         assert "n1" not in where(plan).values()

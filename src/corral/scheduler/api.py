@@ -77,6 +77,9 @@ class Config:
     # first; later jobs use them only if their run-time estimate ends before. None: off.
     reserve_min_gpus: int | None = 8
     reservations: int = 1  # big jobs at the head of each class (and pass) that get one
+    # Consolidation (consolidation.py): running allocations moved per cycle at most, to other
+    # nodes where they fit now, when that lets a waiting job run. 0: never.
+    consolidation_moves: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -113,6 +116,8 @@ def _check_config(config: Config) -> None:
 def _check_reservations(config: Config) -> None:
     if config.reservations < 0:
         raise InvalidSpec("config.reservations", "must be >= 0")
+    if config.consolidation_moves < 0:
+        raise InvalidSpec("config.consolidation_moves", "must be >= 0")
     if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
         raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
 
@@ -150,6 +155,8 @@ class ReasonCode(StrEnum):
     MIN_RUNTIME = "min_runtime"  # informational: when the work it would evict may be evicted
     UNKNOWN_PRIORITY = "unknown_priority"
     HELD = "held"  # a client holds it: never placed until released
+    # informational: placed, it waits for the work it evicts or moves to stop (a server's)
+    MAKING_ROOM = "making_room"
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,13 +220,17 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """Evict ``allocation_id`` (with a grace period) to make room for ``for_job``."""
+    """Evict ``allocation_id`` (with a grace period) to make room for ``for_job``.
+
+    ``move_to``: a consolidation move, not a preemption: the job is requeued and fits on
+    that node now (``consolidation.py``); empty for a preemption."""
 
     allocation_id: str
     job_ids: tuple[str, ...]
     node: str
     for_job: str
     reason: str
+    move_to: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -262,7 +262,8 @@ class Scheduler:
             )
             served = self.served if isinstance(self.served, dict) else dict(self.served)
             Passes(planner, self.queue, self._running, served).run()
-            evicted = [p.allocation_id for p in planner.preemptions]
+            # a moved job holds as much after its move: its flag is its own to keep
+            evicted = [p.allocation_id for p in planner.preemptions if not p.move_to]
             plan = planner.plan(self._reflags(ledger, evicted, planner.lent))
         except BaseException:
             cycle.rollback(cycle.start)

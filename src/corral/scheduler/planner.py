@@ -16,6 +16,7 @@ Reasons for the jobs left queued are worked out at the end (``explanation``).
 
 Over 400 lines on purpose: the steps of one decision (fit, backfill, preempt, offload,
 record) share the cycle's memos and working copy; apart they would pass it all around.
+Consolidation moves (``consolidation.py``) come after preemption, for one-replica jobs.
 """
 
 from __future__ import annotations
@@ -25,23 +26,16 @@ from typing import Final
 
 from corral.core.model import Job, PriorityClass
 from corral.core.resources import MILLI, MILLI_CPU
-from corral.scheduler.api import (
-    Placement,
-    Plan,
-    Preemption,
-    Reason,
-    ReasonCode,
-    Remedy,
-    Unplaced,
-)
+from corral.scheduler.api import Placement, Plan, Preemption, Reason, ReasonCode, Remedy, Unplaced
 from corral.scheduler.batching import Batcher
+from corral.scheduler.consolidation import Consolidator
 from corral.scheduler.cycle import Cycle, Memo, current
 from corral.scheduler.explain import explain, simple, when_evictable
 from corral.scheduler.fit import Fit
 from corral.scheduler.gang import place_gang
 from corral.scheduler.groups import Group
 from corral.scheduler.need import Need
-from corral.scheduler.preemption import Ask, Preemptor, Room
+from corral.scheduler.preemption import Ask, Preemptor, Room, ask_for, evicts
 from corral.scheduler.queues import Queue
 from corral.scheduler.quota import Ledger
 from corral.scheduler.reservation import NodeWork, Reservations
@@ -82,6 +76,7 @@ class Planner:
         self.explain = explain
         self._victims = victims
         self._preemptor: Preemptor | None = None  # built on first need: most cycles preempt nothing
+        self._consolidator: Consolidator | None = None  # likewise
         self.batcher = Batcher.over(queue.batches, config.max_batch_size)
         self.router = ModelRouter(cycle, config, model_sizes)
         self._route = self.router.enabled  # wait for a model's holder when quicker (routing.py)
@@ -111,13 +106,13 @@ class Planner:
         guaranteed: bool,
         by_team: dict[str, Ask] | None = None,
     ) -> Ask:
-        """``_ask(team, pclass, guaranteed)``, made once per cycle (classes keep their names).
+        """``ask_for(team, pclass, guaranteed)``, made once per cycle (classes keep their names).
         ``by_team``: ``asks(pclass, guaranteed)``, when the caller holds it (one look-up)."""
         if by_team is None:
             by_team = self.asks(pclass, guaranteed)
         ask = by_team.get(team)
         if ask is None:
-            ask = by_team[team] = _ask(team, pclass, guaranteed)
+            ask = by_team[team] = ask_for(team, pclass, guaranteed)
         return ask
 
     def asks(self, pclass: PriorityClass, guaranteed: bool) -> dict[str, Ask]:
@@ -139,6 +134,16 @@ class Planner:
                 self.cycle,
             )
         return self._preemptor
+
+    @property
+    def consolidator(self) -> Consolidator:
+        if self._consolidator is None:
+            config = self.config
+            least, moves = config.min_runtime_before_preemption_s, config.consolidation_moves
+            self._consolidator = Consolidator(
+                self._victims, self.preemptor, self.now, least, moves, self.cycle
+            )
+        return self._consolidator
 
     def state(self) -> tuple[int, int]:
         """What, when it changes, may bring many groups back to ``live``: capacity given
@@ -197,12 +202,15 @@ class Planner:
         # ``ask.reclaim or ask.priority`` (``_ask``) without the ask: it is looked up, by
         # team, only to key the memo (a borrowing pass of a class that may not preempt
         # asked for one per group and check, to find it may evict nobody)
-        if self.config.preemption and (guaranteed or _evicts(pclass)):
+        if self.config.preemption and (guaranteed or evicts(pclass)):
             ask = self.ask(group.team, pclass, guaranteed, asks)
             key = (need, replicas, ask)
             if not current(self._preempt_failed.data.get(key), self.cycle.cap.generation):
                 return True
-        return group.cpu and pclass.cpu_offload and not self._fit_failed(_on_cpu(need), replicas)
+        moves = replicas == 1 and self.config.consolidation_moves
+        if moves and self.consolidator.may_help(self.cycle, need, pclass.rank):
+            return True
+        return group.cpu and pclass.cpu_offload and not self._fit_failed(need.offloaded(), replicas)
 
     def _fit_failed(self, need: Need, replicas: int) -> bool:
         if replicas == 1:
@@ -224,8 +232,8 @@ class Planner:
             fit = self.reservations.backfill(need, job.estimated_runtime_s)
             fits = None if fit is None else [fit]
         rooms = _NO_ROOMS
-        if fits is None and self.config.preemption:
-            found = self._fit_with_preemption(job, pclass, need, guaranteed)
+        if fits is None:
+            found = self._make_way(job, pclass, need, guaranteed)
             if found is not None:
                 fits, rooms = found
         if fits is not None and job.lacking_nodes and on_lacking(job, fits):
@@ -243,11 +251,25 @@ class Planner:
             self._record(job, fits, on_cpu=False, borrowed=not within, rooms=rooms)
             return True
         cpu = pclass.cpu_offload and job.resources.cpu_fallback and job.resources.wants_gpu
-        cpu_fits = self._fit_all(job, _on_cpu(need)) if cpu else None
+        cpu_fits = self._fit_all(job, need.offloaded()) if cpu else None
         if cpu_fits is not None:
             self._record(job, cpu_fits, on_cpu=True, borrowed=False, rooms=[])
             return True
         return False
+
+    def _make_way(
+        self, job: Job, pclass: PriorityClass, need: Need, guaranteed: bool
+    ) -> tuple[list[Fit], list[Room]] | None:
+        """Room by preemption, else by moving running work (consolidation), else none."""
+        if self.config.preemption:
+            found = self._fit_with_preemption(job, pclass, need, guaranteed)
+            if found is not None:
+                return found
+        if job.gang or not self.config.consolidation_moves:
+            return None
+        mine = (job.id, pclass.rank)
+        room = self.consolidator.make_room(self.cycle, need, mine, job.lacking_nodes)
+        return None if room is None else ([room.fit], [room])
 
     def head(self, job: Job, pclass: PriorityClass, guaranteed: bool) -> None:
         """Decide the big job at the head of its class first; reserve for it if it cannot
@@ -267,7 +289,7 @@ class Planner:
         A failure is remembered (outside the rolled-back what-if) until capacity
         is given back: the same job shape would fail the same way.
         """
-        if not (guaranteed or _evicts(pclass)):  # the ask's reclaim, priority or across
+        if not (guaranteed or evicts(pclass)):  # the ask's reclaim, priority or across
             return None  # it may evict nobody (and the job did not fit without evictions)
         ask = self.ask(job.team, pclass, guaranteed)
         key = (need, job.replicas, ask)
@@ -382,14 +404,14 @@ class Planner:
     def _evict(self, job: Job, rooms: list[Room]) -> None:
         """The preemptions that make ``rooms`` for ``job``, each with its reason."""
         for room in rooms:
-            for victim, why in zip(room.victims, room.why, strict=True):
+            moves = room.moves or ("",) * len(room.victims)
+            for victim, why, to in zip(room.victims, room.why, moves, strict=True):
                 for alloc in victim.allocs:
                     if not why:  # priority preemption inside the team
                         why = f"priority: {job.priority} outranks {alloc.priority}"
+                    reason = f"{why}; for {job.id}"
                     self.preemptions.append(
-                        Preemption(
-                            alloc.id, alloc.job_ids, alloc.node, job.id, f"{why}; for {job.id}"
-                        )
+                        Preemption(alloc.id, alloc.job_ids, alloc.node, job.id, reason, to)
                     )
 
     def explanation(self, job: Job, pclass: PriorityClass) -> Explanation:
@@ -466,30 +488,11 @@ class Planner:
         self.position += 1
 
     def plan(self, reflags: list[tuple[str, bool]] | None = None) -> Plan:
+        if self._consolidator is not None:
+            self._consolidator.give_back(self.cycle)
         return Plan(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
             unplaced=tuple(self.unplaced),
             reflags=tuple(reflags) if reflags else (),
         )
-
-
-def _ask(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
-    # ``may_fit`` reads ``reclaim or priority or across`` as ``guaranteed or _evicts(pclass)``
-    return Ask(
-        team,
-        pclass.rank,
-        reclaim=guaranteed,
-        priority=pclass.can_preempt,
-        across=pclass.preempt_other_teams,
-    )
-
-
-def _evicts(pclass: PriorityClass) -> bool:
-    """May work of ``pclass`` evict anyone without being owed its quota?"""
-    return pclass.can_preempt or pclass.preempt_other_teams
-
-
-def _on_cpu(need: Need) -> Need:
-    """The CPU-offload variant of ``need`` (as ``need_of(job, on_cpu=True)`` gives it)."""
-    return need.offloaded()

@@ -32,6 +32,14 @@ is anything committed: there is no preemption that does not let the
 preemptor run, and none that frees a card the preemptor could do without
 when another node needed less.
 
+Nor one that costs more than waiting would: when the best room now takes more
+than one eviction, or leaves evicted cards idle, and work still inside its
+minimum run time would give a cheaper room (fewer evictions, then fewer idle
+cards) once it may go, the job waits for that (its queue explanation says
+when). On a real cluster work started in one cycle passes its minimum a few
+milliseconds apart; without this, the first to pass would all be taken, two
+for a job that one would have served a moment later.
+
 Each victim carries its true reason (``Room.why``): which team is owed its
 quota and how far over its own the victim's team was, or which class
 outranks which.
@@ -43,6 +51,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from corral.core.model import PriorityClass
 from corral.core.resources import MILLI
 from corral.scheduler.cycle import Cycle, Memo
 from corral.scheduler.fit import Fit, fit_on
@@ -83,12 +92,14 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Room:
     """Where a job fits once ``victims`` are gone; ``idle``: milli-GPUs evicted that the job
-    would not use; ``why``: each victim's reason, once committed (``make_room``)."""
+    would not use; ``why``: each victim's reason, once committed (``make_room``);
+    ``moves``: for a consolidation (``consolidation.py``), the node each victim moves to."""
 
     fit: Fit
     victims: tuple[Victim, ...]
     idle: int = 0
     why: tuple[str, ...] = ()
+    moves: tuple[str, ...] = ()
 
 
 class Preemptor:
@@ -111,12 +122,21 @@ class Preemptor:
         self._victims_at = index.nodes  # node index -> its victims (and the milli they hold)
         self._units: dict[int, list[Victim]] = {}  # node index -> victims, built when looked at
         self._orders: dict[str, list[NodeCap]] = {}
+        self._young = False  # the last search passed over a victim inside its minimum run time
 
     def _by_node(self, node: int) -> list[Victim]:
         units = self._units.get(node)
         if units is None:
             units = self._units[node] = self._index.units(node, self._now)
         return units
+
+    def gone(self, victim: Victim) -> bool:
+        """Is ``victim`` evicted (or moved) already this cycle, on the working copy?"""
+        return bool(self._gone.get(victim.allocs[0].id))
+
+    def mark_gone(self, victim: Victim) -> None:
+        """``victim`` leaves this cycle another way (a consolidation move)."""
+        self._gone.put(victim.allocs[0].id, True)
 
     def make_room(
         self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, *, patient: bool = False
@@ -126,20 +146,17 @@ class Preemptor:
         ``patient`` ignores the minimum run time: "would preemption help once
         the victims have run long enough?" (for the ``preempt`` remedy).
         """
-        best: tuple[tuple[int, int, int, float, int], Room] | None = None
-        tried = 0
-        for nc in self._candidates(cycle, ledger, need, ask):
-            room = self._try_node(cycle, ledger, nc, need, ask, patient)
-            if room is None:
-                continue
-            tried += 1
-            key = _badness(room, nc.idx)
-            if best is None or key < best[0]:
-                best = (key, room)
-            if key[:3] == (1, 0, 0) or tried >= NODES_TO_TRY:
-                break
+        self._young = False
+        best = self._best(cycle, ledger, need, ask, patient)
         if best is None:
             return None
+        if not patient and self._young and best[0][:2] != (1, 0):
+            # Costlier than one eviction that leaves nothing idle, and the search passed
+            # over work too young to evict: wait if it would make cheaper room once it has
+            # run its minimum.
+            later = self._best(cycle, ledger, need, ask, True)
+            if later is not None and later[0][:2] < best[0][:2]:
+                return None
         why: list[str] = []
         for victim in best[1].victims:
             why.append(_reason(ledger, victim, ask))
@@ -155,6 +172,24 @@ class Preemptor:
         assert fit is not None  # the what-if just showed it fits
         cycle.take(fit)
         return Room(fit, best[1].victims, best[1].idle, tuple(why))
+
+    def _best(
+        self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask, patient: bool
+    ) -> tuple[tuple[int, int, int, float, int], Room] | None:
+        """The cheapest room over the candidate nodes (``_badness``), nothing committed."""
+        best: tuple[tuple[int, int, int, float, int], Room] | None = None
+        tried = 0
+        for nc in self._candidates(cycle, ledger, need, ask):
+            room = self._try_node(cycle, ledger, nc, need, ask, patient)
+            if room is None:
+                continue
+            tried += 1
+            key = _badness(room, nc.idx)
+            if best is None or key < best[0]:
+                best = (key, room)
+            if key[:3] == (1, 0, 0) or tried >= NODES_TO_TRY:
+                break
+        return best
 
     def _candidates(self, cycle: Cycle, ledger: Ledger, need: Need, ask: Ask) -> Iterator[NodeCap]:
         """Feasible nodes holding work this ask may evict, most room (free + victims) first.
@@ -243,6 +278,7 @@ class Preemptor:
         if self._gone.get(victim.allocs[0].id) or victim.rank > ask.rank:
             return False
         if not patient and self._now - victim.started_at < self._min_runtime_s:
+            self._young = True
             return False
         if victim.team == ask.team:
             return ask.priority and victim.rank < ask.rank
@@ -279,3 +315,21 @@ def _reason(ledger: Ledger, victim: Victim, ask: Ask) -> str:
         f"reclaim: team {ask.team} is owed its quota of {owed:g} GPUs; "
         f"team {victim.team} held {used:g}, over its quota of {quota:g}"
     )
+
+
+def ask_for(team: str, pclass: PriorityClass, guaranteed: bool) -> Ask:
+    """What work of ``pclass`` may evict: ``guaranteed``, in the within-quota pass."""
+    # ``Planner.may_fit`` reads ``reclaim or priority or across`` as
+    # ``guaranteed or evicts(pclass)``
+    return Ask(
+        team,
+        pclass.rank,
+        reclaim=guaranteed,
+        priority=pclass.can_preempt,
+        across=pclass.preempt_other_teams,
+    )
+
+
+def evicts(pclass: PriorityClass) -> bool:
+    """May work of ``pclass`` evict anyone without being owed its quota?"""
+    return pclass.can_preempt or pclass.preempt_other_teams

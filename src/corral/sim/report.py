@@ -96,6 +96,7 @@ class Metrics:
         self._states: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self.never_placed = 0
         self.preemptions = 0
+        self.consolidation_moves = 0  # jobs stopped to run again elsewhere (not preemptions)
         self.quota_violations = 0
         self.cycles = 0
         self.start: float | None = None

@@ -175,6 +175,8 @@ class _Run:
         else:
             summary = self._scaled_summary(scaling, end, weights)
         summary["fragmentation"] = self.fragmentation.summary(end)
+        if self.metrics.consolidation_moves:  # only where there were any: older reports stand
+            summary["consolidation_moves"] = self.metrics.consolidation_moves
         return summary
 
     def _scaled_summary(

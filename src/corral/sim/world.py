@@ -23,7 +23,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from corral.core.clock import VirtualClock
-from corral.core.compiled import mypyc_attr
 from corral.core.gate import transition
 from corral.core.model import DEFAULT_TEAM, Allocation, Job, Node, Team
 from corral.core.resources import MILLI
@@ -35,6 +34,7 @@ from corral.sim.errors import PlanRejected, SimInputError
 from corral.sim.free import NodeFree
 from corral.sim.observing import Observer, observing
 from corral.sim.report import JobRecord, Metrics, PlacementRecord
+from corral.sim.runs import JobRun, TeamUse, cap_milli
 from corral.sim.scenario import Scenario, SimJob
 
 if TYPE_CHECKING:
@@ -47,49 +47,6 @@ PLACED: Final = JobState.PLACED
 RUNNING: Final = JobState.RUNNING
 SUCCEEDED: Final = JobState.SUCCEEDED
 ALLOC_RUNNING: Final = AllocObserved.RUNNING
-
-
-@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
-class JobRun:
-    """A job while it is in the world (queued or running)."""
-
-    __slots__ = (
-        "alloc",
-        "attempts",
-        "claims",
-        "done",
-        "first_start",
-        "job",
-        "more",
-        "placements",
-        "plan",
-        "remaining",
-        "started_at",
-        "state",
-        "token",
-        "where",
-    )
-
-    def __init__(self, job: Job, remaining: float | None, where: str) -> None:
-        self.job = job  # the latest frozen view; replaced when requeued (attempt changes)
-        self.remaining = remaining  # seconds of work left at the start of this attempt
-        self.where = where
-        self.state: JobState = QUEUED
-        self.attempts = 0
-        self.first_start: float | None = None
-        self.started_at = 0.0
-        self.token = 0  # bumped per attempt: a completion timer of an old attempt is stale
-        self.done = 0.0  # seconds of work done by earlier attempts
-        # its allocations' ids (``allocs()``): the first ("" while queued), a gang's others
-        self.alloc = ""
-        self.more: tuple[str, ...] = ()
-        self.placements: list[PlacementRecord] | None = None
-        self.plan: i64 = 0  # ``claims`` placements of plan number ``plan`` place it (``apply``)
-        self.claims: i64 = 0
-
-    def allocs(self) -> tuple[str, ...]:
-        """The ids of its allocations (none while queued)."""
-        return (self.alloc, *self.more) if self.alloc else ()
 
 
 class World:
@@ -116,7 +73,7 @@ class World:
         self._teams_view = tuple(self.teams.values())
         self._auto_teams = scenario.auto_teams
         # per team: milli-GPUs held and the most it may hold, one record (one look-up a change)
-        self._team_use = {t.name: _TeamUse(_cap_milli(t)) for t in scenario.teams}
+        self._team_use = {t.name: TeamUse(cap_milli(t)) for t in scenario.teams}
         # queued jobs in queue order, for snapshots (None: none taken), and their count
         self.queued: dict[str, Job] | None = {} if snapshots else None
         self.waiting: i64 = 0
@@ -313,7 +270,7 @@ class World:
     def _count_team(self, team: str, milli: int) -> None:
         use = self._team_use.get(team)
         if use is None:  # every job's team is added on submission; kept safe all the same
-            use = self._team_use[team] = _TeamUse(None)
+            use = self._team_use[team] = TeamUse(None)
         used = use.milli = use.milli + milli
         cap = use.cap
         if milli > 0 and cap is not None and used > cap:
@@ -349,10 +306,11 @@ class World:
             run = self.runs[job_id]
             if run.state is RUNNING:
                 ended.update(run.allocs())
-                self._requeue(run, now)
+                self._requeue(run, now, moved=bool(preemption.move_to))
 
-    def _requeue(self, run: JobRun, now: float) -> None:
-        """End every allocation of the job; it queues again and keeps the work it did."""
+    def _requeue(self, run: JobRun, now: float, *, moved: bool = False) -> None:
+        """End every allocation of the job; it queues again and keeps the work it did.
+        ``moved``: a consolidation move (counted apart from preemptions)."""
         for alloc_id in run.allocs():
             if alloc_id in self.allocations:
                 self._release(alloc_id, now, preempted=True)
@@ -368,7 +326,10 @@ class World:
         if queued is not None:
             queued[job_id] = run.job
         self.waiting += 1
-        self._metrics.preemptions += 1
+        if moved:
+            self._metrics.consolidation_moves += 1
+        else:
+            self._metrics.preemptions += 1
         self._observer.submitted(run.job)
 
     # -- releasing -------------------------------------------------------------------
@@ -430,22 +391,5 @@ class World:
         team = Team(name)
         self.teams[name] = team
         self._teams_view = tuple(self.teams.values())
-        self._team_use[name] = _TeamUse(_cap_milli(team))
+        self._team_use[name] = TeamUse(cap_milli(team))
         self._observer.teams_changed(self._teams_view)
-
-
-class _TeamUse:
-    """A team's milli-GPUs held in the world, and the most it may hold (None: no limit)."""
-
-    __slots__ = ("cap", "milli")
-
-    def __init__(self, cap: int | None) -> None:
-        self.cap = cap
-        self.milli: i64 = 0
-
-
-def _cap_milli(team: Team) -> int | None:
-    """The most a team may hold, in milli-GPUs: quota + borrow limit (None: no limit)."""
-    if team.borrow_limit_gpus is None:
-        return None
-    return round((team.quota_gpus + team.borrow_limit_gpus) * MILLI)

@@ -61,6 +61,7 @@ class SchedulingLoop:
         self.leader = leader or AlwaysLeader()
         self.leading = False
         self.unplaced: dict[str, Unplaced] = {}
+        self._making_room: dict[str, Unplaced] = {}  # jobs waiting for their victims to stop
         self.cycles = 0
         self.kept = Kept(self.config(), rt.policy)
         self._built_for = rt.policy_version  # the policy version the kept scheduler follows
@@ -211,7 +212,8 @@ class SchedulingLoop:
         records = kept.records
         applied = await apply_plan(self.rt, plan, records)
         kept.placed(applied.inserted)
-        kept.set_aside(applied.awaiting)
+        kept.set_aside(applied.awaiting, plan.placements, now)
+        self._room_made(plan, applied.awaiting)
         self._served(records, applied, now)
         self._remember(plan, now, explain, queued)
         if self.after_cycle:  # e.g. the prefetch policy (loops/prefetch.py)
@@ -257,6 +259,9 @@ class SchedulingLoop:
         # it, as the simulator does (``scheduler.timers``), not at the next idle cycle.
         self._next_timer = kept.scheduler.wake_at(now)
         self._capped(offered)
+        for job_id in [j for j in self._making_room if j not in kept.awaiting]:
+            del self._making_room[job_id]
+        self.unplaced.update(self._making_room)
         left = offered > len(placed)  # what an explained cycle would leave unplaced
         waiting = kept.awaiting or kept.capped  # an allocation's end may let them go
         self.rt.work_waiting = bool(left or waiting or self._next_timer is not None)
@@ -270,6 +275,23 @@ class SchedulingLoop:
             text = f"user {job.user} holds its cap of {gpus:g} running GPUs (the policy)"
             reasons, remedy = simple(ReasonCode.QUOTA_EXCEEDED, text, Remedy.WAIT)
             self.unplaced[job.id] = Unplaced(job.id, offered + i, reasons, remedy)
+
+    def _room_made(self, plan: Plan, awaiting: Mapping[str, frozenset[str]]) -> None:
+        """What the queue says of each job whose placement waits for work to stop: how many
+        allocations, and whether they are evicted or moved (consolidation)."""
+        for job_id, victims in awaiting.items():
+            stops = [p for p in plan.preemptions if p.for_job == job_id]
+            if not stops:  # a batch's rider: its lead's placement waits
+                continue
+            moves = sum(1 for p in stops if p.move_to)
+            kind = "moves to another node (consolidation)" if moves else "stops (preemption)"
+            count = len(victims)
+            text = (
+                f"placed on {stops[0].node} once {count} allocation{'s' if count != 1 else ''} "
+                f"there {kind}"
+            )
+            reasons, remedy = simple(ReasonCode.MAKING_ROOM, text, Remedy.WAIT)
+            self._making_room[job_id] = Unplaced(job_id, 0, reasons, remedy)
 
     async def _forget_followed(self) -> None:
         """Delete the queue's changes the cycles have followed (SQLite), every

@@ -27,6 +27,11 @@ class Metrics:
         self.finished = Counter("corral_jobs_finished", "Jobs that ended", ["state"], registry=r)
         self.placements = Counter("corral_placements", "Allocations created", registry=r)
         self.preemptions = Counter("corral_preemptions", "Allocations preempted", registry=r)
+        self.consolidations = Counter(
+            "corral_consolidation_moves",
+            "Allocations stopped to run again elsewhere so that a waiting job fits",
+            registry=r,
+        )
         self.requeues = Counter("corral_requeues", "Jobs requeued", ["why"], registry=r)
         # Usage as allocations end (services/usage.py): GPU-seconds (a shared card's share
         # counts its fraction), CPU-seconds and cost at the node pool's price.

@@ -12,7 +12,10 @@ forced. Messages to agents go out after the commit.
 A placement that ``preempts`` others is not applied yet: its victims get
 their stop (with a grace period to checkpoint) and the job stays queued
 until they have ended; the scheduling loop keeps it out of the next
-snapshots meanwhile, so the same room is not bought twice.
+snapshots meanwhile, so the same room is not bought twice. A consolidation move
+(``Preemption.move_to``) is applied as a preemption (the job is requeued and
+placed again by a later cycle), counted apart (``corral_consolidation_moves``,
+the event's ``move_to``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Applied:
 
     placed: list[Assignment] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)  # consolidation moves (stopped, requeued)
     # job id -> allocation ids that must end before it is placed (see the module doc)
     awaiting: dict[str, frozenset[str]] = field(default_factory=dict)
     stale: int = 0  # placement groups or preemptions skipped because the state moved on
@@ -62,6 +66,7 @@ async def apply_plan(rt: Runtime, plan: Plan, seen: Mapping[str, JobRecord]) -> 
             tx.then(_sender(rt, a))
     rt.metrics.placements.inc(len(applied.placed))
     rt.metrics.preemptions.inc(len(applied.preempted))
+    rt.metrics.consolidations.inc(len(applied.moved))
     return applied
 
 
@@ -94,13 +99,16 @@ async def _apply(
             continue
         grace = rt.settings.scheduling.preemption_grace_s
         if await request_stop(rt, tx, rec, StopReason.PREEMPT, grace):
-            applied.preempted.append(p.allocation_id)
+            # a move is a preemption the job comes back from at once, elsewhere
+            (applied.moved if p.move_to else applied.preempted).append(p.allocation_id)
+            moved = {"move_to": p.move_to} if p.move_to else {}
             for job_id in rec.alloc.job_ids:
                 tx.emit(
                     EventKind.JOB_PREEMPTED,
                     team=rec.alloc.team,
                     job_id=job_id,
                     node=rec.alloc.node,
+                    data=moved,
                     for_job=p.for_job,
                     why=p.reason,
                 )
