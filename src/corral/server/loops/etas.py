@@ -3,8 +3,9 @@
 After a cycle, at most every ``EVERY_S`` (sooner when a queued job has none
 yet, but never twice within ``MIN_GAP_S``), the leader reads from the store
 what the pure estimate needs and the kept scheduler does not hold: the
-latest finished jobs (run times, learned once each into a ``Durations``)
-and the running jobs' specs. It expects no further arrivals (``recent`` left
+latest finished jobs (run times, learned once each into a ``Durations``: the
+ids of the latest are read, and whole only those not learned yet) and the
+running jobs' specs. It expects no further arrivals (``recent`` left
 empty: expecting the last hour's again made the estimate worse on the
 simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
 replays the scheduler forward (on a thread when the queue is large). ``GET /v1/jobs/{id}`` and
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Sequence
 from typing import Final
 
 from corral.core.states import JobState
@@ -23,9 +24,7 @@ from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.durations import Durations
 from corral.scheduler.eta import Eta, estimate, gpu_model
 from corral.server.services.unit import Runtime
-from corral.server.store import job_search
 from corral.server.store import jobs as job_repo
-from corral.server.store.job_search import JobFilter
 from corral.server.store.records import JobRecord
 
 EVERY_S: Final = 10.0  # ETAs drift slowly: re-estimated this often while work is queued
@@ -66,11 +65,11 @@ class EtaKeeper:
             return
         running_ids = {j for a in snapshot.allocations if a.active for j in a.job_ids}
         async with self.rt.db.read() as conn:
-            done = await job_search.page(
-                conn, JobFilter(states=(JobState.SUCCEEDED,)), before_seq=None, limit=HISTORY_ROWS
-            )
-            running = await job_repo.get_many(conn, running_ids) if running_ids else {}
-        self._learn(done, {n.name: gpu_model(n) for n in snapshot.nodes})
+            latest = await job_repo.newest_ids(conn, JobState.SUCCEEDED, HISTORY_ROWS)
+            unseen = [job_id for job_id in latest if job_id not in self._learned_ids]
+            done = await job_repo.get_many(conn, unseen)
+            running = await job_repo.get_many(conn, running_ids)
+        self._learn([done[j] for j in unseen if j in done], self._models(snapshot))
 
         def work() -> dict[str, Eta]:
             return estimate(
@@ -87,13 +86,16 @@ class EtaKeeper:
         else:  # keep the API serving meanwhile
             self.etas = await asyncio.to_thread(work)
 
-    def _learn(self, done: Iterable[JobRecord], models: dict[str, str]) -> None:
-        """Each finished job's run time, once (oldest first, so the window keeps the newest).
-        Only first attempts count: a resumed job ran part of its work."""
-        for rec in reversed(list(done)):
+    @staticmethod
+    def _models(snapshot: Snapshot) -> dict[str, str]:
+        return {n.name: gpu_model(n) for n in snapshot.nodes}
+
+    def _learn(self, done: Sequence[JobRecord], models: dict[str, str]) -> None:
+        """Each finished job's run time, once (``done`` newest first: learned oldest first,
+        so the window keeps the newest). Only first attempts count: a resumed job ran part
+        of its work."""
+        for rec in reversed(done):
             job_id = rec.job.id
-            if job_id in self._learned_ids:
-                continue
             if len(self._learned) == self._learned.maxlen:
                 self._learned_ids.discard(self._learned[0])
             self._learned.append(job_id)
