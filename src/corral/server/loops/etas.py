@@ -4,12 +4,14 @@ After a cycle, at most every ``EVERY_S`` (sooner when a queued job has none
 yet, but never twice within ``MIN_GAP_S``), the leader reads from the store
 what the pure estimate needs and the kept scheduler does not hold: the
 latest finished jobs (run times, learned once each into a ``Durations``: the
-ids of the latest are read, and whole only those not learned yet) and the
-running jobs' specs. It expects no further arrivals (``recent`` left
-empty: expecting the last hour's again made the estimate worse on the
-simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
-replays the scheduler forward (on a thread when the queue is large). ``GET /v1/jobs/{id}`` and
-``/v1/queue`` show the result. Followers show none (they do not schedule).
+ids of the latest are read, and whole only the newest of those not learned
+yet, ``LEARN_ROWS`` at most, so a busy server learns from a sample of what
+finished rather than from every job) and the running jobs' specs. It expects
+no further arrivals (``recent`` left empty: expecting the last hour's again
+made the estimate worse on the simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
+replays the scheduler forward (on a thread when the queue is large).
+``GET /v1/jobs/{id}`` and ``/v1/queue`` show the result. Followers show none
+(they do not schedule).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from corral.server.store.records import JobRecord
 
 EVERY_S: Final = 10.0  # ETAs drift slowly: re-estimated this often while work is queued
 MIN_GAP_S: Final = 1.0  # a burst of submissions is estimated once a second, not per cycle
-HISTORY_ROWS: Final = 500  # latest finished jobs read per estimate (each learned once)
+HISTORY_ROWS: Final = 500  # latest finished jobs looked at per estimate (each learned once)
+LEARN_ROWS: Final = 100  # of which read whole at most: a sample is all the medians need
 LEARNED: Final = 20_000  # ids of jobs already learned, kept to skip them on the next read
 INLINE_WORK: Final = 4096  # queued x nodes up to which the estimate runs on the loop itself
 
@@ -66,7 +69,7 @@ class EtaKeeper:
         running_ids = {j for a in snapshot.allocations if a.active for j in a.job_ids}
         async with self.rt.db.read() as conn:
             latest = await job_repo.newest_ids(conn, JobState.SUCCEEDED, HISTORY_ROWS)
-            unseen = [job_id for job_id in latest if job_id not in self._learned_ids]
+            unseen = [j for j in latest if j not in self._learned_ids][:LEARN_ROWS]
             done = await job_repo.get_many(conn, unseen)
             running = await job_repo.get_many(conn, running_ids)
         self._learn([done[j] for j in unseen if j in done], self._models(snapshot))
