@@ -8,10 +8,10 @@ ids of the latest are read, and whole only the newest of those not learned
 yet, ``LEARN_ROWS`` at most, so a busy server learns from a sample of what
 finished rather than from every job) and the running jobs' specs. It expects
 no further arrivals (``recent`` left empty: expecting the last hour's again
-made the estimate worse on the simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
-replays the scheduler forward (on a thread when the queue is large).
-``GET /v1/jobs/{id}`` and ``/v1/queue`` show the result. Followers show none
-(they do not schedule).
+made the estimate worse on the simulator's trace, docs/scheduler.md "ETA").
+Then ``scheduler.eta.estimate`` replays the scheduler forward (on a thread
+when the queue is large). ``GET /v1/jobs/{id}`` and ``/v1/queue`` show the
+result. Followers show none (they do not schedule).
 """
 
 from __future__ import annotations
