@@ -113,6 +113,7 @@ class GroupCommitter:
         outcomes: list[Outcome] = []
         durable = any(d for _, _, d, _ in group)
         ordered = sorted(group, key=_held)  # stable: each kind keeps its order
+
         async def commit_seen() -> None:
             if not committed.done():
                 committed.set_result(None)
