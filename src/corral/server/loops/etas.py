@@ -70,8 +70,8 @@ class EtaKeeper:
         async with self.rt.db.read() as conn:
             latest = await job_repo.newest_ids(conn, JobState.SUCCEEDED, HISTORY_ROWS)
             unseen = [j for j in latest if j not in self._learned_ids][:LEARN_ROWS]
-            done = await job_repo.get_many(conn, unseen)
-            running = await job_repo.get_many(conn, running_ids)
+            done = await job_repo.get_many(conn, unseen) if unseen else {}
+            running = await job_repo.get_many(conn, running_ids) if running_ids else {}
         self._learn([done[j] for j in unseen if j in done], self._models(snapshot))
 
         def work() -> dict[str, Eta]:
