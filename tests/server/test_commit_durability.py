@@ -463,6 +463,32 @@ async def test_an_early_units_events_wait_for_an_earlier_changes_fsync(
     assert late.woken.is_set()
 
 
+async def test_the_next_group_commits_while_the_last_one_waits_for_the_disk(
+    sqlite_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.server.store import wal_sync
+
+    world = sqlite_world
+    rt, group = world.plane.rt, world.plane.agents.updates
+    sync = rt.db.wal_sync
+    assert sync is not None
+
+    async def position(tx: Tx) -> int:
+        return sync.committed + 1  # the commit this group is about to make
+
+    await group.run(position)
+    disk = _Disk(sync)
+    monkeypatch.setattr(wal_sync.WalFile, "fsync", lambda held: disk.fsync(held.path))
+    waiting = asyncio.create_task(group.run(position))  # a durable group: its fsync is held
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(5):
+        relaxed = await group.run(position, durable=False)
+    assert relaxed > sync.synced, "committed while the group before it waited for the disk"
+    assert not waiting.done()
+    disk.gate.set()
+    assert await waiting <= sync.synced
+
+
 async def test_a_restarted_sqlite_server_numbers_its_events_past_any_a_crash_forgot(
     tmp_path: Path,
 ) -> None:

@@ -19,7 +19,7 @@ from corral.core.states import AllocDesired, AllocObserved, JobState
 from corral.server.store import allocations as alloc_repo
 from corral.server.store import audit as audit_repo
 from corral.server.store import events as event_repo
-from corral.server.store import job_search, retention, tokens, usage, versions
+from corral.server.store import job_search, policies, retention, tokens, usage, versions
 from corral.server.store import jobs as job_repo
 from corral.server.store import nodes as node_repo
 from corral.server.store.db import Database, parse_db
@@ -140,6 +140,8 @@ async def test_job_lists_and_the_queue(db: Database) -> None:
         after = await job_repo.after_seq(conn, newest[-1].seq, 10)
         teams = await job_repo.queued_teams(conn)
         queued = await job_repo.queued_versions(conn)
+        latest_queued = await job_repo.newest_ids(conn, JobState.QUEUED, 3)
+        latest_placed = await job_repo.newest_ids(conn, JobState.PLACED, 3)
     assert sorted(keyed) == ["k1", "k3"], "another team's key is not this team's"
     assert [r.job.id for r in newest] == ["j4", "j3"]
     assert [r.job.id for r in older] == ["j2", "j1", "j0"]
@@ -147,6 +149,8 @@ async def test_job_lists_and_the_queue(db: Database) -> None:
     assert [r.job.id for r in after] == ["j4"]
     assert teams == [("j0", "y"), ("j2", "y"), ("j3", "x"), ("j4", "y")]
     assert queued == [("j0", 1), ("j2", 1), ("j3", 1), ("j4", 1)]
+    assert latest_queued == ["j4", "j3", "j2"], "newest first, at most the limit"
+    assert latest_placed == ["j1"]
 
 
 async def test_allocations(db: Database) -> None:
@@ -262,6 +266,17 @@ async def test_versions_read_what_a_cycle_starts_from(db: Database) -> None:
     assert seen.nodes == {"n1": 1}
     assert seen.teams == [Team("a-team", 8.0, 2.5, 1.0), Team("b-team", 4.0, None, 2.0)]
     assert without.queued == []
+
+
+async def test_policy_versions(db: Database) -> None:
+    async with db.read() as conn:
+        assert await policies.latest_version(conn) == 0, "none applied: the built-in one"
+    async with db.write() as conn:
+        for version in (1, 2):
+            entry = policies.PolicyVersion(version, f"v{version}", "admin", float(version))
+            await policies.insert(conn, entry)
+    async with db.read() as conn:
+        assert await policies.latest_version(conn) == 2
 
 
 async def test_tokens(db: Database) -> None:

@@ -3,20 +3,22 @@
 After a cycle, at most every ``EVERY_S`` (sooner when a queued job has none
 yet, but never twice within ``MIN_GAP_S``), the leader reads from the store
 what the pure estimate needs and the kept scheduler does not hold: the
-latest finished jobs (run times, learned once each into a ``Durations``)
-and the running jobs' specs. It expects no further arrivals (``recent`` left
-empty: expecting the last hour's again made the estimate worse on the
-simulator's trace, docs/scheduler.md "ETA"). Then ``scheduler.eta.estimate``
-replays the scheduler forward (on a thread when the queue is large). ``GET /v1/jobs/{id}`` and
-``/v1/queue`` show the result; other replicas show what the leader last published
-(``loops/waits.py``).
+latest finished jobs (run times, learned once each into a ``Durations``: the
+ids of the latest are read, and whole only the newest of those not learned
+yet, ``LEARN_ROWS`` at most, so a busy server learns from a sample of what
+finished rather than from every job) and the running jobs' specs. It expects
+no further arrivals (``recent`` left empty: expecting the last hour's again
+made the estimate worse on the simulator's trace, docs/scheduler.md "ETA").
+Then ``scheduler.eta.estimate`` replays the scheduler forward (on a thread
+when the queue is large). ``GET /v1/jobs/{id}`` and ``/v1/queue`` show the
+result; other replicas show what the leader last published (``loops/waits.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Sequence
 from typing import Final
 
 from corral.core.states import JobState
@@ -24,14 +26,13 @@ from corral.scheduler.api import Config, Snapshot
 from corral.scheduler.durations import Durations
 from corral.scheduler.eta import Eta, estimate, gpu_model
 from corral.server.services.unit import Runtime
-from corral.server.store import job_search
 from corral.server.store import jobs as job_repo
-from corral.server.store.job_search import JobFilter
 from corral.server.store.records import JobRecord
 
 EVERY_S: Final = 10.0  # ETAs drift slowly: re-estimated this often while work is queued
 MIN_GAP_S: Final = 1.0  # a burst of submissions is estimated once a second, not per cycle
-HISTORY_ROWS: Final = 500  # latest finished jobs read per estimate (each learned once)
+HISTORY_ROWS: Final = 500  # latest finished jobs looked at per estimate (each learned once)
+LEARN_ROWS: Final = 100  # of which read whole at most: a sample is all the medians need
 LEARNED: Final = 20_000  # ids of jobs already learned, kept to skip them on the next read
 INLINE_WORK: Final = 4096  # queued x nodes up to which the estimate runs on the loop itself
 
@@ -72,11 +73,11 @@ class EtaKeeper:
             return
         running_ids = {j for a in snapshot.allocations if a.active for j in a.job_ids}
         async with self.rt.db.read() as conn:
-            done = await job_search.page(
-                conn, JobFilter(states=(JobState.SUCCEEDED,)), before_seq=None, limit=HISTORY_ROWS
-            )
+            latest = await job_repo.newest_ids(conn, JobState.SUCCEEDED, HISTORY_ROWS)
+            unseen = [j for j in latest if j not in self._learned_ids][:LEARN_ROWS]
+            done = await job_repo.get_many(conn, unseen) if unseen else {}
             running = await job_repo.get_many(conn, running_ids) if running_ids else {}
-        self._learn(done, {n.name: gpu_model(n) for n in snapshot.nodes})
+        self._learn([done[j] for j in unseen if j in done], self._models(snapshot))
 
         def work() -> dict[str, Eta]:
             return estimate(
@@ -93,13 +94,16 @@ class EtaKeeper:
         else:  # keep the API serving meanwhile
             self.etas = await asyncio.to_thread(work)
 
-    def _learn(self, done: Iterable[JobRecord], models: dict[str, str]) -> None:
-        """Each finished job's run time, once (oldest first, so the window keeps the newest).
-        Only first attempts count: a resumed job ran part of its work."""
-        for rec in reversed(list(done)):
+    @staticmethod
+    def _models(snapshot: Snapshot) -> dict[str, str]:
+        return {n.name: gpu_model(n) for n in snapshot.nodes}
+
+    def _learn(self, done: Sequence[JobRecord], models: dict[str, str]) -> None:
+        """Each finished job's run time, once (``done`` newest first: learned oldest first,
+        so the window keeps the newest). Only first attempts count: a resumed job ran part
+        of its work."""
+        for rec in reversed(done):
             job_id = rec.job.id
-            if job_id in self._learned_ids:
-                continue
             if len(self._learned) == self._learned.maxlen:
                 self._learned_ids.discard(self._learned[0])
             self._learned.append(job_id)

@@ -14,7 +14,10 @@ commit itself fails, every unit of the group gets that error: nobody is told
 "accepted" for work that was not committed.
 
 When requests arrive one at a time, a group is a single unit and nothing
-waits: batching happens only when there is a queue to batch.
+waits: batching happens only when there is a queue to batch. The next group
+begins as soon as the last one has committed, not once it is durable: on
+SQLite its commit then shares the fsync under way or the next one
+(``WalSync``), instead of adding an fsync of its own to every group's wait.
 
 The server has one committer for submissions and agents' allocation updates
 (``ControlPlane``): under load, the submissions and the ends that arrive
@@ -43,6 +46,7 @@ class GroupCommitter:
         self.max_group = max_group
         self._queue: list[Queued] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._syncing: set[asyncio.Task[None]] = set()  # committed groups awaiting the disk
         self.groups = 0  # committed groups (for tests and metrics)
 
     async def run(
@@ -61,19 +65,24 @@ class GroupCommitter:
         return await future
 
     async def _flush(self) -> None:
+        """Group after group, each begun once the one before has committed (or failed)."""
         while self._queue:
             group, self._queue = self._queue[: self.max_group], self._queue[self.max_group :]
-            await self._commit(group)
+            committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(self._commit(group, committed))
+            self._syncing.add(task)
+            task.add_done_callback(self._syncing.discard)
+            await asyncio.wait((committed, task), return_when=asyncio.FIRST_COMPLETED)
 
-    async def _commit(self, group: list[Queued]) -> None:
+    async def _commit(self, group: list[Queued], committed: asyncio.Future[None]) -> None:
         try:
             try:
-                outcomes = await self._run(group, careful=False)
+                outcomes = await self._run(group, committed, careful=False)
             except _UnitFailed as failed:
                 if len(group) == 1:  # nothing else to keep: the unit's error is the outcome
                     outcomes = [(group[0][1], False, failed.error)]
                 else:
-                    outcomes = await self._run(group, careful=True)
+                    outcomes = await self._run(group, committed, careful=True)
         except BaseException as exc:  # the commit failed: no unit of this group happened
             for _, future, _, _ in group:
                 if not future.done():
@@ -90,8 +99,11 @@ class GroupCommitter:
             else:
                 future.set_exception(value)
 
-    async def _run(self, group: list[Queued], *, careful: bool) -> list[Outcome]:
-        """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints.
+    async def _run(
+        self, group: list[Queued], committed: asyncio.Future[None], *, careful: bool
+    ) -> list[Outcome]:
+        """One transaction over ``group``: bare units (raising ``_UnitFailed``), or savepoints;
+        ``committed`` is set at its commit, before the wait for the disk.
 
         The units whose events need not wait for the disk (``early`` ones, and those that
         are not ``durable``: agents' reports) run first, in the order they came, so their
@@ -101,7 +113,13 @@ class GroupCommitter:
         outcomes: list[Outcome] = []
         durable = any(d for _, _, d, _ in group)
         ordered = sorted(group, key=_held)  # stable: each kind keeps its order
+
+        async def commit_seen() -> None:
+            if not committed.done():
+                committed.set_result(None)
+
         async with self.rt.tx(durable=durable) as tx:  # a unit needing a cycle says so
+            tx.at_commit(commit_seen)
             for queued in ordered:
                 unit, future = queued[0], queued[1]
                 if careful:

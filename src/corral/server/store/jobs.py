@@ -27,6 +27,12 @@ _QUEUED_WITH = {  # (id, column) of every queued job, by submission order
     )
     for column in ("team", "version")
 }
+_NEWEST_IDS = Query(
+    sa.select(jobs.c.id)
+    .where(jobs.c.state == sa.bindparam("state"))
+    .order_by(jobs.c.seq.desc())
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
 
 
 async def insert(conn: AsyncConnection, rec: JobRecord) -> None:
@@ -63,6 +69,13 @@ async def by_idempotency_keys(
         sa.select(jobs).where(jobs.c.team == team, jobs.c.idempotency_key.in_(list(keys)))
     )
     return {r.idempotency_key: job_from_row(r) for r in rows}
+
+
+async def newest_ids(conn: AsyncConnection, state: JobState, limit: int) -> list[str]:
+    """Ids of the ``limit`` latest submitted jobs in ``state``, newest first: a narrow read
+    of the state's index, for callers that read whole only the jobs they have not seen."""
+    rows = await _NEWEST_IDS.tuples(conn, state=state.value, limit=limit)
+    return [r[0] for r in rows]
 
 
 async def after_seq(conn: AsyncConnection, seq: int, limit: int) -> list[JobRecord]:

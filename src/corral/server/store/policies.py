@@ -7,7 +7,11 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.server.store.sql import Query
 from corral.server.store.tables import policies
+
+# Run on the driver connection (``sql.Query``): the scheduling loop reads it every cycle.
+_LATEST = Query(sa.select(sa.func.max(policies.c.version).label("version")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +25,8 @@ class PolicyVersion:
 
 async def latest_version(conn: AsyncConnection) -> int:
     """The version in force (0: none applied yet, the built-in policy)."""
-    return int((await conn.execute(sa.select(sa.func.max(policies.c.version)))).scalar() or 0)
+    rows = await _LATEST.tuples(conn)
+    return int(rows[0][0] or 0)
 
 
 async def get(conn: AsyncConnection, version: int) -> PolicyVersion | None:
