@@ -92,6 +92,17 @@ def test_a_queued_job_starts_when_the_work_ahead_of_it_ends() -> None:
     )
 
 
+def test_a_job_placed_but_not_started_yet_is_expected_to_run_from_now() -> None:
+    placed = Allocation(  # its agent has not said it started: no start time yet
+        "a1", ("placed",), "n1", gpu_indices=(0,), gpu_milli=1000,
+        observed=AllocObserved.PENDING,
+    )  # fmt: skip
+    snap = Snapshot(nodes=(node("n1"),), queued=(), allocations=(placed,))
+    specs = {"placed": Job("placed", resources=ONE, estimated_runtime_s=600)}
+    eta = estimate(snap, Config(), Durations(), 1_800_000_000.0, running=specs)["placed"]
+    assert (eta.end_at, eta.runtime_s) == (1_800_000_600.0, 600)
+
+
 def test_jobs_queue_in_the_scheduler_s_order_and_small_ones_fill_free_cards() -> None:
     jobs = (
         Job("batch", resources=ONE, priority="batch", estimated_runtime_s=100),

@@ -157,13 +157,15 @@ def _running(
     for alloc in allocations:
         if not alloc.active:
             continue
-        elapsed = max(0.0, now - alloc.started_at)
+        # placed but not started yet (its agent has not said so): it starts about now
+        started = alloc.started_at if alloc.observed is AllocObserved.RUNNING else now
+        elapsed = max(0.0, now - started)
         for job_id in alloc.job_ids:
             if job_id in etas:
                 continue
             job = running.get(job_id) or Job(job_id)
             total, basis = durations.total(job, models.get(alloc.node, ""), elapsed, alloc.progress)
-            end = max(now, alloc.started_at + total)
+            end = max(now, started + total)
             etas[job_id] = Eta(job_id, None, end, total, basis)
     return etas
 
