@@ -36,4 +36,13 @@ def test_with_everything_known_the_replay_predicts_every_start() -> None:
     # A few diverge after a preemption (the replay and the world requeue the victim
     # differently); the rest start exactly when predicted.
     assert len(exact) >= 0.9 * len(waited)
-    assert probe.summary()["median_relative"] == 0
+    summary = probe.summary()
+    assert summary["median_relative"] == 0
+    assert summary["median_signed_relative"] == 0
+    # the breakdowns cover every rated job once, by the classes and sizes the trace has
+    by_class, by_size = summary["by_class"], summary["by_size"]
+    assert set(by_class) <= {"interactive", "paid", "free", "batch"}
+    assert sum(g["rated"] for g in by_class.values()) == summary["rated"]
+    assert set(by_size) <= {"small", "big"}
+    assert sum(g["rated"] for g in by_size.values()) == summary["rated"]
+    assert all(g["median_relative"] is not None for g in (*by_class.values(), *by_size.values()))

@@ -6,7 +6,7 @@ learning run times (``scheduler.durations``) from the jobs that finish, as
 the server does. It notes each job's first prediction (made at the first
 estimate after the job was submitted and left queued) and, through the
 run's sink, when the job really started. ``summary`` gives the errors,
-absolute and relative to the job's actual wait.
+absolute and relative to the job's actual wait, in all and per class and size.
 
 Estimates run at most every ``every_s`` simulated seconds (the server
 estimates every few seconds, not every cycle), so a prediction may be
@@ -33,12 +33,15 @@ from corral.sim.report import JobRecord
 from corral.sim.scenario import Scenario
 
 MIN_WAIT_S: Final = 60.0  # waits shorter than a cycle or two are "starts now": not rated
+BIG_GPUS: Final = 8  # a whole node's worth: the jobs that wait longest, rated apart
 
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
     made_at: float
     start_at: float
+    priority: str = ""  # the job's class and whole GPUs (all replicas), to break errors down
+    gpus: float = 0.0
 
 
 class EtaProbe(Kept):
@@ -93,7 +96,8 @@ class EtaProbe(Kept):
             for job in after.queued:
                 eta = etas.get(job.id)
                 if job.id in self._fresh and eta is not None and eta.start_at is not None:
-                    self.predicted[job.id] = Prediction(now, eta.start_at)
+                    gpus = job.resources.gpus * job.replicas
+                    self.predicted[job.id] = Prediction(now, eta.start_at, job.priority, gpus)
             self._fresh.clear()
         return plan
 
@@ -155,26 +159,41 @@ class EtaProbe(Kept):
     def summary(self, min_wait_s: float = MIN_WAIT_S) -> dict[str, Any]:
         """Errors of the first predictions of jobs that started after waiting at least
         ``min_wait_s``: median and p90 of |predicted - actual| start, in seconds and
-        relative to the actual wait."""
-        absolute: list[float] = []
-        relative: list[float] = []
+        relative to the actual wait, the median signed relative error (negative:
+        predicted early), and the same per class (``by_class``) and per size
+        (``by_size``: ``small`` below 8 GPUs, ``big`` from 8)."""
+        rated: list[tuple[Prediction, float, float]] = []  # prediction, actual start, wait
         for job_id, (submitted, start) in self.starts.items():
             p = self.predicted.get(job_id)
             wait = start - submitted
-            if p is None or wait < min_wait_s:
-                continue
-            error = abs(p.start_at - start)
-            absolute.append(error)
-            relative.append(error / wait)
+            if p is not None and wait >= min_wait_s:
+                rated.append((p, start, wait))
+        by_class: dict[str, list[tuple[Prediction, float, float]]] = {}
+        by_size: dict[str, list[tuple[Prediction, float, float]]] = {}
+        for r in rated:
+            by_class.setdefault(r[0].priority, []).append(r)
+            by_size.setdefault("big" if r[0].gpus >= BIG_GPUS else "small", []).append(r)
         return {
-            "rated": len(relative),
+            **_errors(rated),
             "started": len(self.starts),
             "predicted": len(self.predicted),
-            "median_error_s": _quantile(absolute, 0.5),
-            "p90_error_s": _quantile(absolute, 0.9),
-            "median_relative": _quantile(relative, 0.5),
-            "p90_relative": _quantile(relative, 0.9),
+            "by_class": {c: _errors(rs) for c, rs in sorted(by_class.items())},
+            "by_size": {k: _errors(rs) for k, rs in sorted(by_size.items())},
         }
+
+
+def _errors(rated: list[tuple[Prediction, float, float]]) -> dict[str, Any]:
+    absolute = [abs(p.start_at - start) for p, start, _ in rated]
+    relative = [abs(p.start_at - start) / wait for p, start, wait in rated]
+    signed = [(p.start_at - start) / wait for p, start, wait in rated]
+    return {
+        "rated": len(rated),
+        "median_error_s": _quantile(absolute, 0.5),
+        "p90_error_s": _quantile(absolute, 0.9),
+        "median_relative": _quantile(relative, 0.5),
+        "p90_relative": _quantile(relative, 0.9),
+        "median_signed_relative": _quantile(signed, 0.5),
+    }
 
 
 def _quantile(values: list[float], q: float) -> float | None:
