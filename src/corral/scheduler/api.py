@@ -9,6 +9,7 @@ This module holds the types only; ``corral.scheduler.pipeline`` implements
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -77,6 +78,11 @@ class Config:
     # first; later jobs use them only if their run-time estimate ends before. None: off.
     reserve_min_gpus: int | None = 8
     reservations: int = 1  # big jobs at the head of each class (and pass) that get one
+    # Small jobs first (passes.py): inside a class, jobs smaller than reserve_min_gpus are
+    # placed before big ones, except big jobs that have waited at least this many times as
+    # long as the class's oldest small job still waiting: those go first and reserve nodes.
+    # None: big and small jobs in one fair order.
+    big_wait_ratio: float | None = 4.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -115,6 +121,9 @@ def _check_reservations(config: Config) -> None:
         raise InvalidSpec("config.reservations", "must be >= 0")
     if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
         raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
+    ratio = config.big_wait_ratio
+    if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
+        raise InvalidSpec("config.big_wait_ratio", "must be a finite number > 0 or None")
 
 
 class Remedy(StrEnum):
