@@ -18,6 +18,22 @@ that cannot run now do not push its other jobs back. Explanations, when
 asked, are worked out at the end of the cycle, per group and cached, and do
 not change the placements: the plan without them has the same placements
 and preemptions.
+
+**Small jobs first.** Inside a class (and pass), with ``Config.big_wait_ratio``
+set, a pass walks its groups in three steps (``Passes._tiers``): the head of
+the line (the oldest big job, ``Config.reservations`` of them) and the big jobs
+that are *due*, oldest first (up to ``DUE_HEADS``), each reserving nodes when it
+cannot start; then the small jobs (fewer whole GPUs than ``reserve_min_gpus``,
+all replicas together); then the rest. A big job is due once it has waited at
+least ``big_wait_ratio`` times as long as the oldest small job the pass could
+place (any, when none waits). Why: on a saturated cluster, whatever goes to a
+big job comes out of the small ones' capacity, and a small job fits wherever
+one card frees while a big one needs a whole node drained. Serving small jobs
+first keeps the common sizes' waits short; the ratio bounds how much longer a
+big job waits than a small one, and the head of the line keeps EASY
+backfill's guarantee (it always holds a reservation, so a stream of small jobs
+never starves it: waiting for the ratio alone, the small jobs that queue up
+behind a draining node make the big job stop being due just before it drains).
 """
 
 from __future__ import annotations
