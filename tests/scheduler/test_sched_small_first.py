@@ -1,6 +1,6 @@
 """Small jobs first: inside a class, jobs smaller than ``reserve_min_gpus`` go before big
-ones, except big jobs that have waited ``big_wait_ratio`` times as long as the oldest small
-job waiting (those go first, and reserve the nodes that free up first for them).
+ones, except big jobs that have waited ``big_wait_ratio`` (4 here) times as long as the
+oldest small job waiting (those go first, and reserve the nodes that free up first for them).
 
 The cluster of most cases: one node of 4 cards, 3 of them busy until t=500. A 4-GPU job
 (big, with ``reserve_min_gpus=4``) fits there at 500; a 1-GPU job fits now.
@@ -19,7 +19,7 @@ from corral.core import Allocation, AllocObserved, Job
 from corral.core.errors import InvalidSpec
 from corral.scheduler import Config, Plan, ReasonCode, Scheduler, Snapshot, schedule
 
-SMALL_FIRST = Config(reserve_min_gpus=4)  # big_wait_ratio: the default, 4
+SMALL_FIRST = Config(reserve_min_gpus=4, big_wait_ratio=4.0)
 HEAD = Config(reserve_min_gpus=4, big_wait_ratio=None)  # the oldest big job first, always
 
 
