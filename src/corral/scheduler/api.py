@@ -9,6 +9,7 @@ This module holds the types only; ``corral.scheduler.pipeline`` implements
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -80,6 +81,13 @@ class Config:
     # Consolidation (consolidation.py): running allocations moved per cycle at most, to other
     # nodes where they fit now, when that lets a waiting job run. 0: never.
     consolidation_moves: int = 4
+    # Small jobs first (passes.py): inside a class, jobs smaller than reserve_min_gpus are
+    # placed before big ones, except big jobs that have waited at least this many times as
+    # long as the class's oldest small job still waiting: those go first and reserve nodes.
+    # 2.6: on the simulator's generated trace (1,000 nodes, a saturated daily peak) the
+    # least that keeps every small size under first fit's p95 wait, which also keeps the
+    # big jobs under it (docs/sim.md). None: big and small jobs in one fair order.
+    big_wait_ratio: float | None = 2.6
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "user_weights", frozen_map(self.user_weights))
@@ -120,6 +128,9 @@ def _check_reservations(config: Config) -> None:
         raise InvalidSpec("config.consolidation_moves", "must be >= 0")
     if config.reserve_min_gpus is not None and config.reserve_min_gpus < 1:
         raise InvalidSpec("config.reserve_min_gpus", "must be >= 1 or None")
+    ratio = config.big_wait_ratio
+    if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
+        raise InvalidSpec("config.big_wait_ratio", "must be a finite number > 0 or None")
 
 
 class Remedy(StrEnum):

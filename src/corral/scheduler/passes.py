@@ -18,13 +18,30 @@ that cannot run now do not push its other jobs back. Explanations, when
 asked, are worked out at the end of the cycle, per group and cached, and do
 not change the placements: the plan without them has the same placements
 and preemptions.
+
+**Small jobs first.** Inside a class (and pass), with ``Config.big_wait_ratio``
+set, a pass walks its groups in three steps (``Passes._tiers``): the head of
+the line (the oldest big job, ``Config.reservations`` of them) and the big jobs
+that are *due*, oldest first (up to ``DUE_HEADS``), each reserving nodes when it
+cannot start; then the small jobs (fewer whole GPUs than ``reserve_min_gpus``,
+all replicas together); then the rest. A big job is due once it has waited at
+least ``big_wait_ratio`` times as long as the oldest small job the pass could
+place (any, when none waits). Why: on a saturated cluster, whatever goes to a
+big job comes out of the small ones' capacity, and a small job fits wherever
+one card frees while a big one needs a whole node drained. Serving small jobs
+first keeps the common sizes' waits short; the ratio bounds how much longer a
+big job waits than a small one, and the head of the line keeps EASY
+backfill's guarantee (it always holds a reservation, so a stream of small jobs
+never starves it: waiting for the ratio alone, the small jobs that queue up
+behind a draining node make the big job stop being due just before it drains).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from heapq import heapify, heappop, heappush
+from typing import Final
 
 from corral.core.model import Job, PriorityClass
 from corral.scheduler.api import ReasonCode, Remedy
@@ -34,11 +51,17 @@ from corral.scheduler.groups import Group
 from corral.scheduler.need import Need
 from corral.scheduler.ordering import Gate, LiveQueue, by_rank
 from corral.scheduler.planner import Planner
-from corral.scheduler.queues import Queue
+from corral.scheduler.queues import ClassQueue, Queue
 from corral.scheduler.quota import Ledger, TeamBudget
 from corral.scheduler.served import with_served
 from corral.scheduler.slots import RunningCount
 from corral.scheduler.user_groups import UserGroups
+
+DUE_HEADS: Final = 16
+"""Due big jobs a pass decides first (``Passes._tiers``): each that cannot start reserves a
+node or two, whose freed cards only backfill uses, and costs a search; 16 drains that many
+nodes at once. The rest of the due ones wait for the next cycle, or take what the small
+jobs leave."""
 
 
 class Passes:
@@ -92,9 +115,14 @@ class Passes:
         queued = self.queue.classes.get(pclass.name)
         if queued is None or not queued.groups:
             return
+        for live in self._tiers(pclass, queued, guaranteed=True):
+            self._fair(pclass, queued, live)
+            if self.planner.stopped:
+                return
+
+    def _fair(self, pclass: PriorityClass, queued: ClassQueue, live: Liveness) -> None:
+        """The guaranteed pass's walk over the groups ``live`` admits."""
         groups = queued.groups
-        self._head(pclass, guaranteed=True)
-        live = self._live(pclass, guaranteed=True)
         # most passes of a busy cluster end here: cheaper (groups with no job pass over)
         if not any(live.live(g) for g, holders in groups.items() if holders):
             return
@@ -121,9 +149,14 @@ class Passes:
         queued = self.queue.classes.get(pclass.name)
         if queued is None or not queued.groups:
             return
+        for live in self._tiers(pclass, queued, guaranteed=False):
+            self._by_share(pclass, queued, live)
+            if self.planner.stopped:
+                return
+
+    def _by_share(self, pclass: PriorityClass, queued: ClassQueue, live: Liveness) -> None:
+        """The borrowing pass's walk over the groups ``live`` admits."""
         groups = queued.groups
-        self._head(pclass, guaranteed=False)
-        live = self._live(pclass, guaranteed=False)
         by_team = queued.users
         # A team none of whose jobs may be handed out gets no queue: it would stay empty
         # through every refill (usable jobs only get fewer in a cycle). The common case:
@@ -163,12 +196,16 @@ class Passes:
             elif queue:
                 heappush(shares, (_share(ledger, team), team))
 
-    def _head(self, pclass: PriorityClass, guaranteed: bool) -> None:
-        """The oldest big jobs this pass may place go first (``reservation.py``)."""
+    def _head(
+        self, pclass: PriorityClass, guaranteed: bool, due_by: float = -math.inf, due: int = 0
+    ) -> None:
+        """The oldest big jobs this pass may place go first: ``Config.reservations`` of
+        them, then up to ``due`` more submitted at or before ``due_by``; each that cannot
+        start reserves nodes (``reservation.py``)."""
         planner = self.planner
         count = planner.config.reservations
         queued = self.queue.classes.get(pclass.name)
-        if queued is None or not queued.big or count < 1 or planner.stopped:
+        if queued is None or not queued.big or count + due < 1 or planner.stopped:
             return
         ledger, groups = planner.ledger, self.queue.groups
         decided, now = planner.decided, self.now
@@ -176,6 +213,8 @@ class Passes:
         teams = len(queued.big_teams)  # teams with big jobs queued
         heads: list[Job] = []
         for job in queued.big:
+            if len(heads) >= count and job.submitted_at > due_by:
+                break
             if job.id in decided or job.not_before > now:
                 continue
             lowest = groups[job.id].lowest
@@ -188,15 +227,39 @@ class Passes:
                     break
                 continue
             heads.append(job)
-            if len(heads) >= count:
+            if len(heads) >= count + due:
                 break
         for job in heads:
             if planner.stopped:
                 return
             planner.head(job, pclass, guaranteed)
 
-    def _live(self, pclass: PriorityClass, guaranteed: bool) -> Liveness:
-        return Liveness(self.planner, pclass, guaranteed, self.queue.classes[pclass.name].by_need)
+    def _tiers(
+        self, pclass: PriorityClass, queued: ClassQueue, guaranteed: bool
+    ) -> Iterator[Liveness]:
+        """The groups of a pass, walk by walk (module docstring, "small jobs first"): with
+        ``Config.big_wait_ratio``, the big jobs that are due, then the small jobs, then
+        the rest; else every group in one walk."""
+        ratio, big = self.planner.config.big_wait_ratio, self.queue.big_gpus
+        if ratio is None or big is None or not queued.big:
+            self._head(pclass, guaranteed)
+            yield self._live(pclass, guaranteed)
+            return
+        small = self._live(pclass, guaranteed, small_below=big)
+        oldest = _oldest_small(queued, small)
+        # none waiting: no small job to put first, so every big job is due
+        due_by = self.now if oldest == math.inf else self.now - ratio * (self.now - oldest)
+        self._head(pclass, guaranteed, due_by, DUE_HEADS)
+        small.reset()  # the big jobs took room or made reservations (room to backfill)
+        if not self.planner.stopped:
+            yield small
+        yield self._live(pclass, guaranteed)
+
+    def _live(
+        self, pclass: PriorityClass, guaranteed: bool, small_below: int | None = None
+    ) -> Liveness:
+        by_need = self.queue.classes[pclass.name].by_need
+        return Liveness(self.planner, pclass, guaranteed, by_need, small_below)
 
     def _explain(self) -> None:
         """Every job still queued, with reasons: classes by rank, fair order inside each."""
@@ -229,6 +292,25 @@ def _share(ledger: Ledger, team: str) -> float:
     return ledger.borrowed(team) / ledger.weight(team)
 
 
+def _oldest_small(queued: ClassQueue, small: Liveness) -> float:
+    """When the oldest job of the groups ``small`` admits (small jobs this pass could place)
+    was submitted; inf: none. Each user's groups are in order of their oldest job, so a
+    user's walk stops at its first admitted group, or at one younger than the oldest found."""
+    oldest = math.inf
+    for users in queued.users.values():
+        for own in users.values():
+            for cursor in own.cursors:
+                if cursor.first.submitted_at >= oldest:
+                    break
+                if not small.live(cursor.group):
+                    continue
+                job = next((j for j in cursor.jobs if small.usable(j)), None)
+                if job is not None:
+                    oldest = min(oldest, job.submitted_at)
+                    break
+    return oldest
+
+
 def _any_usable(users: dict[str, UserGroups[Group]], live: Liveness) -> bool:
     """Does a team (``users``: its users' groups in a class) hold a job that may be handed
     out (not decided yet)?"""
@@ -258,8 +340,10 @@ class Liveness(Gate[Group]):
         pclass: PriorityClass,
         guaranteed: bool,
         by_need: Mapping[Need, list[Group]],
+        small_below: int | None = None,
     ) -> None:
         self._planner = planner
+        self._small_below = small_below  # admit only groups of fewer GPUs (all replicas)
         self._decided = planner.decided
         self._now = planner.now
         self._pclass = pclass
@@ -269,6 +353,9 @@ class Liveness(Gate[Group]):
         self._seen: dict[Group, _Seen] = {}  # what was found of each group asked
 
     def live(self, group: Group) -> bool:
+        below = self._small_below
+        if below is not None and group.need.gpus * group.replicas >= below:
+            return False
         seen = self._seen.get(group)
         if seen is None:
             planner = self._planner
