@@ -21,8 +21,10 @@ def allocation_of(
     attempt: int = 1,
     started_at: float = 0.0,
     observed: AllocObserved = AllocObserved.PENDING,
+    preemptible: bool | None = None,
 ) -> Allocation:
-    """The allocation ``id`` for placement ``p``, whose first job is ``job``."""
+    """The allocation ``id`` for placement ``p``, whose first job is ``job`` (``preemptible``
+    None: as the job says)."""
     return Allocation(
         id=id,
         job_ids=p.job_ids,
@@ -37,7 +39,7 @@ def allocation_of(
         cpus=p.cpus,
         on_cpu=p.on_cpu,
         memory_bytes=p.memory_bytes,
-        preemptible=job.preemptible,
+        preemptible=job.preemptible if preemptible is None else preemptible,
         borrowed=p.borrowed,
         attempt=attempt,
         started_at=started_at,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from corral.core.model import Allocation, Job
+from corral.scheduler.allocation import allocation_of
 from corral.scheduler.api import Placement
 
 CLAIM: str = "claim:"
@@ -73,21 +74,4 @@ def stop_window(
 
 
 def _claim(job: Job, p: Placement, now: float) -> Allocation:
-    return Allocation(
-        id=CLAIM + p.allocation_id,
-        job_ids=p.job_ids,
-        node=p.node,
-        team=job.team,
-        user=job.user,
-        priority=job.priority,
-        replica=p.replica,
-        gpu_indices=p.gpu_indices,
-        gpu_milli=p.gpu_milli,
-        vram_bytes=p.vram_bytes,
-        cpus=p.cpus,
-        on_cpu=p.on_cpu,
-        memory_bytes=p.memory_bytes,
-        preemptible=False,
-        borrowed=p.borrowed,
-        started_at=now,
-    )
+    return allocation_of(p, job, id=CLAIM + p.allocation_id, started_at=now, preemptible=False)
