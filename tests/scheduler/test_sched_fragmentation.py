@@ -104,3 +104,15 @@ def test_where_every_fit_strands_some_the_one_stranding_least_is_taken() -> None
     # "leaner" 12 for three (a share of 6: one card unserved)
     nodes = [node("leaner").gpus(4).cpus(24), node("lean").gpus(4).cpus(32)]
     assert _placed_on(nodes, job("hungry").gpus(1).cpus(12)) == {"hungry": "lean"}
+
+
+def test_a_job_breaking_a_whole_node_breaks_the_smallest_of_its_kind() -> None:
+    # two wholly free 8-card nodes: the one with more CPUs (then more memory) is the only
+    # one a job asking for 120 CPUs fits, so a small job starts on the other
+    nodes = [node("big").gpus(8).cpus(128), node("plain").gpus(8).cpus(96)]
+    assert _placed_on(nodes, job("small").gpus(1).cpus(4)) == {"small": "plain"}
+    roomy = [node("roomy").gpus(8).memory(768), node("plain").gpus(8).memory(384)]
+    assert _placed_on(roomy, job("small").gpus(1).memory(16)) == {"small": "plain"}
+    both = [node("big").gpus(8).cpus(128), node("plain").gpus(8).cpus(96)]
+    placed = _placed_on(both, job("large").gpus(8).cpus(120), job("small").gpus(1).cpus(4))
+    assert placed == {"large": "big", "small": "plain"}

@@ -201,6 +201,9 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None)
     ``limit`` 1 (the caller takes the first fit): a GPU fit that leaves compute its node's
     CPUs or memory can no longer serve (``stranded``) is weighed against the next ones, up
     to ``WEIGHED``; the first that strands none is taken, else the one stranding least.
+    A fit that breaks a wholly free node is weighed against the next such nodes of as
+    many cards, and the smallest (fewest CPUs, then least memory) of those stranding
+    least is broken: the larger ones are the only nodes the largest jobs fit.
     """
     walk = Walk(limit, limit == 1 and not need.cpu_only)
     if need.cpu_only:
@@ -244,11 +247,19 @@ class Walk:
             return self.done()
         self.found.append(fit)
         if self.weigh:
-            cost = stranded(fit)
-            if self.best is None or cost < self.cost:
+            cost, best = stranded(fit), self.best
+            nc = fit.node
+            whole = nc.whole_free == nc.gpu_count  # it breaks a wholly free node
+            if (
+                best is None
+                or cost < self.cost
+                or (cost == self.cost and whole and _smaller(nc, best))
+            ):
                 self.best, self.cost = fit, cost
-            if cost <= 0:  # strands nothing: no fit further on is better
+            if cost <= 0 and not whole:  # strands nothing, breaks nothing: none further is better
                 return True
+            if best is not None and best.node.gpu_count != nc.gpu_count and self.cost <= 0:
+                return True  # past the whole nodes like the best one
         return self.done()
 
     def done(self) -> bool:
@@ -258,6 +269,16 @@ class Walk:
         if self.best is not None:
             return [self.best]
         return self.found if self.found else self.deferred[: 1 if self.weigh else self.limit]
+
+
+def _smaller(nc: NodeCap, than: Fit) -> bool:
+    """Whether wholly free ``nc`` is a smaller node (fewer CPUs, then less memory) than the
+    wholly free node of ``than``, with as many cards."""
+    other = than.node
+    if other.whole_free != other.gpu_count or other.gpu_count != nc.gpu_count:
+        return False
+    a, b = nc.node, other.node
+    return a.cpus < b.cpus or (a.cpus == b.cpus and a.memory_bytes < b.memory_bytes)
 
 
 def strands(fit: Fit) -> bool:
