@@ -258,10 +258,8 @@ class Walk:
                 self.best, self.cost = fit, cost
             if cost <= 0 and not whole:  # strands nothing, breaks nothing: none further is better
                 return True
-            if best is not None and self.cost <= 0:
-                other = best.node
-                if other.gpu_count != nc.gpu_count or other.cls == nc.cls:
-                    return True  # past the whole nodes like the best, or one just like it
+            if best is not None and best.node.gpu_count != nc.gpu_count and self.cost <= 0:
+                return True  # past the whole nodes like the best one
         return self.done()
 
     def done(self) -> bool:
