@@ -82,3 +82,37 @@ def test_cpu_work_keeps_off_the_cpus_that_free_cards_need() -> None:
     # free cards (a card's share is 8), on "roomy" 56 beside 8
     nodes = [node("lean").gpus(2).cpus(16), node("roomy").gpus(8).cpus(64)]
     assert _placed_on(nodes, job("c").cpus(14)) == {"c": "roomy"}
+
+
+def test_a_job_goes_where_the_cpus_left_still_serve_the_free_cards() -> None:
+    # both nodes have four free cards; on "lean" (8 CPUs a card) 12 CPUs would leave 20
+    # beside three cards, enough for two and a half of them at its share: "roomy" (16 a
+    # card) strands none, though it comes later in the search
+    nodes = [node("lean").gpus(4).cpus(32), node("roomy").gpus(4).cpus(64)]
+    assert _placed_on(nodes, job("hungry").gpus(1).cpus(12)) == {"hungry": "roomy"}
+    assert _placed_on(nodes, job("modest").gpus(1).cpus(8)) == {"modest": "lean"}
+
+
+def test_memory_left_beside_free_cards_is_weighed_as_cpus_are() -> None:
+    nodes = [node("lean").gpus(4).memory(128), node("roomy").gpus(4).memory(512)]
+    assert _placed_on(nodes, job("hungry").gpus(1).memory(48)) == {"hungry": "roomy"}
+    assert _placed_on(nodes, job("modest").gpus(1).memory(32)) == {"modest": "lean"}
+
+
+def test_where_every_fit_strands_some_the_one_stranding_least_is_taken() -> None:
+    # 12 CPUs leave "lean" 20 for three cards (a share of 8: half a card unserved) and
+    # "leaner" 12 for three (a share of 6: one card unserved)
+    nodes = [node("leaner").gpus(4).cpus(24), node("lean").gpus(4).cpus(32)]
+    assert _placed_on(nodes, job("hungry").gpus(1).cpus(12)) == {"hungry": "lean"}
+
+
+def test_a_job_breaking_a_whole_node_breaks_the_smallest_of_its_kind() -> None:
+    # two wholly free 8-card nodes: the one with more CPUs (then more memory) is the only
+    # one a job asking for 120 CPUs fits, so a small job starts on the other
+    nodes = [node("big").gpus(8).cpus(128), node("plain").gpus(8).cpus(96)]
+    assert _placed_on(nodes, job("small").gpus(1).cpus(4)) == {"small": "plain"}
+    roomy = [node("roomy").gpus(8).memory(768), node("plain").gpus(8).memory(384)]
+    assert _placed_on(roomy, job("small").gpus(1).memory(16)) == {"small": "plain"}
+    both = [node("big").gpus(8).cpus(128), node("plain").gpus(8).cpus(96)]
+    placed = _placed_on(both, job("large").gpus(8).cpus(120), job("small").gpus(1).cpus(4))
+    assert placed == {"large": "big", "small": "plain"}

@@ -6,6 +6,9 @@ shared jobs) over the classes that passed the static filters, and returns
 the first few nodes where the need fits. Scorers then choose among those few:
 like Kubernetes' "percentage of nodes to score", the search is bounded, so a
 cycle costs O(jobs x few buckets), not O(jobs x nodes).
+
+Over 400 lines on purpose: which fits the search puts off or weighs (``strands``,
+``stranded``) is the fit's own arithmetic, read beside the walk that uses it.
 """
 
 from __future__ import annotations
@@ -194,25 +197,88 @@ def search(need: Need, sources: list[Source], limit: int, seen: set[int] | None)
     them) is put off: such fits are returned only when the walk finds no other (it stops
     looking after ``DEFERRED`` of them), so a job takes a node whose CPUs it leaves usable
     whenever there is one.
+
+    ``limit`` 1 (the caller takes the first fit): a GPU fit that leaves compute its node's
+    CPUs or memory can no longer serve (``stranded``) is weighed against the next ones, up
+    to ``WEIGHED``; the first that strands none is taken, else the one stranding least.
+    A fit that breaks a wholly free node is weighed against the next such nodes of as
+    many cards, and the smallest (fewest CPUs, then least memory) of those stranding
+    least is broken: the larger ones are the only nodes the largest jobs fit.
     """
-    found: list[Fit] = []
-    deferred: list[Fit] = []
+    walk = Walk(limit, limit == 1 and not need.cpu_only)
     if need.cpu_only:
-        _search_cpu(need, sources, limit, set() if seen is None else seen, found, deferred)
+        _search_cpu(need, sources, set() if seen is None else seen, walk)
     else:
         if need.shared:  # a node may be in a partial bucket and in a whole one
             seen = set() if seen is None else seen
-            _search_partial(need, sources, limit, seen, found, deferred)
-        if len(found) < limit and len(deferred) < DEFERRED:
-            _search_whole(need, sources, limit, seen, found, deferred)
-    if not found:
-        found.extend(deferred[:limit])
-    return found
+            _search_partial(need, sources, seen, walk)
+        if not walk.done():
+            _search_whole(need, sources, seen, walk)
+    return walk.result()
 
 
 DEFERRED: Final = 16
 """How many stranding fits a search puts off before it takes them: a bounded walk (a
 cluster whose every fit strands CPUs costs 16 more fits per search, not a scan)."""
+
+WEIGHED: Final = 8
+"""How many fits a first-fit search weighs when each strands some compute (``stranded``):
+a bounded walk, as ``DEFERRED`` is."""
+
+
+@mypyc_attr(acyclic=True)  # never in a reference cycle (core/compiled.py)
+class Walk:
+    """What a search has found so far, and whether it may stop."""
+
+    __slots__ = ("best", "cost", "deferred", "found", "limit", "weigh")
+
+    def __init__(self, limit: int, weigh: bool) -> None:
+        self.found: list[Fit] = []
+        self.deferred: list[Fit] = []
+        self.limit = WEIGHED if weigh else limit
+        self.weigh = weigh
+        self.best: Fit | None = None  # weighing: the fit stranding least so far, and how much
+        self.cost: i64 = 0
+
+    def keep(self, fit: Fit) -> bool:
+        """Note ``fit``; True when the search is done."""
+        if strands(fit):
+            self.deferred.append(fit)
+            return self.done()
+        self.found.append(fit)
+        if self.weigh:
+            cost, best = stranded(fit), self.best
+            nc = fit.node
+            whole = nc.whole_free == nc.gpu_count  # it breaks a wholly free node
+            if (
+                best is None
+                or cost < self.cost
+                or (cost == self.cost and whole and _smaller(nc, best))
+            ):
+                self.best, self.cost = fit, cost
+            if cost <= 0 and not whole:  # strands nothing, breaks nothing: none further is better
+                return True
+            if best is not None and best.node.gpu_count != nc.gpu_count and self.cost <= 0:
+                return True  # past the whole nodes like the best one
+        return self.done()
+
+    def done(self) -> bool:
+        return len(self.found) >= self.limit or len(self.deferred) >= DEFERRED
+
+    def result(self) -> list[Fit]:
+        if self.best is not None:
+            return [self.best]
+        return self.found if self.found else self.deferred[: 1 if self.weigh else self.limit]
+
+
+def _smaller(nc: NodeCap, than: Fit) -> bool:
+    """Whether wholly free ``nc`` is a smaller node (fewer CPUs, then less memory) than the
+    wholly free node of ``than``, with as many cards."""
+    other = than.node
+    if other.whole_free != other.gpu_count or other.gpu_count != nc.gpu_count:
+        return False
+    a, b = nc.node, other.node
+    return a.cpus < b.cpus or (a.cpus == b.cpus and a.memory_bytes < b.memory_bytes)
 
 
 def strands(fit: Fit) -> bool:
@@ -236,21 +302,36 @@ def _short(per_card: i64, taken: i64, free: i64, fit: Fit) -> bool:
     return free - taken < (min(per_card, taken) if fit.gpus else per_card)
 
 
-def _keep(fit: Fit, found: list[Fit], deferred: list[Fit]) -> None:
-    if strands(fit):
-        deferred.append(fit)
-    else:
-        found.append(fit)
+def stranded(fit: Fit) -> i64:
+    """How much more of its node's free GPU compute (milli-GPUs) ``fit`` leaves without the
+    CPUs or memory to use it, each free card counted as needing the node's own share of its
+    CPUs and memory (negative: ``fit`` uses compute that had too few of them beside it).
+    A node is built with the CPUs and memory its cards need; work that eats them faster
+    than it takes cards leaves cards nothing can run on, which FGD counts as fragmentation
+    as it counts a card split too finely."""
+    nc = fit.node
+    before = _unserved(nc, nc.milli_free, nc.cpus_free, nc.mem_free)
+    after = _unserved(
+        nc, nc.milli_free - fit.total_milli, nc.cpus_free - fit.cpus, nc.mem_free - fit.memory
+    )
+    return after - before
 
 
-def _search_whole(
-    need: Need,
-    sources: list[Source],
-    limit: int,
-    seen: set[int] | None,
-    found: list[Fit],
-    deferred: list[Fit],
-) -> None:
+def _unserved(nc: NodeCap, milli: i64, cpus: i64, memory: i64) -> i64:
+    """Of ``milli`` free GPU compute on ``nc``, how much ``cpus`` and ``memory`` left beside
+    it cannot serve at the node's share of each per card."""
+    usable = milli
+    scale: i64 = nc.gpu_count * MILLI
+    node_cpus = cpu_milli(nc.node.cpus)
+    if node_cpus > 0:
+        usable = min(usable, max(cpus, 0) * scale // node_cpus)
+    node_memory: i64 = nc.node.memory_bytes
+    if node_memory > 0:
+        usable = min(usable, max(memory, 0) * scale // node_memory)
+    return milli - usable
+
+
+def _search_whole(need: Need, sources: list[Source], seen: set[int] | None, walk: Walk) -> None:
     top = 0
     for source in sources:
         top = max(top, len(source.index.whole))
@@ -273,20 +354,12 @@ def _search_whole(
                 if fit is not None:
                     if seen is not None:
                         seen.add(nc.idx)
-                    _keep(fit, found, deferred)
-                    if len(found) >= limit or len(deferred) >= DEFERRED:
+                    if walk.keep(fit):
                         return
         level += 1
 
 
-def _search_partial(
-    need: Need,
-    sources: list[Source],
-    limit: int,
-    seen: set[int],
-    found: list[Fit],
-    deferred: list[Fit],
-) -> None:
+def _search_partial(need: Need, sources: list[Source], seen: set[int], walk: Walk) -> None:
     start = min(max(need.milli, 1), MILLI - 1) // PARTIAL_STEP
     for level in range(start, MILLI // PARTIAL_STEP):
         for source in sources:
@@ -302,34 +375,20 @@ def _search_partial(
                 fit = fit_on(nc, need)
                 if fit is not None and nc.cards[fit.gpus[0]].free < MILLI:
                     seen.add(nc.idx)
-                    _keep(fit, found, deferred)
-                    if len(found) >= limit or len(deferred) >= DEFERRED:
+                    if walk.keep(fit):
                         return
 
 
-def _search_cpu(
-    need: Need,
-    sources: list[Source],
-    limit: int,
-    seen: set[int],
-    found: list[Fit],
-    deferred: list[Fit],
-) -> None:
+def _search_cpu(need: Need, sources: list[Source], seen: set[int], walk: Walk) -> None:
     for source in sources:
         for bucket in source.index.cpu:  # nodes without free cards first
-            _search_bucket(need, bucket, source.allowed, limit, seen, found, deferred)
-            if len(found) >= limit or len(deferred) >= DEFERRED:
+            _search_bucket(need, bucket, source.allowed, seen, walk)
+            if walk.done():
                 return
 
 
 def _search_bucket(
-    need: Need,
-    bucket: Bucket,
-    allowed: frozenset[int] | None,
-    limit: int,
-    seen: set[int],
-    found: list[Fit],
-    deferred: list[Fit],
+    need: Need, bucket: Bucket, allowed: frozenset[int] | None, seen: set[int], walk: Walk
 ) -> None:
     if not bucket.size:
         return
@@ -342,8 +401,7 @@ def _search_bucket(
         fit = fit_on(nc, need)
         if fit is not None:
             seen.add(nc.idx)
-            _keep(fit, found, deferred)
-            if len(found) >= limit or len(deferred) >= DEFERRED:
+            if walk.keep(fit):
                 return
 
 
