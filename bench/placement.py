@@ -177,7 +177,9 @@ class CorralPacker:
             )
             for n in nodes
         )
-        self.scheduler = Scheduler(corral_nodes, (), Config())
+        # No consolidation moves: the replay places or drops each task once, and a move is a
+        # stop and restart it does not model.
+        self.scheduler = Scheduler(corral_nodes, (), Config(consolidation_moves=0))
 
     def offer(self, task: Task | None) -> int:
         if task is not None:

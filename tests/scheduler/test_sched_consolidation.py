@@ -49,6 +49,19 @@ def test_the_job_that_loses_least_work_is_moved() -> None:
     assert [p.allocation_id for p in plan.preemptions] == ["fresh"]
 
 
+def test_nothing_moves_with_preemption_off() -> None:
+    allocs = [
+        alloc("mover", "x").cards(0, 1).set(team="t", started_at=0.0),
+        alloc("stays", "y").cards(0, 1).set(team="t", started_at=0.0),
+    ]
+    nodes = [node("x").gpus(4), node("y").gpus(4)]
+    waiting = snapshot(nodes, [job("big").gpus(4).set(team="t")], allocs)
+    assert len(schedule(waiting, Config(), now=NOW).preemptions) == 1
+    plan = schedule(waiting, Config(preemption=False), now=NOW)
+    assert plan.preemptions == ()
+    assert plan.placements == ()
+
+
 def test_nothing_moves_when_the_waiting_job_would_not_fit_anyway() -> None:
     allocs = [
         alloc("m1", "x").cards(0, 1).set(team="t", started_at=0.0),

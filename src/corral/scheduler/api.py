@@ -79,7 +79,8 @@ class Config:
     reserve_min_gpus: int | None = 8
     reservations: int = 1  # big jobs at the head of each class (and pass) that get one
     # Consolidation (consolidation.py): running allocations moved per cycle at most, to other
-    # nodes where they fit now, when that lets a waiting job run. 0: never.
+    # nodes where they fit now, when that lets a waiting job run. 0: never; none either
+    # with preemption off (a move stops running work as a preemption does).
     consolidation_moves: int = 4
     # Small jobs first (passes.py): inside a class, jobs smaller than reserve_min_gpus are
     # placed before big ones, except big jobs that have waited at least this many times as

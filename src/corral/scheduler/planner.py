@@ -207,7 +207,7 @@ class Planner:
             key = (need, replicas, ask)
             if not current(self._preempt_failed.data.get(key), self.cycle.cap.generation):
                 return True
-        moves = replicas == 1 and self.config.consolidation_moves
+        moves = replicas == 1 and self.config.preemption and self.config.consolidation_moves
         if moves and self.consolidator.may_help(self.cycle, need, pclass.rank):
             return True
         return group.cpu and pclass.cpu_offload and not self._fit_failed(need.offloaded(), replicas)
@@ -265,7 +265,7 @@ class Planner:
             found = self._fit_with_preemption(job, pclass, need, guaranteed)
             if found is not None:
                 return found
-        if job.gang or not self.config.consolidation_moves:
+        if job.gang or not (self.config.preemption and self.config.consolidation_moves):
             return None
         mine = (job.id, pclass.rank)
         room = self.consolidator.make_room(self.cycle, need, mine, job.lacking_nodes)
