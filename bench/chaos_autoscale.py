@@ -86,7 +86,11 @@ class Run:
 
 def main() -> int:
     args = parse_args()
-    with tempfile.TemporaryDirectory(prefix="corral-chaos-autoscale-") as tmp:
+    # A machine the run killed may still be writing its last lines into the provider's
+    # folder as the run ends: its files go with the rest, or stay in /tmp if they cannot.
+    with tempfile.TemporaryDirectory(
+        prefix="corral-chaos-autoscale-", ignore_cleanup_errors=True
+    ) as tmp:
         run = Run(args, Path(tmp) / "server", Path(tmp) / "provider")
         server = server_proc(run, Path(tmp))
         try:
