@@ -3,8 +3,8 @@
 The leader keeps them in memory (``SchedulingLoop.unplaced``, ``EtaKeeper``); with
 PostgreSQL, other replicas answer ``GET /v1/queue``, ``/v1/jobs`` and
 ``/v1/jobs/{id}`` too, and must say what the leader would. So the leader writes
-them to ``queue_waits`` every ``PUBLISH_S`` while anything waits or runs (the
-rows replaced whole, at most ``MAX_ROWS``, first in the queue's order), and a
+them to ``queue_waits`` every ``PUBLISH_S`` when they changed (the rows replaced
+whole, at most ``MAX_ROWS``, first in the queue's order), and a
 follower reads them back at most once every ``READ_S``. A follower's answer is
 then at most a few seconds older than the leader's: reasons and ETAs change at
 that pace anyway, and a job's state, read from its own row, is always current.
@@ -47,7 +47,7 @@ class WaitBoard:
         self.etas = etas
         self._read: Said | None = None
         self._read_at = float("-inf")
-        self._published_rows = 0
+        self._published: list[store.Row] | None = None  # as last written (None: not yet)
 
     async def said(self) -> Said:
         """The leader's unplaced jobs and ETAs: this replica's own when it leads (or is the
@@ -66,17 +66,20 @@ class WaitBoard:
         return (await self.said()).unplaced
 
     async def publish(self) -> int:
-        """Write what this replica said, if it leads; the number of rows written."""
+        """Write what this replica said, if it leads and it changed since it last wrote;
+        the number of rows written."""
         if not self.leading():
+            self._published = None  # another leader may write meanwhile
             return 0
         unplaced = sorted(self.unplaced().values(), key=lambda u: u.position)[:MAX_ROWS]
-        etas = self.etas.etas
-        if not unplaced and not etas and not self._published_rows:
-            return 0  # nothing waits or runs, and nothing published is left to clear
+        made_at = max(self.etas.made_at, 0.0)  # -inf: no ETA made yet
+        rows = store.rows(unplaced, self.etas.etas, made_at)
+        if rows == self._published:
+            return 0  # unchanged: a queue that stands still is not written again and again
         async with self.rt.db.write(ordered_events=False, durable=False) as conn:
-            made_at = max(self.etas.made_at, 0.0)  # -inf: no ETA made yet
-            self._published_rows = await store.replace(conn, unplaced, etas, made_at)
-        return self._published_rows
+            await store.replace(conn, rows)
+        self._published = rows
+        return len(rows)
 
     async def run(self) -> None:
         """Publish every ``PUBLISH_S`` (PostgreSQL only: SQLite has no other replica)."""

@@ -32,28 +32,33 @@ class Said:
         return None if eta is None else (eta, self.made_at)
 
 
-async def replace(
-    conn: AsyncConnection, unplaced: Iterable[Unplaced], etas: Mapping[str, Eta], made_at: float
-) -> int:
-    """Put these in place of every row; the number of rows written."""
-    rows: dict[str, dict[str, object]] = {}
+Row = dict[str, object]
+
+
+def rows(unplaced: Iterable[Unplaced], etas: Mapping[str, Eta], made_at: float) -> list[Row]:
+    """The rows that say these: one per job, its place and reasons, its ETA, or both."""
+    by_job: dict[str, Row] = {}
     for u in unplaced:
-        rows[u.job_id] = _empty(u.job_id, made_at) | {
+        by_job[u.job_id] = _empty(u.job_id, made_at) | {
             "position": u.position,
             "reasons": json.dumps([[r.code.value, r.nodes, r.message] for r in u.reasons]),
             "remedy": u.remedy.value,
         }
     for job_id, eta in etas.items():
-        rows.setdefault(job_id, _empty(job_id, made_at)).update(
+        by_job.setdefault(job_id, _empty(job_id, made_at)).update(
             eta_start=eta.start_at,
             eta_end=eta.end_at,
             eta_runtime_s=eta.runtime_s,
             eta_basis=eta.basis,
         )
+    return list(by_job.values())
+
+
+async def replace(conn: AsyncConnection, new: list[Row]) -> None:
+    """Put ``new`` (from ``rows``) in place of every row."""
     await conn.execute(queue_waits.delete())
-    if rows:
-        await conn.execute(queue_waits.insert(), list(rows.values()))
-    return len(rows)
+    if new:
+        await conn.execute(queue_waits.insert(), new)
 
 
 async def read(conn: AsyncConnection) -> Said:
@@ -82,7 +87,7 @@ async def read(conn: AsyncConnection) -> Said:
     return Said(unplaced, etas, made_at)
 
 
-def _empty(job_id: str, made_at: float) -> dict[str, object]:
+def _empty(job_id: str, made_at: float) -> Row:
     return {
         "job_id": job_id,
         "position": None,
