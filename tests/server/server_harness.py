@@ -12,6 +12,7 @@ from typing import Any
 
 from corral.core.clock import VirtualClock
 from corral.core.events import Event
+from corral.server.agentlink.base import StopOrder
 from corral.server.agentlink.inprocess import InProcessLink, StubAgent, inventory
 from corral.server.api.schemas import JobIn
 from corral.server.app import create_plane
@@ -98,3 +99,14 @@ class World:
 
     async def kinds(self, job_id: str) -> list[str]:
         return [e.kind.value for e in await self.events(job_id)]
+
+
+async def obey(agents: list[StubAgent]) -> None:
+    """Each agent starts what it was given and stops what it was told to stop."""
+    for agent in agents:
+        for item in agent.pending():
+            if isinstance(item, StopOrder):
+                await agent.stopped(agent.running[item.allocation_id])
+            else:
+                agent.running[item.allocation_id] = item
+                await agent.start(item)

@@ -8,24 +8,13 @@ a 4-GPU job arrives. Stub agents start what they are given and obey every stop.
 from __future__ import annotations
 
 import pytest
-from server_harness import ADMIN, World
+from server_harness import ADMIN, World, obey
 
 from corral.core.events import EventKind
 from corral.core.model import Team
-from corral.server.agentlink.base import StopOrder
 from corral.server.agentlink.inprocess import StubAgent
 
 pytestmark = pytest.mark.anyio
-
-
-async def _obey(agents: list[StubAgent]) -> None:
-    for agent in agents:
-        for item in agent.pending():
-            if isinstance(item, StopOrder):
-                await agent.stopped(agent.running[item.allocation_id])
-            else:
-                agent.running[item.allocation_id] = item
-                await agent.start(item)
 
 
 async def _settle(world: World, agents: list[StubAgent], seconds: float) -> None:
@@ -33,7 +22,7 @@ async def _settle(world: World, agents: list[StubAgent], seconds: float) -> None
     for agent in agents:
         await agent.heartbeat()
     await world.cycle()
-    await _obey(agents)
+    await obey(agents)
 
 
 async def test_a_move_lets_a_waiting_job_run_and_is_counted_as_a_move(world: World) -> None:
@@ -41,7 +30,7 @@ async def test_a_move_lets_a_waiting_job_run_and_is_counted_as_a_move(world: Wor
     agents = [await world.agent(f"n{i}", gpus=4, cpus=32) for i in range(2)]
     await world.submit_many([{"resources": {"gpus": 2}, "team": "t"}] * 4)
     await world.cycle()
-    await _obey(agents)
+    await obey(agents)
     for agent in agents:  # one job on each node ends
         assert len(agent.running) == 2
         await agent.finish(next(iter(agent.running.values())))
@@ -61,7 +50,7 @@ async def test_a_move_lets_a_waiting_job_run_and_is_counted_as_a_move(world: Wor
     (waiting,) = [e.unplaced for e in queue[0] if e.job.job.id == big.job.id]
     assert waiting is not None
     assert "once 1 allocation there moves to another node (consolidation)" in waiting.summary()
-    await _obey(agents)  # the mover checkpoints and stops
+    await obey(agents)  # the mover checkpoints and stops
     for _ in range(3):
         await _settle(world, agents, 1)
     assert (await world.job(big.job.id)).state.value == "running"

@@ -7,25 +7,12 @@
 from __future__ import annotations
 
 import pytest
-from server_harness import ADMIN, START, World
+from server_harness import ADMIN, START, World, obey
 
 from corral.core.events import EventKind
 from corral.core.model import Team
-from corral.server.agentlink.base import StopOrder
-from corral.server.agentlink.inprocess import StubAgent
 
 pytestmark = pytest.mark.anyio
-
-
-async def _obey(agents: list[StubAgent]) -> None:
-    """Each agent starts what it was given and stops what it was told to stop."""
-    for agent in agents:
-        for item in agent.pending():
-            if isinstance(item, StopOrder):
-                await agent.stopped(agent.running[item.allocation_id])
-            else:
-                agent.running[item.allocation_id] = item
-                await agent.start(item)
 
 
 async def test_a_reclaim_evicts_only_what_the_owed_team_needs(world: World) -> None:
@@ -34,12 +21,12 @@ async def test_a_reclaim_evicts_only_what_the_owed_team_needs(world: World) -> N
     agents = [await world.agent(f"n{i}", gpus=10, cpus=64) for i in range(4)]
     await world.submit_many([{"resources": {"gpus": 3}, "team": "a"}] * 10)
     await world.cycle()
-    await _obey(agents)
+    await obey(agents)
     cards = {a: (ag.node, item.gpu_indices) for ag in agents for a, item in ag.running.items()}
     world.clock.advance(20)
     b_jobs = await world.submit_many([{"resources": {"gpus": 4}, "team": "b"}] * 5)
     await world.cycle()
-    await _obey(agents)
+    await obey(agents)
     queue = await world.plane.queue.queue(ADMIN, 10)
     waits = [e.unplaced for e in queue[0] if e.job.job.team == "b"]
     assert len(waits) == 4
@@ -54,7 +41,7 @@ async def test_a_reclaim_evicts_only_what_the_owed_team_needs(world: World) -> N
             await agent.heartbeat()
         applied = await world.cycle()
         preempted += applied.preempted
-        await _obey(agents)
+        await obey(agents)
 
     assert len(preempted) == 4  # a 30 -> 18: the fewest 3-GPU evictions that fit four 4-GPU jobs
     held = (await world.plane.schedule.snapshot()).allocations
