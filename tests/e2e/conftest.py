@@ -75,7 +75,12 @@ def _traced(new_page: Callable[..., Any]) -> Callable[..., Any]:
                 request = response.request
                 print(stamp(), response.status, request.method, response.url, f"{took:.2f}s")
 
-        page.on("requestfinished", lambda r: answered(r.response()) if r.response() else None)
+        def finished(request: Any) -> None:
+            response = request.response()
+            if response is not None:
+                answered(response)
+
+        page.on("requestfinished", finished)
         return page
 
     return new
