@@ -81,7 +81,9 @@ class FakeChannel:
     unary_unary = unary_stream = stream_unary
 
 
-def make_client(target: str = "127.0.0.1:9", reporter: object = None) -> LinkClient:
+def make_client(
+    target: str = "127.0.0.1:9", reporter: object = None, dial: Any = None
+) -> LinkClient:
     clock = WallClock()
     supervisor = Supervisor({"scripted": ScriptedExecutor(clock)}, clock, default="scripted")
     settings = LinkSettings(token="t", backoff_base_s=0.001, backoff_cap_s=0.001)
@@ -93,6 +95,7 @@ def make_client(target: str = "127.0.0.1:9", reporter: object = None) -> LinkCli
         FakeGpus.parse("1x RTX 4090 24GiB"),
         clock,
         reporter=reporter,  # type: ignore[arg-type]
+        dial=dial,
     )
 
 
@@ -103,10 +106,9 @@ async def turns(n: int = 20) -> None:
 
 async def reading_the_welcome() -> tuple[asyncio.Task[None], list[str], list[FakeCall]]:
     """A ``run`` task parked on its first session's welcome read."""
-    client = make_client()
     log: list[str] = []
     calls: list[FakeCall] = []
-    client._channel = lambda target: FakeChannel(log, calls)  # type: ignore[method-assign]
+    client = make_client(dial=lambda target: FakeChannel(log, calls))
     task = asyncio.create_task(client.run())
     await turns()
     assert len(calls) == 1, "the client should be waiting for the Welcome"
@@ -154,11 +156,10 @@ def test_a_cancel_while_waiting_for_the_welcome_ends_the_link() -> None:
 
 def test_a_silent_server_is_given_up_on_after_the_welcome_timeout_and_dialled_again() -> None:
     async def scenario() -> None:
-        client = make_client()
-        client.settings = LinkSettings(token="t", welcome_timeout_s=0.0, backoff_base_s=0.001)
         log: list[str] = []
         calls: list[FakeCall] = []
-        client._channel = lambda target: FakeChannel(log, calls)  # type: ignore[method-assign]
+        client = make_client(dial=lambda target: FakeChannel(log, calls))
+        client.settings = LinkSettings(token="t", welcome_timeout_s=0.0, backoff_base_s=0.001)
         task = asyncio.create_task(client.run())
         while len(calls) < 3:  # each read times out; each session closes its channel
             await asyncio.sleep(0.001)
@@ -175,9 +176,8 @@ def test_a_cancel_while_the_sessions_tasks_wind_down_ends_the_session() -> None:
 
     async def scenario() -> None:
         reporter = SlowToStop()
-        client = make_client(reporter=reporter)
         calls: list[ScriptedCall] = []
-        client._channel = lambda target: FakeChannel([], calls, ScriptedCall)  # type: ignore[method-assign]
+        client = make_client(reporter=reporter, dial=lambda t: FakeChannel([], calls, ScriptedCall))
         task = asyncio.create_task(client.run())
         await turns()
         (call,) = calls

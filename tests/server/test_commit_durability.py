@@ -347,7 +347,7 @@ class _Disk:
 
     def __init__(self, sync: Any) -> None:
         self.gate = threading.Event()
-        sync.average_s, sync._until_probe = 1.0, 10**6  # slow: every fsync goes to the thread
+        sync.inline_below_s = 0.0  # slow: every fsync goes to the thread
 
     def fsync(self, path: Path) -> float:
         assert self.gate.wait(10), "the test never let the fsync through"

@@ -133,16 +133,6 @@ def test_the_generated_trace_draws_what_the_stdlib_random_methods_draw() -> None
         assert 1.0 + 1.0 * ours.random() == theirs.uniform(1.0, 2.0)
 
 
-def test_the_generators_rounding_is_round() -> None:
-    # generate._round writes out round() of a float (ties to even); the trace must round as
-    # round() does.
-    rng = random.Random(3)
-    values = [k / 2 for k in range(-41, 41)] + [rng.uniform(-1e6, 1e6) for _ in range(5_000)]
-    values += [0.49999999999999994, 2.5000000000000004, 4503599627370495.5]
-    for value in values:
-        assert generate._round(value) == round(value), value
-
-
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_a_traces_names_are_one_string_each(tmp_path: Path, suffix: str) -> None:
     # A reader makes a new string per field; the parser interns team, user and class names,

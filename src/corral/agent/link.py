@@ -27,7 +27,7 @@ import itertools
 import logging
 import random
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,7 @@ class LinkClient:
         rng: random.Random | None = None,
         reporter: ModelReporter | None = None,
         trust: ServerTrust | None = None,
+        dial: Callable[[Target], Any] | None = None,  # opens a channel (default: gRPC's)
     ) -> None:
         if not targets:
             raise InvalidSpec("server", "give at least one server URL")
@@ -152,6 +153,7 @@ class LinkClient:
         self.results_root = results_root  # result files wait there (``wire.order_from``)
         self.rng = rng or random.Random()
         self.trust = trust or ServerTrust()  # how grpcs:// servers are trusted (trust.py)
+        self._dial = dial or self._grpc_channel
         self._tls: tuple[object, list[tuple[str, str]]] | None = None  # for the next dial
         self.connected = asyncio.Event()
         self.server: Target | None = None  # the one connected to
@@ -234,7 +236,7 @@ class LinkClient:
     async def _session(self, target: Target) -> None:
         if target.tls:  # checks the pin, if any, before anything is sent (trust.py)
             self._tls = await self.trust.credentials(target.address, str(target))
-        async with self._channel(target) as channel:
+        async with self._dial(target) as channel:
             stub = pb_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=self._metadata)
             try:
@@ -259,7 +261,7 @@ class LinkClient:
                 self.connected.clear()
                 call.cancel()
 
-    def _channel(self, target: Target) -> Any:
+    def _grpc_channel(self, target: Target) -> Any:
         size = self.settings.max_message_bytes
         options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", size),

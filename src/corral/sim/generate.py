@@ -15,6 +15,7 @@ through a pipe) and the jobs made of them are one pipeline, each step feeding th
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import itertools
@@ -154,12 +155,12 @@ class _Drawer:
             clock += expovariate(rand, peak)
             while rand() * peak > rate * (1 + swing * math.sin(clock * day_rad)):
                 clock += expovariate(rand, peak)  # thinning: fewer arrivals at night
-            out.kind.append(_pick(kind_cdf, rand() * kind_cdf[-1]))
+            out.kind.append(bisect.bisect(kind_cdf, rand() * kind_cdf[-1]))
             out.user.append(int(rand() * users))
-            run_s = min(MAX_RUN_S, max(1.0, _round(lognormvariate(rand, mu, RUN_SIGMA))))
+            run_s = min(MAX_RUN_S, max(1.0, round(lognormvariate(rand, mu, RUN_SIGMA))))
             out.run.append(run_s)
-            out.cls.append(_pick(class_cdf, rand() * class_cdf[-1]))
-            out.submit.append(float(_round(clock)))
+            out.cls.append(bisect.bisect(class_cdf, rand() * class_cdf[-1]))
+            out.submit.append(float(round(clock)))
             out.estimate.append(
                 math.nan
                 if guess is None
@@ -368,25 +369,6 @@ def scenario(
         auto_teams=False,
         name=f"generated {nodes} nodes x {jobs} jobs (load {load:g}, seed {seed})",
     )
-
-
-def _round(x: float) -> int:
-    """``round(x)``: the nearest integer, ties to even, written out for the drawer (see
-    ``expovariate``)."""
-    low = math.floor(x)
-    rest = x - low  # exact: the fraction of x
-    if rest > 0.5 or (rest == 0.5 and low % 2 == 1):
-        low += 1
-    return low
-
-
-def _pick(cdf: list[float], x: float) -> int:
-    """``bisect.bisect(cdf, x)``: the first position of the sorted ``cdf`` whose value is
-    above ``x``, written out for the drawer (see ``expovariate``)."""
-    at = 0
-    while at < len(cdf) and cdf[at] <= x:
-        at += 1
-    return at
 
 
 def _estimates_rand(shape: TraceShape) -> Callable[[], float]:

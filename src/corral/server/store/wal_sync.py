@@ -64,6 +64,8 @@ class WalSync:
         self.syncs = 0  # fsyncs done (for tests and metrics)
         self.inline = 0  # of which on the loop itself
         self.average_s = 0.0  # of the fsyncs timed on the loop
+        # fsyncs run on the loop while ``average_s`` is below this; 0: never (on the thread)
+        self.inline_below_s = INLINE_BELOW_S
         self.probe_every = FIRST_PROBE_EVERY
         self._until_probe = 0
         self._running: asyncio.Future[None] | None = None
@@ -78,7 +80,7 @@ class WalSync:
         now, so it overlaps whatever the caller wakes next (a scheduling cycle). Fsyncs on
         the loop wait for ``wait``: they would hold that cycle (and the next assignment)
         back instead."""
-        if self.average_s >= INLINE_BELOW_S:
+        if self.average_s >= self.inline_below_s:
             self._syncing(position)
 
     async def wait(self, position: int) -> None:
@@ -94,8 +96,9 @@ class WalSync:
 
     async def _sync(self) -> None:
         covered = self.committed  # commits made before this fsync starts are in the file
-        fast = self.average_s < INLINE_BELOW_S
-        if fast or self._until_probe <= 0:  # on the loop (or a probe: is the disk fast again?)
+        fast = self.average_s < self.inline_below_s
+        probe = self._until_probe <= 0 and self.inline_below_s > 0
+        if fast or probe:  # on the loop (or a probe: is the disk fast again?)
             # One turn of the loop first: what the commit's wake-ups made ready (a cycle's
             # assignments on their way to agents) goes out before the loop blocks on the disk.
             await asyncio.sleep(0)
@@ -110,7 +113,7 @@ class WalSync:
     def _timed(self, took: float, *, probe: bool) -> None:
         """Count an fsync done on the loop and decide where the next ones run."""
         self.inline += 1
-        if probe and took < INLINE_BELOW_S:  # fast again: back on the loop
+        if probe and took < self.inline_below_s:  # fast again: back on the loop
             self.average_s, self.probe_every = took, FIRST_PROBE_EVERY
             return
         if probe:  # still slow: probe less often
@@ -118,7 +121,7 @@ class WalSync:
             self._until_probe = self.probe_every
             return
         self.average_s += WEIGHT * (took - self.average_s)
-        if self.average_s >= INLINE_BELOW_S:  # the disk is slow: to the thread from now
+        if self.average_s >= self.inline_below_s:  # the disk is slow: to the thread from now
             self._until_probe = self.probe_every
 
     def prefill(self, size: int) -> int:
