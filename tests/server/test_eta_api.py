@@ -134,3 +134,25 @@ async def test_a_job_no_node_can_run_is_never_expected_to_start(site: Site) -> N
     assert eta["start_at"] is None
     assert eta["end_at"] is None
     assert eta["basis"] == "never"
+
+
+async def test_a_failing_estimate_leaves_the_cycle_and_the_last_etas_standing(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = StubAgent(site.plane.agents, site.link, inventory("n1", 1))
+    await agent.connect()
+    running = await site.submit(resources={"gpus": 1}, estimated_runtime_s=100)
+    queued = await site.submit(resources={"gpus": 1}, estimated_runtime_s=100)
+    await site.cycle_after(0)
+    before = (await site.job(queued))["eta"]
+    assert before["start_at"] is not None
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the forecast")
+
+    monkeypatch.setattr("corral.server.loops.etas.estimate", broken)
+    third = await site.submit(resources={"gpus": 1})
+    await site.cycle_after(5)  # the estimate is due (a queued job has none) and fails
+    assert (await site.job(running))["state"] in ("placed", "running")
+    assert (await site.job(queued))["eta"]["start_at"] == before["start_at"]
+    assert (await site.job(third))["state"] == "queued"

@@ -46,3 +46,15 @@ def test_with_everything_known_the_replay_predicts_every_start() -> None:
     assert set(by_size) <= {"small", "big"}
     assert sum(g["rated"] for g in by_size.values()) == summary["rated"]
     assert all(g["median_relative"] is not None for g in (*by_class.values(), *by_size.values()))
+
+
+def test_the_replay_survives_plans_that_preempt_and_reflag_the_same_allocation() -> None:
+    # On two full nodes with borrowed quotas, a plan preempts borrowed work and moves the
+    # borrowed flags of what stays; an allocation it preempts may be among those. The
+    # replay ends a victim at once, so its flag has nothing left to move: it once raised
+    # KeyError there, and the server's cycle failed with it.
+    for seed in (1, 2):
+        world = generate.scenario(2, 150, load=0.9, seed=seed)
+        probe = EtaProbe(world, every_s=60.0)
+        simulate(world, probe, sink=probe.sink)
+        assert probe.summary()["rated"] > 0, f"seed {seed}: no job waited long enough"

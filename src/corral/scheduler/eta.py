@@ -239,7 +239,8 @@ class _Replay:
             for victim in plan.preemptions:
                 self._preempt(victim.allocation_id, victim.job_ids, t)
             for alloc_id, borrowed in plan.reflags:  # as the server's applier and the sim do
-                self.sched.reflag(alloc_id, borrowed)
+                if alloc_id in self._live:  # not one this plan preempted (ended here at once)
+                    self.sched.reflag(alloc_id, borrowed)
             placed: dict[str, None] = {}
             for p in plan.placements:
                 if self._place(p, t):

@@ -17,6 +17,7 @@ result; other replicas show what the leader last published (``loops/waits.py``).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Final
@@ -35,6 +36,8 @@ HISTORY_ROWS: Final = 500  # latest finished jobs looked at per estimate (each l
 LEARN_ROWS: Final = 100  # of which read whole at most: a sample is all the medians need
 LEARNED: Final = 20_000  # ids of jobs already learned, kept to skip them on the next read
 INLINE_WORK: Final = 4096  # queued x nodes up to which the estimate runs on the loop itself
+
+log = logging.getLogger("corral.server.etas")
 
 
 class EtaKeeper:
@@ -89,10 +92,13 @@ class EtaKeeper:
                 seed=seed,
             )
 
-        if len(snapshot.queued) * max(1, len(snapshot.nodes)) <= INLINE_WORK:
-            self.etas = work()
-        else:  # keep the API serving meanwhile
-            self.etas = await asyncio.to_thread(work)
+        try:
+            if len(snapshot.queued) * max(1, len(snapshot.nodes)) <= INLINE_WORK:
+                self.etas = work()
+            else:  # keep the API serving meanwhile
+                self.etas = await asyncio.to_thread(work)
+        except Exception:  # a forecast: a bad one must not fail the cycle that placed work
+            log.exception("estimating ETAs failed; the last ones stand")
 
     @staticmethod
     def _models(snapshot: Snapshot) -> dict[str, str]:
